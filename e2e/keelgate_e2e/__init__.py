@@ -1,0 +1,17 @@
+"""Local Kubernetes control plane and node agent for Keelgate's end-to-end tests and `make up`.
+
+Why it exists: no Docker engine runs here, so kind cannot start a cluster, and no release binary can
+be downloaded. This package starts real etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler built from Go modules (see `keelgate_e2e.build`), plus a Python node agent that
+stands in for the kubelet. It is test and development infrastructure, never product code: nothing
+under `operator/` may import it, and it must never bind anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KUBE_VERSION", "ETCD_VERSION"]
+
+#: The Kubernetes release pinned by e2e/tools/kube/go.mod.
+KUBE_VERSION = "v1.36.3"
+#: The etcd release pinned by e2e/tools/etcd/go.mod.
+ETCD_VERSION = "v3.6.16"

@@ -1,0 +1,240 @@
+"""Find or build the control-plane binaries (kube-apiserver, controller-manager, scheduler, etcd).
+
+Why it exists: no release binary can be downloaded here, so the programs are built from the Go
+modules pinned in e2e/tools/kube and e2e/tools/etcd, into the git-ignored folder e2e/bin, with the
+version ldflags an official build sets. Binaries on KUBEBUILDER_ASSETS (envtest's convention) or
+PATH are used instead when they are new enough. Builds reuse Go's build and module caches, so only
+the first build on a machine is slow.
+
+It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
+release tarballs), and never write outside e2e/bin and Go's own caches.
+
+Run as `python -m keelgate_e2e.build` (add `--force` to rebuild, `--print` to show what is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from keelgate_e2e import ETCD_VERSION, KUBE_VERSION
+
+E2E_DIR = Path(__file__).resolve().parent.parent
+BIN_DIR = E2E_DIR / "bin"
+KUBE_TOOLS = E2E_DIR / "tools" / "kube"
+ETCD_TOOLS = E2E_DIR / "tools" / "etcd"
+
+KUBE_PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd")
+
+#: Oldest releases accepted from KUBEBUILDER_ASSETS or PATH.
+MIN_KUBE = (1, 36, 0)
+MIN_ETCD = (3, 6, 0)
+#: Oldest Go that can build the pinned modules (their go.mod says `go 1.26.0`).
+MIN_GO = (1, 26, 0)
+
+_VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+
+
+class BuildError(RuntimeError):
+    """A binary could not be found or built."""
+
+
+@dataclass(frozen=True)
+class Binary:
+    """One resolved program: where it is, what version it reports, and where it came from."""
+
+    name: str
+    path: Path
+    version: tuple[int, int, int]
+    source: str  # "KUBEBUILDER_ASSETS", "e2e/bin" or "PATH"
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """Return the first `X.Y.Z` in `text` (e.g. `Kubernetes v1.36.3`), or None."""
+    match = _VERSION_RE.search(text)
+    if match is None:
+        return None
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3)))
+
+
+def pinned(name: str) -> tuple[int, int, int]:
+    """The version e2e/tools pins for program `name`."""
+    version = parse_version(ETCD_VERSION if name == "etcd" else KUBE_VERSION)
+    assert version is not None
+    return version
+
+
+def minimum(name: str) -> tuple[int, int, int]:
+    """The oldest version of program `name` accepted from outside e2e/bin."""
+    return MIN_ETCD if name == "etcd" else MIN_KUBE
+
+
+def binary_version(path: Path) -> tuple[int, int, int] | None:
+    """Ask the program at `path` for its version (`--version`); None if it cannot say."""
+    try:
+        out = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    # etcd prints "etcd Version: 3.6.16", Kubernetes programs print "Kubernetes v1.36.3".
+    return parse_version(out.stdout + out.stderr)
+
+
+def _candidates(name: str, env: Mapping[str, str]) -> list[tuple[Path, str]]:
+    found: list[tuple[Path, str]] = []
+    assets = env.get("KUBEBUILDER_ASSETS")
+    if assets:
+        found.append((Path(assets) / name, "KUBEBUILDER_ASSETS"))
+    found.append((BIN_DIR / name, "e2e/bin"))
+    on_path = shutil.which(name, path=env.get("PATH", os.defpath))
+    if on_path:
+        found.append((Path(on_path), "PATH"))
+    return found
+
+
+def find(name: str, env: Mapping[str, str] | None = None) -> Binary | None:
+    """Find a usable `name`: KUBEBUILDER_ASSETS or PATH when new enough, e2e/bin when pinned."""
+    env = os.environ if env is None else env
+    for path, source in _candidates(name, env):
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            continue
+        version = binary_version(path)
+        if version is None:
+            continue
+        if source == "e2e/bin":
+            ok = version == pinned(name)
+        else:
+            ok = version >= minimum(name)
+        if ok:
+            return Binary(name, path.resolve(), version, source)
+    return None
+
+
+def find_go(env: Mapping[str, str] | None = None) -> Path:
+    """Locate the Go toolchain: $GO, then `go` on PATH, then /usr/local/go/bin/go."""
+    env = os.environ if env is None else env
+    choices = [env.get("GO", ""), shutil.which("go", path=env.get("PATH", os.defpath)) or ""]
+    choices.append("/usr/local/go/bin/go")
+    for choice in choices:
+        if choice and Path(choice).is_file():
+            out = subprocess.run(
+                [choice, "env", "GOVERSION"], capture_output=True, text=True, check=False
+            )
+            version = parse_version(out.stdout)
+            if version is not None and version >= MIN_GO:
+                return Path(choice)
+    raise BuildError(
+        "no Go >= %s found (set GO=/path/to/go or put go on PATH)" % ".".join(map(str, MIN_GO))
+    )
+
+
+def kube_ldflags(version: str = KUBE_VERSION) -> str:
+    """The -ldflags of an official build: stripped, with /version reporting `version`."""
+    parsed = parse_version(version)
+    assert parsed is not None
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={parsed[0]}",
+            f"-X {pkg}.gitMinor={parsed[1]}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
+
+
+def etcd_ldflags(version: str = ETCD_VERSION) -> str:
+    """The -ldflags for etcd: stripped; etcd's version string is compiled in, only GitSHA is set."""
+    return f"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA={version}"
+
+
+def _go_build(
+    go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path
+) -> None:
+    env = dict(os.environ)
+    # Never let go switch toolchains (that would download one); static binaries like upstream's.
+    env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", "-n", "10", str(go), "build", "-trimpath", "-ldflags", ldflags]
+    cmd += ["-o", str(out_dir) + os.sep, *packages]
+    print("+ (cd %s && %s)" % (module, " ".join(cmd)), flush=True)
+    result = subprocess.run(cmd, cwd=module, env=env, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"go build failed in {module} (exit {result.returncode})")
+
+
+def build(names: Sequence[str], go: Path | None = None) -> None:
+    """Build `names` into e2e/bin at the pinned versions (one `go build` per tools module)."""
+    go = find_go() if go is None else go
+    staging = BIN_DIR / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    kube = [n for n in names if n in KUBE_PROGRAMS]
+    if kube:
+        pkgs = [f"k8s.io/kubernetes/cmd/{n}" for n in kube]
+        _go_build(go, KUBE_TOOLS, pkgs, kube_ldflags(), staging)
+    if "etcd" in names:
+        _go_build(go, ETCD_TOOLS, ["go.etcd.io/etcd/server/v3"], etcd_ldflags(), staging)
+        # go names a binary after the path element before a major-version suffix: "server".
+        (staging / "server").rename(staging / "etcd")
+    for name in names:
+        built = staging / name
+        version = binary_version(built)
+        if version != pinned(name):
+            raise BuildError(f"built {name} reports version {version}, expected {pinned(name)}")
+        os.replace(built, BIN_DIR / name)  # atomic: a half-written binary is never picked up
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def ensure(force: bool = False) -> dict[str, Binary]:
+    """Return every program, building the missing ones (or all of them when `force`)."""
+    missing = list(ALL_PROGRAMS) if force else [n for n in ALL_PROGRAMS if find(n) is None]
+    if missing:
+        started = time.monotonic()
+        build(missing)
+        print(f"built {', '.join(missing)} in {time.monotonic() - started:.0f}s", flush=True)
+    resolved: dict[str, Binary] = {}
+    for name in ALL_PROGRAMS:
+        found = find(name)
+        if found is None:
+            raise BuildError(f"{name} still not usable after building it")
+        resolved[name] = found
+    return resolved
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: build what is missing and print what will be used."""
+    parser = argparse.ArgumentParser(prog="python -m keelgate_e2e.build", description=__doc__)
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--print", action="store_true", help="only show what is found")
+    args = parser.parse_args(argv)
+    try:
+        if args.print:
+            resolved = {n: b for n in ALL_PROGRAMS if (b := find(n)) is not None}
+        else:
+            resolved = ensure(force=args.force)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name in ALL_PROGRAMS:
+        b = resolved.get(name)
+        if b is None:
+            print(f"{name:24} missing")
+        else:
+            print(f"{name:24} v{'.'.join(map(str, b.version)):10} {b.source:18} {b.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model providers: each turns a ModelRequest into a ModelReply in its own wire format."""

@@ -1,0 +1,210 @@
+"""The gateway: the only door through which a tool call reaches the world.
+
+It enforces the side-effect class a loop allows (``side_effect_not_permitted`` otherwise, whatever
+the tool list grants), and makes every PROPOSE and WRITE durable-idempotent: a key is claimed
+in flight before the call, completed after it, replayed if already completed, and read as an
+unknown outcome if its owner died. It never retries a call whose outcome it does not know, and
+never accepts the model's or the tool's word that an unknown call happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from keelgate.core import failpoints
+from keelgate.core.audit import AuditDraft
+from keelgate.core.protocols import Confirmer, IdempotencyStore, Tool
+from keelgate.core.types import (
+    Action,
+    ActionResult,
+    KeyRecord,
+    KeyState,
+    ResultStatus,
+    SideEffect,
+    UnknownAction,
+)
+from keelgate.errors import KeelgateError, RunBusy, ToolError
+
+log = logging.getLogger("keelgate.gateway")
+
+SIDE_EFFECT_NOT_PERMITTED = "side_effect_not_permitted"
+
+
+class OutcomeUnknown(KeelgateError):
+    """Raised to the loop: a WRITE's outcome is unknown and nobody trusted could settle it."""
+
+    def __init__(self, unknown: UnknownAction) -> None:
+        super().__init__(f"outcome of {unknown.tool} ({unknown.action}) is unknown",
+                         action=unknown.action, tool=unknown.tool)
+        self.unknown = unknown
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How an unknown outcome was settled: by whom, on what authority, which way."""
+
+    executed: bool
+    actor: str
+    source: str  # "human" or "confirmer"
+
+    @property
+    def verdict(self) -> str:
+        return "executed" if self.executed else "abandoned"
+
+    def draft(self, action: str, tool: str, key: str) -> AuditDraft:
+        return AuditDraft("loop.reconciled", {
+            "action": action, "tool": tool, "idempotencyKey": key,
+            "source": self.source, "verdict": self.verdict,
+        }, actor=self.actor, key=f"reconciled:{key}")
+
+
+class Gateway:
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        idempotency: IdempotencyStore,
+        *,
+        tenant: str,
+        run: str,
+        allowed: frozenset[SideEffect],
+        emit: Callable[[AuditDraft], None],
+        confirmer: Confirmer | None = None,
+        busy_wait: float = 5.0,
+    ) -> None:
+        self.tools = tools
+        self.keys = idempotency
+        self.tenant = tenant
+        self.run = run
+        self.allowed = allowed
+        self.emit = emit
+        self.confirmer = confirmer
+        self.busy_wait = busy_wait
+
+    def call(self, action: Action) -> ActionResult:
+        tool = self.tools.get(action.tool)
+        if tool is None:
+            return ActionResult(action.id, ResultStatus.ERROR,
+                                error=f"unknown tool {action.tool!r}")
+        if tool.side_effect not in self.allowed:
+            return ActionResult(
+                action.id, ResultStatus.REFUSED,
+                error=f"{SIDE_EFFECT_NOT_PERMITTED}: {tool.side_effect.value} tools are not "
+                      f"permitted in this loop")
+        if tool.side_effect is SideEffect.READ:
+            return self._read(tool, action)
+        return self._write(tool, action)
+
+    def _started(self, tool: Tool, action: Action) -> None:
+        self.emit(AuditDraft("loop.action_started", {
+            "action": action.id, "tool": tool.name, "sideEffect": tool.side_effect.value,
+            "idempotencyKey": action.key if tool.side_effect is not SideEffect.READ else None,
+        }))
+
+    def _read(self, tool: Tool, action: Action) -> ActionResult:
+        self._started(tool, action)
+        try:
+            output = tool.invoke(action.args, idempotency_key=None)
+        except Exception as error:  # a READ may fail any way it likes: the model sees it
+            failpoints.hit("after_gateway_call")
+            return ActionResult(action.id, ResultStatus.ERROR, error=describe(error))
+        failpoints.hit("after_gateway_call")
+        return ActionResult(action.id, ResultStatus.OK, output=output)
+
+    def _write(self, tool: Tool, action: Action) -> ActionResult:
+        record = self._claim(tool, action)
+        if record is not None:
+            return self._existing(tool, action, record)
+        self._started(tool, action)
+        try:
+            output = tool.invoke(action.args, idempotency_key=action.key)
+        except ToolError as error:
+            # A definite refusal: nothing happened. Record it so a replay says the same.
+            failpoints.hit("after_gateway_call")
+            result = ActionResult(action.id, ResultStatus.ERROR, error=error.message)
+            self.keys.complete(self.tenant, action.key, result.to_json())
+            return result
+        except Exception as error:
+            # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
+            log.warning("%s %s: outcome unknown (%s)", self.run, action.id,
+                        type(error).__name__)
+            self.keys.release(self.tenant, action.key)
+            return self._unknown(tool, action)
+        failpoints.hit("after_gateway_call")
+        result = ActionResult(action.id, ResultStatus.OK, output=output)
+        self.keys.complete(self.tenant, action.key, result.to_json())
+        return result
+
+    def _claim(self, tool: Tool, action: Action) -> KeyRecord | None:
+        deadline = time.monotonic() + self.busy_wait
+        while True:
+            record = self.keys.claim(self.tenant, action.key, run=self.run, action=action.id,
+                                     tool=tool.name)
+            if record is None or record.state is not KeyState.IN_FLIGHT:
+                return record
+            # In flight in a live process: another runner of this run is at it. A dying owner
+            # may take a moment to be seen as gone; past that, this runner must not act.
+            if time.monotonic() >= deadline:
+                raise RunBusy(self.tenant, self.run,
+                              f"{tool.name} ({action.id}) is in flight in another live process")
+            time.sleep(0.05)
+
+    def _existing(self, tool: Tool, action: Action, record: KeyRecord) -> ActionResult:
+        if record.source:
+            # Settled by a person or a confirmer: make sure the chain says so, even if the
+            # process that settled it died before writing the event (appending is idempotent).
+            executed = record.state is KeyState.COMPLETED
+            self.emit(Settlement(executed, record.settled_by, record.source)
+                      .draft(action.id, tool.name, action.key))
+        if record.state is KeyState.COMPLETED:
+            return _replay(action, record)
+        if record.state is KeyState.ABANDONED:
+            return _abandoned(action, record)
+        return self._unknown(tool, action)
+
+    def _unknown(self, tool: Tool, action: Action) -> ActionResult:
+        unknown = UnknownAction(action.id, tool.name, action.key)
+        settlement = self._ask_confirmer(unknown, action)
+        if settlement is None:
+            raise OutcomeUnknown(unknown)
+        record = self.keys.settle(self.tenant, action.key, executed=settlement.executed,
+                                  by=settlement.actor, source=settlement.source)
+        self.emit(settlement.draft(action.id, tool.name, action.key))
+        return _replay(action, record) if settlement.executed else _abandoned(action, record)
+
+    def _ask_confirmer(self, unknown: UnknownAction, action: Action) -> Settlement | None:
+        if self.confirmer is None:
+            return None
+        try:
+            verdict = self.confirmer.confirm(self.tenant, self.run, unknown, action.args)
+        except Exception as error:
+            log.warning("confirmer %s failed on %s: %s", self.confirmer.name, unknown.action,
+                        type(error).__name__)
+            return None
+        if verdict is True or verdict is False:
+            return Settlement(verdict, self.confirmer.name, "confirmer")
+        return None
+
+
+def _replay(action: Action, record: KeyRecord) -> ActionResult:
+    if isinstance(record.result, Mapping) and "status" in record.result:
+        stored = ActionResult.from_json({**record.result, "action": action.id})
+        return ActionResult(action.id, stored.status, stored.output, stored.error, replayed=True)
+    # Settled as executed by a person or a confirmer: it ran, but its output is not known.
+    return ActionResult(action.id, ResultStatus.OK,
+                        output={"executed": True, "settledBy": record.settled_by},
+                        replayed=True)
+
+
+def _abandoned(action: Action, record: KeyRecord) -> ActionResult:
+    return ActionResult(action.id, ResultStatus.ABANDONED,
+                        error=f"not executed: abandoned by {record.settled_by or 'reconcile'}; "
+                              "it will not be retried under the same key")
+
+
+def describe(error: BaseException) -> str:
+    """An error as a model or a user may see it: its type and message, never a traceback."""
+    message = str(error) or type(error).__name__
+    return message if isinstance(error, KeelgateError) else f"{type(error).__name__}: {message}"

@@ -1,0 +1,456 @@
+"""The durable loop of ADR-0004: plan -> act -> observe -> verify -> (revise | stop).
+
+Every phase reads the checkpoint, does one thing, and writes the next checkpoint; a crash at any
+point resumes from the last one. Planned actions are saved before any runs (write-ahead), so a
+resume never asks the model again for a step it already planned. Every stop has an explicit
+reason. This module must never retry a WRITE whose outcome is unknown, never call a tool the
+loop kind does not allow, and never put tool arguments into the audit chain or logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from keelgate.core import failpoints
+from keelgate.core.audit import AuditDraft, AuditEvent, utc_now
+from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
+from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
+from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.spec import LoopSpec, Price
+from keelgate.core.state import Approval, Plan, RunState, Step, capped
+from keelgate.core.types import (
+    Action,
+    ActionResult,
+    KeyRecord,
+    Outcome,
+    PendingApproval,
+    ResultStatus,
+    Stop,
+    StopReason,
+    UnknownAction,
+    Usage,
+    idempotency_key,
+)
+from keelgate.errors import InputError, KeelgateError, ModelError, RunNotFound, SettleError
+
+log = logging.getLogger("keelgate.loop")
+
+GoalPredicate = Callable[[Sequence[Mapping[str, Any]]], bool]
+
+
+class Loop:
+    """Runs, resumes, reconciles and approves runs over a set of stores.
+
+    ``model`` and ``tools`` are needed only to run; reconciling, approving and reading a run's
+    state need the stores alone.
+    """
+
+    def __init__(
+        self,
+        *,
+        stores: Stores,
+        model: Model | None = None,
+        tools: Sequence[Tool] = (),
+        confirmer: Confirmer | None = None,
+        pricing: Mapping[str, Price] | None = None,
+        price_model: str | None = None,
+        goal_predicate: GoalPredicate | None = None,
+        max_output_tokens: int | None = None,
+        busy_wait: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stores = stores
+        self.model = model
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self.tools:
+                raise InputError("tools", f"two tools are named {tool.name!r}")
+            self.tools[tool.name] = tool
+        self.confirmer = confirmer
+        self.pricing = dict(pricing or {})
+        self.price_model = price_model
+        self.goal_predicate = goal_predicate
+        self.max_output_tokens = max_output_tokens
+        self.busy_wait = busy_wait
+        self.clock = clock
+
+    # Reading
+
+    def state(self, tenant: str, run: str) -> RunState:
+        checkpoint = self.stores.checkpoints.load(tenant, run)
+        if checkpoint is None:
+            raise RunNotFound(tenant, run)
+        return RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
+
+    def outcome(self, tenant: str, run: str) -> Outcome:
+        return self.state(tenant, run).outcome()
+
+    def audit(self, tenant: str, run: str) -> list[AuditEvent]:
+        return self.stores.audit.events(tenant, run)
+
+    # Running
+
+    def run_or_resume(self, spec: LoopSpec) -> Outcome:
+        """Start the run, or continue it from its last checkpoint, to its next stop.
+
+        Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is driving the run:
+        then this one has done nothing the other could not see.
+        """
+        return _Session(self, spec).drive()
+
+    def price(self) -> Price | None:
+        name = self.price_model or (self.model.name if self.model is not None else None)
+        return None if name is None else self.pricing.get(name)
+
+    # Settling
+
+    def reconcile(self, tenant: str, run: str, action: str, *, executed: bool,
+                  by: str) -> KeyRecord:
+        """Settle an unknown outcome on a person's word: executed (done) or not (abandoned).
+
+        The decision is attributed and audited; the next ``run_or_resume`` continues the run and
+        never retries an abandoned action under its key.
+        """
+        if not by.strip():
+            raise InputError("by", "must name the person deciding")
+        state = self.state(tenant, run)
+        planned = _find_action(state, action)
+        record = self.stores.idempotency.settle(tenant, planned.key, executed=executed, by=by,
+                                                source="human")
+        self.stores.audit.append(tenant, run, [
+            Settlement(executed, by, "human").draft(planned.id, planned.tool, planned.key)])
+        return record
+
+    def approve(self, tenant: str, run: str, action: str, *, approved: bool,
+                by: str) -> Outcome:
+        """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
+        if not by.strip():
+            raise InputError("by", "must name the person deciding")
+        state = self.state(tenant, run)
+        if state.stop is None or state.stop.reason is not StopReason.AWAITING_APPROVAL:
+            raise SettleError(run, action, "the run is not awaiting an approval")
+        pending = {p.action: p for p in state.pending}
+        if action not in pending:
+            waiting = ", ".join(pending) or "none"
+            raise SettleError(run, action, f"not awaiting approval (awaiting: {waiting})")
+        if action in state.approvals:
+            raise SettleError(run, action, "already decided")
+        draft = AuditDraft("loop.approved", {
+            "action": action, "tool": pending[action].tool,
+            "verdict": "approved" if approved else "denied"}, actor=by, key=f"approved:{action}")
+        state = state.but(seq=state.seq + 1,
+                          approvals={**state.approvals, action: Approval(approved, by, utc_now())},
+                          outbox=(*state.outbox, draft))
+        # No active time passes while a person decides: this save adds none.
+        self.stores.checkpoints.save(tenant, run, state.seq, state.to_json())
+        self.stores.audit.append(tenant, run, state.outbox)
+        return state.outcome()
+
+
+def _find_action(state: RunState, action: str) -> Action:
+    if state.plan is not None:
+        for planned in state.plan.actions:
+            if planned.id == action:
+                return planned
+    unknown = ", ".join(u.action for u in state.unknown) or "none"
+    raise SettleError(state.run, action,
+                      f"no such action in the current plan (unknown outcomes: {unknown})")
+
+
+class _Session:
+    """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
+
+    def __init__(self, loop: Loop, spec: LoopSpec) -> None:
+        self.loop = loop
+        self.spec = spec
+        self.stores = loop.stores
+        self.mark = loop.clock()
+        self.price = loop.price()
+        self.gateway = Gateway(
+            loop.tools, loop.stores.idempotency, tenant=spec.tenant, run=spec.run,
+            allowed=spec.side_effects, emit=self._emit_now, confirmer=loop.confirmer,
+            busy_wait=loop.busy_wait)
+        self.tool_infos = tuple(
+            ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
+            for t in loop.tools.values() if t.side_effect in spec.side_effects)
+
+    # Persistence
+
+    def _emit_now(self, draft: AuditDraft) -> None:
+        self.stores.audit.append(self.spec.tenant, self.spec.run, [draft])
+
+    def _save(self, state: RunState, *drafts: AuditDraft) -> RunState:
+        now = self.loop.clock()
+        active = Usage(active_seconds=now - self.mark)
+        self.mark = now
+        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active),
+                          outbox=(*state.outbox, *drafts))
+        self.stores.checkpoints.save(state.tenant, state.run, state.seq, state.to_json())
+        if state.outbox:
+            # The outbox rode in the checkpoint, so a crash here re-appends it on resume.
+            self.stores.audit.append(state.tenant, state.run, state.outbox)
+            state = state.but(outbox=())
+        return state
+
+    def _stop(self, state: RunState, reason: StopReason, message: str = "", *,
+              resumable: bool | None = None, unknown: tuple[UnknownAction, ...] = (),
+              pending: tuple[PendingApproval, ...] = (), **changes: Any) -> RunState:
+        stop = Stop(reason, message, resumable)
+        draft = AuditDraft("loop.stopped", {
+            "reason": reason.value, "resumable": stop.is_resumable,
+            "iteration": state.iteration, "step": changes.get("step", state.step).value,
+            **({"unknownActions": [u.action for u in unknown]} if unknown else {}),
+        }, key=f"stopped:{state.seq + 1}")
+        if message:
+            log.info("%s/%s stopped: %s (%s)", state.tenant, state.run, reason.value, message)
+        return self._save(state.but(stop=stop, unknown=unknown, pending=pending, **changes),
+                          draft)
+
+    # Driving
+
+    def _start(self) -> RunState:
+        checkpoint = self.stores.checkpoints.load(self.spec.tenant, self.spec.run)
+        if checkpoint is None:
+            state = RunState(spec=self.spec)
+            return self._save(state, AuditDraft("loop.started", {
+                "kind": self.spec.kind.value, "goal": self.spec.goal}, key="started"))
+        state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq, spec=self.spec)
+        if state.outbox:
+            self.stores.audit.append(state.tenant, state.run, state.outbox)
+            state = state.but(outbox=())
+        return state
+
+    def _resumable(self, state: RunState) -> bool:
+        stop = state.stop
+        if stop is None:
+            return True
+        if stop.reason is StopReason.VERIFIER_REJECTIONS:
+            limit = self.spec.budget.max_verifier_rejections
+            return limit is None or state.rejections < limit
+        return stop.is_resumable
+
+    def drive(self) -> Outcome:
+        state = self._start()
+        if state.stop is not None:
+            if not self._resumable(state):
+                return state.outcome()
+            state = self._save(state.but(stop=None, unknown=(), pending=()),
+                               AuditDraft("loop.resumed", {"from": state.stop.reason.value},
+                                          key=f"resumed:{state.seq + 1}"))
+        phases: dict[Step, Callable[[RunState], RunState]] = {
+            Step.PLAN: self._plan, Step.ACT: self._act,
+            Step.OBSERVE: self._observe, Step.VERIFY: self._verify,
+        }
+        while state.stop is None:
+            if state.step is Step.DONE:  # a checkpoint from a run that met its goal
+                state = self._stop(state, StopReason.GOAL_MET)
+                break
+            state = phases[state.step](state)
+        return state.outcome()
+
+    # Budgets
+
+    def _active(self, state: RunState) -> float:
+        return state.usage.active_seconds + (self.loop.clock() - self.mark)
+
+    def _spent(self, state: RunState) -> tuple[StopReason, str] | None:
+        """A limit already crossed: nothing further may be acted on."""
+        budget = self.spec.budget
+        if budget.timeout_seconds is not None and self._active(state) > budget.timeout_seconds:
+            return StopReason.TIMEOUT, f"active time passed {budget.timeout_seconds}s"
+        if budget.tokens is not None and state.usage.tokens > budget.tokens:
+            return StopReason.TOKEN_BUDGET, (
+                f"used {state.usage.tokens} of {budget.tokens} tokens")
+        if budget.dollars is not None and state.usage.dollars > budget.dollars:
+            return StopReason.DOLLAR_BUDGET, (
+                f"spent ${state.usage.dollars} of ${budget.dollars}")
+        return None
+
+    def _precheck(self, state: RunState, request: ModelRequest) -> tuple[StopReason, str] | None:
+        """Before a model call: a spent budget, an unknown price, or an input that would cross."""
+        budget = self.spec.budget
+        if budget.dollars is not None and self.price is None:
+            name = self.loop.price_model or getattr(self.loop.model, "name", "?")
+            return StopReason.COST_UNKNOWN, (
+                f"a dollar budget is set but the price of model {name!r} is unknown")
+        spent = self._spent(state)
+        if spent is not None:
+            return spent
+        estimate = estimate_input_tokens(request)
+        if budget.tokens is not None and state.usage.tokens + estimate > budget.tokens:
+            return StopReason.TOKEN_BUDGET, (
+                f"the next call's input alone (~{estimate} tokens) would pass the budget "
+                f"({state.usage.tokens} of {budget.tokens} used)")
+        if budget.dollars is not None and self.price is not None:
+            cost = self.price.cost(Usage(input_tokens=estimate))
+            if state.usage.dollars + cost > budget.dollars:
+                return StopReason.DOLLAR_BUDGET, (
+                    f"the next call's input alone (~${cost:.6f}) would pass the budget "
+                    f"(${state.usage.dollars} of ${budget.dollars} spent)")
+        return None
+
+    def _call_model(self, state: RunState, request: ModelRequest) -> ModelReply | RunState:
+        """Call the model; on a refusal, return the ``failed`` stop instead."""
+        if self.loop.model is None:
+            return self._stop(state, StopReason.FAILED, "no model is configured", resumable=False)
+        try:
+            return self.loop.model.call(request)
+        except ModelError as error:
+            return self._stop(state, StopReason.FAILED, f"model: {error.message}",
+                              resumable=False)
+        except KeelgateError:
+            raise
+        except Exception as error:
+            return self._stop(state, StopReason.FAILED, f"model: {describe(error)}",
+                              resumable=False)
+
+    def _charge(self, usage: Usage) -> Usage:
+        if self.price is None:
+            return usage
+        return Usage(usage.input_tokens, usage.output_tokens, self.price.cost(usage))
+
+    def _request(self, state: RunState, phase: str, *, call: int,
+                 iteration: int) -> ModelRequest:
+        return ModelRequest(
+            phase="plan" if phase == "plan" else "verify", goal=self.spec.goal,
+            iteration=iteration, call=call, history=state.history, tools=self.tool_infos,
+            max_output_tokens=self.loop.max_output_tokens)
+
+    # Phases
+
+    def _plan(self, state: RunState) -> RunState:
+        limit = self.spec.budget.max_iterations
+        if limit is not None and state.iteration >= limit:
+            return self._stop(state, StopReason.MAX_ITERATIONS,
+                              f"reached {limit} iteration{'s' if limit != 1 else ''}")
+        iteration = state.iteration + 1
+        request = self._request(state, "plan", call=state.calls, iteration=iteration)
+        refused = self._precheck(state, request)
+        if refused is not None:
+            return self._stop(state, *refused)  # not an iteration: a resume retries this call
+        reply = self._call_model(state, request)
+        if isinstance(reply, RunState):
+            return reply
+        actions = tuple(
+            Action(f"{iteration}:{index}", call.tool, dict(call.args),
+                   idempotency_key(state.tenant, state.run, call.tool, call.args))
+            for index, call in enumerate(reply.actions))
+        plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
+        draft = AuditDraft("loop.plan_saved", {
+            "iteration": iteration, "done": plan.done,
+            "actions": [{"action": a.id, "tool": a.tool, "idempotencyKey": a.key}
+                        for a in actions]}, key=f"plan:{iteration}")
+        state = self._save(state.but(
+            iteration=iteration, calls=state.calls + 1, plan=plan, results=(),
+            usage=state.usage.plus(self._charge(reply.usage)),
+            step=Step.ACT if actions else Step.VERIFY), draft)
+        failpoints.hit("after_plan")
+        return state
+
+    def _act(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
+        if not remaining:
+            return self._save(state.but(step=Step.OBSERVE))
+        for number, action in enumerate(remaining, start=1):
+            spent = self._spent(state)
+            if spent is not None:  # the plan stays saved: a resume with more budget runs it
+                return self._stop(state, *spent)
+            failpoints.hit("before_action")
+            result = self._approval_result(state, action)
+            if isinstance(result, RunState):
+                return result
+            if result is None:
+                try:
+                    result = self.gateway.call(action)
+                except OutcomeUnknown as unknown:
+                    return self._stop(
+                        state, StopReason.OUTCOME_UNKNOWN,
+                        f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
+                        f"reconcile it", unknown=(unknown.unknown,))
+            draft = AuditDraft("loop.action_completed", {
+                "action": action.id, "tool": action.tool, "status": result.status.value,
+                "replayed": result.replayed}, key=f"completed:{action.id}")
+            last = number == len(remaining)
+            state = self._save(state.but(
+                results=(*state.results, result),
+                step=Step.OBSERVE if last else Step.ACT), draft)
+            failpoints.hit("after_action_checkpoint")
+        return state
+
+    def _approval_result(self, state: RunState,
+                         action: Action) -> ActionResult | RunState | None:
+        tool = self.loop.tools.get(action.tool)
+        if tool is None or not tool.requires_approval:
+            return None
+        if tool.side_effect not in self.spec.side_effects:
+            return None  # the gateway refuses it; no person needs to be asked
+        approval = state.approvals.get(action.id)
+        if approval is None:
+            return self._stop(state, StopReason.AWAITING_APPROVAL,
+                              f"{tool.name} ({action.id}) needs approval",
+                              pending=(PendingApproval(action.id, tool.name),))
+        if approval.approved:
+            return None
+        return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {approval.by}")
+
+    def _observe(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        observations = []
+        for action in state.plan.actions:
+            result = state.result_of(action.id)
+            assert result is not None
+            seen: dict[str, Any] = {"id": action.id, "tool": action.tool, "args": action.args,
+                                    "status": result.status.value}
+            if result.output is not None:
+                seen["output"] = capped(result.output)
+            if result.error:
+                seen["error"] = result.error
+            observations.append(seen)
+        entry = {"iteration": state.plan.iteration, "actions": observations}
+        state = self._save(state.remember(entry).but(step=Step.VERIFY, results=()))
+        failpoints.hit("after_observe")
+        return state
+
+    def _verify(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        plan = state.plan
+        request = self._request(state, "verify", call=plan.call, iteration=plan.iteration)
+        refused = self._precheck(state, request)
+        if refused is not None:
+            return self._stop(state, *refused)
+        reply = self._call_model(state, request)
+        if isinstance(reply, RunState):
+            return reply
+        usage = state.usage.plus(self._charge(reply.usage))
+        if reply.verdict == "reject":
+            rejections = state.rejections + 1
+            state = state.remember({"iteration": plan.iteration, "verdict": "reject",
+                                    "reason": reply.reason}).but(
+                usage=usage, rejections=rejections, step=Step.PLAN)
+            limit = self.spec.budget.max_verifier_rejections
+            if limit is not None and rejections >= limit:
+                state = self._stop(state, StopReason.VERIFIER_REJECTIONS,
+                                   f"the verifier rejected {rejections} time(s)",
+                                   resumable=False)
+            else:
+                state = self._save(state, AuditDraft("loop.verified", {
+                    "iteration": plan.iteration, "verdict": "reject"},
+                    key=f"verified:{plan.iteration}:{rejections}"))
+            failpoints.hit("after_verify")
+            return state
+        state = state.but(usage=usage)
+        predicate = self.loop.goal_predicate
+        if plan.done or (predicate is not None and predicate(state.history)):
+            answer = plan.answer if plan.done else None
+            state = self._stop(state, StopReason.GOAL_MET, answer or "", step=Step.DONE,
+                               answer=answer)
+        else:
+            state = self._save(state.but(step=Step.PLAN), AuditDraft("loop.verified", {
+                "iteration": plan.iteration, "verdict": "accept"},
+                key=f"verified:{plan.iteration}:accept"))
+        failpoints.hit("after_verify")
+        return state

@@ -1,0 +1,150 @@
+"""The seams of Keelgate: small protocols with interchangeable implementations.
+
+A storage backend is one module in ``keelgate.stores`` implementing these; a tool or a confirmer
+is any object of the right shape. Nothing here may import a driver, a client or Kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from keelgate.core.audit import AuditDraft, AuditEvent
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import KeyRecord, Outcome, SideEffect, UnknownAction
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    tenant: str
+    run: str
+    seq: int
+    state: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RunRef:
+    tenant: str
+    run: str
+    seq: int
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """The latest checkpoint of each run, as JSON.
+
+    ``save`` is atomic and refuses (``StaleCheckpoint``) a ``seq`` that is not newer than the one
+    stored: that is how a stale writer learns it lost. ``load`` returns None for an unknown run.
+    """
+
+    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None: ...
+
+    def load(self, tenant: str, run: str) -> Checkpoint | None: ...
+
+    def runs(self, tenant: str | None = None) -> list[RunRef]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class IdempotencyStore(Protocol):
+    """Durable records of every PROPOSE and WRITE, keyed by (tenant, idempotency key).
+
+    ``claim`` atomically records a new key ``in_flight`` owned by this store's process and returns
+    None; if the key exists it returns the record instead, with an in-flight key whose owner is
+    gone read as ``outcome_unknown``. Ownership must be judged soundly across processes and hosts:
+    a live owner must never be read as gone.
+    """
+
+    def claim(self, tenant: str, key: str, *, run: str, action: str,
+              tool: str) -> KeyRecord | None: ...
+
+    def complete(self, tenant: str, key: str, result: Any) -> None:
+        """Record a claimed key done, with the result to replay."""
+        ...
+
+    def release(self, tenant: str, key: str) -> None:
+        """Give up ownership of a claimed key whose outcome is unknown (a timed-out WRITE)."""
+        ...
+
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str,
+               source: str) -> KeyRecord:
+        """Settle an ``outcome_unknown`` key: completed if executed, else abandoned.
+
+        Raises ``SettleError`` for any other state, so a decision can never be changed.
+        """
+        ...
+
+    def get(self, tenant: str, key: str) -> KeyRecord | None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AuditLog(Protocol):
+    """Append-only hash-chained events per run (see ``keelgate.core.audit``).
+
+    ``append`` seals each draft after the run's current head in one transaction; a draft whose
+    ``key`` is already on the chain is skipped, so re-appending after a crash is harmless.
+    """
+
+    def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None: ...
+
+    def events(self, tenant: str, run: str) -> list[AuditEvent]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The three stores a loop needs; one backend object may serve all three."""
+
+    checkpoints: CheckpointStore
+    idempotency: IdempotencyStore
+    audit: AuditLog
+
+    def close(self) -> None:
+        """Close each distinct store once. Closing is what a process death does: nothing in
+        flight is settled, so a record left in flight reads as an unknown outcome afterwards."""
+        seen: list[object] = []
+        for store in (self.checkpoints, self.idempotency, self.audit):
+            if not any(store is s for s in seen):
+                seen.append(store)
+                store.close()
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A callable thing in the world. ``invoke`` raises ``ToolError`` for a definite failure,
+    ``OutcomeUncertain`` when it cannot know; any other exception from a WRITE is read as unknown.
+    """
+
+    name: str
+    side_effect: SideEffect
+    requires_approval: bool
+    description: str
+    input_schema: Mapping[str, Any]
+
+    def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any: ...
+
+
+@runtime_checkable
+class Confirmer(Protocol):
+    """Trusted code that asks the system of record whether an unknown WRITE took effect.
+
+    True settles it as done, False abandons it, None leaves it for a person. Never the model's or
+    the tool's own claim.
+    """
+
+    name: str
+
+    def confirm(self, tenant: str, run: str, action: UnknownAction,
+                args: Mapping[str, Any]) -> bool | None: ...
+
+
+@runtime_checkable
+class LoopRunner(Protocol):
+    """Drives a run described by a serialisable LoopSpec to its next stop."""
+
+    def run(self, spec: LoopSpec) -> Outcome: ...

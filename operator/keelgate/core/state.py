@@ -1,0 +1,195 @@
+"""RunState: the checkpoint document, the only state a run has.
+
+The loop reads one, does one phase, and writes the next; nothing else holds state. Its JSON is
+the same in every store, so a run can move between them. Its size must not grow with the run's
+length: the history the model sees is a bounded window, and tool outputs in it are capped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from keelgate.core.audit import AuditDraft
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import (
+    Action,
+    ActionResult,
+    Outcome,
+    PendingApproval,
+    RunPhase,
+    Stop,
+    StopReason,
+    UnknownAction,
+    Usage,
+    canonical_json,
+)
+
+VERSION = 1
+HISTORY_WINDOW = 20
+OUTPUT_CAP = 4096
+
+
+class Step(StrEnum):
+    """The phase a run does next."""
+
+    PLAN = "plan"
+    ACT = "act"
+    OBSERVE = "observe"
+    VERIFY = "verify"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planning call's answer, saved before anything runs."""
+
+    iteration: int
+    call: int
+    actions: tuple[Action, ...] = ()
+    done: bool = False
+    answer: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "call": self.call,
+                "actions": [a.to_json() for a in self.actions], "done": self.done,
+                "answer": self.answer}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(int(data["iteration"]), int(data["call"]),
+                   tuple(Action.from_json(a) for a in data["actions"]), bool(data["done"]),
+                   data.get("answer"))
+
+
+@dataclass(frozen=True)
+class Approval:
+    approved: bool
+    by: str
+    at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"approved": self.approved, "by": self.by, "at": self.at}
+
+
+def capped(value: Any) -> Any:
+    """A tool output as the history keeps it: whole if small, else a truncated string."""
+    text = canonical_json(value)
+    if len(text) <= OUTPUT_CAP:
+        return value
+    return {"truncated": True, "preview": text[:OUTPUT_CAP]}
+
+
+@dataclass(frozen=True)
+class RunState:
+    spec: LoopSpec
+    seq: int = 0
+    step: Step = Step.PLAN
+    iteration: int = 0
+    calls: int = 0
+    plan: Plan | None = None
+    results: tuple[ActionResult, ...] = ()
+    history: tuple[Mapping[str, Any], ...] = ()
+    dropped: int = 0
+    usage: Usage = Usage()
+    rejections: int = 0
+    stop: Stop | None = None
+    unknown: tuple[UnknownAction, ...] = ()
+    pending: tuple[PendingApproval, ...] = ()
+    approvals: Mapping[str, Approval] = field(default_factory=dict)
+    outbox: tuple[AuditDraft, ...] = ()
+    answer: str | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def run(self) -> str:
+        return self.spec.run
+
+    def but(self, **changes: Any) -> RunState:
+        return replace(self, **changes)
+
+    def remember(self, entry: Mapping[str, Any]) -> RunState:
+        """Append to the model's history, keeping only the newest HISTORY_WINDOW entries."""
+        history = (*self.history, dict(entry))
+        dropped = self.dropped
+        if len(history) > HISTORY_WINDOW:
+            dropped += len(history) - HISTORY_WINDOW
+            history = history[-HISTORY_WINDOW:]
+        return replace(self, history=history, dropped=dropped)
+
+    def result_of(self, action_id: str) -> ActionResult | None:
+        for result in self.results:
+            if result.action == action_id:
+                return result
+        return None
+
+    def outcome(self) -> Outcome:
+        stop = self.stop or Stop(StopReason.FAILED, "run has not stopped", False)
+        if self.stop is None:
+            phase = RunPhase.RUNNING
+        elif stop.reason is StopReason.GOAL_MET:
+            phase = RunPhase.SUCCEEDED
+        elif stop.is_resumable:
+            phase = RunPhase.STOPPED
+        else:
+            phase = RunPhase.FAILED
+        return Outcome(self.tenant, self.run, phase, stop, self.iteration, self.usage,
+                       self.unknown, self.pending, self.answer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "tenant": self.tenant,
+            "run": self.run,
+            "seq": self.seq,
+            "spec": self.spec.to_json(),
+            "step": self.step.value,
+            "iteration": self.iteration,
+            "calls": self.calls,
+            "plan": None if self.plan is None else self.plan.to_json(),
+            "results": [r.to_json() for r in self.results],
+            "history": [dict(h) for h in self.history],
+            "dropped": self.dropped,
+            "usage": self.usage.to_json(),
+            "rejections": self.rejections,
+            "stop": None if self.stop is None else self.stop.to_json(),
+            "unknown": [u.to_json() for u in self.unknown],
+            "pending": [p.to_json() for p in self.pending],
+            "approvals": {k: v.to_json() for k, v in self.approvals.items()},
+            "outbox": [d.to_json() for d in self.outbox],
+            "answer": self.answer,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunState:
+        if data.get("version") != VERSION:
+            raise ValueError(f"checkpoint version {data.get('version')!r} is not {VERSION}")
+        plan = data.get("plan")
+        stop = data.get("stop")
+        return cls(
+            spec=LoopSpec.from_json(data["spec"]),
+            seq=int(data["seq"]),
+            step=Step(data["step"]),
+            iteration=int(data["iteration"]),
+            calls=int(data["calls"]),
+            plan=None if plan is None else Plan.from_json(plan),
+            results=tuple(ActionResult.from_json(r) for r in data["results"]),
+            history=tuple(dict(h) for h in data["history"]),
+            dropped=int(data.get("dropped", 0)),
+            usage=Usage.from_json(data["usage"]),
+            rejections=int(data["rejections"]),
+            stop=None if stop is None else Stop.from_json(stop),
+            unknown=tuple(UnknownAction(u["action"], u["tool"], u["idempotencyKey"])
+                          for u in data.get("unknown", [])),
+            pending=tuple(PendingApproval(p["action"], p["tool"])
+                          for p in data.get("pending", [])),
+            approvals={k: Approval(bool(v["approved"]), str(v["by"]), str(v["at"]))
+                       for k, v in data.get("approvals", {}).items()},
+            outbox=tuple(AuditDraft.from_json(d) for d in data.get("outbox", [])),
+            answer=data.get("answer"),
+        )

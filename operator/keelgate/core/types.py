@@ -1,0 +1,279 @@
+"""Values the loop, its stores and its users exchange: enums and frozen dataclasses.
+
+They exist so that every floor speaks the same exact strings (the stop reasons, the side-effect
+classes) and the same JSON. Nothing here performs I/O or holds mutable state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+
+class SideEffect(StrEnum):
+    """What a tool may do to the world. READ is free to repeat; PROPOSE and WRITE are not."""
+
+    READ = "READ"
+    PROPOSE = "PROPOSE"
+    WRITE = "WRITE"
+
+
+class LoopKind(StrEnum):
+    TASK = "task"
+    VERIFICATION = "verification"
+    MONITOR = "monitor"
+
+    @property
+    def default_side_effects(self) -> frozenset[SideEffect]:
+        """Verification and monitor loops only read unless told otherwise."""
+        if self is LoopKind.TASK:
+            return frozenset(SideEffect)
+        return frozenset({SideEffect.READ})
+
+
+class StopReason(StrEnum):
+    """Why a run stopped. The strings are part of the public contract."""
+
+    GOAL_MET = "goal_met"
+    MAX_ITERATIONS = "max_iterations"
+    TOKEN_BUDGET = "token_budget"
+    DOLLAR_BUDGET = "dollar_budget"
+    TIMEOUT = "timeout"
+    VERIFIER_REJECTIONS = "verifier_rejections"
+    COST_UNKNOWN = "cost_unknown"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    AWAITING_APPROVAL = "awaiting_approval"
+    FAILED = "failed"
+
+    @property
+    def resumable(self) -> bool:
+        """Budget stops and waits for a person resume; the verifier limit only once raised."""
+        return self not in (
+            StopReason.GOAL_MET,
+            StopReason.FAILED,
+            StopReason.VERIFIER_REJECTIONS,
+        )
+
+
+class RunPhase(StrEnum):
+    """The Kubernetes-style phase of a run, as ``status.phase`` shows it."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    STOPPED = "Stopped"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class KeyState(StrEnum):
+    """The state of an idempotency key. OUTCOME_UNKNOWN is read, never written: it is an
+    in-flight key whose owner is gone."""
+
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    ABANDONED = "abandoned"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON spelling used for hashing: sorted keys, no spaces, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def idempotency_key(tenant: str, run: str, tool: str, args: Mapping[str, Any]) -> str:
+    """Derive a WRITE's key from what it does: the same call in the same run gets the same key."""
+    digest = hashlib.sha256(canonical_json([tenant, run, tool, args]).encode()).hexdigest()
+    return f"kg-{digest[:40]}"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a run has consumed so far. Dollars are exact decimals, never floats."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    dollars: Decimal = Decimal(0)
+    active_seconds: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            dollars=self.dollars + other.dollars,
+            active_seconds=self.active_seconds + other.active_seconds,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "dollars": str(self.dollars),
+            "activeSeconds": round(self.active_seconds, 3),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Usage:
+        return cls(
+            input_tokens=int(data.get("inputTokens", 0)),
+            output_tokens=int(data.get("outputTokens", 0)),
+            dollars=Decimal(str(data.get("dollars", "0"))),
+            active_seconds=float(data.get("activeSeconds", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: StopReason
+    message: str = ""
+    resumable: bool | None = None
+
+    @property
+    def is_resumable(self) -> bool:
+        return self.reason.resumable if self.resumable is None else self.resumable
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason.value, "message": self.message,
+                "resumable": self.is_resumable}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Stop:
+        return cls(StopReason(data["reason"]), str(data.get("message", "")),
+                   bool(data["resumable"]))
+
+
+@dataclass(frozen=True)
+class Action:
+    """One planned tool call, saved before it runs (write-ahead)."""
+
+    id: str
+    tool: str
+    args: Mapping[str, Any]
+    key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "tool": self.tool, "args": dict(self.args), "key": self.key}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Action:
+        return cls(str(data["id"]), str(data["tool"]), dict(data["args"]), str(data["key"]))
+
+
+class ResultStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    REFUSED = "refused"
+    DENIED = "denied"
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What one action came to, as the model will see it."""
+
+    action: str
+    status: ResultStatus
+    output: Any = None
+    error: str = ""
+    replayed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"action": self.action, "status": self.status.value}
+        if self.output is not None:
+            data["output"] = self.output
+        if self.error:
+            data["error"] = self.error
+        if self.replayed:
+            data["replayed"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ActionResult:
+        return cls(str(data["action"]), ResultStatus(data["status"]), data.get("output"),
+                   str(data.get("error", "")), bool(data.get("replayed", False)))
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """An idempotency key as a store holds it (state already resolved for owner liveness)."""
+
+    tenant: str
+    key: str
+    run: str
+    action: str
+    tool: str
+    state: KeyState
+    result: Any = None
+    settled_by: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class UnknownAction:
+    """A WRITE whose outcome nobody knows: a person or a confirmer must settle it."""
+
+    action: str
+    tool: str
+    idempotency_key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "tool": self.tool, "idempotencyKey": self.idempotency_key}
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    action: str
+    tool: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "tool": self.tool}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where a run stands after ``run_or_resume`` returned: always a stop, never an exception."""
+
+    tenant: str
+    run: str
+    phase: RunPhase
+    stop: Stop
+    iteration: int
+    usage: Usage
+    unknown_actions: tuple[UnknownAction, ...] = ()
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    answer: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def resumable(self) -> bool:
+        return self.stop.is_resumable
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract's ``--output json`` object."""
+        return {
+            "run": self.run,
+            "phase": self.phase.value,
+            "stopReason": self.stop.reason.value,
+            "resumable": self.resumable,
+            "iteration": self.iteration,
+            "usage": self.usage.to_json(),
+            "unknownActions": [u.to_json() for u in self.unknown_actions],
+            "pendingApprovals": [p.to_json() for p in self.pending_approvals],
+            "answer": self.answer,
+            "message": self.stop.message,
+        }

@@ -1,0 +1,111 @@
+"""The one exception tree of Keelgate.
+
+Every error a user can meet is a ``KeelgateError`` with structured fields, so the CLI and the
+operator can turn it into one clear line (and an exit code) without parsing messages. This module
+must never import anything from Keelgate or third parties: every floor imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KeelgateError(Exception):
+    """Base of every error Keelgate raises on purpose."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(KeelgateError):
+    """Bad input from a user: a manifest field, a flag or an argument (exit code 2)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message, field=field)
+        self.field = field
+        self.reason = message
+
+
+class RunNotFound(KeelgateError):
+    """No checkpoint exists for the named run."""
+
+    def __init__(self, tenant: str, run: str) -> None:
+        super().__init__(f"run {run!r} not found in tenant {tenant!r}", tenant=tenant, run=run)
+        self.tenant = tenant
+        self.run = run
+
+
+class StoreError(KeelgateError):
+    """A store could not do what was asked; saved state is unchanged."""
+
+
+class StaleCheckpoint(StoreError):
+    """A checkpoint save was refused because the store already holds this sequence or newer.
+
+    This is how a second writer of the same run learns it lost the race: it must stop, not retry.
+    """
+
+    def __init__(self, tenant: str, run: str, seq: int, stored_seq: int | None) -> None:
+        super().__init__(
+            f"checkpoint {seq} of run {run!r} refused: the store already holds {stored_seq}",
+            tenant=tenant,
+            run=run,
+            seq=seq,
+            stored_seq=stored_seq,
+        )
+        self.tenant = tenant
+        self.run = run
+        self.seq = seq
+        self.stored_seq = stored_seq
+
+
+class RunBusy(KeelgateError):
+    """Another live process is executing this run right now; this one must not act."""
+
+    def __init__(self, tenant: str, run: str, detail: str) -> None:
+        super().__init__(f"run {run!r} is busy: {detail}", tenant=tenant, run=run)
+        self.tenant = tenant
+        self.run = run
+
+
+class SettleError(KeelgateError):
+    """A reconcile or approval was refused (nothing to settle, or already settled)."""
+
+    def __init__(self, run: str, action: str, message: str) -> None:
+        super().__init__(f"{run} {action}: {message}", run=run, action=action)
+        self.run = run
+        self.action = action
+
+
+class ToolError(KeelgateError):
+    """A tool's definite failure: the call was refused and took no effect.
+
+    Tools raise it to say "nothing happened"; the model sees the message. Any other exception from
+    a WRITE is read as "we do not know whether it happened" and stops the run.
+    """
+
+
+class OutcomeUncertain(KeelgateError):
+    """A tool cannot tell whether its side effect happened (timeout, connection reset after send)."""
+
+
+class ModelError(KeelgateError):
+    """The model provider refused a request or answered something unusable; the run fails."""
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a failpoint armed in ``raise`` mode: an in-process stand-in for a process death.
+
+    A BaseException, so that no ``except Exception`` on the way up can swallow it, just as nothing
+    can catch ``os._exit``.
+    """
+
+    def __init__(self, failpoint: str, occurrence: int) -> None:
+        super().__init__(f"failpoint {failpoint}@{occurrence}")
+        self.failpoint = failpoint
+        self.occurrence = occurrence

@@ -1,0 +1,51 @@
+"""Storage backends, one module each, all implementing the protocols of ``keelgate.core``.
+
+``open_stores(url)`` picks the backend from a store URL. Drivers are imported only when their
+backend is asked for, so the default (SQLite, stdlib) needs no extra installed.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from keelgate.core.protocols import Stores
+from keelgate.errors import InputError
+
+DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
+
+
+def sqlite_path(url: str) -> str:
+    """``sqlite:///relative/path`` or ``sqlite:////absolute/path`` to a filesystem path."""
+    rest = url.split("://", 1)[1]
+    if not rest.startswith("/") or rest == "/":
+        raise InputError("--store", f"{url!r}: a SQLite URL is sqlite:///PATH")
+    return rest[1:]
+
+
+def open_stores(url: str = DEFAULT_URL) -> Stores:
+    """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
+    or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        from keelgate.stores.sqlite import SQLiteStore
+
+        store = SQLiteStore(sqlite_path(url))
+        return Stores(store, store, store)
+    if scheme in ("postgresql", "postgres"):
+        from keelgate.stores.postgres import PostgresStore
+
+        pg = PostgresStore(url)
+        return Stores(pg, pg, pg)
+    if scheme == "memory":
+        from keelgate.stores.memory import MemoryStore
+
+        memory = MemoryStore()
+        return Stores(memory, memory, memory)
+    if scheme == "langgraph+sqlite":
+        from keelgate.stores.langgraph import LangGraphCheckpointStore
+        from keelgate.stores.sqlite import SQLiteStore
+
+        path = sqlite_path(url)
+        companion = SQLiteStore(path)
+        return Stores(LangGraphCheckpointStore.sqlite(path + ".langgraph"), companion, companion)
+    raise InputError("--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)")
