@@ -91,7 +91,7 @@ class ToolError(KeelgateError):
 
 
 class OutcomeUncertain(KeelgateError):
-    """A tool cannot tell whether its side effect happened (timeout, connection reset after send)."""
+    """A tool cannot tell whether its side effect happened (timeout, reset after sending)."""
 
 
 class ModelError(KeelgateError):

@@ -33,13 +33,23 @@ class AuditDraft:
     key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "data": dict(self.data), "actor": self.actor, "at": self.at,
-                "key": self.key}
+        return {
+            "type": self.type,
+            "data": dict(self.data),
+            "actor": self.actor,
+            "at": self.at,
+            "key": self.key,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditDraft:
-        return cls(str(data["type"]), dict(data["data"]), str(data["actor"]), str(data["at"]),
-                   data.get("key"))
+        return cls(
+            str(data["type"]),
+            dict(data["data"]),
+            str(data["actor"]),
+            str(data["at"]),
+            data.get("key"),
+        )
 
 
 @dataclass(frozen=True)
@@ -56,18 +66,35 @@ class AuditEvent:
     hash: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "type": self.type, "actor": self.actor, "at": self.at,
-                "data": dict(self.data), "key": self.key, "prev": self.prev, "hash": self.hash}
+        return {
+            "seq": self.seq,
+            "type": self.type,
+            "actor": self.actor,
+            "at": self.at,
+            "data": dict(self.data),
+            "key": self.key,
+            "prev": self.prev,
+            "hash": self.hash,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditEvent:
-        return cls(int(data["seq"]), str(data["type"]), str(data["actor"]), str(data["at"]),
-                   dict(data["data"]), data.get("key"), str(data["prev"]), str(data["hash"]))
+        return cls(
+            int(data["seq"]),
+            str(data["type"]),
+            str(data["actor"]),
+            str(data["at"]),
+            dict(data["data"]),
+            data.get("key"),
+            str(data["prev"]),
+            str(data["hash"]),
+        )
 
 
 def _digest(tenant: str, run: str, seq: int, prev: str, draft: AuditDraft) -> str:
-    body = canonical_json([tenant, run, seq, prev, draft.type, draft.actor, draft.at,
-                           dict(draft.data), draft.key])
+    body = canonical_json(
+        [tenant, run, seq, prev, draft.type, draft.actor, draft.at, dict(draft.data), draft.key]
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -75,8 +102,16 @@ def seal(tenant: str, run: str, head: AuditEvent | None, draft: AuditDraft) -> A
     """Put ``draft`` on the chain after ``head`` (None for the first event of a run)."""
     seq = 1 if head is None else head.seq + 1
     prev = GENESIS if head is None else head.hash
-    return AuditEvent(seq, draft.type, draft.actor, draft.at, dict(draft.data), draft.key, prev,
-                      _digest(tenant, run, seq, prev, draft))
+    return AuditEvent(
+        seq,
+        draft.type,
+        draft.actor,
+        draft.at,
+        dict(draft.data),
+        draft.key,
+        prev,
+        _digest(tenant, run, seq, prev, draft),
+    )
 
 
 @dataclass(frozen=True)

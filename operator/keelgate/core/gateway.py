@@ -37,8 +37,11 @@ class OutcomeUnknown(KeelgateError):
     """Raised to the loop: a WRITE's outcome is unknown and nobody trusted could settle it."""
 
     def __init__(self, unknown: UnknownAction) -> None:
-        super().__init__(f"outcome of {unknown.tool} ({unknown.action}) is unknown",
-                         action=unknown.action, tool=unknown.tool)
+        super().__init__(
+            f"outcome of {unknown.tool} ({unknown.action}) is unknown",
+            action=unknown.action,
+            tool=unknown.tool,
+        )
         self.unknown = unknown
 
 
@@ -55,10 +58,18 @@ class Settlement:
         return "executed" if self.executed else "abandoned"
 
     def draft(self, action: str, tool: str, key: str) -> AuditDraft:
-        return AuditDraft("loop.reconciled", {
-            "action": action, "tool": tool, "idempotencyKey": key,
-            "source": self.source, "verdict": self.verdict,
-        }, actor=self.actor, key=f"reconciled:{key}")
+        return AuditDraft(
+            "loop.reconciled",
+            {
+                "action": action,
+                "tool": tool,
+                "idempotencyKey": key,
+                "source": self.source,
+                "verdict": self.verdict,
+            },
+            actor=self.actor,
+            key=f"reconciled:{key}",
+        )
 
 
 class Gateway:
@@ -86,22 +97,34 @@ class Gateway:
     def call(self, action: Action) -> ActionResult:
         tool = self.tools.get(action.tool)
         if tool is None:
-            return ActionResult(action.id, ResultStatus.ERROR,
-                                error=f"unknown tool {action.tool!r}")
+            return ActionResult(
+                action.id, ResultStatus.ERROR, error=f"unknown tool {action.tool!r}"
+            )
         if tool.side_effect not in self.allowed:
             return ActionResult(
-                action.id, ResultStatus.REFUSED,
+                action.id,
+                ResultStatus.REFUSED,
                 error=f"{SIDE_EFFECT_NOT_PERMITTED}: {tool.side_effect.value} tools are not "
-                      f"permitted in this loop")
+                f"permitted in this loop",
+            )
         if tool.side_effect is SideEffect.READ:
             return self._read(tool, action)
         return self._write(tool, action)
 
     def _started(self, tool: Tool, action: Action) -> None:
-        self.emit(AuditDraft("loop.action_started", {
-            "action": action.id, "tool": tool.name, "sideEffect": tool.side_effect.value,
-            "idempotencyKey": action.key if tool.side_effect is not SideEffect.READ else None,
-        }))
+        self.emit(
+            AuditDraft(
+                "loop.action_started",
+                {
+                    "action": action.id,
+                    "tool": tool.name,
+                    "sideEffect": tool.side_effect.value,
+                    "idempotencyKey": action.key
+                    if tool.side_effect is not SideEffect.READ
+                    else None,
+                },
+            )
+        )
 
     def _read(self, tool: Tool, action: Action) -> ActionResult:
         self._started(tool, action)
@@ -128,8 +151,7 @@ class Gateway:
             return result
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
-            log.warning("%s %s: outcome unknown (%s)", self.run, action.id,
-                        type(error).__name__)
+            log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
             self.keys.release(self.tenant, action.key)
             return self._unknown(tool, action)
         failpoints.hit("after_gateway_call")
@@ -140,15 +162,19 @@ class Gateway:
     def _claim(self, tool: Tool, action: Action) -> KeyRecord | None:
         deadline = time.monotonic() + self.busy_wait
         while True:
-            record = self.keys.claim(self.tenant, action.key, run=self.run, action=action.id,
-                                     tool=tool.name)
+            record = self.keys.claim(
+                self.tenant, action.key, run=self.run, action=action.id, tool=tool.name
+            )
             if record is None or record.state is not KeyState.IN_FLIGHT:
                 return record
             # In flight in a live process: another runner of this run is at it. A dying owner
             # may take a moment to be seen as gone; past that, this runner must not act.
             if time.monotonic() >= deadline:
-                raise RunBusy(self.tenant, self.run,
-                              f"{tool.name} ({action.id}) is in flight in another live process")
+                raise RunBusy(
+                    self.tenant,
+                    self.run,
+                    f"{tool.name} ({action.id}) is in flight in another live process",
+                )
             time.sleep(0.05)
 
     def _existing(self, tool: Tool, action: Action, record: KeyRecord) -> ActionResult:
@@ -156,8 +182,11 @@ class Gateway:
             # Settled by a person or a confirmer: make sure the chain says so, even if the
             # process that settled it died before writing the event (appending is idempotent).
             executed = record.state is KeyState.COMPLETED
-            self.emit(Settlement(executed, record.settled_by, record.source)
-                      .draft(action.id, tool.name, action.key))
+            self.emit(
+                Settlement(executed, record.settled_by, record.source).draft(
+                    action.id, tool.name, action.key
+                )
+            )
         if record.state is KeyState.COMPLETED:
             return _replay(action, record)
         if record.state is KeyState.ABANDONED:
@@ -169,8 +198,13 @@ class Gateway:
         settlement = self._ask_confirmer(unknown, action)
         if settlement is None:
             raise OutcomeUnknown(unknown)
-        record = self.keys.settle(self.tenant, action.key, executed=settlement.executed,
-                                  by=settlement.actor, source=settlement.source)
+        record = self.keys.settle(
+            self.tenant,
+            action.key,
+            executed=settlement.executed,
+            by=settlement.actor,
+            source=settlement.source,
+        )
         self.emit(settlement.draft(action.id, tool.name, action.key))
         return _replay(action, record) if settlement.executed else _abandoned(action, record)
 
@@ -180,8 +214,12 @@ class Gateway:
         try:
             verdict = self.confirmer.confirm(self.tenant, self.run, unknown, action.args)
         except Exception as error:
-            log.warning("confirmer %s failed on %s: %s", self.confirmer.name, unknown.action,
-                        type(error).__name__)
+            log.warning(
+                "confirmer %s failed on %s: %s",
+                self.confirmer.name,
+                unknown.action,
+                type(error).__name__,
+            )
             return None
         if verdict is True or verdict is False:
             return Settlement(verdict, self.confirmer.name, "confirmer")
@@ -193,15 +231,21 @@ def _replay(action: Action, record: KeyRecord) -> ActionResult:
         stored = ActionResult.from_json({**record.result, "action": action.id})
         return ActionResult(action.id, stored.status, stored.output, stored.error, replayed=True)
     # Settled as executed by a person or a confirmer: it ran, but its output is not known.
-    return ActionResult(action.id, ResultStatus.OK,
-                        output={"executed": True, "settledBy": record.settled_by},
-                        replayed=True)
+    return ActionResult(
+        action.id,
+        ResultStatus.OK,
+        output={"executed": True, "settledBy": record.settled_by},
+        replayed=True,
+    )
 
 
 def _abandoned(action: Action, record: KeyRecord) -> ActionResult:
-    return ActionResult(action.id, ResultStatus.ABANDONED,
-                        error=f"not executed: abandoned by {record.settled_by or 'reconcile'}; "
-                              "it will not be retried under the same key")
+    return ActionResult(
+        action.id,
+        ResultStatus.ABANDONED,
+        error=f"not executed: abandoned by {record.settled_by or 'reconcile'}; "
+        "it will not be retried under the same key",
+    )
 
 
 def describe(error: BaseException) -> str:

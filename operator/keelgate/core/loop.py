@@ -107,8 +107,9 @@ class Loop:
 
     # Settling
 
-    def reconcile(self, tenant: str, run: str, action: str, *, executed: bool,
-                  by: str) -> KeyRecord:
+    def reconcile(
+        self, tenant: str, run: str, action: str, *, executed: bool, by: str
+    ) -> KeyRecord:
         """Settle an unknown outcome on a person's word: executed (done) or not (abandoned).
 
         The decision is attributed and audited; the next ``run_or_resume`` continues the run and
@@ -118,14 +119,17 @@ class Loop:
             raise InputError("by", "must name the person deciding")
         state = self.state(tenant, run)
         planned = _find_action(state, action)
-        record = self.stores.idempotency.settle(tenant, planned.key, executed=executed, by=by,
-                                                source="human")
-        self.stores.audit.append(tenant, run, [
-            Settlement(executed, by, "human").draft(planned.id, planned.tool, planned.key)])
+        record = self.stores.idempotency.settle(
+            tenant, planned.key, executed=executed, by=by, source="human"
+        )
+        self.stores.audit.append(
+            tenant,
+            run,
+            [Settlement(executed, by, "human").draft(planned.id, planned.tool, planned.key)],
+        )
         return record
 
-    def approve(self, tenant: str, run: str, action: str, *, approved: bool,
-                by: str) -> Outcome:
+    def approve(self, tenant: str, run: str, action: str, *, approved: bool, by: str) -> Outcome:
         """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
         if not by.strip():
             raise InputError("by", "must name the person deciding")
@@ -138,12 +142,21 @@ class Loop:
             raise SettleError(run, action, f"not awaiting approval (awaiting: {waiting})")
         if action in state.approvals:
             raise SettleError(run, action, "already decided")
-        draft = AuditDraft("loop.approved", {
-            "action": action, "tool": pending[action].tool,
-            "verdict": "approved" if approved else "denied"}, actor=by, key=f"approved:{action}")
-        state = state.but(seq=state.seq + 1,
-                          approvals={**state.approvals, action: Approval(approved, by, utc_now())},
-                          outbox=(*state.outbox, draft))
+        draft = AuditDraft(
+            "loop.approved",
+            {
+                "action": action,
+                "tool": pending[action].tool,
+                "verdict": "approved" if approved else "denied",
+            },
+            actor=by,
+            key=f"approved:{action}",
+        )
+        state = state.but(
+            seq=state.seq + 1,
+            approvals={**state.approvals, action: Approval(approved, by, utc_now())},
+            outbox=(*state.outbox, draft),
+        )
         # No active time passes while a person decides: this save adds none.
         self.stores.checkpoints.save(tenant, run, state.seq, state.to_json())
         self.stores.audit.append(tenant, run, state.outbox)
@@ -156,8 +169,9 @@ def _find_action(state: RunState, action: str) -> Action:
             if planned.id == action:
                 return planned
     unknown = ", ".join(u.action for u in state.unknown) or "none"
-    raise SettleError(state.run, action,
-                      f"no such action in the current plan (unknown outcomes: {unknown})")
+    raise SettleError(
+        state.run, action, f"no such action in the current plan (unknown outcomes: {unknown})"
+    )
 
 
 class _Session:
@@ -170,12 +184,20 @@ class _Session:
         self.mark = loop.clock()
         self.price = loop.price()
         self.gateway = Gateway(
-            loop.tools, loop.stores.idempotency, tenant=spec.tenant, run=spec.run,
-            allowed=spec.side_effects, emit=self._emit_now, confirmer=loop.confirmer,
-            busy_wait=loop.busy_wait)
+            loop.tools,
+            loop.stores.idempotency,
+            tenant=spec.tenant,
+            run=spec.run,
+            allowed=spec.side_effects,
+            emit=self._emit_now,
+            confirmer=loop.confirmer,
+            busy_wait=loop.busy_wait,
+        )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
-            for t in loop.tools.values() if t.side_effect in spec.side_effects)
+            for t in loop.tools.values()
+            if t.side_effect in spec.side_effects
+        )
 
     # Persistence
 
@@ -186,8 +208,9 @@ class _Session:
         now = self.loop.clock()
         active = Usage(active_seconds=now - self.mark)
         self.mark = now
-        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active),
-                          outbox=(*state.outbox, *drafts))
+        state = state.but(
+            seq=state.seq + 1, usage=state.usage.plus(active), outbox=(*state.outbox, *drafts)
+        )
         self.stores.checkpoints.save(state.tenant, state.run, state.seq, state.to_json())
         if state.outbox:
             # The outbox rode in the checkpoint, so a crash here re-appends it on resume.
@@ -195,19 +218,32 @@ class _Session:
             state = state.but(outbox=())
         return state
 
-    def _stop(self, state: RunState, reason: StopReason, message: str = "", *,
-              resumable: bool | None = None, unknown: tuple[UnknownAction, ...] = (),
-              pending: tuple[PendingApproval, ...] = (), **changes: Any) -> RunState:
+    def _stop(
+        self,
+        state: RunState,
+        reason: StopReason,
+        message: str = "",
+        *,
+        resumable: bool | None = None,
+        unknown: tuple[UnknownAction, ...] = (),
+        pending: tuple[PendingApproval, ...] = (),
+        **changes: Any,
+    ) -> RunState:
         stop = Stop(reason, message, resumable)
-        draft = AuditDraft("loop.stopped", {
-            "reason": reason.value, "resumable": stop.is_resumable,
-            "iteration": state.iteration, "step": changes.get("step", state.step).value,
-            **({"unknownActions": [u.action for u in unknown]} if unknown else {}),
-        }, key=f"stopped:{state.seq + 1}")
+        draft = AuditDraft(
+            "loop.stopped",
+            {
+                "reason": reason.value,
+                "resumable": stop.is_resumable,
+                "iteration": state.iteration,
+                "step": changes.get("step", state.step).value,
+                **({"unknownActions": [u.action for u in unknown]} if unknown else {}),
+            },
+            key=f"stopped:{state.seq + 1}",
+        )
         if message:
             log.info("%s/%s stopped: %s (%s)", state.tenant, state.run, reason.value, message)
-        return self._save(state.but(stop=stop, unknown=unknown, pending=pending, **changes),
-                          draft)
+        return self._save(state.but(stop=stop, unknown=unknown, pending=pending, **changes), draft)
 
     # Driving
 
@@ -215,8 +251,14 @@ class _Session:
         checkpoint = self.stores.checkpoints.load(self.spec.tenant, self.spec.run)
         if checkpoint is None:
             state = RunState(spec=self.spec)
-            return self._save(state, AuditDraft("loop.started", {
-                "kind": self.spec.kind.value, "goal": self.spec.goal}, key="started"))
+            return self._save(
+                state,
+                AuditDraft(
+                    "loop.started",
+                    {"kind": self.spec.kind.value, "goal": self.spec.goal},
+                    key="started",
+                ),
+            )
         state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq, spec=self.spec)
         if state.outbox:
             self.stores.audit.append(state.tenant, state.run, state.outbox)
@@ -237,12 +279,19 @@ class _Session:
         if state.stop is not None:
             if not self._resumable(state):
                 return state.outcome()
-            state = self._save(state.but(stop=None, unknown=(), pending=()),
-                               AuditDraft("loop.resumed", {"from": state.stop.reason.value},
-                                          key=f"resumed:{state.seq + 1}"))
+            state = self._save(
+                state.but(stop=None, unknown=(), pending=()),
+                AuditDraft(
+                    "loop.resumed",
+                    {"from": state.stop.reason.value},
+                    key=f"resumed:{state.seq + 1}",
+                ),
+            )
         phases: dict[Step, Callable[[RunState], RunState]] = {
-            Step.PLAN: self._plan, Step.ACT: self._act,
-            Step.OBSERVE: self._observe, Step.VERIFY: self._verify,
+            Step.PLAN: self._plan,
+            Step.ACT: self._act,
+            Step.OBSERVE: self._observe,
+            Step.VERIFY: self._verify,
         }
         while state.stop is None:
             if state.step is Step.DONE:  # a checkpoint from a run that met its goal
@@ -262,11 +311,9 @@ class _Session:
         if budget.timeout_seconds is not None and self._active(state) > budget.timeout_seconds:
             return StopReason.TIMEOUT, f"active time passed {budget.timeout_seconds}s"
         if budget.tokens is not None and state.usage.tokens > budget.tokens:
-            return StopReason.TOKEN_BUDGET, (
-                f"used {state.usage.tokens} of {budget.tokens} tokens")
+            return StopReason.TOKEN_BUDGET, (f"used {state.usage.tokens} of {budget.tokens} tokens")
         if budget.dollars is not None and state.usage.dollars > budget.dollars:
-            return StopReason.DOLLAR_BUDGET, (
-                f"spent ${state.usage.dollars} of ${budget.dollars}")
+            return StopReason.DOLLAR_BUDGET, (f"spent ${state.usage.dollars} of ${budget.dollars}")
         return None
 
     def _precheck(self, state: RunState, request: ModelRequest) -> tuple[StopReason, str] | None:
@@ -275,7 +322,8 @@ class _Session:
         if budget.dollars is not None and self.price is None:
             name = self.loop.price_model or getattr(self.loop.model, "name", "?")
             return StopReason.COST_UNKNOWN, (
-                f"a dollar budget is set but the price of model {name!r} is unknown")
+                f"a dollar budget is set but the price of model {name!r} is unknown"
+            )
         spent = self._spent(state)
         if spent is not None:
             return spent
@@ -283,13 +331,15 @@ class _Session:
         if budget.tokens is not None and state.usage.tokens + estimate > budget.tokens:
             return StopReason.TOKEN_BUDGET, (
                 f"the next call's input alone (~{estimate} tokens) would pass the budget "
-                f"({state.usage.tokens} of {budget.tokens} used)")
+                f"({state.usage.tokens} of {budget.tokens} used)"
+            )
         if budget.dollars is not None and self.price is not None:
             cost = self.price.cost(Usage(input_tokens=estimate))
             if state.usage.dollars + cost > budget.dollars:
                 return StopReason.DOLLAR_BUDGET, (
                     f"the next call's input alone (~${cost:.6f}) would pass the budget "
-                    f"(${state.usage.dollars} of ${budget.dollars} spent)")
+                    f"(${state.usage.dollars} of ${budget.dollars} spent)"
+                )
         return None
 
     def _call_model(self, state: RunState, request: ModelRequest) -> ModelReply | RunState:
@@ -299,33 +349,40 @@ class _Session:
         try:
             return self.loop.model.call(request)
         except ModelError as error:
-            return self._stop(state, StopReason.FAILED, f"model: {error.message}",
-                              resumable=False)
+            return self._stop(state, StopReason.FAILED, f"model: {error.message}", resumable=False)
         except KeelgateError:
             raise
         except Exception as error:
-            return self._stop(state, StopReason.FAILED, f"model: {describe(error)}",
-                              resumable=False)
+            return self._stop(
+                state, StopReason.FAILED, f"model: {describe(error)}", resumable=False
+            )
 
     def _charge(self, usage: Usage) -> Usage:
         if self.price is None:
             return usage
         return Usage(usage.input_tokens, usage.output_tokens, self.price.cost(usage))
 
-    def _request(self, state: RunState, phase: str, *, call: int,
-                 iteration: int) -> ModelRequest:
+    def _request(self, state: RunState, phase: str, *, call: int, iteration: int) -> ModelRequest:
         return ModelRequest(
-            phase="plan" if phase == "plan" else "verify", goal=self.spec.goal,
-            iteration=iteration, call=call, history=state.history, tools=self.tool_infos,
-            max_output_tokens=self.loop.max_output_tokens)
+            phase="plan" if phase == "plan" else "verify",
+            goal=self.spec.goal,
+            iteration=iteration,
+            call=call,
+            history=state.history,
+            tools=self.tool_infos,
+            max_output_tokens=self.loop.max_output_tokens,
+        )
 
     # Phases
 
     def _plan(self, state: RunState) -> RunState:
         limit = self.spec.budget.max_iterations
         if limit is not None and state.iteration >= limit:
-            return self._stop(state, StopReason.MAX_ITERATIONS,
-                              f"reached {limit} iteration{'s' if limit != 1 else ''}")
+            return self._stop(
+                state,
+                StopReason.MAX_ITERATIONS,
+                f"reached {limit} iteration{'s' if limit != 1 else ''}",
+            )
         iteration = state.iteration + 1
         request = self._request(state, "plan", call=state.calls, iteration=iteration)
         refused = self._precheck(state, request)
@@ -335,18 +392,37 @@ class _Session:
         if isinstance(reply, RunState):
             return reply
         actions = tuple(
-            Action(f"{iteration}:{index}", call.tool, dict(call.args),
-                   idempotency_key(state.tenant, state.run, call.tool, call.args))
-            for index, call in enumerate(reply.actions))
+            Action(
+                f"{iteration}:{index}",
+                call.tool,
+                dict(call.args),
+                idempotency_key(state.tenant, state.run, call.tool, call.args),
+            )
+            for index, call in enumerate(reply.actions)
+        )
         plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
-        draft = AuditDraft("loop.plan_saved", {
-            "iteration": iteration, "done": plan.done,
-            "actions": [{"action": a.id, "tool": a.tool, "idempotencyKey": a.key}
-                        for a in actions]}, key=f"plan:{iteration}")
-        state = self._save(state.but(
-            iteration=iteration, calls=state.calls + 1, plan=plan, results=(),
-            usage=state.usage.plus(self._charge(reply.usage)),
-            step=Step.ACT if actions else Step.VERIFY), draft)
+        draft = AuditDraft(
+            "loop.plan_saved",
+            {
+                "iteration": iteration,
+                "done": plan.done,
+                "actions": [
+                    {"action": a.id, "tool": a.tool, "idempotencyKey": a.key} for a in actions
+                ],
+            },
+            key=f"plan:{iteration}",
+        )
+        state = self._save(
+            state.but(
+                iteration=iteration,
+                calls=state.calls + 1,
+                plan=plan,
+                results=(),
+                usage=state.usage.plus(self._charge(reply.usage)),
+                step=Step.ACT if actions else Step.VERIFY,
+            ),
+            draft,
+        )
         failpoints.hit("after_plan")
         return state
 
@@ -368,21 +444,33 @@ class _Session:
                     result = self.gateway.call(action)
                 except OutcomeUnknown as unknown:
                     return self._stop(
-                        state, StopReason.OUTCOME_UNKNOWN,
+                        state,
+                        StopReason.OUTCOME_UNKNOWN,
                         f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
-                        f"reconcile it", unknown=(unknown.unknown,))
-            draft = AuditDraft("loop.action_completed", {
-                "action": action.id, "tool": action.tool, "status": result.status.value,
-                "replayed": result.replayed}, key=f"completed:{action.id}")
+                        f"reconcile it",
+                        unknown=(unknown.unknown,),
+                    )
+            draft = AuditDraft(
+                "loop.action_completed",
+                {
+                    "action": action.id,
+                    "tool": action.tool,
+                    "status": result.status.value,
+                    "replayed": result.replayed,
+                },
+                key=f"completed:{action.id}",
+            )
             last = number == len(remaining)
-            state = self._save(state.but(
-                results=(*state.results, result),
-                step=Step.OBSERVE if last else Step.ACT), draft)
+            state = self._save(
+                state.but(
+                    results=(*state.results, result), step=Step.OBSERVE if last else Step.ACT
+                ),
+                draft,
+            )
             failpoints.hit("after_action_checkpoint")
         return state
 
-    def _approval_result(self, state: RunState,
-                         action: Action) -> ActionResult | RunState | None:
+    def _approval_result(self, state: RunState, action: Action) -> ActionResult | RunState | None:
         tool = self.loop.tools.get(action.tool)
         if tool is None or not tool.requires_approval:
             return None
@@ -390,9 +478,12 @@ class _Session:
             return None  # the gateway refuses it; no person needs to be asked
         approval = state.approvals.get(action.id)
         if approval is None:
-            return self._stop(state, StopReason.AWAITING_APPROVAL,
-                              f"{tool.name} ({action.id}) needs approval",
-                              pending=(PendingApproval(action.id, tool.name),))
+            return self._stop(
+                state,
+                StopReason.AWAITING_APPROVAL,
+                f"{tool.name} ({action.id}) needs approval",
+                pending=(PendingApproval(action.id, tool.name),),
+            )
         if approval.approved:
             return None
         return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {approval.by}")
@@ -403,8 +494,12 @@ class _Session:
         for action in state.plan.actions:
             result = state.result_of(action.id)
             assert result is not None
-            seen: dict[str, Any] = {"id": action.id, "tool": action.tool, "args": action.args,
-                                    "status": result.status.value}
+            seen: dict[str, Any] = {
+                "id": action.id,
+                "tool": action.tool,
+                "args": action.args,
+                "status": result.status.value,
+            }
             if result.output is not None:
                 seen["output"] = capped(result.output)
             if result.error:
@@ -428,29 +523,43 @@ class _Session:
         usage = state.usage.plus(self._charge(reply.usage))
         if reply.verdict == "reject":
             rejections = state.rejections + 1
-            state = state.remember({"iteration": plan.iteration, "verdict": "reject",
-                                    "reason": reply.reason}).but(
-                usage=usage, rejections=rejections, step=Step.PLAN)
+            state = state.remember(
+                {"iteration": plan.iteration, "verdict": "reject", "reason": reply.reason}
+            ).but(usage=usage, rejections=rejections, step=Step.PLAN)
             limit = self.spec.budget.max_verifier_rejections
             if limit is not None and rejections >= limit:
-                state = self._stop(state, StopReason.VERIFIER_REJECTIONS,
-                                   f"the verifier rejected {rejections} time(s)",
-                                   resumable=False)
+                state = self._stop(
+                    state,
+                    StopReason.VERIFIER_REJECTIONS,
+                    f"the verifier rejected {rejections} time(s)",
+                    resumable=False,
+                )
             else:
-                state = self._save(state, AuditDraft("loop.verified", {
-                    "iteration": plan.iteration, "verdict": "reject"},
-                    key=f"verified:{plan.iteration}:{rejections}"))
+                state = self._save(
+                    state,
+                    AuditDraft(
+                        "loop.verified",
+                        {"iteration": plan.iteration, "verdict": "reject"},
+                        key=f"verified:{plan.iteration}:{rejections}",
+                    ),
+                )
             failpoints.hit("after_verify")
             return state
         state = state.but(usage=usage)
         predicate = self.loop.goal_predicate
         if plan.done or (predicate is not None and predicate(state.history)):
             answer = plan.answer if plan.done else None
-            state = self._stop(state, StopReason.GOAL_MET, answer or "", step=Step.DONE,
-                               answer=answer)
+            state = self._stop(
+                state, StopReason.GOAL_MET, answer or "", step=Step.DONE, answer=answer
+            )
         else:
-            state = self._save(state.but(step=Step.PLAN), AuditDraft("loop.verified", {
-                "iteration": plan.iteration, "verdict": "accept"},
-                key=f"verified:{plan.iteration}:accept"))
+            state = self._save(
+                state.but(step=Step.PLAN),
+                AuditDraft(
+                    "loop.verified",
+                    {"iteration": plan.iteration, "verdict": "accept"},
+                    key=f"verified:{plan.iteration}:accept",
+                ),
+            )
         failpoints.hit("after_verify")
         return state

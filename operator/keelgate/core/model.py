@@ -26,8 +26,12 @@ class ToolInfo:
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description,
-                "sideEffect": self.side_effect.value, "inputSchema": dict(self.input_schema)}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "sideEffect": self.side_effect.value,
+            "inputSchema": dict(self.input_schema),
+        }
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class ModelReply:
     answer: str | None = None
     verdict: Literal["accept", "reject"] = "accept"
     reason: str = ""
-    usage: Usage = Usage()
+    usage: Usage = field(default_factory=Usage)
 
 
 @runtime_checkable
@@ -102,13 +106,19 @@ def reply_from_mapping(data: Mapping[str, Any], *, phase: str) -> ModelReply:
     usage_data = data.get("usage") or {}
     if not isinstance(usage_data, Mapping):
         raise ModelError("model reply usage must be an object")
-    usage = Usage(input_tokens=int(usage_data.get("inputTokens", 0)),
-                  output_tokens=int(usage_data.get("outputTokens", 0)))
+    usage = Usage(
+        input_tokens=int(usage_data.get("inputTokens", 0)),
+        output_tokens=int(usage_data.get("outputTokens", 0)),
+    )
     if phase == "verify":
         verdict = data.get("verdict", "accept") or "accept"
         if verdict not in ("accept", "reject"):
             raise ModelError(f"verdict must be 'accept' or 'reject', not {verdict!r}")
-        return ModelReply(verdict="reject" if verdict == "reject" else "accept", reason=str(data.get("reason", "") or ""), usage=usage)
+        return ModelReply(
+            verdict="reject" if verdict == "reject" else "accept",
+            reason=str(data.get("reason", "") or ""),
+            usage=usage,
+        )
     raw_actions = data.get("actions") or []
     if not isinstance(raw_actions, list):
         raise ModelError("model reply actions must be a list")
@@ -124,5 +134,9 @@ def reply_from_mapping(data: Mapping[str, Any], *, phase: str) -> ModelReply:
     if not actions and not done:
         raise ModelError("model reply has neither actions nor done")
     answer = data.get("answer")
-    return ModelReply(actions=tuple(actions), done=done and not actions,
-                      answer=None if answer is None else str(answer), usage=usage)
+    return ModelReply(
+        actions=tuple(actions),
+        done=done and not actions,
+        answer=None if answer is None else str(answer),
+        usage=usage,
+    )

@@ -57,8 +57,9 @@ class IdempotencyStore(Protocol):
     a live owner must never be read as gone.
     """
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str,
-              tool: str) -> KeyRecord | None: ...
+    def claim(
+        self, tenant: str, key: str, *, run: str, action: str, tool: str
+    ) -> KeyRecord | None: ...
 
     def complete(self, tenant: str, key: str, result: Any) -> None:
         """Record a claimed key done, with the result to replay."""
@@ -68,8 +69,7 @@ class IdempotencyStore(Protocol):
         """Give up ownership of a claimed key whose outcome is unknown (a timed-out WRITE)."""
         ...
 
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str,
-               source: str) -> KeyRecord:
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         """Settle an ``outcome_unknown`` key: completed if executed, else abandoned.
 
         Raises ``SettleError`` for any other state, so a decision can never be changed.
@@ -139,8 +139,9 @@ class Confirmer(Protocol):
 
     name: str
 
-    def confirm(self, tenant: str, run: str, action: UnknownAction,
-                args: Mapping[str, Any]) -> bool | None: ...
+    def confirm(
+        self, tenant: str, run: str, action: UnknownAction, args: Mapping[str, Any]
+    ) -> bool | None: ...
 
 
 @runtime_checkable

@@ -58,17 +58,23 @@ class Price:
     output_per_million: Decimal
 
     def cost(self, usage: Usage) -> Decimal:
-        return (self.input_per_million * usage.input_tokens
-                + self.output_per_million * usage.output_tokens) / Decimal(1_000_000)
+        return (
+            self.input_per_million * usage.input_tokens
+            + self.output_per_million * usage.output_tokens
+        ) / Decimal(1_000_000)
 
     def to_json(self) -> dict[str, str]:
-        return {"inputPerMillionTokens": str(self.input_per_million),
-                "outputPerMillionTokens": str(self.output_per_million)}
+        return {
+            "inputPerMillionTokens": str(self.input_per_million),
+            "outputPerMillionTokens": str(self.output_per_million),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Price:
-        return cls(Decimal(str(data["inputPerMillionTokens"])),
-                   Decimal(str(data["outputPerMillionTokens"])))
+        return cls(
+            Decimal(str(data["inputPerMillionTokens"])),
+            Decimal(str(data["outputPerMillionTokens"])),
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,8 @@ class LoopSpec:
             "goal": self.goal,
             "kind": self.kind.value,
             "budget": self.budget.to_json(),
-            "allowedSideEffects": None if self.allowed_side_effects is None
+            "allowedSideEffects": None
+            if self.allowed_side_effects is None
             else sorted(s.value for s in self.allowed_side_effects),
             "manifest": None if self.manifest is None else dict(self.manifest),
             "store": self.store,
@@ -123,7 +130,8 @@ class LoopSpec:
             goal=str(data["goal"]),
             kind=LoopKind(data.get("kind", "task")),
             budget=Budget.from_json(data.get("budget") or {}),
-            allowed_side_effects=None if allowed is None
+            allowed_side_effects=None
+            if allowed is None
             else frozenset(SideEffect(s) for s in allowed),
             manifest=None if manifest is None else dict(manifest),
             store=str(data.get("store", "")),

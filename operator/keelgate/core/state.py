@@ -53,15 +53,23 @@ class Plan:
     answer: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "call": self.call,
-                "actions": [a.to_json() for a in self.actions], "done": self.done,
-                "answer": self.answer}
+        return {
+            "iteration": self.iteration,
+            "call": self.call,
+            "actions": [a.to_json() for a in self.actions],
+            "done": self.done,
+            "answer": self.answer,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        return cls(int(data["iteration"]), int(data["call"]),
-                   tuple(Action.from_json(a) for a in data["actions"]), bool(data["done"]),
-                   data.get("answer"))
+        return cls(
+            int(data["iteration"]),
+            int(data["call"]),
+            tuple(Action.from_json(a) for a in data["actions"]),
+            bool(data["done"]),
+            data.get("answer"),
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ class RunState:
     results: tuple[ActionResult, ...] = ()
     history: tuple[Mapping[str, Any], ...] = ()
     dropped: int = 0
-    usage: Usage = Usage()
+    usage: Usage = field(default_factory=Usage)
     rejections: int = 0
     stop: Stop | None = None
     unknown: tuple[UnknownAction, ...] = ()
@@ -138,8 +146,17 @@ class RunState:
             phase = RunPhase.STOPPED
         else:
             phase = RunPhase.FAILED
-        return Outcome(self.tenant, self.run, phase, stop, self.iteration, self.usage,
-                       self.unknown, self.pending, self.answer)
+        return Outcome(
+            self.tenant,
+            self.run,
+            phase,
+            stop,
+            self.iteration,
+            self.usage,
+            self.unknown,
+            self.pending,
+            self.answer,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,12 +201,15 @@ class RunState:
             usage=Usage.from_json(data["usage"]),
             rejections=int(data["rejections"]),
             stop=None if stop is None else Stop.from_json(stop),
-            unknown=tuple(UnknownAction(u["action"], u["tool"], u["idempotencyKey"])
-                          for u in data.get("unknown", [])),
-            pending=tuple(PendingApproval(p["action"], p["tool"])
-                          for p in data.get("pending", [])),
-            approvals={k: Approval(bool(v["approved"]), str(v["by"]), str(v["at"]))
-                       for k, v in data.get("approvals", {}).items()},
+            unknown=tuple(
+                UnknownAction(u["action"], u["tool"], u["idempotencyKey"])
+                for u in data.get("unknown", [])
+            ),
+            pending=tuple(PendingApproval(p["action"], p["tool"]) for p in data.get("pending", [])),
+            approvals={
+                k: Approval(bool(v["approved"]), str(v["by"]), str(v["at"]))
+                for k, v in data.get("approvals", {}).items()
+            },
             outbox=tuple(AuditDraft.from_json(d) for d in data.get("outbox", [])),
             answer=data.get("answer"),
         )

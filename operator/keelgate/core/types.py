@@ -82,8 +82,14 @@ class KeyState(StrEnum):
 
 def canonical_json(value: Any) -> str:
     """The one JSON spelling used for hashing: sorted keys, no spaces, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False, default=_json_default)
+    return json.dumps(
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+        default=_json_default,
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -148,13 +154,17 @@ class Stop:
         return self.reason.resumable if self.resumable is None else self.resumable
 
     def to_json(self) -> dict[str, Any]:
-        return {"reason": self.reason.value, "message": self.message,
-                "resumable": self.is_resumable}
+        return {
+            "reason": self.reason.value,
+            "message": self.message,
+            "resumable": self.is_resumable,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Stop:
-        return cls(StopReason(data["reason"]), str(data.get("message", "")),
-                   bool(data["resumable"]))
+        return cls(
+            StopReason(data["reason"]), str(data.get("message", "")), bool(data["resumable"])
+        )
 
 
 @dataclass(frozen=True)
@@ -204,8 +214,13 @@ class ActionResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ActionResult:
-        return cls(str(data["action"]), ResultStatus(data["status"]), data.get("output"),
-                   str(data.get("error", "")), bool(data.get("replayed", False)))
+        return cls(
+            str(data["action"]),
+            ResultStatus(data["status"]),
+            data.get("output"),
+            str(data.get("error", "")),
+            bool(data.get("replayed", False)),
+        )
 
 
 @dataclass(frozen=True)

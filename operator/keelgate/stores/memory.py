@@ -87,8 +87,7 @@ class MemoryStore:
             return replace(entry.record, state=KeyState.OUTCOME_UNKNOWN)
         return entry.record
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str,
-              tool: str) -> KeyRecord | None:
+    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
         with self.backend.lock:
             entry = self.backend.keys.get((tenant, key))
             if entry is not None:
@@ -101,8 +100,9 @@ class MemoryStore:
         with self.backend.lock:
             entry = self.backend.keys[(tenant, key)]
             if entry.record.state is KeyState.IN_FLIGHT and entry.owner == self.owner:
-                entry.record = replace(entry.record, state=KeyState.COMPLETED,
-                                       result=copy.deepcopy(result))
+                entry.record = replace(
+                    entry.record, state=KeyState.COMPLETED, result=copy.deepcopy(result)
+                )
                 entry.owner = None
 
     def release(self, tenant: str, key: str) -> None:
@@ -111,16 +111,18 @@ class MemoryStore:
             if entry.owner == self.owner:
                 entry.owner = None
 
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str,
-               source: str) -> KeyRecord:
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         with self.backend.lock:
             entry = self.backend.keys.get((tenant, key))
             if entry is None:
                 raise SettleError(key, "", "no such idempotency key")
             current = self._resolved(entry)
             if current.state is not KeyState.OUTCOME_UNKNOWN:
-                raise SettleError(current.run, current.action,
-                                  f"cannot settle a key that is {current.state.value}")
+                raise SettleError(
+                    current.run,
+                    current.action,
+                    f"cannot settle a key that is {current.state.value}",
+                )
             state = KeyState.COMPLETED if executed else KeyState.ABANDONED
             entry.record = replace(entry.record, state=state, settled_by=by, source=source)
             entry.owner = None

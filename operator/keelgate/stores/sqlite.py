@@ -66,13 +66,15 @@ class SQLiteStore:
             raise StoreError(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
         # Held until close: while this descriptor is open, our in-flight keys read as live.
-        self._owner_fd: int | None = os.open(self._owners / f"{self.owner}.lock",
-                                             os.O_CREAT | os.O_RDWR, 0o600)
+        self._owner_fd: int | None = os.open(
+            self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
+        )
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._lock = threading.Lock()
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
-                                       check_same_thread=False)
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, timeout=30.0, check_same_thread=False
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit survives power loss, not just a process death.
             self._db.execute(f"PRAGMA synchronous={synchronous}")
@@ -115,18 +117,21 @@ class SQLiteStore:
                 "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, "
                 "state = excluded.state WHERE keelgate_checkpoints.seq < excluded.seq",
-                (tenant, run, seq, text))
+                (tenant, run, seq, text),
+            )
             if cursor.rowcount == 1:
                 return
-            row = db.execute("SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?",
-                             (tenant, run)).fetchone()
+            row = db.execute(
+                "SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?", (tenant, run)
+            ).fetchone()
         raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._tx() as db:
             row = db.execute(
                 "SELECT seq, state FROM keelgate_checkpoints WHERE tenant = ? AND run = ?",
-                (tenant, run)).fetchone()
+                (tenant, run),
+            ).fetchone()
         if row is None:
             return None
         return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
@@ -135,7 +140,9 @@ class SQLiteStore:
         with self._tx() as db:
             rows = db.execute(
                 "SELECT tenant, run, seq FROM keelgate_checkpoints "
-                "WHERE ? IS NULL OR tenant = ? ORDER BY tenant, run", (tenant, tenant)).fetchall()
+                "WHERE ? IS NULL OR tenant = ? ORDER BY tenant, run",
+                (tenant, tenant),
+            ).fetchall()
         return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
 
     # IdempotencyStore
@@ -168,22 +175,33 @@ class SQLiteStore:
         key_state = KeyState(state)
         if key_state is KeyState.IN_FLIGHT and not self._owner_alive(owner):
             key_state = KeyState.OUTCOME_UNKNOWN
-        return KeyRecord(tenant, key, run, action, tool, key_state,
-                         None if result is None else json.loads(result), settled_by, source)
+        return KeyRecord(
+            tenant,
+            key,
+            run,
+            action,
+            tool,
+            key_state,
+            None if result is None else json.loads(result),
+            settled_by,
+            source,
+        )
 
     def _row(self, db: sqlite3.Connection, tenant: str, key: str) -> Sequence[Any] | None:
         row: Sequence[Any] | None = db.execute(
             "SELECT tenant, key, run, action, tool, state, owner, result, settled_by, source "
-            "FROM keelgate_keys WHERE tenant = ? AND key = ?", (tenant, key)).fetchone()
+            "FROM keelgate_keys WHERE tenant = ? AND key = ?",
+            (tenant, key),
+        ).fetchone()
         return row
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str,
-              tool: str) -> KeyRecord | None:
+    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
         with self._tx() as db:
             cursor = db.execute(
                 "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
                 "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING",
-                (tenant, key, run, action, tool, self.owner))
+                (tenant, key, run, action, tool, self.owner),
+            )
             if cursor.rowcount == 1:
                 return None
             row = self._row(db, tenant, key)
@@ -195,30 +213,35 @@ class SQLiteStore:
             db.execute(
                 "UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL "
                 "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner = ?",
-                (json.dumps(result), tenant, key, self.owner))
+                (json.dumps(result), tenant, key, self.owner),
+            )
 
     def release(self, tenant: str, key: str) -> None:
         with self._tx() as db:
-            db.execute("UPDATE keelgate_keys SET owner = NULL WHERE tenant = ? AND key = ? "
-                       "AND state = 'in_flight' AND owner = ?", (tenant, key, self.owner))
+            db.execute(
+                "UPDATE keelgate_keys SET owner = NULL WHERE tenant = ? AND key = ? "
+                "AND state = 'in_flight' AND owner = ?",
+                (tenant, key, self.owner),
+            )
 
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str,
-               source: str) -> KeyRecord:
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         with self._tx() as db:
             row = self._row(db, tenant, key)
         if row is None:
             raise SettleError("", key, "no such idempotency key")
         current = self._record(row)
         if current.state is not KeyState.OUTCOME_UNKNOWN:
-            raise SettleError(current.run, current.action,
-                              f"cannot settle a key that is {current.state.value}")
+            raise SettleError(
+                current.run, current.action, f"cannot settle a key that is {current.state.value}"
+            )
         state = KeyState.COMPLETED if executed else KeyState.ABANDONED
         with self._tx() as db:
             # Compare-and-set on the owner we judged dead, so a racing settle cannot win twice.
             cursor = db.execute(
                 "UPDATE keelgate_keys SET state = ?, owner = NULL, settled_by = ?, source = ? "
                 "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner IS ?",
-                (state.value, by, source, tenant, key, row[6]))
+                (state.value, by, source, tenant, key, row[6]),
+            )
             if cursor.rowcount != 1:
                 raise SettleError(current.run, current.action, "settled by someone else first")
             settled = self._row(db, tenant, key)
@@ -238,28 +261,47 @@ class SQLiteStore:
         with self._tx(immediate=True) as db:
             head = self._head(db, tenant, run)
             for draft in drafts:
-                if draft.key is not None and db.execute(
+                if (
+                    draft.key is not None
+                    and db.execute(
                         "SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?",
-                        (tenant, run, draft.key)).fetchone():
+                        (tenant, run, draft.key),
+                    ).fetchone()
+                ):
                     continue
                 head = seal(tenant, run, head, draft)
                 db.execute(
                     "INSERT INTO keelgate_audit (tenant, run, seq, type, actor, at, data, key, "
                     "prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (tenant, run, head.seq, head.type, head.actor, head.at,
-                     json.dumps(dict(head.data)), head.key, head.prev, head.hash))
+                    (
+                        tenant,
+                        run,
+                        head.seq,
+                        head.type,
+                        head.actor,
+                        head.at,
+                        json.dumps(dict(head.data)),
+                        head.key,
+                        head.prev,
+                        head.hash,
+                    ),
+                )
 
     def _head(self, db: sqlite3.Connection, tenant: str, run: str) -> AuditEvent | None:
         row = db.execute(
             "SELECT seq, type, actor, at, data, key, prev, hash FROM keelgate_audit "
-            "WHERE tenant = ? AND run = ? ORDER BY seq DESC LIMIT 1", (tenant, run)).fetchone()
+            "WHERE tenant = ? AND run = ? ORDER BY seq DESC LIMIT 1",
+            (tenant, run),
+        ).fetchone()
         return None if row is None else _event(row)
 
     def events(self, tenant: str, run: str) -> list[AuditEvent]:
         with self._tx() as db:
             rows = db.execute(
                 "SELECT seq, type, actor, at, data, key, prev, hash FROM keelgate_audit "
-                "WHERE tenant = ? AND run = ? ORDER BY seq", (tenant, run)).fetchall()
+                "WHERE tenant = ? AND run = ? ORDER BY seq",
+                (tenant, run),
+            ).fetchall()
         return [_event(row) for row in rows]
 
 

@@ -20,8 +20,10 @@ class ScriptedModel:
 
     def call(self, request: ModelRequest) -> ModelReply:
         if request.call >= len(self.script):
-            raise ModelError(f"the script has {len(self.script)} entries; planning call "
-                             f"{request.call + 1} has none")
+            raise ModelError(
+                f"the script has {len(self.script)} entries; planning call "
+                f"{request.call + 1} has none"
+            )
         entry = self.script[request.call]
         if request.phase == "verify":
             verdict = entry.get("verdict") or {}

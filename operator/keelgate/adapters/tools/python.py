@@ -32,13 +32,15 @@ class PythonTool:
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         if self.timeout_seconds is None:
             return self.function(dict(args), idempotency_key=idempotency_key)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                     thread_name_prefix=f"tool-{self.name}")
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"tool-{self.name}"
+        )
         future = pool.submit(self.function, dict(args), idempotency_key=idempotency_key)
         try:
             return future.result(timeout=self.timeout_seconds)
         except concurrent.futures.TimeoutError:
             raise OutcomeUncertain(
-                f"{self.name} did not return within {self.timeout_seconds}s") from None
+                f"{self.name} did not return within {self.timeout_seconds}s"
+            ) from None
         finally:
             pool.shutdown(wait=False)
