@@ -18,7 +18,7 @@ from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft, AuditEvent, utc_now
 from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
-from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.protocols import CheckpointLog, Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Approval, Plan, RunState, Step, capped
 from keelgate.core.types import (
@@ -183,13 +183,20 @@ class _Session:
         self.stores = loop.stores
         self.mark = loop.clock()
         self.price = loop.price()
+        checkpoints = loop.stores.checkpoints
+        self.joint: CheckpointLog | None = (
+            checkpoints
+            if checkpoints is loop.stores.audit and isinstance(checkpoints, CheckpointLog)
+            else None
+        )
+        self.pending: list[AuditDraft] = []
         self.gateway = Gateway(
             loop.tools,
             loop.stores.idempotency,
             tenant=spec.tenant,
             run=spec.run,
             allowed=spec.side_effects,
-            emit=self._emit_now,
+            emit=self.pending.append,
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
         )
@@ -201,21 +208,28 @@ class _Session:
 
     # Persistence
 
-    def _emit_now(self, draft: AuditDraft) -> None:
-        self.stores.audit.append(self.spec.tenant, self.spec.run, [draft])
-
     def _save(self, state: RunState, *drafts: AuditDraft) -> RunState:
+        """Write the next checkpoint with the audit events it carries.
+
+        Events the gateway emitted since the last checkpoint (an action started, a settlement)
+        ride along. With one backend for both, checkpoint and events commit together; otherwise
+        the events ride in the checkpoint's outbox and are appended after it, so a crash in
+        between re-appends them on resume (appending is idempotent by event key).
+        """
         now = self.loop.clock()
         active = Usage(active_seconds=now - self.mark)
         self.mark = now
-        state = state.but(
-            seq=state.seq + 1, usage=state.usage.plus(active), outbox=(*state.outbox, *drafts)
+        outbox = (*state.outbox, *self.pending, *drafts)
+        self.pending.clear()
+        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active), outbox=())
+        if self.joint is not None:
+            self.joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
+            return state
+        self.stores.checkpoints.save(
+            state.tenant, state.run, state.seq, state.but(outbox=outbox).to_json()
         )
-        self.stores.checkpoints.save(state.tenant, state.run, state.seq, state.to_json())
-        if state.outbox:
-            # The outbox rode in the checkpoint, so a crash here re-appends it on resume.
-            self.stores.audit.append(state.tenant, state.run, state.outbox)
-            state = state.but(outbox=())
+        if outbox:
+            self.stores.audit.append(state.tenant, state.run, outbox)
         return state
 
     def _stop(

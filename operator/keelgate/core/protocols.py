@@ -96,6 +96,21 @@ class AuditLog(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class CheckpointLog(Protocol):
+    """A backend that holds checkpoints and the audit chain together can save a checkpoint and
+    append the events it carries in one transaction: one durable commit instead of two."""
+
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class Stores:
     """The three stores a loop needs; one backend object may serve all three."""

@@ -66,6 +66,18 @@ class MemoryStore:
                 raise StaleCheckpoint(tenant, run, seq, stored[0])
             self.backend.checkpoints[(tenant, run)] = (seq, text)
 
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None:
+        with self.backend.lock:
+            self.save(tenant, run, seq, state)
+            self.append(tenant, run, drafts)
+
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self.backend.lock:
             stored = self.backend.checkpoints.get((tenant, run))

@@ -259,6 +259,12 @@ class SQLiteStore:
         if not drafts:
             return
         with self._tx(immediate=True) as db:
+            self._append(db, tenant, run, drafts)
+
+    def _append(
+        self, db: sqlite3.Connection, tenant: str, run: str, drafts: Sequence[AuditDraft]
+    ) -> None:
+        if drafts:
             head = self._head(db, tenant, run)
             for draft in drafts:
                 if (
