@@ -183,7 +183,7 @@ class _Session:
         self.stores = loop.stores
         self.mark = loop.clock()
         self.price = loop.price()
-        checkpoints = loop.stores.checkpoints
+        checkpoints: object = loop.stores.checkpoints
         self.joint: CheckpointLog | None = (
             checkpoints
             if checkpoints is loop.stores.audit and isinstance(checkpoints, CheckpointLog)

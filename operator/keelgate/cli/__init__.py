@@ -1,0 +1,82 @@
+"""The ``keelgate`` command line: run, resume, reconcile, approve and audit runs in-process.
+
+It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
+part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
+the field), 4 the run is busy in another process. It must never print a traceback for a user's
+mistake, and never print tool arguments or secrets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import click
+import typer
+
+from keelgate.cli import commands
+from keelgate.cli.render import Console
+from keelgate.core import failpoints
+from keelgate.errors import (
+    InputError,
+    KeelgateError,
+    RunBusy,
+    RunNotFound,
+    SettleError,
+    StaleCheckpoint,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RESUMABLE = 3
+EXIT_BUSY = 4
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``keelgate`` executable; returns the exit code."""
+    console = Console()
+    if failpoints.environment_error is not None:
+        console.error(str(failpoints.environment_error))
+        return EXIT_BAD_INPUT
+    command = typer.main.get_command(commands.app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = command.main(args, prog_name="keelgate", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.exceptions.Abort:
+        console.error("aborted")
+        return EXIT_FAILED
+    except click.UsageError as error:
+        console.error(_usage_line(error))
+        return EXIT_BAD_INPUT
+    except (InputError, RunNotFound, SettleError) as error:
+        console.error(str(error))
+        return EXIT_BAD_INPUT
+    except (RunBusy, StaleCheckpoint) as error:
+        console.error(f"{error} (another process is driving this run; nothing was done here)")
+        return EXIT_BUSY
+    except KeelgateError as error:
+        console.error(str(error))
+        return EXIT_FAILED
+    except Exception as error:
+        if os.environ.get("KEELGATE_DEBUG"):
+            raise
+        console.error(
+            f"internal error: {type(error).__name__}: {error} "
+            "(set KEELGATE_DEBUG=1 for a traceback)"
+        )
+        return EXIT_FAILED
+    return int(result or 0)
+
+
+def _usage_line(error: click.UsageError) -> str:
+    message = error.format_message().replace("\n", " ").strip()
+    return message
+
+
+def run() -> None:
+    """Console-script wrapper: exit with main's code."""
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The subcommands of ``keelgate`` (contract section 4).
+
+Each command opens the stores named by ``--store``, does one thing through the runner or the
+loop, prints, and returns the exit code. Bad input is refused before any store is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from keelgate.cli.render import Console
+from keelgate.core.audit import verify
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import LoopKind, Outcome, RunPhase
+from keelgate.errors import InputError, RunNotFound
+from keelgate.stores import DEFAULT_URL, open_stores
+
+app = typer.Typer(
+    name="keelgate",
+    help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class OutputFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+StoreOption = Annotated[
+    str, typer.Option("--store", help="Store URL: sqlite:///PATH or postgresql://...")
+]
+NamespaceOption = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="The run's namespace (tenant); found if omitted."),
+]
+OutputOption = Annotated[
+    OutputFormat, typer.Option("--output", "-o", help="text, or json (one object, last line)")
+]
+
+
+def exit_code(outcome: Outcome) -> int:
+    if outcome.phase is RunPhase.SUCCEEDED:
+        return 0
+    return 3 if outcome.resumable else 1
+
+
+def _show(outcome: Outcome, output: OutputFormat, namespace: str) -> int:
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(outcome.to_json())
+    else:
+        flag = "" if namespace == "default" else f" -n {namespace}"
+        console.outcome(outcome, namespace_flag=flag)
+    return exit_code(outcome)
+
+
+def _python_path(*directories: Path) -> None:
+    """Python models and tools named in a manifest import from its folder and the cwd."""
+    for directory in (Path.cwd(), *directories):
+        entry = str(directory.resolve())
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+def _tenant(stores: Stores, run: str, namespace: str | None) -> str:
+    if namespace:
+        return namespace
+    tenants = sorted({ref.tenant for ref in stores.checkpoints.runs() if ref.run == run})
+    if not tenants:
+        raise RunNotFound("any", run)
+    if len(tenants) > 1:
+        raise InputError("--namespace", f"run {run!r} exists in {', '.join(tenants)}: name one")
+    return tenants[0]
+
+
+def _drive(spec: LoopSpec, *, new_tick: bool) -> Outcome:
+    from keelgate.runners.local import LocalRunner
+
+    runner = LocalRunner()
+    if new_tick and spec.kind is LoopKind.MONITOR:
+        return runner.tick(spec)
+    return runner.run(spec)
+
+
+@app.command("run")
+def run_command(
+    file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
+    store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Run an AgentRun manifest in-process; run it again with the same store to resume."""
+    from keelgate.manifest import load_agentrun
+
+    if not file.is_file():
+        raise InputError("--file", f"{file}: no such file")
+    agentrun = load_agentrun(file)
+    spec = agentrun.to_loop_spec(store=store)
+    open_stores(store).close()  # a bad --store is reported before anything runs
+    _python_path(file.parent)
+    return _show(_drive(spec, new_tick=True), output, spec.tenant)
+
+
+@app.command("resume")
+def resume_command(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    tokens: Annotated[int | None, typer.Option(min=1, help="New total token budget.")] = None,
+    dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
+    max_iterations: Annotated[
+        int | None, typer.Option("--max-iterations", min=1, help="New iteration limit.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
+    ] = None,
+    max_verifier_rejections: Annotated[
+        int | None,
+        typer.Option("--max-verifier-rejections", min=1, help="New verifier-rejection limit."),
+    ] = None,
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Raise the named budgets to the given totals and continue the run to its next stop."""
+    total_dollars = _decimal("--dollars", dollars)
+    stores = open_stores(store)
+    try:
+        tenant = _tenant(stores, run, namespace)
+        saved = Loop(stores=stores).state(tenant, run).spec
+    finally:
+        stores.close()
+    budget = saved.budget.raised(
+        tokens=tokens,
+        dollars=total_dollars,
+        max_iterations=max_iterations,
+        timeout_seconds=timeout,
+        max_verifier_rejections=max_verifier_rejections,
+    )
+    spec = LoopSpec.from_json({**saved.to_json(), "store": store}).with_budget(budget)
+    _python_path()
+    # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
+    return _show(_drive(spec, new_tick=False), output, tenant)
+
+
+def _decimal(field: str, text: str | None) -> Decimal | None:
+    if text is None:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise InputError(field, f"{text!r} is not a number") from None
+    if not value.is_finite() or value < 0:
+        raise InputError(field, f"{text!r} must be a non-negative number")
+    return value
+
+
+@app.command("reconcile")
+def reconcile_command(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
+    by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
+    executed: Annotated[
+        bool | None,
+        typer.Option("--executed/--not-executed", help="Did the action take effect?"),
+    ] = None,
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+) -> int:
+    """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
+    if executed is None:
+        raise InputError("--executed/--not-executed", "say whether the action took effect")
+    stores = open_stores(store)
+    try:
+        tenant = _tenant(stores, run, namespace)
+        record = Loop(stores=stores).reconcile(tenant, run, action, executed=executed, by=by)
+    finally:
+        stores.close()
+    verdict = "executed" if executed else "abandoned (never retried under its key)"
+    console = Console()
+    console.say(f"{run} {action} ({record.tool}): settled as {verdict} by {by}", style="green")
+    flag = "" if tenant == "default" else f" -n {tenant}"
+    console.say(f"  continue with: keelgate resume {run}{flag}", style="dim")
+    return 0
+
+
+@app.command("approve")
+def approve_command(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
+    by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
+    approve: Annotated[
+        bool | None, typer.Option("--approve/--deny", help="Let the action run, or not.")
+    ] = None,
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+) -> int:
+    """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
+    if approve is None:
+        raise InputError("--approve/--deny", "say whether the action may run")
+    stores = open_stores(store)
+    try:
+        tenant = _tenant(stores, run, namespace)
+        Loop(stores=stores).approve(tenant, run, action, approved=approve, by=by)
+    finally:
+        stores.close()
+    console = Console()
+    console.say(f"{run} {action}: {'approved' if approve else 'denied'} by {by}", style="green")
+    flag = "" if tenant == "default" else f" -n {tenant}"
+    console.say(f"  continue with: keelgate resume {run}{flag}", style="dim")
+    return 0
+
+
+@app.command("audit")
+def audit_command(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    check: Annotated[
+        bool, typer.Option("--verify", help="Check every link; exit 1 if the chain is broken.")
+    ] = False,
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Show the run's hash-chained audit trail."""
+    stores = open_stores(store)
+    try:
+        tenant = _tenant(stores, run, namespace)
+        events = stores.audit.events(tenant, run)
+    finally:
+        stores.close()
+    report = verify(tenant, run, events) if check else None
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(
+            {
+                "run": run,
+                "events": [e.to_json() for e in events],
+                **({"verified": report.ok, "problems": list(report.problems)} if report else {}),
+            }
+        )
+    else:
+        console.audit(run, events, report)
+    return 1 if report is not None and not report.ok else 0
+
+
+@app.command("status")
+def status_command(
+    run: Annotated[str, typer.Argument(help="The run's name.")],
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Show where a run stands, without running it."""
+    stores = open_stores(store)
+    try:
+        tenant = _tenant(stores, run, namespace)
+        outcome = Loop(stores=stores).outcome(tenant, run)
+    finally:
+        stores.close()
+    return _show(outcome, output, tenant)

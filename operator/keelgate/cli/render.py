@@ -1,0 +1,130 @@
+"""How the CLI shows outcomes and audit trails to a person, and as JSON to a script.
+
+Human output goes through rich; ``--output json`` prints exactly one JSON object as the last
+line of stdout. Nothing here may print tool arguments: outcomes and audit events never hold them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console as RichConsole
+from rich.table import Table
+from rich.text import Text
+
+from keelgate.core.audit import AuditEvent, ChainReport
+from keelgate.core.types import Outcome, RunPhase, StopReason
+
+_STYLE = {
+    RunPhase.SUCCEEDED: "bold green",
+    RunPhase.STOPPED: "bold yellow",
+    RunPhase.FAILED: "bold red",
+    RunPhase.RUNNING: "bold blue",
+    RunPhase.PENDING: "bold blue",
+}
+
+
+class Console:
+    def __init__(self) -> None:
+        self.out = RichConsole(highlight=False, soft_wrap=True)
+        self.err = RichConsole(stderr=True, highlight=False, soft_wrap=True)
+
+    def error(self, message: str) -> None:
+        self.err.print(Text("keelgate: error: ", style="bold red") + Text(message))
+
+    def say(self, message: str, *, style: str = "") -> None:
+        self.out.print(Text(message, style=style))
+
+    def json(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    def outcome(self, outcome: Outcome, *, namespace_flag: str = "") -> None:
+        stop = outcome.stop
+        title = Text(f"{outcome.run}  ", style="bold")
+        title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
+        title += Text(f"  {stop.reason.value}")
+        title += Text(" (resumable)" if outcome.resumable else "", style="dim")
+        self.out.print(title)
+        usage = outcome.usage
+        self.out.print(
+            f"  iteration {outcome.iteration} · tokens {usage.tokens} "
+            f"(in {usage.input_tokens} / out {usage.output_tokens}) · "
+            f"${usage.dollars} · active {usage.active_seconds:.1f}s",
+            style="dim",
+        )
+        if stop.message and stop.reason is not StopReason.GOAL_MET:
+            self.out.print(f"  {stop.message}")
+        if outcome.answer:
+            self.out.print(Text("  answer: ", style="bold") + Text(outcome.answer))
+        for unknown in outcome.unknown_actions:
+            self.out.print(
+                Text("  outcome unknown: ", style="bold yellow")
+                + Text(f"{unknown.tool} (action {unknown.action}, key {unknown.idempotency_key})")
+            )
+            self.out.print(
+                "  Check the system it changes, then settle it:\n"
+                f"    keelgate reconcile {outcome.run} {unknown.action} --executed "
+                f"--by YOU{namespace_flag}      # it happened\n"
+                f"    keelgate reconcile {outcome.run} {unknown.action} --not-executed "
+                f"--by YOU{namespace_flag}  # it did not: never retried under this key"
+            )
+        for pending in outcome.pending_approvals:
+            self.out.print(
+                Text("  awaiting approval: ", style="bold yellow")
+                + Text(f"{pending.tool} (action {pending.action})")
+            )
+            self.out.print(
+                f"    keelgate approve {outcome.run} {pending.action} --approve --by YOU"
+                f"{namespace_flag}\n"
+                f"    keelgate approve {outcome.run} {pending.action} --deny --by YOU"
+                f"{namespace_flag}"
+            )
+        if outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
+            self.out.print(
+                f"  resume with: keelgate resume {outcome.run}{namespace_flag} "
+                "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",
+                style="dim",
+            )
+
+    def audit(self, run: str, events: Sequence[AuditEvent], report: ChainReport | None) -> None:
+        table = Table(title=f"audit trail of {run}", title_justify="left", show_lines=False)
+        for column in ("#", "at", "event", "actor", "details"):
+            table.add_column(column, overflow="fold")
+        for event in events:
+            table.add_row(
+                str(event.seq),
+                event.at,
+                event.type.removeprefix("loop."),
+                event.actor,
+                _details(event),
+            )
+        self.out.print(table)
+        if report is not None:
+            if report.ok:
+                self.out.print(
+                    Text(
+                        f"chain verified: {report.events} events, every link intact",
+                        style="bold green",
+                    )
+                )
+            else:
+                self.out.print(Text("chain BROKEN:", style="bold red"))
+                for problem in report.problems:
+                    self.out.print(f"  {problem}")
+
+
+def _details(event: AuditEvent) -> str:
+    data = dict(event.data)
+    if "actions" in data and isinstance(data["actions"], list):
+        data["actions"] = (
+            ", ".join(
+                f"{a.get('action')} {a.get('tool')}" for a in data["actions"] if isinstance(a, dict)
+            )
+            or "none"
+        )
+    data.pop("idempotencyKey", None)
+    return " ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "", []))
