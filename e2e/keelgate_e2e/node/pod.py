@@ -455,6 +455,8 @@ class PodWorker(threading.Thread):
             with self._lock:
                 if self._gone and grace > 2.0:
                     deadline = min(deadline, time.monotonic() + 2.0)  # force-deleted meanwhile
+                if self._shutdown:
+                    deadline = time.monotonic()  # the agent is stopping: no more waiting
             time.sleep(0.05)
         for run in runs:
             assert run.popen is not None

@@ -1,0 +1,44 @@
+# Keelgate's two set-up commands are `make demo` and `make test`; everything else is a helper.
+# Prerequisites: Python 3.11+ (PYTHON, default python3), Go (for the control plane, `make up`
+# and the e2e tests), kubectl, and the PostgreSQL server programs (PG_BIN, else pg_config's
+# bindir, else /usr/lib/postgresql/*/bin, else initdb on PATH). See README.md.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+EXTRAS := test,postgres,langgraph
+
+.PHONY: venv demo test lint typecheck unit check-python clean
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+	  { echo "Keelgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11"; exit 1; }
+
+$(STAMP): pyproject.toml | check-python
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(PY) examples/restock/demo.py
+
+lint: venv
+	$(VENV)/bin/ruff check operator tests bench examples e2e
+	$(VENV)/bin/ruff format --check operator tests bench examples e2e
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .keelgate .mypy_cache .ruff_cache .pytest_cache
+
+-include e2e/e2e.mk
