@@ -1,0 +1,240 @@
+"""The `keelgate` command line as a user and a script meet it: exit codes, JSON output, one-line
+errors, and the crash -> unknown outcome -> reconcile -> resume path with a real process death."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from keelgate.cli import main
+
+TOOLS = '''
+import json, os
+from pathlib import Path
+
+import keelgate
+
+BOOK = Path(os.environ["BOOK"])
+
+def look(args, *, idempotency_key):
+    return {"sku": args["sku"], "inStock": 3}
+
+def order(args, *, idempotency_key):
+    with open(BOOK, "a") as book:
+        book.write(json.dumps({"key": idempotency_key}) + "\\n")
+        book.flush()
+        os.fsync(book.fileno())
+    keelgate.failpoint("mid_tool")
+    return {"ordered": True}
+'''
+
+
+def manifest(*, max_iterations: int = 10, approval: bool = False, side_effect: str = "WRITE",
+             sku: str = "A1") -> str:
+    return textwrap.dedent(f"""\
+        apiVersion: keelgate.dev/v1alpha1
+        kind: AgentRun
+        metadata: {{name: restock, namespace: shop}}
+        spec:
+          goal: restock
+          model:
+            provider: scripted
+            name: demo
+            script:
+              - actions: [{{tool: look, args: {{sku: {sku}}}}}]
+                usage: {{inputTokens: 10, outputTokens: 5}}
+              - actions: [{{tool: order, args: {{sku: {sku}, qty: 20}}}}]
+              - done: true
+                answer: ordered
+          tools:
+            - {{name: look, sideEffect: READ, python: {{callable: "kgtools:look"}}}}
+            - name: order
+              sideEffect: {side_effect}
+              requiresApproval: {str(approval).lower()}
+              python: {{callable: "kgtools:order"}}
+          budget: {{maxIterations: {max_iterations}}}
+        """)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with the tool module, an order book, and the store; cwd is that folder."""
+    (tmp_path / "kgtools.py").write_text(TOOLS)
+    monkeypatch.setenv("BOOK", str(tmp_path / "book.jsonl"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("kgtools", None)
+    return tmp_path
+
+
+def write(world: Path, text: str) -> Path:
+    path = world / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def orders(world: Path) -> int:
+    book = world / "book.jsonl"
+    return len(book.read_text().splitlines()) if book.exists() else 0
+
+
+def last_json(out: str) -> dict[str, object]:
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def cli(world: Path, *args: str, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+    """Run `python -m keelgate` in a real process (needed for real crashes)."""
+    env = {**os.environ, "PYTHONPATH": f"{world}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("KEELGATE_FAILPOINTS", None)
+    if failpoints:
+        env["KEELGATE_FAILPOINTS"] = failpoints
+    return subprocess.run([sys.executable, "-m", "keelgate", *args], cwd=world, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_run_to_goal_prints_the_contract_json_and_exits_0(world: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """`run --output json` ends with one JSON object in the contract's shape; goal met is 0."""
+    code = main(["run", "-f", str(write(world, manifest())), "--output", "json"])
+    result = last_json(capsys.readouterr().out)
+    assert code == 0
+    assert result["run"] == "restock" and result["phase"] == "Succeeded"
+    assert result["stopReason"] == "goal_met" and result["resumable"] is False
+    assert result["iteration"] == 3 and result["unknownActions"] == []
+    assert result["usage"] == {"inputTokens": 10, "outputTokens": 5, "dollars": "0",
+                               "activeSeconds": result["usage"]["activeSeconds"]}  # type: ignore[index]
+    assert orders(world) == 1
+
+
+def test_a_budget_stop_exits_3_and_resume_with_more_continues(
+        world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A budget stop is resumable (exit 3); `resume --max-iterations` continues to the goal."""
+    path = write(world, manifest(max_iterations=1))
+    assert main(["run", "-f", str(path), "-o", "json"]) == 3
+    stopped = last_json(capsys.readouterr().out)
+    assert stopped["stopReason"] == "max_iterations" and stopped["resumable"] is True
+    assert main(["resume", "restock", "--max-iterations", "5", "-o", "json"]) == 0
+    assert last_json(capsys.readouterr().out)["stopReason"] == "goal_met"
+    assert orders(world) == 1
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["resume", "restock", "--tokens", "many"], "--tokens"),
+    (["resume", "restock", "--dollars", "lots"], "--dollars"),
+    (["resume", "restock", "--max-iterations", "0"], "--max-iterations"),
+    (["reconcile", "restock", "2:0", "--by", "alice"], "--executed"),
+    (["approve", "restock", "2:0", "--by", "bob"], "--approve"),
+    (["run"], "--file"),
+    (["run", "-f", "missing.yaml"], "--file"),
+    (["audit", "restock", "--store", "mysql://x"], "--store"),
+])
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(
+        world: Path, capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
+    """A bad flag is one line on stderr naming the flag, exit 2, never a traceback."""
+    main(["run", "-f", str(write(world, manifest(max_iterations=1)))])
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert field in err and "Traceback" not in err
+
+
+def test_a_bad_manifest_exits_2_names_the_field_and_touches_no_saved_state(
+        world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad field is exit 2 with its path; the run already in the store is unchanged."""
+    good = write(world, manifest(max_iterations=1))
+    assert main(["run", "-f", str(good)]) == 3
+    db = world / ".keelgate" / "keelgate.db"
+    before = db.read_bytes()
+    capsys.readouterr()
+    bad = write(world, manifest(side_effect="DESTROY"))
+    assert main(["run", "-f", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "spec.tools[1].sideEffect" in err
+    assert db.read_bytes() == before
+
+
+def test_a_bad_failpoint_setting_is_one_line_and_exit_2(world: Path) -> None:
+    """KEELGATE_FAILPOINTS with an unknown name is refused before anything runs."""
+    done = cli(world, "run", "-f", str(write(world, manifest())), failpoints="after_lunch@1")
+    assert done.returncode == 2
+    assert "after_lunch" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (world / ".keelgate").exists()
+
+
+def test_a_real_crash_after_the_write_stops_unknown_until_reconciled(world: Path) -> None:
+    """Process killed after the WRITE ran: rerun stops outcome_unknown (exit 3) instead of
+    ordering again; reconcile --executed and resume finish with exactly one order; the audit
+    chain verifies and never shows the arguments."""
+    path = str(write(world, manifest(sku="SKU-SECRET-77")))
+    crashed = cli(world, "run", "-f", path, failpoints="after_gateway_call@2")
+    assert crashed.returncode == 137
+    assert orders(world) == 1
+
+    rerun = cli(world, "run", "-f", path, "-o", "json")
+    assert rerun.returncode == 3, rerun.stderr
+    stopped = last_json(rerun.stdout)
+    assert stopped["stopReason"] == "outcome_unknown"
+    unknown = stopped["unknownActions"]
+    assert isinstance(unknown, list) and unknown[0]["action"] == "2:0"
+    assert unknown[0]["tool"] == "order" and unknown[0]["idempotencyKey"].startswith("kg-")
+    assert orders(world) == 1
+
+    settled = cli(world, "reconcile", "restock", "2:0", "--executed", "--by", "alice")
+    assert settled.returncode == 0, settled.stderr
+    again = cli(world, "reconcile", "restock", "2:0", "--not-executed", "--by", "mallory")
+    assert again.returncode == 2 and "completed" in again.stderr
+
+    resumed = cli(world, "resume", "restock", "-o", "json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert last_json(resumed.stdout)["stopReason"] == "goal_met"
+    assert orders(world) == 1
+
+    audit = cli(world, "audit", "restock", "--verify", "-o", "json")
+    assert audit.returncode == 0
+    trail = last_json(audit.stdout)
+    assert trail["verified"] is True
+    reconciled = [e for e in trail["events"] if e["type"] == "loop.reconciled"]  # type: ignore[union-attr]
+    assert [(e["actor"], e["data"]["source"], e["data"]["verdict"]) for e in reconciled] == [
+        ("alice", "human", "executed")]
+    assert "SKU-SECRET-77" not in audit.stdout + rerun.stdout + resumed.stdout
+
+
+def test_audit_verify_exits_1_when_an_event_was_edited(world: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Editing one stored audit event breaks the chain: `audit --verify` says so, exit 1."""
+    assert main(["run", "-f", str(write(world, manifest()))]) == 0
+    with sqlite3.connect(world / ".keelgate" / "keelgate.db") as db:
+        db.execute("UPDATE keelgate_audit SET actor = 'mallory' WHERE seq = 3")
+    capsys.readouterr()
+    assert main(["audit", "restock", "--verify"]) == 1
+    assert "altered" in capsys.readouterr().out
+
+
+def test_a_denied_approval_never_runs_the_write(world: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """requiresApproval stops before the call (exit 3); --deny means it never runs."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True))), "-o", "json"]) == 3
+    stopped = last_json(capsys.readouterr().out)
+    assert stopped["stopReason"] == "awaiting_approval"
+    assert stopped["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+    assert main(["approve", "restock", "2:0", "--deny", "--by", "bob"]) == 0
+    assert main(["resume", "restock", "-o", "json"]) == 0
+    assert orders(world) == 0
+
+
+def test_resume_of_an_unknown_run_is_bad_input(world: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Naming a run the store does not hold is exit 2 with one line, and creates nothing."""
+    assert main(["resume", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nosuch" in err and len(err.splitlines()) == 1
