@@ -97,9 +97,7 @@ class World:
     def _notify(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         return self._change("notify", args, idempotency_key, {"sent": True})
 
-    def _change(
-        self, tool: str, args: Mapping[str, Any], key: str | None, result: Any
-    ) -> Any:
+    def _change(self, tool: str, args: Mapping[str, Any], key: str | None, result: Any) -> Any:
         if self.effect == "before":
             self.journal.record("effect", tool=tool, key=key, args=dict(args))
         failpoint("mid_tool")
@@ -117,12 +115,12 @@ class World:
         return self.effects()[key]
 
 
-@dataclass(frozen=True)
 class LedgerConfirmer:
     """Trusted harness code that asks the system of record, as the ADR's confirmer does."""
 
-    world: World
-    name: str = "ledger-confirmer"
+    def __init__(self, world: World, *, name: str = "ledger-confirmer") -> None:
+        self.world = world
+        self.name = name
 
     def confirm(
         self, tenant: str, run: str, action: UnknownAction, args: Mapping[str, Any]
