@@ -8,7 +8,7 @@ definite failure by raising ``keelgate.ToolError``.
 
 from __future__ import annotations
 
-import concurrent.futures
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,15 +32,20 @@ class PythonTool:
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         if self.timeout_seconds is None:
             return self.function(dict(args), idempotency_key=idempotency_key)
-        pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"tool-{self.name}"
-        )
-        future = pool.submit(self.function, dict(args), idempotency_key=idempotency_key)
-        try:
-            return future.result(timeout=self.timeout_seconds)
-        except concurrent.futures.TimeoutError:
-            raise OutcomeUncertain(
-                f"{self.name} did not return within {self.timeout_seconds}s"
-            ) from None
-        finally:
-            pool.shutdown(wait=False)
+        # A daemon thread, not an executor: a hung tool must not hold the process open at exit.
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["result"] = self.function(dict(args), idempotency_key=idempotency_key)
+            except BaseException as error:
+                box["error"] = error
+
+        worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
+        worker.start()
+        worker.join(self.timeout_seconds)
+        if worker.is_alive():
+            raise OutcomeUncertain(f"{self.name} did not return within {self.timeout_seconds}s")
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
