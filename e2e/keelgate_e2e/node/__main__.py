@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="first crash-loop back-off in seconds (kubelet: 10)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",

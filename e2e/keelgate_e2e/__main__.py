@@ -1,0 +1,72 @@
+"""Command line for the local cluster: `python -m keelgate_e2e up|down|status|build`.
+
+Why it exists: `make up`, `make down` and `make e2e-build` call it. `up` starts everything in the
+background and returns; `down` stops everything recorded in the run directory and sweeps any
+process still carrying its marker. It must never stop processes of another run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from keelgate_e2e import build, procs
+from keelgate_e2e.cluster import Cluster
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch the subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m keelgate_e2e", description=__doc__)
+    parser.add_argument("--dir", type=Path, default=Path(".dev"), help="run directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the cluster (and PostgreSQL) in the background")
+    up.add_argument("--no-postgres", action="store_true")
+    sub.add_parser("down", help="stop everything started by `up` in --dir")
+    sub.add_parser("status", help="print the recorded state")
+    sub.add_parser("build", help="build missing control-plane binaries")
+    args = parser.parse_args(argv)
+    run_dir: Path = args.dir.resolve()
+
+    if args.command == "build":
+        return build.main([])
+    if args.command == "up":
+        started = time.monotonic()
+        cluster = Cluster(run_dir, postgres=not args.no_postgres)
+        try:
+            cluster.start()
+        except (procs.StartError, build.BuildError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"cluster up in {time.monotonic() - started:.1f}s "
+              f"(components: {json.dumps({k: round(v, 1) for k, v in cluster.timings.items()})})")
+        print(f"  kubeconfig: {cluster.kubeconfig} (contexts admin [default], alice, bob)")
+        print(f"  API server: {cluster.server}")
+        if cluster.dsn:
+            print(f"  PostgreSQL: {cluster.dsn}")
+        print(f"  logs:       {cluster.logs_dir}/")
+        print(f"  use it:     source {run_dir / 'env'}   (or KUBECONFIG={cluster.kubeconfig})")
+        return 0
+    if args.command == "down":
+        if (run_dir / "state.json").exists():
+            swept = Cluster.load(run_dir).stop()
+        else:
+            swept = procs.sweep(run_dir)
+        left = procs.marked_pids(run_dir)
+        if swept:
+            print(f"killed {len(swept)} straggler process(es): {swept}")
+        if left:
+            print(f"error: processes still running: {left}", file=sys.stderr)
+            return 1
+        print("down: no process of this run is left")
+        return 0
+    state = run_dir / "state.json"
+    print(state.read_text() if state.exists() else "not running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
