@@ -1,0 +1,53 @@
+"""A worker process for the real-death crash tests: ``python -m crashkit.worker JOB``.
+
+It builds the loop over a store URL and the downstream journal, then either runs the run once
+(``run``) or drives it until it stops for good, settling unknown outcomes truthfully from the
+journal (``drive``). Failpoints come only from ``KEELGATE_FAILPOINTS``, so an armed one ends this
+process with ``os._exit(137)`` and nothing flushed. The last stdout line is a JSON report. It must
+never catch a crash or settle an outcome by anything but what the journal says happened.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from crashkit.rig import Rig, drive, url_opener
+from crashkit.scripts import RESTOCK
+from crashkit.world import Journal, World
+from keelgate.core import failpoints
+from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.types import Outcome
+
+
+def _report(outcome: Outcome) -> dict[str, Any]:
+    data = outcome.to_json()
+    return {
+        "stopReason": data["stopReason"],
+        "unknownActions": data["unknownActions"],
+        "answer": data["answer"],
+    }
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(argv[0])
+    if failpoints.environment_error is not None:
+        print(failpoints.environment_error, file=sys.stderr)
+        return 2
+    world = World(Journal(job["journal"]), effect=job.get("effect", "before"))
+    spec = LoopSpec(job["tenant"], job["run"], "restock", budget=Budget(max_iterations=10))
+    rig = Rig(url_opener(job["store"]), world, RESTOCK, confirm=bool(job.get("confirm")))
+    try:
+        if job["mode"] == "run":
+            outcomes, settled = [rig.loop.run_or_resume(spec)], []
+        else:
+            outcomes, settled = drive(rig, spec)
+    finally:
+        rig.die()
+    print(json.dumps({"outcomes": [_report(o) for o in outcomes], "settled": settled}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,177 @@
+"""The crash matrix with real process deaths.
+
+Why it exists: an in-process restart closes its stores politely; a real death does not. Here a
+worker process arms one failpoint through ``KEELGATE_FAILPOINTS`` and dies by ``os._exit(137)``
+(no buffer flushed, no ``finally`` run, no connection closed), then a fresh process resumes and
+settles any unknown outcome truthfully from the downstream journal. This module must never
+settle anything itself or arm a failpoint any other way than the environment.
+
+Coverage: on SQLite every window at its 1st, 2nd and 3rd pass (mid-tool with the effect before
+and after the crash); on Postgres every window at its 1st pass plus the mid-tool and
+past-the-gateway deaths at the 2nd and 3rd (the WRITEs), keeping the run within CI time (each
+process start costs about 0.3 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crashkit import (
+    RESTOCK,
+    Journal,
+    Rig,
+    World,
+    assert_promise,
+    expected_crash,
+    tool_calls,
+    url_opener,
+)
+from keelgate.core.failpoints import NAMES
+from keelgate.core.spec import Budget, LoopSpec
+
+TESTS = Path(__file__).resolve().parent
+WINDOWS = [name for name in NAMES if name != "mid_tool"]
+
+
+def _cases(occurrences: tuple[int, ...]) -> list[Any]:
+    return [
+        *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in WINDOWS for n in occurrences],
+        *[
+            pytest.param("mid_tool", n, effect, id=f"mid_tool@{n}-effect-{effect}")
+            for n in occurrences
+            for effect in ("before", "after")
+        ],
+    ]
+
+
+SQLITE_CASES = _cases((1, 2, 3))
+POSTGRES_CASES = [
+    *_cases((1,)),
+    *[
+        pytest.param(w, n, effect, id=f"{w}@{n}-effect-{effect}")
+        for w, effect in (
+            ("after_gateway_call", "before"),
+            ("mid_tool", "before"),
+            ("mid_tool", "after"),
+        )
+        for n in (2, 3)
+    ],
+]
+
+
+def run_worker(job: dict[str, Any], *, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    env.pop("KEELGATE_FAILPOINTS", None)
+    if failpoints:
+        env["KEELGATE_FAILPOINTS"] = failpoints
+    return subprocess.run(
+        [sys.executable, "-m", "crashkit.worker", json.dumps(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return data
+
+
+def crash_and_recover(
+    store: str, tmp_path: Path, window: str, occurrence: int, effect: str
+) -> None:
+    journal = tmp_path / "world.jsonl"
+    spec = LoopSpec(
+        "shop", f"restock-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
+    )
+    job = {
+        "store": store,
+        "journal": str(journal),
+        "tenant": spec.tenant,
+        "run": spec.run,
+        "effect": effect,
+    }
+    calls = tool_calls(RESTOCK, spec.tenant, spec.run)
+    unknown, happened = expected_crash(calls, window, occurrence, effect)
+
+    died = run_worker({**job, "mode": "run"}, failpoints=f"{window}@{occurrence}")
+    assert died.returncode == 137, (died.returncode, died.stderr)
+    assert died.stdout == ""  # it died before reporting anything
+
+    recovered = report(run_worker({**job, "mode": "drive"}))
+    reasons = [o["stopReason"] for o in recovered["outcomes"]]
+    if unknown is None:
+        assert reasons == ["goal_met"]
+        assert recovered["settled"] == []
+    else:
+        assert reasons == ["outcome_unknown", "goal_met"]
+        named = recovered["outcomes"][0]["unknownActions"]
+        assert named == [
+            {"action": unknown.action, "tool": unknown.tool, "idempotencyKey": unknown.key}
+        ]
+        assert recovered["settled"] == [[unknown.action, happened]]
+    assert recovered["outcomes"][-1]["answer"] == "restocked A1, B2 and C3"
+
+    world = World(Journal(journal), effect="before" if effect == "before" else "after")
+    rig = Rig(url_opener(store), world, RESTOCK)
+    try:
+        gone = {unknown.key} if unknown is not None and not happened else set()
+        assert_promise(rig, spec, calls, abandoned=gone)
+    finally:
+        rig.die()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("window", "occurrence", "effect"), SQLITE_CASES)
+def test_a_process_killed_at_any_window_never_runs_a_write_twice_sqlite(
+    tmp_path: Path, window: str, occurrence: int, effect: str
+) -> None:
+    """A worker killed with os._exit(137) at a window's 1st, 2nd or 3rd pass, on a SQLite file:
+    a fresh process resumes; a WRITE cut off past the gateway call or mid-body is reported as
+    outcome_unknown naming that action, settled from downstream, and the run ends goal_met with
+    every WRITE and PROPOSE done exactly once (never, when abandoned) and the model asked once
+    per step."""
+    crash_and_recover(f"sqlite:///{tmp_path}/keelgate.db", tmp_path, window, occurrence, effect)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.parametrize(("window", "occurrence", "effect"), POSTGRES_CASES)
+def test_a_process_killed_at_any_window_never_runs_a_write_twice_postgres(
+    pg_url: str, tmp_path: Path, window: str, occurrence: int, effect: str
+) -> None:
+    """The same real-death recovery on PostgreSQL: the dead process's session ends with it, so
+    its in-flight WRITE reads as outcome_unknown to the next process, and every WRITE and
+    PROPOSE is done exactly once (never, when abandoned)."""
+    crash_and_recover(pg_url, tmp_path, window, occurrence, effect)
+
+
+def test_a_bad_failpoint_setting_is_one_clear_line_and_runs_nothing(tmp_path: Path) -> None:
+    """KEELGATE_FAILPOINTS naming an unknown window is reported as one line naming the variable,
+    and the worker runs nothing (no WRITE downstream)."""
+    journal = tmp_path / "world.jsonl"
+    job = {
+        "store": f"sqlite:///{tmp_path}/keelgate.db",
+        "journal": str(journal),
+        "tenant": "shop",
+        "run": "restock",
+        "mode": "drive",
+    }
+    done = run_worker(job, failpoints="after_lunch@1")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("KEELGATE_FAILPOINTS:")
+    assert "after_lunch" in lines[0]
+    assert Journal(journal).entries() == []
