@@ -39,8 +39,9 @@ def main(argv: list[str]) -> int:
     spec = LoopSpec(job["tenant"], job["run"], "restock", budget=Budget(max_iterations=10))
     rig = Rig(url_opener(job["store"]), world, RESTOCK, confirm=bool(job.get("confirm")))
     try:
+        settled: list[tuple[str, bool]] = []
         if job["mode"] == "run":
-            outcomes, settled = [rig.loop.run_or_resume(spec)], []
+            outcomes = [rig.loop.run_or_resume(spec)]
         else:
             outcomes, settled = drive(rig, spec)
     finally:
