@@ -140,16 +140,26 @@ def carries_marker(pid: int, run_dir: Path) -> bool:
     return f"{MARKER}={run_dir}".encode() in environ.split(b"\0")
 
 
-def marked_pids(run_dir: Path) -> list[int]:
-    """Every live process (other than this one) carrying the marker of `run_dir`."""
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Every live process (other than this one) with `name`=`value` in its environment."""
     me = os.getpid()
+    wanted = f"{name}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            pid = int(entry.name)
-            if pid != me and carries_marker(pid, run_dir) and pid_alive(pid):
-                found.append(pid)
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0") and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
     return sorted(found)
+
+
+def marked_pids(run_dir: Path) -> list[int]:
+    """Every live process (other than this one) carrying the marker of `run_dir`."""
+    return pids_with_env(MARKER, str(run_dir))
 
 
 def _signal(pid: int, sig: signal.Signals, group: bool) -> None:

@@ -32,10 +32,13 @@ import httpx
 from keelgate_e2e.kube import JSON, STRATEGIC_PATCH, ApiError, Kube
 from keelgate_e2e.node import env as envmod
 from keelgate_e2e.node.logs import pump
+from keelgate_e2e.procs import pids_with_env
 
 log = logging.getLogger("keelgate_e2e.node.pod")
 
 TERMINAL = ("Succeeded", "Failed")
+#: Environment variable naming the container run a pod process belongs to.
+CONTAINER_MARKER = "KEELGATE_E2E_CONTAINER"
 #: Kubelet defaults: restart back-off doubles from the base up to five minutes.
 MAX_BACKOFF = 300.0
 #: How much of a failed container's log becomes its message (FallbackToLogsOnError).
@@ -317,6 +320,8 @@ class PodWorker(threading.Thread):
             return
         env.update(self.ctx.marker_env)
         restart_count = run.restart_count + 1 if run.started_once else run.restart_count
+        container_id = f"keelgate-node://{self.uid}/{run.name}/{restart_count}"
+        env[CONTAINER_MARKER] = container_id  # finds processes that left the process group
         work = run.spec.get("workingDir") or str(self.dir / run.name / "root")
         if not run.spec.get("workingDir"):
             Path(work).mkdir(parents=True, exist_ok=True)
@@ -346,7 +351,7 @@ class PodWorker(threading.Thread):
         pid_file(self.ctx.state_dir, self.uid, run.name).write_text(str(popen.pid))
         self._record_start(run, restart_count, logfile, popen, started)
         run.pumper = pumper
-        run.container_id = f"keelgate-node://{self.uid}/{run.name}/{restart_count}"
+        run.container_id = container_id
 
     def _record_start(
         self,
@@ -373,8 +378,14 @@ class PodWorker(threading.Thread):
     def _exited(self, run: Run, returncode: int) -> None:
         assert run.popen is not None
         code = 128 - returncode if returncode < 0 else returncode
+        # When a container's main process ends, its other processes die with it (as they do
+        # in a container's PID namespace): its process group, and any that left the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(run.popen.pid, signal.SIGKILL)  # a container's other processes die with it
+            os.killpg(run.popen.pid, signal.SIGKILL)
+        strays = pids_with_env(CONTAINER_MARKER, run.container_id) if run.container_id else []
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         if run.pumper is not None:
             run.pumper.join(timeout=2.0)
         marker = oom_marker(self.ctx.state_dir, self.uid, run.name)

@@ -1,0 +1,77 @@
+"""pytest fixtures for the e2e suite: one real local cluster per session, a namespace per test.
+
+Why it exists: e2e tests must run against the real kube-apiserver, etcd, controller-manager and
+scheduler (built by `keelgate_e2e.build`, which builds whatever is missing), with the node agent
+as the only stand-in. The session fixture starts them in a private run directory (never `.dev/`,
+so a developer's `make up` is left alone) and stops them, checking that no process is left.
+Each test gets a fresh namespace whose `default` service account exists, deleted afterwards.
+
+It must never point tests at a cluster other than the one it started.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keelgate_e2e import procs
+from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.kube import Kube
+from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker this suite uses (the project runs with --strict-markers)."""
+    config.addinivalue_line("markers", "e2e: needs the local Kubernetes cluster (e2e/)")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running local cluster: etcd, API server, controller-manager, scheduler, node agent."""
+    run_dir = tmp_path_factory.mktemp("cluster")
+    started = Cluster(run_dir)
+    started.start()
+    yield started
+    started.stop()
+    left = procs.marked_pids(run_dir)
+    assert not left, f"processes left after stopping the cluster: {left}"
+
+
+@pytest.fixture(scope="session")
+def admin(cluster: Cluster) -> Iterator[Kube]:
+    """An API client as `admin` (system:masters)."""
+    kube = cluster.client("admin")
+    yield kube
+    kube.close()
+
+
+@pytest.fixture(scope="session")
+def kubectl_bin() -> Path:
+    """The machine's kubectl."""
+    return find_kubectl()
+
+
+@pytest.fixture
+def namespace(admin: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, usable for pods (its default service account exists)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{secrets.token_hex(3)}"
+    admin.create("/api/v1/namespaces", {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"keelgate.dev/e2e": "true"}},
+    })
+    wait_for(lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+             timeout=30, what=f"default service account in {name}")
+    yield name
+    admin.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster, kubectl_bin: Path, namespace: str) -> Kubectl:
+    """kubectl as admin in the test's namespace."""
+    return Kubectl(kubectl_bin, cluster.kubeconfig, "admin", namespace)
