@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from keelgate.core.model import ModelReply, ModelRequest, reply_from_mapping
 from keelgate.core.types import Usage
+from keelgate.errors import ModelError
 
 VERDICT_TOOL = "keelgate_verdict"
 VERDICT_DESCRIPTION = (
@@ -124,7 +125,9 @@ def _entry_turns(entry: Mapping[str, Any]) -> list[Turn]:
     for action in actions:
         ident = call_id(str(action.get("id", "")))
         args = action.get("args")
-        calls.append(Call(ident, str(action.get("tool", "")), args if isinstance(args, dict) else {}))
+        calls.append(
+            Call(ident, str(action.get("tool", "")), args if isinstance(args, dict) else {})
+        )
         status = str(action.get("status", ""))
         body: dict[str, Any] = {"status": status}
         if "output" in action:
@@ -137,13 +140,17 @@ def _entry_turns(entry: Mapping[str, Any]) -> list[Turn]:
     return [Calls(tuple(calls)), Results(tuple(results))]
 
 
+def json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def estimate_tokens(payload: Any) -> int:
     """Tokens a payload is likely to cost: about 3.5 characters of its JSON a token.
 
     JSON is denser in tokens than prose (the core's neutral estimate uses 4), and the estimate
     only refuses calls that would cross a budget, so erring a little high is the safe side.
     """
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    text = json_text(payload)
     return math.ceil(len(text) / 3.5) + 1
 
 
@@ -169,7 +176,7 @@ def verdict_from_text(text: str, usage: Usage) -> ModelReply:
 
 
 def parse_arguments(raw: str | Mapping[str, Any] | None, *, tool: str) -> dict[str, Any]:
-    """A tool call's arguments as an object; None if they are not one (the caller refuses)."""
+    """A tool call's arguments as an object; anything else is a ModelError (nothing is run)."""
     if raw is None or raw == "":
         return {}
     if isinstance(raw, Mapping):
@@ -177,15 +184,7 @@ def parse_arguments(raw: str | Mapping[str, Any] | None, *, tool: str) -> dict[s
     try:
         data = json.loads(raw)
     except ValueError:
-        return _not_an_object(tool)
-    return dict(data) if isinstance(data, dict) else _not_an_object(tool)
-
-
-def _not_an_object(tool: str) -> dict[str, Any]:
-    from keelgate.errors import ModelError
-
-    raise ModelError(f"the model called {tool!r} with arguments that are not a JSON object")
-
-
-def tool_names(request: ModelRequest) -> Sequence[str]:
-    return [t.name for t in request.tools]
+        data = None
+    if not isinstance(data, dict):
+        raise ModelError(f"the model called {tool!r} with arguments that are not a JSON object")
+    return data

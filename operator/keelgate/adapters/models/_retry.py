@@ -99,7 +99,7 @@ def call_with_retries(
     *,
     policy: RetryPolicy,
     provider: str,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> T:
     """Run ``call``; retry what ``classify`` calls transient, raise ModelError for the rest.
 
@@ -135,4 +135,4 @@ def call_with_retries(
                 attempt,
                 policy.attempts,
             )
-            sleep(wait)
+            (sleep or time.sleep)(wait)

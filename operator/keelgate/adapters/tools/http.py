@@ -1,0 +1,203 @@
+"""The ``http`` tool: one HTTP endpoint, its URL filled from the arguments, called with httpx.
+
+It exists so a manifest can give an agent a REST call without code. Its one hard rule is the
+ADR's: when it cannot know whether a WRITE or PROPOSE reached the server and took effect (a
+timeout or a reset after the request may have been sent, a 5xx), it raises OutcomeUncertain and
+never retries; only a failure that provably sent nothing (connection refused) or a 4xx is a
+definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
+service can deduplicate. It must never put argument values or header values into an error.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping
+from typing import Any, NoReturn
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from keelgate.adapters.tools.schema import ArgsSchema
+from keelgate.core.types import SideEffect
+from keelgate.errors import InputError, OutcomeUncertain, ToolError
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", *BODY_METHODS})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+SNIPPET_CAP = 200
+
+# Failures that prove no byte of the request reached the server: the connection was never made
+# (refused, unresolvable, TLS or proxy handshake failed, no free connection) or the request was
+# refused locally before sending.
+_NOTHING_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+    httpx.InvalidURL,
+)
+
+
+class HttpTool:
+    """``method url`` with ``{placeholders}`` filled from the arguments (URL-escaped).
+
+    The remaining arguments are the JSON body for POST, PUT and PATCH, and the query string for
+    the other methods. ``headers`` are sent as given (they may carry credentials, so they are
+    never shown). Without an ``input_schema``, one is derived that requires each placeholder.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str,
+        method: str = "GET",
+        side_effect: SideEffect = SideEffect.READ,
+        requires_approval: bool = False,
+        description: str = "",
+        input_schema: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.method = method.upper()
+        if self.method not in METHODS:
+            raise InputError(f"tools[{name}].http.method", f"unknown HTTP method {method!r}")
+        self.url = url
+        self.placeholders = _placeholders(url, field=f"tools[{name}].http.url")
+        parts = urlsplit(url.replace("{", "").replace("}", ""))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InputError(f"tools[{name}].http.url", "must be an absolute http(s) URL")
+        self.where = f"{self.method} {parts.scheme}://{parts.netloc}"
+        self.side_effect = side_effect
+        self.requires_approval = requires_approval
+        self.description = description or f"{self.method} {url}"
+        self.input_schema: Mapping[str, Any] = (
+            dict(input_schema) if input_schema is not None else _derived_schema(self.placeholders)
+        )
+        self._schema = ArgsSchema(self.input_schema, field=f"tools[{name}].inputSchema")
+        self.headers = dict(headers or {})
+        if timeout_seconds <= 0:
+            raise InputError(f"tools[{name}].timeoutSeconds", "must be more than 0")
+        self.timeout_seconds = timeout_seconds
+
+    def __repr__(self) -> str:  # headers may hold credentials
+        return f"HttpTool(name={self.name!r}, {self.where})"
+
+    @property
+    def changes_things(self) -> bool:
+        return self.side_effect is not SideEffect.READ
+
+    def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        self._schema.check(self.name, args)
+        url, rest = self._fill(args)
+        headers = dict(self.headers)
+        if self.changes_things and idempotency_key:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key
+        request: dict[str, Any] = {"headers": headers}
+        if self.method in BODY_METHODS:
+            request["json"] = rest
+        elif rest:
+            request["params"] = _query(rest)
+        # A fresh client per call: no pooled connection that the server may have closed, so a
+        # failure to connect really means nothing was sent. httpx does not retry requests.
+        with httpx.Client(timeout=self.timeout_seconds, follow_redirects=False) as client:
+            try:
+                response = client.request(self.method, url, **request)
+            except _NOTHING_SENT as error:
+                raise ToolError(
+                    f"{self.name}: {self.where} failed before anything was sent "
+                    f"({type(error).__name__})"
+                ) from None
+            except httpx.TimeoutException as error:
+                self._unsure(f"no answer within {self.timeout_seconds}s ({type(error).__name__})")
+            except Exception as error:  # reset, protocol error, anything mid-exchange
+                self._unsure(f"the exchange broke off ({type(error).__name__})")
+        return self._result(response)
+
+    def _unsure(self, why: str) -> NoReturn:
+        message = f"{self.name}: {self.where}: {why}"
+        if self.changes_things:
+            raise OutcomeUncertain(f"{message}; it may or may not have taken effect")
+        raise ToolError(message)
+
+    def _result(self, response: httpx.Response) -> Any:
+        status = response.status_code
+        if 200 <= status < 300:
+            return _body(response)
+        snippet = _snippet(response)
+        if 400 <= status < 500:
+            raise ToolError(f"{self.name}: HTTP {status}{': ' + snippet if snippet else ''}")
+        # A 5xx (or an unexpected 1xx/3xx) says nothing certain about whether a change happened.
+        self._unsure(f"HTTP {status}{': ' + snippet if snippet else ''}")
+
+    def _fill(self, args: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        values: dict[str, str] = {}
+        for name in self.placeholders:
+            if name not in args or args[name] is None:
+                raise ToolError(f"{self.name}: argument {name!r} is needed for the URL")
+            values[name] = quote(_scalar(args[name]), safe="")
+        rest = {k: v for k, v in args.items() if k not in self.placeholders}
+        return self.url.format_map(values), rest
+
+
+def _placeholders(url: str, *, field: str) -> tuple[str, ...]:
+    names: list[str] = []
+    try:
+        for _, name, spec, conversion in string.Formatter().parse(url):
+            if name is None:
+                continue
+            if not name.isidentifier() or spec or conversion:
+                raise InputError(field, f"placeholder {{{name}}} must be a plain argument name")
+            if name not in names:
+                names.append(name)
+    except ValueError as error:
+        raise InputError(field, f"bad URL template: {error}") from None
+    return tuple(names)
+
+
+def _derived_schema(placeholders: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {p: {"type": ["string", "integer", "number"]} for p in placeholders},
+        "required": list(placeholders),
+    }
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _query(rest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for key, value in rest.items():
+        items = value if isinstance(value, list) else [value]
+        pairs.extend((key, _scalar(item)) for item in items if item is not None)
+    return pairs
+
+
+def _body(response: httpx.Response) -> Any:
+    if not response.content:
+        return {"status": response.status_code}
+    if "json" in response.headers.get("content-type", ""):
+        try:
+            return response.json()
+        except ValueError:
+            pass
+    return response.text
+
+
+def _snippet(response: httpx.Response) -> str:
+    try:
+        text = response.text
+    except Exception:
+        return ""
+    text = " ".join(text.split())
+    return text if len(text) <= SNIPPET_CAP else text[: SNIPPET_CAP - 3] + "..."

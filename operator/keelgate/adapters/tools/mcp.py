@@ -1,0 +1,336 @@
+"""The ``mcp`` tool: one tool of an MCP server, reached over streamable HTTP with the ``mcp`` SDK.
+
+The manifest, not the server, says whether a tool is READ, PROPOSE or WRITE: MCP's readOnlyHint
+and destructiveHint are a server's unverified claims, so they only produce warnings
+(``hint_warnings``) when they disagree with the manifest. A WRITE or PROPOSE call carries its
+idempotency key in the request's ``_meta`` under ``keelgate.dev/idempotency-key`` (or, for a
+server that takes it as a parameter, in the argument named by ``key_argument``).
+
+Each call runs its own short event loop (``asyncio.run``) and its own MCP session. The loop is
+synchronous and a model call dwarfs a local handshake, while a per-call session holds nothing
+between calls: no background thread or loop to stop, nothing half-open after a crash or a fork,
+and a call cannot be confused with another's. A failure before the ``tools/call`` request was
+sent (connection refused, handshake failed) is a definite ToolError; after it, a WRITE or PROPOSE
+whose answer did not arrive is OutcomeUncertain and is never retried. It must never put argument
+values or header values into an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar, cast
+
+import httpx2
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    CallToolResult,
+    RequestParamsMeta,
+    ToolAnnotations,
+)
+
+from keelgate.adapters.tools.schema import ArgsSchema
+from keelgate.core.types import SideEffect
+from keelgate.errors import InputError, OutcomeUncertain, ToolError
+
+KEY_META = "keelgate.dev/idempotency-key"
+# JSON-RPC errors that mean the server refused the request as such: the tool never ran.
+_REFUSED_CODES = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
+TEXT_CAP = 300
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RemoteTool:
+    """What an MCP server says about one of its tools."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    annotations: ToolAnnotations | None = None
+
+
+@dataclass(frozen=True)
+class McpToolSpec:
+    """One manifest entry naming a tool of an MCP server, with its declared side effect."""
+
+    name: str
+    side_effect: SideEffect
+    remote_name: str | None = None
+    requires_approval: bool = False
+    description: str = ""
+    timeout_seconds: float | None = None
+    key_argument: str | None = None
+
+
+@dataclass(frozen=True)
+class McpServerRef:
+    """Where an MCP server is: its streamable-HTTP URL, headers (may hold credentials)."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_seconds: float = 30.0
+
+    def __repr__(self) -> str:  # headers may hold credentials
+        return f"McpServerRef(url={self.url!r})"
+
+
+class McpTool:
+    def __init__(
+        self,
+        name: str,
+        *,
+        server: McpServerRef,
+        side_effect: SideEffect,
+        remote_name: str | None = None,
+        requires_approval: bool = False,
+        description: str = "",
+        input_schema: Mapping[str, Any] | None = None,
+        timeout_seconds: float | None = None,
+        key_argument: str | None = None,
+        warnings: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.server = server
+        self.remote_name = remote_name or name
+        self.side_effect = side_effect
+        self.requires_approval = requires_approval
+        self.description = description
+        self.key_argument = key_argument
+        schema = dict(input_schema) if input_schema is not None else {"type": "object"}
+        # The key is Keelgate's to supply, never the model's: hide it from the model's schema.
+        self.input_schema: Mapping[str, Any] = _without(schema, key_argument)
+        self._schema = ArgsSchema(self.input_schema, field=f"tools[{name}].inputSchema")
+        self.timeout_seconds = timeout_seconds or server.timeout_seconds
+        self.warnings = tuple(warnings)
+
+    def __repr__(self) -> str:
+        return f"McpTool(name={self.name!r}, server={self.server.url!r})"
+
+    def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        self._schema.check(self.name, args)
+        arguments = dict(args)
+        meta: RequestParamsMeta | None = None
+        if self.side_effect is not SideEffect.READ and idempotency_key:
+            meta = cast(RequestParamsMeta, {KEY_META: idempotency_key})
+            if self.key_argument:
+                arguments[self.key_argument] = idempotency_key
+        return run_sync(lambda: self._call(arguments, meta))
+
+    async def _call(self, arguments: dict[str, Any], meta: RequestParamsMeta | None) -> Any:
+        sent = False
+        result: CallToolResult | None = None
+        try:
+            async with _session(self.server, self.timeout_seconds) as client:
+                sent = True  # from here on the server may have received the call
+                result = await client.call_tool(self.remote_name, arguments, meta=meta)
+        except Exception as error:
+            if result is None:
+                self._failed(error, sent=sent)
+            # The answer arrived; only closing the session failed. The answer stands.
+        assert result is not None
+        return self._result(result)
+
+    def _failed(self, error: Exception, *, sent: bool) -> NoReturn:
+        leaf = _leaf(error)
+        kind = type(leaf).__name__
+        if not sent:
+            raise ToolError(
+                f"{self.name}: could not open a session with the MCP server "
+                f"{self.server.url} ({kind}); nothing was sent"
+            )
+        if isinstance(leaf, MCPError) and leaf.code in _REFUSED_CODES:
+            raise ToolError(f"{self.name}: the server refused the call: {_cap(leaf.error.message)}")
+        why = f"{self.name}: no answer from the MCP server ({kind})"
+        if self.side_effect is SideEffect.READ:
+            raise ToolError(why)
+        raise OutcomeUncertain(f"{why}; it may or may not have taken effect")
+
+    def _result(self, result: CallToolResult) -> Any:
+        if result.is_error:
+            # The tool itself reports failure: its definite word that nothing was done.
+            raise ToolError(f"{self.name}: {_cap(_text(result)) or 'the tool reported an error'}")
+        if result.structured_content is not None:
+            return result.structured_content
+        texts = [getattr(c, "text", None) for c in result.content]
+        if len(texts) == 1 and isinstance(texts[0], str):
+            try:
+                return json.loads(texts[0])
+            except ValueError:
+                return texts[0]
+        return [
+            t if isinstance(t, str) else {"type": getattr(c, "type", "?")}
+            for t, c in zip(texts, result.content, strict=True)
+        ]
+
+
+def discover(server: McpServerRef, specs: Sequence[McpToolSpec]) -> list[McpTool]:
+    """Build the manifest's tools of one server, with descriptions and schemas from the server.
+
+    A tool the server does not offer is an InputError naming the manifest entry. Where the
+    server's hints disagree with the declared side effect, the tool carries ``warnings``.
+    """
+    remote = list_remote_tools(server)
+    tools: list[McpTool] = []
+    for spec in specs:
+        found = remote.get(spec.remote_name or spec.name)
+        if found is None:
+            offered = ", ".join(sorted(remote)) or "none"
+            raise InputError(
+                f"tools[{spec.name}].mcp.tool",
+                f"the MCP server offers no tool {spec.remote_name or spec.name!r} "
+                f"(it offers: {offered})",
+            )
+        tools.append(
+            McpTool(
+                spec.name,
+                server=server,
+                side_effect=spec.side_effect,
+                remote_name=found.name,
+                requires_approval=spec.requires_approval,
+                description=spec.description or found.description,
+                input_schema=found.input_schema,
+                timeout_seconds=spec.timeout_seconds,
+                key_argument=spec.key_argument,
+                warnings=hint_warnings(spec.name, spec.side_effect, found.annotations),
+            )
+        )
+    return tools
+
+
+def list_remote_tools(server: McpServerRef) -> dict[str, RemoteTool]:
+    """Every tool the server lists (all pages). An unreachable server is a ToolError."""
+
+    async def listing() -> dict[str, RemoteTool]:
+        found: dict[str, RemoteTool] = {}
+        async with _session(server, server.timeout_seconds) as client:
+            cursor: str | None = None
+            for _ in range(100):  # a server that pages forever is not followed forever
+                page = await client.list_tools(cursor=cursor)
+                for tool in page.tools:
+                    found[tool.name] = RemoteTool(
+                        tool.name, tool.description or "", dict(tool.input_schema), tool.annotations
+                    )
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        return found
+
+    try:
+        return run_sync(listing)
+    except Exception as error:
+        raise ToolError(
+            f"cannot list the tools of the MCP server {server.url} ({type(_leaf(error)).__name__})"
+        ) from None
+
+
+def hint_warnings(
+    name: str, side_effect: SideEffect, annotations: ToolAnnotations | None
+) -> list[str]:
+    """Where the server's hints disagree with the manifest. The manifest still decides."""
+    if annotations is None:
+        return []
+    read_only = annotations.read_only_hint
+    destructive = annotations.destructive_hint
+    if side_effect is SideEffect.READ and (read_only is False or destructive is True):
+        what = "destructive" if destructive else "not read-only"
+        return [
+            f"tools[{name}]: declared READ, but the MCP server marks it {what}; it will be "
+            "called without an idempotency key and without the WRITE rules"
+        ]
+    if side_effect is not SideEffect.READ and read_only is True:
+        return [
+            f"tools[{name}]: declared {side_effect.value}, but the MCP server marks it "
+            "read-only; it will still be treated as a " + side_effect.value
+        ]
+    return []
+
+
+def suggested_side_effect(annotations: ToolAnnotations | None) -> SideEffect | None:
+    """The side effect the server's hints suggest, for diagnostics only (None: no hint)."""
+    if annotations is None:
+        return None
+    if annotations.read_only_hint is True:
+        return SideEffect.READ
+    if annotations.read_only_hint is False or annotations.destructive_hint is not None:
+        return SideEffect.WRITE
+    return None
+
+
+def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from synchronous code, on a fresh event loop.
+
+    If this thread already runs a loop (an async caller such as an operator handler), the
+    coroutine runs on a fresh loop in a helper thread instead: never nested, never shared.
+    """
+
+    async def main() -> T:
+        return await factory()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
+
+
+class _session:
+    """An open MCP client session over streamable HTTP, closed with its HTTP client."""
+
+    def __init__(self, server: McpServerRef, timeout: float) -> None:
+        self.http = httpx2.AsyncClient(
+            headers=dict(server.headers), timeout=httpx2.Timeout(timeout), follow_redirects=False
+        )
+        self.client = Client(
+            streamable_http_client(server.url, http_client=self.http),
+            read_timeout_seconds=timeout,
+            cache=None,
+        )
+
+    async def __aenter__(self) -> Client:
+        await self.http.__aenter__()
+        try:
+            return await self.client.__aenter__()
+        except BaseException:
+            await self.http.aclose()
+            raise
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.client.__aexit__(*exc)
+        finally:
+            await self.http.aclose()
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The first real error inside the exception groups that anyio task groups wrap."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        mcp_errors = [e for e in error.exceptions if isinstance(_leaf(e), MCPError)]
+        error = mcp_errors[0] if mcp_errors else error.exceptions[0]
+    return error
+
+
+def _without(schema: dict[str, Any], key: str | None) -> dict[str, Any]:
+    if not key:
+        return schema
+    properties = {k: v for k, v in (schema.get("properties") or {}).items() if k != key}
+    required = [r for r in (schema.get("required") or []) if r != key]
+    return {**schema, "properties": properties, "required": required}
+
+
+def _text(result: CallToolResult) -> str:
+    return " ".join(t for t in (getattr(c, "text", None) for c in result.content) if t)
+
+
+def _cap(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= TEXT_CAP else text[: TEXT_CAP - 3] + "..."
