@@ -126,6 +126,33 @@ class SQLiteStore:
             ).fetchone()
         raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
 
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None:
+        """``save`` and ``append`` in one transaction: one durable commit, and a crash can
+        never leave the checkpoint without its events or the events without the checkpoint."""
+        text = json.dumps(state, separators=(",", ":"))
+        with self._tx(immediate=True) as db:
+            cursor = db.execute(
+                "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, "
+                "state = excluded.state WHERE keelgate_checkpoints.seq < excluded.seq",
+                (tenant, run, seq, text),
+            )
+            if cursor.rowcount != 1:
+                row = db.execute(
+                    "SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?",
+                    (tenant, run),
+                ).fetchone()
+                # Raised inside the transaction, so it rolls back and no event is appended.
+                raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
+            self._append(db, tenant, run, drafts)
+
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._tx() as db:
             row = db.execute(
