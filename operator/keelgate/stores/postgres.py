@@ -1,0 +1,448 @@
+"""PostgreSQL stores: checkpoints, idempotency keys and the audit chain in one database, shared by
+any number of processes on any number of hosts (psycopg 3, pooled).
+
+It holds exactly the JSON the SQLite store holds (states and results as JSON text), so a run can
+move between the two.
+
+Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id from the
+sequence ``keelgate_owner_seq`` and holds a session-level advisory lock on it, on a dedicated
+connection outside the pool, for as long as it is open. Keys are claimed on that same connection
+and record the owner id. Another store judges an in-flight key's owner gone if and only if
+``pg_try_advisory_lock`` on that id succeeds from one of its own connections (and unlocks it in
+the same statement). Why this is sound:
+
+- A live owner is never read as gone. The lock is taken before the first claim, and every claim
+  runs on the session holding it, so a key can only exist while its owner's lock is held. A
+  session advisory lock is released only by the end of that session or by an explicit unlock,
+  which only ``close`` issues, and owner ids come from a sequence, so no other session ever
+  holds one except for the instant of a judgement.
+- A dead owner is read as gone. A process that dies (``os._exit``, SIGKILL, OOM) has its socket
+  closed by its kernel; the server ends the session and releases the lock at once. A host that
+  vanishes sends nothing: TCP keepalives set on the owner session (both on the server side and in
+  libpq) end it within about 25 seconds, and until then its keys read as in flight, which only
+  delays (``RunBusy``), never duplicates.
+- The one misjudgement possible: the owner session ends while its process lives (a network cut,
+  a server restart, ``pg_terminate_backend``). Its keys then read ``outcome_unknown`` elsewhere,
+  and an unknown outcome is a stop, never a retry. The orphaned owner can start nothing new (its
+  next claim needs a new owner session), and the WRITE it is running finishes through
+  ``complete``, a compare-and-set on owner and state: it lands if nobody settled the key meanwhile
+  and changes nothing if somebody did. No WRITE runs twice either way.
+
+Session advisory locks need a real session: the owner connection must not go through a
+transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
+This module must never settle, retry or delete a key on its own, and never put a password in an
+error message.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+from keelgate.core.audit import AuditDraft, AuditEvent, seal
+from keelgate.core.protocols import Checkpoint, RunRef
+from keelgate.core.types import KeyRecord, KeyState
+from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
+
+# Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
+# application's single-bigint locks in the same database. 0x4B47 is "KG".
+OWNER_SPACE = 0x4B470001
+AUDIT_SPACE = 0x4B470002
+SCHEMA_SPACE = 0x4B470003
+
+# The server ends a silent owner session after idle + count * interval seconds.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+SCHEMA = """
+CREATE SEQUENCE IF NOT EXISTS keelgate_owner_seq AS integer;
+CREATE TABLE IF NOT EXISTS keelgate_checkpoints (
+    tenant text NOT NULL, run text NOT NULL, seq bigint NOT NULL, state text NOT NULL,
+    PRIMARY KEY (tenant, run));
+CREATE TABLE IF NOT EXISTS keelgate_keys (
+    tenant text NOT NULL, key text NOT NULL, run text NOT NULL, action text NOT NULL,
+    tool text NOT NULL, state text NOT NULL, owner integer, result text,
+    settled_by text NOT NULL DEFAULT '', source text NOT NULL DEFAULT '',
+    PRIMARY KEY (tenant, key));
+CREATE TABLE IF NOT EXISTS keelgate_audit (
+    tenant text NOT NULL, run text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+    actor text NOT NULL, at text NOT NULL, data text NOT NULL, key text,
+    prev text NOT NULL, hash text NOT NULL,
+    PRIMARY KEY (tenant, run, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
+    WHERE key IS NOT NULL;
+"""
+
+# One statement: the record and, for an in-flight key, whether its owner session still lives.
+# The inner CASE takes the owner's lock only to learn that nobody holds it, and drops it at once.
+KEY_SELECT = f"""
+SELECT tenant, key, run, action, tool, state, owner, result, settled_by, source,
+    CASE WHEN state <> 'in_flight' OR owner IS NULL THEN false
+         WHEN pg_try_advisory_lock({OWNER_SPACE}, owner)
+              THEN NOT pg_advisory_unlock({OWNER_SPACE}, owner)
+         ELSE true END
+FROM keelgate_keys WHERE tenant = %s AND key = %s
+"""
+
+EVENT_COLUMNS = "seq, type, actor, at, data, key, prev, hash"
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def _safe_target(url: str) -> tuple[str, dict[str, Any]]:
+    """Where a URL points, for messages: user@host:port/db, never the password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        raise InputError("--store", "not a valid PostgreSQL URL") from None
+    user = params.get("user")
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    target = f"{user + '@' if user else ''}{where}/{params.get('dbname') or user or ''}"
+    return target, params
+
+
+class PostgresStore:
+    """Checkpoint, idempotency and audit store over one PostgreSQL database."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout: int = 10,
+    ) -> None:
+        self.url = url
+        self.target, params = _safe_target(url)
+        self._secret = str(params.get("password") or "")
+        # Detect a dead server or a vanished network from our side too; the user's URL wins.
+        defaults: dict[str, Any] = {
+            "connect_timeout": connect_timeout,
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVE_IDLE,
+            "keepalives_interval": KEEPALIVE_INTERVAL,
+            "keepalives_count": KEEPALIVE_COUNT,
+        }
+        self._kwargs = {k: v for k, v in defaults.items() if k not in params}
+        self._owner_lock = threading.Lock()
+        self._owner_conn: Conn | None = None
+        self._owner_ids: list[int] = []
+        self._pool: ConnectionPool[Conn] | None = None
+        try:
+            self._open_owner_session()
+            self._pool = ConnectionPool(
+                url,
+                kwargs={"autocommit": True, **self._kwargs},
+                min_size=min_size,
+                max_size=max_size,
+                open=False,
+                name=f"keelgate-{self.owner}",
+                num_workers=2,
+            )
+            self._pool.open(wait=True, timeout=float(connect_timeout))
+        except psycopg.Error as error:
+            self.close()
+            raise self._error(error) from None
+
+    @property
+    def owner(self) -> int:
+        """This store's current owner id (a new one after its owner session was lost)."""
+        return self._owner_ids[-1]
+
+    def _error(self, error: BaseException) -> StoreError:
+        text = str(error).strip()
+        line = text.splitlines()[0].strip() if text else type(error).__name__
+        if self._secret:
+            line = line.replace(self._secret, "***")
+        return StoreError(f"PostgreSQL store {self.target}: {line}")
+
+    def _open_owner_session(self) -> None:
+        conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
+        try:
+            with conn.transaction():
+                # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once.
+                conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
+                conn.execute(SCHEMA)
+            # The server ends this session (releasing our lock) soon after the host goes silent,
+            # and must never end it for being idle.
+            conn.execute(f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}")
+            conn.execute(f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL}")
+            conn.execute(f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}")
+            if conn.info.server_version >= 140000:
+                conn.execute("SET idle_session_timeout = 0")
+            row = conn.execute("SELECT nextval('keelgate_owner_seq')").fetchone()
+            assert row is not None
+            owner = int(row[0])
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", (OWNER_SPACE, owner))
+            conn.execute("SELECT set_config('application_name', %s, false)", (f"keelgate-{owner}",))
+        except BaseException:
+            conn.close()
+            raise
+        self._owner_conn = conn
+        self._owner_ids.append(owner)
+
+    def close(self) -> None:
+        """Close the pool and the owner session; this store's in-flight keys then read unknown."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        with self._owner_lock:
+            if self._owner_conn is not None:
+                # Unlock first: ending a session is asynchronous on the server, and a closed
+                # store's keys must read unknown from the moment close() returns.
+                with suppress(psycopg.Error):
+                    self._owner_conn.execute("SELECT pg_advisory_unlock_all()")
+                self._owner_conn.close()
+                self._owner_conn = None
+
+    @contextmanager
+    def _conn(self) -> Iterator[Conn]:
+        if self._pool is None:
+            raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as error:
+            raise self._error(error) from None
+
+    @contextmanager
+    def _owner_session(self) -> Iterator[Conn]:
+        """The owner connection, reopened under a new owner id if its session was lost."""
+        with self._owner_lock:
+            if self._pool is None:
+                raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+            try:
+                if self._owner_conn is None or self._owner_conn.closed or self._owner_conn.broken:
+                    if self._owner_conn is not None:
+                        with suppress(psycopg.Error):
+                            self._owner_conn.close()
+                    self._owner_conn = None
+                    self._open_owner_session()
+                assert self._owner_conn is not None
+                yield self._owner_conn
+            except psycopg.Error as error:
+                raise self._error(error) from None
+
+    # CheckpointStore
+
+    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
+        text = json.dumps(state, separators=(",", ":"))
+        with self._conn() as conn:
+            self._save(conn, tenant, run, seq, text)
+
+    def _save(self, conn: Conn, tenant: str, run: str, seq: int, text: str) -> None:
+        cursor = conn.execute(
+            "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (tenant, run) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state "
+            "WHERE keelgate_checkpoints.seq < EXCLUDED.seq",
+            (tenant, run, seq, text),
+        )
+        if cursor.rowcount == 1:
+            return
+        row = conn.execute(
+            "SELECT seq FROM keelgate_checkpoints WHERE tenant = %s AND run = %s", (tenant, run)
+        ).fetchone()
+        raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
+
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None:
+        """Save a checkpoint and append its audit events in one transaction (one commit)."""
+        text = json.dumps(state, separators=(",", ":"))
+        with self._conn() as conn, conn.transaction():
+            self._save(conn, tenant, run, seq, text)
+            self._append(conn, tenant, run, drafts)
+
+    def load(self, tenant: str, run: str) -> Checkpoint | None:
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT seq, state FROM keelgate_checkpoints WHERE tenant = %s AND run = %s",
+                (tenant, run),
+            ).fetchone()
+        if row is None:
+            return None
+        return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
+
+    def runs(self, tenant: str | None = None) -> list[RunRef]:
+        # Byte order, as SQLite and Python sort, whatever the database's collation.
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT tenant, run, seq FROM keelgate_checkpoints "
+                "WHERE %(t)s::text IS NULL OR tenant = %(t)s "
+                'ORDER BY tenant COLLATE "C", run COLLATE "C"',
+                {"t": tenant},
+            ).fetchall()
+        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+
+    # IdempotencyStore
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> KeyRecord:
+        tenant, key, run, action, tool, state, _owner, result, settled_by, source, alive = row
+        key_state = KeyState(state)
+        if key_state is KeyState.IN_FLIGHT and not alive:
+            key_state = KeyState.OUTCOME_UNKNOWN
+        return KeyRecord(
+            tenant,
+            key,
+            run,
+            action,
+            tool,
+            key_state,
+            None if result is None else json.loads(result),
+            settled_by,
+            source,
+        )
+
+    def _row(self, conn: Conn, tenant: str, key: str) -> Sequence[Any] | None:
+        row: Sequence[Any] | None = conn.execute(KEY_SELECT, (tenant, key)).fetchone()
+        return row
+
+    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
+        # On the owner session itself: a key is only ever recorded while its owner lock is held.
+        with self._owner_session() as owner_conn:
+            cursor = owner_conn.execute(
+                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                "VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) ON CONFLICT DO NOTHING",
+                (tenant, key, run, action, tool, self.owner),
+            )
+            if cursor.rowcount == 1:
+                return None
+        # Judged from a pool session: the owner session would find its own lock re-entrant.
+        with self._conn() as conn:
+            row = self._row(conn, tenant, key)
+        assert row is not None  # keys are never deleted
+        return self._record(row)
+
+    def complete(self, tenant: str, key: str, result: Any) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "UPDATE keelgate_keys SET state = 'completed', result = %s, owner = NULL "
+                "WHERE tenant = %s AND key = %s AND state = 'in_flight' AND owner = ANY(%s)",
+                (json.dumps(result), tenant, key, self._owner_ids),
+            )
+
+    def release(self, tenant: str, key: str) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "UPDATE keelgate_keys SET owner = NULL WHERE tenant = %s AND key = %s "
+                "AND state = 'in_flight' AND owner = ANY(%s)",
+                (tenant, key, self._owner_ids),
+            )
+
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
+        with self._conn() as conn:
+            row = self._row(conn, tenant, key)
+            if row is None:
+                raise SettleError("", key, "no such idempotency key")
+            current = self._record(row)
+            if current.state is not KeyState.OUTCOME_UNKNOWN:
+                raise SettleError(
+                    current.run,
+                    current.action,
+                    f"cannot settle a key that is {current.state.value}",
+                )
+            state = KeyState.COMPLETED if executed else KeyState.ABANDONED
+            # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
+            cursor = conn.execute(
+                "UPDATE keelgate_keys SET state = %s, owner = NULL, settled_by = %s, source = %s "
+                "WHERE tenant = %s AND key = %s AND state = 'in_flight' "
+                "AND owner IS NOT DISTINCT FROM %s",
+                (state.value, by, source, tenant, key, row[6]),
+            )
+            if cursor.rowcount != 1:
+                raise SettleError(current.run, current.action, "settled by someone else first")
+            settled = self._row(conn, tenant, key)
+        assert settled is not None
+        return self._record(settled)
+
+    def get(self, tenant: str, key: str) -> KeyRecord | None:
+        with self._conn() as conn:
+            row = self._row(conn, tenant, key)
+        return None if row is None else self._record(row)
+
+    # AuditLog
+
+    def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
+        if not drafts:
+            return
+        with self._conn() as conn, conn.transaction():
+            self._append(conn, tenant, run, drafts)
+
+    def _append(self, conn: Conn, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
+        if not drafts:
+            return
+        # One appender per run at a time, so each event is sealed after the true head.
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (AUDIT_SPACE, f"{tenant}\x1f{run}")
+        )
+        head_row = conn.execute(
+            f"SELECT {EVENT_COLUMNS} FROM keelgate_audit WHERE tenant = %s AND run = %s "
+            "ORDER BY seq DESC LIMIT 1",
+            (tenant, run),
+        ).fetchone()
+        head = None if head_row is None else _event(head_row)
+        keys = [d.key for d in drafts if d.key is not None]
+        seen: set[str] = set()
+        if keys:
+            seen = {
+                str(k)
+                for (k,) in conn.execute(
+                    "SELECT key FROM keelgate_audit WHERE tenant = %s AND run = %s "
+                    "AND key = ANY(%s)",
+                    (tenant, run, keys),
+                ).fetchall()
+            }
+        rows: list[tuple[Any, ...]] = []
+        for draft in drafts:
+            if draft.key is not None:
+                if draft.key in seen:
+                    continue
+                seen.add(draft.key)
+            head = seal(tenant, run, head, draft)
+            rows.append(
+                (
+                    tenant,
+                    run,
+                    head.seq,
+                    head.type,
+                    head.actor,
+                    head.at,
+                    json.dumps(dict(head.data)),
+                    head.key,
+                    head.prev,
+                    head.hash,
+                )
+            )
+        if rows:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO keelgate_audit (tenant, run, {EVENT_COLUMNS}) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
+
+    def events(self, tenant: str, run: str) -> list[AuditEvent]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM keelgate_audit WHERE tenant = %s AND run = %s "
+                "ORDER BY seq",
+                (tenant, run),
+            ).fetchall()
+        return [_event(row) for row in rows]
+
+
+def _event(row: Sequence[Any]) -> AuditEvent:
+    seq, type_, actor, at, data, key, prev, hash_ = row
+    return AuditEvent(int(seq), type_, actor, at, json.loads(data), key, prev, hash_)
