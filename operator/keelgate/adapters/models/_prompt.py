@@ -135,7 +135,7 @@ def _entry_turns(entry: Mapping[str, Any]) -> list[Turn]:
         if action.get("error"):
             body["error"] = action["error"]
         results.append(
-            Result(ident, json.dumps(body, ensure_ascii=False, default=str), status != "ok")
+            Result(ident, json_text(body), status != "ok")
         )
     return [Calls(tuple(calls)), Results(tuple(results))]
 

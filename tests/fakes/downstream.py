@@ -1,0 +1,49 @@
+"""A downstream shop service on loopback that counts what really arrived, by Idempotency-Key.
+
+``GET /items/{sku}`` reads stock; ``POST /orders`` places an order and counts it under the
+request's Idempotency-Key; ``GET /orders/{key}`` tells how many orders arrived with that key (what
+a person or a confirmer would ask the system of record). ``mode`` makes ``POST /orders``
+misbehave after the order was taken: ``slow`` (answer after ``delay``), ``reset`` (TCP reset
+instead of an answer), ``error`` (HTTP 503), or ``reject`` before taking it (HTTP 422).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from urllib.parse import unquote
+
+from fakes.loopback import Answer, LoopbackServer, Received
+
+
+class Shop(LoopbackServer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.orders: Counter[str] = Counter()
+        self.mode = "ok"
+        self.delay = 2.0
+
+    def order_requests(self) -> list[Received]:
+        return [r for r in self.received if r.method == "POST" and r.path == "/orders"]
+
+    def respond(self, received: Received) -> Answer:
+        if received.method == "GET" and received.path.startswith("/items/"):
+            sku = unquote(received.path.removeprefix("/items/"))
+            if sku == "missing":
+                return Answer(404, {"error": "no such item"})
+            return Answer(200, {"sku": sku, "count": 3})
+        if received.method == "GET" and received.path.startswith("/orders/"):
+            key = unquote(received.path.removeprefix("/orders/"))
+            return Answer(200, {"key": key, "orders": self.orders[key]})
+        if received.method == "POST" and received.path == "/orders":
+            if self.mode == "reject":
+                return Answer(422, {"error": "qty must be positive"})
+            key = received.headers.get("idempotency-key", "")
+            self.orders[key] += 1  # the order is taken before anything can go wrong
+            if self.mode == "slow":
+                return Answer(201, {"placed": True}, delay=self.delay)
+            if self.mode == "reset":
+                return Answer(reset=True)
+            if self.mode == "error":
+                return Answer(503, "upstream database unavailable")
+            return Answer(201, {"placed": True, "key": key})
+        return Answer(404, {"error": "no route"})
