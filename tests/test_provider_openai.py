@@ -229,7 +229,7 @@ def test_the_api_key_never_appears_in_an_error(llm: LlmFake) -> None:
 def test_a_key_is_required_unless_a_base_url_is_given() -> None:
     """Without a key the official API cannot be used (a clear input error, naming the field);
     a local compatible server needs none."""
-    with pytest.raises(InputError, match="model.apiKeyEnv"):
+    with pytest.raises(InputError, match=r"model\.apiKeyEnv"):
         OpenAIModel("gpt-test", api_key=None)
     OpenAIModel("llama3", api_key=None, base_url="http://127.0.0.1:9/v1").close()
 
