@@ -10,7 +10,6 @@ guessing or look at Keelgate's own records to decide what happened downstream.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from crashkit import (
     assert_promise,
     drive,
     expected_crash,
-    memory_opener,
+    opener_for,
     tool_calls,
     url_opener,
 )
@@ -47,14 +46,9 @@ CASES = [
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
     """Stores to restart over: every call opens a fresh session on the same data."""
-    if request.param == "memory":
-        yield memory_opener()
-    elif request.param == "sqlite":
-        yield url_opener(f"sqlite:///{tmp_path}/keelgate.db")
-    else:
-        yield url_opener(str(request.getfixturevalue("pg_url")))
+    return opener_for(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
 
 
 def _spec() -> LoopSpec:

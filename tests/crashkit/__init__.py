@@ -12,6 +12,7 @@ from crashkit.rig import (
     assert_promise,
     drive,
     memory_opener,
+    opener_for,
     settle_truthfully,
     url_opener,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "drive",
     "expected_crash",
     "memory_opener",
+    "opener_for",
     "settle_truthfully",
     "tool_calls",
     "url_opener",

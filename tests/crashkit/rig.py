@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from crashkit.scripts import MARK, Call, Script
@@ -18,6 +19,7 @@ from crashkit.world import CountingModel, LedgerConfirmer, World, model_calls
 from keelgate.core import failpoints
 from keelgate.core.audit import verify
 from keelgate.core.loop import Loop
+from keelgate.core.model import Model
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import KeyState, Outcome, StopReason
@@ -47,8 +49,26 @@ def memory_opener() -> StoreOpener:
     return opener
 
 
+#: The store kinds the crash tests run over; "postgres" needs the session's ``pg_url``.
+STORE_KINDS = ("memory", "sqlite", "postgres")
+
+
+def opener_for(kind: str, directory: Path, pg_url: Callable[[], str]) -> StoreOpener:
+    """An opener for one store kind, its files under ``directory``."""
+    if kind == "memory":
+        return memory_opener()
+    if kind == "sqlite":
+        return url_opener(f"sqlite:///{directory}/keelgate.db")
+    if kind == "postgres":
+        return url_opener(pg_url())
+    raise ValueError(f"unknown store kind {kind!r}")
+
+
 class Rig:
-    """Stores, tools, model and loop of one process; ``restart`` kills and rebuilds them all."""
+    """Stores, tools, model and loop of one process; ``restart`` kills and rebuilds them all.
+
+    ``model`` builds the model each "process" uses; by default the script, with every call
+    counted in the world's journal."""
 
     def __init__(
         self,
@@ -57,21 +77,24 @@ class Rig:
         script: Script,
         *,
         confirm: bool = False,
+        model: Callable[[], Model] | None = None,
         loop_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.opener = opener
         self.world = world
         self.script = script
         self.confirm = confirm
+        self.model = model
         self.loop_options = dict(loop_options or {})
         self.stores = opener()
         self.loop = self._build()
 
     def _build(self) -> Loop:
         confirmer: Confirmer | None = LedgerConfirmer(self.world) if self.confirm else None
+        model = self.model() if self.model is not None else None
         return Loop(
             stores=self.stores,
-            model=CountingModel.scripted(self.script, self.world.journal),
+            model=model or CountingModel.scripted(self.script, self.world.journal),
             tools=self.world.tools(),
             confirmer=confirmer,
             busy_wait=0.5,
