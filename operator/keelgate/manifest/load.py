@@ -1,0 +1,238 @@
+"""Reading manifests: YAML in, a validated model out, or one line naming the field to fix.
+
+Every failure is an ``InputError`` whose ``field`` is the path in the manifest's own spelling
+(``spec.tools[1].sideEffect``) and whose message is short and human. YAML is read the way
+``kubectl`` reads it: timestamps stay strings and a key given twice is an error, so the file
+means the same to ``keelgate run`` as to a cluster. This module must never echo a field's value
+in an error except the enum or literal choice that was wrong (values may be secrets or tool
+arguments), and never write anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from keelgate.errors import InputError
+from keelgate.manifest.agentrun import AgentRun, AgentRunSpec
+from keelgate.manifest.base import DNS_LABEL, PATTERN_MEANINGS, format_loc
+
+M = TypeVar("M", bound=BaseModel)
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML, minus implicit timestamps, plus refusal of duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"the key {key!r} appears twice",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def read_yaml(text: str, *, source: str) -> Any:
+    """Parse one YAML document; a syntax error names ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        problem = error.problem or error.context or "not valid YAML"
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise InputError(source, f"{where}{problem}") from None
+    except yaml.YAMLError as error:
+        raise InputError(source, f"not valid YAML: {error}") from None
+
+
+def read_source(text_or_path: str | Path) -> tuple[str, str]:
+    """(text, source name). A Path, or a one-line string that does not look like YAML, is a
+    file; a string with a newline (or a one-line ``{...}``) is the manifest itself."""
+    if isinstance(text_or_path, str) and ("\n" in text_or_path or text_or_path.startswith("{")):
+        return text_or_path, "manifest"
+    path = Path(text_or_path)
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except FileNotFoundError:
+        raise InputError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "is a directory, not a manifest file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise InputError(str(path), f"cannot read: {reason}") from None
+
+
+def load_agentrun(
+    text_or_path: str | Path, *, tenant_default: str = "default", source: str | None = None
+) -> AgentRun:
+    """Read and validate an AgentRun manifest from YAML text or a file.
+
+    A manifest without ``metadata.namespace`` gets ``tenant_default``.
+    """
+    text, name = read_source(text_or_path)
+    data = read_yaml(text, source=source or name)
+    run = parse(AgentRun, data, source=source or name)
+    if run.metadata.namespace is None:
+        if not _is_label(tenant_default):
+            raise InputError("metadata.namespace", PATTERN_MEANINGS[DNS_LABEL])
+        run = run.model_copy(
+            update={"metadata": run.metadata.model_copy(update={"namespace": tenant_default})}
+        )
+    return run
+
+
+def parse(model: type[M], data: Any, *, source: str = "manifest", prefix: str = "") -> M:
+    """Validate ``data`` (already parsed JSON/YAML) as ``model``, in the manifest's spelling
+    only: ``side_effect`` for ``sideEffect`` is an unknown field, as it is to the API server."""
+    if data is None:
+        raise InputError(source, "the manifest is empty")
+    if not isinstance(data, Mapping):
+        raise InputError(source, f"must be a mapping of fields, not {_kind(data)}")
+    try:
+        return model.model_validate(data, by_alias=True, by_name=False)
+    except ValidationError as error:
+        raise input_error(error, model, prefix=prefix) from None
+
+
+def spec_from_manifest(manifest: Mapping[str, Any] | None) -> AgentRunSpec:
+    """The AgentRunSpec a LoopSpec carries, validated again (it may have come over the wire)."""
+    if manifest is None:
+        raise InputError("spec", "the run carries no manifest to build a model and tools from")
+    return parse(AgentRunSpec, manifest, source="spec", prefix="spec")
+
+
+def input_error(error: ValidationError, model: type[BaseModel], *, prefix: str = "") -> InputError:
+    """The first of ``error``'s problems as one line; the count of the rest in brackets."""
+    details = error.errors(include_url=False)
+    first = details[0]
+    loc = tuple(first["loc"])
+    ctx = first.get("ctx") or {}
+    if first["type"] == "keelgate_rule":
+        loc = (*loc, *ctx.get("loc", ()))
+    field = format_loc(loc)
+    if prefix:
+        field = f"{prefix}.{field}" if field else prefix
+    message = _message(first, model)
+    if len(details) > 1:
+        message += f" (and {len(details) - 1} more)"
+    return InputError(field or model.__name__, message)
+
+
+def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    given = error.get("input")
+    if kind == "keelgate_rule":
+        return str(ctx["reason"])
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        loc = tuple(error["loc"])
+        known = _known_fields(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"unknown field{hint}"
+    if kind in ("enum", "literal_error"):
+        expected = str(ctx.get("expected", "")).replace("'", "")
+        choice = "one of " if " or " in expected else ""
+        return f"must be {choice}{expected} (got {_short(given)})"
+    if kind == "string_pattern_mismatch":
+        return PATTERN_MEANINGS.get(str(ctx.get("pattern")), "has the wrong format")
+    simple = {
+        "string_type": "must be a string",
+        "int_type": "must be a whole number",
+        "int_parsing": "must be a whole number",
+        "float_type": "must be a number",
+        "float_parsing": "must be a number",
+        "bool_type": "must be true or false",
+        "bool_parsing": "must be true or false",
+        "dict_type": "must be a mapping (key: value)",
+        "model_type": "must be a mapping (key: value)",
+        "model_attributes_type": "must be a mapping (key: value)",
+        "list_type": "must be a list",
+        "datetime_type": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
+        "datetime_parsing": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
+        "datetime_from_date_parsing": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
+    }
+    if kind in simple:
+        return simple[kind]
+    if kind == "greater_than":
+        return f"must be greater than {ctx.get('gt')}"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}"
+    if kind == "string_too_short":
+        least = ctx.get("min_length", 1)
+        return "must not be empty" if least == 1 else f"must be at least {least} characters"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} item(s)"
+    message = str(error["msg"])
+    message = message.removeprefix("Value error, ")
+    return message[:1].lower() + message[1:]
+
+
+def _known_fields(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The wire names of the fields of the model at ``path`` (for "did you mean")."""
+    current: type[BaseModel] | None = model
+    for part in path:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue
+        fields = {(f.alias or name): f for name, f in current.model_fields.items()}
+        if part not in fields:
+            return []
+        current = _inner_model(fields[part].annotation)
+    if current is None:
+        return []
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _inner_model(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, str | int | float | bool) or value is None else ""
+    if not text:
+        return _kind(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _kind(value: Any) -> str:
+    names = {list: "a list", dict: "a mapping", str: "a string", int: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _is_label(value: str) -> bool:
+    return len(value) <= 63 and re.fullmatch(DNS_LABEL, value) is not None

@@ -1,0 +1,104 @@
+"""Reconciliation and Approval (contract section 5): the objects a person edits to settle a stop.
+
+The operator creates one per unknown-outcome WRITE (Reconciliation) or per action that needs a
+person's yes (Approval); a human sets ``executed``/``approved`` and ``by``. These models only
+describe the objects: they must never settle anything themselves. Immutability once decided and
+``by`` matching the requesting user are enforced by the CRD's rules and the admission policy.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictBool, model_validator
+
+from keelgate.manifest.base import (
+    ActionId,
+    DnsSubdomain,
+    KeelgateModel,
+    NonEmpty,
+    ObjectMeta,
+    Timestamp,
+    ToolName,
+    rule_error,
+)
+
+
+class ReconciliationSpec(KeelgateModel):
+    run_name: DnsSubdomain = Field(description="The AgentRun (or tick) the action belongs to.")
+    action: ActionId = Field(description="The action's id within the run, e.g. '3:0'.")
+    tool: ToolName = Field(description="The tool the action called.")
+    idempotency_key: NonEmpty = Field(description="The key the call carried downstream.")
+    executed: StrictBool | None = Field(
+        default=None,
+        description="Set by a person: true (it ran: record it done) or false (abandon it; it "
+        "is never retried under this key). Cannot change once set.",
+    )
+    by: str = Field(default="", description="Who decided; must be the requesting user.")
+    note: str = Field(default="", description="Why, for the audit trail's readers.")
+
+    @model_validator(mode="after")
+    def _decided_by_someone(self) -> ReconciliationSpec:
+        if self.executed is not None and not self.by.strip():
+            raise rule_error(("by",), "must name who decided when executed is set")
+        return self
+
+
+class ReconciliationStatus(KeelgateModel):
+    phase: Literal["Pending", "Settled"] = Field(
+        default="Pending", description="Pending | Settled."
+    )
+    verdict: Literal["", "executed", "abandoned"] = Field(
+        default="", description="executed | abandoned, once settled."
+    )
+    source: Literal["", "human", "confirmer"] = Field(
+        default="", description="human | confirmer: on whose authority."
+    )
+    settled_by: str = Field(default="", description="The person or confirmer that settled it.")
+    settled_at: Timestamp = Field(default="", description="When it was settled (RFC 3339).")
+
+
+class Reconciliation(KeelgateModel):
+    api_version: Literal["keelgate.dev/v1alpha1"] = Field(description="keelgate.dev/v1alpha1.")
+    kind: Literal["Reconciliation"] = Field(description="Reconciliation.")
+    metadata: ObjectMeta = Field(description="Named <run>-<iteration>-<tool> by the operator.")
+    spec: ReconciliationSpec = Field(description="The action to settle, and the decision.")
+    status: ReconciliationStatus | None = Field(default=None, description="Set by the operator.")
+
+
+class ApprovalSpec(KeelgateModel):
+    run_name: DnsSubdomain = Field(description="The AgentRun (or tick) waiting for approval.")
+    action: ActionId = Field(description="The action's id within the run, e.g. '2:0'.")
+    tool: ToolName = Field(description="The tool the action would call.")
+    approved: StrictBool | None = Field(
+        default=None,
+        description="Set by a person: true (run it) or false (deny it; the model sees the "
+        "denial). Cannot change once set.",
+    )
+    by: str = Field(default="", description="Who decided; must be the requesting user.")
+    note: str = Field(default="", description="Why, for the audit trail's readers.")
+
+    @model_validator(mode="after")
+    def _decided_by_someone(self) -> ApprovalSpec:
+        if self.approved is not None and not self.by.strip():
+            raise rule_error(("by",), "must name who decided when approved is set")
+        return self
+
+
+class ApprovalStatus(KeelgateModel):
+    phase: Literal["Pending", "Settled"] = Field(
+        default="Pending", description="Pending | Settled."
+    )
+    verdict: Literal["", "approved", "denied"] = Field(
+        default="", description="approved | denied, once settled."
+    )
+    settled_by: str = Field(default="", description="The person that decided.")
+    settled_at: Timestamp = Field(default="", description="When it was decided (RFC 3339).")
+
+
+class Approval(KeelgateModel):
+    api_version: Literal["keelgate.dev/v1alpha1"] = Field(description="keelgate.dev/v1alpha1.")
+    kind: Literal["Approval"] = Field(description="Approval.")
+    metadata: ObjectMeta = Field(description="Named by the operator.")
+    spec: ApprovalSpec = Field(description="The action to decide, and the decision.")
+    status: ApprovalStatus | None = Field(default=None, description="Set by the operator.")

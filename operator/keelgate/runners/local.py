@@ -1,0 +1,90 @@
+"""The in-process runner: open the stores a LoopSpec names, build its loop, drive it to a stop.
+
+It is what ``keelgate run`` and ``keelgate resume`` use, and the model for every other runner: a
+step pod or a Temporal activity does the same with its own process around it. Everything that can
+be wrong with the manifest is found before a store is opened, so bad input never touches saved
+state. It must never keep state between calls: each call rebuilds everything from the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from keelgate.core.loop import Loop
+from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
+from keelgate.core.protocols import Confirmer, Stores
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import LoopKind, Outcome, StopReason
+from keelgate.errors import InputError
+from keelgate.manifest import AgentRunSpec, spec_from_manifest
+from keelgate.runners.build import Parts, build_loop, build_parts
+from keelgate.stores import DEFAULT_URL, open_stores
+
+# A tick stopped here waits for a person; a new tick could repeat a WRITE whose outcome is
+# still unknown, so the same tick is driven again instead.
+_WAITING = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
+
+
+class LocalRunner:
+    """Runs a LoopSpec in this process (the core ``LoopRunner`` protocol)."""
+
+    def __init__(self, *, confirmer: Confirmer | None = None) -> None:
+        self.confirmer = confirmer
+
+    def run(self, spec: LoopSpec) -> Outcome:
+        """Start or resume ``spec``'s run to its next stop.
+
+        For a monitor named by its base name this runs a tick (see ``tick``); a monitor spec
+        already naming a tick (``<name>.tick-<n>``) resumes that tick.
+        """
+        manifest = self._checked(spec)
+        if spec.kind is LoopKind.MONITOR and not is_tick(spec.run):
+            return self._tick(spec, build_parts(spec, manifest=manifest))
+        parts = build_parts(spec, manifest=manifest)
+        stores = self._open(spec)
+        try:
+            return self._loop(spec, stores, parts).run_or_resume(spec)
+        finally:
+            stores.close()
+
+    def tick(self, spec: LoopSpec) -> Outcome:
+        """Run the monitor's next tick, ``<name>.tick-<n>`` with n one past the highest stored.
+
+        Each tick is a run of its own (checkpoint, keys, audit chain). A latest tick that never
+        reached a stop (its process died) or that waits for a person (``outcome_unknown``,
+        ``awaiting_approval``) is driven again instead of starting a new one: a fresh tick must
+        not repeat a WRITE that may already have happened.
+        """
+        if spec.kind is not LoopKind.MONITOR:
+            raise InputError("spec.loop", f"only a monitor loop has ticks, not {spec.kind.value}")
+        if is_tick(spec.run):
+            raise InputError("run", f"{spec.run!r} is a tick; name the monitor itself")
+        manifest = self._checked(spec)
+        return self._tick(spec, build_parts(spec, manifest=manifest))
+
+    def _tick(self, spec: LoopSpec, parts: Parts) -> Outcome:
+        stores = self._open(spec)
+        try:
+            loop = self._loop(spec, stores, parts)
+            runs = [ref.run for ref in stores.checkpoints.runs(spec.tenant)]
+            latest = latest_tick(spec.run, runs)
+            if latest:
+                name = tick_run_name(spec.run, latest)
+                stop = loop.state(spec.tenant, name).stop
+                if stop is None or stop.reason in _WAITING:
+                    return loop.run_or_resume(replace(spec, run=name))
+            return loop.run_or_resume(replace(spec, run=tick_run_name(spec.run, latest + 1)))
+        finally:
+            stores.close()
+
+    def _checked(self, spec: LoopSpec) -> AgentRunSpec:
+        manifest = spec_from_manifest(spec.manifest)
+        if manifest.suspend:
+            raise InputError("spec.suspend", "the run is suspended; set suspend: false to run it")
+        return manifest
+
+    def _open(self, spec: LoopSpec) -> Stores:
+        return open_stores(spec.store or DEFAULT_URL)
+
+    def _loop(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Loop:
+        return build_loop(spec, stores, confirmer=self.confirmer, parts=parts)
