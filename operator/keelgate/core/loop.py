@@ -341,6 +341,8 @@ class _Session:
         spent = self._spent(state)
         if spent is not None:
             return spent
+        if budget.tokens is None and budget.dollars is None:
+            return None  # no budget to hold an estimate against: skip serialising the request
         estimate = estimate_input_tokens(request)
         if budget.tokens is not None and state.usage.tokens + estimate > budget.tokens:
             return StopReason.TOKEN_BUDGET, (
