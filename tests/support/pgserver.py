@@ -304,7 +304,7 @@ def start_postgres(
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent if tie_to_parent else None,  # noqa: PLW1509
+                preexec_fn=_die_with_parent if tie_to_parent else None,
                 **_user_kwargs(user),
             )
             if _wait_ready(process, data, timeout):
