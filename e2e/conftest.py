@@ -60,13 +60,19 @@ def namespace(admin: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, usable for pods (its default service account exists)."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{slug}-{secrets.token_hex(3)}"
-    admin.create("/api/v1/namespaces", {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"keelgate.dev/e2e": "true"}},
-    })
-    wait_for(lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-             timeout=30, what=f"default service account in {name}")
+    admin.create(
+        "/api/v1/namespaces",
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"keelgate.dev/e2e": "true"}},
+        },
+    )
+    wait_for(
+        lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        what=f"default service account in {name}",
+    )
     yield name
     admin.delete(f"/api/v1/namespaces/{name}")
 

@@ -9,7 +9,7 @@ under `operator/` may import it, and it must never bind anything but 127.0.0.1.
 
 from __future__ import annotations
 
-__all__ = ["KUBE_VERSION", "ETCD_VERSION"]
+__all__ = ["ETCD_VERSION", "KUBE_VERSION"]
 
 #: The Kubernetes release pinned by e2e/tools/kube/go.mod.
 KUBE_VERSION = "v1.36.3"

@@ -41,8 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (procs.StartError, build.BuildError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print(f"cluster up in {time.monotonic() - started:.1f}s "
-              f"(components: {json.dumps({k: round(v, 1) for k, v in cluster.timings.items()})})")
+        print(
+            f"cluster up in {time.monotonic() - started:.1f}s "
+            f"(components: {json.dumps({k: round(v, 1) for k, v in cluster.timings.items()})})"
+        )
         print(f"  kubeconfig: {cluster.kubeconfig} (contexts admin [default], alice, bob)")
         print(f"  API server: {cluster.server}")
         if cluster.dsn:

@@ -113,10 +113,7 @@ def find(name: str, env: Mapping[str, str] | None = None) -> Binary | None:
         version = binary_version(path)
         if version is None:
             continue
-        if source == "e2e/bin":
-            ok = version == pinned(name)
-        else:
-            ok = version >= minimum(name)
+        ok = version == pinned(name) if source == "e2e/bin" else version >= minimum(name)
         if ok:
             return Binary(name, path.resolve(), version, source)
     return None
@@ -135,9 +132,8 @@ def find_go(env: Mapping[str, str] | None = None) -> Path:
             version = parse_version(out.stdout)
             if version is not None and version >= MIN_GO:
                 return Path(choice)
-    raise BuildError(
-        "no Go >= %s found (set GO=/path/to/go or put go on PATH)" % ".".join(map(str, MIN_GO))
-    )
+    wanted = ".".join(map(str, MIN_GO))
+    raise BuildError(f"no Go >= {wanted} found (set GO=/path/to/go or put go on PATH)")
 
 
 def kube_ldflags(version: str = KUBE_VERSION) -> str:
@@ -160,16 +156,14 @@ def etcd_ldflags(version: str = ETCD_VERSION) -> str:
     return f"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA={version}"
 
 
-def _go_build(
-    go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path
-) -> None:
+def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
     env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"})
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = ["nice", "-n", "10", str(go), "build", "-trimpath", "-ldflags", ldflags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]
-    print("+ (cd %s && %s)" % (module, " ".join(cmd)), flush=True)
+    print("+ (cd {} && {})".format(module, " ".join(cmd)), flush=True)
     result = subprocess.run(cmd, cwd=module, env=env, check=False)
     if result.returncode != 0:
         raise BuildError(f"go build failed in {module} (exit {result.returncode})")

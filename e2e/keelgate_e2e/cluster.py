@@ -19,6 +19,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,8 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dsn: str = ""
+    #: PostgreSQL's directory when it had to live outside the run directory.
+    pg_root: str = ""
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir.resolve()
@@ -161,31 +164,42 @@ class Cluster:
         ca = pki.CertificateAuthority(d)
         self.ca = ca.pair.cert
         self.apiserver_cert = ca.issue(
-            "apiserver", "kube-apiserver", server=True,
-            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local"),
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
             ips=(LOOPBACK, "10.0.0.1"),
         )
-        self.kubelet_client = ca.issue("apiserver-kubelet-client", KUBELET_CLIENT_CN,
-                                       ("system:masters",), client=True)
-        self.node_serving = ca.issue("node-serving", NODE_NAME, server=True,
-                                     dns=(NODE_NAME, "localhost"), ips=(LOOPBACK,))
+        self.kubelet_client = ca.issue(
+            "apiserver-kubelet-client", KUBELET_CLIENT_CN, ("system:masters",), client=True
+        )
+        self.node_serving = ca.issue(
+            "node-serving", NODE_NAME, server=True, dns=(NODE_NAME, "localhost"), ips=(LOOPBACK,)
+        )
         self.users = {
             "admin": ca.issue("admin", "admin", ("system:masters",), client=True),
             "alice": ca.issue("alice", "alice", client=True),
             "bob": ca.issue("bob", "bob", client=True),
         }
         self.components = {
-            "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager",
-                                           client=True),
+            "controller-manager": ca.issue(
+                "controller-manager", "system:kube-controller-manager", client=True
+            ),
             "scheduler": ca.issue("scheduler", "system:kube-scheduler", client=True),
             "node": ca.issue("node", f"system:node:{NODE_NAME}", ("system:nodes",), client=True),
         }
         self.sa_key, self.sa_pub = pki.write_service_account_keys(d)
 
     def _spawn(self, name: str, argv: list[str], **kw: Any) -> Proc:
-        proc = procs.spawn(name, argv, run_dir=self.run_dir,
-                           log=self.logs_dir / f"{name}.log", **kw)
+        proc = procs.spawn(
+            name, argv, run_dir=self.run_dir, log=self.logs_dir / f"{name}.log", **kw
+        )
         self.procs.append(proc)
         self._save()
         return proc
@@ -194,53 +208,64 @@ class Cluster:
         client, peer = procs.free_port(), procs.free_port()
         self.ports.update(etcd=client, etcd_peer=peer)
         url, peer_url = f"http://{LOOPBACK}:{client}", f"http://{LOOPBACK}:{peer}"
-        proc = self._spawn("etcd", [
-            str(binary),
-            "--name=keelgate-e2e",
-            f"--data-dir={self.run_dir / 'etcd'}",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=keelgate-e2e={peer_url}",
-            "--listen-metrics-urls=",
-            "--unsafe-no-fsync=true",
-            "--quota-backend-bytes=2147483648",
-            "--log-level=warn",
-        ])
+        proc = self._spawn(
+            "etcd",
+            [
+                str(binary),
+                "--name=keelgate-e2e",
+                f"--data-dir={self.run_dir / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=keelgate-e2e={peer_url}",
+                "--listen-metrics-urls=",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=2147483648",
+                "--log-level=warn",
+            ],
+        )
         self.timings["etcd"] = procs.wait_until(
-            proc, lambda: httpx.get(f"{url}/health", timeout=2, trust_env=False)
-            .json().get("health") == "true", timeout=60)
+            proc,
+            lambda: (
+                httpx.get(f"{url}/health", timeout=2, trust_env=False).json().get("health")
+                == "true"
+            ),
+            timeout=60,
+        )
 
     def _apiserver(self, binary: Path) -> None:
         port = procs.free_port()
         self.ports["apiserver"] = port
         d = self.pki_dir
-        proc = self._spawn("kube-apiserver", [
-            str(binary),
-            f"--etcd-servers=http://{LOOPBACK}:{self.ports['etcd']}",
-            f"--bind-address={LOOPBACK}",
-            f"--advertise-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--cert-dir={self.run_dir / 'certs'}",
-            f"--tls-cert-file={self.apiserver_cert.cert}",
-            f"--tls-private-key-file={self.apiserver_cert.key}",
-            f"--client-ca-file={self.ca}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self.sa_pub}",
-            f"--service-account-signing-key-file={self.sa_key}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            f"--kubelet-client-certificate={self.kubelet_client.cert}",
-            f"--kubelet-client-key={self.kubelet_client.key}",
-            f"--kubelet-certificate-authority={self.ca}",
-            "--kubelet-preferred-address-types=InternalIP",
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            "--v=1",
-        ])
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(binary),
+                f"--etcd-servers=http://{LOOPBACK}:{self.ports['etcd']}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.run_dir / 'certs'}",
+                f"--tls-cert-file={self.apiserver_cert.cert}",
+                f"--tls-private-key-file={self.apiserver_cert.key}",
+                f"--client-ca-file={self.ca}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self.sa_pub}",
+                f"--service-account-signing-key-file={self.sa_key}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                f"--kubelet-client-certificate={self.kubelet_client.cert}",
+                f"--kubelet-client-key={self.kubelet_client.key}",
+                f"--kubelet-certificate-authority={self.ca}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         kubeconfig = d / "probe.kubeconfig"
         pki.kubeconfig(kubeconfig, self.server, self.ca, {"admin": self.users["admin"]}, "admin")
 
@@ -259,8 +284,9 @@ class Cluster:
     def _secure_health(self, proc: Proc, port: int) -> float:
         # Their serving certificates are self-signed (in --cert-dir); /healthz is public.
         def healthy() -> bool:
-            resp = httpx.get(f"https://{LOOPBACK}:{port}/healthz", verify=False, timeout=2,
-                             trust_env=False)
+            resp = httpx.get(
+                f"https://{LOOPBACK}:{port}/healthz", verify=False, timeout=2, trust_env=False
+            )
             return resp.status_code == 200 and resp.text == "ok"
 
         return procs.wait_until(proc, healthy, timeout=120)
@@ -269,42 +295,48 @@ class Cluster:
         port = procs.free_port()
         self.ports["controller-manager"] = port
         d = self.pki_dir
-        proc = self._spawn("kube-controller-manager", [
-            str(binary),
-            f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
-            f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
-            f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--cert-dir={self.run_dir / 'certs' / 'controller-manager'}",
-            "--leader-elect=false",
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={self.sa_key}",
-            f"--root-ca-file={self.ca}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--cluster-name=keelgate-e2e",
-            f"--controllers={','.join(CONTROLLERS)}",
-            "--profiling=false",
-            "--v=1",
-        ])
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                str(binary),
+                f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
+                f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
+                f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.run_dir / 'certs' / 'controller-manager'}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.sa_key}",
+                f"--root-ca-file={self.ca}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--cluster-name=keelgate-e2e",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         self.timings["kube-controller-manager"] = self._secure_health(proc, port)
 
     def _scheduler(self, binary: Path) -> None:
         port = procs.free_port()
         self.ports["scheduler"] = port
         d = self.pki_dir
-        proc = self._spawn("kube-scheduler", [
-            str(binary),
-            f"--kubeconfig={d / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--cert-dir={self.run_dir / 'certs' / 'scheduler'}",
-            "--leader-elect=false",
-            "--profiling=false",
-            "--v=1",
-        ])
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                str(binary),
+                f"--kubeconfig={d / 'scheduler.kubeconfig'}",
+                f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
+                f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.run_dir / 'certs' / 'scheduler'}",
+                "--leader-elect=false",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         self.timings["kube-scheduler"] = self._secure_health(proc, port)
 
     def _node_agent(self) -> None:
@@ -314,30 +346,39 @@ class Cluster:
         python_path = os.pathsep.join(
             p for p in (str(e2e_dir), os.environ.get("PYTHONPATH", "")) if p
         )
-        proc = self._spawn("node-agent", [
-            sys.executable, "-m", "keelgate_e2e.node",
-            f"--kubeconfig={self.pki_dir / 'node.kubeconfig'}",
-            f"--name={NODE_NAME}",
-            f"--state-dir={self.node_state_dir}",
-            f"--port={port}",
-            f"--tls-cert={self.node_serving.cert}",
-            f"--tls-key={self.node_serving.key}",
-            f"--client-ca={self.ca}",
-            f"--allowed-client={KUBELET_CLIENT_CN}",
-            f"--backoff-base={self.backoff_base}",
-        ], env={"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"})
+        proc = self._spawn(
+            "node-agent",
+            [
+                sys.executable,
+                "-m",
+                "keelgate_e2e.node",
+                f"--kubeconfig={self.pki_dir / 'node.kubeconfig'}",
+                f"--name={NODE_NAME}",
+                f"--state-dir={self.node_state_dir}",
+                f"--port={port}",
+                f"--tls-cert={self.node_serving.cert}",
+                f"--tls-key={self.node_serving.key}",
+                f"--client-ca={self.ca}",
+                f"--allowed-client={KUBELET_CLIENT_CN}",
+                f"--backoff-base={self.backoff_base}",
+            ],
+            env={"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"},
+        )
         kube = self.client()
 
         def node_ready() -> bool:
             node = kube.get(f"/api/v1/nodes/{NODE_NAME}")
-            ready = any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in node["status"].get("conditions", []))
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node["status"].get("conditions", [])
+            )
             taints = node["spec"].get("taints") or []
             return ready and not any(t["key"] == "node.kubernetes.io/not-ready" for t in taints)
 
         try:
-            self.timings["node-agent"] = procs.wait_until(proc, node_ready, timeout=120,
-                                                          what="Ready")
+            self.timings["node-agent"] = procs.wait_until(
+                proc, node_ready, timeout=120, what="Ready"
+            )
         finally:
             kube.close()
 
@@ -345,43 +386,82 @@ class Cluster:
         bindir = _postgres_bin()
         port = procs.free_port()
         self.ports["postgres"] = port
-        data = self.run_dir / "postgres" / "data"
-        data.mkdir(parents=True)
+        root = self.run_dir / "postgres"
         user = None
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as "postgres"
             user = "postgres"
+            if all(p.stat().st_mode & 0o001 for p in self.run_dir.parents):
+                self.run_dir.chmod(self.run_dir.stat().st_mode | 0o001)  # let it traverse
+            else:  # it cannot reach the run directory: use a private one that it can reach
+                root = Path(tempfile.mkdtemp(prefix="keelgate-e2e-pg-"))
+                self.pg_root = str(root)
+                self._save()
+        root.mkdir(exist_ok=True)
+        data = root / "data"
+        data.mkdir()
+        if user is not None:
             entry = pwd.getpwnam(user)
-            for path in (data.parent, data):
+            for path in (root, data):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-            self.run_dir.chmod(self.run_dir.stat().st_mode | 0o011)  # let it traverse
-        subprocess.run(
-            [str(bindir / "initdb"), "-D", str(data), "-U", "keelgate", "--auth=trust",
-             "-E", "UTF8", "--no-sync"],
-            check=True, capture_output=True, user=user, cwd=data.parent,
+        self._run_pg(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "keelgate",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            user=user,
+            cwd=root,
         )
-        proc = self._spawn("postgres", [
-            str(bindir / "postgres"), "-D", str(data), "-h", LOOPBACK, "-p", str(port),
-            "-k", str(data), "-c", "fsync=off", "-c", "full_page_writes=off",
-        ], user=user, cwd=data.parent)
+        server = [str(bindir / "postgres"), "-D", str(data), "-h", LOOPBACK, "-p", str(port)]
+        server += ["-k", str(data), "-c", "fsync=off", "-c", "full_page_writes=off"]
+        proc = self._spawn("postgres", server, user=user, cwd=root)
 
         def accepting() -> bool:
-            out = subprocess.run([str(bindir / "pg_isready"), "-h", LOOPBACK, "-p", str(port)],
-                                 capture_output=True, check=False)
+            out = subprocess.run(
+                [str(bindir / "pg_isready"), "-h", LOOPBACK, "-p", str(port)],
+                capture_output=True,
+                check=False,
+            )
             return out.returncode == 0
 
         self.timings["postgres"] = procs.wait_until(proc, accepting, timeout=60)
-        subprocess.run([str(bindir / "createdb"), "-h", LOOPBACK, "-p", str(port),
-                        "-U", "keelgate", "keelgate"], check=True, capture_output=True)
+        self._run_pg(
+            [
+                str(bindir / "createdb"),
+                "-h",
+                LOOPBACK,
+                "-p",
+                str(port),
+                "-U",
+                "keelgate",
+                "keelgate",
+            ]
+        )
         self.dsn = f"postgresql://keelgate@{LOOPBACK}:{port}/keelgate"
+
+    @staticmethod
+    def _run_pg(argv: list[str], user: str | None = None, cwd: Path | None = None) -> None:
+        out = subprocess.run(argv, capture_output=True, text=True, user=user, cwd=cwd, check=False)
+        if out.returncode != 0:
+            raise procs.StartError(f"{Path(argv[0]).name} failed:\n{out.stdout}{out.stderr}")
 
     def _wait_usable(self) -> None:
         kube = self.client()
         try:
             apiserver = next(p for p in self.procs if p.name == "kube-apiserver")
             started = time.monotonic()
-            procs.wait_until(apiserver, lambda: kube.exists(
-                "/api/v1/namespaces/default/serviceaccounts/default"), timeout=60,
-                what="serving the default service account")
+            procs.wait_until(
+                apiserver,
+                lambda: kube.exists("/api/v1/namespaces/default/serviceaccounts/default"),
+                timeout=60,
+                what="serving the default service account",
+            )
             self.timings["default-serviceaccount"] = time.monotonic() - started
         finally:
             kube.close()
@@ -397,6 +477,7 @@ class Cluster:
             "kubeconfig": str(self.kubeconfig),
             "node_state_dir": str(self.node_state_dir),
             "postgres_dsn": self.dsn,
+            "postgres_root": self.pg_root,
         }
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2) + "\n")
@@ -411,11 +492,11 @@ class Cluster:
         """The cluster recorded in `run_dir/state.json` (to stop it from another process)."""
         state = json.loads((run_dir / "state.json").read_text())
         cluster = cls(run_dir)
-        cluster.procs = [Proc(p["name"], int(p["pid"]), Path(p["log"]))
-                         for p in state["processes"]]
+        cluster.procs = [Proc(p["name"], int(p["pid"]), Path(p["log"])) for p in state["processes"]]
         cluster.ports = {k: int(v) for k, v in state["ports"].items()}
         cluster.timings = {k: float(v) for k, v in state.get("timings", {}).items()}
         cluster.dsn = str(state.get("postgres_dsn", ""))
+        cluster.pg_root = str(state.get("postgres_root", ""))
         return cluster
 
     def stop(self) -> list[int]:
@@ -424,4 +505,6 @@ class Cluster:
         self.procs = []
         (self.run_dir / "state.json").unlink(missing_ok=True)
         (self.run_dir / "env").unlink(missing_ok=True)
+        if self.pg_root:
+            shutil.rmtree(self.pg_root, ignore_errors=True)
         return swept

@@ -12,6 +12,7 @@ and certificates name only 127.0.0.1 and cluster-internal names.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 from dataclasses import dataclass
@@ -168,7 +169,6 @@ def kubeconfig(
     current: str,
 ) -> None:
     """Write a kubeconfig with one context per user (named after it), embedding all PEM data."""
-    import base64
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()

@@ -109,14 +109,17 @@ def wait_until(
     started = time.monotonic()
     while True:
         if not proc.alive():
-            raise StartError(f"{proc.name} exited while starting; log {proc.log}:\n"
-                             + log_tail(proc.log))
+            raise StartError(
+                f"{proc.name} exited while starting; log {proc.log}:\n" + log_tail(proc.log)
+            )
         with contextlib.suppress(Exception):
             if check():
                 return time.monotonic() - started
         if time.monotonic() - started > timeout:
-            raise StartError(f"{proc.name} not {what} after {timeout:.0f}s; log {proc.log}:\n"
-                             + log_tail(proc.log))
+            raise StartError(
+                f"{proc.name} not {what} after {timeout:.0f}s; log {proc.log}:\n"
+                + log_tail(proc.log)
+            )
         time.sleep(0.1)
 
 

@@ -29,15 +29,17 @@ def wait_for(
     last: Any = None
     while True:
         try:
-            last = probe()
+            value = probe()
         except ApiError as exc:
             last = exc
         else:
-            if last:
-                return last
+            if value:
+                return value
+            last = value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or probe}; "
-                                 f"last value: {last!r}")
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what or probe}; last value: {last!r}"
+            )
         time.sleep(interval)
 
 

@@ -25,18 +25,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the agent until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(prog="python -m keelgate_e2e.node", description=__doc__)
     parser.add_argument("--kubeconfig", type=Path, required=True)
-    parser.add_argument("--name", required=True, help="Node name (the kubeconfig user must be "
-                        "system:node:<name>)")
+    parser.add_argument(
+        "--name", required=True, help="Node name (the kubeconfig user must be system:node:<name>)"
+    )
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True, help="kubelet (log) port")
     parser.add_argument("--tls-cert", type=Path, required=True)
     parser.add_argument("--tls-key", type=Path, required=True)
     parser.add_argument("--client-ca", type=Path, required=True)
-    parser.add_argument("--allowed-client", action="append", default=[],
-                        help="common name allowed to read logs (repeatable)")
+    parser.add_argument(
+        "--allowed-client",
+        action="append",
+        default=[],
+        help="common name allowed to read logs (repeatable)",
+    )
     parser.add_argument("--node-ip", default="127.0.0.1")
-    parser.add_argument("--backoff-base", type=float, default=10.0,
-                        help="first crash-loop back-off in seconds (kubelet: 10)")
+    parser.add_argument(
+        "--backoff-base",
+        type=float,
+        default=10.0,
+        help="first crash-loop back-off in seconds (kubelet: 10)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise

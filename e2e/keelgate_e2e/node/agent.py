@@ -149,13 +149,27 @@ class Agent:
             }
 
         return [
-            cond("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                 "kubelet has sufficient memory available"),
-            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            cond("PIDPressure", "False", "KubeletHasSufficientPID",
-                 "kubelet has sufficient PID available"),
-            cond("Ready", "True", "KubeletReady",
-                 "keelgate e2e node agent is posting ready status (pods run as host processes)"),
+            cond(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            cond(
+                "DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"
+            ),
+            cond(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            cond(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "keelgate e2e node agent is posting ready status (pods run as host processes)",
+            ),
         ]
 
     def _node_status(self, version: str) -> JSON:
@@ -219,8 +233,9 @@ class Agent:
         """Renew (or create) the node's Lease, the heartbeat the node-lifecycle controller reads."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{self.name}"
         try:
-            self.kube.patch(path, {"spec": {"renewTime": _micro_now(),
-                                            "holderIdentity": self.name}})
+            self.kube.patch(
+                path, {"spec": {"renewTime": _micro_now(), "holderIdentity": self.name}}
+            )
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -231,8 +246,12 @@ class Agent:
                     "name": self.name,
                     "namespace": LEASE_NAMESPACE,
                     "ownerReferences": [
-                        {"apiVersion": "v1", "kind": "Node", "name": self.name,
-                         "uid": self._node_uid}
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": self.name,
+                            "uid": self._node_uid,
+                        }
                     ],
                 },
                 "spec": {

@@ -46,7 +46,9 @@ _SUFFIX = {
 
 
 class ConfigError(Exception):
-    """The environment cannot be built (missing Secret, key, bad field): CreateContainerConfigError."""
+    """The environment cannot be built (missing Secret or key, bad field reference).
+
+    The kubelet reports this as waiting reason CreateContainerConfigError."""
 
 
 def parse_quantity(text: str) -> Decimal:
@@ -192,9 +194,9 @@ def build_env(
         if "valueFrom" not in item:
             env[name] = expand(str(item.get("value", "")), env)
             continue
-        value = _value_from(pod, container, item["valueFrom"], get, node_allocatable)
-        if value is not None:
-            env[name] = value
+        resolved = _value_from(pod, container, item["valueFrom"], get, node_allocatable)
+        if resolved is not None:
+            env[name] = resolved
     return env
 
 
@@ -213,7 +215,7 @@ def _value_from(
             if optional:
                 return None
             noun = "secret" if kind == "secrets" else "configmap"
-            raise ConfigError(f'couldn\'t find key {ref["key"]} in {noun} {ref["name"]}')
+            raise ConfigError(f"couldn't find key {ref['key']} in {noun} {ref['name']}")
         return values[ref["key"]]
     if "fieldRef" in spec:
         return field_value(pod, str(spec["fieldRef"]["fieldPath"]))

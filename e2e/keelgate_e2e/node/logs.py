@@ -47,8 +47,16 @@ def pump(stream: IO[bytes], log: Path, stream_name: str = "stdout") -> None:
             partial = not raw.endswith(b"\n")
             text = raw[:-1] if not partial else raw
             tag = b"P" if partial else b"F"
-            out.write(rfc3339nano().encode() + b" " + stream_name.encode() + b" " + tag + b" "
-                      + text + b"\n")
+            out.write(
+                rfc3339nano().encode()
+                + b" "
+                + stream_name.encode()
+                + b" "
+                + tag
+                + b" "
+                + text
+                + b"\n"
+            )
     stream.close()
 
 
@@ -172,7 +180,7 @@ def stream_log(source: LogSource, query: LogQuery, write: Callable[[bytes], None
 class _Handler(BaseHTTPRequestHandler):
     server: LogServer
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib's name)
+    def log_message(self, format: str, *args: object) -> None:
         return  # the API server's own logs already record these requests
 
     def _reply(self, code: int, text: str) -> None:
@@ -187,10 +195,15 @@ class _Handler(BaseHTTPRequestHandler):
         cert = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
         if not cert:
             return False
-        subject = dict(item[0] for item in cert.get("subject", ()))
-        return subject.get("commonName") in self.server.allowed_clients
+        names = [
+            str(attr[1])
+            for rdn in cert.get("subject", ())
+            for attr in rdn
+            if isinstance(attr, tuple) and attr[0] == "commonName"
+        ]
+        return bool(names) and names[-1] in self.server.allowed_clients
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib's name)
+    def do_GET(self) -> None:
         url = urlparse(self.path)
         if url.path == "/healthz":
             self._reply(200, "ok")
@@ -246,9 +259,7 @@ class LogServer(ThreadingHTTPServer):
         ctx.load_verify_locations(client_ca)
         ctx.verify_mode = ssl.CERT_OPTIONAL  # /healthz needs none; logs check it in the handler
         # The handshake runs in the request's thread, so a slow client never blocks accept().
-        self.socket = ctx.wrap_socket(
-            self.socket, server_side=True, do_handshake_on_connect=False
-        )
+        self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.allowed_clients = allowed_clients
         self.resolve = resolve
 

@@ -31,7 +31,7 @@ import httpx
 
 from keelgate_e2e.kube import JSON, STRATEGIC_PATCH, ApiError, Kube
 from keelgate_e2e.node import env as envmod
-from keelgate_e2e.node.logs import pump
+from keelgate_e2e.node.logs import pump, read_entries
 from keelgate_e2e.procs import pids_with_env
 
 log = logging.getLogger("keelgate_e2e.node.pod")
@@ -95,9 +95,7 @@ class Run:
     spec: JSON
     init: bool
     restart_count: int = 0
-    state: JSON = field(
-        default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}}
-    )
+    state: JSON = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: JSON = field(default_factory=dict)
     popen: subprocess.Popen[bytes] | None = None
     pumper: threading.Thread | None = None
@@ -242,13 +240,21 @@ class PodWorker(threading.Thread):
     def _recover(self, status: JSON) -> None:
         """If the agent restarted, processes of this pod were lost: account for them."""
         previous = {c["name"]: c for c in status.get("containerStatuses") or []}
-        started = [r for r in self.main_runs if previous.get(r.name, {}).get("state", {}).keys()
-                   & {"running", "terminated"}]
+        started = [
+            r
+            for r in self.main_runs
+            if previous.get(r.name, {}).get("state", {}).keys() & {"running", "terminated"}
+        ]
         if not started:
             return
         self.init_index = len(self.init_runs)
-        lost = {"exitCode": 137, "reason": "Error", "startedAt": self.start_time,
-                "finishedAt": now_iso(), "message": "the node agent restarted; process lost"}
+        lost = {
+            "exitCode": 137,
+            "reason": "Error",
+            "startedAt": self.start_time,
+            "finishedAt": now_iso(),
+            "message": "the node agent restarted; process lost",
+        }
         for run in self.main_runs:
             prior = previous.get(run.name, {})
             run.restart_count = int(prior.get("restartCount", 0))
@@ -405,7 +411,8 @@ class PodWorker(threading.Thread):
         self._finish(run, code, reason, message)
 
     def _finish(self, run: Run, code: int, reason: str, message: str) -> None:
-        started = run.state.get("running", run.state.get("terminated", {})).get("startedAt")
+        current: JSON = run.state.get("running") or run.state.get("terminated") or {}
+        started = current.get("startedAt")
         term: JSON = {
             "exitCode": code,
             "reason": reason,
@@ -417,32 +424,33 @@ class PodWorker(threading.Thread):
         if run.container_id:
             term["containerID"] = run.container_id
         restart = not run.init and (
-            self.restart_policy == "Always"
-            or (self.restart_policy == "OnFailure" and code != 0)
+            self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code != 0)
         )
         restart = restart or (run.init and code != 0 and self.restart_policy != "Never")
         restart = restart and not self._stopping
         with self._lock:
             run.state = {"terminated": term}
             if restart:
-                delay = 0.0 if run.crashes == 0 else min(
-                    MAX_BACKOFF, self.ctx.backoff_base * 2 ** (run.crashes - 1)
+                delay = (
+                    0.0
+                    if run.crashes == 0
+                    else min(MAX_BACKOFF, self.ctx.backoff_base * 2 ** (run.crashes - 1))
                 )
                 run.crashes += 1
                 run.next_start = time.monotonic() + delay
                 if delay > 0:
                     run.last_state = {"terminated": term}
-                    run.state = {"waiting": {
-                        "reason": "CrashLoopBackOff",
-                        "message": f"back-off {delay:.0f}s restarting failed container="
-                                   f"{run.name} pod={self.pod_name}_{self.namespace}({self.uid})",
-                    }}
+                    run.state = {
+                        "waiting": {
+                            "reason": "CrashLoopBackOff",
+                            "message": f"back-off {delay:.0f}s restarting failed container="
+                            f"{run.name} pod={self.pod_name}_{self.namespace}({self.uid})",
+                        }
+                    }
             else:
                 run.done = True
 
     def _log_tail(self, run: Run) -> str:
-        from keelgate_e2e.node.logs import read_entries
-
         if run.log is None:
             return ""
         entries, _ = read_entries(run.log)
@@ -482,11 +490,16 @@ class PodWorker(threading.Thread):
             self._kill_all(grace)
             for run in self.init_runs[self.init_index :] + self.main_runs:
                 if not run.started_once:
-                    run.state = {"terminated": {
-                        "exitCode": 137, "reason": "ContainerStatusUnknown",
-                        "message": "The container could not be located when the pod was deleted."
-                                   "  The container used to be Running",
-                        "startedAt": self.start_time, "finishedAt": now_iso()}}
+                    run.state = {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "ContainerStatusUnknown",
+                            "message": "The container could not be located when the pod "
+                            "was deleted.  The container used to be Running",
+                            "startedAt": self.start_time,
+                            "finishedAt": now_iso(),
+                        }
+                    }
                 run.done = True
             codes = [r.exit_code() for r in self.main_runs]
             self.phase = "Succeeded" if codes and all(c == 0 for c in codes) else "Failed"
@@ -530,10 +543,9 @@ class PodWorker(threading.Thread):
 
     def _container_status(self, run: Run) -> JSON:
         running = "running" in run.state
-        if run.init:
-            ready = run.exit_code() == 0 and run.done
-        else:
-            ready = running  # readiness probes are not run: a running container is ready
+        # Readiness probes are not run: a running container is ready; a finished init container
+        # is ready when it succeeded.
+        ready = (run.exit_code() == 0 and run.done) if run.init else running
         status: JSON = {
             "name": run.name,
             "image": run.spec.get("image", ""),
@@ -568,9 +580,14 @@ class PodWorker(threading.Thread):
                 if terminal:
                     conditions.append(self._condition(ctype, "False", "PodCompleted"))
                 elif unready:
-                    conditions.append(self._condition(
-                        ctype, "False", "ContainersNotReady",
-                        f"containers with unready status: [{' '.join(unready)}]"))
+                    conditions.append(
+                        self._condition(
+                            ctype,
+                            "False",
+                            "ContainersNotReady",
+                            f"containers with unready status: [{' '.join(unready)}]",
+                        )
+                    )
                 else:
                     conditions.append(self._condition(ctype, "True"))
             conditions.append(self._condition("PodScheduled", "True"))

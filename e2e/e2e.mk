@@ -1,0 +1,39 @@
+# e2e.mk: the local Kubernetes control plane and node agent (e2e/), included by the top-level
+# Makefile. Targets: e2e-build, up, down, e2e-test, e2e-lint. See docs/control-plane.md.
+#
+#   PY       the project's venv python (the top-level Makefile sets it; default .venv/bin/python)
+#   DEV_DIR  run directory of `make up` (kubeconfig, logs, state); default .dev
+#   GO       Go toolchain (default: `go` on PATH, else /usr/local/go/bin/go)
+#   KUBECTL  kubectl for the tests (default: `kubectl` on PATH)
+#   KUBEBUILDER_ASSETS  a directory with kube-apiserver/etcd/... to use instead of building
+
+PY ?= .venv/bin/python
+DEV_DIR ?= .dev
+E2E_PY = PYTHONPATH=e2e$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY)
+E2E_PYTEST_ARGS ?=
+
+.PHONY: e2e-build up down e2e-test e2e-lint
+
+## e2e-build: build kube-apiserver, kube-controller-manager, kube-scheduler and etcd into
+## e2e/bin (only what is missing or not at the pinned version)
+e2e-build:
+	$(E2E_PY) -m keelgate_e2e.build
+
+## up: start etcd, the API server, controller-manager, scheduler, node agent and PostgreSQL in
+## the background; writes $(DEV_DIR)/kubeconfig (contexts admin [default], alice, bob)
+up: e2e-build
+	$(E2E_PY) -m keelgate_e2e --dir $(DEV_DIR) up
+
+## down: stop everything `make up` started; fails if any process is left
+down:
+	$(E2E_PY) -m keelgate_e2e --dir $(DEV_DIR) down
+
+## e2e-test: run the e2e suite against its own private cluster (not the one of `make up`)
+e2e-test: e2e-build
+	$(PY) -m pytest e2e/tests -p no:cacheprovider $(E2E_PYTEST_ARGS)
+
+## e2e-lint: ruff and mypy --strict over e2e/
+e2e-lint:
+	$(PY) -m ruff check e2e
+	$(PY) -m ruff format --check e2e
+	$(PY) -m mypy --config-file e2e/mypy.ini

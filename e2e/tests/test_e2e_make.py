@@ -1,0 +1,121 @@
+"""`make up` and `make down` (e2e/e2e.mk) on a second, private run directory: everything starts,
+the kubeconfig has the three users, and `make down` leaves no process behind, even when the node
+agent was killed first and its pods' processes (one of which left its process group) are
+orphaned."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from keelgate_e2e import procs
+from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(target: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Run `make -f e2e/e2e.mk <target>` for `run_dir` with this interpreter as PY."""
+    return subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-f",
+            "e2e/e2e.mk",
+            target,
+            f"DEV_DIR={run_dir}",
+            f"PY={sys.executable}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def port_open(port: int) -> bool:
+    """True if something accepts TCP connections on 127.0.0.1:`port`."""
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
+    """`make up` starts etcd, the API server, controller-manager, scheduler, node agent and
+    PostgreSQL and writes a kubeconfig with contexts admin (current), alice and bob; after the
+    node agent is SIGKILLed with pods running, `make down` still stops every process of the run
+    (pods included) and frees every port."""
+    run_dir = tmp_path / "dev"
+    up = make("up", run_dir)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((run_dir / "state.json").read_text())
+        names = [p["name"] for p in state["processes"]]
+        assert names == [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "node-agent",
+            "postgres",
+        ]
+        config = yaml.safe_load((run_dir / "kubeconfig").read_text())
+        assert config["current-context"] == "admin"
+        assert {c["name"] for c in config["contexts"]} == {"admin", "alice", "bob"}
+        kubectl = Kubectl(find_kubectl(), run_dir / "kubeconfig", namespace="default")
+        assert "keelgate-node" in kubectl("get", "nodes", "-o", "name").stdout
+        pg = subprocess.run(
+            ["psql", state["postgres_dsn"], "-Atc", "select 1"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert pg.stdout.strip() == "1", pg.stderr
+
+        # A pod with a process that escapes its process group, then the agent dies.
+        kubectl(
+            "run",
+            "orphan",
+            "--image=busybox",
+            "--restart=Never",
+            "--command",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 3600 & exec sleep 3600",
+        )
+        wait_for(
+            lambda: (
+                kubectl("get", "pod", "orphan", "-o", "jsonpath={.status.phase}").stdout
+                == "Running"
+            ),
+            timeout=60,
+            what="the orphan pod to run",
+        )
+        agent = next(p["pid"] for p in state["processes"] if p["name"] == "node-agent")
+        os.kill(agent, signal.SIGKILL)
+        wait_for(lambda: not procs.pid_alive(agent), timeout=10)
+        sleepers = [
+            pid
+            for pid in procs.marked_pids(run_dir)
+            if b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(sleepers) == 2, sleepers  # both still running after the agent died
+    finally:
+        down = make("down", run_dir)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "no process of this run is left" in down.stdout
+    assert procs.marked_pids(run_dir) == []
+    for pid in (p["pid"] for p in state["processes"]):
+        assert not procs.pid_alive(pid), pid
+    for port in state["ports"].values():
+        assert not port_open(port), port
+    assert not (run_dir / "state.json").exists()

@@ -1,0 +1,56 @@
+"""The node agent as the control plane sees it: a Ready Node with capacity and a Lease
+heartbeat, and logs that `kubectl logs` can follow and tail."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from keelgate_e2e.cluster import NODE_NAME
+from keelgate_e2e.kube import Kube
+from keelgate_e2e.testing import Kubectl, condition, pod, pod_phase, wait_for
+
+
+def _micro(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_node_registered_ready_with_capacity_and_lease(admin: Kube) -> None:
+    """The Node is Ready (KubeletReady) with no pressure, reports capacity, allocatable and
+    its address, carries no not-ready taint, and its Lease's renewTime advances (~10 s)."""
+    node = admin.get(f"/api/v1/nodes/{NODE_NAME}")
+    ready = condition(node, "Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("True", "KubeletReady")
+    for ctype in ("MemoryPressure", "DiskPressure", "PIDPressure"):
+        pressure = condition(node, ctype)
+        assert pressure is not None and pressure["status"] == "False"
+    for field in ("capacity", "allocatable"):
+        assert {"cpu", "memory", "pods"} <= set(node["status"][field])
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == admin.get("/version")["gitVersion"]
+    assert not [t for t in node["spec"].get("taints") or [] if "not-ready" in t["key"]]
+
+    lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE_NAME}"
+    first = _micro(admin.get(lease_path)["spec"]["renewTime"])
+
+    def renewed() -> dt.datetime | None:
+        latest = _micro(admin.get(lease_path)["spec"]["renewTime"])
+        return latest if latest > first else None
+
+    assert wait_for(renewed, timeout=30, what="the node Lease to be renewed") > first
+    lease = admin.get(lease_path)
+    assert lease["metadata"]["ownerReferences"][0]["name"] == NODE_NAME
+
+
+def test_kubectl_logs_follow_and_tail(admin: Kube, namespace: str, kubectl: Kubectl) -> None:
+    """`kubectl logs -f` streams a running container's output until it exits; `--tail`
+    and `--timestamps` are honoured."""
+    script = "for i in 1 2 3 4 5; do echo line$i; sleep 0.5; done"
+    admin.create(f"/api/v1/namespaces/{namespace}/pods", pod("talker", ["sh", "-c", script]))
+    wait_for(lambda: pod_phase(admin, namespace, "talker", "Running"), timeout=30)
+    followed = kubectl("logs", "-f", "talker", timeout=30)
+    assert followed.stdout.splitlines() == [f"line{i}" for i in range(1, 6)]
+    wait_for(lambda: pod_phase(admin, namespace, "talker", "Succeeded"), timeout=30)
+    assert kubectl("logs", "--tail=2", "talker").stdout == "line4\nline5\n"
+    stamped = kubectl("logs", "--timestamps", "--tail=1", "talker").stdout.split()
+    assert stamped[1] == "line5"
+    assert _micro(stamped[0][:26] + "Z") <= dt.datetime.now(dt.UTC)
