@@ -3,7 +3,8 @@
 It offers a READ tool (``stock``) and a WRITE tool (``place_order``) that counts calls by the
 idempotency key it finds in the request's ``_meta``, so tests can ask it, as a confirmer would,
 how many times an order really arrived. Hints are set on purpose: ``stock`` says read-only and
-``place_order`` destructive, and one tool (``wipe``) is destructive to test diagnostics.
+``place_order`` destructive; ``wipe`` is destructive and always fails; ``place_order_keyed``
+takes the key as a parameter instead.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class McpFake:
                 await asyncio.sleep(fake.slow_seconds)
             key = str(meta.get(KEY_META, ""))
             fake.orders[key] += 1
+            return {"ordered": qty, "sku": sku}
+
+        @server.tool()
+        def place_order_keyed(sku: str, qty: int, idempotency_key: str) -> dict[str, Any]:
+            """Order qty of a SKU; the caller passes its idempotency key as a parameter."""
+            fake.orders[idempotency_key] += 1
             return {"ordered": qty, "sku": sku}
 
         @server.tool(annotations=ToolAnnotations(destructive_hint=True))
