@@ -134,9 +134,7 @@ def _entry_turns(entry: Mapping[str, Any]) -> list[Turn]:
             body["output"] = action["output"]
         if action.get("error"):
             body["error"] = action["error"]
-        results.append(
-            Result(ident, json_text(body), status != "ok")
-        )
+        results.append(Result(ident, json_text(body), status != "ok"))
     return [Calls(tuple(calls)), Results(tuple(results))]
 
 
