@@ -125,7 +125,8 @@ def spec_from_manifest(manifest: Mapping[str, Any] | None) -> AgentRunSpec:
 def input_error(error: ValidationError, model: type[BaseModel], *, prefix: str = "") -> InputError:
     """The first of ``error``'s problems as one line; the count of the rest in brackets."""
     details = error.errors(include_url=False)
-    first = details[0]
+    # A misspelled field also shows up as the real one missing: the typo is the news.
+    first = next((d for d in details if d["type"] == "extra_forbidden"), details[0])
     loc = tuple(first["loc"])
     ctx = first.get("ctx") or {}
     if first["type"] == "keelgate_rule":
