@@ -92,22 +92,22 @@ def binary_version(path: Path) -> tuple[int, int, int] | None:
     return parse_version(out.stdout + out.stderr)
 
 
-def _candidates(name: str, env: Mapping[str, str]) -> list[tuple[Path, str]]:
+def _candidates(name: str, env: Mapping[str, str], bin_dir: Path) -> list[tuple[Path, str]]:
     found: list[tuple[Path, str]] = []
     assets = env.get("KUBEBUILDER_ASSETS")
     if assets:
         found.append((Path(assets) / name, "KUBEBUILDER_ASSETS"))
-    found.append((BIN_DIR / name, "e2e/bin"))
+    found.append((bin_dir / name, "e2e/bin"))
     on_path = shutil.which(name, path=env.get("PATH", os.defpath))
     if on_path:
         found.append((Path(on_path), "PATH"))
     return found
 
 
-def find(name: str, env: Mapping[str, str] | None = None) -> Binary | None:
+def find(name: str, env: Mapping[str, str] | None = None, bin_dir: Path = BIN_DIR) -> Binary | None:
     """Find a usable `name`: KUBEBUILDER_ASSETS or PATH when new enough, e2e/bin when pinned."""
     env = os.environ if env is None else env
-    for path, source in _candidates(name, env):
+    for path, source in _candidates(name, env, bin_dir):
         if not (path.is_file() and os.access(path, os.X_OK)):
             continue
         version = binary_version(path)

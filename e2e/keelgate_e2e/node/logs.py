@@ -13,6 +13,7 @@ It must never serve a request whose client certificate is not the API server's k
 from __future__ import annotations
 
 import datetime as dt
+import re
 import ssl
 import threading
 import time
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import parse_qs, unquote, urlparse
 
+_FRACTION = re.compile(r"^([^.]+)\.(\d+)(.*)$")
+
 
 def rfc3339nano(ts: float | None = None) -> str:
     """Time as the CRI log format writes it: UTC with nanosecond digits."""
@@ -31,13 +34,12 @@ def rfc3339nano(ts: float | None = None) -> str:
 
 
 def _parse_time(text: str) -> dt.datetime:
-    text = text.strip().replace("Z", "+00:00")
-    if "." in text:  # Python's parser wants at most 6 fractional digits
-        head, _, rest = text.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
-        zone = rest[len(digits) :]
-        text = f"{head}.{digits[:6]}{zone}"
-    return dt.datetime.fromisoformat(text)
+    """Parse RFC 3339 with up to nanosecond digits (Python keeps microseconds); naive is UTC."""
+    match = _FRACTION.match(text.strip())
+    if match is not None:  # Python's parser wants at most 6 fractional digits
+        text = f"{match.group(1)}.{match.group(2)[:6]}{match.group(3)}"
+    parsed = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
 def pump(stream: IO[bytes], log: Path, stream_name: str = "stdout") -> None:
