@@ -1,0 +1,189 @@
+"""Hypothesis-generated crash sequences: many deaths and resumes in one run, mixed with budget
+stops, verifier rejections and settlements.
+
+Why it exists: the matrix proves one crash at a time; real incidents chain them (a crash, a
+resume that hits its budget, a second crash while recovering). Hypothesis generates the script
+(plans of READs, WRITEs and PROPOSEs, repeated calls, rejections), the crash sequence and the
+budgets; each example drives the run until it stops for good and checks the promise. Runs are
+derandomized with no example database, so every CI run executes the same 200 examples. It must
+never settle an outcome by anything but what the downstream journal says.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from crashkit import Journal, Rig, World, opener_for, settle_truthfully, tool_calls
+from crashkit.rig import assert_no_arguments_in_audit
+from crashkit.scripts import MARK
+from crashkit.world import model_calls
+from keelgate.core.audit import verify
+from keelgate.core.failpoints import NAMES
+from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.types import KeyState, StopReason
+from keelgate.errors import SimulatedCrash
+
+READS = [{"tool": "get_inventory", "args": {"sku": sku}} for sku in ("A1", "B2")]
+WRITES = [
+    {"tool": "place_order", "args": {"sku": sku, "qty": qty, "note": MARK}}
+    for sku in ("A1", "B2")
+    for qty in (5, 20)
+]
+PROPOSALS = [{"tool": "notify", "args": {"to": "buyer", "text": MARK}}]
+
+usages = st.fixed_dictionaries(
+    {"inputTokens": st.integers(0, 300), "outputTokens": st.integers(0, 100)}
+)
+entries = st.fixed_dictionaries(
+    {
+        "actions": st.lists(st.sampled_from(WRITES + PROPOSALS + READS), min_size=1, max_size=3),
+        "usage": usages,
+    },
+    optional={"verdict": st.just("reject")},
+)
+scripts = st.tuples(st.lists(entries, min_size=1, max_size=4), usages).map(
+    lambda parts: [*parts[0], {"done": True, "answer": "all done", "usage": parts[1]}]
+)
+# The windows where a WRITE's outcome becomes unknown come first: Hypothesis favours early
+# elements, and those are the deaths that matter most.
+WINDOWS = (
+    "mid_tool",
+    "after_gateway_call",
+    *(n for n in NAMES if n not in ("mid_tool", "after_gateway_call")),
+)
+crashes = st.lists(st.tuples(st.sampled_from(WINDOWS), st.integers(1, 3)), min_size=1, max_size=6)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    store=st.sampled_from(["memory", "sqlite"]),
+    script=scripts,
+    deaths=crashes,
+    effect=st.sampled_from(["before", "after"]),
+    confirm=st.booleans(),
+    max_iterations=st.none() | st.integers(1, 3),
+    tokens=st.none() | st.integers(50, 1500),
+    token_step=st.integers(300, 2000),
+    restart_after_stop=st.booleans(),
+)
+def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
+    store: str,
+    script: list[dict[str, Any]],
+    deaths: list[tuple[str, int]],
+    effect: str,
+    confirm: bool,
+    max_iterations: int | None,
+    tokens: int | None,
+    token_step: int,
+    restart_after_stop: bool,
+) -> None:
+    """Whatever the sequence of deaths (any window, any pass, several per run, some during
+    recovery) and budget or verifier stops, driving the run to its end (raising budgets,
+    settling unknown outcomes truthfully by a person or a confirmer) ends goal_met with no side
+    effect downstream happening twice, every WRITE and PROPOSE key either completed (it happened
+    once) or abandoned (it never happened, and only because a tool died before its effect), the
+    model asked exactly once per planning call and per verdict, and an intact audit chain that
+    holds no argument."""
+    with tempfile.TemporaryDirectory() as directory:
+        world = World(Journal(Path(directory) / "world.jsonl"), effect="before")
+        if effect == "after":
+            world = World(world.journal, effect="after")
+        spec = LoopSpec(
+            "shop",
+            "restock",
+            "restock",
+            budget=Budget(max_iterations=max_iterations, tokens=tokens, max_verifier_rejections=2),
+        )
+        rig = Rig(opener_for(store, Path(directory), lambda: ""), world, script, confirm=confirm)
+        try:
+            fired = _drive(rig, spec, deaths, token_step, restart_after_stop)
+            _assert_promise(rig, spec, script, fired, effect)
+        finally:
+            rig.die()
+
+
+def _drive(
+    rig: Rig,
+    spec: LoopSpec,
+    deaths: list[tuple[str, int]],
+    token_step: int,
+    restart_after_stop: bool,
+) -> list[SimulatedCrash]:
+    pending = list(deaths)
+    fired: list[SimulatedCrash] = []
+    for _ in range(80):
+        result = rig.attempt(spec, pending.pop(0) if pending else None)
+        if isinstance(result, SimulatedCrash):
+            fired.append(result)
+            event(f"died at {result.failpoint}")
+            continue
+        reason = result.stop.reason
+        event(f"stopped: {reason.value}")
+        if reason is StopReason.GOAL_MET:
+            assert result.answer == "all done"
+            event(f"deaths in one run: {len(fired)}")
+            return fired
+        if reason is StopReason.OUTCOME_UNKNOWN:
+            for _, executed in settle_truthfully(rig.loop, result, rig.world):
+                event(f"a person settled it: {'executed' if executed else 'abandoned'}")
+        elif reason is StopReason.MAX_ITERATIONS:
+            assert spec.budget.max_iterations is not None
+            spec = spec.with_budget(spec.budget.raised(max_iterations=result.iteration + 1))
+        elif reason is StopReason.TOKEN_BUDGET:
+            assert spec.budget.tokens is not None
+            spec = spec.with_budget(spec.budget.raised(tokens=spec.budget.tokens + token_step))
+        elif reason is StopReason.VERIFIER_REJECTIONS:
+            limit = spec.budget.max_verifier_rejections
+            assert limit is not None
+            spec = spec.with_budget(spec.budget.raised(max_verifier_rejections=limit + 2))
+        else:
+            raise AssertionError(f"unexpected stop {result.to_json()}")
+        assert result.resumable or reason is StopReason.VERIFIER_REJECTIONS
+        if restart_after_stop:
+            rig.restart()
+    raise AssertionError("the run never finished")
+
+
+def _assert_promise(
+    rig: Rig,
+    spec: LoopSpec,
+    script: list[dict[str, Any]],
+    fired: list[SimulatedCrash],
+    effect: str,
+) -> None:
+    effects = rig.world.effects()
+    assert all(count == 1 for count in effects.values()), f"a side effect repeated: {effects}"
+    calls = [c for c in tool_calls(script, spec.tenant, spec.run) if c.changes_world]
+    planned = {c.key for c in calls}
+    assert set(effects) <= planned, "a side effect nobody planned"
+    abandoned = 0
+    for key in planned:
+        record = rig.stores.idempotency.get(spec.tenant, key)
+        assert record is not None
+        if effects[key] == 1:
+            assert record.state is KeyState.COMPLETED
+        else:
+            assert record.state is KeyState.ABANDONED
+            abandoned += 1
+            event("a WRITE or PROPOSE was abandoned")
+    # Only a tool that died before its effect may leave a WRITE undone.
+    died_mid_tool = sum(1 for f in fired if f.failpoint == "mid_tool")
+    assert abandoned <= (died_mid_tool if effect == "after" else 0)
+
+    for phase in ("plan", "verify"):
+        asked = sorted(row["call"] for row in model_calls(rig.world.journal, phase))
+        assert asked == list(range(len(script))), f"{phase} calls {asked}"
+    report = verify(spec.tenant, spec.run, rig.stores.audit.events(spec.tenant, spec.run))
+    assert report.ok, report.problems
+    assert_no_arguments_in_audit(rig.stores, spec, MARK)
