@@ -119,8 +119,6 @@ class LangGraphCheckpointStore:
         self._thread_lock = threading.Lock()
         self._process_lock = _process_lock
         self._on_close = _on_close
-        # Test hook only: called between the read and the write of save() to widen the race.
-        self._race_window: Callable[[], None] | None = None
 
     @classmethod
     def sqlite(
@@ -176,8 +174,6 @@ class LangGraphCheckpointStore:
                 stored = None if current is None else self._value(current)[0]
                 if stored is not None and stored >= seq:
                     raise StaleCheckpoint(tenant, run, seq, stored)
-                if self._race_window is not None:
-                    self._race_window()
                 previous = None
                 if current is not None:
                     previous = current.checkpoint["channel_versions"].get(CHANNEL)

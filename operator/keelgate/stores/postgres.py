@@ -211,23 +211,38 @@ class PostgresStore:
         except psycopg.Error as error:
             raise self._error(error) from None
 
-    @contextmanager
-    def _owner_session(self) -> Iterator[Conn]:
-        """The owner connection, reopened under a new owner id if its session was lost."""
+    def _claim_on_owner_session(self, tenant: str, key: str, run: str, action: str, tool: str) -> bool:
+        """INSERT the claim on the owner session; True if this store won the key.
+
+        If the owner session was lost, a new one (new owner id) is opened and the claim tried
+        once more. That is safe: had the first INSERT landed, the retry meets it as a key of a
+        gone owner, which reads outcome_unknown, a stop.
+        """
         with self._owner_lock:
-            if self._pool is None:
-                raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
-            try:
-                if self._owner_conn is None or self._owner_conn.closed or self._owner_conn.broken:
-                    if self._owner_conn is not None:
-                        with suppress(psycopg.Error):
-                            self._owner_conn.close()
+            for attempt in (1, 2):
+                if self._pool is None:
+                    raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+                try:
+                    if self._owner_conn is None or self._owner_conn.closed:
+                        self._owner_conn = None
+                        self._open_owner_session()
+                    assert self._owner_conn is not None
+                    cursor = self._owner_conn.execute(
+                        "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                        "VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) ON CONFLICT DO NOTHING",
+                        (tenant, key, run, action, tool, self.owner),
+                    )
+                    return cursor.rowcount == 1
+                except psycopg.Error as error:
+                    lost = self._owner_conn is not None and (
+                        self._owner_conn.broken or self._owner_conn.closed
+                    )
+                    if not lost or attempt == 2:
+                        raise self._error(error) from None
+                    with suppress(psycopg.Error):
+                        self._owner_conn.close()
                     self._owner_conn = None
-                    self._open_owner_session()
-                assert self._owner_conn is not None
-                yield self._owner_conn
-            except psycopg.Error as error:
-                raise self._error(error) from None
+        raise AssertionError("unreachable")
 
     # CheckpointStore
 
@@ -311,14 +326,8 @@ class PostgresStore:
 
     def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
         # On the owner session itself: a key is only ever recorded while its owner lock is held.
-        with self._owner_session() as owner_conn:
-            cursor = owner_conn.execute(
-                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-                "VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) ON CONFLICT DO NOTHING",
-                (tenant, key, run, action, tool, self.owner),
-            )
-            if cursor.rowcount == 1:
-                return None
+        if self._claim_on_owner_session(tenant, key, run, action, tool):
+            return None
         # Judged from a pool session: the owner session would find its own lock re-entrant.
         with self._conn() as conn:
             row = self._row(conn, tenant, key)

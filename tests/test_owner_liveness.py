@@ -1,0 +1,231 @@
+"""Owner liveness across real processes: the judgement behind OUTCOME_UNKNOWN.
+
+For SQLite and Postgres, with real worker processes (spawned, then killed with SIGKILL): a key in
+flight in a live process reads in_flight, and outcome_unknown once that process is dead; two
+processes racing to claim one key or to save one seq have exactly one winner. For Postgres, an
+owner whose session is cut while its process lives is read as gone, and still cannot make a WRITE
+land twice.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from support.stores import StoreFactory, store_fixture
+
+from keelgate.core.types import KeyRecord, KeyState
+from keelgate.errors import SettleError, StaleCheckpoint
+from keelgate.stores import open_stores
+
+durable_factory = store_fixture("sqlite", "postgres")
+
+SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent has pool threads running
+WAIT = 60.0
+
+
+def _claim(stores: Any, key: str) -> KeyRecord | None:
+    record: KeyRecord | None = stores.idempotency.claim(
+        "acme", key, run="r", action="a1", tool="ship"
+    )
+    return record
+
+
+# Workers (run in spawned processes)
+
+
+def hold_a_claim(url: str, key: str, claimed: Any, release: Any) -> None:
+    """Claim a key and stay alive, as a process in the middle of a WRITE."""
+    stores = open_stores(url)
+    assert _claim(stores, key) is None
+    claimed.set()
+    release.wait(WAIT)
+    stores.close()
+
+
+def claim_at_once(url: str, keys: list[str], barrier: Any, done: Any, results: Any) -> None:
+    """Claim every key the instant all workers are ready; stay alive until told to stop."""
+    stores = open_stores(url)
+    barrier.wait(WAIT)
+    outcome = []
+    for key in keys:
+        record = _claim(stores, key)
+        outcome.append("won" if record is None else record.state.value)
+    results.put(outcome)
+    done.wait(WAIT)
+    stores.close()
+
+
+def save_at_once(url: str, rounds: int, barrier: Any, results: Any) -> None:
+    """Each round, save seq = round the instant all workers are ready; report who won."""
+    stores = open_stores(url)
+    wins = []
+    for seq in range(1, rounds + 1):
+        barrier.wait(WAIT)
+        try:
+            stores.checkpoints.save("acme", "r", seq, {"writer": os.getpid(), "seq": seq})
+            wins.append(True)
+        except StaleCheckpoint:
+            wins.append(False)
+    results.put((os.getpid(), wins))
+    stores.close()
+
+
+@contextmanager
+def processes(target: Callable[..., None], *args_per_process: tuple[Any, ...]) -> Iterator[list[Any]]:
+    """Start one spawned process per argument tuple; kill any still alive on the way out."""
+    started = [SPAWN.Process(target=target, args=args, daemon=True) for args in args_per_process]
+    for process in started:
+        process.start()
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.is_alive():
+                process.kill()
+            process.join(WAIT)
+
+
+def eventually(read: Callable[[], Any], expected: Any, *, within: float = 10.0) -> Any:
+    """Poll until ``read()`` equals ``expected`` (a dying owner takes a moment to be seen gone)."""
+    deadline = time.monotonic() + within
+    value = read()
+    while value != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+        value = read()
+    return value
+
+
+def test_a_live_owner_in_another_process_reads_in_flight_until_it_is_killed(
+    durable_factory: StoreFactory,
+) -> None:
+    """A key claimed by a live process reads in_flight to everyone else (not claimable, not
+    settleable) for as long as that process lives; once it is killed with SIGKILL the key reads
+    outcome_unknown and can be settled."""
+    assert durable_factory.url is not None
+    claimed, release = SPAWN.Event(), SPAWN.Event()
+    with processes(hold_a_claim, (durable_factory.url, "kg-1", claimed, release)) as [owner]:
+        assert claimed.wait(WAIT), "the owner process never claimed its key"
+        stores = durable_factory()
+        time.sleep(0.3)  # the owner is alive and idle: its key must stay in flight throughout
+        record = _claim(stores, "kg-1")
+        assert record is not None and record.state is KeyState.IN_FLIGHT
+        with pytest.raises(SettleError):
+            stores.idempotency.settle("acme", "kg-1", executed=False, by="ann", source="human")
+        owner.kill()
+        owner.join(WAIT)
+
+        def state() -> KeyState | None:
+            got = stores.idempotency.get("acme", "kg-1")
+            return None if got is None else got.state
+
+        assert eventually(state, KeyState.OUTCOME_UNKNOWN) is KeyState.OUTCOME_UNKNOWN
+        again = _claim(stores, "kg-1")
+        assert again is not None and again.state is KeyState.OUTCOME_UNKNOWN
+        settled = stores.idempotency.settle("acme", "kg-1", executed=False, by="ann", source="h")
+        assert settled.state is KeyState.ABANDONED
+
+
+def test_closing_one_store_makes_only_its_own_keys_unknown(
+    durable_factory: StoreFactory,
+) -> None:
+    """In one process, closing a store turns its in-flight keys unknown at once, while keys of
+    another store that is still open stay in flight."""
+    closing, staying, judge = durable_factory(), durable_factory(), durable_factory()
+    assert _claim(closing, "kg-closing") is None
+    assert _claim(staying, "kg-staying") is None
+    closing.close()
+    gone = judge.idempotency.get("acme", "kg-closing")
+    live = judge.idempotency.get("acme", "kg-staying")
+    assert gone is not None and gone.state is KeyState.OUTCOME_UNKNOWN
+    assert live is not None and live.state is KeyState.IN_FLIGHT
+
+
+def test_processes_claiming_one_key_at_once_have_exactly_one_winner(
+    durable_factory: StoreFactory,
+) -> None:
+    """Four processes released together claim the same 25 keys: every key has exactly one
+    winner, and every loser sees the key in flight (its winner is alive), never a second win."""
+    assert durable_factory.url is not None
+    durable_factory().close()  # create the schema first, as an installed system would have
+    keys = [f"kg-{i}" for i in range(25)]
+    workers = 4
+    barrier, done, results = SPAWN.Barrier(workers), SPAWN.Event(), SPAWN.Queue()
+    args = [(durable_factory.url, keys, barrier, done, results)] * workers
+    with processes(claim_at_once, *args):
+        outcomes = [results.get(timeout=WAIT) for _ in range(workers)]
+        done.set()
+    for i, key in enumerate(keys):
+        column = [outcome[i] for outcome in outcomes]
+        assert column.count("won") == 1, (key, column)
+        assert set(column) == {"won", "in_flight"}, (key, column)
+
+
+def test_processes_saving_the_same_seq_at_once_have_exactly_one_winner(
+    durable_factory: StoreFactory,
+) -> None:
+    """Four processes released together save the same seq, 20 rounds: each round exactly one
+    save wins and the others get StaleCheckpoint; the stored checkpoint is the winner's."""
+    assert durable_factory.url is not None
+    durable_factory().close()
+    workers, rounds = 4, 20
+    barrier, results = SPAWN.Barrier(workers), SPAWN.Queue()
+    with processes(save_at_once, *[(durable_factory.url, rounds, barrier, results)] * workers):
+        reports = [results.get(timeout=WAIT) for _ in range(workers)]
+    for seq in range(rounds):
+        assert sum(wins[seq] for _, wins in reports) == 1, f"round {seq + 1}"
+    last_winner = next(pid for pid, wins in reports if wins[-1])
+    loaded = durable_factory().checkpoints.load("acme", "r")
+    assert loaded is not None
+    assert (loaded.seq, loaded.state) == (rounds, {"writer": last_winner, "seq": rounds})
+
+
+@pytest.mark.postgres
+def test_a_postgres_owner_whose_session_is_cut_never_lands_a_write_twice(pg_url: str) -> None:
+    """The one misjudgement Postgres allows: the owner's session is terminated while its process
+    lives. Its keys then read outcome_unknown elsewhere (a stop, not a retry); a key settled
+    meanwhile keeps the person's decision when the owner completes late; an unsettled one
+    records the owner's result; and the owner's next claim runs under a new live owner id."""
+    from keelgate.stores.postgres import PostgresStore
+
+    owner, judge = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        first_id = owner.owner
+        assert owner.claim("acme", "kg-settled", run="r", action="a1", tool="ship") is None
+        assert owner.claim("acme", "kg-finished", run="r", action="a2", tool="ship") is None
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (f"keelgate-{first_id}",),
+            ).fetchall()
+        assert cut == [(True,)]
+
+        def state(key: str) -> KeyState | None:
+            got = judge.get("acme", key)
+            return None if got is None else got.state
+
+        for key in ("kg-settled", "kg-finished"):
+            assert eventually(lambda k=key: state(k), KeyState.OUTCOME_UNKNOWN) is (
+                KeyState.OUTCOME_UNKNOWN
+            )
+        judge.settle("acme", "kg-settled", executed=False, by="ann", source="human")
+        owner.complete("acme", "kg-settled", {"status": "ok"})
+        owner.complete("acme", "kg-finished", {"status": "ok"})
+        settled, finished = judge.get("acme", "kg-settled"), judge.get("acme", "kg-finished")
+        assert settled is not None and (settled.state, settled.result) == (KeyState.ABANDONED, None)
+        assert finished is not None
+        assert (finished.state, finished.result) == (KeyState.COMPLETED, {"status": "ok"})
+
+        assert owner.claim("acme", "kg-next", run="r", action="a3", tool="ship") is None
+        assert owner.owner != first_id
+        assert state("kg-next") is KeyState.IN_FLIGHT
+    finally:
+        owner.close()
+        judge.close()
