@@ -175,6 +175,7 @@ def test_errors_never_show_header_values(shop: Shop) -> None:
         ({"url": "http://x/{sku"}, r"tools\[t\]\.http\.url: bad URL template"),
         ({"url": "http://x/", "input_schema": {"type": "object", "required": 3}}, "inputSchema"),
         ({"url": "http://x/", "timeout_seconds": 0}, r"tools\[t\]\.timeoutSeconds"),
+        ({"url": "x/{sku}", "where": "spec.tools[3]"}, r"^spec\.tools\[3\]\.http\.url"),
     ],
 )
 def test_bad_tool_settings_are_input_errors_naming_the_field(

@@ -304,3 +304,88 @@ def test_a_4xx_stops_the_run_failed_with_the_providers_message(
     assert outcome.stop.message == "model: openai: 404 The model `gpt-nope` does not exist"
     assert "\n" not in outcome.stop.message and KEY not in outcome.stop.message
     assert len(llm.calls()) == 1
+
+
+# From a manifest, through the builder
+
+
+MANIFEST = """
+apiVersion: keelgate.dev/v1alpha1
+kind: AgentRun
+metadata: {{name: restock, namespace: shop}}
+spec:
+  goal: "Restock SKU A1 if fewer than 10 are left"
+  model:
+    provider: openai
+    name: llama3
+    baseURL: "{llm}"
+    apiKeyEnv: KG_TEST_LLM_KEY
+    maxOutputTokens: 77
+  tools:
+    - name: get_inventory
+      sideEffect: READ
+      http: {{url: "{shop}/items/{{sku}}", method: GET}}
+    - name: place_order
+      sideEffect: WRITE
+      timeoutSeconds: 5
+      http: {{url: "{shop}/orders", method: POST}}
+    - name: supplier_stock
+      sideEffect: READ
+      mcp: {{url: "{mcp}", tool: stock}}
+    - name: supplier_order
+      sideEffect: WRITE
+      mcp: {{url: "{mcp}", tool: place_order}}
+  budget: {{maxIterations: 5, tokens: 50000}}
+"""
+
+
+def test_a_manifest_with_openai_http_and_mcp_tools_runs_end_to_end(
+    llm: LlmFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AgentRun naming provider openai with a baseURL, HTTP and MCP tools builds through the
+    runner's registry and runs to goal_met: the key comes from apiKeyEnv, maxOutputTokens
+    reaches the wire, each WRITE arrives once with its key, and usage is what was reported."""
+    from fakes.downstream import Shop
+    from fakes.mcp_server import McpFake
+    from keelgate.manifest.load import load_agentrun
+    from keelgate.runners.build import build_loop
+
+    shop, mcp = Shop().start(), McpFake().start()
+    try:
+        monkeypatch.setenv("KG_TEST_LLM_KEY", KEY)
+        accept = ("keelgate_verdict", {"verdict": "accept", "reason": "fine"})
+        llm.add(
+            openai_reply(
+                calls=[("get_inventory", {"sku": "A1"}), ("supplier_stock", {"sku": "A1"})]
+            ),
+            openai_reply(calls=[accept]),
+            openai_reply(
+                calls=[
+                    ("place_order", {"sku": "A1", "qty": 20}),
+                    ("supplier_order", {"sku": "A1", "qty": 5}),
+                ]
+            ),
+            openai_reply(calls=[accept]),
+            openai_reply(text="Ordered 20 from the shop and 5 from the supplier."),
+            openai_reply(calls=[accept]),
+        )
+        text = MANIFEST.format(llm=llm.base_url, shop=shop.url, mcp=mcp.url)
+        spec = load_agentrun(text).to_loop_spec(store="")
+        store = SQLiteStore(tmp_path / "keelgate.db")
+        loop = build_loop(spec, Stores(store, store, store))
+        outcome = loop.run_or_resume(spec)
+        assert outcome.stop.reason is StopReason.GOAL_MET, outcome.stop.message
+        assert outcome.answer == "Ordered 20 from the shop and 5 from the supplier."
+        assert outcome.usage.input_tokens == 600 and outcome.usage.output_tokens == 120
+        calls = llm.calls()
+        assert all(c.headers["authorization"] == f"Bearer {KEY}" for c in calls)
+        assert all(c.json()["max_tokens"] == 77 for c in calls)
+        second_plan = calls[2].json()["messages"]
+        results = [m["content"] for m in second_plan if m["role"] == "tool"]
+        assert '"count":3' in results[0] and '"count":3' in results[1]
+        assert list(shop.orders.values()) == [1] and list(mcp.orders.values()) == [1]
+        assert list(shop.orders) != list(mcp.orders)  # each WRITE has its own key
+        store.close()
+    finally:
+        shop.stop()
+        mcp.stop()

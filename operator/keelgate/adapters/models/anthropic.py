@@ -45,7 +45,10 @@ class AnthropicModel:
         sleep: Callable[[float], None] | None = None,
     ) -> None:
         if not api_key:
-            raise InputError("model.apiKeyEnv", "no API key is set for the anthropic provider")
+            raise InputError(
+                "spec.model.apiKeyEnv",
+                "no API key: set the environment variable that apiKeyEnv names",
+            )
         self.name = name
         self.base_url = base_url or None
         self.max_output_tokens = max_output_tokens

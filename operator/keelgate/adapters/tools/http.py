@@ -47,6 +47,7 @@ class HttpTool:
     The remaining arguments are the JSON body for POST, PUT and PATCH, and the query string for
     the other methods. ``headers`` are sent as given (they may carry credentials, so they are
     never shown). Without an ``input_schema``, one is derived that requires each placeholder.
+    ``where`` is the manifest path that errors in these settings name (``spec.tools[1]``).
     """
 
     def __init__(
@@ -61,16 +62,18 @@ class HttpTool:
         input_schema: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_seconds: float = 30.0,
+        where: str = "",
     ) -> None:
+        where = where or f"tools[{name}]"  # the manifest path errors name
         self.name = name
         self.method = method.upper()
         if self.method not in METHODS:
-            raise InputError(f"tools[{name}].http.method", f"unknown HTTP method {method!r}")
+            raise InputError(f"{where}.http.method", f"unknown HTTP method {method!r}")
         self.url = url
-        self.placeholders = _placeholders(url, field=f"tools[{name}].http.url")
+        self.placeholders = _placeholders(url, field=f"{where}.http.url")
         parts = urlsplit(url.replace("{", "").replace("}", ""))
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise InputError(f"tools[{name}].http.url", "must be an absolute http(s) URL")
+            raise InputError(f"{where}.http.url", "must be an absolute http(s) URL")
         self.where = f"{self.method} {parts.scheme}://{parts.netloc}"
         self.side_effect = side_effect
         self.requires_approval = requires_approval
@@ -78,10 +81,10 @@ class HttpTool:
         self.input_schema: Mapping[str, Any] = (
             dict(input_schema) if input_schema is not None else _derived_schema(self.placeholders)
         )
-        self._schema = ArgsSchema(self.input_schema, field=f"tools[{name}].inputSchema")
+        self._schema = ArgsSchema(self.input_schema, field=f"{where}.inputSchema")
         self.headers = dict(headers or {})
         if timeout_seconds <= 0:
-            raise InputError(f"tools[{name}].timeoutSeconds", "must be more than 0")
+            raise InputError(f"{where}.timeoutSeconds", "must be more than 0")
         self.timeout_seconds = timeout_seconds
 
     def __repr__(self) -> str:  # headers may hold credentials

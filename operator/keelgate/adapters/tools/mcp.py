@@ -69,6 +69,7 @@ class McpToolSpec:
     description: str = ""
     timeout_seconds: float | None = None
     key_argument: str | None = None
+    where: str = ""  # the manifest path errors name, e.g. spec.tools[2]
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,9 @@ class McpTool:
         timeout_seconds: float | None = None,
         key_argument: str | None = None,
         warnings: Sequence[str] = (),
+        where: str = "",
     ) -> None:
+        where = where or f"tools[{name}]"
         self.name = name
         self.server = server
         self.remote_name = remote_name or name
@@ -108,7 +111,7 @@ class McpTool:
         schema = dict(input_schema) if input_schema is not None else {"type": "object"}
         # The key is Keelgate's to supply, never the model's: hide it from the model's schema.
         self.input_schema: Mapping[str, Any] = _without(schema, key_argument)
-        self._schema = ArgsSchema(self.input_schema, field=f"tools[{name}].inputSchema")
+        self._schema = ArgsSchema(self.input_schema, field=f"{where}.inputSchema")
         self.timeout_seconds = timeout_seconds or server.timeout_seconds
         self.warnings = tuple(warnings)
 
@@ -181,11 +184,12 @@ def discover(server: McpServerRef, specs: Sequence[McpToolSpec]) -> list[McpTool
     remote = list_remote_tools(server)
     tools: list[McpTool] = []
     for spec in specs:
+        where = spec.where or f"tools[{spec.name}]"
         found = remote.get(spec.remote_name or spec.name)
         if found is None:
             offered = ", ".join(sorted(remote)) or "none"
             raise InputError(
-                f"tools[{spec.name}].mcp.tool",
+                f"{where}.mcp.tool",
                 f"the MCP server offers no tool {spec.remote_name or spec.name!r} "
                 f"(it offers: {offered})",
             )
@@ -200,7 +204,8 @@ def discover(server: McpServerRef, specs: Sequence[McpToolSpec]) -> list[McpTool
                 input_schema=found.input_schema,
                 timeout_seconds=spec.timeout_seconds,
                 key_argument=spec.key_argument,
-                warnings=hint_warnings(spec.name, spec.side_effect, found.annotations),
+                warnings=hint_warnings(where, spec.side_effect, found.annotations),
+                where=where,
             )
         )
     return tools
@@ -233,9 +238,11 @@ def list_remote_tools(server: McpServerRef) -> dict[str, RemoteTool]:
 
 
 def hint_warnings(
-    name: str, side_effect: SideEffect, annotations: ToolAnnotations | None
+    where: str, side_effect: SideEffect, annotations: ToolAnnotations | None
 ) -> list[str]:
-    """Where the server's hints disagree with the manifest. The manifest still decides."""
+    """Where the server's hints disagree with the manifest entry at ``where`` (its path).
+
+    The manifest still decides; these are for the user's eyes (CLI warnings, Warning events)."""
     if annotations is None:
         return []
     read_only = annotations.read_only_hint
@@ -243,12 +250,12 @@ def hint_warnings(
     if side_effect is SideEffect.READ and (read_only is False or destructive is True):
         what = "destructive" if destructive else "not read-only"
         return [
-            f"tools[{name}]: declared READ, but the MCP server marks it {what}; it will be "
+            f"{where}: declared READ, but the MCP server marks it {what}; it will be "
             "called without an idempotency key and without the WRITE rules"
         ]
     if side_effect is not SideEffect.READ and read_only is True:
         return [
-            f"tools[{name}]: declared {side_effect.value}, but the MCP server marks it "
+            f"{where}: declared {side_effect.value}, but the MCP server marks it "
             "read-only; it will still be treated as a " + side_effect.value
         ]
     return []
