@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from support.pgserver import PgServer, PostgresUnavailable, start_postgres
 from support.stores import CHECKPOINT_BACKENDS, KEYED_BACKENDS, store_fixture
 

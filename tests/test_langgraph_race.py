@@ -39,7 +39,9 @@ def race_rounds(path: str, cross_process_lock: bool, barrier: Any, results: Any)
     store.close()
 
 
-def run_race(path: Path, *, cross_process_lock: bool) -> tuple[list[int], list[tuple[int, list[bool]]]]:
+def run_race(
+    path: Path, *, cross_process_lock: bool
+) -> tuple[list[int], list[tuple[int, list[bool]]]]:
     """Winners per round, and each worker's report."""
     LangGraphCheckpointStore.sqlite(path).close()  # the file exists before the race starts
     barrier, results = SPAWN.Barrier(WORKERS), SPAWN.Queue()

@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.stores import StoreFactory, store_fixture
 
 from keelgate.core.types import KeyRecord, KeyState
 from keelgate.errors import SettleError, StaleCheckpoint
 from keelgate.stores import open_stores
+from support.stores import StoreFactory, store_fixture
 
 durable_factory = store_fixture("sqlite", "postgres")
 
@@ -78,7 +78,9 @@ def save_at_once(url: str, rounds: int, barrier: Any, results: Any) -> None:
 
 
 @contextmanager
-def processes(target: Callable[..., None], *args_per_process: tuple[Any, ...]) -> Iterator[list[Any]]:
+def processes(
+    target: Callable[..., None], *args_per_process: tuple[Any, ...]
+) -> Iterator[list[Any]]:
     """Start one spawned process per argument tuple; kill any still alive on the way out."""
     started = [SPAWN.Process(target=target, args=args, daemon=True) for args in args_per_process]
     for process in started:
@@ -211,10 +213,11 @@ def test_a_postgres_owner_whose_session_is_cut_never_lands_a_write_twice(pg_url:
             got = judge.get("acme", key)
             return None if got is None else got.state
 
-        for key in ("kg-settled", "kg-finished"):
-            assert eventually(lambda k=key: state(k), KeyState.OUTCOME_UNKNOWN) is (
-                KeyState.OUTCOME_UNKNOWN
-            )
+        def both() -> tuple[KeyState | None, ...]:
+            return state("kg-settled"), state("kg-finished")
+
+        gone = (KeyState.OUTCOME_UNKNOWN, KeyState.OUTCOME_UNKNOWN)
+        assert eventually(both, gone) == gone
         judge.settle("acme", "kg-settled", executed=False, by="ann", source="human")
         owner.complete("acme", "kg-settled", {"status": "ok"})
         owner.complete("acme", "kg-finished", {"status": "ok"})

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.stores import CHECKPOINT_BACKENDS, StoreFactory, make_factory, store_fixture
 
 from keelgate.core.audit import AuditDraft, verify
 from keelgate.core.protocols import (
@@ -28,6 +27,7 @@ from keelgate.core.protocols import (
 from keelgate.core.types import KeyState
 from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
 from keelgate.stores import open_stores
+from support.stores import CHECKPOINT_BACKENDS, StoreFactory, make_factory, store_fixture
 
 checkpoint_factory = store_fixture(*CHECKPOINT_BACKENDS, "langgraph-memory")
 
@@ -39,7 +39,7 @@ AWKWARD_STATE: dict[str, Any] = {
     "big": 2**62 + 1,
     "tiny": 1e-300,
     "neg": -0.5,
-    "text": "nul:\u0000 tab:\t quote:\" emoji:\U0001f680 accents:éå",
+    "text": 'nul:\u0000 tab:\t quote:" emoji:\U0001f680 accents:éå',
     "empty": {"list": [], "dict": {}, "str": ""},
     "nested": [[1, [2, [3, {"deep": None}]]], True, False],
     "plan": {"actions": [{"id": "a1", "tool": "ship", "args": {"qty": 3}}]},
@@ -455,7 +455,8 @@ def test_a_postgres_url_opens_the_postgres_store(pg_url: str) -> None:
         stores = open_stores(url)
         try:
             assert isinstance(stores.checkpoints, PostgresStore)
-            assert stores.checkpoints is stores.idempotency is stores.audit
+            roles: list[object] = [stores.checkpoints, stores.idempotency, stores.audit]
+            assert all(role is roles[0] for role in roles)
         finally:
             stores.close()
 

@@ -77,7 +77,9 @@ def find_bin_dir() -> Path:
     if explicit:
         if _has_programs(Path(explicit)):
             return Path(explicit)
-        raise PostgresUnavailable(f"PG_BIN={explicit} holds no initdb and postgres. " + HOW_TO_PROVIDE)
+        raise PostgresUnavailable(
+            f"PG_BIN={explicit} holds no initdb and postgres. " + HOW_TO_PROVIDE
+        )
     candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
@@ -230,7 +232,11 @@ def _wait_ready(process: subprocess.Popen[bytes], data: Path, timeout: float) ->
             return False
         with contextlib.suppress(OSError):
             lines = pid_file.read_text().splitlines()
-            if len(lines) >= 8 and lines[0].strip() == str(process.pid) and lines[7].strip() == "ready":
+            if (
+                len(lines) >= 8
+                and lines[0].strip() == str(process.pid)
+                and lines[7].strip() == "ready"
+            ):
                 return True
         time.sleep(0.02)
     process.kill()
@@ -256,8 +262,8 @@ def start_postgres(
     does not start.
     """
     bin_dir = find_bin_dir()
-    owns_dir = directory is None
-    base = Path(tempfile.mkdtemp(prefix="keelgate-pg-")) if owns_dir else Path(directory).resolve()
+    owns_dir = not directory
+    base = Path(directory or tempfile.mkdtemp(prefix="keelgate-pg-")).resolve()
     try:
         base.mkdir(parents=True, exist_ok=True)
         user = _server_user()
@@ -267,8 +273,10 @@ def start_postgres(
         data = base / "data"
         if not (data / "PG_VERSION").exists():
             done = subprocess.run(
-                [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"]
-                + ["-E", "UTF8", "--locale=C", "--no-sync"],
+                [
+                    *(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"),
+                    *("-E", "UTF8", "--locale=C", "--no-sync"),
+                ],
                 cwd=base,
                 env=_child_env(),
                 capture_output=True,

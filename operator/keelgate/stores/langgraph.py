@@ -77,7 +77,9 @@ class _ProcessLock:
     """
 
     def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+        self._db = sqlite3.connect(
+            path, isolation_level=None, timeout=60.0, check_same_thread=False
+        )
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -159,7 +161,9 @@ class LangGraphCheckpointStore:
         value = found.checkpoint["channel_values"].get(CHANNEL)
         if not isinstance(value, Mapping) or "seq" not in value or "state" not in value:
             thread = found.config["configurable"].get("thread_id")
-            raise StoreError(f"LangGraph thread {thread!r} holds a checkpoint Keelgate did not write")
+            raise StoreError(
+                f"LangGraph thread {thread!r} holds a checkpoint Keelgate did not write"
+            )
         return int(value["seq"]), str(value["state"])
 
     def _exclusive(self) -> AbstractContextManager[None]:
@@ -188,7 +192,9 @@ class LangGraphCheckpointStore:
                     versions_seen={},
                     updated_channels=[CHANNEL],
                 )
-                metadata = cast(CheckpointMetadata, {"source": "update", "step": seq, "parents": {}})
+                metadata = cast(
+                    CheckpointMetadata, {"source": "update", "step": seq, "parents": {}}
+                )
                 self.saver.put(config, checkpoint, metadata, {CHANNEL: version})
         except sqlite3.Error as error:
             raise StoreError(f"LangGraph store: cannot save {run!r}: {error}") from None

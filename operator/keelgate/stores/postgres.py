@@ -101,7 +101,7 @@ def _safe_target(url: str) -> tuple[str, dict[str, Any]]:
         params = conninfo_to_dict(url)
     except psycopg.Error:
         raise InputError("--store", "not a valid PostgreSQL URL") from None
-    user = params.get("user")
+    user = str(params.get("user") or "")
     where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
     target = f"{user + '@' if user else ''}{where}/{params.get('dbname') or user or ''}"
     return target, params
@@ -211,7 +211,9 @@ class PostgresStore:
         except psycopg.Error as error:
             raise self._error(error) from None
 
-    def _claim_on_owner_session(self, tenant: str, key: str, run: str, action: str, tool: str) -> bool:
+    def _claim_on_owner_session(
+        self, tenant: str, key: str, run: str, action: str, tool: str
+    ) -> bool:
         """INSERT the claim on the owner session; True if this store won the key.
 
         If the owner session was lost, a new one (new owner id) is opened and the claim tried
@@ -234,13 +236,11 @@ class PostgresStore:
                     )
                     return cursor.rowcount == 1
                 except psycopg.Error as error:
-                    lost = self._owner_conn is not None and (
-                        self._owner_conn.broken or self._owner_conn.closed
-                    )
-                    if not lost or attempt == 2:
+                    conn = self._owner_conn
+                    if conn is None or not (conn.broken or conn.closed) or attempt == 2:
                         raise self._error(error) from None
                     with suppress(psycopg.Error):
-                        self._owner_conn.close()
+                        conn.close()
                     self._owner_conn = None
         raise AssertionError("unreachable")
 
