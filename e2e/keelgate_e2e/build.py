@@ -159,7 +159,8 @@ def etcd_ldflags(version: str = ETCD_VERSION) -> str:
 def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
-    env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"})
+    env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"})
+    env["GOFLAGS"] = " ".join(f for f in (env.get("GOFLAGS", ""), "-mod=readonly") if f)
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = ["nice", "-n", "10", str(go), "build", "-trimpath", "-ldflags", ldflags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]

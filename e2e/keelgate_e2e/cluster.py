@@ -195,6 +195,13 @@ class Cluster:
             "node": ca.issue("node", f"system:node:{NODE_NAME}", ("system:nodes",), client=True),
         }
         self.sa_key, self.sa_pub = pki.write_service_account_keys(d)
+        # The aggregation layer's front proxy, as a real cluster has: the API server publishes
+        # this CA, and the controller-manager and scheduler's delegated authentication reads it.
+        front = pki.CertificateAuthority(d, "keelgate-e2e-front-proxy-ca", "front-proxy-ca")
+        self.front_proxy_ca = front.pair.cert
+        self.front_proxy_client = front.issue(
+            "front-proxy-client", "front-proxy-client", client=True
+        )
 
     def _spawn(self, name: str, argv: list[str], **kw: Any) -> Proc:
         proc = procs.spawn(
@@ -261,6 +268,13 @@ class Cluster:
                 f"--kubelet-client-key={self.kubelet_client.key}",
                 f"--kubelet-certificate-authority={self.ca}",
                 "--kubelet-preferred-address-types=InternalIP",
+                f"--requestheader-client-ca-file={self.front_proxy_ca}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={self.front_proxy_client.cert}",
+                f"--proxy-client-key-file={self.front_proxy_client.key}",
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",

@@ -59,7 +59,7 @@ def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
 class CertificateAuthority:
     """A self-signed CA that issues the cluster's server and client certificates."""
 
-    def __init__(self, directory: Path, name: str = "keelgate-e2e-ca") -> None:
+    def __init__(self, directory: Path, name: str = "keelgate-e2e-ca", stem: str = "ca") -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._key = _key()
@@ -93,7 +93,7 @@ class CertificateAuthority:
             )
             .sign(self._key, hashes.SHA256())
         )
-        self.pair = Pair(directory / "ca.crt", directory / "ca.key")
+        self.pair = Pair(directory / f"{stem}.crt", directory / f"{stem}.key")
         self.pair.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(self._key, self.pair.key)
 
