@@ -1,0 +1,53 @@
+"""Tools and a model for tests/test_runner.py, named in manifests as ``kg_runner_tools:...``.
+
+Every call is appended as one JSON line to the file named by KG_RUNNER_LEDGER, so a test can
+count what really ran (and with which idempotency key) from outside the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def _record(entry: dict[str, Any]) -> None:
+    with open(os.environ["KG_RUNNER_LEDGER"], "a", encoding="utf-8") as ledger:
+        ledger.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def get_inventory(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    _record({"tool": "get_inventory", "args": args, "key": idempotency_key})
+    return {"sku": args["sku"], "count": 3}
+
+
+def place_order(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    _record({"tool": "place_order", "args": args, "key": idempotency_key})
+    return {"order": f"o-{args['sku']}-{args['qty']}"}
+
+
+def lost_write(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE whose connection drops after sending: nobody knows whether it took effect."""
+    _record({"tool": "lost_write", "args": args, "key": idempotency_key})
+    raise ConnectionResetError("connection reset after the request was sent")
+
+
+def no_key(args: dict[str, Any]) -> dict[str, Any]:
+    """Wrong signature: cannot take the idempotency key."""
+    return args
+
+
+def planner(request: dict[str, Any]) -> dict[str, Any]:
+    """A python-provider model: records each request, checks stock, then orders, then stops."""
+    _record({"model": request})
+    if request["phase"] == "verify":
+        return {"verdict": "accept", "usage": {"inputTokens": 5, "outputTokens": 1}}
+    done = [h for h in request["history"] if "actions" in h]
+    if not done:
+        return {"actions": [{"tool": "get_inventory", "args": {"sku": "A1"}}]}
+    if len(done) == 1:
+        return {
+            "actions": [{"tool": "place_order", "args": {"sku": "A1", "qty": 7}}],
+            "usage": {"inputTokens": 50, "outputTokens": 10},
+        }
+    return {"done": True, "answer": "ordered 7"}
