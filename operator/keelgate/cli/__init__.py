@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import click
 import typer
 
 from keelgate.cli import commands
@@ -44,12 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
-    except click.exceptions.Exit as done:
-        return done.exit_code
-    except click.exceptions.Abort:
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except typer.Abort:
         console.error("aborted")
         return EXIT_FAILED
-    except click.UsageError as error:
+    except typer.TyperException as error:  # a usage error: bad or missing flag or argument
         console.error(_usage_line(error))
         return EXIT_BAD_INPUT
     except (InputError, RunNotFound, SettleError) as error:
@@ -72,9 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(result or 0)
 
 
-def _usage_line(error: click.UsageError) -> str:
-    message = error.format_message().replace("\n", " ").strip()
-    return message
+def _usage_line(error: typer.TyperException) -> str:
+    format_message = getattr(error, "format_message", None)
+    message = format_message() if callable(format_message) else str(error)
+    return " ".join(str(message).split())
 
 
 def run() -> None:
