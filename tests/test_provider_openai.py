@@ -207,6 +207,18 @@ def test_retries_are_bounded(llm: LlmFake) -> None:
     assert len(llm.calls()) == 4
 
 
+def test_the_default_policy_doubles_its_waits_and_stops_after_five_tries(llm: LlmFake) -> None:
+    """Out of the box: 5 tries, waiting 0.5, 1, 2 and 4 seconds between them."""
+    llm.add(*[openai_error(502, "bad gateway", kind="server_error") for _ in range(6)])
+    slept: list[float] = []
+    with pytest.raises(ModelError, match="gave up after 5 attempts"):
+        OpenAIModel("gpt-test", api_key=KEY, base_url=llm.base_url, sleep=slept.append).call(
+            _request()
+        )
+    assert slept == [0.5, 1.0, 2.0, 4.0]
+    assert len(llm.calls()) == 5
+
+
 def test_a_4xx_is_not_retried_and_carries_the_providers_message(llm: LlmFake) -> None:
     """A refusal is final: one request, and the provider's message on one line."""
     llm.add(openai_error(400, "Invalid schema for function 'place_order':\n  bad"))

@@ -38,7 +38,7 @@ class RetryPolicy:
     for: the call fails, so one slow provider cannot hold a run for an hour).
     """
 
-    attempts: int = 4
+    attempts: int = 5
     base_delay: float = 0.5
     max_delay: float = 8.0
     max_retry_after: float = 60.0
