@@ -76,6 +76,7 @@ class StampedModel:
     def __init__(self, probe: Callable[[], None] | None = None) -> None:
         self.name = "bench"
         self.stamps: list[float] = []
+        self.cpu: list[float] = []
         self.probe = probe
 
     def call(self, request: ModelRequest) -> ModelReply:
@@ -83,6 +84,7 @@ class StampedModel:
             if self.probe is not None:
                 self.probe()
             self.stamps.append(time.perf_counter())
+            self.cpu.append(time.process_time())
         if request.phase == "verify":
             return ModelReply(verdict="accept")
         # Arguments (and so idempotency keys) differ every iteration, as real WRITEs would.
@@ -197,7 +199,7 @@ class Backend(Protocol):
 class RawSession(Protocol):
     commits_per_iteration: int
 
-    def iterate(self, iterations: int) -> float: ...
+    def iterate(self, iterations: int) -> tuple[float, float]: ...
 
     def count(self, iterations: int, counter: Callable[[], int]) -> list[int]: ...
 
@@ -329,11 +331,15 @@ class SQLiteRaw:
         self._checkpoint(2)  # observe checkpoint
         self._checkpoint(3)  # verify checkpoint + verified
 
-    def iterate(self, iterations: int) -> float:
-        start = time.perf_counter()
+    def iterate(self, iterations: int) -> tuple[float, float]:
+        """Seconds per iteration: wall clock, and this process's CPU time."""
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iterations):
             self.one()
-        return (time.perf_counter() - start) / iterations
+        return (
+            (time.perf_counter() - start) / iterations,
+            (time.process_time() - cpu) / iterations,
+        )
 
     def count(self, iterations: int, counter: Callable[[], int]) -> list[int]:
         counts = []
@@ -458,11 +464,15 @@ class PostgresRaw:
         self._checkpoint(2)
         self._checkpoint(3)
 
-    def iterate(self, iterations: int) -> float:
-        start = time.perf_counter()
+    def iterate(self, iterations: int) -> tuple[float, float]:
+        """Seconds per iteration: wall clock, and this process's CPU time."""
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iterations):
             self.one()
-        return (time.perf_counter() - start) / iterations
+        return (
+            (time.perf_counter() - start) / iterations,
+            (time.process_time() - cpu) / iterations,
+        )
 
     def count(self, iterations: int, counter: Callable[[], int]) -> list[int]:
         counts = []
@@ -579,19 +589,29 @@ class Figures:
     iterations: int
     loop_ms: list[float] = field(default_factory=list)
     raw_ms: list[float] = field(default_factory=list)
+    loop_cpu_ms: list[float] = field(default_factory=list)
+    raw_cpu_ms: list[float] = field(default_factory=list)
     loop_commits: list[int] = field(default_factory=list)
     raw_commits: list[int] = field(default_factory=list)
     payload: Payload | None = None
     joint: bool = False
     growth: list[dict[str, Any]] = field(default_factory=list)
     written_label: str = ""
+    profile: str = ""
 
     @property
     def ratios(self) -> list[float]:
         return [loop / raw for loop, raw in zip(self.loop_ms, self.raw_ms, strict=True)]
 
+    @property
+    def overheads(self) -> list[float]:
+        """What the loop adds over the raw commits, in ms per iteration, round by round."""
+        return [loop - raw for loop, raw in zip(self.loop_ms, self.raw_ms, strict=True)]
 
-def measure(backend: Backend, *, iterations: int, rounds: int, growth: bool) -> Figures:
+
+def measure(
+    backend: Backend, *, iterations: int, rounds: int, growth: bool, profile: bool
+) -> Figures:
     payload = calibrate()
     figures = Figures(backend.name, backend.settings, iterations, payload=payload)
     store = backend.open_store()
@@ -608,8 +628,11 @@ def measure(backend: Backend, *, iterations: int, rounds: int, growth: bool) -> 
                     model = StampedModel()
                     drive(store, "timed", iterations + 1, model)
                     figures.loop_ms.append(per_iteration(model.stamps) * 1000)
+                    figures.loop_cpu_ms.append(per_iteration(model.cpu) * 1000)
                 else:
-                    figures.raw_ms.append(raw.iterate(iterations) * 1000)
+                    wall, cpu = raw.iterate(iterations)
+                    figures.raw_ms.append(wall * 1000)
+                    figures.raw_cpu_ms.append(cpu * 1000)
         # Untimed: count commits per iteration, the loop's and the baseline's.
         counter = backend.commit_counter(store)
         marks: list[int] = []
@@ -618,6 +641,8 @@ def measure(backend: Backend, *, iterations: int, rounds: int, growth: bool) -> 
         figures.raw_commits = raw.count(30, raw.counter())
         if growth:
             figures.growth = grow(backend, figures)
+        if profile:
+            figures.profile = profiled(backend.open_store(), iterations)
     finally:
         raw.close()
         backend.close()
@@ -630,7 +655,6 @@ def grow(backend: Backend, figures: Figures) -> list[dict[str, Any]]:
     label, written = backend.written_counter(store)
     figures.written_label = label
     sizes: list[tuple[int, int]] = []  # (iteration about to be planned, checkpoint bytes)
-    model_calls: list[int] = []
 
     def record(method: Callable[..., None]) -> Callable[..., None]:
         def saving(tenant: str, run: str, seq: int, state: Mapping[str, Any], *a: Any) -> None:
@@ -646,7 +670,6 @@ def grow(backend: Backend, figures: Figures) -> list[dict[str, Any]]:
 
     def probe() -> None:
         marks.append(written())
-        model_calls.append(len(sizes))
 
     last = max(BYTES_AT) + BYTES_WINDOW + 1
     drive(store, "growth", last, StampedModel(probe=probe))
@@ -668,6 +691,22 @@ def grow(backend: Backend, figures: Figures) -> list[dict[str, Any]]:
     return rows
 
 
+def profiled(store: Any, iterations: int) -> str:
+    """Where a loop iteration's time goes: cProfile over a run, the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    drive(store, "profiled", iterations, StampedModel())
+    profile.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(20)
+    return out.getvalue()
+
+
 # Reporting
 
 
@@ -675,8 +714,11 @@ def spread(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def report(all_figures: Sequence[Figures], *, rounds: int) -> str:
-    lines = []
+def report(all_figures: Sequence[Figures], *, rounds: int, load: tuple[str, str]) -> str:
+    lines = [
+        f"machine: {os.cpu_count()} cores, shared with other work; load average "
+        f"{load[0]} at start, {load[1]} at end",
+    ]
     for f in all_figures:
         assert f.payload is not None
         lines.append(f"[{f.backend}] {f.settings}")
@@ -691,17 +733,23 @@ def report(all_figures: Sequence[Figures], *, rounds: int) -> str:
             )
     lines.append("")
     header = (
-        f"{'store':<9}{'loop ms/iter':>22}{'raw ms/iter':>22}{'ratio':>22}"
-        f"{'commits/iter loop':>19}{'raw':>5}"
+        f"{'store':<9}{'loop ms/iter':>20}{'raw ms/iter':>20}{'ratio':>20}"
+        f"{'added ms/iter':>21}{'commits/iter loop':>19}{'raw':>5}"
     )
     lines.append(header)
     lines.append("-" * len(header))
     for f in all_figures:
         ratio = f.ratios
         lines.append(
-            f"{f.backend:<9}{spread(f.loop_ms):>22}{spread(f.raw_ms):>22}"
-            f"{spread(ratio) + 'x':>22}"
+            f"{f.backend:<9}{spread(f.loop_ms):>20}{spread(f.raw_ms):>20}"
+            f"{spread(ratio) + 'x':>20}{spread(f.overheads):>21}"
             f"{_commits(f.loop_commits):>19}{_commits(f.raw_commits):>5}"
+        )
+    lines.append("")
+    lines.append("client CPU time per iteration, this process only (the server's is not counted):")
+    for f in all_figures:
+        lines.append(
+            f"  {f.backend:<9} loop {spread(f.loop_cpu_ms)} ms   raw {spread(f.raw_cpu_ms)} ms"
         )
     lines.append("")
     lines.append(
@@ -736,7 +784,16 @@ def report(all_figures: Sequence[Figures], *, rounds: int) -> str:
                 f"{row['written_median']:>24.0f}{row['written_mean']:>10.0f}"
             )
         lines.append(f"  written = {f.written_label}")
+    for f in all_figures:
+        if f.profile:
+            lines.append("")
+            lines.append(f"[{f.backend}] profile of {f.iterations} loop iterations (cProfile)")
+            lines.append(f.profile.rstrip())
     return "\n".join(lines)
+
+
+def _load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _commits(counts: Sequence[int]) -> str:
@@ -770,11 +827,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-growth", action="store_true", help="skip the bytes-per-iteration pass"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of loop iterations"
+    )
     args = parser.parse_args(argv)
     if args.iterations < 2 or args.rounds < 1:
         parser.error("--iterations must be at least 2 and --rounds at least 1")
     names = ("sqlite", "postgres") if args.store == "all" else (args.store,)
     results = []
+    start_load = _load_average()
     with tempfile.TemporaryDirectory(prefix="keelgate-bench-") as tmp:
         os.chmod(tmp, 0o755)
         with backends(names, Path(tmp)) as opened:
@@ -786,9 +847,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         iterations=args.iterations,
                         rounds=args.rounds,
                         growth=not args.no_growth,
+                        profile=args.profile,
                     )
                 )
-    print(report(results, rounds=args.rounds))
+    print(report(results, rounds=args.rounds, load=(start_load, _load_average())))
     return 0
 
 
