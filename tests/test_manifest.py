@@ -806,3 +806,16 @@ def test_the_model_dump_is_the_manifest_spelling() -> None:
     assert "maxOutputTokens" in dumped["spec"]["model"]
     assert load_agentrun(yaml.safe_dump(dumped)) == run
     assert isinstance(AgentRunSpec.model_validate(dumped["spec"]), AgentRunSpec)
+
+
+def test_an_object_read_back_from_a_cluster_parses() -> None:
+    """What the API server returns (server-set metadata, kopf's progress under status) parses:
+    only the user-written parts refuse unknown fields."""
+    data = full("agentrun")
+    data["status"]["kopf"] = {"progress": {"create": {"retries": 1}}}
+    run = check("agentrun", data)
+    assert isinstance(run, AgentRun) and run.metadata.generation == 3
+    data["spec"]["kopf"] = {}
+    with pytest.raises(InputError) as caught:
+        check("agentrun", data)
+    assert str(caught.value) == "spec.kopf: unknown field"

@@ -20,6 +20,7 @@ from keelgate.core.spec import Budget, LoopSpec, Price
 from keelgate.core.types import LoopKind, RunPhase, SideEffect
 from keelgate.errors import InputError
 from keelgate.manifest.base import (
+    STATUS_CONFIG,
     ActionId,
     CallableRef,
     Condition,
@@ -401,6 +402,8 @@ class PendingApprovalStatus(KeelgateModel):
 
 class AgentRunStatus(KeelgateModel):
     """Written by the operator only; mirrors the run's checkpoint."""
+
+    model_config = STATUS_CONFIG
 
     phase: RunPhase = Field(
         default=RunPhase.PENDING, description="Pending | Running | Stopped | Succeeded | Failed."

@@ -81,6 +81,11 @@ class KeelgateModel(BaseModel):
     )
 
 
+# A status is written by the operator (and by kopf, which may keep its progress under
+# status.kopf), never by a user: a field Keelgate does not know there is not a typo to refuse.
+STATUS_CONFIG = ConfigDict(**{**KeelgateModel.model_config, "extra": "ignore"})
+
+
 def rule_error(loc: Sequence[str | int], reason: str) -> PydanticCustomError:
     """A cross-field rule's error. ``loc`` is relative to the model whose validator raises it
     (camelCase, list indexes as ints); ``keelgate.manifest.load`` appends it to the error's path

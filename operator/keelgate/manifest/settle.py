@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, model_validator
 
 from keelgate.manifest.base import (
+    STATUS_CONFIG,
     ActionId,
     DnsSubdomain,
     KeelgateModel,
@@ -45,6 +46,8 @@ class ReconciliationSpec(KeelgateModel):
 
 
 class ReconciliationStatus(KeelgateModel):
+    model_config = STATUS_CONFIG
+
     phase: Literal["Pending", "Settled"] = Field(
         default="Pending", description="Pending | Settled."
     )
@@ -86,6 +89,8 @@ class ApprovalSpec(KeelgateModel):
 
 
 class ApprovalStatus(KeelgateModel):
+    model_config = STATUS_CONFIG
+
     phase: Literal["Pending", "Settled"] = Field(
         default="Pending", description="Pending | Settled."
     )
