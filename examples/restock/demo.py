@@ -33,7 +33,8 @@ def keelgate(*args: str, failpoints: str = "") -> int:
     shown = " ".join(shlex.quote(a) for a in args)
     prefix = f"KEELGATE_FAILPOINTS={failpoints} " if failpoints else ""
     console.print(f"[bold cyan]$ {prefix}keelgate {shown}[/]")
-    env = {**os.environ, "SHOP_DIR": str(STATE / "shop"), "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "SHOP_DIR": str(STATE / "shop"), "PYTHONPATH": str(HERE),
+           "KEELGATE_STORE": STORE}
     env.pop("KEELGATE_FAILPOINTS", None)
     if failpoints:
         env["KEELGATE_FAILPOINTS"] = failpoints
@@ -60,25 +61,25 @@ def main() -> int:
     STATE.mkdir(parents=True)
     console.print(
         "[bold]Keelgate demo[/]: a restocking agent whose WRITE (place_order) must never run "
-        "twice,\nwhatever dies and whenever. The model is scripted, so no API key is needed.\n"
-        f"Manifest: {MANIFEST}   Store: {STORE}\n"
+        "twice, whatever dies and whenever. The model is scripted, so no API key is needed.\n"
     )
+    console.print(f"[bold cyan]$ export KEELGATE_STORE={STORE}[/]   [dim]# a fresh store[/]\n")
 
     step("1. The agent runs, and its process is killed mid-way",
-         "KEELGATE_FAILPOINTS arms a crash window: after_gateway_call@2 kills the process\n"
-         "(os._exit(137), nothing flushed) right after the 2nd tool call returned, i.e. after\n"
-         "the shop accepted the order but before Keelgate recorded that it had.")
-    code = keelgate("run", "-f", str(MANIFEST), "--store", STORE, failpoints="after_gateway_call@2")
+         "KEELGATE_FAILPOINTS arms a crash window: after_gateway_call@2 kills the process "
+         "(os._exit(137), nothing flushed) right after the 2nd tool call returned: the shop "
+         "has accepted the order, but Keelgate has not recorded that it did.")
+    code = keelgate("run", "-f", str(MANIFEST), failpoints="after_gateway_call@2")
     if code != 137:
         console.print(f"[red]expected the process to die with 137, got {code}[/]")
         return 1
     console.print(f"The shop's order book now holds [bold]{len(orders())}[/] order(s).\n")
 
     step("2. Run it again",
-         "A naive agent would ask the model again, or retry the call, and order twice.\n"
-         "Keelgate finds the order's idempotency key in flight with its owner dead: the outcome\n"
+         "A naive agent would ask the model again, or retry the call, and order twice. "
+         "Keelgate finds the order's idempotency key in flight with its owner dead: the outcome "
          "is unknown, so it stops and asks a person. Not knowing is a reason to stop.")
-    code = keelgate("run", "-f", str(MANIFEST), "--store", STORE)
+    code = keelgate("run", "-f", str(MANIFEST))
     if code != 3:
         console.print(f"[red]expected a resumable stop (3), got {code}[/]")
         return 1
@@ -89,20 +90,19 @@ def main() -> int:
         console.print(f"  order: sku={order['sku']} qty={order['qty']} "
                       f"key={order['idempotencyKey']}")
     console.print()
-    if keelgate("reconcile", "restock", "2:0", "--executed", "--by", "demo-operator",
-                "--store", STORE) != 0:
+    if keelgate("reconcile", "restock", "2:0", "--executed", "--by", "demo-operator") != 0:
         return 1
 
-    step("4. Resume", "The order is recorded as done; the run continues from its checkpoint,\n"
+    step("4. Resume", "The order is recorded as done; the run continues from its checkpoint, "
                       "without asking the model to plan that step again.")
-    if keelgate("resume", "restock", "--store", STORE) != 0:
+    if keelgate("resume", "restock") != 0:
         return 1
     count = len(orders())
     colour = "green" if count == 1 else "red"
     console.print(f"Orders placed in all: [bold {colour}]{count}[/] (one crash, one order).\n")
 
     step("5. The audit trail", "Hash-chained: editing or removing any event breaks the chain.")
-    if keelgate("audit", "restock", "--verify", "--store", STORE) != 0:
+    if keelgate("audit", "restock", "--verify") != 0:
         return 1
     return 0 if count == 1 else 1
 

@@ -38,7 +38,12 @@ class OutputFormat(StrEnum):
 
 
 StoreOption = Annotated[
-    str, typer.Option("--store", help="Store URL: sqlite:///PATH or postgresql://...")
+    str,
+    typer.Option(
+        "--store",
+        envvar="KEELGATE_STORE",
+        help="Store URL: sqlite:///PATH or postgresql://... (env KEELGATE_STORE).",
+    ),
 ]
 NamespaceOption = Annotated[
     str | None,
@@ -55,13 +60,12 @@ def exit_code(outcome: Outcome) -> int:
     return 3 if outcome.resumable else 1
 
 
-def _show(outcome: Outcome, output: OutputFormat, namespace: str) -> int:
+def _show(outcome: Outcome, output: OutputFormat) -> int:
     console = Console()
     if output is OutputFormat.json:
         console.json(outcome.to_json())
     else:
-        flag = "" if namespace == "default" else f" -n {namespace}"
-        console.outcome(outcome, namespace_flag=flag)
+        console.outcome(outcome)
     return exit_code(outcome)
 
 
@@ -108,7 +112,7 @@ def run_command(
     spec = agentrun.to_loop_spec(store=store)
     open_stores(store).close()  # a bad --store is reported before anything runs
     _python_path(file.parent)
-    return _show(_drive(spec, new_tick=True), output, spec.tenant)
+    return _show(_drive(spec, new_tick=True), output)
 
 
 @app.command("resume")
@@ -148,7 +152,7 @@ def resume_command(
     spec = LoopSpec.from_json({**saved.to_json(), "store": store}).with_budget(budget)
     _python_path()
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
-    return _show(_drive(spec, new_tick=False), output, tenant)
+    return _show(_drive(spec, new_tick=False), output)
 
 
 def _decimal(field: str, text: str | None) -> Decimal | None:
@@ -187,8 +191,7 @@ def reconcile_command(
     verdict = "executed" if executed else "abandoned (never retried under its key)"
     console = Console()
     console.say(f"{run} {action} ({record.tool}): settled as {verdict} by {by}", style="green")
-    flag = "" if tenant == "default" else f" -n {tenant}"
-    console.say(f"  continue with: keelgate resume {run}{flag}", style="dim")
+    console.say(f"  continue with: keelgate resume {run}", style="dim")
     return 0
 
 
@@ -214,8 +217,7 @@ def approve_command(
         stores.close()
     console = Console()
     console.say(f"{run} {action}: {'approved' if approve else 'denied'} by {by}", style="green")
-    flag = "" if tenant == "default" else f" -n {tenant}"
-    console.say(f"  continue with: keelgate resume {run}{flag}", style="dim")
+    console.say(f"  continue with: keelgate resume {run}", style="dim")
     return 0
 
 
@@ -265,4 +267,4 @@ def status_command(
         outcome = Loop(stores=stores).outcome(tenant, run)
     finally:
         stores.close()
-    return _show(outcome, output, tenant)
+    return _show(outcome, output)

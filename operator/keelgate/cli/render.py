@@ -42,7 +42,7 @@ class Console:
         sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
-    def outcome(self, outcome: Outcome, *, namespace_flag: str = "") -> None:
+    def outcome(self, outcome: Outcome) -> None:
         stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
@@ -68,9 +68,9 @@ class Console:
             self.out.print(
                 "  Check the system it changes, then settle it:\n"
                 f"    keelgate reconcile {outcome.run} {unknown.action} --executed "
-                f"--by YOU{namespace_flag}      # it happened\n"
+                f"--by YOU      # it happened\n"
                 f"    keelgate reconcile {outcome.run} {unknown.action} --not-executed "
-                f"--by YOU{namespace_flag}  # it did not: never retried under this key"
+                f"--by YOU  # it did not: never retried under this key"
             )
         for pending in outcome.pending_approvals:
             self.out.print(
@@ -79,25 +79,28 @@ class Console:
             )
             self.out.print(
                 f"    keelgate approve {outcome.run} {pending.action} --approve --by YOU"
-                f"{namespace_flag}\n"
+                f"\n"
                 f"    keelgate approve {outcome.run} {pending.action} --deny --by YOU"
-                f"{namespace_flag}"
+                f""
             )
         if outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
             self.out.print(
-                f"  resume with: keelgate resume {outcome.run}{namespace_flag} "
+                f"  resume with: keelgate resume {outcome.run} "
                 "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",
                 style="dim",
             )
 
     def audit(self, run: str, events: Sequence[AuditEvent], report: ChainReport | None) -> None:
-        table = Table(title=f"audit trail of {run}", title_justify="left", show_lines=False)
-        for column in ("#", "at", "event", "actor", "details"):
-            table.add_column(column, overflow="fold")
+        table = Table(title=f"audit trail of {run}", title_justify="left", box=None, pad_edge=False)
+        table.add_column("#", justify="right")
+        table.add_column("time (UTC)", no_wrap=True)
+        table.add_column("event", no_wrap=True)
+        table.add_column("actor", no_wrap=True)
+        table.add_column("details", overflow="fold")
         for event in events:
             table.add_row(
                 str(event.seq),
-                event.at,
+                event.at[11:23],
                 event.type.removeprefix("loop."),
                 event.actor,
                 _details(event),
@@ -127,4 +130,13 @@ def _details(event: AuditEvent) -> str:
             or "none"
         )
     data.pop("idempotencyKey", None)
-    return " ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "", []))
+    if data.get("replayed") is False:
+        del data["replayed"]
+    parts = []
+    for key, value in data.items():
+        if value in (None, "", []):
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
