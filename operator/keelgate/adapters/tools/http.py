@@ -86,6 +86,15 @@ class HttpTool:
         if timeout_seconds <= 0:
             raise InputError(f"{where}.timeoutSeconds", "must be more than 0")
         self.timeout_seconds = timeout_seconds
+        # No kept-alive connections: every request opens its own, so a failure to connect really
+        # means nothing was sent (a pooled connection the server had closed would blur that).
+        # The client itself is reused because building one (its TLS context) is slow.
+        # httpx never retries a request.
+        self._client = httpx.Client(
+            timeout=timeout_seconds,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     def __repr__(self) -> str:  # headers may hold credentials
         return f"HttpTool(name={self.name!r}, {self.where})"
@@ -105,21 +114,21 @@ class HttpTool:
             request["json"] = rest
         elif rest:
             request["params"] = _query(rest)
-        # A fresh client per call: no pooled connection that the server may have closed, so a
-        # failure to connect really means nothing was sent. httpx does not retry requests.
-        with httpx.Client(timeout=self.timeout_seconds, follow_redirects=False) as client:
-            try:
-                response = client.request(self.method, url, **request)
-            except _NOTHING_SENT as error:
-                raise ToolError(
-                    f"{self.name}: {self.where} failed before anything was sent "
-                    f"({type(error).__name__})"
-                ) from None
-            except httpx.TimeoutException as error:
-                self._unsure(f"no answer within {self.timeout_seconds}s ({type(error).__name__})")
-            except Exception as error:  # reset, protocol error, anything mid-exchange
-                self._unsure(f"the exchange broke off ({type(error).__name__})")
+        try:
+            response = self._client.request(self.method, url, **request)
+        except _NOTHING_SENT as error:
+            raise ToolError(
+                f"{self.name}: {self.where} failed before anything was sent "
+                f"({type(error).__name__})"
+            ) from None
+        except httpx.TimeoutException as error:
+            self._unsure(f"no answer within {self.timeout_seconds}s ({type(error).__name__})")
+        except Exception as error:  # reset, protocol error, anything mid-exchange
+            self._unsure(f"the exchange broke off ({type(error).__name__})")
         return self._result(response)
+
+    def close(self) -> None:
+        self._client.close()
 
     def _unsure(self, why: str) -> NoReturn:
         message = f"{self.name}: {self.where}: {why}"
