@@ -9,6 +9,7 @@ objects over the same file or database, as a new process would.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -459,6 +460,31 @@ def test_a_postgres_url_opens_the_postgres_store(pg_url: str) -> None:
             assert all(role is roles[0] for role in roles)
         finally:
             stores.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "driver", "module", "extra"),
+    [
+        ("postgresql://db.example/keelgate", "psycopg", "keelgate.stores.postgres", "postgres"),
+        ("langgraph+sqlite:///x.db", "langgraph", "keelgate.stores.langgraph", "langgraph"),
+    ],
+    ids=["postgres", "langgraph"],
+)
+def test_a_store_whose_extra_is_not_installed_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, driver: str, module: str, extra: str
+) -> None:
+    """Without its driver installed, a store URL is one InputError line naming --store and the
+    pip extra to install, not an ImportError traceback."""
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in sys.modules if n == driver or n.startswith(f"{driver}.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package looks like
+    monkeypatch.setitem(sys.modules, driver, None)
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(InputError) as missing:
+        open_stores(url)
+    assert missing.value.field == "--store"
+    assert f"keelgate[{extra}]" in str(missing.value)
+    assert "\n" not in str(missing.value)
 
 
 def test_an_unreachable_postgres_is_one_line_without_the_password() -> None:

@@ -22,6 +22,14 @@ def sqlite_path(url: str) -> str:
     return rest[1:]
 
 
+def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
+    return InputError(
+        "--store",
+        f"{scheme}:// stores need the {extra} extra: pip install 'keelgate[{extra}]' "
+        f"({missing.name or 'a module'} is not installed)",
+    )
+
+
 def open_stores(url: str = DEFAULT_URL) -> Stores:
     """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
     or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver)."""
@@ -32,7 +40,10 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         store = SQLiteStore(sqlite_path(url))
         return Stores(store, store, store)
     if scheme in ("postgresql", "postgres"):
-        from keelgate.stores.postgres import PostgresStore
+        try:
+            from keelgate.stores.postgres import PostgresStore
+        except ImportError as missing:
+            raise _needs_extra(scheme, "postgres", missing) from None
 
         pg = PostgresStore(url)
         return Stores(pg, pg, pg)
@@ -42,10 +53,18 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         memory = MemoryStore()
         return Stores(memory, memory, memory)
     if scheme == "langgraph+sqlite":
-        from keelgate.stores.langgraph import LangGraphCheckpointStore
+        try:
+            from keelgate.stores.langgraph import LangGraphCheckpointStore
+        except ImportError as missing:
+            raise _needs_extra(scheme, "langgraph", missing) from None
         from keelgate.stores.sqlite import SQLiteStore
 
         path = sqlite_path(url)
         companion = SQLiteStore(path)
-        return Stores(LangGraphCheckpointStore.sqlite(path + ".langgraph"), companion, companion)
+        try:
+            checkpoints = LangGraphCheckpointStore.sqlite(path + ".langgraph")
+        except BaseException:
+            companion.close()
+            raise
+        return Stores(checkpoints, companion, companion)
     raise InputError("--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)")
