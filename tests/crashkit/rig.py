@@ -26,6 +26,7 @@ from keelgate.core.types import KeyState, Outcome, StopReason
 from keelgate.errors import SimulatedCrash
 from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryBackend, MemoryStore
+from keelgate.stores.sqlite import SQLiteStore
 
 StoreOpener = Callable[[], Stores]
 
@@ -53,12 +54,26 @@ def memory_opener() -> StoreOpener:
 STORE_KINDS = ("memory", "sqlite", "postgres")
 
 
-def opener_for(kind: str, directory: Path, pg_url: Callable[[], str]) -> StoreOpener:
+def sqlite_opener(path: Path, *, synchronous: str = "FULL") -> StoreOpener:
+    """SQLite stores over one file. ``synchronous="NORMAL"`` keeps every commit through a process
+    death (WAL) but not through power loss: enough for in-process deaths, and much faster on a
+    busy disk."""
+
+    def opener() -> Stores:
+        store = SQLiteStore(path, synchronous=synchronous)
+        return Stores(store, store, store)
+
+    return opener
+
+
+def opener_for(
+    kind: str, directory: Path, pg_url: Callable[[], str], *, synchronous: str = "FULL"
+) -> StoreOpener:
     """An opener for one store kind, its files under ``directory``."""
     if kind == "memory":
         return memory_opener()
     if kind == "sqlite":
-        return url_opener(f"sqlite:///{directory}/keelgate.db")
+        return sqlite_opener(directory / "keelgate.db", synchronous=synchronous)
     if kind == "postgres":
         return url_opener(pg_url())
     raise ValueError(f"unknown store kind {kind!r}")
