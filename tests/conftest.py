@@ -23,7 +23,11 @@ def pg_server() -> Iterator[PgServer]:
     try:
         server = start_postgres()
     except PostgresUnavailable as error:
-        pytest.fail(str(error), pytrace=False)
+        missing = str(error)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
     try:
         yield server
     finally:
