@@ -11,6 +11,7 @@ never settle an outcome by anything but what the downstream journal says.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from crashkit.world import model_calls
 from keelgate.core.audit import verify
 from keelgate.core.failpoints import NAMES
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import KeyState, StopReason
+from keelgate.core.types import KeyState, Outcome, StopReason
 from keelgate.errors import SimulatedCrash
 
 READS = [{"tool": "get_inventory", "args": {"sku": sku}} for sku in ("A1", "B2")]
@@ -70,12 +71,14 @@ crashes = st.lists(st.tuples(st.sampled_from(WINDOWS), st.integers(1, 3)), min_s
     store=st.sampled_from(["memory", "sqlite"]),
     script=scripts,
     deaths=crashes,
-    effect=st.sampled_from(["before", "after"]),
+    effect=st.sampled_from(["after", "before"]),
     confirm=st.booleans(),
     max_iterations=st.none() | st.integers(1, 3),
     tokens=st.none() | st.integers(50, 1500),
     token_step=st.integers(300, 2000),
     restart_after_stop=st.booleans(),
+    gated=st.sampled_from(["", "place_order", "notify"]),
+    decisions=st.lists(st.booleans(), min_size=1, max_size=4),
 )
 def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
     store: str,
@@ -87,19 +90,25 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
     tokens: int | None,
     token_step: int,
     restart_after_stop: bool,
+    gated: str,
+    decisions: list[bool],
 ) -> None:
     """Whatever the sequence of deaths (any window, any pass, several per run, some during
-    recovery) and budget or verifier stops, driving the run to its end (raising budgets,
-    settling unknown outcomes truthfully by a person or a confirmer) ends goal_met with no side
-    effect downstream happening twice, every WRITE and PROPOSE key either completed (it happened
-    once) or abandoned (it never happened, and only because a tool died before its effect), the
-    model asked exactly once per planning call and per verdict, and an intact audit chain that
-    holds no argument."""
+    recovery) and budget, verifier or approval stops, driving the run to its end (raising
+    budgets, settling unknown outcomes truthfully by a person or a confirmer, approving or
+    denying) ends goal_met with no side effect downstream happening twice or unapproved, every
+    WRITE and PROPOSE key either completed (it happened once), abandoned (it never happened, and
+    only because a tool died before its effect) or never tried (denied), the model asked exactly
+    once per planning call and per verdict, and an intact audit chain that holds no argument."""
     with tempfile.TemporaryDirectory() as directory:
         # Deaths here are in-process, so the page cache survives them: no fsync needed, which
         # keeps 300 examples fast on a busy CI disk.
         journal = Journal(Path(directory) / "world.jsonl", fsync=False)
-        world = World(journal, effect="before" if effect == "before" else "after")
+        world = World(
+            journal,
+            effect="before" if effect == "before" else "after",
+            approval=frozenset({gated} - {""}),
+        )
         spec = LoopSpec(
             "shop",
             "restock",
@@ -109,10 +118,30 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
         opener = opener_for(store, Path(directory), lambda: "", synchronous="NORMAL")
         rig = Rig(opener, world, script, confirm=confirm)
         try:
-            fired = _drive(rig, spec, deaths, token_step, restart_after_stop)
-            _assert_promise(rig, spec, script, fired, effect)
+            people = _People(decisions)
+            fired = _drive(rig, spec, deaths, token_step, restart_after_stop, people)
+            _assert_promise(rig, spec, script, fired, effect, people, gated)
         finally:
             rig.die()
+
+
+class _People:
+    """Approvers deciding in a fixed rotation; remembers which keys they let through or not."""
+
+    def __init__(self, decisions: list[bool]) -> None:
+        self.decisions = itertools.cycle(decisions)
+        self.approved: set[str] = set()
+        self.denied: set[str] = set()
+
+    def decide(self, rig: Rig, spec: LoopSpec, outcome: Outcome) -> None:
+        plan = rig.loop.state(spec.tenant, spec.run).plan
+        assert plan is not None
+        keys = {a.id: a.key for a in plan.actions}
+        for waiting in outcome.pending_approvals:
+            approved = next(self.decisions)
+            rig.loop.approve(spec.tenant, spec.run, waiting.action, approved=approved, by="amy")
+            (self.approved if approved else self.denied).add(keys[waiting.action])
+            event(f"a person {'approved' if approved else 'denied'} an action")
 
 
 def _drive(
@@ -121,6 +150,7 @@ def _drive(
     deaths: list[tuple[str, int]],
     token_step: int,
     restart_after_stop: bool,
+    people: _People,
 ) -> list[SimulatedCrash]:
     pending = list(deaths)
     fired: list[SimulatedCrash] = []
@@ -139,6 +169,8 @@ def _drive(
         if reason is StopReason.OUTCOME_UNKNOWN:
             for _, executed in settle_truthfully(rig.loop, result, rig.world):
                 event(f"a person settled it: {'executed' if executed else 'abandoned'}")
+        elif reason is StopReason.AWAITING_APPROVAL:
+            people.decide(rig, spec, result)
         elif reason is StopReason.MAX_ITERATIONS:
             assert spec.budget.max_iterations is not None
             spec = spec.with_budget(spec.budget.raised(max_iterations=result.iteration + 1))
@@ -163,6 +195,8 @@ def _assert_promise(
     script: list[dict[str, Any]],
     fired: list[SimulatedCrash],
     effect: str,
+    people: _People,
+    gated: str,
 ) -> None:
     effects = rig.world.effects()
     assert all(count == 1 for count in effects.values()), f"a side effect repeated: {effects}"
@@ -170,9 +204,14 @@ def _assert_promise(
     planned = {c.key for c in calls}
     assert set(effects) <= planned, "a side effect nobody planned"
     abandoned = 0
+    for row in rig.world.journal.entries("effect"):
+        if row["tool"] == gated:
+            assert row["key"] in people.approved, f"{gated} ran unapproved"
     for key in planned:
         record = rig.stores.idempotency.get(spec.tenant, key)
-        assert record is not None
+        if record is None:  # never tried: every action with this key was denied
+            assert key in people.denied and effects[key] == 0
+            continue
         if effects[key] == 1:
             assert record.state is KeyState.COMPLETED
         else:
