@@ -15,13 +15,12 @@ from typing import Annotated
 import typer
 
 from keelgate.cli.render import Console
-from keelgate.core.audit import verify
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.errors import InputError, RunNotFound
-from keelgate.stores import DEFAULT_URL, open_stores
+from keelgate.stores import DEFAULT_URL, check_store_url, open_stores
 
 app = typer.Typer(
     name="keelgate",
@@ -110,7 +109,7 @@ def run_command(
         raise InputError("--file", f"{file}: no such file")
     agentrun = load_agentrun(file)
     spec = agentrun.to_loop_spec(store=store)
-    open_stores(store).close()  # a bad --store is reported before anything runs
+    check_store_url(store)  # before anything runs; the runner builds all before opening
     _python_path(file.parent)
     return _show(_drive(spec, new_tick=True), output)
 
@@ -235,10 +234,11 @@ def audit_command(
     stores = open_stores(store)
     try:
         tenant = _tenant(stores, run, namespace)
-        events = stores.audit.events(tenant, run)
+        loop = Loop(stores=stores)
+        events = loop.audit(tenant, run)
+        report = loop.verify_audit(tenant, run) if check else None
     finally:
         stores.close()
-    report = verify(tenant, run, events) if check else None
     console = Console()
     if output is OutputFormat.json:
         console.json(

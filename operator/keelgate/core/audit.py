@@ -8,7 +8,7 @@ every backend chains identically. Events carry who and what, never tool argument
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -121,8 +121,20 @@ class ChainReport:
     problems: tuple[str, ...] = ()
 
 
-def verify(tenant: str, run: str, events: Sequence[AuditEvent]) -> ChainReport:
-    """Check every link: sequence without gaps, each ``prev`` the hash before, each hash right."""
+def verify(
+    tenant: str,
+    run: str,
+    events: Sequence[AuditEvent],
+    *,
+    anchor: str | None = None,
+    pending: Collection[str] = (),
+) -> ChainReport:
+    """Check every link: sequence without gaps, each ``prev`` the hash before, each hash right.
+
+    Links alone cannot show that the newest events were cut off. ``anchor`` is the key of the
+    last event the run's checkpoint says it wrote (``pending``: keys still in its outbox, not
+    yet appended); if the chain lacks it, events were removed from its end.
+    """
     problems: list[str] = []
     prev = GENESIS
     for expected, event in enumerate(events, start=1):
@@ -135,4 +147,8 @@ def verify(tenant: str, run: str, events: Sequence[AuditEvent]) -> ChainReport:
         if _digest(tenant, run, event.seq, event.prev, draft) != event.hash:
             problems.append(f"event {event.seq} ({event.type}) was altered")
         prev = event.hash
+    if anchor is not None and anchor not in pending and all(e.key != anchor for e in events):
+        problems.append(
+            f"events were removed from the end: the checkpoint's last event ({anchor}) is missing"
+        )
     return ChainReport(not problems, len(events), tuple(problems))

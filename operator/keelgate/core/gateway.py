@@ -25,6 +25,7 @@ from keelgate.core.types import (
     ResultStatus,
     SideEffect,
     UnknownAction,
+    stricter,
 )
 from keelgate.errors import KeelgateError, RunBusy, ToolError
 
@@ -100,14 +101,15 @@ class Gateway:
             return ActionResult(
                 action.id, ResultStatus.ERROR, error=f"unknown tool {action.tool!r}"
             )
-        if tool.side_effect not in self.allowed:
+        side_effect = stricter(tool.side_effect, action.side_effect)
+        if side_effect not in self.allowed:
             return ActionResult(
                 action.id,
                 ResultStatus.REFUSED,
-                error=f"{SIDE_EFFECT_NOT_PERMITTED}: {tool.side_effect.value} tools are not "
+                error=f"{SIDE_EFFECT_NOT_PERMITTED}: {side_effect.value} tools are not "
                 f"permitted in this loop",
             )
-        if tool.side_effect is SideEffect.READ:
+        if side_effect is SideEffect.READ:
             return self._read(tool, action)
         return self._write(tool, action)
 

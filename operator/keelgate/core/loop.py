@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keelgate.core import failpoints
-from keelgate.core.audit import AuditDraft, AuditEvent, utc_now
+from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport, utc_now, verify
 from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
 from keelgate.core.protocols import CheckpointLog, Confirmer, Stores, Tool
@@ -28,6 +28,7 @@ from keelgate.core.types import (
     Outcome,
     PendingApproval,
     ResultStatus,
+    SideEffect,
     Stop,
     StopReason,
     UnknownAction,
@@ -90,6 +91,16 @@ class Loop:
 
     def audit(self, tenant: str, run: str) -> list[AuditEvent]:
         return self.stores.audit.events(tenant, run)
+
+    def verify_audit(self, tenant: str, run: str) -> ChainReport:
+        """Verify the run's chain, anchored to its checkpoint so a cut-off end is detected."""
+        events = self.stores.audit.events(tenant, run)
+        checkpoint = self.stores.checkpoints.load(tenant, run)
+        if checkpoint is None:
+            return verify(tenant, run, events)
+        state = checkpoint.state
+        pending = {d.get("key") for d in state.get("outbox", []) if d.get("key")}
+        return verify(tenant, run, events, anchor=state.get("auditTail"), pending=pending)
 
     # Running
 
@@ -221,7 +232,10 @@ class _Session:
         self.mark = now
         outbox = (*state.outbox, *self.pending, *drafts)
         self.pending.clear()
-        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active), outbox=())
+        tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
+        state = state.but(
+            seq=state.seq + 1, usage=state.usage.plus(active), outbox=(), audit_tail=tail
+        )
         if self.joint is not None:
             self.joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
             return state
@@ -343,7 +357,9 @@ class _Session:
             return spent
         if budget.tokens is None and budget.dollars is None:
             return None  # no budget to hold an estimate against: skip serialising the request
-        estimate = estimate_input_tokens(request)
+        # A provider that knows its own wire format may estimate better than the neutral guess.
+        estimator = getattr(self.loop.model, "estimate_input_tokens", estimate_input_tokens)
+        estimate = int(estimator(request))
         if budget.tokens is not None and state.usage.tokens + estimate > budget.tokens:
             return StopReason.TOKEN_BUDGET, (
                 f"the next call's input alone (~{estimate} tokens) would pass the budget "
@@ -378,7 +394,9 @@ class _Session:
             return usage
         return Usage(usage.input_tokens, usage.output_tokens, self.price.cost(usage))
 
-    def _request(self, state: RunState, phase: str, *, call: int, iteration: int) -> ModelRequest:
+    def _request(
+        self, state: RunState, phase: str, *, call: int, iteration: int, answer: str | None = None
+    ) -> ModelRequest:
         return ModelRequest(
             phase="plan" if phase == "plan" else "verify",
             goal=self.spec.goal,
@@ -387,7 +405,12 @@ class _Session:
             history=state.history,
             tools=self.tool_infos,
             max_output_tokens=self.loop.max_output_tokens,
+            answer=answer,
         )
+
+    def _side_effect_of(self, name: str) -> SideEffect | None:
+        tool = self.loop.tools.get(name)
+        return None if tool is None else tool.side_effect
 
     # Phases
 
@@ -413,6 +436,7 @@ class _Session:
                 call.tool,
                 dict(call.args),
                 idempotency_key(state.tenant, state.run, call.tool, call.args),
+                self._side_effect_of(call.tool),
             )
             for index, call in enumerate(reply.actions)
         )
@@ -529,7 +553,13 @@ class _Session:
     def _verify(self, state: RunState) -> RunState:
         assert state.plan is not None
         plan = state.plan
-        request = self._request(state, "verify", call=plan.call, iteration=plan.iteration)
+        request = self._request(
+            state,
+            "verify",
+            call=plan.call,
+            iteration=plan.iteration,
+            answer=plan.answer if plan.done else None,
+        )
         refused = self._precheck(state, request)
         if refused is not None:
             return self._stop(state, *refused)

@@ -50,6 +50,7 @@ class ModelRequest:
     history: Sequence[Mapping[str, Any]]
     tools: Sequence[ToolInfo]
     max_output_tokens: int | None = None
+    answer: str | None = None  # verify only: the final answer under review, if the plan is done
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,12 @@ class ModelRequest:
             "call": self.call,
             "history": [dict(h) for h in self.history],
             "tools": [t.to_json() for t in self.tools],
+            **({"answer": self.answer} if self.answer is not None else {}),
+            **(
+                {"maxOutputTokens": self.max_output_tokens}
+                if self.max_output_tokens is not None
+                else {}
+            ),
         }
 
 

@@ -109,6 +109,7 @@ class RunState:
     approvals: Mapping[str, Approval] = field(default_factory=dict)
     outbox: tuple[AuditDraft, ...] = ()
     answer: str | None = None
+    audit_tail: str | None = None  # key of the last event written with a checkpoint
 
     @property
     def tenant(self) -> str:
@@ -180,6 +181,7 @@ class RunState:
             "approvals": {k: v.to_json() for k, v in self.approvals.items()},
             "outbox": [d.to_json() for d in self.outbox],
             "answer": self.answer,
+            "auditTail": self.audit_tail,
         }
 
     @classmethod
@@ -212,4 +214,5 @@ class RunState:
             },
             outbox=tuple(AuditDraft.from_json(d) for d in data.get("outbox", [])),
             answer=data.get("answer"),
+            audit_tail=data.get("auditTail"),
         )

@@ -167,21 +167,46 @@ class Stop:
         )
 
 
+_STRICTNESS = {SideEffect.READ: 0, SideEffect.PROPOSE: 1, SideEffect.WRITE: 2}
+
+
+def stricter(a: SideEffect, b: SideEffect | None) -> SideEffect:
+    """The stricter of two side-effect classes (WRITE > PROPOSE > READ)."""
+    if b is None:
+        return a
+    return a if _STRICTNESS[a] >= _STRICTNESS[b] else b
+
+
 @dataclass(frozen=True)
 class Action:
-    """One planned tool call, saved before it runs (write-ahead)."""
+    """One planned tool call, saved before it runs (write-ahead).
+
+    ``side_effect`` is the tool's class when planned: a manifest edited later cannot downgrade a
+    saved WRITE to a READ and so run it again unguarded.
+    """
 
     id: str
     tool: str
     args: Mapping[str, Any]
     key: str
+    side_effect: SideEffect | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "tool": self.tool, "args": dict(self.args), "key": self.key}
+        data = {"id": self.id, "tool": self.tool, "args": dict(self.args), "key": self.key}
+        if self.side_effect is not None:
+            data["sideEffect"] = self.side_effect.value
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Action:
-        return cls(str(data["id"]), str(data["tool"]), dict(data["args"]), str(data["key"]))
+        side_effect = data.get("sideEffect")
+        return cls(
+            str(data["id"]),
+            str(data["tool"]),
+            dict(data["args"]),
+            str(data["key"]),
+            None if side_effect is None else SideEffect(side_effect),
+        )
 
 
 class ResultStatus(StrEnum):

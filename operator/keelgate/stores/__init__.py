@@ -68,3 +68,17 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             raise
         return Stores(checkpoints, companion, companion)
     raise InputError("--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)")
+
+
+SCHEMES = ("sqlite", "postgresql", "postgres", "memory", "langgraph+sqlite")
+
+
+def check_store_url(url: str) -> None:
+    """Refuse a malformed store URL without touching anything (no file, no connection)."""
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise InputError(
+            "--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)"
+        )
+    if scheme in ("sqlite", "langgraph+sqlite"):
+        sqlite_path(url)
