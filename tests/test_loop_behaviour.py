@@ -554,11 +554,11 @@ def test_a_write_whose_outcome_is_unknown_stops_the_run_and_is_never_retried(
     assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
 
 
-def test_a_definite_tool_failure_is_recorded_and_replayed_not_retried(
+def test_a_definite_tool_failure_leaves_no_key_so_the_same_call_may_be_tried_again(
     stores: Stores, world: World
 ) -> None:
-    """A ToolError means nothing happened: the run goes on, the model sees the error, and the
-    failed WRITE is not called again when the same call comes round."""
+    """A ToolError means nothing happened: the run goes on, the model sees the error, the key is
+    dropped rather than recorded, and the same WRITE planned again later is really called."""
     flaky = Flaky(world.journal, ToolError("out of stock"), effect=False)
     model = Recorder(
         [RESTOCK[0], {"actions": [PLACE]}, {"actions": [PLACE]}, DONE],
@@ -566,10 +566,21 @@ def test_a_definite_tool_failure_is_recorded_and_replayed_not_retried(
     loop = loop_over(stores, model, flaky.tools(world))
     done = loop.run_or_resume(spec())
     assert done.stop.reason is StopReason.GOAL_MET
-    assert flaky.calls == 1
+    assert flaky.calls == 2
     orders = [a for a in history_actions(model.requests[-1]) if a["tool"] == "place_order"]
     assert [a["status"] for a in orders] == ["error", "error"]
     assert all("out of stock" in a["error"] for a in orders)
+    key = loop.state("shop", "restock").plan
+    assert key is not None
+    place_key = [e for e in stores.audit.events("shop", "restock") if e.type == "loop.plan_saved"]
+    keys = {
+        a["idempotencyKey"]
+        for e in place_key
+        for a in e.data["actions"]
+        if a["tool"] == "place_order"
+    }
+    assert len(keys) == 1
+    assert stores.idempotency.get("shop", keys.pop()) is None
 
 
 def test_a_write_planned_twice_in_a_run_runs_once_and_replays(stores: Stores, world: World) -> None:

@@ -235,6 +235,25 @@ def test_release_turns_an_in_flight_key_into_an_unknown_outcome(
         assert got is not None and got.state is KeyState.OUTCOME_UNKNOWN
 
 
+def test_forget_drops_only_its_own_in_flight_key_so_the_call_can_be_made_again(
+    key_store_factory: StoreFactory,
+) -> None:
+    """A definitely refused call leaves no key: its owner's forget drops it and the same key can
+    be claimed again; another store's forget, or forgetting a completed key, changes nothing."""
+    owner, other = keys(key_store_factory), keys(key_store_factory)
+    assert claim(owner) is None
+    other.forget("acme", "kg-1")
+    live = other.get("acme", "kg-1")
+    assert live is not None and live.state is KeyState.IN_FLIGHT
+    owner.forget("acme", "kg-1")
+    assert other.get("acme", "kg-1") is None
+    assert claim(other) is None
+    other.complete("acme", "kg-1", {"status": "ok"})
+    other.forget("acme", "kg-1")
+    done = owner.get("acme", "kg-1")
+    assert done is not None and done.state is KeyState.COMPLETED
+
+
 @pytest.mark.parametrize("executed", [True, False], ids=["executed", "not-executed"])
 def test_settle_applies_only_to_an_unknown_outcome_and_only_once(
     key_store_factory: StoreFactory, executed: bool

@@ -146,11 +146,11 @@ class Gateway:
         try:
             output = tool.invoke(action.args, idempotency_key=action.key)
         except ToolError as error:
-            # A definite refusal: nothing happened. Record it so a replay says the same.
+            # A definite refusal: nothing happened, so the key is dropped and the same call may
+            # be made again (a crash before the drop leaves it unknown: the safe side).
             failpoints.hit("after_gateway_call")
-            result = ActionResult(action.id, ResultStatus.ERROR, error=error.message)
-            self.keys.complete(self.tenant, action.key, result.to_json())
-            return result
+            self.keys.forget(self.tenant, action.key)
+            return ActionResult(action.id, ResultStatus.ERROR, error=error.message)
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
             log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)

@@ -69,6 +69,11 @@ class IdempotencyStore(Protocol):
         """Give up ownership of a claimed key whose outcome is unknown (a timed-out WRITE)."""
         ...
 
+    def forget(self, tenant: str, key: str) -> None:
+        """Drop a claimed key whose call was definitely refused (nothing happened), so the same
+        call may be made again later. Only the claiming owner's in-flight key is dropped."""
+        ...
+
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         """Settle an ``outcome_unknown`` key: completed if executed, else abandoned.
 

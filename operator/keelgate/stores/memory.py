@@ -123,6 +123,13 @@ class MemoryStore:
             if entry.owner == self.owner:
                 entry.owner = None
 
+    def forget(self, tenant: str, key: str) -> None:
+        with self.backend.lock:
+            entry = self.backend.keys.get((tenant, key))
+            mine = entry is not None and entry.owner == self.owner
+            if mine and entry is not None and entry.record.state is KeyState.IN_FLIGHT:
+                del self.backend.keys[(tenant, key)]
+
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         with self.backend.lock:
             entry = self.backend.keys.get((tenant, key))

@@ -350,6 +350,14 @@ class PostgresStore:
                 (tenant, key, self._owner_ids),
             )
 
+    def forget(self, tenant: str, key: str) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "DELETE FROM keelgate_keys WHERE tenant = %s AND key = %s "
+                "AND state = 'in_flight' AND owner = ANY(%s)",
+                (tenant, key, self._owner_ids),
+            )
+
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         with self._conn() as conn:
             row = self._row(conn, tenant, key)

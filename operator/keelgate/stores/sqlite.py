@@ -251,6 +251,14 @@ class SQLiteStore:
                 (tenant, key, self.owner),
             )
 
+    def forget(self, tenant: str, key: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM keelgate_keys WHERE tenant = ? AND key = ? "
+                "AND state = 'in_flight' AND owner = ?",
+                (tenant, key, self.owner),
+            )
+
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         with self._tx() as db:
             row = self._row(db, tenant, key)
