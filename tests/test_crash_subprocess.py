@@ -6,6 +6,8 @@ worker process arms one failpoint through ``KEELGATE_FAILPOINTS`` and dies by ``
 settles any unknown outcome truthfully from the downstream journal. This module must never
 settle anything itself or arm a failpoint any other way than the environment.
 
+Also: two live processes driving one run at once (exactly one acts).
+
 Coverage: on SQLite and on Postgres, every window at its 1st, 2nd and 3rd pass (mid-tool with the
 effect before and after the crash): 24 cases each, two process starts per case (about 0.3 s each;
 a Postgres case takes about 1 s in all). Marked slow.
@@ -17,7 +19,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +59,37 @@ def _cases(occurrences: tuple[int, ...]) -> list[Any]:
 CASES = _cases((1, 2, 3))
 
 
-def run_worker(job: dict[str, Any], *, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+def _environment(failpoints: str = "") -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     env.pop("KEELGATE_FAILPOINTS", None)
     if failpoints:
         env["KEELGATE_FAILPOINTS"] = failpoints
+    return env
+
+
+def start_worker(job: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "crashkit.worker", json.dumps(job)],
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(worker: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        stdout, stderr = worker.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.communicate()
+        raise
+    return report(subprocess.CompletedProcess(worker.args, worker.returncode, stdout, stderr))
+
+
+def run_worker(job: dict[str, Any], *, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+    env = _environment(failpoints)
     return subprocess.run(
         [sys.executable, "-m", "crashkit.worker", json.dumps(job)],
         env=env,
@@ -163,3 +192,78 @@ def test_a_bad_failpoint_setting_is_one_clear_line_and_runs_nothing(tmp_path: Pa
     assert len(lines) == 1 and lines[0].startswith("KEELGATE_FAILPOINTS:")
     assert "after_lunch" in lines[0]
     assert Journal(journal).entries() == []
+
+
+def _holding(journal: Journal, pid: int) -> bool:
+    return any(row["pid"] == pid for row in journal.entries("holding"))
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("held", ["place_order", "get_inventory"])
+def test_two_processes_resuming_one_run_at_once_exactly_one_acts(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str, held: str
+) -> None:
+    """Two live processes drive the same run at the same moment. With the first one inside a
+    WRITE, the second refuses to act (RunBusy) rather than touch a WRITE in flight; with both
+    inside the same READ, they race to record it and exactly one goes on (the other's stale
+    checkpoint is refused). Either way exactly one finishes the run, every WRITE happens once,
+    and the model is asked once per step."""
+    url = (
+        f"sqlite:///{tmp_path}/keelgate.db"
+        if store == "sqlite"
+        else str(request.getfixturevalue("pg_url"))
+    )
+    journal = Journal(tmp_path / "world.jsonl")
+    release = tmp_path / "release"
+    spec = LoopSpec(
+        "shop", f"race-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
+    )
+    job = {
+        "store": url,
+        "journal": str(journal.path),
+        "tenant": spec.tenant,
+        "run": spec.run,
+        "mode": "drive",
+        "hold": str(release),
+        "hold_tool": held,
+    }
+    first = start_worker(job)
+    second: subprocess.Popen[str] | None = None
+    try:
+        _wait_until(lambda: _holding(journal, first.pid), f"the first process is in {held}")
+        second = start_worker(job)
+        if held == "place_order":
+            lost = finish(second)
+            assert lost == {"outcomes": [], "settled": [], "lost": "RunBusy"}
+            release.touch()
+            results = [finish(first), lost]
+        else:
+            late = second
+            _wait_until(lambda: _holding(journal, late.pid), "the second process is in it too")
+            release.touch()
+            results = [finish(first), finish(second)]
+    finally:
+        release.touch()
+        for worker in (first, second):
+            if worker is not None and worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+
+    winners = [r for r in results if r["outcomes"]]
+    losers = [r for r in results if not r["outcomes"]]
+    assert len(winners) == 1 and len(losers) == 1, results
+    assert [o["stopReason"] for o in winners[0]["outcomes"]] == ["goal_met"]
+    assert losers[0]["lost"] in ("RunBusy", "StaleCheckpoint")
+
+    rig = Rig(url_opener(url), World(journal), RESTOCK)
+    try:
+        assert_promise(rig, spec, tool_calls(RESTOCK, spec.tenant, spec.run))
+    finally:
+        rig.die()

@@ -19,6 +19,7 @@ from crashkit.world import Journal, World
 from keelgate.core import failpoints
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import Outcome
+from keelgate.errors import RunBusy, StaleCheckpoint
 
 
 def _report(outcome: Outcome) -> dict[str, Any]:
@@ -35,15 +36,25 @@ def main(argv: list[str]) -> int:
     if failpoints.environment_error is not None:
         print(failpoints.environment_error, file=sys.stderr)
         return 2
-    world = World(Journal(job["journal"]), effect=job.get("effect", "before"))
+    world = World(
+        Journal(job["journal"]),
+        effect=job.get("effect", "before"),
+        hold=job.get("hold", ""),
+        hold_tool=job.get("hold_tool", ""),
+    )
     spec = LoopSpec(job["tenant"], job["run"], "restock", budget=Budget(max_iterations=10))
     rig = Rig(url_opener(job["store"]), world, RESTOCK, confirm=bool(job.get("confirm")))
+    settled: list[tuple[str, bool]] = []
+    outcomes: list[Outcome] = []
     try:
-        settled: list[tuple[str, bool]] = []
         if job["mode"] == "run":
             outcomes = [rig.loop.run_or_resume(spec)]
         else:
             outcomes, settled = drive(rig, spec)
+    except (RunBusy, StaleCheckpoint) as lost:
+        # Another live process drives this run: this one must stop without acting.
+        print(json.dumps({"outcomes": [], "settled": [], "lost": type(lost).__name__}))
+        return 0
     finally:
         rig.die()
     print(json.dumps({"outcomes": [_report(o) for o in outcomes], "settled": settled}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ class World:
     journal: Journal
     effect: Placement = "before"
     approval: frozenset[str] = field(default_factory=frozenset)
+    #: Race tests: the body of ``hold_tool`` journals "holding" and waits until the file
+    #: ``hold`` exists, so a second process can be let in while the first is mid-tool.
+    hold: str = ""
+    hold_tool: str = ""
 
     def tools(self) -> list[PythonTool]:
         return [
@@ -90,6 +95,7 @@ class World:
     # The tool bodies
 
     def _get_inventory(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        self._wait("get_inventory")
         failpoint("mid_tool")
         sku = str(args["sku"])
         return {"sku": sku, "count": _INVENTORY.get(sku, 0)}
@@ -100,7 +106,17 @@ class World:
     def _notify(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         return self._change("notify", args, idempotency_key, {"sent": True})
 
+    def _wait(self, tool: str) -> None:
+        if not self.hold or tool != self.hold_tool:
+            return
+        self.journal.record("holding", tool=tool, pid=os.getpid())
+        deadline = time.monotonic() + 60
+        while not Path(self.hold).exists():
+            assert time.monotonic() < deadline, "nobody released the held tool"
+            time.sleep(0.02)
+
     def _change(self, tool: str, args: Mapping[str, Any], key: str | None, result: Any) -> Any:
+        self._wait(tool)
         if self.effect == "before":
             self.journal.record("effect", tool=tool, key=key, args=dict(args))
         failpoint("mid_tool")
