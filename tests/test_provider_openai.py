@@ -24,7 +24,7 @@ from keelgate.core.model import ModelRequest, PlannedCall, ToolInfo
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import SideEffect, StopReason
-from keelgate.errors import InputError, ModelError
+from keelgate.errors import InputError, ModelError, ModelUnavailable
 from keelgate.stores.sqlite import SQLiteStore
 
 KEY = "sk-test-0123456789abcdef"
@@ -301,6 +301,35 @@ def test_reported_usage_drives_the_token_budget(llm: LlmFake, tmp_path: Path) ->
     # plan (5000+100), verify, plan, verify: every reported token counted, nothing else.
     assert outcome.usage.input_tokens == 5000 + 100 + 10 + 100
     assert len(llm.calls()) == 4
+
+
+def test_an_outage_leaves_the_run_where_it_was_to_be_tried_again(
+    llm: LlmFake, tmp_path: Path
+) -> None:
+    """A provider down through every retry is not a stop: nothing is saved, the run is not
+    failed, and the same call made again later continues it."""
+    llm.add(
+        openai_reply(calls=[("place_order", {"sku": "A1", "qty": 20})]),
+        openai_reply(calls=[("keelgate_verdict", {"verdict": "accept", "reason": "ok"})]),
+        *[openai_error(503, "overloaded", kind="server_error") for _ in range(4)],
+    )
+    orders: list[dict[str, Any]] = []
+    spec = LoopSpec("shop", "restock", "Restock A1")
+    with pytest.raises(ModelUnavailable, match="gave up after 4 attempts"):
+        _loop(tmp_path, _model(llm), orders).run_or_resume(spec)
+    store = SQLiteStore(tmp_path / "keelgate.db")
+    try:
+        before = Loop(stores=Stores(store, store, store)).state("shop", "restock")
+    finally:
+        store.close()
+    assert before.stop is None and before.iteration == 1
+    llm.add(
+        openai_reply(text="all stocked up"),
+        openai_reply(calls=[("keelgate_verdict", {"verdict": "accept", "reason": "ok"})]),
+    )
+    outcome = _loop(tmp_path, _model(llm), orders).run_or_resume(spec)
+    assert outcome.stop.reason is StopReason.GOAL_MET and outcome.iteration == 2
+    assert orders == [{"sku": "A1", "qty": 20}]
 
 
 def test_a_4xx_stops_the_run_failed_with_the_providers_message(

@@ -98,6 +98,14 @@ class ModelError(KeelgateError):
     """The model provider refused a request or answered something unusable; the run fails."""
 
 
+class ModelUnavailable(ModelError):
+    """The provider stayed unreachable or overloaded through every retry.
+
+    Not a stop: nothing about the call was saved, so the run is exactly where it was and the
+    same command (or the operator's next attempt) tries again.
+    """
+
+
 class SimulatedCrash(BaseException):
     """Raised by a failpoint armed in ``raise`` mode: an in-process stand-in for a process death.
 

@@ -20,6 +20,7 @@ from keelgate.core import failpoints
 from keelgate.errors import (
     InputError,
     KeelgateError,
+    ModelUnavailable,
     RunBusy,
     RunNotFound,
     SettleError,
@@ -57,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RunBusy, StaleCheckpoint) as error:
         console.error(f"{error} (another process is driving this run; nothing was done here)")
         return EXIT_BUSY
+    except ModelUnavailable as error:
+        console.error(f"{error}; nothing was saved: run the same command again to retry")
+        return EXIT_FAILED
     except KeelgateError as error:
         console.error(str(error))
         return EXIT_FAILED

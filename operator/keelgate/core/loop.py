@@ -35,7 +35,14 @@ from keelgate.core.types import (
     Usage,
     idempotency_key,
 )
-from keelgate.errors import InputError, KeelgateError, ModelError, RunNotFound, SettleError
+from keelgate.errors import (
+    InputError,
+    KeelgateError,
+    ModelError,
+    ModelUnavailable,
+    RunNotFound,
+    SettleError,
+)
 
 log = logging.getLogger("keelgate.loop")
 
@@ -380,6 +387,8 @@ class _Session:
             return self._stop(state, StopReason.FAILED, "no model is configured", resumable=False)
         try:
             return self.loop.model.call(request)
+        except ModelUnavailable:
+            raise  # nothing was saved: the run stays where it was, to be tried again
         except ModelError as error:
             return self._stop(state, StopReason.FAILED, f"model: {error.message}", resumable=False)
         except KeelgateError:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from keelgate.errors import ModelError
+from keelgate.errors import ModelError, ModelUnavailable
 
 log = logging.getLogger("keelgate.models")
 
@@ -123,7 +123,7 @@ def call_with_retries(
                     and verdict.retry_after > policy.max_retry_after
                     else ""
                 )
-                raise ModelError(
+                raise ModelUnavailable(
                     f"{provider}: {verdict.what} (gave up after {attempt} "
                     f"attempt{'s' if attempt != 1 else ''}{detail})"
                 ) from None
