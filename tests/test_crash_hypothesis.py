@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -60,6 +61,7 @@ WINDOWS = (
 crashes = st.lists(st.tuples(st.sampled_from(WINDOWS), st.integers(1, 3)), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=300,
     deadline=None,
