@@ -105,7 +105,9 @@ def test_a_model_that_would_say_something_different_cannot_change_a_saved_action
 
 
 @pytest.mark.parametrize(
-    "crash", [("before_action", 2), ("after_action_checkpoint", 1), ("after_gateway_call", 2)]
+    "crash",
+    [("before_action", 2), ("after_action_checkpoint", 1), ("after_gateway_call", 2)],
+    ids=lambda crash: f"{crash[0]}@{crash[1]}",
 )
 def test_a_partly_run_plan_resumes_with_its_saved_actions_not_a_new_answer(
     opener: StoreOpener, tmp_path: Path, crash: tuple[str, int]
