@@ -50,10 +50,6 @@ def memory_opener() -> StoreOpener:
     return opener
 
 
-#: The store kinds the crash tests run over; "postgres" needs the session's ``pg_url``.
-STORE_KINDS = ("memory", "sqlite", "postgres")
-
-
 def sqlite_opener(path: Path, *, synchronous: str = "FULL") -> StoreOpener:
     """SQLite stores over one file. ``synchronous="NORMAL"`` keeps every commit through a process
     death (WAL) but not through power loss: enough for in-process deaths, and much faster on a
