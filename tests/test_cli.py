@@ -15,7 +15,7 @@ import pytest
 
 from keelgate.cli import main
 
-TOOLS = '''
+TOOLS = """
 import json, os
 from pathlib import Path
 
@@ -33,11 +33,12 @@ def order(args, *, idempotency_key):
         os.fsync(book.fileno())
     keelgate.failpoint("mid_tool")
     return {"ordered": True}
-'''
+"""
 
 
-def manifest(*, max_iterations: int = 10, approval: bool = False, side_effect: str = "WRITE",
-             sku: str = "A1") -> str:
+def manifest(
+    *, max_iterations: int = 10, approval: bool = False, side_effect: str = "WRITE", sku: str = "A1"
+) -> str:
     return textwrap.dedent(f"""\
         apiVersion: keelgate.dev/v1alpha1
         kind: AgentRun
@@ -95,13 +96,19 @@ def cli(world: Path, *args: str, failpoints: str = "") -> subprocess.CompletedPr
     env.pop("KEELGATE_FAILPOINTS", None)
     if failpoints:
         env["KEELGATE_FAILPOINTS"] = failpoints
-    return subprocess.run([sys.executable, "-m", "keelgate", *args], cwd=world, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "keelgate", *args],
+        cwd=world,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-def test_run_to_goal_prints_the_contract_json_and_exits_0(world: Path,
-                                                         capsys: pytest.CaptureFixture[str]
-                                                         ) -> None:
+def test_run_to_goal_prints_the_contract_json_and_exits_0(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`run --output json` ends with one JSON object in the contract's shape; goal met is 0."""
     code = main(["run", "-f", str(write(world, manifest())), "--output", "json"])
     result = last_json(capsys.readouterr().out)
@@ -109,13 +116,18 @@ def test_run_to_goal_prints_the_contract_json_and_exits_0(world: Path,
     assert result["run"] == "restock" and result["phase"] == "Succeeded"
     assert result["stopReason"] == "goal_met" and result["resumable"] is False
     assert result["iteration"] == 3 and result["unknownActions"] == []
-    assert result["usage"] == {"inputTokens": 10, "outputTokens": 5, "dollars": "0",
-                               "activeSeconds": result["usage"]["activeSeconds"]}  # type: ignore[index]
+    assert result["usage"] == {
+        "inputTokens": 10,
+        "outputTokens": 5,
+        "dollars": "0",
+        "activeSeconds": result["usage"]["activeSeconds"],
+    }  # type: ignore[index]
     assert orders(world) == 1
 
 
 def test_a_budget_stop_exits_3_and_resume_with_more_continues(
-        world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A budget stop is resumable (exit 3); `resume --max-iterations` continues to the goal."""
     path = write(world, manifest(max_iterations=1))
     assert main(["run", "-f", str(path), "-o", "json"]) == 3
@@ -126,18 +138,22 @@ def test_a_budget_stop_exits_3_and_resume_with_more_continues(
     assert orders(world) == 1
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["resume", "restock", "--tokens", "many"], "--tokens"),
-    (["resume", "restock", "--dollars", "lots"], "--dollars"),
-    (["resume", "restock", "--max-iterations", "0"], "--max-iterations"),
-    (["reconcile", "restock", "2:0", "--by", "alice"], "--executed"),
-    (["approve", "restock", "2:0", "--by", "bob"], "--approve"),
-    (["run"], "--file"),
-    (["run", "-f", "missing.yaml"], "--file"),
-    (["audit", "restock", "--store", "mysql://x"], "--store"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["resume", "restock", "--tokens", "many"], "--tokens"),
+        (["resume", "restock", "--dollars", "lots"], "--dollars"),
+        (["resume", "restock", "--max-iterations", "0"], "--max-iterations"),
+        (["reconcile", "restock", "2:0", "--by", "alice"], "--executed"),
+        (["approve", "restock", "2:0", "--by", "bob"], "--approve"),
+        (["run"], "--file"),
+        (["run", "-f", "missing.yaml"], "--file"),
+        (["audit", "restock", "--store", "mysql://x"], "--store"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(
-        world: Path, capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
+    world: Path, capsys: pytest.CaptureFixture[str], args: list[str], field: str
+) -> None:
     """A bad flag is one line on stderr naming the flag, exit 2, never a traceback."""
     main(["run", "-f", str(write(world, manifest(max_iterations=1)))])
     capsys.readouterr()
@@ -149,7 +165,8 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(
 
 
 def test_a_bad_manifest_exits_2_names_the_field_and_touches_no_saved_state(
-        world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A bad field is exit 2 with its path; the run already in the store is unchanged."""
     good = write(world, manifest(max_iterations=1))
     assert main(["run", "-f", str(good)]) == 3
@@ -205,12 +222,14 @@ def test_a_real_crash_after_the_write_stops_unknown_until_reconciled(world: Path
     assert trail["verified"] is True
     reconciled = [e for e in trail["events"] if e["type"] == "loop.reconciled"]  # type: ignore[union-attr]
     assert [(e["actor"], e["data"]["source"], e["data"]["verdict"]) for e in reconciled] == [
-        ("alice", "human", "executed")]
+        ("alice", "human", "executed")
+    ]
     assert "SKU-SECRET-77" not in audit.stdout + rerun.stdout + resumed.stdout
 
 
-def test_audit_verify_exits_1_when_an_event_was_edited(world: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_audit_verify_exits_1_when_an_event_was_edited(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Editing one stored audit event breaks the chain: `audit --verify` says so, exit 1."""
     assert main(["run", "-f", str(write(world, manifest()))]) == 0
     with sqlite3.connect(world / ".keelgate" / "keelgate.db") as db:
@@ -220,8 +239,9 @@ def test_audit_verify_exits_1_when_an_event_was_edited(world: Path,
     assert "altered" in capsys.readouterr().out
 
 
-def test_a_denied_approval_never_runs_the_write(world: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_denied_approval_never_runs_the_write(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """requiresApproval stops before the call (exit 3); --deny means it never runs."""
     assert main(["run", "-f", str(write(world, manifest(approval=True))), "-o", "json"]) == 3
     stopped = last_json(capsys.readouterr().out)
@@ -232,9 +252,33 @@ def test_a_denied_approval_never_runs_the_write(world: Path,
     assert orders(world) == 0
 
 
-def test_resume_of_an_unknown_run_is_bad_input(world: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_of_an_unknown_run_is_bad_input(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Naming a run the store does not hold is exit 2 with one line, and creates nothing."""
     assert main(["resume", "nosuch"]) == 2
     err = capsys.readouterr().err.strip()
     assert "nosuch" in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_api_key_is_bad_input_naming_the_variable(
+    world: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real provider whose key variable is unset stops before anything runs: exit 2, one line
+    naming spec.model.apiKeyEnv and the variable, and no store is created."""
+    monkeypatch.delenv("KG_TEST_NO_SUCH_KEY", raising=False)
+    text = textwrap.dedent("""\
+        apiVersion: keelgate.dev/v1alpha1
+        kind: AgentRun
+        metadata: {name: restock}
+        spec:
+          goal: restock
+          model: {provider: openai, name: gpt-test, apiKeyEnv: KG_TEST_NO_SUCH_KEY}
+          tools:
+            - {name: look, sideEffect: READ, python: {callable: "kgtools:look"}}
+        """)
+    assert main(["run", "-f", str(write(world, text))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "spec.model.apiKeyEnv" in err and "KG_TEST_NO_SUCH_KEY" in err
+    assert not (world / ".keelgate").exists()

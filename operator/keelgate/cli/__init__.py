@@ -8,6 +8,7 @@ mistake, and never print tool arguments or secrets.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -37,6 +38,9 @@ EXIT_BUSY = 4
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keelgate`` executable; returns the exit code."""
     console = Console()
+    # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
+    # as one line each; they never carry tool arguments or secrets.
+    logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
     if failpoints.environment_error is not None:
         console.error(str(failpoints.environment_error))
         return EXIT_BAD_INPUT

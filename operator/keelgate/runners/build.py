@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from keelgate.manifest import AgentRunSpec, ModelConfig, Provider, ToolConfig, s
 
 ModelBuilder = Callable[[ModelConfig], Model]
 ToolBuilder = Callable[[ToolConfig, str], Tool]  # (tool, its manifest path) -> Tool
+
+
+log = logging.getLogger("keelgate.build")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ def build_parts(spec: LoopSpec, *, manifest: AgentRunSpec | None = None) -> Part
         TOOL_BUILDERS[tool.kind](tool, f"spec.tools[{index}]")
         for index, tool in enumerate(config.tools)
     )
+    for tool in tools:
+        # e.g. an MCP server's hints disagreeing with the declared side effect: the manifest
+        # decides, but the user should hear about it.
+        for warning in getattr(tool, "warnings", ()):
+            log.warning("%s", warning)
     name = model_config.effective_name
     return Parts(
         model=model,
@@ -137,10 +146,16 @@ def _anthropic(config: ModelConfig) -> Model:
     return model
 
 
-def _api_key(config: ModelConfig) -> str | None:
+def _api_key(config: ModelConfig) -> str:
     # In a step pod the operator maps apiKeySecretRef to this variable; the key itself is never
     # part of a manifest, a LoopSpec or a checkpoint.
-    return os.environ.get(config.api_key_env_name) or None
+    key = os.environ.get(config.api_key_env_name)
+    if not key:
+        raise InputError(
+            "spec.model.apiKeyEnv",
+            f"{config.api_key_env_name} is not set: export it, or name another variable",
+        )
+    return key
 
 
 # Tools
@@ -203,6 +218,7 @@ def _http_tool(tool: ToolConfig, where: str) -> Tool:
         description=tool.description,
         input_schema=tool.input_schema,
         headers=tool.http.headers,
+        where=where,
         **options,
     )
     return built
@@ -219,6 +235,7 @@ def _mcp_tool(tool: ToolConfig, where: str) -> Tool:
         "description": tool.description,
         "timeout_seconds": tool.timeout_seconds,
         "key_argument": tool.mcp.key_argument or None,
+        "where": where,
     }
     if tool.input_schema is not None:
         # The manifest gave the schema: no need to ask the server before the run starts.
