@@ -14,6 +14,15 @@ from keelgate.errors import InputError
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
 
 
+def redacted(url: str) -> str:
+    """A store URL fit for an error message: any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
 def sqlite_path(url: str) -> str:
     """``sqlite:///relative/path`` or ``sqlite:////absolute/path`` to a filesystem path."""
     rest = url.split("://", 1)[1]
@@ -67,7 +76,9 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             companion.close()
             raise
         return Stores(checkpoints, companion, companion)
-    raise InputError("--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)")
+    raise InputError(
+        "--store", f"{redacted(url)!r}: unknown store (use sqlite:///PATH or postgresql://...)"
+    )
 
 
 SCHEMES = ("sqlite", "postgresql", "postgres", "memory", "langgraph+sqlite")
@@ -78,7 +89,7 @@ def check_store_url(url: str) -> None:
     scheme = urlsplit(url).scheme
     if scheme not in SCHEMES:
         raise InputError(
-            "--store", f"{url!r}: unknown store (use sqlite:///PATH or postgresql://...)"
+            "--store", f"{redacted(url)!r}: unknown store (use sqlite:///PATH or postgresql://...)"
         )
     if scheme in ("sqlite", "langgraph+sqlite"):
         sqlite_path(url)
