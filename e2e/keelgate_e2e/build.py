@@ -15,6 +15,7 @@ Run as `python -m keelgate_e2e.build` (add `--force` to rebuild, `--print` to sh
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import shutil
@@ -173,7 +174,7 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
 def build(names: Sequence[str], go: Path | None = None) -> None:
     """Build `names` into e2e/bin at the pinned versions (one `go build` per tools module)."""
     go = find_go() if go is None else go
-    staging = BIN_DIR / ".staging"
+    staging = BIN_DIR / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     kube = [n for n in names if n in KUBE_PROGRAMS]
     if kube:
@@ -196,9 +197,17 @@ def ensure(force: bool = False) -> dict[str, Binary]:
     """Return every program, building the missing ones (or all of them when `force`)."""
     missing = list(ALL_PROGRAMS) if force else [n for n in ALL_PROGRAMS if find(n) is None]
     if missing:
-        started = time.monotonic()
-        build(missing)
-        print(f"built {', '.join(missing)} in {time.monotonic() - started:.0f}s", flush=True)
+        BIN_DIR.mkdir(parents=True, exist_ok=True)
+        with (BIN_DIR / ".lock").open("w") as lock:
+            # Concurrent runs (two test sessions) wait for one build instead of racing.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not force:
+                missing = [n for n in ALL_PROGRAMS if find(n) is None]
+            if missing:
+                started = time.monotonic()
+                build(missing)
+                took = time.monotonic() - started
+                print(f"built {', '.join(missing)} in {took:.0f}s", flush=True)
     resolved: dict[str, Binary] = {}
     for name in ALL_PROGRAMS:
         found = find(name)

@@ -221,6 +221,7 @@ class PodWorker(threading.Thread):
             self._recover(status)
             self._report()
         while True:
+            self._wake.clear()  # before reading the flags, so no wake-up is lost
             with self._lock:
                 shutdown, gone, grace = self._shutdown, self._gone, self._delete_grace
             if shutdown:
@@ -235,7 +236,6 @@ class PodWorker(threading.Thread):
                 self._step()
                 self._report()
             self._wake.wait(0.2 if self.phase not in TERMINAL else 5.0)
-            self._wake.clear()
 
     def _recover(self, status: JSON) -> None:
         """If the agent restarted, processes of this pod were lost: account for them."""
