@@ -33,8 +33,12 @@ def keelgate(*args: str, failpoints: str = "") -> int:
     shown = " ".join(shlex.quote(a) for a in args)
     prefix = f"KEELGATE_FAILPOINTS={failpoints} " if failpoints else ""
     console.print(f"[bold cyan]$ {prefix}keelgate {shown}[/]")
-    env = {**os.environ, "SHOP_DIR": str(STATE / "shop"), "PYTHONPATH": str(HERE),
-           "KEELGATE_STORE": STORE}
+    env = {
+        **os.environ,
+        "SHOP_DIR": str(STATE / "shop"),
+        "PYTHONPATH": str(HERE),
+        "KEELGATE_STORE": STORE,
+    }
     env.pop("KEELGATE_FAILPOINTS", None)
     if failpoints:
         env["KEELGATE_FAILPOINTS"] = failpoints
@@ -65,36 +69,46 @@ def main() -> int:
     )
     console.print(f"[bold cyan]$ export KEELGATE_STORE={STORE}[/]   [dim]# a fresh store[/]\n")
 
-    step("1. The agent runs, and its process is killed mid-way",
-         "KEELGATE_FAILPOINTS arms a crash window: after_gateway_call@2 kills the process "
-         "(os._exit(137), nothing flushed) right after the 2nd tool call returned: the shop "
-         "has accepted the order, but Keelgate has not recorded that it did.")
+    step(
+        "1. The agent runs, and its process is killed mid-way",
+        "KEELGATE_FAILPOINTS arms a crash window: after_gateway_call@2 kills the process "
+        "(os._exit(137), nothing flushed) right after the 2nd tool call returned: the shop "
+        "has accepted the order, but Keelgate has not recorded that it did.",
+    )
     code = keelgate("run", "-f", str(MANIFEST), failpoints="after_gateway_call@2")
     if code != 137:
         console.print(f"[red]expected the process to die with 137, got {code}[/]")
         return 1
     console.print(f"The shop's order book now holds [bold]{len(orders())}[/] order(s).\n")
 
-    step("2. Run it again",
-         "A naive agent would ask the model again, or retry the call, and order twice. "
-         "Keelgate finds the order's idempotency key in flight with its owner dead: the outcome "
-         "is unknown, so it stops and asks a person. Not knowing is a reason to stop.")
+    step(
+        "2. Run it again",
+        "A naive agent would ask the model again, or retry the call, and order twice. "
+        "Keelgate finds the order's idempotency key in flight with its owner dead: the outcome "
+        "is unknown, so it stops and asks a person. Not knowing is a reason to stop.",
+    )
     code = keelgate("run", "-f", str(MANIFEST))
     if code != 3:
         console.print(f"[red]expected a resumable stop (3), got {code}[/]")
         return 1
 
-    step("3. A person checks the shop and settles it",
-         "The order book shows the order with Keelgate's idempotency key, so it did happen.")
+    step(
+        "3. A person checks the shop and settles it",
+        "The order book shows the order with Keelgate's idempotency key, so it did happen.",
+    )
     for order in orders():
-        console.print(f"  order: sku={order['sku']} qty={order['qty']} "
-                      f"key={order['idempotencyKey']}")
+        console.print(
+            f"  order: sku={order['sku']} qty={order['qty']} key={order['idempotencyKey']}"
+        )
     console.print()
     if keelgate("reconcile", "restock", "2:0", "--executed", "--by", "demo-operator") != 0:
         return 1
 
-    step("4. Resume", "The order is recorded as done; the run continues from its checkpoint, "
-                      "without asking the model to plan that step again.")
+    step(
+        "4. Resume",
+        "The order is recorded as done; the run continues from its checkpoint, "
+        "without asking the model to plan that step again.",
+    )
     if keelgate("resume", "restock") != 0:
         return 1
     count = len(orders())
