@@ -275,9 +275,15 @@ class PostgresStore:
     ) -> None:
         """Save a checkpoint and append its audit events in one transaction (one commit)."""
         text = json.dumps(state, separators=(",", ":"))
-        with self._conn() as conn, conn.transaction():
-            self._save(conn, tenant, run, seq, text)
-            self._append(conn, tenant, run, drafts)
+        with self._conn() as conn:
+            if not drafts:
+                # One autocommit statement is already atomic: BEGIN and COMMIT would only add
+                # two round trips (the observe checkpoint of every iteration carries no event).
+                self._save(conn, tenant, run, seq, text)
+                return
+            with conn.transaction():
+                self._save(conn, tenant, run, seq, text)
+                self._append(conn, tenant, run, drafts)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._conn() as conn:
