@@ -23,11 +23,10 @@ from hypothesis import strategies as st
 from crashkit import Journal, Rig, World, opener_for, settle_truthfully, tool_calls
 from crashkit.rig import assert_no_arguments_in_audit
 from crashkit.scripts import MARK
-from crashkit.world import model_calls
-from keelgate.core.audit import verify
+from crashkit.world import DISCONTINUED, model_calls
 from keelgate.core.failpoints import NAMES
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import KeyState, Outcome, StopReason
+from keelgate.core.types import KeyState, Outcome, StopReason, idempotency_key
 from keelgate.errors import SimulatedCrash
 
 READS = [{"tool": "get_inventory", "args": {"sku": sku}} for sku in ("A1", "B2")]
@@ -37,13 +36,18 @@ WRITES = [
     for qty in (5, 20)
 ]
 PROPOSALS = [{"tool": "notify", "args": {"to": "buyer", "text": MARK}}]
+#: Refused downstream: a definite failure, nothing happens.
+REFUSED = {"sku": DISCONTINUED, "qty": 1, "note": MARK}
+REFUSALS = [{"tool": "place_order", "args": REFUSED}]
 
 usages = st.fixed_dictionaries(
     {"inputTokens": st.integers(0, 300), "outputTokens": st.integers(0, 100)}
 )
 entries = st.fixed_dictionaries(
     {
-        "actions": st.lists(st.sampled_from(WRITES + PROPOSALS + READS), min_size=1, max_size=3),
+        "actions": st.lists(
+            st.sampled_from(WRITES + PROPOSALS + REFUSALS + READS), min_size=1, max_size=3
+        ),
         "usage": usages,
     },
     optional={"verdict": st.just("reject")},
@@ -100,8 +104,9 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
     budgets, settling unknown outcomes truthfully by a person or a confirmer, approving or
     denying) ends goal_met with no side effect downstream happening twice or unapproved, every
     WRITE and PROPOSE key either completed (it happened once), abandoned (it never happened, and
-    only because a tool died before its effect) or never tried (denied), the model asked exactly
-    once per planning call and per verdict, and an intact audit chain that holds no argument."""
+    only because a tool died before its effect or before its refusal was recorded) or absent
+    (denied, or refused downstream), the model asked exactly once per planning call and per
+    verdict, and an intact audit chain, anchored to the checkpoint, that holds no argument."""
     with tempfile.TemporaryDirectory() as directory:
         # Deaths here are in-process, so the page cache survives them: no fsync needed, which
         # keeps 300 examples fast on a busy CI disk.
@@ -205,12 +210,19 @@ def _assert_promise(
     calls = [c for c in tool_calls(script, spec.tenant, spec.run) if c.changes_world]
     planned = {c.key for c in calls}
     assert set(effects) <= planned, "a side effect nobody planned"
+    refused = idempotency_key(spec.tenant, spec.run, "place_order", REFUSED)
     abandoned = 0
     for row in rig.world.journal.entries("effect"):
         if row["tool"] == gated:
             assert row["key"] in people.approved, f"{gated} ran unapproved"
     for key in planned:
         record = rig.stores.idempotency.get(spec.tenant, key)
+        if key == refused:
+            # Refused downstream: its key is dropped, or abandoned if a death came between the
+            # call and the drop. It never happened either way.
+            assert effects[key] == 0
+            assert record is None or record.state is KeyState.ABANDONED
+            continue
         if record is None:  # never tried: every action with this key was denied
             assert key in people.denied and effects[key] == 0
             continue
@@ -227,6 +239,6 @@ def _assert_promise(
     for phase in ("plan", "verify"):
         asked = sorted(row["call"] for row in model_calls(rig.world.journal, phase))
         assert asked == list(range(len(script))), f"{phase} calls {asked}"
-    report = verify(spec.tenant, spec.run, rig.stores.audit.events(spec.tenant, spec.run))
+    report = rig.loop.verify_audit(spec.tenant, spec.run)
     assert report.ok, report.problems
     assert_no_arguments_in_audit(rig.stores, spec, MARK)

@@ -17,7 +17,6 @@ from typing import Any
 from crashkit.scripts import MARK, Call, Script
 from crashkit.world import CountingModel, LedgerConfirmer, World, model_calls
 from keelgate.core import failpoints
-from keelgate.core.audit import verify
 from keelgate.core.loop import Loop
 from keelgate.core.model import Model
 from keelgate.core.protocols import Confirmer, Stores
@@ -193,7 +192,7 @@ def assert_promise(
         assert record is not None, f"{call.action} {call.tool} has no idempotency record"
         want = KeyState.ABANDONED if call.key in gone else KeyState.COMPLETED
         assert record.state is want, f"{call.action} {call.tool}: {record.state} != {want}"
-    report = verify(spec.tenant, spec.run, rig.stores.audit.events(spec.tenant, spec.run))
+    report = rig.loop.verify_audit(spec.tenant, spec.run)
     assert report.ok, report.problems
     assert_no_arguments_in_audit(rig.stores, spec, MARK)
     if model_asked_once:

@@ -23,6 +23,7 @@ from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.model import Model, ModelReply, ModelRequest
 from keelgate.core.types import SideEffect, UnknownAction
+from keelgate.errors import ToolError
 
 #: Tool classes whose calls change the world and so must happen at most once.
 SIDE_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROPOSE})
@@ -30,6 +31,9 @@ SIDE_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROPOSE})
 Placement = Literal["before", "after"]
 
 _INVENTORY = {"A1": 3, "B2": 0, "C3": 12}
+
+#: The SKU the downstream system refuses to order (a definite failure: nothing happens).
+DISCONTINUED = "discontinued-sku"
 
 
 class Journal:
@@ -65,7 +69,8 @@ class Journal:
 class World:
     """Tools over a journal: ``get_inventory`` (READ), ``place_order`` (WRITE), ``notify``
     (PROPOSE). Every tool body passes the ``mid_tool`` failpoint; ``effect`` says whether a
-    side effect lands before it (a crash there leaves it done) or after it (left undone)."""
+    side effect lands before it (a crash there leaves it done) or after it (left undone). An
+    order for ``DISCONTINUED`` is refused (``ToolError``) and changes nothing."""
 
     journal: Journal
     effect: Placement = "before"
@@ -117,9 +122,13 @@ class World:
 
     def _change(self, tool: str, args: Mapping[str, Any], key: str | None, result: Any) -> Any:
         self._wait(tool)
-        if self.effect == "before":
+        refused = tool == "place_order" and args.get("sku") == DISCONTINUED
+        if self.effect == "before" and not refused:
             self.journal.record("effect", tool=tool, key=key, args=dict(args))
         failpoint("mid_tool")
+        if refused:
+            # A definite refusal by the system of record: nothing happened downstream.
+            raise ToolError(f"{DISCONTINUED} can no longer be ordered")
         if self.effect == "after":
             self.journal.record("effect", tool=tool, key=key, args=dict(args))
         return result
