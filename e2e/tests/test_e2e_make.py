@@ -41,6 +41,35 @@ def make(target: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def listening_addresses(pids: list[int]) -> set[str]:
+    """The local addresses (ip:port) of TCP sockets listening in processes `pids`."""
+    inodes: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir() if fd_dir.exists() else ():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found: set[str] = set()
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A = LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_ip)
+            if width == 4:
+                ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+            else:  # four little-endian 32-bit words
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                ip = socket.inet_ntop(socket.AF_INET6, words)
+            found.add(f"{ip}:{int(hex_port, 16)}")
+    return found
+
+
 def port_open(port: int) -> bool:
     """True if something accepts TCP connections on 127.0.0.1:`port`."""
     with socket.socket() as sock:
@@ -50,7 +79,8 @@ def port_open(port: int) -> bool:
 
 def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     """`make up` starts etcd, the API server, controller-manager, scheduler, node agent and
-    PostgreSQL and writes a kubeconfig with contexts admin (current), alice and bob; after the
+    PostgreSQL, listening on 127.0.0.1 only, and writes a kubeconfig with contexts admin
+    (current), alice and bob; after the
     node agent is SIGKILLed with pods running, `make down` still stops every process of the run
     (pods included) and frees every port."""
     run_dir = tmp_path / "dev"
@@ -79,6 +109,13 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
             check=False,
         )
         assert pg.stdout.strip() == "1", pg.stderr
+
+        listening = listening_addresses(procs.marked_pids(run_dir))
+        assert len(listening) >= 7, (
+            listening,
+            state["ports"],
+        )  # etcd x2, api, kcm, sched, node, pg
+        assert {a.rsplit(":", 1)[0] for a in listening} == {"127.0.0.1"}, listening
 
         # A pod with a process that escapes its process group, then the agent dies.
         kubectl(
