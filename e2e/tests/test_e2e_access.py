@@ -1,5 +1,9 @@
 """Authentication and authorization on the real API server: client-certificate users, RBAC,
-the Node authorizer for the node agent, and the agent's log endpoint."""
+the Node authorizer for the node agent, and the agent's log endpoint.
+
+They must never grant anything outside the test's own namespace (the cluster is shared by the
+session).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """`make up` and `make down` (e2e/e2e.mk) on a second, private run directory: everything starts,
 the kubeconfig has the three users, and `make down` leaves no process behind, even when the node
 agent was killed first and its pods' processes (one of which left its process group) are
-orphaned."""
+orphaned.
+
+It must never touch `.dev/` or the session's cluster: it runs its own under pytest's tmp_path.
+"""
 
 from __future__ import annotations
 
@@ -80,8 +83,9 @@ def port_open(port: int) -> bool:
 def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     """`make up` starts etcd, the API server, controller-manager, scheduler, node agent and
     PostgreSQL, all listening on 127.0.0.1 only, and writes a kubeconfig with contexts admin
-    (current), alice and bob; after the node agent is SIGKILLed with pods running, `make down`
-    still stops every process of the run (pods included) and frees every port."""
+    (current), alice and bob; when the node agent is SIGKILLed with pods running, the
+    node-lifecycle controller marks the node unreachable, and `make down` still stops every
+    process of the run (pods included) and frees every port."""
     run_dir = tmp_path / "dev"
     up = make("up", run_dir)
     try:
@@ -142,6 +146,16 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
             if b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes()
         ]
         assert len(sleepers) == 2, sleepers  # both still running after the agent died
+
+        # A dead agent is a node fault: its Lease goes stale and the real node-lifecycle
+        # controller marks the Node Ready=Unknown and taints it unreachable.
+        def unreachable() -> bool:
+            node = json.loads(kubectl("get", "node", "keelgate-node", "-o", "json").stdout)
+            ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+            taints = {t["key"] for t in node["spec"].get("taints") or []}
+            return ready[0]["status"] == "Unknown" and "node.kubernetes.io/unreachable" in taints
+
+        wait_for(unreachable, timeout=120, interval=2, what="the node to be marked unreachable")
     finally:
         down = make("down", run_dir)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -1,5 +1,8 @@
 """The node agent as the control plane sees it: a Ready Node with capacity and a Lease
-heartbeat, and logs that `kubectl logs` can follow and tail."""
+heartbeat, and logs that `kubectl logs` can follow and tail.
+
+They must never stop or reconfigure the shared node agent.
+"""
 
 from __future__ import annotations
 

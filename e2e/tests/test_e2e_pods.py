@@ -1,7 +1,8 @@
 """Pods on the node agent: status as a kubelet reports it, logs, restarts, kills, deletion.
 
 These run against the real API server; the node agent (kubelet stand-in) runs each container's
-command as a host process.
+command as a host process. They must never kill a process they did not start through a pod
+of their own namespace.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Unit tests of the e2e infrastructure's pure parts (no cluster): which binaries are used, the
-kubelet's `$(VAR)` expansion and quantities, and log rendering."""
+kubelet's `$(VAR)` expansion and quantities, and log rendering.
+
+They must never build or start anything: they run in a second.
+"""
 
 from __future__ import annotations
 

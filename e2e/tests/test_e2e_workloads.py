@@ -1,5 +1,8 @@
 """Workload controllers on the real controller-manager and scheduler: Deployments, Jobs and
-ownerReference garbage collection, with pods run by the node agent."""
+ownerReference garbage collection, with pods run by the node agent.
+
+They must never depend on objects outside their own namespace.
+"""
 
 from __future__ import annotations
 
