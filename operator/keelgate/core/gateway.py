@@ -85,6 +85,7 @@ class Gateway:
         emit: Callable[[AuditDraft], None],
         confirmer: Confirmer | None = None,
         busy_wait: float = 5.0,
+        durable_start: bool = False,
     ) -> None:
         self.tools = tools
         self.keys = idempotency
@@ -94,6 +95,9 @@ class Gateway:
         self.emit = emit
         self.confirmer = confirmer
         self.busy_wait = busy_wait
+        # True when the key store also holds the audit chain: a WRITE's start event then
+        # commits with its claim, so even a death mid-call leaves it on the chain.
+        self.durable_start = durable_start
 
     def call(self, action: Action) -> ActionResult:
         tool = self.tools.get(action.tool)
@@ -111,25 +115,21 @@ class Gateway:
             )
         if side_effect is SideEffect.READ:
             return self._read(tool, action)
-        return self._write(tool, action)
+        return self._write(tool, action, side_effect)
 
-    def _started(self, tool: Tool, action: Action) -> None:
-        self.emit(
-            AuditDraft(
-                "loop.action_started",
-                {
-                    "action": action.id,
-                    "tool": tool.name,
-                    "sideEffect": tool.side_effect.value,
-                    "idempotencyKey": action.key
-                    if tool.side_effect is not SideEffect.READ
-                    else None,
-                },
-            )
+    def _started(self, tool: Tool, action: Action, side_effect: SideEffect) -> AuditDraft:
+        return AuditDraft(
+            "loop.action_started",
+            {
+                "action": action.id,
+                "tool": tool.name,
+                "sideEffect": side_effect.value,
+                "idempotencyKey": action.key if side_effect is not SideEffect.READ else None,
+            },
         )
 
     def _read(self, tool: Tool, action: Action) -> ActionResult:
-        self._started(tool, action)
+        self.emit(self._started(tool, action, SideEffect.READ))
         try:
             output = tool.invoke(action.args, idempotency_key=None)
         except Exception as error:  # a READ may fail any way it likes: the model sees it
@@ -138,11 +138,13 @@ class Gateway:
         failpoints.hit("after_gateway_call")
         return ActionResult(action.id, ResultStatus.OK, output=output)
 
-    def _write(self, tool: Tool, action: Action) -> ActionResult:
-        record = self._claim(tool, action)
+    def _write(self, tool: Tool, action: Action, side_effect: SideEffect) -> ActionResult:
+        started = self._started(tool, action, side_effect)
+        record = self._claim(tool, action, started if self.durable_start else None)
         if record is not None:
             return self._existing(tool, action, record)
-        self._started(tool, action)
+        if not self.durable_start:
+            self.emit(started)
         try:
             output = tool.invoke(action.args, idempotency_key=action.key)
         except ToolError as error:
@@ -161,11 +163,16 @@ class Gateway:
         self.keys.complete(self.tenant, action.key, result.to_json())
         return result
 
-    def _claim(self, tool: Tool, action: Action) -> KeyRecord | None:
+    def _claim(self, tool: Tool, action: Action, event: AuditDraft | None) -> KeyRecord | None:
         deadline = time.monotonic() + self.busy_wait
         while True:
             record = self.keys.claim(
-                self.tenant, action.key, run=self.run, action=action.id, tool=tool.name
+                self.tenant,
+                action.key,
+                run=self.run,
+                action=action.id,
+                tool=tool.name,
+                event=event,
             )
             if record is None or record.state is not KeyState.IN_FLIGHT:
                 return record

@@ -202,6 +202,7 @@ class _Session:
         self.mark = loop.clock()
         self.price = loop.price()
         checkpoints: object = loop.stores.checkpoints
+        keys: object = loop.stores.idempotency
         self.joint: CheckpointLog | None = (
             checkpoints
             if checkpoints is loop.stores.audit and isinstance(checkpoints, CheckpointLog)
@@ -217,6 +218,7 @@ class _Session:
             emit=self.pending.append,
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
+            durable_start=keys is loop.stores.audit,
         )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)

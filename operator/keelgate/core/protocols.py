@@ -58,8 +58,19 @@ class IdempotencyStore(Protocol):
     """
 
     def claim(
-        self, tenant: str, key: str, *, run: str, action: str, tool: str
-    ) -> KeyRecord | None: ...
+        self,
+        tenant: str,
+        key: str,
+        *,
+        run: str,
+        action: str,
+        tool: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord | None:
+        """``event``, when given (a store that also holds the run's audit chain), is appended
+        to the chain in the same transaction, only if this call claims the key: the record of
+        a WRITE being sent is then as durable as the claim itself."""
+        ...
 
     def complete(self, tenant: str, key: str, result: Any) -> None:
         """Record a claimed key done, with the result to replay."""

@@ -99,13 +99,24 @@ class MemoryStore:
             return replace(entry.record, state=KeyState.OUTCOME_UNKNOWN)
         return entry.record
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
+    def claim(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        run: str,
+        action: str,
+        tool: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord | None:
         with self.backend.lock:
             entry = self.backend.keys.get((tenant, key))
             if entry is not None:
                 return self._resolved(entry)
             record = KeyRecord(tenant, key, run, action, tool, KeyState.IN_FLIGHT)
             self.backend.keys[(tenant, key)] = _Key(record, self.owner)
+            if event is not None:
+                self.append(tenant, run, [event])
             return None
 
     def complete(self, tenant: str, key: str, result: Any) -> None:

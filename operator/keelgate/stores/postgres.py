@@ -212,7 +212,7 @@ class PostgresStore:
             raise self._error(error) from None
 
     def _claim_on_owner_session(
-        self, tenant: str, key: str, run: str, action: str, tool: str
+        self, tenant: str, key: str, run: str, action: str, tool: str, event: AuditDraft | None
     ) -> bool:
         """INSERT the claim on the owner session; True if this store won the key.
 
@@ -228,13 +228,19 @@ class PostgresStore:
                     if self._owner_conn is None or self._owner_conn.closed:
                         self._owner_conn = None
                         self._open_owner_session()
-                    assert self._owner_conn is not None
-                    cursor = self._owner_conn.execute(
-                        "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-                        "VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) ON CONFLICT DO NOTHING",
-                        (tenant, key, run, action, tool, self.owner),
-                    )
-                    return cursor.rowcount == 1
+                    conn = self._owner_conn
+                    assert conn is not None
+                    with conn.transaction():
+                        cursor = conn.execute(
+                            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, "
+                            "owner) VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) "
+                            "ON CONFLICT DO NOTHING",
+                            (tenant, key, run, action, tool, self.owner),
+                        )
+                        claimed = cursor.rowcount == 1
+                        if claimed and event is not None:
+                            self._append(conn, tenant, run, [event])
+                    return claimed
                 except psycopg.Error as error:
                     conn = self._owner_conn
                     if conn is None or not (conn.broken or conn.closed) or attempt == 2:
@@ -330,15 +336,26 @@ class PostgresStore:
         row: Sequence[Any] | None = conn.execute(KEY_SELECT, (tenant, key)).fetchone()
         return row
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
-        # On the owner session itself: a key is only ever recorded while its owner lock is held.
-        if self._claim_on_owner_session(tenant, key, run, action, tool):
-            return None
-        # Judged from a pool session: the owner session would find its own lock re-entrant.
-        with self._conn() as conn:
-            row = self._row(conn, tenant, key)
-        assert row is not None  # keys are never deleted
-        return self._record(row)
+    def claim(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        run: str,
+        action: str,
+        tool: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord | None:
+        while True:
+            # On the owner session: a key is only ever recorded while its owner lock is held.
+            if self._claim_on_owner_session(tenant, key, run, action, tool, event):
+                return None
+            # Judged from a pool session: the owner session would find its own lock re-entrant.
+            with self._conn() as conn:
+                row = self._row(conn, tenant, key)
+            if row is not None:
+                return self._record(row)
+            # Its live owner just dropped it after a definite refusal: claim it afresh.
 
     def complete(self, tenant: str, key: str, result: Any) -> None:
         with self._conn() as conn:

@@ -222,18 +222,31 @@ class SQLiteStore:
         ).fetchone()
         return row
 
-    def claim(self, tenant: str, key: str, *, run: str, action: str, tool: str) -> KeyRecord | None:
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-                "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING",
-                (tenant, key, run, action, tool, self.owner),
-            )
-            if cursor.rowcount == 1:
-                return None
-            row = self._row(db, tenant, key)
-        assert row is not None  # keys are never deleted
-        return self._record(row)
+    def claim(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        run: str,
+        action: str,
+        tool: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord | None:
+        while True:
+            with self._tx(immediate=event is not None) as db:
+                cursor = db.execute(
+                    "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                    "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING",
+                    (tenant, key, run, action, tool, self.owner),
+                )
+                if cursor.rowcount == 1:
+                    if event is not None:
+                        self._append(db, tenant, run, [event])
+                    return None
+                row = self._row(db, tenant, key)
+            if row is not None:
+                return self._record(row)
+            # Its live owner just dropped it after a definite refusal: claim it afresh.
 
     def complete(self, tenant: str, key: str, result: Any) -> None:
         with self._tx() as db:

@@ -1,0 +1,68 @@
+"""The audit chain tells what happened even when the process died in the middle of a WRITE:
+the WRITE's start is on the chain before the call, and the chain never holds its arguments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keelgate import failpoint
+from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.adapters.tools.python import PythonTool
+from keelgate.core import failpoints
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import SideEffect, StopReason
+from keelgate.errors import SimulatedCrash
+from keelgate.stores.memory import MemoryStore
+from keelgate.stores.sqlite import SQLiteStore
+
+SCRIPT = [
+    {"actions": [{"tool": "place_order", "args": {"sku": "SECRET-SKU", "qty": 7}}]},
+    {"done": True, "answer": "ok"},
+]
+
+
+def _loop(store: Any, sent: list[str]) -> Loop:
+    def place(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+        sent.append(str(idempotency_key))
+        failpoint("mid_tool")
+        return {"placed": True}
+
+    return Loop(
+        stores=Stores(store, store, store),
+        model=ScriptedModel(SCRIPT),
+        tools=[PythonTool("place_order", place, SideEffect.WRITE)],
+    )
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+def test_a_write_cut_off_mid_call_is_on_the_chain_as_started(backend: str, tmp_path: Path) -> None:
+    """Death inside the tool: after restart the chain shows the WRITE started (with its key),
+    then the unknown-outcome stop, and no event holds the arguments."""
+    sent: list[str] = []
+    memory = MemoryStore()
+    first = SQLiteStore(tmp_path / "k.db") if backend == "sqlite" else memory
+    spec = LoopSpec("shop", "restock", "restock")
+    with failpoints.armed({"mid_tool": 1}), pytest.raises(SimulatedCrash):
+        _loop(first, sent).run_or_resume(spec)
+    first.close()
+    second = SQLiteStore(tmp_path / "k.db") if backend == "sqlite" else memory.reopen()
+    try:
+        loop = _loop(second, sent)
+        outcome = loop.run_or_resume(spec)
+        assert outcome.stop.reason is StopReason.OUTCOME_UNKNOWN
+        events = loop.audit("shop", "restock")
+        types = [e.type for e in events]
+        started = [e for e in events if e.type == "loop.action_started"]
+        assert len(started) == 1 and started[0].data["idempotencyKey"] == sent[0]
+        assert types.index("loop.action_started") < types.index("loop.stopped")
+        assert loop.verify_audit("shop", "restock").ok
+        assert "SECRET-SKU" not in json.dumps([e.to_json() for e in events])
+        assert len(sent) == 1
+    finally:
+        second.close()
