@@ -146,16 +146,18 @@ def _anthropic(config: ModelConfig) -> Model:
     return model
 
 
-def _api_key(config: ModelConfig) -> str:
+def _api_key(config: ModelConfig) -> str | None:
     # In a step pod the operator maps apiKeySecretRef to this variable; the key itself is never
     # part of a manifest, a LoopSpec or a checkpoint.
     key = os.environ.get(config.api_key_env_name)
-    if not key:
-        raise InputError(
-            "spec.model.apiKeyEnv",
-            f"{config.api_key_env_name} is not set: export it, or name another variable",
-        )
-    return key
+    if key:
+        return key
+    if config.provider is Provider.OPENAI and config.base_url:
+        return None  # a local OpenAI-compatible server (Ollama, vLLM) usually wants none
+    raise InputError(
+        "spec.model.apiKeyEnv",
+        f"{config.api_key_env_name} is not set: export it, or name another variable",
+    )
 
 
 # Tools
