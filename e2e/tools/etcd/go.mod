@@ -1,4 +1,4 @@
-// Tools module: pins the etcd server that e2e/build.sh builds into e2e/bin.
+// Tools module: pins the etcd server that keelgate_e2e.build builds into e2e/bin.
 // Kept apart from the Kubernetes tools module so etcd's dependency versions are its own.
 module keelgate.dev/e2e/tools/etcd
 

@@ -1,5 +1,5 @@
-// Tools module: pins the Kubernetes control-plane programs that e2e/build.sh builds into e2e/bin.
-// Never imported by product code. Generated staging replaces: see e2e/build.sh --regen.
+// Tools module: pins the Kubernetes programs that keelgate_e2e.build builds into e2e/bin.
+// The 31 staging replaces come from k8s.io/kubernetes v1.36.3's go.mod: see docs/control-plane.md.
 module keelgate.dev/e2e/tools/kube
 
 go 1.26.0
