@@ -610,7 +610,7 @@ class Figures:
 
 
 def measure(
-    backend: Backend, *, iterations: int, rounds: int, growth: bool, profile: bool
+    backend: Backend, *, iterations: int, rounds: int, growth: Sequence[int], profile: bool
 ) -> Figures:
     payload = calibrate()
     figures = Figures(backend.name, backend.settings, iterations, payload=payload)
@@ -640,7 +640,7 @@ def measure(
         figures.loop_commits = [b - a for a, b in itertools.pairwise(marks)]
         figures.raw_commits = raw.count(30, raw.counter())
         if growth:
-            figures.growth = grow(backend, figures)
+            figures.growth = grow(backend, figures, growth)
         if profile:
             figures.profile = profiled(backend.open_store(), iterations)
     finally:
@@ -649,8 +649,12 @@ def measure(
     return figures
 
 
-def grow(backend: Backend, figures: Figures) -> list[dict[str, Any]]:
-    """Checkpoint sizes and bytes written per iteration at iterations ~10, ~200 and ~1000."""
+def grow(backend: Backend, figures: Figures, at: Sequence[int]) -> list[dict[str, Any]]:
+    """Checkpoint sizes, bytes written and time per iteration at iterations ``at`` (one run).
+
+    Time here includes the size recording and the written-bytes probe, the same at every
+    iteration: it is for comparing one point of the run with another, not with the baseline.
+    """
     store = backend.open_store()
     label, written = backend.written_counter(store)
     figures.written_label = label
@@ -671,17 +675,22 @@ def grow(backend: Backend, figures: Figures) -> list[dict[str, Any]]:
     def probe() -> None:
         marks.append(written())
 
-    last = max(BYTES_AT) + BYTES_WINDOW + 1
-    drive(store, "growth", last, StampedModel(probe=probe))
+    last = max(at) + BYTES_WINDOW + 1
+    model = StampedModel(probe=probe)
+    drive(store, "growth", last, model)
     rows = []
-    for at in BYTES_AT:
+    for point in at:
         # marks[i] is taken as iteration i + 1 is planned; iteration i + 1 spans marks[i..i+1].
-        window = range(at - 1, at - 1 + BYTES_WINDOW)
+        window = range(point - 1, point - 1 + BYTES_WINDOW)
         per = [marks[i + 1] - marks[i] for i in window]
-        checkpoint = [size for iteration, size in sizes if at <= iteration < at + BYTES_WINDOW]
+        times = [(model.stamps[i + 1] - model.stamps[i]) * 1000 for i in window]
+        checkpoint = [
+            size for iteration, size in sizes if point <= iteration < point + BYTES_WINDOW
+        ]
         rows.append(
             {
-                "at": at,
+                "at": point,
+                "ms_median": statistics.median(times),
                 "checkpoint_max": max(checkpoint),
                 "checkpoint_mean": statistics.mean(checkpoint),
                 "written_median": statistics.median(per),
@@ -776,12 +785,13 @@ def report(all_figures: Sequence[Figures], *, rounds: int, load: tuple[str, str]
         )
         lines.append(
             f"{'iteration':>10}{'checkpoint bytes (max)':>24}{'(mean)':>10}"
-            f"{'written/iter (median)':>24}{'(mean)':>10}"
+            f"{'written/iter (median)':>24}{'(mean)':>10}{'ms/iter (median)':>18}"
         )
         for row in f.growth:
             lines.append(
                 f"{row['at']:>10}{row['checkpoint_max']:>24}{row['checkpoint_mean']:>10.0f}"
                 f"{row['written_median']:>24.0f}{row['written_mean']:>10.0f}"
+                f"{row['ms_median']:>18.2f}"
             )
         lines.append(f"  written = {f.written_label}")
     for f in all_figures:
@@ -834,11 +844,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-growth", action="store_true", help="skip the bytes-per-iteration pass"
     )
     parser.add_argument(
+        "--growth-at",
+        default=",".join(str(n) for n in BYTES_AT),
+        help="iterations at which to measure checkpoint bytes (comma-separated)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of loop iterations"
     )
     args = parser.parse_args(argv)
     if args.iterations < 2 or args.rounds < 1:
         parser.error("--iterations must be at least 2 and --rounds at least 1")
+    try:
+        growth_at = sorted({int(n) for n in args.growth_at.split(",") if n.strip()})
+    except ValueError:
+        parser.error("--growth-at takes whole numbers separated by commas, e.g. 10,200,1000")
+    if not growth_at or growth_at[0] < 1:
+        parser.error("--growth-at takes iterations of at least 1")
     names = ("sqlite", "postgres") if args.store == "all" else (args.store,)
     results = []
     start_load = _load_average()
@@ -852,7 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         backend,
                         iterations=args.iterations,
                         rounds=args.rounds,
-                        growth=not args.no_growth,
+                        growth=() if args.no_growth else growth_at,
                         profile=args.profile,
                     )
                 )
