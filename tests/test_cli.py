@@ -37,8 +37,14 @@ def order(args, *, idempotency_key):
 
 
 def manifest(
-    *, max_iterations: int = 10, approval: bool = False, side_effect: str = "WRITE", sku: str = "A1"
+    *,
+    max_iterations: int = 10,
+    approval: bool = False,
+    side_effect: str = "WRITE",
+    sku: str = "A1",
+    dollars: str = "",
 ) -> str:
+    budget = f"maxIterations: {max_iterations}" + (f', dollars: "{dollars}"' if dollars else "")
     return textwrap.dedent(f"""\
         apiVersion: keelgate.dev/v1alpha1
         kind: AgentRun
@@ -60,7 +66,7 @@ def manifest(
               sideEffect: {side_effect}
               requiresApproval: {str(approval).lower()}
               python: {{callable: "kgtools:order"}}
-          budget: {{maxIterations: {max_iterations}}}
+          budget: {{{budget}}}
         """)
 
 
@@ -282,3 +288,37 @@ def test_a_missing_api_key_is_bad_input_naming_the_variable(
     assert len(err.splitlines()) == 1
     assert "spec.model.apiKeyEnv" in err and "KG_TEST_NO_SUCH_KEY" in err
     assert not (world / ".keelgate").exists()
+
+
+def test_a_pricing_file_prices_a_manifest_that_states_no_prices(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a dollar budget and no price the run stops cost_unknown before any model call;
+    `--pricing FILE` supplies the price by model name and dollars are charged exactly."""
+    path = write(world, manifest(dollars="1.00"))
+    assert main(["run", "-f", str(path), "-o", "json"]) == 3
+    stopped = last_json(capsys.readouterr().out)
+    assert stopped["stopReason"] == "cost_unknown" and stopped["iteration"] == 0
+    prices = world / "prices.yaml"
+    prices.write_text(
+        'models:\n  demo: {inputPerMillionTokens: "0.40", outputPerMillionTokens: "1.60"}\n'
+    )
+    assert main(["resume", "restock", "--pricing", str(prices), "-o", "json"]) == 0
+    done = last_json(capsys.readouterr().out)
+    assert done["stopReason"] == "goal_met"
+    assert done["usage"]["dollars"] == "0.000012"  # type: ignore[index]  # 10 in, 5 out
+
+
+def test_a_bad_pricing_file_is_one_line_naming_the_entry(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pricing file with a bad price is exit 2 naming --pricing and the entry, nothing run."""
+    prices = world / "prices.yaml"
+    prices.write_text(
+        'models:\n  demo: {inputPerMillionTokens: "cheap", outputPerMillionTokens: "1"}\n'
+    )
+    code = main(["run", "-f", str(write(world, manifest())), "--pricing", str(prices)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--pricing" in err and "models.demo.inputPerMillionTokens" in err
+    assert orders(world) == 0

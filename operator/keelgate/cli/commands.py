@@ -48,6 +48,14 @@ NamespaceOption = Annotated[
     str | None,
     typer.Option("--namespace", "-n", help="The run's namespace (tenant); found if omitted."),
 ]
+PricingOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--pricing",
+        envvar="KEELGATE_PRICING",
+        help="Pricing file: prices by model name, for manifests without spec.pricing.",
+    ),
+]
 OutputOption = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="text, or json (one object, last line)")
 ]
@@ -87,10 +95,11 @@ def _tenant(stores: Stores, run: str, namespace: str | None) -> str:
     return tenants[0]
 
 
-def _drive(spec: LoopSpec, *, new_tick: bool) -> Outcome:
+def _drive(spec: LoopSpec, *, new_tick: bool, pricing: Path | None) -> Outcome:
+    from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
 
-    runner = LocalRunner()
+    runner = LocalRunner(pricing=None if pricing is None else load_pricing(pricing))
     if new_tick and spec.kind is LoopKind.MONITOR:
         return runner.tick(spec)
     return runner.run(spec)
@@ -100,6 +109,7 @@ def _drive(spec: LoopSpec, *, new_tick: bool) -> Outcome:
 def run_command(
     file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
     store: StoreOption = DEFAULT_URL,
+    pricing: PricingOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
@@ -111,7 +121,7 @@ def run_command(
     spec = agentrun.to_loop_spec(store=store)
     check_store_url(store)  # before anything runs; the runner builds all before opening
     _python_path(file.parent)
-    return _show(_drive(spec, new_tick=True), output)
+    return _show(_drive(spec, new_tick=True, pricing=pricing), output)
 
 
 @app.command("resume")
@@ -131,6 +141,7 @@ def resume_command(
     ] = None,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    pricing: PricingOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Raise the named budgets to the given totals and continue the run to its next stop."""
@@ -151,7 +162,7 @@ def resume_command(
     spec = LoopSpec.from_json({**saved.to_json(), "store": store}).with_budget(budget)
     _python_path()
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
-    return _show(_drive(spec, new_tick=False), output)
+    return _show(_drive(spec, new_tick=False, pricing=pricing), output)
 
 
 def _decimal(field: str, text: str | None) -> Decimal | None:

@@ -14,6 +14,7 @@ from keelgate.manifest.agentrun import (
     McpToolConfig,
     ModelConfig,
     PricingConfig,
+    PricingTable,
     Provider,
     PythonToolConfig,
     ScriptEntry,
@@ -21,7 +22,14 @@ from keelgate.manifest.agentrun import (
     ToolConfig,
 )
 from keelgate.manifest.base import API_VERSION, Condition, ObjectMeta
-from keelgate.manifest.load import input_error, load_agentrun, parse, read_yaml, spec_from_manifest
+from keelgate.manifest.load import (
+    input_error,
+    load_agentrun,
+    load_pricing,
+    parse,
+    read_yaml,
+    spec_from_manifest,
+)
 from keelgate.manifest.settle import (
     Approval,
     ApprovalSpec,
@@ -46,6 +54,7 @@ __all__ = [
     "ModelConfig",
     "ObjectMeta",
     "PricingConfig",
+    "PricingTable",
     "Provider",
     "PythonToolConfig",
     "Reconciliation",
@@ -56,6 +65,7 @@ __all__ = [
     "ToolConfig",
     "input_error",
     "load_agentrun",
+    "load_pricing",
     "parse",
     "read_yaml",
     "spec_from_manifest",

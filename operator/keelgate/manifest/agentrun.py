@@ -281,6 +281,18 @@ class PricingConfig(KeelgateModel):
         )
 
 
+class PricingTable(KeelgateModel):
+    """A pricing file for the CLI (``--pricing``): prices by model name, used for any run whose
+    manifest states no ``spec.pricing`` of its own. Keelgate ships no prices."""
+
+    models: dict[str, PricingConfig] = Field(
+        description="Model name (as in spec.model.name) to its price."
+    )
+
+    def to_prices(self) -> dict[str, Price]:
+        return {name: price.to_price() for name, price in self.models.items()}
+
+
 class Toleration(KeelgateModel):
     key: str = Field(default="", description="The taint key.")
     operator: Literal["", "Exists", "Equal"] = Field(default="", description="Exists or Equal.")

@@ -21,8 +21,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from keelgate.core.spec import Price
 from keelgate.errors import InputError
-from keelgate.manifest.agentrun import AgentRun, AgentRunSpec
+from keelgate.manifest.agentrun import AgentRun, AgentRunSpec, PricingTable
 from keelgate.manifest.base import DNS_LABEL, PATTERN_MEANINGS, format_loc
 
 M = TypeVar("M", bound=BaseModel)
@@ -100,6 +101,17 @@ def load_agentrun(
             update={"metadata": run.metadata.model_copy(update={"namespace": tenant_default})}
         )
     return run
+
+
+def load_pricing(path: str | Path) -> dict[str, Price]:
+    """Read a pricing file (``models: {NAME: {inputPerMillionTokens, outputPerMillionTokens}}``);
+    a bad entry is an InputError naming ``--pricing`` and the entry's path."""
+    text, name = read_source(Path(path))
+    try:
+        table = parse(PricingTable, read_yaml(text, source=name), source=name)
+    except InputError as error:
+        raise InputError("--pricing", f"{name}: {error}") from None
+    return table.to_prices()
 
 
 def parse(model: type[M], data: Any, *, source: str = "manifest", prefix: str = "") -> M:

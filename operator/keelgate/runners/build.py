@@ -78,15 +78,20 @@ def build_loop(
     *,
     confirmer: Confirmer | None = None,
     parts: Parts | None = None,
+    pricing: Mapping[str, Price] | None = None,
 ) -> Loop:
-    """A Loop over ``stores`` with the model and tools ``spec``'s manifest names."""
+    """A Loop over ``stores`` with the model and tools ``spec``'s manifest names.
+
+    ``pricing`` is a table by model name (a pricing file); the manifest's own ``spec.pricing``
+    wins for its model.
+    """
     built = parts if parts is not None else build_parts(spec)
     return Loop(
         stores=stores,
         model=built.model,
         tools=built.tools,
         confirmer=confirmer,
-        pricing=built.pricing,
+        pricing={**(pricing or {}), **built.pricing},
         price_model=built.price_model,
         max_output_tokens=built.max_output_tokens,
     )

@@ -8,12 +8,13 @@ state. It must never keep state between calls: each call rebuilds everything fro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from keelgate.core.loop import Loop
 from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
 from keelgate.core.protocols import Confirmer, Stores
-from keelgate.core.spec import LoopSpec
+from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.types import LoopKind, Outcome, StopReason
 from keelgate.errors import InputError
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
@@ -28,8 +29,11 @@ _WAITING = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
 class LocalRunner:
     """Runs a LoopSpec in this process (the core ``LoopRunner`` protocol)."""
 
-    def __init__(self, *, confirmer: Confirmer | None = None) -> None:
+    def __init__(
+        self, *, confirmer: Confirmer | None = None, pricing: Mapping[str, Price] | None = None
+    ) -> None:
         self.confirmer = confirmer
+        self.pricing = dict(pricing or {})
 
     def run(self, spec: LoopSpec) -> Outcome:
         """Start or resume ``spec``'s run to its next stop.
@@ -87,4 +91,4 @@ class LocalRunner:
         return open_stores(spec.store or DEFAULT_URL)
 
     def _loop(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Loop:
-        return build_loop(spec, stores, confirmer=self.confirmer, parts=parts)
+        return build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
