@@ -594,9 +594,16 @@ class PostgresBackend:
 
     @classmethod
     @contextlib.contextmanager
-    def started(cls, workdir: Path) -> Iterator[PostgresBackend]:
+    def started(cls) -> Iterator[PostgresBackend]:
+        try:
+            import psycopg  # noqa: F401  (the postgres extra)
+        except ImportError:
+            raise SystemExit("bench: PostgreSQL needs the postgres extra (psycopg)") from None
         pgserver = _load_pgserver()
-        server = pgserver.start_postgres(fsync=True)
+        try:
+            server = pgserver.start_postgres(fsync=True)
+        except pgserver.PostgresUnavailable as error:
+            raise SystemExit(f"bench: no PostgreSQL server: {error}") from None
         try:
             yield cls(server)
         finally:
@@ -884,7 +891,7 @@ def backends(names: Sequence[str], workdir: Path) -> Iterator[list[Backend]]:
                 opened.append(SQLiteBackend(workdir / "sqlite"))
                 (workdir / "sqlite").mkdir()
             elif name == "postgres":
-                opened.append(stack.enter_context(PostgresBackend.started(workdir / "postgres")))
+                opened.append(stack.enter_context(PostgresBackend.started()))
         yield opened
 
 
