@@ -5,9 +5,10 @@ issued directly with sqlite3 / psycopg on the same file or server with the same 
 settings and the same payloads. The raw baseline per iteration is the design's minimum:
 
   1. write-ahead plan: the checkpoint holding the planned action, with its audit event;
-  2. claim: the idempotency key recorded in flight before the tool runs;
+  2. claim: the idempotency key recorded in flight before the tool runs, with the action's
+     start event (as the loop commits it since a WRITE's start rides with its claim);
   3. completion: the key recorded completed, with its result, after the tool returns;
-  4. the action checkpoint (action started and completed events);
+  4. the action checkpoint (its completed event);
   5. the observe checkpoint;
   6. the verify checkpoint (its verdict event).
 
@@ -54,6 +55,7 @@ from keelgate.core.protocols import Stores  # noqa: E402
 from keelgate.core.spec import Budget, LoopSpec  # noqa: E402
 from keelgate.core.state import HISTORY_WINDOW, OUTPUT_CAP  # noqa: E402
 from keelgate.core.types import KeyRecord, SideEffect  # noqa: E402
+from keelgate.errors import RunNotFound  # noqa: E402
 from keelgate.stores.memory import MemoryStore  # noqa: E402
 
 TENANT = "bench"
@@ -103,7 +105,7 @@ def drive(store: Any, run: str, iterations: int, model: StampedModel) -> None:
     """Run (or resume) ``run`` until it has done ``iterations`` more iterations."""
     loop = Loop(stores=Stores(store, store, store), model=model, tools=[write_tool()])
     done = 0
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(RunNotFound):
         done = loop.state(TENANT, run).iteration
     spec = LoopSpec(TENANT, run, "benchmark", budget=Budget(max_iterations=done + iterations))
     outcome = loop.run_or_resume(spec)
