@@ -91,11 +91,6 @@ def place_order_tool(ledger: Ledger, *, requires_approval: bool = False) -> Pyth
 # Approval: a person's "no" and the manifest's "ask first" must bind the saved action
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="denial ignored once the tool no longer requires approval: "
-    "_Session._approval_result reads the current tool's flag before the recorded decision",
-)
 def test_a_denied_write_never_runs_even_after_its_tool_stops_requiring_approval(
     tmp_path: Path,
 ) -> None:
@@ -124,12 +119,6 @@ def test_a_denied_write_never_runs_even_after_its_tool_stops_requiring_approval(
         stores.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a WRITE planned under requiresApproval runs unapproved after the flag is edited off; "
-    "unlike the side-effect class (Action.side_effect), the approval rule is not saved with "
-    "the action",
-)
 def test_a_write_planned_under_approval_does_not_run_unapproved_after_a_manifest_edit(
     tmp_path: Path,
 ) -> None:

@@ -34,6 +34,7 @@ from keelgate.core.types import (
     UnknownAction,
     Usage,
     idempotency_key,
+    stricter,
 )
 from keelgate.errors import (
     InputError,
@@ -423,6 +424,10 @@ class _Session:
         tool = self.loop.tools.get(name)
         return None if tool is None else tool.side_effect
 
+    def _needs_approval(self, name: str) -> bool:
+        tool = self.loop.tools.get(name)
+        return tool is not None and tool.requires_approval
+
     # Phases
 
     def _plan(self, state: RunState) -> RunState:
@@ -448,6 +453,7 @@ class _Session:
                 dict(call.args),
                 idempotency_key(state.tenant, state.run, call.tool, call.args),
                 self._side_effect_of(call.tool),
+                self._needs_approval(call.tool),
             )
             for index, call in enumerate(reply.actions)
         )
@@ -522,22 +528,25 @@ class _Session:
         return state
 
     def _approval_result(self, state: RunState, action: Action) -> ActionResult | RunState | None:
-        tool = self.loop.tools.get(action.tool)
-        if tool is None or not tool.requires_approval:
-            return None
-        if tool.side_effect not in self.spec.side_effects:
-            return None  # the gateway refuses it; no person needs to be asked
+        # A person's recorded decision stands, whatever the manifest says now.
         approval = state.approvals.get(action.id)
-        if approval is None:
-            return self._stop(
-                state,
-                StopReason.AWAITING_APPROVAL,
-                f"{tool.name} ({action.id}) needs approval",
-                pending=(PendingApproval(action.id, tool.name),),
-            )
-        if approval.approved:
+        if approval is not None:
+            if approval.approved:
+                return None
+            return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {approval.by}")
+        tool = self.loop.tools.get(action.tool)
+        if tool is None:
+            return None  # the gateway reports the unknown tool; nothing runs
+        if not (action.requires_approval or tool.requires_approval):
             return None
-        return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {approval.by}")
+        if stricter(tool.side_effect, action.side_effect) not in self.spec.side_effects:
+            return None  # the gateway refuses it; no person needs to be asked
+        return self._stop(
+            state,
+            StopReason.AWAITING_APPROVAL,
+            f"{tool.name} ({action.id}) needs approval",
+            pending=(PendingApproval(action.id, tool.name),),
+        )
 
     def _observe(self, state: RunState) -> RunState:
         assert state.plan is not None

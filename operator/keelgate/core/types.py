@@ -181,8 +181,9 @@ def stricter(a: SideEffect, b: SideEffect | None) -> SideEffect:
 class Action:
     """One planned tool call, saved before it runs (write-ahead).
 
-    ``side_effect`` is the tool's class when planned: a manifest edited later cannot downgrade a
-    saved WRITE to a READ and so run it again unguarded.
+    ``side_effect`` and ``requires_approval`` are the tool's as it was when planned: a manifest
+    edited later can make them stricter, never looser, so a saved WRITE cannot be downgraded to
+    an unguarded READ, nor run without the approval it was planned under.
     """
 
     id: str
@@ -190,11 +191,14 @@ class Action:
     args: Mapping[str, Any]
     key: str
     side_effect: SideEffect | None = None
+    requires_approval: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = {"id": self.id, "tool": self.tool, "args": dict(self.args), "key": self.key}
         if self.side_effect is not None:
             data["sideEffect"] = self.side_effect.value
+        if self.requires_approval:
+            data["requiresApproval"] = True
         return data
 
     @classmethod
@@ -206,6 +210,7 @@ class Action:
             dict(data["args"]),
             str(data["key"]),
             None if side_effect is None else SideEffect(side_effect),
+            bool(data.get("requiresApproval", False)),
         )
 
 
