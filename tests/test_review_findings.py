@@ -165,12 +165,6 @@ def nan_service() -> Iterator[NanService]:
     service.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="a NaN in a tool output is saved in the checkpoint (json.dumps allows it) and then "
-    "rejected by canonical_json in state.capped during observe: ValueError on every resume",
-)
 def test_a_nan_in_a_read_output_does_not_wedge_the_run(
     tmp_path: Path, nan_service: NanService
 ) -> None:
@@ -188,13 +182,6 @@ def test_a_nan_in_a_read_output_does_not_wedge_the_run(
         stores.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="a WRITE's output that is not JSON makes IdempotencyStore.complete raise TypeError "
-    "after the WRITE ran: a traceback, and the key stays in flight so a restart reads a "
-    "known success as outcome_unknown",
-)
 def test_a_write_whose_output_is_not_json_is_recorded_not_raised(tmp_path: Path) -> None:
     """A python WRITE returns a ``datetime`` (the order's timestamp). The order was placed and
     Keelgate saw it succeed: no traceback, and no person should have to reconcile it."""

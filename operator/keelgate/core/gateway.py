@@ -25,6 +25,7 @@ from keelgate.core.types import (
     ResultStatus,
     SideEffect,
     UnknownAction,
+    json_safe,
     stricter,
 )
 from keelgate.errors import KeelgateError, RunBusy, ToolError
@@ -136,7 +137,7 @@ class Gateway:
             failpoints.hit("after_gateway_call")
             return ActionResult(action.id, ResultStatus.ERROR, error=describe(error))
         failpoints.hit("after_gateway_call")
-        return ActionResult(action.id, ResultStatus.OK, output=output)
+        return ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
 
     def _write(self, tool: Tool, action: Action, side_effect: SideEffect) -> ActionResult:
         started = self._started(tool, action, side_effect)
@@ -159,7 +160,7 @@ class Gateway:
             self.keys.release(self.tenant, action.key)
             return self._unknown(tool, action)
         failpoints.hit("after_gateway_call")
-        result = ActionResult(action.id, ResultStatus.OK, output=output)
+        result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         self.keys.complete(self.tenant, action.key, result.to_json())
         return result
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -96,6 +97,26 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def json_safe(value: Any, *, _depth: int = 0) -> Any:
+    """A tool's output as strict JSON can hold it, so it can always be saved and replayed.
+
+    Non-finite floats become null, mapping keys strings, tuples lists, and anything else that
+    is not JSON (a datetime, a Decimal, an object) its ``str``. A tool is told nothing; the
+    model sees the safe form.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if _depth > 64:
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, _depth=_depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, _depth=_depth + 1) for v in value]
+    return str(value)
 
 
 def idempotency_key(tenant: str, run: str, tool: str, args: Mapping[str, Any]) -> str:
@@ -194,7 +215,12 @@ class Action:
     requires_approval: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        data = {"id": self.id, "tool": self.tool, "args": dict(self.args), "key": self.key}
+        data: dict[str, Any] = {
+            "id": self.id,
+            "tool": self.tool,
+            "args": dict(self.args),
+            "key": self.key,
+        }
         if self.side_effect is not None:
             data["sideEffect"] = self.side_effect.value
         if self.requires_approval:
