@@ -148,11 +148,19 @@ def test_a_verification_loop_refuses_a_tool_the_manifest_calls_write(
     store.close()
 
 
-def test_a_tool_that_reports_an_error_is_a_tool_error(fake: McpFake) -> None:
-    """isError from the server is the tool's definite failure; the model sees its text."""
+def test_a_write_that_reports_an_error_is_an_uncertain_outcome(fake: McpFake) -> None:
+    """isError on a WRITE says nothing about side effects (servers report a failure after the
+    effect the same way), so it is uncertain: the gateway stops instead of allowing a retry."""
     (wipe,) = _tools(fake, McpToolSpec("wipe", WRITE)).values()
-    with pytest.raises(ToolError, match="wipe: Error executing tool wipe"):
+    with pytest.raises(OutcomeUncertain, match="wipe: Error executing tool wipe"):
         wipe.invoke({"table": "orders"}, idempotency_key="kg-4")
+
+
+def test_a_read_that_reports_an_error_is_a_tool_error(fake: McpFake) -> None:
+    """isError on a READ is just a failure the model sees: reading again is harmless."""
+    (wipe,) = _tools(fake, McpToolSpec("wipe", READ)).values()
+    with pytest.raises(ToolError, match="wipe: Error executing tool wipe"):
+        wipe.invoke({"table": "orders"}, idempotency_key=None)
 
 
 def test_schema_invalid_arguments_are_not_sent(fake: McpFake) -> None:

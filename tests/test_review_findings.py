@@ -254,11 +254,6 @@ class ChargingMcpServer:
         self._sock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="McpTool._result reads isError as a definite failure (ToolError), the gateway drops "
-    "the key, and the same WRITE is sent again; isError says nothing about side effects",
-)
 def test_an_mcp_write_that_errs_after_its_side_effect_is_never_sent_again(tmp_path: Path) -> None:
     """An MCP WRITE's server charges the card, then its tool raises; the SDK answers isError.
     Keelgate cannot know nothing happened, so the model's natural retry of the same call must

@@ -159,8 +159,13 @@ class McpTool:
 
     def _result(self, result: CallToolResult) -> Any:
         if result.is_error:
-            # The tool itself reports failure: its definite word that nothing was done.
-            raise ToolError(f"{self.name}: {_cap(_text(result)) or 'the tool reported an error'}")
+            message = f"{self.name}: {_cap(_text(result)) or 'the tool reported an error'}"
+            if self.side_effect is SideEffect.READ:
+                raise ToolError(message)
+            # isError says the call failed, not that nothing happened: MCP servers report any
+            # exception raised mid-body this way, after side effects as well as before. For a
+            # WRITE or PROPOSE that is not knowing, so it stops rather than letting a retry in.
+            raise OutcomeUncertain(f"{message} (the server gave no word on side effects)")
         if result.structured_content is not None:
             return result.structured_content
         texts = [getattr(c, "text", None) for c in result.content]
