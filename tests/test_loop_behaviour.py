@@ -661,12 +661,14 @@ class Confirms:
 def test_a_definite_confirmer_answer_settles_the_unknown_outcome(
     stores: Stores, world: World, happened: bool, verdict: str
 ) -> None:
-    """A confirmer asking the system of record settles an unknown outcome at once: True records
-    it done, False abandons it; the run never stops, the tool is never called again, and the
-    audit has loop.reconciled with the confirmer as actor, source confirmer, and no arguments."""
+    """A confirmer asking the system of record settles an unknown outcome on the next resume
+    (never in the call that just went uncertain: it may still be running): True records it done,
+    False abandons it; no person is needed, the tool is never called again, and the audit has
+    loop.reconciled with the confirmer as actor, source confirmer, and no arguments."""
     flaky = Flaky(world.journal, OutcomeUncertain("timed out"), effect=happened)
     confirmer = LedgerConfirmer(world, name="orders-db")
     loop = loop_over(stores, Recorder(RESTOCK), flaky.tools(world), confirmer=confirmer)
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.OUTCOME_UNKNOWN
     done = loop.run_or_resume(spec())
     assert done.stop.reason is StopReason.GOAL_MET
     assert flaky.calls == 1
@@ -691,6 +693,8 @@ def test_anything_but_a_definite_confirmer_answer_leaves_it_for_a_person(
     flaky = Flaky(world.journal, OutcomeUncertain("timed out"))
     confirmer = Confirms(answer)
     loop = loop_over(stores, Recorder(RESTOCK), flaky.tools(world), confirmer=confirmer)
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.OUTCOME_UNKNOWN
+    assert confirmer.asked == []  # not while the uncertain call may still be running
     stopped = loop.run_or_resume(spec())
     assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
     (unknown,) = stopped.unknown_actions

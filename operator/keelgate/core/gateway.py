@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from keelgate.core.types import (
     json_safe,
     stricter,
 )
-from keelgate.errors import KeelgateError, RunBusy, ToolError
+from keelgate.errors import KeelgateError, RunBusy, SettleError, ToolError
 
 log = logging.getLogger("keelgate.gateway")
 
@@ -127,6 +128,9 @@ class Gateway:
                 "sideEffect": side_effect.value,
                 "idempotencyKey": action.key if side_effect is not SideEffect.READ else None,
             },
+            # Unique per real start, so re-appending it from an outbox after a crash is a no-op
+            # while a READ genuinely run again after a crash is recorded again.
+            key=f"started:{action.id}:{uuid.uuid4().hex[:12]}",
         )
 
     def _read(self, tool: Tool, action: Action) -> ActionResult:
@@ -158,7 +162,9 @@ class Gateway:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
             log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
             self.keys.release(self.tenant, action.key)
-            return self._unknown(tool, action)
+            # No confirmer now: the call may still be running (a timed-out worker, a request in
+            # flight), so "not found downstream" would be premature. A later resume asks it.
+            raise OutcomeUnknown(UnknownAction(action.id, tool.name, action.key)) from None
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         self.keys.complete(self.tenant, action.key, result.to_json())
@@ -208,13 +214,20 @@ class Gateway:
         settlement = self._ask_confirmer(unknown, action)
         if settlement is None:
             raise OutcomeUnknown(unknown)
-        record = self.keys.settle(
-            self.tenant,
-            action.key,
-            executed=settlement.executed,
-            by=settlement.actor,
-            source=settlement.source,
-        )
+        try:
+            record = self.keys.settle(
+                self.tenant,
+                action.key,
+                executed=settlement.executed,
+                by=settlement.actor,
+                source=settlement.source,
+            )
+        except SettleError:
+            # Someone (a person) settled it while the confirmer was deciding: theirs stands.
+            current = self.keys.get(self.tenant, action.key)
+            if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
+                raise
+            return self._existing(tool, action, current)
         self.emit(settlement.draft(action.id, tool.name, action.key))
         return _replay(action, record) if settlement.executed else _abandoned(action, record)
 

@@ -57,7 +57,8 @@ class SQLiteStore:
     """Checkpoint, idempotency and audit store over one SQLite file."""
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
-        self.path = Path(path)
+        # The real file, not the path given: every opener must find the same owners folder.
+        self.path = Path(path).resolve()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._owners = self.path.parent / f"{self.path.name}.owners"
