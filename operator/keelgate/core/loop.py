@@ -134,8 +134,7 @@ class Loop:
         The decision is attributed and audited; the next ``run_or_resume`` continues the run and
         never retries an abandoned action under its key.
         """
-        if not by.strip():
-            raise InputError("by", "must name the person deciding")
+        _check_actor(by)
         state = self.state(tenant, run)
         planned = _find_action(state, action)
         record = self.stores.idempotency.settle(
@@ -150,17 +149,18 @@ class Loop:
 
     def approve(self, tenant: str, run: str, action: str, *, approved: bool, by: str) -> Outcome:
         """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
-        if not by.strip():
-            raise InputError("by", "must name the person deciding")
+        _check_actor(by)
         state = self.state(tenant, run)
+        if action in state.approvals:
+            decided = state.approvals[action]
+            verdict = "approved" if decided.approved else "denied"
+            raise SettleError(run, action, f"already {verdict} by {decided.by}")
         if state.stop is None or state.stop.reason is not StopReason.AWAITING_APPROVAL:
             raise SettleError(run, action, "the run is not awaiting an approval")
         pending = {p.action: p for p in state.pending}
         if action not in pending:
             waiting = ", ".join(pending) or "none"
             raise SettleError(run, action, f"not awaiting approval (awaiting: {waiting})")
-        if action in state.approvals:
-            raise SettleError(run, action, "already decided")
         draft = AuditDraft(
             "loop.approved",
             {
@@ -171,15 +171,46 @@ class Loop:
             actor=by,
             key=f"approved:{action}",
         )
+        verdict = "approved" if approved else "denied"
         state = state.but(
             seq=state.seq + 1,
             approvals={**state.approvals, action: Approval(approved, by, utc_now())},
+            pending=tuple(p for p in state.pending if p.action != action),
+            stop=Stop(
+                StopReason.AWAITING_APPROVAL,
+                f"{pending[action].tool} ({action}) {verdict} by {by}; resume to continue",
+                True,
+            ),
             outbox=(*state.outbox, draft),
         )
         # No active time passes while a person decides: this save adds none.
         self.stores.checkpoints.save(tenant, run, state.seq, state.to_json())
         self.stores.audit.append(tenant, run, state.outbox)
         return state.outcome()
+
+
+def _check_actor(by: str) -> None:
+    """Who decided goes on the audit chain: a name on one line, nothing else."""
+    if not by.strip():
+        raise InputError("by", "must name the person deciding")
+    if any(ord(c) < 32 or ord(c) == 127 for c in by) or len(by) > 253:
+        raise InputError("by", "must be one line of at most 253 printable characters")
+
+
+def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """The dotted names of what differs between two spec documents, one level into the
+    manifest and the budget (enough to say what changed without saying what it now is)."""
+    changed: list[str] = []
+    for key in sorted(saved.keys() | given.keys()):
+        old, new = saved.get(key), given.get(key)
+        if old == new:
+            continue
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            inner = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            changed.extend(f"{key}.{k}" for k in inner)
+        else:
+            changed.append(key)
+    return changed
 
 
 def _find_action(state: RunState, action: str) -> Action:
@@ -297,11 +328,26 @@ class _Session:
                     key="started",
                 ),
             )
-        state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq, spec=self.spec)
+        state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
         if state.outbox:
             self.stores.audit.append(state.tenant, state.run, state.outbox)
             state = state.but(outbox=())
-        return state
+        changed = _changed_fields(state.spec.to_json(), self.spec.to_json())
+        if changed:
+            # The spec given now wins (a raised budget, an edited manifest), on the record: the
+            # chain says which parts changed, never their values. A saved plan keeps its actions
+            # and the side-effect class and approval rule they were planned under.
+            log.warning(
+                "%s/%s: the run's spec changed (%s)", state.tenant, state.run, ", ".join(changed)
+            )
+            self.pending.append(
+                AuditDraft(
+                    "loop.spec_changed",
+                    {"fields": changed},
+                    key=f"spec_changed:{state.seq}:{'|'.join(changed)}",
+                )
+            )
+        return state.but(spec=self.spec)
 
     def _resumable(self, state: RunState) -> bool:
         stop = state.stop
@@ -369,7 +415,10 @@ class _Session:
             return None  # no budget to hold an estimate against: skip serialising the request
         # A provider that knows its own wire format may estimate better than the neutral guess.
         estimator = getattr(self.loop.model, "estimate_input_tokens", estimate_input_tokens)
-        estimate = int(estimator(request))
+        try:
+            estimate = int(estimator(request))
+        except Exception:  # a provider's own estimate failing must not stop the run
+            estimate = estimate_input_tokens(request)
         if budget.tokens is not None and state.usage.tokens + estimate > budget.tokens:
             return StopReason.TOKEN_BUDGET, (
                 f"the next call's input alone (~{estimate} tokens) would pass the budget "
@@ -446,17 +495,26 @@ class _Session:
         reply = self._call_model(state, request)
         if isinstance(reply, RunState):
             return reply
-        actions = tuple(
-            Action(
-                f"{iteration}:{index}",
-                call.tool,
-                dict(call.args),
-                idempotency_key(state.tenant, state.run, call.tool, call.args),
-                self._side_effect_of(call.tool),
-                self._needs_approval(call.tool),
+        try:
+            actions = tuple(
+                Action(
+                    f"{iteration}:{index}",
+                    call.tool,
+                    dict(call.args),
+                    idempotency_key(state.tenant, state.run, call.tool, call.args),
+                    self._side_effect_of(call.tool),
+                    self._needs_approval(call.tool),
+                )
+                for index, call in enumerate(reply.actions)
             )
-            for index, call in enumerate(reply.actions)
-        )
+        except ValueError:
+            # e.g. NaN in the arguments: no key can be derived from them, so nothing may run.
+            return self._stop(
+                state,
+                StopReason.FAILED,
+                "model: a planned action's arguments are not valid JSON",
+                resumable=False,
+            )
         plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
         draft = AuditDraft(
             "loop.plan_saved",
@@ -613,7 +671,16 @@ class _Session:
             return state
         state = state.but(usage=usage)
         predicate = self.loop.goal_predicate
-        if plan.done or (predicate is not None and predicate(state.history)):
+        try:
+            reached = plan.done or (predicate is not None and bool(predicate(state.history)))
+        except Exception as error:
+            return self._stop(
+                state,
+                StopReason.FAILED,
+                f"goal predicate: {describe(error)}",
+                resumable=False,
+            )
+        if reached:
             answer = plan.answer if plan.done else None
             state = self._stop(
                 state, StopReason.GOAL_MET, answer or "", step=Step.DONE, answer=answer
