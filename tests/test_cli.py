@@ -261,10 +261,51 @@ def test_a_denied_approval_never_runs_the_write(
 def test_resume_of_an_unknown_run_is_bad_input(
     world: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Naming a run the store does not hold is exit 2 with one line, and creates nothing."""
-    assert main(["resume", "nosuch"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "nosuch" in err and len(err.splitlines()) == 1
+    """Naming a run the store does not hold is exit 2 with one line naming it; a store that does
+    not exist is named as such, and reading commands never create one."""
+    for command in (["resume", "nosuch"], ["status", "nosuch"], ["audit", "nosuch", "--verify"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert "no store at" in err and len(err.splitlines()) == 1
+    assert not (world / ".keelgate").exists()
+    assert main(["run", "-f", str(write(world, manifest()))]) == 0
+    capsys.readouterr()
+    for command in (["resume", "nosuch"], ["status", "nosuch"], ["audit", "nosuch", "--verify"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert "no run named 'nosuch'" in err and len(err.splitlines()) == 1
+
+
+def test_resume_imports_the_manifests_own_tools_from_anywhere(
+    world: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run -f` remembers the manifest's folder, so `resume` from another directory (with no
+    PYTHONPATH) still finds the manifest's Python tools."""
+    folder = world / "agent"
+    folder.mkdir()
+    (world / "kgtools.py").rename(folder / "kgtools.py")
+    path = folder / "run.yaml"
+    path.write_text(manifest(max_iterations=1))
+    store = f"sqlite:///{world / 'state.db'}"
+    elsewhere = world / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(world)])
+    sys.modules.pop("kgtools", None)
+    assert main(["run", "-f", str(path), "--store", store]) == 3
+    sys.modules.pop("kgtools", None)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(folder)])
+    capsys.readouterr()
+    assert main(["resume", "restock", "--max-iterations", "5", "--store", store]) == 0
+    assert orders(world) == 1
+
+
+def test_memory_store_is_refused_by_the_cli(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """memory:// keeps nothing past the command, so its resume hint would lie: refused."""
+    assert main(["run", "-f", str(write(world, manifest())), "--store", "memory://"]) == 2
+    assert "memory://" in capsys.readouterr().err
 
 
 def test_a_missing_api_key_is_bad_input_naming_the_variable(
@@ -322,3 +363,50 @@ def test_a_bad_pricing_file_is_one_line_naming_the_entry(
     assert code == 2 and len(err.splitlines()) == 1
     assert "--pricing" in err and "models.demo.inputPerMillionTokens" in err
     assert orders(world) == 0
+
+
+def test_status_of_a_run_whose_process_died_is_running_and_resumable(world: Path) -> None:
+    """A run with no stop recorded (its process died) shows phase Running, an empty stop
+    reason, resumable, exit 3: never a failure a script would give up on."""
+    path = str(write(world, manifest()))
+    assert cli(world, "run", "-f", path, failpoints="after_plan@1").returncode == 137
+    status = cli(world, "status", "restock", "-o", "json")
+    assert status.returncode == 3
+    shown = last_json(status.stdout)
+    assert (shown["phase"], shown["stopReason"], shown["resumable"]) == ("Running", "", True)
+    assert cli(world, "resume", "restock").returncode == 0
+    assert orders(world) == 1
+
+
+def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> None:
+    """SIGINT during a run: one line saying how to continue, exit 130, no traceback; the
+    resume finishes with exactly one order."""
+    import signal
+    import time
+
+    slow = TOOLS.replace(
+        'return {"sku": args["sku"], "inStock": 3}',
+        'import time; time.sleep(float(os.environ.get("SLOW", "0")))\n'
+        '    return {"sku": args["sku"], "inStock": 3}',
+    )
+    (world / "kgtools.py").write_text(slow)
+    env = {**os.environ, "PYTHONPATH": str(world), "SLOW": "30"}
+    env.pop("KEELGATE_FAILPOINTS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keelgate", "run", "-f", str(write(world, manifest()))],
+        cwd=world,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not (world / ".keelgate" / "keelgate.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert cli(world, "resume", "restock").returncode == 0
+    assert orders(world) == 1

@@ -33,6 +33,12 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RESUMABLE = 3
 EXIT_BUSY = 4
+EXIT_INTERRUPTED = 130
+
+_INTERRUPTED = (
+    "interrupted: nothing saved was lost; `keelgate resume RUN` continues from the last "
+    "checkpoint (a WRITE cut off mid-call becomes an unknown outcome to settle)"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,9 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
-    except typer.Abort:
-        console.error("aborted")
-        return EXIT_FAILED
+    except (typer.Abort, KeyboardInterrupt):
+        console.error(_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
         console.error(_usage_line(error))
         return EXIT_BAD_INPUT
@@ -76,7 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(set KEELGATE_DEBUG=1 for a traceback)"
         )
         return EXIT_FAILED
-    return int(result or 0)
+    code = int(result or 0)
+    if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into a quiet exit 130
+        console.error(_INTERRUPTED)
+    return code
 
 
 def _usage_line(error: typer.TyperException) -> str:

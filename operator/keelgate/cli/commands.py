@@ -7,6 +7,7 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
@@ -16,11 +17,12 @@ import typer
 
 from keelgate.cli.render import Console
 from keelgate.core.loop import Loop
+from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
-from keelgate.errors import InputError, RunNotFound
-from keelgate.stores import DEFAULT_URL, check_store_url, open_stores
+from keelgate.errors import InputError
+from keelgate.stores import DEFAULT_URL, check_store_url, open_stores, redacted, sqlite_path
 
 app = typer.Typer(
     name="keelgate",
@@ -84,15 +86,37 @@ def _python_path(*directories: Path) -> None:
             sys.path.insert(0, entry)
 
 
-def _tenant(stores: Stores, run: str, namespace: str | None) -> str:
-    if namespace:
-        return namespace
-    tenants = sorted({ref.tenant for ref in stores.checkpoints.runs() if ref.run == run})
-    if not tenants:
-        raise RunNotFound("any", run)
-    if len(tenants) > 1:
-        raise InputError("--namespace", f"run {run!r} exists in {', '.join(tenants)}: name one")
-    return tenants[0]
+def _usable(store: str) -> None:
+    """Refuse a store the CLI cannot use, before anything is created or run."""
+    check_store_url(store)
+    if store.startswith("memory:"):
+        raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
+
+
+def _existing(store: str) -> Stores:
+    """Open a store that must already hold runs: a mistyped path is an error, not a new file."""
+    _usable(store)
+    if store.startswith("sqlite:"):
+        path = Path(sqlite_path(store))
+        if not path.is_file():
+            raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
+    return open_stores(store)
+
+
+def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
+    """(tenant, run) for a run name; a monitor's own name means its latest tick."""
+    refs = stores.checkpoints.runs(namespace)
+    exact = sorted({ref.tenant for ref in refs if ref.run == run})
+    if not exact:
+        ticks = [(n, ref) for ref in refs if (n := tick_number(run, ref.run)) is not None]
+        if ticks:
+            _, latest = max(ticks, key=lambda tick: tick[0])
+            return latest.tenant, latest.run
+        where = f" in namespace {namespace!r}" if namespace else ""
+        raise InputError("RUN", f"no run named {run!r}{where} in {redacted(store)}")
+    if len(exact) > 1:
+        raise InputError("--namespace", f"run {run!r} exists in {', '.join(exact)}: name one")
+    return exact[0], run
 
 
 def _drive(spec: LoopSpec, *, new_tick: bool, pricing: Path | None) -> Outcome:
@@ -118,8 +142,8 @@ def run_command(
     if not file.is_file():
         raise InputError("--file", f"{file}: no such file")
     agentrun = load_agentrun(file)
-    spec = agentrun.to_loop_spec(store=store)
-    check_store_url(store)  # before anything runs; the runner builds all before opening
+    _usable(store)  # before anything runs; the runner builds all before opening the store
+    spec = replace(agentrun.to_loop_spec(store=store), source_dir=str(file.parent.resolve()))
     _python_path(file.parent)
     return _show(_drive(spec, new_tick=True, pricing=pricing), output)
 
@@ -146,9 +170,9 @@ def resume_command(
 ) -> int:
     """Raise the named budgets to the given totals and continue the run to its next stop."""
     total_dollars = _decimal("--dollars", dollars)
-    stores = open_stores(store)
+    stores = _existing(store)
     try:
-        tenant = _tenant(stores, run, namespace)
+        tenant, run = _find(stores, run, namespace, store=store)
         saved = Loop(stores=stores).state(tenant, run).spec
     finally:
         stores.close()
@@ -160,7 +184,7 @@ def resume_command(
         max_verifier_rejections=max_verifier_rejections,
     )
     spec = LoopSpec.from_json({**saved.to_json(), "store": store}).with_budget(budget)
-    _python_path()
+    _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
     return _show(_drive(spec, new_tick=False, pricing=pricing), output)
 
@@ -192,9 +216,9 @@ def reconcile_command(
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
     if executed is None:
         raise InputError("--executed/--not-executed", "say whether the action took effect")
-    stores = open_stores(store)
+    stores = _existing(store)
     try:
-        tenant = _tenant(stores, run, namespace)
+        tenant, run = _find(stores, run, namespace, store=store)
         record = Loop(stores=stores).reconcile(tenant, run, action, executed=executed, by=by)
     finally:
         stores.close()
@@ -219,9 +243,9 @@ def approve_command(
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
     if approve is None:
         raise InputError("--approve/--deny", "say whether the action may run")
-    stores = open_stores(store)
+    stores = _existing(store)
     try:
-        tenant = _tenant(stores, run, namespace)
+        tenant, run = _find(stores, run, namespace, store=store)
         Loop(stores=stores).approve(tenant, run, action, approved=approve, by=by)
     finally:
         stores.close()
@@ -242,9 +266,9 @@ def audit_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Show the run's hash-chained audit trail."""
-    stores = open_stores(store)
+    stores = _existing(store)
     try:
-        tenant = _tenant(stores, run, namespace)
+        tenant, run = _find(stores, run, namespace, store=store)
         loop = Loop(stores=stores)
         events = loop.audit(tenant, run)
         report = loop.verify_audit(tenant, run) if check else None
@@ -272,9 +296,9 @@ def status_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Show where a run stands, without running it."""
-    stores = open_stores(store)
+    stores = _existing(store)
     try:
-        tenant = _tenant(stores, run, namespace)
+        tenant, run = _find(stores, run, namespace, store=store)
         outcome = Loop(stores=stores).outcome(tenant, run)
     finally:
         stores.close()

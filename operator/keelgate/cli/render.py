@@ -46,6 +46,13 @@ class Console:
         stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
+        if outcome.phase is RunPhase.RUNNING:
+            self.out.print(title)
+            self.out.print(
+                f"  no stop recorded: running in another process now, or its process died; "
+                f"`keelgate resume {outcome.run}` continues it from its last checkpoint"
+            )
+            return
         title += Text(f"  {stop.reason.value}")
         title += Text(" (resumable)" if outcome.resumable else "", style="dim")
         self.out.print(title)
@@ -83,7 +90,19 @@ class Console:
                 f"    keelgate approve {outcome.run} {pending.action} --deny --by YOU"
                 f""
             )
-        if outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
+        if stop.reason is StopReason.VERIFIER_REJECTIONS:
+            self.out.print(
+                f"  to go on, raise the limit: keelgate resume {outcome.run} "
+                "--max-verifier-rejections N",
+                style="dim",
+            )
+        elif stop.reason is StopReason.COST_UNKNOWN:
+            self.out.print(
+                "  state the model's price (spec.pricing), or give a pricing file: "
+                f"keelgate resume {outcome.run} --pricing prices.yaml",
+                style="dim",
+            )
+        elif outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
             self.out.print(
                 f"  resume with: keelgate resume {outcome.run} "
                 "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",

@@ -93,6 +93,7 @@ class LoopSpec:
     allowed_side_effects: frozenset[SideEffect] | None = None
     manifest: Mapping[str, Any] | None = None
     store: str = ""
+    source_dir: str = ""  # where a manifest's Python code imports from (the CLI's `run -f`)
 
     @property
     def side_effects(self) -> frozenset[SideEffect]:
@@ -118,6 +119,7 @@ class LoopSpec:
             else sorted(s.value for s in self.allowed_side_effects),
             "manifest": None if self.manifest is None else dict(self.manifest),
             "store": self.store,
+            **({"sourceDir": self.source_dir} if self.source_dir else {}),
         }
 
     @classmethod
@@ -135,4 +137,5 @@ class LoopSpec:
             else frozenset(SideEffect(s) for s in allowed),
             manifest=None if manifest is None else dict(manifest),
             store=str(data.get("store", "")),
+            source_dir=str(data.get("sourceDir", "")),
         )

@@ -138,7 +138,9 @@ class RunState:
         return None
 
     def outcome(self) -> Outcome:
-        stop = self.stop or Stop(StopReason.FAILED, "run has not stopped", False)
+        # No stop recorded: running elsewhere now, or its process died; either way a resume
+        # continues it.
+        stop = self.stop or Stop(StopReason.FAILED, "", True)
         if self.stop is None:
             phase = RunPhase.RUNNING
         elif stop.reason is StopReason.GOAL_MET:

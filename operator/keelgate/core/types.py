@@ -339,7 +339,7 @@ class Outcome:
         return {
             "run": self.run,
             "phase": self.phase.value,
-            "stopReason": self.stop.reason.value,
+            "stopReason": "" if self.phase is RunPhase.RUNNING else self.stop.reason.value,
             "resumable": self.resumable,
             "iteration": self.iteration,
             "usage": self.usage.to_json(),
