@@ -418,6 +418,23 @@ def test_concurrent_appenders_keep_one_unbroken_chain(key_store_factory: StoreFa
     assert verify("acme", "r", events).ok
 
 
+def test_appenders_taking_turns_each_with_an_old_view_of_the_head_keep_one_chain(
+    key_store_factory: StoreFactory,
+) -> None:
+    """Two stores append to one run in turns, each having last seen the chain before the
+    other's event: none is lost or forked, keyed events are not doubled, and the chain
+    verifies."""
+    first, second = audit(key_store_factory), audit(key_store_factory)
+    for i in range(5):
+        first.append("acme", "turns", [AuditDraft("note", {"by": 1, "i": i}, key=f"a{i}")])
+        second.append("acme", "turns", [AuditDraft("note", {"by": 2, "i": i})])
+        second.append("acme", "turns", [AuditDraft("note", {"by": 2, "i": i}, key=f"a{i}")])
+    events = first.events("acme", "turns")
+    assert [e.seq for e in events] == list(range(1, 11))
+    assert [e.data["by"] for e in events] == [1, 2] * 5
+    assert verify("acme", "turns", events).ok
+
+
 def test_a_checkpoint_and_its_events_commit_together(key_store_factory: StoreFactory) -> None:
     """save_with_events writes the checkpoint and its audit events as one: a stale save appends
     none of its events, a good one appends them all (skipping keys already on the chain)."""

@@ -72,6 +72,11 @@ class SQLiteStore:
         )
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._lock = threading.Lock()
+        # The last event this store committed on each run's chain, so an append need not read
+        # it back. Another writer may have moved on since: the chain's primary key then refuses
+        # our insert, and the head is read afresh (see _append).
+        self._heads: dict[tuple[str, str], AuditEvent | None] = {}
+        self._staged_heads: dict[tuple[str, str], AuditEvent | None] = {}
         try:
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, timeout=30.0, check_same_thread=False
@@ -87,16 +92,21 @@ class SQLiteStore:
     @contextmanager
     def _tx(self, *, immediate: bool = False) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            if immediate:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            else:
+            if not immediate:
                 yield self._db
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._staged_heads.clear()
+                raise
+            # Only what committed may be remembered as a run's chain head.
+            self._heads.update(self._staged_heads)
+            self._staged_heads.clear()
 
     def close(self) -> None:
         db = getattr(self, "_db", None)
@@ -137,6 +147,10 @@ class SQLiteStore:
     ) -> None:
         """``save`` and ``append`` in one transaction: one durable commit, and a crash can
         never leave the checkpoint without its events or the events without the checkpoint."""
+        if not drafts:
+            # One autocommit statement is atomic already; BEGIN and COMMIT would add nothing.
+            self.save(tenant, run, seq, state)
+            return
         text = _checkpoint_text(state)
         with self._tx(immediate=True) as db:
             cursor = db.execute(
@@ -313,34 +327,52 @@ class SQLiteStore:
     def _append(
         self, db: sqlite3.Connection, tenant: str, run: str, drafts: Sequence[AuditDraft]
     ) -> None:
-        if drafts:
+        if not drafts:
+            return
+        chain = (tenant, run)
+        head = self._staged_heads.get(chain, self._heads.get(chain, _UNKNOWN))
+        if head is _UNKNOWN:
             head = self._head(db, tenant, run)
-            for draft in drafts:
-                if (
-                    draft.key is not None
-                    and db.execute(
-                        "SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?",
-                        (tenant, run, draft.key),
-                    ).fetchone()
-                ):
-                    continue
-                head = seal(tenant, run, head, draft)
-                db.execute(
-                    "INSERT INTO keelgate_audit (tenant, run, seq, type, actor, at, data, key, "
-                    "prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        tenant,
-                        run,
-                        head.seq,
-                        head.type,
-                        head.actor,
-                        head.at,
-                        json.dumps(dict(head.data)),
-                        head.key,
-                        head.prev,
-                        head.hash,
-                    ),
-                )
+        for draft in drafts:
+            event = seal(tenant, run, head, draft)
+            if self._insert(db, tenant, run, event):
+                head = event
+                continue
+            # Refused: the draft's key is already on the chain (appended before a crash: skip
+            # it), or another writer moved the head on (read it afresh and seal again).
+            if (
+                draft.key is not None
+                and db.execute(
+                    "SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?",
+                    (tenant, run, draft.key),
+                ).fetchone()
+            ):
+                continue
+            head = self._head(db, tenant, run)
+            event = seal(tenant, run, head, draft)
+            if not self._insert(db, tenant, run, event):
+                raise StoreError(f"audit chain of {run!r}: could not append {draft.type}")
+            head = event
+        self._staged_heads[chain] = head
+
+    def _insert(self, db: sqlite3.Connection, tenant: str, run: str, event: AuditEvent) -> bool:
+        cursor = db.execute(
+            "INSERT INTO keelgate_audit (tenant, run, seq, type, actor, at, data, key, prev, "
+            "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                tenant,
+                run,
+                event.seq,
+                event.type,
+                event.actor,
+                event.at,
+                json.dumps(dict(event.data)),
+                event.key,
+                event.prev,
+                event.hash,
+            ),
+        )
+        return cursor.rowcount == 1
 
     def _head(self, db: sqlite3.Connection, tenant: str, run: str) -> AuditEvent | None:
         row = db.execute(
@@ -365,6 +397,9 @@ def _checkpoint_text(state: Mapping[str, Any]) -> str:
     # check saves about a fifth of the serialisation done at every phase boundary. A cyclic
     # value would still fail (RecursionError) before anything is written.
     return json.dumps(state, separators=(",", ":"), check_circular=False)
+
+
+_UNKNOWN: Any = object()  # no head remembered for this chain
 
 
 def _event(row: Sequence[Any]) -> AuditEvent:
