@@ -50,11 +50,11 @@ from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RunRef
 from keelgate.core.types import KeyRecord, KeyState
 from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
+from keelgate.stores._json import dumps
 
 # Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
 OWNER_SPACE = 0x4B470001
-AUDIT_SPACE = 0x4B470002
 SCHEMA_SPACE = 0x4B470003
 
 # The server ends a silent owner session after idle + count * interval seconds.
@@ -132,6 +132,8 @@ class PostgresStore:
         self._kwargs = {k: v for k, v in defaults.items() if k not in params}
         self._owner_lock = threading.Lock()
         self._owner_conn: Conn | None = None
+        # The last event this store committed on each run's chain (see _append).
+        self._heads: dict[tuple[str, str], AuditEvent | None] = {}
         self._owner_ids: list[int] = []
         self._pool: ConnectionPool[Conn] | None = None
         try:
@@ -238,8 +240,13 @@ class PostgresStore:
                             (tenant, key, run, action, tool, self.owner),
                         )
                         claimed = cursor.rowcount == 1
-                        if claimed and event is not None:
+                        head = (
                             self._append(conn, tenant, run, [event])
+                            if claimed and event is not None
+                            else _UNKNOWN
+                        )
+                    if head is not _UNKNOWN:
+                        self._remember(tenant, run, head)
                     return claimed
                 except psycopg.Error as error:
                     conn = self._owner_conn
@@ -253,7 +260,7 @@ class PostgresStore:
     # CheckpointStore
 
     def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
-        text = json.dumps(state, separators=(",", ":"))
+        text = dumps(state)
         with self._conn() as conn:
             self._save(conn, tenant, run, seq, text)
 
@@ -280,7 +287,7 @@ class PostgresStore:
         drafts: Sequence[AuditDraft],
     ) -> None:
         """Save a checkpoint and append its audit events in one transaction (one commit)."""
-        text = json.dumps(state, separators=(",", ":"))
+        text = dumps(state)
         with self._conn() as conn:
             if not drafts:
                 # One autocommit statement is already atomic: BEGIN and COMMIT would only add
@@ -289,7 +296,8 @@ class PostgresStore:
                 return
             with conn.transaction():
                 self._save(conn, tenant, run, seq, text)
-                self._append(conn, tenant, run, drafts)
+                head = self._append(conn, tenant, run, drafts)
+            self._remember(tenant, run, head)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._conn() as conn:
@@ -362,7 +370,7 @@ class PostgresStore:
             conn.execute(
                 "UPDATE keelgate_keys SET state = 'completed', result = %s, owner = NULL "
                 "WHERE tenant = %s AND key = %s AND state = 'in_flight' AND owner = ANY(%s)",
-                (json.dumps(result), tenant, key, self._owner_ids),
+                (dumps(result), tenant, key, self._owner_ids),
             )
 
     def release(self, tenant: str, key: str) -> None:
@@ -417,64 +425,72 @@ class PostgresStore:
     def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
         if not drafts:
             return
-        with self._conn() as conn, conn.transaction():
-            self._append(conn, tenant, run, drafts)
+        with self._conn() as conn:
+            with conn.transaction():
+                head = self._append(conn, tenant, run, drafts)
+            self._remember(tenant, run, head)
 
-    def _append(self, conn: Conn, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
-        if not drafts:
-            return
-        # One appender per run at a time, so each event is sealed after the true head.
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (AUDIT_SPACE, f"{tenant}\x1f{run}")
+    def _append(
+        self, conn: Conn, tenant: str, run: str, drafts: Sequence[AuditDraft]
+    ) -> AuditEvent | None:
+        """Seal and insert ``drafts`` after the run's head; returns the new head, which the
+        caller remembers once its transaction has committed (``_remember``).
+
+        The head this store last committed is used without reading it back. If another writer
+        has moved the chain on, the insert meets the primary key (a concurrent insert of the
+        same seq waits for the other transaction, then conflicts) and the head is read afresh.
+        A draft whose key is already on the chain is skipped, so re-appending is harmless.
+        """
+        remembered = self._heads.get((tenant, run), _UNKNOWN)
+        head: AuditEvent | None = (
+            self._read_head(conn, tenant, run) if remembered is _UNKNOWN else remembered
         )
-        head_row = conn.execute(
+        for draft in drafts:
+            for _ in range(100):
+                event = seal(tenant, run, head, draft)
+                inserted = conn.execute(
+                    f"INSERT INTO keelgate_audit (tenant, run, {EVENT_COLUMNS}) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (
+                        tenant,
+                        run,
+                        event.seq,
+                        event.type,
+                        event.actor,
+                        event.at,
+                        dumps(event.data),
+                        event.key,
+                        event.prev,
+                        event.hash,
+                    ),
+                ).rowcount
+                if inserted == 1:
+                    head = event
+                    break
+                if (
+                    draft.key is not None
+                    and conn.execute(
+                        "SELECT 1 FROM keelgate_audit WHERE tenant = %s AND run = %s AND key = %s",
+                        (tenant, run, draft.key),
+                    ).fetchone()
+                ):
+                    break  # on the chain already (appended before a crash)
+                head = self._read_head(conn, tenant, run)
+            else:
+                raise StoreError(f"audit chain of {run!r}: could not append {draft.type}")
+        return head
+
+    def _read_head(self, conn: Conn, tenant: str, run: str) -> AuditEvent | None:
+        row = conn.execute(
             f"SELECT {EVENT_COLUMNS} FROM keelgate_audit WHERE tenant = %s AND run = %s "
             "ORDER BY seq DESC LIMIT 1",
             (tenant, run),
         ).fetchone()
-        head = None if head_row is None else _event(head_row)
-        keys = [d.key for d in drafts if d.key is not None]
-        seen: set[str] = set()
-        if keys:
-            seen = {
-                str(k)
-                for (k,) in conn.execute(
-                    # One index lookup per key whatever the statistics say. `key = ANY(%s)` got
-                    # a plan filtering every event of the run while the table was unanalysed, so
-                    # each checkpoint's cost grew with the run's length.
-                    "SELECT k FROM unnest(%s::text[]) AS k, LATERAL (SELECT 1 FROM keelgate_audit "
-                    "WHERE tenant = %s AND run = %s AND key = k LIMIT 1) AS hit",
-                    (keys, tenant, run),
-                ).fetchall()
-            }
-        rows: list[tuple[Any, ...]] = []
-        for draft in drafts:
-            if draft.key is not None:
-                if draft.key in seen:
-                    continue
-                seen.add(draft.key)
-            head = seal(tenant, run, head, draft)
-            rows.append(
-                (
-                    tenant,
-                    run,
-                    head.seq,
-                    head.type,
-                    head.actor,
-                    head.at,
-                    json.dumps(dict(head.data)),
-                    head.key,
-                    head.prev,
-                    head.hash,
-                )
-            )
-        if rows:
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    f"INSERT INTO keelgate_audit (tenant, run, {EVENT_COLUMNS}) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    rows,
-                )
+        return None if row is None else _event(row)
+
+    def _remember(self, tenant: str, run: str, head: AuditEvent | None) -> None:
+        """Called after a commit: only a committed event may serve as the remembered head."""
+        self._heads[(tenant, run)] = head
 
     def events(self, tenant: str, run: str) -> list[AuditEvent]:
         with self._conn() as conn:
@@ -484,6 +500,9 @@ class PostgresStore:
                 (tenant, run),
             ).fetchall()
         return [_event(row) for row in rows]
+
+
+_UNKNOWN: Any = object()  # no head remembered for this chain
 
 
 def _event(row: Sequence[Any]) -> AuditEvent:

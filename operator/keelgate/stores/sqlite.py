@@ -33,6 +33,7 @@ from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RunRef
 from keelgate.core.types import KeyRecord, KeyState
 from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.stores._json import dumps
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS keelgate_checkpoints (
@@ -268,7 +269,7 @@ class SQLiteStore:
             db.execute(
                 "UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL "
                 "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner = ?",
-                (json.dumps(result), tenant, key, self.owner),
+                (dumps(result), tenant, key, self.owner),
             )
 
     def release(self, tenant: str, key: str) -> None:
@@ -366,7 +367,7 @@ class SQLiteStore:
                 event.type,
                 event.actor,
                 event.at,
-                json.dumps(dict(event.data)),
+                dumps(event.data),
                 event.key,
                 event.prev,
                 event.hash,
@@ -396,7 +397,7 @@ def _checkpoint_text(state: Mapping[str, Any]) -> str:
     # A checkpoint is a fresh tree from RunState.to_json, never cyclic: skipping json's cycle
     # check saves about a fifth of the serialisation done at every phase boundary. A cyclic
     # value would still fail (RecursionError) before anything is written.
-    return json.dumps(state, separators=(",", ":"), check_circular=False)
+    return dumps(state)
 
 
 _UNKNOWN: Any = object()  # no head remembered for this chain
