@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 from keelgate.core.types import LoopKind, SideEffect, Usage
@@ -106,6 +107,11 @@ class LoopSpec:
 
     def with_budget(self, budget: Budget) -> LoopSpec:
         return replace(self, budget=budget)
+
+    @cached_property
+    def json_form(self) -> Mapping[str, Any]:
+        """``to_json()`` computed once: every checkpoint carries the spec. Do not change it."""
+        return self.to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -8,7 +8,7 @@ length: the history the model sees is a bounded window, and tool outputs in it a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -120,7 +120,15 @@ class RunState:
         return self.spec.run
 
     def but(self, **changes: Any) -> RunState:
-        return replace(self, **changes)
+        """A copy with ``changes``. The loop makes several per phase, so this skips
+        ``dataclasses.replace``'s full ``__init__``; unknown field names are still refused."""
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise TypeError(f"RunState has no field {sorted(unknown)[0]!r}")
+        copy = object.__new__(RunState)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
+        return copy
 
     def remember(self, entry: Mapping[str, Any]) -> RunState:
         """Append to the model's history, keeping only the newest HISTORY_WINDOW entries."""
@@ -167,13 +175,13 @@ class RunState:
             "tenant": self.tenant,
             "run": self.run,
             "seq": self.seq,
-            "spec": self.spec.to_json(),
+            "spec": self.spec.json_form,
             "step": self.step.value,
             "iteration": self.iteration,
             "calls": self.calls,
             "plan": None if self.plan is None else self.plan.to_json(),
             "results": [r.to_json() for r in self.results],
-            "history": [dict(h) for h in self.history],
+            "history": list(self.history),  # entries are never changed in place
             "dropped": self.dropped,
             "usage": self.usage.to_json(),
             "rejections": self.rejections,
@@ -218,3 +226,6 @@ class RunState:
             answer=data.get("answer"),
             audit_tail=data.get("auditTail"),
         )
+
+
+_FIELDS = frozenset(f.name for f in fields(RunState))
