@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph
 
-.PHONY: venv demo test lint typecheck unit check-python clean
+.PHONY: venv demo test lint typecheck unit check-python clean crds bench
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -29,6 +29,15 @@ demo: venv
 lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples
 	$(VENV)/bin/ruff format --check operator tests bench examples
+	$(PY) -m keelgate.kube.crds --check crds/
+
+## crds: regenerate crds/ from the manifest models (the single source of truth)
+crds: venv
+	$(PY) -m keelgate.kube.crds --write crds/
+
+## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
+bench: venv
+	$(PY) bench/loop_vs_commits.py
 
 typecheck: venv
 	$(VENV)/bin/mypy
