@@ -776,7 +776,9 @@ def profiled(store: Any, iterations: int) -> str:
     profile.disable()
     out = io.StringIO()
     stats = pstats.Stats(profile, stream=out)
-    stats.sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(int(os.environ.get("BENCH_ROWS", "20")))
+    stats.sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(
+        int(os.environ.get("BENCH_ROWS", "20"))
+    )
     return out.getvalue()
 
 
