@@ -24,6 +24,15 @@ from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_stores, redacted, sqlite_path
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        Console().say(f"keelgate {version('keelgate')}")
+        raise typer.Exit(0)
+
+
 app = typer.Typer(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
@@ -31,6 +40,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run AI agent loops durably: a WRITE never runs twice and never runs unapproved."""
 
 
 class OutputFormat(StrEnum):
@@ -139,6 +160,8 @@ def run_command(
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
     from keelgate.manifest import load_agentrun
 
+    if file.is_dir():
+        raise InputError("--file", f"{file} is a directory, not a manifest file")
     if not file.is_file():
         raise InputError("--file", f"{file}: no such file")
     agentrun = load_agentrun(file)

@@ -103,7 +103,7 @@ class AnthropicModel:
             lambda: self._client.messages.create(**body),
             self._classify,
             policy=self.retry,
-            provider="anthropic",
+            provider=f"anthropic at {self.base_url}" if self.base_url else "anthropic",
             sleep=self._sleep,
         )
         return _reply(request, message, body)

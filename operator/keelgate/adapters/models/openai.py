@@ -113,7 +113,7 @@ class OpenAIModel:
             lambda: self._client.chat.completions.create(**body),
             self._classify,
             policy=self.retry,
-            provider="openai",
+            provider=f"openai at {self.base_url}" if self.base_url else "openai",
             sleep=self._sleep,
         )
         return self._reply(request, completion, body)
