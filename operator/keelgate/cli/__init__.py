@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.error(str(failpoints.environment_error))
         return EXIT_BAD_INPUT
     command = typer.main.get_command(commands.app)
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:
