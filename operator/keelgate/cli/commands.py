@@ -7,6 +7,8 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -140,6 +142,17 @@ def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tup
     return exact[0], run
 
 
+@contextmanager
+def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop, str, str]]:
+    """(a loop over the store, tenant, run) for a run that must exist; closed afterwards."""
+    stores = _existing(store)
+    try:
+        tenant, name = _find(stores, run, namespace, store=store)
+        yield Loop(stores=stores), tenant, name
+    finally:
+        stores.close()
+
+
 def _drive(spec: LoopSpec, *, new_tick: bool, pricing: Path | None) -> Outcome:
     from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
@@ -193,12 +206,8 @@ def resume_command(
 ) -> int:
     """Raise the named budgets to the given totals and continue the run to its next stop."""
     total_dollars = _decimal("--dollars", dollars)
-    stores = _existing(store)
-    try:
-        tenant, run = _find(stores, run, namespace, store=store)
-        saved = Loop(stores=stores).state(tenant, run).spec
-    finally:
-        stores.close()
+    with _opened(store, run, namespace) as (loop, tenant, run):
+        saved = loop.state(tenant, run).spec
     budget = saved.budget.raised(
         tokens=tokens,
         dollars=total_dollars,
@@ -239,12 +248,8 @@ def reconcile_command(
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
     if executed is None:
         raise InputError("--executed/--not-executed", "say whether the action took effect")
-    stores = _existing(store)
-    try:
-        tenant, run = _find(stores, run, namespace, store=store)
-        record = Loop(stores=stores).reconcile(tenant, run, action, executed=executed, by=by)
-    finally:
-        stores.close()
+    with _opened(store, run, namespace) as (loop, tenant, run):
+        record = loop.reconcile(tenant, run, action, executed=executed, by=by)
     verdict = "executed" if executed else "abandoned (never retried under its key)"
     console = Console()
     console.say(f"{run} {action} ({record.tool}): settled as {verdict} by {by}", style="green")
@@ -266,12 +271,8 @@ def approve_command(
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
     if approve is None:
         raise InputError("--approve/--deny", "say whether the action may run")
-    stores = _existing(store)
-    try:
-        tenant, run = _find(stores, run, namespace, store=store)
-        Loop(stores=stores).approve(tenant, run, action, approved=approve, by=by)
-    finally:
-        stores.close()
+    with _opened(store, run, namespace) as (loop, tenant, run):
+        loop.approve(tenant, run, action, approved=approve, by=by)
     console = Console()
     console.say(f"{run} {action}: {'approved' if approve else 'denied'} by {by}", style="green")
     console.say(f"  continue with: keelgate resume {run}", style="dim")
@@ -289,14 +290,9 @@ def audit_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Show the run's hash-chained audit trail."""
-    stores = _existing(store)
-    try:
-        tenant, run = _find(stores, run, namespace, store=store)
-        loop = Loop(stores=stores)
+    with _opened(store, run, namespace) as (loop, tenant, run):
         events = loop.audit(tenant, run)
         report = loop.verify_audit(tenant, run) if check else None
-    finally:
-        stores.close()
     console = Console()
     if output is OutputFormat.json:
         console.json(
@@ -319,10 +315,6 @@ def status_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Show where a run stands, without running it."""
-    stores = _existing(store)
-    try:
-        tenant, run = _find(stores, run, namespace, store=store)
-        outcome = Loop(stores=stores).outcome(tenant, run)
-    finally:
-        stores.close()
+    with _opened(store, run, namespace) as (loop, tenant, run):
+        outcome = loop.outcome(tenant, run)
     return _show(outcome, output)
