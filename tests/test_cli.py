@@ -215,7 +215,7 @@ def test_a_real_crash_after_the_write_stops_unknown_until_reconciled(world: Path
     settled = cli(world, "reconcile", "restock", "2:0", "--executed", "--by", "alice")
     assert settled.returncode == 0, settled.stderr
     again = cli(world, "reconcile", "restock", "2:0", "--not-executed", "--by", "mallory")
-    assert again.returncode == 2 and "completed" in again.stderr
+    assert again.returncode == 2 and "already settled as executed by alice" in again.stderr
 
     resumed = cli(world, "resume", "restock", "-o", "json")
     assert resumed.returncode == 0, resumed.stderr

@@ -15,6 +15,8 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from keelgate.errors import SettleError
+
 
 class SideEffect(StrEnum):
     """What a tool may do to the world. READ is free to repeat; PROPOSE and WRITE are not."""
@@ -292,6 +294,22 @@ class KeyRecord:
     result: Any = None
     settled_by: str = ""
     source: str = ""
+
+
+def settled_state(record: KeyRecord, *, executed: bool) -> KeyState:
+    """The state an unknown outcome settles to; any other key is refused in plain words, so a
+    decision can never be changed and a live call never pre-empted."""
+    if record.state is KeyState.OUTCOME_UNKNOWN:
+        return KeyState.COMPLETED if executed else KeyState.ABANDONED
+    who = f" by {record.settled_by}" if record.settled_by else ""
+    reason = {
+        KeyState.COMPLETED: f"already settled as executed{who}"
+        if record.source
+        else "it completed: there is nothing to settle",
+        KeyState.ABANDONED: f"already settled as not executed{who}",
+        KeyState.IN_FLIGHT: "still in flight in a live process: wait for it to end",
+    }[record.state]
+    raise SettleError(record.run, record.action, reason)
 
 
 @dataclass(frozen=True)

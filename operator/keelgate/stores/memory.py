@@ -18,7 +18,7 @@ from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RunRef
-from keelgate.core.types import KeyRecord, KeyState
+from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint
 
 
@@ -147,13 +147,7 @@ class MemoryStore:
             if entry is None:
                 raise SettleError(key, "", "no such idempotency key")
             current = self._resolved(entry)
-            if current.state is not KeyState.OUTCOME_UNKNOWN:
-                raise SettleError(
-                    current.run,
-                    current.action,
-                    f"cannot settle a key that is {current.state.value}",
-                )
-            state = KeyState.COMPLETED if executed else KeyState.ABANDONED
+            state = settled_state(current, executed=executed)
             entry.record = replace(entry.record, state=state, settled_by=by, source=source)
             entry.owner = None
             return entry.record

@@ -48,7 +48,7 @@ from psycopg_pool import ConnectionPool
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RunRef
-from keelgate.core.types import KeyRecord, KeyState
+from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
 from keelgate.stores._json import dumps
 
@@ -395,13 +395,7 @@ class PostgresStore:
             if row is None:
                 raise SettleError("", key, "no such idempotency key")
             current = self._record(row)
-            if current.state is not KeyState.OUTCOME_UNKNOWN:
-                raise SettleError(
-                    current.run,
-                    current.action,
-                    f"cannot settle a key that is {current.state.value}",
-                )
-            state = KeyState.COMPLETED if executed else KeyState.ABANDONED
+            state = settled_state(current, executed=executed)
             # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
             cursor = conn.execute(
                 "UPDATE keelgate_keys SET state = %s, owner = NULL, settled_by = %s, source = %s "

@@ -31,7 +31,7 @@ from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RunRef
-from keelgate.core.types import KeyRecord, KeyState
+from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint, StoreError
 from keelgate.stores._json import dumps
 
@@ -294,11 +294,7 @@ class SQLiteStore:
         if row is None:
             raise SettleError("", key, "no such idempotency key")
         current = self._record(row)
-        if current.state is not KeyState.OUTCOME_UNKNOWN:
-            raise SettleError(
-                current.run, current.action, f"cannot settle a key that is {current.state.value}"
-            )
-        state = KeyState.COMPLETED if executed else KeyState.ABANDONED
+        state = settled_state(current, executed=executed)
         with self._tx() as db:
             # Compare-and-set on the owner we judged dead, so a racing settle cannot win twice.
             cursor = db.execute(
