@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -346,7 +346,6 @@ class Outcome:
     unknown_actions: tuple[UnknownAction, ...] = ()
     pending_approvals: tuple[PendingApproval, ...] = ()
     answer: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def resumable(self) -> bool:
