@@ -26,7 +26,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import CheckpointLog, Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, SideEffect, StopReason, UnknownAction, idempotency_key
-from keelgate.errors import StaleCheckpoint, ToolError
+from keelgate.errors import StaleCheckpoint
 from keelgate.stores import open_stores
 from support.stores import StoreFactory, store_fixture
 
@@ -130,3 +130,140 @@ def test_a_resume_right_after_a_timeout_does_not_abandon_a_write_still_running(
     assert record.state is not KeyState.ABANDONED, (
         f"recorded as not executed (resume stopped: {resumed.stop.reason.value}) but it was placed"
     )
+
+
+# The audit chain's remembered head, raced by real processes
+
+
+def _chain_racer(url: str, who: int, rounds: int, start: Any, out: Any) -> None:
+    """One process driving the same run as the others: checkpoint saves with events (most lose
+    with StaleCheckpoint), claims with their start event (one wins per key), re-appends of the
+    same keyed events (as outboxes re-appended after a crash) and keyless notes."""
+    stores = open_stores(url)
+    joint = cast(CheckpointLog, stores.checkpoints)
+    saved: list[str] = []
+    claimed: list[str] = []
+    try:
+        start.wait(30)
+        for r in range(rounds):
+            try:
+                joint.save_with_events(
+                    "acme",
+                    "race",
+                    r + 1,
+                    {"r": r, "by": who},
+                    [AuditDraft("save", {}, key=f"s{r}:{who}")],
+                )
+                saved.append(f"s{r}:{who}")
+            except StaleCheckpoint:
+                pass
+            won = stores.idempotency.claim(
+                "acme",
+                f"k{r}",
+                run="race",
+                action=f"{r}:0",
+                tool="ship",
+                event=AuditDraft("started", {"by": who}, key=f"started:{r}:{who}"),
+            )
+            if won is None:
+                claimed.append(f"started:{r}:{who}")
+            stores.audit.append(
+                "acme",
+                "race",
+                [
+                    AuditDraft("shared", {"r": r}, key=f"shared:{r}"),
+                    AuditDraft("note", {"by": who}),
+                ],
+            )
+        out.put((who, saved, claimed, None))
+    except BaseException as error:  # reported to the parent, which fails the test with it
+        out.put((who, saved, claimed, repr(error)))
+    finally:
+        stores.close()
+
+
+def test_processes_racing_saves_claims_and_shared_keys_keep_one_chain_of_committed_events(
+    durable_factory: StoreFactory,
+) -> None:
+    """Three processes drive one run at once. The chain stays one unbroken, verifying chain;
+    it holds exactly the events of saves and claims that committed (none from a save refused
+    as stale or a claim that lost), each shared key once, and every keyless note."""
+    assert durable_factory.url is not None
+    durable_factory().close()  # create the schema before the race
+    processes, rounds = 3, 12
+    start, out = SPAWN.Event(), SPAWN.Queue()
+    workers = [
+        SPAWN.Process(target=_chain_racer, args=(durable_factory.url, i, rounds, start, out))
+        for i in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        start.set()
+        reports = [out.get(timeout=120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+    assert [r[3] for r in reports] == [None] * processes
+    saved = {key for r in reports for key in r[1]}
+    claimed = {key for r in reports for key in r[2]}
+    assert len(claimed) == rounds  # one winner per key
+    events = durable_factory().audit.events("acme", "race")
+    assert verify("acme", "race", events).ok
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    by_type = Counter(e.type for e in events)
+    assert {e.key for e in events if e.type == "save"} == saved
+    assert {e.key for e in events if e.type == "started"} == claimed
+    assert by_type["shared"] == rounds
+    assert by_type["note"] == rounds * processes
+    assert len(events) == len(saved) + len(claimed) + rounds + rounds * processes
+
+
+# forget and the claim retry
+
+
+def test_a_key_claimed_and_forgotten_in_a_race_has_one_holder_and_never_reads_unknown(
+    durable_factory: StoreFactory,
+) -> None:
+    """Two stores race to claim one WRITE key; each winner drops it again as after a definite
+    refusal (forget). A claim that meets the key just as it vanishes tries again: at no moment
+    do two stores hold it, and a loser only ever sees it in flight in a live owner, never as an
+    unknown outcome (which would stop a run for nothing) and never completed or abandoned."""
+    stores = [durable_factory().idempotency for _ in range(2)]
+    holders, seen, errors = [0], Counter[str](), list[BaseException]()
+    lock = threading.Lock()
+    deadline = time.monotonic() + 2.0
+
+    def contend(keys: Any) -> None:
+        try:
+            while time.monotonic() < deadline:
+                record = keys.claim("acme", "K", run="r", action="1:0", tool="ship")
+                if record is not None:
+                    with lock:
+                        seen[record.state.value] += 1
+                    continue
+                with lock:
+                    holders[0] += 1
+                    assert holders[0] == 1, "two stores hold one key"
+                    seen["won"] += 1
+                # Nobody else may drop or take a key we hold: it must read in flight.
+                held = keys.get("acme", "K")
+                assert held is not None and held.state is KeyState.IN_FLIGHT, "won a missing key"
+                time.sleep(0.0005)
+                with lock:
+                    holders[0] -= 1
+                keys.forget("acme", "K")
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=contend, args=(keys,)) for keys in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert seen["won"] >= 2
+    assert set(seen) <= {"won", KeyState.IN_FLIGHT.value}, seen
+    assert stores[0].get("acme", "K") is None  # every winner dropped it again
