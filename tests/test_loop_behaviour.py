@@ -13,6 +13,7 @@ import json
 import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -39,7 +40,7 @@ from keelgate.core.types import (
     UnknownAction,
     idempotency_key,
 )
-from keelgate.errors import InputError, OutcomeUncertain, SettleError, ToolError
+from keelgate.errors import InputError, OutcomeUncertain, RunBusy, SettleError, ToolError
 from keelgate.stores import open_stores
 from keelgate.stores.sqlite import SQLiteStore
 
@@ -707,8 +708,9 @@ def test_anything_but_a_definite_confirmer_answer_leaves_it_for_a_person(
 
 
 def test_a_write_that_times_out_is_unknown_and_never_retried(stores: Stores, world: World) -> None:
-    """A python WRITE past its timeout_seconds is outcome_unknown (it may still be running), and
-    neither resuming nor a later plan with the same call runs it again."""
+    """A python WRITE past its timeout_seconds is outcome_unknown. While it still runs in this
+    process nobody may judge it (a resume is busy, not retried); when it ends, its late result is
+    recorded and the resume replays it: it ran once."""
     release = threading.Event()
     started: list[str | None] = []
 
@@ -725,12 +727,23 @@ def test_a_write_that_times_out_is_unknown_and_never_retried(stores: Stores, wor
     try:
         stopped = loop.run_or_resume(spec())
         assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
-        assert [u.tool for u in stopped.unknown_actions] == ["place_order"]
-        assert loop.run_or_resume(spec()).stop.reason is StopReason.OUTCOME_UNKNOWN
-        assert len(started) == 1
-        assert started[0] == stopped.unknown_actions[0].idempotency_key
+        (unknown,) = stopped.unknown_actions
+        assert unknown.tool == "place_order"
+        with pytest.raises(RunBusy):
+            loop.run_or_resume(spec())
+        with pytest.raises(SettleError, match="still in flight"):
+            loop.reconcile("shop", "restock", unknown.action, executed=False, by="alice")
     finally:
         release.set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        record = stores.idempotency.get("shop", unknown.idempotency_key)
+        if record is not None and record.state is KeyState.COMPLETED:
+            break
+        time.sleep(0.02)
+    done = loop.run_or_resume(spec())
+    assert done.stop.reason is StopReason.GOAL_MET
+    assert started == [unknown.idempotency_key]
 
 
 # The gateway and loop kinds

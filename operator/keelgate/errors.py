@@ -91,7 +91,17 @@ class ToolError(KeelgateError):
 
 
 class OutcomeUncertain(KeelgateError):
-    """A tool cannot tell whether its side effect happened (timeout, reset after sending)."""
+    """A tool cannot tell whether its side effect happened (timeout, reset after sending).
+
+    ``still_running``, when set, is the call itself, still going in this process (a timed-out
+    worker): an object with ``when_done(callback)`` that calls ``callback(result, error)`` once
+    the call ends. The gateway then keeps the key in flight until that moment, so nobody can
+    judge the outcome while it may still change.
+    """
+
+    def __init__(self, message: str, *, still_running: Any = None) -> None:
+        super().__init__(message)
+        self.still_running = still_running
 
 
 class ModelError(KeelgateError):

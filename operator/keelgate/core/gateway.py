@@ -9,11 +9,13 @@ never accepts the model's or the tool's word that an unknown call happened.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft
@@ -161,7 +163,13 @@ class Gateway:
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
             log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
-            self.keys.release(self.tenant, action.key)
+            running = getattr(error, "still_running", None)
+            if running is not None:
+                # The call goes on in this process: the key stays ours (a resume meanwhile sees
+                # it live and waits) until the call ends and its end is recorded.
+                running.when_done(functools.partial(self._ended_late, action))
+            else:
+                self.keys.release(self.tenant, action.key)
             # No confirmer now: the call may still be running (a timed-out worker, a request in
             # flight), so "not found downstream" would be premature. A later resume asks it.
             raise OutcomeUnknown(UnknownAction(action.id, tool.name, action.key)) from None
@@ -169,6 +177,24 @@ class Gateway:
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         self.keys.complete(self.tenant, action.key, result.to_json())
         return result
+
+    def _ended_late(self, action: Action, output: Any, error: BaseException | None) -> None:
+        """A timed-out call finally ended: record what it came to, on its own thread."""
+        try:
+            if error is None:
+                result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
+                self.keys.complete(self.tenant, action.key, result.to_json())
+            elif isinstance(error, ToolError):
+                self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
+            else:
+                self.keys.release(self.tenant, action.key)  # still unknown: for a person
+        except Exception as failure:  # the store may be closed by now; the key then stays unknown
+            log.warning(
+                "%s %s: could not record a late end (%s)",
+                self.run,
+                action.id,
+                type(failure).__name__,
+            )
 
     def _claim(self, tool: Tool, action: Action, event: AuditDraft | None) -> KeyRecord | None:
         deadline = time.monotonic() + self.busy_wait
@@ -227,6 +253,12 @@ class Gateway:
             current = self.keys.get(self.tenant, action.key)
             if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
                 raise
+            if current.state is KeyState.IN_FLIGHT:
+                raise RunBusy(
+                    self.tenant,
+                    self.run,
+                    f"{tool.name} ({action.id}) is in flight in another live process",
+                ) from None
             return self._existing(tool, action, current)
         self.emit(settlement.draft(action.id, tool.name, action.key))
         return _replay(action, record) if settlement.executed else _abandoned(action, record)

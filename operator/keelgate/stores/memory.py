@@ -145,7 +145,7 @@ class MemoryStore:
         with self.backend.lock:
             entry = self.backend.keys.get((tenant, key))
             if entry is None:
-                raise SettleError(key, "", "no such idempotency key")
+                raise SettleError("", key, "no such idempotency key")
             current = self._resolved(entry)
             state = settled_state(current, executed=executed)
             entry.record = replace(entry.record, state=state, settled_by=by, source=source)

@@ -32,20 +32,52 @@ class PythonTool:
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         if self.timeout_seconds is None:
             return self.function(dict(args), idempotency_key=idempotency_key)
-        # A daemon thread, not an executor: a hung tool must not hold the process open at exit.
-        box: dict[str, Any] = {}
+        call = _Call()
 
-        def call() -> None:
+        def work() -> None:
             try:
-                box["result"] = self.function(dict(args), idempotency_key=idempotency_key)
+                result = self.function(dict(args), idempotency_key=idempotency_key)
             except BaseException as error:
-                box["error"] = error
+                call.finish(None, error)
+            else:
+                call.finish(result, None)
 
-        worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
+        # A daemon thread, not an executor: a hung tool must not hold the process open at exit.
+        worker = threading.Thread(target=work, name=f"tool-{self.name}", daemon=True)
         worker.start()
         worker.join(self.timeout_seconds)
         if worker.is_alive():
-            raise OutcomeUncertain(f"{self.name} did not return within {self.timeout_seconds}s")
-        if "error" in box:
-            raise box["error"]
-        return box.get("result")
+            raise OutcomeUncertain(
+                f"{self.name} did not return within {self.timeout_seconds}s", still_running=call
+            )
+        return call.outcome()
+
+
+class _Call:
+    """A call on its worker thread: its outcome, and who to tell when it ends late."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        with self._lock:
+            self._done, self._result, self._error = True, result, error
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(result, error)
+
+    def when_done(self, callback: Callable[[Any, BaseException | None], None]) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self._result, self._error)
+
+    def outcome(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._result
