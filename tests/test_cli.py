@@ -410,3 +410,17 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
     assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert cli(world, "resume", "restock").returncode == 0
     assert orders(world) == 1
+
+
+def test_errors_under_output_json_end_with_a_json_object(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script asking for JSON gets JSON even for bad input: the last stdout line is one object
+    with the error and the exit code; stderr still has the one line for people."""
+    assert main(["run", "-f", "missing.yaml", "-o", "json"]) == 2
+    captured = capsys.readouterr()
+    assert last_json(captured.out) == {
+        "error": "--file: missing.yaml: no such file",
+        "exitCode": 2,
+    }
+    assert "missing.yaml" in captured.err

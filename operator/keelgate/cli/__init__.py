@@ -47,45 +47,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
     logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
-    if failpoints.environment_error is not None:
-        console.error(str(failpoints.environment_error))
-        return EXIT_BAD_INPUT
-    command = typer.main.get_command(commands.app)
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    as_json = _wants_json(args)
+
+    def fail(code: int, message: str) -> int:
+        """One line on stderr; with --output json, also one JSON object as stdout's last line."""
+        console.error(message)
+        if as_json:
+            console.json({"error": message, "exitCode": code})
+        return code
+
+    if failpoints.environment_error is not None:
+        return fail(EXIT_BAD_INPUT, str(failpoints.environment_error))
+    command = typer.main.get_command(commands.app)
     try:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        console.error(_INTERRUPTED)
-        return EXIT_INTERRUPTED
+        return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
-        console.error(_usage_line(error))
-        return EXIT_BAD_INPUT
+        return fail(EXIT_BAD_INPUT, _usage_line(error))
     except (InputError, RunNotFound, SettleError) as error:
-        console.error(str(error))
-        return EXIT_BAD_INPUT
+        return fail(EXIT_BAD_INPUT, str(error))
     except (RunBusy, StaleCheckpoint) as error:
-        console.error(f"{error} (another process is driving this run; nothing was done here)")
-        return EXIT_BUSY
+        return fail(
+            EXIT_BUSY, f"{error} (another process is driving this run; nothing was done here)"
+        )
     except ModelUnavailable as error:
-        console.error(f"{error}; nothing was saved: run the same command again to retry")
-        return EXIT_FAILED
+        return fail(EXIT_FAILED, f"{error}; nothing was saved: run the same command again to retry")
     except KeelgateError as error:
-        console.error(str(error))
-        return EXIT_FAILED
+        return fail(EXIT_FAILED, str(error))
     except Exception as error:
         if os.environ.get("KEELGATE_DEBUG"):
             raise
-        console.error(
+        return fail(
+            EXIT_FAILED,
             f"internal error: {type(error).__name__}: {error} "
-            "(set KEELGATE_DEBUG=1 for a traceback)"
+            "(set KEELGATE_DEBUG=1 for a traceback)",
         )
-        return EXIT_FAILED
     code = int(result or 0)
     if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into a quiet exit 130
-        console.error(_INTERRUPTED)
+        return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     return code
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    for index, arg in enumerate(args):
+        if arg in ("--output=json", "-ojson"):
+            return True
+        if arg in ("--output", "-o") and index + 1 < len(args) and args[index + 1] == "json":
+            return True
+    return False
 
 
 def _usage_line(error: typer.TyperException) -> str:

@@ -158,4 +158,6 @@ def _details(event: AuditEvent) -> str:
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
         parts.append(f"{key}={value}")
-    return " ".join(parts)
+    text = " ".join(parts)
+    # A run's goal can be long; the table is for reading (--output json has every byte).
+    return text if len(text) <= 240 else text[:239] + "…"
