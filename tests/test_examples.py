@@ -71,3 +71,22 @@ def test_the_local_model_example_runs_against_an_openai_compatible_server(
     assert len(sent) == 6
     assert {body["model"] for body in sent} == {"llama3.1"}
     assert {body["max_tokens"] for body in sent} == {512}  # what local servers read
+
+
+def test_the_approval_example_waits_for_a_person_then_orders_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The commands in the approval example's header work as written: the run stops before
+    the order, the approval is recorded, and the resume places exactly one order."""
+    monkeypatch.setenv("SHOP_DIR", str(tmp_path / "shop"))
+    monkeypatch.setenv("KEELGATE_STORE", f"sqlite:///{tmp_path / 'k.db'}")
+    monkeypatch.syspath_prepend(str(ROOT / "examples/restock"))
+    sys.modules.pop("shop", None)
+    manifest = str(ROOT / "examples/approval/agentrun.yaml")
+    assert main(["run", "-f", manifest, "-o", "json"]) == 3
+    stopped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stopped["pendingApprovals"] == [{"action": "2:0", "tool": "place_order"}]
+    assert not (tmp_path / "shop" / "orders.jsonl").exists()
+    assert main(["approve", "restock-approved", "2:0", "--approve", "--by", "you"]) == 0
+    assert main(["resume", "restock-approved"]) == 0
+    assert len((tmp_path / "shop" / "orders.jsonl").read_text().splitlines()) == 1
