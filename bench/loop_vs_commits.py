@@ -166,9 +166,9 @@ class _Recorder(MemoryStore):
         self.saves.append((dict(state), tuple(drafts)))
         super().save_with_events(tenant, run, seq, state, drafts)
 
-    def complete(self, tenant: str, key: str, result: Any) -> None:
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
         self.results.append(result)
-        super().complete(tenant, key, result)
+        return super().complete(tenant, key, result)
 
 
 def calibrate(warm: int = 40) -> Payload:

@@ -66,3 +66,30 @@ def test_a_write_cut_off_mid_call_is_on_the_chain_as_started(backend: str, tmp_p
         assert len(sent) == 1
     finally:
         second.close()
+
+
+def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_stands() -> None:
+    """The owner's session is lost mid-call (here: the memory backend forgets it is alive), so
+    others read the key unknown and a person abandons it; then the call returns success. The
+    person's record stands (never overwritten, never retried) and the chain says what came."""
+    memory = MemoryStore()
+    judge = memory.reopen()
+
+    def place(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+        memory.backend.live_owners.discard(memory.owner)  # the owner's session is cut
+        assert idempotency_key is not None
+        judge.settle("shop", idempotency_key, executed=False, by="alice", source="human")
+        return {"placed": True}
+
+    loop = Loop(
+        stores=Stores(memory, memory, memory),
+        model=ScriptedModel(SCRIPT),
+        tools=[PythonTool("place_order", place, SideEffect.WRITE)],
+    )
+    outcome = loop.run_or_resume(LoopSpec("shop", "late", "restock"))
+    assert outcome.stop.reason is StopReason.GOAL_MET
+    (late,) = [e for e in loop.audit("shop", "late") if e.type == "loop.late_result"]
+    assert (late.data["recorded"], late.data["settledBy"]) == ("abandoned", "alice")
+    key = late.data["idempotencyKey"]
+    record = judge.get("shop", key)
+    assert record is not None and record.state.value == "abandoned"

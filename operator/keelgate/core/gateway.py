@@ -175,15 +175,42 @@ class Gateway:
             raise OutcomeUnknown(UnknownAction(action.id, tool.name, action.key)) from None
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-        self.keys.complete(self.tenant, action.key, result.to_json())
+        if not self.keys.complete(self.tenant, action.key, result.to_json()):
+            self._late(tool, action)
         return result
+
+    def _late(self, tool: Tool, action: Action) -> None:
+        """The call succeeded, but its key was settled meanwhile (this process's owner session
+        was lost and someone decided): their record stands; the chain notes what really came."""
+        current = self.keys.get(self.tenant, action.key)
+        recorded = "missing" if current is None else current.state.value
+        log.warning("%s %s: ran, but its key was already %s", self.run, action.id, recorded)
+        self.emit(
+            AuditDraft(
+                "loop.late_result",
+                {
+                    "action": action.id,
+                    "tool": tool.name,
+                    "idempotencyKey": action.key,
+                    "status": "ok",
+                    "recorded": recorded,
+                    "settledBy": "" if current is None else current.settled_by,
+                },
+                key=f"late:{action.key}",
+            )
+        )
 
     def _ended_late(self, action: Action, output: Any, error: BaseException | None) -> None:
         """A timed-out call finally ended: record what it came to, on its own thread."""
         try:
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-                self.keys.complete(self.tenant, action.key, result.to_json())
+                if not self.keys.complete(self.tenant, action.key, result.to_json()):
+                    log.warning(
+                        "%s %s: ended late and ran, but its key was settled meanwhile",
+                        self.run,
+                        action.id,
+                    )
             elif isinstance(error, ToolError):
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
             else:

@@ -72,8 +72,10 @@ class IdempotencyStore(Protocol):
         a WRITE being sent is then as durable as the claim itself."""
         ...
 
-    def complete(self, tenant: str, key: str, result: Any) -> None:
-        """Record a claimed key done, with the result to replay."""
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
+        """Record a claimed key done, with the result to replay. False if it is no longer this
+        store's in-flight key (its owner session was lost and someone settled it meanwhile):
+        then the settlement stands and nothing is written."""
         ...
 
     def release(self, tenant: str, key: str) -> None:

@@ -119,14 +119,18 @@ class MemoryStore:
                 self.append(tenant, run, [event])
             return None
 
-    def complete(self, tenant: str, key: str, result: Any) -> None:
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
         with self.backend.lock:
-            entry = self.backend.keys[(tenant, key)]
-            if entry.record.state is KeyState.IN_FLIGHT and entry.owner == self.owner:
-                entry.record = replace(
-                    entry.record, state=KeyState.COMPLETED, result=copy.deepcopy(result)
-                )
-                entry.owner = None
+            entry = self.backend.keys.get((tenant, key))
+            if entry is None or entry.record.state is not KeyState.IN_FLIGHT:
+                return False
+            if entry.owner != self.owner:
+                return False
+            entry.record = replace(
+                entry.record, state=KeyState.COMPLETED, result=copy.deepcopy(result)
+            )
+            entry.owner = None
+            return True
 
     def release(self, tenant: str, key: str) -> None:
         with self.backend.lock:

@@ -365,13 +365,14 @@ class PostgresStore:
                 return self._record(row)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
 
-    def complete(self, tenant: str, key: str, result: Any) -> None:
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
         with self._conn() as conn:
-            conn.execute(
+            cursor = conn.execute(
                 "UPDATE keelgate_keys SET state = 'completed', result = %s, owner = NULL "
                 "WHERE tenant = %s AND key = %s AND state = 'in_flight' AND owner = ANY(%s)",
                 (dumps(result), tenant, key, self._owner_ids),
             )
+        return cursor.rowcount == 1
 
     def release(self, tenant: str, key: str) -> None:
         with self._conn() as conn:

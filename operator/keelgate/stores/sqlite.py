@@ -264,13 +264,14 @@ class SQLiteStore:
                 return self._record(row)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
 
-    def complete(self, tenant: str, key: str, result: Any) -> None:
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
         with self._tx() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL "
                 "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner = ?",
                 (dumps(result), tenant, key, self.owner),
             )
+        return cursor.rowcount == 1
 
     def release(self, tenant: str, key: str) -> None:
         with self._tx() as db:
