@@ -424,3 +424,24 @@ def test_errors_under_output_json_end_with_a_json_object(
         "exitCode": 2,
     }
     assert "missing.yaml" in captured.err
+
+
+def test_runs_lists_every_run_with_where_it_stands(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`keelgate runs` shows each run's namespace, phase and stop reason; -n narrows it."""
+    assert main(["runs"]) == 2  # no store yet: said so, nothing created
+    capsys.readouterr()
+    assert main(["run", "-f", str(write(world, manifest(max_iterations=1)))]) == 3
+    other = manifest().replace("{name: restock, namespace: shop}", "{name: audit, namespace: ops}")
+    assert main(["run", "-f", str(write(world, other))]) == 0
+    capsys.readouterr()
+    assert main(["runs", "-o", "json"]) == 0
+    listed = last_json(capsys.readouterr().out)["runs"]
+    assert [(r["namespace"], r["run"], r["phase"], r["stopReason"]) for r in listed] == [  # type: ignore[union-attr]
+        ("ops", "audit", "Succeeded", "goal_met"),
+        ("shop", "restock", "Stopped", "max_iterations"),
+    ]
+    assert main(["runs", "-n", "shop"]) == 0
+    text = capsys.readouterr().out
+    assert "restock" in text and "max_iterations" in text and "audit" not in text

@@ -307,6 +307,27 @@ def audit_command(
     return 1 if report is not None and not report.ok else 0
 
 
+@app.command("runs")
+def runs_command(
+    namespace: NamespaceOption = None,
+    store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """List the runs in the store and where each stands (like `kubectl get`)."""
+    stores = _existing(store)
+    try:
+        loop = Loop(stores=stores)
+        outcomes = [loop.outcome(r.tenant, r.run) for r in stores.checkpoints.runs(namespace)]
+    finally:
+        stores.close()
+    console = Console()
+    if output is OutputFormat.json:
+        console.json({"runs": [{"namespace": o.tenant, **o.to_json()} for o in outcomes]})
+    else:
+        console.runs(outcomes)
+    return 0
+
+
 @app.command("status")
 def status_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],

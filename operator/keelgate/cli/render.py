@@ -109,6 +109,25 @@ class Console:
                 style="dim",
             )
 
+    def runs(self, outcomes: Sequence[Outcome]) -> None:
+        if not outcomes:
+            self.out.print("no runs in this store")
+            return
+        table = Table(box=None, pad_edge=False)
+        for column in ("NAMESPACE", "NAME", "PHASE", "REASON", "ITERATION", "TOKENS"):
+            table.add_column(column, no_wrap=True)
+        for o in outcomes:
+            reason = "" if o.phase is RunPhase.RUNNING else o.stop.reason.value
+            table.add_row(
+                o.tenant,
+                o.run,
+                Text(o.phase.value, style=_STYLE[o.phase]),
+                reason,
+                str(o.iteration),
+                str(o.usage.tokens),
+            )
+        self.out.print(table)
+
     def audit(self, run: str, events: Sequence[AuditEvent], report: ChainReport | None) -> None:
         table = Table(title=f"audit trail of {run}", title_justify="left", box=None, pad_edge=False)
         table.add_column("#", justify="right")
