@@ -445,3 +445,18 @@ def test_runs_lists_every_run_with_where_it_stands(
     assert main(["runs", "-n", "shop"]) == 0
     text = capsys.readouterr().out
     assert "restock" in text and "max_iterations" in text and "audit" not in text
+
+
+def test_resume_warns_when_a_new_total_is_not_more_than_what_is_used(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Budgets on resume are totals: a total at or below what the run already used is named in
+    a warning, since the run would stop again at once; a real raise continues without one."""
+    assert main(["run", "-f", str(write(world, manifest(max_iterations=1)))]) == 3
+    capsys.readouterr()
+    assert main(["resume", "restock", "--max-iterations", "1"]) == 3
+    assert "--max-iterations 1 is a new total, not more: 1 is already used" in (
+        capsys.readouterr().err
+    )
+    assert main(["resume", "restock", "--max-iterations", "5"]) == 0
+    assert "warning" not in capsys.readouterr().err

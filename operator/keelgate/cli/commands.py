@@ -207,7 +207,16 @@ def resume_command(
     """Raise the named budgets to the given totals and continue the run to its next stop."""
     total_dollars = _decimal("--dollars", dollars)
     with _opened(store, run, namespace) as (loop, tenant, run):
-        saved = loop.state(tenant, run).spec
+        state = loop.state(tenant, run)
+    saved, used = state.spec, state.usage
+    for flag, total, spent in (
+        ("--tokens", tokens, used.tokens),
+        ("--dollars", total_dollars, used.dollars),
+        ("--max-iterations", max_iterations, state.iteration),
+        ("--timeout", timeout, used.active_seconds),
+    ):
+        if total is not None and total <= spent:
+            Console().warn(f"{flag} {total} is a new total, not more: {spent} is already used")
     budget = saved.budget.raised(
         tokens=tokens,
         dollars=total_dollars,

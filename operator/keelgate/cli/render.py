@@ -35,6 +35,9 @@ class Console:
     def error(self, message: str) -> None:
         self.err.print(Text("keelgate: error: ", style="bold red") + Text(message))
 
+    def warn(self, message: str) -> None:
+        self.err.print(Text("keelgate: warning: ", style="bold yellow") + Text(message))
+
     def say(self, message: str, *, style: str = "") -> None:
         self.out.print(Text(message, style=style))
 

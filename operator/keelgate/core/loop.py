@@ -201,7 +201,8 @@ def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[
     """The dotted names of what differs between two spec documents, one level into the
     manifest and the budget (enough to say what changed without saying what it now is)."""
     changed: list[str] = []
-    for key in sorted(saved.keys() | given.keys()):
+    # Where and from which folder a run is driven is not what it does.
+    for key in sorted((saved.keys() | given.keys()) - {"store", "sourceDir"}):
         old, new = saved.get(key), given.get(key)
         if old == new:
             continue
@@ -334,11 +335,19 @@ class _Session:
             state = state.but(outbox=())
         changed = _changed_fields(state.spec.to_json(), self.spec.to_json())
         if changed:
+            # Raising a budget is the normal way to resume; anything else deserves a warning.
+            level = (
+                logging.INFO if all(f.startswith("budget.") for f in changed) else logging.WARNING
+            )
             # The spec given now wins (a raised budget, an edited manifest), on the record: the
             # chain says which parts changed, never their values. A saved plan keeps its actions
             # and the side-effect class and approval rule they were planned under.
-            log.warning(
-                "%s/%s: the run's spec changed (%s)", state.tenant, state.run, ", ".join(changed)
+            log.log(
+                level,
+                "%s/%s: the run's spec changed (%s)",
+                state.tenant,
+                state.run,
+                ", ".join(changed),
             )
             self.pending.append(
                 AuditDraft(
