@@ -58,6 +58,7 @@ from keelgate.core.state import HISTORY_WINDOW, OUTPUT_CAP  # noqa: E402
 from keelgate.core.types import KeyRecord, SideEffect  # noqa: E402
 from keelgate.errors import RunNotFound  # noqa: E402
 from keelgate.stores.memory import MemoryStore  # noqa: E402
+from keelgate.stores.sqlite import SCHEMA as SQLITE_SCHEMA  # noqa: E402
 
 TENANT = "bench"
 TOOL = "write"
@@ -250,24 +251,9 @@ class RawSession(Protocol):
     def close(self) -> None: ...
 
 
-# The baseline's tables mirror the SQLite store's: same keys, same unique index, same columns.
-RAW_SCHEMA = """
-CREATE TABLE IF NOT EXISTS raw_checkpoints (
-    tenant TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, state TEXT NOT NULL,
-    PRIMARY KEY (tenant, run));
-CREATE TABLE IF NOT EXISTS raw_keys (
-    tenant TEXT NOT NULL, key TEXT NOT NULL, run TEXT NOT NULL, action TEXT NOT NULL,
-    tool TEXT NOT NULL, state TEXT NOT NULL, owner TEXT, result TEXT,
-    settled_by TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant, key));
-CREATE TABLE IF NOT EXISTS raw_audit (
-    tenant TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,
-    actor TEXT NOT NULL, at TEXT NOT NULL, data TEXT NOT NULL, key TEXT,
-    prev TEXT NOT NULL, hash TEXT NOT NULL,
-    PRIMARY KEY (tenant, run, seq));
-CREATE UNIQUE INDEX IF NOT EXISTS raw_audit_key ON raw_audit (tenant, run, key)
-    WHERE key IS NOT NULL;
-"""
+# The baseline's tables are the stores' own, under other names: same columns, keys and index, so
+# the two sides pay for the same B-trees and cannot drift apart.
+RAW_SCHEMA = SQLITE_SCHEMA.replace("keelgate_", "raw_")
 
 UPSERT = (
     "INSERT INTO raw_checkpoints (tenant, run, seq, state) VALUES ({p}, {p}, {p}, {p}) "
@@ -481,11 +467,11 @@ class PostgresRaw:
     def __init__(self, url: str, payload: Payload, counter: Callable[[], int]) -> None:
         import psycopg
 
+        from keelgate.stores.postgres import SCHEMA as PG_SCHEMA
+
         self.db = psycopg.connect(url, autocommit=True)
         with self.db.transaction():
-            # The Postgres store's column types: bigint sequence numbers, integer owner ids.
-            schema = RAW_SCHEMA.replace("INTEGER", "bigint").replace("owner TEXT", "owner integer")
-            self.db.execute(schema)
+            self.db.execute(PG_SCHEMA.replace("keelgate_", "raw_"))
         self.plan = _RawPlan(payload, "raw")
         self.owner = 1
         self.upsert = _sql(UPSERT, "%s")
