@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from croniter import CroniterError, croniter
-
 from keelgate.errors import InputError
 
 TICK_SEPARATOR = ".tick-"
@@ -78,6 +76,8 @@ def validate_schedule(schedule: str, *, field: str = "spec.schedule") -> str:
             f"{text!r} has {len(parts)} field(s); a cron schedule has 5 "
             "(minute hour day-of-month month day-of-week)",
         )
+    from croniter import CroniterError, croniter  # only schedules need it: keep runs' start fast
+
     if not croniter.is_valid(text):
         raise InputError(field, f"{text!r} is not a valid cron expression")
     try:
@@ -93,6 +93,8 @@ def next_due(schedule: str, *, after: datetime, field: str = "spec.schedule") ->
 
     A naive ``after`` is read as UTC, so the answer never depends on the machine's time zone.
     """
+    from croniter import croniter
+
     text = validate_schedule(schedule, field=field)
     start = _utc(after)
     due: datetime = croniter(text.lower() if text.startswith("@") else text, start).get_next(
