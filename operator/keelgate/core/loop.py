@@ -181,12 +181,41 @@ class Loop:
                 f"{pending[action].tool} ({action}) {verdict} by {by}; resume to continue",
                 True,
             ),
-            outbox=(*state.outbox, draft),
         )
         # No active time passes while a person decides: this save adds none.
-        self.stores.checkpoints.save(tenant, run, state.seq, state.to_json())
-        self.stores.audit.append(tenant, run, state.outbox)
+        state = _persist(self.stores, _joint(self.stores), state, (*state.outbox, draft))
         return state.outcome()
+
+
+def _joint(stores: Stores) -> CheckpointLog | None:
+    """The backend that holds checkpoints and the audit chain together, if one does."""
+    checkpoints: object = stores.checkpoints
+    if checkpoints is stores.audit and isinstance(checkpoints, CheckpointLog):
+        return checkpoints
+    return None
+
+
+def _persist(
+    stores: Stores, joint: CheckpointLog | None, state: RunState, outbox: Sequence[AuditDraft]
+) -> RunState:
+    """Write ``state`` (its seq already the next one) with the audit events it carries.
+
+    With one backend for both, checkpoint and events commit together; otherwise the events ride
+    in the checkpoint's outbox and are appended after it, so a crash in between re-appends them
+    on resume (appending is idempotent by event key). The checkpoint records the last event's
+    key, the anchor that lets verify see events cut off the chain's end.
+    """
+    tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
+    state = state.but(outbox=(), audit_tail=tail)
+    if joint is not None:
+        joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
+        return state
+    stores.checkpoints.save(
+        state.tenant, state.run, state.seq, state.but(outbox=tuple(outbox)).to_json()
+    )
+    if outbox:
+        stores.audit.append(state.tenant, state.run, outbox)
+    return state
 
 
 def _check_actor(by: str) -> None:
@@ -234,13 +263,8 @@ class _Session:
         self.stores = loop.stores
         self.mark = loop.clock()
         self.price = loop.price()
-        checkpoints: object = loop.stores.checkpoints
         keys: object = loop.stores.idempotency
-        self.joint: CheckpointLog | None = (
-            checkpoints
-            if checkpoints is loop.stores.audit and isinstance(checkpoints, CheckpointLog)
-            else None
-        )
+        self.joint = _joint(loop.stores)
         self.pending: list[AuditDraft] = []
         self.gateway = Gateway(
             loop.tools,
@@ -262,31 +286,16 @@ class _Session:
     # Persistence
 
     def _save(self, state: RunState, *drafts: AuditDraft) -> RunState:
-        """Write the next checkpoint with the audit events it carries.
-
-        Events the gateway emitted since the last checkpoint (an action started, a settlement)
-        ride along. With one backend for both, checkpoint and events commit together; otherwise
-        the events ride in the checkpoint's outbox and are appended after it, so a crash in
-        between re-appends them on resume (appending is idempotent by event key).
-        """
+        """Write the next checkpoint, with the active time since the last one and the audit
+        events it carries: the gateway's since then (an action started, a settlement) ride
+        along."""
         now = self.loop.clock()
         active = Usage(active_seconds=now - self.mark)
         self.mark = now
         outbox = (*state.outbox, *self.pending, *drafts)
         self.pending.clear()
-        tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
-        state = state.but(
-            seq=state.seq + 1, usage=state.usage.plus(active), outbox=(), audit_tail=tail
-        )
-        if self.joint is not None:
-            self.joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
-            return state
-        self.stores.checkpoints.save(
-            state.tenant, state.run, state.seq, state.but(outbox=outbox).to_json()
-        )
-        if outbox:
-            self.stores.audit.append(state.tenant, state.run, outbox)
-        return state
+        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active))
+        return _persist(self.stores, self.joint, state, outbox)
 
     def _stop(
         self,
