@@ -24,6 +24,7 @@ from keelgate.core.protocols import (
     CheckpointStore,
     IdempotencyStore,
     RunRef,
+    SpecStore,
 )
 from keelgate.core.types import KeyState
 from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
@@ -158,6 +159,44 @@ def test_a_run_moved_between_stores_is_identical(
             target.close_all()
 
 
+# SpecStore
+
+
+def specs(factory: StoreFactory) -> SpecStore:
+    store = factory().specs
+    assert isinstance(store, SpecStore)
+    return store
+
+
+def test_a_recorded_spec_reads_back_and_an_older_generation_cannot_replace_it(
+    key_store_factory: StoreFactory,
+) -> None:
+    """What the operator records before creating a step pod, the pod reads back in another
+    process; a stale writer (an older generation of the same object) cannot take it back, while
+    a new object of the same name (another source) replaces it."""
+    writer = specs(key_store_factory)
+    assert writer.recorded_spec("acme", "r") is None
+    assert writer.record_spec("acme", "r", AWKWARD_STATE, source="uid-1", generation=2) is True
+    reader = specs(key_store_factory)
+    got = reader.recorded_spec("acme", "r")
+    assert got is not None
+    assert (got.source, got.generation, canonical(got.spec)) == (
+        "uid-1",
+        2,
+        canonical(AWKWARD_STATE),
+    )
+    assert writer.record_spec("acme", "r", {"old": True}, source="uid-1", generation=1) is False
+    assert writer.record_spec("acme", "r", {"same": True}, source="uid-1", generation=2) is True
+    assert writer.record_spec("acme", "r", {"new": True}, source="uid-2", generation=1) is True
+    again = reader.recorded_spec("acme", "r")
+    assert again is not None and (again.source, again.generation, dict(again.spec)) == (
+        "uid-2",
+        1,
+        {"new": True},
+    )
+    assert reader.recorded_spec("other", "r") is None
+
+
 # IdempotencyStore
 
 
@@ -221,6 +260,30 @@ def test_closing_the_owner_makes_its_in_flight_keys_unknown(
     assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
     got = other.get("acme", "kg-1")
     assert got is not None and got.state is KeyState.OUTCOME_UNKNOWN
+
+
+def test_a_held_owner_outlives_close_until_its_running_call_has_ended(
+    key_store_factory: StoreFactory,
+) -> None:
+    """A call this store started may still run (a timed-out WRITE on its worker): while it is
+    held, closing the store keeps its key live (nobody can judge or settle it) and its end can
+    still be recorded; the close happens when the hold is released."""
+    owner, other = keys(key_store_factory), keys(key_store_factory)
+    assert claim(owner) is None
+    release = owner.hold()
+    owner.close()
+    got = other.get("acme", "kg-1")
+    assert got is not None and got.state is KeyState.IN_FLIGHT
+    with pytest.raises(SettleError):
+        other.settle("acme", "kg-1", executed=False, by="ops", source="human")
+    assert owner.complete("acme", "kg-1", {"status": "ok", "output": 1}) is True
+    assert claim(owner, "kg-2") is None  # still open: a second key is held by the same owner
+    release()
+    release()  # a second release changes nothing
+    got = other.get("acme", "kg-2")
+    assert got is not None and got.state is KeyState.OUTCOME_UNKNOWN  # closed for real now
+    done = other.get("acme", "kg-1")
+    assert done is not None and done.state is KeyState.COMPLETED
 
 
 def test_release_turns_an_in_flight_key_into_an_unknown_outcome(

@@ -61,7 +61,7 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
 
         def memory() -> Stores:
             store = MemoryStore(data)
-            return Stores(store, store, store)
+            return Stores(store, store, store, store)
 
         return StoreFactory(backend, memory, None)
     if backend == "langgraph-memory":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 
@@ -51,3 +52,15 @@ def planner(request: dict[str, Any]) -> dict[str, Any]:
             "usage": {"inputTokens": 50, "outputTokens": 10},
         }
     return {"done": True, "answer": "ordered 7"}
+
+
+def slow_pay(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE that blocks until the file named by KG_PAY_GATE exists (at most 30 s), then
+    pays: it passes any short timeout and keeps running in its worker thread."""
+    gate = os.environ["KG_PAY_GATE"]
+    for _ in range(3000):
+        if os.path.exists(gate):
+            break
+        time.sleep(0.01)
+    _record({"tool": "pay", "args": args, "key": idempotency_key})
+    return {"paid": args["amount"]}

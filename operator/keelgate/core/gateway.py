@@ -19,7 +19,7 @@ from typing import Any
 
 from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft
-from keelgate.core.protocols import Confirmer, IdempotencyStore, Tool
+from keelgate.core.protocols import AuditLog, Confirmer, IdempotencyStore, Tool
 from keelgate.core.types import (
     Action,
     ActionResult,
@@ -90,6 +90,7 @@ class Gateway:
         confirmer: Confirmer | None = None,
         busy_wait: float = 5.0,
         durable_start: bool = False,
+        audit: AuditLog | None = None,
     ) -> None:
         self.tools = tools
         self.keys = idempotency
@@ -102,6 +103,8 @@ class Gateway:
         # True when the key store also holds the audit chain: a WRITE's start event then
         # commits with its claim, so even a death mid-call leaves it on the chain.
         self.durable_start = durable_start
+        # Where a call that ends after its run stopped records how it ended.
+        self.audit = audit
 
     def call(self, action: Action) -> ActionResult:
         tool = self.tools.get(action.tool)
@@ -166,8 +169,11 @@ class Gateway:
             running = getattr(error, "still_running", None)
             if running is not None:
                 # The call goes on in this process: the key stays ours (a resume meanwhile sees
-                # it live and waits) until the call ends and its end is recorded.
-                running.when_done(functools.partial(self._ended_late, action))
+                # it live and waits; a reconcile is refused as still in flight) until the call
+                # ends and its end is recorded. Closing the store meanwhile must not release
+                # the owner, so the store is held until then.
+                release = self.keys.hold()
+                running.when_done(functools.partial(self._ended_late, tool, action, release))
             else:
                 self.keys.release(self.tenant, action.key)
             # No confirmer now: the call may still be running (a timed-out worker, a request in
@@ -200,28 +206,64 @@ class Gateway:
             )
         )
 
-    def _ended_late(self, action: Action, output: Any, error: BaseException | None) -> None:
-        """A timed-out call finally ended: record what it came to, on its own thread."""
+    def _ended_late(
+        self,
+        tool: Tool,
+        action: Action,
+        release: Callable[[], None],
+        output: Any,
+        error: BaseException | None,
+    ) -> None:
+        """A timed-out call finally ended: record what it came to, on its own thread, then let
+        the store's owner go (which closes the store if its runner has closed it meanwhile)."""
         try:
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-                if not self.keys.complete(self.tenant, action.key, result.to_json()):
-                    log.warning(
-                        "%s %s: ended late and ran, but its key was settled meanwhile",
-                        self.run,
-                        action.id,
-                    )
+                landed = self.keys.complete(self.tenant, action.key, result.to_json())
+                status = "ok"
             elif isinstance(error, ToolError):
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
+                landed, status = True, "refused"
             else:
                 self.keys.release(self.tenant, action.key)  # still unknown: for a person
-        except Exception as failure:  # the store may be closed by now; the key then stays unknown
+                landed, status = True, "unknown"
+            current = self.keys.get(self.tenant, action.key)
+            # A refused call's key is dropped: nothing is recorded for it any more.
+            recorded = "forgotten" if current is None else current.state.value
+            if not landed:
+                log.warning(
+                    "%s %s: ended late and ran, but its key was settled meanwhile",
+                    self.run,
+                    action.id,
+                )
+            if self.audit is not None:
+                self.audit.append(
+                    self.tenant,
+                    self.run,
+                    [
+                        AuditDraft(
+                            "loop.late_result",
+                            {
+                                "action": action.id,
+                                "tool": tool.name,
+                                "idempotencyKey": action.key,
+                                "status": status,
+                                "recorded": recorded,
+                                "settledBy": "" if current is None else current.settled_by,
+                            },
+                            key=f"late:{action.key}",
+                        )
+                    ],
+                )
+        except Exception as failure:  # the store may have failed; the key then stays unknown
             log.warning(
                 "%s %s: could not record a late end (%s)",
                 self.run,
                 action.id,
                 type(failure).__name__,
             )
+        finally:
+            release()
 
     def _claim(self, tool: Tool, action: Action, event: AuditDraft | None) -> KeyRecord | None:
         deadline = time.monotonic() + self.busy_wait

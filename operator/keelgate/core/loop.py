@@ -276,6 +276,7 @@ class _Session:
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
             durable_start=keys is loop.stores.audit,
+            audit=loop.stores.audit,
         )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)

@@ -6,7 +6,7 @@ is any object of the right shape. Nothing here may import a driver, a client or 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,6 +78,13 @@ class IdempotencyStore(Protocol):
         then the settlement stands and nothing is written."""
         ...
 
+    def hold(self) -> Callable[[], None]:
+        """Keep this store's owner alive until the returned function is called, even across
+        ``close``: a call this process started (a timed-out WRITE still running on a worker)
+        may still change its key, so the key must keep reading as live and its end must still
+        be recordable. ``close`` while held is deferred to the last release."""
+        ...
+
     def release(self, tenant: str, key: str) -> None:
         """Give up ownership of a claimed key whose outcome is unknown (a timed-out WRITE)."""
         ...
@@ -114,6 +121,37 @@ class AuditLog(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class RecordedSpec:
+    """The spec a run is to be driven with, as recorded by whoever drives it from outside."""
+
+    tenant: str
+    run: str
+    source: str  # who it came from, e.g. the AgentRun object's UID
+    generation: int  # that source's version of it, e.g. the object's metadata.generation
+    spec: Mapping[str, Any]  # LoopSpec.to_json()
+
+
+@runtime_checkable
+class SpecStore(Protocol):
+    """The spec each run is driven with, recorded before the process that drives it starts.
+
+    The operator records an AgentRun's spec here before it creates a step pod, and the step reads
+    it from here: a pod needs the store and nothing else (no API access, no manifest in its
+    arguments). ``record_spec`` refuses (False) a generation older than the one stored for the
+    same source, so a stale writer can never take back a newer spec (an added approval rule, a
+    lowered budget).
+    """
+
+    def record_spec(
+        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
+    ) -> bool: ...
+
+    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None: ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class CheckpointLog(Protocol):
     """A backend that holds checkpoints and the audit chain together can save a checkpoint and
@@ -131,17 +169,21 @@ class CheckpointLog(Protocol):
 
 @dataclass(frozen=True)
 class Stores:
-    """The three stores a loop needs; one backend object may serve all three."""
+    """The three stores a loop needs, and where driven runs' specs are recorded (``specs``,
+    for the operator and its step pods); one backend object may serve all of them."""
 
     checkpoints: CheckpointStore
     idempotency: IdempotencyStore
     audit: AuditLog
+    specs: SpecStore | None = None
 
     def close(self) -> None:
         """Close each distinct store once. Closing is what a process death does: nothing in
         flight is settled, so a record left in flight reads as an unknown outcome afterwards."""
         seen: list[object] = []
-        for store in (self.checkpoints, self.idempotency, self.audit):
+        for store in (self.checkpoints, self.idempotency, self.audit, self.specs):
+            if store is None:
+                continue
             if not any(store is s for s in seen):
                 seen.append(store)
                 store.close()

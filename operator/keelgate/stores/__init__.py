@@ -47,7 +47,7 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         from keelgate.stores.sqlite import SQLiteStore
 
         store = SQLiteStore(sqlite_path(url))
-        return Stores(store, store, store)
+        return Stores(store, store, store, store)
     if scheme in ("postgresql", "postgres"):
         try:
             from keelgate.stores.postgres import PostgresStore
@@ -55,12 +55,12 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             raise _needs_extra(scheme, "postgres", missing) from None
 
         pg = PostgresStore(url)
-        return Stores(pg, pg, pg)
+        return Stores(pg, pg, pg, pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore
 
         memory = MemoryStore()
-        return Stores(memory, memory, memory)
+        return Stores(memory, memory, memory, memory)
     if scheme == "langgraph+sqlite":
         try:
             from keelgate.stores.langgraph import LangGraphCheckpointStore
@@ -75,7 +75,7 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         except BaseException:
             companion.close()
             raise
-        return Stores(checkpoints, companion, companion)
+        return Stores(checkpoints, companion, companion, companion)
     raise InputError(
         "--store", f"{redacted(url)!r}: unknown store (use sqlite:///PATH or postgresql://...)"
     )

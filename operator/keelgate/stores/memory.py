@@ -12,14 +12,15 @@ import copy
 import json
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RunRef
+from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint
+from keelgate.stores._holds import OwnerHolds
 
 
 @dataclass
@@ -37,6 +38,7 @@ class MemoryBackend:
     keys: dict[tuple[str, str], _Key] = field(default_factory=dict)
     audit: dict[tuple[str, str], list[AuditEvent]] = field(default_factory=dict)
     live_owners: set[str] = field(default_factory=set)
+    specs: dict[tuple[str, str], RecordedSpec] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -45,6 +47,7 @@ class MemoryStore:
     def __init__(self, backend: MemoryBackend | None = None) -> None:
         self.backend = backend or MemoryBackend()
         self.owner = uuid.uuid4().hex
+        self._holds = OwnerHolds()
         with self.backend.lock:
             self.backend.live_owners.add(self.owner)
 
@@ -52,7 +55,15 @@ class MemoryStore:
         """A new session over the same data, as a restarted process would open."""
         return MemoryStore(self.backend)
 
+    def hold(self) -> Callable[[], None]:
+        """Keep this session's owner live, even past ``close``, until the returned function is
+        called: a call it started may still run."""
+        return self._holds.hold()
+
     def close(self) -> None:
+        self._holds.close(self._close_now)
+
+    def _close_now(self) -> None:
         with self.backend.lock:
             self.backend.live_owners.discard(self.owner)
 
@@ -89,6 +100,26 @@ class MemoryStore:
         with self.backend.lock:
             items = sorted(self.backend.checkpoints.items())
         return [RunRef(t, r, seq) for (t, r), (seq, _) in items if tenant in (None, t)]
+
+    # SpecStore
+
+    def record_spec(
+        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
+    ) -> bool:
+        text = json.dumps(spec)
+        with self.backend.lock:
+            stored = self.backend.specs.get((tenant, run))
+            if stored is not None and stored.source == source and stored.generation > generation:
+                return False
+            self.backend.specs[(tenant, run)] = RecordedSpec(
+                tenant, run, source, generation, json.loads(text)
+            )
+            return True
+
+    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
+        with self.backend.lock:
+            stored = self.backend.specs.get((tenant, run))
+        return None if stored is None else replace(stored, spec=copy.deepcopy(stored.spec))
 
     # IdempotencyStore
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -47,9 +47,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RunRef
+from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
+from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
 # Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
@@ -77,6 +78,9 @@ CREATE TABLE IF NOT EXISTS keelgate_audit (
     PRIMARY KEY (tenant, run, seq));
 CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
     WHERE key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS keelgate_specs (
+    tenant text NOT NULL, run text NOT NULL, source text NOT NULL, generation bigint NOT NULL,
+    spec text NOT NULL, PRIMARY KEY (tenant, run));
 """
 
 # One statement: the record and, for an in-flight key, whether its owner session still lives.
@@ -130,6 +134,7 @@ class PostgresStore:
             "keepalives_count": KEEPALIVE_COUNT,
         }
         self._kwargs = {k: v for k, v in defaults.items() if k not in params}
+        self._holds = OwnerHolds()
         self._owner_lock = threading.Lock()
         self._owner_conn: Conn | None = None
         # The last event this store committed on each run's chain (see _append).
@@ -189,8 +194,17 @@ class PostgresStore:
         self._owner_conn = conn
         self._owner_ids.append(owner)
 
+    def hold(self) -> Callable[[], None]:
+        """Keep this store's owner session alive, even past ``close``, until the returned
+        function is called: a call it started may still run (see ``keelgate.stores._holds``)."""
+        return self._holds.hold()
+
     def close(self) -> None:
-        """Close the pool and the owner session; this store's in-flight keys then read unknown."""
+        """Close the pool and the owner session; this store's in-flight keys then read unknown.
+        Deferred while a hold is taken."""
+        self._holds.close(self._close_now)
+
+    def _close_now(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -319,6 +333,33 @@ class PostgresStore:
                 {"t": tenant},
             ).fetchall()
         return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+
+    # SpecStore
+
+    def record_spec(
+        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
+    ) -> bool:
+        with self._conn() as conn:
+            cursor = conn.execute(
+                "INSERT INTO keelgate_specs (tenant, run, source, generation, spec) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant, run) DO UPDATE SET "
+                "source = EXCLUDED.source, generation = EXCLUDED.generation, spec = EXCLUDED.spec "
+                "WHERE keelgate_specs.source <> EXCLUDED.source "
+                "OR keelgate_specs.generation <= EXCLUDED.generation",
+                (tenant, run, source, generation, dumps(spec)),
+            )
+        return cursor.rowcount == 1
+
+    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT source, generation, spec FROM keelgate_specs "
+                "WHERE tenant = %s AND run = %s",
+                (tenant, run),
+            ).fetchone()
+        if row is None:
+            return None
+        return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
 
     # IdempotencyStore
 

@@ -24,15 +24,16 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RunRef
+from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
 SCHEMA = """
@@ -51,6 +52,9 @@ CREATE TABLE IF NOT EXISTS keelgate_audit (
     PRIMARY KEY (tenant, run, seq));
 CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
     WHERE key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS keelgate_specs (
+    tenant TEXT NOT NULL, run TEXT NOT NULL, source TEXT NOT NULL, generation INTEGER NOT NULL,
+    spec TEXT NOT NULL, PRIMARY KEY (tenant, run));
 """
 
 
@@ -67,6 +71,7 @@ class SQLiteStore:
         except OSError as error:
             raise StoreError(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
+        self._holds = OwnerHolds()
         # Held until close: while this descriptor is open, our in-flight keys read as live.
         self._owner_fd: int | None = os.open(
             self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
@@ -109,7 +114,17 @@ class SQLiteStore:
             self._heads.update(self._staged_heads)
             self._staged_heads.clear()
 
+    def hold(self) -> Callable[[], None]:
+        """Keep this store's owner alive, even past ``close``, until the returned function is
+        called: a call it started may still run (see ``keelgate.stores._holds``)."""
+        return self._holds.hold()
+
     def close(self) -> None:
+        """Close the file and release the owner lock: from then on our in-flight keys read
+        unknown. Deferred while a hold is taken."""
+        self._holds.close(self._close_now)
+
+    def _close_now(self) -> None:
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
@@ -187,6 +202,32 @@ class SQLiteStore:
                 (tenant, tenant),
             ).fetchall()
         return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+
+    # SpecStore
+
+    def record_spec(
+        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
+    ) -> bool:
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT INTO keelgate_specs (tenant, run, source, generation, spec) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run) DO UPDATE SET "
+                "source = excluded.source, generation = excluded.generation, spec = excluded.spec "
+                "WHERE keelgate_specs.source <> excluded.source "
+                "OR keelgate_specs.generation <= excluded.generation",
+                (tenant, run, source, generation, dumps(spec)),
+            )
+        return cursor.rowcount == 1
+
+    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT source, generation, spec FROM keelgate_specs WHERE tenant = ? AND run = ?",
+                (tenant, run),
+            ).fetchone()
+        if row is None:
+            return None
+        return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
 
     # IdempotencyStore
 

@@ -1,0 +1,174 @@
+"""A WRITE that times out but keeps running in a long-lived process (issue 7).
+
+An operator or a worker drives many runs from one process. When a python WRITE passes its
+timeout, its call goes on in a worker thread: until it ends, nobody may judge its outcome. These
+tests drive the run the way such a process does (``LocalRunner().run`` again and again in the
+test process) and settle from another process with the real ``keelgate`` command, on SQLite and
+on PostgreSQL. The effect is counted in a ledger file the tool writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keelgate.core.loop import Loop
+from keelgate.core.types import KeyState, StopReason, idempotency_key
+from keelgate.manifest import load_agentrun
+from keelgate.runners import LocalRunner
+from keelgate.stores import open_stores
+
+SUPPORT = Path(__file__).parent / "support_tools"
+ARGS = {"to": "acme", "amount": 40}
+
+MANIFEST = textwrap.dedent("""\
+    apiVersion: keelgate.dev/v1alpha1
+    kind: AgentRun
+    metadata: {name: pay, namespace: shop}
+    spec:
+      goal: pay the invoice once
+      model:
+        provider: scripted
+        name: demo
+        script:
+          - actions: [{tool: pay, args: {to: acme, amount: 40}}]
+          - done: true
+            answer: paid
+      tools:
+        - name: pay
+          sideEffect: WRITE
+          timeoutSeconds: 1
+          python: {callable: "kg_runner_tools:slow_pay"}
+      budget: {maxIterations: 5}
+    """)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/keelgate.db"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
+    """The ledger the tool writes and the gate file that lets it finish."""
+    monkeypatch.syspath_prepend(str(SUPPORT))
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("KG_RUNNER_LEDGER", str(ledger))
+    monkeypatch.setenv("KG_PAY_GATE", str(gate))
+    try:
+        yield {"ledger": ledger, "gate": gate}
+    finally:
+        gate.touch()  # never leave a worker thread waiting past the test
+
+
+def payments(ledger: Path) -> int:
+    return sum(1 for line in ledger.read_text().splitlines() if '"tool": "pay"' in line)
+
+
+def keelgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command line, in another process."""
+    return subprocess.run(
+        [sys.executable, "-m", "keelgate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def key_state(url: str) -> KeyState | None:
+    stores = open_stores(url)
+    try:
+        record = stores.idempotency.get("shop", idempotency_key("shop", "pay", "pay", ARGS))
+        return None if record is None else record.state
+    finally:
+        stores.close()
+
+
+def wait_until(predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
+
+
+def test_a_write_still_running_after_its_timeout_cannot_be_settled_and_runs_once(
+    store_url: str, world: dict[str, Path]
+) -> None:
+    """The run stops outcome_unknown while the call still runs; a person's truthful
+    `--not-executed` from another process is refused as still in flight (the runner closed its
+    stores, but a call it started keeps its owner alive). The call then pays; its late end is
+    recorded (the key completed, a loop.late_result on the chain), and the next drive of the run
+    replays it: one payment, a chain that verifies."""
+    spec = load_agentrun(MANIFEST).to_loop_spec(store=store_url)
+    first = LocalRunner().run(spec)
+    assert first.stop is not None and first.stop.reason is StopReason.OUTCOME_UNKNOWN
+    assert payments(world["ledger"]) == 0  # the call has not paid yet: it waits at the gate
+
+    refused = keelgate(
+        "reconcile", "pay", "1:0", "--not-executed", "--by", "ops", "--store", store_url
+    )
+    assert refused.returncode != 0, refused.stdout
+    assert "in flight" in refused.stderr
+    assert key_state(store_url) is KeyState.IN_FLIGHT
+
+    world["gate"].touch()
+    wait_until(lambda: key_state(store_url) is KeyState.COMPLETED)
+    assert payments(world["ledger"]) == 1
+
+    second = LocalRunner().run(spec)
+    assert second.stop is not None and second.stop.reason is StopReason.GOAL_MET
+    assert payments(world["ledger"]) == 1
+
+    stores = open_stores(store_url)
+    try:
+        loop = Loop(stores=stores)
+        late = [e for e in loop.audit("shop", "pay") if e.type == "loop.late_result"]
+        assert [(e.data["status"], e.data["recorded"]) for e in late] == [("ok", "completed")]
+        assert "amount" not in json.dumps([e.data for e in late])  # never the arguments
+        assert loop.verify_audit("shop", "pay").ok
+    finally:
+        stores.close()
+
+
+def test_a_process_that_exits_while_its_write_runs_leaves_it_unknown_for_a_person(
+    store_url: str, world: dict[str, Path]
+) -> None:
+    """`keelgate run` exits (code 3) while the timed-out call still waits: the process ends and
+    the call with it, before it paid. The key then reads unknown, a truthful `--not-executed`
+    settles it, and the resumed run never pays under that key: no payment at all, on the
+    record."""
+    manifest = world["ledger"].parent / "pay.yaml"
+    manifest.write_text(MANIFEST)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
+    }
+    ran = keelgate("run", "-f", str(manifest), "--store", store_url, env=env)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert key_state(store_url) is KeyState.OUTCOME_UNKNOWN
+
+    world["gate"].touch()
+    settled = keelgate(
+        "reconcile", "pay", "1:0", "--not-executed", "--by", "ops", "--store", store_url
+    )
+    assert settled.returncode == 0, settled.stderr
+    assert key_state(store_url) is KeyState.ABANDONED
+
+    resumed = keelgate("resume", "pay", "--store", store_url, env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert payments(world["ledger"]) == 0
