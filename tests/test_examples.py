@@ -27,7 +27,7 @@ def test_there_are_examples() -> None:
 def test_every_example_manifest_validates(path: Path) -> None:
     """A user copying an example starts from a manifest Keelgate accepts."""
     run = load_agentrun(path)
-    assert run.metadata.name and run.to_loop_spec(store="sqlite:///x.db").goal
+    assert run.metadata.name and run.to_loop_spec().goal
 
 
 @pytest.fixture

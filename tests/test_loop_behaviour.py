@@ -164,6 +164,30 @@ def test_a_run_that_meets_its_goal_stops_for_good(stores: Stores, world: World) 
     assert sum(world.effects().values()) == 1
 
 
+def test_one_iteration_at_a_time_reaches_the_same_end_with_the_same_effects(
+    stores: Stores, world: World
+) -> None:
+    """What a step pod does: each call with one_iteration ends at the iteration's end (phase
+    Running, no stop), the next plans the next iteration, and the run ends exactly as one
+    uninterrupted call would: goal met at iteration 3, one order, each plan asked once."""
+    model = Recorder(RESTOCK)
+    loop = loop_over(stores, model, world.tools())
+    seen = []
+    for _ in range(10):
+        outcome = loop.run_or_resume(spec(), one_iteration=True)
+        seen.append((outcome.phase, outcome.iteration))
+        if outcome.phase is not RunPhase.RUNNING:
+            break
+    assert seen == [
+        (RunPhase.RUNNING, 1),
+        (RunPhase.RUNNING, 2),
+        (RunPhase.SUCCEEDED, 3),
+    ]
+    assert sum(world.effects().values()) == 1
+    assert model.calls("plan") == [0, 1, 2]
+    assert verify("shop", "restock", stores.audit.events("shop", "restock")).ok
+
+
 def test_a_goal_predicate_ends_the_run_when_the_history_says_so(
     stores: Stores, world: World
 ) -> None:

@@ -680,7 +680,7 @@ def test_a_verification_loop_that_allows_a_write_is_refused() -> None:
     data["spec"]["allowedSideEffects"] = ["READ"]
     run = check("agentrun", data)
     assert isinstance(run, AgentRun)
-    assert run.to_loop_spec(store="memory://").side_effects == frozenset({SideEffect.READ})
+    assert run.to_loop_spec().side_effects == frozenset({SideEffect.READ})
 
 
 @pytest.mark.parametrize(
@@ -739,14 +739,14 @@ def test_a_missing_namespace_takes_the_tenant_default() -> None:
     assert load_agentrun(text).tenant == "default"
     run = load_agentrun(text, tenant_default="team-a")
     assert run.tenant == "team-a"
-    assert run.to_loop_spec(store="memory://").tenant == "team-a"
+    assert run.to_loop_spec().tenant == "team-a"
 
 
 def test_the_manifest_round_trips_through_loop_spec_json() -> None:
     """AgentRun -> LoopSpec -> JSON text -> LoopSpec -> the same spec: a runner in another
     process (a step pod) rebuilds exactly what the user wrote."""
     run = load_agentrun(DATA / "full-agentrun.yaml")
-    spec = run.to_loop_spec(store="sqlite:///tmp/k.db")
+    spec = run.to_loop_spec()
     assert (spec.tenant, spec.run, spec.kind) == ("shop", "restock", LoopKind.TASK)
     assert spec.goal == run.spec.goal
     assert spec.budget.dollars is not None and str(spec.budget.dollars) == "2.50"

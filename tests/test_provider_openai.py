@@ -411,7 +411,7 @@ def test_a_manifest_with_openai_http_and_mcp_tools_runs_end_to_end(
             openai_reply(calls=[accept]),
         )
         text = MANIFEST.format(llm=llm.base_url, shop=shop.url, mcp=mcp.url)
-        spec = load_agentrun(text).to_loop_spec(store="")
+        spec = load_agentrun(text).to_loop_spec()
         store = SQLiteStore(tmp_path / "keelgate.db")
         loop = build_loop(spec, Stores(store, store, store))
         outcome = loop.run_or_resume(spec)

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -69,8 +70,8 @@ def manifest(name: str, **changes: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def spec_of(text_or_file: str | Path, store: str) -> LoopSpec:
-    return load_agentrun(text_or_file).to_loop_spec(store=store)
+def spec_of(text_or_file: str | Path) -> LoopSpec:
+    return load_agentrun(text_or_file).to_loop_spec()
 
 
 def history(store: str, tenant: str, run: str) -> list[dict[str, Any]]:
@@ -85,8 +86,8 @@ def test_a_scripted_manifest_with_python_tools_runs_to_goal_met(ledger: Ledger, 
     """A manifest with a scripted model and python tools reaches goal_met on a SQLite file; the
     WRITE ran once with its idempotency key, dollars follow spec.pricing exactly, and running the
     same manifest again runs nothing twice."""
-    runner: LoopRunner = LocalRunner()
-    spec = spec_of(DATA / "runner-task.yaml", store)
+    runner: LoopRunner = LocalRunner(store=store)
+    spec = spec_of(DATA / "runner-task.yaml")
     outcome = runner.run(spec)
     assert (outcome.stop.reason, outcome.phase) == (StopReason.GOAL_MET, RunPhase.SUCCEEDED)
     assert (outcome.run, outcome.tenant, outcome.answer) == ("restock", "shop", "ordered 20")
@@ -98,7 +99,7 @@ def test_a_scripted_manifest_with_python_tools_runs_to_goal_met(ledger: Ledger, 
     # 4000 input and 600 output tokens at $0.40 and $1.60 per million.
     assert outcome.usage.dollars == Decimal("0.00256")
 
-    again = LocalRunner().run(spec)
+    again = LocalRunner(store=store).run(spec)
     assert again.stop.reason is StopReason.GOAL_MET
     assert len(ledger.entries()) == 2
     stores = open_stores(store)
@@ -115,7 +116,7 @@ def test_a_verification_loop_refuses_a_write_and_the_tool_never_runs(
 ) -> None:
     """A verification loop whose script asks for a WRITE gets side_effect_not_permitted for it;
     the READ beside it runs, the WRITE's function is never called."""
-    outcome = LocalRunner().run(spec_of(DATA / "runner-verification.yaml", store))
+    outcome = LocalRunner(store=store).run(spec_of(DATA / "runner-verification.yaml"))
     assert outcome.stop.reason is StopReason.GOAL_MET
     assert len(ledger.calls("get_inventory")) == 1
     assert ledger.calls("place_order") == []
@@ -130,8 +131,8 @@ def test_each_monitor_tick_is_its_own_run_with_its_own_checkpoint(
 ) -> None:
     """A monitor produces runs <name>.tick-1, .tick-2 ...: each with its own checkpoint and audit
     chain; resuming a tick by name continues that tick and starts no new one."""
-    spec = spec_of(DATA / "runner-monitor.yaml", store)
-    runner = LocalRunner()
+    spec = spec_of(DATA / "runner-monitor.yaml")
+    runner = LocalRunner(store=store)
     first = runner.tick(spec)
     second = runner.tick(spec)
     third = runner.run(spec)  # run() on the monitor itself runs its next tick
@@ -184,8 +185,8 @@ def test_a_tick_with_an_unknown_write_is_finished_before_a_new_tick_starts(
             ],
         },
     )
-    spec = spec_of(text, store)
-    runner = LocalRunner()
+    spec = spec_of(text)
+    runner = LocalRunner(store=store)
     first = runner.tick(spec)
     assert (first.run, first.stop.reason) == ("stock-watch.tick-1", StopReason.OUTCOME_UNKNOWN)
     again = runner.tick(spec)
@@ -215,7 +216,7 @@ def test_the_python_model_receives_phase_goal_iteration_history_and_tools(
 ) -> None:
     """provider python: the callable gets phase, goal, iteration, history and tools; its answers
     drive the run and the usage it reports is counted."""
-    outcome = LocalRunner().run(spec_of(DATA / "runner-python-model.yaml", store))
+    outcome = LocalRunner(store=store).run(spec_of(DATA / "runner-python-model.yaml"))
     assert (outcome.stop.reason, outcome.answer) == (StopReason.GOAL_MET, "ordered 7")
     assert (outcome.tenant, outcome.iteration) == ("default", 3)
     requests = ledger.requests()
@@ -270,7 +271,7 @@ def test_arguments_that_fail_the_input_schema_never_reach_the_tool(
             ],
         },
     )
-    outcome = LocalRunner().run(spec_of(text, store))
+    outcome = LocalRunner(store=store).run(spec_of(text))
     assert outcome.stop.reason is StopReason.GOAL_MET
     assert ledger.calls("place_order") == []
     seen = history(store, "shop", "restock")[0]["actions"][0]
@@ -284,7 +285,7 @@ def test_a_dollar_budget_without_prices_stops_before_any_model_call(
     """Without spec.pricing a dollar budget cannot be metered: cost_unknown, nothing runs."""
     data = yaml.safe_load((DATA / "runner-task.yaml").read_text())
     del data["spec"]["pricing"]
-    outcome = LocalRunner().run(spec_of(yaml.safe_dump(data), store))
+    outcome = LocalRunner(store=store).run(spec_of(yaml.safe_dump(data)))
     assert outcome.stop.reason is StopReason.COST_UNKNOWN
     assert outcome.resumable
     assert ledger.entries() == []
@@ -292,7 +293,7 @@ def test_a_dollar_budget_without_prices_stops_before_any_model_call(
 
 def test_the_built_loop_carries_prices_and_the_output_cap(ledger: Ledger, store: str) -> None:
     """spec.pricing is booked under the model's name, and maxOutputTokens caps each call."""
-    spec = spec_of(DATA / "runner-task.yaml", store)
+    spec = spec_of(DATA / "runner-task.yaml")
     stores = open_stores(store)
     try:
         loop = build_loop(spec, stores)
@@ -345,9 +346,9 @@ def test_bad_input_is_refused_before_any_store_is_opened(
     target[path[-1]] = value
     if path[-1] == "http":
         del target["python"]
-    spec = spec_of(yaml.safe_dump(data), store)
+    spec = spec_of(yaml.safe_dump(data))
     with pytest.raises(InputError) as caught:
-        LocalRunner().run(spec)
+        LocalRunner(store=store).run(spec)
     assert caught.value.field == field
     assert words in caught.value.reason
     assert "\n" not in str(caught.value)
@@ -409,12 +410,40 @@ def test_http_tools_from_the_manifest_call_a_real_service(
     del tools[0]["python"], tools[1]["python"]
     tools[0]["http"] = {"url": base + "/items/{sku}", "method": "GET"}
     tools[1]["http"] = {"url": base + "/orders", "method": "POST"}
-    spec = spec_of(yaml.safe_dump(data), store)
-    outcome = LocalRunner().run(spec)
+    spec = spec_of(yaml.safe_dump(data))
+    outcome = LocalRunner(store=store).run(spec)
     assert outcome.stop.reason is StopReason.GOAL_MET
     assert [(s["method"], s["path"]) for s in seen] == [("GET", "/items/A1"), ("POST", "/orders")]
     post = seen[1]
     assert post["body"] == {"sku": "A1", "qty": 20}
     assert post["key"] is not None and post["key"].startswith("kg-")
-    assert LocalRunner().run(spec).stop.reason is StopReason.GOAL_MET
+    assert LocalRunner(store=store).run(spec).stop.reason is StopReason.GOAL_MET
     assert len(seen) == 2
+
+
+def test_the_store_password_is_never_saved_or_logged(
+    pg_url: str, ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store URL is the runner's setting, not part of the run: a password in it never lands
+    in a checkpoint, a recorded spec, the audit chain or a log line (the test server trusts
+    loopback, so any password connects)."""
+    secret = "Pw-never-stored-7Q"
+    user, host = pg_url.split("://", 1)[1].split("@", 1)
+    url = f"postgresql://{user}:{secret}@{host}"
+    caplog.set_level("DEBUG")
+    outcome = LocalRunner(store=url).run(spec_of(DATA / "runner-task.yaml"))
+    assert outcome.stop.reason is StopReason.GOAL_MET
+    with psycopg.connect(pg_url) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'keelgate_%'"
+            ).fetchall()
+        ]
+        dumped = "".join(
+            str(conn.execute(f"SELECT * FROM {table}").fetchall())  # our own table names
+            for table in tables
+        )
+    assert "keelgate_checkpoints" in tables and dumped
+    assert secret not in dumped
+    assert secret not in caplog.text

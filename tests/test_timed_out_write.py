@@ -114,8 +114,8 @@ def test_a_write_still_running_after_its_timeout_cannot_be_settled_and_runs_once
     stores, but a call it started keeps its owner alive). The call then pays; its late end is
     recorded (the key completed, a loop.late_result on the chain), and the next drive of the run
     replays it: one payment, a chain that verifies."""
-    spec = load_agentrun(MANIFEST).to_loop_spec(store=store_url)
-    first = LocalRunner().run(spec)
+    spec = load_agentrun(MANIFEST).to_loop_spec()
+    first = LocalRunner(store=store_url).run(spec)
     assert first.stop is not None and first.stop.reason is StopReason.OUTCOME_UNKNOWN
     assert payments(world["ledger"]) == 0  # the call has not paid yet: it waits at the gate
 
@@ -130,7 +130,7 @@ def test_a_write_still_running_after_its_timeout_cannot_be_settled_and_runs_once
     wait_until(lambda: key_state(store_url) is KeyState.COMPLETED)
     assert payments(world["ledger"]) == 1
 
-    second = LocalRunner().run(spec)
+    second = LocalRunner(store=store_url).run(spec)
     assert second.stop is not None and second.stop.reason is StopReason.GOAL_MET
     assert payments(world["ledger"]) == 1
 

@@ -153,11 +153,11 @@ def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop,
         stores.close()
 
 
-def _drive(spec: LoopSpec, *, new_tick: bool, pricing: Path | None) -> Outcome:
+def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
     from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
 
-    runner = LocalRunner(pricing=None if pricing is None else load_pricing(pricing))
+    runner = LocalRunner(store=store, pricing=None if pricing is None else load_pricing(pricing))
     if new_tick and spec.kind is LoopKind.MONITOR:
         return runner.tick(spec)
     return runner.run(spec)
@@ -179,9 +179,9 @@ def run_command(
         raise InputError("--file", f"{file}: no such file")
     agentrun = load_agentrun(file)
     _usable(store)  # before anything runs; the runner builds all before opening the store
-    spec = replace(agentrun.to_loop_spec(store=store), source_dir=str(file.parent.resolve()))
+    spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
     _python_path(file.parent)
-    return _show(_drive(spec, new_tick=True, pricing=pricing), output)
+    return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
 
 
 @app.command("resume")
@@ -224,10 +224,10 @@ def resume_command(
         timeout_seconds=timeout,
         max_verifier_rejections=max_verifier_rejections,
     )
-    spec = LoopSpec.from_json({**saved.to_json(), "store": store}).with_budget(budget)
+    spec = saved.with_budget(budget)
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
-    return _show(_drive(spec, new_tick=False, pricing=pricing), output)
+    return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)
 
 
 def _decimal(field: str, text: str | None) -> Decimal | None:

@@ -112,13 +112,15 @@ class Loop:
 
     # Running
 
-    def run_or_resume(self, spec: LoopSpec) -> Outcome:
+    def run_or_resume(self, spec: LoopSpec, *, one_iteration: bool = False) -> Outcome:
         """Start the run, or continue it from its last checkpoint, to its next stop.
 
-        Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is driving the run:
-        then this one has done nothing the other could not see.
+        With ``one_iteration``, return at the end of the iteration under way (what a step pod
+        does): the outcome then has no stop and phase ``Running``, and the next call plans the
+        next iteration. Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is
+        driving the run: then this one has done nothing the other could not see.
         """
-        return _Session(self, spec).drive()
+        return _Session(self, spec).drive(one_iteration=one_iteration)
 
     def price(self) -> Price | None:
         name = self.price_model or (self.model.name if self.model is not None else None)
@@ -377,7 +379,7 @@ class _Session:
             return limit is None or state.rejections < limit
         return stop.is_resumable
 
-    def drive(self) -> Outcome:
+    def drive(self, *, one_iteration: bool = False) -> Outcome:
         state = self._start()
         if state.stop is not None:
             if not self._resumable(state):
@@ -401,6 +403,8 @@ class _Session:
                 state = self._stop(state, StopReason.GOAL_MET)
                 break
             state = phases[state.step](state)
+            if one_iteration and state.stop is None and state.step is Step.PLAN:
+                break  # the iteration is over: its verify (or rejection) is saved
         return state.outcome()
 
     # Budgets

@@ -83,7 +83,8 @@ class LoopSpec:
     """One run: who (tenant), which (run), what for (goal), how far (budget).
 
     ``manifest`` is the AgentRun ``spec`` a runner builds the model and tools from; it is opaque to
-    the loop. ``store`` is the store URL a runner in another process opens.
+    the loop. Where it runs (the store URL, which may hold a password) is the runner's setting,
+    never part of the spec: every checkpoint carries the spec.
     """
 
     tenant: str
@@ -93,7 +94,6 @@ class LoopSpec:
     budget: Budget = field(default_factory=Budget)
     allowed_side_effects: frozenset[SideEffect] | None = None
     manifest: Mapping[str, Any] | None = None
-    store: str = ""
     source_dir: str = ""  # where a manifest's Python code imports from (the CLI's `run -f`)
 
     @property
@@ -124,7 +124,6 @@ class LoopSpec:
             if self.allowed_side_effects is None
             else sorted(s.value for s in self.allowed_side_effects),
             "manifest": None if self.manifest is None else dict(self.manifest),
-            "store": self.store,
             **({"sourceDir": self.source_dir} if self.source_dir else {}),
         }
 
@@ -142,6 +141,5 @@ class LoopSpec:
             if allowed is None
             else frozenset(SideEffect(s) for s in allowed),
             manifest=None if manifest is None else dict(manifest),
-            store=str(data.get("store", "")),
             source_dir=str(data.get("sourceDir", "")),
         )

@@ -452,7 +452,7 @@ class AgentRun(KeelgateModel):
     def tenant(self) -> str:
         return self.metadata.namespace or "default"
 
-    def to_loop_spec(self, *, store: str) -> LoopSpec:
+    def to_loop_spec(self) -> LoopSpec:
         """The serialisable LoopSpec a runner drives; the spec rides along as its manifest."""
         spec = self.spec
         allowed = spec.allowed_side_effects
@@ -464,5 +464,4 @@ class AgentRun(KeelgateModel):
             budget=spec.budget.to_budget(),
             allowed_side_effects=None if allowed is None else frozenset(allowed),
             manifest=spec.manifest(),
-            store=store,
         )

@@ -30,8 +30,13 @@ class LocalRunner:
     """Runs a LoopSpec in this process (the core ``LoopRunner`` protocol)."""
 
     def __init__(
-        self, *, confirmer: Confirmer | None = None, pricing: Mapping[str, Price] | None = None
+        self,
+        *,
+        store: str = DEFAULT_URL,
+        confirmer: Confirmer | None = None,
+        pricing: Mapping[str, Price] | None = None,
     ) -> None:
+        self.store = store
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
 
@@ -88,7 +93,7 @@ class LocalRunner:
         return manifest
 
     def _open(self, spec: LoopSpec) -> Stores:
-        return open_stores(spec.store or DEFAULT_URL)
+        return open_stores(self.store)
 
     def _loop(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Loop:
         return build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
