@@ -5,6 +5,9 @@ second time. These tests use a model that never answers the same way twice, cras
 was saved, and prove the saved action (same tool, arguments and idempotency key) is what runs,
 without the model being asked for that step again. They must never use a deterministic model
 for this, or the proof would prove nothing.
+
+A saved action is more than its arguments: it keeps the side-effect class its tool had when it
+was planned, so a manifest that redeclares the tool before the call cannot weaken it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +23,10 @@ import pytest
 
 from crashkit import Journal, Rig, StoreOpener, World, opener_for
 from keelgate.adapters.models.python import PythonModel
+from keelgate.core.gateway import SIDE_EFFECT_NOT_PERMITTED
 from keelgate.core.model import Model
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import StopReason, idempotency_key
+from keelgate.core.types import Action, SideEffect, StopReason, idempotency_key
 from keelgate.errors import SimulatedCrash
 
 
@@ -165,5 +170,76 @@ def test_a_different_model_configured_after_a_crash_cannot_change_the_saved_acti
         (effect,) = world.journal.entries("effect")
         assert effect["args"] == {"sku": "S0", "qty": 10}
         assert all(r["phase"] == "verify" for r in other)
+    finally:
+        rig.die()
+
+
+def _planned_then_redeclared_read(rig: Rig, spec: LoopSpec) -> Action:
+    """Plan one WRITE, die right after the plan is saved, and come back with a manifest that
+    declares the same tool READ; the saved action, as it was planned."""
+    assert isinstance(rig.attempt(spec, ("after_plan", 1)), SimulatedCrash)
+    saved = rig.loop.state(spec.tenant, spec.run).plan
+    assert saved is not None
+    (action,) = saved.actions
+    assert (action.tool, action.side_effect) == ("place_order", SideEffect.WRITE)
+    rig.world = replace(rig.world, as_read=frozenset({"place_order"}))
+    rig.restart()
+    assert rig.loop.tools["place_order"].side_effect is SideEffect.READ
+    return action
+
+
+def test_a_write_redeclared_read_after_its_plan_was_saved_still_runs_once_under_its_key(
+    opener: StoreOpener, tmp_path: Path
+) -> None:
+    """A WRITE is planned and saved, the process dies, and the manifest now calls the tool READ.
+    The saved action keeps the class it was planned under: the tool gets the saved idempotency
+    key, and when the process dies again right after the call returned, the resume stops with
+    outcome_unknown naming that action instead of calling it a second time. Settled, the run
+    ends with the order placed exactly once."""
+    fickle = Fickle()
+    world = World(Journal(tmp_path / "world.jsonl"))
+    spec = _spec()
+    rig = Rig(opener, world, [], model=fickle.build())
+    try:
+        action = _planned_then_redeclared_read(rig, spec)
+        assert isinstance(rig.attempt(spec, ("after_gateway_call", 1)), SimulatedCrash)
+        assert [e["key"] for e in world.journal.entries("effect")] == [action.key]
+
+        stopped = rig.loop.run_or_resume(spec)
+        assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
+        assert [(u.action, u.idempotency_key) for u in stopped.unknown_actions] == [
+            (action.id, action.key)
+        ]
+        assert world.happened(action.key) == 1
+        rig.loop.reconcile(spec.tenant, spec.run, action.id, executed=True, by="ops")
+        done = rig.loop.run_or_resume(spec)
+        assert done.stop.reason is StopReason.GOAL_MET
+        assert [e["key"] for e in world.journal.entries("effect")] == [action.key]
+        assert fickle.asked(1) == 1
+    finally:
+        rig.die()
+
+
+def test_a_saved_write_is_refused_by_a_resumed_loop_that_now_allows_only_reads(
+    opener: StoreOpener, tmp_path: Path
+) -> None:
+    """A WRITE is planned and saved, the process dies, and the run is resumed with the tool
+    redeclared READ and the loop narrowed to READ. The saved action is still a WRITE: it is
+    refused with side_effect_not_permitted, never runs, claims no idempotency key, and the model
+    is told it was refused."""
+    fickle = Fickle()
+    world = World(Journal(tmp_path / "world.jsonl"))
+    spec = _spec()
+    rig = Rig(opener, world, [], model=fickle.build())
+    try:
+        action = _planned_then_redeclared_read(rig, spec)
+        reads_only = replace(spec, allowed_side_effects=frozenset({SideEffect.READ}))
+        done = rig.loop.run_or_resume(reads_only)
+        assert done.stop.reason is StopReason.GOAL_MET
+        assert world.journal.entries("effect") == []
+        assert rig.stores.idempotency.get(spec.tenant, action.key) is None
+        seen = [a for h in fickle.requests[-1]["history"] for a in h.get("actions", [])]
+        assert [(a["id"], a["status"]) for a in seen] == [(action.id, "refused")]
+        assert SIDE_EFFECT_NOT_PERMITTED in seen[0]["error"]
     finally:
         rig.die()

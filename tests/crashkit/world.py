@@ -79,6 +79,9 @@ class World:
     #: ``hold`` exists, so a second process can be let in while the first is mid-tool.
     hold: str = ""
     hold_tool: str = ""
+    #: Tools declared READ although their bodies still change the world: a manifest edited
+    #: between a saved plan and its call. The journal still records every real effect.
+    as_read: frozenset[str] = field(default_factory=frozenset)
 
     def tools(self) -> list[PythonTool]:
         return [
@@ -86,16 +89,19 @@ class World:
             PythonTool(
                 "place_order",
                 self._place_order,
-                SideEffect.WRITE,
+                self._declared("place_order", SideEffect.WRITE),
                 requires_approval="place_order" in self.approval,
             ),
             PythonTool(
                 "notify",
                 self._notify,
-                SideEffect.PROPOSE,
+                self._declared("notify", SideEffect.PROPOSE),
                 requires_approval="notify" in self.approval,
             ),
         ]
+
+    def _declared(self, tool: str, side_effect: SideEffect) -> SideEffect:
+        return SideEffect.READ if tool in self.as_read else side_effect
 
     # The tool bodies
 
