@@ -27,13 +27,12 @@ from crashkit import (
     tool_calls,
     url_opener,
 )
-from crashkit.scripts import occurrences
-from keelgate.core.failpoints import NAMES
+from crashkit.scripts import RUN_WINDOWS, occurrences
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import StopReason
 from keelgate.errors import SimulatedCrash
 
-WINDOWS = [name for name in NAMES if name != "mid_tool"]
+WINDOWS = [name for name in RUN_WINDOWS if name != "mid_tool"]
 
 CASES = [
     *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in WINDOWS for n in (1, 2, 3)],
@@ -106,7 +105,7 @@ def test_a_crash_at_any_window_leaves_every_write_done_exactly_once(
         rig.die()
 
 
-@pytest.mark.parametrize("window", NAMES)
+@pytest.mark.parametrize("window", RUN_WINDOWS)
 def test_the_last_pass_of_each_window_can_crash_and_one_past_it_never_fires(
     tmp_path: Path, window: str
 ) -> None:

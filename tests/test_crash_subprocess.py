@@ -6,7 +6,8 @@ worker process arms one failpoint through ``KEELGATE_FAILPOINTS`` and dies by ``
 settles any unknown outcome truthfully from the downstream journal. This module must never
 settle anything itself or arm a failpoint any other way than the environment.
 
-Also: two live processes driving one run at once (exactly one acts).
+Also: two live processes driving one run at once (exactly one acts), and a settlement whose
+process died before its audit event was written (the event is on the chain after the resume).
 
 Coverage: on SQLite and on Postgres, every window at its 1st, 2nd and 3rd pass (mid-tool with the
 effect before and after the crash): 24 cases each, two process starts per case (about 0.3 s each;
@@ -37,11 +38,13 @@ from crashkit import (
     tool_calls,
     url_opener,
 )
-from keelgate.core.failpoints import NAMES
+from crashkit.rig import OPERATOR
+from crashkit.scripts import RUN_WINDOWS
 from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.types import KeyState
 
 TESTS = Path(__file__).resolve().parent
-WINDOWS = [name for name in NAMES if name != "mid_tool"]
+WINDOWS = [name for name in RUN_WINDOWS if name != "mid_tool"]
 
 
 def _cases(occurrences: tuple[int, ...]) -> list[Any]:
@@ -265,5 +268,77 @@ def test_two_processes_resuming_one_run_at_once_exactly_one_acts(
     rig = Rig(url_opener(url), World(journal), RESTOCK)
     try:
         assert_promise(rig, spec, tool_calls(RESTOCK, spec.tenant, spec.run))
+    finally:
+        rig.die()
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(
+    ("source", "actor"),
+    [("human", OPERATOR), ("confirmer", "ledger-confirmer")],
+    ids=["person", "confirmer"],
+)
+def test_a_settlement_whose_process_died_before_its_event_is_on_the_chain_after_the_resume(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str, source: str, actor: str
+) -> None:
+    """A WRITE's outcome is unknown after a real death. A person's reconcile (or, on resume, the
+    confirmer) settles its key, and that process is killed (os._exit) before the
+    loop.reconciled event is written. The settlement stands, and once the run resumes the chain
+    holds that event exactly once, naming who settled it, on whose authority and which way; the
+    WRITE happened once, nothing is settled twice, and the chain verifies."""
+    url = (
+        f"sqlite:///{tmp_path}/keelgate.db"
+        if store == "sqlite"
+        else str(request.getfixturevalue("pg_url"))
+    )
+    journal = tmp_path / "world.jsonl"
+    spec = LoopSpec(
+        "shop", f"settle-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
+    )
+    job = {
+        "store": url,
+        "journal": str(journal),
+        "tenant": spec.tenant,
+        "run": spec.run,
+        "confirm": source == "confirmer",
+    }
+    calls = tool_calls(RESTOCK, spec.tenant, spec.run)
+    unknown, happened = expected_crash(calls, "after_gateway_call", 2, "before")
+    assert unknown is not None and happened
+
+    died = run_worker({**job, "mode": "run"}, failpoints="after_gateway_call@2")
+    assert died.returncode == 137, (died.returncode, died.stderr)
+    settling = run_worker({**job, "mode": "drive"}, failpoints="after_settle@1")
+    assert settling.returncode == 137, (settling.returncode, settling.stderr)
+    assert settling.stdout == ""
+
+    rig = Rig(url_opener(url), World(Journal(journal)), RESTOCK)
+    try:
+        # The window was hit: the key is settled, its event is not on the chain.
+        record = rig.stores.idempotency.get(spec.tenant, unknown.key)
+        assert record is not None
+        assert (record.state, record.settled_by, record.source) == (
+            KeyState.COMPLETED,
+            actor,
+            source,
+        )
+        events = rig.loop.audit(spec.tenant, spec.run)
+        assert [e for e in events if e.type == "loop.reconciled"] == []
+    finally:
+        rig.die()
+
+    recovered = report(run_worker({**job, "mode": "drive"}))
+    assert [o["stopReason"] for o in recovered["outcomes"]] == ["goal_met"]
+    assert recovered["settled"] == []
+
+    rig = Rig(url_opener(url), World(Journal(journal)), RESTOCK)
+    try:
+        reconciled = [
+            (e.actor, e.data["source"], e.data["verdict"], e.data["action"])
+            for e in rig.loop.audit(spec.tenant, spec.run)
+            if e.type == "loop.reconciled"
+        ]
+        assert reconciled == [(actor, source, "executed", unknown.action)]
+        assert_promise(rig, spec, calls)
     finally:
         rig.die()

@@ -12,9 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keelgate.core.failpoints import NAMES
 from keelgate.core.types import SideEffect, idempotency_key
 
 Script = list[dict[str, Any]]
+
+#: The failpoints a crash-free run of a script passes. ``after_settle`` is not among them: it is
+#: passed only when an unknown outcome is settled, and has crash tests of its own.
+RUN_WINDOWS = tuple(name for name in NAMES if name != "after_settle")
 
 #: A value that rides in tool arguments and must never appear in the audit chain.
 MARK = "deliver-rear-door-7f3a"

@@ -25,6 +25,9 @@ NAMES = (
     "after_observe",
     "after_verify",
     "mid_tool",
+    # A person's reconcile or the confirmer settled an unknown outcome's key; its
+    # loop.reconciled event is not written yet (the next resume writes it from the key).
+    "after_settle",
 )
 
 ENV = "KEELGATE_FAILPOINTS"

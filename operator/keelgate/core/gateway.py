@@ -329,6 +329,9 @@ class Gateway:
                     f"{tool.name} ({action.id}) is in flight in another live process",
                 ) from None
             return self._existing(tool, action, current)
+        # The event rides with the next checkpoint; a death before it leaves the key settled
+        # without it, and the next resume writes it from the key's record (_existing).
+        failpoints.hit("after_settle")
         self.emit(settlement.draft(action.id, tool.name, action.key))
         return _replay(action, record) if settlement.executed else _abandoned(action, record)
 

@@ -142,6 +142,9 @@ class Loop:
         record = self.stores.idempotency.settle(
             tenant, planned.key, executed=executed, by=by, source="human"
         )
+        # A death here leaves the key settled without its event: the next resume meets the
+        # settled key in the gateway, which writes the event from the key's record.
+        failpoints.hit("after_settle")
         self.stores.audit.append(
             tenant,
             run,
