@@ -347,6 +347,30 @@ def test_settle_applies_only_to_an_unknown_outcome_and_only_once(
     assert (after.state, after.settled_by, after.source) == (expected, "ann", "human")
 
 
+@pytest.mark.parametrize("executed", [True, False], ids=["executed", "not-executed"])
+def test_a_settled_key_is_refused_again_in_plain_words_naming_who_settled_it(
+    key_store_factory: StoreFactory, executed: bool
+) -> None:
+    """The settle rule itself, on every store (not only the memory store, where nothing else
+    stands behind it): once a person settled an unknown outcome, settling it again, either
+    way, by a person or a confirmer, through the store that settled it or one opened later, is
+    refused saying it is already settled, how and by whom; the first decision stays."""
+    owner, judge = keys(key_store_factory), keys(key_store_factory)
+    assert claim(owner) is None
+    owner.close()  # the owner died: the key reads outcome_unknown
+    judge.settle("acme", "kg-1", executed=executed, by="ann", source="human")
+    how = "executed" if executed else "not executed"
+    for store in (judge, keys(key_store_factory)):
+        for again, source in ((executed, "human"), (not executed, "confirmer")):
+            with pytest.raises(SettleError) as refused:
+                store.settle("acme", "kg-1", executed=again, by="bob", source=source)
+            assert f"already settled as {how} by ann" in str(refused.value)
+    after = keys(key_store_factory).get("acme", "kg-1")
+    assert after is not None
+    expected = KeyState.COMPLETED if executed else KeyState.ABANDONED
+    assert (after.state, after.settled_by, after.source) == (expected, "ann", "human")
+
+
 def test_a_late_owner_cannot_overwrite_a_settlement(key_store_factory: StoreFactory) -> None:
     """complete is a compare-and-set on owner and state: an owner that finishes after its key
     was judged unknown and settled changes nothing (the record keeps the person's decision)."""
