@@ -3,8 +3,9 @@
 Why it exists: ADR-0004 and the contract name each stop reason, each budget rule and each door a
 WRITE must pass; a user notices every one of them. These tests drive the real loop over real
 SQLite files with python models and tools whose every call is counted, and assert what a user
-would see. They must never fake time with sleeps (a fake monotonic clock is passed to the loop)
-and never accept a result nobody could observe.
+would see. Where a rule is proven once here and once more from another side, the second proof
+runs on the real PostgreSQL server instead. They must never fake time with sleeps (a fake
+monotonic clock is passed to the loop) and never accept a result nobody could observe.
 """
 
 from __future__ import annotations
@@ -803,6 +804,48 @@ def test_a_verification_loop_refuses_writes_and_proposals_even_when_granted(
         assert SIDE_EFFECT_NOT_PERMITTED in seen[tool]["error"]
     offered = {t["name"] for r in model.requests for t in r["tools"]}
     assert offered == {"get_inventory"}
+
+
+@pytest.mark.postgres
+def test_a_verification_loop_on_postgres_refuses_proposals_and_writes_before_any_key(
+    pg_url: str, world: World
+) -> None:
+    """The same READ-only rule on the PostgreSQL store, with WRITE and PROPOSE granted and both
+    tools asking for approval: both are refused with side_effect_not_permitted before anything
+    about them is recorded (no idempotency key, no start on the audit chain) and without a
+    person being asked, neither tool runs, and the chain shows each completed as refused."""
+    gated = World(world.journal, approval=frozenset({"place_order", "notify"}))
+    model = Recorder(
+        [{"actions": [{"tool": "notify", "args": {"to": "x", "text": "y"}}, PLACE, READ_A1]}, DONE]
+    )
+    run = LoopSpec(
+        "shop",
+        "check",
+        "check stock",
+        kind=LoopKind.VERIFICATION,
+        allowed_side_effects=frozenset(SideEffect),
+    )
+    stores = open_stores(pg_url)
+    try:
+        done = loop_over(stores, model, gated.tools()).run_or_resume(run)
+        assert done.stop.reason is StopReason.GOAL_MET
+        assert world.journal.entries() == []
+        plan = loop_over(stores, None, []).state("shop", "check").plan
+        assert plan is not None
+        for action in plan.actions[:2]:
+            assert stores.idempotency.get("shop", action.key) is None, action.tool
+        events = stores.audit.events("shop", "check")
+        started = [e.data["tool"] for e in only(events, "loop.action_started")]
+        assert started == ["get_inventory"]
+        completed = {
+            e.data["tool"]: e.data["status"] for e in only(events, "loop.action_completed")
+        }
+        assert completed == {"notify": "refused", "place_order": "refused", "get_inventory": "ok"}
+        seen = {a["tool"]: a for a in history_actions(model.requests[-1])}
+        for tool in ("notify", "place_order"):
+            assert SIDE_EFFECT_NOT_PERMITTED in seen[tool]["error"]
+    finally:
+        stores.close()
 
 
 def test_a_monitor_loop_only_reads_by_default_and_writes_only_when_granted(
