@@ -43,8 +43,10 @@ def manifest(
     side_effect: str = "WRITE",
     sku: str = "A1",
     dollars: str = "",
+    tokens: int | None = None,
 ) -> str:
     budget = f"maxIterations: {max_iterations}" + (f', dollars: "{dollars}"' if dollars else "")
+    budget += f", tokens: {tokens}" if tokens is not None else ""
     return textwrap.dedent(f"""\
         apiVersion: keelgate.dev/v1alpha1
         kind: AgentRun
@@ -243,6 +245,106 @@ def test_audit_verify_exits_1_when_an_event_was_edited(
     capsys.readouterr()
     assert main(["audit", "restock", "--verify"]) == 1
     assert "altered" in capsys.readouterr().out
+
+
+def _pg_audit(url: str, statement: str) -> None:
+    """Change the audit table straight in the database, as someone with write access would."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(statement)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        (
+            "UPDATE keelgate_audit SET data = '{\"forged\": true}' WHERE seq = 3",
+            "event 3 (loop.action_started) was altered",
+        ),
+        ("DELETE FROM keelgate_audit WHERE seq = 4", "event 4 is missing"),
+    ],
+    ids=["edited", "removed"],
+)
+def test_audit_verify_on_postgres_exits_1_naming_an_edited_or_removed_event(
+    world: Path, capsys: pytest.CaptureFixture[str], pg_url: str, statement: str, named: str
+) -> None:
+    """On the PostgreSQL store, an event edited or removed in the database is found by
+    `audit --verify`: exit 1, the problem named in the output (JSON too); before it, exit 0."""
+    assert main(["run", "-f", str(write(world, manifest())), "--store", pg_url]) == 0
+    assert main(["audit", "restock", "--verify", "--store", pg_url]) == 0
+    _pg_audit(pg_url, statement)
+    capsys.readouterr()
+    assert main(["audit", "restock", "--verify", "--store", pg_url]) == 1
+    assert named in capsys.readouterr().out
+    assert main(["audit", "restock", "--verify", "--store", pg_url, "-o", "json"]) == 1
+    checked = last_json(capsys.readouterr().out)
+    problems = checked["problems"]
+    assert checked["verified"] is False and isinstance(problems, list)
+    assert any(named in problem for problem in problems), problems
+
+
+@pytest.mark.postgres
+def test_audit_verify_on_postgres_exits_1_when_the_newest_events_are_cut_off(
+    world: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    """Deleting the newest events leaves a chain whose links are all intact; on the PostgreSQL
+    store `audit --verify` still finds the end missing (the checkpoint's last event is not on
+    the chain) and exits 1 saying so."""
+    assert main(["run", "-f", str(write(world, manifest())), "--store", pg_url]) == 0
+    assert main(["audit", "restock", "--verify", "--store", pg_url]) == 0
+    _pg_audit(
+        pg_url,
+        "DELETE FROM keelgate_audit WHERE seq > (SELECT MAX(seq) - 2 FROM keelgate_audit)",
+    )
+    capsys.readouterr()
+    assert main(["audit", "restock", "--verify", "--store", pg_url, "-o", "json"]) == 1
+    checked = last_json(capsys.readouterr().out)
+    problems = checked["problems"]
+    assert checked["verified"] is False and isinstance(problems, list)
+    (problem,) = problems
+    assert "events were removed from the end" in problem
+
+
+def test_a_call_whose_input_alone_would_cross_the_token_budget_is_not_made_by_the_cli(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` with a token budget smaller than the first request: exit 3 token_budget before the
+    model is asked (iteration 0, no tokens used, no tool run), and `resume --tokens` with room
+    makes that call and finishes with one order."""
+    assert main(["run", "-f", str(write(world, manifest(tokens=5))), "-o", "json"]) == 3
+    stopped = last_json(capsys.readouterr().out)
+    assert (stopped["stopReason"], stopped["resumable"]) == ("token_budget", True)
+    usage = stopped["usage"]
+    assert stopped["iteration"] == 0 and isinstance(usage, dict)
+    assert usage["inputTokens"] == usage["outputTokens"] == 0
+    assert "input alone" in str(stopped["message"])
+    assert orders(world) == 0
+    assert main(["resume", "restock", "--tokens", "100000", "-o", "json"]) == 0
+    done = last_json(capsys.readouterr().out)
+    assert (done["stopReason"], done["iteration"]) == ("goal_met", 3)
+    assert orders(world) == 1
+
+
+def test_an_approval_asked_for_at_plan_time_is_still_asked_after_the_manifest_drops_it(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A WRITE planned while its tool required approval stops awaiting_approval; the manifest is
+    then edited so the tool no longer asks. Running it again still waits (exit 3, the same
+    action pending) and orders nothing; only a person's approval lets it run, once."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True))), "-o", "json"]) == 3
+    assert last_json(capsys.readouterr().out)["stopReason"] == "awaiting_approval"
+    edited = write(world, manifest(approval=False))
+    for _ in range(2):
+        assert main(["run", "-f", str(edited), "-o", "json"]) == 3
+        waiting = last_json(capsys.readouterr().out)
+        assert waiting["stopReason"] == "awaiting_approval"
+        assert waiting["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+    assert orders(world) == 0
+    assert main(["approve", "restock", "2:0", "--approve", "--by", "bob"]) == 0
+    assert main(["run", "-f", str(edited), "-o", "json"]) == 0
+    assert orders(world) == 1
 
 
 def test_a_denied_approval_never_runs_the_write(
