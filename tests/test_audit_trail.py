@@ -29,7 +29,7 @@ from support.stores import StoreFactory, store_fixture
 
 durable_factory = store_fixture("sqlite", "postgres")
 
-SCRIPT = [
+SCRIPT: list[dict[str, Any]] = [
     {"actions": [{"tool": "place_order", "args": {"sku": "SECRET-SKU", "qty": 7}}]},
     {"done": True, "answer": "ok"},
 ]
