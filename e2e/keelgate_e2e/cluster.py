@@ -376,7 +376,12 @@ class Cluster:
                 f"--allowed-client={KUBELET_CLIENT_CN}",
                 f"--backoff-base={self.backoff_base}",
             ],
-            env={"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"},
+            # Pods run host programs: this venv's `keelgate` stands in for the step image's.
+            env={
+                "PYTHONPATH": python_path,
+                "PYTHONUNBUFFERED": "1",
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            },
         )
         kube = self.client()
 

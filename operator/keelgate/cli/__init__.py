@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import typer
 
+from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
 from keelgate.cli import commands
 from keelgate.cli.render import Console
 from keelgate.core import failpoints
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if failpoints.environment_error is not None:
         return fail(EXIT_BAD_INPUT, str(failpoints.environment_error))
-    command = typer.main.get_command(commands.app)
+    command = typer.main.get_command(commands.app)  # `cluster` added step and operator
     try:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:

@@ -39,6 +39,7 @@ from keelgate.manifest.base import (
     PositiveFloat,
     PositiveInt,
     Quantity,
+    Timestamp,
     ToolName,
     rule_error,
 )
@@ -339,6 +340,12 @@ class AgentRunSpec(KeelgateModel):
         default="", description="monitor only (required there): a 5-field cron schedule, UTC."
     )
     suspend: StrictBool = Field(default=False, description="True: do not start or continue.")
+    successful_ticks_history_limit: NonNegativeInt = Field(
+        default=3, description="monitor only: finished ticks (goal met) kept as AgentRuns."
+    )
+    failed_ticks_history_limit: NonNegativeInt = Field(
+        default=1, description="monitor only: failed ticks kept as AgentRuns."
+    )
     step: StepConfig = Field(default_factory=StepConfig, description="Step pod settings.")
 
     @model_validator(mode="after")
@@ -393,6 +400,19 @@ class AgentRunSpec(KeelgateModel):
         """The spec as a JSON-able dict in the manifest's own spelling (what a LoopSpec carries)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def loop_spec(self, *, tenant: str, run: str) -> LoopSpec:
+        """The serialisable LoopSpec a runner drives; this spec rides along as its manifest."""
+        allowed = self.allowed_side_effects
+        return LoopSpec(
+            tenant=tenant,
+            run=run,
+            goal=self.goal,
+            kind=self.loop,
+            budget=self.budget.to_budget(),
+            allowed_side_effects=None if allowed is None else frozenset(allowed),
+            manifest=self.manifest(),
+        )
+
 
 class UsageStatus(KeelgateModel):
     input_tokens: NonNegativeInt = Field(default=0, description="Input tokens used.")
@@ -410,6 +430,35 @@ class UnknownActionStatus(KeelgateModel):
 class PendingApprovalStatus(KeelgateModel):
     action: ActionId = Field(description="The action's id within the run.")
     tool: str = Field(description="The tool.")
+
+
+class StepStatus(KeelgateModel):
+    """The operator's record of the step pod it intends, runs or last ran (written before the
+    pod is created, so a restarted operator creates or adopts exactly that pod)."""
+
+    model_config = STATUS_CONFIG
+
+    number: NonNegativeInt = Field(default=0, description="The step's number within the run.")
+    attempt: NonNegativeInt = Field(default=0, description="Attempts at this step so far.")
+    pod: str = Field(default="", description="The step pod's name.")
+    state: Literal["", "Pending", "Ended", "Stalled"] = Field(
+        default="",
+        description="Pending: the pod is to run or running; Ended: its end is accounted; "
+        "Stalled: no further pod until the spec changes.",
+    )
+    generation: NonNegativeInt = Field(
+        default=0, description="The generation whose spec the pod runs."
+    )
+    crashes: NonNegativeInt = Field(
+        default=0, description="Step pods in a row that ended without recording a stop."
+    )
+    not_before: Timestamp = Field(
+        default="", description="After crashes: no new attempt before this time (back-off)."
+    )
+    failpoints: str = Field(
+        default="", description="The failpoints armed in this pod (development clusters only)."
+    )
+    last_exit: str = Field(default="", description="How the last step pod ended, in words.")
 
 
 class AgentRunStatus(KeelgateModel):
@@ -439,6 +488,18 @@ class AgentRunStatus(KeelgateModel):
     )
     answer: str | None = Field(default=None, description="The final answer, once the goal is met.")
     last_tick: str = Field(default="", description="monitor only: the latest tick's run name.")
+    last_schedule_time: Timestamp = Field(
+        default="", description="monitor only: when the latest tick was scheduled."
+    )
+    step: StepStatus | None = Field(default=None, description="The current or last step pod.")
+    failpoints_seen: str = Field(
+        default="",
+        description="The keelgate.dev/failpoints value last delivered or refused (one-shot per "
+        "value).",
+    )
+    kopf: JsonObject | None = Field(
+        default=None, description="Kept for the operator framework (kopf); never user data."
+    )
 
 
 class AgentRun(KeelgateModel):
@@ -454,14 +515,4 @@ class AgentRun(KeelgateModel):
 
     def to_loop_spec(self) -> LoopSpec:
         """The serialisable LoopSpec a runner drives; the spec rides along as its manifest."""
-        spec = self.spec
-        allowed = spec.allowed_side_effects
-        return LoopSpec(
-            tenant=self.tenant,
-            run=self.metadata.name,
-            goal=spec.goal,
-            kind=spec.loop,
-            budget=spec.budget.to_budget(),
-            allowed_side_effects=None if allowed is None else frozenset(allowed),
-            manifest=spec.manifest(),
-        )
+        return self.spec.loop_spec(tenant=self.tenant, run=self.metadata.name)

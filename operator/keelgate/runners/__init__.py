@@ -7,5 +7,14 @@ CLI: nothing under ``keelgate.core`` may import them.
 
 from keelgate.runners.build import MODEL_BUILDERS, TOOL_BUILDERS, Parts, build_loop, build_parts
 from keelgate.runners.local import LocalRunner
+from keelgate.runners.step import StepRunner
 
-__all__ = ["MODEL_BUILDERS", "TOOL_BUILDERS", "LocalRunner", "Parts", "build_loop", "build_parts"]
+__all__ = [
+    "MODEL_BUILDERS",
+    "TOOL_BUILDERS",
+    "LocalRunner",
+    "Parts",
+    "StepRunner",
+    "build_loop",
+    "build_parts",
+]

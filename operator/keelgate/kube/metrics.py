@@ -1,0 +1,71 @@
+"""The operator's Prometheus metrics (``/metrics``), in one registry of its own.
+
+What an operator of Keelgate watches: runs by phase, steps started and ended (by how they
+ended), how long steps take, the hand-off from one step pod's end to the next one's creation,
+unknown outcomes and approvals waiting for a person, and API writes. Labels carry no run names
+(unbounded cardinality) and never anything from a run's spec. This module must never import
+kopf or the Kubernetes client: it only counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+HANDOFF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+STEP_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.runs = Gauge(
+            "keelgate_runs", "AgentRuns by status.phase.", ["phase"], registry=self.registry
+        )
+        self.steps_started = Counter(
+            "keelgate_steps_started", "Step pods created.", registry=self.registry
+        )
+        self.steps_ended = Counter(
+            "keelgate_steps_ended",
+            "Step pods whose end was accounted, by how they ended.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.step_seconds = Histogram(
+            "keelgate_step_duration_seconds",
+            "Step pod run time, container start to end.",
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.handoff_seconds = Histogram(
+            "keelgate_step_handoff_seconds",
+            "From a step pod's end to the creation of the run's next step pod.",
+            buckets=HANDOFF_BUCKETS,
+            registry=self.registry,
+        )
+        self.unknown_outcomes = Gauge(
+            "keelgate_unknown_outcomes",
+            "WRITEs whose outcome is unknown and not yet settled.",
+            registry=self.registry,
+        )
+        self.approvals_pending = Gauge(
+            "keelgate_approvals_pending",
+            "Actions waiting for a person's approval.",
+            registry=self.registry,
+        )
+        self.step_pods_active = Gauge(
+            "keelgate_step_pods_active",
+            "Step pods pending or running.",
+            registry=self.registry,
+        )
+        self.api_writes = Counter(
+            "keelgate_api_writes",
+            "Writes to the Kubernetes API, by verb and kind.",
+            ["what"],
+            registry=self.registry,
+        )
+        self.reconcile_errors = Counter(
+            "keelgate_reconcile_errors",
+            "Reconciles that failed and were retried.",
+            ["kind"],
+            registry=self.registry,
+        )

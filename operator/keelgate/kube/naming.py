@@ -1,0 +1,63 @@
+"""Names and labels of everything the operator creates, computed, never remembered.
+
+A step pod's name is a function of its run, step and attempt, and a Reconciliation's or an
+Approval's of its run and action: two operators (or one restarted mid-create) compute the same
+name, so the API server's uniqueness is what keeps a step from running twice as two pods. Names
+stay valid Kubernetes names however long the run's name is. This module must never produce two
+names for one thing, or one name for two things of the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+GROUP = "keelgate.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Labels on every object the operator creates.
+RUN_LABEL = f"{GROUP}/run"
+STEP_LABEL = f"{GROUP}/step"
+ATTEMPT_LABEL = f"{GROUP}/attempt"
+MONITOR_LABEL = f"{GROUP}/monitor"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "keelgate"}
+
+#: The annotation that arms failpoints in the next step pod (contract section 3).
+FAILPOINTS_ANNOTATION = f"{GROUP}/failpoints"
+
+_MAX_NAME = 253  # a DNS subdomain: the limit for pods and custom objects
+_MAX_LABEL = 63
+
+
+def _fit(name: str, limit: int) -> str:
+    """``name`` if it fits, else a prefix plus a hash of the whole (stable, unique enough)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[: limit - 11].rstrip('-.')}-{digest}"
+
+
+def _dns(text: str) -> str:
+    """Lowercase letters, digits and '-' only (tool names may hold '_' and capitals)."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "x"
+
+
+def step_pod_name(run: str, step: int, attempt: int) -> str:
+    """``<run>-s<step>-a<attempt>``: deterministic per run, step and attempt."""
+    suffix = f"-s{step}-a{attempt}"
+    return _fit(run, _MAX_NAME - len(suffix)) + suffix
+
+
+def action_object_name(run: str, action: str, tool: str) -> str:
+    """The Reconciliation (or Approval) of one action: ``<run>-<iteration>-<tool>`` for the
+    first action of an iteration (``restock-3-place-order``), ``<run>-<iteration>-<index>-<tool>``
+    for the others."""
+    iteration, _, index = action.partition(":")
+    middle = iteration if index in ("", "0") else f"{iteration}-{index}"
+    return _fit(f"{run}-{middle}-{_dns(tool)}", _MAX_NAME)
+
+
+def label_value(text: str) -> str:
+    """A label value for a name (label values are at most 63 characters)."""
+    return _fit(text, _MAX_LABEL)

@@ -1,0 +1,292 @@
+"""``keelgate operator``: kopf watches, a keyed work queue, the controller, metrics and health.
+
+kopf's watch streams are the operator's eyes: every change to an AgentRun, a step pod, a
+Reconciliation or an Approval lands in the cache and queues a reconcile of the run it concerns.
+A few workers take keys from the queue and run the (synchronous, store-bound) controller in
+threads; a periodic resync queues every run again, so nothing depends on an event arriving
+(a person may settle an outcome with ``keelgate reconcile`` straight in the store). kopf is used
+only to observe: its handlers return nothing, so kopf writes nothing onto any object, and its
+progress and diff-base storage point at ``status.kopf`` should a handler ever store any.
+
+This module must never keep run state in memory that a restart could lose (the cache and the
+queue are rebuilt from the cluster's listing), and never take an action itself: only the
+controller decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from keelgate.core.protocols import Stores
+from keelgate.kube.api import ClusterApi
+from keelgate.kube.cache import Cache, Key, key_of, pod_finished
+from keelgate.kube.controller import Controller, ControllerSettings, is_tick
+from keelgate.kube.metrics import Metrics
+from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
+
+log = logging.getLogger("keelgate.operator")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    port: int = 8080  # /metrics and /healthz
+    workers: int = 4
+    resync_seconds: float = 30.0
+
+
+def _owner_run(body: Mapping[str, Any]) -> str:
+    """The AgentRun that controls ``body`` (a pod's label may be a shortened name)."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "AgentRun":
+            return str(ref.get("name", ""))
+    return ""
+
+
+class Operator:
+    def __init__(self, options: OperatorOptions, *, stores: Stores, api: ClusterApi) -> None:
+        self.options = options
+        self.stores = stores
+        self.api = api
+        self.cache = Cache()
+        self.metrics = Metrics()
+        self.queue: Any = None  # a WorkQueue, made on the operator's event loop
+        self.controller: Controller | None = None
+        self._failures: dict[Key, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self._seen_end: set[tuple[str, str]] = set()
+        self.started = time.monotonic()
+        api.on_write = lambda what: self.metrics.api_writes.labels(what).inc()
+
+    # kopf wiring
+
+    def registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            # The official client's configuration: in-cluster, else the kubeconfig.
+            return kopf.login_via_client(**kwargs)
+
+        @kopf.on.startup(registry=registry)
+        async def startup(**_: Any) -> None:
+            await self._start()
+
+        @kopf.on.cleanup(registry=registry)
+        async def cleanup(**_: Any) -> None:
+            await self._stop()
+
+        @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
+        async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("AgentRun", event, body)
+            key = key_of("AgentRun", body)
+            self._add(key)
+            parent = _owner_run(body)
+            if parent and is_tick(body):
+                self._add(("AgentRun", key[1], parent))
+
+        @kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
+        async def on_pod(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Pod", event, body)
+            ns, name = key_of("Pod", body)[1:]
+            run = _owner_run(body)
+            if run:
+                self._add(("AgentRun", ns, run))
+            if (pod_finished(body) or event.get("type") == "DELETED") and (
+                ns,
+                name,
+            ) not in self._seen_end:
+                self._seen_end.add((ns, name))
+                self._wake_waiting()
+
+        @kopf.on.event(GROUP, VERSION, "reconciliations", registry=registry)
+        async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Reconciliation", event, body)
+            key = key_of("Reconciliation", body)
+            self._add(key)
+
+        @kopf.on.event(GROUP, VERSION, "approvals", registry=registry)
+        async def on_approval(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Approval", event, body)
+            self._add(key_of("Approval", body))
+
+        return registry
+
+    def settings(self) -> kopf.OperatorSettings:
+        settings = kopf.OperatorSettings()
+        # GitOps: should kopf ever store progress or a diff-base, it goes to status, never to
+        # annotations (the CRD keeps status.kopf).
+        settings.persistence.progress_storage = kopf.StatusProgressStorage()
+        settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
+        settings.posting.enabled = False  # the controller posts its own Events
+        # The kinds are known and installed before the operator: no watching of CRDs and
+        # namespaces, and so no RBAC to read them.
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        return settings
+
+    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> None:
+        plain = _plain(body)
+        if event.get("type") == "DELETED":
+            self.cache.drop(kind, plain)
+        else:
+            self.cache.put(kind, plain)
+
+    def _add(self, key: Key) -> None:
+        if self.queue is not None:
+            self.queue.add(key)
+
+    def _wake_waiting(self) -> None:
+        """A step slot may be free: the runs waiting longest go first."""
+        controller = self.controller
+        if controller is None or not controller.waiting:
+            return
+        for key, _since in sorted(controller.waiting.items(), key=lambda item: item[1])[:8]:
+            self._add(key)
+
+    # Lifecycle
+
+    async def _start(self) -> None:
+        from keelgate.kube.workqueue import WorkQueue
+
+        self.queue = WorkQueue[Key]()
+        self.controller = Controller(
+            api=self.api,
+            stores=self.stores,
+            cache=self.cache,
+            settings=self.options.controller,
+            metrics=self.metrics,
+            enqueue=self.queue.add_threadsafe,
+        )
+        for number in range(self.options.workers):
+            self._tasks.append(asyncio.create_task(self._work(), name=f"keelgate-worker-{number}"))
+        self._tasks.append(asyncio.create_task(self._resync(), name="keelgate-resync"))
+        await self._serve()
+        log.info(
+            "keelgate operator started (namespaces: %s, step pods at most %d)",
+            ", ".join(self.options.namespaces) or "all",
+            self.options.controller.max_step_pods,
+        )
+
+    async def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.queue is not None:
+            self.queue.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _work(self) -> None:
+        assert self.queue is not None and self.controller is not None
+        while True:
+            key: Key = await self.queue.get()
+            delay: float | None
+            try:
+                delay = await asyncio.to_thread(self.controller.reconcile, key)
+            except Exception as error:
+                count = self._failures.get(key, 0) + 1
+                self._failures[key] = count
+                delay = min(60.0, 0.5 * 2 ** min(count, 7))
+                self.metrics.reconcile_errors.labels(key[0]).inc()
+                log.warning(
+                    "%s %s/%s: %s: %s (retry in %.0fs)",
+                    key[0],
+                    key[1],
+                    key[2],
+                    type(error).__name__,
+                    str(error).splitlines()[0] if str(error) else "",
+                    delay,
+                )
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self.queue.done(key)
+            if delay is not None:
+                self.queue.add_after(key, delay)
+
+    async def _resync(self) -> None:
+        """Queue every run again now and then, and refresh the gauges."""
+        while True:
+            await asyncio.sleep(self.options.resync_seconds)
+            for key in list(self.cache.keys("AgentRun")):
+                self._add(key)
+            for key in list(self.cache.keys("Reconciliation")):
+                self._add(key)
+            self._gauges()
+
+    def _gauges(self) -> None:
+        metrics, cache = self.metrics, self.cache
+        phases: dict[str, int] = {}
+        for body in cache.select("AgentRun"):
+            phase = str((body.get("status") or {}).get("phase") or "Pending")
+            phases[phase] = phases.get(phase, 0) + 1
+        for phase in ("Pending", "Running", "Stopped", "Succeeded", "Failed"):
+            metrics.runs.labels(phase).set(phases.get(phase, 0))
+        unsettled = lambda b: (b.get("status") or {}).get("phase") != "Settled"  # noqa: E731
+        metrics.unknown_outcomes.set(cache.count("Reconciliation", unsettled))
+        metrics.approvals_pending.set(cache.count("Approval", unsettled))
+        metrics.step_pods_active.set(
+            cache.count(
+                "Pod",
+                lambda p: (
+                    not pod_finished(p)
+                    and (p.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/name")
+                    == "keelgate-step"
+                ),
+            )
+        )
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "0.0.0.0", self.options.port).start()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        alive = bool(self._tasks) and all(not task.done() for task in self._tasks)
+        return web.Response(status=200 if alive else 503, text="ok\n" if alive else "stalled\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        self._gauges()
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    # Running
+
+    async def run(self) -> None:
+        await kopf.operator(
+            registry=self.registry(),
+            settings=self.settings(),
+            standalone=True,
+            clusterwide=not self.options.namespaces,
+            namespaces=self.options.namespaces,
+        )
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """kopf's read-only body as plain data."""
+    if isinstance(body, Mapping):
+        return {str(k): _plain(v) for k, v in body.items()}
+    if isinstance(body, list | tuple):
+        return [_plain(v) for v in body]  # type: ignore[return-value]
+    return body  # type: ignore[no-any-return]

@@ -1,0 +1,175 @@
+"""An AgentRun's ``status``: the run's checkpoint mirrored in the shape Kubernetes tools read.
+
+The checkpoint in the store is the truth; status is its mirror plus what only the operator knows
+(the step pod it intends or runs). Conditions follow both the contract and the conventions other
+tools read: ``Succeeded`` (``kubectl wait --for=condition=Succeeded``), ``OutcomeUnknown`` and
+``AwaitingApproval`` (a person must act), and kstatus's ``Reconciling`` (work under way: Helm's
+``--wait`` and Flux read it as in progress) and ``Stalled`` (no progress without a change to the
+spec: read as failed), plus ``Ready``. A run that waits for a person is neither reconciling nor
+stalled: it is at rest until someone acts. This module is pure: it never talks to a cluster or
+a store, and never puts a tool's argument or a secret into status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from keelgate.core.types import Outcome, RunPhase, StopReason
+
+JSON = dict[str, Any]
+
+CONDITION_TYPES = (
+    "Succeeded",
+    "OutcomeUnknown",
+    "AwaitingApproval",
+    "Ready",
+    "Reconciling",
+    "Stalled",
+)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the operator knows of a run at one moment."""
+
+    generation: int
+    outcome: Outcome | None  # None: the store holds no checkpoint of it yet
+    step: Mapping[str, Any]  # status.step as it is to be written
+    stepping: bool  # a step pod is intended or running
+    suspended: bool = False
+    stalled: str = ""  # why no further step pod will start until the spec changes
+    waiting: str = ""  # why the intended pod is not created yet (a slot, a back-off)
+    reconciliations: Mapping[str, str] = field(default_factory=dict)  # action -> object name
+    approvals: Mapping[str, str] = field(default_factory=dict)  # action -> object name
+    failpoints_seen: str = ""
+
+
+def phase_of(view: RunView) -> RunPhase:
+    outcome = view.outcome
+    if view.stalled:
+        # No further pod until the spec changes, which resumes it: a stop, not an end.
+        if outcome is None or outcome.phase is RunPhase.RUNNING:
+            return RunPhase.STOPPED
+        return outcome.phase
+    if outcome is None:
+        return RunPhase.RUNNING if view.stepping else RunPhase.PENDING
+    if view.stepping and outcome.phase in (RunPhase.STOPPED, RunPhase.PENDING):
+        return RunPhase.RUNNING  # resuming: the stop is settled and a step is under way
+    return outcome.phase
+
+
+def _listing(items: Mapping[str, str], pairs: Sequence[tuple[str, str]], kind: str) -> str:
+    parts = []
+    for action, tool in pairs:
+        name = items.get(action, "")
+        where = f": see {kind} {name}" if name else ""
+        parts.append(f"{tool} ({action}){where}")
+    return "; ".join(parts)
+
+
+def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
+    """The whole status the operator wants the AgentRun to show (kopf's part excluded)."""
+    conditions_before = {c.get("type"): c for c in old.get("conditions") or [] if c.get("type")}
+    outcome = view.outcome
+    phase = phase_of(view)
+    stop = None if outcome is None or outcome.phase is RunPhase.RUNNING else outcome.stop
+    if view.stepping and phase is RunPhase.RUNNING:
+        stop = None
+    gen = view.generation
+
+    def cond(type_: str, status: str, reason: str, message: str = "") -> JSON:
+        previous = conditions_before.get(type_) or {}
+        # The transition time moves only when the status does, as metav1.Condition requires.
+        same = previous.get("status") == status and previous.get("lastTransitionTime")
+        return {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": previous["lastTransitionTime"] if same else now,
+            "observedGeneration": gen,
+        }
+
+    unknown = [] if outcome is None or stop is None else list(outcome.unknown_actions)
+    pending = [] if outcome is None or stop is None else list(outcome.pending_approvals)
+    if stop is not None and stop.reason is StopReason.GOAL_MET:
+        answer = (outcome.answer if outcome is not None else None) or ""
+        succeeded = cond("Succeeded", "True", "goal_met", answer)
+    elif stop is not None:
+        succeeded = cond("Succeeded", "False", stop.reason.value, stop.message)
+    elif view.stalled:
+        succeeded = cond("Succeeded", "False", "Stalled", view.stalled)
+    else:
+        succeeded = cond("Succeeded", "Unknown", phase.value, view.waiting)
+    outcome_unknown = (
+        cond(
+            "OutcomeUnknown",
+            "True",
+            "WriteInFlight",
+            _listing(view.reconciliations, [(u.action, u.tool) for u in unknown], "reconciliation"),
+        )
+        if unknown
+        else cond("OutcomeUnknown", "False", "NoUnknownOutcome")
+    )
+    awaiting = (
+        cond(
+            "AwaitingApproval",
+            "True",
+            "ApprovalRequired",
+            _listing(view.approvals, [(p.action, p.tool) for p in pending], "approval"),
+        )
+        if pending
+        else cond("AwaitingApproval", "False", "NoPendingApproval")
+    )
+    done = phase is RunPhase.SUCCEEDED
+    ready = cond("Ready", "True" if done else "False", "Succeeded" if done else phase.value)
+    failed = phase is RunPhase.FAILED or bool(view.stalled)
+    if view.stalled:
+        stalled = cond("Stalled", "True", "StepsFailing", view.stalled)
+    elif failed and stop is not None:
+        stalled = cond("Stalled", "True", stop.reason.value, stop.message)
+    else:
+        stalled = cond("Stalled", "False", "NotStalled")
+    if view.suspended and not view.stepping:
+        reconciling = cond("Reconciling", "False", "Suspended", "spec.suspend is true")
+    elif view.stepping or (outcome is None and not view.stalled):
+        reason = "Waiting" if view.waiting else "StepRunning"
+        reconciling = cond("Reconciling", "True", reason, view.waiting)
+    else:
+        reconciling = cond("Reconciling", "False", phase.value)
+
+    if view.stalled:
+        message = view.stalled
+    elif view.suspended and not view.stepping and phase is not RunPhase.SUCCEEDED:
+        message = "suspended (spec.suspend is true)"
+    elif stop is not None:
+        message = stop.message
+    else:
+        message = view.waiting
+    status: JSON = {
+        "phase": phase.value,
+        "stopReason": "" if stop is None else stop.reason.value,
+        "message": message,
+        "resumable": False if stop is None else stop.is_resumable,
+        "iteration": 0 if outcome is None else outcome.iteration,
+        "usage": (
+            {"inputTokens": 0, "outputTokens": 0, "dollars": "0", "activeSeconds": 0.0}
+            if outcome is None
+            else outcome.usage.to_json()
+        ),
+        "observedGeneration": gen,
+        "conditions": [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled],
+        "unknownActions": [u.to_json() for u in unknown],
+        "pendingApprovals": [p.to_json() for p in pending],
+        "answer": None if outcome is None else outcome.answer,
+        "step": dict(view.step),
+        "failpointsSeen": view.failpoints_seen,
+    }
+    return status
+
+
+def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether patching ``desired`` would change anything in ``current``."""
+    return any(current.get(key) != value for key, value in desired.items())

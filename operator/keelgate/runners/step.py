@@ -1,0 +1,74 @@
+"""The step runner: one step of a run in this process, from the spec its operator recorded.
+
+A step pod runs exactly one step (one iteration: plan, act, observe, verify; less when the run
+stops inside it) from the last checkpoint, writes the next checkpoint and exits. It needs the
+store and nothing else: the operator records the spec of the generation being run in the store
+(``SpecStore``) before it creates the pod, so the pod needs no Kubernetes API access, no
+service-account token and no manifest in its arguments. Everything after the spec is read is what
+``LocalRunner`` does: build the parts (a bad manifest fails before any state is touched), drive.
+
+It must never import kopf or a Kubernetes client (a step pod's start-up pays for every import),
+never keep state between steps, and never run more than one iteration per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from keelgate.core.protocols import Confirmer, Stores
+from keelgate.core.spec import LoopSpec, Price
+from keelgate.core.types import Outcome
+from keelgate.errors import InputError
+from keelgate.runners.build import Parts, build_loop, build_parts
+from keelgate.stores import open_stores
+
+
+class StepRunner:
+    """Runs one iteration of a run (the core ``LoopRunner`` protocol, one step at a time)."""
+
+    def __init__(
+        self,
+        *,
+        store: str,
+        confirmer: Confirmer | None = None,
+        pricing: Mapping[str, Price] | None = None,
+    ) -> None:
+        self.store = store
+        self.confirmer = confirmer
+        self.pricing = dict(pricing or {})
+
+    def run(self, spec: LoopSpec) -> Outcome:
+        """One step of ``spec``'s run; ``Running`` (no stop) when the run goes on."""
+        parts = build_parts(spec)
+        stores = open_stores(self.store)
+        try:
+            return self._drive(spec, stores, parts)
+        finally:
+            stores.close()
+
+    def step(self, tenant: str, run: str) -> Outcome:
+        """One step of the run whose spec the operator recorded in the store."""
+        stores = open_stores(self.store)
+        try:
+            spec = recorded_spec(stores, tenant, run)
+            return self._drive(spec, stores, build_parts(spec))
+        finally:
+            stores.close()
+
+    def _drive(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Outcome:
+        loop = build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
+        return loop.run_or_resume(spec, one_iteration=True)
+
+
+def recorded_spec(stores: Stores, tenant: str, run: str) -> LoopSpec:
+    """The spec recorded for a run, or one line saying that none is (or the store keeps none)."""
+    if stores.specs is None:
+        raise InputError("--store", "this store keeps no recorded specs; use PostgreSQL")
+    recorded = stores.specs.recorded_spec(tenant, run)
+    if recorded is None:
+        raise InputError(
+            "--run",
+            f"no spec is recorded for run {run!r} in namespace {tenant!r} "
+            "(the operator records it before it starts a step)",
+        )
+    return LoopSpec.from_json(recorded.spec)
