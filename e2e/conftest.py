@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from keelgate_e2e import keelgate as kg
 from keelgate_e2e import procs
 from keelgate_e2e.cluster import Cluster
 from keelgate_e2e.kube import Kube
+from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
 
 
@@ -33,7 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A running local cluster: etcd, API server, controller-manager, scheduler, node agent."""
     run_dir = tmp_path_factory.mktemp("cluster")
-    started = Cluster(run_dir)
+    started = Cluster(run_dir, postgres=True)
     started.start()
     yield started
     started.stop()
@@ -81,3 +83,71 @@ def namespace(admin: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
 def kubectl(cluster: Cluster, kubectl_bin: Path, namespace: str) -> Kubectl:
     """kubectl as admin in the test's namespace."""
     return Kubectl(kubectl_bin, cluster.kubeconfig, "admin", namespace)
+
+
+# Keelgate on the cluster
+
+
+@pytest.fixture(scope="session")
+def keelgate_installed(admin: Kube) -> None:
+    """The CRDs, the operator's RBAC, the user roles and the admission policy, applied."""
+    kg.install(admin)
+
+
+@pytest.fixture(scope="session")
+def operator_process(
+    cluster: Cluster, admin: Kube, keelgate_installed: None
+) -> Iterator[kg.OperatorProcess]:
+    """`keelgate operator` under its own service account's RBAC (never admin), with
+    --allow-failpoints; its store URL carries a password the tests look for everywhere."""
+    config = kg.operator_kubeconfig(cluster, admin, cluster.run_dir / "operator.kubeconfig")
+    process = kg.OperatorProcess(cluster, config, env={"KEELGATE_STORE": kg.secret_dsn(cluster)})
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def operator(operator_process: kg.OperatorProcess) -> kg.OperatorProcess:
+    """The session's operator, restarted first if an earlier test killed it."""
+    if operator_process.proc is None or not operator_process.proc.alive():
+        operator_process.start()
+    return operator_process
+
+
+@pytest.fixture
+def tenant(admin: Kube, namespace: str, cluster: Cluster, keelgate_installed: None) -> str:
+    """The test's namespace as a Keelgate tenant: the store Secret step pods read, and `alice`
+    holding the built-in `edit` role there (bob holds nothing)."""
+    kg.store_secret(admin, namespace, kg.secret_dsn(cluster))
+    admin.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "alice-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}
+            ],
+        },
+    )
+    return namespace
+
+
+@pytest.fixture
+def shop() -> Iterator[ShopServer]:
+    """A loopback shop counting orders by Idempotency-Key (step pods share the host network)."""
+    server = ShopServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def alice(kubectl: Kubectl) -> Kubectl:
+    """kubectl as alice in the test's namespace."""
+    return kubectl.as_user("alice")

@@ -96,10 +96,11 @@ def install(kube: Kube) -> None:
     for doc in manifests():
         apply(kube, doc)
     for crd in ("agentruns", "reconciliations", "approvals"):
+        name = f"{crd}.keelgate.dev"
         wait_for(
-            lambda crd=crd: _established(kube, f"{crd}.keelgate.dev"),
+            lambda name=name: _established(kube, name),  # type: ignore[misc]
             timeout=60,
-            what=f"CRD {crd} established",
+            what=f"CRD {name} established",
         )
 
 
@@ -143,6 +144,16 @@ def operator_kubeconfig(cluster: Cluster, kube: Kube, path: Path, hours: int = 4
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+#: A password in the tests' store URL (the server trusts loopback and ignores it), so tests can
+#: prove it never shows.
+STORE_PASSWORD = "Pw-store-never-shown-8812"
+
+
+def secret_dsn(cluster: Cluster) -> str:
+    """The cluster's store URL with STORE_PASSWORD in it."""
+    return cluster.dsn.replace("://keelgate@", f"://keelgate:{STORE_PASSWORD}@", 1)
 
 
 def store_secret(kube: Kube, namespace: str, dsn: str) -> None:

@@ -68,7 +68,7 @@ class ShopServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path.startswith("/items/"):
                     self._send(200, {"sku": unquote(path[len("/items/") :]), "count": 3})
@@ -81,7 +81,7 @@ class ShopServer:
                 else:
                     self._send(404, {"error": "not found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b"{}"
                 if self.path.split("?", 1)[0] != "/orders":

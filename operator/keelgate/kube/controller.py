@@ -370,7 +370,7 @@ class Controller:
             existing = self.cache.get("Reconciliation", ns, name)
             if existing is None:
                 try:
-                    created = self.api.create_object("Reconciliation", ns, body)
+                    created = self._create_pending("Reconciliation", ns, body)
                 except Conflict:
                     continue
                 self.cache.put("Reconciliation", created)
@@ -393,7 +393,7 @@ class Controller:
             if self.cache.get("Approval", ns, name) is not None:
                 continue
             try:
-                created = self.api.create_object("Approval", ns, body)
+                created = self._create_pending("Approval", ns, body)
             except Conflict:
                 continue
             self.cache.put("Approval", created)
@@ -403,6 +403,15 @@ class Controller:
                 reason="AwaitingApproval",
                 message=f"{pending.tool} ({pending.action}) needs approval: approval {name}",
             )
+
+    def _create_pending(self, kind: str, ns: str, body: JSON) -> JSON:
+        """Create a Reconciliation or Approval and show it Pending (status is a subresource: a
+        create cannot set it)."""
+        created = self.api.create_object(kind, ns, body)
+        try:
+            return self.api.patch_status(kind, ns, body["metadata"]["name"], {"phase": "Pending"})
+        except (Conflict, Gone):
+            return created
 
     def _create_pod(self, key: Key, run: JSON, spec: AgentRunSpec, step: JSON) -> float | None:
         """Create (or adopt) the pod ``step`` names, when its back-off has passed and a step slot

@@ -436,6 +436,7 @@ def openapi_schema(kind: Kind) -> dict[str, Any]:
     schema["required"] = [
         name for name in schema["required"] if name not in ("apiVersion", "kind", "metadata")
     ]
+    _no_defaults_in_lists(schema)
     for path, extra in kind.extras.items():
         node = _at(schema, path, kind.kind)
         for key, value in extra.items():
@@ -445,6 +446,27 @@ def openapi_schema(kind: Kind) -> dict[str, Any]:
     if problems:
         raise CrdError(f"{kind.kind}: the generated schema is not structural: {problems[0]}")
     return schema
+
+
+def _no_defaults_in_lists(node: dict[str, Any], *, in_list: bool = False) -> None:
+    """Drop ``default`` from everything inside a list's items.
+
+    ``kubectl apply`` patches custom resources with a JSON merge patch, which replaces a list
+    whole: had the API server filled defaults into list items, every re-apply of an unchanged
+    manifest would see the live list differ and report "configured" (GitOps tools would see
+    drift). The models fill those defaults when the operator reads the object, so nothing is
+    lost; defaults outside lists stay (a merge patch leaves a map's extra keys alone).
+    """
+    if in_list:
+        node.pop("default", None)
+    for child in (node.get("properties") or {}).values():
+        _no_defaults_in_lists(child, in_list=in_list)
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        _no_defaults_in_lists(extra, in_list=in_list)
+    items = node.get("items")
+    if isinstance(items, dict):
+        _no_defaults_in_lists(items, in_list=True)
 
 
 def crd(kind: Kind) -> dict[str, Any]:

@@ -1,0 +1,413 @@
+"""The operator on the real control plane: `kubectl apply` an AgentRun, one pod per step.
+
+Every test runs the operator as it ships (kopf, under its own service account's RBAC) against
+the real kube-apiserver, with step pods run by the node agent and a real PostgreSQL store. What
+they check is what a user sees: phases, conditions, Events, printer columns, the downstream
+shop's order book, and the audit trail in the store. They must never settle an outcome against
+the shop's record, and never depend on objects outside their own namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import psycopg
+import pytest
+
+from keelgate_e2e import runs
+from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorProcess
+from keelgate_e2e.kube import JSON, Kube
+from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
+from keelgate_e2e.shop import ShopServer
+from keelgate_e2e.testing import Kubectl, condition, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _events(admin: Kube, namespace: str, name: str) -> list[JSON]:
+    listed = admin.get(
+        f"/api/v1/namespaces/{namespace}/events",
+        {"fieldSelector": f"involvedObject.name={name},involvedObject.kind=AgentRun"},
+    )
+    return list(listed["items"])
+
+
+def _reasons(admin: Kube, namespace: str, name: str) -> list[str]:
+    return [e["reason"] for e in _events(admin, namespace, name)]
+
+
+def test_a_run_applied_with_kubectl_succeeds_with_conditions_events_and_columns(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """The restock run: read, order, done. `kubectl wait --for=condition=Succeeded` returns,
+    `kubectl get` shows Succeeded / goal_met / 3, each step had its pod and its Events, and the
+    shop took exactly one order, under the key the audit trail names."""
+    run = agentrun("restock", shop, [[look("A1")], [order("A1", 20)]])
+    assert "created" in apply(kubectl, run)
+    kubectl("wait", "--for=condition=Succeeded", "agentrun/restock", "--timeout=90s", timeout=120)
+    table = kubectl("get", "agentruns").stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "PHASE", "REASON", "ITERATION"]
+    assert table[1].split()[:4] == ["restock", "Succeeded", "goal_met", "3"]
+    status = runs.get_run(admin, tenant, "restock")["status"]
+    assert status["observedGeneration"] == 1 and status["answer"] == "done"
+    expected = {
+        "Succeeded": "True",
+        "Ready": "True",
+        "OutcomeUnknown": "False",
+        "AwaitingApproval": "False",
+        "Reconciling": "False",
+        "Stalled": "False",
+    }
+    assert {c["type"]: c["status"] for c in status["conditions"]} == expected
+    pods = admin.get(
+        f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=restock"}
+    )["items"]
+    assert sorted(p["metadata"]["name"] for p in pods) == [
+        "restock-s1-a1",
+        "restock-s2-a1",
+        "restock-s3-a1",
+    ]
+    reasons = _reasons(admin, tenant, "restock")
+    assert reasons.count("StepStarted") == 3 and reasons.count("StepEnded") == 3
+    assert "Succeeded" in reasons
+    assert shop.shop.count() == 1
+    events = runs.audit_events(operator.cluster.dsn, tenant, "restock")
+    started = [e for e in events if e.type == "loop.action_started" and e.data["idempotencyKey"]]
+    assert [e.data["idempotencyKey"] for e in started] == list(shop.shop.by_key())
+
+
+def test_gitops_sees_no_drift_after_a_run(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """The operator writes status only: after a full run, applying the same manifest again is
+    `unchanged`, `kubectl diff --server-side` shows nothing, and the spec, labels and
+    annotations are exactly what the user applied (generation still 1)."""
+    run = agentrun("gitops", shop, [[order("G1", 1)]])
+    run["metadata"]["labels"] = {"team": "stores"}
+    run["metadata"]["annotations"] = {"owner": "alice"}
+    apply(kubectl, run)
+    wait_phase(admin, tenant, "gitops", "Succeeded", timeout=90)
+    assert "unchanged" in apply(kubectl, run)
+    diff = kubectl("diff", "--server-side", "-f", "-", stdin=json.dumps(run), check=False)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    live = runs.get_run(admin, tenant, "gitops")
+    assert live["metadata"]["generation"] == 1
+    assert live["metadata"]["labels"] == {"team": "stores"}
+    annotations = dict(live["metadata"]["annotations"])
+    annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
+    assert annotations == {"owner": "alice"}
+    assert not live["metadata"].get("finalizers")
+    managers = {m["manager"]: m for m in live["metadata"]["managedFields"]}
+    operator_writes = [m for name, m in managers.items() if "kubectl" not in name]
+    assert operator_writes and all(m.get("subresource") == "status" for m in operator_writes)
+
+
+# Every crash window of contract section 3, armed through the annotation.
+WINDOWS = (
+    "after_plan",
+    "before_action",
+    "after_gateway_call",
+    "after_action_checkpoint",
+    "after_observe",
+    "after_verify",
+)
+
+
+def test_every_crash_window_armed_by_annotation_runs_each_write_exactly_once(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """Each window at its 1st and 2nd occurrence in the step pod that plans two WRITEs: the pod
+    dies there (`os._exit(137)`), a new attempt resumes from the checkpoint, a WRITE left in
+    flight stops the run OutcomeUnknown until alice settles its Reconciliation with what the
+    shop says. Every run succeeds; the shop sees each key at most once, and exactly once
+    wherever the order was sent."""
+    names = []
+    docs = []
+    for window in WINDOWS:
+        for occurrence in (1, 2):
+            name = f"{window.replace('_', '-')}-{occurrence}"
+            names.append(name)
+            sku = f"{window}-{occurrence}"
+            docs.append(
+                agentrun(
+                    name,
+                    shop,
+                    [[order(sku, 1), order(sku, 2)]],
+                    annotations={"keelgate.dev/failpoints": f"{window}@{occurrence}"},
+                )
+            )
+    apply(kubectl, *docs)
+    done = runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    assert set(done) == set(names)
+    counts = shop.shop.by_key()
+    assert counts and max(counts.values()) == 1, counts
+    # Where the crash came after the order went out, the order stands, once.
+    for name in names:
+        events = runs.audit_events(operator.cluster.dsn, tenant, name)
+        keys = {e.data["idempotencyKey"] for e in events if e.type == "loop.action_started"}
+        assert len(keys) == 2
+        settled = {
+            e.data["idempotencyKey"]: e.data["verdict"]
+            for e in events
+            if e.type == "loop.reconciled"
+        }
+        for key in keys:
+            expected = 0 if settled.get(key) == "abandoned" else 1
+            assert counts[key] == expected, (name, key, settled)
+    crashed = [
+        name
+        for name in names
+        if any(
+            "137" in e["message"]
+            for e in _events(admin, tenant, name)
+            if e["reason"] == "StepEnded"
+        )
+    ]
+    # after_plan@2, after_observe@2 and after_verify@2 never come in a one-iteration pod.
+    assert len(crashed) >= 9, crashed
+
+
+def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """An unknown outcome's Reconciliation: alice cannot write someone else's name into `by`,
+    bob (no grant) cannot touch it, alice cannot reach another namespace, and once settled the
+    decision cannot be changed. The run then finishes with the order placed once."""
+    run = agentrun(
+        "decide",
+        shop,
+        [[order("D1", 1)]],
+        annotations={"keelgate.dev/failpoints": "after_gateway_call@1"},
+    )
+    apply(kubectl, run)
+    stopped = wait_phase(admin, tenant, "decide", "Stopped", timeout=90)
+    unknown = condition(stopped, "OutcomeUnknown")
+    assert unknown is not None and unknown["status"] == "True"
+    assert "decide-1-place-order" in unknown["message"]
+    assert stopped["status"]["stopReason"] == "outcome_unknown"
+    rec = "decide-1-place-order"
+    rec_path = f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations/{rec}"
+    wait_for(lambda: admin.exists(rec_path), what="the Reconciliation")
+
+    def patch(who: Kubectl, body: JSON) -> tuple[int, str]:
+        out = who(
+            "patch", "reconciliation", rec, "--type=merge", "-p", json.dumps(body), check=False
+        )
+        return out.returncode, out.stderr
+
+    code, err = patch(alice, {"spec": {"executed": True, "by": "bob"}})
+    assert code != 0 and "spec.by must be alice" in err
+    bob = kubectl.as_user("bob")
+    code, err = patch(bob, {"spec": {"executed": True, "by": "bob"}})
+    assert code != 0 and "forbidden" in err.lower()
+    elsewhere = Kubectl(kubectl.binary, kubectl.kubeconfig, "alice", "default")
+    out = elsewhere("get", "agentruns", check=False)
+    assert out.returncode != 0 and "forbidden" in out.stderr.lower()
+    assert shop.shop.count() == 1  # the order went out before the crash: executed is the truth
+    code, err = patch(alice, {"spec": {"executed": True, "by": "alice", "note": "in the book"}})
+    assert code == 0, err
+    code, err = patch(alice, {"spec": {"executed": False}})
+    assert code != 0 and "cannot change once set" in err
+    done = wait_phase(admin, tenant, "decide", "Succeeded", timeout=90)
+    assert condition(done, "OutcomeUnknown")["status"] == "False"  # type: ignore[index]
+    settled = admin.get(rec_path)
+    assert settled["status"]["phase"] == "Settled"
+    assert (settled["status"]["verdict"], settled["status"]["source"]) == ("executed", "human")
+    assert settled["status"]["settledBy"] == "alice"
+    assert shop.shop.count() == 1
+    assert "Settled" in _reasons(admin, tenant, "decide")
+    reconciled = [
+        e
+        for e in runs.audit_events(operator.cluster.dsn, tenant, "decide")
+        if e.type == "loop.reconciled"
+    ]
+    assert [(e.actor, e.data["verdict"]) for e in reconciled] == [("alice", "executed")]
+
+
+def test_an_invalid_agentrun_is_refused_by_the_api_server_naming_the_field(
+    operator: OperatorProcess, tenant: str, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """A bad value never reaches the operator: `kubectl apply` fails with the field's path."""
+    run = agentrun("invalid", shop, [[order("X", 1)]])
+    run["spec"]["tools"][1]["sideEffect"] = "DELETE"
+    out = kubectl("apply", "-f", "-", stdin=json.dumps(run), check=False)
+    assert out.returncode != 0
+    assert "spec.tools[1].sideEffect" in out.stderr
+
+
+def test_a_raised_budget_continues_the_saved_plan_without_asking_the_model_again(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """The planning call that crosses the token budget is kept and its plan saved; the run stops
+    token_budget with no order. `kubectl patch` raising spec.budget.tokens resumes it: the saved
+    order is placed once and no plan is saved again for that iteration."""
+    run = agentrun("budget", shop, [[order("B1", 3)]], budget={"maxIterations": 5, "tokens": 10})
+    run["spec"]["model"]["script"][0]["usage"] = {"inputTokens": 9, "outputTokens": 5}
+    apply(kubectl, run)
+    stopped = wait_phase(admin, tenant, "budget", "Stopped", timeout=90)
+    assert stopped["status"]["stopReason"] == "token_budget"
+    assert stopped["status"]["resumable"] is True
+    assert condition(stopped, "Reconciling")["status"] == "False"  # type: ignore[index]
+    assert condition(stopped, "Stalled")["status"] == "False"  # type: ignore[index]
+    assert shop.shop.count() == 0
+    kubectl(
+        "patch", "agentrun", "budget", "--type=merge", "-p", '{"spec":{"budget":{"tokens":1000}}}'
+    )
+    done = wait_phase(admin, tenant, "budget", "Succeeded", timeout=90)
+    assert done["status"]["observedGeneration"] == 2
+    assert shop.shop.count() == 1
+    events = runs.audit_events(operator.cluster.dsn, tenant, "budget")
+    types = [e.type for e in events]
+    resumed = types.index("loop.resumed")
+    assert "loop.plan_saved" not in types[resumed : types.index("loop.action_started")]
+    assert types.count("loop.plan_saved") == 2  # the order's plan, then "done"
+
+
+def test_an_approval_granted_runs_the_write_once_and_a_denial_never_runs_it(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """requiresApproval stops each run AwaitingApproval with an Approval object before any
+    order; alice's approval runs the order once, her denial never runs it (the model sees the
+    denial and the run still reaches its goal); time waiting is not active time."""
+    apply(
+        kubectl,
+        agentrun("granted", shop, [[order("P1", 1)]], approval=True),
+        agentrun("denied", shop, [[order("P2", 1)]], approval=True),
+    )
+    for name in ("granted", "denied"):
+        waiting = wait_phase(admin, tenant, name, "Stopped", timeout=90)
+        assert waiting["status"]["stopReason"] == "awaiting_approval"
+        assert condition(waiting, "AwaitingApproval")["status"] == "True"  # type: ignore[index]
+    assert shop.shop.count() == 0
+    wait_for(lambda: len(runs.approvals(admin, tenant)) == 2, what="two approvals")
+    time.sleep(2)  # a person takes a while; none of it is active time
+    for approval in runs.approvals(admin, tenant):
+        verdict = approval["spec"]["runName"] == "granted"
+        body = {"spec": {"approved": verdict, "by": "alice"}}
+        alice(
+            "patch",
+            "approval",
+            approval["metadata"]["name"],
+            "--type=merge",
+            "-p",
+            json.dumps(body),
+        )
+    granted = wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)
+    denied = wait_phase(admin, tenant, "denied", "Succeeded", timeout=90)
+    assert [o["body"]["sku"] for o in shop.shop.orders] == ["P1"]
+    assert granted["status"]["usage"]["activeSeconds"] < 2
+    assert denied["status"]["usage"]["activeSeconds"] < 2
+    verdicts = {a["spec"]["runName"]: a["status"]["verdict"] for a in runs.approvals(admin, tenant)}
+    assert verdicts == {"granted": "approved", "denied": "denied"}
+    assert "Denied" in _reasons(admin, tenant, "denied")
+
+
+def test_deleting_a_run_mid_step_stops_its_pod_and_keeps_its_audit_trail(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+) -> None:
+    """A run deleted while its step pod waits on a slow WRITE: the delete never blocks (no
+    finalizer), the pod is stopped, and the run's audit trail stays readable in the store."""
+    shop.shop.delay = 20
+    apply(kubectl, agentrun("doomed", shop, [[order("Z1", 1)]]))
+    wait_for(lambda: shop.shop.count() == 1, timeout=60, what="the slow order to arrive")
+    started = time.monotonic()
+    kubectl("delete", "agentrun", "doomed", "--wait=true", "--timeout=60s", timeout=90)
+    assert time.monotonic() - started < 30
+    wait_for(
+        lambda: (
+            not admin.get(
+                f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=doomed"}
+            )["items"]
+        ),
+        timeout=60,
+        what="the step pod to go",
+    )
+    events = runs.audit_events(cluster.dsn, tenant, "doomed")
+    assert [e.type for e in events][:3] == [
+        "loop.started",
+        "loop.plan_saved",
+        "loop.action_started",
+    ]
+
+
+def test_step_pods_are_admitted_where_pod_security_restricted_is_enforced(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """A namespace enforcing Pod Security `restricted` admits the step pods (non-root,
+    read-only root filesystem, no privilege escalation, no capabilities, RuntimeDefault seccomp,
+    no service-account token), and the run succeeds there."""
+    admin.patch(
+        f"/api/v1/namespaces/{tenant}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    apply(kubectl, agentrun("hardened", shop, [[order("H1", 1)]]))
+    done = wait_phase(admin, tenant, "hardened", "Succeeded", timeout=90)
+    assert done["status"]["iteration"] == 2
+    pod = admin.get(f"/api/v1/namespaces/{tenant}/pods/hardened-s1-a1")
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    env = pod["spec"]["containers"][0]["env"]
+    assert all("value" not in e for e in env if e["name"] == "KEELGATE_STORE")
+
+
+def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+) -> None:
+    """The store password (in the operator's and the step pods' store URL) is nowhere a user or
+    an auditor looks: the run's status, its Events, the step pods' logs and specs, the operator's
+    log, the audit trail and the stored checkpoints and specs."""
+    apply(kubectl, agentrun("secret", shop, [[look("S1")], [order("S1", 1)]]))
+    run = wait_phase(admin, tenant, "secret", "Succeeded", timeout=90)
+    seen = [json.dumps(run), json.dumps(_events(admin, tenant, "secret"))]
+    for pod in admin.get(f"/api/v1/namespaces/{tenant}/pods")["items"]:
+        seen.append(json.dumps(pod))
+        seen.append(kubectl("logs", pod["metadata"]["name"]).stdout)
+    seen.append(operator.log.read_text())
+    with psycopg.connect(cluster.dsn) as conn:
+        for table in ("keelgate_checkpoints", "keelgate_audit", "keelgate_specs"):
+            seen.append(str(conn.execute(f"SELECT * FROM {table}").fetchall()))
+    assert all(STORE_PASSWORD not in text for text in seen)
+    assert any("secret" in text for text in seen[-3:])  # the store was read at all
+
+
+def test_the_operator_serves_metrics_and_health(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """/healthz answers ok; /metrics counts steps started and ended, hand-offs, and writes."""
+    apply(kubectl, agentrun("metered", shop, [[order("M1", 1)]]))
+    wait_phase(admin, tenant, "metered", "Succeeded", timeout=90)
+    assert operator.healthy()
+    text = operator.metrics()
+    started = re.search(r"^keelgate_steps_started_total (\d+)", text, re.MULTILINE)
+    assert started and int(started.group(1)) >= 2
+    assert 'keelgate_steps_ended_total{result="clean"}' in text
+    assert "keelgate_step_handoff_seconds_count" in text
+    assert 'keelgate_api_writes_total{what="create Pod"}' in text
+    assert 'keelgate_runs{phase="Succeeded"}' in text
