@@ -562,3 +562,41 @@ def test_resume_warns_when_a_new_total_is_not_more_than_what_is_used(
     )
     assert main(["resume", "restock", "--max-iterations", "5"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--deny", "--approve"], ["--approve", "--deny"]],
+    ids=["deny-then-approve", "approve-then-deny"],
+)
+def test_an_approval_given_both_ways_is_refused_and_decides_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    """`approve --deny --approve` cannot be undone once taken, so neither flag may silently win:
+    exit 2, one line naming both flags, and the run still waits for a decision."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    capsys.readouterr()
+    assert main(["approve", "restock", "2:0", *flags, "--by", "carol"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--approve" in err and "--deny" in err, err
+    assert main(["status", "restock", "-o", "json"]) == 3
+    shown = last_json(capsys.readouterr().out)
+    assert shown["stopReason"] == "awaiting_approval"
+    assert shown["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+
+
+def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path) -> None:
+    """`reconcile --executed --not-executed` would settle an unknown outcome for good on
+    whichever flag came last: both orders are exit 2 with one line, and the outcome stays
+    unknown for a real decision."""
+    path = str(write(world, manifest()))
+    assert cli(world, "run", "-f", path, failpoints="after_gateway_call@2").returncode == 137
+    for flags in (["--executed", "--not-executed"], ["--not-executed", "--executed"]):
+        done = cli(world, "reconcile", "restock", "2:0", *flags, "--by", "alice")
+        assert done.returncode == 2, done.stderr
+        err = done.stderr.strip()
+        assert len(err.splitlines()) == 1 and "--executed" in err and "--not-executed" in err
+    status = cli(world, "run", "-f", path, "-o", "json")
+    assert status.returncode == 3
+    assert last_json(status.stdout)["stopReason"] == "outcome_unknown"
+    assert orders(world) == 1

@@ -242,21 +242,33 @@ def _decimal(field: str, text: str | None) -> Decimal | None:
     return value
 
 
+def _decision(yes: bool, no: bool, yes_flag: str, no_flag: str, question: str) -> bool:
+    """Exactly one of a pair of flags. A decision cannot be undone, so one given both ways is
+    refused rather than left to whichever flag came last."""
+    if yes and no:
+        raise InputError(f"{yes_flag}/{no_flag}", f"give one of {yes_flag} and {no_flag}, not both")
+    if not (yes or no):
+        raise InputError(f"{yes_flag}/{no_flag}", f"say {question}")
+    return yes
+
+
 @app.command("reconcile")
 def reconcile_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
-    executed: Annotated[
-        bool | None,
-        typer.Option("--executed/--not-executed", help="Did the action take effect?"),
-    ] = None,
+    did: Annotated[
+        bool, typer.Option("--executed", help="It took effect: record it as done.")
+    ] = False,
+    did_not: Annotated[
+        bool,
+        typer.Option("--not-executed", help="It did not: abandon it, never retried."),
+    ] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
 ) -> int:
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
-    if executed is None:
-        raise InputError("--executed/--not-executed", "say whether the action took effect")
+    executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
     with _opened(store, run, namespace) as (loop, tenant, run):
         record = loop.reconcile(tenant, run, action, executed=executed, by=by)
     verdict = "executed" if executed else "abandoned (never retried under its key)"
@@ -271,15 +283,13 @@ def approve_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
-    approve: Annotated[
-        bool | None, typer.Option("--approve/--deny", help="Let the action run, or not.")
-    ] = None,
+    yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
+    no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
 ) -> int:
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
-    if approve is None:
-        raise InputError("--approve/--deny", "say whether the action may run")
+    approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
     with _opened(store, run, namespace) as (loop, tenant, run):
         loop.approve(tenant, run, action, approved=approve, by=by)
     console = Console()
