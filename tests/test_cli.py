@@ -600,3 +600,111 @@ def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path)
     assert status.returncode == 3
     assert last_json(status.stdout)["stopReason"] == "outcome_unknown"
     assert orders(world) == 1
+
+
+def _refused_port() -> int:
+    """A local port nobody listens on: a connection to it is refused at once."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Each with the password "hunter2" somewhere, and the exit code the CLI must give: 2 for a URL
+# that cannot be read, 5 for one that is well formed but names no reachable store.
+MALFORMED_STORES = [
+    ("postgresql//postgres:hunter2@db.example/keelgate", 2),  # ':' missing
+    ("postgresql:/postgres:hunter2@db.example/keelgate", 2),  # one '/' missing
+    ("host=127.0.0.1 password=hunter2", 2),  # libpq key=value, not a URL
+    ("host=127.0.0.1 password='hunter2 x'", 2),
+    ("postgres ql://postgres:hunter2@db.example/keelgate", 2),  # a space
+    ("postgresql://postgres:hunter2@[::1/keelgate", 2),  # unclosed bracket
+    ("postgresql://postgres:hunter2@db.example:port/keelgate", 2),  # port not a number
+    ("postgresql://postgres:hunter2/keelgate", 2),  # '@host' missing: the password reads as port
+    ("postgresql://postgres:hunter2@db.example/keelgate?nonsense=1", 2),  # libpq refuses it
+    ("postgresql://postgres:hunter2@db.example/keelgate\n", 2),  # a pasted newline
+    ("mysql://root:hunter2@db.example/keelgate", 2),  # unknown kind
+    ("sqlite://root:hunter2@db.example/keelgate.db", 2),  # a SQLite URL with a host
+    ("langgraph+sqlite://root:hunter2@x/k.db", 2),
+    ("hunter2", 2),  # the password pasted on its own
+    ("postgresql://postgres:hunter2@127.0.0.1:{port}/keelgate", 5),  # nobody listening
+    ("postgresql://postgres@127.0.0.1:{port}/keelgate?password=hunter2", 5),
+    ("postgresql://postgres:hunt%65r2@127.0.0.1:{port}/keelgate", 5),  # percent-encoded
+]
+
+
+@pytest.mark.parametrize(("url", "code"), MALFORMED_STORES, ids=range(len(MALFORMED_STORES)))
+def test_no_output_ever_holds_the_password_of_a_store_url_however_malformed(
+    world: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    code: int,
+) -> None:
+    """A mistyped store URL is refused in one line naming --store, with the exit code for bad
+    input (2) or an unreachable store (5), and the password appears in no message and no JSON,
+    whichever command meets it, whether given as --store or KEELGATE_STORE."""
+    url = url.format(port=_refused_port())
+    path = str(write(world, manifest()))
+    commands = [
+        ["run", "-f", path, "-o", "json", "--store", url],
+        ["status", "restock", "-o", "json", "--store", url],
+        ["runs", "-o", "json", "--store", url],
+        ["audit", "restock", "--verify", "--store", url],
+        ["resume", "restock", "--store", url],
+        ["approve", "restock", "2:0", "--approve", "--by", "bob", "--store", url],
+        ["reconcile", "restock", "2:0", "--executed", "--by", "bob", "--store", url],
+    ]
+    for command in commands:
+        assert main(command) == code, command
+        out, err = capsys.readouterr()
+        assert "hunter2" not in out + err and "hunt%65r2" not in out + err, (command, out, err)
+        assert len(err.strip().splitlines()) == 1 and "--store" in err, err
+    monkeypatch.setenv("KEELGATE_STORE", url)
+    assert main(["status", "restock", "-o", "json"]) == code
+    out, err = capsys.readouterr()
+    assert "hunter2" not in out + err and last_json(out)["exitCode"] == code
+    assert orders(world) == 0
+
+
+def test_a_store_url_given_where_no_argument_belongs_is_not_echoed(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL pasted without --store is a stray argument: the usage error says so in one line,
+    exit 2, with the password masked."""
+    assert main(["status", "restock", "postgresql://keel:hunter2@db.example/k"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_store_that_cannot_be_opened_exits_5_naming_store(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that is not a database, or a server nobody listens on, is not a failed run: it is
+    exit 5 (documented in --help) with one line naming --store, for reading and running
+    commands alike, and nothing is left beside the file."""
+    junk = world / "notes.txt"
+    junk.write_text("not a database, just notes\n" * 100)
+    refused = f"postgresql://keel@127.0.0.1:{_refused_port()}/keelgate"
+    path = str(write(world, manifest()))
+    for store in (f"sqlite:///{junk}", refused):
+        for command in (["run", "-f", path], ["status", "restock"], ["runs"]):
+            assert main([*command, "--store", store]) == 5, (command, store)
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.startswith("keelgate: error: --store:"), err
+    assert sorted(p.name for p in world.iterdir()) == ["kgtools.py", "notes.txt", "run.yaml"]
+    assert orders(world) == 0
+    assert main(["--help"]) == 0
+    assert "5 the store cannot be opened or reached" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_store_url_that_cannot_be_read_is_bad_input_naming_store(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unclosed IPv6 bracket used to be an "internal error: ValueError" (exit 1): it is bad
+    input, exit 2, naming --store and what is wrong."""
+    assert main(["status", "restock", "--store", "postgresql://u:pw@[::1/db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("keelgate: error: --store:") and "internal error" not in err
+    assert "HOST[:PORT]" in err

@@ -38,6 +38,11 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
+    epilog=(
+        "Exit codes: 0 goal met; 3 resumable stop (budget, outcome unknown, approval); "
+        "1 failed; 2 bad input; 4 the run is busy in another process; "
+        "5 the store cannot be opened or reached; 130 interrupted."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -66,7 +71,10 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         envvar="KEELGATE_STORE",
-        help="Store URL: sqlite:///PATH or postgresql://... (env KEELGATE_STORE).",
+        help=(
+            "Store URL: sqlite:///PATH or postgresql://... (env KEELGATE_STORE); "
+            "exit 5 if it cannot be opened or reached."
+        ),
     ),
 ]
 NamespaceOption = Annotated[

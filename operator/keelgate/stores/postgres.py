@@ -49,7 +49,13 @@ from psycopg_pool import ConnectionPool
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
+from keelgate.errors import (
+    InputError,
+    SettleError,
+    StaleCheckpoint,
+    StoreError,
+    StoreUnavailable,
+)
 from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
@@ -104,11 +110,17 @@ def _safe_target(url: str) -> tuple[str, dict[str, Any]]:
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
-        raise InputError("--store", "not a valid PostgreSQL URL") from None
+        # libpq's own message may quote the part it could not read: it is not repeated.
+        raise InputError("--store", "not a valid PostgreSQL URL (libpq cannot read it)") from None
     user = str(params.get("user") or "")
     where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
     target = f"{user + '@' if user else ''}{where}/{params.get('dbname') or user or ''}"
     return target, params
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL libpq cannot read, before any connection is tried."""
+    _safe_target(url)
 
 
 class PostgresStore:
@@ -155,19 +167,24 @@ class PostgresStore:
             self._pool.open(wait=True, timeout=float(connect_timeout))
         except psycopg.Error as error:
             self.close()
-            raise self._error(error) from None
+            # Whatever went wrong, the store could not be opened: nothing was read or written.
+            raise self._error(error, StoreUnavailable) from None
 
     @property
     def owner(self) -> int:
         """This store's current owner id (a new one after its owner session was lost)."""
         return self._owner_ids[-1]
 
-    def _error(self, error: BaseException) -> StoreError:
+    def _error(self, error: BaseException, kind: type[StoreError] | None = None) -> StoreError:
         text = str(error).strip()
         line = text.splitlines()[0].strip() if text else type(error).__name__
         if self._secret:
             line = line.replace(self._secret, "***")
-        return StoreError(f"PostgreSQL store {self.target}: {line}")
+        if kind is None:
+            # A lost connection or a server gone away: the store cannot be reached.
+            unreachable = isinstance(error, psycopg.OperationalError)
+            kind = StoreUnavailable if unreachable else StoreError
+        return kind(f"PostgreSQL store {self.target}: {line}")
 
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)

@@ -32,7 +32,7 @@ from typing import Any
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.errors import SettleError, StaleCheckpoint, StoreError, StoreUnavailable
 from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
@@ -64,12 +64,14 @@ class SQLiteStore:
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
         # The real file, not the path given: every opener must find the same owners folder.
         self.path = Path(path).resolve()
+        self._owners = self.path.parent / f"{self.path.name}.owners"
+        # A file that turns out not to be a database must not be left with a folder beside it.
+        made_owners = not self._owners.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._owners = self.path.parent / f"{self.path.name}.owners"
             self._owners.mkdir(exist_ok=True)
         except OSError as error:
-            raise StoreError(f"cannot use {self.path}: {error.strerror}") from None
+            raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
         self._holds = OwnerHolds()
         # Held until close: while this descriptor is open, our in-flight keys read as live.
@@ -93,7 +95,10 @@ class SQLiteStore:
             self._db.executescript(SCHEMA)
         except sqlite3.Error as error:
             self.close()
-            raise StoreError(f"cannot open SQLite store {self.path}: {error}") from None
+            if made_owners:
+                with suppress(OSError):
+                    self._owners.rmdir()
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {error}") from None
 
     @contextmanager
     def _tx(self, *, immediate: bool = False) -> Iterator[sqlite3.Connection]:
