@@ -708,3 +708,65 @@ def test_a_store_url_that_cannot_be_read_is_bad_input_naming_store(
     err = capsys.readouterr().err.strip()
     assert err.startswith("keelgate: error: --store:") and "internal error" not in err
     assert "HOST[:PORT]" in err
+
+
+READING = [
+    ["status", "restock"],
+    ["audit", "restock", "--verify"],
+    ["runs"],
+    ["resume", "restock"],
+    ["approve", "restock", "2:0", "--approve", "--by", "bob"],
+    ["reconcile", "restock", "2:0", "--executed", "--by", "bob"],
+]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "langgraph+sqlite"])
+def test_commands_on_a_store_that_does_not_exist_create_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Only `run` makes a store. Every other command, given a path where no store is (a typo),
+    says so in one line naming --store, exit 2, and leaves the folder as it was: no database,
+    no owners folder, no lock file, for every kind of SQLite store."""
+    before = sorted(p.name for p in world.iterdir())
+    for command in READING:
+        assert main([*command, "--store", f"{kind}:///{world}/typo.db"]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--store: no store at" in err, err
+    assert sorted(p.name for p in world.iterdir()) == before
+
+
+def test_commands_on_a_sqlite_file_that_is_no_store_leave_it_as_it_was(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SQLite database of something else is not a store: reading it adds no tables."""
+    other = world / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+    db.close()
+    before = other.read_bytes()
+    for command in READING:
+        assert main([*command, "--store", f"sqlite:///{other}"]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "no Keelgate store" in err, err
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in world.iterdir()) == ["kgtools.py", "other.db"]
+
+
+@pytest.mark.postgres
+def test_commands_on_an_empty_postgres_database_create_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    """On a PostgreSQL database that holds no store, every command but `run` says so (exit 2,
+    one line naming --store) and creates no table, sequence or anything else in it."""
+    import psycopg
+
+    for command in READING:
+        assert main([*command, "--store", pg_url]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--store: no Keelgate store in" in err, err
+    with psycopg.connect(pg_url) as conn:
+        made = conn.execute(
+            "SELECT relname FROM pg_class JOIN pg_namespace n ON n.oid = relnamespace "
+            "WHERE nspname = 'public'"
+        ).fetchall()
+    assert made == []

@@ -24,7 +24,7 @@ from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.errors import InputError
-from keelgate.stores import DEFAULT_URL, check_store_url, open_stores, redacted, sqlite_path
+from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
 
 def _version(value: bool) -> None:
@@ -127,11 +127,7 @@ def _usable(store: str) -> None:
 def _existing(store: str) -> Stores:
     """Open a store that must already hold runs: a mistyped path is an error, not a new file."""
     _usable(store)
-    if store.startswith("sqlite:"):
-        path = Path(sqlite_path(store))
-        if not path.is_file():
-            raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
-    return open_stores(store)
+    return open_existing(store)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:

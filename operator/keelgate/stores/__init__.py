@@ -11,10 +11,12 @@ here quotes a URL as given: a URL is shown only rebuilt from parts that hold no 
 from __future__ import annotations
 
 import re
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 
 from keelgate.core.protocols import Stores
-from keelgate.errors import InputError
+from keelgate.errors import InputError, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
 
@@ -156,6 +158,45 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             raise
         return Stores(checkpoints, companion, companion, companion)
     raise AssertionError(f"unhandled store kind {scheme}")  # _parse knows only SCHEMES
+
+
+def open_existing(url: str) -> Stores:
+    """Open a store that must exist already, creating nothing on the way: every command but a
+    run reads or settles saved runs, so a mistyped path or database is an ``InputError`` for
+    ``--store`` ("no store at ..."), not a new empty store, a new file or new tables."""
+    parsed = _parse(url)
+    if parsed.kind in _SQLITE_KINDS:
+        path = Path(parsed.rest[1:])
+        _probe_sqlite(path, "keelgate_checkpoints" if parsed.kind == "sqlite" else "keelgate_keys")
+        if parsed.kind == "langgraph+sqlite":
+            _probe_sqlite(Path(f"{path}.langgraph"), "checkpoints")
+    elif parsed.kind in _POSTGRES_KINDS:
+        try:
+            from keelgate.stores.postgres import holds_store
+        except ImportError:
+            pass  # open_stores names the extra to install
+        else:
+            holds_store(url)
+    return open_stores(url)
+
+
+def _probe_sqlite(path: Path, table: str) -> None:
+    """Refuse a path that holds no Keelgate store, without creating or changing any file."""
+    if not path.is_file():
+        raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
+    try:
+        # mode=rw: open, never create; only the schema is read.
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        try:
+            found = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        raise StoreUnavailable(f"cannot open SQLite store {path}: {error}") from None
+    if found is None:
+        raise InputError("--store", f"no Keelgate store at {path} (a database of something else)")
 
 
 def check_store_url(url: str) -> None:

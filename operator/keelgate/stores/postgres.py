@@ -123,6 +123,33 @@ def check_url(url: str) -> None:
     _safe_target(url)
 
 
+def holds_store(url: str, *, connect_timeout: int = 10) -> None:
+    """Refuse (``InputError`` for ``--store``) a database that holds no Keelgate store, by
+    reading the catalogue only: unlike opening a ``PostgresStore``, it creates no schema."""
+    target, params = _safe_target(url)
+    secret = str(params.get("password") or "")
+    # The user's URL wins, as for the store itself.
+    timeout: dict[str, Any] = (
+        {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
+    )
+    try:
+        with psycopg.connect(url, autocommit=True, **timeout) as conn:
+            row = conn.execute("SELECT to_regclass('keelgate_checkpoints') IS NOT NULL").fetchone()
+    except psycopg.Error as error:
+        raise StoreUnavailable(f"PostgreSQL store {target}: {_one_line(error, secret)}") from None
+    if row is None or not row[0]:
+        raise InputError(
+            "--store", f"no Keelgate store in {target} (runs are saved where `run` ran)"
+        )
+
+
+def _one_line(error: BaseException, secret: str) -> str:
+    """A driver error as one line, the password (if the server quoted it) masked."""
+    text = str(error).strip()
+    line = text.splitlines()[0].strip() if text else type(error).__name__
+    return line.replace(secret, "***") if secret else line
+
+
 class PostgresStore:
     """Checkpoint, idempotency and audit store over one PostgreSQL database."""
 
@@ -176,10 +203,7 @@ class PostgresStore:
         return self._owner_ids[-1]
 
     def _error(self, error: BaseException, kind: type[StoreError] | None = None) -> StoreError:
-        text = str(error).strip()
-        line = text.splitlines()[0].strip() if text else type(error).__name__
-        if self._secret:
-            line = line.replace(self._secret, "***")
+        line = _one_line(error, self._secret)
         if kind is None:
             # A lost connection or a server gone away: the store cannot be reached.
             unreachable = isinstance(error, psycopg.OperationalError)
