@@ -770,3 +770,59 @@ def test_commands_on_an_empty_postgres_database_create_nothing(
             "WHERE nspname = 'public'"
         ).fetchall()
     assert made == []
+
+
+def test_every_command_takes_output_json() -> None:
+    """A script can ask any command for JSON: every command has the same --output/-o."""
+    import typer
+
+    from keelgate.cli import commands
+
+    group = typer.main.get_command(commands.app)
+    names = sorted(group.commands)  # type: ignore[attr-defined]
+    assert {"run", "resume", "reconcile", "approve", "audit", "runs", "status"} <= set(names)
+    for name in names:
+        options = {o for p in group.commands[name].params for o in p.opts}  # type: ignore[attr-defined]
+        assert {"--output", "-o"} <= options, name
+
+
+def test_approve_and_reconcile_answer_in_json(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`approve` and `reconcile` under --output json end stdout with one object saying what was
+    decided, on which action and tool, and by whom."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    capsys.readouterr()
+    assert main(["approve", "restock", "2:0", "--deny", "--by", "bob", "-o", "json"]) == 0
+    assert last_json(capsys.readouterr().out) == {
+        "run": "restock",
+        "action": "2:0",
+        "tool": "order",
+        "verdict": "denied",
+        "by": "bob",
+    }
+    store = f"sqlite:///{world / 'crashed.db'}"
+    path = str(write(world, manifest()))
+    crashed = cli(world, "run", "-f", path, "--store", store, failpoints="after_gateway_call@2")
+    assert crashed.returncode == 137
+    done = cli(
+        world,
+        "reconcile",
+        "restock",
+        "2:0",
+        "--not-executed",
+        "--by",
+        "al",
+        "-o",
+        "json",
+        "--store",
+        store,
+    )
+    assert done.returncode == 0, done.stderr
+    assert last_json(done.stdout) == {
+        "run": "restock",
+        "action": "2:0",
+        "tool": "order",
+        "verdict": "abandoned",
+        "by": "al",
+    }

@@ -270,14 +270,28 @@ def reconcile_command(
     ] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
 ) -> int:
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
     executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
     with _opened(store, run, namespace) as (loop, tenant, run):
         record = loop.reconcile(tenant, run, action, executed=executed, by=by)
-    verdict = "executed" if executed else "abandoned (never retried under its key)"
+    verdict = "executed" if executed else "abandoned"
+    said = (
+        "settled as executed" if executed else "settled as abandoned (never retried under its key)"
+    )
+    return _decided(run, action, record.tool, verdict, by, output, said=said)
+
+
+def _decided(
+    run: str, action: str, tool: str, verdict: str, by: str, output: OutputFormat, *, said: str = ""
+) -> int:
+    """What a person decided, for them or (--output json) for a script."""
     console = Console()
-    console.say(f"{run} {action} ({record.tool}): settled as {verdict} by {by}", style="green")
+    if output is OutputFormat.json:
+        console.json({"run": run, "action": action, "tool": tool, "verdict": verdict, "by": by})
+        return 0
+    console.say(f"{run} {action} ({tool}): {said or verdict} by {by}", style="green")
     console.say(f"  continue with: keelgate resume {run}", style="dim")
     return 0
 
@@ -291,15 +305,15 @@ def approve_command(
     no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
 ) -> int:
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
     approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
     with _opened(store, run, namespace) as (loop, tenant, run):
+        waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
         loop.approve(tenant, run, action, approved=approve, by=by)
-    console = Console()
-    console.say(f"{run} {action}: {'approved' if approve else 'denied'} by {by}", style="green")
-    console.say(f"  continue with: keelgate resume {run}", style="dim")
-    return 0
+    verdict = "approved" if approve else "denied"
+    return _decided(run, action, waiting.get(action, ""), verdict, by, output)
 
 
 @app.command("audit")
