@@ -826,3 +826,39 @@ def test_approve_and_reconcile_answer_in_json(
         "verdict": "abandoned",
         "by": "al",
     }
+
+
+def test_the_audit_trail_says_why_a_call_was_refused_or_denied_and_on_what_date(
+    world: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keelgate audit` shows why a call did not run: a refused one with its reason
+    (side_effect_not_permitted), a denied one as a `denied` decision naming who denied it,
+    never as `approved`; and each event's time carries its date."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "240")  # a wide terminal: no word folded across lines
+
+    read_only = manifest().replace("  budget:", "  allowedSideEffects: [READ]\n  budget:")
+    assert main(["run", "-f", str(write(world, read_only)), "--store", "sqlite:///r.db"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "restock", "--store", "sqlite:///r.db"]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert "status=refused reason=side_effect_not_permitted" in table
+    assert re.search(r"\b20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\b", table), table
+
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    assert main(["approve", "restock", "2:0", "--deny", "--by", "bob"]) == 0
+    assert main(["resume", "restock"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "restock", "-o", "json"]) == 0
+    events = last_json(capsys.readouterr().out)["events"]
+    assert isinstance(events, list)
+    decided = [(e["type"], e["actor"]) for e in events if e["data"].get("action") == "2:0"]
+    assert ("loop.denied", "bob") in decided and "loop.approved" not in dict(decided)
+    (completed,) = [e for e in events if e["type"] == "loop.action_completed"][-1:]
+    assert completed["data"]["status"] == "denied"
+    assert completed["data"]["reason"] == "denied by bob"
+    assert main(["audit", "restock"]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert " denied bob action=2:0 tool=order" in table
+    assert orders(world) == 0

@@ -141,7 +141,7 @@ class Console:
         for event in events:
             table.add_row(
                 str(event.seq),
-                event.at[11:23],
+                event.at[:23].replace("T", " "),  # 2026-10-05 12:00:00.000: the date too
                 event.type.removeprefix("loop."),
                 event.actor,
                 _details(event),

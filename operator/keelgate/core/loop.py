@@ -47,6 +47,10 @@ from keelgate.errors import (
 
 log = logging.getLogger("keelgate.loop")
 
+# Results whose error Keelgate wrote itself (a refusal, a denial, an abandoned outcome): the
+# reason may go on the audit chain. A tool's own error message may not.
+_WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatus.ABANDONED})
+
 GoalPredicate = Callable[[Sequence[Mapping[str, Any]]], bool]
 
 
@@ -166,17 +170,13 @@ class Loop:
         if action not in pending:
             waiting = ", ".join(pending) or "none"
             raise SettleError(run, action, f"not awaiting approval (awaiting: {waiting})")
-        draft = AuditDraft(
-            "loop.approved",
-            {
-                "action": action,
-                "tool": pending[action].tool,
-                "verdict": "approved" if approved else "denied",
-            },
-            actor=by,
-            key=f"approved:{action}",
-        )
         verdict = "approved" if approved else "denied"
+        draft = AuditDraft(
+            f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
+            {"action": action, "tool": pending[action].tool, "verdict": verdict},
+            actor=by,
+            key=f"decided:{action}",
+        )
         state = state.but(
             seq=state.seq + 1,
             approvals={**state.approvals, action: Approval(approved, by, utc_now())},
@@ -598,6 +598,9 @@ class _Session:
                     "tool": action.tool,
                     "status": result.status.value,
                     "replayed": result.replayed,
+                    # Why it did not run, in Keelgate's own words (never a tool's message,
+                    # which may quote its arguments).
+                    **({"reason": result.error} if result.status in _WHY_NOT_RUN else {}),
                 },
                 key=f"completed:{action.id}",
             )
