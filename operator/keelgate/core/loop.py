@@ -25,6 +25,7 @@ from keelgate.core.types import (
     Action,
     ActionResult,
     KeyRecord,
+    KeyState,
     Outcome,
     PendingApproval,
     ResultStatus,
@@ -41,6 +42,7 @@ from keelgate.errors import (
     KeelgateError,
     ModelError,
     ModelUnavailable,
+    RunBusy,
     RunNotFound,
     SettleError,
 )
@@ -626,14 +628,43 @@ class _Session:
             return None  # the gateway reports the unknown tool; nothing runs
         if not (action.requires_approval or tool.requires_approval):
             return None
-        if stricter(tool.side_effect, action.side_effect) not in self.spec.side_effects:
+        side_effect = stricter(tool.side_effect, action.side_effect)
+        if side_effect not in self.spec.side_effects:
             return None  # the gateway refuses it; no person needs to be asked
+        if side_effect is not SideEffect.READ and self._begun(state, tool, action):
+            # Its call was made before (the manifest asked no approval then): what it came to
+            # is settled first, by the gateway. An approver asked now would be asked about a
+            # call that may already have run, and asked again once it is settled.
+            return None
         return self._stop(
             state,
             StopReason.AWAITING_APPROVAL,
             f"{tool.name} ({action.id}) needs approval",
             pending=(PendingApproval(action.id, tool.name),),
         )
+
+    def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
+        """Whether the action's key is on record, settled or unknown: its call was made.
+
+        A key still in flight in a live process may yet be dropped (a late definite refusal),
+        and the call then counts as never made: it is waited for, as the gateway waits, and
+        past that the run is busy. A key that is not in flight can no longer disappear, so
+        the gateway meets the same record and never calls the tool.
+        """
+        deadline = time.monotonic() + self.loop.busy_wait
+        while True:
+            record = self.stores.idempotency.get(state.tenant, action.key)
+            if record is None:
+                return False
+            if record.state is not KeyState.IN_FLIGHT:
+                return True
+            if time.monotonic() >= deadline:
+                raise RunBusy(
+                    state.tenant,
+                    state.run,
+                    f"{tool.name} ({action.id}) is in flight in another live process",
+                )
+            time.sleep(0.05)
 
     def _observe(self, state: RunState) -> RunState:
         assert state.plan is not None
