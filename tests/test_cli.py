@@ -862,3 +862,63 @@ def test_the_audit_trail_says_why_a_call_was_refused_or_denied_and_on_what_date(
     table = " ".join(capsys.readouterr().out.split())
     assert " denied bob action=2:0 tool=order" in table
     assert orders(world) == 0
+
+
+def test_a_second_run_of_a_busy_run_exits_4_before_running_anything(world: Path) -> None:
+    """Two `keelgate run` of one run at once, its READ slow: the second sees the run is busy
+    before it runs anything (the READ is not run twice), exits 4 at once with one line, and the
+    first finishes with one order."""
+    import time
+
+    gated = TOOLS.replace(
+        'return {"sku": args["sku"], "inStock": 3}',
+        'with open(os.environ["READS"], "a") as reads:\n'
+        '        reads.write("read\\n")\n'
+        "    import time\n"
+        '    while not Path(os.environ["GO"]).exists():\n'
+        "        time.sleep(0.02)\n"
+        '    return {"sku": args["sku"], "inStock": 3}',
+    )
+    (world / "kgtools.py").write_text(gated)
+    reads, go = world / "reads.txt", world / "go"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(world),
+        "READS": str(reads),
+        "GO": str(go),
+    }
+    env.pop("KEELGATE_FAILPOINTS", None)
+    path = str(write(world, manifest()))
+    first = subprocess.Popen(
+        [sys.executable, "-m", "keelgate", "run", "-f", path],
+        cwd=world,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not reads.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reads.exists(), "the first run never reached its READ"
+        started = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-m", "keelgate", "run", "-f", path],
+            cwd=world,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - started
+        assert second.returncode == 4, second.stderr
+        err = second.stderr.strip()
+        assert len(err.splitlines()) == 1 and "busy" in err, err
+        assert took < 15, took
+        assert reads.read_text().splitlines() == ["read"]  # the READ ran once, not twice
+    finally:
+        go.touch()
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert orders(world) == 1

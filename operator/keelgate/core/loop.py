@@ -18,7 +18,7 @@ from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport, utc_now, verify
 from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
-from keelgate.core.protocols import CheckpointLog, Confirmer, Stores, Tool
+from keelgate.core.protocols import CheckpointLog, Confirmer, RunLock, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Approval, Plan, RunState, Step, capped
 from keelgate.core.types import (
@@ -124,9 +124,30 @@ class Loop:
         With ``one_iteration``, return at the end of the iteration under way (what a step pod
         does): the outcome then has no stop and phase ``Running``, and the next call plans the
         next iteration. Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is
-        driving the run: then this one has done nothing the other could not see.
+        driving the run: then this one has done nothing the other could not see. With stores
+        that lock runs (``RunLock``), that is found before anything runs, a READ included.
         """
-        return _Session(self, spec).drive(one_iteration=one_iteration)
+        release = self._lock_run(spec)
+        try:
+            return _Session(self, spec).drive(one_iteration=one_iteration)
+        finally:
+            release()
+
+    def _lock_run(self, spec: LoopSpec) -> Callable[[], None]:
+        """Become the run's only driver for this call, or raise ``RunBusy``.
+
+        Waits up to ``busy_wait`` first, as the gateway does for a key in flight: a driver that
+        just died may take a moment to be seen gone (a server ends a session asynchronously).
+        """
+        locks: object = self.stores.idempotency
+        if not isinstance(locks, RunLock):
+            return lambda: None  # the key store's claims remain the only guard
+        deadline = time.monotonic() + self.busy_wait
+        while (release := locks.lock_run(spec.tenant, spec.run)) is None:
+            if time.monotonic() >= deadline:
+                raise RunBusy(spec.tenant, spec.run, "another run or resume of it is under way")
+            time.sleep(0.05)
+        return release
 
     def price(self) -> Price | None:
         name = self.price_model or (self.model.name if self.model is not None else None)

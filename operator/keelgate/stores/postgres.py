@@ -36,6 +36,7 @@ error message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,6 +64,7 @@ from keelgate.stores._json import dumps
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
 OWNER_SPACE = 0x4B470001
 SCHEMA_SPACE = 0x4B470003
+DRIVER_SPACE = 0x4B470004  # a run's driver (RunLock), keyed by a 32-bit digest of the run
 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
@@ -179,6 +181,7 @@ class PostgresStore:
         # The last event this store committed on each run's chain (see _append).
         self._heads: dict[tuple[str, str], AuditEvent | None] = {}
         self._owner_ids: list[int] = []
+        self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
         try:
             self._open_owner_session()
@@ -311,6 +314,48 @@ class PostgresStore:
                         conn.close()
                     self._owner_conn = None
         raise AssertionError("unreachable")
+
+    # RunLock
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        """A session advisory lock on the run, taken on the owner session and held by the driver.
+
+        The server drops it when that session ends, so a dead driver's run is free again as
+        soon as its owner keys read unknown. Two runs whose 32-bit digests collide cannot be
+        driven at the same moment: a RunBusy, never a second driver. Session locks are
+        re-entrant, so this store refuses a second driver of its own as well.
+        """
+        digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
+        key = int.from_bytes(digest[:4], "big", signed=True)
+        with self._owner_lock:
+            if (tenant, run) in self._driven:
+                return None
+            if self._pool is None:
+                raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+            try:
+                if self._owner_conn is None or self._owner_conn.closed:
+                    self._owner_conn = None
+                    self._open_owner_session()
+                conn = self._owner_conn
+                assert conn is not None
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
+                ).fetchone()
+            except psycopg.Error as error:
+                raise self._error(error) from None
+            if row is None or not row[0]:
+                return None
+            self._driven.add((tenant, run))
+
+        def release() -> None:
+            with self._owner_lock:
+                self._driven.discard((tenant, run))
+                # On a session lost meanwhile the lock went with it: nothing to release.
+                if self._owner_conn is conn and not conn.closed:
+                    with suppress(psycopg.Error):
+                        conn.execute("SELECT pg_advisory_unlock(%s, %s)", (DRIVER_SPACE, key))
+
+        return release
 
     # CheckpointStore
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import sqlite3
@@ -139,6 +140,45 @@ class SQLiteStore:
             self._owner_fd = None
             with suppress(FileNotFoundError):
                 (self._owners / f"{self.owner}.lock").unlink()
+
+    # RunLock
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        """An exclusive ``flock`` on ``<db>.owners/run-<digest>.lock``, held by the driver.
+
+        As for owners, the kernel drops the lock when its holder dies, and a flock belongs to
+        an open file description, so two stores in one process exclude each other too.
+        """
+        digest = hashlib.sha256(f"{tenant}\0{run}".encode()).hexdigest()[:32]
+        path = self._owners / f"run-{digest}.lock"
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+            except OSError as error:
+                raise StoreUnavailable(f"cannot use {path}: {error.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            # A driver releasing removes the file (below): the one we opened may be gone or
+            # replaced since, and a lock on it would exclude nobody. Then lock the file there now.
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)
+
+        def release() -> None:
+            # Removed while still locked, so no file is left per run; a waiter that opened it
+            # meanwhile sees it gone and starts again. A dead driver leaves the file, unlocked.
+            with suppress(FileNotFoundError):
+                path.unlink()
+            os.close(fd)
+
+        return release
 
     # CheckpointStore
 
