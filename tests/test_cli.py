@@ -157,6 +157,10 @@ def test_a_budget_stop_exits_3_and_resume_with_more_continues(
         (["run"], "--file"),
         (["run", "-f", "missing.yaml"], "--file"),
         (["audit", "restock", "--store", "mysql://x"], "--store"),
+        (["approve", "restock", "2:0", "--approve", "--by", " "], "--by:"),
+        (["reconcile", "restock", "2:0", "--executed", "--by", "a\nb"], "--by:"),
+        (["resume", "restock", "--tokens", "99999999999999999999999999"], "--tokens"),
+        (["resume", "restock", "--max-iterations", str(2**63)], "--max-iterations"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(
@@ -481,8 +485,9 @@ def test_status_of_a_run_whose_process_died_is_running_and_resumable(world: Path
 
 
 def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> None:
-    """SIGINT during a run: one line saying how to continue, exit 130, no traceback; the
-    resume finishes with exactly one order."""
+    """SIGINT during a run: one line saying how to continue (the resume command with the run's
+    own name, not a placeholder), exit 130, no traceback; the resume finishes with exactly one
+    order."""
     import signal
     import time
 
@@ -510,6 +515,7 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "`keelgate resume restock`" in err and "RUN" not in err  # the command, ready to use
     assert cli(world, "resume", "restock").returncode == 0
     assert orders(world) == 1
 
@@ -531,7 +537,8 @@ def test_errors_under_output_json_end_with_a_json_object(
 def test_runs_lists_every_run_with_where_it_stands(
     world: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`keelgate runs` shows each run's namespace, phase and stop reason; -n narrows it."""
+    """`keelgate runs` shows each run's namespace, phase and stop reason; -n narrows it, and an
+    empty namespace says which namespaces do hold runs."""
     assert main(["runs"]) == 2  # no store yet: said so, nothing created
     capsys.readouterr()
     assert main(["run", "-f", str(write(world, manifest(max_iterations=1)))]) == 3
@@ -547,6 +554,9 @@ def test_runs_lists_every_run_with_where_it_stands(
     assert main(["runs", "-n", "shop"]) == 0
     text = capsys.readouterr().out
     assert "restock" in text and "max_iterations" in text and "audit" not in text
+    assert main(["runs", "-n", "nope"]) == 0  # empty there is not empty everywhere
+    text = " ".join(capsys.readouterr().out.split())
+    assert text == "no runs in namespace 'nope' in this store (namespaces with runs: ops, shop)"
 
 
 def test_resume_warns_when_a_new_total_is_not_more_than_what_is_used(
@@ -922,3 +932,51 @@ def test_a_second_run_of_a_busy_run_exits_4_before_running_anything(world: Path)
         _, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     assert orders(world) == 1
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_resume(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`resume` of a run that already met its goal (even with a new budget) runs nothing, keeps
+    its exit code and JSON, and says in one line that a finished run has nothing to resume."""
+    assert main(["run", "-f", str(write(world, manifest()))]) == 0
+    capsys.readouterr()
+    assert main(["resume", "restock", "--tokens", "100000", "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert last_json(out)["stopReason"] == "goal_met"
+    assert len(err.strip().splitlines()) == 1
+    assert "a finished run has nothing to resume" in err
+    assert orders(world) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            'models:\n  demo: {inputPerMillionTokens: "x", outputPerMillionTokens: "1"}\n',
+            "models.demo",
+        ),
+        ("models: [\n", "line 2"),
+        ("", "the file is empty"),
+        ("- demo\n", "must be a mapping"),
+        (None, "no such file"),
+        ("DIR", "is a directory"),
+    ],
+    ids=["bad-price", "bad-yaml", "empty", "a-list", "missing", "a-directory"],
+)
+def test_a_pricing_file_problem_names_the_option_and_the_file_once(
+    world: Path, capsys: pytest.CaptureFixture[str], text: str | None, problem: str
+) -> None:
+    """Whatever is wrong with a --pricing file (its prices, its YAML, missing, a folder), the
+    one line names --pricing, then the file exactly once, then what is wrong; nothing runs."""
+    prices = world / "prices.yaml"
+    if text == "DIR":
+        prices.mkdir()
+    elif text is not None:
+        prices.write_text(text)
+    assert main(["run", "-f", str(write(world, manifest())), "--pricing", str(prices)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"keelgate: error: --pricing: {prices}: "), err
+    assert err.count("prices.yaml") == 1 and problem in err, err
+    assert orders(world) == 0

@@ -41,10 +41,14 @@ EXIT_BUSY = 4
 EXIT_STORE = 5
 EXIT_INTERRUPTED = 130
 
-_INTERRUPTED = (
-    "interrupted: nothing saved was lost; `keelgate resume RUN` continues from the last "
-    "checkpoint (a WRITE cut off mid-call becomes an unknown outcome to settle)"
-)
+_INTERRUPTED = "interrupted: nothing saved was lost"
+
+
+def _interrupted(run: str) -> str:
+    return (
+        f"{_INTERRUPTED}; `keelgate resume {run}` continues from the last checkpoint "
+        "(a WRITE cut off mid-call becomes an unknown outcome to settle)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
+    except commands.Interrupted as interrupted:
+        return fail(EXIT_INTERRUPTED, _interrupted(interrupted.run))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument

@@ -18,11 +18,11 @@ from typing import Annotated
 import typer
 
 from keelgate.cli.render import Console
-from keelgate.core.loop import Loop
+from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
-from keelgate.core.spec import LoopSpec
-from keelgate.core.types import LoopKind, Outcome, RunPhase
+from keelgate.core.spec import INT64_MAX, LoopSpec
+from keelgate.core.types import LoopKind, Outcome, RunPhase, StopReason
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
@@ -157,14 +157,26 @@ def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop,
         stores.close()
 
 
+class Interrupted(Exception):
+    """Ctrl-C while a run was being driven: the CLI says how to continue that very run."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(run)
+        self.run = run
+
+
 def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
     from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
 
     runner = LocalRunner(store=store, pricing=None if pricing is None else load_pricing(pricing))
-    if new_tick and spec.kind is LoopKind.MONITOR:
-        return runner.tick(spec)
-    return runner.run(spec)
+    try:
+        if new_tick and spec.kind is LoopKind.MONITOR:
+            return runner.tick(spec)
+        return runner.run(spec)
+    except KeyboardInterrupt:
+        # A monitor's own name resumes its latest tick, so the name given is the one to show.
+        raise Interrupted(spec.run) from None
 
 
 @app.command("run")
@@ -191,17 +203,25 @@ def run_command(
 @app.command("resume")
 def resume_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
-    tokens: Annotated[int | None, typer.Option(min=1, help="New total token budget.")] = None,
+    tokens: Annotated[
+        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
+    ] = None,
     dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
     max_iterations: Annotated[
-        int | None, typer.Option("--max-iterations", min=1, help="New iteration limit.")
+        int | None,
+        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
     ] = None,
     timeout: Annotated[
         float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
     ] = None,
     max_verifier_rejections: Annotated[
         int | None,
-        typer.Option("--max-verifier-rejections", min=1, help="New verifier-rejection limit."),
+        typer.Option(
+            "--max-verifier-rejections",
+            min=1,
+            max=INT64_MAX,
+            help="New verifier-rejection limit.",
+        ),
     ] = None,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
@@ -229,6 +249,16 @@ def resume_command(
         max_verifier_rejections=max_verifier_rejections,
     )
     spec = saved.with_budget(budget)
+    if state.stop is not None and not state.continues_under(budget):
+        # Shown as it stands, with its own exit code; but a resume that does nothing says so.
+        reason = state.stop.reason
+        if reason is StopReason.GOAL_MET:
+            why = "it met its goal"
+        elif reason is StopReason.VERIFIER_REJECTIONS:
+            why = "the verifier rejected it (raise --max-verifier-rejections to go on)"
+        else:
+            why = f"it stopped for good ({reason.value})"
+        Console().warn(f"{run} has finished: {why}; a finished run has nothing to resume")
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
     return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)
@@ -274,6 +304,7 @@ def reconcile_command(
 ) -> int:
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
     executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
+    check_actor(by, field="--by")
     with _opened(store, run, namespace) as (loop, tenant, run):
         record = loop.reconcile(tenant, run, action, executed=executed, by=by)
     verdict = "executed" if executed else "abandoned"
@@ -309,6 +340,7 @@ def approve_command(
 ) -> int:
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
     approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
+    check_actor(by, field="--by")
     with _opened(store, run, namespace) as (loop, tenant, run):
         waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
         loop.approve(tenant, run, action, approved=approve, by=by)
@@ -355,13 +387,24 @@ def runs_command(
     try:
         loop = Loop(stores=stores)
         outcomes = [loop.outcome(r.tenant, r.run) for r in stores.checkpoints.runs(namespace)]
+        elsewhere = (
+            sorted({r.tenant for r in stores.checkpoints.runs()})
+            if namespace and not outcomes
+            else []
+        )
     finally:
         stores.close()
     console = Console()
     if output is OutputFormat.json:
         console.json({"runs": [{"namespace": o.tenant, **o.to_json()} for o in outcomes]})
-    else:
+    elif outcomes:
         console.runs(outcomes)
+    elif namespace:
+        # Like kubectl: empty here is not empty everywhere, so say where the runs are.
+        there = f" (namespaces with runs: {', '.join(elsewhere)})" if elsewhere else ""
+        console.say(f"no runs in namespace {namespace!r} in this store{there}")
+    else:
+        console.say("no runs in this store")
     return 0
 
 

@@ -113,9 +113,6 @@ class Console:
             )
 
     def runs(self, outcomes: Sequence[Outcome]) -> None:
-        if not outcomes:
-            self.out.print("no runs in this store")
-            return
         table = Table(box=None, pad_edge=False)
         for column in ("NAMESPACE", "NAME", "PHASE", "REASON", "ITERATION", "TOKENS"):
             table.add_column(column, no_wrap=True)

@@ -163,7 +163,7 @@ class Loop:
         The decision is attributed and audited; the next ``run_or_resume`` continues the run and
         never retries an abandoned action under its key.
         """
-        _check_actor(by)
+        check_actor(by)
         state = self.state(tenant, run)
         planned = _find_action(state, action)
         record = self.stores.idempotency.settle(
@@ -181,7 +181,7 @@ class Loop:
 
     def approve(self, tenant: str, run: str, action: str, *, approved: bool, by: str) -> Outcome:
         """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
-        _check_actor(by)
+        check_actor(by)
         state = self.state(tenant, run)
         if action in state.approvals:
             decided = state.approvals[action]
@@ -246,12 +246,13 @@ def _persist(
     return state
 
 
-def _check_actor(by: str) -> None:
-    """Who decided goes on the audit chain: a name on one line, nothing else."""
+def check_actor(by: str, *, field: str = "by") -> None:
+    """Who decided goes on the audit chain: a name on one line, nothing else. ``field`` is how
+    the caller spells it (the CLI's ``--by``)."""
     if not by.strip():
-        raise InputError("by", "must name the person deciding")
+        raise InputError(field, "must name the person deciding")
     if any(ord(c) < 32 or ord(c) == 127 for c in by) or len(by) > 253:
-        raise InputError("by", "must be one line of at most 253 printable characters")
+        raise InputError(field, "must be one line of at most 253 printable characters")
 
 
 def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
@@ -396,19 +397,10 @@ class _Session:
             )
         return state.but(spec=self.spec)
 
-    def _resumable(self, state: RunState) -> bool:
-        stop = state.stop
-        if stop is None:
-            return True
-        if stop.reason is StopReason.VERIFIER_REJECTIONS:
-            limit = self.spec.budget.max_verifier_rejections
-            return limit is None or state.rejections < limit
-        return stop.is_resumable
-
     def drive(self, *, one_iteration: bool = False) -> Outcome:
         state = self._start()
         if state.stop is not None:
-            if not self._resumable(state):
+            if not state.continues_under(self.spec.budget):
                 return state.outcome()
             state = self._save(
                 state.but(stop=None, unknown=(), pending=()),
