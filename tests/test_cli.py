@@ -157,6 +157,10 @@ def test_a_budget_stop_exits_3_and_resume_with_more_continues(
         (["run"], "--file"),
         (["run", "-f", "missing.yaml"], "--file"),
         (["audit", "restock", "--store", "mysql://x"], "--store"),
+        (["approve", "restock", "2:0", "--approve", "--by", " "], "--by:"),
+        (["reconcile", "restock", "2:0", "--executed", "--by", "a\nb"], "--by:"),
+        (["resume", "restock", "--tokens", "99999999999999999999999999"], "--tokens"),
+        (["resume", "restock", "--max-iterations", str(2**63)], "--max-iterations"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(
@@ -481,8 +485,9 @@ def test_status_of_a_run_whose_process_died_is_running_and_resumable(world: Path
 
 
 def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> None:
-    """SIGINT during a run: one line saying how to continue, exit 130, no traceback; the
-    resume finishes with exactly one order."""
+    """SIGINT during a run: one line saying how to continue (the resume command with the run's
+    own name, not a placeholder), exit 130, no traceback; the resume finishes with exactly one
+    order."""
     import signal
     import time
 
@@ -510,6 +515,7 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "`keelgate resume restock`" in err and "RUN" not in err  # the command, ready to use
     assert cli(world, "resume", "restock").returncode == 0
     assert orders(world) == 1
 
@@ -531,7 +537,8 @@ def test_errors_under_output_json_end_with_a_json_object(
 def test_runs_lists_every_run_with_where_it_stands(
     world: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`keelgate runs` shows each run's namespace, phase and stop reason; -n narrows it."""
+    """`keelgate runs` shows each run's namespace, phase and stop reason; -n narrows it, and an
+    empty namespace says which namespaces do hold runs."""
     assert main(["runs"]) == 2  # no store yet: said so, nothing created
     capsys.readouterr()
     assert main(["run", "-f", str(write(world, manifest(max_iterations=1)))]) == 3
@@ -547,6 +554,9 @@ def test_runs_lists_every_run_with_where_it_stands(
     assert main(["runs", "-n", "shop"]) == 0
     text = capsys.readouterr().out
     assert "restock" in text and "max_iterations" in text and "audit" not in text
+    assert main(["runs", "-n", "nope"]) == 0  # empty there is not empty everywhere
+    text = " ".join(capsys.readouterr().out.split())
+    assert text == "no runs in namespace 'nope' in this store (namespaces with runs: ops, shop)"
 
 
 def test_resume_warns_when_a_new_total_is_not_more_than_what_is_used(
@@ -562,3 +572,416 @@ def test_resume_warns_when_a_new_total_is_not_more_than_what_is_used(
     )
     assert main(["resume", "restock", "--max-iterations", "5"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--deny", "--approve"], ["--approve", "--deny"]],
+    ids=["deny-then-approve", "approve-then-deny"],
+)
+def test_an_approval_given_both_ways_is_refused_and_decides_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    """`approve --deny --approve` cannot be undone once taken, so neither flag may silently win:
+    exit 2, one line naming both flags, and the run still waits for a decision."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    capsys.readouterr()
+    assert main(["approve", "restock", "2:0", *flags, "--by", "carol"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--approve" in err and "--deny" in err, err
+    assert main(["status", "restock", "-o", "json"]) == 3
+    shown = last_json(capsys.readouterr().out)
+    assert shown["stopReason"] == "awaiting_approval"
+    assert shown["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+
+
+def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path) -> None:
+    """`reconcile --executed --not-executed` would settle an unknown outcome for good on
+    whichever flag came last: both orders are exit 2 with one line, and the outcome stays
+    unknown for a real decision."""
+    path = str(write(world, manifest()))
+    assert cli(world, "run", "-f", path, failpoints="after_gateway_call@2").returncode == 137
+    for flags in (["--executed", "--not-executed"], ["--not-executed", "--executed"]):
+        done = cli(world, "reconcile", "restock", "2:0", *flags, "--by", "alice")
+        assert done.returncode == 2, done.stderr
+        err = done.stderr.strip()
+        assert len(err.splitlines()) == 1 and "--executed" in err and "--not-executed" in err
+    status = cli(world, "run", "-f", path, "-o", "json")
+    assert status.returncode == 3
+    assert last_json(status.stdout)["stopReason"] == "outcome_unknown"
+    assert orders(world) == 1
+
+
+def _refused_port() -> int:
+    """A local port nobody listens on: a connection to it is refused at once."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Each with the password "hunter2" somewhere, and the exit code the CLI must give: 2 for a URL
+# that cannot be read, 5 for one that is well formed but names no reachable store.
+MALFORMED_STORES = [
+    ("postgresql//postgres:hunter2@db.example/keelgate", 2),  # ':' missing
+    ("postgresql:/postgres:hunter2@db.example/keelgate", 2),  # one '/' missing
+    ("host=127.0.0.1 password=hunter2", 2),  # libpq key=value, not a URL
+    ("host=127.0.0.1 password='hunter2 x'", 2),
+    ("postgres ql://postgres:hunter2@db.example/keelgate", 2),  # a space
+    ("postgresql://postgres:hunter2@[::1/keelgate", 2),  # unclosed bracket
+    ("postgresql://postgres:hunter2@db.example:port/keelgate", 2),  # port not a number
+    ("postgresql://postgres:hunter2/keelgate", 2),  # '@host' missing: the password reads as port
+    ("postgresql://postgres:hunter2@db.example/keelgate?nonsense=1", 2),  # libpq refuses it
+    ("postgresql://postgres:hunter2@db.example/keelgate\n", 2),  # a pasted newline
+    ("mysql://root:hunter2@db.example/keelgate", 2),  # unknown kind
+    ("sqlite://root:hunter2@db.example/keelgate.db", 2),  # a SQLite URL with a host
+    ("langgraph+sqlite://root:hunter2@x/k.db", 2),
+    ("hunter2", 2),  # the password pasted on its own
+    ("postgresql://postgres:hunter2@127.0.0.1:{port}/keelgate", 5),  # nobody listening
+    ("postgresql://postgres@127.0.0.1:{port}/keelgate?password=hunter2", 5),
+    ("postgresql://postgres:hunt%65r2@127.0.0.1:{port}/keelgate", 5),  # percent-encoded
+]
+
+
+@pytest.mark.parametrize(("url", "code"), MALFORMED_STORES, ids=range(len(MALFORMED_STORES)))
+def test_no_output_ever_holds_the_password_of_a_store_url_however_malformed(
+    world: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    url: str,
+    code: int,
+) -> None:
+    """A mistyped store URL is refused in one line naming --store, with the exit code for bad
+    input (2) or an unreachable store (5), and the password appears in no message and no JSON,
+    whichever command meets it, whether given as --store or KEELGATE_STORE."""
+    url = url.format(port=_refused_port())
+    path = str(write(world, manifest()))
+    commands = [
+        ["run", "-f", path, "-o", "json", "--store", url],
+        ["status", "restock", "-o", "json", "--store", url],
+        ["runs", "-o", "json", "--store", url],
+        ["audit", "restock", "--verify", "--store", url],
+        ["resume", "restock", "--store", url],
+        ["approve", "restock", "2:0", "--approve", "--by", "bob", "--store", url],
+        ["reconcile", "restock", "2:0", "--executed", "--by", "bob", "--store", url],
+    ]
+    for command in commands:
+        assert main(command) == code, command
+        out, err = capsys.readouterr()
+        assert "hunter2" not in out + err and "hunt%65r2" not in out + err, (command, out, err)
+        assert len(err.strip().splitlines()) == 1 and "--store" in err, err
+    monkeypatch.setenv("KEELGATE_STORE", url)
+    assert main(["status", "restock", "-o", "json"]) == code
+    out, err = capsys.readouterr()
+    assert "hunter2" not in out + err and last_json(out)["exitCode"] == code
+    assert orders(world) == 0
+
+
+def test_a_store_url_given_where_no_argument_belongs_is_not_echoed(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL pasted without --store is a stray argument: the usage error says so in one line,
+    exit 2, with the password masked."""
+    assert main(["status", "restock", "postgresql://keel:hunter2@db.example/k"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_store_that_cannot_be_opened_exits_5_naming_store(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that is not a database, or a server nobody listens on, is not a failed run: it is
+    exit 5 (documented in --help) with one line naming --store, for reading and running
+    commands alike, and nothing is left beside the file."""
+    junk = world / "notes.txt"
+    junk.write_text("not a database, just notes\n" * 100)
+    refused = f"postgresql://keel@127.0.0.1:{_refused_port()}/keelgate"
+    path = str(write(world, manifest()))
+    for store in (f"sqlite:///{junk}", refused):
+        for command in (["run", "-f", path], ["status", "restock"], ["runs"]):
+            assert main([*command, "--store", store]) == 5, (command, store)
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and err.startswith("keelgate: error: --store:"), err
+    assert sorted(p.name for p in world.iterdir()) == ["kgtools.py", "notes.txt", "run.yaml"]
+    assert orders(world) == 0
+    assert main(["--help"]) == 0
+    assert "5 the store cannot be opened or reached" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_store_url_that_cannot_be_read_is_bad_input_naming_store(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unclosed IPv6 bracket used to be an "internal error: ValueError" (exit 1): it is bad
+    input, exit 2, naming --store and what is wrong."""
+    assert main(["status", "restock", "--store", "postgresql://u:pw@[::1/db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("keelgate: error: --store:") and "internal error" not in err
+    assert "HOST[:PORT]" in err
+
+
+READING = [
+    ["status", "restock"],
+    ["audit", "restock", "--verify"],
+    ["runs"],
+    ["resume", "restock"],
+    ["approve", "restock", "2:0", "--approve", "--by", "bob"],
+    ["reconcile", "restock", "2:0", "--executed", "--by", "bob"],
+]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "langgraph+sqlite"])
+def test_commands_on_a_store_that_does_not_exist_create_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Only `run` makes a store. Every other command, given a path where no store is (a typo),
+    says so in one line naming --store, exit 2, and leaves the folder as it was: no database,
+    no owners folder, no lock file, for every kind of SQLite store."""
+    before = sorted(p.name for p in world.iterdir())
+    for command in READING:
+        assert main([*command, "--store", f"{kind}:///{world}/typo.db"]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--store: no store at" in err, err
+    assert sorted(p.name for p in world.iterdir()) == before
+
+
+def test_commands_on_a_sqlite_file_that_is_no_store_leave_it_as_it_was(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SQLite database of something else is not a store: reading it adds no tables."""
+    other = world / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+    db.close()
+    before = other.read_bytes()
+    for command in READING:
+        assert main([*command, "--store", f"sqlite:///{other}"]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "no Keelgate store" in err, err
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in world.iterdir()) == ["kgtools.py", "other.db"]
+
+
+@pytest.mark.postgres
+def test_commands_on_an_empty_postgres_database_create_nothing(
+    world: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    """On a PostgreSQL database that holds no store, every command but `run` says so (exit 2,
+    one line naming --store) and creates no table, sequence or anything else in it."""
+    import psycopg
+
+    for command in READING:
+        assert main([*command, "--store", pg_url]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--store: no Keelgate store in" in err, err
+    with psycopg.connect(pg_url) as conn:
+        made = conn.execute(
+            "SELECT relname FROM pg_class JOIN pg_namespace n ON n.oid = relnamespace "
+            "WHERE nspname = 'public'"
+        ).fetchall()
+    assert made == []
+
+
+# The programs a cluster runs, not a person: a step pod always ends with its JSON line, and the
+# operator is a daemon that logs.
+IN_CLUSTER = {"step", "operator"}
+
+
+def test_every_command_takes_output_json() -> None:
+    """A script can ask any command for JSON: every command has the same --output/-o."""
+    import typer
+
+    from keelgate.cli import commands
+
+    group = typer.main.get_command(commands.app)
+    names = sorted(set(group.commands) - IN_CLUSTER)  # type: ignore[attr-defined]
+    assert {"run", "resume", "reconcile", "approve", "audit", "runs", "status"} <= set(names)
+    for name in names:
+        options = {o for p in group.commands[name].params for o in p.opts}  # type: ignore[attr-defined]
+        assert {"--output", "-o"} <= options, name
+
+
+def test_approve_and_reconcile_answer_in_json(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`approve` and `reconcile` under --output json end stdout with one object saying what was
+    decided, on which action and tool, and by whom."""
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    capsys.readouterr()
+    assert main(["approve", "restock", "2:0", "--deny", "--by", "bob", "-o", "json"]) == 0
+    assert last_json(capsys.readouterr().out) == {
+        "run": "restock",
+        "action": "2:0",
+        "tool": "order",
+        "verdict": "denied",
+        "by": "bob",
+    }
+    store = f"sqlite:///{world / 'crashed.db'}"
+    path = str(write(world, manifest()))
+    crashed = cli(world, "run", "-f", path, "--store", store, failpoints="after_gateway_call@2")
+    assert crashed.returncode == 137
+    done = cli(
+        world,
+        "reconcile",
+        "restock",
+        "2:0",
+        "--not-executed",
+        "--by",
+        "al",
+        "-o",
+        "json",
+        "--store",
+        store,
+    )
+    assert done.returncode == 0, done.stderr
+    assert last_json(done.stdout) == {
+        "run": "restock",
+        "action": "2:0",
+        "tool": "order",
+        "verdict": "abandoned",
+        "by": "al",
+    }
+
+
+def test_the_audit_trail_says_why_a_call_was_refused_or_denied_and_on_what_date(
+    world: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keelgate audit` shows why a call did not run: a refused one with its reason
+    (side_effect_not_permitted), a denied one as a `denied` decision naming who denied it,
+    never as `approved`; and each event's time carries its date."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "240")  # a wide terminal: no word folded across lines
+
+    read_only = manifest().replace("  budget:", "  allowedSideEffects: [READ]\n  budget:")
+    assert main(["run", "-f", str(write(world, read_only)), "--store", "sqlite:///r.db"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "restock", "--store", "sqlite:///r.db"]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert "status=refused reason=side_effect_not_permitted" in table
+    assert re.search(r"\b20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\b", table), table
+
+    assert main(["run", "-f", str(write(world, manifest(approval=True)))]) == 3
+    assert main(["approve", "restock", "2:0", "--deny", "--by", "bob"]) == 0
+    assert main(["resume", "restock"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "restock", "-o", "json"]) == 0
+    events = last_json(capsys.readouterr().out)["events"]
+    assert isinstance(events, list)
+    decided = [(e["type"], e["actor"]) for e in events if e["data"].get("action") == "2:0"]
+    assert ("loop.denied", "bob") in decided and "loop.approved" not in dict(decided)
+    (completed,) = [e for e in events if e["type"] == "loop.action_completed"][-1:]
+    assert completed["data"]["status"] == "denied"
+    assert completed["data"]["reason"] == "denied by bob"
+    assert main(["audit", "restock"]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert " denied bob action=2:0 tool=order" in table
+    assert orders(world) == 0
+
+
+def test_a_second_run_of_a_busy_run_exits_4_before_running_anything(world: Path) -> None:
+    """Two `keelgate run` of one run at once, its READ slow: the second sees the run is busy
+    before it runs anything (the READ is not run twice), exits 4 at once with one line, and the
+    first finishes with one order."""
+    import time
+
+    gated = TOOLS.replace(
+        'return {"sku": args["sku"], "inStock": 3}',
+        'with open(os.environ["READS"], "a") as reads:\n'
+        '        reads.write("read\\n")\n'
+        "    import time\n"
+        '    while not Path(os.environ["GO"]).exists():\n'
+        "        time.sleep(0.02)\n"
+        '    return {"sku": args["sku"], "inStock": 3}',
+    )
+    (world / "kgtools.py").write_text(gated)
+    reads, go = world / "reads.txt", world / "go"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(world),
+        "READS": str(reads),
+        "GO": str(go),
+    }
+    env.pop("KEELGATE_FAILPOINTS", None)
+    path = str(write(world, manifest()))
+    first = subprocess.Popen(
+        [sys.executable, "-m", "keelgate", "run", "-f", path],
+        cwd=world,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not reads.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reads.exists(), "the first run never reached its READ"
+        started = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-m", "keelgate", "run", "-f", path],
+            cwd=world,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - started
+        assert second.returncode == 4, second.stderr
+        err = second.stderr.strip()
+        assert len(err.splitlines()) == 1 and "busy" in err, err
+        assert took < 15, took
+        assert reads.read_text().splitlines() == ["read"]  # the READ ran once, not twice
+    finally:
+        go.touch()
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert orders(world) == 1
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_resume(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`resume` of a run that already met its goal (even with a new budget) runs nothing, keeps
+    its exit code and JSON, and says in one line that a finished run has nothing to resume."""
+    assert main(["run", "-f", str(write(world, manifest()))]) == 0
+    capsys.readouterr()
+    assert main(["resume", "restock", "--tokens", "100000", "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert last_json(out)["stopReason"] == "goal_met"
+    assert len(err.strip().splitlines()) == 1
+    assert "a finished run has nothing to resume" in err
+    assert orders(world) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            'models:\n  demo: {inputPerMillionTokens: "x", outputPerMillionTokens: "1"}\n',
+            "models.demo",
+        ),
+        ("models: [\n", "line 2"),
+        ("", "the file is empty"),
+        ("- demo\n", "must be a mapping"),
+        (None, "no such file"),
+        ("DIR", "is a directory"),
+    ],
+    ids=["bad-price", "bad-yaml", "empty", "a-list", "missing", "a-directory"],
+)
+def test_a_pricing_file_problem_names_the_option_and_the_file_once(
+    world: Path, capsys: pytest.CaptureFixture[str], text: str | None, problem: str
+) -> None:
+    """Whatever is wrong with a --pricing file (its prices, its YAML, missing, a folder), the
+    one line names --pricing, then the file exactly once, then what is wrong; nothing runs."""
+    prices = world / "prices.yaml"
+    if text == "DIR":
+        prices.mkdir()
+    elif text is not None:
+        prices.write_text(text)
+    assert main(["run", "-f", str(write(world, manifest())), "--pricing", str(prices)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"keelgate: error: --pricing: {prices}: "), err
+    assert err.count("prices.yaml") == 1 and problem in err, err
+    assert orders(world) == 0

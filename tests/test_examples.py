@@ -1,9 +1,15 @@
-"""The shipped examples work as their comments say: every manifest validates, and the local-model
-example runs against a real OpenAI-format server on loopback standing in for Ollama."""
+"""The shipped examples and the README work as they say: every manifest validates, every command
+the README and the examples' headers show runs as written in a fresh folder with the exit code
+the docs claim, the README's Python program runs as written, and the local-model example runs
+against a real OpenAI-format server on loopback standing in for Ollama."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +96,138 @@ def test_the_approval_example_waits_for_a_person_then_orders_once(
     assert main(["approve", "restock-approved", "2:0", "--approve", "--by", "you"]) == 0
     assert main(["resume", "restock-approved"]) == 0
     assert len((tmp_path / "shop" / "orders.jsonl").read_text().splitlines()) == 1
+
+
+# How the docs show commands: the lines of README.md's ```sh blocks, and the indented comment
+# lines ("#   ...") heading an example's manifest. A trailing "# exit N" states the exit code.
+DOCS = [ROOT / "README.md", *MANIFESTS]
+
+# Commands the docs show that are not run here as written, and why. Any other command must
+# state its exit code and is run: a new one cannot slip in untested.
+NOT_RUN = {
+    "make test": "it is this very suite (and the e2e tests)",
+    "make demo": "make would build a new .venv in the fresh folder: its recipe is run instead",
+    "ollama pull llama3.1 && ollama serve": "needs Ollama itself and a model download",
+    "PYTHONPATH=examples/restock keelgate run -f examples/ollama/agentrun.yaml": (
+        "needs an Ollama server: the manifest is run against a stand-in above"
+    ),
+}
+
+
+def doc_commands(path: Path) -> list[tuple[str, int | None]]:
+    """(command, exit code it claims or None) for every command ``path`` shows."""
+    lines = path.read_text().splitlines()
+    if path.suffix == ".md":
+        shown, inside = [], False
+        for line in lines:
+            if line.startswith("```"):
+                inside = line.strip() == "```sh"
+                continue
+            if inside and line.strip():
+                shown.append(line)
+    else:
+        header = [line for line in lines[: next(i for i, x in enumerate(lines) if x[:1] != "#")]]
+        shown = [line[4:] for line in header if line.startswith("#   ")]
+    commands = []
+    for line in shown:
+        command, _, comment = line.partition("  #")
+        claimed = re.match(r"\s*exit (\d+)\b", comment)
+        commands.append((command.strip(), int(claimed.group(1)) if claimed else None))
+    return commands
+
+
+def fresh_folder(tmp_path: Path) -> Path:
+    """A folder holding what a fresh clone holds for the examples, and nothing run yet."""
+    folder = tmp_path / "clone"
+    shutil.copytree(ROOT / "examples", folder / "examples")
+    return folder
+
+
+def user_env() -> dict[str, str]:
+    """A user's shell: `keelgate` on PATH, and no Keelgate or Python settings of ours."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEELGATE_", "PYTHON"))}
+    env.pop("SHOP_DIR", None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def test_every_documented_command_states_its_exit_code_or_why_it_is_not_run() -> None:
+    """No command in the README or an example's header goes untested by accident, and the
+    list of those not run names only commands the docs still show."""
+    shown = {command: claimed for path in DOCS for command, claimed in doc_commands(path)}
+    assert len(shown) >= 10
+    unexplained = [c for c, claimed in shown.items() if claimed is None and c not in NOT_RUN]
+    assert unexplained == []
+    assert set(NOT_RUN) <= set(shown)
+
+
+RUNNABLE = [path for path in DOCS if any(claimed is not None for _, claimed in doc_commands(path))]
+
+
+@pytest.mark.parametrize("doc", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_documented_commands_run_as_written_with_the_exit_codes_claimed(
+    doc: Path, tmp_path: Path
+) -> None:
+    """Each doc's commands, pasted in order into a shell in a fresh folder, give exactly the
+    exit codes the doc claims (a crash on purpose included)."""
+    steps = [(c, claimed) for c, claimed in doc_commands(doc) if claimed is not None]
+    folder = fresh_folder(tmp_path)
+    codes = tmp_path / "codes"
+    script = "".join(f'{command}\nprintf "%s\\n" "$?" >> "{codes}"\n' for command, _ in steps)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        cwd=folder,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    got = [int(code) for code in codes.read_text().split()]
+    assert list(zip([c for c, _ in steps], got, strict=True)) == [
+        (command, claimed) for command, claimed in steps
+    ], done.stdout + done.stderr
+
+
+def test_make_demo_runs_in_a_fresh_folder(tmp_path: Path) -> None:
+    """What `make demo` runs (its recipe, with this interpreter for the venv's) ends with exit 0
+    in a fresh folder: one crash, one order."""
+    recipe = re.search(r"^demo:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None
+    folder = fresh_folder(tmp_path)
+    done = subprocess.run(
+        ["bash", "-c", recipe.group(1).replace("$(PY)", sys.executable)],
+        cwd=folder,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    book = folder / ".keelgate" / "demo" / "shop" / "orders.jsonl"
+    assert len(book.read_text().splitlines()) == 1
+
+
+def test_the_readme_python_program_runs_as_written_and_again_orders_nothing(
+    tmp_path: Path,
+) -> None:
+    """The README's Python block is a whole program: it meets its goal with one order, and run
+    a second time it resumes the finished run and orders nothing more."""
+    (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    program = tmp_path / "restock.py"
+    program.write_text(block)
+    runs = [
+        subprocess.run(
+            [sys.executable, str(program)],
+            cwd=tmp_path,
+            env=user_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for _ in range(2)
+    ]
+    for done in runs:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "Succeeded goal_met ordered 20 of A1"
+    ordered = [line for done in runs for line in done.stdout.splitlines() if "under key" in line]
+    assert len(ordered) == 1 and ordered[0].startswith("ordered 20 of A1 under key kg-")

@@ -505,6 +505,77 @@ def test_approvals_are_refused_when_nothing_waits_or_already_decided(
     assert world.effects() == {}
 
 
+@pytest.mark.parametrize("happened", [True, False], ids=["executed", "not-executed"])
+def test_an_unknown_outcome_is_settled_before_any_approval_is_asked(
+    stores: Stores, world: World, happened: bool
+) -> None:
+    """A manifest edited to require approval while a WRITE waits as outcome_unknown does not
+    turn the stop into awaiting_approval: the approver would be asked about a call that may
+    already have run. The run stays outcome_unknown until a person settles it; then it goes on
+    with no approval asked (the call ran, or it is abandoned) and the WRITE never runs again."""
+    flaky = Flaky(world.journal, OutcomeUncertain("timed out"), effect=happened)
+    model = Recorder(RESTOCK)
+    stopped = loop_over(stores, model, flaky.tools(world)).run_or_resume(spec())
+    assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
+    read = flaky.tools(world)[0]
+    gated = [read, PythonTool("place_order", flaky, SideEffect.WRITE, requires_approval=True)]
+    loop = loop_over(stores, model, gated)
+    again = loop.run_or_resume(spec())
+    assert again.stop.reason is StopReason.OUTCOME_UNKNOWN
+    assert again.pending_approvals == ()
+    assert [u.action for u in again.unknown_actions] == ["2:0"]
+    loop.reconcile("shop", "restock", "2:0", executed=happened, by="alice")
+    done = loop.run_or_resume(spec())
+    assert done.stop.reason is StopReason.GOAL_MET
+    assert flaky.calls == 1
+    assert sum(world.effects().values()) == int(happened)
+    events = stores.audit.events("shop", "restock")
+    assert only(events, "loop.approved") == only(events, "loop.denied") == []
+    stops = [e.data["reason"] for e in only(events, "loop.stopped")]
+    assert "awaiting_approval" not in stops
+
+
+def test_a_call_still_running_when_approval_is_required_is_waited_for_never_run_unapproved(
+    stores: Stores, world: World
+) -> None:
+    """The same edit while the timed-out WRITE still runs in this process: the run is busy
+    (nobody may judge or approve a call that may still change); when the call ends in a
+    definite refusal it counts as never made, so a person is asked before it is made again."""
+    go = threading.Event()
+    calls: list[str | None] = []
+
+    def refuse_late(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        calls.append(idempotency_key)
+        go.wait(10)
+        raise ToolError("out of stock")
+
+    read = world.tools()[0]
+    slow = PythonTool("place_order", refuse_late, SideEffect.WRITE, timeout_seconds=0.2)
+    try:
+        stopped = loop_over(stores, Recorder(RESTOCK), [read, slow]).run_or_resume(spec())
+        assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
+        gated = PythonTool(
+            "place_order",
+            refuse_late,
+            SideEffect.WRITE,
+            timeout_seconds=0.2,
+            requires_approval=True,
+        )
+        loop = loop_over(stores, Recorder(RESTOCK), [read, gated])
+        with pytest.raises(RunBusy):
+            loop.run_or_resume(spec())
+    finally:
+        go.set()
+    key = idempotency_key("shop", "restock", "place_order", ORDER)
+    deadline = time.monotonic() + 10
+    while stores.idempotency.get("shop", key) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)  # the late refusal drops the key
+    waiting = loop.run_or_resume(spec())
+    assert waiting.stop.reason is StopReason.AWAITING_APPROVAL
+    assert [p.action for p in waiting.pending_approvals] == ["2:0"]
+    assert len(calls) == 1
+
+
 def test_time_waiting_for_approval_is_not_active_time(stores: Stores, tmp_path: Path) -> None:
     """A run waiting an hour for a person does not time out: only the loop's own working time
     counts against timeoutSeconds."""

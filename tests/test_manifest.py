@@ -294,6 +294,28 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("agentrun", "spec.budget.maxIterations", 0, "spec.budget.maxIterations", "greater than 0"),
     ("agentrun", "spec.budget.maxIterations", 2.5, "spec.budget.maxIterations", "whole number"),
     ("agentrun", "spec.budget.tokens", -5, "spec.budget.tokens", "greater than 0"),
+    # Past int64 the API server cannot keep the number: refused here as there.
+    (
+        "agentrun",
+        "spec.budget.maxIterations",
+        99999999999999999999999999,
+        "spec.budget.maxIterations",
+        "must be at most 9223372036854775807",
+    ),
+    (
+        "agentrun",
+        "spec.budget.tokens",
+        2**63,
+        "spec.budget.tokens",
+        "must be at most 9223372036854775807",
+    ),
+    (
+        "agentrun",
+        "spec.model.maxOutputTokens",
+        10**30,
+        "spec.model.maxOutputTokens",
+        "must be at most 9223372036854775807",
+    ),
     ("agentrun", "spec.budget.dollars", 2.5, "spec.budget.dollars", "quoted decimal string"),
     ("agentrun", "spec.budget.dollars", "-1", "spec.budget.dollars", "non-negative decimal"),
     ("agentrun", "spec.budget.dollars", "2,50", "spec.budget.dollars", "non-negative decimal"),

@@ -62,6 +62,15 @@ def claim_at_once(url: str, keys: list[str], barrier: Any, done: Any, results: A
     stores.close()
 
 
+def drive_a_run(url: str, driving: Any, release: Any) -> None:
+    """Become the driver of run r and stay alive, as a process in the middle of a run."""
+    stores = open_stores(url)
+    assert stores.idempotency.lock_run("acme", "r") is not None  # type: ignore[attr-defined]
+    driving.set()
+    release.wait(WAIT)
+    stores.close()
+
+
 def save_at_once(url: str, rounds: int, barrier: Any, results: Any) -> None:
     """Each round, save seq = round the instant all workers are ready; report who won."""
     stores = open_stores(url)
@@ -132,6 +141,35 @@ def test_a_live_owner_in_another_process_reads_in_flight_until_it_is_killed(
         assert again is not None and again.state is KeyState.OUTCOME_UNKNOWN
         settled = stores.idempotency.settle("acme", "kg-1", executed=False, by="ann", source="h")
         assert settled.state is KeyState.ABANDONED
+
+
+def test_a_run_driven_by_a_live_process_is_busy_until_that_process_is_killed(
+    durable_factory: StoreFactory,
+) -> None:
+    """While a live process drives a run, no other may drive it (another run may); once the
+    driver is killed with SIGKILL the run is free again, without any timeout or clean-up."""
+    assert durable_factory.url is not None
+    durable_factory().close()  # the schema first, as an installed system would have it
+    driving, release = SPAWN.Event(), SPAWN.Event()
+    with processes(drive_a_run, (durable_factory.url, driving, release)) as [driver]:
+        assert driving.wait(WAIT), "the driver process never took the run"
+        locks = durable_factory().idempotency
+        time.sleep(0.3)  # alive and idle: the run must stay taken throughout
+        assert locks.lock_run("acme", "r") is None  # type: ignore[attr-defined]
+        other = locks.lock_run("acme", "other")  # type: ignore[attr-defined]
+        assert other is not None
+        other()
+        driver.kill()
+        driver.join(WAIT)
+
+        def free() -> bool:
+            release_it = locks.lock_run("acme", "r")  # type: ignore[attr-defined]
+            if release_it is None:
+                return False
+            release_it()
+            return True
+
+        assert eventually(free, True) is True
 
 
 def test_closing_one_store_makes_only_its_own_keys_unknown(

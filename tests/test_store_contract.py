@@ -23,6 +23,7 @@ from keelgate.core.protocols import (
     CheckpointLog,
     CheckpointStore,
     IdempotencyStore,
+    RunLock,
     RunRef,
     SpecStore,
 )
@@ -382,6 +383,28 @@ def test_a_late_owner_cannot_overwrite_a_settlement(key_store_factory: StoreFact
     record = judge.get("acme", "kg-1")
     assert record is not None
     assert (record.state, record.result) == (KeyState.ABANDONED, None)
+
+
+def test_a_run_has_one_driver_at_a_time(key_store_factory: StoreFactory) -> None:
+    """lock_run: while one store drives a run, no other store (nor the same one again) may,
+    at once, not after a wait; other runs and tenants are free; once released the run can be
+    driven again, by anyone."""
+    first, second = keys(key_store_factory), keys(key_store_factory)
+    assert isinstance(first, RunLock) and isinstance(second, RunLock)
+    release = first.lock_run("acme", "r")
+    assert release is not None
+    assert second.lock_run("acme", "r") is None
+    assert first.lock_run("acme", "r") is None
+    others = [second.lock_run("acme", "other"), second.lock_run("globex", "r")]
+    assert all(other is not None for other in others)
+    release()
+    again = second.lock_run("acme", "r")
+    assert again is not None
+    assert first.lock_run("acme", "r") is None
+    for done in (again, *others):
+        assert done is not None
+        done()
+    assert first.lock_run("acme", "r") is not None
 
 
 def test_racing_claims_on_one_key_have_exactly_one_winner(

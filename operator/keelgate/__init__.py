@@ -46,6 +46,7 @@ from keelgate.errors import (
     SimulatedCrash,
     StaleCheckpoint,
     StoreError,
+    StoreUnavailable,
     ToolError,
 )
 from keelgate.stores import open_stores
@@ -88,6 +89,7 @@ __all__ = [
     "Stop",
     "StopReason",
     "StoreError",
+    "StoreUnavailable",
     "Stores",
     "Tool",
     "ToolError",

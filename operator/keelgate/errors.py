@@ -44,6 +44,12 @@ class StoreError(KeelgateError):
     """A store could not do what was asked; saved state is unchanged."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be opened or reached: no server there, a file that is not a store, a
+    folder that cannot be written. Nothing was read or written; the same command may succeed
+    once the store is there (the CLI's exit code 5)."""
+
+
 class StaleCheckpoint(StoreError):
     """A checkpoint save was refused because the store already holds this sequence or newer.
 

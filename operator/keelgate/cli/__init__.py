@@ -2,8 +2,10 @@
 
 It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
 part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
-the field), 4 the run is busy in another process. It must never print a traceback for a user's
-mistake, and never print tool arguments or secrets.
+the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
+script can tell "try again when the database is back" from a failed run), 130 interrupted. It
+must never print a traceback for a user's mistake, and never print tool arguments or secrets:
+every error line goes through ``scrubbed``, whatever text it quotes.
 """
 
 from __future__ import annotations
@@ -27,19 +29,26 @@ from keelgate.errors import (
     RunNotFound,
     SettleError,
     StaleCheckpoint,
+    StoreUnavailable,
 )
+from keelgate.stores import scrubbed
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RESUMABLE = 3
 EXIT_BUSY = 4
+EXIT_STORE = 5
 EXIT_INTERRUPTED = 130
 
-_INTERRUPTED = (
-    "interrupted: nothing saved was lost; `keelgate resume RUN` continues from the last "
-    "checkpoint (a WRITE cut off mid-call becomes an unknown outcome to settle)"
-)
+_INTERRUPTED = "interrupted: nothing saved was lost"
+
+
+def _interrupted(run: str) -> str:
+    return (
+        f"{_INTERRUPTED}; `keelgate resume {run}` continues from the last checkpoint "
+        "(a WRITE cut off mid-call becomes an unknown outcome to settle)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def fail(code: int, message: str) -> int:
         """One line on stderr; with --output json, also one JSON object as stdout's last line."""
+        # A message may quote what the user typed (a usage error quotes a stray argument): no
+        # password in it may reach the terminal, a log collector or a script's JSON.
+        message = scrubbed(message)
         console.error(message)
         if as_json:
             console.json({"error": message, "exitCode": code})
@@ -65,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = command.main(args, prog_name="keelgate", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
+    except commands.Interrupted as interrupted:
+        return fail(EXIT_INTERRUPTED, _interrupted(interrupted.run))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
@@ -75,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(
             EXIT_BUSY, f"{error} (another process is driving this run; nothing was done here)"
         )
+    except StoreUnavailable as error:
+        return fail(EXIT_STORE, f"--store: {error}")
     except ModelUnavailable as error:
         return fail(EXIT_FAILED, f"{error}; nothing was saved: run the same command again to retry")
     except KeelgateError as error:

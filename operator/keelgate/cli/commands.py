@@ -18,13 +18,13 @@ from typing import Annotated
 import typer
 
 from keelgate.cli.render import Console
-from keelgate.core.loop import Loop
+from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
-from keelgate.core.spec import LoopSpec
-from keelgate.core.types import LoopKind, Outcome, RunPhase
+from keelgate.core.spec import INT64_MAX, LoopSpec
+from keelgate.core.types import LoopKind, Outcome, RunPhase, StopReason
 from keelgate.errors import InputError
-from keelgate.stores import DEFAULT_URL, check_store_url, open_stores, redacted, sqlite_path
+from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
 
 def _version(value: bool) -> None:
@@ -38,6 +38,11 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
+    epilog=(
+        "Exit codes: 0 goal met; 3 resumable stop (budget, outcome unknown, approval); "
+        "1 failed; 2 bad input; 4 the run is busy in another process; "
+        "5 the store cannot be opened or reached; 130 interrupted."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -66,7 +71,10 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         envvar="KEELGATE_STORE",
-        help="Store URL: sqlite:///PATH or postgresql://... (env KEELGATE_STORE).",
+        help=(
+            "Store URL: sqlite:///PATH or postgresql://... (env KEELGATE_STORE); "
+            "exit 5 if it cannot be opened or reached."
+        ),
     ),
 ]
 NamespaceOption = Annotated[
@@ -119,11 +127,7 @@ def _usable(store: str) -> None:
 def _existing(store: str) -> Stores:
     """Open a store that must already hold runs: a mistyped path is an error, not a new file."""
     _usable(store)
-    if store.startswith("sqlite:"):
-        path = Path(sqlite_path(store))
-        if not path.is_file():
-            raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
-    return open_stores(store)
+    return open_existing(store)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
@@ -153,14 +157,26 @@ def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop,
         stores.close()
 
 
+class Interrupted(Exception):
+    """Ctrl-C while a run was being driven: the CLI says how to continue that very run."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(run)
+        self.run = run
+
+
 def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
     from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
 
     runner = LocalRunner(store=store, pricing=None if pricing is None else load_pricing(pricing))
-    if new_tick and spec.kind is LoopKind.MONITOR:
-        return runner.tick(spec)
-    return runner.run(spec)
+    try:
+        if new_tick and spec.kind is LoopKind.MONITOR:
+            return runner.tick(spec)
+        return runner.run(spec)
+    except KeyboardInterrupt:
+        # A monitor's own name resumes its latest tick, so the name given is the one to show.
+        raise Interrupted(spec.run) from None
 
 
 @app.command("run")
@@ -187,17 +203,25 @@ def run_command(
 @app.command("resume")
 def resume_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
-    tokens: Annotated[int | None, typer.Option(min=1, help="New total token budget.")] = None,
+    tokens: Annotated[
+        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
+    ] = None,
     dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
     max_iterations: Annotated[
-        int | None, typer.Option("--max-iterations", min=1, help="New iteration limit.")
+        int | None,
+        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
     ] = None,
     timeout: Annotated[
         float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
     ] = None,
     max_verifier_rejections: Annotated[
         int | None,
-        typer.Option("--max-verifier-rejections", min=1, help="New verifier-rejection limit."),
+        typer.Option(
+            "--max-verifier-rejections",
+            min=1,
+            max=INT64_MAX,
+            help="New verifier-rejection limit.",
+        ),
     ] = None,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
@@ -225,6 +249,16 @@ def resume_command(
         max_verifier_rejections=max_verifier_rejections,
     )
     spec = saved.with_budget(budget)
+    if state.stop is not None and not state.continues_under(budget):
+        # Shown as it stands, with its own exit code; but a resume that does nothing says so.
+        reason = state.stop.reason
+        if reason is StopReason.GOAL_MET:
+            why = "it met its goal"
+        elif reason is StopReason.VERIFIER_REJECTIONS:
+            why = "the verifier rejected it (raise --max-verifier-rejections to go on)"
+        else:
+            why = f"it stopped for good ({reason.value})"
+        Console().warn(f"{run} has finished: {why}; a finished run has nothing to resume")
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
     return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)
@@ -242,26 +276,53 @@ def _decimal(field: str, text: str | None) -> Decimal | None:
     return value
 
 
+def _decision(yes: bool, no: bool, yes_flag: str, no_flag: str, question: str) -> bool:
+    """Exactly one of a pair of flags. A decision cannot be undone, so one given both ways is
+    refused rather than left to whichever flag came last."""
+    if yes and no:
+        raise InputError(f"{yes_flag}/{no_flag}", f"give one of {yes_flag} and {no_flag}, not both")
+    if not (yes or no):
+        raise InputError(f"{yes_flag}/{no_flag}", f"say {question}")
+    return yes
+
+
 @app.command("reconcile")
 def reconcile_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
-    executed: Annotated[
-        bool | None,
-        typer.Option("--executed/--not-executed", help="Did the action take effect?"),
-    ] = None,
+    did: Annotated[
+        bool, typer.Option("--executed", help="It took effect: record it as done.")
+    ] = False,
+    did_not: Annotated[
+        bool,
+        typer.Option("--not-executed", help="It did not: abandon it, never retried."),
+    ] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
 ) -> int:
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it."""
-    if executed is None:
-        raise InputError("--executed/--not-executed", "say whether the action took effect")
+    executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
+    check_actor(by, field="--by")
     with _opened(store, run, namespace) as (loop, tenant, run):
         record = loop.reconcile(tenant, run, action, executed=executed, by=by)
-    verdict = "executed" if executed else "abandoned (never retried under its key)"
+    verdict = "executed" if executed else "abandoned"
+    said = (
+        "settled as executed" if executed else "settled as abandoned (never retried under its key)"
+    )
+    return _decided(run, action, record.tool, verdict, by, output, said=said)
+
+
+def _decided(
+    run: str, action: str, tool: str, verdict: str, by: str, output: OutputFormat, *, said: str = ""
+) -> int:
+    """What a person decided, for them or (--output json) for a script."""
     console = Console()
-    console.say(f"{run} {action} ({record.tool}): settled as {verdict} by {by}", style="green")
+    if output is OutputFormat.json:
+        console.json({"run": run, "action": action, "tool": tool, "verdict": verdict, "by": by})
+        return 0
+    console.say(f"{run} {action} ({tool}): {said or verdict} by {by}", style="green")
     console.say(f"  continue with: keelgate resume {run}", style="dim")
     return 0
 
@@ -271,21 +332,20 @@ def approve_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
-    approve: Annotated[
-        bool | None, typer.Option("--approve/--deny", help="Let the action run, or not.")
-    ] = None,
+    yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
+    no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    output: OutputOption = OutputFormat.text,
 ) -> int:
     """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
-    if approve is None:
-        raise InputError("--approve/--deny", "say whether the action may run")
+    approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
+    check_actor(by, field="--by")
     with _opened(store, run, namespace) as (loop, tenant, run):
+        waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
         loop.approve(tenant, run, action, approved=approve, by=by)
-    console = Console()
-    console.say(f"{run} {action}: {'approved' if approve else 'denied'} by {by}", style="green")
-    console.say(f"  continue with: keelgate resume {run}", style="dim")
-    return 0
+    verdict = "approved" if approve else "denied"
+    return _decided(run, action, waiting.get(action, ""), verdict, by, output)
 
 
 @app.command("audit")
@@ -327,13 +387,24 @@ def runs_command(
     try:
         loop = Loop(stores=stores)
         outcomes = [loop.outcome(r.tenant, r.run) for r in stores.checkpoints.runs(namespace)]
+        elsewhere = (
+            sorted({r.tenant for r in stores.checkpoints.runs()})
+            if namespace and not outcomes
+            else []
+        )
     finally:
         stores.close()
     console = Console()
     if output is OutputFormat.json:
         console.json({"runs": [{"namespace": o.tenant, **o.to_json()} for o in outcomes]})
-    else:
+    elif outcomes:
         console.runs(outcomes)
+    elif namespace:
+        # Like kubectl: empty here is not empty everywhere, so say where the runs are.
+        there = f" (namespaces with runs: {', '.join(elsewhere)})" if elsewhere else ""
+        console.say(f"no runs in namespace {namespace!r} in this store{there}")
+    else:
+        console.say("no runs in this store")
     return 0
 
 

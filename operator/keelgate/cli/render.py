@@ -113,9 +113,6 @@ class Console:
             )
 
     def runs(self, outcomes: Sequence[Outcome]) -> None:
-        if not outcomes:
-            self.out.print("no runs in this store")
-            return
         table = Table(box=None, pad_edge=False)
         for column in ("NAMESPACE", "NAME", "PHASE", "REASON", "ITERATION", "TOKENS"):
             table.add_column(column, no_wrap=True)
@@ -141,7 +138,7 @@ class Console:
         for event in events:
             table.add_row(
                 str(event.seq),
-                event.at[11:23],
+                event.at[:23].replace("T", " "),  # 2026-10-05 12:00:00.000: the date too
                 event.type.removeprefix("loop."),
                 event.actor,
                 _details(event),

@@ -18,13 +18,14 @@ from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport, utc_now, verify
 from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
-from keelgate.core.protocols import CheckpointLog, Confirmer, Stores, Tool
+from keelgate.core.protocols import CheckpointLog, Confirmer, RunLock, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Approval, Plan, RunState, Step, capped
 from keelgate.core.types import (
     Action,
     ActionResult,
     KeyRecord,
+    KeyState,
     Outcome,
     PendingApproval,
     ResultStatus,
@@ -41,11 +42,16 @@ from keelgate.errors import (
     KeelgateError,
     ModelError,
     ModelUnavailable,
+    RunBusy,
     RunNotFound,
     SettleError,
 )
 
 log = logging.getLogger("keelgate.loop")
+
+# Results whose error Keelgate wrote itself (a refusal, a denial, an abandoned outcome): the
+# reason may go on the audit chain. A tool's own error message may not.
+_WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatus.ABANDONED})
 
 GoalPredicate = Callable[[Sequence[Mapping[str, Any]]], bool]
 
@@ -118,9 +124,30 @@ class Loop:
         With ``one_iteration``, return at the end of the iteration under way (what a step pod
         does): the outcome then has no stop and phase ``Running``, and the next call plans the
         next iteration. Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is
-        driving the run: then this one has done nothing the other could not see.
+        driving the run: then this one has done nothing the other could not see. With stores
+        that lock runs (``RunLock``), that is found before anything runs, a READ included.
         """
-        return _Session(self, spec).drive(one_iteration=one_iteration)
+        release = self._lock_run(spec)
+        try:
+            return _Session(self, spec).drive(one_iteration=one_iteration)
+        finally:
+            release()
+
+    def _lock_run(self, spec: LoopSpec) -> Callable[[], None]:
+        """Become the run's only driver for this call, or raise ``RunBusy``.
+
+        Waits up to ``busy_wait`` first, as the gateway does for a key in flight: a driver that
+        just died may take a moment to be seen gone (a server ends a session asynchronously).
+        """
+        locks: object = self.stores.idempotency
+        if not isinstance(locks, RunLock):
+            return lambda: None  # the key store's claims remain the only guard
+        deadline = time.monotonic() + self.busy_wait
+        while (release := locks.lock_run(spec.tenant, spec.run)) is None:
+            if time.monotonic() >= deadline:
+                raise RunBusy(spec.tenant, spec.run, "another run or resume of it is under way")
+            time.sleep(0.05)
+        return release
 
     def price(self) -> Price | None:
         name = self.price_model or (self.model.name if self.model is not None else None)
@@ -136,7 +163,7 @@ class Loop:
         The decision is attributed and audited; the next ``run_or_resume`` continues the run and
         never retries an abandoned action under its key.
         """
-        _check_actor(by)
+        check_actor(by)
         state = self.state(tenant, run)
         planned = _find_action(state, action)
         record = self.stores.idempotency.settle(
@@ -154,7 +181,7 @@ class Loop:
 
     def approve(self, tenant: str, run: str, action: str, *, approved: bool, by: str) -> Outcome:
         """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
-        _check_actor(by)
+        check_actor(by)
         state = self.state(tenant, run)
         if action in state.approvals:
             decided = state.approvals[action]
@@ -166,17 +193,13 @@ class Loop:
         if action not in pending:
             waiting = ", ".join(pending) or "none"
             raise SettleError(run, action, f"not awaiting approval (awaiting: {waiting})")
-        draft = AuditDraft(
-            "loop.approved",
-            {
-                "action": action,
-                "tool": pending[action].tool,
-                "verdict": "approved" if approved else "denied",
-            },
-            actor=by,
-            key=f"approved:{action}",
-        )
         verdict = "approved" if approved else "denied"
+        draft = AuditDraft(
+            f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
+            {"action": action, "tool": pending[action].tool, "verdict": verdict},
+            actor=by,
+            key=f"decided:{action}",
+        )
         state = state.but(
             seq=state.seq + 1,
             approvals={**state.approvals, action: Approval(approved, by, utc_now())},
@@ -223,12 +246,13 @@ def _persist(
     return state
 
 
-def _check_actor(by: str) -> None:
-    """Who decided goes on the audit chain: a name on one line, nothing else."""
+def check_actor(by: str, *, field: str = "by") -> None:
+    """Who decided goes on the audit chain: a name on one line, nothing else. ``field`` is how
+    the caller spells it (the CLI's ``--by``)."""
     if not by.strip():
-        raise InputError("by", "must name the person deciding")
+        raise InputError(field, "must name the person deciding")
     if any(ord(c) < 32 or ord(c) == 127 for c in by) or len(by) > 253:
-        raise InputError("by", "must be one line of at most 253 printable characters")
+        raise InputError(field, "must be one line of at most 253 printable characters")
 
 
 def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
@@ -373,19 +397,10 @@ class _Session:
             )
         return state.but(spec=self.spec)
 
-    def _resumable(self, state: RunState) -> bool:
-        stop = state.stop
-        if stop is None:
-            return True
-        if stop.reason is StopReason.VERIFIER_REJECTIONS:
-            limit = self.spec.budget.max_verifier_rejections
-            return limit is None or state.rejections < limit
-        return stop.is_resumable
-
     def drive(self, *, one_iteration: bool = False) -> Outcome:
         state = self._start()
         if state.stop is not None:
-            if not self._resumable(state):
+            if not state.continues_under(self.spec.budget):
                 return state.outcome()
             state = self._save(
                 state.but(stop=None, unknown=(), pending=()),
@@ -598,6 +613,9 @@ class _Session:
                     "tool": action.tool,
                     "status": result.status.value,
                     "replayed": result.replayed,
+                    # Why it did not run, in Keelgate's own words (never a tool's message,
+                    # which may quote its arguments).
+                    **({"reason": result.error} if result.status in _WHY_NOT_RUN else {}),
                 },
                 key=f"completed:{action.id}",
             )
@@ -623,14 +641,43 @@ class _Session:
             return None  # the gateway reports the unknown tool; nothing runs
         if not (action.requires_approval or tool.requires_approval):
             return None
-        if stricter(tool.side_effect, action.side_effect) not in self.spec.side_effects:
+        side_effect = stricter(tool.side_effect, action.side_effect)
+        if side_effect not in self.spec.side_effects:
             return None  # the gateway refuses it; no person needs to be asked
+        if side_effect is not SideEffect.READ and self._begun(state, tool, action):
+            # Its call was made before (the manifest asked no approval then): what it came to
+            # is settled first, by the gateway. An approver asked now would be asked about a
+            # call that may already have run, and asked again once it is settled.
+            return None
         return self._stop(
             state,
             StopReason.AWAITING_APPROVAL,
             f"{tool.name} ({action.id}) needs approval",
             pending=(PendingApproval(action.id, tool.name),),
         )
+
+    def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
+        """Whether the action's key is on record, settled or unknown: its call was made.
+
+        A key still in flight in a live process may yet be dropped (a late definite refusal),
+        and the call then counts as never made: it is waited for, as the gateway waits, and
+        past that the run is busy. A key that is not in flight can no longer disappear, so
+        the gateway meets the same record and never calls the tool.
+        """
+        deadline = time.monotonic() + self.loop.busy_wait
+        while True:
+            record = self.stores.idempotency.get(state.tenant, action.key)
+            if record is None:
+                return False
+            if record.state is not KeyState.IN_FLIGHT:
+                return True
+            if time.monotonic() >= deadline:
+                raise RunBusy(
+                    state.tenant,
+                    state.run,
+                    f"{tool.name} ({action.id}) is in flight in another live process",
+                )
+            time.sleep(0.05)
 
     def _observe(self, state: RunState) -> RunState:
         assert state.plan is not None

@@ -107,6 +107,20 @@ class IdempotencyStore(Protocol):
 
 
 @runtime_checkable
+class RunLock(Protocol):
+    """A store that lets one driver at a time drive a run (an idempotency store may offer it).
+
+    ``lock_run`` makes the caller the run's only driver and returns the function that ends
+    that, or returns None at once while another driver holds the run: in another process, on
+    another host, or another store object in this one. A driver that dies in any way releases
+    the run by the kernel's or the server's doing, never by a timeout, so a crash never leaves
+    a run busy.
+    """
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None: ...
+
+
+@runtime_checkable
 class AuditLog(Protocol):
     """Append-only hash-chained events per run (see ``keelgate.core.audit``).
 

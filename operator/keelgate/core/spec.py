@@ -15,6 +15,9 @@ from typing import Any
 
 from keelgate.core.types import LoopKind, SideEffect, Usage
 
+# The largest integer an API server field holds (int64): manifests and CLI flags stop there.
+INT64_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class Budget:

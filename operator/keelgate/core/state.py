@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from keelgate.core.audit import AuditDraft
-from keelgate.core.spec import LoopSpec
+from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import (
     Action,
     ActionResult,
@@ -138,6 +138,17 @@ class RunState:
             dropped += len(history) - HISTORY_WINDOW
             history = history[-HISTORY_WINDOW:]
         return replace(self, history=history, dropped=dropped)
+
+    def continues_under(self, budget: Budget) -> bool:
+        """Whether a resume with ``budget`` goes on: no stop yet, or a resumable one. A verifier
+        limit, once raised past the rejections, makes that stop resumable again."""
+        stop = self.stop
+        if stop is None:
+            return True
+        if stop.reason is StopReason.VERIFIER_REJECTIONS:
+            limit = budget.max_verifier_rejections
+            return limit is None or self.rejections < limit
+        return stop.is_resumable
 
     def result_of(self, action_id: str) -> ActionResult | None:
         for result in self.results:

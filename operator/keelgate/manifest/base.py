@@ -28,6 +28,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from keelgate.core.spec import INT64_MAX
+
 API_VERSION = "keelgate.dev/v1alpha1"
 
 # Each pattern admits "" because Kubernetes manifests (and the contract's example) spell an
@@ -183,8 +185,10 @@ OptionalHttpUrl = Annotated[str, StringConstraints(pattern=OPTIONAL_HTTP_URL)]
 ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
 Timestamp = Annotated[str, StringConstraints(pattern=TIMESTAMP)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
-NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+# The API server keeps integers as int64: a larger one would mean something else in a cluster
+# (or nothing), so it is refused here too, naming the field.
+PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
+NonNegativeInt = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 PositiveFloat = Annotated[StrictFloat, Field(gt=0)]
 NonNegativeFloat = Annotated[StrictFloat, Field(ge=0)]
 

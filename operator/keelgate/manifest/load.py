@@ -78,7 +78,7 @@ def read_source(text_or_path: str | Path) -> tuple[str, str]:
     except FileNotFoundError:
         raise InputError(str(path), "no such file") from None
     except IsADirectoryError:
-        raise InputError(str(path), "is a directory, not a manifest file") from None
+        raise InputError(str(path), "is a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
         raise InputError(str(path), f"cannot read: {reason}") from None
@@ -105,12 +105,18 @@ def load_agentrun(
 
 def load_pricing(path: str | Path) -> dict[str, Price]:
     """Read a pricing file (``models: {NAME: {inputPerMillionTokens, outputPerMillionTokens}}``);
-    a bad entry is an InputError naming ``--pricing`` and the entry's path."""
-    text, name = read_source(Path(path))
+    any problem is one InputError naming ``--pricing``, the file once, and the entry at fault."""
+    name = str(path)
     try:
-        table = parse(PricingTable, read_yaml(text, source=name), source=name)
+        text, name = read_source(Path(path))
+        data = read_yaml(text, source=name)
+        if data is None:
+            raise InputError(name, "the file is empty")
+        table = parse(PricingTable, data, source=name)
     except InputError as error:
-        raise InputError("--pricing", f"{name}: {error}") from None
+        # Each step names the file as its field, or the entry within it: say the file once.
+        where = error.reason if error.field == name else str(error)
+        raise InputError("--pricing", f"{name}: {where}") from None
     return table.to_prices()
 
 
@@ -194,6 +200,8 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
         return f"must be greater than {ctx.get('gt')}"
     if kind == "greater_than_equal":
         return f"must be at least {ctx.get('ge')}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}"
     if kind == "string_too_short":
         least = ctx.get("min_length", 1)
         return "must not be empty" if least == 1 else f"must be at least {least} characters"

@@ -2,33 +2,114 @@
 
 ``open_stores(url)`` picks the backend from a store URL. Drivers are imported only when their
 backend is asked for, so the default (SQLite, stdlib) needs no extra installed.
+
+A store URL may carry a password, and a mistyped one may carry it anywhere. So no message built
+here quotes a URL as given: a URL is shown only rebuilt from parts that hold no password
+(``redacted``), and one that cannot be read is described in fixed words, never echoed.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
 
 from keelgate.core.protocols import Stores
-from keelgate.errors import InputError
+from keelgate.errors import InputError, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
 
+SCHEMES = ("sqlite", "postgresql", "postgres", "memory", "langgraph+sqlite")
+_SQLITE_KINDS = ("sqlite", "langgraph+sqlite")
+_POSTGRES_KINDS = ("postgresql", "postgres")
+_USE = "use sqlite:///PATH or postgresql://USER@HOST/DB"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")
+# One HOST[:PORT] of a PostgreSQL URL (libpq allows a comma-separated list of them).
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.%]+\]|[^\[\]:/?#@,]*)(:[0-9]*)?")
+UNREADABLE = "(a store URL that cannot be read)"
+
+
+@dataclass(frozen=True)
+class _StoreUrl:
+    """The parts of a well-formed store URL; ``shown`` is the URL without its password."""
+
+    kind: str
+    rest: str  # everything after "KIND://"
+    shown: str
+
+
+def _parse(url: str) -> _StoreUrl:
+    """Read a store URL or raise an InputError for ``--store`` that does not quote it."""
+    if not url:
+        raise InputError("--store", f"is empty ({_USE})")
+    if "=" in url and "://" not in url:
+        raise InputError(
+            "--store", "a store is a URL such as postgresql://USER@HOST/DB, not key=value pairs"
+        )
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InputError("--store", f"a store URL holds no spaces or control characters ({_USE})")
+    kind, separator, rest = url.partition("://")
+    if not separator or not _SCHEME.fullmatch(kind):
+        # The longest first: "postgres" is also the start of "postgresql".
+        for known in sorted(SCHEMES, key=len, reverse=True):
+            if url.lower().startswith(known):
+                raise InputError("--store", f"a {known} store URL starts with {known}://")
+        raise InputError("--store", f"not a store URL ({_USE})")
+    kind = kind.lower()
+    if kind not in SCHEMES:
+        raise InputError("--store", f"unknown store kind {kind!r} ({_USE})")
+    if kind in _SQLITE_KINDS:
+        if not rest.startswith("/") or rest == "/":
+            raise InputError(
+                "--store", f"a SQLite URL is {kind}:///PATH (three slashes, then the path)"
+            )
+        return _StoreUrl(kind, rest, f"{kind}://{rest}")
+    if kind == "memory":
+        return _StoreUrl(kind, rest, "memory://")
+    # PostgreSQL: userinfo@host[:port][,host[:port]...]/db?settings
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    userinfo, at, hosts = authority.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not all(_HOST_PORT.fullmatch(host) for host in hosts.split(",")):
+        raise InputError(
+            "--store",
+            "the host of the URL is not HOST[:PORT] (a missing @, ] or port number?)",
+        )
+    path = tail.split("?", 1)[0].split("#", 1)[0]
+    # The query may hold password=...: it is left out of what is shown, as the password is.
+    login = f"{user}{':***' if colon else ''}@" if at else ""
+    return _StoreUrl(kind, rest, f"{kind}://{login}{hosts}{path}")
+
 
 def redacted(url: str) -> str:
-    """A store URL fit for an error message: any password replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    """A store URL fit for a message: rebuilt without its password or ``?`` settings, and a URL
+    that cannot be read is not shown at all, however it is malformed."""
+    try:
+        return _parse(url).shown
+    except InputError:
+        return UNREADABLE
+
+
+# A password in any URL-like text ("user:PW@", even with the "//" mistyped) or in a libpq
+# key=value setting ("password=PW"). The lookahead keeps "postgresql://USER@HOST" intact.
+_USERINFO = re.compile(r"([^\s/@:]*):(?!//)[^\s@]*@")
+_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
+
+
+def scrubbed(text: str) -> str:
+    """``text`` with anything shaped like a password masked: the last line of defence for
+    messages that may quote text a user typed."""
+    return _PASSWORD_SETTING.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
 
 
 def sqlite_path(url: str) -> str:
     """``sqlite:///relative/path`` or ``sqlite:////absolute/path`` to a filesystem path."""
-    rest = url.split("://", 1)[1]
-    if not rest.startswith("/") or rest == "/":
-        raise InputError("--store", f"{url!r}: a SQLite URL is sqlite:///PATH")
-    return rest[1:]
+    parsed = _parse(url)
+    if parsed.kind not in _SQLITE_KINDS:
+        raise InputError("--store", "not a SQLite URL (sqlite:///PATH)")
+    return parsed.rest[1:]
 
 
 def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
@@ -42,7 +123,7 @@ def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
 def open_stores(url: str = DEFAULT_URL) -> Stores:
     """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
     or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver)."""
-    scheme = urlsplit(url).scheme
+    scheme = _parse(url).kind
     if scheme == "sqlite":
         from keelgate.stores.sqlite import SQLiteStore
 
@@ -76,20 +157,54 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             companion.close()
             raise
         return Stores(checkpoints, companion, companion, companion)
-    raise InputError(
-        "--store", f"{redacted(url)!r}: unknown store (use sqlite:///PATH or postgresql://...)"
-    )
+    raise AssertionError(f"unhandled store kind {scheme}")  # _parse knows only SCHEMES
 
 
-SCHEMES = ("sqlite", "postgresql", "postgres", "memory", "langgraph+sqlite")
+def open_existing(url: str) -> Stores:
+    """Open a store that must exist already, creating nothing on the way: every command but a
+    run reads or settles saved runs, so a mistyped path or database is an ``InputError`` for
+    ``--store`` ("no store at ..."), not a new empty store, a new file or new tables."""
+    parsed = _parse(url)
+    if parsed.kind in _SQLITE_KINDS:
+        path = Path(parsed.rest[1:])
+        _probe_sqlite(path, "keelgate_checkpoints" if parsed.kind == "sqlite" else "keelgate_keys")
+        if parsed.kind == "langgraph+sqlite":
+            _probe_sqlite(Path(f"{path}.langgraph"), "checkpoints")
+    elif parsed.kind in _POSTGRES_KINDS:
+        try:
+            from keelgate.stores.postgres import holds_store
+        except ImportError:
+            pass  # open_stores names the extra to install
+        else:
+            holds_store(url)
+    return open_stores(url)
+
+
+def _probe_sqlite(path: Path, table: str) -> None:
+    """Refuse a path that holds no Keelgate store, without creating or changing any file."""
+    if not path.is_file():
+        raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
+    try:
+        # mode=rw: open, never create; only the schema is read.
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        try:
+            found = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        raise StoreUnavailable(f"cannot open SQLite store {path}: {error}") from None
+    if found is None:
+        raise InputError("--store", f"no Keelgate store at {path} (a database of something else)")
 
 
 def check_store_url(url: str) -> None:
     """Refuse a malformed store URL without touching anything (no file, no connection)."""
-    scheme = urlsplit(url).scheme
-    if scheme not in SCHEMES:
-        raise InputError(
-            "--store", f"{redacted(url)!r}: unknown store (use sqlite:///PATH or postgresql://...)"
-        )
-    if scheme in ("sqlite", "langgraph+sqlite"):
-        sqlite_path(url)
+    parsed = _parse(url)
+    if parsed.kind in _POSTGRES_KINDS:
+        try:
+            from keelgate.stores.postgres import check_url
+        except ImportError:
+            return  # open_stores names the extra to install
+        check_url(url)

@@ -35,7 +35,7 @@ from langgraph.checkpoint.base import Checkpoint as GraphCheckpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from keelgate.core.protocols import Checkpoint, RunRef
-from keelgate.errors import StaleCheckpoint, StoreError
+from keelgate.errors import StaleCheckpoint, StoreError, StoreUnavailable
 
 CHANNEL = "keelgate"
 NAMESPACE = ""  # the root namespace: Keelgate threads are top-level threads
@@ -138,7 +138,7 @@ class LangGraphCheckpointStore:
             saver.setup()
             lock = _ProcessLock(Path(f"{path}.lock")) if _cross_process_lock else None
         except (OSError, sqlite3.Error) as error:
-            raise StoreError(f"cannot open LangGraph SQLite store {path}: {error}") from None
+            raise StoreUnavailable(f"cannot open LangGraph SQLite store {path}: {error}") from None
 
         def close() -> None:
             conn.close()

@@ -39,6 +39,7 @@ class MemoryBackend:
     audit: dict[tuple[str, str], list[AuditEvent]] = field(default_factory=dict)
     live_owners: set[str] = field(default_factory=set)
     specs: dict[tuple[str, str], RecordedSpec] = field(default_factory=dict)
+    driven: set[tuple[str, str]] = field(default_factory=set)  # runs a driver holds (RunLock)
 
 
 class MemoryStore:
@@ -66,6 +67,21 @@ class MemoryStore:
     def _close_now(self) -> None:
         with self.backend.lock:
             self.backend.live_owners.discard(self.owner)
+
+    # RunLock
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        """One driver per run among every store over this backend (this process only)."""
+        with self.backend.lock:
+            if (tenant, run) in self.backend.driven:
+                return None
+            self.backend.driven.add((tenant, run))
+
+        def release() -> None:
+            with self.backend.lock:
+                self.backend.driven.discard((tenant, run))
+
+        return release
 
     # CheckpointStore
 

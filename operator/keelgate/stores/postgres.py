@@ -36,6 +36,7 @@ error message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,7 +50,13 @@ from psycopg_pool import ConnectionPool
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import InputError, SettleError, StaleCheckpoint, StoreError
+from keelgate.errors import (
+    InputError,
+    SettleError,
+    StaleCheckpoint,
+    StoreError,
+    StoreUnavailable,
+)
 from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
@@ -57,6 +64,7 @@ from keelgate.stores._json import dumps
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
 OWNER_SPACE = 0x4B470001
 SCHEMA_SPACE = 0x4B470003
+DRIVER_SPACE = 0x4B470004  # a run's driver (RunLock), keyed by a 32-bit digest of the run
 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
@@ -104,11 +112,44 @@ def _safe_target(url: str) -> tuple[str, dict[str, Any]]:
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
-        raise InputError("--store", "not a valid PostgreSQL URL") from None
+        # libpq's own message may quote the part it could not read: it is not repeated.
+        raise InputError("--store", "not a valid PostgreSQL URL (libpq cannot read it)") from None
     user = str(params.get("user") or "")
     where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
     target = f"{user + '@' if user else ''}{where}/{params.get('dbname') or user or ''}"
     return target, params
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL libpq cannot read, before any connection is tried."""
+    _safe_target(url)
+
+
+def holds_store(url: str, *, connect_timeout: int = 10) -> None:
+    """Refuse (``InputError`` for ``--store``) a database that holds no Keelgate store, by
+    reading the catalogue only: unlike opening a ``PostgresStore``, it creates no schema."""
+    target, params = _safe_target(url)
+    secret = str(params.get("password") or "")
+    # The user's URL wins, as for the store itself.
+    timeout: dict[str, Any] = (
+        {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
+    )
+    try:
+        with psycopg.connect(url, autocommit=True, **timeout) as conn:
+            row = conn.execute("SELECT to_regclass('keelgate_checkpoints') IS NOT NULL").fetchone()
+    except psycopg.Error as error:
+        raise StoreUnavailable(f"PostgreSQL store {target}: {_one_line(error, secret)}") from None
+    if row is None or not row[0]:
+        raise InputError(
+            "--store", f"no Keelgate store in {target} (runs are saved where `run` ran)"
+        )
+
+
+def _one_line(error: BaseException, secret: str) -> str:
+    """A driver error as one line, the password (if the server quoted it) masked."""
+    text = str(error).strip()
+    line = text.splitlines()[0].strip() if text else type(error).__name__
+    return line.replace(secret, "***") if secret else line
 
 
 class PostgresStore:
@@ -140,6 +181,7 @@ class PostgresStore:
         # The last event this store committed on each run's chain (see _append).
         self._heads: dict[tuple[str, str], AuditEvent | None] = {}
         self._owner_ids: list[int] = []
+        self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
         try:
             self._open_owner_session()
@@ -155,19 +197,21 @@ class PostgresStore:
             self._pool.open(wait=True, timeout=float(connect_timeout))
         except psycopg.Error as error:
             self.close()
-            raise self._error(error) from None
+            # Whatever went wrong, the store could not be opened: nothing was read or written.
+            raise self._error(error, StoreUnavailable) from None
 
     @property
     def owner(self) -> int:
         """This store's current owner id (a new one after its owner session was lost)."""
         return self._owner_ids[-1]
 
-    def _error(self, error: BaseException) -> StoreError:
-        text = str(error).strip()
-        line = text.splitlines()[0].strip() if text else type(error).__name__
-        if self._secret:
-            line = line.replace(self._secret, "***")
-        return StoreError(f"PostgreSQL store {self.target}: {line}")
+    def _error(self, error: BaseException, kind: type[StoreError] | None = None) -> StoreError:
+        line = _one_line(error, self._secret)
+        if kind is None:
+            # A lost connection or a server gone away: the store cannot be reached.
+            unreachable = isinstance(error, psycopg.OperationalError)
+            kind = StoreUnavailable if unreachable else StoreError
+        return kind(f"PostgreSQL store {self.target}: {line}")
 
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
@@ -270,6 +314,48 @@ class PostgresStore:
                         conn.close()
                     self._owner_conn = None
         raise AssertionError("unreachable")
+
+    # RunLock
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        """A session advisory lock on the run, taken on the owner session and held by the driver.
+
+        The server drops it when that session ends, so a dead driver's run is free again as
+        soon as its owner keys read unknown. Two runs whose 32-bit digests collide cannot be
+        driven at the same moment: a RunBusy, never a second driver. Session locks are
+        re-entrant, so this store refuses a second driver of its own as well.
+        """
+        digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
+        key = int.from_bytes(digest[:4], "big", signed=True)
+        with self._owner_lock:
+            if (tenant, run) in self._driven:
+                return None
+            if self._pool is None:
+                raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+            try:
+                if self._owner_conn is None or self._owner_conn.closed:
+                    self._owner_conn = None
+                    self._open_owner_session()
+                conn = self._owner_conn
+                assert conn is not None
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
+                ).fetchone()
+            except psycopg.Error as error:
+                raise self._error(error) from None
+            if row is None or not row[0]:
+                return None
+            self._driven.add((tenant, run))
+
+        def release() -> None:
+            with self._owner_lock:
+                self._driven.discard((tenant, run))
+                # On a session lost meanwhile the lock went with it: nothing to release.
+                if self._owner_conn is conn and not conn.closed:
+                    with suppress(psycopg.Error):
+                        conn.execute("SELECT pg_advisory_unlock(%s, %s)", (DRIVER_SPACE, key))
+
+        return release
 
     # CheckpointStore
 

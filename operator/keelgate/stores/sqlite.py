@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import sqlite3
@@ -32,7 +33,7 @@ from typing import Any
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
 from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.errors import SettleError, StaleCheckpoint, StoreError, StoreUnavailable
 from keelgate.stores._holds import OwnerHolds
 from keelgate.stores._json import dumps
 
@@ -64,12 +65,14 @@ class SQLiteStore:
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
         # The real file, not the path given: every opener must find the same owners folder.
         self.path = Path(path).resolve()
+        self._owners = self.path.parent / f"{self.path.name}.owners"
+        # A file that turns out not to be a database must not be left with a folder beside it.
+        made_owners = not self._owners.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._owners = self.path.parent / f"{self.path.name}.owners"
             self._owners.mkdir(exist_ok=True)
         except OSError as error:
-            raise StoreError(f"cannot use {self.path}: {error.strerror}") from None
+            raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
         self._holds = OwnerHolds()
         # Held until close: while this descriptor is open, our in-flight keys read as live.
@@ -93,7 +96,10 @@ class SQLiteStore:
             self._db.executescript(SCHEMA)
         except sqlite3.Error as error:
             self.close()
-            raise StoreError(f"cannot open SQLite store {self.path}: {error}") from None
+            if made_owners:
+                with suppress(OSError):
+                    self._owners.rmdir()
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {error}") from None
 
     @contextmanager
     def _tx(self, *, immediate: bool = False) -> Iterator[sqlite3.Connection]:
@@ -134,6 +140,45 @@ class SQLiteStore:
             self._owner_fd = None
             with suppress(FileNotFoundError):
                 (self._owners / f"{self.owner}.lock").unlink()
+
+    # RunLock
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        """An exclusive ``flock`` on ``<db>.owners/run-<digest>.lock``, held by the driver.
+
+        As for owners, the kernel drops the lock when its holder dies, and a flock belongs to
+        an open file description, so two stores in one process exclude each other too.
+        """
+        digest = hashlib.sha256(f"{tenant}\0{run}".encode()).hexdigest()[:32]
+        path = self._owners / f"run-{digest}.lock"
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+            except OSError as error:
+                raise StoreUnavailable(f"cannot use {path}: {error.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            # A driver releasing removes the file (below): the one we opened may be gone or
+            # replaced since, and a lock on it would exclude nobody. Then lock the file there now.
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)
+
+        def release() -> None:
+            # Removed while still locked, so no file is left per run; a waiter that opened it
+            # meanwhile sees it gone and starts again. A dead driver leaves the file, unlocked.
+            with suppress(FileNotFoundError):
+                path.unlink()
+            os.close(fd)
+
+        return release
 
     # CheckpointStore
 
