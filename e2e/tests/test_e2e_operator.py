@@ -254,8 +254,9 @@ def test_a_raised_budget_continues_the_saved_plan_without_asking_the_model_again
     """The planning call that crosses the token budget is kept and its plan saved; the run stops
     token_budget with no order. `kubectl patch` raising spec.budget.tokens resumes it: the saved
     order is placed once and no plan is saved again for that iteration."""
-    run = agentrun("budget", shop, [[order("B1", 3)]], budget={"maxIterations": 5, "tokens": 10})
-    run["spec"]["model"]["script"][0]["usage"] = {"inputTokens": 9, "outputTokens": 5}
+    run = agentrun("budget", shop, [[order("B1", 3)]], budget={"maxIterations": 5, "tokens": 2000})
+    # The request is far below 2000 tokens (the pre-check lets it through); the reply crosses.
+    run["spec"]["model"]["script"][0]["usage"] = {"inputTokens": 1900, "outputTokens": 200}
     apply(kubectl, run)
     stopped = wait_phase(admin, tenant, "budget", "Stopped", timeout=90)
     assert stopped["status"]["stopReason"] == "token_budget"
@@ -264,7 +265,7 @@ def test_a_raised_budget_continues_the_saved_plan_without_asking_the_model_again
     assert condition(stopped, "Stalled")["status"] == "False"  # type: ignore[index]
     assert shop.shop.count() == 0
     kubectl(
-        "patch", "agentrun", "budget", "--type=merge", "-p", '{"spec":{"budget":{"tokens":1000}}}'
+        "patch", "agentrun", "budget", "--type=merge", "-p", '{"spec":{"budget":{"tokens":100000}}}'
     )
     done = wait_phase(admin, tenant, "budget", "Succeeded", timeout=90)
     assert done["status"]["observedGeneration"] == 2

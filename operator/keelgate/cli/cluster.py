@@ -23,15 +23,13 @@ from typing import Annotated, Any
 import typer
 
 from keelgate.cli.commands import StoreOption, app
-from keelgate.cli.render import Console
 from keelgate.core.types import Outcome, RunPhase
-from keelgate.errors import InputError, StoreError
+from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, redacted
 
 EXIT_CONTINUE = 0
 EXIT_FAILED = 1
 EXIT_RESUMABLE = 3
-EXIT_STORE = 5
 
 
 def step_exit_code(outcome: Outcome) -> int:
@@ -80,10 +78,9 @@ def step_command(
     sys.path.insert(0, str(Path.cwd()))
     runner = StepRunner(store=store, confirmer=_load_confirmer(confirmer))
     try:
+        # A store that cannot be reached is exit 5, another driver of the run (RunBusy, a lost
+        # checkpoint race) exit 4, bad input exit 2: the CLI's one error table.
         outcome = runner.step(namespace, run)
-    except StoreError as error:
-        Console().error(f"--store {redacted(store)}: {error}")
-        return EXIT_STORE
     finally:
         # A call that timed out may still end and be recorded; cut off, it stays unknown.
         wait_for_running_calls(late_call_grace)

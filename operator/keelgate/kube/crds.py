@@ -30,6 +30,7 @@ import jsonschema
 import yaml
 from pydantic import BaseModel
 
+from keelgate.core.spec import INT64_MAX
 from keelgate.errors import KeelgateError
 from keelgate.manifest import AgentRun, Approval, Reconciliation
 
@@ -341,6 +342,11 @@ def _convert(
                 raise CrdError(f"{where}: both {bound} and {key}")
             out[bound] = value
             out[key] = True
+        elif key == "maximum" and node.get("type") == "integer" and value == INT64_MAX:
+            # The API server cannot hold int64's largest value as a bound (it reads bounds as
+            # float64 and refuses the CRD); format int64 says the same, and it refuses a larger
+            # number while decoding.
+            out["format"] = "int64"
         elif key == "default":
             if value is not None:  # null is what absent means already
                 out[key] = value
