@@ -17,10 +17,12 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,8 @@ class Cluster:
     dsn: str = ""
     #: PostgreSQL's directory when it had to live outside the run directory.
     pg_root: str = ""
+    #: How each component was started (for `restart`).
+    _commands: dict[str, tuple[list[str], dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir.resolve()
@@ -208,8 +212,24 @@ class Cluster:
             name, argv, run_dir=self.run_dir, log=self.logs_dir / f"{name}.log", **kw
         )
         self.procs.append(proc)
+        self._commands[name] = (argv, kw)
         self._save()
         return proc
+
+    def restart(self, name: str, ready: Callable[[], bool], *, kill: bool = False) -> float:
+        """Stop one component (SIGKILL with `kill`, else as `down` would) and start it again
+        with the same command line, ports and data; returns seconds until `ready`."""
+        proc = next(p for p in self.procs if p.name == name)
+        if kill:
+            procs.stop(proc, self.run_dir, sig=signal.SIGKILL, grace=5)
+        elif name == "postgres":
+            procs.stop(proc, self.run_dir, sig=signal.SIGINT, grace=10, group=False)
+        else:
+            procs.stop(proc, self.run_dir, grace=10)
+        self.procs.remove(proc)
+        argv, kw = self._commands[name]
+        fresh = self._spawn(name, argv, **kw)
+        return procs.wait_until(fresh, ready, timeout=120, what=f"{name} ready again")
 
     def _etcd(self, binary: Path) -> None:
         client, peer = procs.free_port(), procs.free_port()

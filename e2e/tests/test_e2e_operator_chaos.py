@@ -1,0 +1,240 @@
+"""The operator's promise under real deaths: step pods SIGKILLed at random, the operator killed,
+two operators at once, PostgreSQL and the API server restarted mid-run.
+
+Each test applies several multi-step runs against the loopback shop, breaks something real while
+they run, settles any unknown outcome truthfully (as a person checking the shop would), and then
+requires that every run finishes and that the shop saw every WRITE at most once, and exactly once
+unless a person truthfully abandoned it. They must never settle against the shop's record.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from keelgate_e2e import runs
+from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.keelgate import OperatorProcess
+from keelgate_e2e.kube import JSON, ApiError, Kube
+from keelgate_e2e.node.pod import kill_container
+from keelgate_e2e.runs import agentrun, apply, look, order
+from keelgate_e2e.shop import ShopServer
+from keelgate_e2e.testing import Kubectl
+
+pytestmark = pytest.mark.e2e
+
+
+def _three_step_runs(shop: ShopServer, prefix: str, count: int) -> list[JSON]:
+    return [
+        agentrun(
+            f"{prefix}-{n}",
+            shop,
+            [[look(f"{prefix}{n}")], [order(f"{prefix}{n}a", 1)], [order(f"{prefix}{n}b", 2)]],
+        )
+        for n in range(count)
+    ]
+
+
+def _check_exactly_once(dsn: str, namespace: str, names: list[str], shop: ShopServer) -> None:
+    """Each planned WRITE reached the shop once, or never if a person truthfully abandoned it."""
+    counts = shop.shop.by_key()
+    assert not counts or max(counts.values()) == 1, counts
+    for name in names:
+        events = runs.audit_events(dsn, namespace, name)
+        keys = {
+            e.data["idempotencyKey"]
+            for e in events
+            if e.type == "loop.action_started" and e.data.get("idempotencyKey")
+        }
+        abandoned = {
+            e.data["idempotencyKey"]
+            for e in events
+            if e.type == "loop.reconciled" and e.data["verdict"] == "abandoned"
+        }
+        assert len(keys) == 2, (name, keys)
+        for key in keys:
+            assert counts[key] == (0 if key in abandoned else 1), (name, key)
+
+
+def _no_step_ran_twice(admin: Kube, namespace: str) -> None:
+    """No step has two pods that both ended recording what they did (a duplicate pod)."""
+    pods = admin.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    clean: dict[tuple[str, str], list[str]] = {}
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        terminated = (statuses[0].get("state") or {}).get("terminated") if statuses else None
+        if terminated and terminated.get("exitCode") in (0, 1, 3):
+            key = (labels["keelgate.dev/run"], labels["keelgate.dev/step"])
+            clean.setdefault(key, []).append(pod["metadata"]["name"])
+    doubles = {k: v for k, v in clean.items() if len(v) > 1}
+    assert not doubles, doubles
+
+
+@pytest.fixture
+def killer(cluster: Cluster, admin: Kube, tenant: str) -> Iterator[list[str]]:
+    """SIGKILLs a random running step pod of the namespace every so often (the node agent's
+    kill, as an OOM kill or a node fault); yields the names of the pods it killed."""
+    killed: list[str] = []
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def loop() -> None:
+        while not stop.wait(rng.uniform(0.3, 1.2)):
+            try:
+                pods = admin.get(f"/api/v1/namespaces/{tenant}/pods")["items"]
+            except ApiError:
+                continue
+            running = [
+                p
+                for p in pods
+                if p.get("status", {}).get("phase") == "Running"
+                and p["metadata"]["name"] not in killed
+                # at most two kills in a row per run: below the operator's crash limit
+                and p["metadata"]["labels"].get("keelgate.dev/attempt") in ("1", "2")
+            ]
+            if not running:
+                continue
+            victim = rng.choice(running)
+            try:
+                kill_container(cluster.node_state_dir, victim["metadata"]["uid"], "step")
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue
+            killed.append(victim["metadata"]["name"])
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield killed
+    stop.set()
+    thread.join(timeout=5)
+
+
+def test_step_pods_killed_at_random_moments_never_repeat_a_write(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+    killer: list[str],
+) -> None:
+    """Eight three-step runs while step pods are SIGKILLed at random moments (mid-plan, mid-
+    WRITE, mid-checkpoint; the shop answers slowly so WRITEs are caught in flight): every run
+    finishes and no order is placed twice."""
+    shop.shop.delay = 0.4
+    docs = _three_step_runs(shop, "kill", 8)
+    names = [d["metadata"]["name"] for d in docs]
+    apply(kubectl, *docs)
+    runs.drive_to_success(admin, alice, tenant, names, shop, timeout=400)
+    assert len(killer) >= 5, killer
+    _check_exactly_once(operator.cluster.dsn, tenant, names, shop)
+    _no_step_ran_twice(admin, tenant)
+
+
+def test_the_operator_killed_mid_run_loses_no_step_and_duplicates_no_pod(
+    operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """The operator SIGKILLed five times while six three-step runs are under way, restarted
+    each time: every run finishes, no step ran in two pods, no order twice."""
+    shop.shop.delay = 0.2
+    docs = _three_step_runs(shop, "opk", 6)
+    names = [d["metadata"]["name"] for d in docs]
+    apply(kubectl, *docs)
+    for _ in range(5):
+        time.sleep(1.5)
+        operator.kill()
+        time.sleep(0.5)
+        operator.start()
+    runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    _check_exactly_once(operator.cluster.dsn, tenant, names, shop)
+    _no_step_ran_twice(admin, tenant)
+
+
+def test_two_operators_at_once_never_run_a_write_twice(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """A second operator started by mistake beside the first: both watch and act on the same
+    runs; deterministic pod names, adoption by owner UID and the store's one-driver rule keep
+    every step in one pod and every order single."""
+    second = OperatorProcess(
+        cluster, operator.kubeconfig, name="operator-2", env=dict(operator.env)
+    )
+    second.start()
+    try:
+        docs = _three_step_runs(shop, "twin", 6)
+        names = [d["metadata"]["name"] for d in docs]
+        apply(kubectl, *docs)
+        runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    finally:
+        second.stop()
+    _check_exactly_once(cluster.dsn, tenant, names, shop)
+    _no_step_ran_twice(admin, tenant)
+
+
+def _pg_ready(cluster: Cluster) -> bool:
+    import psycopg
+
+    with psycopg.connect(cluster.dsn, connect_timeout=2) as conn:
+        return conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_postgres_restarted_mid_run_every_run_finishes_once(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """PostgreSQL stopped and started again while runs are mid-step: step pods and the
+    operator lose their sessions (a WRITE in flight then reads as unknown, settled truthfully),
+    reconnect, and every run finishes with each order once."""
+    shop.shop.delay = 0.3
+    docs = _three_step_runs(shop, "pg", 5)
+    names = [d["metadata"]["name"] for d in docs]
+    apply(kubectl, *docs)
+    time.sleep(2)
+    cluster.restart("postgres", lambda: _pg_ready(cluster))
+    runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    _check_exactly_once(cluster.dsn, tenant, names, shop)
+
+
+def test_the_api_server_restarted_mid_run_every_run_finishes_once(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """The kube-apiserver killed and started again mid-run: the operator's watches and the node
+    agent reconnect, and every run finishes with each order once."""
+    shop.shop.delay = 0.3
+    docs = _three_step_runs(shop, "api", 5)
+    names = [d["metadata"]["name"] for d in docs]
+    apply(kubectl, *docs)
+    time.sleep(2)
+
+    def ready() -> bool:
+        return admin.text("/readyz") == "ok"
+
+    cluster.restart("kube-apiserver", ready, kill=True)
+    runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    _check_exactly_once(cluster.dsn, tenant, names, shop)
