@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph
 
-.PHONY: venv demo test lint typecheck unit check-python clean crds bench
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -23,8 +23,17 @@ $(STAMP): pyproject.toml | check-python
 
 venv: $(STAMP)
 
-demo: venv
+## demo: the restock run on the local cluster (`make up`): a step pod killed right after the
+## order, OutcomeUnknown, a Reconciliation settled with kubectl as alice, one order
+demo: up
+	$(E2E_PY) examples/restock/cluster_demo.py --dir $(DEV_DIR)
+
+## demo-local: the same story in-process, on the embedded SQLite store (no cluster)
+demo-local: venv
 	$(PY) examples/restock/demo.py
+
+# The control plane's build and `make up` run on the venv's Python.
+e2e-build up: venv
 
 lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from keelgate_e2e import build, procs
+from keelgate_e2e import build, keelgate, procs
 from keelgate_e2e.cluster import Cluster
 
 
@@ -25,6 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster (and PostgreSQL) in the background")
     up.add_argument("--no-postgres", action="store_true")
+    up.add_argument(
+        "--no-operator", action="store_true", help="do not install Keelgate or run its operator"
+    )
     sub.add_parser("down", help="stop everything started by `up` in --dir")
     sub.add_parser("status", help="print the recorded state")
     sub.add_parser("build", help="build missing control-plane binaries")
@@ -38,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = Cluster(run_dir, postgres=not args.no_postgres)
         try:
             cluster.start()
+            operator = None
+            if not args.no_operator and cluster.dsn:
+                operator = _keelgate(cluster)
         except (procs.StartError, build.BuildError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -50,6 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cluster.dsn:
             print(f"  PostgreSQL: {cluster.dsn}")
         print(f"  logs:       {cluster.logs_dir}/")
+        if operator is not None:
+            print(
+                f"  operator:   keelgate-system/keelgate-operator (--allow-failpoints), metrics "
+                f"http://127.0.0.1:{operator.port}/metrics, log {operator.log}"
+            )
+            print(
+                "  a tenant:   kubectl create namespace NS && kubectl -n NS create secret "
+                'generic keelgate-store --from-literal=url="$KEELGATE_PG_DSN"'
+            )
         print(f"  use it:     source {run_dir / 'env'}   (or KUBECONFIG={cluster.kubeconfig})")
         return 0
     if args.command == "down":
@@ -68,6 +83,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = run_dir / "state.json"
     print(state.read_text() if state.exists() else "not running")
     return 0
+
+
+def _keelgate(cluster: Cluster) -> keelgate.OperatorProcess:
+    """Install Keelgate (CRDs, RBAC, admission policy) and run its operator under its own
+    service account, with failpoints allowed: it is a development cluster."""
+    kube = cluster.client()
+    try:
+        keelgate.install(kube)
+        config = keelgate.operator_kubeconfig(
+            cluster, kube, cluster.run_dir / "operator.kubeconfig"
+        )
+    finally:
+        kube.close()
+    operator = keelgate.OperatorProcess(cluster, config, port=procs.free_port())
+    operator.start()
+    assert operator.proc is not None
+    cluster.adopt(operator.proc)
+    return operator
 
 
 if __name__ == "__main__":

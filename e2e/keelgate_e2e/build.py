@@ -163,12 +163,31 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
     env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"})
     env["GOFLAGS"] = " ".join(f for f in (env.get("GOFLAGS", ""), "-mod=readonly") if f)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["nice", "-n", "10", str(go), "build", "-trimpath", "-ldflags", ldflags]
+    cmd = ["nice", "-n", "10", str(go), "build", "-v", "-trimpath", "-ldflags", ldflags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]
     print("+ (cd {} && {})".format(module, " ".join(cmd)), flush=True)
-    result = subprocess.run(cmd, cwd=module, env=env, check=False)
-    if result.returncode != 0:
-        raise BuildError(f"go build failed in {module} (exit {result.returncode})")
+    print(
+        "  a cold build takes about 9 minutes on 2 cores (later builds: seconds); "
+        "progress every 15 s",
+        flush=True,
+    )
+    # `go build -v` names each package as it is compiled: count them as progress, and keep the
+    # last lines for an error message.
+    proc = subprocess.Popen(
+        cmd, cwd=module, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    started = last = time.monotonic()
+    tail: list[str] = []
+    for compiled, line in enumerate(proc.stdout, start=1):
+        tail = [*tail[-19:], line.rstrip()]
+        now = time.monotonic()
+        if now - last >= 15:
+            last = now
+            print(f"  ... {now - started:.0f}s, {compiled} packages compiled", flush=True)
+    if proc.wait() != 0:
+        print("\n".join(tail), flush=True)
+        raise BuildError(f"go build failed in {module} (exit {proc.returncode})")
 
 
 def build(names: Sequence[str], go: Path | None = None) -> None:

@@ -216,6 +216,11 @@ class Cluster:
         self._save()
         return proc
 
+    def adopt(self, proc: Proc) -> None:
+        """Record a process started beside the cluster (the operator), so `down` stops it."""
+        self.procs.append(proc)
+        self._save()
+
     def restart(self, name: str, ready: Callable[[], bool], *, kill: bool = False) -> float:
         """Stop one component (SIGKILL with `kill`, else as `down` would) and start it again
         with the same command line, ports and data; returns seconds until `ready`."""

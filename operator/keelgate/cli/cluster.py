@@ -148,6 +148,7 @@ def operator_command(
         ),
     ] = 5,
     port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 8080,
+    bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
     resync: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 30.0,
 ) -> int:
@@ -189,6 +190,7 @@ def operator_command(
             max_crashes=max_crashes,
         ),
         port=port,
+        bind=bind,
         workers=workers,
         resync_seconds=resync,
     )

@@ -41,6 +41,7 @@ class OperatorOptions:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     port: int = 8080  # /metrics and /healthz
+    bind: str = "0.0.0.0"
     workers: int = 4
     resync_seconds: float = 30.0
 
@@ -258,7 +259,7 @@ class Operator:
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "0.0.0.0", self.options.port).start()
+        await web.TCPSite(self._runner, self.options.bind, self.options.port).start()
 
     async def _healthz(self, _: web.Request) -> web.Response:
         alive = bool(self._tasks) and all(not task.done() for task in self._tasks)
