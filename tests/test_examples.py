@@ -107,7 +107,9 @@ DOCS = [ROOT / "README.md", *MANIFESTS]
 NOT_RUN = {
     "make test": "it is this very suite (and the e2e tests)",
     "make demo": "it starts the local cluster: e2e/tests/test_e2e_make.py runs it",
-    "make demo-local": "make would build a new .venv in the fresh folder: its recipe is run instead",
+    "make demo-local": (
+        "make would build a new .venv in the fresh folder: its recipe is run instead"
+    ),
     "ollama pull llama3.1 && ollama serve": "needs Ollama itself and a model download",
     "PYTHONPATH=examples/restock keelgate run -f examples/ollama/agentrun.yaml": (
         "needs an Ollama server: the manifest is run against a stand-in above"
@@ -190,9 +192,10 @@ def test_the_documented_commands_run_as_written_with_the_exit_codes_claimed(
 
 
 def test_make_demo_local_runs_in_a_fresh_folder(tmp_path: Path) -> None:
-    """What `make demo-local` runs (its recipe, with this interpreter for the venv's) ends with exit 0
-    in a fresh folder: one crash, one order."""
-    recipe = re.search(r"^demo-local:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    """What `make demo-local` runs (its recipe, with this interpreter for the venv's) ends with
+    exit 0 in a fresh folder: one crash, one order."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^demo-local:.*\n\t(.+)$", makefile, re.MULTILINE)
     assert recipe is not None
     folder = fresh_folder(tmp_path)
     done = subprocess.run(
