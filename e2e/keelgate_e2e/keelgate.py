@@ -197,6 +197,7 @@ class OperatorProcess:
             keelgate,
             "operator",
             f"--port={self.port}",
+            "--bind=127.0.0.1",
             f"--max-step-pods={self.max_step_pods}",
             "--step-image=keelgate:dev",
             "--resync=10",

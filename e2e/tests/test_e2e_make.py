@@ -174,3 +174,40 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     for port in state["ports"].values():
         assert not port_open(port), port
     assert not (run_dir / "state.json").exists()
+
+
+def test_make_demo_tells_the_cluster_story_with_one_order(tmp_path: Path) -> None:
+    """`make demo` on a private run directory: the cluster and the operator come up, the
+    restock run's step pod is killed right after the shop took the order, the run stops
+    OutcomeUnknown, alice settles the Reconciliation with kubectl, the run Succeeds with
+    exactly one order, and the audit trail verifies; `make down` leaves nothing behind."""
+    run_dir = tmp_path / "dev"
+    demo = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "demo",
+            f"DEV_DIR={run_dir}",
+            f"PY={sys.executable}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        out = demo.stdout + demo.stderr
+        assert demo.returncode == 0, out
+        assert "outcome_unknown" in out
+        assert "reconciliation.keelgate.dev/restock-1-1-place-order patched" in out
+        assert "condition met" in out
+        assert "the shop took 1 order(s)" in out
+        assert "chain verified" in out
+        orders = (run_dir / "demo" / "orders").read_text().splitlines()
+        assert len(orders) == 1
+    finally:
+        down = make("down", run_dir)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert procs.marked_pids(run_dir) == []
