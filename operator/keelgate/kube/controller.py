@@ -749,13 +749,11 @@ class Controller:
         )
         moment = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
         due = next_due(spec.schedule, after=last or moment)
-        message = ""
         desired: JSON = {}
+        held = _holds_back(latest)
         if not spec.suspend and due <= moment:
-            held = _holds_back(latest)
             if held:
-                message = f"tick held back: {held}"
-                desired["lastScheduleTime"] = _iso(moment)
+                desired["lastScheduleTime"] = _iso(moment)  # this schedule is skipped
             else:
                 tick_name = tick_run_name(name, latest_number + 1)
                 try:
@@ -763,7 +761,6 @@ class Controller:
                     self.cache.put("AgentRun", created)
                 except Conflict:
                     pass
-                latest_number += 1
                 desired["lastTick"] = tick_name
                 desired["lastScheduleTime"] = _iso(moment)
                 self.api.event(
@@ -772,16 +769,17 @@ class Controller:
             due = next_due(spec.schedule, after=moment)
         generation = int(meta.get("generation") or 1)
         phase = "Pending" if spec.suspend else "Running"
+        if spec.suspend:
+            message = "suspended (spec.suspend is true)"
+        elif held:
+            message = f"next tick held back: {held}"
+        else:
+            message = f"next tick at {_iso(due)}"
         desired.update(
             {
                 "phase": phase,
                 "observedGeneration": generation,
-                "message": message
-                or (
-                    "suspended (spec.suspend is true)"
-                    if spec.suspend
-                    else f"next tick at {_iso(due)}"
-                ),
+                "message": message,
                 "conditions": [
                     _plain_condition(current, "Ready", "True", "Scheduling", generation),
                     _plain_condition(current, "Reconciling", "False", phase, generation),
