@@ -4,7 +4,8 @@ Why it exists: the e2e tests and `make demo` prove "a WRITE never runs twice" wh
 at the system the WRITE changes. Step pods call it over HTTP: `GET /items/{sku}` reads stock,
 `POST /orders` takes an order and books it under the request's `Idempotency-Key` header,
 `GET /orders` lists every order taken, `GET /orders/{key}` counts one key's orders (what a
-person checks before settling a Reconciliation). It never deduplicates on its own: only Keelgate
+person checks before settling a Reconciliation), `GET /confirm/{key}` answers a confirmer
+(`{"executed": true|false}`). It never deduplicates on its own: only Keelgate
 keeps an order from being placed twice. `python -m keelgate_e2e.shop --port P` serves it alone.
 """
 
@@ -75,6 +76,10 @@ class ShopServer:
                 elif path == "/orders":
                     with shop_.lock:
                         self._send(200, {"orders": list(shop_.orders)})
+                elif path.startswith("/confirm/"):
+                    # What a confirmer asks: did an order under this key arrive?
+                    key = unquote(path[len("/confirm/") :])
+                    self._send(200, {"executed": shop_.by_key()[key] > 0})
                 elif path.startswith("/orders/"):
                     key = unquote(path[len("/orders/") :])
                     self._send(200, {"key": key, "orders": shop_.by_key()[key]})

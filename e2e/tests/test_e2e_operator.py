@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -412,3 +413,68 @@ def test_the_operator_serves_metrics_and_health(
     assert "keelgate_step_handoff_seconds_count" in text
     assert 'keelgate_api_writes_total{what="create Pod"}' in text
     assert 'keelgate_runs{phase="Succeeded"}' in text
+
+
+@pytest.fixture
+def confirming_operator(
+    operator_process: OperatorProcess, cluster: Cluster, shop: ShopServer
+) -> Iterator[OperatorProcess]:
+    """The operator configured with an HTTP confirmer asking this test's shop (the session's
+    operator is stopped meanwhile, so only this one acts)."""
+    operator_process.stop()
+    confirming = OperatorProcess(
+        cluster,
+        operator_process.kubeconfig,
+        name="operator-confirmer",
+        env=dict(operator_process.env),
+        extra_args=(f"--confirmer-url={shop.url}/confirm/{{idempotencyKey}}",),
+    )
+    confirming.start()
+    try:
+        yield confirming
+    finally:
+        confirming.stop()
+        operator_process.start()
+
+
+def test_a_confirmer_on_the_operator_settles_an_unknown_outcome_on_its_own(
+    confirming_operator: OperatorProcess,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """The step pod dies right after the order went out; the next attempt's confirmer asks the
+    shop, which says the order arrived, so the action is settled as executed with no person and
+    no stop. The run succeeds with one order, and a Reconciliation shows what was decided:
+    Settled, executed, source confirmer."""
+    run = agentrun(
+        "confirmed",
+        shop,
+        [[order("C1", 1)]],
+        annotations={"keelgate.dev/failpoints": "after_gateway_call@1"},
+    )
+    apply(kubectl, run)
+    wait_phase(admin, tenant, "confirmed", "Succeeded", timeout=90)
+    assert shop.shop.count() == 1
+    assert "Stopped" not in _reasons(admin, tenant, "confirmed")
+    (rec,) = wait_for(
+        lambda: [r for r in runs.reconciliations(admin, tenant) if r.get("status")],
+        timeout=30,
+        what="the confirmer's Reconciliation",
+    )
+    status = rec["status"]
+    assert (status["phase"], status["verdict"], status["source"]) == (
+        "Settled",
+        "executed",
+        "confirmer",
+    )
+    assert status["settledBy"] == "http-confirmer"
+    reconciled = [
+        e
+        for e in runs.audit_events(confirming_operator.cluster.dsn, tenant, "confirmed")
+        if e.type == "loop.reconciled"
+    ]
+    assert [(e.data["source"], e.data["verdict"]) for e in reconciled] == [
+        ("confirmer", "executed")
+    ]

@@ -39,7 +39,13 @@ def step_exit_code(outcome: Outcome) -> int:
     return EXIT_RESUMABLE if outcome.resumable else EXIT_FAILED
 
 
-def _load_confirmer(reference: str) -> Any:
+def _load_confirmer(reference: str, url: str = "") -> Any:
+    if reference and url:
+        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
+    if url:
+        from keelgate.adapters.confirmers import HttpConfirmer
+
+        return HttpConfirmer(url)
     if not reference:
         return None
     from keelgate.adapters.loading import load_callable
@@ -57,6 +63,14 @@ def step_command(
     confirmer: Annotated[
         str,
         typer.Option(help="Trusted code asking the system of record: 'pkg.module:object'."),
+    ] = "",
+    confirmer_url: Annotated[
+        str,
+        typer.Option(
+            "--confirmer-url",
+            help="Ask the system of record: GET this URL ({idempotencyKey}, {tool}, {action}, "
+            "{run}, {tenant} filled in) answering JSON {executed: true|false}.",
+        ),
     ] = "",
     late_call_grace: Annotated[
         float,
@@ -76,7 +90,7 @@ def step_command(
 
     check_store_url(store)
     sys.path.insert(0, str(Path.cwd()))
-    runner = StepRunner(store=store, confirmer=_load_confirmer(confirmer))
+    runner = StepRunner(store=store, confirmer=_load_confirmer(confirmer, confirmer_url))
     try:
         # A store that cannot be reached is exit 5, another driver of the run (RunBusy, a lost
         # checkpoint race) exit 4, bad input exit 2: the CLI's one error table.
@@ -139,6 +153,13 @@ def operator_command(
         str,
         typer.Option(help="A confirmer step pods use: 'pkg.module:object' in the step image."),
     ] = "",
+    confirmer_url: Annotated[
+        str,
+        typer.Option(
+            "--confirmer-url",
+            help="An HTTP confirmer step pods ask (see `keelgate step --help`).",
+        ),
+    ] = "",
     max_crashes: Annotated[
         int,
         typer.Option(
@@ -156,6 +177,9 @@ def operator_command(
     if not store:
         raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
     check_store_url(store)
+    _load_confirmer("", confirmer_url)  # a malformed URL is refused here, not in every pod
+    if confirmer and confirmer_url:
+        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
     if not store.startswith(("postgresql:", "postgres:")):
         raise InputError(
             "--store",
@@ -184,6 +208,7 @@ def operator_command(
                 command=tuple(step_command.split()),
                 store_secret=store_secret,
                 confirmer=confirmer,
+                confirmer_url=confirmer_url,
             ),
             allow_failpoints=allow_failpoints,
             max_step_pods=max_step_pods,

@@ -29,7 +29,7 @@ from keelgate.core.monitor import next_due, tick_number, tick_run_name
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
-from keelgate.core.types import KeyState, LoopKind, StopReason
+from keelgate.core.types import KeyState, LoopKind, StopReason, UnknownAction
 from keelgate.errors import InputError, KeelgateError, RunNotFound, SettleError
 from keelgate.kube import resources, status
 from keelgate.kube.api import ClusterApi, Conflict, Gone, now
@@ -240,6 +240,8 @@ class Controller:
             step = self._account(key, run, step, ended)
 
         state = self._state(ns, name)
+        if ended is not None and state is not None and self._confirms():
+            self._confirmer_settlements(run, state)
         loop_spec = spec.loop_spec(tenant=ns, run=name)
         decision = self._next(run, spec, loop_spec, state, step, ended)
         if decision is None or spec.suspend:
@@ -384,6 +386,52 @@ class Controller:
             elif done and (existing.get("status") or {}).get("phase") != "Settled":
                 self.enqueue(("Reconciliation", ns, name), 0.0)  # settled elsewhere: mirror it
         return settled
+
+    def _confirms(self) -> bool:
+        pods = self.settings.pods
+        return bool(pods.confirmer or pods.confirmer_url)
+
+    def _confirmer_settlements(self, run: JSON, state: RunState) -> None:
+        """A step pod's confirmer may settle an unknown outcome without the run ever stopping
+        (it asks on the attempt after a crash): record each such settlement as a Reconciliation,
+        already Settled with source confirmer, so people see what was decided for them."""
+        if state.plan is None:
+            return
+        ns = run["metadata"]["namespace"]
+        for action in state.plan.actions:
+            record = self.stores.idempotency.get(ns, action.key)
+            if record is None or record.source != "confirmer":
+                continue
+            unknown = UnknownAction(action.id, action.tool, action.key)
+            body = resources.reconciliation(run, unknown)
+            name = body["metadata"]["name"]
+            if self.cache.get("Reconciliation", ns, name) is not None:
+                continue
+            verdict = "executed" if record.state is KeyState.COMPLETED else "abandoned"
+            try:
+                self.api.create_object("Reconciliation", ns, body)
+                settled = self.api.patch_status(
+                    "Reconciliation",
+                    ns,
+                    name,
+                    {
+                        "phase": "Settled",
+                        "verdict": verdict,
+                        "source": "confirmer",
+                        "settledBy": record.settled_by,
+                        "settledAt": now(),
+                    },
+                )
+            except (Conflict, Gone):
+                continue
+            self.cache.put("Reconciliation", settled)
+            self.api.event(
+                run,
+                type_="Normal",
+                reason="Settled",
+                message=f"{action.tool} ({action.id}) settled as {verdict} by the confirmer "
+                f"{record.settled_by}: reconciliation {name}",
+            )
 
     def _ensure_approvals(self, run: JSON, state: RunState) -> None:
         ns = run["metadata"]["namespace"]

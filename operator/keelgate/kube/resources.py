@@ -42,6 +42,7 @@ class StepPodSettings:
     store_secret: str = "keelgate-store"
     store_secret_key: str = "url"
     confirmer: str = ""
+    confirmer_url: str = ""
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -106,6 +107,8 @@ def step_pod(
     args = ["step", "--namespace", namespace, "--run", run_name]
     if settings.confirmer:
         args += ["--confirmer", settings.confirmer]
+    if settings.confirmer_url:
+        args += ["--confirmer-url", settings.confirmer_url]
     step_config = spec.step
     container: JSON = {
         "name": "step",
