@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -47,6 +47,11 @@ crds: venv
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv
 	$(PY) bench/loop_vs_commits.py
+
+## bench-cluster: the operator on the local control plane: step start, hand-off, API writes per
+## step, operator memory (figures: docs/performance.md)
+bench-cluster: venv e2e-build
+	$(PY) bench/cluster_steps.py
 
 typecheck: venv
 	$(VENV)/bin/mypy

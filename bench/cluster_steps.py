@@ -15,7 +15,7 @@ agent and PostgreSQL, built by `e2e/`), with the operator under its own service 
 4. **Operator memory**: peak resident set size while 100 runs are in flight, and runs finished
    per minute with the step-pod cap.
 
-Run: `make bench-operator` (or `PYTHONPATH=e2e .venv/bin/python bench/operator.py`). It must never
+Run: `make bench-cluster` (or `.venv/bin/python bench/cluster_steps.py`). It must never
 touch `.dev/` or another cluster: everything runs under a temporary directory and is stopped.
 """
 
