@@ -39,10 +39,12 @@ lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples
 	$(VENV)/bin/ruff format --check operator tests bench examples
 	$(PY) -m keelgate.kube.crds --check crds/
+	$(PY) -m keelgate.kube.crds --check charts/keelgate/crds/
 
 ## crds: regenerate crds/ from the manifest models (the single source of truth)
 crds: venv
 	$(PY) -m keelgate.kube.crds --write crds/
+	$(PY) -m keelgate.kube.crds --write charts/keelgate/crds/
 
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv

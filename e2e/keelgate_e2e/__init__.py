@@ -9,9 +9,11 @@ under `operator/` may import it, and it must never bind anything but 127.0.0.1.
 
 from __future__ import annotations
 
-__all__ = ["ETCD_VERSION", "KUBE_VERSION"]
+__all__ = ["ETCD_VERSION", "HELM_VERSION", "KUBE_VERSION"]
 
 #: The Kubernetes release pinned by e2e/tools/kube/go.mod.
 KUBE_VERSION = "v1.36.3"
 #: The etcd release pinned by e2e/tools/etcd/go.mod.
 ETCD_VERSION = "v3.6.16"
+#: The Helm release pinned by e2e/tools/helm/go.mod (installs the chart in `make up`).
+HELM_VERSION = "v4.3.2"

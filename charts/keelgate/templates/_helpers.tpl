@@ -1,0 +1,43 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "keelgate.labels" -}}
+app.kubernetes.io/name: keelgate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "keelgate.selector" -}}
+app.kubernetes.io/name: keelgate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "keelgate.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name }}
+{{- else -}}
+{{ default "default" .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{- define "keelgate.image" -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+
+{{- define "keelgate.storeSecretName" -}}
+{{- if .Values.store.existingSecret.name -}}
+{{ .Values.store.existingSecret.name }}
+{{- else -}}
+{{ .Release.Name }}-store
+{{- end -}}
+{{- end -}}
+
+{{- define "keelgate.storeSecretKey" -}}
+{{- if .Values.store.existingSecret.name -}}
+{{ .Values.store.existingSecret.key }}
+{{- else -}}
+url
+{{- end -}}
+{{- end -}}

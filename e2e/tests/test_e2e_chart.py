@@ -1,0 +1,167 @@
+"""The Helm chart `charts/keelgate` with a real `helm` (built from helm.sh/helm/v4 beside the
+control plane) against the real API server: lint, what it renders, what the server accepts,
+and what it refuses before anything is installed.
+
+It must never install into the session's cluster except in its own throwaway namespaces, and
+never depend on objects outside them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from keelgate_e2e import build
+from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.kube import JSON
+from keelgate_e2e.testing import Kubectl
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "keelgate"
+DEPLOY = ROOT / "deploy"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The pinned helm (or a new enough one on PATH)."""
+    return build.ensure()["helm"].path
+
+
+def run_helm(helm: Path, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def rendered(helm: Path, cluster: Cluster, *values: str) -> list[JSON]:
+    out = run_helm(helm, cluster, "template", "kg", str(CHART), "-n", "keelgate-system", *values)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def test_the_chart_lints_clean(helm: Path, cluster: Cluster) -> None:
+    """`helm lint --strict` finds nothing to say, with the values a user must give."""
+    out = run_helm(
+        helm, cluster, "lint", "--strict", str(CHART), "--set", "store.url=postgresql://db/kg"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_what_the_chart_renders_is_accepted_by_the_api_server(
+    helm: Path, cluster: Cluster, kubectl_bin: Path
+) -> None:
+    """`helm template --include-crds` output passes `kubectl apply --dry-run=server`: every
+    object, the admission policy's CEL included, is valid for the real API server."""
+    out = run_helm(
+        helm,
+        cluster,
+        "template",
+        "kg",
+        str(CHART),
+        "-n",
+        "default",
+        "--include-crds",
+        "--set",
+        "store.url=postgresql://db/kg",
+        "--set",
+        "allowFailpoints=true",
+    )
+    assert out.returncode == 0, out.stderr
+    kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
+    applied = kubectl("apply", "--dry-run=server", "-f", "-", stdin=out.stdout)
+    assert "deployment.apps/kg-operator created (server dry run)" in applied.stdout
+    assert "validatingadmissionpolicy" in applied.stdout
+
+
+def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
+    helm: Path, cluster: Cluster
+) -> None:
+    """The chart's CRDs are crds/ byte for byte; its RBAC rules, user roles and admission
+    policy are deploy/'s; the operator runs as one replica replaced (never rolled), non-root,
+    with a read-only root filesystem, probes, and the store URL from a Secret by reference."""
+    for crd in (ROOT / "crds").glob("*.yaml"):
+        assert (CHART / "crds" / crd.name).read_text() == crd.read_text()
+    docs = rendered(helm, cluster, "--set", "store.existingSecret.name=pg")
+    by_kind: dict[tuple[str, str], JSON] = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    plain = {
+        (d["kind"], d["metadata"]["name"]): d
+        for path in ("rbac.yaml", "user-roles.yaml", "admission.yaml")
+        for d in yaml.safe_load_all((DEPLOY / path).read_text())
+        if d
+    }
+    assert (
+        by_kind[("ClusterRole", "kg-operator")]["rules"]
+        == (plain[("ClusterRole", "keelgate-operator")]["rules"])
+    )
+    for name in ("keelgate-view", "keelgate-edit"):
+        assert by_kind[("ClusterRole", name)]["rules"] == plain[("ClusterRole", name)]["rules"]
+        chart_labels = by_kind[("ClusterRole", name)]["metadata"]["labels"]
+        assert plain[("ClusterRole", name)]["metadata"]["labels"].items() <= chart_labels.items()
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        name = "keelgate-decided-by-requester"
+        assert by_kind[(kind, name)]["spec"] == plain[(kind, name)]["spec"]
+    deployment = by_kind[("Deployment", "kg-operator")]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    store = next(e for e in container["env"] if e["name"] == "KEELGATE_STORE")
+    assert store["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "url"}
+    assert "--allow-failpoints" not in container["args"]  # off unless asked for
+    assert ("Secret", "kg-store") not in by_kind  # an existing Secret: none made
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ("operator.maxStepPods=many", "/operator/maxStepPods"),
+        ("allowFailpoints=maybe", "/allowFailpoints"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("store.url=mysql://db", "/store/url"),
+        ("operator.typo=1", "/operator"),
+    ],
+)
+def test_a_wrong_value_fails_helm_install_naming_the_value(
+    helm: Path, cluster: Cluster, value: str, path: str
+) -> None:
+    """values.schema.json stops a wrong type, an unknown choice or a misspelled key at
+    `helm install`, naming the value's path, before anything reaches the cluster."""
+    out = run_helm(
+        helm,
+        cluster,
+        "install",
+        "bad",
+        str(CHART),
+        "-n",
+        "default",
+        "--dry-run=server",
+        "--set",
+        "store.url=postgresql://db/kg",
+        "--set",
+        value,
+    )
+    assert out.returncode != 0
+    assert path in out.stderr, out.stderr
+
+
+def test_a_chart_without_a_store_says_which_value_to_set(helm: Path, cluster: Cluster) -> None:
+    """No store given: the chart refuses in one line naming store.existingSecret.name and
+    store.url."""
+    out = run_helm(helm, cluster, "template", "kg", str(CHART))
+    assert out.returncode != 0
+    assert "store.existingSecret.name" in out.stderr and "store.url" in out.stderr
