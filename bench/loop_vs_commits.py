@@ -105,7 +105,7 @@ def write_tool() -> PythonTool:
 
 def drive(store: Any, run: str, iterations: int, model: StampedModel) -> None:
     """Run (or resume) ``run`` until it has done ``iterations`` more iterations."""
-    loop = Loop(stores=Stores(store, store, store), model=model, tools=[write_tool()])
+    loop = Loop(stores=Stores.of(store), model=model, tools=[write_tool()])
     done = 0
     with contextlib.suppress(RunNotFound):
         done = loop.state(TENANT, run).iteration

@@ -42,7 +42,7 @@ def _loop(store: Any, sent: list[str]) -> Loop:
         return {"placed": True}
 
     return Loop(
-        stores=Stores(store, store, store),
+        stores=Stores.of(store),
         model=ScriptedModel(SCRIPT),
         tools=[PythonTool("place_order", place, SideEffect.WRITE)],
     )
@@ -90,7 +90,7 @@ def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_
         return {"placed": True}
 
     loop = Loop(
-        stores=Stores(memory, memory, memory),
+        stores=Stores.of(memory),
         model=ScriptedModel(SCRIPT),
         tools=[PythonTool("place_order", place, SideEffect.WRITE)],
     )

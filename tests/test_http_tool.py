@@ -199,7 +199,7 @@ def test_without_a_schema_the_url_placeholders_are_required() -> None:
 
 def _loop(path: Path, shop: Shop, model: Model, **kwargs: Any) -> tuple[Loop, Stores]:
     store = SQLiteStore(path)
-    stores = Stores(store, store, store)
+    stores = Stores.of(store)
     timeout = kwargs.pop("timeout", 5)
     tools = [_inventory(shop), _order(shop, timeout=timeout)]
     return Loop(stores=stores, model=model, tools=tools, **kwargs), stores

@@ -972,7 +972,7 @@ def _finished_run(db: Path, world: World) -> None:
 def _chain(db: Path) -> tuple[bool, tuple[str, ...]]:
     store = SQLiteStore(db)
     try:
-        report = Loop(stores=Stores(store, store, store)).verify_audit("shop", "restock")
+        report = Loop(stores=Stores.of(store)).verify_audit("shop", "restock")
     finally:
         store.close()
     return report.ok, report.problems

@@ -27,7 +27,7 @@ SPEC = LoopSpec("shop", "edges", "restock", budget=Budget(max_iterations=5))
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[Stores]:
     store = SQLiteStore(tmp_path / "k.db")
-    yield Stores(store, store, store)
+    yield Stores.of(store)
     store.close()
 
 

@@ -139,7 +139,7 @@ def test_a_verification_loop_refuses_a_tool_the_manifest_calls_write(
         {"actions": [{"tool": "stock_as_write", "args": {"sku": "A1"}}]},
         {"done": True, "answer": "checked"},
     ]
-    loop = Loop(stores=Stores(store, store, store), model=ScriptedModel(script), tools=[tool])
+    loop = Loop(stores=Stores.of(store), model=ScriptedModel(script), tools=[tool])
     spec = LoopSpec("shop", "check", "Check A1", kind=LoopKind.VERIFICATION)
     outcome = loop.run_or_resume(spec)
     assert outcome.stop.reason is StopReason.GOAL_MET
@@ -216,9 +216,7 @@ def test_read_and_write_through_the_loop_with_a_crash_and_restart(
     def build() -> tuple[Loop, SQLiteStore]:
         store = SQLiteStore(path)
         tools = list(_shop(fake).values())
-        return Loop(
-            stores=Stores(store, store, store), model=ScriptedModel(script), tools=tools
-        ), store
+        return Loop(stores=Stores.of(store), model=ScriptedModel(script), tools=tools), store
 
     loop, store = build()
     with failpoints.armed({"after_gateway_call": 2}, mode="raise"), pytest.raises(SimulatedCrash):

@@ -240,7 +240,7 @@ def test_reported_usage_drives_the_token_budget(llm: LlmFake, tmp_path: Path) ->
         return {"placed": True}
 
     loop = Loop(
-        stores=Stores(store, store, store),
+        stores=Stores.of(store),
         model=_model(llm),
         tools=[PythonTool("place_order", place, SideEffect.WRITE)],
     )
@@ -256,7 +256,7 @@ def test_a_4xx_stops_the_run_failed_with_the_providers_message(
     """A provider refusal fails the run with Anthropic's message, on one line."""
     llm.add(anthropic_error(404, "model: claude-nope", kind="not_found_error"))
     store = SQLiteStore(tmp_path / "keelgate.db")
-    loop = Loop(stores=Stores(store, store, store), model=_model(llm))
+    loop = Loop(stores=Stores.of(store), model=_model(llm))
     outcome = loop.run_or_resume(LoopSpec("shop", "r1", "Restock A1"))
     assert outcome.stop.reason is StopReason.FAILED and not outcome.resumable
     assert outcome.stop.message == "model: anthropic: 404 model: claude-nope"

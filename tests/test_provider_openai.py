@@ -265,7 +265,7 @@ def _loop(tmp_path: Path, model: OpenAIModel, orders: list[dict[str, Any]]) -> L
         return {"placed": True}
 
     return Loop(
-        stores=Stores(store, store, store),
+        stores=Stores.of(store),
         model=model,
         tools=[PythonTool("place_order", place, SideEffect.WRITE)],
     )
@@ -319,7 +319,7 @@ def test_an_outage_leaves_the_run_where_it_was_to_be_tried_again(
         _loop(tmp_path, _model(llm), orders).run_or_resume(spec)
     store = SQLiteStore(tmp_path / "keelgate.db")
     try:
-        before = Loop(stores=Stores(store, store, store)).state("shop", "restock")
+        before = Loop(stores=Stores.of(store)).state("shop", "restock")
     finally:
         store.close()
     assert before.stop is None and before.iteration == 1
@@ -413,7 +413,7 @@ def test_a_manifest_with_openai_http_and_mcp_tools_runs_end_to_end(
         text = MANIFEST.format(llm=llm.base_url, shop=shop.url, mcp=mcp.url)
         spec = load_agentrun(text).to_loop_spec()
         store = SQLiteStore(tmp_path / "keelgate.db")
-        loop = build_loop(spec, Stores(store, store, store))
+        loop = build_loop(spec, Stores.of(store))
         outcome = loop.run_or_resume(spec)
         assert outcome.stop.reason is StopReason.GOAL_MET, outcome.stop.message
         assert outcome.answer == "Ordered 20 from the shop and 5 from the supplier."

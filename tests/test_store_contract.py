@@ -664,3 +664,78 @@ def test_many_processes_may_open_a_fresh_postgres_database_at_once(pg_url: str) 
     finally:
         for store in opened:
             store.close()
+
+
+# What stores can do together is declared
+
+
+def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Path) -> None:
+    """open_stores declares each backend's promises: one SQL or memory backend commits a
+    checkpoint with its events and a claim with its start event; a LangGraph saver commits
+    alone, so only its companion's claim carries an event. One object in every role promises
+    nothing unless it is declared, and a promise the checkpoint store cannot keep is refused."""
+    from keelgate.core.protocols import Capabilities, Stores
+    from keelgate.stores.sqlite import SQLiteStore
+
+    both = Capabilities(checkpoint_with_events=True, claim_with_event=True)
+    expected = {
+        "memory://": both,
+        f"sqlite:///{tmp_path}/a.db": both,
+        f"langgraph+sqlite:///{tmp_path}/b.db": Capabilities(claim_with_event=True),
+    }
+    for url, capabilities in expected.items():
+        stores = open_stores(url)
+        try:
+            assert stores.capabilities == capabilities, url
+            assert (stores.joint is not None) == capabilities.checkpoint_with_events, url
+        finally:
+            stores.close()
+    store = SQLiteStore(tmp_path / "c.db")
+    try:
+        undeclared = Stores(store, store, store)
+        assert undeclared.capabilities == Capabilities() and undeclared.joint is None
+        assert Stores.of(store).capabilities == both
+        langgraph = open_stores(f"langgraph+sqlite:///{tmp_path}/d.db")
+        try:
+            with pytest.raises(TypeError):
+                Stores(langgraph.checkpoints, store, store, None, both)
+        finally:
+            langgraph.close()
+    finally:
+        store.close()
+
+
+def test_a_loop_over_stores_that_promise_nothing_keeps_a_whole_chain(tmp_path: Path) -> None:
+    """Without declared promises the events ride in each checkpoint's outbox and are appended
+    after it: the run finishes, its WRITE ran once, and its chain verifies."""
+    from keelgate.adapters.models.scripted import ScriptedModel
+    from keelgate.adapters.tools.python import PythonTool
+    from keelgate.core.loop import Loop
+    from keelgate.core.protocols import Stores
+    from keelgate.core.spec import LoopSpec
+    from keelgate.core.types import SideEffect, StopReason
+    from keelgate.stores.sqlite import SQLiteStore
+
+    sent: list[str | None] = []
+
+    def place(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+        sent.append(idempotency_key)
+        return {"placed": True}
+
+    store = SQLiteStore(tmp_path / "k.db")
+    try:
+        loop = Loop(
+            stores=Stores(store, store, store),
+            model=ScriptedModel(
+                [{"actions": [{"tool": "place_order", "args": {"sku": "A1"}}]}, {"done": True}]
+            ),
+            tools=[PythonTool("place_order", place, SideEffect.WRITE)],
+        )
+        outcome = loop.run_or_resume(LoopSpec("shop", "plain", "order"))
+        assert outcome.stop.reason is StopReason.GOAL_MET
+        assert len(sent) == 1
+        types = [e.type for e in loop.audit("shop", "plain")]
+        assert "loop.action_started" in types and types[-1] == "loop.stopped"
+        assert loop.verify_audit("shop", "plain").ok
+    finally:
+        store.close()

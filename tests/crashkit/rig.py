@@ -44,7 +44,7 @@ def memory_opener() -> StoreOpener:
 
     def opener() -> Stores:
         store = MemoryStore(backend)
-        return Stores(store, store, store)
+        return Stores.of(store)
 
     return opener
 
@@ -56,7 +56,7 @@ def sqlite_opener(path: Path, *, synchronous: str = "FULL") -> StoreOpener:
 
     def opener() -> Stores:
         store = SQLiteStore(path, synchronous=synchronous)
-        return Stores(store, store, store)
+        return Stores.of(store)
 
     return opener
 

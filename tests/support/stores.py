@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from keelgate.core.protocols import Stores
+from keelgate.core.protocols import Capabilities, Stores
 from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 
@@ -61,7 +61,7 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
 
         def memory() -> Stores:
             store = MemoryStore(data)
-            return Stores(store, store, store, store)
+            return Stores.of(store)
 
         return StoreFactory(backend, memory, None)
     if backend == "langgraph-memory":
@@ -74,7 +74,8 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
 
         def langgraph_memory() -> Stores:
             companion = MemoryStore(keys)
-            return Stores(LangGraphCheckpointStore(saver), companion, companion)
+            together = Capabilities(claim_with_event=True)  # as open_stores declares it
+            return Stores(LangGraphCheckpointStore(saver), companion, companion, None, together)
 
         return StoreFactory(backend, langgraph_memory, None)
     if backend == "sqlite":

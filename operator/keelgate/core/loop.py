@@ -216,11 +216,9 @@ class Loop:
 
 
 def _joint(stores: Stores) -> CheckpointLog | None:
-    """The backend that holds checkpoints and the audit chain together, if one does."""
-    checkpoints: object = stores.checkpoints
-    if checkpoints is stores.audit and isinstance(checkpoints, CheckpointLog):
-        return checkpoints
-    return None
+    """The backend that holds checkpoints and the audit chain together, if the stores declare
+    one (``Capabilities.checkpoint_with_events``)."""
+    return stores.joint
 
 
 def _persist(
@@ -292,7 +290,6 @@ class _Session:
         self.stores = loop.stores
         self.mark = loop.clock()
         self.price = loop.price()
-        keys: object = loop.stores.idempotency
         self.joint = _joint(loop.stores)
         self.pending: list[AuditDraft] = []
         self.gateway = Gateway(
@@ -304,7 +301,7 @@ class _Session:
             emit=self.pending.append,
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
-            durable_start=keys is loop.stores.audit,
+            durable_start=loop.stores.capabilities.claim_with_event,
             audit=loop.stores.audit,
         )
         self.tool_infos = tuple(

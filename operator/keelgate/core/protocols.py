@@ -182,14 +182,60 @@ class CheckpointLog(Protocol):
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a set of stores can do beyond the protocols, declared by whoever assembles them
+    (``open_stores``, ``Stores.of``), never inferred: the loop trusts each promise, and a
+    promise a backend does not keep would lose audit events.
+
+    Nothing is promised by default, and that is always safe: events then ride in the
+    checkpoint's outbox and are appended after it (re-appended on resume after a crash).
+    """
+
+    # ``checkpoints.save_with_events`` saves a checkpoint and appends its events to ``audit``'s
+    # chain in one transaction (one commit; never one without the other).
+    checkpoint_with_events: bool = False
+    # ``idempotency.claim(event=...)`` appends the event to ``audit``'s chain in the claim's own
+    # transaction, only if the claim wins: a WRITE's start is on the chain before it is sent.
+    claim_with_event: bool = False
+
+
+class Backend(CheckpointStore, IdempotencyStore, AuditLog, SpecStore, Protocol):
+    """One object serving every role, declaring what it can do when it does (``Stores.of``)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+
+@dataclass(frozen=True)
 class Stores:
     """The three stores a loop needs, and where driven runs' specs are recorded (``specs``,
-    for the operator and its step pods); one backend object may serve all of them."""
+    for the operator and its step pods); one backend object may serve all of them
+    (``Stores.of``). ``capabilities`` is what they promise together."""
 
     checkpoints: CheckpointStore
     idempotency: IdempotencyStore
     audit: AuditLog
     specs: SpecStore | None = None
+    capabilities: Capabilities = Capabilities()
+
+    def __post_init__(self) -> None:
+        if self.capabilities.checkpoint_with_events and not isinstance(
+            self.checkpoints, CheckpointLog
+        ):
+            raise TypeError("checkpoint_with_events is declared, but checkpoints cannot do it")
+
+    @classmethod
+    def of(cls, backend: Backend) -> Stores:
+        """One backend in every role, with the capabilities it declares."""
+        return cls(backend, backend, backend, backend, backend.capabilities)
+
+    @property
+    def joint(self) -> CheckpointLog | None:
+        """The checkpoint store that commits a checkpoint with its events, if one is declared."""
+        if self.capabilities.checkpoint_with_events:
+            assert isinstance(self.checkpoints, CheckpointLog)  # checked when constructed
+            return self.checkpoints
+        return None
 
     def close(self) -> None:
         """Close each distinct store once. Closing is what a process death does: nothing in

@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelgate.core.protocols import Stores
+from keelgate.core.protocols import Capabilities, Stores
 from keelgate.errors import InputError, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
@@ -128,7 +128,7 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         from keelgate.stores.sqlite import SQLiteStore
 
         store = SQLiteStore(sqlite_path(url))
-        return Stores(store, store, store, store)
+        return Stores.of(store)
     if scheme in ("postgresql", "postgres"):
         try:
             from keelgate.stores.postgres import PostgresStore
@@ -136,12 +136,12 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
             raise _needs_extra(scheme, "postgres", missing) from None
 
         pg = PostgresStore(url)
-        return Stores(pg, pg, pg, pg)
+        return Stores.of(pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore
 
         memory = MemoryStore()
-        return Stores(memory, memory, memory, memory)
+        return Stores.of(memory)
     if scheme == "langgraph+sqlite":
         try:
             from keelgate.stores.langgraph import LangGraphCheckpointStore
@@ -156,7 +156,9 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         except BaseException:
             companion.close()
             raise
-        return Stores(checkpoints, companion, companion, companion)
+        # The saver commits alone; the companion holds keys and audit in one transaction.
+        together = Capabilities(claim_with_event=companion.capabilities.claim_with_event)
+        return Stores(checkpoints, companion, companion, companion, together)
     raise AssertionError(f"unhandled store kind {scheme}")  # _parse knows only SCHEMES
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
+from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint
 from keelgate.stores._holds import OwnerHolds
@@ -44,6 +44,9 @@ class MemoryBackend:
 
 class MemoryStore:
     """Checkpoint, idempotency and audit store in one, over a MemoryBackend."""
+
+    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
+    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
 
     def __init__(self, backend: MemoryBackend | None = None) -> None:
         self.backend = backend or MemoryBackend()

@@ -48,7 +48,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
+from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import (
     InputError,
@@ -154,6 +154,9 @@ def _one_line(error: BaseException, secret: str) -> str:
 
 class PostgresStore:
     """Checkpoint, idempotency and audit store over one PostgreSQL database."""
+
+    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
+    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
 
     def __init__(
         self,

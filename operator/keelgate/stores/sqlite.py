@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Checkpoint, RecordedSpec, RunRef
+from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint, StoreError, StoreUnavailable
 from keelgate.stores._holds import OwnerHolds
@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS keelgate_specs (
 
 class SQLiteStore:
     """Checkpoint, idempotency and audit store over one SQLite file."""
+
+    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
+    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
         # The real file, not the path given: every opener must find the same owners folder.
