@@ -57,8 +57,9 @@ from keelgate.core.spec import Budget, LoopSpec  # noqa: E402
 from keelgate.core.state import HISTORY_WINDOW, OUTPUT_CAP  # noqa: E402
 from keelgate.core.types import KeyRecord, SideEffect  # noqa: E402
 from keelgate.errors import RunNotFound  # noqa: E402
+from keelgate.stores._sql import schema_ddl  # noqa: E402
 from keelgate.stores.memory import MemoryStore  # noqa: E402
-from keelgate.stores.sqlite import SCHEMA as SQLITE_SCHEMA  # noqa: E402
+from keelgate.stores.sqlite import SQLITE  # noqa: E402
 
 TENANT = "bench"
 TOOL = "write"
@@ -253,7 +254,7 @@ class RawSession(Protocol):
 
 # The baseline's tables are the stores' own, under other names: same columns, keys and index, so
 # the two sides pay for the same B-trees and cannot drift apart.
-RAW_SCHEMA = SQLITE_SCHEMA.replace("keelgate_", "raw_")
+RAW_SCHEMA = schema_ddl(SQLITE).replace("keelgate_", "raw_")
 
 UPSERT = (
     "INSERT INTO raw_checkpoints (tenant, run, seq, state) VALUES ({p}, {p}, {p}, {p}) "
@@ -467,11 +468,11 @@ class PostgresRaw:
     def __init__(self, url: str, payload: Payload, counter: Callable[[], int]) -> None:
         import psycopg
 
-        from keelgate.stores.postgres import SCHEMA as PG_SCHEMA
+        from keelgate.stores.postgres import POSTGRES
 
         self.db = psycopg.connect(url, autocommit=True)
         with self.db.transaction():
-            self.db.execute(PG_SCHEMA.replace("keelgate_", "raw_"))
+            self.db.execute(schema_ddl(POSTGRES).replace("keelgate_", "raw_"))
         self.plan = _RawPlan(payload, "raw")
         self.owner = 1
         self.upsert = _sql(UPSERT, "%s")

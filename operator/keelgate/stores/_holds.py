@@ -88,3 +88,23 @@ def wait_for_running_calls(timeout: float) -> bool:
                 return False
             _held.wait(left)
     return True
+
+
+class HoldsOwner:
+    """``hold`` and a ``close`` deferred past every hold, for a store whose ``_close_now``
+    really closes it and so releases its owner (every store with idempotency keys)."""
+
+    _holds: OwnerHolds
+
+    def hold(self) -> Callable[[], None]:
+        """Keep this store's owner alive, even past ``close``, until the returned function is
+        called: a call it started may still run."""
+        return self._holds.hold()
+
+    def close(self) -> None:
+        """Close the store and release its owner: from then on its in-flight keys read unknown.
+        Deferred while a hold is taken."""
+        self._holds.close(self._close_now)
+
+    def _close_now(self) -> None:
+        raise NotImplementedError

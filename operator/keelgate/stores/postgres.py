@@ -2,7 +2,10 @@
 any number of processes on any number of hosts (psycopg 3, pooled).
 
 It holds exactly the JSON the SQLite store holds (states and results as JSON text), so a run can
-move between the two.
+move between the two: the SQL and the stores' logic are ``keelgate.stores._sql``'s, shared with
+SQLite. This module keeps the connections (a pool, and the owner session), the schema lock (a
+transaction-level advisory lock, so many processes may open a fresh database at once) and owner
+liveness.
 
 Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id from the
 sequence ``keelgate_owner_seq`` and holds a session-level advisory lock on it, on a dedicated
@@ -37,28 +40,19 @@ error message.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
-from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import (
-    InputError,
-    SettleError,
-    StaleCheckpoint,
-    StoreError,
-    StoreUnavailable,
-)
-from keelgate.stores._holds import OwnerHolds
-from keelgate.stores._json import dumps
+from keelgate.errors import InputError, StoreError, StoreUnavailable
+from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
+
+T = TypeVar("T")
 
 # Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
@@ -69,40 +63,25 @@ DRIVER_SPACE = 0x4B470004  # a run's driver (RunLock), keyed by a 32-bit digest 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 
-SCHEMA = """
-CREATE SEQUENCE IF NOT EXISTS keelgate_owner_seq AS integer;
-CREATE TABLE IF NOT EXISTS keelgate_checkpoints (
-    tenant text NOT NULL, run text NOT NULL, seq bigint NOT NULL, state text NOT NULL,
-    PRIMARY KEY (tenant, run));
-CREATE TABLE IF NOT EXISTS keelgate_keys (
-    tenant text NOT NULL, key text NOT NULL, run text NOT NULL, action text NOT NULL,
-    tool text NOT NULL, state text NOT NULL, owner integer, result text,
-    settled_by text NOT NULL DEFAULT '', source text NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant, key));
-CREATE TABLE IF NOT EXISTS keelgate_audit (
-    tenant text NOT NULL, run text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
-    actor text NOT NULL, at text NOT NULL, data text NOT NULL, key text,
-    prev text NOT NULL, hash text NOT NULL,
-    PRIMARY KEY (tenant, run, seq));
-CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
-    WHERE key IS NOT NULL;
-CREATE TABLE IF NOT EXISTS keelgate_specs (
-    tenant text NOT NULL, run text NOT NULL, source text NOT NULL, generation bigint NOT NULL,
-    spec text NOT NULL, PRIMARY KEY (tenant, run));
-"""
-
-# One statement: the record and, for an in-flight key, whether its owner session still lives.
-# The inner CASE takes the owner's lock only to learn that nobody holds it, and drops it at once.
-KEY_SELECT = f"""
-SELECT tenant, key, run, action, tool, state, owner, result, settled_by, source,
-    CASE WHEN state <> 'in_flight' OR owner IS NULL THEN false
-         WHEN pg_try_advisory_lock({OWNER_SPACE}, owner)
-              THEN NOT pg_advisory_unlock({OWNER_SPACE}, owner)
-         ELSE true END
-FROM keelgate_keys WHERE tenant = %s AND key = %s
-"""
-
-EVENT_COLUMNS = "seq, type, actor, at, data, key, prev, hash"
+POSTGRES = Dialect(
+    placeholder="%s",
+    bigint="bigint",
+    owner_type="integer",
+    owner_setup="CREATE SEQUENCE IF NOT EXISTS keelgate_owner_seq AS integer;",
+    # A store's keys may carry any owner id it has had (a new one after its session was lost).
+    mine="owner = ANY(?)",
+    same="IS NOT DISTINCT FROM",
+    byte_order=' COLLATE "C"',  # as SQLite and Python sort, whatever the database's collation
+    # In the key's own SELECT: whether an in-flight key's owner session still lives. The inner
+    # CASE takes the owner's lock only to learn that nobody holds it, and drops it at once.
+    liveness=(
+        "CASE WHEN state <> 'in_flight' OR owner IS NULL THEN false "
+        f"WHEN pg_try_advisory_lock({OWNER_SPACE}, owner) "
+        f"THEN NOT pg_advisory_unlock({OWNER_SPACE}, owner) "
+        "ELSE true END"
+    ),
+    schema_table_exists="SELECT to_regclass('keelgate_schema') IS NOT NULL",
+)
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -152,11 +131,10 @@ def _one_line(error: BaseException, secret: str) -> str:
     return line.replace(secret, "***") if secret else line
 
 
-class PostgresStore:
+class PostgresStore(SQLStore):
     """Checkpoint, idempotency and audit store over one PostgreSQL database."""
 
-    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
-    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
+    dialect = POSTGRES
 
     def __init__(
         self,
@@ -166,6 +144,7 @@ class PostgresStore:
         max_size: int = 8,
         connect_timeout: int = 10,
     ) -> None:
+        super().__init__()
         self.url = url
         self.target, params = _safe_target(url)
         self._secret = str(params.get("password") or "")
@@ -178,11 +157,8 @@ class PostgresStore:
             "keepalives_count": KEEPALIVE_COUNT,
         }
         self._kwargs = {k: v for k, v in defaults.items() if k not in params}
-        self._holds = OwnerHolds()
         self._owner_lock = threading.Lock()
         self._owner_conn: Conn | None = None
-        # The last event this store committed on each run's chain (see _append).
-        self._heads: dict[tuple[str, str], AuditEvent | None] = {}
         self._owner_ids: list[int] = []
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
@@ -202,6 +178,9 @@ class PostgresStore:
             self.close()
             # Whatever went wrong, the store could not be opened: nothing was read or written.
             raise self._error(error, StoreUnavailable) from None
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def owner(self) -> int:
@@ -218,11 +197,17 @@ class PostgresStore:
 
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
-        try:
+
+        @contextmanager
+        def schema_lock() -> Iterator[Connection]:
             with conn.transaction():
-                # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once.
+                # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once, and a
+                # migration must run once: every opener takes this lock before changing anything.
                 conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
-                conn.execute(SCHEMA)
+                yield conn
+
+        try:
+            migrate(conn, POSTGRES, schema_lock, where=f"PostgreSQL store {self.target}")
             # The server ends this session (releasing our lock) soon after the host goes silent,
             # and must never end it for being idle.
             conn.execute(f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}")
@@ -241,16 +226,6 @@ class PostgresStore:
         self._owner_conn = conn
         self._owner_ids.append(owner)
 
-    def hold(self) -> Callable[[], None]:
-        """Keep this store's owner session alive, even past ``close``, until the returned
-        function is called: a call it started may still run (see ``keelgate.stores._holds``)."""
-        return self._holds.hold()
-
-    def close(self) -> None:
-        """Close the pool and the owner session; this store's in-flight keys then read unknown.
-        Deferred while a hold is taken."""
-        self._holds.close(self._close_now)
-
     def _close_now(self) -> None:
         if self._pool is not None:
             self._pool.close()
@@ -264,8 +239,10 @@ class PostgresStore:
                 self._owner_conn.close()
                 self._owner_conn = None
 
+    # Connections and transactions: the pool for everything but claims.
+
     @contextmanager
-    def _conn(self) -> Iterator[Conn]:
+    def _statement(self) -> Iterator[Connection]:
         if self._pool is None:
             raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
         try:
@@ -274,14 +251,20 @@ class PostgresStore:
         except psycopg.Error as error:
             raise self._error(error) from None
 
-    def _claim_on_owner_session(
-        self, tenant: str, key: str, run: str, action: str, tool: str, event: AuditDraft | None
-    ) -> bool:
-        """INSERT the claim on the owner session; True if this store won the key.
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._statement() as conn:
+            assert isinstance(conn, psycopg.Connection)
+            with conn.transaction():
+                yield conn
 
-        If the owner session was lost, a new one (new owner id) is opened and the claim tried
-        once more. That is safe: had the first INSERT landed, the retry meets it as a key of a
-        gone owner, which reads outcome_unknown, a stop.
+    def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
+        """Run ``work`` in a transaction on the owner session: a key is only ever recorded
+        while its owner lock is held.
+
+        If the owner session was lost, a new one (new owner id) is opened and the work tried
+        once more. That is safe for a claim: had the first INSERT landed, the retry meets it as
+        a key of a gone owner, which reads outcome_unknown, a stop.
         """
         with self._owner_lock:
             for attempt in (1, 2):
@@ -294,21 +277,7 @@ class PostgresStore:
                     conn = self._owner_conn
                     assert conn is not None
                     with conn.transaction():
-                        cursor = conn.execute(
-                            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, "
-                            "owner) VALUES (%s, %s, %s, %s, %s, 'in_flight', %s) "
-                            "ON CONFLICT DO NOTHING",
-                            (tenant, key, run, action, tool, self.owner),
-                        )
-                        claimed = cursor.rowcount == 1
-                        head = (
-                            self._append(conn, tenant, run, [event])
-                            if claimed and event is not None
-                            else _UNKNOWN
-                        )
-                    if head is not _UNKNOWN:
-                        self._remember(tenant, run, head)
-                    return claimed
+                        return work(conn)
                 except psycopg.Error as error:
                     conn = self._owner_conn
                     if conn is None or not (conn.broken or conn.closed) or attempt == 2:
@@ -360,276 +329,14 @@ class PostgresStore:
 
         return release
 
-    # CheckpointStore
+    # Owner liveness
 
-    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
-        text = dumps(state)
-        with self._conn() as conn:
-            self._save(conn, tenant, run, seq, text)
+    def _owner_id(self) -> int:
+        return self.owner
 
-    def _save(self, conn: Conn, tenant: str, run: str, seq: int, text: str) -> None:
-        cursor = conn.execute(
-            "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT (tenant, run) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state "
-            "WHERE keelgate_checkpoints.seq < EXCLUDED.seq",
-            (tenant, run, seq, text),
-        )
-        if cursor.rowcount == 1:
-            return
-        row = conn.execute(
-            "SELECT seq FROM keelgate_checkpoints WHERE tenant = %s AND run = %s", (tenant, run)
-        ).fetchone()
-        raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
+    def _owned(self) -> list[int]:
+        return self._owner_ids
 
-    def save_with_events(
-        self,
-        tenant: str,
-        run: str,
-        seq: int,
-        state: Mapping[str, Any],
-        drafts: Sequence[AuditDraft],
-    ) -> None:
-        """Save a checkpoint and append its audit events in one transaction (one commit)."""
-        text = dumps(state)
-        with self._conn() as conn:
-            if not drafts:
-                # One autocommit statement is already atomic: BEGIN and COMMIT would only add
-                # two round trips (the observe checkpoint of every iteration carries no event).
-                self._save(conn, tenant, run, seq, text)
-                return
-            with conn.transaction():
-                self._save(conn, tenant, run, seq, text)
-                head = self._append(conn, tenant, run, drafts)
-            self._remember(tenant, run, head)
-
-    def load(self, tenant: str, run: str) -> Checkpoint | None:
-        with self._conn() as conn:
-            row = conn.execute(
-                "SELECT seq, state FROM keelgate_checkpoints WHERE tenant = %s AND run = %s",
-                (tenant, run),
-            ).fetchone()
-        if row is None:
-            return None
-        return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
-
-    def runs(self, tenant: str | None = None) -> list[RunRef]:
-        # Byte order, as SQLite and Python sort, whatever the database's collation.
-        with self._conn() as conn:
-            rows = conn.execute(
-                "SELECT tenant, run, seq FROM keelgate_checkpoints "
-                "WHERE %(t)s::text IS NULL OR tenant = %(t)s "
-                'ORDER BY tenant COLLATE "C", run COLLATE "C"',
-                {"t": tenant},
-            ).fetchall()
-        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
-
-    # SpecStore
-
-    def record_spec(
-        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
-    ) -> bool:
-        with self._conn() as conn:
-            cursor = conn.execute(
-                "INSERT INTO keelgate_specs (tenant, run, source, generation, spec) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant, run) DO UPDATE SET "
-                "source = EXCLUDED.source, generation = EXCLUDED.generation, spec = EXCLUDED.spec "
-                "WHERE keelgate_specs.source <> EXCLUDED.source "
-                "OR keelgate_specs.generation <= EXCLUDED.generation",
-                (tenant, run, source, generation, dumps(spec)),
-            )
-        return cursor.rowcount == 1
-
-    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
-        with self._conn() as conn:
-            row = conn.execute(
-                "SELECT source, generation, spec FROM keelgate_specs "
-                "WHERE tenant = %s AND run = %s",
-                (tenant, run),
-            ).fetchone()
-        if row is None:
-            return None
-        return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
-
-    # IdempotencyStore
-
-    @staticmethod
-    def _record(row: Sequence[Any]) -> KeyRecord:
-        tenant, key, run, action, tool, state, _owner, result, settled_by, source, alive = row
-        key_state = KeyState(state)
-        if key_state is KeyState.IN_FLIGHT and not alive:
-            key_state = KeyState.OUTCOME_UNKNOWN
-        return KeyRecord(
-            tenant,
-            key,
-            run,
-            action,
-            tool,
-            key_state,
-            None if result is None else json.loads(result),
-            settled_by,
-            source,
-        )
-
-    def _row(self, conn: Conn, tenant: str, key: str) -> Sequence[Any] | None:
-        row: Sequence[Any] | None = conn.execute(KEY_SELECT, (tenant, key)).fetchone()
-        return row
-
-    def claim(
-        self,
-        tenant: str,
-        key: str,
-        *,
-        run: str,
-        action: str,
-        tool: str,
-        event: AuditDraft | None = None,
-    ) -> KeyRecord | None:
-        while True:
-            # On the owner session: a key is only ever recorded while its owner lock is held.
-            if self._claim_on_owner_session(tenant, key, run, action, tool, event):
-                return None
-            # Judged from a pool session: the owner session would find its own lock re-entrant.
-            with self._conn() as conn:
-                row = self._row(conn, tenant, key)
-            if row is not None:
-                return self._record(row)
-            # Its live owner just dropped it after a definite refusal: claim it afresh.
-
-    def complete(self, tenant: str, key: str, result: Any) -> bool:
-        with self._conn() as conn:
-            cursor = conn.execute(
-                "UPDATE keelgate_keys SET state = 'completed', result = %s, owner = NULL "
-                "WHERE tenant = %s AND key = %s AND state = 'in_flight' AND owner = ANY(%s)",
-                (dumps(result), tenant, key, self._owner_ids),
-            )
-        return cursor.rowcount == 1
-
-    def release(self, tenant: str, key: str) -> None:
-        with self._conn() as conn:
-            conn.execute(
-                "UPDATE keelgate_keys SET owner = NULL WHERE tenant = %s AND key = %s "
-                "AND state = 'in_flight' AND owner = ANY(%s)",
-                (tenant, key, self._owner_ids),
-            )
-
-    def forget(self, tenant: str, key: str) -> None:
-        with self._conn() as conn:
-            conn.execute(
-                "DELETE FROM keelgate_keys WHERE tenant = %s AND key = %s "
-                "AND state = 'in_flight' AND owner = ANY(%s)",
-                (tenant, key, self._owner_ids),
-            )
-
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
-        with self._conn() as conn:
-            row = self._row(conn, tenant, key)
-            if row is None:
-                raise SettleError("", key, "no such idempotency key")
-            current = self._record(row)
-            state = settled_state(current, executed=executed)
-            # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
-            cursor = conn.execute(
-                "UPDATE keelgate_keys SET state = %s, owner = NULL, settled_by = %s, source = %s "
-                "WHERE tenant = %s AND key = %s AND state = 'in_flight' "
-                "AND owner IS NOT DISTINCT FROM %s",
-                (state.value, by, source, tenant, key, row[6]),
-            )
-            if cursor.rowcount != 1:
-                raise SettleError(current.run, current.action, "settled by someone else first")
-            settled = self._row(conn, tenant, key)
-        assert settled is not None
-        return self._record(settled)
-
-    def get(self, tenant: str, key: str) -> KeyRecord | None:
-        with self._conn() as conn:
-            row = self._row(conn, tenant, key)
-        return None if row is None else self._record(row)
-
-    # AuditLog
-
-    def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
-        if not drafts:
-            return
-        with self._conn() as conn:
-            with conn.transaction():
-                head = self._append(conn, tenant, run, drafts)
-            self._remember(tenant, run, head)
-
-    def _append(
-        self, conn: Conn, tenant: str, run: str, drafts: Sequence[AuditDraft]
-    ) -> AuditEvent | None:
-        """Seal and insert ``drafts`` after the run's head; returns the new head, which the
-        caller remembers once its transaction has committed (``_remember``).
-
-        The head this store last committed is used without reading it back. If another writer
-        has moved the chain on, the insert meets the primary key (a concurrent insert of the
-        same seq waits for the other transaction, then conflicts) and the head is read afresh.
-        A draft whose key is already on the chain is skipped, so re-appending is harmless.
-        """
-        remembered = self._heads.get((tenant, run), _UNKNOWN)
-        head: AuditEvent | None = (
-            self._read_head(conn, tenant, run) if remembered is _UNKNOWN else remembered
-        )
-        for draft in drafts:
-            for _ in range(100):
-                event = seal(tenant, run, head, draft)
-                inserted = conn.execute(
-                    f"INSERT INTO keelgate_audit (tenant, run, {EVENT_COLUMNS}) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (
-                        tenant,
-                        run,
-                        event.seq,
-                        event.type,
-                        event.actor,
-                        event.at,
-                        dumps(event.data),
-                        event.key,
-                        event.prev,
-                        event.hash,
-                    ),
-                ).rowcount
-                if inserted == 1:
-                    head = event
-                    break
-                if (
-                    draft.key is not None
-                    and conn.execute(
-                        "SELECT 1 FROM keelgate_audit WHERE tenant = %s AND run = %s AND key = %s",
-                        (tenant, run, draft.key),
-                    ).fetchone()
-                ):
-                    break  # on the chain already (appended before a crash)
-                head = self._read_head(conn, tenant, run)
-            else:
-                raise StoreError(f"audit chain of {run!r}: could not append {draft.type}")
-        return head
-
-    def _read_head(self, conn: Conn, tenant: str, run: str) -> AuditEvent | None:
-        row = conn.execute(
-            f"SELECT {EVENT_COLUMNS} FROM keelgate_audit WHERE tenant = %s AND run = %s "
-            "ORDER BY seq DESC LIMIT 1",
-            (tenant, run),
-        ).fetchone()
-        return None if row is None else _event(row)
-
-    def _remember(self, tenant: str, run: str, head: AuditEvent | None) -> None:
-        """Called after a commit: only a committed event may serve as the remembered head."""
-        self._heads[(tenant, run)] = head
-
-    def events(self, tenant: str, run: str) -> list[AuditEvent]:
-        with self._conn() as conn:
-            rows = conn.execute(
-                f"SELECT {EVENT_COLUMNS} FROM keelgate_audit WHERE tenant = %s AND run = %s "
-                "ORDER BY seq",
-                (tenant, run),
-            ).fetchall()
-        return [_event(row) for row in rows]
-
-
-_UNKNOWN: Any = object()  # no head remembered for this chain
-
-
-def _event(row: Sequence[Any]) -> AuditEvent:
-    seq, type_, actor, at, data, key, prev, hash_ = row
-    return AuditEvent(int(seq), type_, actor, at, json.loads(data), key, prev, hash_)
+    def _alive(self, owner: Any, judged: Any) -> bool:
+        # Judged by the server in the key's own SELECT (Dialect.liveness).
+        return bool(judged)

@@ -1,5 +1,10 @@
 """SQLite stores (the default): checkpoints, idempotency keys and the audit chain in one file.
 
+The SQL and the stores' logic are ``keelgate.stores._sql``'s, shared with PostgreSQL; this module
+keeps the connection (one, serialised by a lock; WAL, ``synchronous=FULL``), its transactions
+(``BEGIN IMMEDIATE``, which also serialises schema migrations between processes) and owner
+liveness.
+
 Owner liveness, the heart of OUTCOME_UNKNOWN: every store instance creates a lock file
 ``<db>.owners/<owner>.lock`` and holds an exclusive ``flock`` on it for as long as it is open. An
 in-flight key records its owner. To judge an in-flight key, another store tries to take that
@@ -20,52 +25,75 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from keelgate.core.audit import AuditDraft, AuditEvent, seal
-from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
-from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError, StoreUnavailable
-from keelgate.stores._holds import OwnerHolds
-from keelgate.stores._json import dumps
+from keelgate.errors import StoreUnavailable
+from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS keelgate_checkpoints (
-    tenant TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, state TEXT NOT NULL,
-    PRIMARY KEY (tenant, run));
-CREATE TABLE IF NOT EXISTS keelgate_keys (
-    tenant TEXT NOT NULL, key TEXT NOT NULL, run TEXT NOT NULL, action TEXT NOT NULL,
-    tool TEXT NOT NULL, state TEXT NOT NULL, owner TEXT, result TEXT,
-    settled_by TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant, key));
-CREATE TABLE IF NOT EXISTS keelgate_audit (
-    tenant TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,
-    actor TEXT NOT NULL, at TEXT NOT NULL, data TEXT NOT NULL, key TEXT,
-    prev TEXT NOT NULL, hash TEXT NOT NULL,
-    PRIMARY KEY (tenant, run, seq));
-CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
-    WHERE key IS NOT NULL;
-CREATE TABLE IF NOT EXISTS keelgate_specs (
-    tenant TEXT NOT NULL, run TEXT NOT NULL, source TEXT NOT NULL, generation INTEGER NOT NULL,
-    spec TEXT NOT NULL, PRIMARY KEY (tenant, run));
-"""
+T = TypeVar("T")
+
+SQLITE = Dialect()  # the defaults are SQLite's
 
 
-class SQLiteStore:
+@contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[Connection]:
+    """One write transaction on an autocommit connection, rolled back on any exception.
+    IMMEDIATE: the write lock is taken at BEGIN, so nobody can move the chain's head (or the
+    schema) between our read and our write."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+class SQLiteConnected(SQLStore):
+    """A SQL store over one sqlite3 connection, used by one thread at a time (``_lock``),
+    whose owner is a text id (``owner``). Subclasses open ``_db`` and judge liveness."""
+
+    dialect = SQLITE
+    owner: str
+    _db: sqlite3.Connection
+    _lock: AbstractContextManager[object]
+
+    @contextmanager
+    def _statement(self) -> Iterator[Connection]:
+        with self._lock:
+            yield self._db
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._lock, immediate(self._db) as db:
+            yield db
+
+    def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
+        # Any connection of this store will do: its owner stays live for as long as the store
+        # is open, before and after this call.
+        with self._transaction() if atomic else self._statement() as db:
+            return work(db)
+
+    def _owner_id(self) -> str:
+        return self.owner
+
+    def _owned(self) -> str:
+        return self.owner
+
+
+class SQLiteStore(SQLiteConnected):
     """Checkpoint, idempotency and audit store over one SQLite file."""
 
-    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
-    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
-
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
+        super().__init__()
         # The real file, not the path given: every opener must find the same owners folder.
         self.path = Path(path).resolve()
         self._owners = self.path.parent / f"{self.path.name}.owners"
@@ -77,18 +105,12 @@ class SQLiteStore:
         except OSError as error:
             raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
-        self._holds = OwnerHolds()
         # Held until close: while this descriptor is open, our in-flight keys read as live.
         self._owner_fd: int | None = os.open(
             self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
         )
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._lock = threading.Lock()
-        # The last event this store committed on each run's chain, so an append need not read
-        # it back. Another writer may have moved on since: the chain's primary key then refuses
-        # our insert, and the head is read afresh (see _append).
-        self._heads: dict[tuple[str, str], AuditEvent | None] = {}
-        self._staged_heads: dict[tuple[str, str], AuditEvent | None] = {}
         try:
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, timeout=30.0, check_same_thread=False
@@ -96,42 +118,16 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit survives power loss, not just a process death.
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(SCHEMA)
+            migrate(self._db, SQLITE, self._transaction, where=f"SQLite store {self.path}")
         except sqlite3.Error as error:
             self.close()
             if made_owners:
                 with suppress(OSError):
                     self._owners.rmdir()
             raise StoreUnavailable(f"cannot open SQLite store {self.path}: {error}") from None
-
-    @contextmanager
-    def _tx(self, *, immediate: bool = False) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            if not immediate:
-                yield self._db
-                return
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._staged_heads.clear()
-                raise
-            # Only what committed may be remembered as a run's chain head.
-            self._heads.update(self._staged_heads)
-            self._staged_heads.clear()
-
-    def hold(self) -> Callable[[], None]:
-        """Keep this store's owner alive, even past ``close``, until the returned function is
-        called: a call it started may still run (see ``keelgate.stores._holds``)."""
-        return self._holds.hold()
-
-    def close(self) -> None:
-        """Close the file and release the owner lock: from then on our in-flight keys read
-        unknown. Deferred while a hold is taken."""
-        self._holds.close(self._close_now)
+        except BaseException:
+            self.close()
+            raise
 
     def _close_now(self) -> None:
         db = getattr(self, "_db", None)
@@ -183,103 +179,9 @@ class SQLiteStore:
 
         return release
 
-    # CheckpointStore
+    # Owner liveness
 
-    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
-        text = _checkpoint_text(state)
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, "
-                "state = excluded.state WHERE keelgate_checkpoints.seq < excluded.seq",
-                (tenant, run, seq, text),
-            )
-            if cursor.rowcount == 1:
-                return
-            row = db.execute(
-                "SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?", (tenant, run)
-            ).fetchone()
-        raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
-
-    def save_with_events(
-        self,
-        tenant: str,
-        run: str,
-        seq: int,
-        state: Mapping[str, Any],
-        drafts: Sequence[AuditDraft],
-    ) -> None:
-        """``save`` and ``append`` in one transaction: one durable commit, and a crash can
-        never leave the checkpoint without its events or the events without the checkpoint."""
-        if not drafts:
-            # One autocommit statement is atomic already; BEGIN and COMMIT would add nothing.
-            self.save(tenant, run, seq, state)
-            return
-        text = _checkpoint_text(state)
-        with self._tx(immediate=True) as db:
-            cursor = db.execute(
-                "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, "
-                "state = excluded.state WHERE keelgate_checkpoints.seq < excluded.seq",
-                (tenant, run, seq, text),
-            )
-            if cursor.rowcount != 1:
-                row = db.execute(
-                    "SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?",
-                    (tenant, run),
-                ).fetchone()
-                # Raised inside the transaction, so it rolls back and no event is appended.
-                raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
-            self._append(db, tenant, run, drafts)
-
-    def load(self, tenant: str, run: str) -> Checkpoint | None:
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT seq, state FROM keelgate_checkpoints WHERE tenant = ? AND run = ?",
-                (tenant, run),
-            ).fetchone()
-        if row is None:
-            return None
-        return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
-
-    def runs(self, tenant: str | None = None) -> list[RunRef]:
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT tenant, run, seq FROM keelgate_checkpoints "
-                "WHERE ? IS NULL OR tenant = ? ORDER BY tenant, run",
-                (tenant, tenant),
-            ).fetchall()
-        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
-
-    # SpecStore
-
-    def record_spec(
-        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
-    ) -> bool:
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO keelgate_specs (tenant, run, source, generation, spec) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run) DO UPDATE SET "
-                "source = excluded.source, generation = excluded.generation, spec = excluded.spec "
-                "WHERE keelgate_specs.source <> excluded.source "
-                "OR keelgate_specs.generation <= excluded.generation",
-                (tenant, run, source, generation, dumps(spec)),
-            )
-        return cursor.rowcount == 1
-
-    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT source, generation, spec FROM keelgate_specs WHERE tenant = ? AND run = ?",
-                (tenant, run),
-            ).fetchone()
-        if row is None:
-            return None
-        return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
-
-    # IdempotencyStore
-
-    def _owner_alive(self, owner: str | None) -> bool:
+    def _alive(self, owner: Any, judged: Any) -> bool:
         if owner is None:
             return False
         if owner == self.owner:
@@ -301,194 +203,3 @@ class SQLiteStore:
             return False
         finally:
             os.close(fd)
-
-    def _record(self, row: Sequence[Any]) -> KeyRecord:
-        tenant, key, run, action, tool, state, owner, result, settled_by, source = row
-        key_state = KeyState(state)
-        if key_state is KeyState.IN_FLIGHT and not self._owner_alive(owner):
-            key_state = KeyState.OUTCOME_UNKNOWN
-        return KeyRecord(
-            tenant,
-            key,
-            run,
-            action,
-            tool,
-            key_state,
-            None if result is None else json.loads(result),
-            settled_by,
-            source,
-        )
-
-    def _row(self, db: sqlite3.Connection, tenant: str, key: str) -> Sequence[Any] | None:
-        row: Sequence[Any] | None = db.execute(
-            "SELECT tenant, key, run, action, tool, state, owner, result, settled_by, source "
-            "FROM keelgate_keys WHERE tenant = ? AND key = ?",
-            (tenant, key),
-        ).fetchone()
-        return row
-
-    def claim(
-        self,
-        tenant: str,
-        key: str,
-        *,
-        run: str,
-        action: str,
-        tool: str,
-        event: AuditDraft | None = None,
-    ) -> KeyRecord | None:
-        while True:
-            with self._tx(immediate=event is not None) as db:
-                cursor = db.execute(
-                    "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-                    "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING",
-                    (tenant, key, run, action, tool, self.owner),
-                )
-                if cursor.rowcount == 1:
-                    if event is not None:
-                        self._append(db, tenant, run, [event])
-                    return None
-                row = self._row(db, tenant, key)
-            if row is not None:
-                return self._record(row)
-            # Its live owner just dropped it after a definite refusal: claim it afresh.
-
-    def complete(self, tenant: str, key: str, result: Any) -> bool:
-        with self._tx() as db:
-            cursor = db.execute(
-                "UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL "
-                "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner = ?",
-                (dumps(result), tenant, key, self.owner),
-            )
-        return cursor.rowcount == 1
-
-    def release(self, tenant: str, key: str) -> None:
-        with self._tx() as db:
-            db.execute(
-                "UPDATE keelgate_keys SET owner = NULL WHERE tenant = ? AND key = ? "
-                "AND state = 'in_flight' AND owner = ?",
-                (tenant, key, self.owner),
-            )
-
-    def forget(self, tenant: str, key: str) -> None:
-        with self._tx() as db:
-            db.execute(
-                "DELETE FROM keelgate_keys WHERE tenant = ? AND key = ? "
-                "AND state = 'in_flight' AND owner = ?",
-                (tenant, key, self.owner),
-            )
-
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
-        with self._tx() as db:
-            row = self._row(db, tenant, key)
-        if row is None:
-            raise SettleError("", key, "no such idempotency key")
-        current = self._record(row)
-        state = settled_state(current, executed=executed)
-        with self._tx() as db:
-            # Compare-and-set on the owner we judged dead, so a racing settle cannot win twice.
-            cursor = db.execute(
-                "UPDATE keelgate_keys SET state = ?, owner = NULL, settled_by = ?, source = ? "
-                "WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner IS ?",
-                (state.value, by, source, tenant, key, row[6]),
-            )
-            if cursor.rowcount != 1:
-                raise SettleError(current.run, current.action, "settled by someone else first")
-            settled = self._row(db, tenant, key)
-        assert settled is not None
-        return self._record(settled)
-
-    def get(self, tenant: str, key: str) -> KeyRecord | None:
-        with self._tx() as db:
-            row = self._row(db, tenant, key)
-        return None if row is None else self._record(row)
-
-    # AuditLog
-
-    def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
-        if not drafts:
-            return
-        with self._tx(immediate=True) as db:
-            self._append(db, tenant, run, drafts)
-
-    def _append(
-        self, db: sqlite3.Connection, tenant: str, run: str, drafts: Sequence[AuditDraft]
-    ) -> None:
-        if not drafts:
-            return
-        chain = (tenant, run)
-        head = self._staged_heads.get(chain, self._heads.get(chain, _UNKNOWN))
-        if head is _UNKNOWN:
-            head = self._head(db, tenant, run)
-        for draft in drafts:
-            event = seal(tenant, run, head, draft)
-            if self._insert(db, tenant, run, event):
-                head = event
-                continue
-            # Refused: the draft's key is already on the chain (appended before a crash: skip
-            # it), or another writer moved the head on (read it afresh and seal again).
-            if (
-                draft.key is not None
-                and db.execute(
-                    "SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?",
-                    (tenant, run, draft.key),
-                ).fetchone()
-            ):
-                continue
-            head = self._head(db, tenant, run)
-            event = seal(tenant, run, head, draft)
-            if not self._insert(db, tenant, run, event):
-                raise StoreError(f"audit chain of {run!r}: could not append {draft.type}")
-            head = event
-        self._staged_heads[chain] = head
-
-    def _insert(self, db: sqlite3.Connection, tenant: str, run: str, event: AuditEvent) -> bool:
-        cursor = db.execute(
-            "INSERT INTO keelgate_audit (tenant, run, seq, type, actor, at, data, key, prev, "
-            "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                tenant,
-                run,
-                event.seq,
-                event.type,
-                event.actor,
-                event.at,
-                dumps(event.data),
-                event.key,
-                event.prev,
-                event.hash,
-            ),
-        )
-        return cursor.rowcount == 1
-
-    def _head(self, db: sqlite3.Connection, tenant: str, run: str) -> AuditEvent | None:
-        row = db.execute(
-            "SELECT seq, type, actor, at, data, key, prev, hash FROM keelgate_audit "
-            "WHERE tenant = ? AND run = ? ORDER BY seq DESC LIMIT 1",
-            (tenant, run),
-        ).fetchone()
-        return None if row is None else _event(row)
-
-    def events(self, tenant: str, run: str) -> list[AuditEvent]:
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT seq, type, actor, at, data, key, prev, hash FROM keelgate_audit "
-                "WHERE tenant = ? AND run = ? ORDER BY seq",
-                (tenant, run),
-            ).fetchall()
-        return [_event(row) for row in rows]
-
-
-def _checkpoint_text(state: Mapping[str, Any]) -> str:
-    # A checkpoint is a fresh tree from RunState.to_json, never cyclic: skipping json's cycle
-    # check saves about a fifth of the serialisation done at every phase boundary. A cyclic
-    # value would still fail (RecursionError) before anything is written.
-    return dumps(state)
-
-
-_UNKNOWN: Any = object()  # no head remembered for this chain
-
-
-def _event(row: Sequence[Any]) -> AuditEvent:
-    seq, type_, actor, at, data, key, prev, hash_ = row
-    return AuditEvent(int(seq), type_, actor, at, json.loads(data), key, prev, hash_)

@@ -1,0 +1,542 @@
+"""One SQL store: the schema and its migrations, every statement, and all the logic of the
+checkpoint, spec, idempotency and audit stores, for every SQL backend.
+
+Why it exists: the SQLite and PostgreSQL stores used to keep parallel copies of all of this, and
+the copies drifted (the audit append retried once on one and up to a hundred times on the other).
+Here it is written once. A backend (``sqlite.py``, ``postgres.py``) subclasses ``SQLStore`` and
+keeps only what truly differs: its ``Dialect`` (placeholders, column types, how a key's owner is
+judged in SQL), how it connects and runs a transaction, and how it proves an owner alive (a flock;
+a session advisory lock). Each backend's docstring argues why its liveness judgement is sound.
+
+What a WRITE's safety rests on is in the statements below, for every backend alike: ``save`` and
+its stale-writer check are one statement; ``claim`` is one ``INSERT ... ON CONFLICT DO NOTHING`` on
+the owner's session; ``complete``, ``release`` and ``forget`` are compare-and-set on this store's
+own owner; ``settle`` is compare-and-set on the owner judged gone; the audit chain's primary key
+refuses a fork.
+
+This module must never settle, retry or delete a key on its own (only ``settle`` changes an
+unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
+its backend's liveness judgement says, never remember an audit head that did not commit, and
+never change the schema except through a numbered migration.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from keelgate.core.audit import AuditDraft, AuditEvent, seal, utc_now
+from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
+from keelgate.core.types import KeyRecord, KeyState, settled_state
+from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.stores._holds import HoldsOwner, OwnerHolds
+from keelgate.stores._json import dumps
+
+T = TypeVar("T")
+
+
+class Cursor(Protocol):
+    """What a statement's result must offer (sqlite3's and psycopg's cursors both do)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    """A DB-API connection's ``execute`` shortcut (sqlite3 and psycopg 3 both have it)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor: ...
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs in the SQL text of one backend; the statements are written with ``?``.
+
+    The defaults are SQLite's, the default store's: its dialect is ``Dialect()``. Another
+    backend overrides what differs in its SQL, and nothing else.
+    """
+
+    placeholder: str = "?"  # what ``?`` becomes for the driver
+    bigint: str = "INTEGER"  # column type of a sequence number or a generation
+    owner_type: str = "TEXT"  # column type of an owner id
+    owner_setup: str = ""  # DDL the backend's owner liveness needs, in migration 1
+    # A key is in flight under this store's owner (the parameter is ``SQLStore._owned()``).
+    mine: str = "owner = ?"
+    same: str = "IS"  # null-safe equality
+    byte_order: str = ""  # appended to ORDER BY columns so text sorts by bytes, as Python sorts
+    # The last column of a key's SELECT: the server's judgement of the owner's liveness, or
+    # NULL where the backend judges it in Python (``SQLStore._alive``).
+    liveness: str = "NULL"
+    schema_table_exists: str = (
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master "
+        "WHERE type = 'table' AND name = 'keelgate_schema')"
+    )
+
+
+# Schema migrations. The version table records each migration applied, in order.
+#
+# Migration 1 is the schema every release before versions created (release 8b37f73 lacked only
+# keelgate_specs). It is written with IF NOT EXISTS so it also adopts such a database: it adds
+# what the database lacks and records version 1. It must never change. Every later migration runs
+# exactly once per database, under the backend's schema lock, in one transaction with its version
+# row; write it as plain DDL (and a data step if needed) and test it on a fixture saved by the
+# release before it (tests/data/).
+
+VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS keelgate_schema (version INTEGER PRIMARY KEY, "
+    "description TEXT NOT NULL, applied_at TEXT NOT NULL)"
+)
+
+_SCHEMA_1 = """
+{owner_setup}
+CREATE TABLE IF NOT EXISTS keelgate_checkpoints (
+    tenant TEXT NOT NULL, run TEXT NOT NULL, seq {bigint} NOT NULL, state TEXT NOT NULL,
+    PRIMARY KEY (tenant, run));
+CREATE TABLE IF NOT EXISTS keelgate_keys (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, run TEXT NOT NULL, action TEXT NOT NULL,
+    tool TEXT NOT NULL, state TEXT NOT NULL, owner {owner}, result TEXT,
+    settled_by TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (tenant, key));
+CREATE TABLE IF NOT EXISTS keelgate_audit (
+    tenant TEXT NOT NULL, run TEXT NOT NULL, seq {bigint} NOT NULL, type TEXT NOT NULL,
+    actor TEXT NOT NULL, at TEXT NOT NULL, data TEXT NOT NULL, key TEXT,
+    prev TEXT NOT NULL, hash TEXT NOT NULL,
+    PRIMARY KEY (tenant, run, seq));
+CREATE UNIQUE INDEX IF NOT EXISTS keelgate_audit_key ON keelgate_audit (tenant, run, key)
+    WHERE key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS keelgate_specs (
+    tenant TEXT NOT NULL, run TEXT NOT NULL, source TEXT NOT NULL, generation {bigint} NOT NULL,
+    spec TEXT NOT NULL, PRIMARY KEY (tenant, run));
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered schema step: ``ddl`` is ``;``-separated statements with ``{bigint}``,
+    ``{owner}`` and ``{owner_setup}`` taken from the dialect."""
+
+    version: int
+    description: str
+    ddl: str
+
+    def statements(self, dialect: Dialect) -> list[str]:
+        text = self.ddl.format(
+            bigint=dialect.bigint, owner=dialect.owner_type, owner_setup=dialect.owner_setup
+        )
+        return [s.strip() for s in text.split(";") if s.strip()]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
+)
+SCHEMA_VERSION = len(MIGRATIONS)  # the newest schema this code knows
+assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def schema_ddl(dialect: Dialect) -> str:
+    """Every migration's DDL, as a script: the tables a fresh database ends up with (for tools
+    that build look-alike tables, such as the benchmark's baseline)."""
+    return "".join(f"{s};\n" for m in MIGRATIONS for s in m.statements(dialect))
+
+
+def migrate(
+    conn: Connection,
+    dialect: Dialect,
+    exclusive: Callable[[], AbstractContextManager[Connection]],
+    *,
+    where: str,
+) -> int:
+    """Bring the database to the newest schema this code knows; return the version it had
+    (0: none recorded, a fresh database or one from before versions).
+
+    ``conn`` reads the version; ``exclusive()`` is a transaction holding the backend's schema lock
+    (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an advisory transaction lock), in which the version
+    is read again and every pending migration applied, so any number of processes may open one
+    database at once and each migration runs once. A database already current is opened without
+    the lock and without DDL (a role without CREATE rights can use it). A database newer than this
+    code is refused before anything is written: this code cannot know what it must not do there.
+    """
+    migrations = MIGRATIONS  # read when called: a test may add one
+    newest = len(migrations)
+    found = _version(conn, dialect)
+    if found == newest:
+        return found
+    if found > newest:
+        raise _too_new(where, found, newest)
+    with exclusive() as locked:
+        locked.execute(VERSION_TABLE)
+        found = _version(locked, dialect)
+        if found > newest:
+            raise _too_new(where, found, newest)
+        insert = "INSERT INTO keelgate_schema (version, description, applied_at) VALUES (?, ?, ?)"
+        for migration in migrations[found:]:
+            for statement in migration.statements(dialect):
+                locked.execute(statement)
+            locked.execute(
+                insert.replace("?", dialect.placeholder),
+                (migration.version, migration.description, utc_now()),
+            )
+    return found
+
+
+def _version(conn: Connection, dialect: Dialect) -> int:
+    if not conn.execute(dialect.schema_table_exists).fetchone()[0]:
+        return 0
+    row = conn.execute("SELECT MAX(version) FROM keelgate_schema").fetchone()
+    return 0 if row[0] is None else int(row[0])
+
+
+def _too_new(where: str, found: int, newest: int) -> StoreError:
+    return StoreError(
+        f"{where}: its schema is version {found}, newer than this Keelgate knows ({newest}); "
+        "open it with the newer Keelgate that wrote it"
+    )
+
+
+class Statements:
+    """Every statement of the stores in one dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        def q(text: str) -> str:
+            return text.replace("?", d.placeholder)
+
+        keys = "tenant, key, run, action, tool, state, owner, result, settled_by, source"
+        self.event_columns = "seq, type, actor, at, data, key, prev, hash"
+        # CheckpointStore: the stale-writer check and the write are one statement.
+        self.save = q(
+            "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, state = excluded.state "
+            "WHERE keelgate_checkpoints.seq < excluded.seq"
+        )
+        self.stored_seq = q("SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?")
+        self.load = q("SELECT seq, state FROM keelgate_checkpoints WHERE tenant = ? AND run = ?")
+        self.runs = q(
+            "SELECT tenant, run, seq FROM keelgate_checkpoints "
+            "WHERE CAST(? AS TEXT) IS NULL OR tenant = ? "
+            f"ORDER BY tenant{d.byte_order}, run{d.byte_order}"
+        )
+        # SpecStore: a generation older than the stored one of the same source is refused.
+        self.record_spec = q(
+            "INSERT INTO keelgate_specs (tenant, run, source, generation, spec) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run) DO UPDATE SET "
+            "source = excluded.source, generation = excluded.generation, spec = excluded.spec "
+            "WHERE keelgate_specs.source <> excluded.source "
+            "OR keelgate_specs.generation <= excluded.generation"
+        )
+        self.recorded_spec = q(
+            "SELECT source, generation, spec FROM keelgate_specs WHERE tenant = ? AND run = ?"
+        )
+        # IdempotencyStore
+        self.key = q(f"SELECT {keys}, {d.liveness} FROM keelgate_keys WHERE tenant = ? AND key = ?")
+        self.claim = q(
+            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+            "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING"
+        )
+        mine = f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine}"
+        self.complete = q(
+            f"UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL {mine}"
+        )
+        self.release = q(f"UPDATE keelgate_keys SET owner = NULL {mine}")
+        self.forget = q(f"DELETE FROM keelgate_keys {mine}")
+        self.settle = q(
+            "UPDATE keelgate_keys SET state = ?, owner = NULL, settled_by = ?, source = ? "
+            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ?"
+        )
+        # AuditLog
+        self.append = q(
+            f"INSERT INTO keelgate_audit (tenant, run, {self.event_columns}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        )
+        self.on_chain = q("SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?")
+        self.head = q(
+            f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
+            "ORDER BY seq DESC LIMIT 1"
+        )
+        self.events = q(
+            f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
+            "ORDER BY seq"
+        )
+
+
+# How often one event may find the chain moved on by another writer before the append gives up
+# (StoreError; the transaction rolls back, nothing is half-written). Under SQLite's BEGIN
+# IMMEDIATE nobody else can write, so the head read afresh holds and the first retry lands.
+# Under PostgreSQL's READ COMMITTED each retry can meet one more concurrent writer of the run.
+APPEND_ATTEMPTS = 100
+
+_UNKNOWN: Any = object()  # no head remembered for this chain
+
+
+class SQLStore(HoldsOwner, ABC):
+    """Checkpoint, spec, idempotency and audit store over one SQL database.
+
+    A subclass sets ``dialect`` and provides the backend hooks below: its connections, its
+    transactions, and its owner (who this store is, and whether another owner still lives).
+    """
+
+    dialect: ClassVar[Dialect]
+    sql: ClassVar[Statements]
+    # Every role in one transaction: see keelgate.core.protocols.Capabilities.
+    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "dialect" in cls.__dict__:
+            cls.sql = Statements(cls.dialect)
+
+    def __init__(self) -> None:
+        self._holds = OwnerHolds()
+        # The last event this store committed on each run's chain, so an append need not read
+        # it back. Another writer may have moved on since: the chain's primary key then refuses
+        # our insert, and the head is read afresh (see _append).
+        self._heads: dict[tuple[str, str], AuditEvent | None] = {}
+
+    # Backend hooks
+
+    @abstractmethod
+    def _statement(self) -> AbstractContextManager[Connection]:
+        """A connection for autocommit statements: each one is atomic on its own."""
+
+    @abstractmethod
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        """One write transaction: committed on a normal exit, rolled back on an exception."""
+
+    @abstractmethod
+    def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
+        """Run ``work`` where this store's owner is provably alive while it runs (a claim must
+        never be recorded otherwise), in one transaction if ``atomic``."""
+
+    @abstractmethod
+    def _owner_id(self) -> Any:
+        """The owner a new claim records."""
+
+    @abstractmethod
+    def _owned(self) -> Any:
+        """The parameter of ``Dialect.mine``: the owner id(s) this store's keys may carry."""
+
+    @abstractmethod
+    def _alive(self, owner: Any, judged: Any) -> bool:
+        """Whether an in-flight key's ``owner`` lives; ``judged`` is the dialect's liveness
+        column. Must never say False for a live owner."""
+
+    # CheckpointStore
+
+    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
+        text = dumps(state)
+        with self._statement() as conn:
+            self._save(conn, tenant, run, seq, text)
+
+    def _save(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> None:
+        if conn.execute(self.sql.save, (tenant, run, seq, text)).rowcount == 1:
+            return
+        row = conn.execute(self.sql.stored_seq, (tenant, run)).fetchone()
+        raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
+
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None:
+        """``save`` and ``append`` in one transaction: one durable commit, and a crash can
+        never leave the checkpoint without its events or the events without the checkpoint."""
+        if not drafts:
+            # One autocommit statement is atomic already: BEGIN and COMMIT would only add work
+            # (the observe checkpoint of every iteration carries no event).
+            self.save(tenant, run, seq, state)
+            return
+        text = dumps(state)
+        with self._transaction() as conn:
+            # A stale save raises here, inside the transaction: no event is appended.
+            self._save(conn, tenant, run, seq, text)
+            head = self._append(conn, tenant, run, drafts)
+        self._heads[(tenant, run)] = head
+
+    def load(self, tenant: str, run: str) -> Checkpoint | None:
+        with self._statement() as conn:
+            row = conn.execute(self.sql.load, (tenant, run)).fetchone()
+        if row is None:
+            return None
+        return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
+
+    def runs(self, tenant: str | None = None) -> list[RunRef]:
+        with self._statement() as conn:
+            rows = conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
+        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+
+    # SpecStore
+
+    def record_spec(
+        self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
+    ) -> bool:
+        with self._statement() as conn:
+            cursor = conn.execute(
+                self.sql.record_spec, (tenant, run, source, generation, dumps(spec))
+            )
+        return cursor.rowcount == 1
+
+    def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
+        with self._statement() as conn:
+            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+        if row is None:
+            return None
+        return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
+
+    # IdempotencyStore
+
+    def _record(self, row: Sequence[Any]) -> KeyRecord:
+        tenant, key, run, action, tool, state, owner, result, settled_by, source, judged = row
+        key_state = KeyState(state)
+        if key_state is KeyState.IN_FLIGHT and not self._alive(owner, judged):
+            key_state = KeyState.OUTCOME_UNKNOWN
+        return KeyRecord(
+            tenant,
+            key,
+            run,
+            action,
+            tool,
+            key_state,
+            None if result is None else json.loads(result),
+            settled_by,
+            source,
+        )
+
+    def claim(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        run: str,
+        action: str,
+        tool: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord | None:
+        def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
+            """Whether the claim won, and then the run's new chain head if it carried an event."""
+            values = (tenant, key, run, action, tool, self._owner_id())
+            if conn.execute(self.sql.claim, values).rowcount != 1:
+                return False, None
+            return True, None if event is None else self._append(conn, tenant, run, [event])
+
+        while True:
+            won, head = self._on_owner_session(insert, atomic=event is not None)
+            if won:
+                if event is not None:
+                    self._heads[(tenant, run)] = head  # committed: it may be remembered
+                return None
+            # Judged apart from the claim: a PostgreSQL owner session would find its own lock
+            # re-entrant and read every owner alive.
+            with self._statement() as conn:
+                row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+            if row is not None:
+                return self._record(row)
+            # Its live owner just dropped it after a definite refusal: claim it afresh.
+
+    def complete(self, tenant: str, key: str, result: Any) -> bool:
+        with self._statement() as conn:
+            cursor = conn.execute(self.sql.complete, (dumps(result), tenant, key, self._owned()))
+        return cursor.rowcount == 1
+
+    def release(self, tenant: str, key: str) -> None:
+        with self._statement() as conn:
+            conn.execute(self.sql.release, (tenant, key, self._owned()))
+
+    def forget(self, tenant: str, key: str) -> None:
+        with self._statement() as conn:
+            conn.execute(self.sql.forget, (tenant, key, self._owned()))
+
+    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
+        with self._statement() as conn:
+            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+            if row is None:
+                raise SettleError("", key, "no such idempotency key")
+            current = self._record(row)
+            state = settled_state(current, executed=executed)
+            # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
+            owner = row[6]
+            values = (state.value, by, source, tenant, key, owner)
+            if conn.execute(self.sql.settle, values).rowcount != 1:
+                raise SettleError(current.run, current.action, "settled by someone else first")
+            settled = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        return self._record(settled)
+
+    def get(self, tenant: str, key: str) -> KeyRecord | None:
+        with self._statement() as conn:
+            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        return None if row is None else self._record(row)
+
+    # AuditLog
+
+    def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
+        if not drafts:
+            return
+        with self._transaction() as conn:
+            head = self._append(conn, tenant, run, drafts)
+        self._heads[(tenant, run)] = head
+
+    def _append(
+        self, conn: Connection, tenant: str, run: str, drafts: Sequence[AuditDraft]
+    ) -> AuditEvent | None:
+        """Seal and insert ``drafts`` after the run's head; returns the new head, which the
+        caller remembers once its transaction has committed.
+
+        The head this store last committed is used without reading it back. If another writer
+        has moved the chain on, the insert meets the primary key (a concurrent insert of the
+        same seq waits for the other transaction, then conflicts) and the head is read afresh.
+        A draft whose key is already on the chain is skipped, so re-appending is harmless.
+        """
+        remembered = self._heads.get((tenant, run), _UNKNOWN)
+        head: AuditEvent | None = (
+            self._read_head(conn, tenant, run) if remembered is _UNKNOWN else remembered
+        )
+        for draft in drafts:
+            for _ in range(APPEND_ATTEMPTS):
+                event = seal(tenant, run, head, draft)
+                row = (
+                    tenant,
+                    run,
+                    event.seq,
+                    event.type,
+                    event.actor,
+                    event.at,
+                    dumps(event.data),
+                    event.key,
+                    event.prev,
+                    event.hash,
+                )
+                if conn.execute(self.sql.append, row).rowcount == 1:
+                    head = event
+                    break
+                if (
+                    draft.key is not None
+                    and conn.execute(self.sql.on_chain, (tenant, run, draft.key)).fetchone()
+                ):
+                    break  # on the chain already (appended before a crash)
+                head = self._read_head(conn, tenant, run)
+            else:
+                raise StoreError(f"audit chain of {run!r}: could not append {draft.type}")
+        return head
+
+    def _read_head(self, conn: Connection, tenant: str, run: str) -> AuditEvent | None:
+        row = conn.execute(self.sql.head, (tenant, run)).fetchone()
+        return None if row is None else _event(row)
+
+    def events(self, tenant: str, run: str) -> list[AuditEvent]:
+        with self._statement() as conn:
+            rows = conn.execute(self.sql.events, (tenant, run)).fetchall()
+        return [_event(row) for row in rows]
+
+
+def _event(row: Sequence[Any]) -> AuditEvent:
+    seq, type_, actor, at, data, key, prev, hash_ = row
+    return AuditEvent(int(seq), type_, actor, at, json.loads(data), key, prev, hash_)
