@@ -3,11 +3,16 @@
 The loop reads one, does one phase, and writes the next; nothing else holds state. Its JSON is
 the same in every store, so a run can move between them. Its size must not grow with the run's
 length: the history the model sees is a bounded window, and tool outputs in it are capped.
+
+Its format is versioned (``VERSION``). A checkpoint an older release wrote is read through
+explicit upgrade steps, one per version (``UPGRADES``), so an upgrade never strands a run in
+flight; only a checkpoint newer than this code is refused, since this code cannot know what it
+means. A step must never change once released: a new format is a new step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
@@ -26,8 +31,9 @@ from keelgate.core.types import (
     Usage,
     canonical_json,
 )
+from keelgate.errors import StoreError
 
-VERSION = 1
+VERSION = 2  # the checkpoint format this code writes
 HISTORY_WINDOW = 20
 OUTPUT_CAP = 4096
 
@@ -207,8 +213,7 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunState:
-        if data.get("version") != VERSION:
-            raise ValueError(f"checkpoint version {data.get('version')!r} is not {VERSION}")
+        data = upgraded(data)
         plan = data.get("plan")
         stop = data.get("stop")
         return cls(
@@ -240,3 +245,35 @@ class RunState:
 
 
 _FIELDS = frozenset(f.name for f in fields(RunState))
+
+
+def _spec_without_store(data: dict[str, Any]) -> dict[str, Any]:
+    """1 -> 2: the spec no longer carries the store URL. Where a run is stored is the runner's
+    setting, and the URL may hold a password that has no business in a checkpoint."""
+    spec = {k: v for k, v in data["spec"].items() if k != "store"}
+    return {**data, "spec": spec}
+
+
+# Format N -> N+1 for every N below VERSION, applied in order to an older checkpoint.
+UPGRADES: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _spec_without_store,
+}
+assert sorted(UPGRADES) == list(range(1, VERSION))
+
+
+def upgraded(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A checkpoint document in this code's format: as it is if current, else brought up step
+    by step. Refuses, in one line, a document with no format version or a newer one."""
+    version = data.get("version")
+    run = data.get("run")
+    if type(version) is not int or version < 1:
+        raise StoreError(f"checkpoint of run {run!r}: no checkpoint format version ({version!r})")
+    if version > VERSION:
+        raise StoreError(
+            f"checkpoint of run {run!r} is format {version}, newer than this Keelgate reads "
+            f"({VERSION}): resume it with the newer Keelgate that wrote it"
+        )
+    while version < VERSION:
+        data = {**UPGRADES[version](dict(data)), "version": version + 1}
+        version += 1
+    return data
