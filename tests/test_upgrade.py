@@ -1,0 +1,335 @@
+"""An operator upgrade never strands a run in flight: stores and checkpoints written by the
+previous release open, migrate and run with today's code.
+
+The fixtures in ``data/release-8b37f73/`` were written by that release's own code
+(``make_fixture.py`` says how): a SQLite file and a PostgreSQL script holding three runs stopped
+mid-way (an unknown outcome, a budget stop with its plan saved, a max_iterations stop), the
+shop's journal of what really happened, and one checkpoint document. Every test works on copies.
+Also here: numbered migrations run once, in order, atomically and under a lock, and a store or a
+checkpoint newer than this code is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from crashkit import Journal, Rig, World, drive, url_opener
+from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.core.model import ModelReply, ModelRequest
+from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.state import UPGRADES, VERSION, RunState
+from keelgate.core.types import KeyState, StopReason, idempotency_key
+from keelgate.errors import StoreError
+from keelgate.stores import _sql, open_stores
+from support.stores import backend_params
+
+FIXTURE = Path(__file__).parent / "data" / "release-8b37f73"
+TENANT = "shop"
+PASSWORD = "s3cret-pw"  # in the store URL the release's Postgres checkpoints carried
+
+
+@pytest.fixture(params=backend_params(("sqlite", "postgres")))
+def previous(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, World]]:
+    """A store URL over a copy of what the previous release left, and the shop's journal."""
+    backend: str = request.param
+    journal = tmp_path / "world.jsonl"
+    shutil.copyfile(FIXTURE / f"world-{backend}.jsonl", journal)
+    if backend == "sqlite":
+        shutil.copyfile(FIXTURE / "keelgate.db", tmp_path / "keelgate.db")
+        url = f"sqlite:///{tmp_path / 'keelgate.db'}"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute((FIXTURE / "postgres.sql").read_text())  # type: ignore[arg-type]
+    yield url, World(Journal(journal, fsync=False))
+
+
+class Asked:
+    """A scripted model that notes every (phase, call) it is asked."""
+
+    def __init__(self, script: list[dict[str, Any]]) -> None:
+        self.inner = ScriptedModel(script)
+        self.name = self.inner.name
+        self.asked: list[tuple[str, int]] = []
+
+    def call(self, request: ModelRequest) -> ModelReply:
+        self.asked.append((request.phase, request.call))
+        return self.inner.call(request)
+
+
+def _spec(run: str, budget: Budget) -> LoopSpec:
+    return LoopSpec(TENANT, run, "restock the shop", budget=budget)
+
+
+# What each run's remaining planning calls answer now. Call 0 of "budget" would order something
+# else: the saved plan must run, not a new answer.
+RESUMES: dict[str, tuple[Budget, list[dict[str, Any]], dict[str, Any]]] = {
+    "unknown": (
+        Budget(max_iterations=5, max_verifier_rejections=None),
+        [{"actions": []}, {"done": True, "answer": "ordered A1"}],
+        {"sku": "A1", "qty": 20},
+    ),
+    "budget": (
+        Budget(max_iterations=5, tokens=100_000, max_verifier_rejections=None),
+        [
+            {"actions": [{"tool": "place_order", "args": {"sku": "B2", "qty": 999}}]},
+            {"done": True, "answer": "ordered B2"},
+        ],
+        {"sku": "B2", "qty": 5},
+    ),
+    "iterations": (
+        Budget(max_iterations=3, max_verifier_rejections=None),
+        [
+            {"actions": []},
+            {"actions": [{"tool": "place_order", "args": {"sku": "C3", "qty": 7}}]},
+            {"done": True, "answer": "ordered C3"},
+        ],
+        {"sku": "C3", "qty": 7},
+    ),
+}
+
+
+@pytest.mark.parametrize("run", sorted(RESUMES))
+def test_a_run_stopped_by_the_previous_release_finishes_with_exactly_one_effect(
+    previous: tuple[str, World], run: str
+) -> None:
+    """Today's code opens the previous release's store (migrating it), resumes a run that
+    release stopped part-way, settles what is unknown from the shop's own record, and finishes
+    it: its WRITE happened exactly once, a saved plan ran as saved without the model being asked
+    again, the audit chain (old events and new) verifies, and the checkpoint is today's format
+    with no store URL left in it."""
+    url, world = previous
+    budget, script, ordered = RESUMES[run]
+    model = Asked(script)
+    rig = Rig(url_opener(url), world, script, model=lambda: model)
+    try:
+        spec = _spec(run, budget)
+        before = rig.loop.state(TENANT, run)
+        assert before.stop is not None and before.plan is not None
+        outcomes, settled = drive(rig, spec)
+        assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
+        key = idempotency_key(TENANT, run, "place_order", ordered)
+        assert world.happened(key) == 1
+        assert all(count == 1 for count in world.effects().values())  # nothing else twice
+        record = rig.stores.idempotency.get(TENANT, key)
+        assert record is not None and record.state is KeyState.COMPLETED
+        if run == "unknown":
+            assert settled == [("1:0", True)]  # the shop had taken the order before the death
+        if run == "budget":
+            assert ("plan", 0) not in model.asked  # the saved plan ran; no new answer was asked
+            other = idempotency_key(TENANT, run, "place_order", {"sku": "B2", "qty": 999})
+            assert world.happened(other) == 0
+        report = rig.loop.verify_audit(TENANT, run)
+        assert report.ok, report.problems
+        saved = rig.stores.checkpoints.load(TENANT, run)
+        assert saved is not None
+        assert saved.state["version"] == VERSION and "store" not in saved.state["spec"]
+        assert PASSWORD not in json.dumps(saved.state)
+    finally:
+        rig.die()
+
+
+def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
+    previous: tuple[str, World], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The previous release's database gains what it lacked (recorded specs) and a schema
+    version, and then has exactly the tables, columns, keys and indexes of a fresh database."""
+    url, _ = previous
+    stores = open_stores(url)
+    try:
+        assert stores.specs is not None
+        assert stores.specs.record_spec(TENANT, "unknown", {"a": 1}, source="u", generation=1)
+    finally:
+        stores.close()
+    if url.startswith("sqlite"):
+        fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    else:
+        fresh = str(request.getfixturevalue("pg_server").create_database())
+    open_stores(fresh).close()
+    assert _schema(url) == _schema(fresh)
+    assert _versions(url) == [(1, _sql.MIGRATIONS[0].description)]
+
+
+def _schema(url: str) -> dict[str, Any]:
+    """Tables with their columns (name, type, not null, default), primary keys and indexes."""
+    if url.startswith("sqlite"):
+        with _sqlite(url) as db:
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            return {
+                table: (
+                    db.execute(f"PRAGMA table_info({table})").fetchall(),
+                    sorted(
+                        (r[1], r[2], db.execute(f"PRAGMA index_info({r[1]})").fetchall())
+                        for r in db.execute(f"PRAGMA index_list({table})")
+                    ),
+                )
+                for table in sorted(tables)
+            }
+    with psycopg.connect(url) as conn:
+        columns = conn.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, column_default "
+            "FROM information_schema.columns WHERE table_schema = 'public' "
+            "ORDER BY table_name, ordinal_position"
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT tablename, indexname, indexdef FROM pg_indexes "
+            "WHERE schemaname = 'public' ORDER BY indexname"
+        ).fetchall()
+        sequences = conn.execute(
+            "SELECT sequence_name, data_type FROM information_schema.sequences"
+        ).fetchall()
+    return {"columns": columns, "indexes": indexes, "sequences": sequences}
+
+
+def _versions(url: str) -> list[tuple[int, str]]:
+    query = "SELECT version, description FROM keelgate_schema ORDER BY version"
+    if url.startswith("sqlite"):
+        with _sqlite(url) as db:
+            return [(int(v), str(d)) for v, d in db.execute(query)]
+    with psycopg.connect(url) as conn:
+        return [(int(v), str(d)) for v, d in conn.execute(query)]
+
+
+class _sqlite:
+    """A plain connection to a SQLite store's file, closed on exit."""
+
+    def __init__(self, url: str) -> None:
+        self.db = sqlite3.connect(url.split("://", 1)[1][1:])
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.db
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.close()
+
+
+# Numbered migrations
+
+
+@pytest.fixture(params=backend_params(("sqlite", "postgres")))
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'keelgate.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _execute(url: str, statement: str) -> None:
+    if url.startswith("sqlite"):
+        with _sqlite(url) as db:
+            db.execute(statement)
+            db.commit()
+    else:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+def _later(
+    monkeypatch: pytest.MonkeyPatch, *migrations: tuple[str, str]
+) -> Callable[[], list[str]]:
+    """Make the code know later migrations (description, DDL), as a next release would."""
+    added = tuple(
+        _sql.Migration(len(_sql.MIGRATIONS) + i, description, ddl)
+        for i, (description, ddl) in enumerate(migrations, start=1)
+    )
+    monkeypatch.setattr(_sql, "MIGRATIONS", (*_sql.MIGRATIONS, *added))
+    return lambda: [m.description for m in added]
+
+
+def test_pending_migrations_run_once_in_order_however_many_stores_open_at_once(
+    fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stores opened at the same instant on a database one migration behind all open, and the
+    migration (here one that fails if run twice) ran exactly once, recorded after version 1."""
+    from test_store_contract import race
+
+    open_stores(fresh_url).close()
+    _later(monkeypatch, ("a later table", "CREATE TABLE keelgate_later (id INTEGER)"))
+    opened = race([lambda: open_stores(fresh_url) for _ in range(6)])
+    for stores in opened:
+        stores.close()
+    assert [v for v, _ in _versions(fresh_url)] == [1, 2]
+    _execute(fresh_url, "INSERT INTO keelgate_later (id) VALUES (1)")
+
+
+def test_a_migration_that_fails_changes_nothing(
+    fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration is one transaction with its version row: if any statement fails, none of it
+    stays, the store does not open, and the version is still the old one."""
+    open_stores(fresh_url).close()
+    _later(
+        monkeypatch,
+        ("half a change", "CREATE TABLE keelgate_half (id INTEGER); SELECT * FROM no_such_table"),
+    )
+    with pytest.raises(StoreError):
+        open_stores(fresh_url)
+    assert [v for v, _ in _versions(fresh_url)] == [1]
+    with pytest.raises((sqlite3.Error, psycopg.Error)):
+        _execute(fresh_url, "INSERT INTO keelgate_half (id) VALUES (1)")
+
+
+def test_a_store_newer_than_this_code_is_refused_in_one_line(fresh_url: str) -> None:
+    """A database a newer release migrated is not opened at all (this code cannot know what it
+    must not do there): one StoreError line naming both versions, and nothing written."""
+    open_stores(fresh_url).close()
+    _execute(
+        fresh_url,
+        "INSERT INTO keelgate_schema (version, description, applied_at) "
+        "VALUES (2, 'from the future', '2030-01-01T00:00:00Z')",
+    )
+    with pytest.raises(StoreError) as refused:
+        open_stores(fresh_url)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "version 2" in message and "(1)" in message
+    assert [v for v, _ in _versions(fresh_url)] == [1, 2]
+
+
+# Checkpoint formats
+
+
+def _previous_checkpoint() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((FIXTURE / "checkpoint-v1.json").read_text())
+    return document
+
+
+def test_a_checkpoint_of_the_previous_release_is_read_through_its_upgrade_steps() -> None:
+    """The previous release's checkpoint (format 1, its spec carrying the store URL) loads into
+    today's format: the store URL is gone, the run is exactly where it was, and it writes back
+    as today's format and reads back identical."""
+    document = _previous_checkpoint()
+    assert document["version"] == 1 and "store" in document["spec"]
+    state = RunState.from_json(document)
+    assert (state.tenant, state.run, state.seq, state.step.value) == ("shop", "unknown", 3, "act")
+    assert state.stop is not None and state.stop.reason is StopReason.OUTCOME_UNKNOWN
+    assert state.plan is not None and [a.key for a in state.plan.actions] == [
+        u["idempotencyKey"] for u in document["unknown"]
+    ]
+    written = state.to_json()
+    assert written["version"] == VERSION and "store" not in written["spec"]
+    assert {k: v for k, v in written.items() if k not in ("version", "spec")} == {
+        k: v for k, v in document.items() if k not in ("version", "spec")
+    }
+    assert RunState.from_json(written).to_json() == written
+    assert sorted(UPGRADES) == list(range(1, VERSION))
+
+
+def test_a_checkpoint_newer_than_this_code_or_without_a_version_is_refused_in_one_line() -> None:
+    """A checkpoint a newer release wrote is refused, never half-read; so is one with no
+    format version. One StoreError line each, naming the run."""
+    document = RunState.from_json(_previous_checkpoint()).to_json()
+    for version in (VERSION + 1, None, 0, "2"):
+        with pytest.raises(StoreError) as refused:
+            RunState.from_json({**document, "version": version})
+        message = str(refused.value)
+        assert "\n" not in message and "'unknown'" in message, message
+        if version == VERSION + 1:
+            assert f"format {VERSION + 1}" in message and f"({VERSION})" in message
