@@ -29,6 +29,7 @@ from keelgate.core.state import UPGRADES, VERSION, RunState
 from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
 from keelgate.stores import _sql, open_stores
+from keelgate.testing.store_contract import race
 from support.stores import backend_params
 
 FIXTURE = Path(__file__).parent / "data" / "release-8b37f73"
@@ -248,8 +249,6 @@ def test_pending_migrations_run_once_in_order_however_many_stores_open_at_once(
 ) -> None:
     """Stores opened at the same instant on a database one migration behind all open, and the
     migration (here one that fails if run twice) ran exactly once, recorded after version 1."""
-    from test_store_contract import race
-
     open_stores(fresh_url).close()
     _later(monkeypatch, ("a later table", "CREATE TABLE keelgate_later (id INTEGER)"))
     opened = race([lambda: open_stores(fresh_url) for _ in range(6)])
