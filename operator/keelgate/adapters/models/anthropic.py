@@ -5,68 +5,37 @@ a forced ``keelgate_verdict`` tool call. Usage (input, cache and output tokens) 
 reply into the budgets. Transient failures are retried by ``_retry`` (the SDK's own retries are
 off); a refusal is a ModelError with the provider's message on one line. This module must never
 log or repeat the API key, and never retry anything but the model call itself.
+
+What every SDK provider shares (the key rule, retries, reading errors, the reply rules) is
+``_sdk``'s: this module keeps the wire form and how it reads its SDK's reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import anthropic
 
 from keelgate.adapters.models import _prompt
-from keelgate.adapters.models._retry import (
-    RetryPolicy,
-    Transient,
-    call_with_retries,
-    one_line,
-    retry_after_seconds,
-)
-from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
+from keelgate.adapters.models._sdk import SdkModel
+from keelgate.core.model import ModelReply, ModelRequest
 from keelgate.core.types import Usage
-from keelgate.errors import InputError, ModelError
 
 # The Messages API requires an output limit; this one applies only when the manifest sets none.
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
-class AnthropicModel:
+class AnthropicModel(SdkModel):
     """A Messages API model. ``name`` is the model id sent on the wire and priced by."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        api_key: str | None,
-        base_url: str | None = None,
-        max_output_tokens: int | None = None,
-        timeout_seconds: float = 120.0,
-        retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] | None = None,
-    ) -> None:
-        if not api_key:
-            raise InputError(
-                "spec.model.apiKeyEnv",
-                "no API key: set the environment variable that apiKeyEnv names",
-            )
-        self.name = name
-        self.base_url = base_url or None
-        self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
-        self._sleep = sleep
-        self._secret = api_key
-        self._client = anthropic.Anthropic(
-            api_key=api_key,
-            base_url=self.base_url,
-            max_retries=0,
-            timeout=timeout_seconds,
+    provider = "anthropic"
+    sdk: ClassVar[ModuleType] = anthropic
+
+    def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:
+        return anthropic.Anthropic(
+            api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout_seconds
         )
-
-    def __repr__(self) -> str:  # never show the key
-        return f"AnthropicModel(name={self.name!r}, base_url={self.base_url!r})"
-
-    def close(self) -> None:
-        self._client.close()
 
     # The wire form
 
@@ -97,30 +66,27 @@ class AnthropicModel:
 
     # The call
 
-    def call(self, request: ModelRequest) -> ModelReply:
-        body = self.payload(request)
-        message = call_with_retries(
-            lambda: self._client.messages.create(**body),
-            self._classify,
-            policy=self.retry,
-            provider=f"anthropic at {self.base_url}" if self.base_url else "anthropic",
-            sleep=self._sleep,
-        )
-        return _reply(request, message, body)
+    def _create(self, body: dict[str, Any]) -> Any:
+        return self._client.messages.create(**body)
 
-    def _classify(self, error: Exception) -> Transient | ModelError:
-        if isinstance(error, anthropic.APITimeoutError):
-            return Transient("the request timed out")
-        if isinstance(error, anthropic.APIConnectionError):
-            return Transient("could not reach the server")
-        if isinstance(error, anthropic.APIStatusError):
-            text = error.api_message or _body_text(error.body) or f"HTTP {error.status_code}"
-            message = f"{error.status_code} {one_line(text, secrets=(self._secret,))}"
-            if error.status_code == 429 or error.status_code >= 500:
-                return Transient(message, retry_after_seconds(dict(error.response.headers)))
-            return ModelError(f"anthropic: {message}")
-        text = str(error) or type(error).__name__
-        return ModelError(f"anthropic: {one_line(text, secrets=(self._secret,))}")
+    @staticmethod
+    def _status_text(error: Any) -> str:
+        return str(error.api_message or "") or _body_text(error.body)
+
+    def _reply(self, request: ModelRequest, message: Any, body: dict[str, Any]) -> ModelReply:
+        text = " ".join(b.text for b in message.content or [] if getattr(b, "type", "") == "text")
+        uses = [b for b in message.content or [] if getattr(b, "type", "") == "tool_use"]
+        text = text.strip()
+        refused = message.stop_reason == "refusal"
+        return self.planned_reply(
+            request,
+            text=text,
+            calls=[(u.name, u.input) for u in uses],
+            cut=message.stop_reason == "max_tokens",
+            refusal=(text or "no reason given") if refused else None,
+            usage=_usage(message),
+            limit=body["max_tokens"],
+        )
 
 
 def _tool(name: str, description: str, schema: Any) -> dict[str, Any]:
@@ -168,33 +134,6 @@ def _usage(message: Any) -> Usage:
     )
 
 
-def _reply(request: ModelRequest, message: Any, body: dict[str, Any]) -> ModelReply:
-    usage = _usage(message)
-    blocks = list(message.content or [])
-    text = " ".join(b.text for b in blocks if getattr(b, "type", "") == "text").strip()
-    uses = [b for b in blocks if getattr(b, "type", "") == "tool_use"]
-    cut = message.stop_reason == "max_tokens"
-    if request.phase == "verify":
-        for use in uses:
-            if use.name == _prompt.VERDICT_TOOL:
-                args = _prompt.parse_arguments(use.input, tool=use.name)
-                return _prompt.verdict_from_args(args, usage)
-        if cut:
-            raise ModelError(_cut_message(body))
-        return _prompt.verdict_from_text(text, usage)
-    if cut:
-        # A reply cut off mid-way may carry half a tool call or half an answer: act on neither.
-        raise ModelError(_cut_message(body))
-    if message.stop_reason == "refusal" and not uses:
-        raise ModelError(f"anthropic: the model refused: {one_line(text or 'no reason given')}")
-    actions = tuple(
-        PlannedCall(u.name, _prompt.parse_arguments(u.input, tool=u.name)) for u in uses
-    )
-    if actions:
-        return ModelReply(actions=actions, usage=usage)
-    return ModelReply(done=True, answer=text, usage=usage)
-
-
 def _body_text(body: object) -> str:
     if isinstance(body, dict):
         error = body.get("error")
@@ -204,10 +143,3 @@ def _body_text(body: object) -> str:
             return str(body["message"])
         return ""
     return str(body) if body else ""
-
-
-def _cut_message(body: dict[str, Any]) -> str:
-    return (
-        f"anthropic: the reply was cut off at the output limit ({body['max_tokens']} tokens); "
-        "raise maxOutputTokens"
-    )

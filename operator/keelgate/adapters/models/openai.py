@@ -6,27 +6,24 @@ tool call. Usage comes from the reply, so budgets count what the provider billed
 failures are retried by ``_retry`` (the SDK's own retries are off); a refusal is a ModelError with
 the provider's message on one line. This module must never log or repeat the API key, and never
 retry anything but the model call itself.
+
+What every SDK provider shares (the key rule, retries, reading errors, the reply rules) is
+``_sdk``'s: this module keeps the wire form and how it reads its SDK's reply.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Literal
+from types import ModuleType
+from typing import Any, ClassVar, Literal, Unpack
 
 import openai
 
 from keelgate.adapters.models import _prompt
-from keelgate.adapters.models._retry import (
-    RetryPolicy,
-    Transient,
-    call_with_retries,
-    one_line,
-    retry_after_seconds,
-)
-from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
+from keelgate.adapters.models._sdk import SdkModel, SdkOptions
+from keelgate.core.model import ModelReply, ModelRequest
 from keelgate.core.types import Usage
-from keelgate.errors import InputError, ModelError
+from keelgate.errors import ModelError
 
 log = logging.getLogger("keelgate.models.openai")
 
@@ -35,49 +32,35 @@ MaxTokensField = Literal["max_completion_tokens", "max_tokens"]
 _NO_KEY = "unused"
 
 
-class OpenAIModel:
+class OpenAIModel(SdkModel):
     """A chat-completions model. ``name`` is the model id sent on the wire and priced by."""
+
+    provider = "openai"
+    sdk: ClassVar[ModuleType] = openai
+
+    keyless_servers = True  # Ollama, vLLM and the like need none
 
     def __init__(
         self,
         name: str,
         *,
-        api_key: str | None,
-        base_url: str | None = None,
-        max_output_tokens: int | None = None,
         max_tokens_field: MaxTokensField | None = None,
-        timeout_seconds: float = 120.0,
-        retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] | None = None,
+        **options: Unpack[SdkOptions],
     ) -> None:
-        if not api_key and not base_url:
-            raise InputError(
-                "spec.model.apiKeyEnv",
-                "no API key: set the environment variable that apiKeyEnv names",
-            )
-        self.name = name
-        self.base_url = base_url or None
-        self.max_output_tokens = max_output_tokens
+        super().__init__(name, **options)
         # OpenAI's own API wants max_completion_tokens (reasoning models refuse max_tokens);
         # most compatible servers (Ollama, llama.cpp, older vLLM) only read max_tokens.
         self.max_tokens_field: MaxTokensField = max_tokens_field or (
             "max_tokens" if self.base_url else "max_completion_tokens"
         )
-        self.retry = retry or RetryPolicy()
-        self._sleep = sleep
-        self._secret = api_key or ""
-        self._client = openai.OpenAI(
+
+    def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:
+        return openai.OpenAI(
             api_key=api_key or _NO_KEY,
             base_url=self.base_url,
             max_retries=0,
             timeout=timeout_seconds,
         )
-
-    def __repr__(self) -> str:  # never show the key
-        return f"OpenAIModel(name={self.name!r}, base_url={self.base_url!r})"
-
-    def close(self) -> None:
-        self._client.close()
 
     # The wire form
 
@@ -107,28 +90,20 @@ class OpenAIModel:
 
     # The call
 
-    def call(self, request: ModelRequest) -> ModelReply:
-        body = self.payload(request)
-        completion = call_with_retries(
-            lambda: self._client.chat.completions.create(**body),
-            self._classify,
-            policy=self.retry,
-            provider=f"openai at {self.base_url}" if self.base_url else "openai",
-            sleep=self._sleep,
-        )
-        return self._reply(request, completion, body)
+    def _create(self, body: dict[str, Any]) -> Any:
+        return self._client.chat.completions.create(**body)
 
-    def _classify(self, error: Exception) -> Transient | ModelError:
-        if isinstance(error, openai.APITimeoutError):
-            return Transient("the request timed out")
-        if isinstance(error, openai.APIConnectionError):
-            return Transient("could not reach the server")
-        if isinstance(error, openai.APIStatusError):
-            message = _status_message(error, self._secret)
-            if error.status_code == 429 or error.status_code >= 500:
-                return Transient(message, retry_after_seconds(dict(error.response.headers)))
-            return ModelError(f"openai: {message}")
-        return ModelError(f"openai: {one_line(_describe(error), secrets=(self._secret,))}")
+    @staticmethod
+    def _status_text(error: Any) -> str:
+        body = error.body
+        message: Any = None
+        if isinstance(body, dict):
+            message = body.get("message")
+            if message is None and isinstance(body.get("error"), dict):
+                message = body["error"].get("message")
+        elif isinstance(body, str):
+            message = body
+        return str(message) if message else ""
 
     def _reply(self, request: ModelRequest, completion: Any, body: dict[str, Any]) -> ModelReply:
         if not getattr(completion, "choices", None):
@@ -136,32 +111,16 @@ class OpenAIModel:
         choice = completion.choices[0]
         message = choice.message
         text = (message.content or "").strip()
-        usage = _usage(completion, body, text)
         calls = [c for c in (message.tool_calls or []) if getattr(c, "type", "") == "function"]
-        cut = choice.finish_reason == "length"
-        if request.phase == "verify":
-            for call in calls:
-                if call.function.name == _prompt.VERDICT_TOOL:
-                    args = _prompt.parse_arguments(call.function.arguments, tool=call.function.name)
-                    return _prompt.verdict_from_args(args, usage)
-            if cut:
-                raise ModelError(_cut_message(body))
-            return _prompt.verdict_from_text(text, usage)
-        if cut:
-            # A reply cut off mid-way may carry half a tool call or half an answer: act on neither.
-            raise ModelError(_cut_message(body))
-        if not calls and message.refusal:
-            raise ModelError(f"openai: the model refused: {one_line(message.refusal)}")
-        actions = tuple(
-            PlannedCall(
-                c.function.name,
-                _prompt.parse_arguments(c.function.arguments, tool=c.function.name),
-            )
-            for c in calls
+        return self.planned_reply(
+            request,
+            text=text,
+            calls=[(c.function.name, c.function.arguments) for c in calls],
+            cut=choice.finish_reason == "length",
+            refusal=message.refusal or None,
+            usage=_usage(completion, body, text),
+            limit=body.get("max_completion_tokens") or body.get("max_tokens"),
         )
-        if actions:
-            return ModelReply(actions=actions, usage=usage)
-        return ModelReply(done=True, answer=text, usage=usage)
 
 
 def _function(name: str, description: str, schema: Any) -> dict[str, Any]:
@@ -215,27 +174,3 @@ def _usage(completion: Any, body: dict[str, Any], text: str) -> Usage:
         input_tokens=_prompt.estimate_tokens([body["messages"], body.get("tools", [])]),
         output_tokens=_prompt.estimate_tokens(text) if text else 1,
     )
-
-
-def _status_message(error: openai.APIStatusError, secret: str) -> str:
-    body = error.body
-    message: Any = None
-    if isinstance(body, dict):
-        message = body.get("message")
-        if message is None and isinstance(body.get("error"), dict):
-            message = body["error"].get("message")
-    elif isinstance(body, str):
-        message = body
-    text = str(message) if message else f"HTTP {error.status_code}"
-    return f"{error.status_code} {one_line(text, secrets=(secret,))}"
-
-
-def _cut_message(body: dict[str, Any]) -> str:
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return (
-        f"openai: the reply was cut off at the output limit ({limit} tokens); raise maxOutputTokens"
-    )
-
-
-def _describe(error: Exception) -> str:
-    return str(error) or type(error).__name__
