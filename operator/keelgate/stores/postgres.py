@@ -258,6 +258,17 @@ class PostgresStore(SQLStore):
             with conn.transaction():
                 yield conn
 
+    def _live_owner_session(self) -> Conn:
+        """The owner session, or a new one (a new owner id) if it was lost. The caller holds
+        ``_owner_lock``; a closed store has none."""
+        if self._pool is None:
+            raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+        if self._owner_conn is None or self._owner_conn.closed:
+            self._owner_conn = None
+            self._open_owner_session()
+        assert self._owner_conn is not None
+        return self._owner_conn
+
     def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
         """Run ``work`` in a transaction on the owner session: a key is only ever recorded
         while its owner lock is held.
@@ -268,22 +279,16 @@ class PostgresStore(SQLStore):
         """
         with self._owner_lock:
             for attempt in (1, 2):
-                if self._pool is None:
-                    raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
                 try:
-                    if self._owner_conn is None or self._owner_conn.closed:
-                        self._owner_conn = None
-                        self._open_owner_session()
-                    conn = self._owner_conn
-                    assert conn is not None
+                    conn = self._live_owner_session()
                     with conn.transaction():
                         return work(conn)
                 except psycopg.Error as error:
-                    conn = self._owner_conn
-                    if conn is None or not (conn.broken or conn.closed) or attempt == 2:
+                    lost = self._owner_conn
+                    if lost is None or not (lost.broken or lost.closed) or attempt == 2:
                         raise self._error(error) from None
                     with suppress(psycopg.Error):
-                        conn.close()
+                        lost.close()
                     self._owner_conn = None
         raise AssertionError("unreachable")
 
@@ -302,14 +307,8 @@ class PostgresStore(SQLStore):
         with self._owner_lock:
             if (tenant, run) in self._driven:
                 return None
-            if self._pool is None:
-                raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
             try:
-                if self._owner_conn is None or self._owner_conn.closed:
-                    self._owner_conn = None
-                    self._open_owner_session()
-                conn = self._owner_conn
-                assert conn is not None
+                conn = self._live_owner_session()
                 row = conn.execute(
                     "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
                 ).fetchone()
