@@ -153,7 +153,9 @@ def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
     if url.startswith("sqlite"):
         fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     else:
-        fresh = str(request.getfixturevalue("pg_server").create_database())
+        server = request.getfixturevalue("pg_server")
+        fresh = str(server.create_database())
+        request.addfinalizer(lambda: server.drop_database(fresh.rsplit("/", 1)[1]))
     open_stores(fresh).close()
     assert _schema(url) == _schema(fresh)
     assert _versions(url) == [(1, _sql.MIGRATIONS[0].description)]
