@@ -1,17 +1,26 @@
 """The one exception tree of Keelgate.
 
 Every error a user can meet is a ``KeelgateError`` with structured fields, so the CLI and the
-operator can turn it into one clear line (and an exit code) without parsing messages. This module
+operator can turn it into one clear line (and an exit code) without parsing messages. Each class
+declares its exit code (``exit_code``: the same for ``keelgate`` and a step pod, whose exit code
+the operator reads) and whether the same call may succeed later unchanged (``retryable``): one
+table, read by the CLI, the step pod and the operator alike. This module
 must never import anything from Keelgate or third parties: every floor imports it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class KeelgateError(Exception):
     """Base of every error Keelgate raises on purpose."""
+
+    #: Exit code of a command that ends with this error: 1 failed, 2 bad input, 4 busy (another
+    #: live process drives the run), 5 the store cannot be reached.
+    exit_code: ClassVar[int] = 1
+    #: True if the same call, unchanged, may succeed later (a store back up, a driver gone).
+    retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
@@ -25,6 +34,8 @@ class KeelgateError(Exception):
 class InputError(KeelgateError):
     """Bad input from a user: a manifest field, a flag or an argument (exit code 2)."""
 
+    exit_code = 2
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}" if field else message, field=field)
         self.field = field
@@ -33,6 +44,8 @@ class InputError(KeelgateError):
 
 class RunNotFound(KeelgateError):
     """No checkpoint exists for the named run."""
+
+    exit_code = 2
 
     def __init__(self, tenant: str, run: str) -> None:
         super().__init__(f"run {run!r} not found in tenant {tenant!r}", tenant=tenant, run=run)
@@ -49,12 +62,18 @@ class StoreUnavailable(StoreError):
     folder that cannot be written. Nothing was read or written; the same command may succeed
     once the store is there (the CLI's exit code 5)."""
 
+    exit_code = 5
+    retryable = True
+
 
 class StaleCheckpoint(StoreError):
     """A checkpoint save was refused because the store already holds this sequence or newer.
 
     This is how a second writer of the same run learns it lost the race: it must stop, not retry.
     """
+
+    exit_code = 4
+    retryable = True  # once the other writer is done, the run can be driven again
 
     def __init__(self, tenant: str, run: str, seq: int, stored_seq: int | None) -> None:
         super().__init__(
@@ -73,6 +92,9 @@ class StaleCheckpoint(StoreError):
 class RunBusy(KeelgateError):
     """Another live process is executing this run right now; this one must not act."""
 
+    exit_code = 4
+    retryable = True
+
     def __init__(self, tenant: str, run: str, detail: str) -> None:
         super().__init__(f"run {run!r} is busy: {detail}", tenant=tenant, run=run)
         self.tenant = tenant
@@ -81,6 +103,8 @@ class RunBusy(KeelgateError):
 
 class SettleError(KeelgateError):
     """A reconcile or approval was refused (nothing to settle, or already settled)."""
+
+    exit_code = 2
 
     def __init__(self, run: str, action: str, message: str) -> None:
         super().__init__(f"{run} {action}: {message}", run=run, action=action)
@@ -120,6 +144,8 @@ class ModelUnavailable(ModelError):
     Not a stop: nothing about the call was saved, so the run is exactly where it was and the
     same command (or the operator's next attempt) tries again.
     """
+
+    retryable = True
 
 
 class SimulatedCrash(BaseException):

@@ -14,13 +14,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import typer
-
-from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
-from keelgate.cli import commands
-from keelgate.cli.render import Console
-from keelgate.core import failpoints
 from keelgate.errors import (
     InputError,
     KeelgateError,
@@ -31,7 +26,9 @@ from keelgate.errors import (
     StaleCheckpoint,
     StoreUnavailable,
 )
-from keelgate.stores import scrubbed
+
+if TYPE_CHECKING:
+    import typer
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -53,11 +50,24 @@ def _interrupted(run: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keelgate`` executable; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    if args[0] == "step":
+        # A step pod's start-up: its own parser, no typer or rich (see keelgate.cli.step).
+        from keelgate.cli.step import main as step_main
+
+        return step_main(args[1:])
+    import typer
+
+    from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
+    from keelgate.cli import commands
+    from keelgate.cli.render import Console
+    from keelgate.core import failpoints
+    from keelgate.stores import scrubbed
+
     console = Console()
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
     logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
-    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     as_json = _wants_json(args)
 
     def fail(code: int, message: str) -> int:

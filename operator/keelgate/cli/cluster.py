@@ -1,11 +1,7 @@
 """``keelgate step`` and ``keelgate operator``: the two programs that run inside a cluster.
 
-``step`` is what a step pod runs: one step of a run from the spec its operator recorded in the
-store, then exit with a code the operator reads (0 the step ended and the run goes on, or met
-its goal; 3 a resumable stop; 1 a failed stop; 2 bad input; 4 another process drives the run;
-5 the store could not be reached), the outcome as one JSON line last on stdout and, where the
-kubelet provides one, in the termination message. Its start-up imports neither kopf nor a
-Kubernetes client.
+``step`` is what a step pod runs (``keelgate.cli.step``, which parses its own options on a
+start-up path of its own; ``keelgate step`` normally reaches it without loading this module).
 
 ``operator`` is the image's entrypoint: the kopf operator (``keelgate.kube.operator``), imported
 only when it runs. It refuses a store whose owner liveness works on one host only.
@@ -14,95 +10,25 @@ This module must never print a secret (the store URL is shown redacted, if at al
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from keelgate.cli import step
 from keelgate.cli.commands import StoreOption, app
-from keelgate.core.types import Outcome, RunPhase
 from keelgate.errors import InputError
-from keelgate.stores import DEFAULT_URL, check_store_url, redacted
-
-EXIT_CONTINUE = 0
-EXIT_FAILED = 1
-EXIT_RESUMABLE = 3
+from keelgate.stores import check_store_url, redacted
 
 
-def step_exit_code(outcome: Outcome) -> int:
-    """0 when the run goes on (or met its goal), 3 for a resumable stop, 1 for a failure."""
-    if outcome.phase in (RunPhase.RUNNING, RunPhase.SUCCEEDED):
-        return EXIT_CONTINUE
-    return EXIT_RESUMABLE if outcome.resumable else EXIT_FAILED
-
-
-def _load_confirmer(reference: str, url: str = "") -> Any:
-    if reference and url:
-        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
-    if url:
-        from keelgate.adapters.confirmers import HttpConfirmer
-
-        return HttpConfirmer(url)
-    if not reference:
-        return None
-    from keelgate.adapters.loading import load_callable
-
-    found = load_callable(reference, field="--confirmer")
-    # A confirmer object, or a class / factory making one.
-    return found if hasattr(found, "confirm") else found()
-
-
-@app.command("step")
-def step_command(
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="The run's namespace.")],
-    run: Annotated[str, typer.Option("--run", help="The run's name.")],
-    store: StoreOption = DEFAULT_URL,
-    confirmer: Annotated[
-        str,
-        typer.Option(help="Trusted code asking the system of record: 'pkg.module:object'."),
-    ] = "",
-    confirmer_url: Annotated[
-        str,
-        typer.Option(
-            "--confirmer-url",
-            help="Ask the system of record: GET this URL ({idempotencyKey}, {tool}, {action}, "
-            "{run}, {tenant} filled in) answering JSON {executed: true|false}.",
-        ),
-    ] = "",
-    late_call_grace: Annotated[
-        float,
-        typer.Option(
-            "--late-call-grace",
-            min=0,
-            help="Seconds to wait, before exiting, for a timed-out call still running.",
-        ),
-    ] = 30.0,
-    termination_log: Annotated[
-        Path, typer.Option(help="Where the kubelet reads the termination message.")
-    ] = Path("/dev/termination-log"),
-) -> int:
-    """Run one step of a run (one iteration, less if it stops) in a step pod, and exit."""
-    from keelgate.runners.step import StepRunner
-    from keelgate.stores._holds import wait_for_running_calls
-
-    check_store_url(store)
-    sys.path.insert(0, str(Path.cwd()))
-    runner = StepRunner(store=store, confirmer=_load_confirmer(confirmer, confirmer_url))
-    try:
-        # A store that cannot be reached is exit 5, another driver of the run (RunBusy, a lost
-        # checkpoint race) exit 4, bad input exit 2: the CLI's one error table.
-        outcome = runner.step(namespace, run)
-    finally:
-        # A call that timed out may still end and be recorded; cut off, it stays unknown.
-        wait_for_running_calls(late_call_grace)
-    line = json.dumps(outcome.to_json(), sort_keys=True)
-    print(line, flush=True)
-    if termination_log.is_file() and os.access(termination_log, os.W_OK):
-        termination_log.write_text(line[:4096], encoding="utf-8")
-    return step_exit_code(outcome)
+@app.command(
+    "step",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    help=step.DESCRIPTION + " (keelgate step --help: its options)",
+)
+def step_command(ctx: typer.Context) -> int:
+    """A step pod's program; it parses its own options (``keelgate.cli.step``)."""
+    return step.main(ctx.args)
 
 
 @app.command("operator")
@@ -177,7 +103,7 @@ def operator_command(
     if not store:
         raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
     check_store_url(store)
-    _load_confirmer("", confirmer_url)  # a malformed URL is refused here, not in every pod
+    step.load_confirmer("", confirmer_url)  # a malformed URL is refused here, not in every pod
     if confirmer and confirmer_url:
         raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
     if not store.startswith(("postgresql:", "postgres:")):

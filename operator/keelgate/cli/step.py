@@ -1,0 +1,148 @@
+"""``keelgate step``: the program of a step pod, on a start-up path of its own.
+
+A step pod runs one step of a run from the spec its operator recorded in the store, then exits
+with a code the operator reads: 0 the step ended and the run goes on (or met its goal), 3 a
+resumable stop, 1 a failed stop, 2 bad input, 4 another process drives the run, 5 the store
+cannot be reached (the codes of the one error table in ``keelgate.errors``). Its outcome is one
+JSON line, last on stdout and, where the kubelet provides one, the termination message.
+
+Every step of every run pays this program's start, so it is kept apart from the interactive
+CLI: it parses its few options with argparse and imports neither typer nor rich, nor kopf nor a
+Kubernetes client. It must never print a secret (error lines are scrubbed of passwords) or a
+tool's argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from keelgate.errors import InputError, KeelgateError
+
+EXIT_CONTINUE = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RESUMABLE = 3
+
+DESCRIPTION = "Run one step of a run (one iteration, less if it stops) in a step pod, and exit."
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own: exit 2 with one line, no usage
+        raise InputError("keelgate step", message)
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = _Parser(prog="keelgate step", description=DESCRIPTION)
+    parse.add_argument("--namespace", "-n", required=True, help="The run's namespace (tenant).")
+    parse.add_argument("--run", required=True, help="The run's name.")
+    parse.add_argument(
+        "--store",
+        default=os.environ.get("KEELGATE_STORE", ""),
+        help="Store URL (env KEELGATE_STORE): postgresql://... in a cluster.",
+    )
+    parse.add_argument(
+        "--confirmer", default="", help="Trusted code asking the system of record: 'pkg.mod:obj'."
+    )
+    parse.add_argument(
+        "--confirmer-url",
+        default="",
+        help="Ask the system of record: GET this URL ({idempotencyKey}, {tool}, {action}, {run}, "
+        "{tenant} filled in) answering JSON {executed: true|false}.",
+    )
+    parse.add_argument(
+        "--late-call-grace",
+        type=float,
+        default=30.0,
+        help="Seconds to wait, before exiting, for a timed-out call still running (default 30).",
+    )
+    parse.add_argument(
+        "--termination-log",
+        type=Path,
+        default=Path("/dev/termination-log"),
+        help="Where the kubelet reads the termination message.",
+    )
+    return parse
+
+
+def load_confirmer(reference: str, url: str = "") -> Any:
+    """The confirmer named by ``--confirmer`` (Python) or ``--confirmer-url`` (HTTP), if any."""
+    if reference and url:
+        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
+    if url:
+        from keelgate.adapters.confirmers import HttpConfirmer
+
+        return HttpConfirmer(url)
+    if not reference:
+        return None
+    from keelgate.adapters.loading import load_callable
+
+    found = load_callable(reference, field="--confirmer")
+    # A confirmer object, or a class / factory making one.
+    return found if hasattr(found, "confirm") else found()
+
+
+def _step(args: argparse.Namespace) -> int:
+    from keelgate.core.types import RunPhase
+    from keelgate.runners.step import StepRunner
+    from keelgate.stores import check_store_url
+    from keelgate.stores._holds import wait_for_running_calls
+
+    if not args.store:
+        raise InputError("--store", "a step needs the store URL (env KEELGATE_STORE)")
+    check_store_url(args.store)
+    sys.path.insert(0, str(Path.cwd()))
+    runner = StepRunner(
+        store=args.store, confirmer=load_confirmer(args.confirmer, args.confirmer_url)
+    )
+    try:
+        outcome = runner.step(args.namespace, args.run)
+    finally:
+        # A call that timed out may still end and be recorded; cut off, it stays unknown.
+        wait_for_running_calls(args.late_call_grace)
+    line = json.dumps(outcome.to_json(), sort_keys=True)
+    print(line, flush=True)
+    log: Path = args.termination_log
+    if log.is_file() and os.access(log, os.W_OK):
+        log.write_text(line[:4096], encoding="utf-8")
+    if outcome.phase in (RunPhase.RUNNING, RunPhase.SUCCEEDED):
+        return EXIT_CONTINUE
+    return EXIT_RESUMABLE if outcome.resumable else EXIT_FAILED
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``keelgate step ARGS``; returns the exit code."""
+    import logging
+
+    from keelgate.core import failpoints
+
+    logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
+    if failpoints.environment_error is not None:  # a KEELGATE_FAILPOINTS nobody can arm
+        _say(str(failpoints.environment_error))
+        return EXIT_BAD_INPUT
+    try:
+        return _step(parser().parse_args(list(argv)))
+    except SystemExit as done:  # --help
+        return int(done.code or 0)
+    except KeelgateError as error:
+        _say(str(error))
+        return error.exit_code
+    except KeyboardInterrupt:
+        _say("interrupted: nothing saved was lost; the operator starts the step again")
+        return 130
+    except Exception as error:
+        if os.environ.get("KEELGATE_DEBUG"):
+            raise
+        _say(f"internal error: {type(error).__name__}: {error}")
+        return EXIT_FAILED
+
+
+def _say(message: str) -> None:
+    from keelgate.stores import scrubbed
+
+    print(f"keelgate: error: {scrubbed(message)}", file=sys.stderr, flush=True)
