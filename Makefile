@@ -37,6 +37,7 @@ e2e-build up: venv
 
 lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples
+	cd operator && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
 	$(VENV)/bin/ruff format --check operator tests bench examples
 	$(PY) -m keelgate.kube.crds --check crds/
 	$(PY) -m keelgate.kube.crds --check charts/keelgate/crds/

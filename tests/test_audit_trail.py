@@ -14,7 +14,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from keelgate import failpoint
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core import failpoints
@@ -25,6 +24,7 @@ from keelgate.core.types import SideEffect, StopReason
 from keelgate.errors import SimulatedCrash
 from keelgate.stores.memory import MemoryStore
 from keelgate.stores.sqlite import SQLiteStore
+from keelgate.testing import failpoint
 from support.stores import StoreFactory, store_fixture
 
 durable_factory = store_fixture("sqlite", "postgres")

@@ -19,7 +19,7 @@ TOOLS = """
 import json, os
 from pathlib import Path
 
-import keelgate
+import keelgate.testing
 
 BOOK = Path(os.environ["BOOK"])
 
@@ -31,7 +31,7 @@ def order(args, *, idempotency_key):
         book.write(json.dumps({"key": idempotency_key}) + "\\n")
         book.flush()
         os.fsync(book.fileno())
-    keelgate.failpoint("mid_tool")
+    keelgate.testing.failpoint("mid_tool")
     return {"ordered": True}
 """
 

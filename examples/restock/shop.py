@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import keelgate
+import keelgate.testing
 
 
 def _dir() -> Path:
@@ -41,5 +41,5 @@ def place_order(args: dict[str, Any], *, idempotency_key: str | None) -> dict[st
         book.write(json.dumps(order) + "\n")
         book.flush()
         os.fsync(book.fileno())
-    keelgate.failpoint("mid_tool")
+    keelgate.testing.failpoint("mid_tool")
     return {"orderId": len(orders()), "sku": order["sku"], "qty": order["qty"]}

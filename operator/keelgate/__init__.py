@@ -7,7 +7,6 @@ no logic of its own.
 
 from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport
 from keelgate.core.audit import verify as verify_audit
-from keelgate.core.failpoints import hit as failpoint
 from keelgate.core.gateway import SIDE_EFFECT_NOT_PERMITTED
 from keelgate.core.loop import Loop
 from keelgate.core.model import Model, ModelReply, ModelRequest, PlannedCall, ToolInfo
@@ -39,11 +38,11 @@ from keelgate.errors import (
     InputError,
     KeelgateError,
     ModelError,
+    ModelUnavailable,
     OutcomeUncertain,
     RunBusy,
     RunNotFound,
     SettleError,
-    SimulatedCrash,
     StaleCheckpoint,
     StoreError,
     StoreUnavailable,
@@ -74,6 +73,7 @@ __all__ = [
     "ModelError",
     "ModelReply",
     "ModelRequest",
+    "ModelUnavailable",
     "Outcome",
     "OutcomeUncertain",
     "PlannedCall",
@@ -84,7 +84,6 @@ __all__ = [
     "RunRef",
     "SettleError",
     "SideEffect",
-    "SimulatedCrash",
     "StaleCheckpoint",
     "Stop",
     "StopReason",
@@ -96,7 +95,6 @@ __all__ = [
     "ToolInfo",
     "UnknownAction",
     "Usage",
-    "failpoint",
     "open_stores",
     "verify_audit",
 ]

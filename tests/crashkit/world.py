@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from keelgate import failpoint
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.model import Model, ModelReply, ModelRequest
 from keelgate.core.types import SideEffect, UnknownAction
 from keelgate.errors import ToolError
+from keelgate.testing import failpoint
 
 #: Tool classes whose calls change the world and so must happen at most once.
 SIDE_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROPOSE})

@@ -1,0 +1,130 @@
+"""The package's floors and its public facade, enforced by tools rather than by docstrings.
+
+`make lint` runs import-linter with the contracts in pyproject.toml (the floors of
+shared/design/architecture.md, a core free of drivers and clients, Kubernetes only in kube/, a
+step pod's start-up free of kopf, typer and rich). These tests prove the contracts bite: an
+upward import planted in a copy of the package breaks them. And the public API, re-exported by
+``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import keelgate
+import keelgate.testing
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).parent / "lint-imports"
+
+
+def lint(package_root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT), "--config", str(ROOT / "pyproject.toml")],
+        cwd=package_root,
+        env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_package_keeps_its_floors() -> None:
+    """The package as it is keeps every contract."""
+    done = lint(ROOT / "operator")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "broken" not in done.stdout.lower().split("contracts:")[-1].split(",")[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        ("core/spec.py", "import keelgate.runners.local", "Floors"),
+        ("core/loop.py", "import psycopg", "The core imports no"),
+        ("stores/sqlite.py", "import kubernetes", "Only keelgate.kube"),
+        ("runners/build.py", "import keelgate.kube.api", "A step pod's start-up"),
+        ("kube/api.py", "import keelgate.runners", "Floors"),
+        ("cli/step.py", "import typer", "A step pod's start-up"),
+    ],
+)
+def test_an_import_against_a_floor_breaks_the_lint(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    """A copy of the package with one planted import (upwards, or of a forbidden package)
+    fails lint-imports, naming the contract it breaks."""
+    shutil.copytree(
+        ROOT / "operator" / "keelgate",
+        tmp_path / "keelgate",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    target = tmp_path / "keelgate" / module
+    text = target.read_text()
+    head, _, tail = text.partition("from __future__ import annotations\n")
+    target.write_text(f"{head}from __future__ import annotations\n{planted}  # noqa\n{tail}")
+    done = lint(tmp_path)
+    assert done.returncode != 0
+    broken = [line for line in done.stdout.splitlines() if line.endswith("BROKEN")]
+    assert any(line.startswith(contract) for line in broken), done.stdout[-3000:]
+
+
+def test_the_public_api_is_exactly_this() -> None:
+    """What `import keelgate` offers, and the test hooks in keelgate.testing."""
+    assert sorted(keelgate.__all__) == sorted(
+        [
+            "SIDE_EFFECT_NOT_PERMITTED",
+            "AuditDraft",
+            "AuditEvent",
+            "AuditLog",
+            "Budget",
+            "ChainReport",
+            "Checkpoint",
+            "CheckpointStore",
+            "Confirmer",
+            "IdempotencyStore",
+            "InputError",
+            "KeelgateError",
+            "KeyRecord",
+            "KeyState",
+            "Loop",
+            "LoopKind",
+            "LoopRunner",
+            "LoopSpec",
+            "Model",
+            "ModelError",
+            "ModelReply",
+            "ModelRequest",
+            "ModelUnavailable",
+            "Outcome",
+            "OutcomeUncertain",
+            "PlannedCall",
+            "Price",
+            "RunBusy",
+            "RunNotFound",
+            "RunPhase",
+            "RunRef",
+            "SettleError",
+            "SideEffect",
+            "StaleCheckpoint",
+            "Stop",
+            "StopReason",
+            "StoreError",
+            "Stores",
+            "Tool",
+            "ToolError",
+            "ToolInfo",
+            "UnknownAction",
+            "Usage",
+            "StoreUnavailable",
+            "open_stores",
+            "verify_audit",
+        ]
+    )
+    assert all(hasattr(keelgate, name) for name in keelgate.__all__)
+    assert sorted(keelgate.testing.__all__) == ["NAMES", "SimulatedCrash", "armed", "failpoint"]
+    assert not hasattr(keelgate, "failpoint")  # test hooks live in keelgate.testing
