@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -36,16 +36,21 @@ demo-local: venv
 e2e-build up: venv
 
 lint: venv e2e-lint
-	$(VENV)/bin/ruff check operator tests bench examples
+	$(VENV)/bin/ruff check operator tests bench examples deploy
+	$(VENV)/bin/ruff format --check operator tests bench examples deploy
 	cd operator && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
-	$(VENV)/bin/ruff format --check operator tests bench examples
 	$(PY) -m keelgate.kube.crds --check crds/
 	$(PY) -m keelgate.kube.crds --check charts/keelgate/crds/
+	$(PY) deploy/argocd/argocd_cm.py --check
 
 ## crds: regenerate crds/ from the manifest models (the single source of truth)
 crds: venv
 	$(PY) -m keelgate.kube.crds --write crds/
 	$(PY) -m keelgate.kube.crds --write charts/keelgate/crds/
+
+## argocd-cm: regenerate deploy/argocd/argocd-cm.yaml from the Argo CD health checks beside it
+argocd-cm: venv
+	$(PY) deploy/argocd/argocd_cm.py --write
 
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv

@@ -1,0 +1,38 @@
+-- Argo CD health of a keelgate.dev Reconciliation (docs/gitops.md says what each state means).
+-- Argo CD runs it without the string library: base and table functions only.
+local hs = {}
+local spec = obj.spec or {}
+local status = obj.status
+local what = (spec.tool or "?") .. " (" .. (spec.action or "?") .. ") of run " .. (spec.runName or "?")
+
+if status == nil or status.phase == nil or status.phase == "" then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the Keelgate operator to show it Pending"
+  return hs
+end
+
+if status.phase == "Settled" then
+  hs.status = "Healthy"
+  hs.message = "Settled: " .. what .. " " .. (status.verdict or "?") .. ", by "
+    .. (status.settledBy or "?") .. " (" .. (status.source or "?") .. ")"
+  return hs
+end
+
+if status.phase == "Pending" and spec.executed ~= nil then
+  hs.status = "Progressing"
+  hs.message = (spec.by or "?") .. " decided executed: " .. tostring(spec.executed)
+    .. "; waiting for the Keelgate operator to settle " .. what
+  return hs
+end
+
+if status.phase == "Pending" then
+  hs.status = "Suspended"
+  hs.message = "Waiting for a person: did " .. what .. " run? Ask the system it changes about "
+    .. "Idempotency-Key " .. (spec.idempotencyKey or "?")
+    .. ", then set spec.executed (true or false) and spec.by"
+  return hs
+end
+
+hs.status = "Unknown"
+hs.message = "phase " .. status.phase
+return hs
