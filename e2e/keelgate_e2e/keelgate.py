@@ -254,3 +254,164 @@ class OperatorProcess:
         self.stop()
         time.sleep(0.2)
         self.start()
+
+
+CHART = ROOT / "charts" / "keelgate"
+RELEASE = "keelgate"
+
+
+@dataclass
+class OperatorPod:
+    """The operator as users run it: installed by `helm install --wait` from charts/keelgate into
+    keelgate-system, a pod of its Deployment under the chart's RBAC (the node agent runs it with
+    the projected service-account token, like a kubelet). Its /metrics listens on a free
+    loopback port (pods share the host network here)."""
+
+    cluster: Cluster
+    port: int = 0
+    allow_failpoints: bool = True
+    max_step_pods: int = 20
+    values: tuple[str, ...] = ()
+    release: str = RELEASE
+    namespace: str = SYSTEM
+    store: str = ""  # default: the cluster's store URL with STORE_PASSWORD in it
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        from keelgate_e2e import build
+
+        binary = build.ensure()["helm"].path
+        done = subprocess.run(
+            [str(binary), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args[:2])} failed:\n{done.stdout}{done.stderr}")
+        return done
+
+    def chart_values(self, *extra: str) -> list[str]:
+        if not self.port:
+            self.port = procs.free_port()
+        values = [
+            f"store.url={self.store or secret_dsn(self.cluster)}",
+            "image.repository=keelgate",
+            "image.tag=dev",
+            f"allowFailpoints={str(self.allow_failpoints).lower()}",
+            f"operator.maxStepPods={self.max_step_pods}",
+            "operator.resyncSeconds=10",
+            f"operator.metricsPort={self.port}",
+            f"metrics.service.port={self.port}",
+            *self.values,
+            *extra,
+        ]
+        pairs = [arg for value in values for arg in ("--set", value)]
+        # A list whose item holds "=": --set-json says it unambiguously.
+        return [*pairs, "--set-json", 'operator.extraArgs=["--bind=127.0.0.1"]']
+
+    def install(self, *extra: str) -> None:
+        """`helm install --wait` (or upgrade, when the release exists), then wait for health."""
+        self.helm(
+            "upgrade",
+            "--install",
+            self.release,
+            str(CHART),
+            "-n",
+            self.namespace,
+            "--create-namespace",
+            "--wait",
+            "--timeout=180s",
+            *self.chart_values(*extra),
+        )
+        self.wait_healthy()
+
+    @property
+    def kubeconfig(self) -> Path:
+        """A kubeconfig holding a token of the operator's service account (for a second
+        operator started beside the pod, under the same RBAC)."""
+        path = self.cluster.run_dir / "operator.kubeconfig"
+        if not path.exists():
+            kube = self.cluster.client()
+            try:
+                operator_kubeconfig(self.cluster, kube, path)
+            finally:
+                kube.close()
+        return path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"KEELGATE_STORE": self.store or secret_dsn(self.cluster)}
+
+    def pods(self) -> list[JSON]:
+        kube = self.cluster.client()
+        try:
+            listed = kube.get(
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                {"labelSelector": "app.kubernetes.io/component=operator"},
+            )
+        finally:
+            kube.close()
+        return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        wait_for(self.healthy, timeout=timeout, interval=0.5, what="the operator pod's /healthz")
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
+    def logs(self) -> str:
+        """Every operator pod's log (the current ones), as `kubectl logs` gives it."""
+        kube = self.cluster.client()
+        try:
+            return "".join(
+                kube.text(f"/api/v1/namespaces/{self.namespace}/pods/{p['metadata']['name']}/log")
+                for p in self.pods()
+            )
+        finally:
+            kube.close()
+
+    def kill(self) -> None:
+        """Delete the operator's pod with --force --grace-period=0, as a lost node or an
+        impatient person would; its Deployment makes a new one."""
+        kube = self.cluster.client()
+        try:
+            for pod in self.pods():
+                name = pod["metadata"]["name"]
+                kube.delete(
+                    f"/api/v1/namespaces/{self.namespace}/pods/{name}",
+                    {"gracePeriodSeconds": 0},
+                )
+        finally:
+            kube.close()
+
+    def scale(self, replicas: int) -> None:
+        kube = self.cluster.client()
+        try:
+            kube.patch(
+                f"/apis/apps/v1/namespaces/{self.namespace}/deployments/"
+                f"{self.release}-operator/scale",
+                {"spec": {"replicas": replicas}},
+            )
+        finally:
+            kube.close()
+
+    def stop(self) -> None:
+        """No operator pod (the Deployment scaled to 0)."""
+        self.scale(0)
+        wait_for(lambda: not self.pods(), timeout=60, what="the operator pod to go")
+        wait_for(lambda: not self.healthy(), timeout=30, what="the operator to stop answering")
+
+    def start(self) -> None:
+        """An operator pod again: the release installed and scaled to 1, answering /healthz."""
+        if self.helm("status", self.release, "-n", self.namespace, check=False).returncode:
+            self.install()
+            return
+        self.scale(1)
+        self.wait_healthy()
