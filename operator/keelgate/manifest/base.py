@@ -80,6 +80,9 @@ class KeelgateModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",
         frozen=True,
+        # A model's validator is built when it is first used, not when its class is defined:
+        # a step pod validates one spec and never pays for the status or settle models.
+        defer_build=True,
     )
 
 

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
-from keelgate.core.types import Outcome
+from keelgate.core.state import RunState
+from keelgate.core.types import Outcome, RunPhase
 from keelgate.errors import InputError
 from keelgate.runners.build import Parts, build_loop, build_parts
 from keelgate.stores import open_stores
@@ -51,6 +52,9 @@ class StepRunner:
         stores = open_stores(self.store)
         try:
             spec = recorded_spec(stores, tenant, run)
+            ended = _ended(stores, tenant, run)
+            if ended is not None:
+                return ended  # nothing to do: no model, no tool is built
             return self._drive(spec, stores, build_parts(spec))
         finally:
             stores.close()
@@ -58,6 +62,17 @@ class StepRunner:
     def _drive(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Outcome:
         loop = build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
         return loop.run_or_resume(spec, one_iteration=True)
+
+
+def _ended(stores: Stores, tenant: str, run: str) -> Outcome | None:
+    """The outcome of a run that no step can change (its goal met, or failed for good)."""
+    checkpoint = stores.checkpoints.load(tenant, run)
+    if checkpoint is None:
+        return None
+    outcome = RunState.from_json(checkpoint.state).outcome()
+    if outcome.phase is RunPhase.SUCCEEDED:
+        return outcome
+    return None
 
 
 def recorded_spec(stores: Stores, tenant: str, run: str) -> LoopSpec:

@@ -88,13 +88,20 @@ class HttpTool:
         self.timeout_seconds = timeout_seconds
         # No kept-alive connections: every request opens its own, so a failure to connect really
         # means nothing was sent (a pooled connection the server had closed would blur that).
-        # The client itself is reused because building one (its TLS context) is slow.
+        # The client itself is reused because building one (its TLS context) is slow, and it is
+        # built at the first call: a step pod that does not call this tool never pays for it.
         # httpx never retries a request.
-        self._client = httpx.Client(
-            timeout=timeout_seconds,
-            follow_redirects=False,
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
+        self._client: httpx.Client | None = None
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(
+                timeout=self.timeout_seconds,
+                follow_redirects=False,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )
+        return self._client
 
     def __repr__(self) -> str:  # headers may hold credentials
         return f"HttpTool(name={self.name!r}, {self.where})"
@@ -115,7 +122,7 @@ class HttpTool:
         elif rest:
             request["params"] = _query(rest)
         try:
-            response = self._client.request(self.method, url, **request)
+            response = self.client.request(self.method, url, **request)
         except _NOTHING_SENT as error:
             raise ToolError(
                 f"{self.name}: {self.where} failed before anything was sent "
@@ -128,7 +135,8 @@ class HttpTool:
         return self._result(response)
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     def _unsure(self, why: str) -> NoReturn:
         message = f"{self.name}: {self.where}: {why}"
