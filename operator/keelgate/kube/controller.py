@@ -164,20 +164,36 @@ class Controller:
         #: When the operator saw each run's last step pod end (for the hand-off time).
         self.ended_at: dict[Key, float] = {}
         self.phases: dict[Key, str] = {}
+        self._events = threading.local()  # each worker thread's Events, posted after its work
 
     # Dispatch
 
     def reconcile(self, key: Key) -> float | None:
         """Do what ``key``'s object needs; returns seconds until it should be looked at again
         (None: when something changes)."""
-        kind = key[0]
-        if kind == "AgentRun":
-            return self._run(key)
-        if kind == "Reconciliation":
-            return self._reconciliation(key)
-        if kind == "Approval":
-            return self._approval(key)
-        return None
+        self._events.later = []
+        try:
+            kind = key[0]
+            if kind == "AgentRun":
+                return self._run(key)
+            if kind == "Reconciliation":
+                return self._reconciliation(key)
+            if kind == "Approval":
+                return self._approval(key)
+            return None
+        finally:
+            # Events are posted last: they tell people what happened, and must not stand
+            # between one step pod's end and the creation of the next.
+            later, self._events.later = self._events.later, None
+            for involved, type_, reason, message in later or ():
+                self.api.event(involved, type_=type_, reason=reason, message=message)
+
+    def _event(self, involved: JSON, *, type_: str, reason: str, message: str) -> None:
+        later = getattr(self._events, "later", None)
+        if later is None:
+            self.api.event(involved, type_=type_, reason=reason, message=message)
+        else:
+            later.append((involved, type_, reason, message))
 
     # AgentRun
 
@@ -269,7 +285,7 @@ class Controller:
             if self.settings.allow_failpoints:
                 failpoints = annotation
             else:
-                self.api.event(
+                self._event(
                     run,
                     type_="Warning",
                     reason="FailpointsIgnored",
@@ -308,7 +324,7 @@ class Controller:
         crashes = 0 if ended.kind == "clean" else int(step.get("crashes") or 0) + 1
         if ended.kind == "busy":
             crashes = int(step.get("crashes") or 0)  # another driver is alive: not a crash
-        self.api.event(
+        self._event(
             run,
             type_="Normal" if ended.kind == "clean" else "Warning",
             reason="StepEnded",
@@ -376,7 +392,7 @@ class Controller:
                 except Conflict:
                     continue
                 self.cache.put("Reconciliation", created)
-                self.api.event(
+                self._event(
                     run,
                     type_="Warning",
                     reason="OutcomeUnknown",
@@ -425,7 +441,7 @@ class Controller:
             except (Conflict, Gone):
                 continue
             self.cache.put("Reconciliation", settled)
-            self.api.event(
+            self._event(
                 run,
                 type_="Normal",
                 reason="Settled",
@@ -445,7 +461,7 @@ class Controller:
             except Conflict:
                 continue
             self.cache.put("Approval", created)
-            self.api.event(
+            self._event(
                 run,
                 type_="Normal",
                 reason="AwaitingApproval",
@@ -511,7 +527,7 @@ class Controller:
         if ended is not None:
             self.metrics.handoff_seconds.observe(max(0.0, self.clock() - ended))
         armed = f" with failpoints {step['failpoints']}" if step.get("failpoints") else ""
-        self.api.event(
+        self._event(
             run,
             type_="Normal",
             reason="StepStarted",
@@ -644,12 +660,12 @@ class Controller:
         phase, reason = after
         message = str(new.get("message") or "")
         if phase == "Succeeded":
-            self.api.event(run, type_="Normal", reason="Succeeded", message=message or "goal met")
+            self._event(run, type_="Normal", reason="Succeeded", message=message or "goal met")
         elif phase == "Failed":
-            self.api.event(run, type_="Warning", reason="Failed", message=f"{reason}: {message}")
+            self._event(run, type_="Warning", reason="Failed", message=f"{reason}: {message}")
         elif phase == "Stopped":
             words = f"{reason}: {message}" if reason else message
-            self.api.event(run, type_="Normal", reason="Stopped", message=words)
+            self._event(run, type_="Normal", reason="Stopped", message=words)
 
     # Reconciliation and Approval
 
@@ -698,7 +714,7 @@ class Controller:
         self.cache.put("Reconciliation", patched)
         run = self.cache.get("AgentRun", ns, run_name)
         if run is not None:
-            self.api.event(
+            self._event(
                 run,
                 type_="Normal",
                 reason="Settled",
@@ -750,7 +766,7 @@ class Controller:
         self.cache.put("Approval", patched)
         run = self.cache.get("AgentRun", ns, run_name)
         if run is not None:
-            self.api.event(
+            self._event(
                 run,
                 type_="Normal",
                 reason="Approved" if recorded.approved else "Denied",
@@ -763,7 +779,7 @@ class Controller:
     def _warn_about(self, obj: JSON, run_name: str, reason: str, message: str) -> None:
         ns = obj["metadata"]["namespace"]
         run = self.cache.get("AgentRun", ns, run_name)
-        self.api.event(run or obj, type_="Warning", reason=reason, message=message)
+        self._event(run or obj, type_="Warning", reason=reason, message=message)
 
     # Monitors
 
@@ -811,7 +827,7 @@ class Controller:
                     pass
                 desired["lastTick"] = tick_name
                 desired["lastScheduleTime"] = _iso(moment)
-                self.api.event(
+                self._event(
                     run, type_="Normal", reason="TickCreated", message=f"created tick {tick_name}"
                 )
             due = next_due(spec.schedule, after=moment)
