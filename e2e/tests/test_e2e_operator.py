@@ -478,3 +478,31 @@ def test_a_confirmer_on_the_operator_settles_an_unknown_outcome_on_its_own(
     assert [(e.data["source"], e.data["verdict"]) for e in reconciled] == [
         ("confirmer", "executed")
     ]
+
+
+def test_a_suspended_run_starts_no_step_pod_until_it_is_resumed(
+    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """`spec.suspend: true` from the start: no step pod, the run says it is suspended (and is
+    neither reconciling nor stalled); `kubectl patch` to false starts it, and it succeeds with
+    its one order."""
+    run = agentrun("paused", shop, [[order("S9", 1)]], extra={"suspend": True})
+    apply(kubectl, run)
+
+    def suspended() -> JSON | None:
+        current = runs.get_run(admin, tenant, "paused")
+        reconciling = condition(current, "Reconciling")
+        if reconciling and reconciling["reason"] == "Suspended":
+            return current
+        return None
+
+    shown = wait_for(suspended, timeout=60, what="the run to show it is suspended")
+    assert "suspend" in shown["status"]["message"]
+    assert condition(shown, "Stalled")["status"] == "False"  # type: ignore[index]
+    time.sleep(3)
+    pods = admin.get(f"/api/v1/namespaces/{tenant}/pods")["items"]
+    assert pods == [] and shop.shop.count() == 0
+    kubectl("patch", "agentrun", "paused", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    done = wait_phase(admin, tenant, "paused", "Succeeded", timeout=90)
+    assert done["status"]["observedGeneration"] == 2
+    assert shop.shop.count() == 1
