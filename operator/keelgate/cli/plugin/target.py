@@ -1,0 +1,137 @@
+"""Which cluster, user and namespace ``kubectl keelgate`` talks to, decided as kubectl decides.
+
+kubectl hands a plugin its arguments and nothing else: ``--kubeconfig``, ``--context`` and
+``-n/--namespace`` arrive as flags the plugin must read itself, and ``KUBECONFIG`` is in the
+environment. This module resolves them the way kubectl does: the ``--kubeconfig`` file, else
+every file ``KUBECONFIG`` lists, else ``~/.kube/config`` (else, inside a pod, the pod's service
+account); the context named by ``--context``, else the current one; the namespace given, else
+the context's, else ``default``. It must never print or return a credential: a ``Target`` holds
+where credentials are, never what they are.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+from keelgate.errors import InputError
+
+#: Where a pod's service account puts its namespace (kubectl reads it in-cluster too).
+_POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one command goes: the kubeconfig file(s), the context, the namespace."""
+
+    config_files: str  # as KUBECONFIG spells it (os.pathsep-separated); "" inside a pod
+    context: str  # "" inside a pod: its service account, no kubeconfig
+    namespace: str
+    namespace_given: bool = False  # -n was given (shown again in the commands suggested)
+    context_given: bool = False  # --context was given (likewise)
+
+    @property
+    def where(self) -> str:
+        """How messages name the user and cluster: the context, or the pod's account."""
+        return f"context {self.context}" if self.context else "the pod's service account"
+
+    def flags(self) -> str:
+        """The flags that point another command at the same place, for what-to-run-next."""
+        given = f" --context {self.context}" if self.context_given else ""
+        return f"{given} -n {self.namespace}"
+
+
+def resolve(kubeconfig: str | None, context: str | None, namespace: str | None) -> Target:
+    """The target of a command, from its flags and the environment; nothing is contacted."""
+    if namespace is not None and not namespace.strip():
+        raise InputError("--namespace", "must not be empty")
+    if kubeconfig is not None:
+        if not Path(kubeconfig).expanduser().is_file():
+            raise InputError("--kubeconfig", f"{kubeconfig}: no such file")
+        files, source = str(Path(kubeconfig).expanduser()), "--kubeconfig"
+    elif os.environ.get("KUBECONFIG"):
+        files, source = os.environ["KUBECONFIG"], "KUBECONFIG"
+    else:
+        files, source = str(Path("~/.kube/config").expanduser()), "~/.kube/config"
+        if not Path(files).is_file() and _in_pod() and context is None:
+            return _pod_target(namespace)
+    if not any(Path(f).is_file() for f in files.split(os.pathsep) if f):
+        raise InputError(source, f"no kubeconfig file at {files}")
+    try:
+        # Parsing only: this reads no credential file and runs no credential plugin.
+        contexts, current = cast(Any, config).list_kube_config_contexts(config_file=files)
+    except ConfigException as error:
+        raise InputError(source, f"{files}: {_first_line(error)}") from None
+    except (OSError, ValueError, yaml.YAMLError) as error:  # unreadable, or not YAML at all
+        reason = _first_line(error)
+        raise InputError(source, f"{files}: not a readable kubeconfig ({reason})") from None
+    by_name = {str(c.get("name")): c for c in contexts or []}
+    if context is not None:
+        chosen = by_name.get(context)
+        if chosen is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            raise InputError("--context", f"no context {context!r} in {files} (contexts: {known})")
+    elif current:
+        chosen = current
+    else:
+        raise InputError("--context", f"{files} names no current context: give --context")
+    own_namespace = str((chosen.get("context") or {}).get("namespace") or "")
+    return Target(
+        config_files=files,
+        context=str(chosen.get("name")),
+        namespace=namespace or own_namespace or "default",
+        namespace_given=namespace is not None,
+        context_given=context is not None,
+    )
+
+
+def namespace_only(kubeconfig: str | None, context: str | None, namespace: str | None) -> str:
+    """The namespace a command means, without needing a usable kubeconfig when -n is given
+    (``audit`` reads the store, not the cluster)."""
+    if namespace is not None and kubeconfig is None and context is None:
+        if not namespace.strip():
+            raise InputError("--namespace", "must not be empty")
+        return namespace
+    return resolve(kubeconfig, context, namespace).namespace
+
+
+def connect(target: Target) -> client.ApiClient:
+    """An API client for the target, its own (nothing global is configured)."""
+    loader = cast(Any, config)
+    try:
+        if not target.context:
+            configuration = client.Configuration()
+            loader.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        # persist_config=False: a refreshed token is never written back into the user's file.
+        api_client: client.ApiClient = loader.new_client_from_config(
+            config_file=target.config_files, context=target.context, persist_config=False
+        )
+    except ConfigException as error:
+        raise InputError("--context", f"{target.context}: {_first_line(error)}") from None
+    return api_client
+
+
+def _in_pod() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and _POD_NAMESPACE.is_file()
+
+
+def _pod_target(namespace: str | None) -> Target:
+    own = _POD_NAMESPACE.read_text(encoding="utf-8").strip()
+    return Target(
+        config_files="",
+        context="",
+        namespace=namespace or own or "default",
+        namespace_given=namespace is not None,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
