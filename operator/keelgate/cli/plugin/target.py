@@ -63,32 +63,45 @@ def resolve(kubeconfig: str | None, context: str | None, namespace: str | None) 
             return _pod_target(namespace)
     if not any(Path(f).is_file() for f in files.split(os.pathsep) if f):
         raise InputError(source, f"no kubeconfig file at {files}")
-    try:
-        # Parsing only: this reads no credential file and runs no credential plugin.
-        contexts, current = cast(Any, config).list_kube_config_contexts(config_file=files)
-    except ConfigException as error:
-        raise InputError(source, f"{files}: {_first_line(error)}") from None
-    except (OSError, ValueError, yaml.YAMLError) as error:  # unreadable, or not YAML at all
-        reason = _first_line(error)
-        raise InputError(source, f"{files}: not a readable kubeconfig ({reason})") from None
-    by_name = {str(c.get("name")): c for c in contexts or []}
-    if context is not None:
-        chosen = by_name.get(context)
-        if chosen is None:
-            known = ", ".join(sorted(by_name)) or "none"
-            raise InputError("--context", f"no context {context!r} in {files} (contexts: {known})")
-    elif current:
-        chosen = current
-    else:
+    contexts, current = _contexts(files, source)
+    name = context if context is not None else current
+    if not name:
         raise InputError("--context", f"{files} names no current context: give --context")
-    own_namespace = str((chosen.get("context") or {}).get("namespace") or "")
+    if name not in contexts:
+        known = ", ".join(sorted(contexts)) or "none"
+        flag = "--context" if context is not None else source
+        raise InputError(flag, f"no context {name!r} in {files} (contexts: {known})")
+    own_namespace = str(contexts[name].get("namespace") or "")
     return Target(
         config_files=files,
-        context=str(chosen.get("name")),
+        context=name,
         namespace=namespace or own_namespace or "default",
         namespace_given=namespace is not None,
         context_given=context is not None,
     )
+
+
+def _contexts(files: str, source: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """Every context of the kubeconfig files by name, and the current context's name, merged
+    as kubectl merges them: the first file to name a context or a current context wins. Only
+    names and namespaces are read here: no credential is touched and no plugin is run."""
+    contexts: dict[str, dict[str, Any]] = {}
+    current = ""
+    for path in (Path(f) for f in files.split(os.pathsep) if f):
+        if not path.is_file():
+            continue  # as kubectl: a listed file that is not there is skipped
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            reason = _first_line(error)
+            raise InputError(source, f"{path}: not a readable kubeconfig ({reason})") from None
+        if not isinstance(loaded, dict):
+            raise InputError(source, f"{path}: not a kubeconfig (a YAML mapping)")
+        for entry in loaded.get("contexts") or []:
+            if isinstance(entry, dict) and entry.get("name"):
+                contexts.setdefault(str(entry["name"]), dict(entry.get("context") or {}))
+        current = current or str(loaded.get("current-context") or "")
+    return contexts, current
 
 
 def namespace_only(kubeconfig: str | None, context: str | None, namespace: str | None) -> str:

@@ -348,11 +348,12 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
             rows.append(_undecided(action, p["tool"], "approval", p["approval"]))
     if not rows:
         return
+    actions = root.add(Text("actions that asked for a person", style="bold"))
     iterations: dict[int, Tree] = {}
     for row in sorted(rows, key=lambda r: (_iteration(r["action"]), r["action"], r["kind"])):
         number = _iteration(row["action"])
         if number not in iterations:
-            iterations[number] = root.add(Text(f"iteration {number}", style="bold"))
+            iterations[number] = actions.add(Text(f"iteration {number}", style="bold"))
         node = iterations[number]
         head = Text(f"{row['action']} {row['tool']}: ")
         if row["kind"] == "reconciliation" and row["action"] in unknown and not row["verdict"]:
