@@ -586,6 +586,17 @@ def test_status_of_a_run_whose_pod_the_user_may_not_read_still_shows_the_run(
     assert code == 3 and "not readable (pod restock-s2-a2: forbidden)" in out
 
 
+def test_status_says_when_the_operator_has_not_yet_seen_the_latest_spec(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """Right after `resume`, the status is of the previous spec: the tree says so."""
+    cluster.runs["restock"] = run_body(**STOPPED, observedGeneration=1)
+    cluster.runs["restock"]["metadata"]["generation"] = 2
+    code, out, _ = plugin(capsys, "status", "restock")
+    assert code == 3
+    assert "has not acted on the latest spec yet (generation 2, observed 1)" in out
+
+
 # logs
 
 
@@ -711,3 +722,64 @@ def test_a_missing_object_from_the_api_is_bad_input_not_a_crash() -> None:
     """A 404 is NotFound, an InputError (exit 2): the commands turn it into their own words."""
     assert isinstance(NotFound("pod x"), InputError)
     assert str(NotFound("pod x")) == "pod x: not found"
+
+
+# The client's errors, without a server
+
+
+def _client() -> Any:
+    from kubernetes import client
+
+    from keelgate.cli.plugin.client import ClusterClient
+
+    configuration = client.Configuration()
+    configuration.host = "https://api.example:6443"
+    return ClusterClient(Target("", "alice", "shop"), api_client=client.ApiClient(configuration))
+
+
+def test_a_lost_answer_to_a_patch_is_not_called_nothing_written() -> None:
+    """No connection: exit 5 saying nothing was read or written. A patch whose answer was
+    lost: exit 5 too, but saying it may have landed and that running it again is safe."""
+    import urllib3
+
+    from keelgate.errors import ClusterUnavailable
+
+    api = _client()
+
+    def refused(**_: Any) -> None:
+        reason = urllib3.exceptions.NewConnectionError(None, "[Errno 111] Connection refused")  # type: ignore[arg-type]
+        raise urllib3.exceptions.MaxRetryError(None, "/x", reason)  # type: ignore[arg-type]
+
+    def cut_off(**_: Any) -> None:
+        raise urllib3.exceptions.ProtocolError("Connection aborted.")
+
+    with pytest.raises(ClusterUnavailable) as caught:
+        api._call("patch approval x", refused, writes=True)
+    assert "https://api.example:6443 (context alice) cannot be reached: Connection refused" in str(
+        caught.value
+    )
+    assert "nothing was read or written" in str(caught.value)
+    with pytest.raises(ClusterUnavailable) as caught:
+        api._call("patch approval x", cut_off, writes=True)
+    assert "may or may not have been made: the same command again is safe" in str(caught.value)
+
+
+def test_the_api_servers_own_sentence_is_the_error_line() -> None:
+    """A 403 or 422 carries the API server's Status message (one line); a 404 is NotFound."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = _client()
+
+    def answers(status: int, message: str) -> Any:
+        def request(**_: Any) -> None:
+            error = ApiException(status=status, reason="Forbidden")
+            error.body = json.dumps({"kind": "Status", "message": message})
+            raise error
+
+        return request
+
+    with pytest.raises(Refused) as refused:
+        api._call("list reconciliations", answers(403, 'User "bob" cannot\nlist it'))
+    assert str(refused.value) == 'list reconciliations: User "bob" cannot list it'
+    with pytest.raises(NotFound):
+        api._call("pod x", answers(404, "pods x not found"))

@@ -88,17 +88,24 @@ class ClusterClient:
         self.authn: Any = client.AuthenticationV1Api(self.client)
         self.authz: Any = client.AuthorizationV1Api(self.client)
 
-    def _call(self, what: str, request: Any, *args: Any, **kwargs: Any) -> Any:
-        """One request; its failure in the CLI's terms. ``what`` names it in a message."""
+    def _call(
+        self, what: str, request: Any, *args: Any, writes: bool = False, **kwargs: Any
+    ) -> Any:
+        """One request; its failure in the CLI's terms. ``what`` names it in a message;
+        ``writes`` says whether a lost answer leaves its effect unknown."""
         try:
             return request(*args, _request_timeout=TIMEOUT, **kwargs)
         except ApiException as error:
             raise self._refused(error, what) from None
         except urllib3.exceptions.HTTPError as error:
             host = str(getattr(self.client.configuration, "host", "") or "the API server")
+            if _never_sent(error) or not writes:
+                after = "nothing was read or written"
+            else:  # the answer to a patch was lost: it may have landed, and again is harmless
+                after = "the change may or may not have been made: the same command again is safe"
             raise ClusterUnavailable(
                 f"the API server {host} ({self.target.where}) cannot be reached: "
-                f"{_network_reason(error)}; nothing was read or written"
+                f"{_network_reason(error)}; {after}"
             ) from None
 
     def _refused(self, error: ApiException, what: str) -> KeelgateError:
@@ -200,6 +207,7 @@ class ClusterClient:
             {"spec": dict(spec)},
             field_manager=FIELD_MANAGER,
             _content_type="application/merge-patch+json",
+            writes=True,
         )
         return patched
 
@@ -261,6 +269,17 @@ def _server_message(error: ApiException) -> str:
             message = str(decoded.get("message", "")) if isinstance(decoded, dict) else ""
     message = message or str(error.reason or "")
     return " ".join(message.split())
+
+
+def _never_sent(error: urllib3.exceptions.HTTPError) -> bool:
+    """Whether the request failed before it reached the server (no connection, no TLS)."""
+    reason = getattr(error, "reason", None) or error
+    return isinstance(
+        reason,
+        urllib3.exceptions.NewConnectionError
+        | urllib3.exceptions.ConnectTimeoutError
+        | urllib3.exceptions.SSLError,
+    )
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")

@@ -12,6 +12,7 @@ where credentials are, never what they are.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -33,8 +34,9 @@ class Target:
     config_files: str  # as KUBECONFIG spells it (os.pathsep-separated); "" inside a pod
     context: str  # "" inside a pod: its service account, no kubeconfig
     namespace: str
-    namespace_given: bool = False  # -n was given (shown again in the commands suggested)
-    context_given: bool = False  # --context was given (likewise)
+    namespace_given: bool = False  # -n was given
+    context_given: bool = False  # --context was given (shown again in the commands suggested)
+    kubeconfig_given: str = ""  # the --kubeconfig given (likewise)
 
     @property
     def where(self) -> str:
@@ -43,8 +45,11 @@ class Target:
 
     def flags(self) -> str:
         """The flags that point another command at the same place, for what-to-run-next."""
-        given = f" --context {self.context}" if self.context_given else ""
-        return f"{given} -n {self.namespace}"
+        given = (
+            f" --kubeconfig {shlex.quote(self.kubeconfig_given)}" if self.kubeconfig_given else ""
+        )
+        given += f" --context {shlex.quote(self.context)}" if self.context_given else ""
+        return f"{given} -n {shlex.quote(self.namespace)}"
 
 
 def resolve(kubeconfig: str | None, context: str | None, namespace: str | None) -> Target:
@@ -78,6 +83,7 @@ def resolve(kubeconfig: str | None, context: str | None, namespace: str | None) 
         namespace=namespace or own_namespace or "default",
         namespace_given=namespace is not None,
         context_given=context is not None,
+        kubeconfig_given=kubeconfig or "",
     )
 
 
@@ -126,8 +132,10 @@ def connect(target: Target) -> client.ApiClient:
         api_client: client.ApiClient = loader.new_client_from_config(
             config_file=target.config_files, context=target.context, persist_config=False
         )
-    except ConfigException as error:
-        raise InputError("--context", f"{target.context}: {_first_line(error)}") from None
+    except (ConfigException, OSError, ValueError) as error:
+        # A user, cluster or certificate file the context names that cannot be used.
+        where = target.context or "in-cluster configuration"
+        raise InputError("--context", f"{where}: {_first_line(error)}") from None
     return api_client
 
 

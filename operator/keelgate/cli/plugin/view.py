@@ -306,6 +306,15 @@ def tree(document: Mapping[str, Any]) -> Tree:
             style="dim",
         )
     )
+    generation, observed = document["generation"], document["observedGeneration"]
+    if isinstance(generation, int) and isinstance(observed, int) and observed < generation:
+        root.add(
+            Text(
+                f"the operator has not acted on the latest spec yet (generation {generation}, "
+                f"observed {observed}): what follows may be about to change",
+                style="yellow",
+            )
+        )
     if document["suspended"]:
         root.add(Text("suspended: spec.suspend is true (no new step starts)", style="yellow"))
     step = document["step"]
