@@ -66,6 +66,15 @@ class StoreUnavailable(StoreError):
     retryable = True
 
 
+class ClusterUnavailable(KeelgateError):
+    """The Kubernetes API server cannot be reached (``kubectl keelgate``): the same command may
+    succeed once it answers (exit code 5, as for a store). The message says whether anything
+    may have been written."""
+
+    exit_code = 5
+    retryable = True
+
+
 class StaleCheckpoint(StoreError):
     """A checkpoint save was refused because the store already holds this sequence or newer.
 

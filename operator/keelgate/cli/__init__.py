@@ -3,9 +3,11 @@
 It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
 part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
 the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
-script can tell "try again when the database is back" from a failed run), 130 interrupted. It
-must never print a traceback for a user's mistake, and never print tool arguments or secrets:
-every error line goes through ``scrubbed``, whatever text it quotes.
+script can tell "try again when the database is back" from a failed run), 130 interrupted.
+``dispatch`` holds that table once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
+also covers an API server that cannot be reached). It must never print a traceback for a
+user's mistake, and never print tool arguments or secrets: every error line goes through
+``scrubbed``, whatever text it quotes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from keelgate.errors import (
+    ClusterUnavailable,
     InputError,
     KeelgateError,
     ModelUnavailable,
@@ -56,9 +59,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keelgate.cli.step import main as step_main
 
         return step_main(args[1:])
+    from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
+    from keelgate.cli import commands
+
+    return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
+
+
+def dispatch(
+    app: typer.Typer,
+    args: Sequence[str],
+    *,
+    prog_name: str,
+    check_failpoints: bool = False,
+) -> int:
+    """Run ``app`` on ``args`` and turn whatever it raises into one line and an exit code.
+
+    Shared by ``keelgate`` and ``kubectl-keelgate`` so both speak the same exit codes."""
     import typer
 
-    from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
     from keelgate.cli.render import Console
     from keelgate.core import failpoints
@@ -68,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
     logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
+    args = list(args) or ["--help"]
     as_json = _wants_json(args)
 
     def fail(code: int, message: str) -> int:
@@ -80,11 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.json({"error": message, "exitCode": code})
         return code
 
-    if failpoints.environment_error is not None:
+    if check_failpoints and failpoints.environment_error is not None:
         return fail(EXIT_BAD_INPUT, str(failpoints.environment_error))
-    command = typer.main.get_command(commands.app)  # `cluster` added step and operator
+    command = typer.main.get_command(app)
     try:
-        result = command.main(args, prog_name="keelgate", standalone_mode=False)
+        result = command.main(args, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
     except commands.Interrupted as interrupted:
@@ -101,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except StoreUnavailable as error:
         return fail(EXIT_STORE, f"--store: {error}")
+    except ClusterUnavailable as error:
+        return fail(EXIT_STORE, str(error))
     except ModelUnavailable as error:
         return fail(EXIT_FAILED, f"{error}; nothing was saved: run the same command again to retry")
     except KeelgateError as error:

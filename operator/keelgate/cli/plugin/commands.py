@@ -1,0 +1,581 @@
+"""``kubectl keelgate`` subcommands (contract section 4): runs seen and settled in a cluster.
+
+``status``, ``reconcile``, ``approve``, ``resume`` and ``logs`` act on the AgentRun and its
+objects through the API server, as the user of the kubeconfig context; ``audit`` reads the
+run's hash-chained trail from the store, where it lives (the cluster never holds it), exactly as
+``keelgate audit`` does. Decisions are merge patches of ``spec`` that the operator then carries
+out: the plugin never settles anything in the store itself, so the admission policy, RBAC and
+the CRDs' rules see every decision. It must refuse bad input before any request, never write a
+decision the user did not give or in another name than their own, and never print a Secret, a
+store password or a tool's argument.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, Any
+
+import typer
+
+from keelgate.cli import commands as keelgate_commands
+from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
+from keelgate.cli.plugin import view
+from keelgate.cli.plugin.client import ClusterClient, NotFound, PluginApi, Refused
+from keelgate.cli.plugin.target import Target, namespace_only, resolve
+from keelgate.cli.render import Console
+from keelgate.core.loop import check_actor
+from keelgate.core.spec import INT64_MAX
+from keelgate.errors import InputError, KeelgateError, SettleError
+
+#: How a command reaches the cluster; tests put a fake here.
+connect: Callable[[Target], PluginApi] = ClusterClient
+
+_ACTION = re.compile(r"^[0-9]+:[0-9]+$")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        Console().say(f"kubectl-keelgate {version('keelgate')}")
+        raise typer.Exit(0)
+
+
+app = typer.Typer(
+    name="kubectl keelgate",
+    help="Keelgate runs in a cluster: see where a run stands, settle its decisions, raise its "
+    "budgets, read its step pods' logs and its audit trail.",
+    epilog=(
+        "Flags as kubectl's: --kubeconfig, --context, -n/--namespace (before or after the "
+        "command); KUBECONFIG is honoured. Exit codes: 0 ok (status: succeeded); 3 status of a "
+        "run that may still go on; 1 failed or refused; 2 bad input; 5 the API server (or the "
+        "store, for audit) cannot be reached; 130 interrupted."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@dataclass(frozen=True)
+class KubeFlags:
+    """kubectl's flags, as given before the command (``kubectl keelgate -n shop status x``)."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+
+
+KubeconfigOption = Annotated[
+    str | None,
+    typer.Option("--kubeconfig", help="The kubeconfig file (default: KUBECONFIG, ~/.kube/config)."),
+]
+ContextOption = Annotated[
+    str | None, typer.Option("--context", help="The kubeconfig context (default: the current).")
+]
+NamespaceOption = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="The run's namespace (default: the context's)."),
+]
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Keelgate runs in a cluster (the kubectl plugin)."""
+    ctx.obj = KubeFlags(kubeconfig, context, namespace)
+
+
+def _given(flag: str, before: str | None, after: str | None) -> str | None:
+    """A flag given before the command, after it, or both alike; both, unalike, is refused
+    (which one was meant cannot be guessed, and a decision must not land in the wrong place)."""
+    if before is not None and after is not None and before != after:
+        raise InputError(flag, f"given twice, as {before!r} and {after!r}: give it once")
+    return after if after is not None else before
+
+
+def _flags(
+    ctx: typer.Context, kubeconfig: str | None, context: str | None, namespace: str | None
+) -> KubeFlags:
+    outer = ctx.obj if isinstance(ctx.obj, KubeFlags) else KubeFlags()
+    return KubeFlags(
+        _given("--kubeconfig", outer.kubeconfig, kubeconfig),
+        _given("--context", outer.context, context),
+        _given("--namespace", outer.namespace, namespace),
+    )
+
+
+def _api(
+    ctx: typer.Context, kubeconfig: str | None, context: str | None, namespace: str | None
+) -> PluginApi:
+    flags = _flags(ctx, kubeconfig, context, namespace)
+    return connect(resolve(flags.kubeconfig, flags.context, flags.namespace))
+
+
+# status
+
+
+@app.command("status")
+def status_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Where a run stands, as a tree, and what to run next.
+
+    Phase, stop, usage, conditions, its step pod, the actions waiting for a person (with their
+    Reconciliation or Approval). Exit 0 succeeded, 1 failed, 3 it may still go on.
+    """
+    api = _api(ctx, kubeconfig, context, namespace)
+    body = api.agentrun(run)
+    reconciliations = api.decisions("Reconciliation", run)
+    approvals = api.decisions("Approval", run)
+    pod_name = str(((body.get("status") or {}).get("step") or {}).get("pod") or "")
+    pod: Mapping[str, Any] | None = None
+    if pod_name:
+        try:
+            pod = api.pod(pod_name)
+        except Refused as refused:  # a user who may read runs but not pods still sees the run
+            pod = {"status": {"phase": f"not readable ({refused})"}}
+    document = view.report(body, reconciliations, approvals, pod, api.target)
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(document)
+    else:
+        view.print_tree(console.out, view.tree(document))
+    return view.exit_code(document["phase"])
+
+
+# reconcile and approve
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What differs between settling an unknown outcome and deciding an approval."""
+
+    name: str  # the object's kind
+    field: str  # the spec field holding the decision
+    yes: str  # the verdicts, as the operator writes them into status
+    no: str
+
+    @property
+    def plural(self) -> str:
+        return f"{self.name.lower()}s"
+
+    def verdict(self, decision: bool) -> str:
+        return self.yes if decision else self.no
+
+
+RECONCILIATION = _Kind("Reconciliation", "executed", "executed", "abandoned")
+APPROVAL = _Kind("Approval", "approved", "approved", "denied")
+
+NoteOption = Annotated[
+    str | None, typer.Option("--note", help="Why, for the audit trail's readers (spec.note).")
+]
+
+
+@app.command("reconcile")
+def reconcile_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
+    action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
+    did: Annotated[
+        bool, typer.Option("--executed", help="It took effect: record it as done.")
+    ] = False,
+    did_not: Annotated[
+        bool, typer.Option("--not-executed", help="It did not: abandon it, never retried.")
+    ] = False,
+    note: NoteOption = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Settle an unknown outcome: --executed records it done, --not-executed abandons it.
+
+    Patches the Reconciliation's spec.executed, with spec.by your own user name (from the API
+    server, as `kubectl auth whoami`) once the API server says you may patch it.
+    """
+    executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
+    api = _api(ctx, kubeconfig, context, namespace)
+    return _decide(api, RECONCILIATION, run, action, executed, note, output)
+
+
+@app.command("approve")
+def approve_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
+    action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
+    yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
+    no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
+    note: NoteOption = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Decide a pending approval: --approve lets the action run, --deny never runs it.
+
+    Patches the Approval's spec.approved, with spec.by your own user name (from the API
+    server, as `kubectl auth whoami`) once the API server says you may patch it.
+    """
+    approved = _decision(yes, no, "--approve", "--deny", "whether the action may run")
+    api = _api(ctx, kubeconfig, context, namespace)
+    return _decide(api, APPROVAL, run, action, approved, note, output)
+
+
+def _decide(
+    api: PluginApi,
+    kind: _Kind,
+    run: str,
+    action: str,
+    decision: bool,
+    note: str | None,
+    output: OutputFormat,
+) -> int:
+    if not _ACTION.match(action):
+        raise InputError("ACTION", f"{action!r} is not an action id (iteration:index, e.g. 3:0)")
+    if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
+        raise InputError("--note", "must be one line")
+    user = api.whoami()
+    check_actor(user, field="your user name")
+    objects = api.decisions(kind.name, run)
+    found = next((o for o in objects if str(o["spec"].get("action")) == action), None)
+    if found is None:
+        api.agentrun(run)  # no such run says so (exit 2) before "no such action" would
+        undecided = [
+            f"{o['spec'].get('action')} ({o['metadata']['name']})"
+            for o in objects
+            if o["spec"].get(kind.field) is None
+            and (o.get("status") or {}).get("phase") != "Settled"
+        ]
+        waiting = f"; waiting: {', '.join(undecided)}" if undecided else "; none is waiting"
+        raise InputError("ACTION", f"run {run!r} has no {kind.name} for action {action}{waiting}")
+    name = str(found["metadata"]["name"])
+    tool = str(found["spec"].get("tool", ""))
+    verdict = kind.verdict(decision)
+    earlier = _decided_already(found, kind, run, action, decision)
+    if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
+        return _said(api, kind, run, action, tool, verdict, earlier, name, output, already=True)
+    allowed, reason = api.may("patch", kind.plural, name)
+    if not allowed:
+        why = f" ({reason})" if reason else ""
+        raise Refused(
+            f"{user} may not patch {kind.name.lower()} {name} in namespace "
+            f"{api.target.namespace}{why}: ask for Keelgate's edit role there; nothing was changed",
+            status=403,
+        )
+    patch: dict[str, Any] = {kind.field: decision, "by": user}
+    if note is not None:
+        patch["note"] = note
+    api.patch_spec(kind.name, name, patch)
+    return _said(api, kind, run, action, tool, verdict, user, name, output, already=False)
+
+
+def _decided_already(
+    found: Mapping[str, Any], kind: _Kind, run: str, action: str, decision: bool
+) -> str:
+    """Who already made this very decision ("" if nobody decided yet); a different decision
+    already made is refused: a decision cannot change."""
+    spec, status = found.get("spec") or {}, found.get("status") or {}
+    earlier = spec.get(kind.field)
+    if earlier is None and status.get("phase") != "Settled":
+        return ""
+    if earlier is not None:
+        verdict, by = kind.verdict(bool(earlier)), str(spec.get("by") or "someone")
+    else:  # settled elsewhere: a confirmer, or `keelgate reconcile --store`
+        verdict = str(status.get("verdict") or "settled")
+        by = str(status.get("settledBy") or status.get("source") or "someone")
+    if verdict == kind.verdict(decision):
+        return by
+    raise SettleError(
+        run,
+        action,
+        f"already decided: {verdict} by {by} ({kind.name.lower()} "
+        f"{found['metadata']['name']}); a decision cannot change",
+    )
+
+
+def _said(
+    api: PluginApi,
+    kind: _Kind,
+    run: str,
+    action: str,
+    tool: str,
+    verdict: str,
+    by: str,
+    name: str,
+    output: OutputFormat,
+    *,
+    already: bool,
+) -> int:
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(
+            {
+                "run": run,
+                "action": action,
+                "tool": tool,
+                "verdict": verdict,
+                "by": by,
+                kind.name.lower(): name,
+                "already": already,
+            }
+        )
+        return 0
+    said = "already " if already else ""
+    console.say(
+        f"{run} {action} ({tool}): {said}{verdict} by {by} ({kind.name.lower()} {name})",
+        style="green",
+    )
+    if not already:
+        console.say(
+            f"  the operator carries it out: kubectl keelgate status {run}{api.target.flags()}",
+            style="dim",
+        )
+    return 0
+
+
+# resume
+
+
+@app.command("resume")
+def resume_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
+    tokens: Annotated[
+        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
+    ] = None,
+    dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
+    max_iterations: Annotated[
+        int | None,
+        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
+    ] = None,
+    max_verifier_rejections: Annotated[
+        int | None,
+        typer.Option("--max-verifier-rejections", min=1, max=INT64_MAX, help="New verifier limit."),
+    ] = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Raise the named budgets to the given totals; the operator resumes the run.
+
+    A merge patch of the AgentRun's spec.budget: the operator resumes a run a budget stopped,
+    and a saved plan runs without asking the model again.
+    """
+    total_dollars = _decimal("--dollars", dollars)
+    wanted: dict[str, Any] = {}
+    if tokens is not None:
+        wanted["tokens"] = tokens
+    if total_dollars is not None:
+        wanted["dollars"] = format(total_dollars, "f")  # the CRD's decimal string: no exponent
+    if max_iterations is not None:
+        wanted["maxIterations"] = max_iterations
+    if timeout is not None:
+        wanted["timeoutSeconds"] = int(timeout) if timeout == int(timeout) else timeout
+    if max_verifier_rejections is not None:
+        wanted["maxVerifierRejections"] = max_verifier_rejections
+    if not wanted:
+        raise InputError(
+            "--tokens/--dollars/--max-iterations/--timeout",
+            "name at least one budget to raise (each is a new total)",
+        )
+    api = _api(ctx, kubeconfig, context, namespace)
+    body = api.agentrun(run)
+    status = body.get("status") or {}
+    phase, reason = str(status.get("phase") or ""), str(status.get("stopReason") or "")
+    console = Console()
+    if phase == "Succeeded" or (phase == "Failed" and reason == "failed"):
+        why = "it met its goal" if phase == "Succeeded" else "it failed, which is final"
+        console.warn(f"{run} has finished: {why}; nothing to resume, its spec is left as it is")
+        return view.exit_code(phase)
+    budget = dict((body.get("spec") or {}).get("budget") or {})
+    changes = {f: (budget.get(f), v) for f, v in wanted.items() if not _same(budget.get(f), v)}
+    for warning in _not_more(wanted, status):
+        console.warn(warning)
+    if changes:
+        api.patch_spec("AgentRun", run, {"budget": {f: new for f, (_, new) in changes.items()}})
+    if status.get("unknownActions") or status.get("pendingApprovals"):
+        console.warn(f"{run} also waits for a person: kubectl keelgate status {run} says who")
+    if (body.get("spec") or {}).get("suspend"):
+        console.warn(f"{run} is suspended (spec.suspend is true): no step starts until it is not")
+    if output is OutputFormat.json:
+        console.json(
+            {
+                "run": run,
+                "changed": {f: {"from": old, "to": new} for f, (old, new) in changes.items()},
+            }
+        )
+        return 0
+    if not changes:
+        console.say(f"{run}: spec.budget already holds these totals; nothing changed")
+        return 0
+    said = ", ".join(f"spec.budget.{f} {_shown(old)} → {new}" for f, (old, new) in changes.items())
+    console.say(f"{run}: {said}", style="green")
+    console.say(
+        f"  the operator resumes a run its budget stopped: "
+        f"kubectl keelgate status {run}{api.target.flags()}",
+        style="dim",
+    )
+    return 0
+
+
+def _same(old: Any, new: Any) -> bool:
+    if old is None:
+        return False
+    try:
+        return Decimal(str(old)) == Decimal(str(new))
+    except ArithmeticError:
+        return False
+
+
+def _shown(value: Any) -> str:
+    return "unlimited" if value is None else str(value)
+
+
+def _not_more(wanted: Mapping[str, Any], status: Mapping[str, Any]) -> list[str]:
+    """A warning for each new total that is not above what the run has already used."""
+    usage = status.get("usage") or {}
+    used: dict[str, tuple[str, Decimal]] = {
+        "tokens": (
+            "--tokens",
+            Decimal(int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)),
+        ),
+        "dollars": ("--dollars", Decimal(str(usage.get("dollars") or "0"))),
+        "maxIterations": ("--max-iterations", Decimal(int(status.get("iteration") or 0))),
+        "timeoutSeconds": ("--timeout", Decimal(str(usage.get("activeSeconds") or 0))),
+    }
+    warnings = []
+    for field, total in wanted.items():
+        if field in used and Decimal(str(total)) <= used[field][1]:
+            flag, spent = used[field]
+            warnings.append(f"{flag} {total} is a new total, not more: {spent} is already used")
+    return warnings
+
+
+# logs
+
+
+@app.command("logs")
+def logs_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """The step pods' logs in the order they ran, each headed by how its pod ended.
+
+    Ordered by step, then attempt; read through the API server (pods/log).
+    """
+    api = _api(ctx, kubeconfig, context, namespace)
+    pods = view.in_order(api.step_pods(run))
+    if not pods:
+        api.agentrun(run)  # no such run says so (exit 2)
+    console = Console()
+    unreadable: list[str] = []
+    shown: list[dict[str, Any]] = []
+    for pod in pods:
+        name = str(pod["metadata"]["name"])
+        step, attempt = view.step_and_attempt(pod)
+        ended, code = view.pod_end(pod)
+        lines: list[str] = []
+        trouble = ""
+        if (pod.get("status") or {}).get("containerStatuses"):
+            try:
+                lines = view.log_lines(api.pod_log(name))
+            except (Refused, NotFound) as error:
+                trouble = str(error)
+                unreadable.append(name)
+        else:
+            trouble = "no log: its container never started"
+        shown.append(
+            {
+                "pod": name,
+                "step": step,
+                "attempt": attempt,
+                "ended": ended,
+                "exitCode": code,
+                "log": lines,
+                **({"error": trouble} if trouble else {}),
+            }
+        )
+        if output is OutputFormat.text:
+            console.say(f"==> {name} (step {step}, attempt {attempt}): {ended}", style="bold")
+            for line in lines:
+                console.out.print(line, markup=False, highlight=False)
+            if trouble:
+                console.say(f"    ({trouble})", style="dim")
+    if output is OutputFormat.json:
+        console.json({"run": run, "pods": shown})
+    elif not pods:
+        console.say(f"{run} has no step pods (yet)")
+    if unreadable:
+        raise KeelgateError(f"could not read the log of {', '.join(unreadable)}")
+    return 0
+
+
+# audit
+
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="KEELGATE_STORE",
+        help="The operator's store URL, postgresql://... (env KEELGATE_STORE): the trail is "
+        "kept there, not in the cluster.",
+    ),
+]
+
+
+@app.command("audit")
+def audit_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The run's name (its AgentRun may be deleted).")],
+    check: Annotated[
+        bool, typer.Option("--verify", help="Check every link; exit 1 if the chain is broken.")
+    ] = False,
+    store: StoreOption = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """The run's hash-chained audit trail, from the operator's store (--store).
+
+    Read as `keelgate audit` reads it; the namespace (the tenant) comes from -n or the
+    context, and the API server is not asked (a deleted run's trail is still there).
+    """
+    if not store:
+        raise InputError(
+            "--store",
+            "the audit trail is kept in the operator's store, not in the cluster: give "
+            "--store postgresql://... or KEELGATE_STORE (reachable from here, e.g. through "
+            "kubectl port-forward)",
+        )
+    flags = _flags(ctx, kubeconfig, context, namespace)
+    tenant = namespace_only(flags.kubeconfig, flags.context, flags.namespace)
+    return int(keelgate_commands.audit_command(run, check, tenant, store, output))

@@ -1,0 +1,785 @@
+"""`kubectl keelgate` without a cluster: kubectl's flags and KUBECONFIG resolved as kubectl does,
+bad input refused before any request, decisions patched only in the user's own name and only
+when the API server says they may, the same exit codes and one-line errors as `keelgate`, and
+nothing secret in any output. The commands run against a fake cluster (``FakeCluster``); the
+real API server is exercised in e2e/tests/test_e2e_plugin.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from keelgate.cli.plugin import commands, main
+from keelgate.cli.plugin.client import NotFound, Refused
+from keelgate.cli.plugin.target import Target, resolve
+from keelgate.errors import InputError
+
+JSON = dict[str, Any]
+TOKEN = "tok-never-shown-5521"
+STORE_PASSWORD = "pw-never-shown-9917"
+
+
+def kubeconfig(path: Path, *, server: str = "https://127.0.0.1:6443", **contexts: Any) -> Path:
+    """A kubeconfig with one cluster and one token user; ``contexts`` maps a context's name to
+    its namespace (None: no namespace); the first is current unless ``current`` says."""
+    current = contexts.pop("current", None)
+    names = list(contexts)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": TOKEN}}],
+        "contexts": [
+            {
+                "name": n,
+                "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})},
+            }
+            for n, ns in contexts.items()
+        ],
+    }
+    if current is not False and names:
+        config["current-context"] = current or names[0]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """KUBECONFIG names a file whose current context `alice` is set to namespace `shop`."""
+    path = kubeconfig(tmp_path / "config", alice="shop", bob=None)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KEELGATE_STORE", raising=False)
+    return path
+
+
+# The fake cluster
+
+
+def run_body(name: str = "restock", **status: Any) -> JSON:
+    return {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": "shop", "generation": 1},
+        "spec": {"goal": "g", "budget": {"maxIterations": 5, "tokens": 2000}},
+        "status": status,
+    }
+
+
+def decision(kind: str, run: str, action: str, tool: str = "place_order", **spec: Any) -> JSON:
+    iteration, _, index = action.partition(":")
+    middle = iteration if index == "0" else f"{iteration}-{index}"
+    return {
+        "kind": kind,
+        "metadata": {"name": f"{run}-{middle}-{tool.replace('_', '-')}", "namespace": "shop"},
+        "spec": {"runName": run, "action": action, "tool": tool, **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+def step_pod(run: str, step: int, attempt: int, *, exit_code: int | None = 0) -> JSON:
+    state: JSON = (
+        {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}
+        if exit_code is not None
+        else {"running": {}}
+    )
+    return {
+        "metadata": {
+            "name": f"{run}-s{step}-a{attempt}",
+            "labels": {"keelgate.dev/step": str(step), "keelgate.dev/attempt": str(attempt)},
+        },
+        "status": {
+            "phase": "Running" if exit_code is None else "Failed",
+            "containerStatuses": [{"name": "step", "state": state}],
+        },
+    }
+
+
+@dataclass
+class FakeCluster:
+    """The API server as the plugin sees it: objects by kind, an access verdict, a user."""
+
+    target: Target = field(default_factory=lambda: Target("", "alice", "shop"))
+    user: str = "alice"
+    allowed: bool = True
+    runs: dict[str, JSON] = field(default_factory=dict)
+    objects: dict[str, list[JSON]] = field(
+        default_factory=lambda: {"Reconciliation": [], "Approval": []}
+    )
+    pods: list[JSON] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    patches: list[tuple[str, str, JSON]] = field(default_factory=list)
+    asked: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def whoami(self) -> str:
+        return self.user
+
+    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
+        self.asked.append((verb, resource, name))
+        return self.allowed, "" if self.allowed else "no RBAC policy matched"
+
+    def agentrun(self, name: str) -> JSON:
+        if name not in self.runs:
+            raise InputError("RUN", f"no AgentRun named {name!r} in namespace 'shop'")
+        return self.runs[name]
+
+    def decisions(self, kind: str, run: str) -> list[JSON]:
+        return [o for o in self.objects[kind] if o["spec"]["runName"] == run]
+
+    def patch_spec(self, kind: str, name: str, spec: Mapping[str, Any]) -> JSON:
+        self.patches.append((kind, name, dict(spec)))
+        return {}
+
+    def pod(self, name: str) -> JSON | None:
+        return next((p for p in self.pods if p["metadata"]["name"] == name), None)
+
+    def step_pods(self, run: str) -> list[JSON]:
+        return list(self.pods)
+
+    def pod_log(self, name: str) -> str:
+        if name not in self.logs:
+            raise Refused(f"log of pod {name}: the node is gone", status=500)
+        return self.logs[name]
+
+
+@pytest.fixture
+def cluster(config_file: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
+    fake = FakeCluster()
+    seen: list[Target] = []
+
+    def connect(target: Target) -> FakeCluster:
+        seen.append(target)
+        fake.target = target
+        return fake
+
+    monkeypatch.setattr(commands, "connect", connect)
+    yield fake
+
+
+@pytest.fixture
+def no_cluster(config_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that must be refused before it contacts anything."""
+
+    def connect(target: Target) -> FakeCluster:
+        raise AssertionError("the cluster was contacted")
+
+    monkeypatch.setattr(commands, "connect", connect)
+
+
+def plugin(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# Installation and kubectl's flags
+
+
+def test_the_package_installs_a_kubectl_keelgate_executable() -> None:
+    """`[project.scripts]` names kubectl-keelgate, which kubectl finds on PATH as a plugin."""
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("kubectl-keelgate") == "keelgate.cli.plugin:run"
+
+
+def test_the_context_and_its_namespace_come_from_kubeconfig_like_kubectl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KUBECONFIG's files are merged (the first file's current context wins), the context's
+    namespace is used when -n is not given, -n wins over it, `default` when neither says, and
+    --kubeconfig wins over KUBECONFIG."""
+    first = kubeconfig(tmp_path / "a", alice="shop")
+    second = kubeconfig(tmp_path / "b", bob=None, current=False)
+    monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
+    assert resolve(None, None, None) == Target(f"{first}:{second}", "alice", "shop")
+    bob = resolve(None, "bob", None)
+    assert (bob.context, bob.namespace, bob.context_given) == ("bob", "default", True)
+    given = resolve(None, None, "other")
+    assert (given.namespace, given.namespace_given) == ("other", True)
+    explicit = kubeconfig(tmp_path / "c", carol="ops")
+    chosen = resolve(str(explicit), None, None)
+    assert (chosen.config_files, chosen.context, chosen.namespace) == (
+        str(explicit),
+        "carol",
+        "ops",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--context", "nope"], "--context: no context 'nope'"),
+        (["--kubeconfig", "/no/such/file"], "--kubeconfig: /no/such/file: no such file"),
+        (["-n", ""], "--namespace: must not be empty"),
+    ],
+)
+def test_a_bad_kubectl_flag_is_refused_in_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], no_cluster: None, flags: list[str], named: str
+) -> None:
+    """An unknown context, a missing kubeconfig file, an empty namespace: exit 2, one line."""
+    code, _, err = plugin(capsys, "status", "restock", *flags)
+    assert code == 2
+    assert named in one_line(err)
+
+
+def test_a_kubeconfig_without_a_current_context_needs_context(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No current context and no --context: exit 2 saying to give --context; with --context
+    such a kubeconfig is fine (as for kubectl)."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "k", alice=None, current=False)))
+    code, _, err = plugin(capsys, "status", "restock")
+    assert code == 2 and "give --context" in one_line(err)
+    assert resolve(None, "alice", None).context == "alice"
+
+
+def test_kubectl_flags_go_before_or_after_the_command_but_not_two_ways(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """`kubectl keelgate -n shop status x` and `... status x -n shop` mean the same; the same
+    flag given two different ways is refused (exit 2): which was meant cannot be guessed."""
+    cluster.runs["restock"] = run_body(phase="Succeeded")
+    assert plugin(capsys, "--context", "bob", "-n", "ops", "status", "restock")[0] == 0
+    assert (cluster.target.context, cluster.target.namespace) == ("bob", "ops")
+    assert plugin(capsys, "-n", "ops", "status", "restock", "-n", "ops")[0] == 0
+    code, _, err = plugin(capsys, "-n", "ops", "status", "restock", "-n", "shop")
+    assert code == 2 and "--namespace: given twice" in one_line(err)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_an_api_server_that_cannot_be_reached_is_exit_5_in_one_line_without_the_token(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real client against a closed port: exit 5, one line naming the server and the
+    context, no retry noise, no token; with --output json also the error object."""
+    server = f"https://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "k", server=server, alice="shop")))
+    code, out, err = plugin(capsys, "status", "restock", "-o", "json")
+    assert code == 5
+    line = one_line(err)
+    assert f"the API server {server} (context alice) cannot be reached" in line
+    assert "nothing was read or written" in line
+    assert json.loads(out.strip().splitlines()[-1])["exitCode"] == 5
+    assert TOKEN not in out + err
+
+
+# reconcile and approve
+
+
+def test_both_decisions_at_once_or_none_are_refused_before_any_request(
+    capsys: pytest.CaptureFixture[str], no_cluster: None
+) -> None:
+    """As `keelgate reconcile/approve`: both flags, or neither, is exit 2 and the cluster is
+    never contacted; so is an action id that is not one."""
+    for args in (
+        ["reconcile", "r", "1:0", "--executed", "--not-executed"],
+        ["approve", "r", "1:0", "--approve", "--deny"],
+    ):
+        code, _, err = plugin(capsys, *args)
+        assert code == 2 and "not both" in one_line(err)
+    code, _, err = plugin(capsys, "reconcile", "r", "1:0")
+    assert code == 2 and "say whether it took effect" in one_line(err)
+
+
+def test_a_malformed_action_id_is_refused_before_anything_is_asked(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """`reconcile r place_order --executed`: exit 2 naming ACTION; nobody was asked anything."""
+    code, _, err = plugin(capsys, "reconcile", "restock", "place_order", "--executed")
+    assert code == 2 and "ACTION" in one_line(err)
+    assert not cluster.asked and not cluster.patches
+
+
+def test_reconcile_patches_the_runs_reconciliation_for_that_action_in_the_users_own_name(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """The Reconciliation is the one whose spec.runName and spec.action match (not another
+    run's, not another action's); `by` is what the API server says the user is; the access
+    review asks for `patch` on that very object; the merge patch holds executed, by and note."""
+    cluster.runs["restock"] = run_body(phase="Stopped")
+    cluster.objects["Reconciliation"] = [
+        decision("Reconciliation", "restock", "1:0"),
+        decision("Reconciliation", "restock", "2:0"),
+        decision("Reconciliation", "restock-b", "2:0"),
+    ]
+    code, out, _ = plugin(
+        capsys, "reconcile", "restock", "2:0", "--executed", "--note", "order 4417 is in the book"
+    )
+    assert code == 0
+    assert cluster.asked == [("patch", "reconciliations", "restock-2-place-order")]
+    assert cluster.patches == [
+        (
+            "Reconciliation",
+            "restock-2-place-order",
+            {"executed": True, "by": "alice", "note": "order 4417 is in the book"},
+        )
+    ]
+    assert "restock 2:0 (place_order): executed by alice" in out
+
+
+def test_approve_and_deny_patch_spec_approved(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """--deny is spec.approved false (without a note, note is left alone); JSON says so."""
+    cluster.user = "bob@example.com"
+    cluster.objects["Approval"] = [decision("Approval", "restock", "2:0")]
+    code, out, _ = plugin(capsys, "approve", "restock", "2:0", "--deny", "-o", "json")
+    assert code == 0
+    assert cluster.patches == [
+        ("Approval", "restock-2-place-order", {"approved": False, "by": "bob@example.com"})
+    ]
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "run": "restock",
+        "action": "2:0",
+        "tool": "place_order",
+        "verdict": "denied",
+        "by": "bob@example.com",
+        "approval": "restock-2-place-order",
+        "already": False,
+    }
+
+
+def test_a_user_who_may_not_patch_is_refused_in_one_line_and_nothing_is_patched(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """The SelfSubjectAccessReview says no: exit 1, one line naming the user, the object and
+    the namespace, and no patch is sent."""
+    cluster.user, cluster.allowed = "bob", False
+    cluster.objects["Reconciliation"] = [decision("Reconciliation", "restock", "1:0")]
+    code, _, err = plugin(capsys, "reconcile", "restock", "1:0", "--executed")
+    assert code == 1
+    line = one_line(err)
+    assert "bob may not patch reconciliation restock-1-place-order in namespace shop" in line
+    assert "nothing was changed" in line
+    assert not cluster.patches
+
+
+def test_the_same_decision_again_is_a_no_op_and_a_different_one_is_refused(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """A retried command (the decision already in spec, or settled by a confirmer the same
+    way) exits 0 without a patch; the opposite decision is exit 2: a decision cannot change."""
+    cluster.objects["Reconciliation"] = [
+        decision("Reconciliation", "restock", "1:0", executed=True, by="alice"),
+        {
+            **decision("Reconciliation", "restock", "2:0"),
+            "status": {"phase": "Settled", "verdict": "abandoned", "source": "confirmer"},
+        },
+    ]
+    code, out, _ = plugin(capsys, "reconcile", "restock", "1:0", "--executed")
+    assert code == 0 and "already executed by alice" in out
+    code, out, _ = plugin(capsys, "reconcile", "restock", "2:0", "--not-executed")
+    assert code == 0 and "already abandoned by confirmer" in out
+    code, _, err = plugin(capsys, "reconcile", "restock", "1:0", "--not-executed")
+    assert code == 2 and "already decided: executed by alice" in one_line(err)
+    assert "a decision cannot change" in err
+    assert not cluster.patches and not cluster.asked
+
+
+def test_no_object_for_the_action_names_what_is_waiting_and_no_run_says_so(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """An action without a Reconciliation: exit 2 listing the ones still waiting; a run that
+    does not exist: exit 2 saying so."""
+    cluster.runs["restock"] = run_body(phase="Stopped")
+    cluster.objects["Reconciliation"] = [decision("Reconciliation", "restock", "1:0")]
+    code, _, err = plugin(capsys, "reconcile", "restock", "3:0", "--executed")
+    assert code == 2
+    assert "no Reconciliation for action 3:0; waiting: 1:0 (restock-1-place-order)" in err
+    code, _, err = plugin(capsys, "reconcile", "gone", "1:0", "--executed")
+    assert code == 2 and "no AgentRun named 'gone'" in one_line(err)
+
+
+# resume
+
+
+def test_resume_merge_patches_only_the_named_budgets_and_says_what_changed(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """New totals go into spec.budget as a merge patch (dollars as the CRD's decimal string,
+    never an exponent); the output says each old and new value."""
+    cluster.runs["restock"] = run_body(phase="Stopped", stopReason="token_budget", resumable=True)
+    code, out, _ = plugin(
+        capsys, "resume", "restock", "--tokens", "100000", "--dollars", "1e2", "--timeout", "600"
+    )
+    assert code == 0
+    assert cluster.patches == [
+        (
+            "AgentRun",
+            "restock",
+            {"budget": {"tokens": 100000, "dollars": "100", "timeoutSeconds": 600}},
+        )
+    ]
+    assert "spec.budget.tokens 2000 → 100000" in out
+    assert "spec.budget.dollars unlimited → 100" in out
+
+
+def test_resume_refuses_nothing_named_and_bad_numbers_before_any_request(
+    capsys: pytest.CaptureFixture[str], no_cluster: None
+) -> None:
+    """No budget named, a dollar amount that is not a number, a negative total: exit 2."""
+    for args, named in (
+        ([], "name at least one budget"),
+        (["--dollars", "lots"], "--dollars"),
+        (["--tokens", "0"], "--tokens"),
+        (["--tokens", str(2**63)], "--tokens"),
+    ):
+        code, _, err = plugin(capsys, "resume", "restock", *args)
+        assert code == 2 and named in one_line(err), (args, err)
+
+
+def test_resume_leaves_a_finished_run_alone_and_warns_about_totals_already_used(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """A run that met its goal is not patched (exit 0, a warning says why); a total not above
+    what is used is patched but warned about; unchanged totals patch nothing."""
+    cluster.runs["done"] = run_body("done", phase="Succeeded", stopReason="goal_met")
+    code, _, err = plugin(capsys, "resume", "done", "--tokens", "100000")
+    assert code == 0 and "done has finished: it met its goal" in err
+    cluster.runs["restock"] = run_body(
+        phase="Stopped",
+        stopReason="token_budget",
+        usage={"inputTokens": 1900, "outputTokens": 200, "dollars": "0", "activeSeconds": 1},
+    )
+    code, _, err = plugin(capsys, "resume", "restock", "--tokens", "2050")
+    assert code == 0 and "--tokens 2050 is a new total, not more: 2100 is already used" in err
+    code, out, _ = plugin(capsys, "resume", "restock", "--max-iterations", "5")
+    assert code == 0 and "nothing changed" in out
+    assert cluster.patches == [("AgentRun", "restock", {"budget": {"tokens": 2050}})]
+
+
+# status
+
+
+STOPPED = {
+    "phase": "Stopped",
+    "stopReason": "outcome_unknown",
+    "resumable": True,
+    "message": "place_order (2:0) may or may not have run; reconcile it",
+    "iteration": 2,
+    "usage": {"inputTokens": 120, "outputTokens": 20, "dollars": "0.01", "activeSeconds": 3.2},
+    "conditions": [
+        {"type": "Succeeded", "status": "False", "reason": "outcome_unknown", "message": ""},
+        {
+            "type": "OutcomeUnknown",
+            "status": "True",
+            "reason": "WriteInFlight",
+            "message": "place_order (2:0): see reconciliation restock-2-place-order",
+        },
+    ],
+    "unknownActions": [{"action": "2:0", "tool": "place_order", "idempotencyKey": "kg-1"}],
+    "pendingApprovals": [],
+    "step": {"number": 2, "attempt": 2, "pod": "restock-s2-a2", "state": "Ended"},
+}
+
+
+def test_status_draws_the_run_as_a_tree_ending_with_what_to_run(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """Phase and stop, message, usage, the step pod and how it ended, conditions, the actions
+    by iteration with their objects (decided ones with who decided), and the commands next."""
+    cluster.runs["restock"] = run_body(**STOPPED)
+    cluster.pods = [step_pod("restock", 2, 2, exit_code=3)]
+    cluster.objects["Reconciliation"] = [
+        decision("Reconciliation", "restock", "2:0"),
+        {
+            **decision("Reconciliation", "restock", "1:1", tool="notify"),
+            "status": {"phase": "Settled", "verdict": "executed", "settledBy": "carol"},
+        },
+    ]
+    code, out, _ = plugin(capsys, "status", "restock")
+    assert code == 3
+    for expected in (
+        "AgentRun shop/restock  Stopped  outcome_unknown (resumable)",
+        "message: place_order (2:0) may or may not have run",
+        "iteration 2 · tokens 140 (in 120 / out 20) · $0.01 · active 3.2s",
+        "step 2, attempt 2: pod restock-s2-a2, exit code 3 (Error): a resumable stop",
+        "OutcomeUnknown=True  WriteInFlight",
+        "1:1 notify: executed by carol → reconciliation restock-1-1-notify",
+        "2:0 place_order: outcome unknown (Idempotency-Key kg-1) → reconciliation "
+        "restock-2-place-order",
+        "kubectl keelgate reconcile restock 2:0 --executed -n shop",
+        "kubectl keelgate reconcile restock 2:0 --not-executed -n shop",
+    ):
+        assert expected in out, f"{expected!r} not in\n{out}"
+    actions = out.index("actions that asked for a person")
+    assert actions < out.index("iteration 1\n") < out.index("iteration 2\n") < out.index("next")
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "next_line"),
+    [
+        ({"phase": "Succeeded", "stopReason": "goal_met"}, 0, "kubectl keelgate audit restock"),
+        ({"phase": "Failed", "stopReason": "failed"}, 1, "kubectl keelgate logs restock"),
+        ({"phase": "Running"}, 3, "kubectl wait --for=condition=Succeeded agentrun/restock"),
+        ({"phase": "Pending"}, 3, "kubectl wait"),
+        (
+            {"phase": "Stopped", "stopReason": "dollar_budget", "resumable": True},
+            3,
+            "kubectl keelgate resume restock --dollars D",
+        ),
+        (
+            {
+                "phase": "Stopped",
+                "stopReason": "awaiting_approval",
+                "pendingApprovals": [{"action": "1:0", "tool": "place_order"}],
+            },
+            3,
+            "kubectl keelgate approve restock 1:0 --approve",
+        ),
+        (
+            {
+                "phase": "Stopped",
+                "conditions": [{"type": "Stalled", "status": "True", "reason": "StepsFailing"}],
+            },
+            3,
+            "kubectl edit agentrun restock",
+        ),
+    ],
+)
+def test_status_exit_code_and_next_step_follow_the_phase(
+    capsys: pytest.CaptureFixture[str],
+    cluster: FakeCluster,
+    status: JSON,
+    code: int,
+    next_line: str,
+) -> None:
+    """As `keelgate status`: 0 succeeded, 1 failed, 3 a run that may still go on (no stop yet,
+    a resumable or stalled stop); `next` names the command that moves it on."""
+    cluster.runs["restock"] = run_body(**status)
+    got, out, _ = plugin(capsys, "status", "restock", "-o", "json")
+    assert got == code
+    document = json.loads(out.strip().splitlines()[-1])
+    assert document["phase"] == status["phase"]
+    assert any(line.startswith(next_line) for line in document["next"]), document["next"]
+
+
+def test_status_of_a_run_whose_pod_the_user_may_not_read_still_shows_the_run(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the step pod is refused: the tree says so where the pod's end would be."""
+    cluster.runs["restock"] = run_body(**STOPPED)
+
+    def refused(name: str) -> JSON:
+        raise Refused("pod restock-s2-a2: forbidden", status=403)
+
+    monkeypatch.setattr(cluster, "pod", refused)
+    code, out, _ = plugin(capsys, "status", "restock")
+    assert code == 3 and "not readable (pod restock-s2-a2: forbidden)" in out
+
+
+def test_status_says_when_the_operator_has_not_yet_seen_the_latest_spec(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """Right after `resume`, the status is of the previous spec: the tree says so."""
+    cluster.runs["restock"] = run_body(**STOPPED, observedGeneration=1)
+    cluster.runs["restock"]["metadata"]["generation"] = 2
+    code, out, _ = plugin(capsys, "status", "restock")
+    assert code == 3
+    assert "has not acted on the latest spec yet (generation 2, observed 1)" in out
+
+
+# logs
+
+
+def test_logs_come_in_step_then_attempt_order_each_headed_by_how_its_pod_ended(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """Numbers, not text: s2 before s10, a1 before a2; each header names the pod and its end
+    (137 is SIGKILL); a password in a log line is masked."""
+    cluster.runs["restock"] = run_body(phase="Succeeded")
+    cluster.pods = [
+        step_pod("restock", 10, 1, exit_code=0),
+        step_pod("restock", 2, 1, exit_code=0),
+        step_pod("restock", 1, 2, exit_code=3),
+        step_pod("restock", 1, 1, exit_code=137),
+    ]
+    cluster.logs = {
+        p["metadata"]["name"]: f"{p['metadata']['name']} says hi\n" for p in cluster.pods
+    }
+    cluster.logs["restock-s1-a1"] = f"store postgresql://keelgate:{STORE_PASSWORD}@db/k down\n"
+    code, out, _ = plugin(capsys, "logs", "restock")
+    assert code == 0
+    headers = [line for line in out.splitlines() if line.startswith("==> ")]
+    assert [h.split()[1] for h in headers] == [
+        "restock-s1-a1",
+        "restock-s1-a2",
+        "restock-s2-a1",
+        "restock-s10-a1",
+    ]
+    assert "(step 1, attempt 1): exit code 137 (Error): killed by signal 9 (SIGKILL)" in headers[0]
+    assert "exit code 3 (Error): a resumable stop" in headers[1]
+    assert "restock-s10-a1 says hi" in out
+    assert STORE_PASSWORD not in out and "postgresql://keelgate:***@db/k" in out
+
+
+def test_a_log_that_cannot_be_read_is_said_and_the_others_are_still_shown(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """One pod's log refused: every other log is printed, that pod says why, exit 1 with one
+    error line; a pod whose container never started has no log and is no error."""
+    cluster.pods = [step_pod("restock", 1, 1), step_pod("restock", 2, 1)]
+    cluster.pods.append({"metadata": {"name": "restock-s3-a1"}, "status": {"phase": "Pending"}})
+    cluster.logs = {"restock-s2-a1": "second\n"}
+    code, out, err = plugin(capsys, "logs", "restock")
+    assert code == 1
+    assert "second" in out and "log of pod restock-s1-a1: the node is gone" in out
+    assert "restock-s3-a1 (step 3, attempt 1): pending" in out
+    assert "could not read the log of restock-s1-a1" in one_line(err)
+
+
+def test_logs_of_a_run_that_does_not_exist_is_exit_2(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    code, _, err = plugin(capsys, "logs", "nope")
+    assert code == 2 and "no AgentRun named 'nope'" in one_line(err)
+
+
+# audit
+
+
+@pytest.fixture
+def stored_run(tmp_path: Path) -> str:
+    """A finished run `restock-py` of tenant `shop` in a SQLite store; its URL."""
+    from keelgate import Budget, Loop, LoopSpec, SideEffect, open_stores
+    from keelgate.adapters.models.scripted import ScriptedModel
+    from keelgate.adapters.tools.python import PythonTool
+
+    def place_order(args: JSON, *, idempotency_key: str | None) -> JSON:
+        return {"ordered": args["qty"]}
+
+    url = f"sqlite:///{tmp_path / 'keelgate.db'}"
+    stores = open_stores(url)
+    try:
+        model = ScriptedModel(
+            [
+                {"actions": [{"tool": "place_order", "args": {"sku": "SECRET-SKU", "qty": 2}}]},
+                {"done": True, "answer": "ordered"},
+            ]
+        )
+        loop = Loop(
+            stores=stores,
+            model=model,
+            tools=[PythonTool("place_order", place_order, SideEffect.WRITE)],
+        )
+        spec = LoopSpec(tenant="shop", run="restock-py", goal="g", budget=Budget(max_iterations=5))
+        loop.run_or_resume(spec)
+    finally:
+        stores.close()
+    return url
+
+
+def test_audit_reads_the_store_for_the_contexts_namespace_and_verifies(
+    capsys: pytest.CaptureFixture[str],
+    no_cluster: None,
+    stored_run: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`audit RUN --verify` with KEELGATE_STORE: the tenant is the kubeconfig context's
+    namespace (no API server asked), the trail is `keelgate audit`'s, verified (exit 0), and
+    no tool argument is printed."""
+    monkeypatch.setenv("KEELGATE_STORE", stored_run)
+    code, out, _ = plugin(capsys, "audit", "restock-py", "--verify")
+    assert code == 0
+    assert "audit trail of restock-py" in out and "chain verified" in out
+    assert "SECRET-SKU" not in out
+    code, out, _ = plugin(capsys, "audit", "restock-py", "-o", "json", "--store", stored_run)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["events"]
+
+
+def test_audit_needs_a_store_and_a_store_that_cannot_be_reached_is_exit_5(
+    capsys: pytest.CaptureFixture[str], no_cluster: None
+) -> None:
+    """No --store nor KEELGATE_STORE: exit 2 saying the trail is in the store; a PostgreSQL
+    store that does not answer: exit 5, its password never shown."""
+    code, _, err = plugin(capsys, "audit", "restock", "-n", "shop")
+    assert code == 2 and "--store" in one_line(err) and "not in the cluster" in err
+    url = f"postgresql://keelgate:{STORE_PASSWORD}@127.0.0.1:{_closed_port()}/keelgate"
+    code, out, err = plugin(capsys, "audit", "restock", "-n", "shop", "--store", url)
+    assert code == 5 and one_line(err).startswith("keelgate: error: --store:")
+    assert STORE_PASSWORD not in out + err
+
+
+def test_a_missing_object_from_the_api_is_bad_input_not_a_crash() -> None:
+    """A 404 is NotFound, an InputError (exit 2): the commands turn it into their own words."""
+    assert isinstance(NotFound("pod x"), InputError)
+    assert str(NotFound("pod x")) == "pod x: not found"
+
+
+# The client's errors, without a server
+
+
+def _client() -> Any:
+    from kubernetes import client
+
+    from keelgate.cli.plugin.client import ClusterClient
+
+    configuration = client.Configuration()
+    configuration.host = "https://api.example:6443"
+    return ClusterClient(Target("", "alice", "shop"), api_client=client.ApiClient(configuration))
+
+
+def test_a_lost_answer_to_a_patch_is_not_called_nothing_written() -> None:
+    """No connection: exit 5 saying nothing was read or written. A patch whose answer was
+    lost: exit 5 too, but saying it may have landed and that running it again is safe."""
+    import urllib3
+
+    from keelgate.errors import ClusterUnavailable
+
+    api = _client()
+
+    def refused(**_: Any) -> None:
+        reason = urllib3.exceptions.NewConnectionError(None, "[Errno 111] Connection refused")  # type: ignore[arg-type]
+        raise urllib3.exceptions.MaxRetryError(None, "/x", reason)  # type: ignore[arg-type]
+
+    def cut_off(**_: Any) -> None:
+        raise urllib3.exceptions.ProtocolError("Connection aborted.")
+
+    with pytest.raises(ClusterUnavailable) as caught:
+        api._call("patch approval x", refused, writes=True)
+    assert "https://api.example:6443 (context alice) cannot be reached: Connection refused" in str(
+        caught.value
+    )
+    assert "nothing was read or written" in str(caught.value)
+    with pytest.raises(ClusterUnavailable) as caught:
+        api._call("patch approval x", cut_off, writes=True)
+    assert "may or may not have been made: the same command again is safe" in str(caught.value)
+
+
+def test_the_api_servers_own_sentence_is_the_error_line() -> None:
+    """A 403 or 422 carries the API server's Status message (one line); a 404 is NotFound."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = _client()
+
+    def answers(status: int, message: str) -> Any:
+        def request(**_: Any) -> None:
+            error = ApiException(status=status, reason="Forbidden")
+            error.body = json.dumps({"kind": "Status", "message": message})
+            raise error
+
+        return request
+
+    with pytest.raises(Refused) as refused:
+        api._call("list reconciliations", answers(403, 'User "bob" cannot\nlist it'))
+    assert str(refused.value) == 'list reconciliations: User "bob" cannot list it'
+    with pytest.raises(NotFound):
+        api._call("pod x", answers(404, "pods x not found"))
