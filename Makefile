@@ -38,7 +38,7 @@ e2e-build up: venv
 lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples deploy
 	$(VENV)/bin/ruff format --check operator tests bench examples deploy
-	cd operator && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
+	cd operator && ../$(VENV)/bin/lint-imports ../pyproject.toml
 	$(PY) -m keelgate.kube.crds --check crds/
 	$(PY) -m keelgate.kube.crds --check charts/keelgate/crds/
 	$(PY) deploy/argocd/argocd_cm.py --check

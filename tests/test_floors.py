@@ -25,7 +25,7 @@ LINT = Path(sys.executable).parent / "lint-imports"
 
 def lint(package_root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(LINT), "--config", str(ROOT / "pyproject.toml")],
+        [str(LINT), str(ROOT / "pyproject.toml")],
         cwd=package_root,
         env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"},
         capture_output=True,
