@@ -1,11 +1,13 @@
 """Unit tests of the e2e infrastructure's pure parts (no cluster): which binaries are used, the
-kubelet's `$(VAR)` expansion and quantities, and log rendering.
+kubelet's `$(VAR)` expansion and quantities, log rendering, and the node agent's volume files
+(atomic writer, token refresh rule, subPath containment, masks).
 
 They must never build or start anything: they run in a second.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,16 @@ from hypothesis import strategies as st
 from keelgate_e2e import ETCD_VERSION, build
 from keelgate_e2e.node.env import ConfigError, command_line, expand, parse_quantity
 from keelgate_e2e.node.logs import LogQuery, LogSource, stream_log
+from keelgate_e2e.node.volumes import (
+    FileProjection,
+    Mount,
+    VolumeError,
+    format_map,
+    masks,
+    sub_path_source,
+    token_needs_refresh,
+    write_payload,
+)
 
 
 def fake_binary(directory: Path, name: str, version_line: str) -> Path:
@@ -110,3 +122,74 @@ def test_stream_log_tail_limit_and_timestamps(tmp_path: Path) -> None:
     assert read(LogQuery(tail_lines=1, timestamps=True)) == b"2026-01-01T00:00:02.000000001Z thr"
     query = LogQuery.from_query("sinceTime=2026-01-01T00:00:01Z&follow=false")
     assert read(query) == b"two\nthr"
+
+
+def test_atomic_writer_swaps_all_files_at_once(tmp_path: Path) -> None:
+    """Volume files are written as the kubelet's atomic writer does: each top-level entry is a
+    symlink through `..data` into one timestamped directory, with its mode; writing the same
+    content again changes nothing; new content swaps `..data`, drops a vanished key's link and
+    the old directory; a path leaving the volume is refused."""
+    vol = tmp_path / "vol"
+    first = {
+        "user": FileProjection(b"ada", 0o400),
+        "conf/app.conf": FileProjection(b"color=blue", 0o644),
+    }
+    assert write_payload(vol, first) is True
+    data = vol / "..data"
+    assert data.is_symlink() and os.readlink(vol / "user") == "..data/user"
+    assert (vol / "conf" / "app.conf").read_bytes() == b"color=blue"
+    assert (vol / "user").stat().st_mode & 0o777 == 0o400
+    old = os.readlink(data)
+    assert write_payload(vol, dict(first)) is False and os.readlink(data) == old
+
+    assert write_payload(vol, {"conf/app.conf": FileProjection(b"color=red", 0o644)}) is True
+    assert os.readlink(data) != old and not (vol / old).exists()
+    assert not (vol / "user").is_symlink()
+    assert (vol / "conf" / "app.conf").read_bytes() == b"color=red"
+    assert sorted(p.name for p in vol.iterdir() if not p.name.startswith("..")) == ["conf"]
+    with pytest.raises(VolumeError):
+        write_payload(vol, {"../escape": FileProjection(b"x", 0o644)})
+
+
+def test_token_refreshed_at_80_percent_or_after_a_day() -> None:
+    """A token is refreshed once 80% of its lifetime has passed (the kubelet's rule), and a
+    long-lived one after 24 hours."""
+    issued = 1_000_000.0
+    hour_token = issued + 3607
+    assert not token_needs_refresh(issued + 2885, issued, hour_token)
+    assert token_needs_refresh(issued + 2886, issued, hour_token)
+    week_token = issued + 7 * 24 * 3600
+    assert not token_needs_refresh(issued + 23 * 3600, issued, week_token)
+    assert token_needs_refresh(issued + 24 * 3600, issued, week_token)
+
+
+def test_sub_path_stays_inside_its_volume(tmp_path: Path) -> None:
+    """A subPath resolves inside its volume (a missing one in a writable volume is created as a
+    directory); `..`, an absolute path, a symlink out of the volume, or a missing subPath of a
+    read-only volume are refused."""
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    assert sub_path_source(vol, "a/b", writable=True) == vol / "a" / "b"
+    assert (vol / "a" / "b").is_dir()
+    (vol / "out").symlink_to("/etc")
+    for sub, writable in (("../x", True), ("/etc", True), ("out", True), ("nope", False)):
+        with pytest.raises(VolumeError):
+            sub_path_source(vol, sub, writable)
+
+
+def test_host_service_account_directory_masked_unless_a_volume_covers_it() -> None:
+    """The host's own service-account directory is hidden from a container, unless a mount sits
+    at it, above it or inside it."""
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    present = lambda _path: True  # noqa: E731 (as if the host had the directory)
+    assert masks([], present) == [token_dir]
+    assert masks([Mount("/src", "/etc/config", False)], present) == [token_dir]
+    for target in (token_dir, "/var/run/secrets", f"{token_dir}/token"):
+        assert masks([Mount("/src", target, True)], present) == [], target
+    assert masks([], lambda _path: False) == []
+
+
+def test_downward_api_maps_formatted_like_go() -> None:
+    """Labels and annotations in a downward-API file are sorted `key="value"` lines, quoted as
+    Go's strconv.Quote does."""
+    assert format_map({"tier": "e2e", "app": 'say "hi"\n'}) == 'app="say \\"hi\\"\\n"\ntier="e2e"'

@@ -4,7 +4,9 @@ Why it exists: the local cluster has no kubelet (no container runtime, no Docker
 speaks the real API as a kubelet does, with node credentials (`system:node:<name>`, so the API
 server's Node authorizer and NodeRestriction admission apply): it registers a Node with capacity,
 conditions, addresses and its log port, renews its Lease in `kube-node-lease` every 10 s, watches
-the pods bound to it, hands each to a `PodWorker`, and serves container logs over TLS.
+the pods bound to it, hands each to a `PodWorker` (which mounts the pod's volumes, the
+service-account token included, in each container's own mount namespace), and serves container
+logs over TLS.
 
 It must never run a pod that is not bound to its node, never pull or unpack an image (it runs the
 host's programs named by `command`/`args`; the image is only echoed in the status), and never

@@ -1,12 +1,14 @@
 """One pod's lifecycle on the node agent: run its containers as host processes, report status.
 
 Why it exists: the kubelet is the only Kubernetes component the local cluster lacks. For each pod
-bound to the node this worker runs the init containers in order, then every container's command
-as a local process (the image is not pulled: host programs run), restarts them per `restartPolicy`
-with the kubelet's back-off, and reports status as the kubelet does: Pending, Running, then
-Succeeded or Failed, with `containerStatuses`, exit codes and reasons (Completed, Error,
-OOMKilled, StartError, CreateContainerConfigError). On graceful deletion it sends SIGTERM, waits
-the grace period, sends SIGKILL, reports the final status and deletes the pod with grace 0.
+bound to the node this worker sets up the pod's volumes (`keelgate_e2e.node.volumes`), runs the
+init containers in order, then every container's command as a local process (the image is not
+pulled: host programs run) in a mount namespace of its own, where the helper
+`keelgate_e2e.node.mounts` has bound the volumes at their mountPaths; it restarts them per
+`restartPolicy` with the kubelet's back-off, and reports status as the kubelet does: Pending,
+Running, then Succeeded or Failed, with `containerStatuses`, exit codes and reasons (Completed,
+Error, OOMKilled, StartError, CreateContainerConfigError). On graceful deletion it sends SIGTERM,
+waits the grace period, sends SIGKILL, reports the final status and deletes the pod with grace 0.
 
 It must never signal a process it did not start, never leave a process behind when the pod or the
 agent goes away, and never change a pod bound to another node.
@@ -18,8 +20,10 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +35,7 @@ import httpx
 
 from keelgate_e2e.kube import JSON, STRATEGIC_PATCH, ApiError, Kube
 from keelgate_e2e.node import env as envmod
+from keelgate_e2e.node import volumes as volmod
 from keelgate_e2e.node.logs import pump, read_entries
 from keelgate_e2e.procs import pids_with_env
 
@@ -44,6 +49,34 @@ MAX_BACKOFF = 300.0
 #: How much of a failed container's log becomes its message (FallbackToLogsOnError).
 MESSAGE_LINES = 80
 MESSAGE_BYTES = 2048
+#: Every container starts as this program, which mounts the pod's volumes in the container's own
+#: mount namespace and then execs the container's command (see keelgate_e2e.node.mounts).
+MOUNT_HELPER = Path(__file__).with_name("mounts.py")
+#: How long the helper may take to mount and exec before the container counts as started.
+EXEC_TIMEOUT = 30.0
+#: Retry interval while a pod's volumes cannot be set up (the kubelet backs off similarly).
+VOLUME_RETRY = 1.0
+
+
+def _exec_status(fd: int, timeout: float) -> str:
+    """Read the mount helper's status pipe until exec closes it (""), or its failure message.
+
+    Closes `fd`. A helper still busy after `timeout` counts as started: its process is tracked
+    and killed like any container's."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([fd], [], [], left)
+            if not readable:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def now_iso() -> str:
@@ -133,6 +166,13 @@ class PodWorker(threading.Thread):
         self.namespace: str = meta["namespace"]
         self.pod_name: str = meta["name"]
         self.dir = ctx.state_dir / "pods" / self.uid
+        self.volumes = volmod.PodVolumes(
+            ctx.kube,
+            self.dir / "volumes",
+            ctx.allocatable,
+            envmod.api_getter(ctx.kube.get, self.namespace),
+        )
+        self._volume_retry = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pod = pod
@@ -235,6 +275,7 @@ class PodWorker(threading.Thread):
             if self.phase not in TERMINAL:
                 self._step()
                 self._report()
+                self._resync_volumes()
             self._wake.wait(0.2 if self.phase not in TERMINAL else 5.0)
 
     def _recover(self, status: JSON) -> None:
@@ -271,6 +312,8 @@ class PodWorker(threading.Thread):
 
     def _step(self) -> None:
         now = time.monotonic()
+        if not self.volumes.ready and not self._setup_volumes(now):
+            return
         if self.init_index < len(self.init_runs):
             run = self.init_runs[self.init_index]
             self._advance(run, now)
@@ -286,6 +329,39 @@ class PodWorker(threading.Thread):
         for run in self.main_runs:
             self._advance(run, now)
         self._settle_phase()
+
+    def _setup_volumes(self, now: float) -> bool:
+        """Set up the pod's volumes before its first container starts, as the kubelet does;
+        until they are, containers wait in ContainerCreating (retried every second)."""
+        if now < self._volume_retry:
+            return False
+        try:
+            self.volumes.sync(self._pod)
+        except (volmod.VolumeError, ApiError, httpx.HTTPError, OSError) as exc:
+            self._volume_retry = now + VOLUME_RETRY
+            with self._lock:
+                for run in self.init_runs + self.main_runs:
+                    if run.state.get("waiting", {}).get("reason") == "ContainerCreating":
+                        run.state = {
+                            "waiting": {"reason": "ContainerCreating", "message": str(exc)}
+                        }
+            return False
+        with self._lock:
+            for run in self.init_runs + self.main_runs:
+                if run.state.get("waiting", {}).get("reason") == "ContainerCreating":
+                    run.state = {"waiting": {"reason": "ContainerCreating"}}
+        return True
+
+    def _resync_volumes(self) -> None:
+        """Bring Secret, ConfigMap and downward-API files up to date and refresh tokens before
+        they expire (every minute, sooner when a token is due); on failure keep the old files."""
+        if not self.volumes.ready or time.monotonic() < self.volumes.next_resync:
+            return
+        try:
+            self.volumes.sync(self._pod)
+        except (volmod.VolumeError, ApiError, httpx.HTTPError, OSError) as exc:
+            log.warning("pod %s/%s: volume resync failed: %s", self.namespace, self.pod_name, exc)
+            self.volumes.next_resync = time.monotonic() + 10.0
 
     def _advance(self, run: Run, now: float) -> None:
         if run.popen is not None:
@@ -316,7 +392,8 @@ class PodWorker(threading.Thread):
                 node_allocatable=self.ctx.allocatable,
             )
             argv = envmod.command_line(run.spec, env)
-        except (envmod.ConfigError, ApiError, httpx.HTTPError) as exc:
+            mounts = self.volumes.mounts(pod, run.spec, env)
+        except (envmod.ConfigError, volmod.VolumeError, ApiError, httpx.HTTPError) as exc:
             reason = "CreateContainerConfigError"
             if isinstance(exc, envmod.ConfigError) and "no command" in str(exc):
                 reason = "CreateContainerError"
@@ -328,32 +405,62 @@ class PodWorker(threading.Thread):
         restart_count = run.restart_count + 1 if run.started_once else run.restart_count
         container_id = f"keelgate-node://{self.uid}/{run.name}/{restart_count}"
         env[CONTAINER_MARKER] = container_id  # finds processes that left the process group
-        work = run.spec.get("workingDir") or str(self.dir / run.name / "root")
-        if not run.spec.get("workingDir"):
-            Path(work).mkdir(parents=True, exist_ok=True)
+        # Without workingDir a container starts in a private directory of its own; with it, the
+        # helper changes there after mounting (it may lie inside a volume).
+        private = self.dir / run.name / "root"
+        private.mkdir(parents=True, exist_ok=True)
+        spec = volmod.helper_spec(mounts, volmod.masks(mounts), run.spec.get("workingDir"))
         logfile = self.dir / run.name / f"{restart_count}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
+        logfile.touch()
         started = now_iso()
+        status_read, status_write = os.pipe()
         try:
             popen = subprocess.Popen(
-                argv,
-                cwd=work,
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    str(MOUNT_HELPER),
+                    str(status_write),
+                    spec,
+                    "--",
+                    *argv,
+                ],
+                cwd=private,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=(status_write,),
             )
         except OSError as exc:
-            logfile.touch()
+            os.close(status_read)
             self._record_start(run, restart_count, logfile, None, started)
             self._finish(run, 128, "StartError", f"failed to start {argv[0]!r}: {exc}")
             return
+        finally:
+            os.close(status_write)
         assert popen.stdout is not None
         pumper = threading.Thread(
             target=pump, args=(popen.stdout, logfile), name=f"log-{run.name}", daemon=True
         )
         pumper.start()
+        failure = _exec_status(status_read, EXEC_TIMEOUT)
+        if failure:
+            # The helper could not mount or exec: the container never started (StartError).
+            # It exits at once; kill it only while unreaped, so the group is surely ours.
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+            pumper.join(timeout=2.0)
+            self._record_start(run, restart_count, logfile, None, started)
+            self._finish(run, 128, "StartError", failure)
+            return
         pid_file(self.ctx.state_dir, self.uid, run.name).write_text(str(popen.pid))
         self._record_start(run, restart_count, logfile, popen, started)
         run.pumper = pumper
