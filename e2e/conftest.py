@@ -89,28 +89,25 @@ def kubectl(cluster: Cluster, kubectl_bin: Path, namespace: str) -> Kubectl:
 
 
 @pytest.fixture(scope="session")
-def keelgate_installed(admin: Kube) -> None:
-    """The CRDs, the operator's RBAC, the user roles and the admission policy, applied."""
-    kg.install(admin)
+def operator_process(cluster: Cluster) -> Iterator[kg.OperatorPod]:
+    """Keelgate installed as a user installs it: `helm install --wait` of charts/keelgate into
+    keelgate-system (the CRDs, the operator's RBAC, the user roles, the admission policy, the
+    operator's Deployment), so the operator runs as a pod under the chart's RBAC, with failpoints
+    allowed; its store URL carries a password the tests look for everywhere."""
+    pod = kg.OperatorPod(cluster)
+    pod.install()
+    yield pod
 
 
 @pytest.fixture(scope="session")
-def operator_process(
-    cluster: Cluster, admin: Kube, keelgate_installed: None
-) -> Iterator[kg.OperatorProcess]:
-    """`keelgate operator` under its own service account's RBAC (never admin), with
-    --allow-failpoints; its store URL carries a password the tests look for everywhere."""
-    config = kg.operator_kubeconfig(cluster, admin, cluster.run_dir / "operator.kubeconfig")
-    process = kg.OperatorProcess(cluster, config, env={"KEELGATE_STORE": kg.secret_dsn(cluster)})
-    process.start()
-    yield process
-    process.stop()
+def keelgate_installed(operator_process: kg.OperatorPod) -> None:
+    """The chart is installed (its CRDs, roles and admission policy with it)."""
 
 
 @pytest.fixture
-def operator(operator_process: kg.OperatorProcess) -> kg.OperatorProcess:
-    """The session's operator, restarted first if an earlier test killed it."""
-    if operator_process.proc is None or not operator_process.proc.alive():
+def operator(operator_process: kg.OperatorPod) -> kg.OperatorPod:
+    """The session's operator pod, brought back first if an earlier test stopped it."""
+    if not operator_process.healthy():
         operator_process.start()
     return operator_process
 

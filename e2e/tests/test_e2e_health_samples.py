@@ -23,7 +23,7 @@ from keelgate.kube import resources
 
 from keelgate_e2e import keelgate as kg
 from keelgate_e2e import runs
-from keelgate_e2e.keelgate import OperatorProcess
+from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
 from keelgate_e2e.samples import SAMPLES, get, keep
@@ -69,8 +69,8 @@ def _dry_run_create(kubectl: Kubectl, body: JSON) -> JSON:
 
 
 def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
-    operator_process: OperatorProcess,
-    operator: OperatorProcess,
+    operator_process: OperatorPod,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -302,7 +302,7 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
 
 
 def test_sample_of_a_run_stalled_by_a_crash_loop(
-    operator: OperatorProcess, namespace: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, namespace: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """Step pods that cannot reach the store (the tenant's Secret names a closed port) die one
     after another without recording a stop; after --max-crashes (5) the run is Stalled, phase

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from keelgate_e2e import runs
-from keelgate_e2e.keelgate import OperatorProcess
+from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import apply, look, wait_phase
 from keelgate_e2e.shop import ShopServer
@@ -68,7 +68,7 @@ def _approve(admin: Kube, alice: Kubectl, namespace: str, run: str) -> None:
 
 
 def test_a_monitor_ticks_holds_back_behind_a_waiting_tick_and_keeps_its_history(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,

@@ -19,7 +19,7 @@ import pytest
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorProcess
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, OperatorProcess
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
 from keelgate_e2e.shop import ShopServer
@@ -41,7 +41,7 @@ def _reasons(admin: Kube, namespace: str, name: str) -> list[str]:
 
 
 def test_a_run_applied_with_kubectl_succeeds_with_conditions_events_and_columns(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """The restock run: read, order, done. `kubectl wait --for=condition=Succeeded` returns,
     `kubectl get` shows Succeeded / goal_met / 3, each step had its pod and its Events, and the
@@ -81,7 +81,7 @@ def test_a_run_applied_with_kubectl_succeeds_with_conditions_events_and_columns(
 
 
 def test_gitops_sees_no_drift_after_a_run(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """The operator writes status only: after a full run, applying the same manifest again is
     `unchanged`, `kubectl diff --server-side` shows nothing, and the spec, labels and
@@ -118,7 +118,7 @@ WINDOWS = (
 
 
 def test_every_crash_window_armed_by_annotation_runs_each_write_exactly_once(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -177,7 +177,7 @@ def test_every_crash_window_armed_by_annotation_runs_each_write_exactly_once(
 
 
 def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -239,7 +239,7 @@ def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
 
 
 def test_an_invalid_agentrun_is_refused_by_the_api_server_naming_the_field(
-    operator: OperatorProcess, tenant: str, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """A bad value never reaches the operator: `kubectl apply` fails with the field's path."""
     run = agentrun("invalid", shop, [[order("X", 1)]])
@@ -250,7 +250,7 @@ def test_an_invalid_agentrun_is_refused_by_the_api_server_naming_the_field(
 
 
 def test_a_raised_budget_continues_the_saved_plan_without_asking_the_model_again(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """The planning call that crosses the token budget is kept and its plan saved; the run stops
     token_budget with no order. `kubectl patch` raising spec.budget.tokens resumes it: the saved
@@ -279,7 +279,7 @@ def test_a_raised_budget_continues_the_saved_plan_without_asking_the_model_again
 
 
 def test_an_approval_granted_runs_the_write_once_and_a_denial_never_runs_it(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -323,7 +323,7 @@ def test_an_approval_granted_runs_the_write_once_and_a_denial_never_runs_it(
 
 
 def test_deleting_a_run_mid_step_stops_its_pod_and_keeps_its_audit_trail(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -356,7 +356,7 @@ def test_deleting_a_run_mid_step_stops_its_pod_and_keeps_its_audit_trail(
 
 
 def test_step_pods_are_admitted_where_pod_security_restricted_is_enforced(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """A namespace enforcing Pod Security `restricted` admits the step pods (non-root,
     read-only root filesystem, no privilege escalation, no capabilities, RuntimeDefault seccomp,
@@ -375,7 +375,7 @@ def test_step_pods_are_admitted_where_pod_security_restricted_is_enforced(
 
 
 def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -391,7 +391,7 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
     for pod in admin.get(f"/api/v1/namespaces/{tenant}/pods")["items"]:
         seen.append(json.dumps(pod))
         seen.append(kubectl("logs", pod["metadata"]["name"]).stdout)
-    seen.append(operator.log.read_text())
+    seen.append(operator.logs())
     with psycopg.connect(cluster.dsn) as conn:
         for table in ("keelgate_checkpoints", "keelgate_audit", "keelgate_specs"):
             seen.append(str(conn.execute(f"SELECT * FROM {table}").fetchall()))
@@ -400,7 +400,7 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
 
 
 def test_the_operator_serves_metrics_and_health(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """/healthz answers ok; /metrics counts steps started and ended, hand-offs, and writes."""
     apply(kubectl, agentrun("metered", shop, [[order("M1", 1)]]))
@@ -417,7 +417,7 @@ def test_the_operator_serves_metrics_and_health(
 
 @pytest.fixture
 def confirming_operator(
-    operator_process: OperatorProcess, cluster: Cluster, shop: ShopServer
+    operator_process: OperatorPod, cluster: Cluster, shop: ShopServer
 ) -> Iterator[OperatorProcess]:
     """The operator configured with an HTTP confirmer asking this test's shop (the session's
     operator is stopped meanwhile, so only this one acts)."""
@@ -438,7 +438,7 @@ def confirming_operator(
 
 
 def test_a_confirmer_on_the_operator_settles_an_unknown_outcome_on_its_own(
-    confirming_operator: OperatorProcess,
+    confirming_operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -481,7 +481,7 @@ def test_a_confirmer_on_the_operator_settles_an_unknown_outcome_on_its_own(
 
 
 def test_a_suspended_run_starts_no_step_pod_until_it_is_resumed(
-    operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
 ) -> None:
     """`spec.suspend: true` from the start: no step pod, the run says it is suspended (and is
     neither reconciling nor stalled); `kubectl patch` to false starts it, and it succeeds with

@@ -18,7 +18,7 @@ import pytest
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import OperatorProcess
+from keelgate_e2e.keelgate import OperatorPod, OperatorProcess
 from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.node.pod import kill_container
 from keelgate_e2e.runs import agentrun, apply, look, order
@@ -114,7 +114,7 @@ def killer(cluster: Cluster, admin: Kube, tenant: str) -> Iterator[list[str]]:
 
 
 def test_step_pods_killed_at_random_moments_never_repeat_a_write(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -136,7 +136,7 @@ def test_step_pods_killed_at_random_moments_never_repeat_a_write(
 
 
 def test_the_operator_killed_mid_run_loses_no_step_and_duplicates_no_pod(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -160,7 +160,7 @@ def test_the_operator_killed_mid_run_loses_no_step_and_duplicates_no_pod(
 
 
 def test_two_operators_at_once_never_run_a_write_twice(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     cluster: Cluster,
     tenant: str,
     admin: Kube,
@@ -194,7 +194,7 @@ def _pg_ready(cluster: Cluster) -> bool:
 
 
 def test_postgres_restarted_mid_run_every_run_finishes_once(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     cluster: Cluster,
     tenant: str,
     admin: Kube,
@@ -216,7 +216,7 @@ def test_postgres_restarted_mid_run_every_run_finishes_once(
 
 
 def test_the_api_server_restarted_mid_run_every_run_finishes_once(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     cluster: Cluster,
     tenant: str,
     admin: Kube,

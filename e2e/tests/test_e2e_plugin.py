@@ -18,7 +18,7 @@ import pytest
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorProcess, secret_dsn
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, secret_dsn
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.plugin import KubectlKeelgate, kubeconfig_for, last_json
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
@@ -50,7 +50,7 @@ def _reconciliation(admin: Kube, namespace: str, name: str) -> JSON:
 
 
 def test_status_shows_an_unknown_outcome_as_a_tree_naming_its_reconciliation_and_next_steps(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -97,7 +97,7 @@ def test_status_shows_an_unknown_outcome_as_a_tree_naming_its_reconciliation_and
 
 
 def test_reconcile_fills_by_from_whoami_refuses_others_and_the_run_succeeds_with_one_order(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -176,7 +176,7 @@ def test_reconcile_fills_by_from_whoami_refuses_others_and_the_run_succeeds_with
 
 
 def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_once(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -227,7 +227,7 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
 
 
 def test_resume_raises_the_budget_in_spec_and_the_run_continues_its_saved_plan(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -269,7 +269,7 @@ def test_resume_raises_the_budget_in_spec_and_the_run_continues_its_saved_plan(
 
 
 def test_logs_lists_the_step_pods_in_order_each_headed_by_how_it_ended(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -310,7 +310,7 @@ def test_logs_lists_the_step_pods_in_order_each_headed_by_how_it_ended(
 
 
 def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_password(
-    operator: OperatorProcess,
+    operator: OperatorPod,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,

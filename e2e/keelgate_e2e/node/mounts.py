@@ -69,6 +69,15 @@ _libc.mount.argtypes = [
     ctypes.c_void_p,
 ]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+
+# open_tree(2) and move_mount(2) (x86_64; Linux 5.2+): a detached copy of a source's mount,
+# attached later at its target, whatever has been mounted over the source's path meanwhile.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+AT_FDCWD = -100
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 
 class SetupError(Exception):
@@ -128,15 +137,38 @@ def _mount_point(target: str, directory: bool) -> None:
             pass
 
 
-def bind(source: str, target: str, read_only: bool) -> None:
-    """Bind `source` at `target` (remounted read-only when asked)."""
+def detach(source: str) -> tuple[int, bool]:
+    """A detached clone of `source`'s mount (an fd), and whether it is a directory."""
     if not os.path.exists(source):
         raise SetupError(f"volume path {source} is missing")
+    fd = _libc.syscall(
+        SYS_OPEN_TREE,
+        AT_FDCWD,
+        source.encode(),
+        ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
+    )
+    if fd < 0:
+        raise SetupError(f"open_tree {source}: {os.strerror(ctypes.get_errno())}")
+    return int(fd), os.path.isdir(source)
+
+
+def attach(fd: int, is_dir: bool, target: str, read_only: bool) -> None:
+    """Attach a detached clone at `target` (remounted read-only when asked)."""
     try:
-        _mount_point(target, os.path.isdir(source))
+        _mount_point(target, is_dir)
     except OSError as exc:
         raise SetupError(f"cannot create mount point {target}: {exc.strerror}") from exc
-    _mount(source, target, None, MS_BIND)
+    moved = _libc.syscall(
+        SYS_MOVE_MOUNT,
+        fd,
+        b"",
+        AT_FDCWD,
+        target.encode(),
+        ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+    )
+    if moved != 0:
+        raise SetupError(f"mount on {target}: {os.strerror(ctypes.get_errno())}")
+    os.close(fd)
     if read_only:
         kept = os.statvfs(target).f_flag
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
@@ -163,8 +195,12 @@ def prepare(spec: dict[str, Any]) -> None:
         enter_namespace()
         for path in masks:  # first, so that a volume mounted at the same path lands on top
             mask(path)
-        for entry in sorted(mounts, key=lambda m: depth(str(m["target"]))):
-            bind(str(entry["source"]), str(entry["target"]), bool(entry.get("readOnly")))
+        # Clone every source before attaching anything: a volume mounted over a parent of the
+        # agent's state directory (an emptyDir at /tmp, with the state under /tmp) would hide
+        # the sources of the mounts after it.
+        detached = [(entry, detach(str(entry["source"]))) for entry in mounts]
+        for entry, (fd, is_dir) in sorted(detached, key=lambda d: depth(str(d[0]["target"]))):
+            attach(fd, is_dir, str(entry["target"]), bool(entry.get("readOnly")))
     workdir = spec.get("workingDir")
     if workdir:
         try:
