@@ -1,4 +1,4 @@
-"""docs/install.md holds against the code, without a cluster.
+"""docs/install.md and docs/runbook-outcome-unknown.md hold against the code, without a cluster.
 
 Every ``keelgate`` command they show names a real subcommand and real options; every
 ``kubectl patch`` of a Reconciliation sends fields the CRD has, to the name the operator gives
@@ -36,7 +36,7 @@ from keelgate.kube.status import CONDITION_TYPES
 from keelgate.manifest import load_agentrun
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "docs" / "install.md"]
+DOCS = [ROOT / "docs" / "install.md", ROOT / "docs" / "runbook-outcome-unknown.md"]
 KIND = ROOT / "examples" / "kind"
 CLUSTER_URL = "http://shop.shop.svc.cluster.local:8080"
 
