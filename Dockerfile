@@ -26,8 +26,9 @@ LABEL org.opencontainers.image.title="keelgate" \
       org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
 
 # The user step pods run as (keelgate.kube.resources.STEP_USER); HOME is the writable /tmp.
-RUN groupadd --system --gid 65532 keelgate \
- && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
+# --no-log-init: no lastlog/faillog entry, which for a uid this high is a large file in a layer.
+RUN groupadd --gid 65532 keelgate \
+ && useradd --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --no-log-init \
       --shell /usr/sbin/nologin keelgate
 
 # A virtual environment without pip or setuptools, filled by the base image's pip from wheels
