@@ -1,13 +1,15 @@
 """docs/install.md and docs/runbook-outcome-unknown.md hold against the code, without a cluster.
 
-Every ``keelgate`` command they show names a real subcommand and real options; every
-``kubectl patch`` of a Reconciliation sends fields the CRD has, to the name the operator gives
-that Reconciliation; every ``kubectl wait`` waits for a condition the operator sets; every file
-they apply exists. The example manifests under examples/kind parse and validate, the shop they
-deploy serves what the docs ask of it, and the story of install.md (a first run, then a run
-killed right after its order, OutcomeUnknown, checked against the shop by the key, settled as
-executed, finished with one order per run, and the audit's ``loop.reconciled`` event) plays out
-on the local runner against that very shop.
+Every ``keelgate`` and ``kubectl keelgate`` command they show names a real subcommand and real
+options; every ``helm --set`` names a value of charts/keelgate; every ``kubectl patch`` of a
+Reconciliation sends fields the CRD has, to the name the operator gives that Reconciliation;
+every ``kubectl wait`` waits for a condition the operator sets; every file they apply exists.
+The example manifests under examples/kind parse and validate, the shop they deploy serves what
+the docs ask of it, and the story of install.md (a first run, then a run killed right after its
+order, OutcomeUnknown, checked against the shop by the key, settled as executed, finished with
+one order per run, and the audit's ``loop.reconciled`` event) plays out on the local runner
+against that very shop. e2e/tests/test_e2e_install_docs.py renders the helm commands with the
+real helm and dry-runs the manifests on the real API server.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import pytest
 import typer.main
 import yaml
 
+from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
 from keelgate.cli import main
 from keelgate.cli.commands import app
+from keelgate.cli.plugin.commands import app as plugin_app
 from keelgate.kube.naming import action_object_name
 from keelgate.kube.status import CONDITION_TYPES
 from keelgate.manifest import load_agentrun
@@ -56,17 +60,20 @@ def shell_lines(path: Path) -> list[str]:
 ALL_LINES = [(path.name, line) for path in DOCS for line in shell_lines(path)]
 
 
-def _keelgate_args(line: str) -> list[str] | None:
-    """The arguments given to keelgate on a line: `keelgate ...`, `... -- keelgate ...` (kubectl
-    exec) or `docker run ... keelgate:TAG ...` (the image's entrypoint is keelgate)."""
+def _keelgate_args(line: str) -> tuple[Any, list[str]] | None:
+    """(the typer app, its arguments) for a line that runs keelgate: `keelgate ...`,
+    `... -- keelgate ...` (kubectl exec), `docker run ... keelgate:TAG ...` (the image's
+    entrypoint is keelgate), or the plugin, `kubectl keelgate ...`."""
     words = shlex.split(line)
     if words[0] == "keelgate":
-        return words[1:]
+        return app, words[1:]
+    if words[:2] == ["kubectl", "keelgate"]:
+        return plugin_app, words[2:]
     if "--" in words and words[words.index("--") + 1 :][:1] == ["keelgate"]:
-        return words[words.index("--") + 2 :]
+        return app, words[words.index("--") + 2 :]
     if words[:2] == ["docker", "run"]:
         image = next(i for i, w in enumerate(words) if w.startswith("keelgate:"))
-        return words[image + 1 :]
+        return app, words[image + 1 :]
     return None
 
 
@@ -75,17 +82,18 @@ KEELGATE_LINES = [(n, line) for n, line in ALL_LINES if _keelgate_args(line) is 
 
 @pytest.mark.parametrize(("page", "line"), KEELGATE_LINES)
 def test_every_keelgate_command_in_the_docs_exists(page: str, line: str) -> None:
-    """The subcommand is keelgate's and each option is one that subcommand takes."""
-    args = _keelgate_args(line)
-    assert args is not None
-    group = typer.main.get_command(app)
+    """The subcommand is keelgate's (or the kubectl plugin's) and each option is one that
+    subcommand takes."""
+    found = _keelgate_args(line)
+    assert found is not None
+    typer_app, args = found
+    group = typer.main.get_command(typer_app)
     assert isinstance(group, typer.core.TyperGroup)
     if args[0].startswith("-"):
-        command: Any = group
-        known = {"--version", "--help"}
+        known = {opt for p in group.params for opt in [*p.opts, *p.secondary_opts]}
     else:
         command = group.commands.get(args[0])
-        assert command is not None, f"{page}: no keelgate {args[0]}"
+        assert command is not None, f"{page}: no {args[0]} command"
         known = {opt for p in command.params for opt in [*p.opts, *p.secondary_opts]}
     given = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     assert given <= known, f"{page}: {line}: unknown {sorted(given - known)}"
@@ -152,6 +160,28 @@ def test_every_file_the_docs_apply_exists() -> None:
     assert paths
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert missing == []
+
+
+HELM = [(n, line) for n, line in ALL_LINES if line.startswith("helm ")]
+
+
+def test_every_helm_value_the_docs_set_is_the_charts() -> None:
+    """Each `--set key=value` of a helm command names a value charts/keelgate/values.yaml has
+    (e2e/tests/test_e2e_install_docs.py renders them with the real helm)."""
+    values = yaml.safe_load((ROOT / "charts" / "keelgate" / "values.yaml").read_text())
+    keys = [
+        words[i + 1].split("=", 1)[0]
+        for _, line in HELM
+        for words in [shlex.split(line)]
+        for i, w in enumerate(words[:-1])
+        if w == "--set"
+    ]
+    assert "image.tag" in keys and "store.existingSecret.name" in keys
+    for key in keys:
+        node = values
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"{key}: not a value of the chart"
+            node = node[part]
 
 
 # -- the example manifests -----------------------------------------------------------------------
