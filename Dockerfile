@@ -23,6 +23,7 @@ LABEL org.opencontainers.image.title="keelgate" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/keelgate/keelgate" \
       org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm"
 
 # The user step pods run as (keelgate.kube.resources.STEP_USER); HOME is the writable /tmp.

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 
 import pytest
+import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -260,13 +261,15 @@ def runtime_writes_only_tmp(d: Dockerfile) -> list[str]:
 
 @rule
 def oci_labels(d: Dockerfile) -> list[str]:
-    """The OCI labels say what the image is: title, description, revision, and the version and
-    license pyproject.toml states."""
+    """The OCI labels say what the image is: title, description, revision, the version and
+    license pyproject.toml states, and the source the Helm chart names as its home."""
     project = pyproject()["project"]
+    chart = yaml.safe_load((DOCKERFILE.parent / "charts" / "keelgate" / "Chart.yaml").read_text())
     wanted = {
         "org.opencontainers.image.version": project["version"],
         "org.opencontainers.image.licenses": project["license"],
         "org.opencontainers.image.title": "keelgate",
+        "org.opencontainers.image.source": chart["home"],
     }
     problems = [
         f"LABEL {k}={d.labels.get(k)!r}, not {v!r}"
@@ -353,6 +356,7 @@ MUTATIONS: list[tuple[str, Callable[[str], str]]] = [
     ("oci_labels", _swap("ARG VERSION=0.1.0", "ARG VERSION=0.0.9")),
     ("oci_labels", _swap('org.opencontainers.image.licenses="Apache-2.0"', 'x.y="z"')),
     ("oci_labels", _swap('org.opencontainers.image.revision="${REVISION}"', 'x.y="z"')),
+    ("oci_labels", _swap("github.com/keelgate/keelgate", "example.com/keelgate")),
     ("no_healthcheck", _append("HEALTHCHECK CMD keelgate --version\n")),
 ]
 
