@@ -114,6 +114,12 @@ NOT_RUN = {
     "PYTHONPATH=examples/restock keelgate run -f examples/ollama/agentrun.yaml": (
         "needs an Ollama server: the manifest is run against a stand-in above"
     ),
+    "kubectl apply -f examples/kind/agentrun.yaml": (
+        "needs a cluster: tests/test_install_docs.py runs the manifest on the local runner"
+    ),
+    "kubectl -n shop wait --for=condition=Succeeded agentrun/restock --timeout=180s": (
+        "needs a cluster: tests/test_install_docs.py checks the condition is the operator's"
+    ),
 }
 
 

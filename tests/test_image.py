@@ -1,0 +1,230 @@
+"""The program the image ships works as the image runs it, shown without a Docker engine.
+
+The Dockerfile's builder stage is replayed (its COPY lines through .dockerignore, then
+``pip wheel --no-deps``) and the wheel is installed the way the final stage installs it: into a
+``venv --without-pip``, with the ``postgres`` extra, from wheels only. Then the commands a
+Kubernetes pod runs are run the way a step pod runs them: the installed files read-only (as
+root, with every capability dropped, so write permission bits bind), HOME and the working
+folder a writable scratch folder (the pod's /tmp emptyDir), PYTHONDONTWRITEBYTECODE=1. And
+nothing is written under the installation even where it could be.
+
+Downloads and the installed environment are kept under .cache/image-test (see
+``support/image.py``): warm, the module runs offline in well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Iterator, Sequence
+from email.parser import HeaderParser
+from pathlib import Path
+
+import pytest
+
+from keelgate.cli import main
+from keelgate.manifest import load_agentrun
+from keelgate.stores import open_stores
+from support.image import (
+    DOCKERFILE,
+    ROOT,
+    build_wheel,
+    image_venv,
+    parse_dockerfile,
+    pyproject,
+    set_writable,
+    snapshot,
+    stage_context,
+)
+
+VERSION = pyproject()["project"]["version"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel the builder stage makes, from the context Docker would send."""
+    base = tmp_path_factory.mktemp("image-build")
+    context = stage_context(parse_dockerfile(DOCKERFILE.read_text()), base / "src")
+    return build_wheel(context, base / "dist")
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path) -> Path:
+    """The final stage's /opt/keelgate (kept under .cache/ while it is what the install left)."""
+    return image_venv(wheel, "postgres")
+
+
+@pytest.fixture(scope="module")
+def read_only(venv: Path) -> Iterator[list[str]]:
+    """The installation's files without write permission, and the prefix that makes root obey
+    it (setpriv drops every capability, CAP_DAC_OVERRIDE with them): a step pod's view, where
+    uid 65532 may not write a file root installed. Module-wide: the tests that use it come last."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.fail("setpriv (util-linux) is needed to drop root's capabilities", False)
+        prefix = [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"]
+    set_writable(venv, False)
+    try:
+        yield prefix
+    finally:
+        set_writable(venv, True)
+
+
+def run_in_image(
+    venv: Path,
+    argv: list[str],
+    home: Path,
+    prefix: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` as the image runs it: the image's PATH and environment, nothing of ours."""
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "LANG": "C.UTF-8",
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [*prefix, *argv],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+#: (id, argv, what its output must hold); "{venv}" is filled in.
+COMMANDS = [
+    ("version", ["keelgate", "--version"], f"keelgate {VERSION}"),
+    ("operator-help", ["keelgate", "operator", "--help"], "--allow-failpoints"),
+    ("step-help", ["keelgate", "step", "--help"], "--termination-log"),
+    ("import", ["python", "-c", "import keelgate; print(keelgate.__file__)"], "{venv}/lib/"),
+    (
+        "operator-imports",
+        [
+            "python",
+            "-c",
+            "import keelgate.kube.operator, keelgate.runners.step, kopf, psycopg, psycopg_pool;"
+            "print('libpq', psycopg.pq.__impl__)",
+        ],
+        "libpq binary",  # the wheel's own libpq: the slim image has none
+    ),
+]
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    return home
+
+
+def test_the_wheel_ships_the_package_with_py_typed_and_no_tests(wheel: Path) -> None:
+    """The wheel holds every module of operator/keelgate (no subpackage lost), py.typed, and
+    nothing else: no tests, examples, e2e, caches or compiled files."""
+    names = zipfile.ZipFile(wheel).namelist()
+    package = [n for n in names if not n.startswith(f"keelgate-{VERSION}.dist-info/")]
+    sources = {
+        p.relative_to(ROOT / "operator").as_posix()
+        for p in (ROOT / "operator" / "keelgate").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert "keelgate/py.typed" in package
+    assert {n for n in package if n.endswith(".py")} == sources
+    assert set(package) == sources | {"keelgate/py.typed"}
+
+
+def test_the_wheel_declares_the_entry_point_and_the_postgres_extra(wheel: Path) -> None:
+    """The wheel's metadata is pyproject's: name, version, Python, the postgres extra, and the
+    ``keelgate`` script the image's ENTRYPOINT runs."""
+    archive = zipfile.ZipFile(wheel)
+    info = f"keelgate-{VERSION}.dist-info"
+    meta = HeaderParser().parsestr(archive.read(f"{info}/METADATA").decode())
+    assert (meta["Name"], meta["Version"]) == ("keelgate", VERSION)
+    assert meta["Requires-Python"] == pyproject()["project"]["requires-python"]
+    assert "postgres" in meta.get_all("Provides-Extra", [])
+    entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    assert "keelgate = keelgate.cli:run" in entry_points
+
+
+def test_the_installation_has_no_build_tools_and_the_binary_driver(venv: Path) -> None:
+    """What the final stage installs: keelgate, psycopg with its binary libpq, and no pip,
+    setuptools or wheel (the venv is made --without-pip)."""
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
+    assert {"keelgate", "psycopg", "psycopg_binary", "psycopg_pool", "kopf"} <= dists
+    assert not dists & {"pip", "setuptools", "wheel"}
+
+
+def test_running_writes_nothing_under_the_installation(venv: Path, tmp_path: Path) -> None:
+    """Even where it could write (files writable, root's capabilities kept), running every
+    command above leaves the installation as it was: no __pycache__, no cache, no state."""
+    assert os.access(venv / "bin", os.W_OK)  # else a write would fail unseen, proving nothing
+    before = snapshot(venv)
+    for _, argv, _expected in COMMANDS:
+        done = run_in_image(venv, argv, _home(tmp_path / str(len(os.listdir(tmp_path)))))
+        assert done.returncode == 0, done.stderr
+    after = snapshot(venv)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert changed == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), [c[1:] for c in COMMANDS], ids=[c[0] for c in COMMANDS]
+)
+def test_the_commands_run_from_read_only_files(
+    venv: Path, read_only: list[str], tmp_path: Path, argv: list[str], expected: str
+) -> None:
+    """keelgate --version, operator --help, step --help and the imports the operator and the
+    postgres store need all work with the installation read-only, as in a step pod."""
+    done = run_in_image(venv, argv, _home(tmp_path), read_only)
+    assert done.returncode == 0, done.stderr
+    assert expected.format(venv=venv) in done.stdout
+
+
+RUN = """
+apiVersion: keelgate.dev/v1alpha1
+kind: AgentRun
+metadata: {name: hello, namespace: shop}
+spec:
+  goal: "Say hello"
+  model:
+    provider: scripted
+    name: demo
+    script:
+      - {done: true, answer: "hello", usage: {inputTokens: 10, outputTokens: 2}}
+  budget: {maxIterations: 2}
+"""
+
+
+@pytest.mark.postgres
+def test_a_step_runs_from_read_only_files_against_postgresql(
+    venv: Path, read_only: list[str], tmp_path: Path, pg_url: str
+) -> None:
+    """``keelgate step`` as a step pod runs it (read-only installation, HOME a scratch folder,
+    the store a PostgreSQL URL): it reads the spec the operator recorded, runs the step, exits
+    0, writes the termination message, and the store holds the finished run."""
+    spec = load_agentrun(RUN).to_loop_spec()
+    stores = open_stores(pg_url)
+    try:
+        assert stores.specs is not None
+        stores.specs.record_spec("shop", "hello", spec.to_json(), source="uid-1", generation=1)
+    finally:
+        stores.close()
+    home = _home(tmp_path)
+    termination = home / "termination-log"
+    termination.touch()
+    argv = ["keelgate", "step", "-n", "shop", "--run", "hello", "--store", pg_url]
+    done = run_in_image(venv, [*argv, "--termination-log", str(termination)], home, read_only)
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (outcome["phase"], outcome["stopReason"]) == ("Succeeded", "goal_met")
+    assert json.loads(termination.read_text()) == outcome
+    assert main(["status", "hello", "-n", "shop", "--store", pg_url]) == 0  # the store says so
