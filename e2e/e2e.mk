@@ -14,7 +14,7 @@ E2E_PYTEST_ARGS ?=
 
 .PHONY: e2e-build up down e2e-test e2e-lint
 
-## e2e-build: build kube-apiserver, kube-controller-manager, kube-scheduler and etcd into
+## e2e-build: build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and helm into
 ## e2e/bin (only what is missing or not at the pinned version)
 e2e-build:
 	$(E2E_PY) -m keelgate_e2e.build

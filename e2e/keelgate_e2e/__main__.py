@@ -58,8 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  logs:       {cluster.logs_dir}/")
         if operator is not None:
             print(
-                f"  operator:   keelgate-system/keelgate-operator (--allow-failpoints), metrics "
-                f"http://127.0.0.1:{operator.port}/metrics, log {operator.log}"
+                "  operator:   helm release keelgate in keelgate-system (allowFailpoints=true), "
+                f"metrics http://127.0.0.1:{operator.port}/metrics, "
+                "logs: kubectl -n keelgate-system logs deploy/keelgate-operator"
             )
             print(
                 "  a tenant:   kubectl create namespace NS && kubectl -n NS create secret "
@@ -85,21 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _keelgate(cluster: Cluster) -> keelgate.OperatorProcess:
-    """Install Keelgate (CRDs, RBAC, admission policy) and run its operator under its own
-    service account, with failpoints allowed: it is a development cluster."""
-    kube = cluster.client()
-    try:
-        keelgate.install(kube)
-        config = keelgate.operator_kubeconfig(
-            cluster, kube, cluster.run_dir / "operator.kubeconfig"
-        )
-    finally:
-        kube.close()
-    operator = keelgate.OperatorProcess(cluster, config, port=procs.free_port())
-    operator.start()
-    assert operator.proc is not None
-    cluster.adopt(operator.proc)
+def _keelgate(cluster: Cluster) -> keelgate.OperatorPod:
+    """Install Keelgate as a user does, `helm install --wait` of charts/keelgate into
+    keelgate-system, with failpoints allowed: it is a development cluster."""
+    operator = keelgate.OperatorPod(cluster, store=cluster.dsn)
+    operator.install()
     return operator
 
 

@@ -81,9 +81,9 @@ def port_open(port: int) -> bool:
 
 
 def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
-    """`make up` starts etcd, the API server, controller-manager, scheduler, node agent,
-    PostgreSQL and the Keelgate operator (CRDs, RBAC and admission policy applied first), all
-    listening on 127.0.0.1 only, and writes a kubeconfig with contexts admin
+    """`make up` starts etcd, the API server, controller-manager, scheduler, node agent and
+    PostgreSQL, and installs Keelgate with its Helm chart (the operator a pod under the chart's
+    RBAC), all listening on 127.0.0.1 only, and writes a kubeconfig with contexts admin
     (current), alice and bob; when the node agent is SIGKILLed with pods running, the
     node-lifecycle controller marks the node unreachable, and `make down` still stops every
     process of the run (pods included) and frees every port."""
@@ -100,7 +100,6 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
             "kube-scheduler",
             "node-agent",
             "postgres",
-            "operator",
         ]
         # Keelgate is installed and its operator answers (on loopback, like everything else).
         kubectl_admin = Kubectl(find_kubectl(), run_dir / "kubeconfig", namespace="default")
@@ -108,6 +107,12 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
         assert "agentruns.keelgate.dev" in crds and "reconciliations.keelgate.dev" in crds
         policies = kubectl_admin("get", "validatingadmissionpolicies", "-o", "name").stdout
         assert "keelgate-decided-by-requester" in policies
+        # The operator runs as a pod of the chart's Deployment, installed by helm --wait.
+        ready = kubectl_admin(
+            "-n", "keelgate-system", "get", "deploy", "keelgate-operator",
+            "-o", "jsonpath={.status.availableReplicas}",
+        ).stdout  # fmt: skip
+        assert ready == "1"
         config = yaml.safe_load((run_dir / "kubeconfig").read_text())
         assert config["current-context"] == "admin"
         assert {c["name"] for c in config["contexts"]} == {"admin", "alice", "bob"}
