@@ -185,7 +185,7 @@ class Controller:
             # Events are posted last: they tell people what happened, and must not stand
             # between one step pod's end and the creation of the next.
             later, self._events.later = self._events.later, None
-            for involved, type_, reason, message in later or ():
+            for involved, type_, reason, message in _merged(later or []):
                 self.api.event(involved, type_=type_, reason=reason, message=message)
 
     def _event(self, involved: JSON, *, type_: str, reason: str, message: str) -> None:
@@ -866,6 +866,20 @@ class Controller:
             for body in bodies[: max(0, len(bodies) - keep)]:
                 meta = body["metadata"]
                 self.api.delete_object("AgentRun", ns, meta["name"], uid=meta["uid"])
+
+
+def _merged(
+    events: list[tuple[JSON, str, str, str]],
+) -> list[tuple[JSON, str, str, str]]:
+    """One step pod's end and the next one's start, seen in the same reconcile, as one Event:
+    both transitions told, one API write (a step costs a pod, a status patch and this)."""
+    out: list[tuple[JSON, str, str, str]] = []
+    for involved, type_, reason, message in events:
+        if reason == "StepStarted" and out and out[-1][2] == "StepEnded" and out[-1][1] == "Normal":
+            ended = out.pop()[3]
+            message = f"{message} ({ended})"
+        out.append((involved, type_, reason, message))
+    return out
 
 
 def is_tick(run: Mapping[str, Any]) -> bool:
