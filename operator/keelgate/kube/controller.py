@@ -54,6 +54,7 @@ _WAITING = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
 # Exit codes of `keelgate step` (see cli/cluster.py).
 _CLEAN = frozenset({0, 1, 3})
 _BAD_INPUT, _BUSY, _STORE = 2, 4, 5
+_STOPPED_PHASES = frozenset({"Succeeded", "Failed", "Stopped"})
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ class Controller:
         #: When the operator saw each run's last step pod end (for the hand-off time).
         self.ended_at: dict[Key, float] = {}
         self.phases: dict[Key, str] = {}
+        #: Each run's last clean step end not yet told in an Event (see _account).
+        self.ends_untold: dict[Key, tuple[JSON, str]] = {}
         self._events = threading.local()  # each worker thread's Events, posted after its work
 
     # Dispatch
@@ -185,7 +188,7 @@ class Controller:
             # Events are posted last: they tell people what happened, and must not stand
             # between one step pod's end and the creation of the next.
             later, self._events.later = self._events.later, None
-            for involved, type_, reason, message in _merged(later or []):
+            for involved, type_, reason, message in later or ():
                 self.api.event(involved, type_=type_, reason=reason, message=message)
 
     def _event(self, involved: JSON, *, type_: str, reason: str, message: str) -> None:
@@ -204,6 +207,7 @@ class Controller:
             self._deleted(ns, name, run)
             self.waiting.pop(key, None)
             self.phases.pop(key, None)
+            self.ends_untold.pop(key, None)
             return None
         try:
             spec = spec_from_manifest(run.get("spec"))
@@ -324,12 +328,14 @@ class Controller:
         crashes = 0 if ended.kind == "clean" else int(step.get("crashes") or 0) + 1
         if ended.kind == "busy":
             crashes = int(step.get("crashes") or 0)  # another driver is alive: not a crash
-        self._event(
-            run,
-            type_="Normal" if ended.kind == "clean" else "Warning",
-            reason="StepEnded",
-            message=f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}",
-        )
+        told = f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}"
+        if ended.kind == "clean":
+            # Told with what comes next (the next step's start, or the run's stop): one Event,
+            # one API write, for both transitions. Kept in memory only: an Event lost to a
+            # restart loses no fact (the pod and status.step.lastExit keep it).
+            self.ends_untold[key] = (run, told)
+        else:
+            self._event(run, type_="Warning", reason="StepEnded", message=told)
         return {**step, "state": "Ended", "crashes": crashes, "lastExit": ended.words}
 
     def _state(self, ns: str, name: str) -> RunState | None:
@@ -519,14 +525,18 @@ class Controller:
                     return self._mirror(run, spec, step, stepping=False, stalled=message)
                 self.cache.put("Pod", existing)  # ours already: adopt it
                 return None
+            # Counted as active before its slot is given back: the cap must see it at once.
+            self.cache.put("Pod", created)
         finally:
             self._release_slot()
-        self.cache.put("Pod", created)
         self.metrics.steps_started.inc()
         ended = self.ended_at.pop(key, None)
         if ended is not None:
             self.metrics.handoff_seconds.observe(max(0.0, self.clock() - ended))
         armed = f" with failpoints {step['failpoints']}" if step.get("failpoints") else ""
+        untold = self.ends_untold.pop(key, None)
+        if untold is not None:
+            armed += f" ({untold[1]})"
         self._event(
             run,
             type_="Normal",
@@ -659,6 +669,11 @@ class Controller:
             return
         phase, reason = after
         message = str(new.get("message") or "")
+        meta = run["metadata"]
+        key: Key = ("AgentRun", meta["namespace"], meta["name"])
+        untold = self.ends_untold.pop(key, None) if phase in _STOPPED_PHASES else None
+        if untold is not None:
+            message = f"{message} ({untold[1]})" if message else untold[1]
         if phase == "Succeeded":
             self._event(run, type_="Normal", reason="Succeeded", message=message or "goal met")
         elif phase == "Failed":
@@ -866,20 +881,6 @@ class Controller:
             for body in bodies[: max(0, len(bodies) - keep)]:
                 meta = body["metadata"]
                 self.api.delete_object("AgentRun", ns, meta["name"], uid=meta["uid"])
-
-
-def _merged(
-    events: list[tuple[JSON, str, str, str]],
-) -> list[tuple[JSON, str, str, str]]:
-    """One step pod's end and the next one's start, seen in the same reconcile, as one Event:
-    both transitions told, one API write (a step costs a pod, a status patch and this)."""
-    out: list[tuple[JSON, str, str, str]] = []
-    for involved, type_, reason, message in events:
-        if reason == "StepStarted" and out and out[-1][2] == "StepEnded" and out[-1][1] == "Normal":
-            ended = out.pop()[3]
-            message = f"{message} ({ended})"
-        out.append((involved, type_, reason, message))
-    return out
 
 
 def is_tick(run: Mapping[str, Any]) -> bool:
