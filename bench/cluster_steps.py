@@ -12,8 +12,11 @@ agent and PostgreSQL, built by `e2e/`), with the operator under its own service 
    seen created, over at least 100 steps. Target p95 < 1 s.
 3. **API writes per step**: the operator's own count of writes (pods, status patches, Events,
    children) over the steps it started, from its /metrics.
-4. **Operator memory**: peak resident set size while 100 runs are in flight, and runs finished
-   per minute with the step-pod cap.
+4. **Many runs at once** (issue 12): 500 AgentRuns applied together, half of one iteration and
+   half of five with a WRITE, one in ten of those crashing after its WRITE and settled by a
+   script from the shop's record, under the step-pod cap: runs per minute, hand-off p50/p95, API
+   writes and status patches per step, the operator's peak RSS and CPU, PostgreSQL sessions, and
+   that every WRITE reached the shop once.
 
 Run: `make bench-cluster` (or `.venv/bin/python bench/cluster_steps.py`). It must never
 touch `.dev/` or another cluster: everything runs under a temporary directory and is stopped.
@@ -61,6 +64,49 @@ def rss_mb(pid: int) -> float:
 def tree_rss_mb(pid: int) -> float:
     """The operator's RSS (its process; the keelgate console script execs Python in place)."""
     return rss_mb(pid)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def scale_docs(shop: ShopServer, count: int) -> list[JSON]:
+    """Half one-iteration runs, half five-iteration runs with a WRITE; one in ten of these
+    crashes right after its WRITE (a failpoint) and waits for a Reconciliation."""
+    docs = []
+    for n in range(count):
+        doc = run_doc(f"m{n}", shop, 1 if n % 2 == 0 else 5)
+        if n % 2:
+            write = {"tool": "place_order", "args": {"sku": f"m{n}", "qty": 1}}
+            doc["spec"]["model"]["script"][0] = {"actions": [write]}
+            doc["spec"]["tools"].append(
+                {
+                    "name": "place_order",
+                    "sideEffect": "WRITE",
+                    "http": {"url": f"{shop.url}/orders", "method": "POST"},
+                }
+            )
+            if n % 10 == 1:
+                doc["metadata"]["annotations"] = {"keelgate.dev/failpoints": "after_gateway_call@1"}
+        docs.append(doc)
+    return docs
+
+
+def settle_from_shop(admin: Kube, ns: str, shop: ShopServer) -> None:
+    """What a person (or a script of theirs) does: settle each unknown outcome with what the
+    shop's record says, in their own name."""
+    listed = admin.get(f"/apis/keelgate.dev/v1alpha1/namespaces/{ns}/reconciliations")
+    for rec in listed["items"]:
+        if "executed" in rec["spec"]:
+            continue
+        executed = shop.shop.by_key()[rec["spec"]["idempotencyKey"]] > 0
+        admin.patch(
+            f"/apis/keelgate.dev/v1alpha1/namespaces/{ns}/reconciliations/"
+            f"{rec['metadata']['name']}",
+            {"spec": {"executed": executed, "by": "admin"}},
+        )
 
 
 def namespace(admin: Kube, cluster: Cluster, name: str) -> None:
@@ -175,7 +221,7 @@ def timed(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--handoff-runs", type=int, default=20, help="runs of 6 steps each")
-    parser.add_argument("--memory-runs", type=int, default=100)
+    parser.add_argument("--scale-runs", type=int, default=500, help="runs applied at once")
     parser.add_argument("--cap", type=int, default=20, help="the operator's step-pod cap")
     args = parser.parse_args()
 
@@ -237,36 +283,67 @@ def main() -> int:
             "ratio_to_bare_python": round(statistics.median(step) / statistics.median(bare), 1),
         }
 
-        # 4: memory and throughput with many runs in flight.
+        # 4: many runs at once (issue 12): a mix of 1- and 5-iteration runs, one in ten
+        # crashing after its WRITE and settled by a script from the shop's record.
         namespace(admin, cluster, "many")
-        before = tree_rss_mb(operator.proc.pid)
-        names = [f"m{n}" for n in range(args.memory_runs)]
-        peak = before
-        started = time.monotonic()
-        for name in names:
-            admin.create(
-                "/apis/keelgate.dev/v1alpha1/namespaces/many/agentruns", run_doc(name, shop, 3)
-            )
+        watch = PodWatch(admin, "many")
+        before_metrics = operator.metrics()
+        pid = operator.proc.pid
+        rss_before = tree_rss_mb(pid)
+        cpu_before = cpu_seconds(pid)
+        docs = scale_docs(shop, args.scale_runs)
+        names = [d["metadata"]["name"] for d in docs]
+        peaks = {"rss": rss_before, "sessions": 0.0}
         done = threading.Event()
 
         def sample() -> None:
-            nonlocal peak
-            while not done.wait(0.5):
-                peak = max(peak, tree_rss_mb(operator.proc.pid))  # type: ignore[union-attr]
+            import psycopg
+
+            with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+                while not done.wait(0.5):
+                    peaks["rss"] = max(peaks["rss"], tree_rss_mb(pid))
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    ).fetchone()
+                    peaks["sessions"] = max(peaks["sessions"], float(row[0]) if row else 0.0)
+                    settle_from_shop(admin, "many", shop)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        wait_all(admin, "many", names, timeout=1800)
+        started = time.monotonic()
+        for doc in docs:
+            admin.create("/apis/keelgate.dev/v1alpha1/namespaces/many/agentruns", doc)
+        wait_all(admin, "many", names, timeout=3600)
         took = time.monotonic() - started
         done.set()
         sampler.join()
+        watch.stop.set()
+        after = operator.metrics()
+        steps = metric(after, "keelgate_steps_started_total") - metric(
+            before_metrics, "keelgate_steps_started_total"
+        )
+        writes = metric(after, "keelgate_api_writes_total") - metric(
+            before_metrics, "keelgate_api_writes_total"
+        )
+        patches = metric(after, 'keelgate_api_writes_total{what="patch AgentRun/status"}') - metric(
+            before_metrics, 'keelgate_api_writes_total{what="patch AgentRun/status"}'
+        )
+        handoffs = watch.handoffs()
+        counts = shop.shop.by_key()
         report["many_runs"] = {
             "runs": len(names),
-            "steps": len(names) * 3,
+            "steps": int(steps),
             "cap": args.cap,
-            "operator_rss_before_mb": round(before, 1),
-            "operator_rss_peak_mb": round(peak, 1),
             "runs_per_minute": round(len(names) / took * 60, 1),
+            "handoff_p50_s": round(quantile(handoffs, 0.5), 3),
+            "handoff_p95_s": round(quantile(handoffs, 0.95), 3),
+            "api_writes_per_step": round(writes / steps, 2),
+            "status_patches_per_step": round(patches / steps, 2),
+            "operator_rss_before_mb": round(rss_before, 1),
+            "operator_rss_peak_mb": round(peaks["rss"], 1),
+            "operator_cpu_seconds": round(cpu_seconds(pid) - cpu_before, 1),
+            "postgres_sessions_peak": int(peaks["sessions"]),
+            "writes_exactly_once": bool(counts) and max(counts.values()) == 1,
         }
         operator.stop()
     finally:
