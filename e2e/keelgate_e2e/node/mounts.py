@@ -199,8 +199,18 @@ def prepare(spec: dict[str, Any]) -> None:
         # agent's state directory (an emptyDir at /tmp, with the state under /tmp) would hide
         # the sources of the mounts after it.
         detached = [(entry, detach(str(entry["source"]))) for entry in mounts]
+        targets = [os.path.normpath(str(entry["target"])) for entry in mounts]
+        # The host programs standing in for the image, where a mount would hide them.
+        hidden = [
+            path
+            for path in spec.get("keep") or []
+            if any(path.startswith(t.rstrip("/") + "/") for t in targets) and os.path.isdir(path)
+        ]
+        kept = [(path, detach(path)) for path in hidden]
         for entry, (fd, is_dir) in sorted(detached, key=lambda d: depth(str(d[0]["target"]))):
             attach(fd, is_dir, str(entry["target"]), bool(entry.get("readOnly")))
+        for path, (fd, is_dir) in kept:
+            attach(fd, is_dir, path, read_only=True)
     workdir = spec.get("workingDir")
     if workdir:
         try:

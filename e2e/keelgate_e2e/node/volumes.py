@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -470,8 +471,25 @@ def masks(mounts: list[Mount], existing: Callable[[str], bool] = os.path.isdir) 
     return out
 
 
+#: Host paths a container's own programs come from (this checkout, its venv, the Python it runs
+#: on): they stand in for the image, so a volume mounted over a parent of one of them (an
+#: emptyDir at /tmp, with the checkout under /tmp) must not hide them. The helper mounts them
+#: again on top, at the same path, read-only.
+HOST_PROGRAMS = tuple(
+    dict.fromkeys(
+        os.path.realpath(p)
+        for p in (str(Path(__file__).resolve().parents[3]), sys.prefix, sys.base_prefix)
+    )
+)
+
+
 def helper_spec(mounts: list[Mount], masked: list[str], working_dir: str | None) -> str:
     """The mount helper's SPEC argument."""
     return json.dumps(
-        {"mounts": [m.spec() for m in mounts], "masks": masked, "workingDir": working_dir}
+        {
+            "mounts": [m.spec() for m in mounts],
+            "masks": masked,
+            "workingDir": working_dir,
+            "keep": list(HOST_PROGRAMS),
+        }
     )
