@@ -38,8 +38,13 @@ log = logging.getLogger("keelgate.gateway")
 SIDE_EFFECT_NOT_PERMITTED = "side_effect_not_permitted"
 
 
-class OutcomeUnknown(KeelgateError):
-    """Raised to the loop: a WRITE's outcome is unknown and nobody trusted could settle it."""
+class UnknownOutcomeStop(KeelgateError):
+    """Raised to the loop, which stops the run with ``outcome_unknown``: a WRITE's outcome is
+    unknown and nobody trusted could settle it.
+
+    The gateway's own signal, never a tool's: a tool that cannot tell raises the public
+    ``OutcomeUncertain`` (or anything but ``ToolError``), and this is what the gateway makes of it.
+    """
 
     def __init__(self, unknown: UnknownAction) -> None:
         super().__init__(
@@ -178,7 +183,7 @@ class Gateway:
                 self.keys.release(self.tenant, action.key)
             # No confirmer now: the call may still be running (a timed-out worker, a request in
             # flight), so "not found downstream" would be premature. A later resume asks it.
-            raise OutcomeUnknown(UnknownAction(action.id, tool.name, action.key)) from None
+            raise UnknownOutcomeStop(UnknownAction(action.id, tool.name, action.key)) from None
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         if not self.keys.complete(self.tenant, action.key, result.to_json()):
@@ -308,7 +313,7 @@ class Gateway:
         unknown = UnknownAction(action.id, tool.name, action.key)
         settlement = self._ask_confirmer(unknown, action)
         if settlement is None:
-            raise OutcomeUnknown(unknown)
+            raise UnknownOutcomeStop(unknown)
         try:
             record = self.keys.settle(
                 self.tenant,

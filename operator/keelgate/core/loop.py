@@ -16,7 +16,7 @@ from typing import Any
 
 from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport, utc_now, verify
-from keelgate.core.gateway import Gateway, OutcomeUnknown, Settlement, describe
+from keelgate.core.gateway import Gateway, Settlement, UnknownOutcomeStop, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo, estimate_input_tokens
 from keelgate.core.protocols import CheckpointLog, Confirmer, RunLock, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
@@ -595,7 +595,7 @@ class _Session:
             if result is None:
                 try:
                     result = self.gateway.call(action)
-                except OutcomeUnknown as unknown:
+                except UnknownOutcomeStop as unknown:
                     return self._stop(
                         state,
                         StopReason.OUTCOME_UNKNOWN,
