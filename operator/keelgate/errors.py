@@ -4,13 +4,21 @@ Every error a user can meet is a ``KeelgateError`` with structured fields, so th
 operator can turn it into one clear line (and an exit code) without parsing messages. Each class
 declares its exit code (``exit_code``: the same for ``keelgate`` and a step pod, whose exit code
 the operator reads) and whether the same call may succeed later unchanged (``retryable``): one
-table, read by the CLI, the step pod and the operator alike. This module
-must never import anything from Keelgate or third parties: every floor imports it.
+table, read by the CLI, the step pod and the operator alike. Errors cross processes (a worker
+reports to its parent, a runner to its caller), so every error here survives ``pickle`` with its
+message and fields. This module must never import anything from Keelgate or third parties: every
+floor imports it.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
+
+
+def _unpickled(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An error rebuilt by ``pickle``: its ``args`` without running its ``__init__`` (whose
+    parameters are not its ``args``); its fields come back with the state that follows."""
+    return cls.__new__(cls, *args)
 
 
 class KeelgateError(Exception):
@@ -29,6 +37,11 @@ class KeelgateError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduction calls the class with ``args`` (the message alone), which
+        # fails for every subclass whose ``__init__`` takes its fields instead.
+        return (_unpickled, (type(self), self.args), self.__dict__)
 
 
 class InputError(KeelgateError):
@@ -142,6 +155,12 @@ class OutcomeUncertain(KeelgateError):
         super().__init__(message)
         self.still_running = still_running
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The call still running is one in this process: in another it is no call at all, and a
+        # live call may not pickle. The copy says only that the outcome is uncertain.
+        restore, args, state = super().__reduce__()
+        return (restore, args, {**state, "still_running": None})
+
 
 class ModelError(KeelgateError):
     """The model provider refused a request or answered something unusable; the run fails."""
@@ -168,3 +187,7 @@ class SimulatedCrash(BaseException):
         super().__init__(f"failpoint {failpoint}@{occurrence}")
         self.failpoint = failpoint
         self.occurrence = occurrence
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A crash in a worker process is reported to its parent: see KeelgateError.__reduce__.
+        return (_unpickled, (type(self), self.args), self.__dict__)

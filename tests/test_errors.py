@@ -1,0 +1,124 @@
+"""Errors that survive the trip between processes.
+
+Why it exists: errors cross processes (a worker reports to its parent), so each must come back
+from ``pickle`` whole. The classes are found by introspection, so a new one cannot escape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pickle
+import pkgutil
+import typing
+from typing import Any
+
+import pytest
+
+import keelgate
+import keelgate.errors
+from keelgate.errors import KeelgateError, OutcomeUncertain
+
+
+def _every_module() -> list[str]:
+    names = [m.name for m in pkgutil.walk_packages(keelgate.__path__, "keelgate.")]
+    return [name for name in names if not name.endswith("__main__")]
+
+
+def _subclasses(root: type[BaseException]) -> set[type[BaseException]]:
+    found = set(root.__subclasses__())
+    for cls in list(found):
+        found |= _subclasses(cls)
+    return found
+
+
+def error_classes() -> list[type[BaseException]]:
+    """Every exception class of keelgate.errors, and every KeelgateError of the package."""
+    for name in _every_module():
+        importlib.import_module(name)
+    in_module = {
+        cls
+        for _, cls in inspect.getmembers(keelgate.errors, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__ == "keelgate.errors"
+    }
+    in_package = {
+        cls for cls in _subclasses(KeelgateError) if cls.__module__.startswith("keelgate.")
+    }
+    return sorted(in_module | in_package, key=lambda cls: f"{cls.__module__}.{cls.__name__}")
+
+
+def _sample(annotation: Any, name: str) -> Any:
+    """A value of the annotated type, different for each parameter name."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, type(int | None)) and options:
+        return _sample(options[0], name)
+    if annotation is bool:
+        return True
+    if annotation is int:
+        return len(name) + 3
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        hints = typing.get_type_hints(annotation)
+        return annotation(
+            **{f.name: _sample(hints[f.name], f.name) for f in dataclasses.fields(annotation)}
+        )
+    return f"<{name}>"
+
+
+def sample_error(cls: type[BaseException]) -> BaseException:
+    """An instance of ``cls`` with every required parameter (and any ``**fields``) filled."""
+    hints = typing.get_type_hints(cls.__init__)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for parameter in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if parameter.kind is parameter.VAR_KEYWORD:
+            kwargs["detail"] = "<detail>"
+        elif parameter.default is parameter.empty:
+            value = _sample(hints.get(parameter.name, str), parameter.name)
+            if parameter.kind is parameter.KEYWORD_ONLY:
+                kwargs[parameter.name] = value
+            else:
+                args.append(value)
+    return cls(*args, **kwargs)
+
+
+CLASSES = error_classes()
+
+
+def test_the_introspection_finds_every_error_class() -> None:
+    names = {cls.__name__ for cls in CLASSES}
+    assert {"KeelgateError", "InputError", "SimulatedCrash", "UnknownOutcomeStop"} <= names
+    assert "OutcomeUnknown" not in names  # the gateway's signal has a name of its own
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda cls: cls.__name__)
+def test_every_error_survives_pickling_with_its_message_and_fields(
+    cls: type[BaseException],
+) -> None:
+    """What a worker process raises reaches its parent as the same error: the same class,
+    message, ``args`` and fields (a KeelgateError's ``fields`` and its own attributes)."""
+    error = sample_error(cls)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert str(copy) == str(error)
+    assert copy.args == error.args
+    assert vars(copy) == vars(error)
+    if isinstance(error, KeelgateError):
+        assert isinstance(copy, KeelgateError)
+        assert (copy.message, copy.fields) == (error.message, error.fields)
+        assert (copy.exit_code, copy.retryable) == (error.exit_code, error.retryable)
+
+
+def test_an_uncertain_call_still_running_here_arrives_elsewhere_as_merely_uncertain() -> None:
+    """The call still running is one of this process: another process gets the message, and no
+    call it could wait for (a live call may not even pickle)."""
+
+    class Running:
+        def __reduce__(self) -> Any:
+            raise TypeError("a live call does not pickle")
+
+    error = OutcomeUncertain("timed out after 30s", still_running=Running())
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == "timed out after 30s"
+    assert copy.still_running is None
+    assert error.still_running is not None  # the original keeps its call
