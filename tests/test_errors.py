@@ -1,7 +1,11 @@
-"""Errors that survive the trip between processes.
+"""Errors that say what to do: one table of exit codes, read by the CLI whatever the error, and
+errors that survive the trip between processes.
 
-Why it exists: errors cross processes (a worker reports to its parent), so each must come back
-from ``pickle`` whole. The classes are found by introspection, so a new one cannot escape.
+Why it exists: a script and the operator act on exit codes (4: busy, try later; 5: the store is
+away), so the code must come from the error's own class, never from which ``except`` clause
+happened to catch it first. And errors cross processes (a worker reports to its parent), so each
+must come back from ``pickle`` whole. The classes are found by introspection, so a new one cannot
+escape either rule.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import inspect
 import pickle
 import pkgutil
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import keelgate
 import keelgate.errors
+from keelgate.cli import main
 from keelgate.errors import KeelgateError, OutcomeUncertain
 
 
@@ -122,3 +128,29 @@ def test_an_uncertain_call_still_running_here_arrives_elsewhere_as_merely_uncert
     assert str(copy) == "timed out after 30s"
     assert copy.still_running is None
     assert error.still_running is not None  # the original keeps its call
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [cls for cls in CLASSES if issubclass(cls, KeelgateError)],
+    ids=lambda cls: cls.__name__,
+)
+def test_the_cli_exits_with_the_code_the_error_table_gives(
+    cls: type[KeelgateError],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Whatever KeelgateError a command meets, ``keelgate`` exits with that class's
+    ``exit_code`` and says one line naming it: the table decides, not the order of clauses."""
+    error = sample_error(cls)
+    assert isinstance(error, KeelgateError)
+
+    def refuse(store: str) -> Any:
+        raise error
+
+    monkeypatch.setattr("keelgate.cli.commands.open_existing", refuse)
+    code = main(["runs", "--store", f"sqlite:///{tmp_path / 'kg.db'}"])
+    assert code == cls.exit_code
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and str(error) in err, err

@@ -4,10 +4,12 @@ It is a thin shell over the runners and the loop: it parses, calls, and prints. 
 part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
 the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
 script can tell "try again when the database is back" from a failed run), 130 interrupted.
-``dispatch`` holds that table once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
-also covers an API server that cannot be reached). It must never print a traceback for a
-user's mistake, and never print tool arguments or secrets: every error line goes through
-``scrubbed``, whatever text it quotes.
+``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
+also covers an API server that cannot be reached). An error's code is its class's
+``exit_code`` (the table in ``keelgate.errors``, which a step pod reads too), never which
+``except`` clause caught it. It must never print a traceback for a user's mistake, and never
+print tool arguments or secrets: every error line goes through ``scrubbed``, whatever text it
+quotes.
 """
 
 from __future__ import annotations
@@ -15,17 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from keelgate.errors import (
-    ClusterUnavailable,
-    InputError,
     KeelgateError,
     ModelUnavailable,
     RunBusy,
-    RunNotFound,
-    SettleError,
     StaleCheckpoint,
     StoreUnavailable,
 )
@@ -112,20 +110,10 @@ def dispatch(
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
         return fail(EXIT_BAD_INPUT, _usage_line(error))
-    except (InputError, RunNotFound, SettleError) as error:
-        return fail(EXIT_BAD_INPUT, str(error))
-    except (RunBusy, StaleCheckpoint) as error:
-        return fail(
-            EXIT_BUSY, f"{error} (another process is driving this run; nothing was done here)"
-        )
-    except StoreUnavailable as error:
-        return fail(EXIT_STORE, f"--store: {error}")
-    except ClusterUnavailable as error:
-        return fail(EXIT_STORE, str(error))
-    except ModelUnavailable as error:
-        return fail(EXIT_FAILED, f"{error}; nothing was saved: run the same command again to retry")
     except KeelgateError as error:
-        return fail(EXIT_FAILED, str(error))
+        # The error table decides the exit code (the same one a step pod exits with); only the
+        # wording is the CLI's.
+        return fail(error.exit_code, _error_line(error))
     except Exception as error:
         if os.environ.get("KEELGATE_DEBUG"):
             raise
@@ -138,6 +126,30 @@ def dispatch(
     if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into a quiet exit 130
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     return code
+
+
+def _busy(error: KeelgateError) -> str:
+    return f"{error} (another process is driving this run; nothing was done here)"
+
+
+# How the CLI words an error beyond its message, by class: the most specific class of the error
+# with an entry here wins (its MRO is walked), so no wording depends on the order of clauses.
+_WORDING: dict[type[KeelgateError], Callable[[KeelgateError], str]] = {
+    RunBusy: _busy,
+    StaleCheckpoint: _busy,
+    StoreUnavailable: lambda error: f"--store: {error}",
+    ModelUnavailable: lambda error: (
+        f"{error}; nothing was saved: run the same command again to retry"
+    ),
+}
+
+
+def _error_line(error: KeelgateError) -> str:
+    for cls in type(error).__mro__:
+        wording = _WORDING.get(cls)
+        if wording is not None:
+            return wording(error)
+    return str(error)
 
 
 def _wants_json(args: Sequence[str]) -> bool:
