@@ -21,8 +21,9 @@ from keelgate.cli.render import Console
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
-from keelgate.core.spec import INT64_MAX, LoopSpec
+from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase, StopReason
+from keelgate.core.values import INT64_MAX
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from keelgate.core.types import canonical_json
+from keelgate.core.values import JsonValue
 
 GENESIS = "0" * 64
 
@@ -23,7 +24,7 @@ def utc_now() -> str:
 
 
 @dataclass(frozen=True)
-class AuditDraft:
+class AuditDraft(JsonValue):
     """An event not yet on the chain. ``key``, when set, makes appending it idempotent."""
 
     type: str
@@ -32,28 +33,9 @@ class AuditDraft:
     at: str = field(default_factory=utc_now)
     key: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "data": dict(self.data),
-            "actor": self.actor,
-            "at": self.at,
-            "key": self.key,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AuditDraft:
-        return cls(
-            str(data["type"]),
-            dict(data["data"]),
-            str(data["actor"]),
-            str(data["at"]),
-            data.get("key"),
-        )
-
 
 @dataclass(frozen=True)
-class AuditEvent:
+class AuditEvent(JsonValue):
     """An event on the chain."""
 
     seq: int
@@ -64,31 +46,6 @@ class AuditEvent:
     key: str | None
     prev: str
     hash: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "type": self.type,
-            "actor": self.actor,
-            "at": self.at,
-            "data": dict(self.data),
-            "key": self.key,
-            "prev": self.prev,
-            "hash": self.hash,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AuditEvent:
-        return cls(
-            int(data["seq"]),
-            str(data["type"]),
-            str(data["actor"]),
-            str(data["at"]),
-            dict(data["data"]),
-            data.get("key"),
-            str(data["prev"]),
-            str(data["hash"]),
-        )
 
 
 def _digest(tenant: str, run: str, seq: int, prev: str, draft: AuditDraft) -> str:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from keelgate.core.types import SideEffect, Usage
+from keelgate.core.values import OMIT_NONE, JsonValue
 from keelgate.errors import ModelError
 
 
 @dataclass(frozen=True)
-class ToolInfo:
+class ToolInfo(JsonValue):
     """What the model is told about a tool."""
 
     name: str
@@ -25,17 +26,9 @@ class ToolInfo:
     side_effect: SideEffect
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "sideEffect": self.side_effect.value,
-            "inputSchema": dict(self.input_schema),
-        }
-
 
 @dataclass(frozen=True)
-class ModelRequest:
+class ModelRequest(JsonValue):
     """One planning or verifying call.
 
     ``call`` is the number of planning calls this run made before this one (for a verify call:
@@ -49,24 +42,8 @@ class ModelRequest:
     call: int
     history: Sequence[Mapping[str, Any]]
     tools: Sequence[ToolInfo]
-    max_output_tokens: int | None = None
-    answer: str | None = None  # verify only: the final answer under review, if the plan is done
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "goal": self.goal,
-            "iteration": self.iteration,
-            "call": self.call,
-            "history": [dict(h) for h in self.history],
-            "tools": [t.to_json() for t in self.tools],
-            **({"answer": self.answer} if self.answer is not None else {}),
-            **(
-                {"maxOutputTokens": self.max_output_tokens}
-                if self.max_output_tokens is not None
-                else {}
-            ),
-        }
+    answer: Annotated[str | None, OMIT_NONE] = None  # verify only: the answer under review
+    max_output_tokens: Annotated[int | None, OMIT_NONE] = None
 
 
 @dataclass(frozen=True)

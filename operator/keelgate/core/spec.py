@@ -11,55 +11,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, PlainSerializer
 
 from keelgate.core.types import LoopKind, SideEffect, Usage
-
-# The largest integer an API server field holds (int64): manifests and CLI flags stop there.
-INT64_MAX = 2**63 - 1
+from keelgate.core.values import INT64_MAX as INT64_MAX  # where CLI flags have read it from
+from keelgate.core.values import OMIT_EMPTY, JsonValue
 
 
 @dataclass(frozen=True)
-class Budget:
+class Budget(JsonValue):
     """Limits of a run. ``None`` means unlimited. Raising a limit and resuming continues the run."""
 
     max_iterations: int | None = None
     tokens: int | None = None
     dollars: Decimal | None = None
-    timeout_seconds: float | None = None
+    # A number as given: 60 stays 60 in the checkpoint, 60.0 stays 60.0.
+    timeout_seconds: int | float | None = None
     max_verifier_rejections: int | None = 3
 
     def raised(self, **totals: Any) -> Budget:
         """A copy with the named limits set to new totals (unset names are kept)."""
         return replace(self, **{k: v for k, v in totals.items() if v is not None})
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "maxIterations": self.max_iterations,
-            "tokens": self.tokens,
-            "dollars": None if self.dollars is None else str(self.dollars),
-            "timeoutSeconds": self.timeout_seconds,
-            "maxVerifierRejections": self.max_verifier_rejections,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Budget:
-        dollars = data.get("dollars")
-        return cls(
-            max_iterations=data.get("maxIterations"),
-            tokens=data.get("tokens"),
-            dollars=None if dollars is None else Decimal(str(dollars)),
-            timeout_seconds=data.get("timeoutSeconds"),
-            max_verifier_rejections=data.get("maxVerifierRejections"),
-        )
-
 
 @dataclass(frozen=True)
-class Price:
+class Price(JsonValue):
     """Dollars per million tokens. Keelgate ships no prices: a user states them."""
 
-    input_per_million: Decimal
-    output_per_million: Decimal
+    input_per_million: Annotated[Decimal, Field(alias="inputPerMillionTokens")]
+    output_per_million: Annotated[Decimal, Field(alias="outputPerMillionTokens")]
 
     def cost(self, usage: Usage) -> Decimal:
         return (
@@ -67,22 +49,14 @@ class Price:
             + self.output_per_million * usage.output_tokens
         ) / Decimal(1_000_000)
 
-    def to_json(self) -> dict[str, str]:
-        return {
-            "inputPerMillionTokens": str(self.input_per_million),
-            "outputPerMillionTokens": str(self.output_per_million),
-        }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Price:
-        return cls(
-            Decimal(str(data["inputPerMillionTokens"])),
-            Decimal(str(data["outputPerMillionTokens"])),
-        )
+def _sorted_side_effects(allowed: frozenset[SideEffect] | None) -> list[str] | None:
+    # A set has no order; its JSON does, so the same spec is always the same text.
+    return None if allowed is None else sorted(effect.value for effect in allowed)
 
 
 @dataclass(frozen=True)
-class LoopSpec:
+class LoopSpec(JsonValue):
     """One run: who (tenant), which (run), what for (goal), how far (budget).
 
     ``manifest`` is the AgentRun ``spec`` a runner builds the model and tools from; it is opaque to
@@ -95,9 +69,12 @@ class LoopSpec:
     goal: str
     kind: LoopKind = LoopKind.TASK
     budget: Budget = field(default_factory=Budget)
-    allowed_side_effects: frozenset[SideEffect] | None = None
+    allowed_side_effects: Annotated[
+        frozenset[SideEffect] | None, PlainSerializer(_sorted_side_effects)
+    ] = None
     manifest: Mapping[str, Any] | None = None
-    source_dir: str = ""  # where a manifest's Python code imports from (the CLI's `run -f`)
+    # Where a manifest's Python code imports from (the CLI's `run -f`); only written when set.
+    source_dir: Annotated[str, OMIT_EMPTY] = ""
 
     @property
     def side_effects(self) -> frozenset[SideEffect]:
@@ -115,34 +92,3 @@ class LoopSpec:
     def json_form(self) -> Mapping[str, Any]:
         """``to_json()`` computed once: every checkpoint carries the spec. Do not change it."""
         return self.to_json()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tenant": self.tenant,
-            "run": self.run,
-            "goal": self.goal,
-            "kind": self.kind.value,
-            "budget": self.budget.to_json(),
-            "allowedSideEffects": None
-            if self.allowed_side_effects is None
-            else sorted(s.value for s in self.allowed_side_effects),
-            "manifest": None if self.manifest is None else dict(self.manifest),
-            **({"sourceDir": self.source_dir} if self.source_dir else {}),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LoopSpec:
-        allowed = data.get("allowedSideEffects")
-        manifest = data.get("manifest")
-        return cls(
-            tenant=str(data["tenant"]),
-            run=str(data["run"]),
-            goal=str(data["goal"]),
-            kind=LoopKind(data.get("kind", "task")),
-            budget=Budget.from_json(data.get("budget") or {}),
-            allowed_side_effects=None
-            if allowed is None
-            else frozenset(SideEffect(s) for s in allowed),
-            manifest=None if manifest is None else dict(manifest),
-            source_dir=str(data.get("sourceDir", "")),
-        )

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Self
+
+from pydantic import PlainSerializer
 
 from keelgate.core.audit import AuditDraft
 from keelgate.core.spec import Budget, LoopSpec
@@ -31,6 +33,7 @@ from keelgate.core.types import (
     Usage,
     canonical_json,
 )
+from keelgate.core.values import JsonValue
 from keelgate.errors import StoreError
 
 VERSION = 2  # the checkpoint format this code writes
@@ -49,7 +52,7 @@ class Step(StrEnum):
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(JsonValue):
     """A planning call's answer, saved before anything runs."""
 
     iteration: int
@@ -58,34 +61,20 @@ class Plan:
     done: bool = False
     answer: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "iteration": self.iteration,
-            "call": self.call,
-            "actions": [a.to_json() for a in self.actions],
-            "done": self.done,
-            "answer": self.answer,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        return cls(
-            int(data["iteration"]),
-            int(data["call"]),
-            tuple(Action.from_json(a) for a in data["actions"]),
-            bool(data["done"]),
-            data.get("answer"),
-        )
-
 
 @dataclass(frozen=True)
-class Approval:
+class Approval(JsonValue):
     approved: bool
     by: str
     at: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"approved": self.approved, "by": self.by, "at": self.at}
+
+def _spec_json(spec: LoopSpec) -> Mapping[str, Any]:
+    return spec.json_form  # the same spec in every checkpoint of a session: written once
+
+
+def _entries(history: tuple[Mapping[str, Any], ...]) -> list[Mapping[str, Any]]:
+    return list(history)  # entries are never changed in place: the document may share them
 
 
 def capped(value: Any) -> Any:
@@ -96,16 +85,16 @@ def capped(value: Any) -> Any:
     return {"truncated": True, "preview": text[:OUTPUT_CAP]}
 
 
-@dataclass(frozen=True)
-class RunState:
-    spec: LoopSpec
+@dataclass(frozen=True, kw_only=True)
+class RunState(JsonValue):
     seq: int = 0
+    spec: Annotated[LoopSpec, PlainSerializer(_spec_json)]
     step: Step = Step.PLAN
     iteration: int = 0
     calls: int = 0
     plan: Plan | None = None
     results: tuple[ActionResult, ...] = ()
-    history: tuple[Mapping[str, Any], ...] = ()
+    history: Annotated[tuple[Mapping[str, Any], ...], PlainSerializer(_entries)] = ()
     dropped: int = 0
     usage: Usage = field(default_factory=Usage)
     rejections: int = 0
@@ -187,61 +176,14 @@ class RunState:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "tenant": self.tenant,
-            "run": self.run,
-            "seq": self.seq,
-            "spec": self.spec.json_form,
-            "step": self.step.value,
-            "iteration": self.iteration,
-            "calls": self.calls,
-            "plan": None if self.plan is None else self.plan.to_json(),
-            "results": [r.to_json() for r in self.results],
-            "history": list(self.history),  # entries are never changed in place
-            "dropped": self.dropped,
-            "usage": self.usage.to_json(),
-            "rejections": self.rejections,
-            "stop": None if self.stop is None else self.stop.to_json(),
-            "unknown": [u.to_json() for u in self.unknown],
-            "pending": [p.to_json() for p in self.pending],
-            "approvals": {k: v.to_json() for k, v in self.approvals.items()},
-            "outbox": [d.to_json() for d in self.outbox],
-            "answer": self.answer,
-            "auditTail": self.audit_tail,
-        }
+        # The document opens with its format and the run it belongs to (the spec's tenant and
+        # run, repeated for readers), then the fields, as every release has written it.
+        return {"version": VERSION, "tenant": self.tenant, "run": self.run, **super().to_json()}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RunState:
-        data = upgraded(data)
-        plan = data.get("plan")
-        stop = data.get("stop")
-        return cls(
-            spec=LoopSpec.from_json(data["spec"]),
-            seq=int(data["seq"]),
-            step=Step(data["step"]),
-            iteration=int(data["iteration"]),
-            calls=int(data["calls"]),
-            plan=None if plan is None else Plan.from_json(plan),
-            results=tuple(ActionResult.from_json(r) for r in data["results"]),
-            history=tuple(dict(h) for h in data["history"]),
-            dropped=int(data.get("dropped", 0)),
-            usage=Usage.from_json(data["usage"]),
-            rejections=int(data["rejections"]),
-            stop=None if stop is None else Stop.from_json(stop),
-            unknown=tuple(
-                UnknownAction(u["action"], u["tool"], u["idempotencyKey"])
-                for u in data.get("unknown", [])
-            ),
-            pending=tuple(PendingApproval(p["action"], p["tool"]) for p in data.get("pending", [])),
-            approvals={
-                k: Approval(bool(v["approved"]), str(v["by"]), str(v["at"]))
-                for k, v in data.get("approvals", {}).items()
-            },
-            outbox=tuple(AuditDraft.from_json(d) for d in data.get("outbox", [])),
-            answer=data.get("answer"),
-            audit_tail=data.get("auditTail"),
-        )
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """A checkpoint document of any format this code reads (see ``upgraded``)."""
+        return super().from_json(upgraded(data))
 
 
 _FIELDS = frozenset(f.name for f in fields(RunState))

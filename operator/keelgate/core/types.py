@@ -1,7 +1,9 @@
 """Values the loop, its stores and its users exchange: enums and frozen dataclasses.
 
 They exist so that every floor speaks the same exact strings (the stop reasons, the side-effect
-classes) and the same JSON. Nothing here performs I/O or holds mutable state.
+classes) and the same JSON: each value's fields are its JSON (``keelgate.core.values``), and
+``RunStatus`` is the one shape of where a run stands, which the manifest's AgentRun status
+extends. Nothing here performs I/O or holds mutable state.
 """
 
 from __future__ import annotations
@@ -13,8 +15,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+)
+
+from keelgate.core.values import (
+    OMIT_EMPTY,
+    OMIT_NONE,
+    WIRE,
+    ActionId,
+    Dollars,
+    JsonValue,
+    NonNegativeFloat,
+    NonNegativeInt,
+)
 from keelgate.errors import SettleError
 
 
@@ -61,6 +81,13 @@ class StopReason(StrEnum):
             StopReason.FAILED,
             StopReason.VERIFIER_REJECTIONS,
         )
+
+
+if TYPE_CHECKING:
+    StopReasonName = str
+else:
+    #: A stop reason's string, or "" before any stop: what ``status.stopReason`` may hold.
+    StopReasonName = Literal[("", *(reason.value for reason in StopReason))]
 
 
 class RunPhase(StrEnum):
@@ -127,14 +154,23 @@ def idempotency_key(tenant: str, run: str, tool: str, args: Mapping[str, Any]) -
     return f"kg-{digest[:40]}"
 
 
+def _to_the_millisecond(seconds: float) -> float:
+    # Finer is noise, and a checkpoint should not change for it.
+    return round(seconds, 3)
+
+
 @dataclass(frozen=True)
-class Usage:
+class Usage(JsonValue):
     """What a run has consumed so far. Dollars are exact decimals, never floats."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    dollars: Decimal = Decimal(0)
-    active_seconds: float = 0.0
+    input_tokens: Annotated[NonNegativeInt, Field(description="Input tokens used.")] = 0
+    output_tokens: Annotated[NonNegativeInt, Field(description="Output tokens used.")] = 0
+    dollars: Annotated[Dollars, Field(description="Dollars spent.")] = Decimal(0)
+    active_seconds: Annotated[
+        NonNegativeFloat,
+        PlainSerializer(_to_the_millisecond),
+        Field(description="Active time, in seconds."),
+    ] = 0.0
 
     @property
     def tokens(self) -> int:
@@ -148,26 +184,9 @@ class Usage:
             active_seconds=self.active_seconds + other.active_seconds,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "inputTokens": self.input_tokens,
-            "outputTokens": self.output_tokens,
-            "dollars": str(self.dollars),
-            "activeSeconds": round(self.active_seconds, 3),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Usage:
-        return cls(
-            input_tokens=int(data.get("inputTokens", 0)),
-            output_tokens=int(data.get("outputTokens", 0)),
-            dollars=Decimal(str(data.get("dollars", "0"))),
-            active_seconds=float(data.get("activeSeconds", 0.0)),
-        )
-
 
 @dataclass(frozen=True)
-class Stop:
+class Stop(JsonValue):
     reason: StopReason
     message: str = ""
     resumable: bool | None = None
@@ -176,18 +195,11 @@ class Stop:
     def is_resumable(self) -> bool:
         return self.reason.resumable if self.resumable is None else self.resumable
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason.value,
-            "message": self.message,
-            "resumable": self.is_resumable,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Stop:
-        return cls(
-            StopReason(data["reason"]), str(data.get("message", "")), bool(data["resumable"])
-        )
+    def __post_init__(self) -> None:
+        # Decided once, from the reason's own rule when not given: the stop's JSON then says
+        # whether it is resumable, and a reader never needs the rule to know.
+        if self.resumable is None:
+            object.__setattr__(self, "resumable", self.reason.resumable)
 
 
 _STRICTNESS = {SideEffect.READ: 0, SideEffect.PROPOSE: 1, SideEffect.WRITE: 2}
@@ -201,7 +213,7 @@ def stricter(a: SideEffect, b: SideEffect | None) -> SideEffect:
 
 
 @dataclass(frozen=True)
-class Action:
+class Action(JsonValue):
     """One planned tool call, saved before it runs (write-ahead).
 
     ``side_effect`` and ``requires_approval`` are the tool's as it was when planned: a manifest
@@ -213,33 +225,8 @@ class Action:
     tool: str
     args: Mapping[str, Any]
     key: str
-    side_effect: SideEffect | None = None
-    requires_approval: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "id": self.id,
-            "tool": self.tool,
-            "args": dict(self.args),
-            "key": self.key,
-        }
-        if self.side_effect is not None:
-            data["sideEffect"] = self.side_effect.value
-        if self.requires_approval:
-            data["requiresApproval"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Action:
-        side_effect = data.get("sideEffect")
-        return cls(
-            str(data["id"]),
-            str(data["tool"]),
-            dict(data["args"]),
-            str(data["key"]),
-            None if side_effect is None else SideEffect(side_effect),
-            bool(data.get("requiresApproval", False)),
-        )
+    side_effect: Annotated[SideEffect | None, OMIT_NONE] = None
+    requires_approval: Annotated[bool, OMIT_EMPTY] = False
 
 
 class ResultStatus(StrEnum):
@@ -251,34 +238,14 @@ class ResultStatus(StrEnum):
 
 
 @dataclass(frozen=True)
-class ActionResult:
+class ActionResult(JsonValue):
     """What one action came to, as the model will see it."""
 
     action: str
     status: ResultStatus
-    output: Any = None
-    error: str = ""
-    replayed: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"action": self.action, "status": self.status.value}
-        if self.output is not None:
-            data["output"] = self.output
-        if self.error:
-            data["error"] = self.error
-        if self.replayed:
-            data["replayed"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ActionResult:
-        return cls(
-            str(data["action"]),
-            ResultStatus(data["status"]),
-            data.get("output"),
-            str(data.get("error", "")),
-            bool(data.get("replayed", False)),
-        )
+    output: Annotated[Any, OMIT_NONE] = None
+    error: Annotated[str, OMIT_EMPTY] = ""
+    replayed: Annotated[bool, OMIT_EMPTY] = False
 
 
 @dataclass(frozen=True)
@@ -313,24 +280,52 @@ def settled_state(record: KeyRecord, *, executed: bool) -> KeyState:
 
 
 @dataclass(frozen=True)
-class UnknownAction:
+class UnknownAction(JsonValue):
     """A WRITE whose outcome nobody knows: a person or a confirmer must settle it."""
 
-    action: str
-    tool: str
-    idempotency_key: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"action": self.action, "tool": self.tool, "idempotencyKey": self.idempotency_key}
+    action: Annotated[ActionId, Field(description="The action's id within the run.")]
+    tool: Annotated[str, Field(description="The tool.")]
+    idempotency_key: Annotated[str, Field(description="The key the call carried downstream.")]
 
 
 @dataclass(frozen=True)
-class PendingApproval:
-    action: str
-    tool: str
+class PendingApproval(JsonValue):
+    """An action that waits for a person's yes or no before it runs."""
+
+    action: Annotated[ActionId, Field(description="The action's id within the run.")]
+    tool: Annotated[str, Field(description="The tool.")]
+
+
+class RunStatus(BaseModel):
+    """Where a run stands, as users and tools read it: ``keelgate ... --output json`` (with the
+    run's name), a step pod's last line, and an AgentRun's ``status``, which extends this shape
+    with what only the operator knows (``keelgate.manifest.AgentRunStatus``).
+
+    A pydantic model rather than a dataclass so that the manifest can extend it, and its CRD
+    schema be generated from it: each field says what it means. It is made only at the edges
+    (an outcome shown, a status written), never on the loop's path.
+    """
+
+    model_config = ConfigDict(**WIRE, frozen=True, extra="ignore")
+
+    phase: RunPhase = Field(
+        default=RunPhase.PENDING, description="Pending | Running | Stopped | Succeeded | Failed."
+    )
+    stop_reason: StopReasonName = Field(default="", description="Why the run stopped.")
+    message: str = Field(default="", description="The stop, in words.")
+    resumable: StrictBool = Field(default=False, description="Whether the stop can be resumed.")
+    iteration: NonNegativeInt = Field(default=0, description="Planning iterations so far.")
+    usage: Usage = Field(default_factory=Usage, description="What the run consumed.")
+    unknown_actions: tuple[UnknownAction, ...] = Field(
+        default_factory=tuple, description="WRITEs whose outcome a person must reconcile."
+    )
+    pending_approvals: tuple[PendingApproval, ...] = Field(
+        default_factory=tuple, description="Actions waiting for an Approval."
+    )
+    answer: str | None = Field(default=None, description="The final answer, once the goal is met.")
 
     def to_json(self) -> dict[str, Any]:
-        return {"action": self.action, "tool": self.tool}
+        return self.model_dump(mode="json")
 
 
 @dataclass(frozen=True)
@@ -351,17 +346,20 @@ class Outcome:
     def resumable(self) -> bool:
         return self.stop.is_resumable
 
+    def status(self) -> RunStatus:
+        """The outcome in the shape users and tools read (no stop reason while it runs)."""
+        return RunStatus(
+            phase=self.phase,
+            stop_reason="" if self.phase is RunPhase.RUNNING else self.stop.reason.value,
+            message=self.stop.message,
+            resumable=self.resumable,
+            iteration=self.iteration,
+            usage=self.usage,
+            unknown_actions=self.unknown_actions,
+            pending_approvals=self.pending_approvals,
+            answer=self.answer,
+        )
+
     def to_json(self) -> dict[str, Any]:
-        """The contract's ``--output json`` object."""
-        return {
-            "run": self.run,
-            "phase": self.phase.value,
-            "stopReason": "" if self.phase is RunPhase.RUNNING else self.stop.reason.value,
-            "resumable": self.resumable,
-            "iteration": self.iteration,
-            "usage": self.usage.to_json(),
-            "unknownActions": [u.to_json() for u in self.unknown_actions],
-            "pendingApprovals": [p.to_json() for p in self.pending_approvals],
-            "answer": self.answer,
-            "message": self.stop.message,
-        }
+        """The contract's ``--output json`` object: the run's name and its status."""
+        return {"run": self.run, **self.status().to_json()}

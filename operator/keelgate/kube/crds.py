@@ -30,7 +30,7 @@ import jsonschema
 import yaml
 from pydantic import BaseModel
 
-from keelgate.core.spec import INT64_MAX
+from keelgate.core.values import INT64_MAX
 from keelgate.errors import KeelgateError
 from keelgate.manifest import AgentRun, Approval, Reconciliation
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.core.types import Outcome, RunPhase, StopReason
+from keelgate.core.types import Outcome, RunPhase, RunStatus, StopReason, Usage
 
 JSON = dict[str, Any]
 
@@ -148,26 +148,26 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         message = stop.message
     else:
         message = view.waiting
-    status: JSON = {
-        "phase": phase.value,
-        "stopReason": "" if stop is None else stop.reason.value,
-        "message": message,
-        "resumable": False if stop is None else stop.is_resumable,
-        "iteration": 0 if outcome is None else outcome.iteration,
-        "usage": (
-            {"inputTokens": 0, "outputTokens": 0, "dollars": "0", "activeSeconds": 0.0}
-            if outcome is None
-            else outcome.usage.to_json()
-        ),
+    # The run's part has the one shape users read (RunStatus, as `--output json` prints it);
+    # the rest is what only the operator knows.
+    run_status = RunStatus(
+        phase=phase,
+        stop_reason="" if stop is None else stop.reason.value,
+        message=message,
+        resumable=False if stop is None else stop.is_resumable,
+        iteration=0 if outcome is None else outcome.iteration,
+        usage=Usage() if outcome is None else outcome.usage,
+        unknown_actions=tuple(unknown),
+        pending_approvals=tuple(pending),
+        answer=None if outcome is None else outcome.answer,
+    )
+    return {
+        **run_status.to_json(),
         "observedGeneration": gen,
         "conditions": [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled],
-        "unknownActions": [u.to_json() for u in unknown],
-        "pendingApprovals": [p.to_json() for p in pending],
-        "answer": None if outcome is None else outcome.answer,
         "step": dict(view.step),
         "failpointsSeen": view.failpoints_seen,
     }
-    return status
 
 
 def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

@@ -17,11 +17,11 @@ from pydantic import Field, StrictBool, field_validator, model_validator
 
 from keelgate.core.monitor import validate_schedule
 from keelgate.core.spec import Budget, LoopSpec, Price
-from keelgate.core.types import LoopKind, RunPhase, SideEffect
+from keelgate.core.types import LoopKind, RunStatus, SideEffect
+from keelgate.core.values import NonNegativeInt
 from keelgate.errors import InputError
 from keelgate.manifest.base import (
     STATUS_CONFIG,
-    ActionId,
     CallableRef,
     Condition,
     DecimalString,
@@ -31,8 +31,6 @@ from keelgate.manifest.base import (
     JsonObject,
     KeelgateModel,
     NonEmpty,
-    NonNegativeFloat,
-    NonNegativeInt,
     ObjectMeta,
     OptionalDnsSubdomain,
     OptionalHttpUrl,
@@ -53,20 +51,6 @@ class Provider(StrEnum):
 
 
 DEFAULT_API_KEY_ENV = {Provider.OPENAI: "OPENAI_API_KEY", Provider.ANTHROPIC: "ANTHROPIC_API_KEY"}
-
-StopReasonName = Literal[
-    "",
-    "goal_met",
-    "max_iterations",
-    "token_budget",
-    "dollar_budget",
-    "timeout",
-    "verifier_rejections",
-    "cost_unknown",
-    "outcome_unknown",
-    "awaiting_approval",
-    "failed",
-]
 
 
 class SecretKeyRef(KeelgateModel):
@@ -414,24 +398,6 @@ class AgentRunSpec(KeelgateModel):
         )
 
 
-class UsageStatus(KeelgateModel):
-    input_tokens: NonNegativeInt = Field(default=0, description="Input tokens used.")
-    output_tokens: NonNegativeInt = Field(default=0, description="Output tokens used.")
-    dollars: DecimalString = Field(default="0", description="Dollars spent.")
-    active_seconds: NonNegativeFloat = Field(default=0.0, description="Active time, in seconds.")
-
-
-class UnknownActionStatus(KeelgateModel):
-    action: ActionId = Field(description="The action's id within the run.")
-    tool: str = Field(description="The tool.")
-    idempotency_key: str = Field(description="The key the call carried downstream.")
-
-
-class PendingApprovalStatus(KeelgateModel):
-    action: ActionId = Field(description="The action's id within the run.")
-    tool: str = Field(description="The tool.")
-
-
 class StepStatus(KeelgateModel):
     """The operator's record of the step pod it intends, runs or last ran (written before the
     pod is created, so a restarted operator creates or adopts exactly that pod)."""
@@ -461,32 +427,18 @@ class StepStatus(KeelgateModel):
     last_exit: str = Field(default="", description="How the last step pod ended, in words.")
 
 
-class AgentRunStatus(KeelgateModel):
-    """Written by the operator only; mirrors the run's checkpoint."""
+class AgentRunStatus(RunStatus):
+    """Written by the operator only: the run's status as the checkpoint has it (``RunStatus``,
+    the shape ``--output json`` prints too), and what only the operator knows."""
 
     model_config = STATUS_CONFIG
 
-    phase: RunPhase = Field(
-        default=RunPhase.PENDING, description="Pending | Running | Stopped | Succeeded | Failed."
-    )
-    stop_reason: StopReasonName = Field(default="", description="Why the run stopped.")
-    message: str = Field(default="", description="The stop, in words.")
-    resumable: StrictBool = Field(default=False, description="Whether the stop can be resumed.")
-    iteration: NonNegativeInt = Field(default=0, description="Planning iterations so far.")
-    usage: UsageStatus = Field(default_factory=UsageStatus, description="What the run consumed.")
     observed_generation: NonNegativeInt | None = Field(
         default=None, description="The .metadata.generation this status reflects."
     )
     conditions: list[Condition] = Field(
         default_factory=list, description="Succeeded, OutcomeUnknown, AwaitingApproval ..."
     )
-    unknown_actions: list[UnknownActionStatus] = Field(
-        default_factory=list, description="WRITEs whose outcome a person must reconcile."
-    )
-    pending_approvals: list[PendingApprovalStatus] = Field(
-        default_factory=list, description="Actions waiting for an Approval."
-    )
-    answer: str | None = Field(default=None, description="The final answer, once the goal is met.")
     last_tick: str = Field(default="", description="monitor only: the latest tick's run name.")
     last_schedule_time: Timestamp = Field(
         default="", description="monitor only: when the latest tick was scheduled."

@@ -28,7 +28,13 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from keelgate.core.spec import INT64_MAX
+from keelgate.core.values import (
+    ACTION_ID,
+    DECIMAL,
+    INT64_MAX,
+    NonNegativeInt,
+    refuse_numbers,
+)
 
 API_VERSION = "keelgate.dev/v1alpha1"
 
@@ -42,8 +48,6 @@ CALLABLE = r"^(|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za
 ENV_NAME = r"^(|[A-Za-z_][A-Za-z0-9_]*)$"
 HTTP_URL = r"^https?://[^\s/?#]+\S*$"
 OPTIONAL_HTTP_URL = r"^(|https?://[^\s/?#]+\S*)$"
-DECIMAL = r"^[0-9]+(\.[0-9]+)?$"
-ACTION_ID = r"^[0-9]+:[0-9]+$"
 TIMESTAMP = r"^(|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2}))$"  # noqa: E501
 QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"  # noqa: E501
 CONDITION_TYPE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"  # noqa: E501
@@ -138,15 +142,6 @@ def _json_values(value: Any, *, _depth: int = 0) -> Any:
     )
 
 
-def _no_number(value: Any) -> Any:
-    # A YAML number is a binary float: 0.1 is not 0.1. Money stays a decimal string.
-    if isinstance(value, bool | int | float):
-        raise PydanticCustomError(
-            "decimal_string", 'must be a quoted decimal string such as "2.50", not a number'
-        )
-    return value
-
-
 def _quantity(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
@@ -159,7 +154,7 @@ JsonObject = Annotated[
 ]
 DecimalString = Annotated[
     str,
-    BeforeValidator(_no_number),
+    BeforeValidator(refuse_numbers),
     StringConstraints(pattern=DECIMAL),
     WithJsonSchema({"type": "string", "pattern": DECIMAL}),
 ]
@@ -185,15 +180,11 @@ CallableRef = Annotated[str, StringConstraints(pattern=CALLABLE)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
 HttpUrl = Annotated[str, StringConstraints(pattern=HTTP_URL)]
 OptionalHttpUrl = Annotated[str, StringConstraints(pattern=OPTIONAL_HTTP_URL)]
-ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
 Timestamp = Annotated[str, StringConstraints(pattern=TIMESTAMP)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
-# The API server keeps integers as int64: a larger one would mean something else in a cluster
-# (or nothing), so it is refused here too, naming the field.
+# Bounded by int64 as NonNegativeInt is (keelgate.core.values, shared with the core's shapes).
 PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
-NonNegativeInt = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 PositiveFloat = Annotated[StrictFloat, Field(gt=0)]
-NonNegativeFloat = Annotated[StrictFloat, Field(ge=0)]
 
 
 class ObjectMeta(KeelgateModel):

@@ -189,6 +189,7 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
         "dict_type": "must be a mapping (key: value)",
         "model_type": "must be a mapping (key: value)",
         "model_attributes_type": "must be a mapping (key: value)",
+        "dataclass_type": "must be a mapping (key: value)",
         "list_type": "must be a list",
         "datetime_type": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
         "datetime_parsing": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",

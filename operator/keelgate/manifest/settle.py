@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, model_validator
 
+from keelgate.core.values import ActionId
 from keelgate.manifest.base import (
     STATUS_CONFIG,
-    ActionId,
     DnsSubdomain,
     KeelgateModel,
     NonEmpty,
