@@ -1,0 +1,106 @@
+"""Writing a run's checkpoints: each the next in sequence, with the active time since the last
+and the audit events it carries.
+
+Why it exists: a checkpoint and the events that say how the run got there must never part. With
+stores that commit both together (``Capabilities.checkpoint_with_events``) they do; otherwise
+the events ride in the checkpoint's outbox and are appended right after it, and a resume appends
+them again (appending is idempotent by event key). This module must never write a checkpoint
+without its events, nor count as active the time a run spends stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from keelgate.core.audit import AuditDraft
+from keelgate.core.protocols import CheckpointLog, Stores
+from keelgate.core.state import RunState
+from keelgate.core.types import PendingApproval, Stop, StopReason, UnknownAction, Usage
+
+log = logging.getLogger("keelgate.loop")
+
+
+def persist(
+    stores: Stores, state: RunState, outbox: Sequence[AuditDraft], *, joint: CheckpointLog | None
+) -> RunState:
+    """Write ``state`` (its seq already the next one) with the audit events it carries.
+    ``joint`` is ``stores.joint``, asked once by the caller (it checks a protocol: slow to ask
+    at every checkpoint).
+
+    With one backend for both, checkpoint and events commit together; otherwise the events ride
+    in the checkpoint's outbox and are appended after it, so a crash in between re-appends them
+    on resume (appending is idempotent by event key). The checkpoint records the last event's
+    key, the anchor that lets verify see events cut off the chain's end.
+    """
+    tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
+    state = state.but(outbox=(), audit_tail=tail)
+    if joint is not None:
+        joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
+        return state
+    stores.checkpoints.save(
+        state.tenant, state.run, state.seq, state.but(outbox=tuple(outbox)).to_json()
+    )
+    if outbox:
+        stores.audit.append(state.tenant, state.run, outbox)
+    return state
+
+
+class Checkpointer:
+    """The checkpoints of one session (one call of ``run_or_resume``).
+
+    ``pending`` collects the events emitted between two checkpoints (the gateway's: an action
+    started, a settlement); the next checkpoint carries them. Active time is counted from the
+    last checkpoint (``mark``), so time stopped between sessions never counts.
+    """
+
+    def __init__(self, stores: Stores, clock: Callable[[], float]) -> None:
+        self.stores = stores
+        self.joint = stores.joint  # declared by the stores (Capabilities.checkpoint_with_events)
+        self.clock = clock
+        self.mark = clock()
+        self.pending: list[AuditDraft] = []
+
+    def active(self, state: RunState) -> float:
+        """The run's active seconds now: as checkpointed, plus the time since."""
+        return state.usage.active_seconds + (self.clock() - self.mark)
+
+    def save(self, state: RunState, *drafts: AuditDraft) -> RunState:
+        """Write the next checkpoint, with the active time since the last one and the audit
+        events it carries: the gateway's since then (an action started, a settlement) ride
+        along."""
+        now = self.clock()
+        active = Usage(active_seconds=now - self.mark)
+        self.mark = now
+        outbox = (*state.outbox, *self.pending, *drafts)
+        self.pending.clear()
+        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active))
+        return persist(self.stores, state, outbox, joint=self.joint)
+
+    def stop(
+        self,
+        state: RunState,
+        reason: StopReason,
+        message: str = "",
+        *,
+        resumable: bool | None = None,
+        unknown: tuple[UnknownAction, ...] = (),
+        pending: tuple[PendingApproval, ...] = (),
+        **changes: Any,
+    ) -> RunState:
+        stop = Stop(reason, message, resumable)
+        draft = AuditDraft(
+            "loop.stopped",
+            {
+                "reason": reason.value,
+                "resumable": stop.is_resumable,
+                "iteration": state.iteration,
+                "step": changes.get("step", state.step).value,
+                **({"unknownActions": [u.action for u in unknown]} if unknown else {}),
+            },
+            key=f"stopped:{state.seq + 1}",
+        )
+        if message:
+            log.info("%s/%s stopped: %s (%s)", state.tenant, state.run, reason.value, message)
+        return self.save(state.but(stop=stop, unknown=unknown, pending=pending, **changes), draft)

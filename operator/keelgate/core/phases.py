@@ -1,0 +1,424 @@
+"""The phases of a run: plan -> act -> observe -> verify -> (revise | stop), one session at a time.
+
+A session is one call of ``Loop.run_or_resume``: it rebuilds the run from its checkpoint, then
+does one phase after another, each reading the state, doing one thing and writing the next
+checkpoint (``keelgate.core.persistence``), within the run's budgets (``keelgate.core.budgets``),
+every tool call through the gateway. Planned actions are saved before any runs (write-ahead), so
+a resume never asks the model again for a step it already planned. This module must never retry
+a WRITE whose outcome is unknown, never ask a person to approve a call that may already have
+run, and never put tool arguments into the audit chain or logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from keelgate.core import failpoints
+from keelgate.core.approvals import ApprovalGate
+from keelgate.core.audit import AuditDraft
+from keelgate.core.budgets import Budgets
+from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
+from keelgate.core.model import ModelReply, ModelRequest, ToolInfo
+from keelgate.core.persistence import Checkpointer
+from keelgate.core.spec import LoopSpec
+from keelgate.core.state import Plan, RunState, Step, capped
+from keelgate.core.types import (
+    Action,
+    Outcome,
+    PendingApproval,
+    ResultStatus,
+    SideEffect,
+    StopReason,
+    idempotency_key,
+)
+from keelgate.errors import KeelgateError, ModelError, ModelUnavailable
+
+if TYPE_CHECKING:
+    from keelgate.core.loop import Loop
+
+log = logging.getLogger("keelgate.loop")
+
+# Results whose error Keelgate wrote itself (a refusal, a denial, an abandoned outcome): the
+# reason may go on the audit chain. A tool's own error message may not.
+_WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatus.ABANDONED})
+
+
+class Session:
+    """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
+
+    def __init__(self, loop: Loop, spec: LoopSpec) -> None:
+        self.loop = loop
+        self.spec = spec
+        self.stores = loop.stores
+        self.checkpoints = Checkpointer(loop.stores, loop.clock)
+        self.budgets = Budgets(
+            spec.budget,
+            active=self.checkpoints.active,
+            model=loop.model,
+            price=loop.price(),
+            price_model=loop.price_model,
+        )
+        self.approvals = ApprovalGate(
+            loop.tools, loop.stores.idempotency, allowed=spec.side_effects, busy_wait=loop.busy_wait
+        )
+        self.gateway = Gateway(
+            loop.tools,
+            loop.stores.idempotency,
+            tenant=spec.tenant,
+            run=spec.run,
+            allowed=spec.side_effects,
+            emit=self.checkpoints.pending.append,
+            confirmer=loop.confirmer,
+            busy_wait=loop.busy_wait,
+            durable_start=loop.stores.capabilities.claim_with_event,
+            audit=loop.stores.audit,
+        )
+        self.tool_infos = tuple(
+            ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
+            for t in loop.tools.values()
+            if t.side_effect in spec.side_effects
+        )
+
+    # Starting and driving
+
+    def start(self) -> RunState:
+        checkpoint = self.stores.checkpoints.load(self.spec.tenant, self.spec.run)
+        if checkpoint is None:
+            state = RunState(spec=self.spec)
+            return self.checkpoints.save(
+                state,
+                AuditDraft(
+                    "loop.started",
+                    {"kind": self.spec.kind.value, "goal": self.spec.goal},
+                    key="started",
+                ),
+            )
+        state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
+        if state.outbox:
+            self.stores.audit.append(state.tenant, state.run, state.outbox)
+            state = state.but(outbox=())
+        changed = _changed_fields(state.spec.to_json(), self.spec.to_json())
+        if changed:
+            # Raising a budget is the normal way to resume; anything else deserves a warning.
+            level = (
+                logging.INFO if all(f.startswith("budget.") for f in changed) else logging.WARNING
+            )
+            # The spec given now wins (a raised budget, an edited manifest), on the record: the
+            # chain says which parts changed, never their values. A saved plan keeps its actions
+            # and the side-effect class and approval rule they were planned under.
+            log.log(
+                level,
+                "%s/%s: the run's spec changed (%s)",
+                state.tenant,
+                state.run,
+                ", ".join(changed),
+            )
+            self.checkpoints.pending.append(
+                AuditDraft(
+                    "loop.spec_changed",
+                    {"fields": changed},
+                    key=f"spec_changed:{state.seq}:{'|'.join(changed)}",
+                )
+            )
+        return state.but(spec=self.spec)
+
+    def drive(self, *, one_iteration: bool = False) -> Outcome:
+        state = self.start()
+        if state.stop is not None:
+            if not state.continues_under(self.spec.budget):
+                return state.outcome()
+            state = self.checkpoints.save(
+                state.but(stop=None, unknown=(), pending=()),
+                AuditDraft(
+                    "loop.resumed",
+                    {"from": state.stop.reason.value},
+                    key=f"resumed:{state.seq + 1}",
+                ),
+            )
+        phases: dict[Step, Callable[[RunState], RunState]] = {
+            Step.PLAN: self._plan,
+            Step.ACT: self._act,
+            Step.OBSERVE: self._observe,
+            Step.VERIFY: self._verify,
+        }
+        while state.stop is None:
+            if state.step is Step.DONE:  # a checkpoint from a run that met its goal
+                state = self.checkpoints.stop(state, StopReason.GOAL_MET)
+                break
+            state = phases[state.step](state)
+            if one_iteration and state.stop is None and state.step is Step.PLAN:
+                break  # the iteration is over: its verify (or rejection) is saved
+        return state.outcome()
+
+    # Phases
+
+    def _plan(self, state: RunState) -> RunState:
+        limit = self.spec.budget.max_iterations
+        if limit is not None and state.iteration >= limit:
+            return self.checkpoints.stop(
+                state,
+                StopReason.MAX_ITERATIONS,
+                f"reached {limit} iteration{'s' if limit != 1 else ''}",
+            )
+        iteration = state.iteration + 1
+        request = self._request(state, "plan", call=state.calls, iteration=iteration)
+        refused = self.budgets.refusal(state, request)
+        if refused is not None:
+            return self.checkpoints.stop(
+                state, *refused
+            )  # not an iteration: a resume retries this call
+        reply = self._ask_model(state, request)
+        if isinstance(reply, RunState):
+            return reply
+        try:
+            actions = tuple(
+                Action(
+                    f"{iteration}:{index}",
+                    call.tool,
+                    dict(call.args),
+                    idempotency_key(state.tenant, state.run, call.tool, call.args),
+                    self._side_effect_of(call.tool),
+                    self._needs_approval(call.tool),
+                )
+                for index, call in enumerate(reply.actions)
+            )
+        except ValueError:
+            # e.g. NaN in the arguments: no key can be derived from them, so nothing may run.
+            return self.checkpoints.stop(
+                state,
+                StopReason.FAILED,
+                "model: a planned action's arguments are not valid JSON",
+                resumable=False,
+            )
+        plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
+        draft = AuditDraft(
+            "loop.plan_saved",
+            {
+                "iteration": iteration,
+                "done": plan.done,
+                "actions": [
+                    {"action": a.id, "tool": a.tool, "idempotencyKey": a.key} for a in actions
+                ],
+            },
+            key=f"plan:{iteration}",
+        )
+        state = self.checkpoints.save(
+            state.but(
+                iteration=iteration,
+                calls=state.calls + 1,
+                plan=plan,
+                results=(),
+                usage=state.usage.plus(self.budgets.charge(reply.usage)),
+                step=Step.ACT if actions else Step.VERIFY,
+            ),
+            draft,
+        )
+        failpoints.hit("after_plan")
+        return state
+
+    def _act(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
+        if not remaining:
+            return self.checkpoints.save(state.but(step=Step.OBSERVE))
+        for number, action in enumerate(remaining, start=1):
+            spent = self.budgets.spent(state)
+            if spent is not None:  # the plan stays saved: a resume with more budget runs it
+                return self.checkpoints.stop(state, *spent)
+            failpoints.hit("before_action")
+            result = self.approvals.check(state, action)
+            if isinstance(result, PendingApproval):
+                return self.checkpoints.stop(
+                    state,
+                    StopReason.AWAITING_APPROVAL,
+                    f"{result.tool} ({action.id}) needs approval",
+                    pending=(result,),
+                )
+            if result is None:
+                try:
+                    result = self.gateway.call(action)
+                except UnknownOutcomeStop as unknown:
+                    return self.checkpoints.stop(
+                        state,
+                        StopReason.OUTCOME_UNKNOWN,
+                        f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
+                        f"reconcile it",
+                        unknown=(unknown.unknown,),
+                    )
+            draft = AuditDraft(
+                "loop.action_completed",
+                {
+                    "action": action.id,
+                    "tool": action.tool,
+                    "status": result.status.value,
+                    "replayed": result.replayed,
+                    # Why it did not run, in Keelgate's own words (never a tool's message,
+                    # which may quote its arguments).
+                    **({"reason": result.error} if result.status in _WHY_NOT_RUN else {}),
+                },
+                key=f"completed:{action.id}",
+            )
+            last = number == len(remaining)
+            state = self.checkpoints.save(
+                state.but(
+                    results=(*state.results, result), step=Step.OBSERVE if last else Step.ACT
+                ),
+                draft,
+            )
+            failpoints.hit("after_action_checkpoint")
+        return state
+
+    def _observe(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        observations = []
+        for action in state.plan.actions:
+            result = state.result_of(action.id)
+            assert result is not None
+            seen: dict[str, Any] = {
+                "id": action.id,
+                "tool": action.tool,
+                "args": action.args,
+                "status": result.status.value,
+            }
+            if result.output is not None:
+                seen["output"] = capped(result.output)
+            if result.error:
+                seen["error"] = result.error
+            observations.append(seen)
+        entry = {"iteration": state.plan.iteration, "actions": observations}
+        state = self.checkpoints.save(state.remember(entry).but(step=Step.VERIFY, results=()))
+        failpoints.hit("after_observe")
+        return state
+
+    def _verify(self, state: RunState) -> RunState:
+        assert state.plan is not None
+        plan = state.plan
+        request = self._request(
+            state,
+            "verify",
+            call=plan.call,
+            iteration=plan.iteration,
+            answer=plan.answer if plan.done else None,
+        )
+        refused = self.budgets.refusal(state, request)
+        if refused is not None:
+            return self.checkpoints.stop(state, *refused)
+        reply = self._ask_model(state, request)
+        if isinstance(reply, RunState):
+            return reply
+        usage = state.usage.plus(self.budgets.charge(reply.usage))
+        if reply.verdict == "reject":
+            rejections = state.rejections + 1
+            state = state.remember(
+                {"iteration": plan.iteration, "verdict": "reject", "reason": reply.reason}
+            ).but(usage=usage, rejections=rejections, step=Step.PLAN)
+            limit = self.spec.budget.max_verifier_rejections
+            if limit is not None and rejections >= limit:
+                state = self.checkpoints.stop(
+                    state,
+                    StopReason.VERIFIER_REJECTIONS,
+                    f"the verifier rejected {rejections} time(s)",
+                    resumable=False,
+                )
+            else:
+                state = self.checkpoints.save(
+                    state,
+                    AuditDraft(
+                        "loop.verified",
+                        {"iteration": plan.iteration, "verdict": "reject"},
+                        key=f"verified:{plan.iteration}:{rejections}",
+                    ),
+                )
+            failpoints.hit("after_verify")
+            return state
+        state = state.but(usage=usage)
+        predicate = self.loop.goal_predicate
+        try:
+            reached = plan.done or (predicate is not None and bool(predicate(state.history)))
+        except Exception as error:
+            return self.checkpoints.stop(
+                state,
+                StopReason.FAILED,
+                f"goal predicate: {describe(error)}",
+                resumable=False,
+            )
+        if reached:
+            answer = plan.answer if plan.done else None
+            state = self.checkpoints.stop(
+                state, StopReason.GOAL_MET, answer or "", step=Step.DONE, answer=answer
+            )
+        else:
+            state = self.checkpoints.save(
+                state.but(step=Step.PLAN),
+                AuditDraft(
+                    "loop.verified",
+                    {"iteration": plan.iteration, "verdict": "accept"},
+                    key=f"verified:{plan.iteration}:accept",
+                ),
+            )
+        failpoints.hit("after_verify")
+        return state
+
+    # The model
+
+    def _ask_model(self, state: RunState, request: ModelRequest) -> ModelReply | RunState:
+        """Call the model; on a refusal, return the ``failed`` stop instead."""
+        if self.loop.model is None:
+            return self.checkpoints.stop(
+                state, StopReason.FAILED, "no model is configured", resumable=False
+            )
+        try:
+            return self.loop.model.call(request)
+        except ModelUnavailable:
+            raise  # nothing was saved: the run stays where it was, to be tried again
+        except ModelError as error:
+            return self.checkpoints.stop(
+                state, StopReason.FAILED, f"model: {error.message}", resumable=False
+            )
+        except KeelgateError:
+            raise
+        except Exception as error:
+            return self.checkpoints.stop(
+                state, StopReason.FAILED, f"model: {describe(error)}", resumable=False
+            )
+
+    def _request(
+        self, state: RunState, phase: str, *, call: int, iteration: int, answer: str | None = None
+    ) -> ModelRequest:
+        return ModelRequest(
+            phase="plan" if phase == "plan" else "verify",
+            goal=self.spec.goal,
+            iteration=iteration,
+            call=call,
+            history=state.history,
+            tools=self.tool_infos,
+            max_output_tokens=self.loop.max_output_tokens,
+            answer=answer,
+        )
+
+    def _side_effect_of(self, name: str) -> SideEffect | None:
+        tool = self.loop.tools.get(name)
+        return None if tool is None else tool.side_effect
+
+    def _needs_approval(self, name: str) -> bool:
+        tool = self.loop.tools.get(name)
+        return tool is not None and tool.requires_approval
+
+
+def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    """The dotted names of what differs between two spec documents, one level into the
+    manifest and the budget (enough to say what changed without saying what it now is)."""
+    changed: list[str] = []
+    # Where and from which folder a run is driven is not what it does.
+    for key in sorted((saved.keys() | given.keys()) - {"store", "sourceDir"}):
+        old, new = saved.get(key), given.get(key)
+        if old == new:
+            continue
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            inner = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            changed.extend(f"{key}.{k}" for k in inner)
+        else:
+            changed.append(key)
+    return changed
