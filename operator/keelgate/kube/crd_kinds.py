@@ -1,0 +1,212 @@
+"""The custom resources Keelgate defines: AgentRun, Reconciliation and Approval.
+
+Why it exists: one registry of kinds, each with its manifest model (the single source of truth
+for its schema), its names, its ``kubectl get`` columns and what its schema enforces beyond the
+model (list types, CEL rules: a decision names who made it and never changes). The generator
+(``keelgate.kube.crd_schema``) reads nothing else. This module must never hand-write a field the
+models do not declare, and never talk to a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from keelgate.manifest import AgentRun, Approval, Reconciliation
+
+GROUP = "keelgate.dev"
+VERSION = "v1alpha1"
+CATEGORY = "keelgate"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One ``kubectl get`` column (additionalPrinterColumns)."""
+
+    name: str
+    json_path: str
+    description: str
+    type: str = "string"
+    priority: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "type": self.type,
+            "jsonPath": self.json_path,
+            "description": self.description,
+        }
+        if self.priority:
+            out["priority"] = self.priority
+        return out
+
+
+AGE = Column("Age", ".metadata.creationTimestamp", "Time since the object was created.", "date")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One custom resource: its model, its names and what the schema enforces beyond the model's
+    JSON schema (list types, CEL rules), keyed by a path of property names (``[]``: items)."""
+
+    model: type[BaseModel]
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+    description: str
+    columns: tuple[Column, ...]
+    extras: Mapping[tuple[str, ...], Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.crd_name}.yaml"
+
+
+def cel_rule(rule: str, message: str, *, field_path: str = "") -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry: the rule, its message, the field it names."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def _settle_rules(decision: str) -> list[dict[str, str]]:
+    """Rules of a Reconciliation (``executed``) or Approval (``approved``) spec.
+
+    A decision names who made it, and once made neither it nor its ``by`` can change: rules
+    with ``oldSelf`` are transition rules, checked on update only. The API server reads a null
+    field as absent, so ``has()`` is false for ``executed: null``, and removing the field is a
+    change like any other.
+    """
+    return [
+        cel_rule(
+            f"!has(self.{decision}) || (has(self.by) && self.by.trim() != '')",
+            f"must name who decided when {decision} is set",
+            field_path=".by",
+        ),
+        cel_rule(
+            f"!has(oldSelf.{decision}) || (has(self.{decision}) && "
+            f"self.{decision} == oldSelf.{decision})",
+            "cannot change once set",
+            field_path=f".{decision}",
+        ),
+        cel_rule(
+            f"!has(oldSelf.{decision}) || (has(self.by) && has(oldSelf.by) && "
+            "self.by == oldSelf.by)",
+            f"cannot change once {decision} is set",
+            field_path=".by",
+        ),
+    ]
+
+
+def _identity_rule(fields: Sequence[str]) -> dict[str, str]:
+    # The operator created the object for one action of one run: pointing it at another action
+    # (or key) would let a decision about one WRITE settle a different one.
+    same = " && ".join(f"self.{name} == oldSelf.{name}" for name in fields)
+    return cel_rule(same, f"{', '.join(fields)} cannot change (the operator set them)")
+
+
+AGENTRUN = Kind(
+    model=AgentRun,
+    kind="AgentRun",
+    plural="agentruns",
+    short_names=("ar",),
+    description="An agent loop that Keelgate runs durably and safely: a WRITE never runs twice "
+    "and never runs unapproved. The namespace is the tenant.",
+    columns=(
+        Column("Phase", ".status.phase", "Pending, Running, Stopped, Succeeded or Failed."),
+        Column("Reason", ".status.stopReason", "Why the run stopped."),
+        Column("Iteration", ".status.iteration", "Planning iterations so far.", "integer"),
+        Column("Loop", ".spec.loop", "task, verification or monitor.", priority=1),
+        Column("Message", ".status.message", "The stop, in words.", priority=1),
+        AGE,
+    ),
+    extras={
+        ("spec",): {
+            "x-kubernetes-validations": [
+                cel_rule(
+                    "self.loop != 'verification' || !has(self.allowedSideEffects) || "
+                    "self.allowedSideEffects.all(e, e == 'READ')",
+                    "a verification loop may only READ",
+                    field_path=".allowedSideEffects",
+                )
+            ]
+        },
+        # Tool names are unique (the models refuse a duplicate); as a map list the API server
+        # refuses one too, and server-side apply merges tools by name.
+        ("spec", "tools"): {
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+        ("spec", "tools", "[]"): {
+            "x-kubernetes-validations": [
+                cel_rule(
+                    "[has(self.http), has(self.python), has(self.mcp)].filter(k, k).size() == 1",
+                    "a tool needs exactly one of http, python, mcp",
+                )
+            ]
+        },
+        ("spec", "allowedSideEffects"): {"x-kubernetes-list-type": "set"},
+    },
+)
+
+RECONCILIATION = Kind(
+    model=Reconciliation,
+    kind="Reconciliation",
+    plural="reconciliations",
+    short_names=("rec",),
+    description="A WRITE whose outcome is unknown: a person sets spec.executed (true: it ran; "
+    "false: abandon it) and spec.by. Created by the operator, owned by its AgentRun.",
+    columns=(
+        Column("Run", ".spec.runName", "The AgentRun (or tick) the action belongs to."),
+        Column("Action", ".spec.action", "The action's id within the run."),
+        Column("Tool", ".spec.tool", "The tool the action called."),
+        Column("Phase", ".status.phase", "Pending or Settled."),
+        Column("Verdict", ".status.verdict", "executed or abandoned, once settled."),
+        Column("By", ".spec.by", "Who decided.", priority=1),
+        AGE,
+    ),
+    extras={
+        ("spec",): {
+            "x-kubernetes-validations": [
+                *_settle_rules("executed"),
+                _identity_rule(("runName", "action", "tool", "idempotencyKey")),
+            ]
+        },
+    },
+)
+
+APPROVAL = Kind(
+    model=Approval,
+    kind="Approval",
+    plural="approvals",
+    short_names=("apr",),
+    description="An action that waits for a person's yes: a person sets spec.approved (true: "
+    "run it; false: deny it) and spec.by. Created by the operator, owned by its AgentRun.",
+    columns=(
+        Column("Run", ".spec.runName", "The AgentRun (or tick) waiting for approval."),
+        Column("Action", ".spec.action", "The action's id within the run."),
+        Column("Tool", ".spec.tool", "The tool the action would call."),
+        Column("Phase", ".status.phase", "Pending or Settled."),
+        Column("Verdict", ".status.verdict", "approved or denied, once settled."),
+        Column("By", ".spec.by", "Who decided.", priority=1),
+        AGE,
+    ),
+    extras={
+        ("spec",): {
+            "x-kubernetes-validations": [
+                *_settle_rules("approved"),
+                _identity_rule(("runName", "action", "tool")),
+            ]
+        },
+    },
+)
+
+KINDS: tuple[Kind, ...] = (AGENTRUN, RECONCILIATION, APPROVAL)
