@@ -1,8 +1,8 @@
 """Fixtures for every test: one real PostgreSQL server per session (``pg_server``), a fresh
 database per test (``pg_url``), and store factories over every backend (``support/stores.py``).
 
-The server comes from the machine's programs (see ``support/pgserver.py``). When they are missing
-the tests that need it fail with a message saying how to provide them: the suite never skips
+The server comes from the machine's programs (see ``keelgate.testing.pgserver``). When they are
+missing the tests that need it fail with a message saying how to provide them: the suite never skips
 Postgres silently. ``tests/`` has no ``__init__.py``, so ``support`` imports as a top-level
 package here and in subprocesses started with ``tests/`` on their path.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.pgserver import PgServer, PostgresUnavailable, start_postgres
+from keelgate.testing.pgserver import PgServer, PostgresUnavailable, start_postgres
 from support.stores import CHECKPOINT_BACKENDS, KEYED_BACKENDS, store_fixture
 
 

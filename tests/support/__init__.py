@@ -1,5 +1,5 @@
-"""Helpers shared by Keelgate's tests, benchmarks and `make up`: real servers and real stores.
+"""Helpers shared by Keelgate's tests: real stores, real servers.
 
-Nothing here is a mock: ``pgserver`` starts a real PostgreSQL server from the machine's programs,
-``stores`` opens the real store backends over real files and databases.
+Nothing here is a mock: ``stores`` opens the real store backends over real files and databases
+(the PostgreSQL server is ``keelgate.testing.pgserver``'s, started from the machine's programs).
 """

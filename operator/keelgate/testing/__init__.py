@@ -4,7 +4,8 @@ The test hooks: ``failpoint(name)`` marks a crash window in a tool's own body (`
 armed through ``KEELGATE_FAILPOINTS`` or ``armed(...)``; an armed failpoint ends the process
 (``os._exit(137)``) or, in ``raise`` mode, raises ``SimulatedCrash``, an in-process stand-in for a
 death. ``keelgate.testing.store_contract`` is the store contract suite: the checks every store
-backend must pass, runnable against a third-party store. Nothing here may import pytest or a
+backend must pass, runnable against a third-party store; ``keelgate.testing.pgserver`` starts a
+real, throw-away PostgreSQL server to run things against. Nothing here may import pytest or a
 store backend: a third party's test file imports only what it uses.
 """
 

