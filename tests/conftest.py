@@ -1,5 +1,7 @@
 """Fixtures for every test: one real PostgreSQL server per session (``pg_server``), a fresh
-database per test (``pg_url``), and store factories over every backend (``support/stores.py``).
+database per test (``pg_url``), store factories over every backend (``support/stores.py``), and
+for the loop's tests SQLite stores over a fresh file (``db``, ``stores``) and a downstream world
+that remembers every side effect (``world``).
 
 The server comes from the machine's programs (see ``keelgate.testing.pgserver``). When they are
 missing the tests that need it fail with a message saying how to provide them: the suite never skips
@@ -10,9 +12,13 @@ package here and in subprocesses started with ``tests/`` on their path.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from crashkit import Journal, World
+from keelgate.core.protocols import Stores
+from keelgate.stores import open_stores
 from keelgate.testing.pgserver import PgServer, PostgresUnavailable, start_postgres
 from support.stores import CHECKPOINT_BACKENDS, KEYED_BACKENDS, store_fixture
 
@@ -47,3 +53,23 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
 
 store_factory = store_fixture(*CHECKPOINT_BACKENDS)
 key_store_factory = store_fixture(*KEYED_BACKENDS)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """Where this test's SQLite store lives (not created yet)."""
+    return tmp_path / "keelgate.db"
+
+
+@pytest.fixture
+def stores(db: Path) -> Iterator[Stores]:
+    """SQLite stores over ``db``, closed after the test (a restart opens new ones on ``db``)."""
+    opened = open_stores(f"sqlite:///{db}")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    """The downstream world of crash tests: its tools, and a journal of every side effect."""
+    return World(Journal(tmp_path / "world.jsonl"))

@@ -1,33 +1,44 @@
 """The audit chain tells what happened even when the process died in the middle of a WRITE:
-the WRITE's start is on the chain before the call, and the chain never holds its arguments.
-And what it tells cannot be rewritten unnoticed: every stored column of an event is sealed."""
+the WRITE's start is on the chain before the call, and the chain never holds its arguments (nor
+the values of a spec edited between resumes). What it tells cannot be rewritten unnoticed: every
+stored column of an event is sealed, and an edited, removed or cut-off event is found. It stays
+one chain when a resume repeats nothing and when processes race to write it."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
+import shutil
 import sqlite3
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
+from crashkit import World
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core import failpoints
+from keelgate.core.audit import AuditDraft, verify
 from keelgate.core.loop import Loop
-from keelgate.core.protocols import Stores
-from keelgate.core.spec import LoopSpec
+from keelgate.core.protocols import CheckpointLog, Stores, Tool
+from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import SideEffect, StopReason
-from keelgate.errors import SimulatedCrash
+from keelgate.errors import SimulatedCrash, StaleCheckpoint
+from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryStore
 from keelgate.stores.sqlite import SQLiteStore
 from keelgate.testing import failpoint
+from support.ledger import REVIEW_SPEC, scripted
+from support.restock import RESTOCK, Recorder, loop_over, loop_with_look_and_order, spec
 from support.stores import StoreFactory, store_fixture
 
 durable_factory = store_fixture("sqlite", "postgres")
+SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent has pool threads running
 
 SCRIPT: list[dict[str, Any]] = [
     {"actions": [{"tool": "place_order", "args": {"sku": "SECRET-SKU", "qty": 7}}]},
@@ -176,3 +187,200 @@ def test_an_edit_of_any_stored_column_of_an_event_is_named_by_verify(
     assert not report.ok, f"an edited {column} still verifies"
     named = re.compile(rf"\bevent {ALTERED}\b")
     assert any(named.search(p) for p in report.problems), report.problems
+
+
+def _finished_run(db: Path, world: World) -> None:
+    stores = open_stores(f"sqlite:///{db}")
+    try:
+        outcome = loop_over(stores, Recorder(RESTOCK), world.tools()).run_or_resume(spec())
+        assert outcome.stop.reason is StopReason.GOAL_MET
+    finally:
+        stores.close()
+
+
+def _chain(db: Path) -> tuple[bool, tuple[str, ...]]:
+    store = SQLiteStore(db)
+    try:
+        report = Loop(stores=Stores.of(store)).verify_audit("shop", "restock")
+    finally:
+        store.close()
+    return report.ok, report.problems
+
+
+def test_the_audit_chain_detects_an_edited_event(db: Path, world: World, tmp_path: Path) -> None:
+    """Editing any stored event (here: rewriting who settled what in the SQLite file directly)
+    breaks the chain, and verify names the altered event."""
+    _finished_run(db, world)
+    assert _chain(db) == (True, ())
+    with sqlite3.connect(db) as raw:
+        (data,) = raw.execute(
+            "SELECT data FROM keelgate_audit WHERE tenant='shop' AND run='restock' AND seq=3"
+        ).fetchone()
+        edited = json.dumps({**json.loads(data), "forged": True})
+        raw.execute(
+            "UPDATE keelgate_audit SET data=? WHERE tenant='shop' AND run='restock' AND seq=3",
+            (edited,),
+        )
+    ok, problems = _chain(db)
+    assert not ok
+    assert any("event 3" in p and "altered" in p for p in problems)
+
+
+def test_the_audit_chain_detects_a_removed_event(db: Path, world: World, tmp_path: Path) -> None:
+    """Deleting an event from the SQLite file (the last one, or one in the middle) breaks the
+    chain and verify says which is missing."""
+    _finished_run(db, world)
+    middle = tmp_path / "middle.db"
+    shutil.copy(db, middle)
+    with sqlite3.connect(middle) as raw:
+        raw.execute("DELETE FROM keelgate_audit WHERE tenant='shop' AND run='restock' AND seq=4")
+    ok, problems = _chain(middle)
+    assert not ok
+    assert any("event 4 is missing" in p for p in problems)
+
+
+def test_the_audit_chain_detects_its_newest_event_removed(db: Path, world: World) -> None:
+    """Deleting the newest event (the run's final stop) must be detected too: the contract says
+    verify detects any removed event."""
+    _finished_run(db, world)
+    with sqlite3.connect(db) as raw:
+        raw.execute(
+            "DELETE FROM keelgate_audit WHERE tenant='shop' AND run='restock' AND seq="
+            "(SELECT MAX(seq) FROM keelgate_audit WHERE tenant='shop' AND run='restock')"
+        )
+    ok, _ = _chain(db)
+    assert not ok
+
+
+def test_an_edited_spec_is_recorded_on_the_chain_by_field_without_its_values(
+    stores: Stores,
+) -> None:
+    """Resuming with a different budget and goal goes on: the chain says which fields changed,
+    and the new values (here a goal with a secret in it) do not appear in the event."""
+    loop = loop_with_look_and_order(
+        stores, [{"actions": [{"tool": "look", "args": {}}]}, {"done": True}]
+    )
+    first = LoopSpec("shop", "edges", "restock", budget=Budget(max_iterations=1))
+    assert loop.run_or_resume(first).stop.reason is StopReason.MAX_ITERATIONS
+    edited = LoopSpec("shop", "edges", "restock SECRET-42", budget=Budget(max_iterations=5))
+    assert loop.run_or_resume(edited).stop.reason is StopReason.GOAL_MET
+    (changed,) = [e for e in loop.audit("shop", "edges") if e.type == "loop.spec_changed"]
+    assert changed.data["fields"] == ["budget.maxIterations", "goal"]
+    assert "SECRET-42" not in json.dumps(changed.to_json())
+
+
+def test_a_resume_over_the_langgraph_store_does_not_repeat_audit_events(tmp_path: Path) -> None:
+    """A READ runs, its checkpoint is written, the process dies. After the resume the chain
+    must show that READ started once, as it did."""
+    url = f"langgraph+sqlite:///{tmp_path / 'kg.db'}"
+    reads: list[str] = []
+
+    def stock(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        reads.append("stock")
+        return {"count": 3}
+
+    tools: list[Tool] = [PythonTool("stock", stock)]
+    plans = [{"actions": [{"tool": "stock", "args": {"sku": "A1"}}]}, {"done": True}]
+    stores = open_stores(url)
+    try:
+        loop = Loop(stores=stores, model=scripted(plans), tools=tools)
+        with failpoints.armed({"after_action_checkpoint": 1}), pytest.raises(SimulatedCrash):
+            loop.run_or_resume(REVIEW_SPEC)
+    finally:
+        stores.close()
+    stores = open_stores(url)
+    try:
+        loop = Loop(stores=stores, model=scripted(plans), tools=tools)
+        assert loop.run_or_resume(REVIEW_SPEC).stop.reason is StopReason.GOAL_MET
+        loop.run_or_resume(REVIEW_SPEC)  # asking a finished run again changes nothing
+        started = [e for e in loop.audit("shop", "review") if e.type == "loop.action_started"]
+        assert len(reads) == 1
+        assert len(started) == 1, f"the chain shows {len(started)} starts of one READ"
+    finally:
+        stores.close()
+
+
+def _chain_racer(url: str, who: int, rounds: int, start: Any, out: Any) -> None:
+    """One process driving the same run as the others: checkpoint saves with events (most lose
+    with StaleCheckpoint), claims with their start event (one wins per key), re-appends of the
+    same keyed events (as outboxes re-appended after a crash) and keyless notes."""
+    stores = open_stores(url)
+    joint = cast(CheckpointLog, stores.checkpoints)
+    saved: list[str] = []
+    claimed: list[str] = []
+    try:
+        start.wait(30)
+        for r in range(rounds):
+            try:
+                joint.save_with_events(
+                    "acme",
+                    "race",
+                    r + 1,
+                    {"r": r, "by": who},
+                    [AuditDraft("save", {}, key=f"s{r}:{who}")],
+                )
+                saved.append(f"s{r}:{who}")
+            except StaleCheckpoint:
+                pass
+            won = stores.idempotency.claim(
+                "acme",
+                f"k{r}",
+                run="race",
+                action=f"{r}:0",
+                tool="ship",
+                event=AuditDraft("started", {"by": who}, key=f"started:{r}:{who}"),
+            )
+            if won is None:
+                claimed.append(f"started:{r}:{who}")
+            stores.audit.append(
+                "acme",
+                "race",
+                [
+                    AuditDraft("shared", {"r": r}, key=f"shared:{r}"),
+                    AuditDraft("note", {"by": who}),
+                ],
+            )
+        out.put((who, saved, claimed, None))
+    except BaseException as error:  # reported to the parent, which fails the test with it
+        out.put((who, saved, claimed, repr(error)))
+    finally:
+        stores.close()
+
+
+def test_processes_racing_saves_claims_and_shared_keys_keep_one_chain_of_committed_events(
+    durable_factory: StoreFactory,
+) -> None:
+    """Three processes drive one run at once. The chain stays one unbroken, verifying chain;
+    it holds exactly the events of saves and claims that committed (none from a save refused
+    as stale or a claim that lost), each shared key once, and every keyless note."""
+    assert durable_factory.url is not None
+    durable_factory().close()  # create the schema before the race
+    processes, rounds = 3, 12
+    start, out = SPAWN.Event(), SPAWN.Queue()
+    workers = [
+        SPAWN.Process(target=_chain_racer, args=(durable_factory.url, i, rounds, start, out))
+        for i in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        start.set()
+        reports = [out.get(timeout=120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+    assert [r[3] for r in reports] == [None] * processes
+    saved = {key for r in reports for key in r[1]}
+    claimed = {key for r in reports for key in r[2]}
+    assert len(claimed) == rounds  # one winner per key
+    events = durable_factory().audit.events("acme", "race")
+    assert verify("acme", "race", events).ok
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    by_type = Counter(e.type for e in events)
+    assert {e.key for e in events if e.type == "save"} == saved
+    assert {e.key for e in events if e.type == "started"} == claimed
+    assert by_type["shared"] == rounds
+    assert by_type["note"] == rounds * processes
+    assert len(events) == len(saved) + len(claimed) + rounds + rounds * processes

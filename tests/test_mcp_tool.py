@@ -2,17 +2,24 @@
 
 Why it exists: MCP servers describe their own tools and claim hints about them; Keelgate must take
 the schemas and descriptions but never the side-effect class from the server, must hand a WRITE
-its idempotency key, and must treat a WRITE that got no answer as an unknown outcome.
+its idempotency key, and must treat a WRITE that got no answer, or an error after its side
+effect, as an unknown outcome: the model's natural retry of the same call is never sent again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
 
 from fakes.mcp_server import KEY_META, McpFake
 from keelgate.adapters.models.scripted import ScriptedModel
@@ -30,6 +37,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import LoopKind, SideEffect, StopReason
 from keelgate.errors import InputError, OutcomeUncertain, SimulatedCrash, ToolError
 from keelgate.stores.sqlite import SQLiteStore
+from support.ledger import REVIEW_SPEC, scripted, sqlite_stores
 
 READ = SideEffect.READ
 WRITE = SideEffect.WRITE
@@ -241,3 +249,62 @@ def test_read_and_write_through_the_loop_with_a_crash_and_restart(
     stock = loop.state("shop", "restock").history[0]["actions"][0]
     assert stock["output"] == {"sku": "A1", "count": 3}
     store.close()
+
+
+class ChargingMcpServer:
+    """A real MCP server (the SDK's MCPServer, streamable HTTP) whose ``charge`` tool makes its
+    change downstream and then fails: FastMCP-style servers turn any exception into isError."""
+
+    def __init__(self) -> None:
+        self.charges: Counter[str] = Counter()
+        server = MCPServer("review-charging")
+        fake = self
+
+        @server.tool()
+        async def charge(customer: str, cents: int, ctx: Context) -> dict[str, Any]:
+            """Charge a customer's card."""
+            meta = dict(ctx.request_context.meta or {})
+            fake.charges[str(meta.get("keelgate.dev/idempotency-key", ""))] += 1
+            await asyncio.sleep(0)
+            # The card network accepted the charge; reading its receipt then timed out.
+            raise TimeoutError("receipt lookup timed out")
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/mcp"
+        config = uvicorn.Config(
+            server.streamable_http_app(), log_level="warning", lifespan="on", access_log=False
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._uvicorn.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ChargingMcpServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._uvicorn.started:
+            assert time.monotonic() < deadline, "the MCP server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def test_an_mcp_write_that_errs_after_its_side_effect_is_never_sent_again(tmp_path: Path) -> None:
+    """An MCP WRITE's server charges the card, then its tool raises; the SDK answers isError.
+    Keelgate cannot know nothing happened, so the model's natural retry of the same call must
+    not charge the card a second time."""
+    with ChargingMcpServer() as server:
+        tools = discover(McpServerRef(server.url), [McpToolSpec("charge", SideEffect.WRITE)])
+        call = {"tool": "charge", "args": {"customer": "c-1", "cents": 1999}}
+        plans = [{"actions": [call]}, {"actions": [call]}, {"done": True}]
+        stores = sqlite_stores(tmp_path / "kg.db")
+        try:
+            Loop(stores=stores, model=scripted(plans), tools=tools).run_or_resume(REVIEW_SPEC)
+        finally:
+            stores.close()
+        assert sum(server.charges.values()) == 1, f"charged {dict(server.charges)}"

@@ -2,18 +2,22 @@
 
 For SQLite and Postgres, with real worker processes (spawned, then killed with SIGKILL): a key in
 flight in a live process reads in_flight, and outcome_unknown once that process is dead; two
-processes racing to claim one key or to save one seq have exactly one winner. For Postgres, an
-owner whose session is cut while its process lives is read as gone, and still cannot make a WRITE
-land twice.
+processes racing to claim one key or to save one seq have exactly one winner, and stores racing
+to claim and drop one key never see it unknown. For Postgres, an owner whose session is cut while
+its process lives is read as gone, and still cannot make a WRITE land twice. For SQLite, a live
+owner is never read as gone through another path to the same file.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,6 +26,7 @@ import pytest
 from keelgate.core.types import KeyRecord, KeyState
 from keelgate.errors import SettleError, StaleCheckpoint
 from keelgate.stores import open_stores
+from keelgate.stores.sqlite import SQLiteStore
 from support.stores import StoreFactory, store_fixture
 
 durable_factory = store_fixture("sqlite", "postgres")
@@ -270,3 +275,70 @@ def test_a_postgres_owner_whose_session_is_cut_never_lands_a_write_twice(pg_url:
     finally:
         owner.close()
         judge.close()
+
+
+def test_a_live_owner_is_not_read_as_gone_through_another_path_to_the_same_file(
+    tmp_path: Path,
+) -> None:
+    """Two stores open the same SQLite file, one through a symlink. While the first holds a
+    WRITE's key in flight, the second must read it in flight (busy), never unknown: otherwise a
+    person is invited to settle a WRITE that is still running."""
+    real = tmp_path / "data" / "kg.db"
+    real.parent.mkdir()
+    link = tmp_path / "kg-link.db"
+    os.symlink(real, link)
+    owner = SQLiteStore(real)
+    other = SQLiteStore(link)
+    try:
+        assert owner.claim("shop", "kg-1", run="review", action="1:0", tool="place_order") is None
+        seen = other.claim("shop", "kg-1", run="review", action="1:0", tool="place_order")
+        assert seen is not None
+        assert seen.state is KeyState.IN_FLIGHT, f"a live owner's key read {seen.state.value}"
+    finally:
+        other.close()
+        owner.close()
+
+
+def test_a_key_claimed_and_forgotten_in_a_race_has_one_holder_and_never_reads_unknown(
+    durable_factory: StoreFactory,
+) -> None:
+    """Two stores race to claim one WRITE key; each winner drops it again as after a definite
+    refusal (forget). A claim that meets the key just as it vanishes tries again: at no moment
+    do two stores hold it, and a loser only ever sees it in flight in a live owner, never as an
+    unknown outcome (which would stop a run for nothing) and never completed or abandoned."""
+    stores = [durable_factory().idempotency for _ in range(2)]
+    holders, seen, errors = [0], Counter[str](), list[BaseException]()
+    lock = threading.Lock()
+    deadline = time.monotonic() + 2.0
+
+    def contend(keys: Any) -> None:
+        try:
+            while time.monotonic() < deadline:
+                record = keys.claim("acme", "K", run="r", action="1:0", tool="ship")
+                if record is not None:
+                    with lock:
+                        seen[record.state.value] += 1
+                    continue
+                with lock:
+                    holders[0] += 1
+                    assert holders[0] == 1, "two stores hold one key"
+                    seen["won"] += 1
+                # Nobody else may drop or take a key we hold: it must read in flight.
+                held = keys.get("acme", "K")
+                assert held is not None and held.state is KeyState.IN_FLIGHT, "won a missing key"
+                time.sleep(0.0005)
+                with lock:
+                    holders[0] -= 1
+                keys.forget("acme", "K")
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=contend, args=(keys,)) for keys in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert seen["won"] >= 2
+    assert set(seen) <= {"won", KeyState.IN_FLIGHT.value}, seen
+    assert stores[0].get("acme", "K") is None  # every winner dropped it again

@@ -4,7 +4,9 @@ An operator or a worker drives many runs from one process. When a python WRITE p
 timeout, its call goes on in a worker thread: until it ends, nobody may judge its outcome. These
 tests drive the run the way such a process does (``LocalRunner().run`` again and again in the
 test process) and settle from another process with the real ``keelgate`` command, on SQLite and
-on PostgreSQL. The effect is counted in a ledger file the tool writes.
+on PostgreSQL. The effect is counted in a ledger file the tool writes. Nor may a resume or a
+confirmer, asked while the call still runs, record it as not executed: "not found yet" is no
+answer.
 """
 
 from __future__ import annotations
@@ -14,17 +16,31 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.loop import Loop
-from keelgate.core.types import KeyState, StopReason, idempotency_key
+from keelgate.core.protocols import Stores
+from keelgate.core.types import KeyState, SideEffect, StopReason, idempotency_key
+from keelgate.errors import RunBusy
 from keelgate.manifest import load_agentrun
 from keelgate.runners import LocalRunner
 from keelgate.stores import open_stores
+from support.ledger import (
+    A1_ORDER,
+    REVIEW_SPEC,
+    ROUND2_SPEC,
+    Ledger,
+    LedgerConfirmer,
+    scripted,
+    sqlite_stores,
+)
 
 SUPPORT = Path(__file__).parent / "support_tools"
 ARGS = {"to": "acme", "amount": 40}
@@ -172,3 +188,90 @@ def test_a_process_that_exits_while_its_write_runs_leaves_it_unknown_for_a_perso
     resumed = keelgate("resume", "pay", "--store", store_url, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert payments(world["ledger"]) == 0
+
+
+def test_a_write_still_running_after_its_timeout_is_not_settled_as_not_executed(
+    tmp_path: Path,
+) -> None:
+    """A python WRITE passes its timeout but is still running; the confirmer, asked at once,
+    finds nothing yet. The order then lands. Keelgate must not have recorded it as not
+    executed (abandoned) and told the model it did not happen."""
+    ledger = Ledger()
+    go = threading.Event()
+
+    def slow_place(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        go.wait(10)
+        ledger.record(idempotency_key)
+        return {"placed": True}
+
+    tool = PythonTool("place_order", slow_place, SideEffect.WRITE, timeout_seconds=0.2)
+    plans = [{"actions": [{"tool": "place_order", "args": A1_ORDER}]}, {"done": True}]
+    stores = sqlite_stores(tmp_path / "kg.db")
+    try:
+        loop = Loop(
+            stores=stores,
+            model=scripted(plans),
+            tools=[tool],
+            confirmer=LedgerConfirmer(ledger),
+        )
+        outcome = loop.run_or_resume(REVIEW_SPEC)
+        go.set()
+        deadline = time.monotonic() + 10
+        while ledger.total() == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ledger.total() == 1  # the order did land
+        record = stores.idempotency.get(
+            "shop", idempotency_key("shop", "review", "place_order", A1_ORDER)
+        )
+        assert record is not None
+        assert record.state is not KeyState.ABANDONED, (
+            f"recorded as not executed (run stopped: {outcome.stop.reason.value}) but placed"
+        )
+    finally:
+        go.set()
+        stores.close()
+
+
+def test_a_resume_right_after_a_timeout_does_not_abandon_a_write_still_running(
+    stores: Stores,
+) -> None:
+    """A python WRITE passes its timeout but keeps running; the run stops outcome_unknown. The
+    operator (or a person) resumes at once, in the same process, while the call still runs. The
+    confirmer must not be asked yet: "not in the ledger" is premature. Otherwise the key is
+    settled abandoned, the model is told the order did not happen, and then it lands."""
+    ledger = Ledger()
+    go = threading.Event()
+
+    def slow_place(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        go.wait(10)
+        ledger.record(idempotency_key)
+        return {"placed": True}
+
+    tool = PythonTool("place_order", slow_place, SideEffect.WRITE, timeout_seconds=0.2)
+    plans = [{"actions": [{"tool": "place_order", "args": A1_ORDER}]}, {"done": True}]
+    confirmer = LedgerConfirmer(ledger)
+    loop = Loop(
+        stores=stores,
+        model=scripted(plans),
+        tools=[tool],
+        confirmer=confirmer,
+        busy_wait=0.3,
+    )
+    try:
+        assert loop.run_or_resume(ROUND2_SPEC).stop.reason is StopReason.OUTCOME_UNKNOWN
+        with pytest.raises(RunBusy):  # the call still runs in its worker: nobody judges it
+            loop.run_or_resume(ROUND2_SPEC)
+    finally:
+        go.set()
+    deadline = time.monotonic() + 10
+    while ledger.total() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ledger.total() == 1  # the order did land
+    key = idempotency_key("shop", "round2", "place_order", A1_ORDER)
+    record = stores.idempotency.get("shop", key)
+    while record is not None and record.state is KeyState.IN_FLIGHT and time.monotonic() < deadline:
+        time.sleep(0.02)
+        record = stores.idempotency.get("shop", key)
+    assert record is not None and record.state is KeyState.COMPLETED  # its late end recorded
+    assert loop.run_or_resume(ROUND2_SPEC).stop.reason is StopReason.GOAL_MET
+    assert ledger.total() == 1
