@@ -10,17 +10,16 @@ settled first), and never let a decision change once recorded.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from keelgate.core.audit import AuditDraft, utc_now
+from keelgate.core.gateway import in_flight_elsewhere, once_not_in_flight
 from keelgate.core.persistence import persist
 from keelgate.core.protocols import IdempotencyStore, Stores, Tool
 from keelgate.core.state import Approval, RunState
 from keelgate.core.types import (
     Action,
     ActionResult,
-    KeyState,
     PendingApproval,
     ResultStatus,
     SideEffect,
@@ -28,7 +27,7 @@ from keelgate.core.types import (
     StopReason,
     stricter,
 )
-from keelgate.errors import RunBusy, SettleError
+from keelgate.errors import SettleError
 
 
 class ApprovalGate:
@@ -79,20 +78,12 @@ class ApprovalGate:
         past that the run is busy. A key that is not in flight can no longer disappear, so
         the gateway meets the same record and never calls the tool.
         """
-        deadline = time.monotonic() + self.busy_wait
-        while True:
-            record = self.keys.get(state.tenant, action.key)
-            if record is None:
-                return False
-            if record.state is not KeyState.IN_FLIGHT:
-                return True
-            if time.monotonic() >= deadline:
-                raise RunBusy(
-                    state.tenant,
-                    state.run,
-                    f"{tool.name} ({action.id}) is in flight in another live process",
-                )
-            time.sleep(0.05)
+        record = once_not_in_flight(
+            lambda: self.keys.get(state.tenant, action.key),
+            wait=self.busy_wait,
+            busy=lambda: in_flight_elsewhere(state.tenant, state.run, tool, action),
+        )
+        return record is not None
 
 
 def decide(stores: Stores, state: RunState, action: str, *, approved: bool, by: str) -> RunState:

@@ -271,27 +271,18 @@ class Gateway:
             release()
 
     def _claim(self, tool: Tool, action: Action, event: AuditDraft | None) -> KeyRecord | None:
-        deadline = time.monotonic() + self.busy_wait
-        while True:
-            record = self.keys.claim(
+        return once_not_in_flight(
+            lambda: self.keys.claim(
                 self.tenant,
                 action.key,
                 run=self.run,
                 action=action.id,
                 tool=tool.name,
                 event=event,
-            )
-            if record is None or record.state is not KeyState.IN_FLIGHT:
-                return record
-            # In flight in a live process: another runner of this run is at it. A dying owner
-            # may take a moment to be seen as gone; past that, this runner must not act.
-            if time.monotonic() >= deadline:
-                raise RunBusy(
-                    self.tenant,
-                    self.run,
-                    f"{tool.name} ({action.id}) is in flight in another live process",
-                )
-            time.sleep(0.05)
+            ),
+            wait=self.busy_wait,
+            busy=lambda: in_flight_elsewhere(self.tenant, self.run, tool, action),
+        )
 
     def _existing(self, tool: Tool, action: Action, record: KeyRecord) -> ActionResult:
         if record.source:
@@ -328,11 +319,7 @@ class Gateway:
             if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
                 raise
             if current.state is KeyState.IN_FLIGHT:
-                raise RunBusy(
-                    self.tenant,
-                    self.run,
-                    f"{tool.name} ({action.id}) is in flight in another live process",
-                ) from None
+                raise in_flight_elsewhere(self.tenant, self.run, tool, action) from None
             return self._existing(tool, action, current)
         # The event rides with the next checkpoint; a death before it leaves the key settled
         # without it, and the next resume writes it from the key's record (_existing).
@@ -356,6 +343,30 @@ class Gateway:
         if verdict is True or verdict is False:
             return Settlement(verdict, self.confirmer.name, "confirmer")
         return None
+
+
+def once_not_in_flight(
+    read: Callable[[], KeyRecord | None], *, wait: float, busy: Callable[[], RunBusy]
+) -> KeyRecord | None:
+    """``read()`` (a claim, a look-up) again until its key is not in flight in a live process,
+    for at most ``wait`` seconds; past that, ``busy()`` is raised.
+
+    A key in flight in a live process means another runner of the run is at it. A dying owner
+    may take a moment to be seen as gone (a server ends a session asynchronously), so a moment
+    is waited; past that, this runner must not act.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        record = read()
+        if record is None or record.state is not KeyState.IN_FLIGHT:
+            return record
+        if time.monotonic() >= deadline:
+            raise busy()
+        time.sleep(0.05)
+
+
+def in_flight_elsewhere(tenant: str, run: str, tool: Tool, action: Action) -> RunBusy:
+    return RunBusy(tenant, run, f"{tool.name} ({action.id}) is in flight in another live process")
 
 
 def _replay(action: Action, record: KeyRecord) -> ActionResult:
