@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS := test,postgres,langgraph
+EXTRAS := test,postgres,langgraph,temporal
 
 .PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster argocd-cm
 
