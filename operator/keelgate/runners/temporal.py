@@ -38,6 +38,7 @@ import gc
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,6 +173,15 @@ class ResumeRequest:
                 self.max_verifier_rejections,
             )
         )
+
+
+@dataclass
+class WaitRequest:
+    """Wait for a stop counted after ``after`` (-1: the current one, or the one under way),
+    at most ``seconds``: a client asks again rather than hold one call open for a long run."""
+
+    after: int = -1
+    seconds: float = 15.0
 
 
 def outcome_to_wire(outcome: Outcome) -> dict[str, Any]:
@@ -589,13 +599,19 @@ class RunWorkflow:
         _check_totals(request)
 
     @workflow.update(name=NEXT_STOP)
-    async def next_stop(self, after: int) -> dict[str, Any]:
-        """Where the run stands once it is at a stop counted after ``after`` (-1: the current
-        one, or the one under way) with nothing more to do, or has finished."""
-        await workflow.wait_condition(
-            lambda: self._finished or (self._idle() and self._stops > after)
-        )
-        return self._view()
+    async def next_stop(self, request: WaitRequest) -> dict[str, Any]:
+        """Where the run stands once it is at a stop counted after ``request.after`` with
+        nothing more to do, or has finished; or, after ``request.seconds``, where it stands
+        then (``ready`` false)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(
+                lambda: self._ready(request.after),
+                timeout=timedelta(seconds=max(0.1, request.seconds)),
+            )
+        return {**self._view(), "ready": self._ready(request.after)}
+
+    def _ready(self, after: int) -> bool:
+        return self._finished or (self._idle() and self._stops > after)
 
     @workflow.query(name=STATUS)
     def status(self) -> dict[str, Any]:
@@ -675,18 +691,21 @@ class TemporalRunner:
         namespace: str = "default",
         pricing: Mapping[str, Price] | None = None,
         settings: Settings | None = None,
+        wait_timeout: float | None = None,
     ) -> None:
         self.address = address
         self.task_queue = task_queue
         self.namespace = namespace
         self.pricing = dict(pricing or {})
         self.settings = settings or Settings()
+        #: How long ``run`` waits for the next stop (None: as long as it takes).
+        self.wait_timeout = wait_timeout
 
     # LoopRunner
 
     def run(self, spec: LoopSpec) -> Outcome:
         """Start or find the run's workflow and return the run's next stop."""
-        return stop_outcome(self.wait(self.start(spec)))
+        return stop_outcome(self.wait(self.start(spec), timeout=self.wait_timeout))
 
     def start(self, spec: LoopSpec) -> str:
         """Start the run's workflow unless one runs already; its id."""
@@ -715,9 +734,12 @@ class TemporalRunner:
         _sync(start())
         return ident
 
-    def wait(self, ident: str, *, after: int = -1) -> Stopped:
-        """The run's stop after the ``after``-th (-1: the current, or the one under way)."""
-        return _sync(self._wait(ident, after))
+    def wait(self, ident: str, *, after: int = -1, timeout: float | None = None) -> Stopped:
+        """The run's stop after the ``after``-th (-1: the current, or the one under way).
+
+        Waits as long as the run takes, or at most ``timeout`` seconds (then raises
+        ``KeelgateError``; the run goes on in its workflow)."""
+        return _sync(self._wait(ident, after, timeout))
 
     # Decisions
 
@@ -784,14 +806,27 @@ class TemporalRunner:
 
         return _sync(update())
 
-    async def _wait(self, ident: str, after: int) -> Stopped:
+    async def _wait(self, ident: str, after: int, timeout: float | None) -> Stopped:
         client = await self._connect()
         handle = client.get_workflow_handle(ident)
-        try:
-            return _stopped(await handle.execute_update(NEXT_STOP, after, result_type=dict))
-        except Exception as error:
-            tenant, run = ident.split("/", 2)[1:]
-            return await _closed(handle, error, tenant, run)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WaitRequest().seconds if deadline is None else deadline - time.monotonic()
+            try:
+                view = await handle.execute_update(
+                    NEXT_STOP,
+                    WaitRequest(after, min(WaitRequest().seconds, max(0.1, left))),
+                    result_type=dict,
+                )
+            except Exception as error:
+                tenant, run = ident.split("/", 2)[1:]
+                return await _closed(handle, error, tenant, run)
+            if view.get("ready"):
+                return _stopped(view)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise KeelgateError(
+                    f"{ident}: no stop within {timeout}s; the run goes on in its workflow"
+                )
 
     async def _connect(self) -> Any:
         from temporalio.client import Client
@@ -994,6 +1029,7 @@ __all__ = [
     "Settings",
     "Stopped",
     "TemporalRunner",
+    "WaitRequest",
     "outcome_from_wire",
     "outcome_to_wire",
     "serve",
