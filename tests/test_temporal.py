@@ -510,3 +510,39 @@ def test_without_the_extra_the_temporal_commands_say_which_to_install(tmp_path: 
         check=False,
     )
     assert plain.returncode == 0, plain.stderr
+
+
+def test_a_drive_that_stays_busy_is_given_up_and_resume_tries_again(
+    workers_for: Any, pg_url: str
+) -> None:
+    """While another driver holds the run (here the test, through the store's run lock), every
+    attempt of the drive meets RunBusy, a retryable error: Temporal retries it, and once the
+    attempts are used up the workflow neither fails nor guesses. It records why (status shows
+    RunBusy, exit 4's error) and waits; once the other driver is gone, ``resume`` with no new
+    budget tries again and the run ends goal_met with one order."""
+    workers = workers_for(ONE_ORDER)
+    workers.start()
+    spec = spec_of("busy")
+    stores = open_stores(pg_url)
+    try:
+        release = stores.idempotency.lock_run(spec.tenant, spec.run)  # type: ignore[attr-defined]
+        assert release is not None
+        runner = TemporalRunner(
+            address=workers.server.address,
+            task_queue=workers.queue,
+            settings=Settings(heartbeat_timeout=3.0, max_attempts=2, retry_interval=0.5),
+        )
+        stopped = runner.wait(runner.start(spec), timeout=WAIT)
+        assert stopped.error is not None and stopped.error.kind == "RunBusy", stopped
+        assert stopped.error.origin_exit_code == 4 and not stopped.finished
+        events = activity_events(workers.server.address, workflow_id(spec.tenant, spec.run))
+        assert ("STARTED", 2) in events and ("FAILED", 0) in events
+        assert workers.orders() == []
+        release()
+    finally:
+        stores.close()
+    done = runner.resume(spec.tenant, spec.run)
+    final = runner.wait(workflow_id(spec.tenant, spec.run), after=done["stops"], timeout=WAIT)
+    assert final.error is None
+    assert final.outcome is not None and final.outcome.stop.reason is StopReason.GOAL_MET
+    assert len(workers.orders()) == 1

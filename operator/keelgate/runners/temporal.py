@@ -705,31 +705,21 @@ class TemporalRunner:
 
     def run(self, spec: LoopSpec) -> Outcome:
         """Start or find the run's workflow and return the run's next stop."""
-        return stop_outcome(self.wait(self.start(spec), timeout=self.wait_timeout))
+        request, ident = self._request(spec)
+
+        async def run() -> Stopped:
+            client = await self._connect()
+            await self._start(client, request, ident)
+            return await self._wait(client, ident, -1, self.wait_timeout)
+
+        return stop_outcome(_sync(run()))
 
     def start(self, spec: LoopSpec) -> str:
         """Start the run's workflow unless one runs already; its id."""
-        if spec.kind is LoopKind.MONITOR:
-            raise InputError(
-                "spec.loop",
-                "a monitor's ticks are not driven through Temporal yet; use keelgate run",
-            )
-        if spec_from_manifest(spec.manifest).suspend:
-            raise InputError("spec.suspend", "the run is suspended; set suspend: false to run it")
-        request = RunRequest(spec.to_json(), pricing_to_wire(self.pricing), self.settings)
-        ident = workflow_id(spec.tenant, spec.run)
+        request, ident = self._request(spec)
 
         async def start() -> None:
-            client = await self._connect()
-            await client.start_workflow(
-                WORKFLOW,
-                request,
-                id=ident,
-                task_queue=self.task_queue,
-                # The run's workflow already driving it is the one to wait for; a finished
-                # one's run is continued by a new one, from its checkpoint.
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            )
+            await self._start(await self._connect(), request, ident)
 
         _sync(start())
         return ident
@@ -739,7 +729,33 @@ class TemporalRunner:
 
         Waits as long as the run takes, or at most ``timeout`` seconds (then raises
         ``KeelgateError``; the run goes on in its workflow)."""
-        return _sync(self._wait(ident, after, timeout))
+
+        async def wait() -> Stopped:
+            return await self._wait(await self._connect(), ident, after, timeout)
+
+        return _sync(wait())
+
+    def _request(self, spec: LoopSpec) -> tuple[RunRequest, str]:
+        if spec.kind is LoopKind.MONITOR:
+            raise InputError(
+                "spec.loop",
+                "a monitor's ticks are not driven through Temporal yet; use keelgate run",
+            )
+        if spec_from_manifest(spec.manifest).suspend:
+            raise InputError("spec.suspend", "the run is suspended; set suspend: false to run it")
+        request = RunRequest(spec.to_json(), pricing_to_wire(self.pricing), self.settings)
+        return request, workflow_id(spec.tenant, spec.run)
+
+    async def _start(self, client: Any, request: RunRequest, ident: str) -> None:
+        await client.start_workflow(
+            WORKFLOW,
+            request,
+            id=ident,
+            task_queue=self.task_queue,
+            # The run's workflow already driving it is the one to wait for; a finished one's
+            # run is continued by a new one, from its checkpoint.
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
 
     # Decisions
 
@@ -806,8 +822,7 @@ class TemporalRunner:
 
         return _sync(update())
 
-    async def _wait(self, ident: str, after: int, timeout: float | None) -> Stopped:
-        client = await self._connect()
+    async def _wait(self, client: Any, ident: str, after: int, timeout: float | None) -> Stopped:
         handle = client.get_workflow_handle(ident)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
