@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import LoopRunner
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import RunPhase, StopReason
-from keelgate.errors import RemoteError
+from keelgate.errors import InputError, RemoteError
 from keelgate.manifest import load_agentrun
 from keelgate.runners.temporal import Settings, TemporalRunner, workflow_id
 from keelgate.stores import open_stores
@@ -239,6 +240,8 @@ def test_a_run_completes_through_its_workflow_and_its_audit_chain_verifies(
     again = runner.run(spec)
     assert again.stop.reason is StopReason.GOAL_MET
     assert len(workers.orders()) == 1
+    with pytest.raises(InputError, match="has finished"):
+        runner.resume(spec.tenant, spec.run, tokens=10)  # nothing left to decide
 
 
 @pytest.mark.parametrize("window", ["after_gateway_call", "mid_tool"])
@@ -283,6 +286,48 @@ def test_a_worker_killed_at_its_write_is_retried_elsewhere_and_the_write_happens
     settled = [e for e in chain if e.type == "loop.reconciled"]
     assert [(e.actor, e.data["verdict"], e.data["source"]) for e in settled] == [
         ("alice", "executed", "human")
+    ]
+
+
+def test_a_worker_killed_while_settling_is_retried_and_the_settlement_stands(
+    workers_for: Any, pg_url: str
+) -> None:
+    """The settlement itself survives a worker's death: the worker carrying out alice's
+    reconcile dies by os._exit(137) right after the key was settled, before its audit event
+    (after_settle). Temporal retries the reconcile activity on another worker, which finds the
+    key settled exactly as asked, by alice, and reports it done (``repeated``) rather than
+    refused; the run goes on to goal_met with one order, and the loop.reconciled event is on
+    the chain (written from the key's record by the next drive)."""
+    workers = workers_for(ONE_ORDER)
+    first = workers.start(failpoints="after_gateway_call@1")
+    runner = workers.runner()
+    spec = spec_of("settle-crash")
+    ident = runner.start(spec)
+    assert wait_for_exit(first) == 137, workers.log(0)
+    second = workers.start(failpoints="after_settle@1")
+    outcome = runner.wait(ident, timeout=WAIT).outcome
+    assert outcome is not None and outcome.stop.reason is StopReason.OUTCOME_UNKNOWN
+
+    decided: list[Any] = []
+    deciding = threading.Thread(
+        target=lambda: decided.append(
+            runner.reconcile(spec.tenant, spec.run, "1:0", executed=True, by="alice")
+        )
+    )
+    deciding.start()
+    try:
+        assert wait_for_exit(second) == 137, workers.log(1)
+        workers.start()
+    finally:
+        deciding.join(timeout=WAIT)
+    assert decided and decided[0]["repeated"] is True and decided[0]["verdict"] == "executed"
+    final = runner.wait(ident, after=decided[0]["stops"], timeout=WAIT).outcome
+    assert final is not None and final.stop.reason is StopReason.GOAL_MET, final
+    assert len(workers.orders()) == 1
+    chain, report = audit(pg_url, spec)
+    assert report.ok, report.problems
+    assert [(e.actor, e.data["source"]) for e in chain if e.type == "loop.reconciled"] == [
+        ("alice", "human")
     ]
 
 

@@ -291,7 +291,8 @@ class Activities:
         with self._stores() as stores:
             loop = Loop(stores=stores)
             state = loop.state(request.tenant, request.run)
-            tool = {p.action: p.tool for p in state.pending}.get(request.action, "")
+            actions = state.plan.actions if state.plan is not None else ()
+            tool = next((a.tool for a in actions if a.id == request.action), "")
             try:
                 loop.approve(
                     request.tenant,
@@ -817,7 +818,7 @@ class TemporalRunner:
                     name, request, result_type=dict
                 )
             except Exception as error:
-                raise _refusal(error, tenant, run) from None
+                raise await _update_refused(handle, error, tenant, run) from None
             return result
 
         return _sync(update())
@@ -898,6 +899,30 @@ async def _closed(handle: Any, error: BaseException, tenant: str, run: str) -> S
             raise RemoteError(cause.type or "ApplicationError", cause.message) from None
         raise RemoteError(type(cause).__name__, str(cause)) from None
     return Stopped(outcome_from_wire(result), None, -1, True)
+
+
+async def _update_refused(
+    handle: Any, error: BaseException, tenant: str, run: str
+) -> KeelgateError:
+    """Why a decision did not go through: refused by the run, or no open workflow to take it."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    if isinstance(error, WorkflowUpdateFailedError) or not isinstance(error, RPCError):
+        return _refusal(error, tenant, run)
+    try:
+        description = await handle.describe()
+    except RPCError as missing:
+        if missing.status is RPCStatusCode.NOT_FOUND:
+            return _no_workflow(tenant, run)
+        return TemporalUnavailable(f"the Temporal server did not answer ({missing})")
+    if description.close_time is not None:
+        return InputError(
+            "RUN",
+            f"run {run!r} in namespace {tenant!r} has finished (its workflow is closed): "
+            "there is nothing to decide",
+        )
+    return _refusal(error, tenant, run)
 
 
 def _no_workflow(tenant: str, run: str) -> InputError:
