@@ -34,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -128,6 +129,8 @@ def worker(address: str, store: str, queue: str) -> Iterator[subprocess.Popen[by
         line = process.stderr.readline().decode()
         if "polling" not in line:
             raise SystemExit(f"bench: the worker did not start: {line}")
+        # Keep reading its log, or a full pipe would stall the worker mid-bench.
+        threading.Thread(target=process.stderr.read, daemon=True).start()
         yield process
     finally:
         process.terminate()

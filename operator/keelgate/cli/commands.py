@@ -100,12 +100,14 @@ def exit_code(outcome: Outcome) -> int:
     return 3 if outcome.resumable else 1
 
 
-def _show(outcome: Outcome, output: OutputFormat, *, command: str = "keelgate") -> int:
+def _show(
+    outcome: Outcome, output: OutputFormat, *, command: str = "keelgate", scope: str = ""
+) -> int:
     console = Console()
     if output is OutputFormat.json:
         console.json(outcome.to_json())
     else:
-        console.outcome(outcome, command=command)
+        console.outcome(outcome, command=command, scope=scope)
     return exit_code(outcome)
 
 

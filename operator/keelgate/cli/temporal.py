@@ -135,10 +135,17 @@ def worker_command(
     ] = 30.0,
 ) -> int:
     """A Temporal worker: runs Keelgate's workflow and its loops as activities on --store."""
+    import logging
+
     from keelgate.cli.step import load_confirmer
     from keelgate.stores._holds import wait_for_running_calls
 
     module = _sdk("keelgate temporal-worker")
+    # A long-running process: its log lines need times, as the operator's do. An attempt that
+    # ends in a Keelgate error (a busy run, a failed stop) is logged by the SDK as a warning.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     if not task_queue.strip():
         raise InputError("--task-queue", "name the task queue to poll")
     _usable(store)
@@ -212,7 +219,7 @@ def run_command(
         pricing=pricing,
         settings=settings,
     )
-    return _show(runner.run(spec), output, command=COMMAND)
+    return _shown(runner.run(spec), output)
 
 
 @temporal_app.command("resume")
@@ -257,7 +264,13 @@ def resume_command(
     for warning in done.get("warnings") or ():
         Console().warn(warning)
     stopped = runner.wait(module.workflow_id(namespace, run), after=int(done["stops"]))
-    return _show(module.stop_outcome(stopped), output, command=COMMAND)
+    return _shown(module.stop_outcome(stopped), output)
+
+
+def _shown(outcome: Any, output: OutputFormat) -> int:
+    """``_show`` with hints for this group: a run is found by its namespace, not a store."""
+    scope = "" if outcome.tenant == "default" else f" -n {outcome.tenant}"
+    return _show(outcome, output, command=COMMAND, scope=scope)
 
 
 @temporal_app.command("reconcile")
@@ -317,7 +330,7 @@ def _decided(
     run = str(done["run"])
     if wait:
         stopped = runner.wait(module.workflow_id(namespace, run), after=int(done["stops"]))
-        return _show(module.stop_outcome(stopped), output, command=COMMAND)
+        return _shown(module.stop_outcome(stopped), output)
     console = Console()
     fields = {k: done[k] for k in ("run", "action", "tool", "verdict", "by")}
     if output is OutputFormat.json:
@@ -328,7 +341,9 @@ def _decided(
         style="green",
     )
     console.say(
-        f"  the workflow continues the run; where it stands: {COMMAND} status {run}", style="dim"
+        f"  the workflow continues the run; where it stands: {COMMAND} status {run}"
+        + ("" if namespace == "default" else f" -n {namespace}"),
+        style="dim",
     )
     return 0
 
@@ -348,10 +363,13 @@ def status_command(
         Console().warn(
             f"its last drive was given up: {stopped.error}; `{COMMAND} resume {run}` tries again"
         )
-    if stopped.outcome is None:
-        Console().say(f"{run}  Running  (no stop yet)")
+    if stopped.outcome is None:  # its first drive is under way
+        if output is OutputFormat.json:
+            Console().json({"run": run, "phase": "Running", "stopReason": ""})
+        else:
+            Console().say(f"{run}  Running  (no stop yet)")
         return 0
-    return _show(stopped.outcome, output, command=COMMAND)
+    return _shown(stopped.outcome, output)
 
 
 __all__ = ["COMMAND", "temporal_app"]
