@@ -591,3 +591,33 @@ def test_a_drive_that_stays_busy_is_given_up_and_resume_tries_again(
     assert final.error is None
     assert final.outcome is not None and final.outcome.stop.reason is StopReason.GOAL_MET
     assert len(workers.orders()) == 1
+
+
+def test_every_temporal_command_and_option_in_the_docs_exists() -> None:
+    """docs/temporal.md shows commands a reader will type: each ``keelgate temporal ...`` and
+    ``keelgate temporal-worker`` line there names a real command, and each of its options is
+    one that command takes (no server needed)."""
+    import re
+
+    import typer
+
+    from keelgate.cli import commands
+    from keelgate.cli import temporal as _registers  # noqa: F401
+
+    group = typer.main.get_command(commands.app)
+    text = (TESTS.parent / "docs" / "temporal.md").read_text()
+    # Command lines: in code blocks (with their continuation lines) and in table cells.
+    text = text.replace("\\\n", " ").replace("\\|", "|")
+    found = re.findall(r"keelgate (temporal-worker|temporal \w+)([^`\n]*)", text)
+    seen: set[str] = set()
+    for name, rest in found:
+        words = name.split()
+        command = group.commands[words[0]]  # type: ignore[attr-defined]
+        if len(words) == 2:
+            assert words[1] in command.commands, f"keelgate {name}: no such command"
+            command = command.commands[words[1]]
+        options = {o for p in command.params for o in p.opts}
+        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*|-[a-z])\b", rest):
+            assert flag in options, f"keelgate {name}: no option {flag}"
+        seen.add(name)
+    assert {"temporal-worker", "temporal run", "temporal resume", "temporal status"} <= seen
