@@ -38,7 +38,7 @@ from keelgate.errors import InputError, RemoteError
 from keelgate.manifest import load_agentrun
 from keelgate.runners.temporal import Settings, TemporalRunner, workflow_id
 from keelgate.stores import open_stores
-from support.temporalserver import TemporalServer
+from support.temporalserver import TemporalServer, die_with_parent
 
 pytestmark = pytest.mark.postgres
 
@@ -49,8 +49,9 @@ sys.path.insert(0, str(TOOLS))
 
 from kg_temporal_tools import entries  # noqa: E402
 
-#: Short enough that a dead worker is noticed in seconds, long enough for a loaded machine.
-SETTINGS = Settings(heartbeat_timeout=3.0, retry_interval=0.5, max_retry_interval=2.0)
+#: The default heartbeat timeout: a dead worker is noticed in seconds, and a live one on a
+#: loaded 2-core machine is not taken for dead (a spurious retry would blur what is proven).
+SETTINGS = Settings(heartbeat_timeout=5.0, retry_interval=0.5, max_retry_interval=2.0)
 
 #: The longest a test waits for a stop (a worker that died at start-up fails the test instead).
 WAIT = 120.0
@@ -122,6 +123,7 @@ class Workers:
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=die_with_parent,  # no worker outlives a killed test session
         )
         log.close()
         self.started.append(worker)
@@ -575,7 +577,7 @@ def test_a_drive_that_stays_busy_is_given_up_and_resume_tries_again(
         runner = TemporalRunner(
             address=workers.server.address,
             task_queue=workers.queue,
-            settings=Settings(heartbeat_timeout=3.0, max_attempts=2, retry_interval=0.5),
+            settings=Settings(heartbeat_timeout=5.0, max_attempts=2, retry_interval=0.5),
         )
         stopped = runner.wait(runner.start(spec), timeout=WAIT)
         assert stopped.error is not None and stopped.error.kind == "RunBusy", stopped

@@ -67,7 +67,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL it if the process that started it dies (Linux)."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
@@ -133,7 +134,7 @@ def start_temporal(*, timeout: float = 90.0) -> TemporalServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             server = TemporalServer(address, cli, base, process, log)
             deadline = time.monotonic() + timeout
