@@ -52,6 +52,9 @@ from kg_temporal_tools import entries  # noqa: E402
 #: The default heartbeat timeout: a dead worker is noticed in seconds, and a live one on a
 #: loaded 2-core machine is not taken for dead (a spurious retry would blur what is proven).
 SETTINGS = Settings(heartbeat_timeout=5.0, retry_interval=0.5, max_retry_interval=2.0)
+#: For the tests that prove an attempt was not retried: no worker dies in them, so a long
+#: heartbeat timeout costs nothing and keeps a starved machine from causing a retry of its own.
+CALM = Settings(heartbeat_timeout=30.0, retry_interval=0.5, max_retry_interval=2.0)
 
 #: The longest a test waits for a stop (a worker that died at start-up fails the test instead).
 WAIT = 120.0
@@ -143,11 +146,11 @@ class Workers:
                 worker.kill()
                 worker.wait()
 
-    def runner(self) -> TemporalRunner:
+    def runner(self, settings: Settings = SETTINGS) -> TemporalRunner:
         return TemporalRunner(
             address=self.server.address,
             task_queue=self.queue,
-            settings=SETTINGS,
+            settings=settings,
             wait_timeout=WAIT,
         )
 
@@ -226,7 +229,7 @@ def test_a_run_completes_through_its_workflow_and_its_audit_chain_verifies(
     first attempt, and the run's audit chain verifies. The runner is the core's LoopRunner."""
     workers = workers_for(ONE_ORDER)
     workers.start()
-    runner = workers.runner()
+    runner = workers.runner(CALM)
     assert isinstance(runner, LoopRunner)
     spec = spec_of("restock")
     outcome = runner.run(spec)
@@ -369,7 +372,7 @@ def test_a_budget_stop_is_a_completed_activity_and_a_raise_runs_the_saved_plan(
     ]
     workers = workers_for(script)
     workers.start()
-    runner = workers.runner()
+    runner = workers.runner(CALM)
     spec = spec_of("over-budget", budget={"tokens": 200})
     stopped = runner.wait(runner.start(spec), timeout=WAIT)
     outcome = stopped.outcome
@@ -476,7 +479,7 @@ def test_a_failed_stop_fails_the_workflow_without_a_retry(workers_for: Any) -> N
     still gets the failed outcome (exit 1 on the command line), and nothing was ordered."""
     workers = workers_for([{"fail": "the provider refused"}])
     workers.start()
-    runner = workers.runner()
+    runner = workers.runner(CALM)
     spec = spec_of("fails")
     outcome = runner.run(spec)
     assert outcome.phase is RunPhase.FAILED and outcome.stop.reason is StopReason.FAILED
