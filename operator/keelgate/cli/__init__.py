@@ -23,11 +23,13 @@ from keelgate.errors import (
     InputError,
     KeelgateError,
     ModelUnavailable,
+    RemoteError,
     RunBusy,
     RunNotFound,
     SettleError,
     StaleCheckpoint,
     StoreUnavailable,
+    TemporalUnavailable,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return step_main(args[1:])
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
+    from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands
 
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
 
@@ -120,10 +123,12 @@ def dispatch(
         )
     except StoreUnavailable as error:
         return fail(EXIT_STORE, f"--store: {error}")
-    except ClusterUnavailable as error:
+    except (ClusterUnavailable, TemporalUnavailable) as error:
         return fail(EXIT_STORE, str(error))
     except ModelUnavailable as error:
         return fail(EXIT_FAILED, f"{error}; nothing was saved: run the same command again to retry")
+    except RemoteError as error:  # met by a Temporal worker: the exit code of what it met
+        return fail(error.origin_exit_code, str(error))
     except KeelgateError as error:
         return fail(EXIT_FAILED, str(error))
     except Exception as error:

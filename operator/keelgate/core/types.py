@@ -323,6 +323,10 @@ class UnknownAction:
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action, "tool": self.tool, "idempotencyKey": self.idempotency_key}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UnknownAction:
+        return cls(str(data["action"]), str(data["tool"]), str(data["idempotencyKey"]))
+
 
 @dataclass(frozen=True)
 class PendingApproval:
@@ -331,6 +335,10 @@ class PendingApproval:
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action, "tool": self.tool}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PendingApproval:
+        return cls(str(data["action"]), str(data["tool"]))
 
 
 @dataclass(frozen=True)
@@ -365,3 +373,26 @@ class Outcome:
             "answer": self.answer,
             "message": self.stop.message,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, tenant: str) -> Outcome:
+        """The inverse of ``to_json`` (which leaves out the tenant): an outcome that crossed a
+        process boundary, e.g. back from a Temporal worker."""
+        reason = str(data.get("stopReason") or "")
+        answer = data.get("answer")
+        return cls(
+            tenant,
+            str(data["run"]),
+            RunPhase(data["phase"]),
+            # No stop recorded reads as a resumable "failed" placeholder, as RunState.outcome().
+            Stop(
+                StopReason(reason or StopReason.FAILED.value),
+                str(data.get("message") or ""),
+                bool(data["resumable"]),
+            ),
+            int(data.get("iteration", 0)),
+            Usage.from_json(data.get("usage") or {}),
+            tuple(UnknownAction.from_json(u) for u in data.get("unknownActions") or ()),
+            tuple(PendingApproval.from_json(p) for p in data.get("pendingApprovals") or ()),
+            None if answer is None else str(answer),
+        )
