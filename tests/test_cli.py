@@ -783,8 +783,8 @@ def test_commands_on_an_empty_postgres_database_create_nothing(
 
 
 # The programs a cluster runs, not a person: a step pod always ends with its JSON line, and the
-# operator is a daemon that logs.
-IN_CLUSTER = {"step", "operator"}
+# operator and a Temporal worker are daemons that log.
+IN_CLUSTER = {"step", "operator", "temporal-worker"}
 
 
 def test_every_command_takes_output_json() -> None:
@@ -797,8 +797,11 @@ def test_every_command_takes_output_json() -> None:
     names = sorted(set(group.commands) - IN_CLUSTER)  # type: ignore[attr-defined]
     assert {"run", "resume", "reconcile", "approve", "audit", "runs", "status"} <= set(names)
     for name in names:
-        options = {o for p in group.commands[name].params for o in p.opts}  # type: ignore[attr-defined]
-        assert {"--output", "-o"} <= options, name
+        command = group.commands[name]  # type: ignore[attr-defined]
+        # A group (``keelgate temporal``): each of its commands.
+        for sub, leaf in (getattr(command, "commands", None) or {name: command}).items():
+            options = {o for p in leaf.params for o in p.opts}
+            assert {"--output", "-o"} <= options, f"{name} {sub}"
 
 
 def test_approve_and_reconcile_answer_in_json(

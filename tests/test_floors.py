@@ -51,6 +51,9 @@ def test_the_package_keeps_its_floors() -> None:
         ("runners/build.py", "import keelgate.kube.api", "A step pod's start-up"),
         ("kube/api.py", "import keelgate.runners", "Floors"),
         ("cli/step.py", "import typer", "A step pod's start-up"),
+        ("stores/postgres.py", "import temporalio", "Only the Temporal runner"),
+        ("runners/step.py", "import keelgate.runners.temporal", "Only the Temporal runner"),
+        ("core/loop.py", "import temporalio.client", "The core imports no"),
     ],
 )
 def test_an_import_against_a_floor_breaks_the_lint(

@@ -88,6 +88,15 @@ class ClusterUnavailable(KeelgateError):
     retryable = True
 
 
+class TemporalUnavailable(KeelgateError):
+    """The Temporal server cannot be reached (``keelgate temporal ...``, a worker starting):
+    nothing was started or decided; the same command may succeed once it answers (exit 5, as
+    for a store)."""
+
+    exit_code = 5
+    retryable = True
+
+
 class StaleCheckpoint(StoreError):
     """A checkpoint save was refused because the store already holds this sequence or newer.
 
@@ -174,6 +183,31 @@ class ModelUnavailable(ModelError):
     """
 
     retryable = True
+
+
+class RemoteError(KeelgateError):
+    """An error another process met on this one's behalf (a Temporal worker driving or settling
+    a run), carried back by its class's name and message. It keeps that class's place in the
+    table: ``origin_exit_code`` and ``origin_retryable`` are the named class's (those of
+    ``KeelgateError`` for a name this version does not know), so ``keelgate temporal ...``
+    exits as the same mistake would locally."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message, kind=kind)
+        self.kind = kind
+        origin = _by_name().get(kind, KeelgateError)
+        self.origin_exit_code = origin.exit_code
+        self.origin_retryable = origin.retryable
+
+
+def _by_name() -> dict[str, type[KeelgateError]]:
+    found: dict[str, type[KeelgateError]] = {}
+    pending: list[type[KeelgateError]] = [KeelgateError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.__name__, cls)
+        pending.extend(cls.__subclasses__())
+    return found
 
 
 class SimulatedCrash(BaseException):

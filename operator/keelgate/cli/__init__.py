@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from keelgate.errors import (
     KeelgateError,
     ModelUnavailable,
+    RemoteError,
     RunBusy,
     StaleCheckpoint,
     StoreUnavailable,
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return step_main(args[1:])
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
+    from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands
 
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
 
@@ -113,7 +115,7 @@ def dispatch(
     except KeelgateError as error:
         # The error table decides the exit code (the same one a step pod exits with); only the
         # wording is the CLI's.
-        return fail(error.exit_code, _error_line(error))
+        return fail(_exit_code(error), _error_line(error))
     except Exception as error:
         if os.environ.get("KEELGATE_DEBUG"):
             raise
@@ -142,6 +144,11 @@ _WORDING: dict[type[KeelgateError], Callable[[KeelgateError], str]] = {
         f"{error}; nothing was saved: run the same command again to retry"
     ),
 }
+
+
+def _exit_code(error: KeelgateError) -> int:
+    # An error a Temporal worker met exits as the same mistake would here.
+    return error.origin_exit_code if isinstance(error, RemoteError) else error.exit_code
 
 
 def _error_line(error: KeelgateError) -> str:

@@ -22,7 +22,7 @@ from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
-from keelgate.core.types import LoopKind, Outcome, RunPhase, StopReason
+from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.core.values import INT64_MAX
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
@@ -101,12 +101,14 @@ def exit_code(outcome: Outcome) -> int:
     return 3 if outcome.resumable else 1
 
 
-def _show(outcome: Outcome, output: OutputFormat) -> int:
+def _show(
+    outcome: Outcome, output: OutputFormat, *, command: str = "keelgate", scope: str = ""
+) -> int:
     console = Console()
     if output is OutputFormat.json:
         console.json(outcome.to_json())
     else:
-        console.outcome(outcome)
+        console.outcome(outcome, command=command, scope=scope)
     return exit_code(outcome)
 
 
@@ -233,33 +235,20 @@ def resume_command(
     total_dollars = _decimal("--dollars", dollars)
     with _opened(store, run, namespace) as (loop, tenant, run):
         state = loop.state(tenant, run)
-    saved, used = state.spec, state.usage
-    for flag, total, spent in (
-        ("--tokens", tokens, used.tokens),
-        ("--dollars", total_dollars, used.dollars),
-        ("--max-iterations", max_iterations, state.iteration),
-        ("--timeout", timeout, used.active_seconds),
-    ):
-        if total is not None and total <= spent:
-            Console().warn(f"{flag} {total} is a new total, not more: {spent} is already used")
-    budget = saved.budget.raised(
+    from keelgate.runners.local import resumed_spec
+
+    resumed = resumed_spec(
+        state,
         tokens=tokens,
         dollars=total_dollars,
         max_iterations=max_iterations,
         timeout_seconds=timeout,
         max_verifier_rejections=max_verifier_rejections,
     )
-    spec = saved.with_budget(budget)
-    if state.stop is not None and not state.continues_under(budget):
+    for warning in resumed.warnings:
         # Shown as it stands, with its own exit code; but a resume that does nothing says so.
-        reason = state.stop.reason
-        if reason is StopReason.GOAL_MET:
-            why = "it met its goal"
-        elif reason is StopReason.VERIFIER_REJECTIONS:
-            why = "the verifier rejected it (raise --max-verifier-rejections to go on)"
-        else:
-            why = f"it stopped for good ({reason.value})"
-        Console().warn(f"{run} has finished: {why}; a finished run has nothing to resume")
+        Console().warn(warning)
+    saved, spec = state.spec, resumed.spec
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
     return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)

@@ -45,7 +45,10 @@ class Console:
         sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
-    def outcome(self, outcome: Outcome) -> None:
+    def outcome(self, outcome: Outcome, *, command: str = "keelgate", scope: str = "") -> None:
+        """Where a run stands, with the next commands to type; ``command`` is the program that
+        drives it (``keelgate temporal`` for a run in a Temporal workflow) and ``scope`` what
+        those commands need after the run's name to find it (e.g. `` -n shop``)."""
         stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
@@ -53,7 +56,7 @@ class Console:
             self.out.print(title)
             self.out.print(
                 f"  no stop recorded: running in another process now, or its process died; "
-                f"`keelgate resume {outcome.run}` continues it from its last checkpoint"
+                f"`{command} resume {outcome.run}{scope}` continues it from its last checkpoint"
             )
             return
         title += Text(f"  {stop.reason.value}")
@@ -77,10 +80,10 @@ class Console:
             )
             self.out.print(
                 "  Check the system it changes, then settle it:\n"
-                f"    keelgate reconcile {outcome.run} {unknown.action} --executed "
-                f"--by YOU      # it happened\n"
-                f"    keelgate reconcile {outcome.run} {unknown.action} --not-executed "
-                f"--by YOU  # it did not: never retried under this key"
+                f"    {command} reconcile {outcome.run} {unknown.action} --executed "
+                f"--by YOU{scope}      # it happened\n"
+                f"    {command} reconcile {outcome.run} {unknown.action} --not-executed "
+                f"--by YOU{scope}  # it did not: never retried under this key"
             )
         for pending in outcome.pending_approvals:
             self.out.print(
@@ -88,26 +91,25 @@ class Console:
                 + Text(f"{pending.tool} (action {pending.action})")
             )
             self.out.print(
-                f"    keelgate approve {outcome.run} {pending.action} --approve --by YOU"
+                f"    {command} approve {outcome.run} {pending.action} --approve --by YOU{scope}"
                 f"\n"
-                f"    keelgate approve {outcome.run} {pending.action} --deny --by YOU"
-                f""
+                f"    {command} approve {outcome.run} {pending.action} --deny --by YOU{scope}"
             )
         if stop.reason is StopReason.VERIFIER_REJECTIONS:
             self.out.print(
-                f"  to go on, raise the limit: keelgate resume {outcome.run} "
+                f"  to go on, raise the limit: {command} resume {outcome.run}{scope} "
                 "--max-verifier-rejections N",
                 style="dim",
             )
         elif stop.reason is StopReason.COST_UNKNOWN:
             self.out.print(
                 "  state the model's price (spec.pricing), or give a pricing file: "
-                f"keelgate resume {outcome.run} --pricing prices.yaml",
+                f"{command} resume {outcome.run}{scope} --pricing prices.yaml",
                 style="dim",
             )
         elif outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
             self.out.print(
-                f"  resume with: keelgate resume {outcome.run} "
+                f"  resume with: {command} resume {outcome.run}{scope} "
                 "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",
                 style="dim",
             )

@@ -363,3 +363,25 @@ class Outcome:
     def to_json(self) -> dict[str, Any]:
         """The contract's ``--output json`` object: the run's name and its status."""
         return {"run": self.run, **self.status().to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, tenant: str) -> Outcome:
+        """The inverse of ``to_json`` (which leaves out the tenant): an outcome that crossed a
+        process boundary, e.g. back from a Temporal worker."""
+        status = RunStatus.model_validate(data)
+        return cls(
+            tenant,
+            str(data["run"]),
+            status.phase,
+            # No stop recorded reads as a resumable "failed" placeholder, as RunState.outcome().
+            Stop(
+                StopReason(status.stop_reason or StopReason.FAILED.value),
+                status.message,
+                status.resumable,
+            ),
+            status.iteration,
+            status.usage,
+            status.unknown_actions,
+            status.pending_approvals,
+            status.answer,
+        )

@@ -9,12 +9,14 @@ state. It must never keep state between calls: each call rebuilds everything fro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from decimal import Decimal
 
 from keelgate.core.loop import Loop
 from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
+from keelgate.core.state import RunState
 from keelgate.core.types import LoopKind, Outcome, StopReason
 from keelgate.errors import InputError
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
@@ -97,3 +99,55 @@ class LocalRunner:
 
     def _loop(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Loop:
         return build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The spec a resume drives a run with, and what its caller should be warned about."""
+
+    spec: LoopSpec
+    warnings: tuple[str, ...] = ()
+
+
+def resumed_spec(
+    state: RunState,
+    *,
+    tokens: int | None = None,
+    dollars: Decimal | None = None,
+    max_iterations: int | None = None,
+    timeout_seconds: float | None = None,
+    max_verifier_rejections: int | None = None,
+) -> Resumed:
+    """The saved spec with the named budgets raised to new totals (``keelgate resume`` and the
+    Temporal workflow's ``resume`` both make it here, so a raise means the same everywhere).
+
+    A total at or under what is already used is kept but warned about (it is a total, not an
+    increment), and so is a run that no raise can continue.
+    """
+    saved, used = state.spec, state.usage
+    warnings: list[str] = []
+    for flag, total, spent in (
+        ("--tokens", tokens, used.tokens),
+        ("--dollars", dollars, used.dollars),
+        ("--max-iterations", max_iterations, state.iteration),
+        ("--timeout", timeout_seconds, used.active_seconds),
+    ):
+        if total is not None and total <= spent:
+            warnings.append(f"{flag} {total} is a new total, not more: {spent} is already used")
+    budget = saved.budget.raised(
+        tokens=tokens,
+        dollars=dollars,
+        max_iterations=max_iterations,
+        timeout_seconds=timeout_seconds,
+        max_verifier_rejections=max_verifier_rejections,
+    )
+    if state.stop is not None and not state.continues_under(budget):
+        reason = state.stop.reason
+        if reason is StopReason.GOAL_MET:
+            why = "it met its goal"
+        elif reason is StopReason.VERIFIER_REJECTIONS:
+            why = "the verifier rejected it (raise --max-verifier-rejections to go on)"
+        else:
+            why = f"it stopped for good ({reason.value})"
+        warnings.append(f"{state.run} has finished: {why}; a finished run has nothing to resume")
+    return Resumed(saved.with_budget(budget), tuple(warnings))
