@@ -34,7 +34,13 @@ def test_every_checkpoint_store_keeps_the_contract(
 
 
 KEYED_CHECKS = contract.checks(
-    "specs", "keys", "audit", "run_lock", "checkpoint_with_events", "claim_with_event"
+    "specs",
+    "keys",
+    "audit",
+    "run_lock",
+    "checkpoint_with_events",
+    "claim_with_event",
+    "checkpoint_with_completion",
 )
 
 
@@ -203,7 +209,9 @@ def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Pa
     from keelgate.core.protocols import Capabilities, Stores
     from keelgate.stores.sqlite import SQLiteStore
 
-    both = Capabilities(checkpoint_with_events=True, claim_with_event=True)
+    both = Capabilities(
+        checkpoint_with_events=True, claim_with_event=True, checkpoint_with_completion=True
+    )
     expected = {
         "memory://": both,
         f"sqlite:///{tmp_path}/a.db": both,

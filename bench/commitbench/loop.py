@@ -19,7 +19,7 @@ from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.audit import AuditDraft, seal
 from keelgate.core.loop import Loop
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
-from keelgate.core.protocols import Stores
+from keelgate.core.protocols import Completion, Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyRecord, SideEffect
 from keelgate.errors import RunNotFound
@@ -83,7 +83,7 @@ def per_iteration(stamps: Sequence[float]) -> float:
 class Payload:
     """What one steady-state loop iteration writes, as the stores receive it."""
 
-    checkpoints: tuple[str, str, str, str]  # plan, action, observe, verify: compact JSON
+    checkpoints: tuple[str, str, str]  # plan, action with observation, verify: compact JSON
     events: tuple[tuple[Mapping[str, Any], ...], ...]  # audit rows per checkpoint
     claim_events: tuple[Mapping[str, Any], ...]  # audit rows committed with the key claim
     result: str  # the completed key's stored result
@@ -124,19 +124,30 @@ class _Recorder(MemoryStore):
         self.saves.append((dict(state), tuple(drafts)))
         super().save_with_events(tenant, run, seq, state, drafts)
 
-    def complete(self, tenant: str, key: str, result: Any) -> bool:
-        self.results.append(result)
-        return super().complete(tenant, key, result)
+    def save_completing(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
+        if completions:  # without any it is save_with_events, recorded there
+            self.saves.append((dict(state), tuple(drafts)))
+            self.results.extend(c.result for c in completions)
+        return super().save_completing(tenant, run, seq, state, drafts, completions)
 
 
 def calibrate(warm: int = 40) -> Payload:
     """Run the loop past its history window in memory and keep the last iteration's writes."""
     recorder = _Recorder()
     drive(recorder, "calibrate", warm, StampedModel())
-    # The run's last iteration: plan, action, observe, verify, then the max_iterations stop.
-    last = recorder.saves[-5:-1]
+    # The run's last iteration: plan, action with its observation (and the key's completion),
+    # verify, then the max_iterations stop.
+    last = recorder.saves[-4:-1]
     steps = [state["step"] for state, _ in last]
-    if steps != ["act", "observe", "verify", "plan"]:
+    if steps != ["act", "verify", "plan"]:
         raise SystemExit(f"bench: unexpected checkpoint sequence {steps}")
     head = None
 
@@ -156,7 +167,7 @@ def calibrate(warm: int = 40) -> Payload:
     events = (plan_events, *(sealed(drafts) for _, drafts in last[1:]))
     texts = tuple(json.dumps(s, separators=(",", ":")) for s, _ in last)
     return Payload(
-        (texts[0], texts[1], texts[2], texts[3]),
+        (texts[0], texts[1], texts[2]),
         events,
         claim_events,
         json.dumps(recorder.results[-1]),
@@ -172,9 +183,8 @@ def describe_baseline(payload: Payload) -> list[str]:
     steps = [
         f"write-ahead plan: checkpoint upsert{rows(payload.events[0])}",
         f"claim: key insert (in flight){rows(payload.claim_events)}",
-        "completion: key update (completed, with its result)",
-        f"action checkpoint: checkpoint upsert{rows(payload.events[1])}",
-        f"observe checkpoint: checkpoint upsert{rows(payload.events[2])}",
-        f"verify checkpoint: checkpoint upsert{rows(payload.events[3])}",
+        "completion, action and observation: key update (completed, with its result) + "
+        f"checkpoint upsert{rows(payload.events[1])}",
+        f"verify checkpoint: checkpoint upsert{rows(payload.events[2])}",
     ]
     return [f"  ({n}) {step}" for n, step in enumerate(steps, start=1)]

@@ -60,7 +60,7 @@ def report(all_figures: Sequence[Figures], *, rounds: int, load: tuple[str, str]
     lines.append("")
     payload = all_figures[0].payload
     assert payload is not None
-    lines.append("raw baseline, per iteration: 6 transactions, each one durable commit:")
+    lines.append("raw baseline, per iteration: 4 transactions, each one durable commit:")
     lines.extend(describe_baseline(payload))
     lines.append(
         f"  with the loop's own JSON and audit rows: {payload.checkpoint_bytes} checkpoint bytes "

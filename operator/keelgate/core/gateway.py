@@ -19,7 +19,7 @@ from typing import Any
 
 from keelgate.core import failpoints
 from keelgate.core.audit import AuditDraft
-from keelgate.core.protocols import AuditLog, Confirmer, IdempotencyStore, Tool
+from keelgate.core.protocols import AuditLog, Completion, Confirmer, IdempotencyStore, Tool
 from keelgate.core.types import (
     Action,
     ActionResult,
@@ -95,6 +95,7 @@ class Gateway:
         confirmer: Confirmer | None = None,
         busy_wait: float = 5.0,
         durable_start: bool = False,
+        deferred_completion: bool = False,
         audit: AuditLog | None = None,
     ) -> None:
         self.tools = tools
@@ -108,6 +109,12 @@ class Gateway:
         # True when the key store also holds the audit chain: a WRITE's start event then
         # commits with its claim, so even a death mid-call leaves it on the chain.
         self.durable_start = durable_start
+        # True when the checkpoint store completes keys in the checkpoint's own transaction: a
+        # WRITE's key is then completed by the checkpoint that records its result (one commit
+        # after the call, not two). Until then the key stays in flight, so a death in between
+        # reads as an unknown outcome, exactly as before the completion's own commit.
+        self.deferred_completion = deferred_completion
+        self._deferred: dict[str, tuple[Tool, Action, Completion]] = {}
         # Where a call that ends after its run stopped records how it ended.
         self.audit = audit
 
@@ -186,29 +193,50 @@ class Gateway:
             raise UnknownOutcomeStop(UnknownAction(action.id, tool.name, action.key)) from None
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-        if not self.keys.complete(self.tenant, action.key, result.to_json()):
-            self._late(tool, action)
+        if self.deferred_completion:
+            self._deferred[action.key] = (tool, action, Completion(action.key, result.to_json()))
+        elif not self.keys.complete(self.tenant, action.key, result.to_json()):
+            self.emit(self._late(tool, action))
         return result
 
-    def _late(self, tool: Tool, action: Action) -> None:
+    def completions(self) -> tuple[Completion, ...]:
+        """The completions of the WRITEs that ran since the last checkpoint, for the next one to
+        commit (``deferred_completion``)."""
+        return tuple(completion for _, _, completion in self._deferred.values())
+
+    def completed(self, missed: tuple[str, ...]) -> None:
+        """The checkpoint carrying ``completions()`` committed; ``missed`` are the keys someone
+        else had settled meanwhile. Their late results go on the chain at once (an extra commit,
+        but a rare one), since nothing says another checkpoint will follow."""
+        late = [
+            self._late(tool, action)
+            for key, (tool, action, _) in self._deferred.items()
+            if key in missed
+        ]
+        self._deferred.clear()
+        if late and self.audit is not None:
+            self.audit.append(self.tenant, self.run, late)
+        else:
+            for draft in late:
+                self.emit(draft)
+
+    def _late(self, tool: Tool, action: Action) -> AuditDraft:
         """The call succeeded, but its key was settled meanwhile (this process's owner session
         was lost and someone decided): their record stands; the chain notes what really came."""
         current = self.keys.get(self.tenant, action.key)
         recorded = "missing" if current is None else current.state.value
         log.warning("%s %s: ran, but its key was already %s", self.run, action.id, recorded)
-        self.emit(
-            AuditDraft(
-                "loop.late_result",
-                {
-                    "action": action.id,
-                    "tool": tool.name,
-                    "idempotencyKey": action.key,
-                    "status": "ok",
-                    "recorded": recorded,
-                    "settledBy": "" if current is None else current.settled_by,
-                },
-                key=f"late:{action.key}",
-            )
+        return AuditDraft(
+            "loop.late_result",
+            {
+                "action": action.id,
+                "tool": tool.name,
+                "idempotencyKey": action.key,
+                "status": "ok",
+                "recorded": recorded,
+                "settledBy": "" if current is None else current.settled_by,
+            },
+            key=f"late:{action.key}",
         )
 
     def _ended_late(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from keelgate.core.audit import AuditDraft
-from keelgate.core.protocols import CheckpointLog, Stores
+from keelgate.core.protocols import CheckpointLog, Completion, Stores
 from keelgate.core.state import RunState
 from keelgate.core.types import PendingApproval, Stop, StopReason, UnknownAction, Usage
 
@@ -34,8 +34,7 @@ def persist(
     on resume (appending is idempotent by event key). The checkpoint records the last event's
     key, the anchor that lets verify see events cut off the chain's end.
     """
-    tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
-    state = state.but(outbox=(), audit_tail=tail)
+    state = _anchored(state, outbox)
     if joint is not None:
         joint.save_with_events(state.tenant, state.run, state.seq, state.to_json(), outbox)
         return state
@@ -45,6 +44,11 @@ def persist(
     if outbox:
         stores.audit.append(state.tenant, state.run, outbox)
     return state
+
+
+def _anchored(state: RunState, outbox: Sequence[AuditDraft]) -> RunState:
+    tail = next((d.key for d in reversed(outbox) if d.key), state.audit_tail)
+    return state.but(outbox=(), audit_tail=tail)
 
 
 class Checkpointer:
@@ -58,6 +62,7 @@ class Checkpointer:
     def __init__(self, stores: Stores, clock: Callable[[], float]) -> None:
         self.stores = stores
         self.joint = stores.joint  # declared by the stores (Capabilities.checkpoint_with_events)
+        self.completing = stores.completing  # Capabilities.checkpoint_with_completion
         self.clock = clock
         self.mark = clock()
         self.pending: list[AuditDraft] = []
@@ -70,13 +75,33 @@ class Checkpointer:
         """Write the next checkpoint, with the active time since the last one and the audit
         events it carries: the gateway's since then (an action started, a settlement) ride
         along."""
+        return persist(self.stores, *self._next(state, drafts), joint=self.joint)
+
+    def save_completing(
+        self, state: RunState, *drafts: AuditDraft, completions: Sequence[Completion]
+    ) -> tuple[RunState, tuple[str, ...]]:
+        """``save``, completing the keys of the WRITEs whose results ``state`` records in the
+        same commit (the stores declare they can: ``Capabilities.checkpoint_with_completion``).
+        Also returns the keys whose completion did not land (settled meanwhile by someone)."""
+        if not completions:
+            return self.save(state, *drafts), ()
+        assert self.completing is not None, "completions are deferred only to stores taking them"
+        state, outbox = self._next(state, drafts)
+        state = _anchored(state, outbox)
+        missed = self.completing.save_completing(
+            state.tenant, state.run, state.seq, state.to_json(), outbox, completions
+        )
+        return state, missed
+
+    def _next(
+        self, state: RunState, drafts: Sequence[AuditDraft]
+    ) -> tuple[RunState, tuple[AuditDraft, ...]]:
         now = self.clock()
         active = Usage(active_seconds=now - self.mark)
         self.mark = now
         outbox = (*state.outbox, *self.pending, *drafts)
         self.pending.clear()
-        state = state.but(seq=state.seq + 1, usage=state.usage.plus(active))
-        return persist(self.stores, state, outbox, joint=self.joint)
+        return state.but(seq=state.seq + 1, usage=state.usage.plus(active)), outbox
 
     def stop(
         self,

@@ -73,6 +73,7 @@ class Session:
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
             durable_start=loop.stores.capabilities.claim_with_event,
+            deferred_completion=loop.stores.capabilities.checkpoint_with_completion,
             audit=loop.stores.audit,
         )
         self.tool_infos = tuple(
@@ -222,7 +223,9 @@ class Session:
         assert state.plan is not None
         remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
         if not remaining:
-            return self.checkpoints.save(state.but(step=Step.OBSERVE))
+            state = self.checkpoints.save(_observed(state))
+            failpoints.hit("after_observe")
+            return state
         for number, action in enumerate(remaining, start=1):
             spent = self.budgets.spent(state)
             if spent is not None:  # the plan stays saved: a resume with more budget runs it
@@ -261,34 +264,25 @@ class Session:
                 key=f"completed:{action.id}",
             )
             last = number == len(remaining)
-            state = self.checkpoints.save(
-                state.but(
-                    results=(*state.results, result), step=Step.OBSERVE if last else Step.ACT
-                ),
+            state = state.but(results=(*state.results, result))
+            # After the last action nothing happens outside the process before the observation
+            # is made, so the action's checkpoint is the observation's: one commit, not two.
+            # With stores that take it, the WRITE's key is completed in that commit too.
+            state, missed = self.checkpoints.save_completing(
+                _observed(state) if last else state,
                 draft,
+                completions=self.gateway.completions(),
             )
+            self.gateway.completed(missed)
             failpoints.hit("after_action_checkpoint")
+            if last:
+                failpoints.hit("after_observe")
         return state
 
     def _observe(self, state: RunState) -> RunState:
-        assert state.plan is not None
-        observations = []
-        for action in state.plan.actions:
-            result = state.result_of(action.id)
-            assert result is not None
-            seen: dict[str, Any] = {
-                "id": action.id,
-                "tool": action.tool,
-                "args": action.args,
-                "status": result.status.value,
-            }
-            if result.output is not None:
-                seen["output"] = capped(result.output)
-            if result.error:
-                seen["error"] = result.error
-            observations.append(seen)
-        entry = {"iteration": state.plan.iteration, "actions": observations}
-        state = self.checkpoints.save(state.remember(entry).but(step=Step.VERIFY, results=()))
+        """A checkpoint saved at ``observe`` by an earlier version (the act phase now observes
+        in its last checkpoint): observe from it."""
+        state = self.checkpoints.save(_observed(state))
         failpoints.hit("after_observe")
         return state
 
@@ -405,6 +399,29 @@ class Session:
     def _needs_approval(self, name: str) -> bool:
         tool = self.loop.tools.get(name)
         return tool is not None and tool.requires_approval
+
+
+def _observed(state: RunState) -> RunState:
+    """The state with the plan's results remembered as the iteration's observation, ready to
+    verify: what the model sees of its actions (their arguments, status and capped output)."""
+    assert state.plan is not None
+    observations = []
+    for action in state.plan.actions:
+        result = state.result_of(action.id)
+        assert result is not None
+        seen: dict[str, Any] = {
+            "id": action.id,
+            "tool": action.tool,
+            "args": action.args,
+            "status": result.status.value,
+        }
+        if result.output is not None:
+            seen["output"] = capped(result.output)
+        if result.error:
+            seen["error"] = result.error
+        observations.append(seen)
+    entry = {"iteration": state.plan.iteration, "actions": observations}
+    return state.remember(entry).but(step=Step.VERIFY, results=())
 
 
 def _changed_fields(saved: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:

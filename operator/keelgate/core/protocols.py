@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from keelgate.core.audit import AuditDraft, AuditEvent
 from keelgate.core.spec import LoopSpec
@@ -182,6 +182,36 @@ class CheckpointLog(Protocol):
 
 
 @dataclass(frozen=True)
+class Completion:
+    """A WRITE's result to record against its idempotency key, in the commit of the checkpoint
+    that records the same result (nothing happens outside the process between the two)."""
+
+    key: str
+    result: Mapping[str, Any]
+
+
+@runtime_checkable
+class CompletingLog(CheckpointLog, Protocol):
+    """A backend that also holds the idempotency keys can complete them in that transaction:
+    a WRITE's completion, its action checkpoint and its observation are one durable commit."""
+
+    def save_completing(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
+        """``save_with_events``, and each key completed as ``IdempotencyStore.complete`` would,
+        in one transaction. Returns the keys whose completion did not land (settled by someone
+        else meanwhile): the checkpoint is saved all the same. A stale save still completes the
+        keys (their calls ran), then raises ``StaleCheckpoint``."""
+        ...
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a set of stores can do beyond the protocols, declared by whoever assembles them
     (``open_stores``, ``Stores.of``), never inferred: the loop trusts each promise, and a
@@ -197,6 +227,10 @@ class Capabilities:
     # ``idempotency.claim(event=...)`` appends the event to ``audit``'s chain in the claim's own
     # transaction, only if the claim wins: a WRITE's start is on the chain before it is sent.
     claim_with_event: bool = False
+    # ``checkpoints.save_completing`` completes idempotency keys in the checkpoint's transaction
+    # (the keys live in the same database): a WRITE's completion rides with the checkpoint that
+    # records its result. Needs ``checkpoint_with_events``.
+    checkpoint_with_completion: bool = False
 
 
 class Backend(CheckpointStore, IdempotencyStore, AuditLog, SpecStore, Protocol):
@@ -223,6 +257,15 @@ class Stores:
             self.checkpoints, CheckpointLog
         ):
             raise TypeError("checkpoint_with_events is declared, but checkpoints cannot do it")
+        if self.capabilities.checkpoint_with_completion and not (
+            self.capabilities.checkpoint_with_events
+            and isinstance(self.checkpoints, CompletingLog)
+            # One object in both roles: its keys are in the checkpoints' database.
+            and (self.checkpoints is cast(object, self.idempotency))
+        ):
+            raise TypeError(
+                "checkpoint_with_completion is declared, but checkpoints cannot complete the keys"
+            )
 
     @classmethod
     def of(cls, backend: Backend) -> Stores:
@@ -234,6 +277,14 @@ class Stores:
         """The checkpoint store that commits a checkpoint with its events, if one is declared."""
         if self.capabilities.checkpoint_with_events:
             assert isinstance(self.checkpoints, CheckpointLog)  # checked when constructed
+            return self.checkpoints
+        return None
+
+    @property
+    def completing(self) -> CompletingLog | None:
+        """The checkpoint store that completes keys with a checkpoint, if one is declared."""
+        if self.capabilities.checkpoint_with_completion:
+            assert isinstance(self.checkpoints, CompletingLog)  # checked when constructed
             return self.checkpoints
         return None
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from keelgate.core.audit import AuditDraft, AuditEvent, seal, utc_now
-from keelgate.core.protocols import Capabilities, Checkpoint, RecordedSpec, RunRef
+from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import SettleError, StaleCheckpoint, StoreError
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
@@ -285,7 +285,9 @@ class SQLStore(HoldsOwner, ABC):
     dialect: ClassVar[Dialect]
     sql: ClassVar[Statements]
     # Every role in one transaction: see keelgate.core.protocols.Capabilities.
-    capabilities = Capabilities(checkpoint_with_events=True, claim_with_event=True)
+    capabilities = Capabilities(
+        checkpoint_with_events=True, claim_with_event=True, checkpoint_with_completion=True
+    )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -361,6 +363,43 @@ class SQLStore(HoldsOwner, ABC):
             self._save(conn, tenant, run, seq, text)
             head = self._append(conn, tenant, run, drafts)
         self._heads[(tenant, run)] = head
+
+    def save_completing(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
+        """``save_with_events`` that also completes WRITEs' keys, in one transaction: the commit
+        after a WRITE. Between the call's return and this commit the key stays in flight, so a
+        death there reads as an unknown outcome, as it did when the completion was its own
+        commit."""
+        if not completions:
+            self.save_with_events(tenant, run, seq, state, drafts)
+            return ()
+        text = dumps(state)
+        owned = self._owned()
+        missed: list[str] = []
+        try:
+            with self._transaction() as conn:
+                for completion in completions:
+                    values = (dumps(completion.result), tenant, completion.key, owned)
+                    if conn.execute(self.sql.complete, values).rowcount != 1:
+                        missed.append(completion.key)
+                self._save(conn, tenant, run, seq, text)
+                head = self._append(conn, tenant, run, drafts) if drafts else _UNKNOWN
+        except StaleCheckpoint:
+            # Another writer moved the run on; the calls ran all the same, so their keys must
+            # say so (left in flight they would read as unknown once this owner is gone).
+            for completion in completions:
+                self.complete(tenant, completion.key, completion.result)
+            raise
+        if head is not _UNKNOWN:
+            self._heads[(tenant, run)] = head
+        return tuple(missed)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._statement() as conn:

@@ -44,6 +44,8 @@ from keelgate.core.protocols import (
     Capabilities,
     CheckpointLog,
     CheckpointStore,
+    CompletingLog,
+    Completion,
     IdempotencyStore,
     RunLock,
     RunRef,
@@ -659,6 +661,47 @@ def a_checkpoint_and_its_events_commit_together(factory: Opener) -> None:
     events = reopened.audit.events("acme", "r")
     assert [e.type for e in events] == ["loop.started", "n"]
     assert verify("acme", "r", events).ok
+
+
+@_check("checkpoint_with_completion")
+def a_write_completes_with_the_checkpoint_that_records_it(factory: Opener) -> None:
+    """save_completing commits the checkpoint, its events and the completion of this owner's
+    keys as one (a new process sees all of them); a key this owner does not hold is left as it
+    is and named; a stale save still completes the keys (their calls ran), then raises."""
+    owner, other = factory(), factory()
+    store = owner.checkpoints
+    assert isinstance(store, CompletingLog)
+    for key in ("kg-1", "kg-2", "kg-3"):
+        assert owner.idempotency.claim("acme", key, run="r", action=key, tool="ship") is None
+    assert other.idempotency.claim("acme", "kg-theirs", run="r", action="t", tool="ship") is None
+    done = {"status": "ok", "output": {"shipped": 1}}
+    missed = store.save_completing(
+        "acme",
+        "r",
+        1,
+        {"s": 1},
+        [AuditDraft("loop.action_completed", {"action": "kg-1"}, key="c1")],
+        [Completion("kg-1", done), Completion("kg-theirs", done)],
+    )
+    assert missed == ("kg-theirs",)
+    reopened = factory()
+    loaded = reopened.checkpoints.load("acme", "r")
+    assert loaded is not None and (loaded.seq, loaded.state) == (1, {"s": 1})
+    first = reopened.idempotency.get("acme", "kg-1")
+    assert first is not None and (first.state, first.result) == (KeyState.COMPLETED, done)
+    theirs = reopened.idempotency.get("acme", "kg-theirs")
+    assert theirs is not None and theirs.state is KeyState.IN_FLIGHT  # its owner lives
+    assert [e.type for e in reopened.audit.events("acme", "r")] == ["loop.action_completed"]
+    with raises(StaleCheckpoint):
+        store.save_completing("acme", "r", 1, {"s": "stale"}, [], [Completion("kg-2", done)])
+    second = factory().idempotency.get("acme", "kg-2")
+    assert second is not None and second.state is KeyState.COMPLETED
+    loaded = factory().checkpoints.load("acme", "r")
+    assert loaded is not None and loaded.state == {"s": 1}
+    # Without completions it is save_with_events.
+    assert store.save_completing("acme", "r", 2, {"s": 2}, [], []) == ()
+    third = factory().idempotency.get("acme", "kg-3")
+    assert third is not None and third.state is KeyState.IN_FLIGHT
 
 
 @_check("claim_with_event")
