@@ -149,3 +149,25 @@ def test_the_step_reads_the_spec_recorded_last(world: dict[str, Path]) -> None:
     resumed = step(store, world["ledger"])
     assert (resumed.returncode, outcome(resumed)["iteration"]) == (0, 2)
     assert orders(world["ledger"]) == 1
+
+
+def test_a_confirmer_named_as_a_class_or_a_factory_is_one_ready_to_ask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--confirmer mod:Class`` makes an instance (a class also has ``confirm``, unbound) and
+    ``mod:factory`` is called; each gives a confirmer that answers ``confirm``."""
+    from keelgate.cli.step import load_confirmer
+
+    (tmp_path / "kg_step_confirmers.py").write_text(
+        "class Confirmer:\n"
+        "    name = 'desk'\n"
+        "    def confirm(self, tenant, run, unknown, args):\n"
+        "        return True\n"
+        "def factory():\n"
+        "    return Confirmer()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("Confirmer", "factory"):
+        confirmer = load_confirmer(f"kg_step_confirmers:{name}")
+        assert not isinstance(confirmer, type), name
+        assert confirmer.confirm("shop", "r", None, {}) is True, name

@@ -83,8 +83,11 @@ def load_confirmer(reference: str, url: str = "") -> Any:
     from keelgate.adapters.loading import load_callable
 
     found = load_callable(reference, field="--confirmer")
-    # A confirmer object, or a class / factory making one.
-    return found if hasattr(found, "confirm") else found()
+    # A confirmer object, or a class / factory making one (a class has ``confirm`` too, but
+    # unbound: it must be made first).
+    if isinstance(found, type) or not hasattr(found, "confirm"):
+        return found()
+    return found
 
 
 def _step(args: argparse.Namespace) -> int:
