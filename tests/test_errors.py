@@ -154,3 +154,27 @@ def test_the_cli_exits_with_the_code_the_error_table_gives(
     assert code == cls.exit_code
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and str(error) in err, err
+
+
+def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
+    """A step pod that exits with an error's code is retried by the operator when the table
+    says the error is retryable (busy, unavailable) and leaves the run Stalled until its spec
+    changes when it says it is not (bad input); 0, 1 and 3 are a step that recorded its end, and
+    a code no error has (a signal's 137) is a crash, retried with back-off."""
+    from keelgate.errors import exit_retryable
+    from keelgate.kube.controller import classify
+
+    def ended(code: int) -> str:
+        pod = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": code}}}]}}
+        return classify(pod).kind
+
+    codes = {cls.exit_code for cls in error_classes() if issubclass(cls, KeelgateError)} - {1}
+    assert codes == {2, 4, 5}
+    for code in codes:
+        kind = ended(code)
+        if exit_retryable(code):
+            assert kind in ("busy", "store"), code
+        else:
+            assert kind == "bad_input", code
+    assert [ended(code) for code in (0, 1, 3)] == ["clean"] * 3
+    assert ended(137) == "crash"

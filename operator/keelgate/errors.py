@@ -200,6 +200,15 @@ class RemoteError(KeelgateError):
         self.origin_retryable = origin.retryable
 
 
+def exit_retryable(code: int) -> bool | None:
+    """What the table says of a process that exited with ``code``: True if running it again
+    unchanged may succeed (every class with that code is retryable), False if it cannot (none
+    is), None if the table does not decide (no class has the code, or classes of both kinds
+    share it, as 1 does). The operator reads a step pod's exit code with it."""
+    kinds = {cls.retryable for cls in _by_name().values() if cls.exit_code == code}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def _by_name() -> dict[str, type[KeelgateError]]:
     found: dict[str, type[KeelgateError]] = {}
     pending: list[type[KeelgateError]] = [KeelgateError]

@@ -30,7 +30,14 @@ from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, LoopKind, StopReason, UnknownAction
-from keelgate.errors import InputError, KeelgateError, RunNotFound, SettleError
+from keelgate.errors import (
+    InputError,
+    KeelgateError,
+    RunBusy,
+    RunNotFound,
+    SettleError,
+    exit_retryable,
+)
 from keelgate.kube import resources, status
 from keelgate.kube.api import ClusterApi, Conflict, Gone, now
 from keelgate.kube.cache import Cache, Key, pod_active, pod_finished
@@ -52,8 +59,9 @@ Enqueue = Callable[[Key, float], None]
 # A tick stopped here waits for a person: the monitor holds its next tick back.
 _WAITING = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
 # Exit codes of `keelgate step` (see cli/cluster.py).
+# A step that recorded where the run stands exits 0 (at rest or going on), 1 (failed) or 3
+# (stopped, resumable): see keelgate.cli.step. Any other code is read from the error table.
 _CLEAN = frozenset({0, 1, 3})
-_BAD_INPUT, _BUSY, _STORE = 2, 4, 5
 _STOPPED_PHASES = frozenset({"Succeeded", "Failed", "Stopped"})
 
 
@@ -89,12 +97,13 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> Ended:
         words = f"exit code {code}" + (f" ({reason})" if reason else "")
         if code in _CLEAN:
             return Ended("clean", words, seconds)
-        if code == _BAD_INPUT:
+        if code == RunBusy.exit_code:
+            return Ended("busy", f"{words}: another process was driving the run", seconds)
+        retryable = exit_retryable(code) if isinstance(code, int) else None
+        if retryable is False:  # the same pod would meet the same error: the spec must change
             detail = _last_line(terminated.get("message") or "")
             return Ended("bad_input", f"{words}: {detail}" if detail else words, seconds)
-        if code == _BUSY:
-            return Ended("busy", f"{words}: another process was driving the run", seconds)
-        if code == _STORE:
+        if retryable is True:
             return Ended("store", f"{words}: the store could not be reached", seconds)
         return Ended("crash", words, seconds)
     if pod_status.get("phase") == "Failed":
