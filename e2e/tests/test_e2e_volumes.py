@@ -45,8 +45,13 @@ def finished(admin: Kube, namespace: str, name: str, timeout: float = 60) -> JSO
 
 
 def logs_of(kubectl: Kubectl, name: str, container: str = "main") -> str:
-    """The container's output, through `kubectl logs`."""
-    return kubectl("logs", name, "-c", container).stdout
+    """The container's output so far, through `kubectl logs`; empty while the node has none.
+
+    Until the node has started the container it answers `kubectl logs` with NotFound, as a
+    kubelet answers with "waiting to start"; a poll for output must keep polling then.
+    """
+    result = kubectl("logs", name, "-c", container, check=False)
+    return result.stdout if result.returncode == 0 else ""
 
 
 def test_secret_and_configmap_files_with_items_modes_and_updates(
