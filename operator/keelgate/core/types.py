@@ -306,7 +306,9 @@ class RunStatus(BaseModel):
     (an outcome shown, a status written), never on the loop's path.
     """
 
-    model_config = ConfigDict(**WIRE, frozen=True, extra="ignore")
+    # Built on first use, not at import: every process that imports this module (a step pod
+    # before it reads its checkpoint) would otherwise pay for this model's validator.
+    model_config = ConfigDict(**WIRE, frozen=True, extra="ignore", defer_build=True)
 
     phase: RunPhase = Field(
         default=RunPhase.PENDING, description="Pending | Running | Stopped | Succeeded | Failed."

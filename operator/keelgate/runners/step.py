@@ -14,14 +14,17 @@ never keep state between steps, and never run more than one iteration per call.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.errors import InputError
-from keelgate.runners.build import Parts, build_loop, build_parts
 from keelgate.stores import open_stores
+
+if TYPE_CHECKING:
+    from keelgate.runners.build import Parts
 
 
 class StepRunner:
@@ -40,6 +43,8 @@ class StepRunner:
 
     def run(self, spec: LoopSpec) -> Outcome:
         """One step of ``spec``'s run; ``Running`` (no stop) when the run goes on."""
+        from keelgate.runners.build import build_parts
+
         parts = build_parts(spec)
         stores = open_stores(self.store)
         try:
@@ -55,11 +60,17 @@ class StepRunner:
             ended = _ended(stores, tenant, run)
             if ended is not None:
                 return ended  # nothing to do: no model, no tool is built
+            # Imported here, not at the top: the manifest, the adapters and the loop cost a
+            # step's start-up much, and a finished run needs none of them.
+            from keelgate.runners.build import build_parts
+
             return self._drive(spec, stores, build_parts(spec))
         finally:
             stores.close()
 
     def _drive(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Outcome:
+        from keelgate.runners.build import build_loop
+
         loop = build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
         return loop.run_or_resume(spec, one_iteration=True)
 

@@ -11,7 +11,6 @@ here quotes a URL as given: a URL is shown only rebuilt from parts that hold no 
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +185,8 @@ def _probe_sqlite(path: Path, table: str) -> None:
     """Refuse a path that holds no Keelgate store, without creating or changing any file."""
     if not path.is_file():
         raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
+    import sqlite3  # here, not at the top: a PostgreSQL step pod never loads the SQLite library
+
     try:
         # mode=rw: open, never create; only the schema is read.
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
