@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph,temporal
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster bench-temporal argocd-cm
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -60,6 +60,11 @@ bench: venv
 ## same PostgreSQL server (figures: docs/performance.md)
 bench-temporal: venv
 	$(PY) bench/temporal_vs_inprocess.py
+
+## bench-step: `keelgate step` from exec to its checkpoint loaded, 20 starts per store, beside
+## bare Python (figures: docs/performance.md)
+bench-step: venv
+	$(PY) bench/step_start.py
 
 ## bench-cluster: the operator on the local control plane: step start, hand-off, API writes per
 ## step, operator memory (figures: docs/performance.md)

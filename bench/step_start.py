@@ -1,0 +1,314 @@
+"""How long a step pod's program takes to start: ``keelgate step`` from exec to its checkpoint.
+
+Every step of every run on Kubernetes is a new process (issue 12 part 4: target < 0.4 s from
+exec to the checkpoint loaded). This script starts the real ``keelgate`` executable of this
+environment as a subprocess, as a step pod's container does (``keelgate step -n NS --run RUN``,
+the store from ``KEELGATE_STORE``), on a SQLite file and on a PostgreSQL server it starts itself
+(``keelgate.testing.pgserver``, fsync on), and times two things per store:
+
+- **finished run**: exec to exit for a run whose checkpoint says its goal is met. The step opens
+  the store, reads and validates the recorded spec and the checkpoint, prints the outcome line
+  and exits: nothing is built. This is an upper bound on "exec to checkpoint loaded" (it adds
+  the outcome line and the interpreter's exit) and the figure the target is judged on;
+- **running run**: exec to the model's first call for a run whose checkpoint is mid-way: the
+  checkpoint read, then the manifest validated, the model and tools built, the run locked and
+  its state rebuilt, up to the plan call. The model (``bench/kg_step_model.py``) writes the
+  machine-wide monotonic clock to a file there and ends the process before anything is saved, so
+  every start meets the same checkpoint.
+
+Beside them, in the same rounds: ``python -c pass``, ``python -c "import keelgate"`` (the facade
+is lazy, so this is close to bare Python), and the imports no step can avoid (``pydantic``, which
+validates the spec and the checkpoint; ``psycopg``, the PostgreSQL driver). Rounds rotate the
+order so load from other work falls on all alike; the report gives p50, p95 and min of each, the
+machine's load average, and an import-time breakdown (``python -X importtime``) of one step per
+store by top-level package.
+
+Keelgate's modules are byte-compiled first (``compileall``), as an installed wheel is: with
+``PYTHONDONTWRITEBYTECODE=1`` (as in the image and the step pods) an editable install would
+otherwise compile its sources at every start. This script must never write outside its
+temporary directory and Keelgate's own ``__pycache__``, and never leave a server behind.
+
+    .venv/bin/python bench/step_start.py               # 20 starts of each, both stores
+    .venv/bin/python bench/step_start.py --starts 50 --store sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "operator"))
+
+from keelgate.core.spec import LoopSpec  # noqa: E402
+from keelgate.manifest import load_agentrun  # noqa: E402
+from keelgate.runners.step import StepRunner  # noqa: E402
+from keelgate.stores import open_stores  # noqa: E402
+
+TENANT = "bench"
+FINISHED = "finished"
+# The running runs are cycled through, so that no start meets a run whose previous driver's
+# session the server may not have ended yet (a step waits for the run's lock then).
+RUNNING = tuple(f"running-{n}" for n in range(4))
+TARGET_S = 0.4
+KEELGATE = Path(sys.executable).parent / "keelgate"
+
+
+def spec_for(run: str) -> LoopSpec:
+    """The run's spec as the operator records it: from an AgentRun manifest."""
+    manifest = f"""
+apiVersion: keelgate.dev/v1alpha1
+kind: AgentRun
+metadata: {{name: {run}, namespace: {TENANT}}}
+spec:
+  goal: "start-up benchmark"
+  model: {{provider: python, name: bench, callable: "kg_step_model:plan"}}
+  tools:
+    - name: write
+      sideEffect: WRITE
+      inputSchema: {{type: object, properties: {{n: {{type: integer}}}}, required: [n]}}
+      python: {{callable: "kg_step_model:write"}}
+  budget: {{maxIterations: 5}}
+"""
+    return load_agentrun(manifest).to_loop_spec()
+
+
+def prepare(store: str) -> None:
+    """Record each run's spec as the operator does, then drive it where the bench needs it:
+    the finished run to its goal, each running run through one iteration (its WRITE)."""
+    stores = open_stores(store)
+    try:
+        assert stores.specs is not None
+        for run in (FINISHED, *RUNNING):
+            spec = spec_for(run)
+            stores.specs.record_spec(TENANT, run, spec.to_json(), source="bench", generation=1)
+    finally:
+        stores.close()
+    sys.path.insert(0, str(BENCH))
+    runner = StepRunner(store=store)
+    for _ in range(3):  # plan and WRITE, then the goal met
+        finished = runner.step(TENANT, FINISHED)
+    assert finished.phase.value == "Succeeded", finished
+    for run in RUNNING:
+        outcome = runner.step(TENANT, run)
+        assert outcome.phase.value == "Running", outcome
+
+
+def environment(store: str, workdir: Path) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("KEELGATE_", "PYTHON", "KG_"))
+    }
+    env.update(
+        KEELGATE_STORE=store,
+        PYTHONPATH=str(BENCH),
+        PYTHONDONTWRITEBYTECODE="1",  # as in the image and the step pods
+        HOME=str(workdir),
+    )
+    return env
+
+
+def step_command(run: str) -> list[str]:
+    return [str(KEELGATE), "step", "-n", TENANT, "--run", run]
+
+
+def time_exit(command: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Seconds from exec to exit (the process's outcome is checked: a failing start is no
+    figure)."""
+    start = time.monotonic_ns()
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, check=False)
+    took = (time.monotonic_ns() - start) / 1e9
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[-3:]} exited {done.returncode}: {done.stderr.decode()}")
+    return took
+
+
+def time_mark(command: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Seconds from exec to the model's first call (the mark the model writes)."""
+    mark = cwd / "mark"
+    mark.unlink(missing_ok=True)
+    start = time.monotonic_ns()
+    done = subprocess.run(
+        command, env={**env, "KG_STEP_MARK": str(mark)}, cwd=cwd, capture_output=True, check=False
+    )
+    if done.returncode != 0 or not mark.is_file():
+        raise RuntimeError(f"{command[-3:]} exited {done.returncode}: {done.stderr.decode()}")
+    return (int(mark.read_text()) - start) / 1e9
+
+
+def finished_start(env: dict[str, str], cwd: Path) -> Callable[[], float]:
+    return lambda: time_exit(step_command(FINISHED), env, cwd)
+
+
+def running_start(env: dict[str, str], cwd: Path) -> Callable[[], float]:
+    starts = iter(range(10**9))
+    return lambda: time_mark(step_command(RUNNING[next(starts) % len(RUNNING)]), env, cwd)
+
+
+@contextmanager
+def stores(which: str, workdir: Path) -> Iterator[dict[str, str]]:
+    urls: dict[str, str] = {}
+    server = None
+    if which in ("sqlite", "both"):
+        urls["SQLite"] = f"sqlite:///{workdir / 'kg.db'}"
+    if which in ("postgres", "both"):
+        from keelgate.testing.pgserver import start_postgres
+
+        server = start_postgres(fsync=True)
+        urls["PostgreSQL"] = server.create_database()
+    try:
+        yield urls
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def import_breakdown(
+    command: list[str], env: dict[str, str], cwd: Path, *, top: int = 8
+) -> dict[str, Any]:
+    """One start under ``-X importtime``: microseconds of import (self) by top-level package,
+    and the modules with the most (cumulative) time, from the first to the last import."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "keelgate", *command[1:]],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    by_package: dict[str, int] = {}
+    modules: list[tuple[int, str]] = []
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line or "self [us]" in line:
+            continue
+        own, cumulative, name = line[len("import time:") :].split("|")
+        package = name.strip().split(".")[0]
+        by_package[package] = by_package.get(package, 0) + int(own)
+        modules.append((int(cumulative), name.rstrip()))
+    total = sum(by_package.values())
+    biggest = sorted(by_package.items(), key=lambda item: -item[1])
+    return {
+        "total_ms": round(total / 1000, 1),
+        "by_package_ms": {name: round(us / 1000, 1) for name, us in biggest[:top]},
+        "rest_ms": round(sum(us for _, us in biggest[top:]) / 1000, 1),
+        "modules": sorted(modules, reverse=True)[:top],
+    }
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 3),
+        "p95": round(quantile(values, 0.95), 3),
+        "min": round(min(values), 3),
+        "n": len(values),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=20, help="starts of each kind (20)")
+    parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    args = parser.parse_args(argv)
+
+    compileall.compile_dir(str(ROOT / "operator" / "keelgate"), quiet=1)
+    load_before = os.getloadavg()
+    started = datetime.now(UTC)
+    with tempfile.TemporaryDirectory(prefix="kg-step-start-") as tmp:
+        workdir = Path(tmp)
+        with stores(args.store, workdir) as urls:
+            for url in urls.values():
+                prepare(url)
+            base_env = environment("", workdir)
+            python = sys.executable
+            kinds: dict[str, Callable[[], float]] = {
+                "python -c pass": lambda: time_exit([python, "-c", "pass"], base_env, workdir),
+                "python -c 'import keelgate'": lambda: time_exit(
+                    [python, "-c", "import keelgate"], base_env, workdir
+                ),
+                "python -c 'import pydantic'": lambda: time_exit(
+                    [python, "-c", "import pydantic"], base_env, workdir
+                ),
+            }
+            if "PostgreSQL" in urls:
+                kinds["python -c 'import psycopg'"] = lambda: time_exit(
+                    [python, "-c", "import psycopg"], base_env, workdir
+                )
+            for label, url in urls.items():
+                env = environment(url, workdir)
+                kinds[f"{label}: finished run, exec to exit"] = finished_start(env, workdir)
+                kinds[f"{label}: running run, exec to the model's first call"] = running_start(
+                    env, workdir
+                )
+            times: dict[str, list[float]] = {kind: [] for kind in kinds}
+            order = list(kinds)
+            for round_ in range(args.starts):
+                shift = round_ % len(order)
+                for kind in order[shift:] + order[:shift]:
+                    times[kind].append(kinds[kind]())
+            breakdown = {
+                label: import_breakdown(step_command(FINISHED), environment(url, workdir), workdir)
+                for label, url in urls.items()
+            }
+    load_after = os.getloadavg()
+    report = {
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "python": sys.version.split()[0],
+        "starts": args.starts,
+        "seconds": {kind: summary(values) for kind, values in times.items()},
+        "imports": breakdown,
+    }
+    print_report(report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"\nkeelgate step start-up, {report['date']}, Python {report['python']}")
+    print(
+        f"load average {report['load_average_before']} before, "
+        f"{report['load_average_after']} after; {report['starts']} starts of each, rotated"
+    )
+    print(f"\n{'':58} {'p50 s':>7} {'p95 s':>7} {'min s':>7}")
+    for kind, figures in report["seconds"].items():
+        print(f"{kind:58} {figures['p50']:7.3f} {figures['p95']:7.3f} {figures['min']:7.3f}")
+    print(f"\ntarget: exec to checkpoint loaded < {TARGET_S} s (judged on the finished run's p50)")
+    for kind, figures in report["seconds"].items():
+        if "finished run" in kind:
+            met = "met" if figures["p50"] < TARGET_S else "NOT met"
+            print(f"  {kind.split(':')[0]}: p50 {figures['p50']:.3f} s: {met}")
+    for label, found in report["imports"].items():
+        print(f"\nimports of one step on {label} (-X importtime, self time summed by package):")
+        print(f"  total {found['total_ms']} ms")
+        for name, ms in found["by_package_ms"].items():
+            print(f"  {name:24} {ms:7.1f} ms")
+        print(f"  {'(the rest)':24} {found['rest_ms']:7.1f} ms")
+        print("  the most (cumulative):")
+        for cumulative, name in found["modules"]:
+            print(f"    {cumulative / 1000:7.1f} ms {name.strip()}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
