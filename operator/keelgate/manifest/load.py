@@ -11,13 +11,13 @@ arguments), and never write anything.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import typing
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
@@ -30,34 +30,42 @@ M = TypeVar("M", bound=BaseModel)
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe YAML, minus implicit timestamps, plus refusal of duplicate keys."""
+@functools.cache
+def _loader() -> type[Any]:
+    """Safe YAML, minus implicit timestamps, plus refusal of duplicate keys. Made (and PyYAML
+    imported) on first use: a step pod validates a spec that is already data, never YAML."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"the key {key!r} appears twice",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(
+            self, node: yaml.MappingNode, deep: bool = False
+        ) -> dict[Hashable, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, Hashable) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"the key {key!r} appears twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return Loader
 
 
 def read_yaml(text: str, *, source: str) -> Any:
     """Parse one YAML document; a syntax error names ``source`` and the line."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+        return yaml.load(text, Loader=_loader())  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         problem = error.problem or error.context or "not valid YAML"
