@@ -31,6 +31,7 @@ temporary directory and Keelgate's own ``__pycache__``, and never leave a server
 
     .venv/bin/python bench/step_start.py               # 20 starts of each, both stores
     .venv/bin/python bench/step_start.py --starts 50 --store sqlite
+    .venv/bin/python bench/step_start.py --before /tmp/old/operator   # beside an older tree
 """
 
 from __future__ import annotations
@@ -255,9 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=20, help="starts of each kind (20)")
     parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="the 'operator' folder of another Keelgate tree (e.g. `git archive REV operator` "
+        "unpacked): its step is timed on the finished run too, in the same rounds",
+    )
     args = parser.parse_args(argv)
 
     compileall.compile_dir(str(ROOT / "operator" / "keelgate"), quiet=1)
+    if args.before is not None:
+        compileall.compile_dir(str(args.before / "keelgate"), quiet=1)
     load_before = os.getloadavg()
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="kg-step-start-") as tmp:
@@ -277,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
             for label, url in urls.items():
                 env = environment(url, workdir)
                 kinds[f"{label}: finished run, exec to exit"] = finished_start(env, workdir)
+                if args.before is not None:
+                    # The same executable; its package found first on PYTHONPATH.
+                    older = {**env, "PYTHONPATH": f"{args.before}{os.pathsep}{BENCH}"}
+                    kinds[f"{label}: finished run, the --before tree"] = finished_start(
+                        older, workdir
+                    )
                 kinds[f"{label}: running run, exec to the model's first call"] = running_start(
                     env, workdir
                 )
