@@ -224,8 +224,8 @@ def import_breakdown(
     biggest = sorted(by_package.items(), key=lambda item: -item[1])
     return {
         "total_ms": round(sum(by_package.values()) / 1000, 1),
-        "by_package_ms": {name: round(us / 1000, 1) for name, us in biggest[:top]},
-        "rest_ms": round(sum(us for _, us in biggest[top:]) / 1000, 1),
+        "by_package_ms": {name: round(us / 1000, 1) for name, us in biggest},  # all, largest first
+        "top": top,
         "modules_ms": {
             module: round(us / 1000, 1)
             for module, us in sorted(cumulative.items(), key=lambda item: -item[1])[:top]
@@ -343,9 +343,11 @@ def print_report(report: dict[str, Any]) -> None:
             f"\nimports of one step on {label} (-X importtime, least of 5 starts; "
             f"total {found['total_ms']} ms), by package:"
         )
-        for name, ms in found["by_package_ms"].items():
+        packages = list(found["by_package_ms"].items())
+        for name, ms in packages[: found["top"]]:
             print(f"  {name:44} {ms:7.1f} ms")
-        print(f"  {'(the rest)':44} {found['rest_ms']:7.1f} ms")
+        rest = sum(ms for _, ms in packages[found["top"] :])
+        print(f"  {'(the rest)':44} {rest:7.1f} ms")
         print("  the modules that take the most, their imports included:")
         for name, ms in found["modules_ms"].items():
             print(f"  {name:44} {ms:7.1f} ms")
