@@ -74,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"outcome": work(json.loads(args.crash_worker))}), flush=True)
         return 0
     if args.quick:
-        args.rounds, args.iterations, args.growth_at = 3, 30, "10,100"
+        # Only what was left at its default: --quick --store sqlite --growth-at 10 keeps the 10.
+        for name, quick in (("rounds", 3), ("iterations", 30), ("growth_at", "10,100")):
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, quick)
     if args.iterations < 2 or args.rounds < 1:
         parser.error("--iterations must be at least 2 and --rounds at least 1")
     try:

@@ -72,6 +72,7 @@ class Figures:
     label: str
     version: str
     ms: list[float] = field(default_factory=list)  # per iteration, one entry per round
+    cpu_ms: list[float] = field(default_factory=list)  # this process's CPU (all threads), same
     commits: list[int] = field(default_factory=list)  # per iteration, counting pass
     growth: list[tuple[int, int, float, float]] = field(default_factory=list)
     # (iterations done, stored bytes, bytes per iteration so far, bytes per iteration since
@@ -92,11 +93,13 @@ class StoreFigures:
         return [x / y for x, y in zip(a, b, strict=True)]
 
 
-def _timed(peer: Peer, run: str, iterations: int) -> float:
-    """ms per iteration over ``iterations`` whole iterations, plan to plan."""
-    stamps: list[float] = []
-    peer.run(run, iterations + 1, lambda: stamps.append(time.perf_counter()))
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+def _timed(peer: Peer, run: str, iterations: int) -> tuple[float, float]:
+    """ms per iteration over ``iterations`` whole iterations, plan to plan: wall clock, and this
+    process's CPU time (every thread's: DBOS's and aiosqlite's work runs in threads)."""
+    stamps: list[tuple[float, float]] = []
+    peer.run(run, iterations + 1, lambda: stamps.append((time.perf_counter(), time.process_time())))
+    (wall0, cpu0), (wall1, cpu1) = stamps[0], stamps[-1]
+    return (wall1 - wall0) / iterations * 1000, (cpu1 - cpu0) / iterations * 1000
 
 
 def _counted(peer: Peer, run: str, database: Database) -> list[int]:
@@ -127,7 +130,9 @@ def measure(
             say(f"  [{place.name}] round {number + 1} of {rounds}")
             turn = number % len(peers)
             for peer, _ in peers[turn:] + peers[:turn]:
-                out.systems[peer.label].ms.append(_timed(peer, "timed", iterations))
+                wall, cpu = _timed(peer, "timed", iterations)
+                out.systems[peer.label].ms.append(wall)
+                out.systems[peer.label].cpu_ms.append(cpu)
         for peer, database in peers:
             out.systems[peer.label].commits = _counted(peer, "counted", database)
     finally:

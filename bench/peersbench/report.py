@@ -52,7 +52,7 @@ def report(
             f"  {s.rounds} rounds of {s.iterations} iterations per system, order rotated each "
             "round; median (min-max over rounds)"
         )
-        header = f"  {'system':<22}{'ms/iter':>22}{'commits/iter':>16}"
+        header = f"  {'system':<22}{'ms/iter':>22}{'CPU ms/iter':>22}{'commits/iter':>16}"
         points = [row[0] for row in next(iter(s.systems.values())).growth] or [
             row[0] for f in s.systems.values() for row in f.growth
         ]
@@ -66,7 +66,9 @@ def report(
             sizes = "".join(
                 f"{growth[p][2]:>18.0f}" if p in growth else f"{'-':>18}" for p in points
             )
-            lines.append(f"  {f.label:<22}{spread(f.ms):>22}{commits:>16}{sizes}")
+            lines.append(
+                f"  {f.label:<22}{spread(f.ms):>22}{spread(f.cpu_ms):>22}{commits:>16}{sizes}"
+            )
         if any(f.growth for f in s.systems.values()):
             lines.append(
                 "  bytes/iter @N = stored bytes after N iterations of one run, over N; "
@@ -78,6 +80,9 @@ def report(
                         f"@{row[0]}: {row[3]:.0f} B ({row[1]} B in all)" for row in f.growth
                     )
                     lines.append(f"    {f.label:<20}{marginal}")
+        lines.append(
+            "  CPU ms/iter: this process, every thread (the PostgreSQL server's is not counted)"
+        )
         lines.append("  ratios, Keelgate over each, round by round (target):")
         for other, target in TARGETS:
             if other not in s.systems or KEELGATE not in s.systems:
