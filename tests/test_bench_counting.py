@@ -11,7 +11,6 @@ extra. The tests that drive a peer are skipped, saying so, when the extra is not
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import sqlite3
@@ -36,7 +35,17 @@ from peersbench.crash import check  # noqa: E402
 from peersbench.keelgate_peer import KeelgatePeer  # noqa: E402
 from peersbench.places import Database, SQLitePlace  # noqa: E402
 
-PEERS = all(importlib.util.find_spec(name) for name in ("dbos", "langgraph.graph"))
+
+def _peers_installed() -> bool:
+    try:
+        import dbos  # noqa: F401
+        import langgraph.graph  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+PEERS = _peers_installed()
 needs_peers = pytest.mark.skipif(
     not PEERS, reason="the bench extra (dbos, langgraph) is not installed: `make bench-peers`"
 )
@@ -155,7 +164,9 @@ def test_crash_check_shows_keelgate_writes_once_and_stops_unknown(tmp_path: Path
 def test_peers_commits_per_iteration_on_sqlite(counting: None, tmp_path: Path) -> None:
     """The peers' figures come from the same counter: DBOS records each of its three steps in
     its own commit; LangGraph's saver commits a node's writes and then its checkpoint, for each
-    of the three nodes."""
+    of the three nodes. DBOS's background jobs commit now and then on the same file (they mark
+    workflows enqueued or cancelled), so its figure, like the bench's, is the median, and no
+    iteration has fewer than its three."""
     from peersbench.dbos_peer import DbosPeer
     from peersbench.langgraph_peer import LangGraphAsync, LangGraphSync
 
@@ -164,7 +175,8 @@ def test_peers_commits_per_iteration_on_sqlite(counting: None, tmp_path: Path) -
         database = _sqlite(tmp_path / f"{kind.__name__}.db")
         peer = kind(database)
         try:
-            assert set(_per_iteration(peer, database)) == {commits}, kind.__name__
+            counts = sorted(_per_iteration(peer, database))
+            assert (counts[0], counts[len(counts) // 2]) == (commits, commits), kind.__name__
         finally:
             peer.close()
 
