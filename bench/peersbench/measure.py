@@ -77,6 +77,7 @@ class Figures:
     growth: list[tuple[int, int, float, float]] = field(default_factory=list)
     # (iterations done, stored bytes, bytes per iteration so far, bytes per iteration since
     # the previous point)
+    written: float = 0.0  # bytes written per iteration over the growth run's last stretch
 
 
 @dataclass
@@ -146,25 +147,31 @@ def measure(
             database = place.database(f"{name.replace(' ', '_')}_growth")
             peer = factory(database)
             try:
-                out.systems[peer.label].growth = grow(peer, database, growth_at)
+                figures = out.systems[peer.label]
+                figures.growth, figures.written = grow(peer, database, growth_at)
             finally:
                 peer.close()
     return out
 
 
-def grow(peer: Peer, database: Database, at: Sequence[int]) -> list[tuple[int, int, float, float]]:
-    """Stored bytes after ``at`` iterations of one run (a DBOS run: one workflow per stretch)."""
+def grow(
+    peer: Peer, database: Database, at: Sequence[int]
+) -> tuple[list[tuple[int, int, float, float]], float]:
+    """Stored bytes after ``at`` iterations of one run (a DBOS run: one workflow per stretch),
+    and bytes written per iteration over the last stretch (only this system runs meanwhile)."""
     empty = database.stored_bytes()  # the schema, no iteration yet
     rows = []
-    done, previous = 0, empty
+    done, previous, written = 0, empty, 0.0
     for point in sorted(at):
+        before = database.written()
         peer.run("growth", point - done, lambda: None)
+        written = (database.written() - before) / (point - done)
         size = database.stored_bytes()
         rows.append(
             (point, size - empty, (size - empty) / point, (size - previous) / (point - done))
         )
         done, previous = point, size
-    return rows
+    return rows, written
 
 
 def steady(counts: Sequence[int]) -> tuple[float, int, int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commitbench.backends import process_bytes_written
 from peersbench.counting import (
     postgres_stored_bytes,
     postgres_xids,
@@ -31,6 +32,9 @@ class Database:
     target: str  # a file path (SQLite) or a URL (PostgreSQL)
     commits: Callable[[], int]
     stored_bytes: Callable[[], int]
+    # Bytes that reached the storage layer so far: this process's write(2) bytes (SQLite), the
+    # WAL the server generated (PostgreSQL). Not per database: read only while one system runs.
+    written: Callable[[], int] = lambda: 0
 
 
 class SQLitePlace:
@@ -47,7 +51,11 @@ class SQLitePlace:
     def database(self, name: str) -> Database:
         path = self.directory / f"{name}.db"
         return Database(
-            "sqlite", str(path), sqlite_commits(path), lambda: sqlite_stored_bytes(path)
+            "sqlite",
+            str(path),
+            sqlite_commits(path),
+            lambda: sqlite_stored_bytes(path),
+            process_bytes_written,
         )
 
     def close(self) -> None:
@@ -84,7 +92,16 @@ class PostgresPlace:
 
     def database(self, name: str) -> Database:
         url: str = self.server.create_database(name)
-        return Database("postgres", url, self.xids, lambda: postgres_stored_bytes(url))
+        return Database(
+            "postgres", url, self.xids, lambda: postgres_stored_bytes(url), self.wal_bytes
+        )
+
+    def wal_bytes(self) -> int:
+        row = self.monitor.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
 
     def close(self) -> None:
         self.monitor.close()

@@ -80,6 +80,13 @@ def report(
                         f"@{row[0]}: {row[3]:.0f} B ({row[1]} B in all)" for row in f.growth
                     )
                     lines.append(f"    {f.label:<20}{marginal}")
+            lines.append(
+                "  written per iteration (the growth run's last stretch; SQLite: this process's "
+                "write(2) bytes, PostgreSQL: WAL bytes):"
+            )
+            for f in s.systems.values():
+                if f.growth:
+                    lines.append(f"    {f.label:<20}{f.written:,.0f} B")
         lines.append(
             "  CPU ms/iter: this process, every thread (the PostgreSQL server's is not counted)"
         )
