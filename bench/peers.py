@@ -32,7 +32,7 @@ from typing import Any
 
 
 def _versions(place_versions: dict[str, str]) -> dict[str, str]:
-    names = ("keelgate", "dbos", "langgraph", "langgraph-checkpoint-sqlite")
+    names: tuple[str, ...] = ("keelgate", "dbos", "langgraph", "langgraph-checkpoint-sqlite")
     names += ("langgraph-checkpoint-postgres", "aiosqlite", "SQLAlchemy", "psycopg")
     out = {name: importlib.metadata.version(name) for name in names}
     out.update(place_versions)

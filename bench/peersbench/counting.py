@@ -95,7 +95,8 @@ class CountingConnection(sqlite3.Connection):
 def _counting_connect(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
     if len(args) < 5 and "factory" not in kwargs:  # factory is connect's 6th parameter
         kwargs["factory"] = CountingConnection
-    return _original_connect(database, *args, **kwargs)
+    connection: sqlite3.Connection = _original_connect(database, *args, **kwargs)
+    return connection
 
 
 @contextlib.contextmanager

@@ -119,7 +119,7 @@ def _dbos(database: Database, effect: Any, *, crash: bool) -> str:
         if crash:
             with SetWorkflowID(RUN):
                 dbos_peer.iterations_workflow(1)
-        handle = DBOS.retrieve_workflow(RUN)
+        handle: Any = DBOS.retrieve_workflow(RUN)
         handle.get_result()
         return f"workflow {handle.get_status().status}, write step re-run on recovery"
     finally:

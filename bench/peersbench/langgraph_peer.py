@@ -64,7 +64,7 @@ def build(hooks: _Hooks) -> StateGraph[IterationState]:
     return graph
 
 
-def config(thread: str, iterations: int) -> dict[str, Any]:
+def config(thread: str, iterations: int) -> Any:  # a RunnableConfig
     # Three super-steps per iteration, plus the input's.
     return {"configurable": {"thread_id": thread}, "recursion_limit": 3 * iterations + 10}
 

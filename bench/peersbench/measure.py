@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from commitbench.loop import calibrate
@@ -52,7 +53,7 @@ class RawPeer:
             from keelgate.stores.sqlite import SQLiteStore
 
             synchronous = inspect.signature(SQLiteStore.__init__).parameters["synchronous"]
-            self.raw: Any = SQLiteRaw(database.target, str(synchronous.default), payload)
+            self.raw: Any = SQLiteRaw(Path(database.target), str(synchronous.default), payload)
         else:
             self.raw = PostgresRaw(database.target, payload, database.commits)
 
