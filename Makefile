@@ -59,7 +59,7 @@ bench: venv
 ## bench-peers: the same iteration through Keelgate, DBOS Transact and LangGraph on the same
 ## SQLite disk and PostgreSQL server (figures: docs/performance.md); installs the bench extra
 bench-peers: venv
-	$(PY) -c 'import dbos, langgraph, langgraph.checkpoint.postgres, aiosqlite' 2>/dev/null || \
+	$(PY) -c 'import dbos, langgraph.graph, langgraph.checkpoint.postgres, aiosqlite' 2>/dev/null || \
 	  $(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/peers.py
 
