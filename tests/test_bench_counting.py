@@ -112,18 +112,23 @@ def test_postgres_counter_counts_each_transaction_that_wrote_and_no_other(
     pg_database: Database,
 ) -> None:
     """On PostgreSQL each transaction that wrote takes one transaction id and a read takes none,
-    so N write transactions count N."""
+    so N write transactions count N. The count is server-wide, so an autovacuum could add one:
+    the fewest of three attempts is the figure (a counter that counted reads, or missed a
+    commit, would be off in all three)."""
     with psycopg.connect(pg_database.target, autocommit=True) as db:
         db.execute("CREATE TABLE t (x integer)")
-        before = pg_database.commits()
-        for n in range(7):
-            db.execute("INSERT INTO t VALUES (%s)", (n,))
-        with db.transaction():
-            db.execute("INSERT INTO t VALUES (100)")
-            db.execute("UPDATE t SET x = x + 1")
-        for _ in range(5):
-            db.execute("SELECT count(*) FROM t").fetchone()
-        assert pg_database.commits() - before == 8
+        counted = []
+        for _ in range(3):
+            before = pg_database.commits()
+            for n in range(7):
+                db.execute("INSERT INTO t VALUES (%s)", (n,))
+            with db.transaction():
+                db.execute("INSERT INTO t VALUES (100)")
+                db.execute("UPDATE t SET x = x + 1")
+            for _ in range(5):
+                db.execute("SELECT count(*) FROM t").fetchone()
+            counted.append(pg_database.commits() - before)
+        assert min(counted) == 8, counted
         assert pg_database.stored_bytes() > 0
 
 
