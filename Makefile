@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph,temporal
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-peers bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -55,6 +55,13 @@ argocd-cm: venv
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv
 	$(PY) bench/loop_vs_commits.py
+
+## bench-peers: the same iteration through Keelgate, DBOS Transact and LangGraph on the same
+## SQLite disk and PostgreSQL server (figures: docs/performance.md); installs the bench extra
+bench-peers: venv
+	$(PY) -c 'import dbos, langgraph.graph, langgraph.checkpoint.postgres, aiosqlite' 2>/dev/null || \
+	  $(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/peers.py
 
 ## bench-temporal: a loop driven through a Temporal workflow against the same in-process, on the
 ## same PostgreSQL server (figures: docs/performance.md)
