@@ -33,6 +33,27 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@contextlib.contextmanager
+def flushing_postgres() -> Iterator[Any]:
+    """A throw-away PostgreSQL server that flushes every commit, stopped on the way out.
+
+    Every bench that compares commits starts its server here, so none of them can measure a
+    server that skips its flushes; a missing driver or server ends the bench in one line.
+    """
+    try:
+        import psycopg  # noqa: F401  (the postgres extra)
+    except ImportError:
+        raise SystemExit("bench: PostgreSQL needs the postgres extra (psycopg)") from None
+    try:
+        server = start_postgres(fsync=True)
+    except PostgresUnavailable as error:
+        raise SystemExit(f"bench: no PostgreSQL server: {error}") from None
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def process_bytes_written() -> int:
     """Bytes this process has passed to write(2) so far (Linux /proc/self/io ``wchar``)."""
     with open("/proc/self/io") as io:
@@ -114,18 +135,8 @@ class PostgresBackend:
     @classmethod
     @contextlib.contextmanager
     def started(cls) -> Iterator[PostgresBackend]:
-        try:
-            import psycopg  # noqa: F401  (the postgres extra)
-        except ImportError:
-            raise SystemExit("bench: PostgreSQL needs the postgres extra (psycopg)") from None
-        try:
-            server = start_postgres(fsync=True)
-        except PostgresUnavailable as error:
-            raise SystemExit(f"bench: no PostgreSQL server: {error}") from None
-        try:
+        with flushing_postgres() as server:
             yield cls(server)
-        finally:
-            server.stop()
 
     def open_store(self) -> Any:
         store = self.store_class(self.url)

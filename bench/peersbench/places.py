@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commitbench.backends import process_bytes_written
+from commitbench.backends import flushing_postgres, process_bytes_written
 from peersbench.counting import (
     postgres_stored_bytes,
     postgres_xids,
@@ -112,19 +112,9 @@ Place = SQLitePlace | PostgresPlace
 
 @contextlib.contextmanager
 def started_postgres() -> Iterator[PostgresPlace]:
-    try:
-        import psycopg  # noqa: F401  (the postgres extra)
-    except ImportError:
-        raise SystemExit("bench: PostgreSQL needs the postgres extra (psycopg)") from None
-    from keelgate.testing.pgserver import PostgresUnavailable, start_postgres
-
-    try:
-        server = start_postgres(fsync=True)
-    except PostgresUnavailable as error:
-        raise SystemExit(f"bench: no PostgreSQL server: {error}") from None
-    place = PostgresPlace(server)
-    try:
-        yield place
-    finally:
-        place.close()
-        server.stop()
+    with flushing_postgres() as server:
+        place = PostgresPlace(server)
+        try:
+            yield place
+        finally:
+            place.close()
