@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph,temporal
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-cluster bench-temporal argocd-cm
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-big bench-cluster bench-temporal argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -55,6 +55,11 @@ argocd-cm: venv
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv
 	$(PY) bench/loop_vs_commits.py
+
+## bench-big: one run of 10,000 iterations: cost per iteration early and late, and the time of
+## `keelgate audit --verify` of it (figures: docs/performance.md)
+bench-big: venv
+	$(PY) bench/big_run.py
 
 ## bench-temporal: a loop driven through a Temporal workflow against the same in-process, on the
 ## same PostgreSQL server (figures: docs/performance.md)
