@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import logging
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -73,6 +74,7 @@ class Result:
     statements: int  # distinct statements checked with EXPLAIN QUERY PLAN (SQLite)
     events: int
     verify_seconds: list[float]
+    verify_cpu: list[float]
     verify_exit: int
     verify_tail: str
 
@@ -234,23 +236,26 @@ def measure(
     return early, late, elapsed
 
 
-def verify_cli(url: str, *, repeats: int) -> tuple[list[float], int, str, int]:
-    """Time ``keelgate audit RUN --verify`` as a user runs it: a new process, output read."""
+def verify_cli(url: str, *, repeats: int) -> tuple[list[float], list[float], int, str]:
+    """Time ``keelgate audit RUN --verify`` as a user runs it: a new process, output read.
+    Returns wall seconds and CPU seconds (the process's user and system time) of each."""
     command = [sys.executable, "-m", "keelgate", "audit", RUN, "--verify", "-n", TENANT]
     command += ["--store", url]
     seconds: list[float] = []
+    cpu: list[float] = []
     code = 0
     tail = ""
-    lines = 0
     for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         seconds.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         code = done.returncode
         out = done.stdout.strip().splitlines()
-        lines = len(out)
         tail = (out[-1] if out else done.stderr.strip()[-300:]).strip()
-    return seconds, code, tail, lines
+    return seconds, cpu, code, tail
 
 
 def audit_events(url: str) -> int:
@@ -317,7 +322,7 @@ def run_one(name: str, workdir: Path, args: argparse.Namespace) -> Result:
         store.close()  # as after `keelgate run`: the CLI opens the store afresh
         events = audit_events(url)
         print(f"{name}: keelgate audit --verify of {events} events ...", file=sys.stderr)
-        seconds, code, tail, _lines = verify_cli(url, repeats=args.verify_repeats)
+        seconds, cpu, code, tail = verify_cli(url, repeats=args.verify_repeats)
     return Result(
         name,
         settings,
@@ -329,6 +334,7 @@ def run_one(name: str, workdir: Path, args: argparse.Namespace) -> Result:
         checked,
         events,
         seconds,
+        cpu,
         code,
         tail,
     )
@@ -376,7 +382,8 @@ def report(results: Sequence[Result], load: tuple[str, str], *, target: float) -
         met = "met" if med < target else "NOT met"
         lines.append(
             f"  keelgate audit --verify of {r.events} events: median {med:.2f} s "
-            f"(min {best:.2f} s over {len(r.verify_seconds)}), exit {r.verify_exit}: "
+            f"(min {best:.2f} s over {len(r.verify_seconds)}; CPU median "
+            f"{statistics.median(r.verify_cpu):.2f} s), exit {r.verify_exit}: "
             f"target < {target:g} s {met}"
         )
         lines.append(f"    last line: {r.verify_tail[:200]}")
