@@ -59,6 +59,7 @@ class Window:
 
     at: int  # the first iteration of the timed window
     ms: float = 0.0
+    cpu_ms: float = 0.0  # this process's CPU time per iteration: less moved by other work
     work: dict[str, float] = field(default_factory=dict)
 
 
@@ -232,6 +233,8 @@ def measure(
     for point in (early, late):
         # stamps[i] is planning call i + 1: iteration a starts at stamps[a - 1].
         point.ms = (stamps[point.at - 1 + window] - stamps[point.at - 1]) / window * 1000
+        cpu = model.cpu
+        point.cpu_ms = (cpu[point.at - 1 + window] - cpu[point.at - 1]) / window * 1000
         point.work = {k: v / count for k, v in counted.get(point.at, {}).items()}
     return early, late, elapsed
 
@@ -360,6 +363,10 @@ def report(results: Sequence[Result], load: tuple[str, str], *, target: float) -
         lines.append(
             f"  ms per iteration: {r.early.ms:.2f} at iteration {r.early.at}, "
             f"{r.late.ms:.2f} at {r.late.at}: late/early {ratio(r.late.ms, r.early.ms)}"
+        )
+        lines.append(
+            f"  client CPU ms per iteration: {r.early.cpu_ms:.2f} early, {r.late.cpu_ms:.2f} "
+            f"late: {ratio(r.late.cpu_ms, r.early.cpu_ms)}"
         )
         names = [k for k in r.early.work if k in r.late.work]
         names.sort(

@@ -184,7 +184,9 @@ class Trail:
                 widths[i] = max(widths[i], len(row[i]))
         w0, w1, w2, w3 = widths
         for seq, at, kind, actor, details in (_HEADER, *self.rows):
-            line = f"{seq:>{w0}}  {at:<{w1}}  {kind:<{w2}}  {actor:<{w3}}  {details}"
+            line = "  ".join(
+                (seq.rjust(w0), at.ljust(w1), kind.ljust(w2), actor.ljust(w3), details)
+            )
             yield line.rstrip() + "\n"
 
 
