@@ -47,6 +47,7 @@ from typing import Any
 from commitbench.loop import TENANT, StampedModel, drive
 from commitbench.report import load_average
 from keelgate.core.model import ModelReply, ModelRequest
+from keelgate.stores._json import dumps
 from keelgate.testing.pgserver import PostgresUnavailable, start_postgres
 
 RUN = "big"
@@ -60,6 +61,7 @@ class Window:
     at: int  # the first iteration of the timed window
     ms: float = 0.0
     cpu_ms: float = 0.0  # this process's CPU time per iteration: less moved by other work
+    checkpoint_bytes: int = 0  # the run's checkpoint as stored, after the counting window
     work: dict[str, float] = field(default_factory=dict)
 
 
@@ -207,6 +209,7 @@ def measure(
     early = Window(10)
     late = Window(iterations - window - count)
     counted: dict[int, dict[str, float]] = {}
+    sizes: dict[int, int] = {}
 
     def opener() -> None:
         probe.start()
@@ -214,6 +217,8 @@ def measure(
     def closer(at: int) -> Callable[[], None]:
         def close() -> None:
             counted[at] = probe.stop()
+            saved = store.load(TENANT, RUN)
+            sizes[at] = 0 if saved is None else len(dumps(saved.state).encode())
 
         return close
 
@@ -236,6 +241,7 @@ def measure(
         cpu = model.cpu
         point.cpu_ms = (cpu[point.at - 1 + window] - cpu[point.at - 1]) / window * 1000
         point.work = {k: v / count for k, v in counted.get(point.at, {}).items()}
+        point.checkpoint_bytes = sizes.get(point.at, 0)
     return early, late, elapsed
 
 
@@ -368,6 +374,8 @@ def report(results: Sequence[Result], load: tuple[str, str], *, target: float) -
             f"  client CPU ms per iteration: {r.early.cpu_ms:.2f} early, {r.late.cpu_ms:.2f} "
             f"late: {ratio(r.late.cpu_ms, r.early.cpu_ms)}"
         )
+        a, b = r.early.checkpoint_bytes, r.late.checkpoint_bytes
+        lines.append(f"  checkpoint bytes: {a} early, {b} late: {ratio(b, a)}")
         names = [k for k in r.early.work if k in r.late.work]
         names.sort(
             key=lambda k: ("(all)" not in k and k not in ("statements", "VM steps", "commits"), k)
