@@ -200,22 +200,21 @@ def _printable(text: str) -> str:
 
 
 def _details(event: AuditEvent) -> str:
-    data = dict(event.data)
-    if "actions" in data and isinstance(data["actions"], list):
-        data["actions"] = (
-            ", ".join(
-                f"{a.get('action')} {a.get('tool')}" for a in data["actions"] if isinstance(a, dict)
-            )
-            or "none"
-        )
-    data.pop("idempotencyKey", None)
-    if data.get("replayed") is False:
-        del data["replayed"]
+    # One pass over the event's data, in its order (a long trail calls this per event).
     parts = []
-    for key, value in data.items():
-        if value in (None, "", []):
+    for key, value in event.data.items():
+        if key == "idempotencyKey" or (key == "replayed" and value is False):
             continue
-        if isinstance(value, list):
+        if key == "actions" and isinstance(value, list):
+            value = (
+                ", ".join(
+                    f"{a.get('action')} {a.get('tool')}" for a in value if isinstance(a, dict)
+                )
+                or "none"
+            )
+        elif value in (None, "", []):
+            continue
+        elif isinstance(value, list):
             value = ",".join(str(v) for v in value)
         parts.append(f"{key}={value}")
     text = " ".join(parts)
