@@ -83,7 +83,7 @@ class Result:
 
 
 class Probe:
-    """Counts database work between ``start`` and ``stop``; ``per`` divides it per iteration."""
+    """Counts database work between ``start`` and ``stop`` (totals; the caller divides them)."""
 
     def start(self) -> None: ...
 
