@@ -164,10 +164,22 @@ class PostgresProbe(Probe):
             for column, value in zip(self.COLUMNS, values, strict=True):
                 figures[f"{column} {table}"] = float(value)
                 figures[f"{column} (all)"] = figures.get(f"{column} (all)", 0.0) + float(value)
+        # Buffer pages touched (found in shared buffers or read): what a dead-tuple or index
+        # bloat would cost, which the scan counts above do not show.
+        rows = self.monitor.execute(
+            "SELECT relname, COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0), "
+            "COALESCE(idx_blks_hit, 0) + COALESCE(idx_blks_read, 0) "
+            "FROM pg_statio_user_tables WHERE relname LIKE 'keelgate%'"
+        ).fetchall()
+        for relname, heap, index in rows:
+            table = str(relname).removeprefix("keelgate_")
+            figures[f"heap pages {table}"] = float(heap)
+            figures[f"index pages {table}"] = float(index)
+            figures["pages touched (all)"] = figures.get("pages touched (all)", 0.0) + heap + index
         row = self.monitor.execute(
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
-        figures["commits"] = float(row[0])
+        figures["transactions"] = float(row[0])
         return figures
 
     def start(self) -> None:
@@ -378,7 +390,10 @@ def report(results: Sequence[Result], load: tuple[str, str], *, target: float) -
         lines.append(f"  checkpoint bytes: {a} early, {b} late: {ratio(b, a)}")
         names = [k for k in r.early.work if k in r.late.work]
         names.sort(
-            key=lambda k: ("(all)" not in k and k not in ("statements", "VM steps", "commits"), k)
+            key=lambda k: (
+                "(all)" not in k and k not in ("statements", "VM steps", "transactions"),
+                k,
+            )
         )
         for name in names:
             a, b = r.early.work[name], r.late.work[name]
