@@ -325,3 +325,46 @@ def test_an_audit_event_whose_stored_data_is_not_json_is_a_one_line_verification
     assert "Traceback" not in captured.out + captured.err
     (line,) = captured.err.strip().splitlines()
     assert f"audit event 5 (loop.verified) of run {RUN!r} cannot be read" in line
+
+
+def test_a_run_asking_approval_at_every_write_keeps_its_checkpoint_bounded(tmp_path: Path) -> None:
+    """A run whose every WRITE needs a person's approval, approved 45 times, runs each WRITE
+    exactly once, after its approval; its checkpoint keeps the decisions of the last
+    HISTORY_WINDOW iterations only (it does not grow with the run), every decision stays on the
+    audit chain, and a decision dropped from the checkpoint cannot be made again."""
+    from keelgate.core.state import HISTORY_WINDOW
+    from keelgate.core.types import StopReason
+    from keelgate.errors import SettleError
+
+    calls: list[str | None] = []
+
+    def write(args: dict[str, Any], *, idempotency_key: str | None) -> Any:
+        calls.append(idempotency_key)
+        return {"ok": True}
+
+    tool = PythonTool("write", write, SideEffect.WRITE, requires_approval=True)
+    store = SQLiteStore(tmp_path / "keelgate.db")
+    try:
+        loop = Loop(stores=Stores.of(store), model=MarkingModel({}), tools=[tool])
+        spec = LoopSpec(TENANT, RUN, "approve all", budget=Budget(max_iterations=45))
+        sizes = {}
+        while True:
+            outcome = loop.run_or_resume(spec)
+            if outcome.stop is None or outcome.stop.reason is not StopReason.AWAITING_APPROVAL:
+                break
+            (waiting,) = outcome.pending_approvals
+            assert len(calls) == outcome.iteration - 1  # nothing ran before its approval
+            loop.approve(TENANT, RUN, waiting.action, approved=True, by="alice")
+            saved = store.load(TENANT, RUN)
+            assert saved is not None
+            sizes[outcome.iteration] = len(saved.state["approvals"])
+        assert outcome.stop is not None and outcome.stop.reason is StopReason.MAX_ITERATIONS
+        assert len(calls) == 45 and len(set(calls)) == 45  # each WRITE once, none twice
+        assert max(sizes.values()) == HISTORY_WINDOW + 1
+        assert sizes[45] == sizes[30] == HISTORY_WINDOW + 1
+        approved = [e for e in store.events(TENANT, RUN) if e.type == "loop.approved"]
+        assert len(approved) == 45
+        with pytest.raises(SettleError):
+            loop.approve(TENANT, RUN, "1:0", approved=False, by="mallory")
+    finally:
+        store.close()
