@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,postgres,langgraph,temporal
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-peers bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -62,6 +62,11 @@ bench-peers: venv
 	$(PY) -c 'import dbos, langgraph.graph, langgraph.checkpoint.postgres, aiosqlite' 2>/dev/null || \
 	  $(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/peers.py
+
+## bench-big: one run of 10,000 iterations: cost per iteration early and late, and the time of
+## `keelgate audit --verify` of it (figures: docs/performance.md)
+bench-big: venv
+	$(PY) bench/big_run.py
 
 ## bench-temporal: a loop driven through a Temporal workflow against the same in-process, on the
 ## same PostgreSQL server (figures: docs/performance.md)

@@ -120,6 +120,31 @@ class StaleCheckpoint(StoreError):
         self.stored_seq = stored_seq
 
 
+class UnreadableEvent(StoreError):
+    """A stored audit event cannot be read back: its data is not a JSON object. Only an edit
+    made outside Keelgate leaves one, so ``audit --verify`` reports it as a broken chain."""
+
+    def __init__(
+        self, tenant: str, run: str, seq: int, type: str, key: str | None, hash: str
+    ) -> None:
+        super().__init__(
+            f"audit event {seq} ({type}) of run {run!r} cannot be read: its stored data is not "
+            "a JSON object (edited outside Keelgate?)",
+            tenant=tenant,
+            run=run,
+            seq=seq,
+            type=type,
+            key=key,
+            hash=hash,
+        )
+        self.tenant = tenant
+        self.run = run
+        self.seq = seq
+        self.type = type
+        self.key = key
+        self.hash = hash
+
+
 class RunBusy(KeelgateError):
     """Another live process is executing this run right now; this one must not act."""
 

@@ -7,17 +7,18 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from keelgate.cli.render import Console
+from keelgate.cli.render import Console, Trail
+from keelgate.core.audit import AuditEvent
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
@@ -349,20 +350,32 @@ def audit_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Show the run's hash-chained audit trail."""
+    # The chain is read once, a page at a time, and each event is kept only as what is shown
+    # of it, so a run of any length is shown (and verified) in time linear in its events.
+    json_out = output is OutputFormat.json
+    documents: list[dict[str, Any]] = []
+    trail = Trail()
+    keep: Callable[[AuditEvent], None] = (
+        (lambda event: documents.append(event.to_json())) if json_out else trail.add
+    )
+    report = None
     with _opened(store, run, namespace) as (loop, tenant, run):
-        events = loop.audit(tenant, run)
-        report = loop.verify_audit(tenant, run) if check else None
+        if check:
+            report = loop.verify_audit(tenant, run, each=keep)
+        else:
+            for event in loop.stores.audit.iter_events(tenant, run):
+                keep(event)
     console = Console()
-    if output is OutputFormat.json:
+    if json_out:
         console.json(
             {
                 "run": run,
-                "events": [e.to_json() for e in events],
+                "events": documents,
                 **({"verified": report.ok, "problems": list(report.problems)} if report else {}),
             }
         )
     else:
-        console.audit(run, events, report)
+        console.audit(run, trail, report)
     return 1 if report is not None and not report.ok else 0
 
 

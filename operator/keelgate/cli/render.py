@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.console import Console as RichConsole
@@ -130,22 +130,13 @@ class Console:
             )
         self.out.print(table)
 
-    def audit(self, run: str, events: Sequence[AuditEvent], report: ChainReport | None) -> None:
-        table = Table(title=f"audit trail of {run}", title_justify="left", box=None, pad_edge=False)
-        table.add_column("#", justify="right")
-        table.add_column("time (UTC)", no_wrap=True)
-        table.add_column("event", no_wrap=True)
-        table.add_column("actor", no_wrap=True)
-        table.add_column("details", overflow="fold")
-        for event in events:
-            table.add_row(
-                str(event.seq),
-                event.at[:23].replace("T", " "),  # 2026-10-05 12:00:00.000: the date too
-                event.type.removeprefix("loop."),
-                event.actor,
-                _details(event),
-            )
-        self.out.print(table)
+    def audit(self, run: str, trail: Trail, report: ChainReport | None) -> None:
+        # A plain table, written straight out: rich's Table measures and wraps every cell,
+        # which took tens of seconds for a run of 10,000 iterations (40,000 rows).
+        out = self.out.file
+        out.write(f"audit trail of {_printable(run)}\n")
+        out.writelines(trail.lines())
+        out.flush()
         if report is not None:
             if report.ok:
                 self.out.print(
@@ -155,28 +146,75 @@ class Console:
                     )
                 )
             else:
-                self.out.print(Text("chain BROKEN:", style="bold red"))
+                # One line per problem, each naming the run, so a line alone says it all.
                 for problem in report.problems:
-                    self.out.print(f"  {problem}")
+                    line = Text("chain BROKEN: ", style="bold red")
+                    self.out.print(line + Text(f"run {run!r}: {_printable(problem)}"))
+
+
+_HEADER = ("#", "time (UTC)", "event", "actor", "details")
+
+
+class Trail:
+    """An audit trail as it is shown, gathered one event at a time while the chain is read.
+
+    Only the shown text of each event is kept, never the event. Every cell goes through
+    ``_printable``: an actor or a goal is text a user typed, and must not drive the terminal.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str, str]] = []
+
+    def add(self, event: AuditEvent) -> None:
+        self.rows.append(
+            (
+                str(event.seq),
+                _printable(event.at[:23].replace("T", " ")),  # 2026-10-05 12:00:00.000: the date
+                _printable(event.type.removeprefix("loop.")),
+                _printable(event.actor),
+                _printable(_details(event)),
+            )
+        )
+
+    def lines(self) -> Iterator[str]:
+        """The header and one line per event, columns aligned to their widest cell."""
+        widths = [len(h) for h in _HEADER[:4]]
+        for row in self.rows:
+            for i in range(4):
+                widths[i] = max(widths[i], len(row[i]))
+        w0, w1, w2, w3 = widths
+        for seq, at, kind, actor, details in (_HEADER, *self.rows):
+            line = "  ".join(
+                (seq.rjust(w0), at.ljust(w1), kind.ljust(w2), actor.ljust(w3), details)
+            )
+            yield line.rstrip() + "\n"
+
+
+# C0 and C1 control characters (and DEL) shown as escapes, never written to a terminal as is.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _printable(text: str) -> str:
+    # isprintable is a quick check; most text has nothing to escape.
+    return text if text.isprintable() else text.translate(_CONTROL)
 
 
 def _details(event: AuditEvent) -> str:
-    data = dict(event.data)
-    if "actions" in data and isinstance(data["actions"], list):
-        data["actions"] = (
-            ", ".join(
-                f"{a.get('action')} {a.get('tool')}" for a in data["actions"] if isinstance(a, dict)
-            )
-            or "none"
-        )
-    data.pop("idempotencyKey", None)
-    if data.get("replayed") is False:
-        del data["replayed"]
+    # One pass over the event's data, in its order (a long trail calls this per event).
     parts = []
-    for key, value in data.items():
-        if value in (None, "", []):
+    for key, value in event.data.items():
+        if key == "idempotencyKey" or (key == "replayed" and value is False):
             continue
-        if isinstance(value, list):
+        if key == "actions" and isinstance(value, list):
+            value = (
+                ", ".join(
+                    f"{a.get('action')} {a.get('tool')}" for a in value if isinstance(a, dict)
+                )
+                or "none"
+            )
+        elif value in (None, "", []):
+            continue
+        elif isinstance(value, list):
             value = ",".join(str(v) for v in value)
         parts.append(f"{key}={value}")
     text = " ".join(parts)

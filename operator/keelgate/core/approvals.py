@@ -16,7 +16,7 @@ from keelgate.core.audit import AuditDraft, utc_now
 from keelgate.core.gateway import in_flight_elsewhere, once_not_in_flight
 from keelgate.core.persistence import persist
 from keelgate.core.protocols import IdempotencyStore, Stores, Tool
-from keelgate.core.state import Approval, RunState
+from keelgate.core.state import HISTORY_WINDOW, Approval, RunState
 from keelgate.core.types import (
     Action,
     ActionResult,
@@ -84,6 +84,30 @@ class ApprovalGate:
             busy=lambda: in_flight_elsewhere(state.tenant, state.run, tool, action),
         )
         return record is not None
+
+
+def recent(approvals: Mapping[str, Approval], iteration: int) -> Mapping[str, Approval]:
+    """The recorded decisions a run still keeps when it plans ``iteration``: those of actions
+    planned in the last ``HISTORY_WINDOW`` iterations, so a run that asks a person at every
+    WRITE does not carry every decision ever made in each checkpoint.
+
+    Dropping an older one can never let a call run unapproved or twice: an action's id names
+    the iteration that planned it (``"7:0"``), no later plan reuses it, and the gate is only
+    ever asked about the current plan's actions; a dropped decision cannot be made again either
+    (``decide`` only takes an action the run awaits now). The decision stays on the audit chain.
+    The window leaves a late caller (a retried update, an operator catching up on an Approval
+    object) many iterations in which to find the decision it recorded.
+    """
+    oldest = iteration - HISTORY_WINDOW
+    if all(_planned_in(action) >= oldest for action in approvals):
+        return approvals  # the usual case: nothing to drop, nothing copied
+    return {a: d for a, d in approvals.items() if _planned_in(a) >= oldest}
+
+
+def _planned_in(action: str) -> int:
+    """The iteration an action id names; an id of another shape is kept (never dropped)."""
+    head = action.split(":", 1)[0]
+    return int(head) if head.isascii() and head.isdigit() else 1 << 62
 
 
 def decide(stores: Stores, state: RunState, action: str, *, approved: bool, by: str) -> RunState:

@@ -18,7 +18,7 @@ from typing import Any
 
 from keelgate.core import failpoints
 from keelgate.core.approvals import decide
-from keelgate.core.audit import AuditEvent, ChainReport, verify
+from keelgate.core.audit import AuditEvent, ChainCheck, ChainReport
 from keelgate.core.gateway import Settlement
 from keelgate.core.model import Model
 from keelgate.core.phases import Session
@@ -26,7 +26,7 @@ from keelgate.core.protocols import Confirmer, RunLock, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
 from keelgate.core.types import Action, KeyRecord, Outcome
-from keelgate.errors import InputError, RunBusy, RunNotFound, SettleError
+from keelgate.errors import InputError, RunBusy, RunNotFound, SettleError, UnreadableEvent
 
 GoalPredicate = Callable[[Sequence[Mapping[str, Any]]], bool]
 
@@ -81,15 +81,36 @@ class Loop:
     def audit(self, tenant: str, run: str) -> list[AuditEvent]:
         return self.stores.audit.events(tenant, run)
 
-    def verify_audit(self, tenant: str, run: str) -> ChainReport:
-        """Verify the run's chain, anchored to its checkpoint so a cut-off end is detected."""
-        events = self.stores.audit.events(tenant, run)
+    def verify_audit(
+        self, tenant: str, run: str, *, each: Callable[[AuditEvent], None] | None = None
+    ) -> ChainReport:
+        """Verify the run's chain, anchored to its checkpoint so a cut-off end is detected.
+
+        The chain is read from the store a page at a time and checked as it comes, so its
+        length costs time, never memory; ``each`` is given every event read (a caller showing
+        the trail needs no second read). The checkpoint is read first: the events it says were
+        written committed with it, so they are on the chain by the time it is read, even while
+        the run goes on. An event the store cannot decode is a broken link, not an error.
+        """
         checkpoint = self.stores.checkpoints.load(tenant, run)
         if checkpoint is None:
-            return verify(tenant, run, events)
-        state = checkpoint.state
-        pending = {d.get("key") for d in state.get("outbox", []) if d.get("key")}
-        return verify(tenant, run, events, anchor=state.get("auditTail"), pending=pending)
+            check = ChainCheck(tenant, run)
+        else:
+            state = checkpoint.state
+            pending = {d.get("key") for d in state.get("outbox", []) if d.get("key")}
+            check = ChainCheck(tenant, run, anchor=state.get("auditTail"), pending=pending)
+        after = 0
+        while True:
+            try:
+                for event in self.stores.audit.iter_events(tenant, run, after=after):
+                    check.add(event)
+                    if each is not None:
+                        each(event)
+                break
+            except UnreadableEvent as bad:
+                check.unreadable(bad.seq, bad.type, bad.key, bad.hash)
+                after = bad.seq
+        return check.report()
 
     # Running
 

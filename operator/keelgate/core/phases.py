@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from keelgate.core import failpoints
-from keelgate.core.approvals import ApprovalGate
+from keelgate.core.approvals import ApprovalGate, recent
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
 from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
@@ -211,6 +211,7 @@ class Session:
                 calls=state.calls + 1,
                 plan=plan,
                 results=(),
+                approvals=recent(state.approvals, iteration),
                 usage=state.usage.plus(self.budgets.charge(reply.usage)),
                 step=Step.ACT if actions else Step.VERIFY,
             ),

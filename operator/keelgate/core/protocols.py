@@ -6,7 +6,7 @@ is any object of the right shape. Nothing here may import a driver, a client or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -131,6 +131,15 @@ class AuditLog(Protocol):
     def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None: ...
 
     def events(self, tenant: str, run: str) -> list[AuditEvent]: ...
+
+    def iter_events(
+        self, tenant: str, run: str, *, after: int = 0, page: int = ...
+    ) -> Iterator[AuditEvent]:
+        """The run's events with sequence numbers above ``after``, in order, read from the store
+        ``page`` at a time, so a chain of any length is read without holding it whole. An event
+        whose stored data cannot be decoded raises ``keelgate.errors.UnreadableEvent``; reading
+        on with ``after`` set to its sequence number continues past it."""
+        ...
 
     def close(self) -> None: ...
 

@@ -110,22 +110,27 @@ class KeyState(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
 
 
-def canonical_json(value: Any) -> str:
-    """The one JSON spelling used for hashing: sorted keys, no spaces, no NaN."""
-    return json.dumps(
-        value,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-        default=_json_default,
-    )
-
-
 def _json_default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+# One encoder for every call: ``json.dumps`` with these options builds a new one each time,
+# which costs more than encoding a small event (verifying a long audit chain does it per event).
+# An encoder keeps no state between calls, so sharing it between threads is safe.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True,
+    separators=(",", ":"),
+    ensure_ascii=False,
+    allow_nan=False,
+    default=_json_default,
+)
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON spelling used for hashing: sorted keys, no spaces, no NaN."""
+    return _CANONICAL.encode(value)
 
 
 def json_safe(value: Any, *, _depth: int = 0) -> Any:

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from keelgate.core.audit import AuditDraft, AuditEvent, seal, utc_now
+from keelgate.core.audit import AuditDraft, AuditEvent, seal, stored_event, utc_now
 from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError
+from keelgate.errors import SettleError, StaleCheckpoint, StoreError, UnreadableEvent
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
-from keelgate.stores._json import dumps
+from keelgate.stores._json import dumps, loads
 
 T = TypeVar("T")
 
@@ -260,9 +260,11 @@ class Statements:
             f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
             "ORDER BY seq DESC LIMIT 1"
         )
-        self.events = q(
+        # A page of a run's chain after a sequence number: a range of the primary key's index,
+        # so each page costs the same however long the chain is.
+        self.events_after = q(
             f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
-            "ORDER BY seq"
+            "AND seq > ? ORDER BY seq LIMIT ?"
         )
 
 
@@ -271,6 +273,11 @@ class Statements:
 # IMMEDIATE nobody else can write, so the head read afresh holds and the first retry lands.
 # Under PostgreSQL's READ COMMITTED each retry can meet one more concurrent writer of the run.
 APPEND_ATTEMPTS = 100
+
+# Events per page when a chain is read: enough that a page's round trip is small beside its
+# rows, few enough that a page of large events stays a few megabytes.
+EVENT_PAGE = 1000
+
 
 _UNKNOWN: Any = object()  # no head remembered for this chain
 
@@ -568,14 +575,39 @@ class SQLStore(HoldsOwner, ABC):
 
     def _read_head(self, conn: Connection, tenant: str, run: str) -> AuditEvent | None:
         row = conn.execute(self.sql.head, (tenant, run)).fetchone()
-        return None if row is None else _event(row)
+        return None if row is None else _event(tenant, run, row)
 
     def events(self, tenant: str, run: str) -> list[AuditEvent]:
-        with self._statement() as conn:
-            rows = conn.execute(self.sql.events, (tenant, run)).fetchall()
-        return [_event(row) for row in rows]
+        return list(self.iter_events(tenant, run))
+
+    def iter_events(
+        self, tenant: str, run: str, *, after: int = 0, page: int = EVENT_PAGE
+    ) -> Iterator[AuditEvent]:
+        """The run's events after sequence number ``after``, in order, read ``page`` at a time.
+
+        Each page is its own statement (no transaction is held open while the caller works),
+        found through the primary key from the last sequence number read. Events are only ever
+        appended, so a page read later never misses one that an earlier page would have held.
+        An event whose data cannot be decoded raises ``UnreadableEvent``; reading on from its
+        sequence number (``after``) continues the chain past it.
+        """
+        last = after
+        while True:
+            with self._statement() as conn:
+                rows = conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
+            for row in rows:
+                yield _event(tenant, run, row)
+                last = int(row[0])
+            if len(rows) < page:
+                return
 
 
-def _event(row: Sequence[Any]) -> AuditEvent:
+def _event(tenant: str, run: str, row: Sequence[Any]) -> AuditEvent:
     seq, type_, actor, at, data, key, prev, hash_ = row
-    return AuditEvent(int(seq), type_, actor, at, json.loads(data), key, prev, hash_)
+    try:
+        decoded = loads(data)
+    except ValueError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise UnreadableEvent(tenant, run, int(seq), str(type_), key, str(hash_))
+    return stored_event(int(seq), type_, actor, at, decoded, key, prev, hash_)

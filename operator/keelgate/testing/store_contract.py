@@ -594,6 +594,24 @@ def audit_append_skips_known_keys_and_the_chain_verifies(factory: Opener) -> Non
 
 
 @_check("audit")
+def iter_events_reads_the_chain_in_pages_from_any_point(factory: Opener) -> None:
+    """``iter_events`` gives the same events as ``events``, in order, whatever the page size
+    (one event per page, a page that ends exactly at the chain's end, one page for all), from
+    the start or after any sequence number; and only the named run's events."""
+    log = audit(factory)
+    log.append("acme", "r", [AuditDraft("note", {"n": n}) for n in range(1, 8)])
+    log.append("acme", "other", [AuditDraft("note", {"n": 0})])
+    whole = log.events("acme", "r")
+    assert [e.seq for e in whole] == list(range(1, 8))
+    for page in (1, 2, 7, 1000):
+        assert list(log.iter_events("acme", "r", page=page)) == whole
+        for after in (0, 3, 7, 9):
+            expected = [e for e in whole if e.seq > after]
+            assert list(log.iter_events("acme", "r", after=after, page=page)) == expected
+    assert list(log.iter_events("acme", "nosuch")) == []
+
+
+@_check("audit")
 def each_run_has_its_own_chain(factory: Opener) -> None:
     """Runs (and tenants) do not share a chain: each starts at 1 and verifies on its own, and
     the same event key may appear once in each."""
