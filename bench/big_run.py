@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from commitbench.backends import flushing_postgres
 from commitbench.loop import TENANT, StampedModel, drive
 from commitbench.report import load_average
 from keelgate.core.model import ModelReply, ModelRequest
 from keelgate.stores._json import dumps
-from keelgate.testing.pgserver import PostgresUnavailable, start_postgres
 
 RUN = "big"
 FLUSH_WAIT = 11.0  # seconds: PostgreSQL's PGSTAT_IDLE_INTERVAL (10 s) and a margin
@@ -304,17 +304,11 @@ def sqlite_store(workdir: Path) -> Iterator[tuple[Any, Probe, str, str, Path]]:
 
 @contextlib.contextmanager
 def postgres_store(flush_wait: float) -> Iterator[tuple[Any, Probe, str, str, Path]]:
-    try:
-        import psycopg
-    except ImportError:
-        raise SystemExit("bench: PostgreSQL needs the postgres extra (psycopg)") from None
+    import psycopg
+
     from keelgate.stores.postgres import PostgresStore
 
-    try:
-        server = start_postgres(fsync=True)
-    except PostgresUnavailable as error:
-        raise SystemExit(f"bench: no PostgreSQL server: {error}") from None
-    try:
+    with flushing_postgres() as server:
         url = server.create_database("keelgate_big")
         monitor = psycopg.connect(url, autocommit=True)
         version = monitor.execute("SHOW server_version").fetchone()
@@ -325,8 +319,6 @@ def postgres_store(flush_wait: float) -> Iterator[tuple[Any, Probe, str, str, Pa
         finally:
             store.close()
             monitor.close()
-    finally:
-        server.stop()
 
 
 def run_one(name: str, workdir: Path, args: argparse.Namespace) -> Result:
