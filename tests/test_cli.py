@@ -491,13 +491,15 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
     import signal
     import time
 
+    started = world / "look-started"
     slow = TOOLS.replace(
         'return {"sku": args["sku"], "inStock": 3}',
-        'import time; time.sleep(float(os.environ.get("SLOW", "0")))\n'
+        'Path(os.environ["STARTED"]).touch()\n'
+        '    import time; time.sleep(float(os.environ.get("SLOW", "0")))\n'
         '    return {"sku": args["sku"], "inStock": 3}',
     )
     (world / "kgtools.py").write_text(slow)
-    env = {**os.environ, "PYTHONPATH": str(world), "SLOW": "30"}
+    env = {**os.environ, "PYTHONPATH": str(world), "SLOW": "30", "STARTED": str(started)}
     env.pop("KEELGATE_FAILPOINTS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "keelgate", "run", "-f", str(write(world, manifest()))],
@@ -507,10 +509,11 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while not (world / ".keelgate" / "keelgate.db").exists() and time.monotonic() < deadline:
+    # The signal must land mid-run, not before the run has begun: wait for the slow READ to start.
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.5)
+    assert started.exists(), "the run never reached its READ"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
