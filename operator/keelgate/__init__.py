@@ -8,13 +8,14 @@ The re-exports are lazy (a module ``__getattr__``): every ``keelgate.*`` module,
 program among them, imports this package first, and a step must not pay for the loop, the
 audit chain and pydantic's models before it has read its checkpoint. ``from keelgate import X``
 imports X's module on first use and behaves exactly as an eager import would. This module must
-never import anything at its top but the standard library's ``typing``.
+never import anything at its top but ``typing`` and ``keelgate._lazy``.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from keelgate._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport
@@ -172,15 +173,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use, and keep the name here from then on."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'keelgate' has no attribute {name!r}")
-    value = getattr(import_module(where[0]), where[1])
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE, __all__)

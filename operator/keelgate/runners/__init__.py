@@ -11,8 +11,9 @@ step runner imports them when it builds a loop).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from keelgate._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from keelgate.runners.build import (
@@ -26,13 +27,13 @@ if TYPE_CHECKING:
     from keelgate.runners.step import StepRunner
 
 _WHERE = {
-    "MODEL_BUILDERS": "keelgate.runners.build",
-    "TOOL_BUILDERS": "keelgate.runners.build",
-    "Parts": "keelgate.runners.build",
-    "build_loop": "keelgate.runners.build",
-    "build_parts": "keelgate.runners.build",
-    "LocalRunner": "keelgate.runners.local",
-    "StepRunner": "keelgate.runners.step",
+    "MODEL_BUILDERS": ("keelgate.runners.build", "MODEL_BUILDERS"),
+    "TOOL_BUILDERS": ("keelgate.runners.build", "TOOL_BUILDERS"),
+    "Parts": ("keelgate.runners.build", "Parts"),
+    "build_loop": ("keelgate.runners.build", "build_loop"),
+    "build_parts": ("keelgate.runners.build", "build_parts"),
+    "LocalRunner": ("keelgate.runners.local", "LocalRunner"),
+    "StepRunner": ("keelgate.runners.step", "StepRunner"),
 }
 
 __all__ = [
@@ -46,15 +47,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a name's module on first use, and keep the name here from then on."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'keelgate.runners' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE, __all__)
