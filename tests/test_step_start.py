@@ -140,3 +140,85 @@ def test_the_facade_imports_nothing_until_a_name_is_used() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["[]", "True", "True", "True"]
+
+
+PROBE_TOOL = """
+import gc, json, os
+
+def write(args, *, idempotency_key):
+    with open(os.environ["KG_GC_PROBE"], "w") as out:
+        json.dump({"collecting": gc.isenabled(), "frozen": gc.get_freeze_count()}, out)
+    return {"ok": True}
+"""
+
+PROBE_RUN = """
+apiVersion: keelgate.dev/v1alpha1
+kind: AgentRun
+metadata: {name: probe, namespace: shop}
+spec:
+  goal: "see how the step collects garbage"
+  model:
+    provider: scripted
+    name: demo
+    script:
+      - actions: [{tool: write, args: {n: 1}}]
+      - done: true
+        answer: "written"
+  tools:
+    - name: write
+      sideEffect: WRITE
+      inputSchema: {type: object, properties: {n: {type: integer}}, required: [n]}
+      python: {callable: "kg_gc_probe:write"}
+  budget: {maxIterations: 3}
+"""
+
+
+def test_a_step_collects_garbage_while_it_works_but_not_while_it_imports(
+    tmp_path: Path,
+) -> None:
+    """A step process skips the garbage collector's passes over its start-up imports (about
+    0.1 s of every step pod's start), yet its work (the model, the tools) runs with the
+    collector on, so a long tool call cannot pile up garbage; the step itself still works."""
+    (tmp_path / "kg_gc_probe.py").write_text(PROBE_TOOL)
+    store = f"sqlite:///{tmp_path / 'kg.db'}"
+    spec = load_agentrun(PROBE_RUN).to_loop_spec()
+    stores = open_stores(store)
+    try:
+        assert stores.specs is not None
+        stores.specs.record_spec("shop", "probe", spec.to_json(), source="uid-1", generation=1)
+    finally:
+        stores.close()
+    probe = tmp_path / "gc.json"
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("KEELGATE_FAILPOINTS", "PYTHONPATH")},
+        "KEELGATE_STORE": store,
+        "KG_GC_PROBE": str(probe),
+        "PYTHONPATH": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "keelgate", "step", "-n", "shop", "--run", "probe"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["iteration"] == 1
+    seen = json.loads(probe.read_text())
+    assert seen["collecting"] is True
+    assert seen["frozen"] > 1000  # the imports' objects, set aside once they were done
+
+
+def test_calling_the_cli_in_process_leaves_the_callers_collector_alone(tmp_path: Path) -> None:
+    """Only the `keelgate` executable changes how garbage is collected: a program (or a test)
+    calling `keelgate.cli.main` keeps its collector on and nothing of its own is frozen."""
+    import gc
+
+    from keelgate.cli import main
+
+    frozen = gc.get_freeze_count()
+    code = main(["step", "-n", "shop", "--run", "none", "--store", f"sqlite:///{tmp_path}/x.db"])
+    assert code == 2  # no spec recorded for that run: bad input, one line
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen

@@ -91,6 +91,7 @@ def load_confirmer(reference: str, url: str = "") -> Any:
 
 
 def _step(args: argparse.Namespace) -> int:
+    from keelgate.cli import started
     from keelgate.core.types import RunPhase
     from keelgate.runners.step import StepRunner
     from keelgate.stores import check_store_url
@@ -98,7 +99,8 @@ def _step(args: argparse.Namespace) -> int:
 
     if not args.store:
         raise InputError("--store", "a step needs the store URL (env KEELGATE_STORE)")
-    check_store_url(args.store)
+    check_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
+    started()
     sys.path.insert(0, str(Path.cwd()))
     runner = StepRunner(
         store=args.store, confirmer=load_confirmer(args.confirmer, args.confirmer_url)
