@@ -122,3 +122,46 @@ def test_postgres_an_iteration_costs_two_commits_per_write_plus_two(
         close()
     assert per_iteration == EXPECTED
     assert effects == 3
+
+
+def _re_recording(stores: Stores, counter: Callable[[], int]) -> list[int]:
+    """Commits of: a first record, the same again (as before every step pod), a changed spec
+    at the same generation, and a newer generation; each record's answer is checked."""
+    specs = stores.specs
+    assert specs is not None
+    commits = []
+    for spec_doc, generation in (({"goal": "a"}, 1), ({"goal": "a"}, 1), ({"goal": "b"}, 1)):
+        before = counter()
+        assert specs.record_spec("shop", "r", spec_doc, source="uid-1", generation=generation)
+        commits.append(counter() - before)
+    before = counter()
+    assert specs.record_spec("shop", "r", {"goal": "b"}, source="uid-1", generation=2)
+    commits.append(counter() - before)
+    recorded = specs.recorded_spec("shop", "r")
+    assert recorded is not None and (recorded.generation, dict(recorded.spec)) == (
+        2,
+        {"goal": "b"},
+    )
+    return commits
+
+
+def test_sqlite_recording_the_same_spec_again_costs_no_commit(tmp_path: Path) -> None:
+    """The operator records a run's spec before every step pod: on SQLite, a record identical
+    to the stored one is accepted without a durable commit; a changed spec still is one."""
+    stores = open_stores(f"sqlite:///{tmp_path}/k.db")
+    try:
+        assert _re_recording(stores, _sqlite_commits(stores)) == [1, 0, 1, 1]
+    finally:
+        stores.close()
+
+
+@pytest.mark.postgres
+def test_postgres_recording_the_same_spec_again_costs_no_commit(pg_url: str) -> None:
+    """The same on PostgreSQL, counted by the transaction ids the server hands out."""
+    counter, close = _postgres_commits(pg_url)
+    stores = open_stores(pg_url)
+    try:
+        assert _re_recording(stores, counter) == [1, 0, 1, 1]
+    finally:
+        stores.close()
+        close()

@@ -425,10 +425,18 @@ class SQLStore(HoldsOwner, ABC):
     def record_spec(
         self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
     ) -> bool:
+        text = dumps(spec)
         with self._statement() as conn:
-            cursor = conn.execute(
-                self.sql.record_spec, (tenant, run, source, generation, dumps(spec))
-            )
+            # The operator records the spec before every step pod, and it seldom changes: an
+            # identical record is left as it is, so a step costs no durable commit here.
+            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+            if row is not None and (str(row[0]), int(row[1]), str(row[2])) == (
+                source,
+                generation,
+                text,
+            ):
+                return True
+            cursor = conn.execute(self.sql.record_spec, (tenant, run, source, generation, text))
         return cursor.rowcount == 1
 
     def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
