@@ -14,13 +14,13 @@ quotes.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from keelgate._startup import started, starting
 from keelgate.errors import (
     KeelgateError,
     ModelUnavailable,
@@ -174,36 +174,6 @@ def _usage_line(error: typer.TyperException) -> str:
     format_message = getattr(error, "format_message", None)
     message = format_message() if callable(format_message) else str(error)
     return " ".join(str(message).split())
-
-
-# Set by ``starting`` in a console script's process, never by ``main`` called in-process.
-_starting = False
-
-
-def starting() -> None:
-    """A console script's first act: no cyclic garbage collection until ``started``.
-
-    A command is a one-shot process that imports much (pydantic, psycopg, typer) before it does
-    anything. Each import allocates thousands of objects that live until the process ends, and
-    the collector would scan them again and again while they pile up, then once more at exit:
-    about 0.1 s of a step pod's 0.4 s start on this project's machine (docs/performance.md),
-    freeing nothing."""
-    global _starting
-    _starting = True
-    gc.disable()
-
-
-def started() -> None:
-    """A command's imports are done: what they made is set aside for good (``gc.freeze``,
-    never scanned again, even at exit) and collection resumes for the work itself.
-
-    Does nothing unless ``starting`` ran in this process: a test or a program calling ``main``
-    keeps its own collector as it was."""
-    global _starting
-    if _starting:
-        _starting = False
-        gc.freeze()
-        gc.enable()
 
 
 def run() -> None:

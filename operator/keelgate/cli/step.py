@@ -91,7 +91,7 @@ def load_confirmer(reference: str, url: str = "") -> Any:
 
 
 def _step(args: argparse.Namespace) -> int:
-    from keelgate.cli import started
+    from keelgate._startup import started
     from keelgate.core.types import RunPhase
     from keelgate.runners.step import StepRunner
     from keelgate.stores import check_store_url
