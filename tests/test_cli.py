@@ -508,6 +508,10 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal. A test run started in the background by a shell without job
+        # control (`sh -c '...' &`) inherits SIGINT ignored, and Python then keeps ignoring it:
+        # the run would finish and exit 0, as `nohup`'s commands rightly do.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # The signal must land mid-run, not before the run has begun: wait for the slow READ to start.
     deadline = time.monotonic() + 60
