@@ -20,7 +20,13 @@ from keelgate.errors import InputError, StaleCheckpoint, StoreError
 from keelgate.stores import open_stores
 from keelgate.testing import store_contract as contract
 from keelgate.testing.store_contract import AWKWARD_STATE, canonical, checkpoints, race
-from support.stores import CHECKPOINT_BACKENDS, StoreFactory, make_factory, store_fixture
+from support.stores import (
+    CHECKPOINT_BACKENDS,
+    ONE_SESSION,
+    StoreFactory,
+    make_factory,
+    store_fixture,
+)
 
 checkpoint_factory = store_fixture(*CHECKPOINT_BACKENDS, "langgraph-memory")
 
@@ -51,6 +57,18 @@ def test_every_backend_keeps_the_contract(
     """Each check of the spec, idempotency and audit protocols and of every promise a backend
     declares (see keelgate.testing.store_contract)."""
     contract.run(check, key_store_factory)
+
+
+one_session_factory = store_fixture(ONE_SESSION)
+
+
+@pytest.mark.parametrize("check", contract.checks(), ids=str)
+def test_a_postgres_store_on_one_session_keeps_the_contract(
+    one_session_factory: StoreFactory, check: contract.Check
+) -> None:
+    """Every check, on PostgreSQL opened as a step pod opens it: every statement on the owner
+    session, no pool. Its own in-flight keys read alive, other owners' as the server says."""
+    contract.run(check, one_session_factory)
 
 
 def test_the_contract_suite_is_whole() -> None:

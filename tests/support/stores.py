@@ -29,6 +29,8 @@ from keelgate.stores.memory import MemoryBackend, MemoryStore
 
 CHECKPOINT_BACKENDS = ("memory", "sqlite", "postgres", "langgraph")
 KEYED_BACKENDS = ("memory", "sqlite", "postgres")
+# PostgreSQL as a step pod opens it (``open_stores(url, pooled=False)``): one server session.
+ONE_SESSION = "postgres-one-session"
 
 
 class StoreFactory:
@@ -78,6 +80,9 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
             return Stores(LangGraphCheckpointStore(saver), companion, companion, None, together)
 
         return StoreFactory(backend, langgraph_memory, None)
+    if backend == "postgres-one-session":  # as a step pod opens it: no pool
+        one = pg_url()
+        return StoreFactory(backend, lambda: open_stores(one, pooled=False), one)
     if backend == "sqlite":
         url = f"sqlite:///{directory / 'keelgate.db'}"
     elif backend == "langgraph":
@@ -92,7 +97,9 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
 def backend_params(names: tuple[str, ...]) -> list[Any]:
     """pytest params for backends, Postgres ones marked ``postgres``."""
     return [
-        pytest.param(name, id=name, marks=[pytest.mark.postgres] if name == "postgres" else [])
+        pytest.param(
+            name, id=name, marks=[pytest.mark.postgres] if name.startswith("postgres") else []
+        )
         for name in names
     ]
 

@@ -46,7 +46,7 @@ class StepRunner:
         from keelgate.runners.build import build_parts
 
         parts = build_parts(spec)
-        stores = open_stores(self.store)
+        stores = open_stores(self.store, pooled=False)
         try:
             return self._drive(spec, stores, parts)
         finally:
@@ -54,7 +54,7 @@ class StepRunner:
 
     def step(self, tenant: str, run: str) -> Outcome:
         """One step of the run whose spec the operator recorded in the store."""
-        stores = open_stores(self.store)
+        stores = open_stores(self.store, pooled=False)
         try:
             spec = recorded_spec(stores, tenant, run)
             ended = _ended(stores, tenant, run)

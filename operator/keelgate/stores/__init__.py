@@ -119,9 +119,13 @@ def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
     )
 
 
-def open_stores(url: str = DEFAULT_URL) -> Stores:
+def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
     """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
-    or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver)."""
+    or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver).
+
+    ``pooled=False`` is for a short-lived process with one thread of work (a step pod): a
+    PostgreSQL store then holds one server session, not a pool beside its owner session. The
+    other stores have one connection either way."""
     scheme = _parse(url).kind
     if scheme == "sqlite":
         from keelgate.stores.sqlite import SQLiteStore
@@ -134,7 +138,7 @@ def open_stores(url: str = DEFAULT_URL) -> Stores:
         except ImportError as missing:
             raise _needs_extra(scheme, "postgres", missing) from None
 
-        pg = PostgresStore(url)
+        pg = PostgresStore(url, pooled=pooled)
         return Stores.of(pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore

@@ -43,14 +43,16 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
 
 from keelgate.errors import InputError, StoreError, StoreUnavailable
 from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
 
@@ -132,7 +134,14 @@ def _one_line(error: BaseException, secret: str) -> str:
 
 
 class PostgresStore(SQLStore):
-    """Checkpoint, idempotency and audit store over one PostgreSQL database."""
+    """Checkpoint, idempotency and audit store over one PostgreSQL database.
+
+    ``pooled=False`` runs every statement on the owner session, one at a time: one server
+    session instead of two, for a short-lived process with one thread of work (a step pod,
+    which starts and stops for every step of every run). Its own in-flight keys are then read
+    alive from the owner id rather than from the server (a session holding a lock would be
+    granted it again, and read its own keys as gone).
+    """
 
     dialect = POSTGRES
 
@@ -140,6 +149,7 @@ class PostgresStore(SQLStore):
         self,
         url: str,
         *,
+        pooled: bool = True,
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout: int = 10,
@@ -162,8 +172,14 @@ class PostgresStore(SQLStore):
         self._owner_ids: list[int] = []
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
+        self._open = False
         try:
             self._open_owner_session()
+            self._open = True
+            if not pooled:
+                return
+            from psycopg_pool import ConnectionPool  # here: a step pod never needs it
+
             self._pool = ConnectionPool(
                 url,
                 kwargs={"autocommit": True, **self._kwargs},
@@ -227,6 +243,7 @@ class PostgresStore(SQLStore):
         self._owner_ids.append(owner)
 
     def _close_now(self) -> None:
+        self._open = False
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -244,12 +261,23 @@ class PostgresStore(SQLStore):
     @contextmanager
     def _statement(self) -> Iterator[Connection]:
         if self._pool is None:
-            raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
+            with self._one_session() as conn:
+                yield conn
+            return
         try:
             with self._pool.connection() as conn:
                 yield conn
         except psycopg.Error as error:
             raise self._error(error) from None
+
+    @contextmanager
+    def _one_session(self) -> Iterator[Conn]:
+        """The owner session for a statement of an unpooled store, held for its duration."""
+        with self._owner_lock:
+            try:
+                yield self._live_owner_session()
+            except psycopg.Error as error:
+                raise self._error(error) from None
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
@@ -261,7 +289,7 @@ class PostgresStore(SQLStore):
     def _live_owner_session(self) -> Conn:
         """The owner session, or a new one (a new owner id) if it was lost. The caller holds
         ``_owner_lock``; a closed store has none."""
-        if self._pool is None:
+        if not self._open:
             raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
         if self._owner_conn is None or self._owner_conn.closed:
             self._owner_conn = None
@@ -337,5 +365,9 @@ class PostgresStore(SQLStore):
         return self._owner_ids
 
     def _alive(self, owner: Any, judged: Any) -> bool:
-        # Judged by the server in the key's own SELECT (Dialect.liveness).
+        # Judged by the server in the key's own SELECT (Dialect.liveness). Read on the owner
+        # session itself (an unpooled store), the lock of the current owner id is granted again
+        # and says nothing: that owner is this open store, alive.
+        if self._pool is None and self._open and owner == self.owner:
+            return True
         return bool(judged)
