@@ -26,7 +26,6 @@ from keelgate.stores import open_stores
 
 DATA = Path(__file__).parent / "data"
 SUPPORT = Path(__file__).parent / "support_tools"
-STEP = ("step", "-n", "shop", "--run", "restock")
 
 # Never on a step's path, whatever the run: the operator's world and the interactive CLI.
 NEVER = ("kopf", "kubernetes", "aiohttp", "typer", "click", "rich", "keelgate.kube", "temporalio")
@@ -43,9 +42,11 @@ NOTHING_BUILT = (
 )
 
 
-def record(store: str, *, run: str = "restock") -> None:
-    """What the operator does before it starts a step pod: record the run's spec."""
-    spec = load_agentrun((DATA / "runner-task.yaml").read_text()).to_loop_spec()
+def record(store: str, *, run: str = "restock", manifest: str | None = None) -> None:
+    """What the operator does before it starts a step pod: record the run's spec (by default
+    tests/data/runner-task.yaml's)."""
+    text = manifest if manifest is not None else (DATA / "runner-task.yaml").read_text()
+    spec = load_agentrun(text).to_loop_spec()
     stores = open_stores(store)
     try:
         assert stores.specs is not None
@@ -54,16 +55,19 @@ def record(store: str, *, run: str = "restock") -> None:
         stores.close()
 
 
-def step(store: str, ledger: Path) -> tuple[dict[str, object], set[str]]:
-    """One `keelgate step` process: its outcome line and every module it imported."""
+def step_process(
+    store: str, *, run: str, tools: Path, env: dict[str, str], python: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """One `keelgate step` process of ``run`` in namespace shop, its tools importable from
+    ``tools``; it must exit 0."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("KEELGATE_FAILPOINTS", "PYTHONPATH")},
         "KEELGATE_STORE": store,
-        "KG_RUNNER_LEDGER": str(ledger),
-        "PYTHONPATH": str(SUPPORT),
+        "PYTHONPATH": str(tools),
+        **env,
     }
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "keelgate", *STEP],
+        [sys.executable, *python, "-m", "keelgate", "step", "-n", "shop", "--run", run],
         env=env,
         capture_output=True,
         text=True,
@@ -71,6 +75,18 @@ def step(store: str, ledger: Path) -> tuple[dict[str, object], set[str]]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def step(store: str, ledger: Path) -> tuple[dict[str, object], set[str]]:
+    """One `keelgate step` process: its outcome line and every module it imported."""
+    done = step_process(
+        store,
+        run="restock",
+        tools=SUPPORT,
+        env={"KG_RUNNER_LEDGER": str(ledger)},
+        python=("-X", "importtime"),
+    )
     imported = {
         line.rsplit("|", 1)[1].strip()
         for line in done.stderr.splitlines()
@@ -176,34 +192,14 @@ spec:
 def test_a_step_collects_garbage_while_it_works_but_not_while_it_imports(
     tmp_path: Path,
 ) -> None:
-    """A step process skips the garbage collector's passes over its start-up imports (about
-    0.1 s of every step pod's start), yet its work (the model, the tools) runs with the
+    """A step process skips the garbage collector's passes over its start-up imports (0.04 to
+    0.08 s of every step pod's start), yet its work (the model, the tools) runs with the
     collector on, so a long tool call cannot pile up garbage; the step itself still works."""
     (tmp_path / "kg_gc_probe.py").write_text(PROBE_TOOL)
     store = f"sqlite:///{tmp_path / 'kg.db'}"
-    spec = load_agentrun(PROBE_RUN).to_loop_spec()
-    stores = open_stores(store)
-    try:
-        assert stores.specs is not None
-        stores.specs.record_spec("shop", "probe", spec.to_json(), source="uid-1", generation=1)
-    finally:
-        stores.close()
+    record(store, run="probe", manifest=PROBE_RUN)
     probe = tmp_path / "gc.json"
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("KEELGATE_FAILPOINTS", "PYTHONPATH")},
-        "KEELGATE_STORE": store,
-        "KG_GC_PROBE": str(probe),
-        "PYTHONPATH": str(tmp_path),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "keelgate", "step", "-n", "shop", "--run", "probe"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = step_process(store, run="probe", tools=tmp_path, env={"KG_GC_PROBE": str(probe)})
     assert json.loads(done.stdout.strip().splitlines()[-1])["iteration"] == 1
     seen = json.loads(probe.read_text())
     assert seen["collecting"] is True
