@@ -221,9 +221,12 @@ class Cluster:
         self.procs.append(proc)
         self._save()
 
-    def restart(self, name: str, ready: Callable[[], bool], *, kill: bool = False) -> float:
-        """Stop one component (SIGKILL with `kill`, else as `down` would) and start it again
-        with the same command line, ports and data; returns seconds until `ready`."""
+    def restart(
+        self, name: str, ready: Callable[[], bool], *, kill: bool = False, away: float = 0.0
+    ) -> float:
+        """Stop one component (SIGKILL with `kill`, else as `down` would), leave it stopped for
+        `away` seconds, and start it again with the same command line, ports and data; returns
+        seconds until `ready`."""
         proc = next(p for p in self.procs if p.name == name)
         if kill:
             procs.stop(proc, self.run_dir, sig=signal.SIGKILL, grace=5)
@@ -232,6 +235,7 @@ class Cluster:
         else:
             procs.stop(proc, self.run_dir, grace=10)
         self.procs.remove(proc)
+        time.sleep(away)
         argv, kw = self._commands[name]
         fresh = self._spawn(name, argv, **kw)
         return procs.wait_until(fresh, ready, timeout=120, what=f"{name} ready again")

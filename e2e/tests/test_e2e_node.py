@@ -1,5 +1,6 @@
 """The node agent as the control plane sees it: a Ready Node with capacity and a Lease
-heartbeat, and logs that `kubectl logs` can follow and tail.
+heartbeat, logs that `kubectl logs` can follow and tail, and a pod's end reported even when
+the API server was down at that moment.
 
 They must never stop or reconfigure the shared node agent.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from keelgate_e2e.cluster import NODE_NAME
+from keelgate_e2e.cluster import NODE_NAME, Cluster
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.testing import Kubectl, condition, pod, pod_phase, wait_for
 
@@ -57,3 +58,16 @@ def test_kubectl_logs_follow_and_tail(admin: Kube, namespace: str, kubectl: Kube
     stamped = kubectl("logs", "--timestamps", "--tail=1", "talker").stdout.split()
     assert stamped[1] == "line5"
     assert _micro(stamped[0][:26] + "Z") <= dt.datetime.now(dt.UTC)
+
+
+def test_a_pod_that_ends_while_the_api_server_is_down_is_reported_once_it_is_back(
+    admin: Kube, namespace: str, cluster: Cluster
+) -> None:
+    """A container that exits while the API server is down still has its end recorded once the
+    server is back (the node agent sends the status again, as the kubelet's status manager
+    does): the operator waits for that end, so a pod left Running for good would stall its run."""
+    admin.create(f"/api/v1/namespaces/{namespace}/pods", pod("brief", ["sh", "-c", "sleep 2"]))
+    wait_for(lambda: pod_phase(admin, namespace, "brief", "Running"), timeout=30)
+    cluster.restart("kube-apiserver", lambda: admin.text("/readyz") == "ok", kill=True, away=5.0)
+    ended = wait_for(lambda: pod_phase(admin, namespace, "brief", "Succeeded"), timeout=60)
+    assert ended["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0

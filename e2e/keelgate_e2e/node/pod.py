@@ -192,6 +192,9 @@ class PodWorker(threading.Thread):
         self.start_time = now_iso()
         self._conditions: dict[str, tuple[str, str]] = {}  # type -> (status, transition time)
         self._last_sent: JSON | None = None
+        # A status the API server did not take (it was down): sent again until it is, even once
+        # the pod is terminal, as the kubelet's status manager does.
+        self._unsent = False
         self.finished = threading.Event()
 
     # -- called by the agent (other threads) ------------------------------------------------
@@ -276,6 +279,8 @@ class PodWorker(threading.Thread):
                 self._step()
                 self._report()
                 self._resync_volumes()
+            elif self._unsent:
+                self._report()
             self._wake.wait(0.2 if self.phase not in TERMINAL else 5.0)
 
     def _recover(self, status: JSON) -> None:
@@ -729,8 +734,11 @@ class PodWorker(threading.Thread):
                     self._gone = True  # deleted, or replaced by a pod of another uid
                 return
             log.warning("pod %s/%s: status update failed: %s", self.namespace, self.pod_name, exc)
-            return  # retried on the next step, since _last_sent is unchanged
+            self._unsent = True  # retried on the next pass, since _last_sent is unchanged
+            return
         except httpx.HTTPError as exc:
             log.warning("pod %s/%s: status update failed: %s", self.namespace, self.pod_name, exc)
+            self._unsent = True
             return
         self._last_sent = status
+        self._unsent = False
