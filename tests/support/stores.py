@@ -80,7 +80,7 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
             return Stores(LangGraphCheckpointStore(saver), companion, companion, None, together)
 
         return StoreFactory(backend, langgraph_memory, None)
-    if backend == "postgres-one-session":  # as a step pod opens it: no pool
+    if backend == ONE_SESSION:  # as a step pod opens it: no pool
         one = pg_url()
         return StoreFactory(backend, lambda: open_stores(one, pooled=False), one)
     if backend == "sqlite":
