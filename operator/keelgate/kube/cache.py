@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from keelgate.kube.naming import RUN_LABEL
+import orjson
+
+from keelgate.kube.naming import RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 
 JSON = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
@@ -27,6 +29,17 @@ TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 def key_of(kind: str, body: Mapping[str, Any]) -> Key:
     meta = body.get("metadata", {})
     return (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def copy_json(value: JSON) -> JSON:
+    """A deep copy of JSON data (what the API server sends). orjson's round trip is several
+    times faster than ``copy.deepcopy`` on an object body; what it refuses (an integer beyond 64
+    bits in a user's spec) is deep-copied instead."""
+    try:
+        copied: JSON = orjson.loads(orjson.dumps(value))
+    except TypeError:
+        return copy.deepcopy(value)
+    return copied
 
 
 def _version(body: Mapping[str, Any]) -> int | None:
@@ -45,69 +58,96 @@ def pod_active(pod: Mapping[str, Any]) -> bool:
     return not pod_finished(pod)
 
 
+def is_active_step_pod(pod: Mapping[str, Any]) -> bool:
+    """A step pod that still holds one of the operator's step slots."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return labels.get(STEP_POD_LABEL) == STEP_POD_NAME and pod_active(pod)
+
+
 class Cache:
-    """Thread-safe: kopf's handlers write from the event loop, reconciles read from threads."""
+    """Thread-safe: kopf's handlers write from the event loop, reconciles read from threads.
+
+    A body handed to ``put`` is kept as it is, not copied: every caller passes one it has just
+    decoded (a watch event made plain, an API response) and keeps no reference to change later.
+    What the cache hands out (``get``, ``select``, ``tombstone``) is a deep copy, so a reconcile
+    may change what it read. Counting and tallying copy nothing: they run often (the step-pod
+    cap, the gauges) over every object of a kind.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[Key, JSON] = {}
-        self._tombstones: dict[Key, JSON] = {}
+        # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
+        self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
+        self._tombstones: dict[tuple[str, str], JSON] = {}
 
-    def put(self, kind: str, body: Mapping[str, Any]) -> None:
+    def put(self, kind: str, body: JSON) -> None:
         """Remember ``body`` unless a newer version of it is already known."""
-        key = key_of(kind, body)
-        fresh = copy.deepcopy(dict(body))
+        _, namespace, name = key_of(kind, body)
         with self._lock:
-            known = self._objects.get(key)
-            new, old = _version(fresh), None if known is None else _version(known)
+            objects = self._objects.setdefault(kind, {})
+            known = objects.get((namespace, name))
+            new, old = _version(body), None if known is None else _version(known)
             if known is not None and new is not None and old is not None and new < old:
                 return
-            self._objects[key] = fresh
-            self._tombstones.pop(key, None)
-
-    def drop(self, kind: str, body: Mapping[str, Any]) -> None:
-        """The object was deleted; a pod leaves its last body as a tombstone."""
-        key = key_of(kind, body)
-        with self._lock:
-            last = self._objects.pop(key, None)
+            objects[(namespace, name)] = body
             if kind == "Pod":
-                self._tombstones[key] = copy.deepcopy(dict(body)) if last is None else last
+                self._tombstones.pop((namespace, name), None)
+
+    def drop(self, kind: str, body: JSON) -> None:
+        """The object was deleted; a pod leaves its last body as a tombstone."""
+        _, namespace, name = key_of(kind, body)
+        with self._lock:
+            last = self._objects.get(kind, {}).pop((namespace, name), None)
+            if kind == "Pod":
+                self._tombstones[(namespace, name)] = body if last is None else last
 
     def get(self, kind: str, namespace: str, name: str) -> JSON | None:
         with self._lock:
-            found = self._objects.get((kind, namespace, name))
-            return None if found is None else copy.deepcopy(found)
+            found = self._objects.get(kind, {}).get((namespace, name))
+            return None if found is None else copy_json(found)
 
     def tombstone(self, namespace: str, name: str) -> JSON | None:
         """The last body of a pod that was deleted, if this operator saw it go."""
         with self._lock:
-            found = self._tombstones.get(("Pod", namespace, name))
-            return None if found is None else copy.deepcopy(found)
+            found = self._tombstones.get((namespace, name))
+            return None if found is None else copy_json(found)
 
     def forget_tombstone(self, namespace: str, name: str) -> None:
         with self._lock:
-            self._tombstones.pop(("Pod", namespace, name), None)
+            self._tombstones.pop((namespace, name), None)
 
     def select(
         self, kind: str, namespace: str | None = None, where: Callable[[JSON], bool] | None = None
     ) -> list[JSON]:
         with self._lock:
             found = [
-                copy.deepcopy(body)
-                for (k, ns, _), body in self._objects.items()
-                if k == kind
-                and (namespace is None or ns == namespace)
-                and (where is None or where(body))
+                copy_json(body)
+                for (ns, _), body in self._objects.get(kind, {}).items()
+                if (namespace is None or ns == namespace) and (where is None or where(body))
             ]
         return found
 
-    def keys(self, kind: str) -> Iterator[Key]:
+    def keys(self, kind: str, where: Callable[[JSON], bool] | None = None) -> list[Key]:
+        """The keys of ``kind``'s objects (those ``where`` accepts, if given)."""
         with self._lock:
-            return iter([key for key in self._objects if key[0] == kind])
+            return [
+                (kind, ns, name)
+                for (ns, name), body in self._objects.get(kind, {}).items()
+                if where is None or where(body)
+            ]
 
     def count(self, kind: str, where: Callable[[JSON], bool]) -> int:
         with self._lock:
-            return sum(1 for (k, _, _), body in self._objects.items() if k == kind and where(body))
+            return sum(1 for body in self._objects.get(kind, {}).values() if where(body))
+
+    def tally(self, kind: str, by: Callable[[JSON], str]) -> dict[str, int]:
+        """How many objects of ``kind`` fall under each value of ``by``."""
+        counts: dict[str, int] = {}
+        with self._lock:
+            for body in self._objects.get(kind, {}).values():
+                value = by(body)
+                counts[value] = counts.get(value, 0) + 1
+        return counts
 
     def step_pods(self, namespace: str, run_label: str) -> list[JSON]:
         return self.select(

@@ -40,7 +40,7 @@ from keelgate.errors import (
 )
 from keelgate.kube import resources, status
 from keelgate.kube.api import ClusterApi, Conflict, Gone, now
-from keelgate.kube.cache import Cache, Key, pod_active, pod_finished
+from keelgate.kube.cache import Cache, Key, is_active_step_pod, pod_active, pod_finished
 from keelgate.kube.metrics import Metrics
 from keelgate.kube.naming import (
     FAILPOINTS_ANNOTATION,
@@ -556,7 +556,7 @@ class Controller:
 
     def _take_slot(self) -> bool:
         with self._slots:
-            active = self.cache.count("Pod", _is_active_step_pod)
+            active = self.cache.count("Pod", is_active_step_pod)
             if active + self._creating >= self.settings.max_step_pods:
                 return False
             self._creating += 1
@@ -918,11 +918,6 @@ def _holds_back(latest: JSON | None) -> str:
     if phase == "Stopped" and reason in {r.value for r in _WAITING}:
         return f"{name} waits for a person ({reason})"
     return ""
-
-
-def _is_active_step_pod(pod: Mapping[str, Any]) -> bool:
-    labels = pod.get("metadata", {}).get("labels") or {}
-    return labels.get("app.kubernetes.io/name") == "keelgate-step" and pod_active(pod)
 
 
 def _plain_condition(

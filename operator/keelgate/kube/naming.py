@@ -22,6 +22,8 @@ STEP_LABEL = f"{GROUP}/step"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 MONITOR_LABEL = f"{GROUP}/monitor"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "keelgate"}
+#: What marks a pod as a step pod (the cap on step pods counts these).
+STEP_POD_LABEL, STEP_POD_NAME = "app.kubernetes.io/name", "keelgate-step"
 
 #: The annotation that arms failpoints in the next step pod (contract section 3).
 FAILPOINTS_ANNOTATION = f"{GROUP}/failpoints"

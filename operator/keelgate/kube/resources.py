@@ -22,6 +22,8 @@ from keelgate.kube.naming import (
     MONITOR_LABEL,
     RUN_LABEL,
     STEP_LABEL,
+    STEP_POD_LABEL,
+    STEP_POD_NAME,
     action_object_name,
     label_value,
 )
@@ -155,7 +157,7 @@ def step_pod(
             "namespace": namespace,
             "labels": {
                 **MANAGED_BY,
-                "app.kubernetes.io/name": "keelgate-step",
+                STEP_POD_LABEL: STEP_POD_NAME,
                 RUN_LABEL: label_value(run_name),
                 STEP_LABEL: str(step),
                 ATTEMPT_LABEL: str(attempt),

@@ -1,0 +1,149 @@
+"""The operator's view of the cluster (``keelgate.kube.cache``) and what its resync looks at again.
+
+What a user would notice if these broke: a stale watch event undoing a newer status, a step pod
+deleted mid-run never seen as ended, the step-pod cap counting the wrong pods (more pods than
+``--max-step-pods``, or a run waiting for a slot that is free), or a run that waits for a
+person's settlement never picked up again by the resync. The cache keeps the bodies it is given
+and hands out copies; these tests hold it to that with plain bodies as the API server sends them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keelgate.kube.cache import Cache, copy_json, is_active_step_pod
+from keelgate.kube.operator import due_for_resync
+
+JSON = dict[str, Any]
+
+
+def pod(name: str, *, version: int, phase: str = "Running", step: bool = True) -> JSON:
+    labels = {"keelgate.dev/run": "r1"}
+    if step:
+        labels["app.kubernetes.io/name"] = "keelgate-step"
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "resourceVersion": str(version),
+            "labels": labels,
+        },
+        "status": {"phase": phase},
+    }
+
+
+def run(name: str, *, phase: str, generation: int = 1, observed: int = 1, **meta: Any) -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": "shop", "generation": generation, **meta},
+        "status": {"phase": phase, "observedGeneration": observed},
+    }
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    """A watch event that arrives late (an older resourceVersion than the status patch the
+    operator just made) leaves the newer body in place."""
+    cache = Cache()
+    cache.put("Pod", pod("p", version=7, phase="Succeeded"))
+    cache.put("Pod", pod("p", version=5, phase="Running"))
+    found = cache.get("Pod", "shop", "p")
+    assert found is not None and found["status"]["phase"] == "Succeeded"
+    cache.put("Pod", pod("p", version=8, phase="Failed"))
+    found = cache.get("Pod", "shop", "p")
+    assert found is not None and found["status"]["phase"] == "Failed"
+
+
+def test_what_a_reconcile_reads_is_its_own_copy() -> None:
+    """A reconcile may change the body it read; the cache (and the next reconcile) does not see
+    the change."""
+    cache = Cache()
+    cache.put("AgentRun", run("r1", phase="Running"))
+    read = cache.get("AgentRun", "shop", "r1")
+    assert read is not None
+    read["status"]["phase"] = "Mangled"
+    read["metadata"]["labels"] = {"x": "y"}
+    (selected,) = cache.select("AgentRun")
+    selected["status"].clear()
+    again = cache.get("AgentRun", "shop", "r1")
+    assert again == run("r1", phase="Running")
+
+
+def test_a_deleted_pod_leaves_its_last_body_until_a_new_pod_of_that_name_appears() -> None:
+    """A step pod deleted mid-run is still seen (its tombstone, with its last known body), and a
+    new pod of the same name clears it."""
+    cache = Cache()
+    cache.put("Pod", pod("p", version=3, phase="Running"))
+    cache.drop("Pod", pod("p", version=4, phase="Running"))
+    assert cache.get("Pod", "shop", "p") is None
+    gone = cache.tombstone("shop", "p")
+    assert gone is not None and gone["metadata"]["resourceVersion"] == "3"
+    cache.put("Pod", pod("p", version=9, phase="Pending"))
+    assert cache.tombstone("shop", "p") is None
+    cache.forget_tombstone("shop", "p")  # forgetting what is not there is harmless
+
+
+def test_the_step_pod_cap_counts_only_running_step_pods() -> None:
+    """The cap counts step pods that have not ended; ended step pods, other pods and objects of
+    other kinds with the same name are not counted."""
+    cache = Cache()
+    cache.put("Pod", pod("a", version=1, phase="Running"))
+    cache.put("Pod", pod("b", version=1, phase="Pending"))
+    cache.put("Pod", pod("c", version=1, phase="Succeeded"))
+    cache.put("Pod", pod("d", version=1, phase="Failed"))
+    cache.put("Pod", pod("e", version=1, phase="Running", step=False))
+    cache.put("AgentRun", {**pod("a", version=1), "kind": "AgentRun"})
+    assert cache.count("Pod", is_active_step_pod) == 2
+    assert len(cache.step_pods("shop", "r1")) == 5
+    assert cache.step_pods("elsewhere", "r1") == []
+
+
+def test_runs_are_tallied_by_phase_without_touching_them() -> None:
+    """The gauges' tally sees every run once, by phase."""
+    cache = Cache()
+    for number, phase in enumerate(["Running", "Running", "Succeeded", "Stopped"]):
+        cache.put("AgentRun", run(f"r{number}", phase=phase))
+    tally = cache.tally("AgentRun", lambda body: body["status"]["phase"])
+    assert tally == {"Running": 2, "Succeeded": 1, "Stopped": 1}
+    assert cache.tally("Approval", lambda body: "x") == {}
+
+
+def test_the_resync_skips_only_what_an_edit_alone_can_change() -> None:
+    """The periodic resync looks again at every run that may still move (running, stopped for a
+    person, failed, not yet observed at its current generation, being deleted) and every
+    unsettled Reconciliation; a finished run and a settled Reconciliation it leaves alone."""
+    cache = Cache()
+    cache.put("AgentRun", run("running", phase="Running"))
+    cache.put("AgentRun", run("stopped", phase="Stopped"))
+    cache.put("AgentRun", run("failed", phase="Failed"))
+    cache.put("AgentRun", run("done", phase="Succeeded"))
+    cache.put("AgentRun", run("edited", phase="Succeeded", generation=2, observed=1))
+    cache.put(
+        "AgentRun", run("leaving", phase="Succeeded", deletionTimestamp="2026-12-03T12:00:00Z")
+    )
+    cache.put("AgentRun", {"metadata": {"name": "new", "namespace": "shop", "generation": 1}})
+    for name, phase in (("open", ""), ("closed", "Settled")):
+        body: JSON = {"metadata": {"name": name, "namespace": "shop"}}
+        if phase:
+            body["status"] = {"phase": phase}
+        cache.put("Reconciliation", body)
+    due = {(kind, name) for kind, _, name in due_for_resync(cache)}
+    assert due == {
+        ("AgentRun", "running"),
+        ("AgentRun", "stopped"),
+        ("AgentRun", "failed"),
+        ("AgentRun", "edited"),
+        ("AgentRun", "leaving"),
+        ("AgentRun", "new"),
+        ("Reconciliation", "open"),
+    }
+
+
+def test_a_copy_of_a_body_holding_an_integer_beyond_64_bits_is_still_exact() -> None:
+    """A user's spec may hold any JSON number; the fast copy falls back rather than fail, and
+    the copy is equal and independent."""
+    body: JSON = {"spec": {"huge": 2**70, "list": [1, {"a": 1.5}]}, "metadata": {"name": "x"}}
+    copied = copy_json(body)
+    assert copied == body
+    copied["spec"]["list"][1]["a"] = 0
+    assert body["spec"]["list"][1]["a"] == 1.5
+    plain = copy_json({"a": [1, 2.25, None, True, "é"]})
+    assert plain == {"a": [1, 2.25, None, True, "é"]}
