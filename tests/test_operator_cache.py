@@ -91,9 +91,18 @@ def test_the_step_pod_cap_counts_only_running_step_pods() -> None:
     cache.put("Pod", pod("d", version=1, phase="Failed"))
     cache.put("Pod", pod("e", version=1, phase="Running", step=False))
     cache.put("AgentRun", {**pod("a", version=1), "kind": "AgentRun"})
-    assert cache.count("Pod", is_active_step_pod) == 2
+    assert cache.active_step_pods() == 2 == cache.count("Pod", is_active_step_pod)
     assert len(cache.step_pods("shop", "r1")) == 5
     assert cache.step_pods("elsewhere", "r1") == []
+
+    cache.put("Pod", pod("a", version=2, phase="Succeeded"))  # a step ended: its slot is free
+    cache.put("Pod", pod("a", version=1, phase="Running"))  # a late event changes nothing
+    assert cache.active_step_pods() == 1
+    cache.drop("Pod", pod("b", version=2, phase="Pending"))  # deleted before it ran
+    assert cache.active_step_pods() == 0
+    cache.put("Pod", pod("b", version=3, phase="Pending"))  # the next attempt, same name
+    cache.drop("Pod", pod("c", version=2, phase="Succeeded"))
+    assert cache.active_step_pods() == 1 == cache.count("Pod", is_active_step_pod)
 
 
 def test_runs_are_tallied_by_phase_without_touching_them() -> None:

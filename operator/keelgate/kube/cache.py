@@ -79,6 +79,9 @@ class Cache:
         # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
         self._tombstones: dict[tuple[str, str], JSON] = {}
+        # The step-pod cap asks at every step (and for every run waiting for a slot): a count
+        # kept as pods come and go, not a pass over every pod the runs ever had.
+        self._active_steps: set[tuple[str, str]] = set()
 
     def put(self, kind: str, body: JSON) -> None:
         """Remember ``body`` unless a newer version of it is already known."""
@@ -92,6 +95,10 @@ class Cache:
             objects[(namespace, name)] = body
             if kind == "Pod":
                 self._tombstones.pop((namespace, name), None)
+                if is_active_step_pod(body):
+                    self._active_steps.add((namespace, name))
+                else:
+                    self._active_steps.discard((namespace, name))
 
     def drop(self, kind: str, body: JSON) -> None:
         """The object was deleted; a pod leaves its last body as a tombstone."""
@@ -100,6 +107,7 @@ class Cache:
             last = self._objects.get(kind, {}).pop((namespace, name), None)
             if kind == "Pod":
                 self._tombstones[(namespace, name)] = body if last is None else last
+                self._active_steps.discard((namespace, name))
 
     def get(self, kind: str, namespace: str, name: str) -> JSON | None:
         with self._lock:
@@ -139,6 +147,11 @@ class Cache:
     def count(self, kind: str, where: Callable[[JSON], bool]) -> int:
         with self._lock:
             return sum(1 for body in self._objects.get(kind, {}).values() if where(body))
+
+    def active_step_pods(self) -> int:
+        """How many step pods hold a step slot (``is_active_step_pod``)."""
+        with self._lock:
+            return len(self._active_steps)
 
     def tally(self, kind: str, by: Callable[[JSON], str]) -> dict[str, int]:
         """How many objects of ``kind`` fall under each value of ``by``."""

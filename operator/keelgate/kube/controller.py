@@ -40,7 +40,7 @@ from keelgate.errors import (
 )
 from keelgate.kube import resources, status
 from keelgate.kube.api import ClusterApi, Conflict, Gone, now
-from keelgate.kube.cache import Cache, Key, is_active_step_pod, pod_active, pod_finished
+from keelgate.kube.cache import Cache, Key, pod_active, pod_finished
 from keelgate.kube.metrics import Metrics
 from keelgate.kube.naming import (
     FAILPOINTS_ANNOTATION,
@@ -176,6 +176,9 @@ class Controller:
         self.phases: dict[Key, str] = {}
         #: Each run's last clean step end not yet told in an Event (see _account).
         self.ends_untold: dict[Key, tuple[JSON, str]] = {}
+        #: The spec each run's step pods were last given, as recorded in the store: (uid,
+        #: generation, document). Lost on a restart, which costs one more record_spec, no more.
+        self.recorded: dict[Key, tuple[str, int, Mapping[str, Any]]] = {}
         self._events = threading.local()  # each worker thread's Events, posted after its work
 
     # Dispatch
@@ -217,6 +220,7 @@ class Controller:
             self.waiting.pop(key, None)
             self.phases.pop(key, None)
             self.ends_untold.pop(key, None)
+            self.recorded.pop(key, None)
             return None
         try:
             spec = spec_from_manifest(run.get("spec"))
@@ -511,10 +515,15 @@ class Controller:
                 raise KeelgateError("the store keeps no recorded specs")
             meta = run["metadata"]
             generation = int(meta.get("generation") or 1)
-            # The pod reads the spec from the store: record it before the pod can start.
-            self.stores.specs.record_spec(
-                ns, name, loop_spec.to_json(), source=meta["uid"], generation=generation
-            )
+            # The pod reads the spec from the store: record it before the pod can start. Once
+            # recorded, a spec is never removed, and only a newer generation replaces it, so
+            # what this operator recorded for a run stays there: no store call to say it again.
+            document = loop_spec.to_json()
+            recorded = (meta["uid"], generation, document)
+            if self.recorded.get(key) != recorded and self.stores.specs.record_spec(
+                ns, name, document, source=meta["uid"], generation=generation
+            ):
+                self.recorded[key] = recorded
             body = resources.step_pod(
                 run,
                 spec,
@@ -556,7 +565,7 @@ class Controller:
 
     def _take_slot(self) -> bool:
         with self._slots:
-            active = self.cache.count("Pod", is_active_step_pod)
+            active = self.cache.active_step_pods()
             if active + self._creating >= self.settings.max_step_pods:
                 return False
             self._creating += 1

@@ -32,7 +32,6 @@ from keelgate.kube.cache import (
     Cache,
     Key,
     copy_json,
-    is_active_step_pod,
     key_of,
     pod_finished,
 )
@@ -247,7 +246,7 @@ class Operator:
         unsettled = lambda body: not _settled(body)  # noqa: E731
         metrics.unknown_outcomes.set(cache.count("Reconciliation", unsettled))
         metrics.approvals_pending.set(cache.count("Approval", unsettled))
-        metrics.step_pods_active.set(cache.count("Pod", is_active_step_pod))
+        metrics.step_pods_active.set(cache.active_step_pods())
 
     async def _serve(self) -> None:
         app = web.Application()
