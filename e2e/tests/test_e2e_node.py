@@ -1,6 +1,7 @@
 """The node agent as the control plane sees it: a Ready Node with capacity and a Lease
-heartbeat, logs that `kubectl logs` can follow and tail, and a pod's end reported even when
-the API server was down at that moment.
+heartbeat, logs that `kubectl logs` can follow and tail, a pod's end reported even when the API
+server was down at that moment, and pods weighted for CPU by their QoS class as the kubelet's
+cgroups weigh them.
 
 They must never stop or reconfigure the shared node agent.
 """
@@ -8,6 +9,11 @@ They must never stop or reconfigure the shared node agent.
 from __future__ import annotations
 
 import datetime as dt
+import os
+from functools import partial
+from pathlib import Path
+
+import pytest
 
 from keelgate_e2e.cluster import NODE_NAME, Cluster
 from keelgate_e2e.kube import Kube
@@ -71,3 +77,49 @@ def test_a_pod_that_ends_while_the_api_server_is_down_is_reported_once_it_is_bac
     cluster.restart("kube-apiserver", lambda: admin.text("/readyz") == "ok", kill=True, away=5.0)
     ended = wait_for(lambda: pod_phase(admin, namespace, "brief", "Succeeded"), timeout=60)
     assert ended["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+#: The container prints its cpu cgroup and that group's weight, then the weight of the group
+#: above it (the QoS group), each on a line.
+SHOW_WEIGHT = (
+    'g=$(sed -n "s/^[0-9]*:cpu:\\(.*\\)$/\\1/p" /proc/self/cgroup); '
+    'echo "$g"; cat "/sys/fs/cgroup/cpu$g/cpu.shares"; cat "/sys/fs/cgroup/cpu${g%/*}/cpu.shares"'
+)
+
+
+@pytest.mark.skipif(
+    not os.access(CPU_ROOT, os.W_OK),
+    reason="no writable cgroup v1 cpu hierarchy here: the node agent runs pods without weights",
+)
+def test_pods_get_the_cpu_weight_of_their_qos_class(admin: Kube, namespace: str) -> None:
+    """A pod that requests no CPU runs in the BestEffort group with the kubelet's weight of 2;
+    a pod requesting 250m runs with 256 shares in the Burstable group; a Guaranteed pod with
+    500m gets 512 directly under the node's pods. So step pods that request nothing cannot take
+    the CPU from the control plane or the operator on a busy node."""
+    cases = {
+        "besteffort": ({}, "/besteffort/pod", "2", "2"),
+        "burstable": ({"requests": {"cpu": "250m"}}, "/burstable/pod", "256", "256"),
+        "guaranteed": (
+            {
+                "requests": {"cpu": "500m", "memory": "64Mi"},
+                "limits": {"cpu": "500m", "memory": "64Mi"},
+            },
+            "/pod",
+            "512",
+            None,
+        ),
+    }
+    for name, (resources, _, _, _) in cases.items():
+        manifest = pod(name, ["sh", "-c", SHOW_WEIGHT], extra={"resources": resources})
+        admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    for name, (_, where, weight, parent_weight) in cases.items():
+        done = wait_for(partial(pod_phase, admin, namespace, name, "Succeeded"), timeout=60)
+        uid = done["metadata"]["uid"]
+        lines = admin.text(f"/api/v1/namespaces/{namespace}/pods/{name}/log").splitlines()
+        group, shares, parent = lines
+        assert group.endswith(f"{where}{uid}"), (name, group)
+        assert group.startswith("/keelgate-node-"), (name, group)
+        assert shares == weight, (name, shares)
+        if parent_weight is not None:
+            assert parent == parent_weight, (name, parent)

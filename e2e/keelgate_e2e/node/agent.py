@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from keelgate_e2e.kube import JSON, STRATEGIC_PATCH, ApiError, Kube
+from keelgate_e2e.node.cpu import CpuGroups
 from keelgate_e2e.node.logs import LogServer, LogSource
 from keelgate_e2e.node.pod import NodeContext, PodWorker
 
@@ -130,6 +131,9 @@ class Agent:
             backoff_base=backoff_base,
             marker_env=marker_env or {},
         )
+        # KEELGATE_E2E_CPU_WEIGHTS=0 runs pods without them (to measure what they change).
+        if os.environ.get("KEELGATE_E2E_CPU_WEIGHTS", "1") != "0":
+            self.ctx.cpu = CpuGroups(name, self.capacity["cpu"])
         self.log_server = LogServer(
             port, tls_cert, tls_key, client_ca, allowed_clients, self._resolve_log
         )
@@ -311,8 +315,10 @@ class Agent:
                 key = (worker.namespace, worker.pod_name)
                 if self._by_name.get(key) == uid:
                     del self._by_name[key]
-        if not self.stopping.is_set():
-            for uid in done:
+        for uid in done:
+            if self.ctx.cpu is not None:
+                self.ctx.cpu.release(uid)
+            if not self.stopping.is_set():
                 shutil.rmtree(self.state_dir / "pods" / uid, ignore_errors=True)
 
     def _watch_pods(self) -> None:
@@ -398,6 +404,8 @@ class Agent:
             worker.shutdown()
         for worker in workers:
             worker.finished.wait(timeout=10.0)
+        if self.ctx.cpu is not None:
+            self.ctx.cpu.close()
         self.log_server.shutdown()
         with contextlib.suppress(Exception):
             self.kube.close()

@@ -36,6 +36,7 @@ import httpx
 from keelgate_e2e.kube import JSON, STRATEGIC_PATCH, ApiError, Kube
 from keelgate_e2e.node import env as envmod
 from keelgate_e2e.node import volumes as volmod
+from keelgate_e2e.node.cpu import CpuGroups
 from keelgate_e2e.node.logs import pump, read_entries
 from keelgate_e2e.procs import pids_with_env
 
@@ -97,6 +98,8 @@ class NodeContext:
     backoff_base: float = 10.0
     #: Variables every pod process carries (the run marker), so `make down` can find strays.
     marker_env: Mapping[str, str] = field(default_factory=dict)
+    #: The pods' CPU weights (the kubelet's QoS cgroups), where the machine allows them.
+    cpu: CpuGroups | None = None
 
 
 def pid_file(state_dir: Path, uid: str, container: str) -> Path:
@@ -447,6 +450,8 @@ class PodWorker(threading.Thread):
             return
         finally:
             os.close(status_write)
+        if self.ctx.cpu is not None:
+            self.ctx.cpu.place(self._pod, popen.pid)
         assert popen.stdout is not None
         pumper = threading.Thread(
             target=pump, args=(popen.stdout, logfile), name=f"log-{run.name}", daemon=True
