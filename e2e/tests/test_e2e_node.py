@@ -93,13 +93,14 @@ SHOW_WEIGHT = (
     reason="no writable cgroup v1 cpu hierarchy here: the node agent runs pods without weights",
 )
 def test_pods_get_the_cpu_weight_of_their_qos_class(admin: Kube, namespace: str) -> None:
-    """A pod that requests no CPU runs in the BestEffort group with the kubelet's weight of 2;
-    a pod requesting 250m runs with 256 shares in the Burstable group; a Guaranteed pod with
-    500m gets 512 directly under the node's pods. So step pods that request nothing cannot take
-    the CPU from the control plane or the operator on a busy node."""
+    """A pod that requests no CPU runs in the BestEffort group, whose weight is the kubelet's 2;
+    a pod requesting 250m runs with 256 shares in the Burstable group (which weighs the sum of
+    its pods' requests); a Guaranteed pod with 500m gets 512 directly under the node's pods. So
+    step pods that request nothing cannot take the CPU from the control plane or the operator
+    on a busy node."""
     cases = {
-        "besteffort": ({}, "/besteffort/pod", "2", "2"),
-        "burstable": ({"requests": {"cpu": "250m"}}, "/burstable/pod", "256", "256"),
+        "besteffort": ({}, "/besteffort/pod", "2"),
+        "burstable": ({"requests": {"cpu": "250m"}}, "/burstable/pod", "256"),
         "guaranteed": (
             {
                 "requests": {"cpu": "500m", "memory": "64Mi"},
@@ -107,13 +108,13 @@ def test_pods_get_the_cpu_weight_of_their_qos_class(admin: Kube, namespace: str)
             },
             "/pod",
             "512",
-            None,
         ),
     }
-    for name, (resources, _, _, _) in cases.items():
+    for name, (resources, _, _) in cases.items():
         manifest = pod(name, ["sh", "-c", SHOW_WEIGHT], extra={"resources": resources})
         admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
-    for name, (_, where, weight, parent_weight) in cases.items():
+    parents: dict[str, int] = {}
+    for name, (_, where, weight) in cases.items():
         done = wait_for(partial(pod_phase, admin, namespace, name, "Succeeded"), timeout=60)
         uid = done["metadata"]["uid"]
         lines = admin.text(f"/api/v1/namespaces/{namespace}/pods/{name}/log").splitlines()
@@ -121,5 +122,7 @@ def test_pods_get_the_cpu_weight_of_their_qos_class(admin: Kube, namespace: str)
         assert group.endswith(f"{where}{uid}"), (name, group)
         assert group.startswith("/keelgate-node-"), (name, group)
         assert shares == weight, (name, shares)
-        if parent_weight is not None:
-            assert parent == parent_weight, (name, parent)
+        parents[name] = int(parent)
+    assert parents["besteffort"] == 2
+    # Other Burstable pods on the shared node (an operator the chart installed) may add theirs.
+    assert parents["burstable"] >= 256
