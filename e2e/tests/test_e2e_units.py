@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keelgate_e2e import ETCD_VERSION, build
+from keelgate_e2e.node.cpu import millicores, qos_class, requested_millicores, shares
 from keelgate_e2e.node.env import ConfigError, command_line, expand, parse_quantity
 from keelgate_e2e.node.logs import LogQuery, LogSource, stream_log
 from keelgate_e2e.node.volumes import (
@@ -193,3 +194,31 @@ def test_downward_api_maps_formatted_like_go() -> None:
     """Labels and annotations in a downward-API file are sorted `key="value"` lines, quoted as
     Go's strconv.Quote does."""
     assert format_map({"tier": "e2e", "app": 'say "hi"\n'}) == 'app="say \\"hi\\"\\n"\ntier="e2e"'
+
+
+def test_cpu_weights_follow_the_kubelets_rules() -> None:
+    """A pod's CPU weight is its request in shares (1000m = 1024, at least 2), whatever the
+    quantity's form; a pod without requests or limits is BestEffort, one with equal CPU and
+    memory limits and requests Guaranteed; a quantity that is not one weighs nothing instead
+    of stopping the node agent."""
+    assert [millicores(q) for q in ("250m", "1", "0.5", "100u", "1k", "2e3m", "bad")] == [
+        250,
+        1000,
+        500,
+        0,
+        1_000_000,
+        2000,
+        0,
+    ]
+    assert [shares(m) for m in (0, 1, 250, 1000)] == [2, 2, 256, 1024]
+
+    def with_resources(resources: dict[str, dict[str, str]]) -> dict[str, object]:
+        return {"metadata": {"uid": "u"}, "spec": {"containers": [{"resources": resources}]}}
+
+    assert qos_class(with_resources({})) == "BestEffort"
+    assert qos_class(with_resources({"requests": {"cpu": "250m"}})) == "Burstable"
+    both = {"cpu": "500m", "memory": "64Mi"}
+    assert qos_class(with_resources({"requests": both, "limits": both})) == "Guaranteed"
+    assert qos_class(with_resources({"limits": both})) == "Guaranteed"  # requests default to limits
+    assert requested_millicores(with_resources({"limits": {"cpu": "1"}})) == 1000
+    assert qos_class({**with_resources({}), "status": {"qosClass": "Burstable"}}) == "Burstable"

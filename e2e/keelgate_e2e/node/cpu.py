@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from keelgate_e2e.node.env import ConfigError, parse_quantity
+
 log = logging.getLogger("keelgate_e2e.node.cpu")
 
 JSON = dict[str, Any]
@@ -36,11 +38,11 @@ PREFIX = "keelgate-node-"
 
 
 def millicores(quantity: str | int | float) -> int:
-    """A CPU quantity ("250m", "1", "0.5") in millicores."""
-    text = str(quantity).strip()
-    if text.endswith("m"):
-        return int(float(text[:-1]))
-    return int(float(text) * 1000)
+    """A CPU quantity ("250m", "1", "0.5", "100u", "1k") in millicores; 0 if it is not one."""
+    try:
+        return int(parse_quantity(str(quantity)) * 1000)
+    except ConfigError:
+        return 0
 
 
 def shares(milli: int) -> int:
@@ -109,21 +111,23 @@ class CpuGroups:
         if self.base is None:
             return
         uid = str(pod["metadata"]["uid"])
-        qos = qos_class(pod)
-        weight = shares(requested_millicores(pod))
         with self._lock:
-            parent = {"BestEffort": "besteffort", "Burstable": "burstable"}.get(qos)
-            group = (self.base / parent if parent else self.base) / f"pod{uid}"
+            # Never fatal: a pod without its weight still runs (the agent must go on tracking
+            # the process it just started).
             try:
+                qos = qos_class(pod)
+                weight = shares(requested_millicores(pod))
+                parent = {"BestEffort": "besteffort", "Burstable": "burstable"}.get(qos)
+                group = (self.base / parent if parent else self.base) / f"pod{uid}"
                 group.mkdir(exist_ok=True)
-                _write(group / "cpu.shares", MIN_SHARES if qos == "BestEffort" else weight)
                 self._pods[uid] = group
+                _write(group / "cpu.shares", MIN_SHARES if qos == "BestEffort" else weight)
                 if qos == "Burstable":
                     self._burstable[uid] = weight
                     _write(self.base / "burstable" / "cpu.shares", self._burstable_shares())
                 _write(group / "cgroup.procs", pid)
-            except OSError as error:  # the process may have ended already: nothing to weigh
-                log.debug("pod %s: no CPU weight for pid %d: %s", uid, pid, error)
+            except Exception as error:  # the process may have ended already: nothing to weigh
+                log.warning("pod %s: no CPU weight for pid %d: %s", uid, pid, error)
 
     def release(self, uid: str) -> None:
         """The pod is gone: remove its group (empty by now)."""

@@ -163,7 +163,12 @@ class ClusterApi:
             raise _failure(error, what) from None
         if not 200 <= response.status <= 299:
             raise _failure_status(int(response.status), str(response.reason or ""), what)
-        answer: JSON = json.loads(response.data) if response.data else {}
+        try:
+            answer: JSON = json.loads(response.data) if response.data else {}
+        except ValueError:
+            raise ApiFailure(
+                f"{what}: the answer is not JSON", status=int(response.status)
+            ) from None
         return answer
 
     # Pods

@@ -349,6 +349,9 @@ class Controller:
             self.ends_untold[key] = (run, told)
         else:
             self._event(run, type_="Warning", reason="StepEnded", message=told)
+            # The pod may have found no spec (a store restored, or replaced under this
+            # operator): the next pod's spec is recorded again, not taken as known.
+            self.recorded.pop(key, None)
         return {**step, "state": "Ended", "crashes": crashes, "lastExit": ended.words}
 
     def _state(self, ns: str, name: str) -> RunState | None:
