@@ -26,10 +26,8 @@ UPSERT = (
     "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, state = excluded.state "
     "WHERE raw_checkpoints.seq < excluded.seq"
 )
-EVENT = (
-    "INSERT INTO raw_audit (tenant, run, seq, type, actor, at, data, key, prev, hash) "
-    "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
-)
+EVENT_INTO = "INSERT INTO raw_audit (tenant, run, seq, type, actor, at, data, key, prev, hash)"
+EVENT = EVENT_INTO + " VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
 CLAIM = (
     "INSERT INTO raw_keys (tenant, key, run, action, tool, state, owner) "
     "VALUES ({p}, {p}, {p}, {p}, {p}, 'in_flight', {p}) ON CONFLICT DO NOTHING"
@@ -232,12 +230,27 @@ class PostgresRaw(RawSession):
         *,
         then: tuple[str, tuple[Any, ...]] | None = None,
     ) -> None:
-        with self.db.transaction(), self.db.cursor() as cursor:
-            cursor.execute(statement, values)
-            if then is not None:
-                cursor.execute(*then)
-            if rows:
-                cursor.executemany(batch, rows)
+        # One statement, as the PostgreSQL store commits (``Statements.together``): every write
+        # of the transaction in one data-modifying WITH, the events only if the row before
+        # them was written; one round trip instead of BEGIN, the statements and COMMIT.
+        parts, params = [f"first AS ({statement} RETURNING 1)"], list(values)
+        joined = "first"
+        if then is not None:
+            parts.append(f"then_ AS ({then[0]} RETURNING 1)")
+            params.extend(then[1])
+            joined = "then_"
+        if rows:
+            one = "(%s, %s, CAST(%s AS bigint), %s, %s, %s, %s, %s, %s, %s)"
+            parts.append(
+                f"events AS ({EVENT_INTO} SELECT event.* FROM "
+                f"(VALUES {', '.join([one] * len(rows))}) AS event, {joined} RETURNING 1)"
+            )
+            params.extend(value for row in rows for value in row)
+        row = self.db.execute(
+            f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM {joined})", params
+        ).fetchone()
+        if row is None or row[0] != 1:
+            raise SystemExit("bench: a baseline write found nothing to write")
 
     def counter(self) -> Callable[[], int]:
         return self._counter

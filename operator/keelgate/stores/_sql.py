@@ -79,6 +79,11 @@ class Dialect:
         "SELECT EXISTS (SELECT 1 FROM sqlite_master "
         "WHERE type = 'table' AND name = 'keelgate_schema')"
     )
+    # The backend runs several writes as one statement (data-modifying WITH), so a commit of a
+    # checkpoint with its events, or of a claim with its event, is one statement and one round
+    # trip instead of BEGIN, two or more statements and COMMIT (see ``SQLStore._one_statement``).
+    # SQLite has no such statement, and no round trips to save.
+    one_statement_writes: bool = False
 
 
 # Schema migrations. The version table records each migration applied, in order.
@@ -266,6 +271,46 @@ class Statements:
             f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
             "AND seq > ? ORDER BY seq LIMIT ?"
         )
+        self._q = q
+        self._d = d
+        self._together: dict[tuple[str, int, int], str] = {}
+
+    def together(self, first: str, events: int, completions: int = 0) -> str:
+        """One statement for a dialect with ``one_statement_writes``: ``first`` (``"save"`` or
+        ``"claim"``), then ``events`` audit rows inserted only if ``first`` wrote its row, and
+        before them ``completions`` keys completed. Its one row: whether ``first`` wrote, and
+        the keys completed.
+
+        The audit rows have no ON CONFLICT: a chain that moved on, or an event already on it,
+        fails the whole statement (a unique violation), which then wrote nothing.
+        """
+        shape = (first, events, completions)
+        text = self._together.get(shape)
+        if text is not None:
+            return text
+        parts = []
+        if completions:
+            pairs = ", ".join(["(?, ?)"] * completions)
+            parts.append(
+                "completed AS (UPDATE keelgate_keys SET state = 'completed', "
+                f"result = done.result_text, owner = NULL FROM (VALUES {pairs}) "
+                "AS done (done_key, result_text) WHERE tenant = ? AND key = done.done_key "
+                f"AND state = 'in_flight' AND {self._d.mine} RETURNING key)"
+            )
+        base = self.save if first == "save" else self.claim
+        parts.append(f"wrote AS ({base} RETURNING 1)")
+        if events:
+            rows = ", ".join(["(?, ?, CAST(? AS {b}), ?, ?, ?, ?, ?, ?, ?)"] * events)
+            parts.append(
+                f"appended AS (INSERT INTO keelgate_audit (tenant, run, {self.event_columns}) "
+                f"SELECT event.* FROM (VALUES {rows.format(b=self._d.bigint)}) AS event, wrote "
+                "RETURNING 1)"
+            )
+        done = "ARRAY(SELECT key FROM completed)" if completions else "NULL"
+        # A data-modifying WITH runs in full whether or not the query reads it.
+        text = self._q(f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM wrote), {done}")
+        self._together[shape] = text
+        return text
 
 
 # How often one event may find the chain moved on by another writer before the append gives up
@@ -323,6 +368,12 @@ class SQLStore(HoldsOwner, ABC):
         """Run ``work`` where this store's owner is provably alive while it runs (a claim must
         never be recorded otherwise), in one transaction if ``atomic``."""
 
+    def _one_statement(self, conn: Connection, sql: str, params: Sequence[Any]) -> Any:
+        """Run a statement of ``Statements.together`` as its own transaction and return its
+        row, or None if a unique key refused it (it then wrote nothing). Only a backend whose
+        dialect has ``one_statement_writes`` is asked."""
+        raise NotImplementedError(f"{type(self).__name__} has no one-statement writes")
+
     @abstractmethod
     def _owner_id(self) -> Any:
         """The owner a new claim records."""
@@ -365,6 +416,19 @@ class SQLStore(HoldsOwner, ABC):
             self.save(tenant, run, seq, state)
             return
         text = dumps(state)
+        sealed = self._sealed(tenant, run, drafts)
+        if sealed is not None:
+            events, last = sealed
+            with self._statement() as conn:
+                row = self._one_statement(
+                    conn, self.sql.together("save", len(drafts)), (tenant, run, seq, text, *events)
+                )
+            if row is not None and row[0] == 1:
+                self._heads[(tenant, run)] = last
+                return
+            # Nothing was written: the save was stale, or the chain had moved on. The general
+            # path below tells which, and reads the chain's head afresh.
+            self._heads.pop((tenant, run), None)
         with self._transaction() as conn:
             # A stale save raises here, inside the transaction: no event is appended.
             self._save(conn, tenant, run, seq, text)
@@ -389,6 +453,26 @@ class SQLStore(HoldsOwner, ABC):
             return ()
         text = dumps(state)
         owned = self._owned()
+        keys = [completion.key for completion in completions]
+        sealed = self._sealed(tenant, run, drafts) if drafts else ((), _UNKNOWN)
+        distinct = len(set(keys)) == len(keys)
+        if self.dialect.one_statement_writes and sealed is not None and distinct:
+            events, last = sealed
+            done = [x for c in completions for x in (c.key, dumps(c.result))]
+            sql = self.sql.together("save", len(drafts), len(completions))
+            with self._statement() as conn:
+                row = self._one_statement(
+                    conn, sql, (*done, tenant, owned, tenant, run, seq, text, *events)
+                )
+            if row is not None and row[0] == 1:
+                if last is not _UNKNOWN:
+                    self._heads[(tenant, run)] = last
+                completed = set(row[1])
+                return tuple(key for key in keys if key not in completed)
+            # Nothing was written (the chain had moved on), or only the completions were (the
+            # save was stale: the calls ran all the same, as below). The general path below
+            # tells which, with the chain's head read afresh.
+            self._heads.pop((tenant, run), None)
         missed: list[str] = []
         try:
             with self._transaction() as conn:
@@ -482,8 +566,26 @@ class SQLStore(HoldsOwner, ABC):
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
 
+        def insert_one(conn: Connection) -> tuple[bool, AuditEvent | None] | None:
+            """``insert`` as one statement, the event sealed after the remembered head; None
+            if the chain had moved on (nothing was written)."""
+            assert event is not None
+            sealed = self._sealed(tenant, run, [event])
+            if sealed is None:
+                return None
+            events, last = sealed
+            values = (tenant, key, run, action, tool, self._owner_id(), *events)
+            row = self._one_statement(conn, self.sql.together("claim", 1), values)
+            if row is None:
+                self._heads.pop((tenant, run), None)
+                return None
+            return (True, last) if row[0] == 1 else (False, None)
+
         while True:
-            won, head = self._on_owner_session(insert, atomic=event is not None)
+            fast = None
+            if event is not None and self.dialect.one_statement_writes:
+                fast = self._on_owner_session(insert_one, atomic=False)
+            won, head = fast or self._on_owner_session(insert, atomic=event is not None)
             if won:
                 if event is not None:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
@@ -538,6 +640,21 @@ class SQLStore(HoldsOwner, ABC):
             head = self._append(conn, tenant, run, drafts)
         self._heads[(tenant, run)] = head
 
+    def _sealed(
+        self, tenant: str, run: str, drafts: Sequence[AuditDraft]
+    ) -> tuple[tuple[Any, ...], AuditEvent] | None:
+        """For a dialect with ``one_statement_writes``: ``drafts`` sealed after the head this
+        store remembers, as the audit rows' parameters, and the new head. None where the
+        dialect has no such statement or no head is remembered: the general path reads it."""
+        head = self._heads.get((tenant, run), _UNKNOWN)
+        if not self.dialect.one_statement_writes or head is _UNKNOWN or not drafts:
+            return None
+        params: list[Any] = []
+        for draft in drafts:
+            head = seal(tenant, run, head, draft)
+            params.extend(_event_row(tenant, run, head))
+        return tuple(params), head
+
     def _append(
         self, conn: Connection, tenant: str, run: str, drafts: Sequence[AuditDraft]
     ) -> AuditEvent | None:
@@ -556,18 +673,7 @@ class SQLStore(HoldsOwner, ABC):
         for draft in drafts:
             for _ in range(APPEND_ATTEMPTS):
                 event = seal(tenant, run, head, draft)
-                row = (
-                    tenant,
-                    run,
-                    event.seq,
-                    event.type,
-                    event.actor,
-                    event.at,
-                    dumps(event.data),
-                    event.key,
-                    event.prev,
-                    event.hash,
-                )
+                row = _event_row(tenant, run, event)
                 if conn.execute(self.sql.append, row).rowcount == 1:
                     head = event
                     break
@@ -608,6 +714,22 @@ class SQLStore(HoldsOwner, ABC):
                 last = int(row[0])
             if len(rows) < page:
                 return
+
+
+def _event_row(tenant: str, run: str, event: AuditEvent) -> tuple[Any, ...]:
+    """An event as the parameters of its audit row."""
+    return (
+        tenant,
+        run,
+        event.seq,
+        event.type,
+        event.actor,
+        event.at,
+        dumps(event.data),
+        event.key,
+        event.prev,
+        event.hash,
+    )
 
 
 def _event(tenant: str, run: str, row: Sequence[Any]) -> AuditEvent:

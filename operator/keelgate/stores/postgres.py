@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -83,6 +83,7 @@ POSTGRES = Dialect(
         "ELSE true END"
     ),
     schema_table_exists="SELECT to_regclass('keelgate_schema') IS NOT NULL",
+    one_statement_writes=True,
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -309,6 +310,8 @@ class PostgresStore(SQLStore):
             for attempt in (1, 2):
                 try:
                     conn = self._live_owner_session()
+                    if not atomic:
+                        return work(conn)  # one autocommit statement: its own transaction
                     with conn.transaction():
                         return work(conn)
                 except psycopg.Error as error:
@@ -319,6 +322,13 @@ class PostgresStore(SQLStore):
                         lost.close()
                     self._owner_conn = None
         raise AssertionError("unreachable")
+
+    def _one_statement(self, conn: Connection, sql: str, params: Sequence[Any]) -> Any:
+        try:
+            return conn.execute(sql, params).fetchone()
+        except psycopg.errors.UniqueViolation:
+            # The statement failed as a whole and, autocommit, took nothing with it.
+            return None
 
     # RunLock
 

@@ -742,3 +742,103 @@ def a_claim_puts_its_event_on_the_chain_only_when_it_wins(factory: Opener) -> No
     events = factory().audit.events("acme", "r")
     assert [(e.type, e.key) for e in events] == [("loop.action_started", "started:1")]
     assert verify("acme", "r", events).ok
+
+
+def _moved_on(factory: Opener, run: str) -> None:
+    """Another process puts one event on ``run``'s chain."""
+    factory().audit.append("acme", run, [AuditDraft("elsewhere", {"by": "another process"})])
+
+
+@_check("checkpoint_with_events")
+def a_checkpoint_with_events_after_another_writer_keeps_one_chain(factory: Opener) -> None:
+    """A store whose last view of the chain is old (another process appended since) still
+    commits its checkpoint with every event, after the other's, on one chain that verifies;
+    an event already on the chain is not doubled, and a stale save leaves the chain as it was."""
+    store = factory().checkpoints
+    assert isinstance(store, CheckpointLog)
+    store.save_with_events("acme", "r", 1, {"s": 1}, [AuditDraft("a", {}, key="a")])
+    _moved_on(factory, "r")
+    store.save_with_events("acme", "r", 2, {"s": 2}, [AuditDraft("b", {}), AuditDraft("c", {})])
+    _moved_on(factory, "r")
+    store.save_with_events("acme", "r", 3, {"s": 3}, [AuditDraft("a", {}, key="a")])
+    with raises(StaleCheckpoint):
+        store.save_with_events("acme", "r", 3, {"s": "stale"}, [AuditDraft("no", {})])
+    store.save_with_events("acme", "r", 4, {"s": 4}, [AuditDraft("d", {})])
+    reopened = factory()
+    loaded = reopened.checkpoints.load("acme", "r")
+    assert loaded is not None and (loaded.seq, loaded.state) == (4, {"s": 4})
+    events = reopened.audit.events("acme", "r")
+    assert [e.type for e in events] == ["a", "elsewhere", "b", "c", "elsewhere", "d"]
+    assert verify("acme", "r", events).ok
+
+
+@_check("checkpoint_with_completion")
+def a_completion_after_another_writer_keeps_one_chain(factory: Opener) -> None:
+    """save_completing by a store whose view of the chain is old completes its keys once and
+    puts its event after the other process's; a second completion of the same key names it as
+    missed and changes nothing."""
+    owner = factory()
+    store = owner.checkpoints
+    assert isinstance(store, CompletingLog)
+    for key in ("kg-1", "kg-2"):
+        assert owner.idempotency.claim("acme", key, run="r", action=key, tool="ship") is None
+    done = {"status": "ok", "output": {"shipped": 1}}
+    store.save_with_events("acme", "r", 1, {"s": 1}, [AuditDraft("planned", {})])
+    _moved_on(factory, "r")
+    completed = AuditDraft("loop.action_completed", {"action": "kg-1"}, key="c1")
+    missed = store.save_completing(
+        "acme", "r", 2, {"s": 2}, [completed], [Completion("kg-1", done)]
+    )
+    assert missed == ()
+    assert store.save_completing(
+        "acme", "r", 3, {"s": 3}, [], [Completion("kg-1", {"again": True})]
+    ) == ("kg-1",)
+    _moved_on(factory, "r")
+    again = AuditDraft("loop.action_completed", {"action": "kg-2"}, key="c2")
+    assert (
+        store.save_completing("acme", "r", 4, {"s": 4}, [again], [Completion("kg-2", done)]) == ()
+    )
+    reopened = factory()
+    for key in ("kg-1", "kg-2"):
+        record = reopened.idempotency.get("acme", key)
+        assert record is not None and (record.state, record.result) == (KeyState.COMPLETED, done)
+    events = reopened.audit.events("acme", "r")
+    assert [e.type for e in events] == [
+        "planned",
+        "elsewhere",
+        "loop.action_completed",
+        "elsewhere",
+        "loop.action_completed",
+    ]
+    assert verify("acme", "r", events).ok
+
+
+@_check("claim_with_event")
+def a_claim_after_another_writer_puts_its_event_after_the_others(factory: Opener) -> None:
+    """A claim by a store whose view of the chain is old wins with its event after the other
+    process's; a later claim of a key it holds already loses and adds no event."""
+    owner = factory()
+
+    def started(key: str) -> AuditDraft:
+        return AuditDraft("loop.action_started", {"action": key}, key=f"started:{key}")
+
+    assert (
+        owner.idempotency.claim("acme", "kg-1", run="r", action="a", tool="t", event=started("1"))
+        is None
+    )
+    _moved_on(factory, "r")
+    assert (
+        owner.idempotency.claim("acme", "kg-2", run="r", action="b", tool="t", event=started("2"))
+        is None
+    )
+    again = owner.idempotency.claim(
+        "acme", "kg-2", run="r", action="b", tool="t", event=started("3")
+    )
+    assert again is not None and again.state is KeyState.IN_FLIGHT
+    events = factory().audit.events("acme", "r")
+    assert [(e.type, e.key) for e in events] == [
+        ("loop.action_started", "started:1"),
+        ("elsewhere", None),
+        ("loop.action_started", "started:2"),
+    ]
+    assert verify("acme", "r", events).ok
