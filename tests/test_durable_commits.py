@@ -6,7 +6,8 @@ between them (a WRITE's completion, its action checkpoint and the observation) a
 that follow a model call or precede a tool call stay apart. These tests count the commits the real
 stores perform (SQLite's statements as the connection reports them, PostgreSQL's transaction ids
 as the server hands them out), never what the code says it does; the crash suites prove that
-nothing was lost by grouping them.
+nothing was lost by grouping them. On PostgreSQL each commit is also one round trip, counted on
+the wire.
 """
 
 from __future__ import annotations
@@ -165,3 +166,55 @@ def test_postgres_recording_the_same_spec_again_costs_no_commit(pg_url: str) -> 
     finally:
         stores.close()
         close()
+
+
+MARK = "SELECT 'keelgate test: a planning call'"
+
+
+def _requests_between_marks(trace: str) -> list[int]:
+    """Requests the client sent between two marks (simple queries starting with ``MARK``) in a
+    libpq wire trace: each one a round trip (a ``Sync`` ends an extended-protocol request, a
+    ``Query`` is a simple one, as psycopg sends BEGIN and COMMIT)."""
+    counts: list[int] = []
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3 or fields[0] != "F":
+            continue
+        if fields[2] == "Query" and MARK in fields[3]:
+            counts.append(0)
+        elif fields[2] in ("Sync", "Query") and counts:
+            counts[-1] += 1
+    return counts[:-1]
+
+
+@pytest.mark.postgres
+def test_postgres_a_step_sends_one_request_per_commit(pg_url: str, tmp_path: Path) -> None:
+    """On PostgreSQL opened as a step pod opens it (one session), each durable commit is one
+    request to the server, one round trip: an iteration with one WRITE sends 4 (it sent 17:
+    BEGIN, two or three statements and COMMIT for each commit), counted on the wire by libpq's
+    trace; every WRITE still reaches downstream once."""
+    from psycopg import pq
+
+    stores = open_stores(pg_url, pooled=False)
+    conn = stores.checkpoints._owner_conn  # type: ignore[attr-defined]
+    # Never prepared, so each request is counted alike (psycopg prepares a statement on its
+    # fifth use, one more round trip once).
+    conn.prepare_threshold = None
+    marks = itertools.count()
+    wire = tmp_path / "wire.trace"
+    try:
+        with wire.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+
+            def mark() -> int:
+                conn.execute(f"{MARK} || ' {next(marks)}'")  # a new text: never prepared
+                return 0
+
+            _, effects = _per_iteration(stores, mark, tmp_path)
+            conn.pgconn.untrace()
+    finally:
+        stores.close()
+    # The last: the stop's commit, then the run's lock released (a request, not a commit).
+    assert _requests_between_marks(wire.read_text()) == [*EXPECTED[:-1], EXPECTED[-1] + 1]
+    assert effects == 3
