@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelgate.kube.cache import Cache, copy_json, is_active_step_pod
+from keelgate.kube.cache import GONE_FOR, Cache, copy_json, is_active_step_pod
 from keelgate.kube.operator import due_for_resync
 
 JSON = dict[str, Any]
@@ -79,6 +79,43 @@ def test_a_deleted_pod_leaves_its_last_body_until_a_new_pod_of_that_name_appears
     cache.put("Pod", pod("p", version=9, phase="Pending"))
     assert cache.tombstone("shop", "p") is None
     cache.forget_tombstone("shop", "p")  # forgetting what is not there is harmless
+
+
+def test_a_late_api_response_does_not_bring_a_deleted_pod_back() -> None:
+    """An API response read before a pod's deletion and arriving after the watch reported it
+    (a running step pod, by its uid) is not taken for the pod: it holds no step slot. A new pod
+    of the same name (another uid) is seen at once; after ``GONE_FOR`` the deletion is
+    forgotten, so the memory stays flat."""
+    now = [1000.0]
+    cache = Cache(clock=lambda: now[0])
+
+    def with_uid(body: JSON, uid: str) -> JSON:
+        body["metadata"]["uid"] = uid
+        return body
+
+    cache.put("Pod", with_uid(pod("p", version=3), "u1"))
+    assert cache.active_step_pods() == 1
+    cache.drop("Pod", with_uid(pod("p", version=5), "u1"))
+    cache.put("Pod", with_uid(pod("p", version=3), "u1"))  # the late response
+    assert cache.get("Pod", "shop", "p") is None
+    assert cache.active_step_pods() == 0
+    gone = cache.tombstone("shop", "p")
+    assert gone is not None and gone["metadata"]["resourceVersion"] == "3"
+    cache.put("Pod", with_uid(pod("p", version=9, phase="Pending"), "u2"))  # the next attempt
+    assert cache.active_step_pods() == 1 and cache.tombstone("shop", "p") is None
+    # Without uids (bodies from elsewhere), the deletion's version decides.
+    cache.put("Pod", pod("q", version=4))
+    cache.drop("Pod", pod("q", version=6))
+    cache.put("Pod", pod("q", version=6))
+    assert cache.get("Pod", "shop", "q") is None
+    cache.put("Pod", pod("q", version=7))
+    assert cache.get("Pod", "shop", "q") is not None
+    # A deletion is remembered for GONE_FOR seconds, then forgotten as the next one is seen.
+    cache.drop("Pod", with_uid(pod("p", version=10), "u2"))
+    now[0] += GONE_FOR + 1
+    cache.drop("Pod", pod("q", version=8))
+    cache.put("Pod", with_uid(pod("p", version=9), "u2"))
+    assert cache.get("Pod", "shop", "p") is not None
 
 
 def test_the_step_pod_cap_counts_only_running_step_pods() -> None:

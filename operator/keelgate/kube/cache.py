@@ -6,13 +6,16 @@ moment behind the server, never ahead of it; the controller is written so that a
 stale view is harmless (deterministic names, a 409 adopted by owner UID, status patches guarded
 by resourceVersion), and the store, not this cache, decides what a step does. A pod that
 disappears leaves a tombstone with its last body, so a step pod deleted mid-run is seen as an
-attempt that ended without recording a stop. This module must never call the API.
+attempt that ended without recording a stop; and a deleted object is not brought back by an API
+response that arrives after the watch reported the deletion (a pod brought back so would hold a
+step slot until a restart). This module must never call the API.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +27,11 @@ JSON = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+# How long a deleted object's identity is remembered, so that an API response sent before the
+# deletion and arriving after its watch event cannot bring the object back. A response is
+# seconds late at worst; the bound keeps a long-lived operator's memory flat.
+GONE_FOR = 600.0
 
 
 def key_of(kind: str, body: Mapping[str, Any]) -> Key:
@@ -40,6 +48,11 @@ def copy_json(value: JSON) -> JSON:
     except TypeError:
         return copy.deepcopy(value)
     return copied
+
+
+def _uid(body: Mapping[str, Any]) -> str | None:
+    value = body.get("metadata", {}).get("uid")
+    return None if value is None else str(value)
 
 
 def _version(body: Mapping[str, Any]) -> int | None:
@@ -74,8 +87,11 @@ class Cache:
     cap, the gauges) over every object of a kind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
+        # Objects deleted lately, per kind: their uid and last resourceVersion, and when.
+        self._gone: dict[str, dict[tuple[str, str], tuple[str | None, int | None, float]]] = {}
         # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
         self._tombstones: dict[tuple[str, str], JSON] = {}
@@ -84,13 +100,15 @@ class Cache:
         self._active_steps: set[tuple[str, str]] = set()
 
     def put(self, kind: str, body: JSON) -> None:
-        """Remember ``body`` unless a newer version of it is already known."""
+        """Remember ``body`` unless a newer version of it is already known, or it was deleted."""
         _, namespace, name = key_of(kind, body)
         with self._lock:
             objects = self._objects.setdefault(kind, {})
             known = objects.get((namespace, name))
             new, old = _version(body), None if known is None else _version(known)
             if known is not None and new is not None and old is not None and new < old:
+                return
+            if known is None and self._deleted_already(kind, (namespace, name), body):
                 return
             objects[(namespace, name)] = body
             if kind == "Pod":
@@ -101,13 +119,42 @@ class Cache:
                     self._active_steps.discard((namespace, name))
 
     def drop(self, kind: str, body: JSON) -> None:
-        """The object was deleted; a pod leaves its last body as a tombstone."""
+        """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
+        remembered for ``GONE_FOR`` seconds, so a late view of it is not taken for it."""
         _, namespace, name = key_of(kind, body)
+        now = self._clock()
         with self._lock:
             last = self._objects.get(kind, {}).pop((namespace, name), None)
+            gone = self._gone.setdefault(kind, {})
+            gone.pop((namespace, name), None)  # re-inserted last: the dict stays in time order
+            gone[(namespace, name)] = (_uid(body), _version(body), now)
+            while gone:
+                oldest = next(iter(gone))
+                if now - gone[oldest][2] <= GONE_FOR:
+                    break
+                del gone[oldest]
             if kind == "Pod":
                 self._tombstones[(namespace, name)] = body if last is None else last
                 self._active_steps.discard((namespace, name))
+
+    def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:
+        """Whether ``body`` is a view of an object whose deletion was seen already (an API
+        response that arrived after the watch event): the same uid, or without uids a version
+        no newer than the deletion's. A new object of that name is let in, and the deletion
+        forgotten. The caller holds the lock."""
+        gone = self._gone.get(kind, {})
+        deleted = gone.get(where)
+        if deleted is None:
+            return False
+        uid, version, _ = deleted
+        new_uid, new_version = _uid(body), _version(body)
+        if uid is not None and new_uid is not None:
+            stale = uid == new_uid
+        else:
+            stale = version is not None and new_version is not None and new_version <= version
+        if not stale:
+            del gone[where]
+        return stale
 
     def get(self, kind: str, namespace: str, name: str) -> JSON | None:
         with self._lock:
