@@ -246,10 +246,9 @@ class PostgresRaw(RawSession):
                 f"(VALUES {', '.join([one] * len(rows))}) AS event, {joined} RETURNING 1)"
             )
             params.extend(value for row in rows for value in row)
-        row = self.db.execute(
-            f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM {joined})", params
-        ).fetchone()
-        if row is None or row[0] != 1:
+        counted = ", ".join(f"(SELECT count(*) FROM {part})" for part in ("first", joined))
+        row = self.db.execute(f"WITH {', '.join(parts)} SELECT {counted}", params).fetchone()
+        if row is None or tuple(row) != (1, 1):
             raise SystemExit("bench: a baseline write found nothing to write")
 
     def counter(self) -> Callable[[], int]:

@@ -122,8 +122,8 @@ class Cache:
         """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
         remembered for ``GONE_FOR`` seconds, so a late view of it is not taken for it."""
         _, namespace, name = key_of(kind, body)
-        now = self._clock()
         with self._lock:
+            now = self._clock()  # under the lock: the deletions stay in time order
             last = self._objects.get(kind, {}).pop((namespace, name), None)
             gone = self._gone.setdefault(kind, {})
             gone.pop((namespace, name), None)  # re-inserted last: the dict stays in time order

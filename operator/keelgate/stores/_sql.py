@@ -319,6 +319,11 @@ class Statements:
 # Under PostgreSQL's READ COMMITTED each retry can meet one more concurrent writer of the run.
 APPEND_ATTEMPTS = 100
 
+# The most audit rows, and completions, a one-statement write carries: its parameters stay far
+# below the protocol's 65,535, and the statement texts cached per shape stay few. A larger
+# commit (an outbox of many events) takes the general path.
+ONE_STATEMENT_MOST = 100
+
 # Events per page when a chain is read: enough that a page's round trip is small beside its
 # rows, few enough that a page of large events stays a few megabytes.
 EVENT_PAGE = 1000
@@ -426,9 +431,10 @@ class SQLStore(HoldsOwner, ABC):
             if row is not None and row[0] == 1:
                 self._heads[(tenant, run)] = last
                 return
-            # Nothing was written: the save was stale, or the chain had moved on. The general
-            # path below tells which, and reads the chain's head afresh.
-            self._heads.pop((tenant, run), None)
+            # Nothing was written: the save was stale (the general path below raises), or the
+            # chain had moved on (it reads the head afresh).
+            if row is None:
+                self._heads.pop((tenant, run), None)
         with self._transaction() as conn:
             # A stale save raises here, inside the transaction: no event is appended.
             self._save(conn, tenant, run, seq, text)
@@ -455,8 +461,8 @@ class SQLStore(HoldsOwner, ABC):
         owned = self._owned()
         keys = [completion.key for completion in completions]
         sealed = self._sealed(tenant, run, drafts) if drafts else ((), _UNKNOWN)
-        distinct = len(set(keys)) == len(keys)
-        if self.dialect.one_statement_writes and sealed is not None and distinct:
+        fits = len(set(keys)) == len(keys) <= ONE_STATEMENT_MOST
+        if self.dialect.one_statement_writes and sealed is not None and fits:
             events, last = sealed
             done = [x for c in completions for x in (c.key, dumps(c.result))]
             sql = self.sql.together("save", len(drafts), len(completions))
@@ -469,10 +475,11 @@ class SQLStore(HoldsOwner, ABC):
                     self._heads[(tenant, run)] = last
                 completed = set(row[1])
                 return tuple(key for key in keys if key not in completed)
-            # Nothing was written (the chain had moved on), or only the completions were (the
-            # save was stale: the calls ran all the same, as below). The general path below
-            # tells which, with the chain's head read afresh.
-            self._heads.pop((tenant, run), None)
+            # Nothing was written (the chain had moved on: the general path below reads the
+            # head afresh), or only the completions were (the save was stale: the calls ran all
+            # the same, and the general path lands them too, then raises).
+            if row is None:
+                self._heads.pop((tenant, run), None)
         missed: list[str] = []
         try:
             with self._transaction() as conn:
@@ -647,7 +654,9 @@ class SQLStore(HoldsOwner, ABC):
         store remembers, as the audit rows' parameters, and the new head. None where the
         dialect has no such statement or no head is remembered: the general path reads it."""
         head = self._heads.get((tenant, run), _UNKNOWN)
-        if not self.dialect.one_statement_writes or head is _UNKNOWN or not drafts:
+        if not self.dialect.one_statement_writes or head is _UNKNOWN:
+            return None
+        if not drafts or len(drafts) > ONE_STATEMENT_MOST:
             return None
         params: list[Any] = []
         for draft in drafts:

@@ -299,8 +299,8 @@ class PostgresStore(SQLStore):
         return self._owner_conn
 
     def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
-        """Run ``work`` in a transaction on the owner session: a key is only ever recorded
-        while its owner lock is held.
+        """Run ``work`` on the owner session, in a transaction if ``atomic`` (else its one
+        statement is its own): a key is only ever recorded while its owner lock is held.
 
         If the owner session was lost, a new one (new owner id) is opened and the work tried
         once more. That is safe for a claim: had the first INSERT landed, the retry meets it as

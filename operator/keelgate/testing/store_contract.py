@@ -751,94 +751,95 @@ def _moved_on(factory: Opener, run: str) -> None:
 
 @_check("checkpoint_with_events")
 def a_checkpoint_with_events_after_another_writer_keeps_one_chain(factory: Opener) -> None:
-    """A store whose last view of the chain is old (another process appended since) still
-    commits its checkpoint with every event, after the other's, on one chain that verifies;
-    an event already on the chain is not doubled, and a stale save leaves the chain as it was."""
+    """Checkpoints with events, one after another, by a store whose view of the chain is now
+    current and now old (another process appended since): every checkpoint commits with all its
+    events, in order, on one chain that verifies; an event whose key is on the chain already is
+    not doubled; a stale save writes nothing, and the next save goes on from where it was."""
     store = factory().checkpoints
     assert isinstance(store, CheckpointLog)
     store.save_with_events("acme", "r", 1, {"s": 1}, [AuditDraft("a", {}, key="a")])
+    store.save_with_events("acme", "r", 2, {"s": 2}, [AuditDraft("b", {})])
     _moved_on(factory, "r")
-    store.save_with_events("acme", "r", 2, {"s": 2}, [AuditDraft("b", {}), AuditDraft("c", {})])
-    _moved_on(factory, "r")
-    store.save_with_events("acme", "r", 3, {"s": 3}, [AuditDraft("a", {}, key="a")])
+    store.save_with_events("acme", "r", 3, {"s": 3}, [AuditDraft("c", {}), AuditDraft("d", {})])
+    store.save_with_events("acme", "r", 4, {"s": 4}, [AuditDraft("a", {}, key="a")])
     with raises(StaleCheckpoint):
-        store.save_with_events("acme", "r", 3, {"s": "stale"}, [AuditDraft("no", {})])
-    store.save_with_events("acme", "r", 4, {"s": 4}, [AuditDraft("d", {})])
+        store.save_with_events("acme", "r", 4, {"s": "stale"}, [AuditDraft("no", {})])
+    store.save_with_events("acme", "r", 5, {"s": 5}, [AuditDraft("e", {})])
     reopened = factory()
     loaded = reopened.checkpoints.load("acme", "r")
-    assert loaded is not None and (loaded.seq, loaded.state) == (4, {"s": 4})
+    assert loaded is not None and (loaded.seq, loaded.state) == (5, {"s": 5})
     events = reopened.audit.events("acme", "r")
-    assert [e.type for e in events] == ["a", "elsewhere", "b", "c", "elsewhere", "d"]
+    assert [e.type for e in events] == ["a", "b", "elsewhere", "c", "d", "e"]
     assert verify("acme", "r", events).ok
 
 
 @_check("checkpoint_with_completion")
 def a_completion_after_another_writer_keeps_one_chain(factory: Opener) -> None:
-    """save_completing by a store whose view of the chain is old completes its keys once and
-    puts its event after the other process's; a second completion of the same key names it as
-    missed and changes nothing."""
-    owner = factory()
+    """Completions with their checkpoints, by a store whose view of the chain is now current and
+    now old: each key completes once, with its result, and each event follows the other
+    process's on one chain; a key completed already or held by another owner is named as missed
+    and left as it is."""
+    owner, other = factory(), factory()
     store = owner.checkpoints
     assert isinstance(store, CompletingLog)
-    for key in ("kg-1", "kg-2"):
+    for key in ("kg-1", "kg-2", "kg-3"):
         assert owner.idempotency.claim("acme", key, run="r", action=key, tool="ship") is None
+    assert other.idempotency.claim("acme", "kg-theirs", run="r", action="t", tool="ship") is None
     done = {"status": "ok", "output": {"shipped": 1}}
+
+    def completing(seq: int, key: str | None, *completions: Completion) -> tuple[str, ...]:
+        drafts = [] if key is None else [AuditDraft("loop.action_completed", {}, key=key)]
+        return store.save_completing("acme", "r", seq, {"s": seq}, drafts, list(completions))
+
     store.save_with_events("acme", "r", 1, {"s": 1}, [AuditDraft("planned", {})])
+    assert completing(2, "c1", Completion("kg-1", done)) == ()
+    again = Completion("kg-1", {"again": True})
+    assert completing(3, None, again, Completion("kg-theirs", done)) == ("kg-1", "kg-theirs")
     _moved_on(factory, "r")
-    completed = AuditDraft("loop.action_completed", {"action": "kg-1"}, key="c1")
-    missed = store.save_completing(
-        "acme", "r", 2, {"s": 2}, [completed], [Completion("kg-1", done)]
-    )
-    assert missed == ()
-    assert store.save_completing(
-        "acme", "r", 3, {"s": 3}, [], [Completion("kg-1", {"again": True})]
-    ) == ("kg-1",)
-    _moved_on(factory, "r")
-    again = AuditDraft("loop.action_completed", {"action": "kg-2"}, key="c2")
-    assert (
-        store.save_completing("acme", "r", 4, {"s": 4}, [again], [Completion("kg-2", done)]) == ()
-    )
+    assert completing(4, "c2", Completion("kg-2", done)) == ()
+    assert completing(5, "c3", Completion("kg-3", done)) == ()
     reopened = factory()
-    for key in ("kg-1", "kg-2"):
+    for key in ("kg-1", "kg-2", "kg-3"):
         record = reopened.idempotency.get("acme", key)
         assert record is not None and (record.state, record.result) == (KeyState.COMPLETED, done)
+    theirs = reopened.idempotency.get("acme", "kg-theirs")
+    assert theirs is not None and theirs.state is KeyState.IN_FLIGHT  # its owner lives
+    loaded = reopened.checkpoints.load("acme", "r")
+    assert loaded is not None and loaded.state == {"s": 5}
     events = reopened.audit.events("acme", "r")
-    assert [e.type for e in events] == [
-        "planned",
-        "elsewhere",
-        "loop.action_completed",
-        "elsewhere",
-        "loop.action_completed",
+    assert [(e.type, e.key) for e in events] == [
+        ("planned", None),
+        ("loop.action_completed", "c1"),
+        ("elsewhere", None),
+        ("loop.action_completed", "c2"),
+        ("loop.action_completed", "c3"),
     ]
     assert verify("acme", "r", events).ok
 
 
 @_check("claim_with_event")
 def a_claim_after_another_writer_puts_its_event_after_the_others(factory: Opener) -> None:
-    """A claim by a store whose view of the chain is old wins with its event after the other
-    process's; a later claim of a key it holds already loses and adds no event."""
+    """Claims with their events, by a store whose view of the chain is now current and now old:
+    each winning claim's event follows the other process's on one chain; a claim of a key held
+    already loses and adds no event; an event whose key is on the chain already is not doubled
+    (its claim still wins)."""
     owner = factory()
 
-    def started(key: str) -> AuditDraft:
-        return AuditDraft("loop.action_started", {"action": key}, key=f"started:{key}")
+    def claim(key: str, event_key: str) -> Any:
+        event = AuditDraft("loop.action_started", {"action": key}, key=event_key)
+        return owner.idempotency.claim("acme", key, run="r", action=key, tool="t", event=event)
 
-    assert (
-        owner.idempotency.claim("acme", "kg-1", run="r", action="a", tool="t", event=started("1"))
-        is None
-    )
+    assert claim("kg-1", "started:1") is None
+    assert claim("kg-2", "started:2") is None
     _moved_on(factory, "r")
-    assert (
-        owner.idempotency.claim("acme", "kg-2", run="r", action="b", tool="t", event=started("2"))
-        is None
-    )
-    again = owner.idempotency.claim(
-        "acme", "kg-2", run="r", action="b", tool="t", event=started("3")
-    )
-    assert again is not None and again.state is KeyState.IN_FLIGHT
+    assert claim("kg-3", "started:3") is None
+    lost = claim("kg-3", "started:again")
+    assert lost is not None and lost.state is KeyState.IN_FLIGHT
+    assert claim("kg-4", "started:1") is None
+    assert claim("kg-5", "started:5") is None
     events = factory().audit.events("acme", "r")
-    assert [(e.type, e.key) for e in events] == [
-        ("loop.action_started", "started:1"),
-        ("elsewhere", None),
-        ("loop.action_started", "started:2"),
-    ]
+    assert [e.key for e in events] == ["started:1", "started:2", None, "started:3", "started:5"]
     assert verify("acme", "r", events).ok
+    for key in ("kg-4", "kg-5"):
+        record = owner.idempotency.get("acme", key)
+        assert record is not None and record.state is KeyState.IN_FLIGHT
