@@ -103,6 +103,11 @@ def test_a_late_api_response_does_not_bring_a_deleted_pod_back() -> None:
     assert gone is not None and gone["metadata"]["resourceVersion"] == "3"
     cache.put("Pod", with_uid(pod("p", version=9, phase="Pending"), "u2"))  # the next attempt
     assert cache.active_step_pods() == 1 and cache.tombstone("shop", "p") is None
+    cache.drop("Pod", with_uid(pod("p", version=10), "u2"))  # that one is deleted too
+    cache.put("Pod", with_uid(pod("p", version=3), "u1"))  # the first one's, later still
+    assert cache.get("Pod", "shop", "p") is None and cache.active_step_pods() == 0
+    cache.put("Pod", with_uid(pod("p", version=12, phase="Pending"), "u3"))
+    assert cache.active_step_pods() == 1
     # Without uids (bodies from elsewhere), the deletion's version decides.
     cache.put("Pod", pod("q", version=4))
     cache.drop("Pod", pod("q", version=6))
@@ -111,10 +116,10 @@ def test_a_late_api_response_does_not_bring_a_deleted_pod_back() -> None:
     cache.put("Pod", pod("q", version=7))
     assert cache.get("Pod", "shop", "q") is not None
     # A deletion is remembered for GONE_FOR seconds, then forgotten as the next one is seen.
-    cache.drop("Pod", with_uid(pod("p", version=10), "u2"))
+    cache.drop("Pod", with_uid(pod("p", version=13), "u3"))
     now[0] += GONE_FOR + 1
     cache.drop("Pod", pod("q", version=8))
-    cache.put("Pod", with_uid(pod("p", version=9), "u2"))
+    cache.put("Pod", with_uid(pod("p", version=12), "u3"))
     assert cache.get("Pod", "shop", "p") is not None
 
 

@@ -90,8 +90,9 @@ class Cache:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        # Objects deleted lately, per kind: their uid and last resourceVersion, and when.
-        self._gone: dict[str, dict[tuple[str, str], tuple[str | None, int | None, float]]] = {}
+        # Objects deleted lately, per kind, in the order seen: by uid (a uid is never reused),
+        # or by name for a body without one; with the deletion's resourceVersion, and when.
+        self._gone: dict[str, dict[str | tuple[str, str], tuple[int | None, float]]] = {}
         # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
         self._tombstones: dict[tuple[str, str], JSON] = {}
@@ -120,17 +121,19 @@ class Cache:
 
     def drop(self, kind: str, body: JSON) -> None:
         """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
-        remembered for ``GONE_FOR`` seconds, so a late view of it is not taken for it."""
+        remembered for at least ``GONE_FOR`` seconds (until a deletion seen after that), so a
+        late view of it is not taken for it."""
         _, namespace, name = key_of(kind, body)
         with self._lock:
             now = self._clock()  # under the lock: the deletions stay in time order
             last = self._objects.get(kind, {}).pop((namespace, name), None)
             gone = self._gone.setdefault(kind, {})
-            gone.pop((namespace, name), None)  # re-inserted last: the dict stays in time order
-            gone[(namespace, name)] = (_uid(body), _version(body), now)
+            marker = _uid(body) or (namespace, name)
+            gone.pop(marker, None)  # re-inserted last: the dict stays in time order
+            gone[marker] = (_version(body), now)
             while gone:
                 oldest = next(iter(gone))
-                if now - gone[oldest][2] <= GONE_FOR:
+                if now - gone[oldest][1] <= GONE_FOR:
                     break
                 del gone[oldest]
             if kind == "Pod":
@@ -139,22 +142,23 @@ class Cache:
 
     def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:
         """Whether ``body`` is a view of an object whose deletion was seen already (an API
-        response that arrived after the watch event): the same uid, or without uids a version
-        no newer than the deletion's. A new object of that name is let in, and the deletion
-        forgotten. The caller holds the lock."""
-        gone = self._gone.get(kind, {})
+        response that arrived after the watch event): one of a deleted uid, or, for a body
+        without a uid, a version no newer than its name's deletion (a newer one is a new object
+        of that name, and the deletion is forgotten). The caller holds the lock."""
+        gone = self._gone.get(kind)
+        if not gone:
+            return False
+        uid = _uid(body)
+        if uid is not None:
+            return uid in gone
         deleted = gone.get(where)
         if deleted is None:
             return False
-        uid, version, _ = deleted
-        new_uid, new_version = _uid(body), _version(body)
-        if uid is not None and new_uid is not None:
-            stale = uid == new_uid
-        else:
-            stale = version is not None and new_version is not None and new_version <= version
-        if not stale:
-            del gone[where]
-        return stale
+        version, new_version = deleted[0], _version(body)
+        if version is not None and new_version is not None and new_version <= version:
+            return True
+        del gone[where]
+        return False
 
     def get(self, kind: str, namespace: str, name: str) -> JSON | None:
         with self._lock:
