@@ -681,17 +681,24 @@ def a_checkpoint_and_its_events_commit_together(factory: Opener) -> None:
     assert verify("acme", "r", events).ok
 
 
-@_check("checkpoint_with_completion")
-def a_write_completes_with_the_checkpoint_that_records_it(factory: Opener) -> None:
-    """save_completing commits the checkpoint, its events and the completion of this owner's
-    keys as one (a new process sees all of them); a key this owner does not hold is left as it
-    is and named; a stale save still completes the keys (their calls ran), then raises."""
+def _claimed(factory: Opener) -> CompletingLog:
+    """The checkpoint store of an owner holding keys kg-1, kg-2 and kg-3 of run r, while
+    another live owner holds kg-theirs."""
     owner, other = factory(), factory()
     store = owner.checkpoints
     assert isinstance(store, CompletingLog)
     for key in ("kg-1", "kg-2", "kg-3"):
         assert owner.idempotency.claim("acme", key, run="r", action=key, tool="ship") is None
     assert other.idempotency.claim("acme", "kg-theirs", run="r", action="t", tool="ship") is None
+    return store
+
+
+@_check("checkpoint_with_completion")
+def a_write_completes_with_the_checkpoint_that_records_it(factory: Opener) -> None:
+    """save_completing commits the checkpoint, its events and the completion of this owner's
+    keys as one (a new process sees all of them); a key this owner does not hold is left as it
+    is and named; a stale save still completes the keys (their calls ran), then raises."""
+    store = _claimed(factory)
     done = {"status": "ok", "output": {"shipped": 1}}
     missed = store.save_completing(
         "acme",
@@ -779,12 +786,7 @@ def a_completion_after_another_writer_keeps_one_chain(factory: Opener) -> None:
     now old: each key completes once, with its result, and each event follows the other
     process's on one chain; a key completed already or held by another owner is named as missed
     and left as it is."""
-    owner, other = factory(), factory()
-    store = owner.checkpoints
-    assert isinstance(store, CompletingLog)
-    for key in ("kg-1", "kg-2", "kg-3"):
-        assert owner.idempotency.claim("acme", key, run="r", action=key, tool="ship") is None
-    assert other.idempotency.claim("acme", "kg-theirs", run="r", action="t", tool="ship") is None
+    store = _claimed(factory)
     done = {"status": "ok", "output": {"shipped": 1}}
 
     def completing(seq: int, key: str | None, *completions: Completion) -> tuple[str, ...]:
