@@ -421,20 +421,8 @@ class SQLStore(HoldsOwner, ABC):
             self.save(tenant, run, seq, state)
             return
         text = dumps(state)
-        sealed = self._sealed(tenant, run, drafts)
-        if sealed is not None:
-            events, last = sealed
-            with self._statement() as conn:
-                row = self._one_statement(
-                    conn, self.sql.together("save", len(drafts)), (tenant, run, seq, text, *events)
-                )
-            if row is not None and row[0] == 1:
-                self._heads[(tenant, run)] = last
-                return
-            # Nothing was written: the save was stale (the general path below raises), or the
-            # chain had moved on (it reads the head afresh).
-            if row is None:
-                self._heads.pop((tenant, run), None)
+        if self._saved_in_one(tenant, run, seq, text, drafts, ()) is not None:
+            return
         with self._transaction() as conn:
             # A stale save raises here, inside the transaction: no event is appended.
             self._save(conn, tenant, run, seq, text)
@@ -458,28 +446,10 @@ class SQLStore(HoldsOwner, ABC):
             self.save_with_events(tenant, run, seq, state, drafts)
             return ()
         text = dumps(state)
+        in_one = self._saved_in_one(tenant, run, seq, text, drafts, completions)
+        if in_one is not None:
+            return in_one
         owned = self._owned()
-        keys = [completion.key for completion in completions]
-        sealed = self._sealed(tenant, run, drafts) if drafts else ((), _UNKNOWN)
-        fits = len(set(keys)) == len(keys) <= ONE_STATEMENT_MOST
-        if self.dialect.one_statement_writes and sealed is not None and fits:
-            events, last = sealed
-            done = [x for c in completions for x in (c.key, dumps(c.result))]
-            sql = self.sql.together("save", len(drafts), len(completions))
-            with self._statement() as conn:
-                row = self._one_statement(
-                    conn, sql, (*done, tenant, owned, tenant, run, seq, text, *events)
-                )
-            if row is not None and row[0] == 1:
-                if last is not _UNKNOWN:
-                    self._heads[(tenant, run)] = last
-                completed = set(row[1])
-                return tuple(key for key in keys if key not in completed)
-            # Nothing was written (the chain had moved on: the general path below reads the
-            # head afresh), or only the completions were (the save was stale: the calls ran all
-            # the same, and the general path lands them too, then raises).
-            if row is None:
-                self._heads.pop((tenant, run), None)
         missed: list[str] = []
         try:
             with self._transaction() as conn:
@@ -498,6 +468,43 @@ class SQLStore(HoldsOwner, ABC):
         if head is not _UNKNOWN:
             self._heads[(tenant, run)] = head
         return tuple(missed)
+
+    def _saved_in_one(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        text: str,
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...] | None:
+        """``save_completing`` (``save_with_events`` without completions) as one statement,
+        for a dialect with ``one_statement_writes``: the keys missed, or None where it did not
+        commit and the general path must. It then wrote nothing (the chain had moved on: the
+        general path reads the head afresh), or only the completions (the save was stale: the
+        calls ran all the same, and the general path lands them too, then raises)."""
+        keys = [completion.key for completion in completions]
+        if not self.dialect.one_statement_writes or len(set(keys)) != len(keys):
+            return None
+        sealed = self._sealed(tenant, run, drafts) if drafts else ((), _UNKNOWN)
+        if sealed is None or len(keys) > ONE_STATEMENT_MOST:
+            return None
+        events, last = sealed
+        done = [x for c in completions for x in (c.key, dumps(c.result))]
+        if completions:
+            done += [tenant, self._owned()]
+        sql = self.sql.together("save", len(drafts), len(completions))
+        with self._statement() as conn:
+            row = self._one_statement(conn, sql, (*done, tenant, run, seq, text, *events))
+        if row is None:
+            self._heads.pop((tenant, run), None)
+            return None
+        if row[0] != 1:
+            return None
+        if last is not _UNKNOWN:
+            self._heads[(tenant, run)] = last
+        completed = set(row[1] or ())
+        return tuple(key for key in keys if key not in completed)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
         with self._statement() as conn:
@@ -650,13 +657,11 @@ class SQLStore(HoldsOwner, ABC):
     def _sealed(
         self, tenant: str, run: str, drafts: Sequence[AuditDraft]
     ) -> tuple[tuple[Any, ...], AuditEvent] | None:
-        """For a dialect with ``one_statement_writes``: ``drafts`` sealed after the head this
-        store remembers, as the audit rows' parameters, and the new head. None where the
-        dialect has no such statement or no head is remembered: the general path reads it."""
+        """For a one-statement write: ``drafts`` (at most ``ONE_STATEMENT_MOST``) sealed after
+        the head this store remembers, as the audit rows' parameters, and the new head. None
+        where no head is remembered (the general path reads it) or there are too many."""
         head = self._heads.get((tenant, run), _UNKNOWN)
-        if not self.dialect.one_statement_writes or head is _UNKNOWN:
-            return None
-        if not drafts or len(drafts) > ONE_STATEMENT_MOST:
+        if head is _UNKNOWN or not drafts or len(drafts) > ONE_STATEMENT_MOST:
             return None
         params: list[Any] = []
         for draft in drafts:
