@@ -188,14 +188,19 @@ def _requests_between_marks(trace: str) -> list[int]:
 
 
 @pytest.mark.postgres
-def test_postgres_a_step_sends_one_request_per_commit(pg_url: str, tmp_path: Path) -> None:
-    """On PostgreSQL opened as a step pod opens it (one session), each durable commit is one
-    request to the server, one round trip: an iteration with one WRITE sends 4 (it sent 17:
-    BEGIN, two or three statements and COMMIT for each commit), counted on the wire by libpq's
-    trace; every WRITE still reaches downstream once."""
+@pytest.mark.parametrize("pooled", [False, True], ids=["as-a-step-opens-it", "pooled"])
+def test_postgres_a_loop_sends_one_request_per_commit_on_one_session(
+    pg_url: str, tmp_path: Path, pooled: bool
+) -> None:
+    """On PostgreSQL, each durable commit is one request to the server, one round trip: an
+    iteration with one WRITE sends 4 (it sent 17: BEGIN, two or three statements and COMMIT for
+    each commit), counted on the wire by libpq's trace; every WRITE still reaches downstream
+    once. All of them go on the owner session, where the claims must go: opened as a step pod
+    opens it (no pool), and also with a pool, which a loop on one thread leaves unused (its
+    commits spread over two sessions cost more client and wall time)."""
     from psycopg import pq
 
-    stores = open_stores(pg_url, pooled=False)
+    stores = open_stores(pg_url, pooled=pooled)
     conn = stores.checkpoints._owner_conn  # type: ignore[attr-defined]
     # Never prepared, so each request is counted alike (psycopg prepares a statement on its
     # fifth use, one more round trip once).

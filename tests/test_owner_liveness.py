@@ -277,6 +277,46 @@ def test_a_postgres_owner_whose_session_is_cut_never_lands_a_write_twice(pg_url:
         judge.close()
 
 
+@pytest.mark.postgres
+def test_a_postgres_store_serves_other_threads_while_its_owner_session_waits(pg_url: str) -> None:
+    """A pooled store sends its statements on the owner session when it is free, but never
+    makes a thread wait for it: while one thread's claim is held up on the server (another
+    session has the same key's row locked), another thread reads and saves through the pool at
+    once. The claim then completes as it would have."""
+    from keelgate.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    claimed: list[KeyRecord | None] = []
+    try:
+        store.save("acme", "r", 1, {"n": 1})
+        with psycopg.connect(pg_url) as blocker:  # a transaction: the row stays locked
+            blocker.execute(
+                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                "VALUES ('acme', 'kg-held', 'r', 'a1', 'ship', 'in_flight', NULL)"
+            )
+            claiming = threading.Thread(
+                target=lambda: claimed.append(
+                    store.claim("acme", "kg-held", run="r", action="a1", tool="ship")
+                )
+            )
+            claiming.start()
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            assert eventually(lambda: blocker.execute(waiting).fetchone(), (1,)) == (1,)
+            started = time.monotonic()
+            store.save("acme", "r", 2, {"n": 2})
+            loaded = store.load("acme", "r")
+            assert time.monotonic() - started < 2.0
+            assert loaded is not None and (loaded.seq, loaded.state) == (2, {"n": 2})
+            assert claiming.is_alive()  # still waiting on the server, holding the owner session
+            blocker.rollback()
+        claiming.join(WAIT)
+        assert claimed == [None]  # the claim won once the other session let go
+        key = store.get("acme", "kg-held")
+        assert key is not None and key.state is KeyState.IN_FLIGHT
+    finally:
+        store.close()
+
+
 def test_a_live_owner_is_not_read_as_gone_through_another_path_to_the_same_file(
     tmp_path: Path,
 ) -> None:
