@@ -123,6 +123,36 @@ def test_a_late_api_response_does_not_bring_a_deleted_pod_back() -> None:
     assert cache.get("Pod", "shop", "p") is not None
 
 
+def test_a_pod_deleted_unseen_is_forgotten_as_deleted_and_frees_its_slot() -> None:
+    """A running step pod the API server no longer has, though no watch reported its deletion,
+    is dropped as deleted: its step slot is free and its last body is its tombstone (so its run
+    sees an attempt that ended without recording a stop). Nothing changes if the watch got
+    there first, or if a new pod of that name (another uid) is what the cache holds."""
+    cache = Cache()
+    running = pod("p", version=3)
+    running["metadata"]["uid"] = "u1"
+    cache.put("Pod", running)
+    assert cache.active_step_pods() == 1
+    assert cache.forget_vanished("Pod", "shop", "p", "u2") is None  # not the pod it holds
+    assert cache.active_step_pods() == 1
+    last = cache.forget_vanished("Pod", "shop", "p", "u1")
+    assert last is not None and last["status"]["phase"] == "Running"
+    assert cache.get("Pod", "shop", "p") is None and cache.active_step_pods() == 0
+    gone = cache.tombstone("shop", "p")
+    assert gone is not None and gone["metadata"]["uid"] == "u1"
+    assert cache.forget_vanished("Pod", "shop", "p", "u1") is None  # once only
+    cache.put("Pod", copy_json(running))  # a late view of it does not bring it back
+    assert cache.get("Pod", "shop", "p") is None
+
+    other = pod("q", version=4)
+    other["metadata"]["uid"] = "u3"
+    cache.put("Pod", other)
+    cache.drop("Pod", pod("q", version=6, phase="Failed") | {"metadata": other["metadata"]})
+    left = cache.tombstone("shop", "q")  # what the watch's deletion left
+    assert cache.forget_vanished("Pod", "shop", "q", "u3") is None
+    assert cache.tombstone("shop", "q") == left
+
+
 def test_the_step_pod_cap_counts_only_running_step_pods() -> None:
     """The cap counts step pods that have not ended; ended step pods, other pods and objects of
     other kinds with the same name are not counted."""

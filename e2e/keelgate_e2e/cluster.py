@@ -13,6 +13,7 @@ Go's caches, through the build), and never leave a process behind after `stop`.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pwd
@@ -222,11 +223,17 @@ class Cluster:
         self._save()
 
     def restart(
-        self, name: str, ready: Callable[[], bool], *, kill: bool = False, away: float = 0.0
+        self,
+        name: str,
+        ready: Callable[[], bool],
+        *,
+        kill: bool = False,
+        away: float = 0.0,
+        while_down: Callable[[], None] | None = None,
     ) -> float:
         """Stop one component (SIGKILL with `kill`, else as `down` would), leave it stopped for
-        `away` seconds, and start it again with the same command line, ports and data; returns
-        seconds until `ready`."""
+        `away` seconds (doing `while_down` meanwhile), and start it again with the same command
+        line, ports and data; returns seconds until `ready`."""
         proc = next(p for p in self.procs if p.name == name)
         if kill:
             procs.stop(proc, self.run_dir, sig=signal.SIGKILL, grace=5)
@@ -235,10 +242,25 @@ class Cluster:
         else:
             procs.stop(proc, self.run_dir, grace=10)
         self.procs.remove(proc)
+        if while_down is not None:
+            while_down()
         time.sleep(away)
         argv, kw = self._commands[name]
         fresh = self._spawn(name, argv, **kw)
         return procs.wait_until(fresh, ready, timeout=120, what=f"{name} ready again")
+
+    def delete_from_etcd(self, key: str) -> int:
+        """Delete one key from etcd itself, behind the API server's back (its v3 JSON gateway);
+        returns how many keys went. With the API server down, this is an object deleted while
+        every watch was away: no watcher is ever told."""
+        answer = httpx.post(
+            f"http://{LOOPBACK}:{self.ports['etcd']}/v3/kv/deleterange",
+            json={"key": base64.b64encode(key.encode()).decode()},
+            timeout=10,
+            trust_env=False,
+        )
+        answer.raise_for_status()
+        return int(answer.json().get("deleted", 0))
 
     def _etcd(self, binary: Path) -> None:
         client, peer = procs.free_port(), procs.free_port()

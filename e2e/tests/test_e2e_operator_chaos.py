@@ -23,7 +23,7 @@ from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.node.pod import kill_container
 from keelgate_e2e.runs import agentrun, apply, look, order
 from keelgate_e2e.shop import ShopServer
-from keelgate_e2e.testing import Kubectl
+from keelgate_e2e.testing import Kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -238,3 +238,105 @@ def test_the_api_server_restarted_mid_run_every_run_finishes_once(
     cluster.restart("kube-apiserver", ready, kill=True)
     runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
     _check_exactly_once(cluster.dsn, tenant, names, shop)
+
+
+def test_a_step_pod_deleted_while_the_api_server_was_away_does_not_stall_its_run(
+    operator: OperatorPod,
+    cluster: Cluster,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """A step pod deleted while every watch was away (removed from etcd while the kube-apiserver
+    was down, so no watch ever reports it; kopf lists the pods again on reconnecting) is not
+    waited for forever: the operator's resync finds it gone, the run takes its next attempt and
+    finishes, with each order once, and the operator counts no step pod it does not have."""
+    shop.shop.delay = 3.0  # the first WRITE is slow: its step pod is caught running
+    doc = agentrun("vanish", shop, [[order("vanish-a", 1)], [order("vanish-b", 2)]])
+    apply(kubectl, doc)
+
+    def running_step_pod() -> str | None:
+        pods = admin.get(
+            f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=vanish"}
+        )["items"]
+        names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
+        return names[0] if names else None
+
+    victim = wait_for(running_step_pod, timeout=120, what="a running step pod")
+    deleted: list[int] = []
+
+    def ready() -> bool:
+        return admin.text("/readyz") == "ok"
+
+    cluster.restart(
+        "kube-apiserver",
+        ready,
+        kill=True,
+        while_down=lambda: deleted.append(
+            cluster.delete_from_etcd(f"/registry/pods/{tenant}/{victim}")
+        ),
+    )
+    assert deleted == [1]
+    with pytest.raises(ApiError):
+        admin.get(f"/api/v1/namespaces/{tenant}/pods/{victim}")
+    runs.drive_to_success(admin, alice, tenant, ["vanish"], shop, timeout=240)
+    _check_exactly_once(cluster.dsn, tenant, ["vanish"], shop)
+
+    wait_for(
+        lambda: _metric(operator, "keelgate_step_pods_active") == 0,
+        timeout=60,
+        what="no step pod counted as active",
+    )
+
+
+def test_a_run_deleted_while_the_api_server_was_away_gets_no_further_step_pod(
+    operator: OperatorPod,
+    cluster: Cluster,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """An AgentRun deleted while every watch was away (removed from etcd while the
+    kube-apiserver was down) is not driven on from the operator's memory: once its step pod is
+    gone (the garbage collector deletes it: its owner is missing), the operator's first status
+    write finds the run gone and makes no further step pod for it, and it counts none."""
+    shop.shop.delay = 3.0
+    doc = agentrun("forgotten", shop, [[order("forgotten-a", 1)], [order("forgotten-b", 2)]])
+    apply(kubectl, doc)
+    pods = f"/api/v1/namespaces/{tenant}/pods"
+    selector = {"labelSelector": "keelgate.dev/run=forgotten"}
+
+    def running() -> bool:
+        items = admin.get(pods, selector)["items"]
+        return any(p["status"].get("phase") == "Running" for p in items)
+
+    wait_for(running, timeout=120, what="a running step pod")
+    started = _metric(operator, "keelgate_steps_started_total")
+    deleted: list[int] = []
+    cluster.restart(
+        "kube-apiserver",
+        lambda: admin.text("/readyz") == "ok",
+        kill=True,
+        while_down=lambda: deleted.append(
+            cluster.delete_from_etcd(f"/registry/keelgate.dev/agentruns/{tenant}/forgotten")
+        ),
+    )
+    assert deleted == [1]
+    wait_for(lambda: not admin.get(pods, selector)["items"], timeout=120, what="its pod gone")
+    time.sleep(15)  # past a resync of the operator (10 s here) and the pod's deletion event
+    assert not admin.get(pods, selector)["items"]
+    assert _metric(operator, "keelgate_steps_started_total") == started
+    wait_for(
+        lambda: _metric(operator, "keelgate_step_pods_active") == 0,
+        timeout=60,
+        what="no step pod counted as active",
+    )
+
+
+def _metric(operator: OperatorPod, name: str) -> float:
+    """The value of one unlabelled metric the operator serves."""
+    lines = operator.metrics().splitlines()
+    return next(float(line.split()[-1]) for line in lines if line.startswith(f"{name} "))

@@ -1,7 +1,9 @@
 """The operator's calls to the Kubernetes API beyond what kopf does, through the official client.
 
-kopf watches (and so caches) every object the operator reads; this module only writes: step
-pods, Reconciliations, Approvals, ticks, Events, and the ``status`` of the operator's own kinds.
+kopf watches (and so caches) every object the operator reads; this module writes (step pods,
+Reconciliations, Approvals, ticks, Events, and the ``status`` of the operator's own kinds) and
+reads only what a watch cannot tell: a pod found on a create's conflict, and, at each resync, the
+step pods still running (a deletion made while a watch was away is never reported).
 Every write is one request, so a step costs a countable number of them. Pods and Events go as
 plain JSON through the client's ``ApiClient`` (its credentials, TLS and pool), not through its
 generated models, which cost milliseconds of CPU per step pod. API errors become three outcomes
@@ -24,7 +26,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from keelgate.kube.naming import GROUP, VERSION
+from keelgate.kube.naming import GROUP, STEP_POD_LABEL, STEP_POD_NAME, VERSION
 
 log = logging.getLogger("keelgate.kube.api")
 
@@ -143,7 +145,13 @@ class ClusterApi:
     # Core objects: plain JSON both ways
 
     def _core(
-        self, method: str, path: str, what: str, *, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        query: list[tuple[str, str]] | None = None,
     ) -> JSON:
         """One request through the client's ``ApiClient`` (its credentials, TLS and connection
         pool) with a JSON body and a JSON answer, without the client's generated models: the
@@ -152,6 +160,7 @@ class ClusterApi:
         request = self.client.param_serialize(
             method=method,
             resource_path=path,
+            query_params=query or [],
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
             body=None if body is None else dict(body),
             auth_settings=["BearerToken"],
@@ -182,6 +191,19 @@ class ClusterApi:
         return self._core(
             "GET", f"/api/v1/namespaces/{namespace}/pods/{name}", f"read Pod {namespace}/{name}"
         )
+
+    def running_step_pods(self, namespace: str | None = None) -> list[JSON]:
+        """The step pods neither succeeded nor failed, in ``namespace`` (None: every one), as
+        the API server has them now: one list request, whatever the number of runs."""
+        path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
+        query = [
+            ("labelSelector", f"{STEP_POD_LABEL}={STEP_POD_NAME}"),
+            ("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed"),
+        ]
+        where = "every namespace" if namespace is None else namespace
+        listed = self._core("GET", path, f"list step pods in {where}", query=query)
+        items: list[JSON] = listed.get("items") or []
+        return items
 
     def delete_pod(self, namespace: str, name: str, *, uid: str = "") -> None:
         self._count("delete Pod")

@@ -123,22 +123,39 @@ class Cache:
         """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
         remembered for at least ``GONE_FOR`` seconds (until a deletion seen after that), so a
         late view of it is not taken for it."""
-        _, namespace, name = key_of(kind, body)
         with self._lock:
-            now = self._clock()  # under the lock: the deletions stay in time order
-            last = self._objects.get(kind, {}).pop((namespace, name), None)
-            gone = self._gone.setdefault(kind, {})
-            marker = _uid(body) or (namespace, name)
-            gone.pop(marker, None)  # re-inserted last: the dict stays in time order
-            gone[marker] = (_version(body), now)
-            while gone:
-                oldest = next(iter(gone))
-                if now - gone[oldest][1] <= GONE_FOR:
-                    break
-                del gone[oldest]
-            if kind == "Pod":
-                self._tombstones[(namespace, name)] = body if last is None else last
-                self._active_steps.discard((namespace, name))
+            self._drop(kind, body)
+
+    def forget_vanished(self, kind: str, namespace: str, name: str, uid: str) -> JSON | None:
+        """The API server no longer has this object, though no watch said it was deleted (a
+        watch that reconnects lists the objects again and never reports one deleted while it
+        was away): drop it as deleted, its last body seen as its tombstone, and return that
+        body. Nothing, and None, if the cache no longer holds that object (the watch reported
+        the deletion meanwhile, or a new object of that name has another uid)."""
+        with self._lock:
+            body = self._objects.get(kind, {}).get((namespace, name))
+            if body is None or _uid(body) != uid:
+                return None
+            self._drop(kind, body)
+            return copy_json(body)
+
+    def _drop(self, kind: str, body: JSON) -> None:
+        """``drop``, the caller holding the lock."""
+        _, namespace, name = key_of(kind, body)
+        now = self._clock()  # under the lock: the deletions stay in time order
+        last = self._objects.get(kind, {}).pop((namespace, name), None)
+        gone = self._gone.setdefault(kind, {})
+        marker = _uid(body) or (namespace, name)
+        gone.pop(marker, None)  # re-inserted last: the dict stays in time order
+        gone[marker] = (_version(body), now)
+        while gone:
+            oldest = next(iter(gone))
+            if now - gone[oldest][1] <= GONE_FOR:
+                break
+            del gone[oldest]
+        if kind == "Pod":
+            self._tombstones[(namespace, name)] = body if last is None else last
+            self._active_steps.discard((namespace, name))
 
     def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:
         """Whether ``body`` is a view of an object whose deletion was seen already (an API

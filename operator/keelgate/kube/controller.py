@@ -674,7 +674,12 @@ class Controller:
         except Conflict:
             return -1.0
         except Gone:
-            return None
+            # The run is gone, though no watch said so (deleted while the watch was away): it
+            # is forgotten as deleted, and looked at again at once, which stops its pods. No
+            # step pod is made for it: the caller sees a lost race.
+            self.cache.forget_vanished("AgentRun", ns, name, str(meta.get("uid", "")))
+            self.enqueue(("AgentRun", ns, name), 0.0)
+            return -1.0
         self.cache.put("AgentRun", patched)
         self._transition_events(run, current, desired)
         if is_tick(run):

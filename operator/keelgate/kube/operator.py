@@ -27,11 +27,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from keelgate.core.protocols import Stores
-from keelgate.kube.api import ClusterApi
+from keelgate.kube.api import ApiFailure, ClusterApi, Gone
 from keelgate.kube.cache import (
     Cache,
     Key,
     copy_json,
+    is_active_step_pod,
     key_of,
     pod_finished,
 )
@@ -229,12 +230,43 @@ class Operator:
                 self.queue.add_after(key, delay)
 
     async def _resync(self) -> None:
-        """Queue every run that may still change again now and then, and refresh the gauges."""
+        """Queue every run that may still change again now and then, forget the step pods
+        deleted unseen, and refresh the gauges."""
         while True:
             await asyncio.sleep(self.options.resync_seconds)
+            await self._forget_vanished_step_pods()
             for key in due_for_resync(self.cache):
                 self._add(key)
             self._gauges()
+
+    async def _forget_vanished_step_pods(self) -> None:
+        """A step pod deleted while the pod watch was away (an API server restart, a network
+        cut) is never reported: kopf lists the pods again when it reconnects, and a pod missing
+        from that list is not a deletion to it. The cache would hold such a pod as running for
+        good: its run would wait for it, and it would keep a step slot. So each resync asks
+        the server which step pods are still running; one it does not name and no longer has
+        is dropped as deleted (its run then takes its next attempt, as for any pod deleted
+        mid-step)."""
+        try:
+            vanished = await asyncio.to_thread(
+                vanished_step_pods, self.api, self.cache, clusterwide=not self.options.namespaces
+            )
+        except ApiFailure as failure:
+            log.warning("resync: cannot check the running step pods (%s)", failure)
+            return
+        for namespace, name, uid in vanished:
+            body = self.cache.forget_vanished("Pod", namespace, name, uid)
+            if body is None:
+                continue  # the watch reported it meanwhile
+            log.info(
+                "step pod %s/%s was deleted unseen: its run takes its next attempt", namespace, name
+            )
+            run = _owner_run(body)
+            if run:
+                self._add(("AgentRun", namespace, run))
+            if (namespace, name) not in self._seen_end:
+                self._seen_end.add((namespace, name))
+                self._wake_waiting()
 
     def _gauges(self) -> None:
         metrics, cache = self.metrics, self.cache
@@ -297,6 +329,34 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
+
+
+def vanished_step_pods(
+    api: ClusterApi, cache: Cache, *, clusterwide: bool
+) -> list[tuple[str, str, str]]:
+    """The step pods the cache holds as running that the API server no longer has, as
+    (namespace, name, uid): one list of the running step pods (of every namespace, or of each
+    namespace the cache has one in), then a read of each pod the list did not name, since a pod
+    may be missing from it only because it ended, or was created after the list was made."""
+    cached = cache.select("Pod", where=is_active_step_pod)
+    if not cached:
+        return []
+    scopes: list[str | None] = [None]
+    if not clusterwide:
+        scopes = [*sorted({str(pod["metadata"]["namespace"]) for pod in cached})]
+    listed = {key_of("Pod", pod)[1:] for scope in scopes for pod in api.running_step_pods(scope)}
+    gone = []
+    for pod in cached:
+        _, namespace, name = key_of("Pod", pod)
+        if (namespace, name) in listed:
+            continue
+        try:
+            found = api.read_pod(namespace, name)
+        except Gone:
+            gone.append((namespace, name, str(pod["metadata"].get("uid", ""))))
+            continue
+        cache.put("Pod", found)  # it ended, or is newer than the list: the cache catches up
+    return gone
 
 
 def due_for_resync(cache: Cache) -> list[Key]:
