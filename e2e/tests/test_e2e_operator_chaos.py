@@ -251,8 +251,9 @@ def test_a_step_pod_deleted_while_the_api_server_was_away_does_not_stall_its_run
 ) -> None:
     """A step pod deleted while every watch was away (removed from etcd while the kube-apiserver
     was down, so no watch ever reports it; kopf lists the pods again on reconnecting) is not
-    waited for forever: the operator's resync finds it gone, the run takes its next attempt and
-    finishes, with each order once, and the operator counts no step pod it does not have."""
+    waited for forever: the operator's resync (which outlives the server's absence) finds it
+    gone, the run takes its next attempt and finishes, with each order once, and the operator
+    counts no step pod it does not have."""
     shop.shop.delay = 3.0  # the first WRITE is slow: its step pod is caught running
     doc = agentrun("vanish", shop, [[order("vanish-a", 1)], [order("vanish-b", 2)]])
     apply(kubectl, doc)
@@ -274,6 +275,7 @@ def test_a_step_pod_deleted_while_the_api_server_was_away_does_not_stall_its_run
         "kube-apiserver",
         ready,
         kill=True,
+        away=12,  # longer than a resync (10 s here): one runs while the server is away
         while_down=lambda: deleted.append(
             cluster.delete_from_etcd(f"/registry/pods/{tenant}/{victim}")
         ),

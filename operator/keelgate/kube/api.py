@@ -152,6 +152,7 @@ class ClusterApi:
         *,
         body: Mapping[str, Any] | None = None,
         query: list[tuple[str, str]] | None = None,
+        timeout: float | None = None,
     ) -> JSON:
         """One request through the client's ``ApiClient`` (its credentials, TLS and connection
         pool) with a JSON body and a JSON answer, without the client's generated models: the
@@ -166,7 +167,7 @@ class ClusterApi:
             auth_settings=["BearerToken"],
         )
         try:
-            response = self.client.call_api(*request)
+            response = self.client.call_api(*request, _request_timeout=timeout)
             response.read()
         except ApiException as error:
             raise _failure(error, what) from None
@@ -187,12 +188,17 @@ class ClusterApi:
         what = f"create Pod {namespace}/{body['metadata']['name']}"
         return self._core("POST", f"/api/v1/namespaces/{namespace}/pods", what, body=body)
 
-    def read_pod(self, namespace: str, name: str) -> JSON:
+    def read_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> JSON:
         return self._core(
-            "GET", f"/api/v1/namespaces/{namespace}/pods/{name}", f"read Pod {namespace}/{name}"
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            f"read Pod {namespace}/{name}",
+            timeout=timeout,
         )
 
-    def running_step_pods(self, namespace: str | None = None) -> list[JSON]:
+    def running_step_pods(
+        self, namespace: str | None = None, *, timeout: float | None = None
+    ) -> list[JSON]:
         """The step pods neither succeeded nor failed, in ``namespace`` (None: every one), as
         the API server has them now: one list request, whatever the number of runs."""
         path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
@@ -201,7 +207,7 @@ class ClusterApi:
             ("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed"),
         ]
         where = "every namespace" if namespace is None else namespace
-        listed = self._core("GET", path, f"list step pods in {where}", query=query)
+        listed = self._core("GET", path, f"list step pods in {where}", query=query, timeout=timeout)
         items: list[JSON] = listed.get("items") or []
         return items
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from keelgate.core.protocols import Stores
-from keelgate.kube.api import ApiFailure, ClusterApi, Gone
+from keelgate.kube.api import ClusterApi, Gone
 from keelgate.kube.cache import (
     Cache,
     Key,
@@ -234,10 +234,10 @@ class Operator:
         deleted unseen, and refresh the gauges."""
         while True:
             await asyncio.sleep(self.options.resync_seconds)
-            await self._forget_vanished_step_pods()
             for key in due_for_resync(self.cache):
                 self._add(key)
             self._gauges()
+            await self._forget_vanished_step_pods()
 
     async def _forget_vanished_step_pods(self) -> None:
         """A step pod deleted while the pod watch was away (an API server restart, a network
@@ -251,8 +251,12 @@ class Operator:
             vanished = await asyncio.to_thread(
                 vanished_step_pods, self.api, self.cache, clusterwide=not self.options.namespaces
             )
-        except ApiFailure as failure:
-            log.warning("resync: cannot check the running step pods (%s)", failure)
+        except Exception as failure:  # an API server away, or refusing: the next resync asks again
+            log.warning(
+                "resync: cannot check the running step pods (%s: %s)",
+                type(failure).__name__,
+                str(failure).splitlines()[0] if str(failure) else "",
+            )
             return
         for namespace, name, uid in vanished:
             body = self.cache.forget_vanished("Pod", namespace, name, uid)
@@ -331,6 +335,11 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+# A resync's look at the running step pods gives up after this long (an API server that
+# accepts connections and answers nothing must not hold the resync up for good).
+CHECK_TIMEOUT = 10.0
+
+
 def vanished_step_pods(
     api: ClusterApi, cache: Cache, *, clusterwide: bool
 ) -> list[tuple[str, str, str]]:
@@ -344,14 +353,18 @@ def vanished_step_pods(
     scopes: list[str | None] = [None]
     if not clusterwide:
         scopes = [*sorted({str(pod["metadata"]["namespace"]) for pod in cached})]
-    listed = {key_of("Pod", pod)[1:] for scope in scopes for pod in api.running_step_pods(scope)}
+    listed = {
+        key_of("Pod", pod)[1:]
+        for scope in scopes
+        for pod in api.running_step_pods(scope, timeout=CHECK_TIMEOUT)
+    }
     gone = []
     for pod in cached:
         _, namespace, name = key_of("Pod", pod)
         if (namespace, name) in listed:
             continue
         try:
-            found = api.read_pod(namespace, name)
+            found = api.read_pod(namespace, name, timeout=CHECK_TIMEOUT)
         except Gone:
             gone.append((namespace, name, str(pod["metadata"].get("uid", ""))))
             continue
