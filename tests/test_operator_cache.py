@@ -141,6 +141,9 @@ def test_a_pod_deleted_unseen_is_forgotten_as_deleted_and_frees_its_slot() -> No
     gone = cache.tombstone("shop", "p")
     assert gone is not None and gone["metadata"]["uid"] == "u1"
     assert cache.forget_vanished("Pod", "shop", "p", "u1") is None  # once only
+    cache.forget_tombstone("shop", "p")  # its run took it: the attempt is accounted for
+    cache.drop("Pod", copy_json(running))  # the watch's own word of the deletion, late
+    assert cache.tombstone("shop", "p") is None  # is not taken for another end
     cache.put("Pod", copy_json(running))  # a late view of it does not bring it back
     assert cache.get("Pod", "shop", "p") is None
 

@@ -317,6 +317,50 @@ def test_a_postgres_store_serves_other_threads_while_its_owner_session_waits(pg_
         store.close()
 
 
+@pytest.mark.postgres
+def test_a_postgres_claim_never_waits_behind_another_threads_statement(pg_url: str) -> None:
+    """The owner session, where claims must go, is shared only with the thread that claims: a
+    statement of another thread that is held up on the server (a save waiting for a row another
+    session has locked) goes through the pool, and a claim made meanwhile lands at once."""
+    from keelgate.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    saved: list[int] = []
+    try:
+        store.save("acme", "r", 1, {"n": 1})
+        assert store.claim("acme", "kg-first", run="r", action="a1", tool="ship") is None
+        with psycopg.connect(pg_url) as blocker:  # a transaction: the row stays locked
+            blocker.execute("UPDATE keelgate_checkpoints SET seq = seq WHERE run = 'r'")
+            saving = threading.Thread(
+                target=lambda: saved.append(store.save("acme", "r", 2, {"n": 2}) or 2)
+            )
+            saving.start()
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            assert eventually(lambda: blocker.execute(waiting).fetchone(), (1,)) == (1,)
+            claimed: list[KeyRecord | None] = []
+            # In a thread of its own, so that a claim stuck behind the save fails the test
+            # instead of hanging it.
+            claiming = threading.Thread(
+                target=lambda: claimed.append(
+                    store.claim("acme", "kg-second", run="r", action="a2", tool="ship")
+                )
+            )
+            try:
+                claiming.start()
+                claiming.join(5.0)
+                assert claimed == [None], "the claim waited behind another thread's save"
+                assert saving.is_alive() and saved == []  # still held up on the server
+            finally:
+                blocker.rollback()
+                claiming.join(WAIT)
+        saving.join(WAIT)
+        assert saved == [2]
+        loaded = store.load("acme", "r")
+        assert loaded is not None and loaded.seq == 2
+    finally:
+        store.close()
+
+
 def test_a_live_owner_is_not_read_as_gone_through_another_path_to_the_same_file(
     tmp_path: Path,
 ) -> None:

@@ -342,3 +342,22 @@ def _metric(operator: OperatorPod, name: str) -> float:
     """The value of one unlabelled metric the operator serves."""
     lines = operator.metrics().splitlines()
     return next(float(line.split()[-1]) for line in lines if line.startswith(f"{name} "))
+
+
+def test_the_api_servers_404_for_a_missing_run_or_pod_names_it(
+    cluster: Cluster, tenant: str
+) -> None:
+    """What the operator takes for proof that an object is gone: the real kube-apiserver's 404
+    for a missing AgentRun's status or a missing pod names that object (``details.name``), so
+    a 404 that names nothing (a server still starting) is never taken for a deletion."""
+    from keelgate.kube.api import ClusterApi, Gone
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
+    api = ClusterApi(client)
+    with pytest.raises(Gone) as run:
+        api.patch_status("AgentRun", tenant, "never-was", {"phase": "Running"})
+    with pytest.raises(Gone) as pod:
+        api.read_pod(tenant, "never-was-s1-a1")
+    assert (run.value.named, pod.value.named) == ("never-was", "never-was-s1-a1")
+    assert api.running_step_pods(tenant) == []

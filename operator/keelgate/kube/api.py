@@ -47,20 +47,36 @@ class Conflict(ApiFailure):
 
 
 class Gone(ApiFailure):
-    """404: the object (or its namespace) does not exist."""
+    """404: the object (or its namespace) does not exist. ``named`` is the object the server's
+    answer says it did not find (its ``details.name``), empty when the answer names none: a
+    server still starting may answer 404 for a whole kind it does not serve yet."""
+
+    def __init__(self, message: str, *, status: int = 404, named: str = "") -> None:
+        super().__init__(message, status=status)
+        self.named = named
 
 
 def _failure(error: ApiException, what: str) -> ApiFailure:
-    return _failure_status(int(error.status or 0), str(error.reason or ""), what)
+    return _failure_status(int(error.status or 0), str(error.reason or ""), what, error.body)
 
 
-def _failure_status(status: int, reason: str, what: str) -> ApiFailure:
+def _failure_status(status: int, reason: str, what: str, body: Any = None) -> ApiFailure:
     message = f"{what}: {status} {reason.strip()}".strip()
     if status == 409:
         return Conflict(message, status=status)
     if status == 404:
-        return Gone(message, status=status)
+        return Gone(message, status=status, named=_named(body))
     return ApiFailure(message, status=status)
+
+
+def _named(body: Any) -> str:
+    """The name a 404's Status answer gives in ``details.name`` ("" for any other answer)."""
+    try:
+        answer = json.loads(body) if isinstance(body, str | bytes) else body
+        details = answer.get("details") if isinstance(answer, dict) else None
+        return str(details.get("name") or "") if isinstance(details, dict) else ""
+    except ValueError:
+        return ""
 
 
 def now() -> str:
@@ -172,7 +188,9 @@ class ClusterApi:
         except ApiException as error:
             raise _failure(error, what) from None
         if not 200 <= response.status <= 299:
-            raise _failure_status(int(response.status), str(response.reason or ""), what)
+            raise _failure_status(
+                int(response.status), str(response.reason or ""), what, response.data
+            )
         try:
             answer: JSON = json.loads(response.data) if response.data else {}
         except ValueError:
@@ -205,6 +223,9 @@ class ClusterApi:
         query = [
             ("labelSelector", f"{STEP_POD_LABEL}={STEP_POD_NAME}"),
             ("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed"),
+            # From the server's watch cache, not a read of every pod in etcd: a list a moment
+            # old only makes the caller read a pod or two it did not need to.
+            ("resourceVersion", "0"),
         ]
         where = "every namespace" if namespace is None else namespace
         listed = self._core("GET", path, f"list step pods in {where}", query=query, timeout=timeout)

@@ -146,6 +146,9 @@ class Cache:
         last = self._objects.get(kind, {}).pop((namespace, name), None)
         gone = self._gone.setdefault(kind, {})
         marker = _uid(body) or (namespace, name)
+        # Told twice (a watch's deletion after the resync found the object gone): the first
+        # left the tombstone, which a reconcile may have taken since; it must not come back.
+        again = last is None and marker in gone
         gone.pop(marker, None)  # re-inserted last: the dict stays in time order
         gone[marker] = (_version(body), now)
         while gone:
@@ -154,7 +157,8 @@ class Cache:
                 break
             del gone[oldest]
         if kind == "Pod":
-            self._tombstones[(namespace, name)] = body if last is None else last
+            if not again:
+                self._tombstones[(namespace, name)] = body if last is None else last
             self._active_steps.discard((namespace, name))
 
     def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:

@@ -673,12 +673,13 @@ class Controller:
             )
         except Conflict:
             return -1.0
-        except Gone:
+        except Gone as gone:
+            if gone.named != name:
+                raise  # a 404 that names no run (a server still starting): retried, backing off
             # The run is gone, though no watch said so (deleted while the watch was away): it
-            # is forgotten as deleted, and looked at again at once, which stops its pods. No
-            # step pod is made for it: the caller sees a lost race.
+            # is forgotten as deleted; the caller sees a lost race and makes no step pod, and
+            # the next look, at once, stops its pods.
             self.cache.forget_vanished("AgentRun", ns, name, str(meta.get("uid", "")))
-            self.enqueue(("AgentRun", ns, name), 0.0)
             return -1.0
         self.cache.put("AgentRun", patched)
         self._transition_events(run, current, desired)

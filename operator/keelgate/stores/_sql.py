@@ -604,8 +604,7 @@ class SQLStore(HoldsOwner, ABC):
                 if event is not None:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
-            # Judged apart from the claim: a PostgreSQL owner session would find its own lock
-            # re-entrant and read every owner alive.
+            # Lost: the key as it stands, its owner judged alive or gone.
             with self._statement() as conn:
                 row = conn.execute(self.sql.key, (tenant, key)).fetchone()
             if row is not None:

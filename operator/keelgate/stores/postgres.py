@@ -10,15 +10,15 @@ processes may open a fresh database at once) and owner liveness.
 Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id from the
 sequence ``keelgate_owner_seq`` and holds a session-level advisory lock on it, on a dedicated
 connection outside the pool, for as long as it is open. Keys are claimed on that same connection
-and record the owner id. Another store judges an in-flight key's owner gone if and only if
-``pg_try_advisory_lock`` on that id succeeds from one of its own connections (and unlocks it in
-the same statement). Why this is sound:
+and record the owner id. A store judges an in-flight key's owner gone if and only if the server's
+lock table (``pg_locks``) shows no session holding that id's lock. It asks in the key's own
+SELECT, the same on any session, the owner's own included. Why this is sound:
 
 - A live owner is never read as gone. The lock is taken before the first claim, and every claim
   runs on the session holding it, so a key can only exist while its owner's lock is held. A
   session advisory lock is released only by the end of that session or by an explicit unlock,
   which only ``close`` issues, and owner ids come from a sequence, so no other session ever
-  holds one except for the instant of a judgement.
+  holds one (a judgement only reads the lock table).
 - A dead owner is read as gone. A process that dies (``os._exit``, SIGKILL, OOM) has its socket
   closed by its kernel; the server ends the session and releases the lock at once. A host that
   vanishes sends nothing: TCP keepalives set on the owner session (both on the server side and in
@@ -75,13 +75,15 @@ POSTGRES = Dialect(
     mine="owner = ANY(?)",
     same="IS NOT DISTINCT FROM",
     byte_order=' COLLATE "C"',  # as SQLite and Python sort, whatever the database's collation
-    # In the key's own SELECT: whether an in-flight key's owner session still lives. The inner
-    # CASE takes the owner's lock only to learn that nobody holds it, and drops it at once.
+    # In the key's own SELECT: whether an in-flight key's owner session still lives, read from
+    # the lock table (a two-int4 advisory lock shows its keys as classid and objid, objsubid 2).
+    # It takes no lock, so it says the same on every session, the owner's own included.
     liveness=(
         "CASE WHEN state <> 'in_flight' OR owner IS NULL THEN false "
-        f"WHEN pg_try_advisory_lock({OWNER_SPACE}, owner) "
-        f"THEN NOT pg_advisory_unlock({OWNER_SPACE}, owner) "
-        "ELSE true END"
+        "ELSE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND database = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+        f"AND classid = {OWNER_SPACE}::bigint::oid AND objid = owner::bigint::oid "
+        "AND objsubid = 2 AND granted) END"
     ),
     schema_table_exists="SELECT to_regclass('keelgate_schema') IS NOT NULL",
     one_statement_writes=True,
@@ -138,14 +140,13 @@ def _one_line(error: BaseException, secret: str) -> str:
 class PostgresStore(SQLStore):
     """Checkpoint, idempotency and audit store over one PostgreSQL database.
 
-    Statements run on the owner session whenever no other thread is using it, and on the pool
-    otherwise: one thread of work (a loop) then talks to the server on one session. The pool
-    (``pooled=True``) is there for threads that meet each other. ``pooled=False`` has none:
-    every statement waits its turn on the owner session, one server session instead of two,
-    for a short-lived process with one thread of work (a step pod, which starts and stops for
-    every step of every run). Either way its own in-flight keys are read alive from the owner
-    id rather than from the server (a session holding a lock would be granted it again, and
-    read its own keys as gone).
+    The thread that claims keys (a loop) runs its other statements on the owner session too,
+    when it is free, so a loop talks to the server on one session; every other thread, and
+    the claiming one when that session is busy or unfit, uses the pool (``pooled=True``), so
+    no claim ever waits behind another thread's statement. ``pooled=False`` has no pool: every
+    statement waits its turn on the owner session, one server session instead of two, for a
+    short-lived process with one thread of work (a step pod, which starts and stops for every
+    step of every run).
     """
 
     dialect = POSTGRES
@@ -174,6 +175,7 @@ class PostgresStore(SQLStore):
         self._kwargs = {k: v for k, v in defaults.items() if k not in params}
         self._owner_lock = threading.Lock()
         self._owner_conn: Conn | None = None
+        self._claimer: int | None = None  # the thread that last claimed a key (threading.get_ident)
         self._owner_ids: list[int] = []
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
@@ -271,9 +273,9 @@ class PostgresStore(SQLStore):
             return
         # A loop's commits alternate between a claim (on the owner session) and a checkpoint:
         # spread over two sessions they cost about a fifth more wall time and a third more
-        # client CPU than on one. The pool serves whatever finds the owner session busy on
-        # another thread, or not fit to use.
-        if self._owner_lock.acquire(blocking=False):
+        # client CPU than on one. Only the claiming thread shares the owner session, so that a
+        # claim never waits behind another thread's statement.
+        if self._claimer == threading.get_ident() and self._owner_lock.acquire(blocking=False):
             try:
                 owner = self._owner_conn
                 if self._open and owner is not None and _idle_and_quiet(owner):
@@ -326,6 +328,7 @@ class PostgresStore(SQLStore):
         a key of a gone owner, which reads outcome_unknown, a stop.
         """
         with self._owner_lock:
+            self._claimer = threading.get_ident()
             for attempt in (1, 2):
                 try:
                     conn = self._live_owner_session()
@@ -362,6 +365,7 @@ class PostgresStore(SQLStore):
         digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
         key = int.from_bytes(digest[:4], "big", signed=True)
         with self._owner_lock:
+            self._claimer = threading.get_ident()  # the driver: its statements join its claims
             if (tenant, run) in self._driven:
                 return None
             try:
@@ -394,25 +398,23 @@ class PostgresStore(SQLStore):
         return self._owner_ids
 
     def _alive(self, owner: Any, judged: Any) -> bool:
-        # Judged by the server in the key's own SELECT (Dialect.liveness). Read on the owner
-        # session itself (every statement of an unpooled store, and most of a pooled one's),
-        # the lock of the current owner id is granted again and says nothing: that owner is
-        # this open store, alive.
-        if self._open and owner == self.owner:
-            return True
-        return bool(judged)
+        return bool(judged)  # judged by the server in the key's own SELECT (Dialect.liveness)
 
 
 def _idle_and_quiet(conn: Conn) -> bool:
     """Whether a statement may be sent on ``conn`` without meeting a session the server has
     ended: open, outside a transaction, and with nothing unasked for waiting to be read. A
     session ended by the server (``pg_terminate_backend``, a restart) says so before it closes;
-    a statement sent on it would fail where the pool's session would not. A look at the socket,
-    no round trip."""
-    if conn.closed or conn.broken:
+    a statement sent on it would fail where the pool's session would not. A look at the socket
+    (``poll``: any descriptor number), no round trip; whatever goes wrong looking says no."""
+    try:
+        if conn.closed or conn.broken:
+            return False
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    except (psycopg.Error, OSError, ValueError):
         return False
-    pgconn = conn.pgconn
-    if pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        return False
-    readable, _, _ = select.select([pgconn.socket], [], [], 0)
-    return not readable
