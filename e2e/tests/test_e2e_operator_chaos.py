@@ -258,29 +258,9 @@ def test_a_step_pod_deleted_while_the_api_server_was_away_does_not_stall_its_run
     doc = agentrun("vanish", shop, [[order("vanish-a", 1)], [order("vanish-b", 2)]])
     apply(kubectl, doc)
 
-    def running_step_pod() -> str | None:
-        pods = admin.get(
-            f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=vanish"}
-        )["items"]
-        names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
-        return names[0] if names else None
-
-    victim = wait_for(running_step_pod, timeout=120, what="a running step pod")
-    deleted: list[int] = []
-
-    def ready() -> bool:
-        return admin.text("/readyz") == "ok"
-
-    cluster.restart(
-        "kube-apiserver",
-        ready,
-        kill=True,
-        away=12,  # longer than a resync (10 s here): one runs while the server is away
-        while_down=lambda: deleted.append(
-            cluster.delete_from_etcd(f"/registry/pods/{tenant}/{victim}")
-        ),
-    )
-    assert deleted == [1]
+    victim = wait_for(lambda: _running_step_pod(admin, tenant, "vanish"), timeout=120)
+    # Away longer than a resync (10 s here): one runs while the server is away.
+    _delete_behind_the_servers_back(cluster, admin, f"/registry/pods/{tenant}/{victim}", away=12)
     with pytest.raises(ApiError):
         admin.get(f"/api/v1/namespaces/{tenant}/pods/{victim}")
     runs.drive_to_success(admin, alice, tenant, ["vanish"], shop, timeout=240)
@@ -310,23 +290,11 @@ def test_a_run_deleted_while_the_api_server_was_away_gets_no_further_step_pod(
     apply(kubectl, doc)
     pods = f"/api/v1/namespaces/{tenant}/pods"
     selector = {"labelSelector": "keelgate.dev/run=forgotten"}
-
-    def running() -> bool:
-        items = admin.get(pods, selector)["items"]
-        return any(p["status"].get("phase") == "Running" for p in items)
-
-    wait_for(running, timeout=120, what="a running step pod")
+    wait_for(lambda: _running_step_pod(admin, tenant, "forgotten"), timeout=120)
     started = _metric(operator, "keelgate_steps_started_total")
-    deleted: list[int] = []
-    cluster.restart(
-        "kube-apiserver",
-        lambda: admin.text("/readyz") == "ok",
-        kill=True,
-        while_down=lambda: deleted.append(
-            cluster.delete_from_etcd(f"/registry/keelgate.dev/agentruns/{tenant}/forgotten")
-        ),
+    _delete_behind_the_servers_back(
+        cluster, admin, f"/registry/keelgate.dev/agentruns/{tenant}/forgotten"
     )
-    assert deleted == [1]
     wait_for(lambda: not admin.get(pods, selector)["items"], timeout=120, what="its pod gone")
     time.sleep(15)  # past a resync of the operator (10 s here) and the pod's deletion event
     assert not admin.get(pods, selector)["items"]
@@ -336,6 +304,31 @@ def test_a_run_deleted_while_the_api_server_was_away_gets_no_further_step_pod(
         timeout=60,
         what="no step pod counted as active",
     )
+
+
+def _running_step_pod(admin: Kube, namespace: str, run: str) -> str | None:
+    """The name of a running step pod of ``run``, if there is one."""
+    pods = admin.get(
+        f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": f"keelgate.dev/run={run}"}
+    )["items"]
+    names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
+    return names[0] if names else None
+
+
+def _delete_behind_the_servers_back(
+    cluster: Cluster, admin: Kube, key: str, *, away: float = 0.0
+) -> None:
+    """Kill the kube-apiserver, delete ``key`` from etcd, start the server again: an object
+    deleted while every watch was away, which no watch will ever report."""
+    deleted: list[int] = []
+    cluster.restart(
+        "kube-apiserver",
+        lambda: admin.text("/readyz") == "ok",
+        kill=True,
+        away=away,
+        while_down=lambda: deleted.append(cluster.delete_from_etcd(key)),
+    )
+    assert deleted == [1], f"{key} was not in etcd"
 
 
 def _metric(operator: OperatorPod, name: str) -> float:
