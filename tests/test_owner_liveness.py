@@ -361,6 +361,48 @@ def test_a_postgres_claim_never_waits_behind_another_threads_statement(pg_url: s
         store.close()
 
 
+@pytest.mark.postgres
+def test_a_postgres_store_claimed_on_by_two_threads_shares_its_owner_session_with_neither(
+    pg_url: str,
+) -> None:
+    """Two loops on two threads of one store: once both have claimed, neither's other
+    statements go on the owner session, so one loop's save held up on the server (another
+    session has its row locked) never holds up the other loop's claim."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError
+
+    from keelgate.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    loop_a, loop_b = ThreadPoolExecutor(1), ThreadPoolExecutor(1)  # a thread each, throughout
+    try:
+        store.save("acme", "r", 1, {"n": 1})
+        claim = store.claim
+        assert (
+            loop_a.submit(claim, "acme", "kg-a1", run="a", action="1:0", tool="t").result() is None
+        )
+        assert (
+            loop_b.submit(claim, "acme", "kg-b1", run="r", action="1:0", tool="t").result() is None
+        )
+        with psycopg.connect(pg_url) as blocker:  # a transaction: B's row stays locked
+            blocker.execute("UPDATE keelgate_checkpoints SET seq = seq WHERE run = 'r'")
+            saving = loop_b.submit(store.save, "acme", "r", 2, {"n": 2})
+            try:
+                with pytest.raises(TimeoutError):
+                    saving.result(timeout=0.5)  # B's save waits on the server
+                second = loop_a.submit(claim, "acme", "kg-a2", run="a", action="2:0", tool="t")
+                try:
+                    assert second.result(timeout=5.0) is None
+                except TimeoutError:
+                    pytest.fail("A's claim waited behind B's save")
+            finally:
+                blocker.rollback()
+        saving.result(timeout=WAIT)
+    finally:
+        loop_a.shutdown()
+        loop_b.shutdown()
+        store.close()
+
+
 def test_a_live_owner_is_not_read_as_gone_through_another_path_to_the_same_file(
     tmp_path: Path,
 ) -> None:

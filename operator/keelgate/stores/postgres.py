@@ -63,6 +63,9 @@ OWNER_SPACE = 0x4B470001
 SCHEMA_SPACE = 0x4B470003
 DRIVER_SPACE = 0x4B470004  # a run's driver (RunLock), keyed by a 32-bit digest of the run
 
+# ``PostgresStore._claimer`` once two threads have claimed: no thread id is ever this.
+_MANY = -1
+
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 
@@ -142,11 +145,12 @@ class PostgresStore(SQLStore):
 
     The thread that claims keys (a loop) runs its other statements on the owner session too,
     when it is free, so a loop talks to the server on one session; every other thread, and
-    the claiming one when that session is busy or unfit, uses the pool (``pooled=True``), so
-    no claim ever waits behind another thread's statement. ``pooled=False`` has no pool: every
-    statement waits its turn on the owner session, one server session instead of two, for a
-    short-lived process with one thread of work (a step pod, which starts and stops for every
-    step of every run).
+    the claiming one when that session is busy or unfit, uses the pool (``pooled=True``), as do
+    all once a second thread has claimed: a claim waits behind no other thread's statement (but
+    a second claiming thread's first claim, which may wait for the first one's statement).
+    ``pooled=False`` has no pool: every statement waits its turn on the owner session, one
+    server session instead of two, for a short-lived process with one thread of work (a step
+    pod, which starts and stops for every step of every run).
     """
 
     dialect = POSTGRES
@@ -175,7 +179,8 @@ class PostgresStore(SQLStore):
         self._kwargs = {k: v for k, v in defaults.items() if k not in params}
         self._owner_lock = threading.Lock()
         self._owner_conn: Conn | None = None
-        self._claimer: int | None = None  # the thread that last claimed a key (threading.get_ident)
+        # The one thread that claims keys or drives runs (threading.get_ident), or _MANY.
+        self._claimer: int | None = None
         self._owner_ids: list[int] = []
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
@@ -308,6 +313,16 @@ class PostgresStore(SQLStore):
             with conn.transaction():
                 yield conn
 
+    def _note_claimer(self) -> None:
+        """Remember the thread claiming now (the caller holds ``_owner_lock``). Once a second
+        thread claims, nobody's other statements share the owner session any more: one claimer's
+        statement held up on the server would make the other's claims wait."""
+        me = threading.get_ident()
+        if self._claimer is None:
+            self._claimer = me
+        elif self._claimer != me:
+            self._claimer = _MANY
+
     def _live_owner_session(self) -> Conn:
         """The owner session, or a new one (a new owner id) if it was lost. The caller holds
         ``_owner_lock``; a closed store has none."""
@@ -328,7 +343,7 @@ class PostgresStore(SQLStore):
         a key of a gone owner, which reads outcome_unknown, a stop.
         """
         with self._owner_lock:
-            self._claimer = threading.get_ident()
+            self._note_claimer()
             for attempt in (1, 2):
                 try:
                     conn = self._live_owner_session()
@@ -365,7 +380,7 @@ class PostgresStore(SQLStore):
         digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
         key = int.from_bytes(digest[:4], "big", signed=True)
         with self._owner_lock:
-            self._claimer = threading.get_ident()  # the driver: its statements join its claims
+            self._note_claimer()  # the driver: its statements join its claims
             if (tenant, run) in self._driven:
                 return None
             try:
