@@ -71,7 +71,7 @@ class ControllerSettings:
     allow_failpoints: bool = False
     max_step_pods: int = 20
     max_crashes: int = 5
-    crash_backoff: float = 1.0  # seconds before the 2nd attempt; doubles per crash
+    crash_backoff: float = 1.0  # seconds before the 3rd attempt (the 2nd: at once); doubles
     max_backoff: float = 60.0
     busy_retry: float = 5.0
 

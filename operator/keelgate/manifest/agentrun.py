@@ -153,8 +153,8 @@ class HttpToolConfig(KeelgateModel):
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
     body: JsonObject | None = Field(
         default=None,
-        description="A JSON body sent instead of the arguments. Default: POST, PUT and PATCH "
-        "send the arguments as the JSON body.",
+        description="Reserved: a fixed body is not supported yet and is refused. POST, PUT "
+        "and PATCH send the arguments as the JSON body.",
     )
 
 
