@@ -161,6 +161,9 @@ def test_a_budget_stop_exits_3_and_resume_with_more_continues(
         (["reconcile", "restock", "2:0", "--executed", "--by", "a\nb"], "--by:"),
         (["resume", "restock", "--tokens", "99999999999999999999999999"], "--tokens"),
         (["resume", "restock", "--max-iterations", str(2**63)], "--max-iterations"),
+        (["resume", "restock", "--timeout", "inf"], "--timeout"),
+        (["resume", "restock", "--timeout", "1e300"], "--timeout"),
+        (["resume", "restock", "--timeout", "nan"], "--timeout"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(
@@ -617,6 +620,142 @@ def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path)
     assert status.returncode == 3
     assert last_json(status.stdout)["stopReason"] == "outcome_unknown"
     assert orders(world) == 1
+
+
+def _with_tool_timeout(text: str, value: str) -> str:
+    """The manifest with ``timeoutSeconds: value`` on its WRITE tool, ``order``."""
+    line = "      requiresApproval: false\n"
+    assert text.count(line) == 1
+    return text.replace(line, f"{line}      timeoutSeconds: {value}\n")
+
+
+@pytest.mark.parametrize("value", [".inf", "1.0e+300", ".nan", "31536001"])
+@pytest.mark.parametrize("where", ["spec.tools[1].timeoutSeconds", "spec.budget.timeoutSeconds"])
+def test_a_time_limit_that_no_clock_can_keep_is_bad_input_naming_the_field(
+    world: Path, capsys: pytest.CaptureFixture[str], value: str, where: str
+) -> None:
+    """A timeout of infinity, NaN or more than a year is refused before anything runs (exit 2,
+    one line naming the field, no store made). An infinite tool timeout used to be accepted,
+    and then every call of that WRITE ran and stopped the run as an unknown outcome."""
+    text = manifest()
+    if where.startswith("spec.tools"):
+        text = _with_tool_timeout(text, value)
+    else:
+        text = text.replace(
+            "budget: {maxIterations", f"budget: {{timeoutSeconds: {value}, maxIterations"
+        )
+    assert f"timeoutSeconds: {value}" in text
+    assert main(["run", "-f", str(write(world, text))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"keelgate: error: {where}: "), err
+    assert not (world / ".keelgate").exists()
+    assert orders(world) == 0
+
+
+def test_a_write_with_the_longest_tool_timeout_runs_once_and_is_recorded(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The longest tool timeout taken (a year) is one a thread can wait: the WRITE runs once and
+    its result is recorded, the run meets its goal."""
+    text = _with_tool_timeout(manifest(), "31536000")
+    assert main(["run", "-f", str(write(world, text)), "-o", "json"]) == 0
+    assert last_json(capsys.readouterr().out)["stopReason"] == "goal_met"
+    assert orders(world) == 1
+
+
+def test_a_python_tool_refuses_a_timeout_it_could_not_keep() -> None:
+    """In Python, a PythonTool with a timeout of infinity, NaN, zero or more than a year is
+    refused when it is made, not when a WRITE is already running."""
+    from keelgate.adapters.tools.python import PythonTool
+
+    for timeout in (float("inf"), float("nan"), 0.0, 1e300):
+        with pytest.raises(ValueError, match="timeout_seconds"):
+            PythonTool("order", lambda args, *, idempotency_key: None, timeout_seconds=timeout)
+    assert PythonTool("order", lambda args, *, idempotency_key: None, timeout_seconds=5)
+
+
+def test_a_name_that_is_not_utf8_is_refused_and_settles_nothing(world: Path) -> None:
+    """`--by` typed in a terminal of another encoding (bytes that are not UTF-8) is one line
+    naming --by, exit 2, for reconcile and approve alike; the unknown outcome stays unknown and
+    the approval stays pending."""
+    path = str(write(world, manifest()))
+    assert cli(world, "run", "-f", path, failpoints="after_gateway_call@2").returncode == 137
+    latin1 = "caf\udce9"  # b"caf\xe9" as Python reads it from argv
+    done = cli(world, "reconcile", "restock", "2:0", "--executed", "--by", latin1)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "keelgate: error: --by: is not valid UTF-8 text (check the terminal's encoding)"
+    ]
+    assert last_json(cli(world, "run", "-f", path, "-o", "json").stdout)["stopReason"] == (
+        "outcome_unknown"
+    )
+    approval = world / "approval"
+    approval.mkdir()
+    (approval / "kgtools.py").write_text(TOOLS)
+    gated = approval / "run.yaml"
+    gated.write_text(manifest(approval=True).replace("name: restock", "name: gated"))
+    assert cli(approval, "run", "-f", str(gated)).returncode == 3
+    done = cli(approval, "approve", "gated", "2:0", "--approve", "--by", latin1)
+    assert done.returncode == 2 and "--by: is not valid UTF-8" in done.stderr
+    status = cli(approval, "status", "gated", "-o", "json")
+    assert last_json(status.stdout)["stopReason"] == "awaiting_approval"
+
+
+def test_reconciling_an_action_that_awaits_approval_or_never_started_says_so(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reconcile` of an action that waits for approval says to use `approve` (it used to print
+    an internal key and no run or action); of one whose call never started, that it has no
+    unknown outcome. Either is exit 2 with one line, and neither settles anything: the approval
+    still decides, and the order is placed once."""
+    path = str(write(world, manifest(approval=True)))
+    assert main(["run", "-f", path]) == 3
+    capsys.readouterr()
+    assert main(["reconcile", "restock", "2:0", "--not-executed", "--by", "alice"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "keelgate: error: restock 2:0: is awaiting approval, not an unknown outcome "
+        "(decide with keelgate approve)"
+    ]
+    assert main(["approve", "restock", "2:0", "--approve", "--by", "alice"]) == 0
+    assert main(["resume", "restock"]) == 0
+    assert orders(world) == 1
+
+    other = world / "other"
+    other.mkdir()
+    (other / "kgtools.py").write_text(TOOLS)
+    plain = other / "run.yaml"
+    plain.write_text(manifest())
+    assert cli(other, "run", "-f", str(plain), failpoints="before_action@2").returncode == 137
+    done = cli(other, "reconcile", "restock", "2:0", "--executed", "--by", "alice")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "keelgate: error: restock 2:0: has no unknown outcome to settle (no call of it is on "
+        "record)"
+    ]
+    finished = cli(other, "run", "-f", str(plain), "-o", "json")
+    assert last_json(finished.stdout)["stopReason"] == "goal_met"
+
+
+def test_a_sqlite_store_that_refuses_writes_is_a_store_that_cannot_be_used(
+    tmp_path: Path,
+) -> None:
+    """A SQLite file that cannot be written (read-only, a full or failing disk) makes a write a
+    StoreUnavailable (the CLI's exit 5, "--store: ... cannot be written"), not an internal
+    error; reads still work, and nothing of the refused commit is kept. Tests run as root, whom
+    file modes do not stop, so SQLite's own read-only switch (query_only) makes the refusal."""
+    from keelgate.errors import StoreUnavailable
+    from keelgate.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "k.db")
+    try:
+        store.save("shop", "r", 1, {"step": "plan"})
+        store._db.execute("PRAGMA query_only = 1")
+        with pytest.raises(StoreUnavailable, match=r"k\.db cannot be written: attempt to write"):
+            store.save("shop", "r", 2, {"step": "act"})
+        kept = store.load("shop", "r")
+        assert kept is not None and (kept.seq, kept.state) == (1, {"step": "plan"})
+    finally:
+        store.close()
 
 
 def _refused_port() -> int:

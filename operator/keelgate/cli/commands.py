@@ -24,7 +24,7 @@ from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
-from keelgate.core.values import INT64_MAX
+from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
@@ -216,7 +216,8 @@ def resume_command(
         typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
+        float | None,
+        typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
     ] = None,
     max_verifier_rejections: Annotated[
         int | None,

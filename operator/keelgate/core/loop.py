@@ -162,9 +162,24 @@ class Loop:
         check_actor(by)
         state = self.state(tenant, run)
         planned = _find_action(state, action)
-        record = self.stores.idempotency.settle(
-            tenant, planned.key, executed=executed, by=by, source="human"
-        )
+        if any(p.action == planned.id for p in state.pending):
+            raise SettleError(
+                run,
+                action,
+                "is awaiting approval, not an unknown outcome (decide with keelgate approve)",
+            )
+        try:
+            record = self.stores.idempotency.settle(
+                tenant, planned.key, executed=executed, by=by, source="human"
+            )
+        except SettleError as error:
+            if error.run:
+                raise
+            # The store knows keys, not actions: no key, no call of this action on record (not
+            # started, a READ, or a call the tool refused).
+            raise SettleError(
+                run, action, "has no unknown outcome to settle (no call of it is on record)"
+            ) from None
         # A death here leaves the key settled without its event: the next resume meets the
         # settled key in the gateway, which writes the event from the key's record.
         failpoints.hit("after_settle")
@@ -189,6 +204,10 @@ def check_actor(by: str, *, field: str = "by") -> None:
         raise InputError(field, "must name the person deciding")
     if any(ord(c) < 32 or ord(c) == 127 for c in by) or len(by) > 253:
         raise InputError(field, "must be one line of at most 253 printable characters")
+    if any("\ud800" <= c <= "\udfff" for c in by):
+        # What Python makes of bytes that are not UTF-8 (a terminal in another encoding): they
+        # cannot be stored, so the name would be lost, or the store's write fail, mid-settle.
+        raise InputError(field, "is not valid UTF-8 text (check the terminal's encoding)")
 
 
 def _find_action(state: RunState, action: str) -> Action:

@@ -52,6 +52,10 @@ from pydantic_core import PydanticCustomError
 
 # The largest integer an API server field holds (int64): manifests and CLI flags stop there.
 INT64_MAX = 2**63 - 1
+# The longest time limit any field or flag takes: a year. No call or run needs longer, and past
+# about 9e9 s Python's thread joins and timers overflow, which would turn a WRITE's timeout into
+# an unknown outcome after the WRITE ran.
+SECONDS_MAX = 365 * 24 * 3600
 
 DECIMAL = r"^[0-9]+(\.[0-9]+)?$"
 ACTION_ID = r"^[0-9]+:[0-9]+$"

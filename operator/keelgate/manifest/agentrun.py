@@ -34,9 +34,9 @@ from keelgate.manifest.base import (
     ObjectMeta,
     OptionalDnsSubdomain,
     OptionalHttpUrl,
-    PositiveFloat,
     PositiveInt,
     Quantity,
+    Seconds,
     Timestamp,
     ToolName,
     rule_error,
@@ -191,7 +191,7 @@ class ToolConfig(KeelgateModel):
     requires_approval: StrictBool = Field(
         default=False, description="Stop with awaiting_approval before each call."
     )
-    timeout_seconds: PositiveFloat | None = Field(
+    timeout_seconds: Seconds | None = Field(
         default=None, description="A call running longer is an unknown outcome (for a WRITE)."
     )
     input_schema: JsonObject | None = Field(
@@ -237,7 +237,7 @@ class BudgetConfig(KeelgateModel):
     dollars: DecimalString | None = Field(
         default=None, description='Dollars, as a decimal string such as "2.50"; needs pricing.'
     )
-    timeout_seconds: PositiveFloat | None = Field(
+    timeout_seconds: Seconds | None = Field(
         default=None, description="Active seconds; time stopped (waiting for a person) is free."
     )
     max_verifier_rejections: PositiveInt | None = Field(

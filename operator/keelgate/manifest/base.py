@@ -32,6 +32,7 @@ from keelgate.core.values import (
     ACTION_ID,
     DECIMAL,
     INT64_MAX,
+    SECONDS_MAX,
     NonNegativeInt,
     refuse_numbers,
 )
@@ -184,7 +185,8 @@ Timestamp = Annotated[str, StringConstraints(pattern=TIMESTAMP)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 # Bounded by int64 as NonNegativeInt is (keelgate.core.values, shared with the core's shapes).
 PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
-PositiveFloat = Annotated[StrictFloat, Field(gt=0)]
+# A time limit: a finite number of seconds, above zero, at most a year.
+Seconds = Annotated[StrictFloat, Field(gt=0, le=SECONDS_MAX, allow_inf_nan=False)]
 
 
 class ObjectMeta(KeelgateModel):

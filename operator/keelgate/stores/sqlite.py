@@ -57,6 +57,26 @@ def immediate(db: sqlite3.Connection) -> Iterator[Connection]:
         raise
 
 
+# SQLite's answers that mean the file cannot take a write at all (read-only, no space, a
+# failing disk or folder), rather than that this write was wrong.
+_UNUSABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
+
+
+@contextmanager
+def _usable(store: object) -> Iterator[None]:
+    """Say so, as a store that cannot be used (the CLI's exit 5), when SQLite refuses a statement
+    because of the file rather than the statement; the transaction was rolled back, so nothing
+    of it was written. Reads of a read-only file still work."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        name = getattr(error, "sqlite_errorname", "")
+        if not name.startswith(_UNUSABLE):
+            raise
+        where = getattr(store, "path", "in memory")
+        raise StoreUnavailable(f"SQLite store {where} cannot be written: {error}") from None
+
+
 class SQLiteConnected(SQLStore):
     """A SQL store over one sqlite3 connection, used by one thread at a time (``_lock``),
     whose owner is a text id (``owner``). Subclasses open ``_db`` and judge liveness."""
@@ -68,12 +88,12 @@ class SQLiteConnected(SQLStore):
 
     @contextmanager
     def _statement(self) -> Iterator[Connection]:
-        with self._lock:
+        with _usable(self), self._lock:
             yield self._db
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
-        with self._lock, immediate(self._db) as db:
+        with _usable(self), self._lock, immediate(self._db) as db:
             yield db
 
     def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:

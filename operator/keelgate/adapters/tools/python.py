@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core.types import SideEffect
+from keelgate.core.values import SECONDS_MAX
 from keelgate.errors import OutcomeUncertain
 
 ToolFunction = Callable[..., Any]
@@ -28,6 +29,16 @@ class PythonTool:
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
     timeout_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        # Refused here, not when the call is made: a timeout the thread join cannot take would
+        # raise after a WRITE started, and the WRITE would read as an unknown outcome.
+        timeout = self.timeout_seconds
+        if timeout is not None and not 0 < timeout <= SECONDS_MAX:
+            raise ValueError(
+                f"{self.name}: timeout_seconds must be above 0 and at most {SECONDS_MAX} "
+                f"(a year), not {timeout!r}"
+            )
 
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         if self.timeout_seconds is None:

@@ -27,7 +27,7 @@ from keelgate.cli.plugin.client import ClusterClient, NotFound, PluginApi, Refus
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
-from keelgate.core.spec import INT64_MAX
+from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, KeelgateError, SettleError
 
 #: How a command reaches the cluster; tests put a fake here.
@@ -368,7 +368,8 @@ def resume_command(
         typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option(min=0.001, help="New active-time limit in seconds.")
+        float | None,
+        typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
     ] = None,
     max_verifier_rejections: Annotated[
         int | None,
