@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -684,6 +686,98 @@ def test_a_key_given_twice_is_an_error_not_a_silent_override(tmp_path: Path) -> 
     with pytest.raises(InputError) as caught:
         load_agentrun(path)
     assert caught.value.reason == f"line {line}, column 7: the key 'sideEffect' appears twice"
+
+
+def _refused(path: Path) -> InputError:
+    """The InputError loading ``path`` gives, checked to be a one-line, exit-2 error naming it."""
+    with pytest.raises(InputError) as caught:
+        load_agentrun(path)
+    error = caught.value
+    assert error.exit_code == 2
+    assert error.field == str(path)
+    assert "\n" not in str(error)
+    return error
+
+
+@pytest.mark.timeout(30)
+def test_a_deeply_nested_manifest_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Five thousand levels of ``[`` would run PyYAML out of stack (an internal error); Keelgate
+    refuses the file instead, naming it and the place where nesting went past the limit."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    error = _refused(path)
+    # The document is level 1, so the 257th level is the 256th bracket, at column 3 + 256.
+    assert error.reason == "line 1, column 259: nested too deeply"
+
+
+def test_nesting_a_manifest_can_use_still_loads() -> None:
+    """The limit is far above real manifests: arguments nested a few levels still load."""
+    text = (DATA / "contract-agentrun.yaml").read_text()
+    run = load_agentrun(text.replace("{sku: A1}", "{sku: A1, tags: [[[[[x]]]]]}"))
+    script = run.spec.model.script
+    assert script is not None
+    assert script[0].actions[0].args == {"sku": "A1", "tags": [[[[["x"]]]]]}
+
+
+@pytest.mark.timeout(30)
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    """Eight anchors, each ten aliases of the one before, stand for 10**8 items in a few lines.
+    Keelgate refuses the file, naming it and the anchor that crosses the limit, from the parsed
+    node graph: nothing of the expansion is built, so the refusal is quick and small."""
+    anchors = ["a: &a [" + ", ".join(["lol"] * 10) + "]"]
+    for before, name in zip("abcdefg", "bcdefgh", strict=True):
+        anchors.append(f"{name}: &{name} [" + ", ".join([f"*{before}"] * 10) + "]")
+    text = (DATA / "contract-agentrun.yaml").read_text()
+    text = text.replace("{sku: A1}", "{" + ", ".join(anchors) + "}")
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    # The parser alone first: were the check gone, this fails at once instead of expanding.
+    with pytest.raises(InputError, match="too many aliases"):
+        read_yaml(text, source="bomb")
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        error = _refused(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < 10
+    assert peak < 20_000_000  # bytes; the expansion would take gigabytes
+    # &f is the first anchor over the limit: 1 + 10 + ... + 10**6 nodes.
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "&f" in row)
+    column = text.splitlines()[line - 1].index("&f") + 1
+    assert error.reason == (
+        f"line {line}, column {column}: too many aliases (more than 400000 nodes once expanded)"
+    )
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
+    """``&a [*a]`` is a list that contains itself: infinitely many items once expanded, and no
+    JSON a checkpoint could hold. The file is refused, naming the anchor."""
+    path = tmp_path / "loop.yaml"
+    text = (DATA / "contract-agentrun.yaml").read_text()
+    path.write_text(text.replace("{sku: A1}", "{sku: &a [A1, *a]}"))
+    error = _refused(path)
+    assert error.reason.endswith(": an alias refers to the anchor that contains it")
+
+
+def test_an_ordinary_anchor_and_alias_still_load() -> None:
+    """Reusing a block with an anchor and aliases (as YAML, kubectl and Helm allow) loads as if
+    the block were written out at each alias."""
+    text = (DATA / "contract-agentrun.yaml").read_text()
+    text = text.replace(
+        "usage: {inputTokens: 120, outputTokens: 20}",
+        "usage: &usage {inputTokens: 120, outputTokens: 20}",
+    ).replace(
+        "{tool: place_order, args: {sku: A1, qty: 20}}]",
+        "{tool: place_order, args: {sku: A1, qty: 20}}]\n        usage: *usage",
+    )
+    run = load_agentrun(text)
+    script = run.spec.model.script
+    assert script is not None
+    assert script[1].usage == script[0].usage
+    assert script[1].usage is not None
+    assert script[1].usage.input_tokens == 120
 
 
 def test_a_missing_file_and_an_empty_file_are_one_line_errors(tmp_path: Path) -> None:

@@ -6,6 +6,10 @@ Every failure is an ``InputError`` whose ``field`` is the path in the manifest's
 means the same to ``keelgate run`` as to a cluster. This module must never echo a field's value
 in an error except the enum or literal choice that was wrong (values may be secrets or tool
 arguments), and never write anything.
+
+A manifest is also refused before it is built if building it would cost far more than reading
+it: nesting deeper than any real manifest (PyYAML composes recursively, so depth is stack) and an
+alias "bomb", a few lines whose anchors expand to millions of items (as kubectl refuses them).
 """
 
 from __future__ import annotations
@@ -28,15 +32,87 @@ from keelgate.manifest.base import DNS_LABEL, PATTERN_MEANINGS, format_loc
 
 M = TypeVar("M", bound=BaseModel)
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+# Levels of nesting allowed in a YAML document. Real manifests use about ten, and tool arguments
+# are refused past 64 anyway (with their field's name); composing a level costs PyYAML two Python
+# frames, so this stays well inside the interpreter's default limit of 1000 frames.
+_MAX_DEPTH = 256
+# Nodes a document may stand for once every alias is expanded: the larger of a fixed allowance
+# (far above any real manifest, small enough to validate in a moment) and a multiple of the nodes
+# actually written. Aliases then cost at most a constant factor over the file's own size, so an
+# anchor reused a few times is fine, while eight lines of aliases of aliases (10**8 items) are not.
+_MAX_EXPANDED_NODES = 400_000
+_MAX_EXPANSION_RATIO = 10
 
 
 @functools.cache
 def _loader() -> type[Any]:
-    """Safe YAML, minus implicit timestamps, plus refusal of duplicate keys. Made (and PyYAML
-    imported) on first use: a step pod validates a spec that is already data, never YAML."""
+    """Safe YAML, minus implicit timestamps, plus refusal of duplicate keys, of nesting past
+    ``_MAX_DEPTH`` and of alias bombs. Made (and PyYAML imported) on first use: a step pod
+    validates a spec that is already data, never YAML."""
     import yaml
+    from yaml.composer import ComposerError
+    from yaml.nodes import MappingNode, Node, SequenceNode
+
+    def children(node: Node) -> list[Node]:
+        if isinstance(node, MappingNode):
+            return [part for pair in node.value for part in pair]
+        if isinstance(node, SequenceNode):
+            return list(node.value)
+        return []
 
     class Loader(yaml.SafeLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._depth = 0  # levels open while composing
+            self._written = 0  # nodes written out in the document (aliases not counted)
+
+        def compose_node(self, parent: Node | None, index: int) -> Node | None:
+            if self.check_event(yaml.AliasEvent):  # a node already composed, met again
+                return super().compose_node(parent, index)
+            self._written += 1
+            if self._depth >= _MAX_DEPTH:
+                # Refused here, before the recursion below runs out of stack. The check_event
+                # above left the node's first event in current_event: its mark is the place.
+                mark = self.current_event.start_mark
+                raise ComposerError(None, None, "nested too deeply", mark)
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def compose_document(self) -> Node | None:
+            node = super().compose_document()
+            if node is not None:
+                limit = max(_MAX_EXPANDED_NODES, _MAX_EXPANSION_RATIO * self._written)
+                self._check_expansion(node, limit)
+            return node
+
+        def _check_expansion(self, root: Node, limit: int) -> None:
+            """Refuse the graph if, aliases expanded, it stands for more than ``limit`` nodes
+            (or for infinitely many: an alias inside its own anchor). Each node's expanded size
+            is worked out once from its children's, without recursion and without building
+            anything, and the walk stops at the first node over the limit."""
+            sizes: dict[int, int] = {}  # id(node) -> nodes it stands for, aliases expanded
+            open_: set[int] = set()  # the nodes on the path to the current one
+            stack: list[tuple[Node, bool]] = [(root, False)]
+            while stack:
+                node, children_done = stack.pop()
+                if children_done:
+                    open_.discard(id(node))
+                    size = 1 + sum(sizes[id(child)] for child in children(node))
+                    if size > limit:
+                        problem = f"too many aliases (more than {limit} nodes once expanded)"
+                        raise ComposerError(None, None, problem, node.start_mark)
+                    sizes[id(node)] = size
+                elif id(node) in open_:
+                    problem = "an alias refers to the anchor that contains it"
+                    raise ComposerError(None, None, problem, node.start_mark)
+                elif id(node) not in sizes:
+                    open_.add(id(node))
+                    stack.append((node, True))
+                    stack.extend((child, False) for child in children(node))
+
         def construct_mapping(
             self, node: yaml.MappingNode, deep: bool = False
         ) -> dict[Hashable, Any]:
@@ -73,6 +149,10 @@ def read_yaml(text: str, *, source: str) -> Any:
         raise InputError(source, f"{where}{problem}") from None
     except yaml.YAMLError as error:
         raise InputError(source, f"not valid YAML: {error}") from None
+    except RecursionError:
+        # _MAX_DEPTH leaves room for an ordinary caller; one already deep in its stack may still
+        # run out, and that is the same mistake in the file, not an internal error.
+        raise InputError(source, "nested too deeply") from None
 
 
 def read_source(text_or_path: str | Path) -> tuple[str, str]:
