@@ -787,6 +787,13 @@ MALFORMED_STORES = [
     ("postgresql://postgres:hunter2@127.0.0.1:{port}/keelgate", 5),  # nobody listening
     ("postgresql://postgres@127.0.0.1:{port}/keelgate?password=hunter2", 5),
     ("postgresql://postgres:hunt%65r2@127.0.0.1:{port}/keelgate", 5),  # percent-encoded
+    ("postgresql://postgres:x@hunter2@127.0.0.1:{port}/keelgate", 2),  # a raw '@' in it
+    ("postgresql://postgres:x@h/hunter2@127.0.0.1:{port}/keelgate", 2),  # a raw '@' and '/'
+    ("postgresql://127.0.0.1:{port}?password=x@hunter2", 2),  # libpq: user 127.0.0.1:...=x
+    ("postgresql://postgres:hunter2@127.0.0.1:99999/keelgate", 2),  # port out of range
+    ("postgresql://postgres:hunter2@127.0.0.1:{port},127.0.0.1:0/keelgate", 2),
+    ("postgresql://postgres:hunter2@127.0.0.1:{port}/keelgate?sslmode=bogus", 2),
+    ("postgresql://postgres:hunter2@127.0.0.1:{port}/keelgate?connect_timeout=abc", 2),
 ]
 
 
@@ -864,6 +871,116 @@ def test_a_store_url_that_cannot_be_read_is_bad_input_naming_store(
     err = capsys.readouterr().err.strip()
     assert err.startswith("keelgate: error: --store:") and "internal error" not in err
     assert "HOST[:PORT]" in err
+
+
+AT_IN_PASSWORD = "keelgate: error: --store: an '@' in the user or password must be percent-encoded"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bob:S3c@retPW@127.0.0.1:{port}/db",
+        "postgresql://bob:S3c@re/tPW@127.0.0.1:{port}/db",  # with a '/' too
+        "postgresql://bob:S3c@re#tPW@127.0.0.1:{port}/db",  # '#' is nothing to libpq
+        "postgresql://127.0.0.1:{port}?password=S3c@retPW",  # no /DB before the settings
+    ],
+)
+def test_a_raw_at_sign_in_a_store_password_is_bad_input_and_no_part_of_it_is_shown(
+    world: Path, url: str
+) -> None:
+    """libpq ends the userinfo at the first '@', so a password holding a raw '@' was half read
+    as a host: exit 5, and the line quoted the rest of the password. In a real process, it is
+    exit 2 with one line naming --store and saying to write '@' as %40, and no part of the user
+    or password anywhere."""
+    done = cli(world, "runs", "--store", url.format(port=_refused_port()))
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(AT_IN_PASSWORD), err
+    assert "%40" in err
+    for part in ("S3c", "retPW", "tPW", "bob"):
+        assert part not in (done.stdout + err).replace(AT_IN_PASSWORD, ""), (part, err)
+
+
+def test_a_password_written_with_percent_40_is_read_whole(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same password with its '@' written %40 is well formed: the store is tried (exit 5,
+    nobody listens) and the line names user, host and database, never the password. The last
+    line of defence masks a raw one whole too."""
+    from keelgate.stores import scrubbed
+
+    port = _refused_port()
+    assert main(["runs", "--store", f"postgresql://bob:S3c%40retPW@127.0.0.1:{port}/db"]) == 5
+    out, err = capsys.readouterr()
+    assert f"bob@127.0.0.1:{port}/db" in err and len(err.strip().splitlines()) == 1
+    assert "S3c" not in out + err and "retPW" not in out + err
+    masked = scrubbed(f"store postgresql://bob:S3c@retPW@127.0.0.1:{port}/db down")
+    assert masked == f"store postgresql://bob:***@127.0.0.1:{port}/db down"
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ("127.0.0.1:99999/db", "port must be a number from 1 to 65535"),
+        ("127.0.0.1:0/db", "port must be a number from 1 to 65535"),
+        ("127.0.0.1:{port},127.0.0.1:65536/db", "port must be a number from 1 to 65535"),
+        ("/db?host=127.0.0.1&port=%2B", "port must be a number from 1 to 65535"),
+        ("/db?host=127.0.0.1,127.0.0.1&port={port},{port},{port}", "3 ports for 2 hosts"),
+        ("127.0.0.1:{port}/db?sslmode=bogus", "sslmode must be one of disable, allow, prefer,"),
+        ("127.0.0.1:{port}/db?sslmode=Require", "sslmode must be one of"),
+        ("127.0.0.1:{port}/db?connect_timeout=abc", "connect_timeout must be an integer"),
+        ("127.0.0.1:{port}/db?connect_timeout=1.5", "connect_timeout must be an integer"),
+        ("127.0.0.1:{port}/db?keepalives_idle=", "keepalives_idle must be an integer"),
+        ("127.0.0.1:{port}/db?target_session_attrs=main", "target_session_attrs must be one"),
+        ("127.0.0.1:{port}/db?gssencmode=on", "gssencmode must be one of"),
+        ("127.0.0.1:{port}/db?channel_binding=yes", "channel_binding must be one of"),
+        ("127.0.0.1:{port}/db?ssl_min_protocol_version=TLSv2", "ssl_min_protocol_version must"),
+    ],
+)
+def test_a_postgres_setting_libpq_would_refuse_is_bad_input_naming_it(
+    world: Path, capsys: pytest.CaptureFixture[str], settings: str, named: str
+) -> None:
+    """A port out of 1-65535 (also in a list of hosts), ports that do not match the hosts, an
+    sslmode (or another setting of fixed values) out of its set, a connect_timeout that is no
+    integer: libpq refused them only on connecting, so they read as an unreachable store
+    (exit 5). They are bad input (exit 2): one line naming --store and the setting, never the
+    password, and no connection is tried (a server listening on the port sees none)."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        url = f"postgresql://bob:hunter2@{settings.format(port=server.getsockname()[1])}"
+        assert main(["runs", "--store", url]) == 2
+        out, err = capsys.readouterr()
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody came
+    assert len(err.strip().splitlines()) == 1 and err.startswith("keelgate: error: --store: ")
+    assert named in err, err
+    assert "hunter2" not in out + err
+
+
+def test_the_postgres_urls_the_docs_show_are_well_formed() -> None:
+    """The forms docs/stores.md, docs/install.md and README.md show, with every setting of a
+    fixed set at each of its values, pass the checks made before connecting."""
+    from keelgate.stores import check_store_url
+
+    well_formed = [
+        "postgresql://keelgate:0123456789abcdef@postgres.postgres.svc.cluster.local:5432/keelgate",
+        "postgres://keelgate:S3c%40ret%2FPW@127.0.0.1:5432/keelgate",
+        "postgresql://auditor@127.0.0.1:5432/keelgate",
+        "postgresql://keelgate@db/keelgate?password=S3c@retPW",
+        "postgresql://keelgate@db?application_name=me@corp",
+        "postgresql://keelgate:pw@h1:5432,h2,[::1]:6432/keelgate?target_session_attrs=primary",
+        "postgresql:///keelgate?host=/var/run/postgresql&port=5432",
+        "postgresql://db/k?connect_timeout=10&keepalives=1&keepalives_idle=-1&sslmode=verify-full",
+        "postgresql://db/k?ssl_min_protocol_version=tlsv1.2&ssl_max_protocol_version=TLSv1.3",
+    ]
+    for mode in ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"):
+        well_formed.append(f"postgresql://keelgate@db/keelgate?sslmode={mode}")
+    for url in well_formed:
+        check_store_url(url)
 
 
 READING = [

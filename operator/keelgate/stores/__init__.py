@@ -66,9 +66,19 @@ def _parse(url: str) -> _StoreUrl:
         return _StoreUrl(kind, rest, f"{kind}://{rest}")
     if kind == "memory":
         return _StoreUrl(kind, rest, "memory://")
-    # PostgreSQL: userinfo@host[:port][,host[:port]...]/db?settings
-    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    # PostgreSQL: userinfo@host[:port][,host[:port]...]/db?settings, read as libpq reads it: the
+    # hosts end at the first '/' or '?' ('#' is nothing special to libpq), the userinfo at the
+    # first '@' before any '/'. A raw '@' in a password moves that end, and libpq reads the rest
+    # of the password as a host or a database name, which its messages quote: so the only raw
+    # '@' taken before the settings is the one that ends the userinfo.
+    cut = min((i for i in (rest.find(c) for c in "/?") if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
+    misread = "@" not in authority and "@" in rest.split("/", 1)[0]  # host?password=a@b
+    if authority.count("@") > 1 or "@" in tail.split("?", 1)[0] or misread:
+        raise InputError(
+            "--store",
+            "an '@' in the user or password must be percent-encoded as %40 (and a '/' as %2F)",
+        )
     userinfo, at, hosts = authority.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if not all(_HOST_PORT.fullmatch(host) for host in hosts.split(",")):
@@ -91,9 +101,10 @@ def redacted(url: str) -> str:
         return UNREADABLE
 
 
-# A password in any URL-like text ("user:PW@", even with the "//" mistyped) or in a libpq
-# key=value setting ("password=PW"). The lookahead keeps "postgresql://USER@HOST" intact.
-_USERINFO = re.compile(r"([^\s/@:]*):(?!//)[^\s@]*@")
+# A password in any URL-like text ("user:PW@", even with the "//" mistyped, and up to the last
+# '@' before the host's '/' should the password hold a raw '@') or in a libpq key=value setting
+# ("password=PW"). The lookahead keeps "postgresql://USER@HOST" intact.
+_USERINFO = re.compile(r"([^\s/@:]*):(?!//)[^\s@]*(?:@[^\s@/]*)*@")
 _PASSWORD_SETTING = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 
 
