@@ -780,6 +780,28 @@ def test_an_ordinary_anchor_and_alias_still_load() -> None:
     assert script[1].usage.input_tokens == 120
 
 
+def test_a_merge_key_loads_and_the_mapping_may_override_what_it_merges() -> None:
+    """``<<: *base`` (a YAML merge key, which kubectl reads) merges the anchored mapping in, and
+    a key written beside it overrides the merged one; a key written twice is still refused."""
+    text = (DATA / "contract-agentrun.yaml").read_text()
+    text = text.replace(
+        "usage: {inputTokens: 120, outputTokens: 20}",
+        "usage: &usage {inputTokens: 120, outputTokens: 20}",
+    ).replace(
+        "{tool: place_order, args: {sku: A1, qty: 20}}]",
+        "{tool: place_order, args: {sku: A1, qty: 20}}]\n"
+        "        usage: {<<: *usage, outputTokens: 7}",
+    )
+    script = load_agentrun(text).spec.model.script
+    assert script is not None and script[1].usage is not None
+    assert (script[1].usage.input_tokens, script[1].usage.output_tokens) == (120, 7)
+    twice = text.replace(
+        "{<<: *usage, outputTokens: 7}", "{<<: *usage, outputTokens: 7, outputTokens: 8}"
+    )
+    with pytest.raises(InputError, match="the key 'outputTokens' appears twice"):
+        load_agentrun(twice)
+
+
 def test_a_missing_file_and_an_empty_file_are_one_line_errors(tmp_path: Path) -> None:
     """No manifest at the path, or an empty one, is an InputError naming the file."""
     with pytest.raises(InputError, match="no such file"):

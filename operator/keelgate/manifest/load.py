@@ -32,6 +32,7 @@ from keelgate.manifest.base import DNS_LABEL, PATTERN_MEANINGS, format_loc
 
 M = TypeVar("M", bound=BaseModel)
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 # Levels of nesting allowed in a YAML document. Real manifests use about ten, and tool arguments
 # are refused past 64 anyway (with their field's name); composing a level costs PyYAML two Python
 # frames, so this stays well inside the interpreter's default limit of 1000 frames.
@@ -118,6 +119,10 @@ def _loader() -> type[Any]:
         ) -> dict[Hashable, Any]:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    # "<<: *base" (kubectl reads it too): the mapping's own keys may override
+                    # the merged ones, so only keys written here can appear twice.
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, Hashable) and key in seen:
                     raise yaml.constructor.ConstructorError(
