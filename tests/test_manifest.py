@@ -99,6 +99,7 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("agentrun", "spec", "run it", "spec", "must be a mapping"),
     ("agentrun", "spec.loop", "batch", "spec.loop", "one of task, verification or monitor"),
     ("agentrun", "spec.goal", "", "spec.goal", "must not be empty"),
+    ("agentrun", "spec.goal", " \n\t ", "spec.goal", "must not be empty or only white space"),
     ("agentrun", "spec.model", DELETE, "spec.model", "is required"),
     ("agentrun", "spec.model.provider", "gpt", "spec.model.provider", "one of scripted"),
     ("agentrun", "spec.model.name", 4, "spec.model.name", "must be a string"),

@@ -31,6 +31,7 @@ from keelgate.manifest.base import (
     JsonObject,
     KeelgateModel,
     NonEmpty,
+    NotBlank,
     ObjectMeta,
     OptionalDnsSubdomain,
     OptionalHttpUrl,
@@ -307,7 +308,7 @@ class StepConfig(KeelgateModel):
 
 class AgentRunSpec(KeelgateModel):
     loop: LoopKind = Field(default=LoopKind.TASK, description="task | verification | monitor.")
-    goal: NonEmpty = Field(description="What the agent is for; the model sees it.")
+    goal: NotBlank = Field(description="What the agent is for; the model sees it.")
     model: ModelConfig = Field(description="The model that plans and verifies.")
     tools: list[ToolConfig] = Field(default_factory=list, description="What the model may call.")
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="The run's limits.")

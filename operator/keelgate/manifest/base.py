@@ -53,6 +53,7 @@ TIMESTAMP = r"^(|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)
 QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"  # noqa: E501
 CONDITION_TYPE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"  # noqa: E501
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+NOT_BLANK = r"\S"  # at least one character that is not white space
 
 # How a broken pattern reads to a person: the error message never shows a regular expression.
 PATTERN_MEANINGS: dict[str, str] = {
@@ -72,6 +73,7 @@ PATTERN_MEANINGS: dict[str, str] = {
     QUANTITY: "must be a Kubernetes quantity such as '500m' or '1Gi'",
     CONDITION_TYPE: "must be a condition type such as 'Succeeded'",
     CONDITION_REASON: "must be a CamelCase reason such as 'WriteInFlight'",
+    NOT_BLANK: "must not be empty or only white space",
 }
 
 
@@ -183,6 +185,8 @@ HttpUrl = Annotated[str, StringConstraints(pattern=HTTP_URL)]
 OptionalHttpUrl = Annotated[str, StringConstraints(pattern=OPTIONAL_HTTP_URL)]
 Timestamp = Annotated[str, StringConstraints(pattern=TIMESTAMP)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+# Words a person or a model reads: something other than white space.
+NotBlank = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]
 # Bounded by int64 as NonNegativeInt is (keelgate.core.values, shared with the core's shapes).
 PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
 # A time limit: a finite number of seconds, above zero, at most a year.
