@@ -622,6 +622,21 @@ def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path)
     assert orders(world) == 1
 
 
+def test_a_manifest_path_that_is_not_a_regular_file_says_so(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run -f` of a device or a FIFO says it is not a regular file (it said "no such file", and
+    a FIFO must not be read: that would wait for a writer for good); exit 2, one line."""
+    fifo = world / "pipe.yaml"
+    os.mkfifo(fifo)
+    for path in ("/dev/null", str(fifo)):
+        assert main(["run", "-f", path]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"keelgate: error: --file: {path} is not a regular file"
+        ]
+    assert not (world / ".keelgate").exists()
+
+
 def _with_tool_timeout(text: str, value: str) -> str:
     """The manifest with ``timeoutSeconds: value`` on its WRITE tool, ``order``."""
     line = "      requiresApproval: false\n"

@@ -193,15 +193,23 @@ def run_command(
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
     from keelgate.manifest import load_agentrun
 
-    if file.is_dir():
-        raise InputError("--file", f"{file} is a directory, not a manifest file")
-    if not file.is_file():
-        raise InputError("--file", f"{file}: no such file")
+    check_manifest_file(file)
     agentrun = load_agentrun(file)
     _usable(store)  # before anything runs; the runner builds all before opening the store
     spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
     _python_path(file.parent)
     return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
+
+
+def check_manifest_file(file: Path) -> None:
+    """``--file`` names a manifest that can be read: a regular file (a FIFO would block the
+    read, a device is no manifest)."""
+    if file.is_dir():
+        raise InputError("--file", f"{file} is a directory, not a manifest file")
+    if not file.exists():
+        raise InputError("--file", f"{file}: no such file")
+    if not file.is_file():
+        raise InputError("--file", f"{file} is not a regular file")
 
 
 @app.command("resume")

@@ -31,6 +31,7 @@ from keelgate.cli.commands import (
     _show,
     _usable,
     app,
+    check_manifest_file,
 )
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
@@ -204,8 +205,7 @@ def run_command(
     """Start the run's workflow (or find the one driving it) and show the run's next stop."""
     from keelgate.manifest import load_agentrun
 
-    if not file.is_file():
-        raise InputError("--file", f"{file}: no such file")
+    check_manifest_file(file)
     agentrun = load_agentrun(file)
     spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
     _python_path(file.parent)
