@@ -728,8 +728,8 @@ def test_reconciling_an_action_that_awaits_approval_or_never_started_says_so(
     capsys.readouterr()
     assert main(["reconcile", "restock", "2:0", "--not-executed", "--by", "alice"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "keelgate: error: restock 2:0: is awaiting approval, not an unknown outcome "
-        "(decide with keelgate approve)"
+        "keelgate: error: restock 2:0: is awaiting approval, not an unknown outcome: approve "
+        "or deny it instead"
     ]
     assert main(["approve", "restock", "2:0", "--approve", "--by", "alice"]) == 0
     assert main(["resume", "restock"]) == 0

@@ -166,7 +166,7 @@ class Loop:
             raise SettleError(
                 run,
                 action,
-                "is awaiting approval, not an unknown outcome (decide with keelgate approve)",
+                "is awaiting approval, not an unknown outcome: approve or deny it instead",
             )
         try:
             record = self.stores.idempotency.settle(
