@@ -762,18 +762,23 @@ def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
     assert error.reason.endswith(": an alias refers to the anchor that contains it")
 
 
-def test_an_ordinary_anchor_and_alias_still_load() -> None:
-    """Reusing a block with an anchor and aliases (as YAML, kubectl and Helm allow) loads as if
-    the block were written out at each alias."""
+def _second_usage(usage: str) -> str:
+    """The contract manifest with its first script entry's usage anchored as ``&usage`` and the
+    second entry's usage written as ``usage``."""
     text = (DATA / "contract-agentrun.yaml").read_text()
-    text = text.replace(
+    return text.replace(
         "usage: {inputTokens: 120, outputTokens: 20}",
         "usage: &usage {inputTokens: 120, outputTokens: 20}",
     ).replace(
         "{tool: place_order, args: {sku: A1, qty: 20}}]",
-        "{tool: place_order, args: {sku: A1, qty: 20}}]\n        usage: *usage",
+        f"{{tool: place_order, args: {{sku: A1, qty: 20}}}}]\n        usage: {usage}",
     )
-    run = load_agentrun(text)
+
+
+def test_an_ordinary_anchor_and_alias_still_load() -> None:
+    """Reusing a block with an anchor and aliases (as YAML, kubectl and Helm allow) loads as if
+    the block were written out at each alias."""
+    run = load_agentrun(_second_usage("*usage"))
     script = run.spec.model.script
     assert script is not None
     assert script[1].usage == script[0].usage
@@ -784,15 +789,7 @@ def test_an_ordinary_anchor_and_alias_still_load() -> None:
 def test_a_merge_key_loads_and_the_mapping_may_override_what_it_merges() -> None:
     """``<<: *base`` (a YAML merge key, which kubectl reads) merges the anchored mapping in, and
     a key written beside it overrides the merged one; a key written twice is still refused."""
-    text = (DATA / "contract-agentrun.yaml").read_text()
-    text = text.replace(
-        "usage: {inputTokens: 120, outputTokens: 20}",
-        "usage: &usage {inputTokens: 120, outputTokens: 20}",
-    ).replace(
-        "{tool: place_order, args: {sku: A1, qty: 20}}]",
-        "{tool: place_order, args: {sku: A1, qty: 20}}]\n"
-        "        usage: {<<: *usage, outputTokens: 7}",
-    )
+    text = _second_usage("{<<: *usage, outputTokens: 7}")
     script = load_agentrun(text).spec.model.script
     assert script is not None and script[1].usage is not None
     assert (script[1].usage.input_tokens, script[1].usage.output_tokens) == (120, 7)
