@@ -487,10 +487,9 @@ def test_status_of_a_run_whose_process_died_is_running_and_resumable(world: Path
     assert orders(world) == 1
 
 
-def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> None:
-    """SIGINT during a run: one line saying how to continue (the resume command with the run's
-    own name, not a placeholder), exit 130, no traceback; the resume finishes with exactly one
-    order."""
+def _signalled_mid_run(world: Path, signum: int) -> tuple[int, str]:
+    """Start `keelgate run` in a process of its own, send it ``signum`` while its slow READ runs,
+    and return its exit code and stderr."""
     import signal
     import time
 
@@ -521,11 +520,38 @@ def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> Non
     while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert started.exists(), "the run never reached its READ"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130
+    return proc.returncode, err
+
+
+def test_ctrl_c_is_one_line_and_exit_130_and_the_run_resumes(world: Path) -> None:
+    """SIGINT during a run: one line saying how to continue (the resume command with the run's
+    own name, not a placeholder), exit 130, no traceback; the resume finishes with exactly one
+    order."""
+    import signal
+
+    code, err = _signalled_mid_run(world, signal.SIGINT)
+    assert code == 130
     assert "interrupted" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "`keelgate resume restock`" in err and "RUN" not in err  # the command, ready to use
+    assert cli(world, "resume", "restock").returncode == 0
+    assert orders(world) == 1
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_exit_143(world: Path) -> None:
+    """SIGTERM during a run (`timeout`, a service manager, `kill`) is one line saying it was
+    terminated and how to continue, exit 143 as a shell reports it, no traceback (it used to
+    end the process without a word); the resume finishes with exactly one order."""
+    import signal
+
+    code, err = _signalled_mid_run(world, signal.SIGTERM)
+    assert code == 143
+    assert err.strip().splitlines() == [
+        "keelgate: error: terminated (SIGTERM): nothing saved was lost; `keelgate resume "
+        "restock` continues from the last checkpoint (a WRITE cut off mid-call becomes an "
+        "unknown outcome to settle)"
+    ]
     assert cli(world, "resume", "restock").returncode == 0
     assert orders(world) == 1
 

@@ -3,7 +3,8 @@
 It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
 part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
 the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
-script can tell "try again when the database is back" from a failed run), 130 interrupted.
+script can tell "try again when the database is back" from a failed run), 130 interrupted,
+143 terminated (SIGTERM while a run is driven).
 ``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
 also covers an API server that cannot be reached). An error's code is its class's
 ``exit_code`` (the table in ``keelgate.errors``, which a step pod reads too), never which
@@ -40,13 +41,15 @@ EXIT_RESUMABLE = 3
 EXIT_BUSY = 4
 EXIT_STORE = 5
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that signal ended
 
 _INTERRUPTED = "interrupted: nothing saved was lost"
 
 
-def _interrupted(run: str) -> str:
+def _interrupted(run: str, *, terminated: bool = False) -> str:
+    stopped = "terminated (SIGTERM): nothing saved was lost" if terminated else _INTERRUPTED
     return (
-        f"{_INTERRUPTED}; `keelgate resume {run}` continues from the last checkpoint "
+        f"{stopped}; `keelgate resume {run}` continues from the last checkpoint "
         "(a WRITE cut off mid-call becomes an unknown outcome to settle)"
     )
 
@@ -108,8 +111,9 @@ def dispatch(
         result = command.main(args, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
-    except commands.Interrupted as interrupted:
-        return fail(EXIT_INTERRUPTED, _interrupted(interrupted.run))
+    except commands.Interrupted as stopped:
+        code = EXIT_TERMINATED if stopped.terminated else EXIT_INTERRUPTED
+        return fail(code, _interrupted(stopped.run, terminated=stopped.terminated))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument

@@ -6,7 +6,9 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -43,7 +45,7 @@ app = typer.Typer(
     epilog=(
         "Exit codes: 0 goal met; 3 resumable stop (budget, outcome unknown, approval); "
         "1 failed; 2 bad input; 4 the run is busy in another process; "
-        "5 the store cannot be opened or reached; 130 interrupted."
+        "5 the store cannot be opened or reached; 130 interrupted; 143 terminated (SIGTERM)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -162,11 +164,36 @@ def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop,
 
 
 class Interrupted(Exception):
-    """Ctrl-C while a run was being driven: the CLI says how to continue that very run."""
+    """Ctrl-C (or SIGTERM) while a run was being driven: the CLI says how to continue that very
+    run."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, *, terminated: bool = False) -> None:
         super().__init__(run)
         self.run = run
+        self.terminated = terminated
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a run is driven here: ``timeout``, a service manager, ``kill``."""
+
+
+@contextmanager
+def _terminable() -> Iterator[None]:
+    """While a run is driven in this process, SIGTERM stops it as Ctrl-C does (one line naming
+    the resume command; with --output json, the error object) instead of killing it without a
+    word. What a stop mid-call leaves is the same either way: an unknown outcome to settle."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
@@ -175,12 +202,13 @@ def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) 
 
     runner = LocalRunner(store=store, pricing=None if pricing is None else load_pricing(pricing))
     try:
-        if new_tick and spec.kind is LoopKind.MONITOR:
-            return runner.tick(spec)
-        return runner.run(spec)
-    except KeyboardInterrupt:
+        with _terminable():
+            if new_tick and spec.kind is LoopKind.MONITOR:
+                return runner.tick(spec)
+            return runner.run(spec)
+    except KeyboardInterrupt as stop:
         # A monitor's own name resumes its latest tick, so the name given is the one to show.
-        raise Interrupted(spec.run) from None
+        raise Interrupted(spec.run, terminated=isinstance(stop, Terminated)) from None
 
 
 @app.command("run")
