@@ -62,17 +62,11 @@ def immediate(db: sqlite3.Connection) -> Iterator[Connection]:
 _UNUSABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
 
 
-@contextmanager
-def _usable(store: object) -> Iterator[None]:
-    """Say so, as a store that cannot be used (the CLI's exit 5), when SQLite refuses a statement
-    because of the file rather than the statement; the transaction was rolled back, so nothing
-    of it was written. Reads of a read-only file still work."""
-    try:
-        yield
-    except sqlite3.OperationalError as error:
-        name = getattr(error, "sqlite_errorname", "")
-        if not name.startswith(_UNUSABLE):
-            raise
+def _refuse_if_unusable(store: object, error: sqlite3.OperationalError) -> None:
+    """Raise the store that cannot be used (the CLI's exit 5) if SQLite refused a statement
+    because of the file rather than the statement. The transaction was rolled back, so nothing
+    of it was written; reads of a read-only file still work."""
+    if getattr(error, "sqlite_errorname", "").startswith(_UNUSABLE):
         where = getattr(store, "path", "in memory")
         raise StoreUnavailable(f"SQLite store {where} cannot be written: {error}") from None
 
@@ -86,15 +80,26 @@ class SQLiteConnected(SQLStore):
     _db: sqlite3.Connection
     _lock: AbstractContextManager[object]
 
+    # Every statement passes here, so the refusal is caught in these two generators rather
+    # than by one more context manager around them.
     @contextmanager
     def _statement(self) -> Iterator[Connection]:
-        with _usable(self), self._lock:
-            yield self._db
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.OperationalError as error:
+                _refuse_if_unusable(self, error)
+                raise
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
-        with _usable(self), self._lock, immediate(self._db) as db:
-            yield db
+        with self._lock:
+            try:
+                with immediate(self._db) as db:
+                    yield db
+            except sqlite3.OperationalError as error:
+                _refuse_if_unusable(self, error)
+                raise
 
     def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
         # Any connection of this store will do: its owner stays live for as long as the store
