@@ -712,7 +712,8 @@ def test_a_python_tool_refuses_a_timeout_it_could_not_keep() -> None:
     for timeout in (float("inf"), float("nan"), 0.0, 1e300):
         with pytest.raises(ValueError, match="timeout_seconds"):
             PythonTool("order", lambda args, *, idempotency_key: None, timeout_seconds=timeout)
-    assert PythonTool("order", lambda args, *, idempotency_key: None, timeout_seconds=5)
+    kept = PythonTool("order", lambda args, *, idempotency_key: "placed", timeout_seconds=5)
+    assert kept.invoke({}, idempotency_key="k") == "placed"  # a timeout it can keep still runs
 
 
 def test_a_name_that_is_not_utf8_is_refused_and_settles_nothing(world: Path) -> None:
