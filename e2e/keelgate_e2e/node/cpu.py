@@ -106,10 +106,14 @@ class CpuGroups:
     def enabled(self) -> bool:
         return self.base is not None
 
-    def place(self, pod: Mapping[str, Any], pid: int) -> None:
-        """Put the process ``pid`` (a container the agent just started) in its pod's group."""
+    def group_for(self, pod: Mapping[str, Any]) -> Path | None:
+        """The pod's group, made and weighed, for a container about to start: the container's
+        mount helper joins it (its ``cgroup.procs``) before it execs the command, so the command
+        runs weighed from its first instruction (placing it after the start raced with a command
+        that looks at once). None when there are no weights here, or the group could not be
+        made."""
         if self.base is None:
-            return
+            return None
         uid = str(pod["metadata"]["uid"])
         with self._lock:
             # Never fatal: a pod without its weight still runs (the agent must go on tracking
@@ -125,9 +129,10 @@ class CpuGroups:
                 if qos == "Burstable":
                     self._burstable[uid] = weight
                     _write(self.base / "burstable" / "cpu.shares", self._burstable_shares())
-                _write(group / "cgroup.procs", pid)
-            except Exception as error:  # the process may have ended already: nothing to weigh
-                log.warning("pod %s: no CPU weight for pid %d: %s", uid, pid, error)
+            except Exception as error:
+                log.warning("pod %s: no CPU weight: %s", uid, error)
+                return None
+            return group
 
     def release(self, uid: str) -> None:
         """The pod is gone: remove its group (empty by now)."""

@@ -187,8 +187,21 @@ def depth(path: str) -> int:
     return len([p for p in os.path.normpath(path).split("/") if p])
 
 
+def join_cgroup(procs: str | None) -> None:
+    """Join the pod's CPU group (its `cgroup.procs`) before anything else, so the command is
+    weighed from its first instruction. Never fatal: a command without its weight still runs
+    (and this helper must never print)."""
+    if procs:
+        try:
+            with open(procs, "w") as group:
+                group.write("0")  # 0: the writing process, which the command then becomes
+        except OSError:
+            pass
+
+
 def prepare(spec: dict[str, Any]) -> None:
-    """Apply `spec` (masks, mounts, workingDir) to this process."""
+    """Apply `spec` (CPU group, masks, mounts, workingDir) to this process."""
+    join_cgroup(spec.get("cgroup"))
     mounts: list[dict[str, Any]] = spec.get("mounts") or []
     masks: list[str] = spec.get("masks") or []
     if mounts or masks:

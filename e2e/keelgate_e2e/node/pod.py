@@ -417,7 +417,10 @@ class PodWorker(threading.Thread):
         # helper changes there after mounting (it may lie inside a volume).
         private = self.dir / run.name / "root"
         private.mkdir(parents=True, exist_ok=True)
-        spec = volmod.helper_spec(mounts, volmod.masks(mounts), run.spec.get("workingDir"))
+        group = None if self.ctx.cpu is None else self.ctx.cpu.group_for(self._pod)
+        spec = volmod.helper_spec(
+            mounts, volmod.masks(mounts), run.spec.get("workingDir"), cgroup=group
+        )
         logfile = self.dir / run.name / f"{restart_count}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         logfile.touch()
@@ -450,8 +453,6 @@ class PodWorker(threading.Thread):
             return
         finally:
             os.close(status_write)
-        if self.ctx.cpu is not None:
-            self.ctx.cpu.place(self._pod, popen.pid)
         assert popen.stdout is not None
         pumper = threading.Thread(
             target=pump, args=(popen.stdout, logfile), name=f"log-{run.name}", daemon=True

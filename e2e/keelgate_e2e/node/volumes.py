@@ -483,13 +483,20 @@ HOST_PROGRAMS = tuple(
 )
 
 
-def helper_spec(mounts: list[Mount], masked: list[str], working_dir: str | None) -> str:
-    """The mount helper's SPEC argument."""
+def helper_spec(
+    mounts: list[Mount],
+    masked: list[str],
+    working_dir: str | None,
+    *,
+    cgroup: Path | None = None,
+) -> str:
+    """The mount helper's SPEC argument; ``cgroup`` is the pod's CPU group to join first."""
     return json.dumps(
         {
             "mounts": [m.spec() for m in mounts],
             "masks": masked,
             "workingDir": working_dir,
             "keep": list(HOST_PROGRAMS),
+            "cgroup": None if cgroup is None else str(cgroup / "cgroup.procs"),
         }
     )
