@@ -21,18 +21,10 @@ from keelgate.kube.crds.files import (
     rendered,
     write,
 )
-from keelgate.kube.crds.kinds import (
-    AGENTRUN,
-    APPROVAL,
-    GROUP,
-    KINDS,
-    RECONCILIATION,
-    VERSION,
-    Column,
-    Kind,
-)
+from keelgate.kube.crds.kinds import AGENTRUN, APPROVAL, KINDS, RECONCILIATION, Column, Kind
 from keelgate.kube.crds.schema import CrdError, CrdJsonSchema, crd, openapi_schema
 from keelgate.kube.crds.structural import draft4, structural_problems
+from keelgate.kube.naming import GROUP, VERSION
 
 __all__ = [
     "AGENTRUN",

@@ -133,4 +133,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         print(f"keelgate.kube.crds: {error.filename or ''}: {error.strerror}", file=sys.stderr)
         return 2
-

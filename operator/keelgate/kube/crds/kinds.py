@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from keelgate.kube.naming import GROUP, VERSION
+from keelgate.kube.naming import GROUP
 from keelgate.manifest import AgentRun, Approval, Reconciliation
 
 CATEGORY = "keelgate"

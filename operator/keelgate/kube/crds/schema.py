@@ -22,7 +22,7 @@ from pydantic_core import core_schema
 
 from keelgate.core.values import INT64_MAX
 from keelgate.errors import KeelgateError
-from keelgate.kube.crds.kinds import CATEGORY, GROUP, VERSION, Kind, cel_rule
+from keelgate.kube.crds.kinds import CATEGORY, Kind, cel_rule
 from keelgate.kube.crds.structural import (
     INT_OR_STRING,
     KEY_ORDER,
@@ -30,6 +30,7 @@ from keelgate.kube.crds.structural import (
     TYPES,
     structural_problems,
 )
+from keelgate.kube.naming import GROUP, VERSION
 
 _KEPT = frozenset(KEY_ORDER) - {"properties", "items", "additionalProperties", "anyOf"}
 
