@@ -12,17 +12,18 @@ run, and never put tool arguments into the audit chain or logs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from keelgate.core import failpoints
 from keelgate.core.approvals import ApprovalGate, recent
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
 from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
-from keelgate.core.model import ModelReply, ModelRequest, ToolInfo
+from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
-from keelgate.core.spec import LoopSpec
+from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
 from keelgate.core.types import (
     Action,
@@ -35,8 +36,41 @@ from keelgate.core.types import (
 )
 from keelgate.errors import KeelgateError, ModelError, ModelUnavailable
 
-if TYPE_CHECKING:
-    from keelgate.core.loop import Loop
+
+class LoopParts(Protocol):
+    """What a session uses of the ``Loop`` that runs it. ``Loop`` is the one implementation;
+    it imports this module, so this module names what it needs instead of importing it (no
+    import circle in ``core``: a contract in pyproject.toml keeps it so)."""
+
+    @property
+    def stores(self) -> Stores: ...
+
+    @property
+    def model(self) -> Model | None: ...
+
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    @property
+    def confirmer(self) -> Confirmer | None: ...
+
+    @property
+    def price_model(self) -> str | None: ...
+
+    @property
+    def goal_predicate(self) -> Callable[[Sequence[Mapping[str, Any]]], bool] | None: ...
+
+    @property
+    def max_output_tokens(self) -> int | None: ...
+
+    @property
+    def busy_wait(self) -> float: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def price(self) -> Price | None: ...
+
 
 log = logging.getLogger("keelgate.loop")
 
@@ -48,7 +82,7 @@ _WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatu
 class Session:
     """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
 
-    def __init__(self, loop: Loop, spec: LoopSpec) -> None:
+    def __init__(self, loop: LoopParts, spec: LoopSpec) -> None:
         self.loop = loop
         self.spec = spec
         self.stores = loop.stores

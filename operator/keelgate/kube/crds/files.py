@@ -19,8 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from keelgate.kube.crds.kinds import GROUP, KINDS, Kind
+from keelgate.kube.crds.kinds import KINDS, Kind
 from keelgate.kube.crds.schema import CrdError, crd
+from keelgate.kube.naming import GROUP
 
 REGENERATE = "python -m keelgate.kube.crds --write crds/"
 HEADER = (
