@@ -376,8 +376,8 @@ def test_failpoints_are_refused_without_the_flag(kube: Operator) -> None:
 
 
 def test_failpoints_go_into_the_next_pod_only(tmp_path: Path) -> None:
-    """With --allow-failpoints the annotation's value goes into the next step pod and no later
-    one (one-shot per value)."""
+    """With --allow-failpoints the annotation's value goes into the next step pod, which dies
+    there, and into no later pod (one-shot per value): the retry finishes, the WRITE done once."""
     kube = Operator(tmp_path, settings=ControllerSettings(allow_failpoints=True))
     try:
         kube.apply(
@@ -386,16 +386,48 @@ def test_failpoints_go_into_the_next_pod_only(tmp_path: Path) -> None:
         kube.reconcile("restock")
         first = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
         assert first is not None
-        assert {"name": "KEELGATE_FAILPOINTS", "value": "after_verify@1"} in first["spec"][
-            "containers"
-        ][0]["env"]
+        env = first["spec"]["containers"][0]["env"]
+        assert {"name": "KEELGATE_FAILPOINTS", "value": "after_verify@1"} in env
         assert "with failpoints after_verify@1" in kube.api.events[-1].message
-        kube.run_step("restock")
+        assert kube.run_step("restock") == 137
         kube.reconcile("restock")
-        second = kube.api.get("Pod", NAMESPACE, "restock-s2-a1")
-        assert second is not None
-        env = {e["name"] for e in second["spec"]["containers"][0]["env"]}
-        assert "KEELGATE_FAILPOINTS" not in env
+        retry = kube.api.get("Pod", NAMESPACE, "restock-s1-a2")
+        assert retry is not None
+        env = retry["spec"]["containers"][0]["env"]
+        assert "KEELGATE_FAILPOINTS" not in {e["name"] for e in env}
+        assert kube.status("restock")["failpointsSeen"] == "after_verify@1"
+        # The first pod died after its iteration's last checkpoint: the retry plans the next.
+        assert kube.drive("restock") == [0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        kube.close()
+
+
+def test_a_confirmer_settlement_is_shown_as_a_settled_reconciliation(tmp_path: Path) -> None:
+    """A step pod dies right after its WRITE; the next attempt's confirmer (--confirmer)
+    settles the unknown outcome without the run stopping. The operator shows that decision as
+    a Reconciliation already Settled with source confirmer, tells it in an Event, and the run
+    finishes with the WRITE done once."""
+    pods = StepPodSettings(confirmer="support.operator_tools:OrderBook")
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=pods))
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+        assert kube.drive("restock") == [0, 0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+        shown = kube.api.get("Reconciliation", NAMESPACE, "restock-1-place-order")
+        assert shown is not None
+        assert {k: shown["status"][k] for k in ("phase", "verdict", "source")} == {
+            "phase": "Settled",
+            "verdict": "executed",
+            "source": "confirmer",
+        }
+        told = next(e for e in kube.api.events if e.reason == "Settled")
+        assert told.message.startswith("place_order (1:0) settled as executed by the confirmer ")
+        assert "OutcomeUnknown" not in kube.api.reasons()
     finally:
         kube.close()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fakes.kube_api import FakeApiServer
 from keelgate.cli.step import main as step_main
-from keelgate.core.failpoints import armed
+from keelgate.core.failpoints import armed, parse
 from keelgate.errors import SimulatedCrash
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
@@ -112,14 +112,20 @@ class Operator:
         return self.api.create_object("AgentRun", NAMESPACE, body)
 
     def run_step(self, name: str, *, failpoints: Mapping[str, int] | None = None) -> int:
-        """The step pod ``name``'s status names runs to its end: ``keelgate step`` in this
-        process over the same store (a death at an armed failpoint exits 137), then the pod
-        ends with that code, as a kubelet reports it."""
-        pod = str(self.status(name)["step"]["pod"])
-        self.api.start_pod(NAMESPACE, pod)
+        """The step pod ``name``'s status names runs to its end: its container's command
+        (``keelgate step`` and the pod's arguments) in this process over the same store, with the
+        failpoints its environment arms, or ``failpoints`` (a death at one exits 137); then the
+        pod ends with that code, as a kubelet reports it."""
+        pod_name = str(self.status(name)["step"]["pod"])
+        pod = self.api.start_pod(NAMESPACE, pod_name)
+        container = pod["spec"]["containers"][0]
+        assert container["args"][0] == "step", container["args"]
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        if failpoints is None and env.get("KEELGATE_FAILPOINTS"):
+            failpoints = parse(env["KEELGATE_FAILPOINTS"])
         self.termination_log.write_text("")
         saved = list(sys.path)
-        argv = ["--namespace", NAMESPACE, "--run", name, "--store", self.store_url]
+        argv = [*container["args"][1:], "--store", self.store_url]
         argv += ["--termination-log", str(self.termination_log)]
         logs = io.StringIO()
         try:
@@ -133,7 +139,7 @@ class Operator:
         if not message and code != 0:
             # terminationMessagePolicy FallbackToLogsOnError: the kubelet takes the log's tail.
             message = logs.getvalue()[-2048:]
-        self.api.finish_pod(NAMESPACE, pod, code, message=message)
+        self.api.finish_pod(NAMESPACE, pod_name, code, message=message)
         return code
 
     # The operator

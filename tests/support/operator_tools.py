@@ -23,3 +23,14 @@ def lost_write(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str
     with _lock:
         ORDERS.append((idempotency_key, dict(args)))
     raise ConnectionResetError("connection reset after the request was sent")
+
+
+class OrderBook:
+    """A confirmer (``--confirmer support.operator_tools:OrderBook``): asks the system of record,
+    here the orders that went out, whether a WRITE with that key took effect."""
+
+    name = "order-book"
+
+    def confirm(self, tenant: str, run: str, action: Any, args: dict[str, Any]) -> bool | None:
+        with _lock:
+            return any(key == action.idempotency_key for key, _ in ORDERS)
