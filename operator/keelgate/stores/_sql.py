@@ -18,6 +18,10 @@ This module must never settle, retry or delete a key on its own (only ``settle``
 unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
 its backend's liveness judgement says, never remember an audit head that did not commit, and
 never change the schema except through a numbered migration.
+
+Why one module past 500 lines: each commit's statements and the compare-and-sets its safety
+rests on are read together here, once for every backend; split by store, a commit that writes a
+checkpoint, a key and an event would be read in three places.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ SELECT, the same on any session, the owner's own included. Why this is sound:
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
-error message.
+error message. (About 500 lines: the connections and the liveness argument above are one story.)
 """
 
 from __future__ import annotations
