@@ -11,7 +11,6 @@ a real API server (e2e/tests/test_e2e_operator.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,19 +22,7 @@ from keelgate.kube.resources import StepPodSettings
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
-
-@pytest.fixture(autouse=True)
-def no_orders() -> Iterator[None]:
-    operator_tools.ORDERS.clear()
-    yield
-    operator_tools.ORDERS.clear()
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Operator]:
-    operator = Operator(tmp_path)
-    yield operator
-    operator.close()
+pytestmark = pytest.mark.usefixtures("orders")
 
 
 def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> None:

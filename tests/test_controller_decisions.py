@@ -10,9 +10,6 @@ edit of the object, a refusal that is never told.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from keelgate.core.loop import Loop
@@ -26,18 +23,7 @@ SETTLE = "restock-1-lost-write"
 APPROVE = "restock-1-place-order"
 
 
-@pytest.fixture(autouse=True)
-def no_orders() -> Iterator[None]:
-    operator_tools.ORDERS.clear()
-    yield
-    operator_tools.ORDERS.clear()
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Operator]:
-    operator = Operator(tmp_path)
-    yield operator
-    operator.close()
+pytestmark = pytest.mark.usefixtures("orders")
 
 
 def unknown_outcome(kube: Operator) -> str:

@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
@@ -160,13 +157,6 @@ def test_workers_requeue_as_the_result_asks_and_back_off_on_errors() -> None:
         "keelgate_reconcile_errors_total", {"kind": "AgentRun"}
     )
     assert errors == 1
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Operator]:
-    operator = Operator(tmp_path)
-    yield operator
-    operator.close()
 
 
 def test_the_resync_finds_the_step_pods_deleted_unseen(kube: Operator) -> None:

@@ -12,6 +12,8 @@ record what a step pod's confirmer settled), and never put a tool's argument int
 
 from __future__ import annotations
 
+import contextlib
+
 from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, UnknownAction
 from keelgate.kube import resources
@@ -41,17 +43,13 @@ class DecisionObjects:
             name = body["metadata"]["name"]
             existing = context.cache.get("Reconciliation", namespace, name)
             if existing is None:
-                try:
-                    created = self._create_pending("Reconciliation", namespace, body)
-                except Conflict:
-                    continue
-                context.cache.put("Reconciliation", created)
-                context.events.warning(
-                    run,
-                    "OutcomeUnknown",
-                    f"{unknown.tool} ({unknown.action}) may or may not have run: "
-                    f"settle reconciliation {name}",
-                )
+                if self._create_pending("Reconciliation", namespace, body):
+                    context.events.warning(
+                        run,
+                        "OutcomeUnknown",
+                        f"{unknown.tool} ({unknown.action}) may or may not have run: "
+                        f"settle reconciliation {name}",
+                    )
             elif done and (existing.get("status") or {}).get("phase") != "Settled":
                 # Settled elsewhere: the Reconciliation's reconcile mirrors it.
                 context.enqueue(("Reconciliation", namespace, name), 0.0)
@@ -66,16 +64,12 @@ class DecisionObjects:
             name = body["metadata"]["name"]
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
-            try:
-                created = self._create_pending("Approval", namespace, body)
-            except Conflict:
-                continue
-            context.cache.put("Approval", created)
-            context.events.normal(
-                run,
-                "AwaitingApproval",
-                f"{pending.tool} ({pending.action}) needs approval: approval {name}",
-            )
+            if self._create_pending("Approval", namespace, body):
+                context.events.normal(
+                    run,
+                    "AwaitingApproval",
+                    f"{pending.tool} ({pending.action}) needs approval: approval {name}",
+                )
 
     def show_confirmer_settlements(self, run: JSON, state: RunState) -> None:
         """A step pod's confirmer may settle an unknown outcome without the run ever stopping
@@ -119,12 +113,17 @@ class DecisionObjects:
                 f"{record.settled_by}: reconciliation {name}",
             )
 
-    def _create_pending(self, kind: str, namespace: str, body: JSON) -> JSON:
+    def _create_pending(self, kind: str, namespace: str, body: JSON) -> bool:
         """Create a Reconciliation or Approval and show it Pending (status is a subresource: a
-        create cannot set it)."""
-        api = self._context.api
-        created = api.create_object(kind, namespace, body)
+        create cannot set it); False when another made it first (a 409)."""
+        api, cache = self._context.api, self._context.cache
         try:
-            return api.patch_status(kind, namespace, body["metadata"]["name"], {"phase": "Pending"})
-        except (Conflict, Gone):
-            return created
+            created = api.create_object(kind, namespace, body)
+        except Conflict:
+            return False
+        with contextlib.suppress(Conflict, Gone):  # shown Pending at the next look instead
+            created = api.patch_status(
+                kind, namespace, body["metadata"]["name"], {"phase": "Pending"}
+            )
+        cache.put(kind, created)
+        return True
