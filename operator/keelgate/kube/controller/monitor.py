@@ -11,8 +11,6 @@ must never create two ticks for one due time (names are numbered from the newest
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
 
 from keelgate.core.monitor import next_due, tick_number, tick_run_name
 from keelgate.core.types import StopReason
@@ -23,6 +21,7 @@ from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON
 from keelgate.kube.controller.run_status import RunStatusWriter
 from keelgate.kube.naming import MONITOR_LABEL, label_value
+from keelgate.kube.status import condition
 from keelgate.kube.times import iso, now, parse_time
 from keelgate.manifest import AgentRunSpec
 
@@ -79,15 +78,20 @@ class MonitorReconciler:
             message = f"next tick held back: {held}"
         else:
             message = f"next tick at {iso(due)}"
+        # A monitor is ready while it schedules; it never reconciles or stalls itself.
+        shown = (
+            ("Ready", "True", "Scheduling"),
+            ("Reconciling", "False", phase),
+            ("Stalled", "False", "NotStalled"),
+        )
+        at = now()
         desired.update(
             {
                 "phase": phase,
                 "observedGeneration": generation,
                 "message": message,
                 "conditions": [
-                    _condition(current, "Ready", "True", "Scheduling", generation),
-                    _condition(current, "Reconciling", "False", phase, generation),
-                    _condition(current, "Stalled", "False", "NotStalled", generation),
+                    condition(current, *values, generation=generation, now=at) for values in shown
                 ],
             }
         )
@@ -144,18 +148,3 @@ def _holds_back(latest: JSON | None) -> str:
     if phase == "Stopped" and reason in _WAITING:
         return f"{name} waits for a person ({reason})"
     return ""
-
-
-def _condition(
-    current: Mapping[str, Any], type_: str, value: str, reason: str, generation: int
-) -> JSON:
-    before = {c.get("type"): c for c in current.get("conditions") or []}.get(type_) or {}
-    same = before.get("status") == value and before.get("lastTransitionTime")
-    return {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": "",
-        "lastTransitionTime": before["lastTransitionTime"] if same else now(),
-        "observedGeneration": generation,
-    }
