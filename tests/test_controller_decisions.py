@@ -16,6 +16,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
 from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, Decided
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
@@ -52,6 +53,7 @@ def test_a_person_settles_an_unknown_outcome_and_the_run_goes_on(
     person said, the Reconciliation shows who and how, an Event tells it on the run, the run is
     woken and finishes, and the WRITE never runs again."""
     key = unknown_outcome(kube)
+    pass_deadlines(kube.stores)  # "not executed" is taken only once the call can no longer go
     kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": executed, "by": "alice"})
     kube.queued.clear()
     assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
@@ -92,6 +94,7 @@ def test_a_settlement_made_in_the_store_is_mirrored_and_stands(kube: Operator) -
     executed by alice: bob's decision stands, the object shows it, and a DecidedElsewhere
     Warning tells alice."""
     unknown_outcome(kube)
+    pass_deadlines(kube.stores)
     Loop(stores=kube.stores).reconcile(NAMESPACE, "restock", "1:0", executed=False, by="bob")
     kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": "alice"})
     assert kube.reconcile(SETTLE, kind="Reconciliation") == REST

@@ -63,6 +63,8 @@ def _sample(annotation: Any, name: str) -> Any:
         return True
     if annotation is int:
         return len(name) + 3
+    if annotation is float:
+        return len(name) + 0.5
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
         hints = typing.get_type_hints(annotation)
         return annotation(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keelgate.core import failpoints
@@ -27,6 +28,7 @@ from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
 from keelgate.core.types import (
     Action,
+    ActionResult,
     Outcome,
     PendingApproval,
     ResultStatus,
@@ -115,6 +117,9 @@ class Session:
             for t in loop.tools.values()
             if t.side_effect in spec.side_effects
         )
+        # The iterations this session planned itself: their actions were planned under the spec
+        # in force now. A plan saved earlier may hold calls made under another spec.
+        self.planned_here: set[int] = set()
 
     # Starting and driving
 
@@ -228,6 +233,7 @@ class Session:
                 resumable=False,
             )
         plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
+        self.planned_here.add(iteration)
         draft = AuditDraft(
             "loop.plan_saved",
             {
@@ -255,36 +261,28 @@ class Session:
         return state
 
     def _act(self, state: RunState) -> RunState:
-        assert state.plan is not None
-        remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
+        plan = state.plan
+        assert plan is not None
+        remaining = [a for a in plan.actions if state.result_of(a.id) is None]
         if not remaining:
             state = self.checkpoints.save(_observed(state))
             failpoints.hit("after_observe")
             return state
+        resumed = plan.iteration not in self.planned_here
         for number, action in enumerate(remaining, start=1):
-            spent = self.budgets.spent(state)
-            if spent is not None:  # the plan stays saved: a resume with more budget runs it
-                return self.checkpoints.stop(state, *spent)
-            failpoints.hit("before_action")
-            result = self.approvals.check(state, action)
-            if isinstance(result, PendingApproval):
+            try:
+                result = self._next_result(state, action, resumed=resumed)
+            except UnknownOutcomeStop as unknown:
                 return self.checkpoints.stop(
                     state,
-                    StopReason.AWAITING_APPROVAL,
-                    f"{result.tool} ({action.id}) needs approval",
-                    pending=(result,),
+                    StopReason.OUTCOME_UNKNOWN,
+                    f"{unknown.unknown.tool} ({action.id}) may or may not have run; reconcile it",
+                    unknown=(unknown.unknown,),
                 )
-            if result is None:
-                try:
-                    result = self.gateway.call(action)
-                except UnknownOutcomeStop as unknown:
-                    return self.checkpoints.stop(
-                        state,
-                        StopReason.OUTCOME_UNKNOWN,
-                        f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
-                        f"reconcile it",
-                        unknown=(unknown.unknown,),
-                    )
+            if isinstance(result, Held):
+                return self.checkpoints.stop(
+                    state, result.reason, result.message, pending=result.pending
+                )
             draft = AuditDraft(
                 "loop.action_completed",
                 {
@@ -313,6 +311,36 @@ class Session:
             if last:
                 failpoints.hit("after_observe")
         return state
+
+    def _next_result(
+        self, state: RunState, action: Action, *, resumed: bool
+    ) -> ActionResult | Held:
+        """What ``action`` comes to: a call on record decides first, then the budgets, a
+        person's approval, and the gateway (which makes the call). ``Held`` if the run must stop
+        before the call; raises ``UnknownOutcomeStop`` for an unknown outcome.
+
+        A plan saved before this session may have had calls made under another spec (an edited
+        tool list, side-effect class, approval rule or budget): its calls on record are looked
+        up before anything the spec says now may refuse or hold them back. A plan made in this
+        session needs no such look-up: the gateway meets any key on record when it claims, and
+        looks before it refuses.
+        """
+        prior = self.gateway.recorded(action) if resumed else None
+        if prior is None:
+            spent = self.budgets.spent(state)
+            if spent is not None:  # the plan stays saved: a resume with more budget runs it
+                return Held(*spent)
+        failpoints.hit("before_action")
+        if prior is not None:
+            return prior
+        checked = self.approvals.check(state, action)
+        if isinstance(checked, PendingApproval):
+            return Held(
+                StopReason.AWAITING_APPROVAL,
+                f"{checked.tool} ({action.id}) needs approval",
+                pending=(checked,),
+            )
+        return checked if checked is not None else self.gateway.call(action)
 
     def _observe(self, state: RunState) -> RunState:
         """A checkpoint saved at ``observe`` by an earlier version (the act phase now observes
@@ -434,6 +462,15 @@ class Session:
     def _needs_approval(self, name: str) -> bool:
         tool = self.loop.tools.get(name)
         return tool is not None and tool.requires_approval
+
+
+@dataclass(frozen=True)
+class Held:
+    """An action held back before its call: the run stops (a budget spent, a person to ask)."""
+
+    reason: StopReason
+    message: str
+    pending: tuple[PendingApproval, ...] = ()
 
 
 def _observed(state: RunState) -> RunState:

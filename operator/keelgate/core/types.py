@@ -266,6 +266,33 @@ class KeyRecord:
     result: Any = None
     settled_by: str = ""
     source: str = ""
+    # The claim's write deadline, in seconds since the epoch on the store's own clock (None for
+    # a key claimed before deadlines were recorded), and how many seconds of it were left when
+    # the record was read (negative once passed). Until it has passed the call may still be
+    # sent by a process that was held up, so the key cannot be settled as not executed.
+    deadline: float | None = None
+    deadline_in: float | None = None
+
+    @property
+    def sendable(self) -> bool:
+        """Whether the claim's call may still be sent (its deadline has not passed)."""
+        return self.deadline_in is not None and self.deadline_in > 0
+
+    @property
+    def not_executed_after(self) -> str:
+        """When a settlement "not executed" becomes possible, as UTC ISO 8601 ("" if now)."""
+        if not self.sendable or self.deadline is None:
+            return ""
+        return utc_iso(self.deadline)
+
+
+def utc_iso(seconds: float) -> str:
+    """Seconds since the epoch as UTC ISO 8601 to the second, rounded up (a moment not to act
+    before must not be shown earlier than it is)."""
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(math.ceil(seconds), tz=dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def settled_state(record: KeyRecord, *, executed: bool) -> KeyState:
@@ -291,6 +318,14 @@ class UnknownAction(JsonValue):
     action: Annotated[ActionId, Field(description="The action's id within the run.")]
     tool: Annotated[str, Field(description="The tool.")]
     idempotency_key: Annotated[str, Field(description="The key the call carried downstream.")]
+    not_executed_after: Annotated[
+        str,
+        OMIT_EMPTY,
+        Field(
+            description="Until this moment (UTC, on the store's clock) a held-up process may "
+            "still send the call, so it can be settled as executed but not yet as not executed."
+        ),
+    ] = ""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from keelgate.core.audit import AuditDraft, AuditEvent, seal, stored_event, utc_now
 from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError, UnreadableEvent
+from keelgate.errors import (
+    SettleError,
+    SettleTooEarly,
+    StaleCheckpoint,
+    StoreError,
+    UnreadableEvent,
+)
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
 from keelgate.stores._json import dumps, loads
 
@@ -71,6 +77,10 @@ class Dialect:
     placeholder: str = "?"  # what ``?`` becomes for the driver
     bigint: str = "INTEGER"  # column type of a sequence number or a generation
     owner_type: str = "TEXT"  # column type of an owner id
+    real: str = "REAL"  # column type of a moment in seconds since the epoch
+    # The store's own clock, in seconds since the epoch: write deadlines are set and judged on
+    # it, never on a client's (SQLite: the host's, the only one sharing the file).
+    clock: str = "((julianday('now') - 2440587.5) * 86400.0)"
     owner_setup: str = ""  # DDL the backend's owner liveness needs, in migration 1
     # A key is in flight under this store's owner (the parameter is ``SQLStore._owned()``).
     mine: str = "owner = ?"
@@ -130,7 +140,7 @@ CREATE TABLE IF NOT EXISTS keelgate_specs (
 @dataclass(frozen=True)
 class Migration:
     """One numbered schema step: ``ddl`` is ``;``-separated statements with ``{bigint}``,
-    ``{owner}`` and ``{owner_setup}`` taken from the dialect."""
+    ``{owner}``, ``{owner_setup}`` and ``{real}`` taken from the dialect."""
 
     version: int
     description: str
@@ -138,13 +148,21 @@ class Migration:
 
     def statements(self, dialect: Dialect) -> list[str]:
         text = self.ddl.format(
-            bigint=dialect.bigint, owner=dialect.owner_type, owner_setup=dialect.owner_setup
+            bigint=dialect.bigint,
+            owner=dialect.owner_type,
+            owner_setup=dialect.owner_setup,
+            real=dialect.real,
         )
         return [s.strip() for s in text.split(";") if s.strip()]
 
 
+# Migration 2: a claim's write deadline, on the store's clock (``keelgate.core.fence``). A key
+# claimed before it has none, and may be settled as it could before.
+_SCHEMA_2 = "ALTER TABLE keelgate_keys ADD COLUMN deadline {real}"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
+    Migration(2, "write deadlines of claimed keys", _SCHEMA_2),
 )
 SCHEMA_VERSION = len(MIGRATIONS)  # the newest schema this code knows
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
@@ -243,11 +261,19 @@ class Statements:
         self.recorded_spec = q(
             "SELECT source, generation, spec FROM keelgate_specs WHERE tenant = ? AND run = ?"
         )
-        # IdempotencyStore
-        self.key = q(f"SELECT {keys}, {d.liveness} FROM keelgate_keys WHERE tenant = ? AND key = ?")
+        # IdempotencyStore. A key's SELECT also says how much of its deadline is left on the
+        # store's clock, and (last) the backend's judgement of its owner's liveness.
+        clock = f"CAST({d.clock} AS {d.real})"
+        self.key = q(
+            f"SELECT {keys}, deadline, deadline - {clock}, {d.liveness} "
+            "FROM keelgate_keys WHERE tenant = ? AND key = ?"
+        )
+        # The deadline is set on the store's clock: the claim's moment there plus the seconds
+        # given (none: NULL, no deadline).
         self.claim = q(
-            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-            "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING"
+            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner, deadline) "
+            f"VALUES (?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real})) "
+            "ON CONFLICT DO NOTHING"
         )
         mine = f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine}"
         self.complete = q(
@@ -255,9 +281,12 @@ class Statements:
         )
         self.release = q(f"UPDATE keelgate_keys SET owner = NULL {mine}")
         self.forget = q(f"DELETE FROM keelgate_keys {mine}")
+        # "Not executed" only once the deadline has passed on the store's clock: before it, a
+        # held-up owner may still send the call (the first parameter: whether it executed).
         self.settle = q(
             "UPDATE keelgate_keys SET state = ?, owner = NULL, settled_by = ?, source = ? "
-            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ?"
+            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ? "
+            f"AND (? OR deadline IS NULL OR deadline <= {clock})"
         )
         # AuditLog
         self.append = q(
@@ -551,7 +580,8 @@ class SQLStore(HoldsOwner, ABC):
     # IdempotencyStore
 
     def _record(self, row: Sequence[Any]) -> KeyRecord:
-        tenant, key, run, action, tool, state, owner, result, settled_by, source, judged = row
+        (tenant, key, run, action, tool, state, owner, result, settled_by, source) = row[:10]
+        deadline, deadline_in, judged = row[10:]
         key_state = KeyState(state)
         if key_state is KeyState.IN_FLIGHT and not self._alive(owner, judged):
             key_state = KeyState.OUTCOME_UNKNOWN
@@ -565,6 +595,8 @@ class SQLStore(HoldsOwner, ABC):
             None if result is None else json.loads(result),
             settled_by,
             source,
+            None if deadline is None else float(deadline),
+            None if deadline_in is None else float(deadline_in),
         )
 
     def claim(
@@ -576,10 +608,11 @@ class SQLStore(HoldsOwner, ABC):
         action: str,
         tool: str,
         event: AuditDraft | None = None,
+        deadline_in: float | None = None,
     ) -> KeyRecord | None:
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
-            values = (tenant, key, run, action, tool, self._owner_id())
+            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in)
             if conn.execute(self.sql.claim, values).rowcount != 1:
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
@@ -592,7 +625,7 @@ class SQLStore(HoldsOwner, ABC):
             if sealed is None:
                 return None
             events, last = sealed
-            values = (tenant, key, run, action, tool, self._owner_id(), *events)
+            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in, *events)
             row = self._one_statement(conn, self.sql.together("claim", 1), values)
             if row is None:
                 self._heads.pop((tenant, run), None)
@@ -637,8 +670,17 @@ class SQLStore(HoldsOwner, ABC):
             state = settled_state(current, executed=executed)
             # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
             owner = row[6]
-            values = (state.value, by, source, tenant, key, owner)
+            values = (state.value, by, source, tenant, key, owner, executed)
             if conn.execute(self.sql.settle, values).rowcount != 1:
+                again = conn.execute(self.sql.key, (tenant, key)).fetchone()
+                now = None if again is None else self._record(again)
+                if now is not None and now.state is current.state and now.sendable:
+                    raise SettleTooEarly(
+                        now.run,
+                        now.action,
+                        not_before=now.not_executed_after,
+                        retry_after=float(now.deadline_in or 0.0),
+                    )
                 raise SettleError(current.run, current.action, "settled by someone else first")
             settled = conn.execute(self.sql.key, (tenant, key)).fetchone()
         return self._record(settled)

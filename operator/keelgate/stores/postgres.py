@@ -74,6 +74,9 @@ POSTGRES = Dialect(
     placeholder="%s",
     bigint="bigint",
     owner_type="integer",
+    real="double precision",
+    # clock_timestamp(), not now(): the moment of the statement, not of its transaction's start.
+    clock="extract(epoch from clock_timestamp())",
     owner_setup="CREATE SEQUENCE IF NOT EXISTS keelgate_owner_seq AS integer;",
     # A store's keys may carry any owner id it has had (a new one after its session was lost).
     mine="owner = ANY(?)",
