@@ -156,7 +156,7 @@ class Operator:
     def drive(self, name: str, *, steps: int = 10) -> list[int]:
         """Reconcile and run each step pod the run asks for, until it asks for none; the exit
         codes of the pods run."""
-        codes = []
+        codes: list[int] = []
         for _ in range(steps):
             self.reconcile(name)
             step = self.status(name).get("step") or {}
