@@ -83,9 +83,9 @@ bench-step: venv
 bench-cluster: venv e2e-build
 	$(PY) bench/cluster_steps.py
 
+# The second run holds the operator's unit-test fake and rig to the seams the real classes fit.
 typecheck: venv
 	$(VENV)/bin/mypy
-	# The operator's unit-test fakes stand for real classes: held to the same seams (strict).
 	MYPYPATH=tests $(VENV)/bin/mypy tests/fakes/kube_api.py tests/support/operator_rig.py
 
 unit: venv
