@@ -89,6 +89,7 @@ def test_the_public_api_is_exactly_this() -> None:
             "Checkpoint",
             "CheckpointStore",
             "Confirmer",
+            "DeadlinePassed",
             "IdempotencyStore",
             "InputError",
             "KeelgateError",
@@ -112,6 +113,7 @@ def test_the_public_api_is_exactly_this() -> None:
             "RunPhase",
             "RunRef",
             "SettleError",
+            "SettleTooEarly",
             "SideEffect",
             "StaleCheckpoint",
             "Stop",
@@ -123,9 +125,11 @@ def test_the_public_api_is_exactly_this() -> None:
             "ToolInfo",
             "UnknownAction",
             "Usage",
+            "WriteDeadline",
             "StoreUnavailable",
             "open_stores",
             "verify_audit",
+            "write_deadline",
         ]
     )
     assert all(hasattr(keelgate, name) for name in keelgate.__all__)

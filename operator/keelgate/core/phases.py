@@ -50,9 +50,12 @@ _WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatu
 class Session:
     """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
 
-    def __init__(self, loop: Loop, spec: LoopSpec) -> None:
+    def __init__(
+        self, loop: Loop, spec: LoopSpec, *, asked_to_stop: Callable[[], bool] | None = None
+    ) -> None:
         self.loop = loop
         self.spec = spec
+        self.asked_to_stop = asked_to_stop or _never
         self.stores = loop.stores
         self.checkpoints = Checkpointer(loop.stores, loop.clock)
         self.budgets = Budgets(
@@ -150,6 +153,8 @@ class Session:
             Step.VERIFY: self._verify,
         }
         while state.stop is None:
+            if self.asked_to_stop():
+                break  # at a checkpoint: the next process goes on from here
             if state.step is Step.DONE:  # a checkpoint from a run that met its goal
                 state = self.checkpoints.stop(state, StopReason.GOAL_MET)
                 break
@@ -276,6 +281,8 @@ class Session:
             failpoints.hit("after_action_checkpoint")
             if last:
                 failpoints.hit("after_observe")
+            elif self.asked_to_stop():
+                return state  # the next process acts on the plan's remaining actions
         return state
 
     def _next_result(
@@ -437,6 +444,10 @@ class Held:
     reason: StopReason
     message: str
     pending: tuple[PendingApproval, ...] = ()
+
+
+def _never() -> bool:
+    return False
 
 
 def _observed(state: RunState) -> RunState:
