@@ -57,7 +57,7 @@ class Session:
         self.spec = spec
         self.asked_to_stop = asked_to_stop or _never
         self.stores = loop.stores
-        self.checkpoints = Checkpointer(loop.stores, loop.clock)
+        self.checkpoints = Checkpointer(loop.stores, loop.clock, tenant=spec.tenant, run=spec.run)
         self.budgets = Budgets(
             spec.budget,
             active=self.checkpoints.active,
@@ -80,6 +80,7 @@ class Session:
             durable_start=loop.stores.capabilities.claim_with_event,
             deferred_completion=loop.stores.capabilities.checkpoint_with_completion,
             audit=loop.stores.audit,
+            remember_late=self.checkpoints.remember_late,
         )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
@@ -268,7 +269,7 @@ class Session:
                 key=f"completed:{action.id}",
             )
             last = number == len(remaining)
-            state = state.but(results=(*state.results, result))
+            state = state.but(results=(*state.results, result)).with_late(self.gateway.take_late())
             # After the last action nothing happens outside the process before the observation
             # is made, so the action's checkpoint is the observation's: one commit, not two.
             # With stores that take it, the WRITE's key is completed in that commit too.
@@ -277,7 +278,9 @@ class Session:
                 draft,
                 completions=self.gateway.completions(),
             )
-            self.gateway.completed(missed)
+            late = self.gateway.completed(missed)
+            if late:  # a result that came after someone settled its key: remembered at once
+                state = self.checkpoints.save(state.with_late(self.gateway.take_late()), *late)
             failpoints.hit("after_action_checkpoint")
             if last:
                 failpoints.hit("after_observe")
