@@ -115,6 +115,15 @@ def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_
     key = late.data["idempotencyKey"]
     record = judge.get("shop", key)
     assert record is not None and record.state.value == "abandoned"
+    # The run remembers it too, for whoever shows the run (status, the operator's condition).
+    (remembered,) = outcome.late_results
+    assert (remembered.status, remembered.recorded, remembered.settled_by) == (
+        "ok",
+        "abandoned",
+        "alice",
+    )
+    assert outcome.to_json()["lateResults"][0]["idempotencyKey"] == key
+    assert loop.verify_audit("shop", "late").ok
 
 
 #: Every column an audit event is stored in, and how a forger would rewrite it (given the row).

@@ -3,8 +3,8 @@
 `make lint` runs import-linter with the contracts in pyproject.toml (the floors of
 shared/design/architecture.md, no import circle, the operator's rooms in kube/, a core free of
 drivers and clients, Kubernetes only in kube/, a step pod's start-up free of kopf, typer and
-rich). These tests prove the contracts bite: an
-upward import planted in a copy of the package breaks them. And the public API, re-exported by
+rich). These tests prove the contracts bite: an upward import planted in a copy of the package
+breaks them. And the public API, re-exported by
 ``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed.
 """
 

@@ -306,3 +306,51 @@ def test_a_process_frozen_before_it_pays_never_pays_after_a_truthful_not_execute
             "SELECT state, settled_by FROM keelgate_keys WHERE key = %s", (PAY,)
         ).fetchone()
     assert row == ("abandoned", "ops")
+
+
+def test_a_call_that_ends_after_someone_settled_its_key_is_remembered_by_the_run() -> None:
+    """A timed-out python WRITE keeps running; its owner's session is lost meanwhile, so bob
+    settles it as executed. When the call finally ends (it was refused after all), bob's record
+    stands, and the run remembers what really came (outcome ``lateResults``, its checkpoint)
+    with a ``loop.late_result`` event on a chain that verifies: never dropped silently."""
+    from keelgate.errors import ToolError
+
+    go = threading.Event()
+
+    def slow(args: dict[str, Any], *, idempotency_key: str | None) -> Any:
+        go.wait(10)
+        raise ToolError("the shop refused it after all")
+
+    store = MemoryStore()
+    judge = store.reopen()
+    loop = Loop(
+        stores=Stores.of(store),
+        model=ScriptedModel(SCRIPT),
+        tools=[PythonTool("place_order", slow, SideEffect.WRITE, timeout_seconds=0.2)],
+    )
+    try:
+        stopped = loop.run_or_resume(SPEC)
+        assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN
+        store.backend.live_owners.discard(store.owner)  # its session is lost
+        judge.settle("shop", KEY, executed=True, by="bob", source="human")
+        go.set()
+        for _ in range(200):
+            if loop.outcome("shop", "restock").late_results:
+                break
+            time.sleep(0.05)
+        (late,) = loop.outcome("shop", "restock").late_results
+        assert (late.action, late.status, late.recorded, late.settled_by) == (
+            "1:0",
+            "refused",
+            "completed",
+            "bob",
+        )
+        events = [e.data for e in loop.audit("shop", "restock") if e.type == "loop.late_result"]
+        assert [(d["status"], d["settledBy"]) for d in events] == [("refused", "bob")]
+        assert loop.verify_audit("shop", "restock").ok
+        record = judge.get("shop", KEY)
+        assert record is not None and record.state is KeyState.COMPLETED  # bob's stands
+    finally:
+        go.set()
+        store.close()
+        judge.close()

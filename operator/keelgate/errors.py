@@ -191,6 +191,26 @@ class SettleTooEarly(SettleError):
         self.retry_after = retry_after
 
 
+class Preempted(KeelgateError):
+    """The process was asked to stop (SIGTERM: a node drain, an eviction, a rollout) and
+    stopped at the run's next checkpoint, after the call it was in had ended and was recorded:
+    nothing is unknown, and the next process goes on from there (exit code 75, as sysexits'
+    EX_TEMPFAIL). The operator starts the next step without counting a crash."""
+
+    exit_code = 75
+    retryable = True
+
+    def __init__(self, tenant: str, run: str) -> None:
+        super().__init__(
+            f"run {run!r} stopped at its checkpoint: the process was asked to stop; the next "
+            "step goes on from there",
+            tenant=tenant,
+            run=run,
+        )
+        self.tenant = tenant
+        self.run = run
+
+
 class ToolError(KeelgateError):
     """A tool's definite failure: the call was refused and took no effect.
 

@@ -28,6 +28,7 @@ from keelgate.core.types import (
     ActionResult,
     KeyRecord,
     KeyState,
+    LateResult,
     ResultStatus,
     SideEffect,
     UnknownAction,
@@ -105,6 +106,7 @@ class Gateway:
         durable_start: bool = False,
         deferred_completion: bool = False,
         audit: AuditLog | None = None,
+        remember_late: Callable[[LateResult, AuditDraft], None] | None = None,
     ) -> None:
         self.tools = tools
         self.keys = idempotency
@@ -123,8 +125,12 @@ class Gateway:
         # reads as an unknown outcome, exactly as before the completion's own commit.
         self.deferred_completion = deferred_completion
         self._deferred: dict[str, tuple[Tool, Action, Completion]] = {}
-        # Where a call that ends after its run stopped records how it ended.
+        # Where a call that ends after its run stopped records how it ended, and (when someone
+        # settled its key meanwhile) how the run remembers it (``Checkpointer.remember_late``).
         self.audit = audit
+        self.remember_late = remember_late
+        # Calls that ended after their keys were settled, for the next checkpoint to remember.
+        self.late: list[LateResult] = []
 
     def call(self, action: Action) -> ActionResult:
         tool = self.tools.get(action.tool)
@@ -254,7 +260,9 @@ class Gateway:
         if self.deferred_completion:
             self._deferred[action.key] = (tool, action, Completion(action.key, result.to_json()))
         elif not self.keys.complete(self.tenant, action.key, result.to_json()):
-            self.emit(self._late(tool, action))
+            draft, late = self._late(action, "ok")
+            self.emit(draft)
+            self.late.append(late)
         return result
 
     def completions(self) -> tuple[Completion, ...]:
@@ -262,40 +270,57 @@ class Gateway:
         commit (``deferred_completion``)."""
         return tuple(completion for _, _, completion in self._deferred.values())
 
-    def completed(self, missed: tuple[str, ...]) -> None:
+    def completed(self, missed: tuple[str, ...]) -> tuple[AuditDraft, ...]:
         """The checkpoint carrying ``completions()`` committed; ``missed`` are the keys someone
-        else had settled meanwhile. Their late results go on the chain at once (an extra commit,
-        but a rare one), since nothing says another checkpoint will follow."""
-        late = [
-            self._late(tool, action)
-            for key, (tool, action, _) in self._deferred.items()
-            if key in missed
-        ]
+        else had settled meanwhile. Their late results are returned as the events of one more
+        checkpoint (an extra commit, but a rare one: nothing says another one follows), and
+        kept in ``late`` for it to remember."""
+        drafts = []
+        for key, (_, action, _) in self._deferred.items():
+            if key in missed:
+                draft, late = self._late(action, "ok")
+                drafts.append(draft)
+                self.late.append(late)
         self._deferred.clear()
-        if late and self.audit is not None:
-            self.audit.append(self.tenant, self.run, late)
-        else:
-            for draft in late:
-                self.emit(draft)
+        return tuple(drafts)
 
-    def _late(self, tool: Tool, action: Action) -> AuditDraft:
-        """The call succeeded, but its key was settled meanwhile (this process's owner session
-        was lost and someone decided): their record stands; the chain notes what really came."""
+    def take_late(self) -> tuple[LateResult, ...]:
+        """The late results met since the last call, for the run's next checkpoint."""
+        late, self.late = tuple(self.late), []
+        return late
+
+    def _late(self, action: Action, status: str) -> tuple[AuditDraft, LateResult]:
+        """A call ended (``status``: ok, refused, unknown) after its key was settled by someone
+        else (this process's owner session was lost, or its deadline passed, and someone
+        decided): their record stands; the chain and the run note what really came."""
         current = self.keys.get(self.tenant, action.key)
-        recorded = "missing" if current is None else current.state.value
-        log.warning("%s %s: ran, but its key was already %s", self.run, action.id, recorded)
-        return AuditDraft(
+        if current is None:  # a refused call's key is dropped: nothing is recorded for it
+            recorded = "forgotten" if status == "refused" else "missing"
+        else:
+            recorded = current.state.value
+        settled_by = "" if current is None else current.settled_by
+        if settled_by:
+            log.warning(
+                "%s %s: ended %s, but %s had already settled its key (%s)",
+                self.run,
+                action.id,
+                status,
+                settled_by,
+                recorded,
+            )
+        draft = AuditDraft(
             "loop.late_result",
             {
                 "action": action.id,
-                "tool": tool.name,
+                "tool": action.tool,
                 "idempotencyKey": action.key,
-                "status": "ok",
+                "status": status,
                 "recorded": recorded,
-                "settledBy": "" if current is None else current.settled_by,
+                "settledBy": settled_by,
             },
             key=f"late:{action.key}",
         )
+        return draft, LateResult(action.id, action.tool, action.key, status, recorded, settled_by)
 
     def _ended_late(
         self,
@@ -306,46 +331,25 @@ class Gateway:
         error: BaseException | None,
     ) -> None:
         """A timed-out call finally ended: record what it came to, on its own thread, then let
-        the store's owner go (which closes the store if its runner has closed it meanwhile)."""
+        the store's owner go (which closes the store if its runner has closed it meanwhile). If
+        someone settled its key meanwhile, the run's checkpoint remembers it too."""
         try:
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-                landed = self.keys.complete(self.tenant, action.key, result.to_json())
+                # False if someone settled it meanwhile: their record stands (below).
+                self.keys.complete(self.tenant, action.key, result.to_json())
                 status = "ok"
             elif isinstance(error, ToolError):
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
-                landed, status = True, "refused"
+                status = "refused"
             else:
                 self.keys.release(self.tenant, action.key)  # still unknown: for a person
-                landed, status = True, "unknown"
-            current = self.keys.get(self.tenant, action.key)
-            # A refused call's key is dropped: nothing is recorded for it any more.
-            recorded = "forgotten" if current is None else current.state.value
-            if not landed:
-                log.warning(
-                    "%s %s: ended late and ran, but its key was settled meanwhile",
-                    self.run,
-                    action.id,
-                )
-            if self.audit is not None:
-                self.audit.append(
-                    self.tenant,
-                    self.run,
-                    [
-                        AuditDraft(
-                            "loop.late_result",
-                            {
-                                "action": action.id,
-                                "tool": tool.name,
-                                "idempotencyKey": action.key,
-                                "status": status,
-                                "recorded": recorded,
-                                "settledBy": "" if current is None else current.settled_by,
-                            },
-                            key=f"late:{action.key}",
-                        )
-                    ],
-                )
+                status = "unknown"
+            draft, late = self._late(action, status)
+            if late.settled_by and self.remember_late is not None:
+                self.remember_late(late, draft)  # settled by someone: the run remembers it
+            elif self.audit is not None:
+                self.audit.append(self.tenant, self.run, [draft])
         except Exception as failure:  # the store may have failed; the key then stays unknown
             log.warning(
                 "%s %s: could not record a late end (%s)",

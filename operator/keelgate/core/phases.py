@@ -84,11 +84,14 @@ _WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatu
 class Session:
     """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
 
-    def __init__(self, loop: LoopParts, spec: LoopSpec) -> None:
+    def __init__(
+        self, loop: LoopParts, spec: LoopSpec, *, asked_to_stop: Callable[[], bool] | None = None
+    ) -> None:
         self.loop = loop
         self.spec = spec
+        self.asked_to_stop = asked_to_stop or _never
         self.stores = loop.stores
-        self.checkpoints = Checkpointer(loop.stores, loop.clock)
+        self.checkpoints = Checkpointer(loop.stores, loop.clock, tenant=spec.tenant, run=spec.run)
         self.budgets = Budgets(
             spec.budget,
             active=self.checkpoints.active,
@@ -111,6 +114,7 @@ class Session:
             durable_start=loop.stores.capabilities.claim_with_event,
             deferred_completion=loop.stores.capabilities.checkpoint_with_completion,
             audit=loop.stores.audit,
+            remember_late=self.checkpoints.remember_late,
         )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
@@ -184,6 +188,8 @@ class Session:
             Step.VERIFY: self._verify,
         }
         while state.stop is None:
+            if self.asked_to_stop():
+                break  # at a checkpoint: the next process goes on from here
             if state.step is Step.DONE:  # a checkpoint from a run that met its goal
                 state = self.checkpoints.stop(state, StopReason.GOAL_MET)
                 break
@@ -297,7 +303,7 @@ class Session:
                 key=f"completed:{action.id}",
             )
             last = number == len(remaining)
-            state = state.but(results=(*state.results, result))
+            state = state.but(results=(*state.results, result)).with_late(self.gateway.take_late())
             # After the last action nothing happens outside the process before the observation
             # is made, so the action's checkpoint is the observation's: one commit, not two.
             # With stores that take it, the WRITE's key is completed in that commit too.
@@ -306,10 +312,14 @@ class Session:
                 draft,
                 completions=self.gateway.completions(),
             )
-            self.gateway.completed(missed)
+            late = self.gateway.completed(missed)
+            if late:  # a result that came after someone settled its key: remembered at once
+                state = self.checkpoints.save(state.with_late(self.gateway.take_late()), *late)
             failpoints.hit("after_action_checkpoint")
             if last:
                 failpoints.hit("after_observe")
+            elif self.asked_to_stop():
+                return state  # the next process acts on the plan's remaining actions
         return state
 
     def _next_result(
@@ -471,6 +481,10 @@ class Held:
     reason: StopReason
     message: str
     pending: tuple[PendingApproval, ...] = ()
+
+
+def _never() -> bool:
+    return False
 
 
 def _observed(state: RunState) -> RunState:

@@ -329,11 +329,37 @@ class UnknownAction(JsonValue):
 
 
 @dataclass(frozen=True)
+class LateResult(JsonValue):
+    """A call that ended after its key had been settled by someone else: their record stands,
+    and this says what really came, so a person can look again."""
+
+    action: Annotated[ActionId, Field(description="The action's id within the run.")]
+    tool: Annotated[str, Field(description="The tool.")]
+    idempotency_key: Annotated[str, Field(description="The key the call carried downstream.")]
+    status: Annotated[
+        str,
+        Field(description="How the call ended: ok (it took effect), refused, or unknown."),
+    ]
+    recorded: Annotated[
+        str, Field(description="What the key records, by the settlement: completed, abandoned.")
+    ]
+    settled_by: Annotated[str, OMIT_EMPTY, Field(description="Who settled the key.")] = ""
+
+
+#: How many late results a run keeps (the newest); the audit chain keeps every one.
+LATE_KEPT = 10
+
+
+@dataclass(frozen=True)
 class PendingApproval(JsonValue):
     """An action that waits for a person's yes or no before it runs."""
 
     action: Annotated[ActionId, Field(description="The action's id within the run.")]
     tool: Annotated[str, Field(description="The tool.")]
+
+
+def _nothing(value: Any) -> bool:
+    return not value
 
 
 class RunStatus(BaseModel):
@@ -365,6 +391,12 @@ class RunStatus(BaseModel):
         default_factory=tuple, description="Actions waiting for an Approval."
     )
     answer: str | None = Field(default=None, description="The final answer, once the goal is met.")
+    late_results: tuple[LateResult, ...] = Field(
+        default_factory=tuple,
+        exclude_if=_nothing,
+        description="Calls that ended after someone else had settled their keys: the "
+        "settlement stands; look again at what really happened (the newest 10).",
+    )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -383,6 +415,7 @@ class Outcome:
     unknown_actions: tuple[UnknownAction, ...] = ()
     pending_approvals: tuple[PendingApproval, ...] = ()
     answer: str | None = None
+    late_results: tuple[LateResult, ...] = ()
 
     @property
     def resumable(self) -> bool:
@@ -400,6 +433,7 @@ class Outcome:
             unknown_actions=self.unknown_actions,
             pending_approvals=self.pending_approvals,
             answer=self.answer,
+            late_results=self.late_results,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -426,4 +460,5 @@ class Outcome:
             status.unknown_actions,
             status.pending_approvals,
             status.answer,
+            status.late_results,
         )

@@ -27,6 +27,7 @@ checkpoint, a key and an event would be read in three places.
 from __future__ import annotations
 
 import json
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -156,13 +157,17 @@ class Migration:
         return [s.strip() for s in text.split(";") if s.strip()]
 
 
-# Migration 2: a claim's write deadline, on the store's clock (``keelgate.core.fence``). A key
-# claimed before it has none, and may be settled as it could before.
-_SCHEMA_2 = "ALTER TABLE keelgate_keys ADD COLUMN deadline {real}"
+# Migration 2: a claim's write deadline, on the store's clock (``keelgate.core.fence``), and
+# the claim's own random id, by which a claim repeated after its acknowledgement was lost knows
+# itself. A key claimed before it has neither, and may be settled as it could before.
+_SCHEMA_2 = """
+ALTER TABLE keelgate_keys ADD COLUMN deadline {real};
+ALTER TABLE keelgate_keys ADD COLUMN claim_id TEXT
+"""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
-    Migration(2, "write deadlines of claimed keys", _SCHEMA_2),
+    Migration(2, "write deadlines and claim ids of claimed keys", _SCHEMA_2),
 )
 SCHEMA_VERSION = len(MIGRATIONS)  # the newest schema this code knows
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
@@ -271,9 +276,19 @@ class Statements:
         # The deadline is set on the store's clock: the claim's moment there plus the seconds
         # given (none: NULL, no deadline).
         self.claim = q(
-            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner, deadline) "
-            f"VALUES (?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real})) "
+            "INSERT INTO keelgate_keys "
+            "(tenant, key, run, action, tool, state, owner, deadline, claim_id) "
+            f"VALUES (?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ?) "
             "ON CONFLICT DO NOTHING"
+        )
+        # A claim repeated after its acknowledgement was lost: if the first one landed, it is
+        # this claim's (its id), still in flight, and is taken over by the current owner id.
+        self.own_claim = q(
+            "UPDATE keelgate_keys SET owner = ? WHERE tenant = ? AND key = ? AND claim_id = ? "
+            "AND state = 'in_flight'"
+        )
+        self.checkpoint_text = q(
+            "SELECT state FROM keelgate_checkpoints WHERE tenant = ? AND run = ? AND seq = ?"
         )
         mine = f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine}"
         self.complete = q(
@@ -425,12 +440,38 @@ class SQLStore(HoldsOwner, ABC):
         """Whether an in-flight key's ``owner`` lives; ``judged`` is the dialect's liveness
         column. Must never say False for a live owner."""
 
+    def _durably(self, attempt: Callable[[bool], T]) -> T:
+        """Run ``attempt(again=False)``. A backend whose server can go away mid-statement (a
+        restart, a failover, a session it ended) runs it again (``again=True``) for as long as
+        its patience lasts, while the store cannot be reached (``StoreUnavailable``).
+
+        Every operation here is safe to repeat: reads, and writes that are compare-and-sets. A
+        write whose acknowledgement was lost may have landed: ``again`` tells the attempt to
+        recognise its own earlier write (a checkpoint already holding exactly this state, a
+        key already completed with this result) instead of reading it as someone else's.
+        """
+        return attempt(False)
+
+    def _landed(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> bool:
+        """Whether the checkpoint ``seq`` of the run holds exactly ``text``: an earlier attempt
+        of this very save committed, its acknowledgement lost."""
+        row = conn.execute(self.sql.checkpoint_text, (tenant, run, seq)).fetchone()
+        return row is not None and str(row[0]) == text
+
     # CheckpointStore
 
     def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
         text = dumps(state)
-        with self._statement() as conn:
-            self._save(conn, tenant, run, seq, text)
+
+        def attempt(again: bool) -> None:
+            with self._statement() as conn:
+                try:
+                    self._save(conn, tenant, run, seq, text)
+                except StaleCheckpoint:
+                    if not (again and self._landed(conn, tenant, run, seq, text)):
+                        raise
+
+        self._durably(attempt)
 
     def _save(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> None:
         if conn.execute(self.sql.save, (tenant, run, seq, text)).rowcount == 1:
@@ -454,13 +495,29 @@ class SQLStore(HoldsOwner, ABC):
             self.save(tenant, run, seq, state)
             return
         text = dumps(state)
-        if self._saved_in_one(tenant, run, seq, text, drafts, ()) is not None:
-            return
-        with self._transaction() as conn:
-            # A stale save raises here, inside the transaction: no event is appended.
-            self._save(conn, tenant, run, seq, text)
-            head = self._append(conn, tenant, run, drafts)
-        self._heads[(tenant, run)] = head
+
+        def attempt(again: bool) -> None:
+            if again:
+                self._heads.pop((tenant, run), None)  # what committed is read afresh
+            try:
+                if self._saved_in_one(tenant, run, seq, text, drafts, ()) is not None:
+                    return
+                with self._transaction() as conn:
+                    # A stale save raises here, inside the transaction: no event is appended.
+                    self._save(conn, tenant, run, seq, text)
+                    head = self._append(conn, tenant, run, drafts)
+            except StaleCheckpoint:
+                # Landed with its events (one transaction) if the checkpoint holds our state.
+                if again and self._holds_checkpoint(tenant, run, seq, text):
+                    return
+                raise
+            self._heads[(tenant, run)] = head
+
+        self._durably(attempt)
+
+    def _holds_checkpoint(self, tenant: str, run: str, seq: int, text: str) -> bool:
+        with self._statement() as conn:
+            return self._landed(conn, tenant, run, seq, text)
 
     def save_completing(
         self,
@@ -479,6 +536,34 @@ class SQLStore(HoldsOwner, ABC):
             self.save_with_events(tenant, run, seq, state, drafts)
             return ()
         text = dumps(state)
+
+        def attempt(again: bool) -> tuple[str, ...]:
+            if again:
+                self._heads.pop((tenant, run), None)  # what committed is read afresh
+            try:
+                return self._completing_once(tenant, run, seq, text, drafts, completions)
+            except StaleCheckpoint:
+                if again and self._holds_checkpoint(tenant, run, seq, text):
+                    # An earlier attempt committed it all; its acknowledgement was lost. The
+                    # keys it completed are ours; any other was settled by someone else.
+                    return tuple(
+                        c.key
+                        for c in completions
+                        if not self._completed_as(tenant, c.key, c.result)
+                    )
+                raise
+
+        return self._durably(attempt)
+
+    def _completing_once(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        text: str,
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
         in_one = self._saved_in_one(tenant, run, seq, text, drafts, completions)
         if in_one is not None:
             return in_one
@@ -501,6 +586,20 @@ class SQLStore(HoldsOwner, ABC):
         if head is not _UNKNOWN:
             self._heads[(tenant, run)] = head
         return tuple(missed)
+
+    def _completed_as(self, tenant: str, key: str, result: Any) -> bool:
+        """Whether the key is completed with exactly this result by its own call (not settled
+        by anyone): what a completion whose acknowledgement was lost left behind."""
+        with self._statement() as conn:
+            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        if row is None:
+            return False
+        record = self._record(row)
+        return (
+            record.state is KeyState.COMPLETED
+            and not record.source
+            and record.result == json.loads(dumps(result))
+        )
 
     def _saved_in_one(
         self,
@@ -540,16 +639,22 @@ class SQLStore(HoldsOwner, ABC):
         return tuple(key for key in keys if key not in completed)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.load, (tenant, run)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.load, (tenant, run)))
         if row is None:
             return None
         return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
 
     def runs(self, tenant: str | None = None) -> list[RunRef]:
+        def attempt(again: bool) -> list[Any]:
+            with self._statement() as conn:
+                return conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
+
+        return [RunRef(str(t), str(r), int(s)) for t, r, s in self._durably(attempt)]
+
+    def _one(self, sql: str, params: Sequence[Any]) -> Any:
+        """The one row of a read, or None."""
         with self._statement() as conn:
-            rows = conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
-        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+            return conn.execute(sql, params).fetchone()
 
     # SpecStore
 
@@ -557,22 +662,26 @@ class SQLStore(HoldsOwner, ABC):
         self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
     ) -> bool:
         text = dumps(spec)
-        with self._statement() as conn:
-            # The operator records the spec before every step pod, and it seldom changes: an
-            # identical record is left as it is, so a step costs no durable commit here.
-            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
-            if row is not None and (str(row[0]), int(row[1]), str(row[2])) == (
-                source,
-                generation,
-                text,
-            ):
-                return True
-            cursor = conn.execute(self.sql.record_spec, (tenant, run, source, generation, text))
-        return cursor.rowcount == 1
+
+        def attempt(again: bool) -> bool:
+            with self._statement() as conn:
+                # The operator records the spec before every step pod, and it seldom changes:
+                # an identical record is left as it is, so a step costs no durable commit here
+                # (and a repeat after a lost acknowledgement finds its own record).
+                row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+                if row is not None and (str(row[0]), int(row[1]), str(row[2])) == (
+                    source,
+                    generation,
+                    text,
+                ):
+                    return True
+                values = (tenant, run, source, generation, text)
+                return conn.execute(self.sql.record_spec, values).rowcount == 1
+
+        return self._durably(attempt)
 
     def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.recorded_spec, (tenant, run)))
         if row is None:
             return None
         return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
@@ -610,9 +719,11 @@ class SQLStore(HoldsOwner, ABC):
         event: AuditDraft | None = None,
         deadline_in: float | None = None,
     ) -> KeyRecord | None:
+        claim_id = uuid.uuid4().hex
+
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
-            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in)
+            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in, claim_id)
             if conn.execute(self.sql.claim, values).rowcount != 1:
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
@@ -625,43 +736,100 @@ class SQLStore(HoldsOwner, ABC):
             if sealed is None:
                 return None
             events, last = sealed
-            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in, *events)
+            values = (
+                tenant,
+                key,
+                run,
+                action,
+                tool,
+                self._owner_id(),
+                deadline_in,
+                claim_id,
+                *events,
+            )
             row = self._one_statement(conn, self.sql.together("claim", 1), values)
             if row is None:
                 self._heads.pop((tenant, run), None)
                 return None
             return (True, last) if row[0] == 1 else (False, None)
 
-        while True:
+        def mine(conn: Connection) -> bool:
+            """After a claim whose acknowledgement was lost: whether it landed (its id is on
+            the key, still in flight), and then take it over with the current owner id, so
+            that it reads live again (a new owner session has a new id)."""
+            values = (self._owner_id(), tenant, key, claim_id)
+            return bool(conn.execute(self.sql.own_claim, values).rowcount == 1)
+
+        def attempt(again: bool) -> tuple[bool, AuditEvent | None]:
+            if again:
+                self._heads.pop((tenant, run), None)
+                if self._on_owner_session(mine, atomic=False):
+                    # Its event, if any, committed with it; the head is read afresh next time.
+                    return True, _UNKNOWN
             fast = None
             if event is not None and self.dialect.one_statement_writes:
                 fast = self._on_owner_session(insert_one, atomic=False)
-            won, head = fast or self._on_owner_session(insert, atomic=event is not None)
+            return fast or self._on_owner_session(insert, atomic=event is not None)
+
+        while True:
+            won, head = self._durably(attempt)
             if won:
-                if event is not None:
+                if event is not None and head is not _UNKNOWN:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
             # Lost: the key as it stands, its owner judged alive or gone.
-            with self._statement() as conn:
-                row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+            row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
             if row is not None:
                 return self._record(row)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
+            claim_id = uuid.uuid4().hex
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
-        with self._statement() as conn:
-            cursor = conn.execute(self.sql.complete, (dumps(result), tenant, key, self._owned()))
-        return cursor.rowcount == 1
+        text = dumps(result)
+
+        def attempt(again: bool) -> bool:
+            with self._statement() as conn:
+                values = (text, tenant, key, self._owned())
+                if conn.execute(self.sql.complete, values).rowcount == 1:
+                    return True
+            return again and self._completed_as(tenant, key, result)
+
+        return self._durably(attempt)
 
     def release(self, tenant: str, key: str) -> None:
-        with self._statement() as conn:
-            conn.execute(self.sql.release, (tenant, key, self._owned()))
+        self._durably(lambda again: self._write(self.sql.release, (tenant, key, self._owned())))
 
     def forget(self, tenant: str, key: str) -> None:
+        self._durably(lambda again: self._write(self.sql.forget, (tenant, key, self._owned())))
+
+    def _write(self, sql: str, params: Sequence[Any]) -> int:
+        """One autocommit write; the rows it changed."""
         with self._statement() as conn:
-            conn.execute(self.sql.forget, (tenant, key, self._owned()))
+            return int(conn.execute(sql, params).rowcount)
 
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
+        def attempt(again: bool) -> KeyRecord:
+            try:
+                return self._settle_once(tenant, key, executed=executed, by=by, source=source)
+            except SettleError:
+                if again:
+                    # An earlier attempt may have landed, its acknowledgement lost: the very
+                    # settlement asked for, by the same person, is this one.
+                    current = self.get(tenant, key)
+                    verdict = KeyState.COMPLETED if executed else KeyState.ABANDONED
+                    if current is not None and (
+                        current.state,
+                        current.settled_by,
+                        current.source,
+                    ) == (verdict, by, source):
+                        return current
+                raise
+
+        return self._durably(attempt)
+
+    def _settle_once(
+        self, tenant: str, key: str, *, executed: bool, by: str, source: str
+    ) -> KeyRecord:
         with self._statement() as conn:
             row = conn.execute(self.sql.key, (tenant, key)).fetchone()
             if row is None:
@@ -686,8 +854,7 @@ class SQLStore(HoldsOwner, ABC):
         return self._record(settled)
 
     def get(self, tenant: str, key: str) -> KeyRecord | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
         return None if row is None else self._record(row)
 
     # AuditLog
@@ -695,9 +862,16 @@ class SQLStore(HoldsOwner, ABC):
     def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
         if not drafts:
             return
-        with self._transaction() as conn:
-            head = self._append(conn, tenant, run, drafts)
-        self._heads[(tenant, run)] = head
+
+        def attempt(again: bool) -> None:
+            if again:
+                self._heads.pop((tenant, run), None)
+            # A repeat skips what landed: a draft whose key is on the chain is not appended.
+            with self._transaction() as conn:
+                head = self._append(conn, tenant, run, drafts)
+            self._heads[(tenant, run)] = head
+
+        self._durably(attempt)
 
     def _sealed(
         self, tenant: str, run: str, drafts: Sequence[AuditDraft]
@@ -766,8 +940,12 @@ class SQLStore(HoldsOwner, ABC):
         """
         last = after
         while True:
-            with self._statement() as conn:
-                rows = conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
+
+            def attempt(again: bool, last: int = last) -> list[Any]:
+                with self._statement() as conn:
+                    return conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
+
+            rows = self._durably(attempt)
             for row in rows:
                 yield _event(tenant, run, row)
                 last = int(row[0])
