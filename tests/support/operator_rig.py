@@ -10,6 +10,7 @@ server is a fake: the decisions, the store, the loop and the step are the produc
 from __future__ import annotations
 
 import io
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -124,7 +125,8 @@ class Operator:
         if failpoints is None and env.get("KEELGATE_FAILPOINTS"):
             failpoints = parse(env["KEELGATE_FAILPOINTS"])
         self.termination_log.write_text("")
-        saved = list(sys.path)
+        # What `keelgate step` changes for its own process, given back to the test's.
+        saved, on_sigterm = list(sys.path), signal.getsignal(signal.SIGTERM)
         argv = [*container["args"][1:], "--store", self.store_url]
         argv += ["--termination-log", str(self.termination_log)]
         logs = io.StringIO()
@@ -135,6 +137,7 @@ class Operator:
             code = 137
         finally:
             sys.path[:] = saved
+            signal.signal(signal.SIGTERM, on_sigterm)
         message = self.termination_log.read_text()
         if not message and code != 0:
             # terminationMessagePolicy FallbackToLogsOnError: the kubelet takes the log's tail.
