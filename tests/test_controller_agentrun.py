@@ -206,6 +206,78 @@ def test_a_busy_run_is_retried_later_and_is_not_a_crash(tmp_path: Path) -> None:
         kube.close()
 
 
+def test_a_preempted_step_goes_on_at_once_and_is_not_a_crash(tmp_path: Path) -> None:
+    """Exit 75: the step pod was asked to stop (a drain) and stopped at a checkpoint. The same
+    step's next attempt starts at once, even after earlier crashes (no back-off), the crash
+    count stays where it was, and a Normal Event (not a Warning) says what happened."""
+    now = [2_000_000.0]
+    kube = Operator(tmp_path, clock=lambda: now[0])
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        for attempt in (1, 2):  # two crashes: the next retry would back off
+            kube.api.finish_pod(NAMESPACE, f"restock-s1-a{attempt}", 137)
+            kube.reconcile("restock")
+        now[0] += 60  # past the back-off: the third attempt starts
+        kube.reconcile("restock")
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a3", 75)
+        assert kube.reconcile("restock") != Requeue(1.0)
+        step = kube.status("restock")["step"]
+        assert (step["pod"], step["crashes"], step["notBefore"]) == ("restock-s1-a4", 2, "")
+        assert step["lastExit"].startswith("exit code 75 (Error): asked to stop")
+        assert kube.sample("keelgate_steps_ended_total", result="preempted") == 1
+        preempted = [e for e in kube.api.events if e.reason == "StepPreempted"]
+        assert [e.type for e in preempted] == ["Normal"]
+    finally:
+        kube.close()
+
+
+def test_a_step_pod_gets_a_grace_period_that_covers_its_longest_call(kube: Operator) -> None:
+    """terminationGracePeriodSeconds is the longest tool time limit plus 30 s, so a drain's
+    SIGTERM lets the call under way finish and be recorded."""
+    spec = agentrun_spec()
+    spec["tools"][-1]["timeoutSeconds"] = 95
+    kube.apply("restock", spec)
+    kube.reconcile("restock")
+    pod = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+    assert pod is not None and pod["spec"]["terminationGracePeriodSeconds"] == 95 + 30
+
+
+def test_a_pod_deleted_but_never_seen_to_end_is_taken_as_lost_after_its_grace(
+    tmp_path: Path,
+) -> None:
+    """A running step pod is deleted (the node lifecycle controller evicts the pods of a node
+    that stopped reporting) and never ends: no kubelet is there to end it. The run waits for it
+    until its deletion deadline has passed by LOST_AFTER (no new pod before: its process may
+    still be at work), looking again then by itself; then the same step's next attempt runs,
+    the lost pod counted as a crash, and the WRITE is still done once."""
+    import time
+
+    from keelgate.kube.resources import LOST_AFTER
+
+    now = [time.time()]
+    kube = Operator(tmp_path, clock=lambda: now[0])
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+        kube.api.delete_pod(NAMESPACE, "restock-s1-a1")  # evicted; nobody confirms it
+        waited = kube.reconcile("restock")
+        assert isinstance(waited, Requeue) and 0 < waited.after <= LOST_AFTER + 1
+        assert kube.api.get("Pod", NAMESPACE, "restock-s1-a2") is None
+        assert kube.status("restock")["phase"] == "Running"
+        now[0] += LOST_AFTER + 2
+        kube.reconcile("restock")
+        step = kube.status("restock")["step"]
+        assert (step["pod"], step["crashes"]) == ("restock-s1-a2", 1)
+        assert step["lastExit"].startswith("lost: deleted")
+        assert kube.api.get("Pod", NAMESPACE, "restock-s1-a2") is not None
+        assert kube.drive("restock") == [0, 0]
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        kube.close()
+
+
 def test_a_step_pod_deleted_mid_step_counts_as_a_crash(kube: Operator) -> None:
     """A pod that vanished (its tombstone in the cache) ended without recording a stop: the
     same step's next attempt runs, and the WRITE is still done once."""
@@ -421,7 +493,8 @@ def test_a_confirmer_settlement_is_shown_as_a_settled_reconciliation(tmp_path: P
 
 def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Operator) -> None:
     """A WRITE whose outcome nobody knows: the run stops (no further pod), a Reconciliation
-    named after the run, iteration and tool is made and shown Pending, OutcomeUnknown names it,
+    named after the run, iteration and tool is made and shown Pending with the moment from
+    which it may be settled as not executed, OutcomeUnknown names it,
     and a Warning tells people what to settle."""
     kube.apply("restock", agentrun_spec(tool="lost_write"))
     assert kube.drive("restock") == [3]
@@ -429,7 +502,9 @@ def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Op
     assert (status["phase"], status["stopReason"]) == ("Stopped", "outcome_unknown")
     made = kube.api.get("Reconciliation", NAMESPACE, "restock-1-lost-write")
     assert made is not None
-    assert made["status"] == {"phase": "Pending"}
+    # Pending, saying from when "not executed" may be settled (the run's status says the same).
+    (unknown,) = status["unknownActions"]
+    assert made["status"] == {"phase": "Pending", "notExecutedAfter": unknown["notExecutedAfter"]}
     assert made["spec"]["action"] == "1:0" and made["spec"]["idempotencyKey"].startswith("kg-")
     assert kube.condition("restock", "OutcomeUnknown")["message"] == (
         "lost_write (1:0): see reconciliation restock-1-lost-write"
@@ -490,3 +565,35 @@ def test_a_step_pod_gets_the_operators_settings(tmp_path: Path) -> None:
         assert recorded is not None and recorded.generation == 1
     finally:
         kube.close()
+
+
+def test_a_late_result_is_told_once_in_a_warning_and_shown_in_status(kube: Operator) -> None:
+    """A call of the run ended after someone else had settled its key (its process recorded
+    that in the run's checkpoint): the operator shows it in status with a LateResult condition
+    and tells it in one Warning Event, not again at the next look."""
+    from keelgate.core.state import RunState
+    from keelgate.core.types import LateResult
+
+    kube.apply("restock", agentrun_spec())
+    kube.drive("restock")
+    checkpoint = kube.stores.checkpoints.load(NAMESPACE, "restock")
+    assert checkpoint is not None
+    state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
+    late = LateResult("1:0", "place_order", "kg-x", "ok", "abandoned", "alice")
+    kube.stores.checkpoints.save(
+        NAMESPACE, "restock", state.seq + 1, state.with_late([late]).to_json()
+    )
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    assert status["lateResults"][0]["settledBy"] == "alice"
+    assert kube.condition("restock", "LateResult")["status"] == "True"
+    told = [e for e in kube.api.events if e.reason == "LateResult"]
+    assert [(e.type, e.message) for e in told] == [
+        (
+            "Warning",
+            "place_order (1:0) ended ok after alice had settled it as abandoned; the settlement "
+            "stands: check the system it changes",
+        )
+    ]
+    kube.reconcile("restock")
+    assert len([e for e in kube.api.events if e.reason == "LateResult"]) == 1

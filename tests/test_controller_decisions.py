@@ -42,6 +42,43 @@ def awaiting_approval(kube: Operator) -> None:
     assert kube.api.get("Approval", NAMESPACE, APPROVE) is not None
 
 
+def test_not_executed_before_the_deadline_is_held_shown_and_recorded_once_it_has_passed(
+    kube: Operator,
+) -> None:
+    """The Reconciliation says from when "not executed" may be settled (its call may still be
+    sent until then). alice patches executed: false before that moment: the key stays unknown,
+    the Reconciliation stays Pending saying the decision is held until that moment (one Normal
+    Event, no Warning), and the operator looks again then. Once the deadline has passed, the
+    same decision is recorded: abandoned by alice, the run goes on, the WRITE never repeats."""
+    key = unknown_outcome(kube)
+    made = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert made is not None
+    after = made["status"]["notExecutedAfter"]
+    assert after.endswith("Z") and made["status"]["phase"] == "Pending"
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": False, "by": "alice"})
+    held = kube.reconcile(SETTLE, kind="Reconciliation")
+    # Looked at again at the deadline (the python tool's default limit, 300 s, plus 5 s).
+    assert isinstance(held, Requeue) and 300 < held.after <= 306
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None and shown["status"]["phase"] == "Pending"
+    assert f"held until {after}" in shown["status"]["message"]
+    assert [e.reason for e in kube.api.events][-1] == "SettlementHeld"
+    assert not [e for e in kube.api.events if e.type == "Warning" and "Refused" in e.reason]
+    events = len(kube.api.events)
+    assert isinstance(kube.reconcile(SETTLE, kind="Reconciliation"), Requeue)
+    assert len(kube.api.events) == events  # said once
+    pass_deadlines(kube.stores)  # the deadline passes
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None
+    assert (record.state, record.settled_by) == (KeyState.ABANDONED, "alice")
+    assert kube.drive("restock") == [0, 0]
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1  # the lost write's one call, never repeated
+
+
 @pytest.mark.parametrize(
     ("executed", "verdict", "state"),
     [(True, "executed", KeyState.COMPLETED), (False, "abandoned", KeyState.ABANDONED)],
@@ -131,7 +168,7 @@ def test_a_refused_settlement_is_told_and_tried_again_later(kube: Operator) -> N
     record = kube.stores.idempotency.get(NAMESPACE, key)
     assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
     shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
-    assert shown is not None and shown["status"] == {"phase": "Pending"}
+    assert shown is not None and shown["status"]["phase"] == "Pending"
 
 
 @pytest.mark.parametrize("approved", [True, False])

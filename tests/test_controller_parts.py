@@ -76,8 +76,15 @@ def test_a_pod_end_keeps_its_run_time_and_a_deleted_pod_is_a_crash() -> None:
 
 
 def test_the_end_kinds_are_the_metrics_labels() -> None:
-    """``keelgate_steps_ended_total{result}`` keeps its label values."""
-    assert [kind.value for kind in EndKind] == ["clean", "crash", "busy", "bad_input", "store"]
+    """``keelgate_steps_ended_total{result}`` keeps its label values (preempted added)."""
+    assert [kind.value for kind in EndKind] == [
+        "clean",
+        "crash",
+        "busy",
+        "bad_input",
+        "store",
+        "preempted",
+    ]
 
 
 def test_outcomes_are_values() -> None:

@@ -171,12 +171,13 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
         return classify(pod).kind
 
     codes = {cls.exit_code for cls in error_classes() if issubclass(cls, KeelgateError)} - {1}
-    assert codes == {2, 4, 5}
+    assert codes == {2, 4, 5, 75}
     for code in codes:
         kind = ended(code)
         if exit_retryable(code):
-            assert kind in ("busy", "store"), code
+            assert kind in ("busy", "store", "preempted"), code
         else:
             assert kind == "bad_input", code
+    assert ended(75) == "preempted"
     assert [ended(code) for code in (0, 1, 3)] == ["clean"] * 3
     assert ended(137) == "crash"

@@ -349,3 +349,35 @@ def test_differs_looks_only_at_what_would_be_patched() -> None:
     assert not differs({"phase": "Running"}, {"phase": "Running", "kopf": {"x": 1}})
     assert differs({"phase": "Running"}, {"phase": "Pending"})
     assert differs({"message": ""}, {})
+
+
+def test_a_late_result_is_listed_with_a_condition_of_its_own() -> None:
+    """A call that ended after someone settled its key: status lists it (lateResults) and a
+    LateResult condition, True, says what came and who had settled it; without one there is no
+    such condition (the six others are unchanged)."""
+    from dataclasses import replace
+
+    from keelgate.core.types import LateResult
+
+    late = LateResult("2:0", "place_order", "kg-abc", "ok", "abandoned", "alice")
+    base = outcome(StopReason.GOAL_MET, answer="done")
+    shown = desired_status(view(outcome=replace(base, late_results=(late,))), old={}, now=NOW)
+    assert shown["lateResults"] == [
+        {
+            "action": "2:0",
+            "tool": "place_order",
+            "idempotencyKey": "kg-abc",
+            "status": "ok",
+            "recorded": "abandoned",
+            "settledBy": "alice",
+        }
+    ]
+    conditions = {c["type"]: c for c in shown["conditions"]}
+    assert conditions["LateResult"]["status"] == "True"
+    assert conditions["LateResult"]["reason"] == "ResultAfterSettlement"
+    assert conditions["LateResult"]["message"] == (
+        "place_order (2:0) ended ok after alice settled it as abandoned"
+    )
+    plain = desired_status(view(outcome=base), old={}, now=NOW)
+    assert [c["type"] for c in plain["conditions"]] == list(CONDITION_TYPES)
+    assert "lateResults" not in plain

@@ -34,6 +34,8 @@ from keelgate.errors import ToolError
 MARGIN = 5.0
 #: The time limit of a PROPOSE or WRITE whose tool sets none: every such call is bounded.
 DEFAULT_CALL_SECONDS = 300.0
+#: The time limit of an HTTP or MCP call whose tool sets none (the tools' own default).
+NETWORK_CALL_SECONDS = 30.0
 
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 

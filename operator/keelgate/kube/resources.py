@@ -10,6 +10,7 @@ a tool's argument into an object it builds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from keelgate.kube.naming import (
     action_object_name,
     label_value,
 )
+from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
 
 JSON = dict[str, Any]
@@ -76,6 +78,24 @@ def pod_active(pod: Mapping[str, Any]) -> bool:
     return not pod_finished(pod)
 
 
+#: Seconds past a pod's deletion deadline (its deletionTimestamp: the end of its grace period)
+#: after which a pod that never ended is taken as lost: no kubelet is there to end it.
+LOST_AFTER = 10.0
+
+
+def lost_in(pod: Mapping[str, Any], *, now: float) -> float | None:
+    """For a pod being deleted that has not ended: seconds until it counts as lost (<= 0: it
+    is lost now; its node stopped reporting, as a lost node's pods do, deleted by the node
+    lifecycle controller's eviction and never confirmed). None for any other pod.
+
+    Its process may still run there: what keeps a WRITE from running twice when the run goes on
+    elsewhere is the store (the run's lock, the keys' owners and write deadlines), not this."""
+    deadline = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    if deadline is None or pod_finished(pod):
+        return None
+    return deadline.timestamp() + LOST_AFTER - now
+
+
 def is_active_step_pod(pod: Mapping[str, Any]) -> bool:
     """A step pod that still holds one of the operator's step slots."""
     labels = pod.get("metadata", {}).get("labels") or {}
@@ -100,6 +120,16 @@ def is_tick(run: Mapping[str, Any]) -> bool:
     """A monitor's tick: labelled with its monitor and controlled by an AgentRun."""
     meta = run.get("metadata", {})
     return MONITOR_LABEL in (meta.get("labels") or {}) and bool(controller_name(run))
+
+
+#: Seconds of a step pod's grace period beyond its longest call: the commit after the call
+#: (riding out a short store outage) and the stop at the next checkpoint.
+STEP_GRACE_MARGIN = 30
+
+
+def step_grace_seconds(spec: AgentRunSpec) -> int:
+    """A step pod's ``terminationGracePeriodSeconds``: its longest call plus a margin."""
+    return math.ceil(spec.longest_call_seconds()) + STEP_GRACE_MARGIN
 
 
 def step_pod(
@@ -166,6 +196,9 @@ def step_pod(
     }
     pod_spec: JSON = {
         "restartPolicy": "Never",
+        # SIGTERM (a drain, an eviction) lets the step finish the call it is in, record it and
+        # stop at its next checkpoint: the grace period covers the longest call and then some.
+        "terminationGracePeriodSeconds": step_grace_seconds(spec),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {

@@ -6,8 +6,10 @@ tools read: ``Succeeded`` (``kubectl wait --for=condition=Succeeded``), ``Outcom
 ``AwaitingApproval`` (a person must act), and kstatus's ``Reconciling`` (work under way: Helm's
 ``--wait`` and Flux read it as in progress) and ``Stalled`` (no progress without a change to the
 spec: read as failed), plus ``Ready``. A run that waits for a person is neither reconciling nor
-stalled: it is at rest until someone acts. This module is pure: it never talks to a cluster or
-a store, and never puts a tool's argument or a secret into status.
+stalled: it is at rest until someone acts. ``LateResult`` is there (True) only while the run lists
+a call that ended after someone else had settled its key: the settlement stands, and a person
+should look at what really happened. This module is pure: it never talks to a cluster or a
+store, and never puts a tool's argument or a secret into status.
 """
 
 from __future__ import annotations
@@ -173,11 +175,26 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         unknown_actions=tuple(unknown),
         pending_approvals=tuple(pending),
         answer=None if outcome is None else outcome.answer,
+        late_results=() if outcome is None else outcome.late_results,
     )
+    conditions = [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled]
+    if run_status.late_results:
+        conditions.append(
+            cond(
+                "LateResult",
+                "True",
+                "ResultAfterSettlement",
+                "; ".join(
+                    f"{late.tool} ({late.action}) ended {late.status} after "
+                    f"{late.settled_by or 'someone'} settled it as {late.recorded}"
+                    for late in run_status.late_results
+                ),
+            )
+        )
     return {
         **run_status.to_json(),
         "observedGeneration": gen,
-        "conditions": [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled],
+        "conditions": conditions,
         "step": dict(view.step),
         "failpointsSeen": view.failpoints_seen,
     }

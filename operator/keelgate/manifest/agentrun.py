@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
+from keelgate.core import fence
 from keelgate.core.monitor import validate_schedule
 from keelgate.core.spec import Budget, LoopSpec, Price
 from keelgate.core.types import LoopKind, RunStatus, SideEffect
@@ -209,6 +210,15 @@ class ToolConfig(KeelgateModel):
         """Which of http, python, mcp this tool is."""
         return next(k for k in ("http", "python", "mcp") if getattr(self, k) is not None)
 
+    def call_seconds(self) -> float:
+        """How long one call may take: its timeoutSeconds, else the tool kind's own limit
+        (HTTP and MCP calls), else the limit every PROPOSE or WRITE is held to."""
+        if self.timeout_seconds is not None:
+            return float(self.timeout_seconds)
+        if self.kind in ("http", "mcp"):
+            return fence.NETWORK_CALL_SECONDS
+        return fence.call_seconds(None)
+
     @field_validator("input_schema")
     @classmethod
     def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -384,6 +394,12 @@ class AgentRunSpec(KeelgateModel):
     def manifest(self) -> dict[str, Any]:
         """The spec as a JSON-able dict in the manifest's own spelling (what a LoopSpec carries)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def longest_call_seconds(self) -> float:
+        """How long the longest call of any of the run's tools may take (0 with no tools): a
+        step pod asked to stop (a drain) finishes the call it is in, so its grace period must
+        cover it."""
+        return max((tool.call_seconds() for tool in self.tools), default=0.0)
 
     def loop_spec(self, *, tenant: str, run: str) -> LoopSpec:
         """The serialisable LoopSpec a runner drives; this spec rides along as its manifest."""

@@ -59,6 +59,13 @@ class ReconciliationStatus(KeelgateModel):
     )
     settled_by: str = Field(default="", description="The person or confirmer that settled it.")
     settled_at: Timestamp = Field(default="", description="When it was settled (RFC 3339).")
+    not_executed_after: Timestamp = Field(
+        default="",
+        description="Until this moment (RFC 3339, on the store's clock) the call may still be "
+        "sent by a process that was held up: executed may be settled at once, not executed "
+        "only after it (a decision made earlier is held until then).",
+    )
+    message: str = Field(default="", description="What the operator is doing with the decision.")
 
 
 class Reconciliation(KeelgateModel):

@@ -65,7 +65,7 @@ class HttpTool:
         description: str = "",
         input_schema: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout_seconds: float = 30.0,
+        timeout_seconds: float = fence.NETWORK_CALL_SECONDS,
         where: str = "",
     ) -> None:
         where = where or f"tools[{name}]"  # the manifest path errors name

@@ -79,7 +79,7 @@ class McpServerRef:
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
-    timeout_seconds: float = 30.0
+    timeout_seconds: float = fence.NETWORK_CALL_SECONDS
 
     def __repr__(self) -> str:  # headers may hold credentials
         return f"McpServerRef(url={self.url!r})"

@@ -114,7 +114,19 @@ class AgentRunReconciler:
                 context.cache.forget_tombstone(namespace, pod_name)
             elif pod_active(pod):
                 context.slots.stop_waiting(key)
-                return write(run, step, suspended=spec.suspend, stepping=True, read_store=False)
+                lost = resources.lost_in(pod, now=context.clock())
+                if lost is None or lost > 0:
+                    written = write(
+                        run, step, suspended=spec.suspend, stepping=True, read_store=False
+                    )
+                    # A pod being deleted ends with a watch event, unless its node is gone: look
+                    # again when it would count as lost.
+                    return written if lost is None else Requeue(lost)
+                ended = PodEnd(
+                    EndKind.CRASH,
+                    "lost: deleted (its node stopped reporting?) and never seen to end; its "
+                    "process may still run there, and the store keeps it from acting twice",
+                )
             else:
                 ended = classify(pod)
             step = self._account(key, run, step, ended)
@@ -151,10 +163,14 @@ class AgentRunReconciler:
         context = self._context
         context.meter.step_ended(ended.kind, ended.seconds)
         crashes = 0 if ended.clean else int(step.get("crashes") or 0) + 1
-        if ended.kind is EndKind.BUSY:
-            crashes = int(step.get("crashes") or 0)  # another driver is alive: not a crash
+        if ended.kind in (EndKind.BUSY, EndKind.PREEMPTED):
+            # Another driver is alive, or the pod was asked to stop and did: not a crash.
+            crashes = int(step.get("crashes") or 0)
         told = f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}"
-        if ended.clean:
+        if ended.kind is EndKind.PREEMPTED:
+            context.events.normal(run, "StepPreempted", told)
+            context.memory.step_ended(key, at=context.clock(), untold=None)
+        elif ended.clean:
             # Told with what comes next (the next step's start, or the run's stop): one Event,
             # one API write, for both transitions.
             context.memory.step_ended(key, at=context.clock(), untold=told)
@@ -214,6 +230,8 @@ class AgentRunReconciler:
         delay = 0.0
         if ended is not None and ended.kind is EndKind.BUSY:
             delay = settings.busy_retry
+        elif ended is not None and ended.kind is EndKind.PREEMPTED:
+            delay = 0.0  # it stopped at a checkpoint: the next attempt goes on at once
         elif retry and crashes > 1:
             delay = min(settings.max_backoff, settings.crash_backoff * 2 ** (crashes - 2))
         seen = failpoints_seen_in(run)

@@ -43,7 +43,10 @@ class DecisionObjects:
             name = body["metadata"]["name"]
             existing = context.cache.get("Reconciliation", namespace, name)
             if existing is None:
-                if self._create_pending("Reconciliation", namespace, body):
+                shown: JSON = {"phase": "Pending"}
+                if unknown.not_executed_after:
+                    shown["notExecutedAfter"] = unknown.not_executed_after
+                if self._create_pending("Reconciliation", namespace, body, shown):
                     context.events.warning(
                         run,
                         "OutcomeUnknown",
@@ -64,7 +67,7 @@ class DecisionObjects:
             name = body["metadata"]["name"]
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
-            if self._create_pending("Approval", namespace, body):
+            if self._create_pending("Approval", namespace, body, {"phase": "Pending"}):
                 context.events.normal(
                     run,
                     "AwaitingApproval",
@@ -113,17 +116,15 @@ class DecisionObjects:
                 f"{record.settled_by}: reconciliation {name}",
             )
 
-    def _create_pending(self, kind: str, namespace: str, body: JSON) -> bool:
-        """Create a Reconciliation or Approval and show it Pending (status is a subresource: a
-        create cannot set it); False when another made it first (a 409)."""
+    def _create_pending(self, kind: str, namespace: str, body: JSON, status: JSON) -> bool:
+        """Create a Reconciliation or Approval and show it Pending with ``status`` (status is a
+        subresource: a create cannot set it); False when another made it first (a 409)."""
         api, cache = self._context.api, self._context.cache
         try:
             created = api.create_object(kind, namespace, body)
         except Conflict:
             return False
         with contextlib.suppress(Conflict, Gone):  # shown Pending at the next look instead
-            created = api.patch_status(
-                kind, namespace, body["metadata"]["name"], {"phase": "Pending"}
-            )
+            created = api.patch_status(kind, namespace, body["metadata"]["name"], status)
         cache.put(kind, created)
         return True

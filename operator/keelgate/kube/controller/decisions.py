@@ -5,7 +5,10 @@ A person decides by editing the object (``spec.executed`` or ``spec.approved``, 
 methods the CLI calls (``reconcile``, ``approve``), then shows it Settled in the object's status
 and wakes the run. A decision already recorded in the store (made with ``keelgate reconcile`` or
 ``keelgate approve``, or by a step pod's confirmer) is mirrored instead, and wins: the first
-decision stands. A decision the loop refuses is told in a Warning Event and tried again later.
+decision stands. A decision the loop refuses is told in a Warning Event and tried again later;
+"not executed" made before the call's write deadline (until then a held-up process may still
+send it) is held, shown in the object's status, and recorded once the deadline has passed,
+unless the call's own result arrived first.
 The two kinds differ only in what ``DecisionKind`` says. This module must never record a
 decision nobody made, nor change one already recorded.
 """
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
-from keelgate.errors import InputError, RunNotFound, SettleError
+from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
 from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
@@ -143,6 +146,8 @@ class DecisionReconciler:
                 return REST  # waiting for a person
             try:
                 kind.record(context.loop, namespace, spec, bool(wanted))
+            except SettleTooEarly as early:
+                return self._hold(body, run_name, early)
             except (SettleError, RunNotFound, InputError) as error:
                 decided = kind.recorded(context, namespace, spec)
                 if decided is None:
@@ -171,6 +176,30 @@ class DecisionReconciler:
             context.events.normal(run, reason, message)
         context.enqueue(("AgentRun", namespace, run_name), 0.0)
         return REST
+
+    def _hold(self, body: JSON, run_name: str, early: SettleTooEarly) -> Result:
+        """Hold a "not executed" made before the call's write deadline: say so in the object's
+        status (once, with a Normal Event on the run) and try again when it has passed."""
+        context = self._context
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        message = (
+            f"not executed is held until {early.not_before}: until then the call may still be "
+            "sent by a process that was held up; it is recorded then, unless the call's own "
+            "result arrives first"
+        )
+        status = body.get("status") or {}
+        if status.get("message") != message:
+            shown = {"phase": "Pending", "notExecutedAfter": early.not_before, "message": message}
+            try:
+                patched = context.api.patch_status(self._kind.kind, namespace, name, shown)
+            except Gone:
+                return REST
+            context.cache.put(self._kind.kind, patched)
+            run = context.cache.get("AgentRun", namespace, run_name)
+            context.events.normal(
+                run or body, "SettlementHeld", f"reconciliation {name}: {message}"
+            )
+        return Requeue(early.retry_after + 0.5)
 
     def _warn(self, body: JSON, run_name: str, reason: str, message: str) -> None:
         """A Warning on the run (on the object itself if the run is not in the cache)."""

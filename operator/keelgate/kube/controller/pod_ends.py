@@ -1,4 +1,4 @@
-"""How a step pod ended, read from what Kubernetes says about it: one of five kinds.
+"""How a step pod ended, read from what Kubernetes says about it: one of six kinds.
 
 Why it exists: the operator's next move depends on how the last step pod ended (go on, retry
 with back-off, retry later because another process drives the run, or stall until the spec
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from keelgate.errors import RunBusy, exit_retryable
+from keelgate.errors import Preempted, RunBusy, exit_retryable
 from keelgate.kube.times import parse_time
 
 # A step that recorded where the run stands exits 0 (at rest or going on), 1 (failed) or 3
@@ -31,6 +31,9 @@ class EndKind(StrEnum):
     BUSY = "busy"  # another process was driving the run: retried later, not a crash
     BAD_INPUT = "bad_input"  # the step refused its input: the spec must change
     STORE = "store"  # the store could not be reached: a crash
+    # Asked to stop (SIGTERM: a drain, an eviction), it finished its call, recorded it and
+    # stopped at a checkpoint: not a crash, and the next attempt goes on from there at once.
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> PodEnd:
             return PodEnd(EndKind.CLEAN, words, seconds)
         if code == RunBusy.exit_code:
             return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
+        if code == Preempted.exit_code:
+            return PodEnd(
+                EndKind.PREEMPTED,
+                f"{words}: asked to stop (a drain or an eviction), it stopped at a checkpoint",
+                seconds,
+            )
         retryable = exit_retryable(code) if isinstance(code, int) else None
         if retryable is False:  # the same pod would meet the same error: the spec must change
             detail = _last_line(terminated.get("message") or "")

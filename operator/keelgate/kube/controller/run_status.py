@@ -149,6 +149,16 @@ class RunStatusWriter:
         return REST
 
     def _tell_transition(self, run: JSON, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        told = old.get("lateResults") or []
+        for late in new.get("lateResults") or []:
+            if late not in told:  # a call that ended after someone settled its key: look again
+                self._context.events.warning(
+                    run,
+                    "LateResult",
+                    f"{late.get('tool')} ({late.get('action')}) ended {late.get('status')} after "
+                    f"{late.get('settledBy') or 'someone'} had settled it as "
+                    f"{late.get('recorded')}; the settlement stands: check the system it changes",
+                )
         before = (old.get("phase"), old.get("stopReason"))
         after = (new.get("phase"), new.get("stopReason"))
         if before == after:

@@ -29,6 +29,10 @@ def refresh_gauges(metrics: Metrics, cache: Cache) -> None:
     unsettled = lambda body: not is_settled(body)  # noqa: E731
     metrics.unknown_outcomes.set(cache.count("Reconciliation", unsettled))
     metrics.approvals_pending.set(cache.count("Approval", unsettled))
+    late = cache.tally(
+        "AgentRun", lambda body: str(len((body.get("status") or {}).get("lateResults") or []))
+    )
+    metrics.late_results.set(sum(int(count) * runs for count, runs in late.items()))
     metrics.step_pods_active.set(cache.active_step_pods())
 
 

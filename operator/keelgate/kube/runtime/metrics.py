@@ -47,6 +47,12 @@ class Metrics:
             "WRITEs whose outcome is unknown and not yet settled.",
             registry=self.registry,
         )
+        self.late_results = Gauge(
+            "keelgate_late_results",
+            "Calls that ended after someone else had settled their keys, as runs' statuses "
+            "list them (the newest 10 of each run).",
+            registry=self.registry,
+        )
         self.approvals_pending = Gauge(
             "keelgate_approvals_pending",
             "Actions waiting for a person's approval.",
