@@ -378,6 +378,10 @@ class Cluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--cluster-name=keelgate-e2e",
                 f"--controllers={','.join(CONTROLLERS)}",
+                # A node that stops reporting is seen within seconds, not the default 50 s: the
+                # lost-node tests wait for it (a node agent's own restarts take less).
+                "--node-monitor-period=2s",
+                "--node-monitor-grace-period=12s",
                 "--profiling=false",
                 "--v=1",
             ],
