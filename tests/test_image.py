@@ -54,7 +54,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def venv(wheel: Path) -> Path:
     """The final stage's /opt/keelgate (kept under .cache/ while it is what the install left)."""
-    return image_venv(wheel, "postgres")
+    return image_venv(wheel, "postgres,tracing")
 
 
 @pytest.fixture(scope="module")

@@ -295,13 +295,14 @@ def _pip(*args: str, cwd: Path | None = None) -> None:
 
 def wheelhouse() -> Path:
     """A folder of wheels: the build backend pyproject.toml names and, once ``fill_wheelhouse``
-    ran, every dependency of ``keelgate[postgres]``. Keyed by what pyproject.toml asks for, this
+    ran, every dependency of ``keelgate[postgres,tracing]``. Keyed by what pyproject.toml asks for, this
     Python and this platform; downloaded again when older than a week."""
     project = pyproject()
     wanted = {
         "build": project["build-system"]["requires"],
         "dependencies": project["project"]["dependencies"],
         "postgres": project["project"]["optional-dependencies"]["postgres"],
+        "tracing": project["project"]["optional-dependencies"]["tracing"],
         "python": sys.version_info[:2],
         "platform": sysconfig.get_platform(),
     }

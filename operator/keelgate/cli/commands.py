@@ -155,12 +155,16 @@ def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tup
 @contextmanager
 def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop, str, str]]:
     """(a loop over the store, tenant, run) for a run that must exist; closed afterwards."""
+    from keelgate.adapters.tracing import configured
+
     stores = _existing(store)
+    tracer = configured()  # a settlement or approval shows in the run's trace, if traced
     try:
         tenant, name = _find(stores, run, namespace, store=store)
-        yield Loop(stores=stores), tenant, name
+        yield Loop(stores=stores, tracer=tracer), tenant, name
     finally:
         stores.close()
+        tracer.close()
 
 
 class Interrupted(Exception):
@@ -197,10 +201,16 @@ def _terminable() -> Iterator[None]:
 
 
 def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
+    from keelgate.adapters.tracing import configured
     from keelgate.manifest import load_pricing
     from keelgate.runners.local import LocalRunner
 
-    runner = LocalRunner(store=store, pricing=None if pricing is None else load_pricing(pricing))
+    tracer = configured()  # the OTEL_* variables: nothing is traced without an endpoint
+    runner = LocalRunner(
+        store=store,
+        pricing=None if pricing is None else load_pricing(pricing),
+        tracer=tracer,
+    )
     try:
         with _terminable():
             if new_tick and spec.kind is LoopKind.MONITOR:
@@ -209,6 +219,8 @@ def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) 
     except KeyboardInterrupt as stop:
         # A monitor's own name resumes its latest tick, so the name given is the one to show.
         raise Interrupted(spec.run, terminated=isinstance(stop, Terminated)) from None
+    finally:
+        tracer.close()
 
 
 @app.command("run")

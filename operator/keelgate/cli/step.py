@@ -101,6 +101,7 @@ def load_confirmer(reference: str, url: str = "") -> Any:
 
 def _step(args: argparse.Namespace) -> int:
     from keelgate._startup import started
+    from keelgate.adapters.tracing import configured
     from keelgate.core.types import RunPhase
     from keelgate.runners.step import StepRunner
     from keelgate.stores import check_store_url
@@ -112,14 +113,19 @@ def _step(args: argparse.Namespace) -> int:
     started()
     sys.path.insert(0, str(Path.cwd()))
     asked = _stop_on_sigterm()
+    # Each span is sent as it ends: what a crash cuts short of the step stays sent.
+    tracer = configured(export_each_span=True)
     runner = StepRunner(
-        store=args.store, confirmer=load_confirmer(args.confirmer, args.confirmer_url)
+        store=args.store,
+        confirmer=load_confirmer(args.confirmer, args.confirmer_url),
+        tracer=tracer,
     )
     try:
         outcome = runner.step(args.namespace, args.run, asked_to_stop=asked.is_set)
     finally:
         # A call that timed out may still end and be recorded; cut off, it stays unknown.
         wait_for_running_calls(args.late_call_grace)
+        tracer.close()
     line = json.dumps(outcome.to_json(), sort_keys=True)
     print(line, flush=True)
     log: Path = args.termination_log

@@ -25,6 +25,7 @@ from keelgate.core.phases import Session
 from keelgate.core.protocols import Confirmer, RunLock, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
+from keelgate.core.tracing import NO_TRACING, Attributes, Tracer
 from keelgate.core.types import Action, KeyRecord, Outcome
 from keelgate.errors import InputError, RunBusy, RunNotFound, SettleError, UnreadableEvent
 
@@ -51,6 +52,7 @@ class Loop:
         max_output_tokens: int | None = None,
         busy_wait: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.stores = stores
         self.model = model
@@ -66,6 +68,7 @@ class Loop:
         self.max_output_tokens = max_output_tokens
         self.busy_wait = busy_wait
         self.clock = clock
+        self.tracer = tracer
 
     # Reading
 
@@ -194,10 +197,21 @@ class Loop:
         # A death here leaves the key settled without its event: the next resume meets the
         # settled key in the gateway, which writes the event from the key's record.
         failpoints.hit("after_settle")
+        settlement = Settlement(executed, by, "human")
         self.stores.audit.append(
-            tenant,
-            run,
-            [Settlement(executed, by, "human").draft(planned.id, planned.tool, planned.key)],
+            tenant, run, [settlement.draft(planned.id, planned.tool, planned.key)]
+        )
+        self._tell_decision(
+            state,
+            f"settle {planned.tool}",
+            "keelgate.settlement",
+            {
+                "keelgate.action": planned.id,
+                "keelgate.idempotency_key": planned.key,
+                "keelgate.verdict": settlement.verdict,
+                "keelgate.source": "human",
+                "keelgate.by": by,
+            },
         )
         return record
 
@@ -205,7 +219,28 @@ class Loop:
         """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
         check_actor(by)
         state = self.state(tenant, run)
-        return decide(self.stores, state, action, approved=approved, by=by).outcome()
+        outcome = decide(self.stores, state, action, approved=approved, by=by).outcome()
+        self._tell_decision(
+            state,
+            f"approve {action}",
+            "keelgate.approval",
+            {
+                "keelgate.action": action,
+                "keelgate.verdict": "approved" if approved else "denied",
+                "keelgate.by": by,
+            },
+        )
+        return outcome
+
+    def _tell_decision(
+        self, state: RunState, name: str, event: str, attributes: Attributes
+    ) -> None:
+        """A person's decision, in the run's trace: a short span with the decision as its
+        event, wherever it was made (the CLI, the operator, Python). Never its arguments."""
+        if state.trace is None or not self.tracer.enabled:
+            return
+        with self.tracer.run(state.trace).span(name) as span:
+            span.event(event, attributes)
 
 
 def check_actor(by: str, *, field: str = "by") -> None:

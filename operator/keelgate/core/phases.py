@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from keelgate.core import failpoints
+from keelgate.core import failpoints, telemetry
 from keelgate.core.approvals import ApprovalGate, recent
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
@@ -26,6 +26,7 @@ from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
+from keelgate.core.tracing import NO_TRACING, RunTrace, Tracer, TraceRef
 from keelgate.core.types import (
     Action,
     ActionResult,
@@ -34,6 +35,7 @@ from keelgate.core.types import (
     ResultStatus,
     SideEffect,
     StopReason,
+    canonical_json,
     idempotency_key,
 )
 from keelgate.errors import KeelgateError, ModelError, ModelUnavailable
@@ -70,6 +72,9 @@ class LoopParts(Protocol):
 
     @property
     def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
 
     def price(self) -> Price | None: ...
 
@@ -124,13 +129,20 @@ class Session:
         # The iterations this session planned itself: their actions were planned under the spec
         # in force now. A plan saved earlier may hold calls made under another spec.
         self.planned_here: set[int] = set()
+        # The run's trace (``start`` names it): every span of the session descends from it.
+        self.tracer = loop.tracer
+        self.trace: RunTrace = NO_TRACING.run(TraceRef("", ""))
 
     # Starting and driving
 
     def start(self) -> RunState:
         checkpoint = self.stores.checkpoints.load(self.spec.tenant, self.spec.run)
         if checkpoint is None:
-            state = RunState(spec=self.spec)
+            # A traced run's trace is named in its first checkpoint, so that every process that
+            # drives or settles it later joins the same trace.
+            state = RunState(
+                spec=self.spec, trace=self.tracer.new_run() if self.tracer.enabled else None
+            )
             return self.checkpoints.save(
                 state,
                 AuditDraft(
@@ -140,6 +152,8 @@ class Session:
                 ),
             )
         state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
+        if state.trace is None and self.tracer.enabled:
+            state = state.but(trace=self.tracer.new_run())  # saved with the next checkpoint
         if state.outbox:
             self.stores.audit.append(state.tenant, state.run, state.outbox)
             state = state.but(outbox=())
@@ -170,9 +184,28 @@ class Session:
 
     def drive(self, *, one_iteration: bool = False) -> Outcome:
         state = self.start()
+        if state.trace is not None:
+            self.trace = self.tracer.run(state.trace)
+        attributes = {"keelgate.tenant": state.tenant, "keelgate.run": state.run}
+        with self.trace.span("keelgate.session", attributes) as session:
+            state = self._drive(state, one_iteration=one_iteration)
+            stop = state.stop
+            if stop is not None:
+                session.event(
+                    "keelgate.stop",
+                    {
+                        "keelgate.stop_reason": stop.reason.value,
+                        "keelgate.resumable": stop.is_resumable,
+                    },
+                )
+        if state.stop is not None and not state.stop.is_resumable and self.tracer.enabled:
+            self._end_run(state)
+        return state.outcome()
+
+    def _drive(self, state: RunState, *, one_iteration: bool) -> RunState:
         if state.stop is not None:
             if not state.continues_under(self.spec.budget):
-                return state.outcome()
+                return state
             state = self.checkpoints.save(
                 state.but(stop=None, unknown=(), pending=()),
                 AuditDraft(
@@ -193,10 +226,24 @@ class Session:
             if state.step is Step.DONE:  # a checkpoint from a run that met its goal
                 state = self.checkpoints.stop(state, StopReason.GOAL_MET)
                 break
-            state = phases[state.step](state)
+            iteration = state.iteration + 1 if state.step is Step.PLAN else state.iteration
+            with self.trace.span(state.step.value, {"keelgate.iteration": iteration}):
+                state = phases[state.step](state)
             if one_iteration and state.stop is None and state.step is Step.PLAN:
                 break  # the iteration is over: its verify (or rejection) is saved
-        return state.outcome()
+        return state
+
+    def _end_run(self, state: RunState) -> None:
+        """The run has ended for good (goal met, or failed): its own span goes out, with the
+        stops and settlements of its whole life (read back from its audit chain) as events."""
+        from keelgate.core.telemetry import run_attributes, run_events
+
+        try:
+            events = run_events(self.stores.audit.iter_events(state.tenant, state.run))
+        except KeelgateError:
+            events = []  # the span says less; the run's end stands
+        name = f"invoke_agent {state.run}"
+        self.trace.end_run(name, run_attributes(state, self.loop.model), events)
 
     # Phases
 
@@ -276,14 +323,29 @@ class Session:
             return state
         resumed = plan.iteration not in self.planned_here
         for number, action in enumerate(remaining, start=1):
-            try:
-                result = self._next_result(state, action, resumed=resumed)
-            except UnknownOutcomeStop as unknown:
-                return self.checkpoints.stop(
-                    state,
-                    StopReason.OUTCOME_UNKNOWN,
-                    f"{unknown.unknown.tool} ({action.id}) may or may not have run; reconcile it",
-                    unknown=(unknown.unknown,),
+            tool = self.loop.tools.get(action.tool)
+            side_effect = action.side_effect if tool is None else tool.side_effect
+            attributes = telemetry.tool_attributes(action, side_effect)
+            if self.tracer.records_arguments:  # only when a setting asks for them
+                attributes["gen_ai.tool.call.arguments"] = canonical_json(action.args)
+            with self.trace.span(f"execute_tool {action.tool}", attributes) as span:
+                try:
+                    result = self._next_result(state, action, resumed=resumed)
+                except UnknownOutcomeStop as unknown:
+                    span.set("keelgate.outcome", "unknown")
+                    span.fail(f"{action.tool} ({action.id}) may or may not have run")
+                    return self.checkpoints.stop(
+                        state,
+                        StopReason.OUTCOME_UNKNOWN,
+                        f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
+                        "reconcile it",
+                        unknown=(unknown.unknown,),
+                    )
+                span.set(
+                    "keelgate.outcome",
+                    f"held: {result.reason.value}"
+                    if isinstance(result, Held)
+                    else telemetry.outcome_of(result),
                 )
             if isinstance(result, Held):
                 return self.checkpoints.stop(
@@ -436,20 +498,31 @@ class Session:
             return self.checkpoints.stop(
                 state, StopReason.FAILED, "no model is configured", resumable=False
             )
-        try:
-            return self.loop.model.call(request)
-        except ModelUnavailable:
-            raise  # nothing was saved: the run stays where it was, to be tried again
-        except ModelError as error:
-            return self.checkpoints.stop(
-                state, StopReason.FAILED, f"model: {error.message}", resumable=False
-            )
-        except KeelgateError:
-            raise
-        except Exception as error:
-            return self.checkpoints.stop(
-                state, StopReason.FAILED, f"model: {describe(error)}", resumable=False
-            )
+        model = self.loop.model
+        attributes = telemetry.chat_attributes(model, request.phase, request.iteration)
+        with self.trace.span(
+            f"chat {attributes['gen_ai.request.model']}", attributes, kind="client"
+        ) as span:
+            try:
+                reply = model.call(request)
+            except ModelUnavailable as error:
+                span.fail(error.message)
+                raise  # nothing was saved: the run stays where it was, to be tried again
+            except ModelError as error:
+                span.fail(error.message)
+                return self.checkpoints.stop(
+                    state, StopReason.FAILED, f"model: {error.message}", resumable=False
+                )
+            except KeelgateError:
+                raise
+            except Exception as error:
+                span.fail(describe(error))
+                return self.checkpoints.stop(
+                    state, StopReason.FAILED, f"model: {describe(error)}", resumable=False
+                )
+            for key, value in telemetry.usage_attributes(reply.usage).items():
+                span.set(key, value)
+            return reply
 
     def _request(
         self, state: RunState, phase: str, *, call: int, iteration: int, answer: str | None = None

@@ -21,6 +21,7 @@ from pydantic import PlainSerializer
 
 from keelgate.core.audit import AuditDraft
 from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.tracing import TraceRef
 from keelgate.core.types import (
     LATE_KEPT,
     Action,
@@ -35,7 +36,7 @@ from keelgate.core.types import (
     Usage,
     canonical_json,
 )
-from keelgate.core.values import OMIT_EMPTY, JsonValue
+from keelgate.core.values import OMIT_EMPTY, OMIT_NONE, JsonValue
 from keelgate.errors import StoreError
 
 VERSION = 2  # the checkpoint format this code writes
@@ -109,6 +110,8 @@ class RunState(JsonValue):
     audit_tail: str | None = None  # key of the last event written with a checkpoint
     # Calls that ended after someone else settled their keys (the newest LATE_KEPT).
     late: Annotated[tuple[LateResult, ...], OMIT_EMPTY] = ()
+    # The run's trace, when a traced process first drove it (``keelgate.core.tracing``).
+    trace: Annotated[TraceRef | None, OMIT_NONE] = None
 
     @property
     def tenant(self) -> str:

@@ -26,6 +26,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.model import Model
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import InputError, ToolError
 from keelgate.manifest import AgentRunSpec, ModelConfig, Provider, ToolConfig, spec_from_manifest
 
@@ -87,6 +88,7 @@ def build_loop(
     confirmer: Confirmer | None = None,
     parts: Parts | None = None,
     pricing: Mapping[str, Price] | None = None,
+    tracer: Tracer = NO_TRACING,
 ) -> Loop:
     """A Loop over ``stores`` with the model and tools ``spec``'s manifest names.
 
@@ -102,6 +104,7 @@ def build_loop(
         pricing={**(pricing or {}), **built.pricing},
         price_model=built.price_model,
         max_output_tokens=built.max_output_tokens,
+        tracer=tracer,
     )
 
 

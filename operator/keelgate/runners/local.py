@@ -18,6 +18,7 @@ from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.core.types import LoopKind, Outcome, StopReason
 from keelgate.errors import InputError
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
@@ -39,10 +40,12 @@ class LocalRunner:
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
         callables: CallableLoader | None = None,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.store = store
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
+        self.tracer = tracer
         #: Where a manifest's python models and tools are imported from (default: sys.path).
         self.callables = callables or FROM_SYS_PATH
 
@@ -105,7 +108,14 @@ class LocalRunner:
         return open_stores(self.store)
 
     def _loop(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Loop:
-        return build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
+        return build_loop(
+            spec,
+            stores,
+            confirmer=self.confirmer,
+            parts=parts,
+            pricing=self.pricing,
+            tracer=self.tracer,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.errors import InputError
 from keelgate.stores import open_stores
@@ -36,10 +37,12 @@ class StepRunner:
         store: str,
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.store = store
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
+        self.tracer = tracer
 
     def run(self, spec: LoopSpec) -> Outcome:
         """One step of ``spec``'s run; ``Running`` (no stop) when the run goes on."""
@@ -81,7 +84,14 @@ class StepRunner:
     ) -> Outcome:
         from keelgate.runners.build import build_loop
 
-        loop = build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
+        loop = build_loop(
+            spec,
+            stores,
+            confirmer=self.confirmer,
+            parts=parts,
+            pricing=self.pricing,
+            tracer=self.tracer,
+        )
         return loop.run_or_resume(spec, one_iteration=True, asked_to_stop=asked_to_stop)
 
 

@@ -17,6 +17,8 @@ ModelFunction = Callable[[dict[str, Any]], Mapping[str, Any]]
 
 
 class PythonModel:
+    provider = "keelgate.python"  # gen_ai.provider.name
+
     def __init__(self, function: ModelFunction, *, name: str = "python") -> None:
         self.function = function
         self.name = name

@@ -14,6 +14,8 @@ from keelgate.errors import ModelError
 
 
 class ScriptedModel:
+    provider = "keelgate.scripted"  # gen_ai.provider.name
+
     def __init__(self, script: Sequence[Mapping[str, Any]], *, name: str = "scripted") -> None:
         self.script = [dict(entry) for entry in script]
         self.name = name

@@ -22,7 +22,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from keelgate.adapters.tools.schema import ArgsSchema
-from keelgate.core import fence
+from keelgate.core import fence, tracing
 from keelgate.core.types import SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -118,6 +118,7 @@ class HttpTool:
         self._schema.check(self.name, args)
         url, rest = self._fill(args)
         headers = dict(self.headers)
+        headers.update(tracing.outgoing_headers())  # traceparent: the call joins the run's trace
         if self.changes_things and idempotency_key:
             headers[IDEMPOTENCY_HEADER] = idempotency_key
         request: dict[str, Any] = {"headers": headers}

@@ -38,7 +38,7 @@ from mcp_types import (
 )
 
 from keelgate.adapters.tools.schema import ArgsSchema
-from keelgate.core import fence
+from keelgate.core import fence, tracing
 from keelgate.core.types import SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -122,11 +122,12 @@ class McpTool:
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         self._schema.check(self.name, args)
         arguments = dict(args)
-        meta: RequestParamsMeta | None = None
+        meta_fields: dict[str, str] = dict(tracing.outgoing_headers())  # traceparent in _meta
         if self.side_effect is not SideEffect.READ and idempotency_key:
-            meta = cast(RequestParamsMeta, {KEY_META: idempotency_key})
+            meta_fields[KEY_META] = idempotency_key
             if self.key_argument:
                 arguments[self.key_argument] = idempotency_key
+        meta = cast(RequestParamsMeta, meta_fields) if meta_fields else None
         deadline = fence.current()  # read here: the call may run on a helper thread
         return run_sync(lambda: self._call(arguments, meta, deadline))
 
