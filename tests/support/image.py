@@ -295,8 +295,8 @@ def _pip(*args: str, cwd: Path | None = None) -> None:
 
 def wheelhouse() -> Path:
     """A folder of wheels: the build backend pyproject.toml names and, once ``fill_wheelhouse``
-    ran, every dependency of ``keelgate[postgres,tracing]``. Keyed by what pyproject.toml asks for, this
-    Python and this platform; downloaded again when older than a week."""
+    ran, every dependency of ``keelgate[postgres,tracing]``. Keyed by what pyproject.toml asks
+    for, this Python and this platform; downloaded again when older than a week."""
     project = pyproject()
     wanted = {
         "build": project["build-system"]["requires"],
