@@ -597,3 +597,59 @@ def test_a_late_result_is_told_once_in_a_warning_and_shown_in_status(kube: Opera
     ]
     kube.reconcile("restock")
     assert len([e for e in kube.api.events if e.reason == "LateResult"]) == 1
+
+
+def test_a_traced_operator_hands_each_pod_its_span_and_sends_it_when_the_pod_ends(
+    tmp_path: Path,
+) -> None:
+    """With tracing on, each step pod gets its own span (TRACEPARENT) in the run's trace, the
+    run's span (TRACESTATE), the collector's settings and the step service name, and the
+    headers only from a Secret; once the pod has ended the operator sends the pod's span under
+    the run's, failed for a crash, plain for a clean end. The trace is named by the run's UID:
+    a restarted operator names the same one."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from keelgate.adapters.tracing import configured
+    from keelgate.core.tracing import TraceRef
+
+    exporter = InMemorySpanExporter()
+    tracer = configured(environ={}, exporter=exporter, export_each_span=True)
+    pods = StepPodSettings(trace_env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"})
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=pods), tracer=tracer)
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        first = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+        assert first is not None
+        env = {e["name"]: e for e in first["spec"]["containers"][0]["env"]}
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:4318"
+        assert env["OTEL_SERVICE_NAME"]["value"] == "keelgate-step"
+        assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+            "name": "keelgate-otel",
+            "key": "headers",
+            "optional": True,
+        }
+        ref = TraceRef.handed(env["TRACEPARENT"]["value"], env["TRACESTATE"]["value"])
+        assert ref is not None
+        pod_span = env["TRACEPARENT"]["value"].split("-")[2]
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 137)  # a crash
+        kube.reconcile("restock")
+        assert kube.drive("restock") == [0, 0]
+    finally:
+        kube.close()
+        tracer.close()
+    spans = {s.name: s for s in exporter.get_finished_spans() if s.name == "step 1"}
+    crashed = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.context is not None and f"{s.context.span_id:016x}" == pod_span
+    ]
+    assert spans and len(crashed) == 1
+    (span,) = crashed
+    assert f"{span.context.trace_id:032x}" == ref.trace_id  # type: ignore[union-attr]
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == ref.span_id
+    assert span.status.status_code.name == "ERROR"
+    assert dict(span.attributes or {})["k8s.pod.name"] == "restock-s1-a1"
+    steps = [s for s in exporter.get_finished_spans() if s.name.startswith("step ")]
+    assert [s.status.status_code.name for s in steps] == ["ERROR", "UNSET", "UNSET"]
+    assert {f"{s.context.trace_id:032x}" for s in steps} == {ref.trace_id}  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ from crashkit.rig import sqlite_opener
 from fakes.downstream import Shop
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.http import HttpTool
-from keelgate.adapters.tracing import configured, tracestate_for
+from keelgate.adapters.tracing import configured
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
@@ -234,7 +234,7 @@ def test_a_step_handed_its_pods_span_puts_its_spans_under_it_in_the_runs_trace(
     tracer = tracer_of(
         exporter,
         TRACEPARENT=f"00-{ref.trace_id}-{pod_span}-01",
-        TRACESTATE=tracestate_for(ref),
+        TRACESTATE=ref.tracestate,
     )
     stores = Stores.of(SQLiteStore(tmp_path / "kg.db"))
     try:

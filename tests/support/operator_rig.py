@@ -21,6 +21,7 @@ from typing import Any
 from fakes.kube_api import FakeApiServer
 from keelgate.cli.step import main as step_main
 from keelgate.core.failpoints import armed, parse
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import SimulatedCrash
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
@@ -77,6 +78,7 @@ class Operator:
         settings: ControllerSettings | None = None,
         clock: Callable[[], float] = time.time,
         api: FakeApiServer | None = None,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         """``api``: the cluster of an operator before this one (a restart); its watches then
         report to this operator's cache, which knows nothing until ``relist``."""
@@ -95,6 +97,7 @@ class Operator:
             meter=self.metrics,
             enqueue=lambda key, after: self.queued.append((key, after)),
             clock=clock,
+            tracer=tracer,
         )
         self.termination_log = folder / "termination-log"
 

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 #: Where a process finds the trace context its parent handed it (W3C trace context).
 TRACEPARENT_ENV = "TRACEPARENT"
 TRACESTATE_ENV = "TRACESTATE"
-#: The tracestate entry naming the run's own span and its start: ``keelgate=<span>@<ISO time>``.
-STATE_KEY = "keelgate"
 
 
 def endpoint_set(environ: Mapping[str, str]) -> bool:
@@ -106,19 +104,7 @@ def _parse_parent(traceparent: str, tracestate: str) -> _Parent | None:
         int(parts[1], 16), int(parts[2], 16)
     except ValueError:
         return None
-    run = None
-    for entry in tracestate.split(","):
-        key, _, value = entry.strip().partition("=")
-        if key == STATE_KEY and "@" in value:
-            span, _, started = value.partition("@")
-            if len(span) == 16:
-                run = TraceRef(parts[1], span, started)
-    return _Parent(parts[1], parts[2], run)
-
-
-def tracestate_for(ref: TraceRef) -> str:
-    """The tracestate entry that tells a process the run's own span (``TRACESTATE``)."""
-    return f"{STATE_KEY}={ref.span_id}@{ref.started_at}"
+    return _Parent(parts[1], parts[2], TraceRef.handed(traceparent, tracestate))
 
 
 def _nanos(iso: str, default: int) -> int:

@@ -10,6 +10,7 @@ This module must never print a secret (the store URL is shown redacted, if at al
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -114,7 +115,9 @@ def operator_command(
         )
     import asyncio
     import logging
+    import os
 
+    from keelgate.adapters.tracing import configured
     from keelgate.kube.api import ClusterApi
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
@@ -135,6 +138,7 @@ def operator_command(
                 store_secret=store_secret,
                 confirmer=confirmer,
                 confirmer_url=confirmer_url,
+                trace_env=_trace_env(os.environ),
             ),
             allow_failpoints=allow_failpoints,
             max_step_pods=max_step_pods,
@@ -146,9 +150,27 @@ def operator_command(
         resync_seconds=resync,
     )
     stores = open_stores(store)
+    tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     try:
-        operator = Operator(options, stores=stores, api=ClusterApi())
+        operator = Operator(options, stores=stores, api=ClusterApi(), tracer=tracer)
         asyncio.run(operator.run())
     finally:
         stores.close()
+        tracer.close()
     return 0
+
+
+def _trace_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The OpenTelemetry settings step pods get: the operator's own OTEL_* variables, when they
+    name an endpoint, but the service name (steps have their own) and the headers (they may
+    carry credentials: step pods read them from a Secret of their namespace instead)."""
+    from keelgate.adapters.tracing import endpoint_set
+
+    if not endpoint_set(environ):
+        return {}
+    private = (
+        "OTEL_SERVICE_NAME",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    )
+    return {k: v for k, v in environ.items() if k.startswith("OTEL_") and k not in private}

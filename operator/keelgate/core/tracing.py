@@ -47,6 +47,42 @@ class TraceRef(JsonValue):
         """The W3C traceparent naming the run's span (sampled)."""
         return f"00-{self.trace_id}-{self.span_id}-01"
 
+    @property
+    def tracestate(self) -> str:
+        """The W3C tracestate entry that names the run's span and its start to a process
+        handed another span of the run (``keelgate=<span id>@<started at>``)."""
+        return f"{STATE_KEY}={self.span_id}@{self.started_at}"
+
+    def traceparent_of(self, span_id: str) -> str:
+        """The W3C traceparent naming another span of the run's trace (sampled)."""
+        return f"00-{self.trace_id}-{span_id}-01"
+
+    @classmethod
+    def handed(cls, traceparent: str, tracestate: str) -> TraceRef | None:
+        """The run's trace a process was handed with one of its spans (``traceparent``) and
+        ``tracestate`` naming the run's own span; None when they name none."""
+        parts = traceparent.strip().split("-")
+        if len(parts) != 4 or len(parts[1]) != 32 or not _hex(parts[1]):
+            return None
+        for entry in tracestate.split(","):
+            key, _, value = entry.strip().partition("=")
+            span, at, started = value.partition("@")
+            if key == STATE_KEY and at and len(span) == 16 and _hex(span):
+                return cls(parts[1], span, started)
+        return None
+
+
+#: The tracestate key of Keelgate's entry.
+STATE_KEY = "keelgate"
+
+
+def _hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
 
 class Span(Protocol):
     """One span under way: attributes and events may be added until it ends."""
@@ -78,6 +114,23 @@ class Tracer(Protocol):
 
     def run(self, ref: TraceRef) -> RunTrace:
         """The tracer of one run: its spans descend from the run's span."""
+        ...
+
+    def record(
+        self,
+        name: str,
+        *,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str | None,
+        start: str,
+        end: str = "",
+        attributes: Attributes | None = None,
+        events: list[RunEvent] | None = None,
+        error: str = "",
+    ) -> None:
+        """Send a span whose ids were chosen beforehand and whose times are known (ISO 8601;
+        ``end`` "" is now): a step pod's, told by the operator once the pod has ended."""
         ...
 
     def close(self) -> None:
@@ -152,6 +205,9 @@ class _NoTracing:
     _run = _NoRunTrace()
 
     def close(self) -> None:
+        pass
+
+    def record(self, name: str, **fields: object) -> None:
         pass
 
     def new_run(self) -> TraceRef:

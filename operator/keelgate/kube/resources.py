@@ -49,6 +49,16 @@ class StepPodSettings:
     confirmer: str = ""
     confirmer_url: str = ""
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The OpenTelemetry settings step pods get (the operator's own OTEL_* variables, none of
+    #: them a credential); empty: step pods trace nothing.
+    trace_env: Mapping[str, str] = field(default_factory=dict)
+    #: A Secret (in each run's namespace) whose key ``headers`` step pods read
+    #: OTEL_EXPORTER_OTLP_HEADERS from, if it is there (headers may carry credentials).
+    trace_headers_secret: str = "keelgate-otel"
+
+
+#: The service name step pods' spans carry (the operator's carry its own).
+STEP_SERVICE_NAME = "keelgate-step"
 
 
 def owner_reference(owner: Mapping[str, Any]) -> JSON:
@@ -142,8 +152,10 @@ def step_pod(
     generation: int,
     failpoints: str,
     settings: StepPodSettings,
+    trace: tuple[str, str] | None = None,
 ) -> JSON:
-    """The pod of one step attempt of ``run`` (an AgentRun body)."""
+    """The pod of one step attempt of ``run`` (an AgentRun body). ``trace``: the W3C
+    traceparent naming the pod's own span and the tracestate naming the run's, when traced."""
     meta = run["metadata"]
     namespace, run_name = meta["namespace"], meta["name"]
     env: list[JSON] = [
@@ -171,6 +183,23 @@ def step_pod(
         )
     if failpoints:
         env.append({"name": "KEELGATE_FAILPOINTS", "value": failpoints})
+    if settings.trace_env and trace is not None:
+        env.extend({"name": k, "value": v} for k, v in sorted(settings.trace_env.items()))
+        env.append({"name": "OTEL_SERVICE_NAME", "value": STEP_SERVICE_NAME})
+        env.append({"name": "TRACEPARENT", "value": trace[0]})
+        env.append({"name": "TRACESTATE", "value": trace[1]})
+        env.append(
+            {
+                "name": "OTEL_EXPORTER_OTLP_HEADERS",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": settings.trace_headers_secret,
+                        "key": "headers",
+                        "optional": True,
+                    }
+                },
+            }
+        )
     env.extend({"name": k, "value": v} for k, v in sorted(settings.extra_env.items()))
     args = ["step", "--namespace", namespace, "--run", run_name]
     if settings.confirmer:

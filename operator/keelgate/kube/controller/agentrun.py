@@ -24,6 +24,7 @@ from keelgate.core.state import RunState
 from keelgate.core.types import LoopKind, StopReason
 from keelgate.errors import InputError
 from keelgate.kube import resources
+from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.decision_objects import DecisionObjects
 from keelgate.kube.controller.monitor import MonitorReconciler
@@ -112,6 +113,7 @@ class AgentRunReconciler:
                     return self._pods.start(key, run, spec, step)
                 ended = classify(gone, deleted=not pod_finished(gone))
                 context.cache.forget_tombstone(namespace, pod_name)
+                pod = gone
             elif pod_active(pod):
                 context.slots.stop_waiting(key)
                 lost = resources.lost_in(pod, now=context.clock())
@@ -129,6 +131,7 @@ class AgentRunReconciler:
                 )
             else:
                 ended = classify(pod)
+            traces.tell_pod_span(context.tracer, pod, step, ended)
             step = self._account(key, run, step, ended)
 
         state = context.run_state(namespace, name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.state import RunState
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import RunNotFound
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
@@ -52,6 +53,7 @@ class ControllerContext:
     meter: StepMeter
     enqueue: Enqueue
     clock: Callable[[], float]
+    tracer: Tracer = NO_TRACING  # where step pods' spans go (kube.controller.traces)
 
     def run_state(self, namespace: str, name: str) -> RunState | None:
         """The run's checkpoint, as the store has it now (None: no step has saved one)."""

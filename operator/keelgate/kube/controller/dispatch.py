@@ -16,6 +16,7 @@ from typing import Protocol
 
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
 from keelgate.kube.controller.context import ControllerContext, ControllerSettings
 from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, DecisionReconciler
@@ -43,12 +44,14 @@ class Controller:
         meter: StepMeter,
         enqueue: Enqueue,
         clock: Callable[[], float] = time.time,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.context = ControllerContext(
             api=api,
             cache=cache,
             stores=stores,
-            loop=Loop(stores=stores),
+            # A settlement or approval made through the operator shows in the run's trace.
+            loop=Loop(stores=stores, tracer=tracer),
             settings=settings,
             events=EventRecorder(api),
             slots=StepSlots(cache, limit=settings.max_step_pods, clock=clock),
@@ -56,6 +59,7 @@ class Controller:
             meter=meter,
             enqueue=enqueue,
             clock=clock,
+            tracer=tracer,
         )
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context),

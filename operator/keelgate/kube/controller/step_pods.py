@@ -16,6 +16,7 @@ from typing import Any
 from keelgate.errors import KeelgateError
 from keelgate.kube import resources
 from keelgate.kube.api_failures import Conflict
+from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
@@ -49,6 +50,10 @@ class StepPodStarter:
         try:
             self._record_spec(key, run, spec)
             meta = run["metadata"]
+            trace = None
+            if context.tracer.enabled and context.settings.pods.trace_env:
+                ref = traces.run_trace(run, context.run_state(namespace, key[2]))
+                trace = traces.pod_trace(ref, run, str(step["pod"]))
             body = resources.step_pod(
                 run,
                 spec,
@@ -58,6 +63,7 @@ class StepPodStarter:
                 generation=int(meta.get("generation") or 1),
                 failpoints=str(step.get("failpoints", "")),
                 settings=context.settings.pods,
+                trace=trace,
             )
             try:
                 created = context.api.create_pod(namespace, body)

@@ -26,6 +26,7 @@ from typing import Any
 import kopf
 
 from keelgate.core.protocols import Stores
+from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
@@ -56,10 +57,18 @@ class OperatorOptions:
 
 
 class Operator:
-    def __init__(self, options: OperatorOptions, *, stores: Stores, api: ClusterApi) -> None:
+    def __init__(
+        self,
+        options: OperatorOptions,
+        *,
+        stores: Stores,
+        api: ClusterApi,
+        tracer: Tracer = NO_TRACING,
+    ) -> None:
         self.options = options
         self.stores = stores
         self.api = api
+        self.tracer = tracer
         self.cache = Cache()
         self.metrics = Metrics()
         self.queue: WorkQueue[Key] | None = None  # made on the operator's event loop
@@ -175,6 +184,7 @@ class Operator:
             settings=self.options.controller,
             meter=self.metrics,
             enqueue=queue.add_threadsafe,
+            tracer=self.tracer,
         )
         workers = Workers(queue, self.controller.reconcile, self.metrics)
         for number in range(self.options.workers):
