@@ -21,6 +21,7 @@ import pytest
 from keelgate_e2e import keelgate as kg
 from keelgate_e2e import procs
 from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.jaeger import Jaeger
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
@@ -89,12 +90,22 @@ def kubectl(cluster: Cluster, kubectl_bin: Path, namespace: str) -> Kubectl:
 
 
 @pytest.fixture(scope="session")
-def operator_process(cluster: Cluster) -> Iterator[kg.OperatorPod]:
+def jaeger(cluster: Cluster) -> Iterator[Jaeger]:
+    """A real trace collector (Jaeger, in memory) beside the cluster: every run's spans go
+    there, from the operator and from each step pod."""
+    collector = Jaeger(cluster.run_dir / "jaeger").start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture(scope="session")
+def operator_process(cluster: Cluster, jaeger: Jaeger) -> Iterator[kg.OperatorPod]:
     """Keelgate installed as a user installs it: `helm install --wait` of charts/keelgate into
     keelgate-system (the CRDs, the operator's RBAC, the user roles, the admission policy, the
     operator's Deployment), so the operator runs as a pod under the chart's RBAC, with failpoints
-    allowed; its store URL carries a password the tests look for everywhere."""
-    pod = kg.OperatorPod(cluster)
+    allowed, tracing to the session's collector; its store URL carries a password the tests
+    look for everywhere."""
+    pod = kg.OperatorPod(cluster, values=(f"tracing.otlpEndpoint={jaeger.otlp_endpoint}",))
     pod.install()
     yield pod
 

@@ -1,8 +1,9 @@
-"""Find or build the control-plane binaries (kube-apiserver, controller-manager, scheduler, etcd)
-and helm.
+"""Find or build the control-plane binaries (kube-apiserver, controller-manager, scheduler, etcd),
+helm, and jaeger (the trace collector of the tracing tests).
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
-modules pinned in e2e/tools/kube, e2e/tools/etcd and e2e/tools/helm, into the git-ignored folder
+modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm and e2e/tools/jaeger, into the
+git-ignored folder
 e2e/bin, with the version ldflags an official build sets. Binaries on KUBEBUILDER_ASSETS
 (envtest's convention) or PATH are used instead when they are new enough. Builds reuse Go's build
 and module caches, so only the first build on a machine is slow.
@@ -27,21 +28,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelgate_e2e import ETCD_VERSION, HELM_VERSION, KUBE_VERSION
+from keelgate_e2e import ETCD_VERSION, HELM_VERSION, JAEGER_VERSION, KUBE_VERSION
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 BIN_DIR = E2E_DIR / "bin"
 KUBE_TOOLS = E2E_DIR / "tools" / "kube"
 ETCD_TOOLS = E2E_DIR / "tools" / "etcd"
 HELM_TOOLS = E2E_DIR / "tools" / "helm"
+JAEGER_TOOLS = E2E_DIR / "tools" / "jaeger"
 
 KUBE_PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd", "helm")
+ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd", "helm", "jaeger")
 
 #: Oldest releases accepted from KUBEBUILDER_ASSETS or PATH.
 MIN_KUBE = (1, 36, 0)
 MIN_ETCD = (3, 6, 0)
 MIN_HELM = (4, 2, 0)
+MIN_JAEGER = (1, 75, 0)
 #: Oldest Go that can build the pinned modules (their go.mod says `go 1.26.0`).
 MIN_GO = (1, 26, 0)
 
@@ -72,7 +75,9 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 def pinned(name: str) -> tuple[int, int, int]:
     """The version e2e/tools pins for program `name`."""
-    text = {"etcd": ETCD_VERSION, "helm": HELM_VERSION}.get(name, KUBE_VERSION)
+    text = {"etcd": ETCD_VERSION, "helm": HELM_VERSION, "jaeger": JAEGER_VERSION}.get(
+        name, KUBE_VERSION
+    )
     version = parse_version(text)
     assert version is not None
     return version
@@ -80,13 +85,13 @@ def pinned(name: str) -> tuple[int, int, int]:
 
 def minimum(name: str) -> tuple[int, int, int]:
     """The oldest version of program `name` accepted from outside e2e/bin."""
-    return {"etcd": MIN_ETCD, "helm": MIN_HELM}.get(name, MIN_KUBE)
+    return {"etcd": MIN_ETCD, "helm": MIN_HELM, "jaeger": MIN_JAEGER}.get(name, MIN_KUBE)
 
 
 def binary_version(path: Path) -> tuple[int, int, int] | None:
     """Ask the program at `path` for its version (`--version`); None if it cannot say."""
-    # helm says its version through a subcommand; the others through a flag.
-    ask = ["version", "--short"] if path.name == "helm" else ["--version"]
+    # helm and jaeger say their versions through a subcommand; the others through a flag.
+    ask = {"helm": ["version", "--short"], "jaeger": ["version"]}.get(path.name, ["--version"])
     try:
         out = subprocess.run(
             [str(path), *ask], capture_output=True, text=True, timeout=30, check=False
@@ -168,6 +173,11 @@ def helm_ldflags(version: str = HELM_VERSION) -> str:
     return f"-s -w -X helm.sh/helm/v4/internal/version.version={version}"
 
 
+def jaeger_ldflags(version: str = JAEGER_VERSION) -> str:
+    """The -ldflags for jaeger: stripped, with the version `jaeger version` reports."""
+    return f"-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion={version}"
+
+
 def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
@@ -212,6 +222,14 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
         _go_build(go, KUBE_TOOLS, pkgs, kube_ldflags(), staging)
     if "helm" in names:
         _go_build(go, HELM_TOOLS, ["helm.sh/helm/v4/cmd/helm"], helm_ldflags(), staging)
+    if "jaeger" in names:
+        _go_build(
+            go,
+            JAEGER_TOOLS,
+            ["github.com/jaegertracing/jaeger/cmd/jaeger"],
+            jaeger_ldflags(),
+            staging,
+        )
     if "etcd" in names:
         _go_build(go, ETCD_TOOLS, ["go.etcd.io/etcd/server/v3"], etcd_ldflags(), staging)
         # go names a binary after the path element before a major-version suffix: "server".

@@ -34,9 +34,11 @@ class Shop:
         if book is not None and book.exists():
             self.orders = [json.loads(x) for x in book.read_text().splitlines() if x.strip()]
 
-    def take(self, key: str, body: Any) -> dict[str, Any]:
+    def take(self, key: str, body: Any, traceparent: str = "") -> dict[str, Any]:
         with self.lock:
             order = {"number": len(self.orders) + 1, "key": key, "at": time.time(), "body": body}
+            if traceparent:  # the caller's span, when its run is traced
+                order["traceparent"] = traceparent
             self.orders.append(order)
             if self.book is not None:
                 with self.book.open("a") as out:
@@ -92,7 +94,11 @@ class ShopServer:
                 if self.path.split("?", 1)[0] != "/orders":
                     self._send(404, {"error": "not found"})
                     return
-                order = shop_.take(self.headers.get("Idempotency-Key", ""), json.loads(raw))
+                order = shop_.take(
+                    self.headers.get("Idempotency-Key", ""),
+                    json.loads(raw),
+                    self.headers.get("traceparent", ""),
+                )
                 if shop_.delay:
                     time.sleep(shop_.delay)
                 self._send(201, {"order": order["number"]})

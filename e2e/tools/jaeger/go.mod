@@ -1,6 +1,6 @@
 module keelgate.dev/e2e/tools/jaeger
 
-go 1.26.8
+go 1.26.0
 
 tool github.com/jaegertracing/jaeger/cmd/jaeger
 

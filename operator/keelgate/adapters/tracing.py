@@ -37,18 +37,6 @@ TRACEPARENT_ENV = "TRACEPARENT"
 TRACESTATE_ENV = "TRACESTATE"
 
 
-def endpoint_set(environ: Mapping[str, str]) -> bool:
-    """Whether the environment asks for traces to be exported (the SDK's own variables)."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
-        return False
-    return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
-
-
 def configured(
     *,
     environ: Mapping[str, str] | None = None,
@@ -63,7 +51,7 @@ def configured(
     sent); otherwise spans go in batches, sent by ``close``.
     """
     env = os.environ if environ is None else environ
-    if exporter is None and not endpoint_set(env):
+    if exporter is None and not tracing.endpoint_set(env):
         return tracing.NO_TRACING
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider

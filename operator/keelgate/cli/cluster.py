@@ -164,7 +164,7 @@ def _trace_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The OpenTelemetry settings step pods get: the operator's own OTEL_* variables, when they
     name an endpoint, but the service name (steps have their own) and the headers (they may
     carry credentials: step pods read them from a Secret of their namespace instead)."""
-    from keelgate.adapters.tracing import endpoint_set
+    from keelgate.core.tracing import endpoint_set
 
     if not endpoint_set(environ):
         return {}
@@ -173,4 +173,7 @@ def _trace_env(environ: Mapping[str, str]) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_HEADERS",
         "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     )
-    return {k: v for k, v in environ.items() if k.startswith("OTEL_") and k not in private}
+    forwarded = {k: v for k, v in environ.items() if k.startswith("OTEL_") and k not in private}
+    if environ.get("KEELGATE_TRACE_TOOL_ARGUMENTS"):
+        forwarded["KEELGATE_TRACE_TOOL_ARGUMENTS"] = environ["KEELGATE_TRACE_TOOL_ARGUMENTS"]
+    return forwarded

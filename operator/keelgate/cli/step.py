@@ -101,7 +101,7 @@ def load_confirmer(reference: str, url: str = "") -> Any:
 
 def _step(args: argparse.Namespace) -> int:
     from keelgate._startup import started
-    from keelgate.adapters.tracing import configured
+    from keelgate.core import tracing
     from keelgate.core.types import RunPhase
     from keelgate.runners.step import StepRunner
     from keelgate.stores import check_store_url
@@ -113,8 +113,12 @@ def _step(args: argparse.Namespace) -> int:
     started()
     sys.path.insert(0, str(Path.cwd()))
     asked = _stop_on_sigterm()
-    # Each span is sent as it ends: what a crash cuts short of the step stays sent.
-    tracer = configured(export_each_span=True)
+    tracer = tracing.NO_TRACING
+    if tracing.endpoint_set(os.environ):  # imported only then: a step's start pays nothing else
+        from keelgate.adapters.tracing import configured
+
+        # Each span is sent as it ends: what a crash cuts short of the step stays sent.
+        tracer = configured(export_each_span=True)
     runner = StepRunner(
         store=args.store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),

@@ -221,6 +221,19 @@ class _NoTracing:
 NO_TRACING: Tracer = _NoTracing()
 
 
+def endpoint_set(environ: Mapping[str, str]) -> bool:
+    """Whether the environment asks for traces to be exported (the OpenTelemetry SDK's own
+    variables: an OTLP endpoint, and the SDK and its trace exporter not turned off)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
 # What an outgoing call of a tool should carry to join the trace (W3C trace context headers),
 # set by the tracer while a tool's span is current.
 _outgoing: ContextVar[Mapping[str, str] | None] = ContextVar("keelgate_trace_headers", default=None)
