@@ -32,6 +32,12 @@ temporary directory and Keelgate's own ``__pycache__``, and never leave a server
     .venv/bin/python bench/step_start.py               # 20 starts of each, both stores
     .venv/bin/python bench/step_start.py --starts 50 --store sqlite
     .venv/bin/python bench/step_start.py --before /tmp/old/operator   # beside an older tree
+    .venv/bin/python bench/step_start.py --tracing    # also traced, to a real Jaeger (e2e/bin)
+
+With ``--tracing`` each store's two kinds are also timed with tracing on, as a step pod of a
+traced operator runs: ``OTEL_EXPORTER_OTLP_ENDPOINT`` naming a Jaeger this script starts
+(``e2e/bin/jaeger``, built by ``make e2e-build``), and the pod's ``TRACEPARENT`` and
+``TRACESTATE``; each span is sent as it ends.
 """
 
 from __future__ import annotations
@@ -194,6 +200,29 @@ def stores(which: str, workdir: Path) -> Iterator[dict[str, str]]:
             server.stop()
 
 
+@contextmanager
+def collector(wanted: bool, workdir: Path) -> Iterator[dict[str, str]]:
+    """The variables of a traced step pod, with a Jaeger of e2e/bin taking its spans (nothing
+    when not ``wanted``)."""
+    if not wanted:
+        yield {}
+        return
+    sys.path.insert(0, str(ROOT / "e2e"))
+    from keelgate_e2e.jaeger import Jaeger
+
+    jaeger = Jaeger(workdir / "jaeger").start()
+    try:
+        trace, pod, run = "5" * 32, "6" * 16, "7" * 16
+        yield {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
+            "OTEL_SERVICE_NAME": "keelgate-step",
+            "TRACEPARENT": f"00-{trace}-{pod}-01",
+            "TRACESTATE": f"keelgate={run}@2026-12-04T10:00:00Z",
+        }
+    finally:
+        jaeger.stop()
+
+
 def import_breakdown(
     command: list[str], env: dict[str, str], cwd: Path, *, runs: int = 5, top: int = 8
 ) -> dict[str, Any]:
@@ -257,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
     parser.add_argument(
+        "--tracing", action="store_true", help="also time each kind traced, to a real Jaeger"
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         help="the 'operator' folder of another Keelgate tree (e.g. `git archive REV operator` "
@@ -271,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="kg-step-start-") as tmp:
         workdir = Path(tmp)
-        with stores(args.store, workdir) as urls:
+        with stores(args.store, workdir) as urls, collector(args.tracing, workdir) as traced:
             for url in urls.values():
                 prepare(url)
             base_env = environment("", workdir)
@@ -295,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
                 kinds[f"{label}: running run, exec to the model's first call"] = running_start(
                     env, workdir
                 )
+                if traced:
+                    on = {**env, **traced}
+                    kinds[f"{label}: finished run, traced"] = finished_start(on, workdir)
+                    kinds[f"{label}: running run, traced"] = running_start(on, workdir)
             times: dict[str, list[Start]] = {kind: [] for kind in kinds}
             order = list(kinds)
             for round_ in range(args.starts):

@@ -638,7 +638,7 @@ def test_a_traced_operator_hands_each_pod_its_span_and_sends_it_when_the_pod_end
     finally:
         kube.close()
         tracer.close()
-    spans = {s.name: s for s in exporter.get_finished_spans() if s.name == "step 1"}
+    spans = {s.name: s for s in exporter.get_finished_spans() if s.name == "step 1 attempt 1"}
     crashed = [
         s
         for s in exporter.get_finished_spans()

@@ -109,11 +109,6 @@ class Jaeger:
         """The query API's whole answer for one trace (what a trace UI draws)."""
         return dict(httpx.get(f"{self.query}/api/traces/{trace_id}", timeout=10).json())
 
-    def processes(self, trace_id: str) -> JSON:
-        """The processes (service name, tags) the trace's spans name by ``processID``."""
-        answer = httpx.get(f"{self.query}/api/traces/{trace_id}", timeout=10).json()
-        return dict(answer["data"][0]["processes"])
-
     def wait_for(self, trace_id: str, ready: Any, timeout: float = 60) -> list[JSON]:
         """The trace's spans once ``ready(spans)`` says they are all in."""
         deadline = time.monotonic() + timeout

@@ -81,7 +81,7 @@ def page(trace: JSON, *, title: str) -> str:
             f'<tr><td class="name" style="padding-left:{8 + 16 * depth}px">{name}'
             f'<span class="svc">{html.escape(service)}</span></td>'
             f'<td class="lane"><div class="bar" style="left:{left:.2f}%;width:{width:.2f}%;'
-            f'background:{colour}"></div><span class="detail" style="left:{min(left, 70):.2f}%">'
+            f'background:{colour}"></div><span class="detail" style="left:{min(left, 55):.2f}%">'
             f"{html.escape(detail)}</span></td>"
             f'<td class="ms">{span["duration"] / 1000:.0f} ms</td></tr>'
         )

@@ -138,10 +138,9 @@ class OtelTracer:
         # Under the span this process was handed, if it belongs to the run's trace (a step
         # pod's); else right under the run's own span.
         parent = self.parent
-        span_id = ref.span_id
         if parent is not None and parent.trace_id == ref.trace_id:
-            span_id = parent.span_id
-        return OtelRunTrace(self, ref, _context(ref.trace_id, span_id))
+            return OtelRunTrace(self, ref, _context(ref.trace_id, parent.span_id), handed=True)
+        return OtelRunTrace(self, ref, _context(ref.trace_id, ref.span_id), handed=False)
 
     def record(
         self,
@@ -185,10 +184,26 @@ class OtelTracer:
 
 
 class OtelRunTrace:
-    def __init__(self, tracer: OtelTracer, ref: TraceRef, parent: Any) -> None:
+    def __init__(self, tracer: OtelTracer, ref: TraceRef, parent: Any, *, handed: bool) -> None:
         self._tracer = tracer
         self._ref = ref
         self._parent = parent
+        self._handed = handed
+
+    @contextmanager
+    def session(self, attributes: Attributes) -> Iterator[tracing.Span]:
+        if not self._handed:
+            with self.span("keelgate.session", attributes) as span:
+                yield span
+            return
+        # A step pod: the operator sends its span; this process's spans hang right under it.
+        from opentelemetry import context as otel_context
+
+        token = otel_context.attach(self._parent)
+        try:
+            yield tracing.NO_SPAN
+        finally:
+            otel_context.detach(token)
 
     @contextmanager
     def span(

@@ -187,7 +187,7 @@ class Session:
         if state.trace is not None:
             self.trace = self.tracer.run(state.trace)
         attributes = {"keelgate.tenant": state.tenant, "keelgate.run": state.run}
-        with self.trace.span("keelgate.session", attributes) as session:
+        with self.trace.session(attributes) as session:
             state = self._drive(state, one_iteration=one_iteration)
             stop = state.stop
             if stop is not None:

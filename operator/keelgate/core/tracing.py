@@ -139,6 +139,12 @@ class Tracer(Protocol):
 
 
 class RunTrace(Protocol):
+    def session(self, attributes: Attributes) -> ContextManagerSpan:
+        """The span of this process's session of the run: a new one, or (a step pod, handed
+        its own span by the operator, which sends it) that span, made current, so that a crash
+        leaves no span without its parent."""
+        ...
+
     def span(
         self, name: str, attributes: Attributes | None = None, *, kind: str = "internal"
     ) -> ContextManagerSpan:
@@ -190,6 +196,9 @@ NO_SPAN = _NoSpan()
 
 
 class _NoRunTrace:
+    def session(self, attributes: Attributes) -> _NoSpan:
+        return NO_SPAN
+
     def span(
         self, name: str, attributes: Attributes | None = None, *, kind: str = "internal"
     ) -> _NoSpan:

@@ -100,6 +100,7 @@ class AgentRunReconciler:
             step = {**step, "state": "Ended", "crashes": 0}  # the spec changed: try again
 
         ended: PodEnd | None = None
+        ended_pod: JSON | None = None
         if step.get("state") == "Pending":
             pod_name = str(step.get("pod", ""))
             pod = context.cache.get("Pod", namespace, pod_name)
@@ -131,10 +132,12 @@ class AgentRunReconciler:
                 )
             else:
                 ended = classify(pod)
-            traces.tell_pod_span(context.tracer, pod, step, ended)
+            ended_pod = pod
             step = self._account(key, run, step, ended)
 
         state = context.run_state(namespace, name)
+        if ended is not None and ended_pod is not None:
+            traces.tell_pod_span(context.tracer, ended_pod, step, ended, state)
         if ended is not None and state is not None and context.settings.confirms:
             self._asks.show_confirmer_settlements(run, state)
         needed = self._next(run, spec.loop_spec(tenant=namespace, run=name), state, step, ended)

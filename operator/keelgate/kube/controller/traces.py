@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from keelgate.core.state import RunState
-from keelgate.core.tracing import Tracer, TraceRef
+from keelgate.core.tracing import RunEvent, Tracer, TraceRef
 from keelgate.kube.controller.pod_ends import EndKind, PodEnd
 
 
@@ -44,10 +44,15 @@ def pod_trace(ref: TraceRef, run: Mapping[str, Any], pod_name: str) -> tuple[str
 
 
 def tell_pod_span(
-    tracer: Tracer, pod: Mapping[str, Any], step: Mapping[str, Any], ended: PodEnd
+    tracer: Tracer,
+    pod: Mapping[str, Any],
+    step: Mapping[str, Any],
+    ended: PodEnd,
+    state: RunState | None,
 ) -> None:
     """Send the span of a step pod that has ended, under the ids it was handed (read back from
-    its own environment): from its creation to its end, failed unless it ended cleanly."""
+    its own environment): from its creation to its end, failed unless it ended cleanly, with
+    the run's stop (its checkpoint's, read after the pod ended) if the step left one."""
     if not tracer.enabled:
         return
     containers = (pod.get("spec") or {}).get("containers") or [{}]
@@ -60,13 +65,28 @@ def tell_pod_span(
     statuses = status.get("containerStatuses") or []
     terminated = (statuses[0].get("state") or {}).get("terminated") if statuses else None
     meta = pod.get("metadata") or {}
+    stop = None if state is None else state.stop
+    events = []
+    if ended.clean and stop is not None:
+        events.append(
+            RunEvent(
+                "keelgate.stop",
+                str((terminated or {}).get("finishedAt") or ""),
+                {
+                    "keelgate.stop_reason": stop.reason.value,
+                    "keelgate.resumable": stop.is_resumable,
+                },
+            )
+        )
     tracer.record(
-        f"step {step.get('number')}",
+        f"step {step.get('number')} attempt {step.get('attempt')}",
         trace_id=ref.trace_id,
         span_id=span_id,
         parent_span_id=ref.span_id,
+        # Kubernetes keeps times to the second: the span runs from its creation's second to the
+        # moment the operator saw the end, so the step's own spans always fall inside it.
         start=str(meta.get("creationTimestamp") or ""),
-        end=str((terminated or {}).get("finishedAt") or ""),
+        end="",
         attributes={
             "keelgate.step.number": int(step.get("number") or 0),
             "keelgate.step.attempt": int(step.get("attempt") or 0),
@@ -76,6 +96,7 @@ def tell_pod_span(
             "k8s.namespace.name": str(meta.get("namespace") or ""),
             "k8s.node.name": str((pod.get("spec") or {}).get("nodeName") or ""),
         },
+        events=events,
         # A drain's stop at a checkpoint is no failure; a crash is.
         error="" if ended.clean or ended.kind is EndKind.PREEMPTED else ended.words,
     )
