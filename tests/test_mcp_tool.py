@@ -97,6 +97,20 @@ def test_a_write_carries_its_key_in_meta(fake: McpFake) -> None:
     assert fake.seen_meta[-1][KEY_META] == "kg-1"
 
 
+def test_a_call_made_in_a_traced_run_carries_its_span_in_meta(fake: McpFake) -> None:
+    """While a tool call's span is current, the MCP request's _meta carries its W3C
+    ``traceparent`` beside the key, so the server's own spans join the run's trace."""
+    from keelgate.core import tracing
+
+    parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    with tracing.carrying({"traceparent": parent}):
+        _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 2}, idempotency_key="kg-9")
+    assert fake.seen_meta[-1]["traceparent"] == parent
+    assert fake.seen_meta[-1][KEY_META] == "kg-9"
+    _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-10")
+    assert "traceparent" not in fake.seen_meta[-1]  # nothing traced: nothing carried
+
+
 def test_a_key_argument_is_filled_by_keelgate_and_hidden_from_the_model(fake: McpFake) -> None:
     """For a server that takes the key as a parameter, the model never sees or supplies it."""
     (tool,) = _tools(
