@@ -109,9 +109,12 @@ class _Recorder(MemoryStore):
         action: str,
         tool: str,
         event: AuditDraft | None = None,
+        deadline_in: float | None = None,
     ) -> KeyRecord | None:
         self.claims.append(event)
-        return super().claim(tenant, key, run=run, action=action, tool=tool, event=event)
+        return super().claim(
+            tenant, key, run=run, action=action, tool=tool, event=event, deadline_in=deadline_in
+        )
 
     def save_with_events(
         self,

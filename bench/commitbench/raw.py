@@ -9,13 +9,17 @@ store it is compared with, nor write other bytes than the loop wrote.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from commitbench.loop import TENANT, TOOL, Payload, do_nothing
-from keelgate.stores._sql import schema_ddl
+from keelgate.core import fence
+from keelgate.stores._sql import Dialect, schema_ddl
 from keelgate.stores.sqlite import SQLITE
+
+DEADLINE_IN = fence.DEFAULT_CALL_SECONDS + fence.MARGIN
 
 # The baseline's tables are the stores' own, under other names: same columns, keys and index, so
 # the two sides pay for the same B-trees and cannot drift apart.
@@ -28,9 +32,11 @@ UPSERT = (
 )
 EVENT_INTO = "INSERT INTO raw_audit (tenant, run, seq, type, actor, at, data, key, prev, hash)"
 EVENT = EVENT_INTO + " VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
+# A claim records its write deadline on the store's clock and its own id, as the stores' does.
 CLAIM = (
-    "INSERT INTO raw_keys (tenant, key, run, action, tool, state, owner) "
-    "VALUES ({p}, {p}, {p}, {p}, {p}, 'in_flight', {p}) ON CONFLICT DO NOTHING"
+    "INSERT INTO raw_keys (tenant, key, run, action, tool, state, owner, deadline, claim_id) "
+    "VALUES ({p}, {p}, {p}, {p}, {p}, 'in_flight', {p}, "
+    "CAST({clock} AS {real}) + CAST({p} AS {real}), {p}) ON CONFLICT DO NOTHING"
 )
 COMPLETE = (
     "UPDATE raw_keys SET state = 'completed', result = {p}, owner = NULL "
@@ -82,8 +88,8 @@ class _RawPlan:
         return f"kg-{self.run}-{self.iteration:08d}"
 
 
-def _sql(template: str, placeholder: str) -> str:
-    return template.format(p=placeholder)
+def _sql(template: str, placeholder: str, dialect: Dialect = SQLITE) -> str:
+    return template.format(p=placeholder, clock=dialect.clock, real=dialect.real)
 
 
 Rows = list[tuple[Any, ...]]
@@ -95,6 +101,7 @@ class RawSession:
     rows in one transaction) and ``counter`` (its commits so far)."""
 
     placeholder = "?"
+    dialect: Dialect = SQLITE
     owner: Any
     execute: Callable[[str, tuple[Any, ...]], Any]
 
@@ -102,7 +109,7 @@ class RawSession:
         self.plan = _RawPlan(payload, "raw")
         self.upsert = _sql(UPSERT, self.placeholder)
         self.event = _sql(EVENT, self.placeholder)
-        self.claim = _sql(CLAIM, self.placeholder)
+        self.claim = _sql(CLAIM, self.placeholder, self.dialect)
         self.complete = _sql(COMPLETE, self.placeholder)
 
     def together(
@@ -133,7 +140,8 @@ class RawSession:
     def one(self) -> None:
         self._checkpoint(0)  # write-ahead plan
         key = self.plan.key()
-        claim = (TENANT, key, "raw", "1:0", TOOL, self.owner)
+        # The loop's WRITE has no time limit of its own: the default one, plus the margin.
+        claim = (TENANT, key, "raw", "1:0", TOOL, self.owner, DEADLINE_IN, uuid.uuid4().hex)
         events = self.plan.claim_events()
         if events:
             self.together(self.claim, claim, self.event, events)
@@ -213,6 +221,7 @@ class PostgresRaw(RawSession):
 
         from keelgate.stores.postgres import POSTGRES
 
+        self.dialect = POSTGRES
         super().__init__(payload)
         self.db = psycopg.connect(url, autocommit=True)
         with self.db.transaction():
