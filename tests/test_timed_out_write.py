@@ -28,7 +28,7 @@ from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.types import KeyState, SideEffect, StopReason, idempotency_key
-from keelgate.errors import RunBusy
+from keelgate.errors import OutcomeUncertain, RunBusy
 from keelgate.manifest import load_agentrun
 from keelgate.runners import LocalRunner
 from keelgate.stores import open_stores
@@ -284,3 +284,36 @@ def test_a_resume_right_after_a_timeout_does_not_abandon_a_write_still_running(
     assert record is not None and record.state is KeyState.COMPLETED  # its late end recorded
     assert loop.run_or_resume(ROUND2_SPEC).stop.reason is StopReason.GOAL_MET
     assert ledger.total() == 1
+
+
+def test_a_call_still_running_after_its_timeout_never_holds_up_the_next_call() -> None:
+    """Bounded calls share kept worker threads, yet one that hangs keeps its thread to itself:
+    the next call (of the same tool or another) starts at once and returns its own result, and
+    the hung call's late end is still reported to whoever waits for it."""
+    release = threading.Event()
+    seen: list[object] = []
+
+    def hang(args: Mapping[str, Any], *, idempotency_key: str | None) -> str:
+        release.wait(30)
+        return "late"
+
+    def quick(args: Mapping[str, Any], *, idempotency_key: str | None) -> int:
+        return int(args["n"]) * 2
+
+    hung = PythonTool("hang", hang, side_effect=SideEffect.WRITE, timeout_seconds=0.2)
+    fast = PythonTool("quick", quick, side_effect=SideEffect.WRITE, timeout_seconds=5)
+    with pytest.raises(OutcomeUncertain) as raised:
+        hung.invoke({}, idempotency_key="k1")
+    still_running = raised.value.still_running
+    assert still_running is not None, "the timed-out call must stay reachable for its late end"
+    started = time.monotonic()
+    assert [fast.invoke({"n": n}, idempotency_key=f"q{n}") for n in range(50)] == [
+        n * 2 for n in range(50)
+    ]
+    assert time.monotonic() - started < 2, "a hung call held up the calls after it"
+    still_running.when_done(lambda result, error: seen.append(result))
+    release.set()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == ["late"]

@@ -11,6 +11,7 @@ signals a definite failure by raising ``keelgate.ToolError``.
 from __future__ import annotations
 
 import contextvars
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,24 +54,12 @@ class PythonTool:
         if limit is None:
             return self.function(dict(args), idempotency_key=idempotency_key)
         call = _Call()
-
-        def work() -> None:
-            try:
-                result = self.function(dict(args), idempotency_key=idempotency_key)
-            except BaseException as error:
-                call.finish(None, error)
-            else:
-                call.finish(result, None)
-
-        # A daemon thread, not an executor: a hung tool must not hold the process open at exit.
         # It runs in a copy of this context, so the function sees the call's write deadline.
         context = contextvars.copy_context()
-        worker = threading.Thread(
-            target=context.run, args=(work,), name=f"tool-{self.name}", daemon=True
+        _WORKERS.run(
+            self.name, lambda: call.run(context, self.function, dict(args), idempotency_key)
         )
-        worker.start()
-        worker.join(limit)
-        if worker.is_alive():
+        if not call.wait(limit):
             within = (
                 f"{self.timeout_seconds}s"
                 if self.timeout_seconds is not None and limit >= self.timeout_seconds
@@ -87,15 +76,40 @@ class _Call:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Held until the call ends: a bare lock is the cheapest way to wait for another thread.
+        self._ended = threading.Lock()
+        self._ended.acquire()
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
 
+    def run(
+        self,
+        context: contextvars.Context,
+        function: ToolFunction,
+        args: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> None:
+        try:
+            result = context.run(function, args, idempotency_key=idempotency_key)
+        except BaseException as error:
+            self.finish(None, error)
+        else:
+            self.finish(result, None)
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the call ended within `seconds`."""
+        if not self._ended.acquire(timeout=seconds):
+            return False
+        self._ended.release()
+        return True
+
     def finish(self, result: Any, error: BaseException | None) -> None:
         with self._lock:
             self._done, self._result, self._error = True, result, error
             callbacks, self._callbacks = self._callbacks, []
+        self._ended.release()
         for callback in callbacks:
             callback(result, error)
 
@@ -110,3 +124,36 @@ class _Call:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+class _Workers:
+    """Daemon threads that run bounded calls, kept for the next call once one returns.
+
+    Starting a thread per call cost more than the rest of a WRITE's bookkeeping together; a
+    kept thread takes the next call from a queue. Daemon threads, not an executor: a hung tool
+    must not hold the process open at exit, and it keeps its thread (the next call gets
+    another), so no call ever waits behind a hung one.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def run(self, name: str, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, name=f"tool-{name}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_WORKERS = _Workers()
