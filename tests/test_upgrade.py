@@ -158,7 +158,7 @@ def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
         request.addfinalizer(lambda: server.drop_database(fresh.rsplit("/", 1)[1]))
     open_stores(fresh).close()
     assert _schema(url) == _schema(fresh)
-    assert _versions(url) == [(1, _sql.MIGRATIONS[0].description)]
+    assert _versions(url) == [(m.version, m.description) for m in _sql.MIGRATIONS]
 
 
 def _schema(url: str) -> dict[str, Any]:
@@ -189,7 +189,21 @@ def _schema(url: str) -> dict[str, Any]:
         sequences = conn.execute(
             "SELECT sequence_name, data_type FROM information_schema.sequences"
         ).fetchall()
-    return {"columns": columns, "indexes": indexes, "sequences": sequences}
+        secured = conn.execute(
+            "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class "
+            "WHERE relname LIKE 'keelgate%%' AND relkind = 'r' ORDER BY relname"
+        ).fetchall()
+        policies = conn.execute(
+            "SELECT tablename, policyname, cmd, roles, qual, with_check FROM pg_policies "
+            "WHERE schemaname = 'public' ORDER BY tablename, policyname"
+        ).fetchall()
+    return {
+        "columns": columns,
+        "indexes": indexes,
+        "sequences": sequences,
+        "secured": secured,
+        "policies": policies,
+    }
 
 
 def _versions(url: str) -> list[tuple[int, str]]:
@@ -250,13 +264,13 @@ def test_pending_migrations_run_once_in_order_however_many_stores_open_at_once(
     fresh_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stores opened at the same instant on a database one migration behind all open, and the
-    migration (here one that fails if run twice) ran exactly once, recorded after version 1."""
+    migration (here one that fails if run twice) ran exactly once, recorded after the versions before it."""
     open_stores(fresh_url).close()
     _later(monkeypatch, ("a later table", "CREATE TABLE keelgate_later (id INTEGER)"))
     opened = race([lambda: open_stores(fresh_url) for _ in range(6)])
     for stores in opened:
         stores.close()
-    assert [v for v, _ in _versions(fresh_url)] == [1, 2]
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, _sql.SCHEMA_VERSION + 2))
     _execute(fresh_url, "INSERT INTO keelgate_later (id) VALUES (1)")
 
 
@@ -272,7 +286,7 @@ def test_a_migration_that_fails_changes_nothing(
     )
     with pytest.raises(StoreError):
         open_stores(fresh_url)
-    assert [v for v, _ in _versions(fresh_url)] == [1]
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, _sql.SCHEMA_VERSION + 1))
     with pytest.raises((sqlite3.Error, psycopg.Error)):
         _execute(fresh_url, "INSERT INTO keelgate_half (id) VALUES (1)")
 
@@ -281,17 +295,18 @@ def test_a_store_newer_than_this_code_is_refused_in_one_line(fresh_url: str) -> 
     """A database a newer release migrated is not opened at all (this code cannot know what it
     must not do there): one StoreError line naming both versions, and nothing written."""
     open_stores(fresh_url).close()
+    known = _sql.SCHEMA_VERSION
     _execute(
         fresh_url,
         "INSERT INTO keelgate_schema (version, description, applied_at) "
-        "VALUES (2, 'from the future', '2030-01-01T00:00:00Z')",
+        f"VALUES ({known + 1}, 'from the future', '2030-01-01T00:00:00Z')",
     )
     with pytest.raises(StoreError) as refused:
         open_stores(fresh_url)
     message = str(refused.value)
     assert "\n" not in message
-    assert "version 2" in message and "(1)" in message
-    assert [v for v, _ in _versions(fresh_url)] == [1, 2]
+    assert f"version {known + 1}" in message and f"({known})" in message
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, known + 2))
 
 
 # Checkpoint formats
