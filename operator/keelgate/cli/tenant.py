@@ -178,17 +178,14 @@ def add_command(
         exists = current is not None
         working = _password_of(cluster.url_of(current), role or default_role(namespace, kind))
     with _admin(store) as admin:
-        if print_url and not rotate:
-            chosen = role or default_role(namespace, kind)
-            if admin.role_exists(chosen):
-                raise InputError(
-                    "--rotate",
-                    f"role {chosen} exists and its password cannot be read back: add --rotate "
-                    "to set a new one (URLs holding the old one then stop working), or leave "
-                    f"out --print to keep the one in Secret {namespace}/{secret}",
-                )
         added = admin.add(
-            namespace, kind=kind, role=role, working_password=working, rotate=rotate, host=host
+            namespace,
+            kind=kind,
+            role=role,
+            working_password=working,
+            rotate=rotate,
+            host=host,
+            new_url=print_url,
         )
     role = added.tenant.role
     made = "created" if added.created else "kept"

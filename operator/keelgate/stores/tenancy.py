@@ -296,11 +296,14 @@ class TenantStore:
         working_password: str = "",
         rotate: bool = False,
         host: str = "",
+        new_url: bool = False,
     ) -> Added:
         """Make ``role`` (default ``default_role``) the role of ``tenant``, with exactly its
         kind's rights. Idempotent: an existing role keeps its password when
         ``working_password`` logs in as it (the URL the caller already holds) and ``rotate``
-        is not asked; otherwise it gets a new one, and the result's URL carries it."""
+        is not asked; otherwise it gets a new one, and the result's URL carries it.
+        ``new_url`` asks for a URL with a password (``--print``): for a role that exists, that
+        needs ``rotate``, since its password cannot be read back."""
         check_namespace(tenant)
         if kind not in KINDS:
             raise InputError("--kind", f"must be one of {', '.join(KINDS)}")
@@ -326,6 +329,12 @@ class TenantStore:
                         f"remove it first (`keelgate tenant remove {tenant}`)",
                     )
             exists = self._check_existing(role)
+            if exists and new_url and not rotate:
+                raise InputError(
+                    "--rotate",
+                    f"role {role} exists and its password cannot be read back: --rotate sets a "
+                    "new one (URLs holding the old one then stop working)",
+                )
             password = ""
             if (
                 not exists
