@@ -1,8 +1,9 @@
 """Fixtures for every test: one real PostgreSQL server per session (``pg_server``), a fresh
 database per test (``pg_url``), store factories over every backend (``support/stores.py``), and
 for the loop's tests SQLite stores over a fresh file (``db``, ``stores``), a downstream world
-that remembers every side effect (``world``), and one real Temporal dev server per session for
-the tests that ask for it (``temporal_server``).
+that remembers every side effect (``world``), one real Temporal dev server per session for the
+tests that ask for it (``temporal_server``), and for the operator's unit tests an operator over a
+fake API server (``kube``) with the orders its step pods placed (``orders``).
 
 The server comes from the machine's programs (see ``keelgate.testing.pgserver``). When they are
 missing the tests that need it fail with a message saying how to provide them: the suite never skips
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,8 @@ from keelgate.core.protocols import Stores
 from keelgate.stores import open_stores
 from keelgate.testing.pgserver import PgServer, PostgresUnavailable, start_postgres
 from keelgate.testing.temporalserver import TemporalServer, TemporalUnavailable, start_temporal
+from support import operator_tools
+from support.operator_rig import Operator
 from support.stores import CHECKPOINT_BACKENDS, KEYED_BACKENDS, store_fixture
 
 
@@ -94,3 +98,19 @@ def stores(db: Path) -> Iterator[Stores]:
 def world(tmp_path: Path) -> World:
     """The downstream world of crash tests: its tools, and a journal of every side effect."""
     return World(Journal(tmp_path / "world.jsonl"))
+
+
+@pytest.fixture
+def orders() -> Iterator[list[tuple[str | None, dict[str, Any]]]]:
+    """The orders this test's in-process step pods placed (support.operator_tools)."""
+    operator_tools.ORDERS.clear()
+    yield operator_tools.ORDERS
+    operator_tools.ORDERS.clear()
+
+
+@pytest.fixture
+def kube(tmp_path: Path, orders: list[Any]) -> Iterator[Operator]:
+    """An operator without a cluster (support/operator_rig.py), closed at the test's end."""
+    operator = Operator(tmp_path)
+    yield operator
+    operator.close()

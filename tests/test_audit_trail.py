@@ -33,6 +33,7 @@ from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryStore
 from keelgate.stores.sqlite import SQLiteStore
 from keelgate.testing import failpoint
+from keelgate.testing.deadlines import pass_deadlines
 from support.ledger import REVIEW_SPEC, scripted
 from support.restock import RESTOCK, Recorder, loop_over, loop_with_look_and_order, spec
 from support.stores import StoreFactory, store_fixture
@@ -89,7 +90,8 @@ def test_a_write_cut_off_mid_call_is_on_the_chain_as_started(backend: str, tmp_p
 
 def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_stands() -> None:
     """The owner's session is lost mid-call (here: the memory backend forgets it is alive), so
-    others read the key unknown and a person abandons it; then the call returns success. The
+    others read the key unknown; the call outlasts its write deadline (a slow server), and a
+    person, finding nothing downstream yet, abandons it; then the call returns success. The
     person's record stands (never overwritten, never retried) and the chain says what came."""
     memory = MemoryStore()
     judge = memory.reopen()
@@ -97,6 +99,7 @@ def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_
     def place(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
         memory.backend.live_owners.discard(memory.owner)  # the owner's session is cut
         assert idempotency_key is not None
+        pass_deadlines(judge)  # the request left in time; its answer comes after the deadline
         judge.settle("shop", idempotency_key, executed=False, by="alice", source="human")
         return {"placed": True}
 
@@ -112,6 +115,15 @@ def test_a_write_that_ran_after_its_key_was_settled_is_noted_and_the_settlement_
     key = late.data["idempotencyKey"]
     record = judge.get("shop", key)
     assert record is not None and record.state.value == "abandoned"
+    # The run remembers it too, for whoever shows the run (status, the operator's condition).
+    (remembered,) = outcome.late_results
+    assert (remembered.status, remembered.recorded, remembered.settled_by) == (
+        "ok",
+        "abandoned",
+        "alice",
+    )
+    assert outcome.to_json()["lateResults"][0]["idempotencyKey"] == key
+    assert loop.verify_audit("shop", "late").ok
 
 
 #: Every column an audit event is stored in, and how a forger would rewrite it (given the row).

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from keelgate.cli import main
+from keelgate.stores import open_stores
+from keelgate.testing.deadlines import pass_deadlines
 
 TOOLS = """
 import json, os
@@ -1128,19 +1130,17 @@ def test_approve_and_reconcile_answer_in_json(
     path = str(write(world, manifest()))
     crashed = cli(world, "run", "-f", path, "--store", store, failpoints="after_gateway_call@2")
     assert crashed.returncode == 137
-    done = cli(
-        world,
-        "reconcile",
-        "restock",
-        "2:0",
-        "--not-executed",
-        "--by",
-        "al",
-        "-o",
-        "json",
-        "--store",
-        store,
-    )
+    settle = ("reconcile", "restock", "2:0", "--not-executed", "--by", "al", "-o", "json")
+    early = cli(world, *settle, "--store", store)  # before the call's write deadline
+    assert early.returncode == 4, early.stderr
+    refused = last_json(early.stdout)
+    assert refused["exitCode"] == 4 and "cannot be settled as not executed yet" in refused["error"]
+    stores = open_stores(store)
+    try:
+        pass_deadlines(stores)  # al waits until the deadline has passed
+    finally:
+        stores.close()
+    done = cli(world, *settle, "--store", store)
     assert done.returncode == 0, done.stderr
     assert last_json(done.stdout) == {
         "run": "restock",

@@ -63,6 +63,8 @@ def _sample(annotation: Any, name: str) -> Any:
         return True
     if annotation is int:
         return len(name) + 3
+    if annotation is float:
+        return len(name) + 0.5
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
         hints = typing.get_type_hints(annotation)
         return annotation(
@@ -162,7 +164,7 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
     changes when it says it is not (bad input); 0, 1 and 3 are a step that recorded its end, and
     a code no error has (a signal's 137) is a crash, retried with back-off."""
     from keelgate.errors import exit_retryable
-    from keelgate.kube.controller import classify
+    from keelgate.kube.controller.pod_ends import classify
 
     def ended(code: int) -> str:
         pod = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": code}}}]}}

@@ -1,9 +1,10 @@
 """The package's floors and its public facade, enforced by tools rather than by docstrings.
 
 `make lint` runs import-linter with the contracts in pyproject.toml (the floors of
-shared/design/architecture.md, a core free of drivers and clients, Kubernetes only in kube/, a
-step pod's start-up free of kopf, typer and rich). These tests prove the contracts bite: an
-upward import planted in a copy of the package breaks them. And the public API, re-exported by
+shared/design/architecture.md, no import circle, the operator's rooms in kube/, a core free of
+drivers and clients, Kubernetes only in kube/, a step pod's start-up free of kopf, typer and
+rich). These tests prove the contracts bite: an upward import planted in a copy of the package
+breaks them. And the public API, re-exported by
 ``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed.
 """
 
@@ -54,6 +55,10 @@ def test_the_package_keeps_its_floors() -> None:
         ("stores/postgres.py", "import temporalio", "Only the Temporal runner"),
         ("runners/step.py", "import keelgate.runners.temporal", "Only the Temporal runner"),
         ("core/loop.py", "import temporalio.client", "The core imports no"),
+        ("core/phases.py", "import keelgate.core.loop", "No import circle"),
+        ("kube/controller/agentrun.py", "import keelgate.kube.runtime.cache", "Kube rooms"),
+        ("kube/controller/monitor.py", "import keelgate.kube.api", "The controller reaches"),
+        ("kube/crds/schema.py", "import keelgate.kube.controller.outcomes", "CRD generation"),
     ],
 )
 def test_an_import_against_a_floor_breaks_the_lint(
@@ -89,6 +94,7 @@ def test_the_public_api_is_exactly_this() -> None:
             "Checkpoint",
             "CheckpointStore",
             "Confirmer",
+            "DeadlinePassed",
             "IdempotencyStore",
             "InputError",
             "KeelgateError",
@@ -112,6 +118,7 @@ def test_the_public_api_is_exactly_this() -> None:
             "RunPhase",
             "RunRef",
             "SettleError",
+            "SettleTooEarly",
             "SideEffect",
             "StaleCheckpoint",
             "Stop",
@@ -123,9 +130,11 @@ def test_the_public_api_is_exactly_this() -> None:
             "ToolInfo",
             "UnknownAction",
             "Usage",
+            "WriteDeadline",
             "StoreUnavailable",
             "open_stores",
             "verify_audit",
+            "write_deadline",
         ]
     )
     assert all(hasattr(keelgate, name) for name in keelgate.__all__)

@@ -112,7 +112,8 @@ COMMANDS = [
         [
             "python",
             "-c",
-            "import keelgate.kube.operator, keelgate.runners.step, kopf, psycopg, psycopg_pool;"
+            "import keelgate.kube.runtime.operator, keelgate.runners.step, kopf, psycopg, "
+            "psycopg_pool;"
             "print('libpq', psycopg.pq.__impl__)",
         ],
         "libpq binary",  # the wheel's own libpq: the slim image has none

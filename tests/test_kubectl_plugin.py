@@ -335,6 +335,56 @@ def test_reconcile_patches_the_runs_reconciliation_for_that_action_in_the_users_
     assert "restock 2:0 (place_order): executed by alice" in out
 
 
+def test_not_executed_is_refused_until_the_runs_deadline_for_it_has_passed(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """--not-executed before the moment the run's status names for the action (its call may
+    still be sent until then) is exit 4, saying when, and patches nothing; --executed is taken
+    at once; once the moment has passed, --not-executed is taken."""
+    import datetime as dt
+
+    def moment(seconds: float) -> str:
+        at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+        return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    later = moment(120)
+    unknown = [
+        {
+            "action": "2:0",
+            "tool": "place_order",
+            "idempotencyKey": "kg-2",
+            "notExecutedAfter": later,
+        },
+        {
+            "action": "3:0",
+            "tool": "place_order",
+            "idempotencyKey": "kg-3",
+            "notExecutedAfter": later,
+        },
+        {
+            "action": "4:0",
+            "tool": "place_order",
+            "idempotencyKey": "kg-4",
+            "notExecutedAfter": moment(-5),
+        },
+    ]
+    cluster.runs["restock"] = run_body(phase="Stopped", unknownActions=unknown)
+    cluster.objects["Reconciliation"] = [
+        decision("Reconciliation", "restock", a) for a in ("2:0", "3:0", "4:0")
+    ]
+    code, _, err = plugin(capsys, "reconcile", "restock", "2:0", "--not-executed")
+    assert code == 4
+    assert later in err and "cannot be settled as not executed yet" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cluster.patches == []
+    assert plugin(capsys, "reconcile", "restock", "3:0", "--executed")[0] == 0
+    assert plugin(capsys, "reconcile", "restock", "4:0", "--not-executed")[0] == 0
+    assert [(name, spec["executed"]) for _, name, spec in cluster.patches] == [
+        ("restock-3-place-order", True),
+        ("restock-4-place-order", False),
+    ]
+
+
 def test_approve_and_deny_patch_spec_approved(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:

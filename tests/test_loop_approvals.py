@@ -30,6 +30,7 @@ from keelgate.core.types import (
     idempotency_key,
 )
 from keelgate.errors import InputError, OutcomeUncertain, RunBusy, SettleError, ToolError
+from keelgate.testing.deadlines import pass_deadlines
 from support.ledger import A1_ORDER, REVIEW_SPEC, Ledger, place_order_tool, scripted, sqlite_stores
 from support.restock import (
     ORDER,
@@ -132,6 +133,8 @@ def test_an_unknown_outcome_is_settled_before_any_approval_is_asked(
     assert again.stop.reason is StopReason.OUTCOME_UNKNOWN
     assert again.pending_approvals == ()
     assert [u.action for u in again.unknown_actions] == ["2:0"]
+    if not happened:
+        pass_deadlines(stores)  # "not executed" waits for the call's write deadline
     loop.reconcile("shop", "restock", "2:0", executed=happened, by="alice")
     done = loop.run_or_resume(spec())
     assert done.stop.reason is StopReason.GOAL_MET

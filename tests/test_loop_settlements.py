@@ -30,7 +30,15 @@ from keelgate.core.types import (
     UnknownAction,
     idempotency_key,
 )
-from keelgate.errors import InputError, OutcomeUncertain, RunBusy, SettleError, ToolError
+from keelgate.errors import (
+    InputError,
+    OutcomeUncertain,
+    RunBusy,
+    SettleError,
+    SettleTooEarly,
+    ToolError,
+)
+from keelgate.testing.deadlines import pass_deadlines
 from support.ledger import A1_ORDER, REVIEW_SPEC, scripted, sqlite_stores
 from support.restock import (
     DONE,
@@ -116,12 +124,20 @@ def test_a_person_settles_an_unknown_outcome_attributed_and_audited_without_argu
 ) -> None:
     """Loop.reconcile: executed=True records the WRITE done, executed=False abandons it for good;
     either way the run continues without calling the tool again, and the audit chain records who
-    decided, on whose authority and which way, and no argument value anywhere."""
+    decided, on whose authority and which way, and no argument value anywhere. "Not executed"
+    is refused until the call's write deadline has passed, saying when."""
     flaky = Flaky(world.journal, OutcomeUncertain("timed out"), effect=happened)
     model = Recorder(RESTOCK)
     loop = loop_over(stores, model, flaky.tools(world))
     stopped = loop.run_or_resume(spec())
     (unknown,) = stopped.unknown_actions
+    assert unknown.not_executed_after  # the stop says when "not executed" becomes possible
+    if not happened:
+        with pytest.raises(SettleTooEarly) as early:
+            loop.reconcile("shop", "restock", unknown.action, executed=False, by="alice")
+        assert early.value.not_before == unknown.not_executed_after
+        assert unknown.not_executed_after in str(early.value)
+        assert pass_deadlines(stores) == 1  # alice waits until then
     record = loop.reconcile("shop", "restock", unknown.action, executed=happened, by="alice")
     assert record.state is (KeyState.COMPLETED if happened else KeyState.ABANDONED)
     assert (record.settled_by, record.source) == ("alice", "human")
@@ -188,11 +204,18 @@ def test_a_definite_confirmer_answer_settles_the_unknown_outcome(
     """A confirmer asking the system of record settles an unknown outcome on the next resume
     (never in the call that just went uncertain: it may still be running): True records it done,
     False abandons it; no person is needed, the tool is never called again, and the audit has
-    loop.reconciled with the confirmer as actor, source confirmer, and no arguments."""
+    loop.reconciled with the confirmer as actor, source confirmer, and no arguments. Its False
+    counts only once the call's write deadline has passed (a held-up process might still send
+    it until then): a resume before that stops again."""
     flaky = Flaky(world.journal, OutcomeUncertain("timed out"), effect=happened)
     confirmer = LedgerConfirmer(world, name="orders-db")
     loop = loop_over(stores, Recorder(RESTOCK), flaky.tools(world), confirmer=confirmer)
     assert loop.run_or_resume(spec()).stop.reason is StopReason.OUTCOME_UNKNOWN
+    if not happened:
+        early = loop.run_or_resume(spec())
+        assert early.stop.reason is StopReason.OUTCOME_UNKNOWN
+        assert early.unknown_actions[0].not_executed_after
+        pass_deadlines(stores)
     done = loop.run_or_resume(spec())
     assert done.stop.reason is StopReason.GOAL_MET
     assert flaky.calls == 1
@@ -303,8 +326,9 @@ def test_a_person_settling_while_the_confirmer_decides_does_not_break_the_run(
         )
         holder["loop"] = loop
         # The call that just went uncertain is not put to the confirmer (it may still be
-        # running); the resume is.
+        # running); the resume is, once its deadline has passed (alice may settle it then).
         assert loop.run_or_resume(REVIEW_SPEC).stop.reason is StopReason.OUTCOME_UNKNOWN
+        pass_deadlines(stores)
         outcome = loop.run_or_resume(REVIEW_SPEC)
         assert outcome.stop.reason is StopReason.GOAL_MET
         assert len(calls) == 1

@@ -478,6 +478,13 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ),
     (
         "agentrun",
+        "status.lateResults[0].recorded",
+        DELETE,
+        "status.lateResults[0].recorded",
+        "is required",
+    ),
+    (
+        "agentrun",
         "status.pendingApprovals[0].action",
         "2",
         "status.pendingApprovals[0].action",

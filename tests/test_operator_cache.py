@@ -1,4 +1,5 @@
-"""The operator's view of the cluster (``keelgate.kube.cache``) and what its resync looks at again.
+"""The operator's view of the cluster (``keelgate.kube.runtime.cache``) and what its resync looks
+at again.
 
 What a user would notice if these broke: a stale watch event undoing a newer status, a step pod
 deleted mid-run never seen as ended, the step-pod cap counting the wrong pods (more pods than
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelgate.kube.cache import GONE_FOR, Cache, copy_json, is_active_step_pod
-from keelgate.kube.operator import due_for_resync
+from keelgate.kube.runtime.cache import GONE_FOR, Cache, copy_json, is_active_step_pod
+from keelgate.kube.runtime.resync import due_for_resync
 
 JSON = dict[str, Any]
 

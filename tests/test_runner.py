@@ -29,6 +29,7 @@ from keelgate.errors import InputError
 from keelgate.manifest import load_agentrun
 from keelgate.runners import LocalRunner, build_loop
 from keelgate.stores import open_stores
+from keelgate.testing.deadlines import pass_deadlines
 
 DATA = Path(__file__).parent / "data"
 SUPPORT = Path(__file__).parent / "support_tools"
@@ -196,6 +197,7 @@ def test_a_tick_with_an_unknown_write_is_finished_before_a_new_tick_starts(
     stores = open_stores(store)
     try:
         assert [r.run for r in stores.checkpoints.runs("shop")] == ["stock-watch.tick-1"]
+        pass_deadlines(stores)  # "not executed" waits for the call's write deadline
         Loop(stores=stores).reconcile(
             "shop", "stock-watch.tick-1", "1:0", executed=False, by="alice"
         )

@@ -171,3 +171,88 @@ def test_a_confirmer_named_as_a_class_or_a_factory_is_one_ready_to_ask(
         confirmer = load_confirmer(f"kg_step_confirmers:{name}")
         assert not isinstance(confirmer, type), name
         assert confirmer.confirm("shop", "r", None, {}) is True, name
+
+
+PAY_TWICE = """\
+apiVersion: keelgate.dev/v1alpha1
+kind: AgentRun
+metadata: {name: restock, namespace: shop}
+spec:
+  goal: pay two invoices, once each
+  model:
+    provider: scripted
+    name: demo
+    script:
+      - actions:
+          - {tool: pay, args: {to: acme, amount: 40}}
+          - {tool: pay, args: {to: bolt, amount: 7}}
+      - done: true
+        answer: paid
+  tools:
+    - name: pay
+      sideEffect: WRITE
+      timeoutSeconds: 30
+      python: {callable: "kg_runner_tools:careful_pay"}
+  budget: {maxIterations: 5}
+"""
+
+
+def test_a_step_asked_to_stop_mid_write_finishes_it_and_exits_75(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    """SIGTERM (a drain) while the first of two payments is being made: the step finishes that
+    call, records it, stops at the next checkpoint without making the second, and exits 75
+    (preempted) saying so. Nothing is unknown: the next step makes the second payment, and the
+    run succeeds with each payment made once."""
+    import signal
+    import time
+
+    store = f"sqlite:///{world['db']}"
+    record(store, PAY_TWICE)
+    ready, gate = tmp_path / "ready", tmp_path / "gate"
+    env = {
+        **os.environ,
+        "KEELGATE_STORE": store,
+        "KG_RUNNER_LEDGER": str(world["ledger"]),
+        "KG_PAY_READY": str(ready),
+        "KG_PAY_GATE": str(gate),
+        "PYTHONPATH": str(SUPPORT),
+    }
+    argv = [sys.executable, "-m", "keelgate", "step", "-n", "shop", "--run", "restock"]
+    pod = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if ready.exists() or pod.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert ready.exists(), pod.communicate()
+        pod.send_signal(signal.SIGTERM)  # the eviction, mid-call
+        time.sleep(0.3)
+        assert pod.poll() is None  # still finishing its call
+        gate.touch()
+        out, err = pod.communicate(timeout=60)
+    finally:
+        gate.touch()
+        if pod.poll() is None:
+            pod.kill()
+    assert pod.returncode == 75, err
+    assert "asked to stop" in err and "error" not in err
+    assert json.loads(out.strip().splitlines()[-1])["phase"] == "Running"
+    paid = [json.loads(line)["args"]["to"] for line in world["ledger"].read_text().splitlines()]
+    assert paid == ["acme"]
+    stores = open_stores(store)
+    try:
+        keys = stores.checkpoints.load("shop", "restock")
+        assert keys is not None and not keys.state.get("unknown")
+    finally:
+        stores.close()
+    phases = []
+    for _ in range(3):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        phases.append(outcome(done)["phase"])
+        if phases[-1] == "Succeeded":
+            break
+    assert phases[-1] == "Succeeded"
+    paid = [json.loads(line)["args"]["to"] for line in world["ledger"].read_text().splitlines()]
+    assert paid == ["acme", "bolt"]

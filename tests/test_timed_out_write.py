@@ -32,6 +32,7 @@ from keelgate.errors import RunBusy
 from keelgate.manifest import load_agentrun
 from keelgate.runners import LocalRunner
 from keelgate.stores import open_stores
+from keelgate.testing.deadlines import pass_deadlines
 from support.ledger import (
     A1_ORDER,
     REVIEW_SPEC,
@@ -179,9 +180,17 @@ def test_a_process_that_exits_while_its_write_runs_leaves_it_unknown_for_a_perso
     assert key_state(store_url) is KeyState.OUTCOME_UNKNOWN
 
     world["gate"].touch()
-    settled = keelgate(
-        "reconcile", "pay", "1:0", "--not-executed", "--by", "ops", "--store", store_url
-    )
+    settle = ("reconcile", "pay", "1:0", "--not-executed", "--by", "ops", "--store", store_url)
+    early = keelgate(*settle)  # a held-up process could still send it until its deadline
+    assert early.returncode == 4, early.stderr
+    assert "cannot be settled as not executed yet" in early.stderr
+    assert key_state(store_url) is KeyState.OUTCOME_UNKNOWN
+    stores = open_stores(store_url)
+    try:
+        assert pass_deadlines(stores) == 1  # ops waits until then
+    finally:
+        stores.close()
+    settled = keelgate(*settle)
     assert settled.returncode == 0, settled.stderr
     assert key_state(store_url) is KeyState.ABANDONED
 

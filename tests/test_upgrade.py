@@ -141,8 +141,9 @@ def test_a_run_stopped_by_the_previous_release_finishes_with_exactly_one_effect(
 def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
     previous: tuple[str, World], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The previous release's database gains what it lacked (recorded specs) and a schema
-    version, and then has exactly the tables, columns, keys and indexes of a fresh database."""
+    """The previous release's database gains what it lacked (recorded specs, write deadlines)
+    and every schema version, and then has exactly the tables, columns, keys and indexes of a
+    fresh database."""
     url, _ = previous
     stores = open_stores(url)
     try:
@@ -264,13 +265,14 @@ def test_pending_migrations_run_once_in_order_however_many_stores_open_at_once(
     fresh_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stores opened at the same instant on a database one migration behind all open, and the
-    migration (here one that fails if run twice) ran exactly once, recorded after the versions before it."""
+    migration (here one that fails if run twice) ran exactly once, recorded after the others."""
     open_stores(fresh_url).close()
+    today = len(_sql.MIGRATIONS)
     _later(monkeypatch, ("a later table", "CREATE TABLE keelgate_later (id INTEGER)"))
     opened = race([lambda: open_stores(fresh_url) for _ in range(6)])
     for stores in opened:
         stores.close()
-    assert [v for v, _ in _versions(fresh_url)] == list(range(1, _sql.SCHEMA_VERSION + 2))
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, today + 2))
     _execute(fresh_url, "INSERT INTO keelgate_later (id) VALUES (1)")
 
 
@@ -280,13 +282,14 @@ def test_a_migration_that_fails_changes_nothing(
     """A migration is one transaction with its version row: if any statement fails, none of it
     stays, the store does not open, and the version is still the old one."""
     open_stores(fresh_url).close()
+    today = len(_sql.MIGRATIONS)
     _later(
         monkeypatch,
         ("half a change", "CREATE TABLE keelgate_half (id INTEGER); SELECT * FROM no_such_table"),
     )
     with pytest.raises(StoreError):
         open_stores(fresh_url)
-    assert [v for v, _ in _versions(fresh_url)] == list(range(1, _sql.SCHEMA_VERSION + 1))
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, today + 1))
     with pytest.raises((sqlite3.Error, psycopg.Error)):
         _execute(fresh_url, "INSERT INTO keelgate_half (id) VALUES (1)")
 
@@ -295,18 +298,18 @@ def test_a_store_newer_than_this_code_is_refused_in_one_line(fresh_url: str) -> 
     """A database a newer release migrated is not opened at all (this code cannot know what it
     must not do there): one StoreError line naming both versions, and nothing written."""
     open_stores(fresh_url).close()
-    known = _sql.SCHEMA_VERSION
+    today = len(_sql.MIGRATIONS)
     _execute(
         fresh_url,
         "INSERT INTO keelgate_schema (version, description, applied_at) "
-        f"VALUES ({known + 1}, 'from the future', '2030-01-01T00:00:00Z')",
+        f"VALUES ({today + 1}, 'from the future', '2030-01-01T00:00:00Z')",
     )
     with pytest.raises(StoreError) as refused:
         open_stores(fresh_url)
     message = str(refused.value)
     assert "\n" not in message
-    assert f"version {known + 1}" in message and f"({known})" in message
-    assert [v for v, _ in _versions(fresh_url)] == list(range(1, known + 2))
+    assert f"version {today + 1}" in message and f"({today})" in message
+    assert [v for v, _ in _versions(fresh_url)] == list(range(1, today + 2))
 
 
 # Checkpoint formats

@@ -167,6 +167,7 @@ class Cluster:
     def _pki(self) -> None:
         d = self.pki_dir
         ca = pki.CertificateAuthority(d)
+        self.authority = ca  # issues more nodes' certificates (add_node)
         self.ca = ca.pair.cert
         self.apiserver_cert = ca.issue(
             "apiserver",
@@ -405,24 +406,58 @@ class Cluster:
         self.timings["kube-scheduler"] = self._secure_health(proc, port)
 
     def _node_agent(self) -> None:
+        self._start_node(
+            NODE_NAME,
+            "node-agent",
+            "node",
+            self.pki_dir / "node.kubeconfig",
+            self.node_serving,
+            self.node_state_dir,
+        )
+
+    def add_node(self, name: str) -> Proc:
+        """Start one more node agent, `name`, beside the first (its own certificates, port and
+        pod state under `<run dir>/nodes/<name>`), and wait until the node is Ready. Stopping
+        its process (`Proc.kill`, SIGKILL) is a node lost as a kubelet is lost: its pods'
+        processes go on running, and nothing reports on them any more."""
+        ca = self.authority  # only the process that started the cluster holds its CA's key
+        serving = ca.issue(
+            f"{name}-serving", name, server=True, dns=(name, "localhost"), ips=(LOOPBACK,)
+        )
+        client = ca.issue(name, f"system:node:{name}", ("system:nodes",), client=True)
+        config = self.pki_dir / f"{name}.kubeconfig"
+        pki.kubeconfig(config, self.server, self.ca, {name: client}, name)
+        state = self.run_dir / "nodes" / name
+        state.mkdir(parents=True, exist_ok=True)
+        return self._start_node(name, f"node-agent-{name}", name, config, serving, state)
+
+    def _start_node(
+        self,
+        name: str,
+        proc_name: str,
+        port_name: str,
+        config: Path,
+        serving: pki.Pair,
+        state: Path,
+    ) -> Proc:
         port = procs.free_port()
-        self.ports["node"] = port
+        self.ports[port_name] = port
         e2e_dir = Path(__file__).resolve().parent.parent
         python_path = os.pathsep.join(
             p for p in (str(e2e_dir), os.environ.get("PYTHONPATH", "")) if p
         )
         proc = self._spawn(
-            "node-agent",
+            proc_name,
             [
                 sys.executable,
                 "-m",
                 "keelgate_e2e.node",
-                f"--kubeconfig={self.pki_dir / 'node.kubeconfig'}",
-                f"--name={NODE_NAME}",
-                f"--state-dir={self.node_state_dir}",
+                f"--kubeconfig={config}",
+                f"--name={name}",
+                f"--state-dir={state}",
                 f"--port={port}",
-                f"--tls-cert={self.node_serving.cert}",
-                f"--tls-key={self.node_serving.key}",
+                f"--tls-cert={serving.cert}",
+                f"--tls-key={serving.key}",
                 f"--client-ca={self.ca}",
                 f"--allowed-client={KUBELET_CLIENT_CN}",
                 f"--backoff-base={self.backoff_base}",
@@ -437,7 +472,7 @@ class Cluster:
         kube = self.client()
 
         def node_ready() -> bool:
-            node = kube.get(f"/api/v1/nodes/{NODE_NAME}")
+            node = kube.get(f"/api/v1/nodes/{name}")
             ready = any(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in node["status"].get("conditions", [])
@@ -446,11 +481,10 @@ class Cluster:
             return ready and not any(t["key"] == "node.kubernetes.io/not-ready" for t in taints)
 
         try:
-            self.timings["node-agent"] = procs.wait_until(
-                proc, node_ready, timeout=120, what="Ready"
-            )
+            self.timings[proc_name] = procs.wait_until(proc, node_ready, timeout=120, what="Ready")
         finally:
             kube.close()
+        return proc
 
     def _postgres(self) -> None:
         bindir = _postgres_bin()

@@ -20,6 +20,8 @@ from keelgate._lazy import lazy_exports
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport
     from keelgate.core.audit import verify as verify_audit
+    from keelgate.core.fence import DeadlinePassed, WriteDeadline
+    from keelgate.core.fence import current as write_deadline
     from keelgate.core.gateway import SIDE_EFFECT_NOT_PERMITTED
     from keelgate.core.loop import Loop
     from keelgate.core.model import Model, ModelReply, ModelRequest, PlannedCall, ToolInfo
@@ -56,6 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
         RunBusy,
         RunNotFound,
         SettleError,
+        SettleTooEarly,
         StaleCheckpoint,
         StoreError,
         StoreUnavailable,
@@ -67,6 +70,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
 _WHERE: dict[str, tuple[str, str]] = {
     **{name: ("keelgate.core.audit", name) for name in ("AuditDraft", "AuditEvent", "ChainReport")},
     "verify_audit": ("keelgate.core.audit", "verify"),
+    **{name: ("keelgate.core.fence", name) for name in ("DeadlinePassed", "WriteDeadline")},
+    "write_deadline": ("keelgate.core.fence", "current"),
     "SIDE_EFFECT_NOT_PERMITTED": ("keelgate.core.gateway", "SIDE_EFFECT_NOT_PERMITTED"),
     "Loop": ("keelgate.core.loop", "Loop"),
     **{
@@ -114,6 +119,7 @@ _WHERE: dict[str, tuple[str, str]] = {
             "RunBusy",
             "RunNotFound",
             "SettleError",
+            "SettleTooEarly",
             "StaleCheckpoint",
             "StoreError",
             "StoreUnavailable",
@@ -133,6 +139,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "Confirmer",
+    "DeadlinePassed",
     "IdempotencyStore",
     "InputError",
     "KeelgateError",
@@ -156,6 +163,7 @@ __all__ = [
     "RunPhase",
     "RunRef",
     "SettleError",
+    "SettleTooEarly",
     "SideEffect",
     "StaleCheckpoint",
     "Stop",
@@ -168,8 +176,10 @@ __all__ = [
     "ToolInfo",
     "UnknownAction",
     "Usage",
+    "WriteDeadline",
     "open_stores",
     "verify_audit",
+    "write_deadline",
 ]
 
 

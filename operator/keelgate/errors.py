@@ -168,6 +168,49 @@ class SettleError(KeelgateError):
         self.action = action
 
 
+class SettleTooEarly(SettleError):
+    """A settlement "not executed" came before the WRITE's deadline had passed on the store's
+    clock: until then the call may still be sent by a process that was held up, so nobody can
+    know yet that it was not. "Executed" may be settled at once; "not executed" after
+    ``not_before`` (UTC, ISO 8601), ``retry_after`` seconds from when it was refused."""
+
+    exit_code = 4
+    retryable = True
+
+    def __init__(self, run: str, action: str, *, not_before: str, retry_after: float) -> None:
+        wait = max(1, int(retry_after + 0.999))
+        super().__init__(
+            run,
+            action,
+            f"its call may still be sent until {not_before} (in {wait}s), so it cannot be "
+            "settled as not executed yet: settle it as not executed after that, or as executed "
+            "now",
+        )
+        self.fields.update(not_before=not_before, retry_after=retry_after)
+        self.not_before = not_before
+        self.retry_after = retry_after
+
+
+class Preempted(KeelgateError):
+    """The process was asked to stop (SIGTERM: a node drain, an eviction, a rollout) and
+    stopped at the run's next checkpoint, after the call it was in had ended and was recorded:
+    nothing is unknown, and the next process goes on from there (exit code 75, as sysexits'
+    EX_TEMPFAIL). The operator starts the next step without counting a crash."""
+
+    exit_code = 75
+    retryable = True
+
+    def __init__(self, tenant: str, run: str) -> None:
+        super().__init__(
+            f"run {run!r} stopped at its checkpoint: the process was asked to stop; the next "
+            "step goes on from there",
+            tenant=tenant,
+            run=run,
+        )
+        self.tenant = tenant
+        self.run = run
+
+
 class ToolError(KeelgateError):
     """A tool's definite failure: the call was refused and took no effect.
 

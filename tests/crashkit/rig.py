@@ -22,10 +22,11 @@ from keelgate.core.model import Model
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import KeyState, Outcome, StopReason
-from keelgate.errors import SimulatedCrash
+from keelgate.errors import SettleTooEarly, SimulatedCrash
 from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 from keelgate.stores.sqlite import SQLiteStore
+from keelgate.testing.deadlines import pass_deadlines
 
 StoreOpener = Callable[[], Stores]
 
@@ -143,9 +144,31 @@ def settle_truthfully(
     for unknown in outcome.unknown_actions:
         count = world.happened(unknown.idempotency_key)
         assert count <= 1, f"{unknown.tool} {unknown.action} happened {count} times"
+        if count == 0:
+            wait_for_the_deadline(loop, outcome.tenant, outcome.run, unknown.action, by=by)
         loop.reconcile(outcome.tenant, outcome.run, unknown.action, executed=count == 1, by=by)
         settled.append((unknown.action, count == 1))
     return settled
+
+
+def wait_for_the_deadline(loop: Loop, tenant: str, run: str, action: str, *, by: str) -> None:
+    """What a person must do before settling "not executed": wait until the call's write
+    deadline has passed (until then a held-up process could still send it). "Not executed" is
+    refused before it; then the store's clock is moved past it (``pass_deadlines``) instead of
+    the test sleeping through it. A key claimed before deadlines existed has none to wait for."""
+    key = next(
+        u.idempotency_key for u in loop.outcome(tenant, run).unknown_actions if u.action == action
+    )
+    record = loop.stores.idempotency.get(tenant, key)
+    if record is None or not record.sendable:
+        return
+    try:
+        loop.reconcile(tenant, run, action, executed=False, by=by)
+    except SettleTooEarly as early:
+        assert early.retry_after > 0 and early.not_before == record.not_executed_after
+    else:
+        raise AssertionError(f"{action} was settled as not executed before its deadline")
+    pass_deadlines(loop.stores, tenant)
 
 
 def drive(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -62,5 +63,24 @@ def slow_pay(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, 
         if os.path.exists(gate):
             break
         time.sleep(0.01)
+    _record({"tool": "pay", "args": args, "key": idempotency_key})
+    return {"paid": args["amount"]}
+
+
+def careful_pay(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE that sends itself, as a careful tool does: it says it is about to send (the file
+    KG_PAY_READY), waits for KG_PAY_GATE (a held-up process: the test stops it here), then
+    checks its write deadline right before it pays (``keelgate.write_deadline()``)."""
+    import keelgate
+
+    Path(os.environ["KG_PAY_READY"]).write_text(str(os.getpid()))
+    gate = os.environ["KG_PAY_GATE"]
+    for _ in range(6000):
+        if os.path.exists(gate):
+            break
+        time.sleep(0.01)
+    deadline = keelgate.write_deadline()
+    assert deadline is not None, "a WRITE always runs under a deadline"
+    deadline.check()  # raises DeadlinePassed: nothing is sent
     _record({"tool": "pay", "args": args, "key": idempotency_key})
     return {"paid": args["amount"]}

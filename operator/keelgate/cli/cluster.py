@@ -3,8 +3,8 @@
 ``step`` is what a step pod runs (``keelgate.cli.step``, which parses its own options on a
 start-up path of its own; ``keelgate step`` normally reaches it without loading this module).
 
-``operator`` is the image's entrypoint: the kopf operator (``keelgate.kube.operator``), imported
-only when it runs. It refuses a store whose owner liveness works on one host only.
+``operator`` is the image's entrypoint: the kopf operator (``keelgate.kube.runtime.operator``),
+imported only when it runs. It refuses a store whose owner liveness works on one host only.
 This module must never print a secret (the store URL is shown redacted, if at all).
 """
 
@@ -116,9 +116,9 @@ def operator_command(
     import logging
 
     from keelgate.kube.api import ClusterApi
-    from keelgate.kube.controller import ControllerSettings
-    from keelgate.kube.operator import Operator, OperatorOptions
+    from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
+    from keelgate.kube.runtime.operator import Operator, OperatorOptions
     from keelgate.stores import open_stores
 
     logging.basicConfig(

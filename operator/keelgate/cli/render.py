@@ -78,12 +78,26 @@ class Console:
                 Text("  outcome unknown: ", style="bold yellow")
                 + Text(f"{unknown.tool} (action {unknown.action}, key {unknown.idempotency_key})")
             )
+            after = (
+                f" (from {unknown.not_executed_after}: until then it may still be sent)"
+                if unknown.not_executed_after
+                else ""
+            )
             self.out.print(
                 "  Check the system it changes, then settle it:\n"
                 f"    {command} reconcile {outcome.run} {unknown.action} --executed "
                 f"--by YOU{scope}      # it happened\n"
                 f"    {command} reconcile {outcome.run} {unknown.action} --not-executed "
-                f"--by YOU{scope}  # it did not: never retried under this key"
+                f"--by YOU{scope}  # it did not: never retried under this key{after}"
+            )
+        for late in outcome.late_results:
+            self.out.print(
+                Text("  late result: ", style="bold red")
+                + Text(
+                    f"{late.tool} (action {late.action}) ended {late.status} after "
+                    f"{late.settled_by or 'someone'} settled it as {late.recorded}; "
+                    "the settlement stands: check the system it changes"
+                )
             )
         for pending in outcome.pending_approvals:
             self.out.print(

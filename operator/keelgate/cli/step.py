@@ -3,8 +3,14 @@
 A step pod runs one step of a run from the spec its operator recorded in the store, then exits
 with a code the operator reads: 0 the step ended and the run goes on (or met its goal), 3 a
 resumable stop, 1 a failed stop, 2 bad input, 4 another process drives the run, 5 the store
-cannot be reached (the codes of the one error table in ``keelgate.errors``). Its outcome is one
-JSON line, last on stdout and, where the kubelet provides one, the termination message.
+cannot be reached, 75 it was asked to stop (the codes of the one error table in
+``keelgate.errors``). Its outcome is one JSON line, last on stdout and, where the kubelet
+provides one, the termination message.
+
+SIGTERM (a node drain, an eviction, a rollout) is not a death: the call under way is finished
+(each call is bounded by its write deadline) and recorded, the step stops at the next
+checkpoint and exits 75 (``Preempted``), and the next step pod goes on from there with nothing
+unknown. The pod's grace period covers the longest call (the operator sets it).
 
 Every step of every run pays this program's start, so it is kept apart from the interactive
 CLI: it parses its few options with argparse and imports neither typer nor rich, nor kopf nor a
@@ -17,17 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from keelgate.errors import InputError, KeelgateError
+from keelgate.errors import InputError, KeelgateError, Preempted
 
 EXIT_CONTINUE = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RESUMABLE = 3
+EXIT_PREEMPTED = 75  # keelgate.errors.Preempted
 
 DESCRIPTION = "Run one step of a run (one iteration, less if it stops) in a step pod, and exit."
 
@@ -102,11 +111,12 @@ def _step(args: argparse.Namespace) -> int:
     check_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
     started()
     sys.path.insert(0, str(Path.cwd()))
+    asked = _stop_on_sigterm()
     runner = StepRunner(
         store=args.store, confirmer=load_confirmer(args.confirmer, args.confirmer_url)
     )
     try:
-        outcome = runner.step(args.namespace, args.run)
+        outcome = runner.step(args.namespace, args.run, asked_to_stop=asked.is_set)
     finally:
         # A call that timed out may still end and be recorded; cut off, it stays unknown.
         wait_for_running_calls(args.late_call_grace)
@@ -115,9 +125,25 @@ def _step(args: argparse.Namespace) -> int:
     log: Path = args.termination_log
     if log.is_file() and os.access(log, os.W_OK):
         log.write_text(line[:4096], encoding="utf-8")
+    if outcome.phase is RunPhase.RUNNING and asked.is_set():
+        _say(str(Preempted(args.namespace, args.run)), level="stopped")
+        return EXIT_PREEMPTED
     if outcome.phase in (RunPhase.RUNNING, RunPhase.SUCCEEDED):
         return EXIT_CONTINUE
     return EXIT_RESUMABLE if outcome.resumable else EXIT_FAILED
+
+
+def _stop_on_sigterm() -> threading.Event:
+    """An event set by SIGTERM, which from now on asks the step to stop at its next
+    checkpoint instead of ending the process (the call under way goes on: Python resumes an
+    interrupted system call after the handler)."""
+    asked = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        asked.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    return asked
 
 
 def main(argv: Sequence[str]) -> int:
@@ -147,7 +173,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_FAILED
 
 
-def _say(message: str) -> None:
+def _say(message: str, *, level: str = "error") -> None:
     from keelgate.stores import scrubbed
 
-    print(f"keelgate: error: {scrubbed(message)}", file=sys.stderr, flush=True)
+    print(f"keelgate: {level}: {scrubbed(message)}", file=sys.stderr, flush=True)

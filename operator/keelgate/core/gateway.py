@@ -2,9 +2,12 @@
 
 It enforces the side-effect class a loop allows (``side_effect_not_permitted`` otherwise, whatever
 the tool list grants), and makes every PROPOSE and WRITE durable-idempotent: a key is claimed
-in flight before the call, completed after it, replayed if already completed, and read as an
-unknown outcome if its owner died. It never retries a call whose outcome it does not know, and
-never accepts the model's or the tool's word that an unknown call happened.
+in flight before the call, with a write deadline (``keelgate.core.fence``) past which the call is
+never sent, completed after it, replayed if already completed, and read as an unknown outcome if
+its owner died. A key on record decides before anything the spec says now: an edited tool list,
+side-effect class or approval rule never turns a call that may have run into "refused". It never
+retries a call whose outcome it does not know, and never accepts the model's or the tool's word
+that an unknown call happened.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keelgate.core import failpoints
+from keelgate.core import failpoints, fence
 from keelgate.core.audit import AuditDraft
 from keelgate.core.protocols import AuditLog, Completion, Confirmer, IdempotencyStore, Tool
 from keelgate.core.types import (
@@ -25,17 +28,23 @@ from keelgate.core.types import (
     ActionResult,
     KeyRecord,
     KeyState,
+    LateResult,
     ResultStatus,
     SideEffect,
     UnknownAction,
     json_safe,
     stricter,
 )
-from keelgate.errors import KeelgateError, RunBusy, SettleError, ToolError
+from keelgate.errors import KeelgateError, RunBusy, SettleError, SettleTooEarly, ToolError
 
 log = logging.getLogger("keelgate.gateway")
 
 SIDE_EFFECT_NOT_PERMITTED = "side_effect_not_permitted"
+
+# How many times a claim whose deadline passed before its call could be sent (the process was
+# held up) is dropped and made afresh before the call counts as refused. Nothing was sent either
+# way; a process held up again and again is better told so than kept trying.
+FENCE_ATTEMPTS = 3
 
 
 class UnknownOutcomeStop(KeelgateError):
@@ -97,6 +106,7 @@ class Gateway:
         durable_start: bool = False,
         deferred_completion: bool = False,
         audit: AuditLog | None = None,
+        remember_late: Callable[[LateResult, AuditDraft], None] | None = None,
     ) -> None:
         self.tools = tools
         self.keys = idempotency
@@ -115,26 +125,49 @@ class Gateway:
         # reads as an unknown outcome, exactly as before the completion's own commit.
         self.deferred_completion = deferred_completion
         self._deferred: dict[str, tuple[Tool, Action, Completion]] = {}
-        # Where a call that ends after its run stopped records how it ended.
+        # Where a call that ends after its run stopped records how it ended, and (when someone
+        # settled its key meanwhile) how the run remembers it (``Checkpointer.remember_late``).
         self.audit = audit
+        self.remember_late = remember_late
+        # Calls that ended after their keys were settled, for the next checkpoint to remember.
+        self.late: list[LateResult] = []
 
     def call(self, action: Action) -> ActionResult:
         tool = self.tools.get(action.tool)
         if tool is None:
-            return ActionResult(
+            refused = ActionResult(
                 action.id, ResultStatus.ERROR, error=f"unknown tool {action.tool!r}"
             )
+            return self.recorded(action) or refused
         side_effect = stricter(tool.side_effect, action.side_effect)
         if side_effect not in self.allowed:
-            return ActionResult(
+            refused = ActionResult(
                 action.id,
                 ResultStatus.REFUSED,
                 error=f"{SIDE_EFFECT_NOT_PERMITTED}: {side_effect.value} tools are not "
                 f"permitted in this loop",
             )
+            return self.recorded(action) or refused
         if side_effect is SideEffect.READ:
             return self._read(tool, action)
         return self._write(tool, action, side_effect)
+
+    def recorded(self, action: Action) -> ActionResult | None:
+        """What the action's key on record decides, if a call of it is on record: its result
+        replayed, its abandonment, or (raised) a stop for its unknown outcome. None if no call
+        of it was ever made under its key.
+
+        Asked before the spec now in force may refuse the action (a tool removed, a side-effect
+        class no longer allowed, an approval rule added, a budget spent): a call that may have
+        run is settled by what is on record, never dropped as refused. A key in flight in a live
+        process is waited for, as a claim waits, and past that the run is busy.
+        """
+        record = once_not_in_flight(
+            lambda: self.keys.get(self.tenant, action.key),
+            wait=self.busy_wait,
+            busy=lambda: busy_elsewhere(self.tenant, self.run, action.tool, action.id),
+        )
+        return None if record is None else self._existing(action, record)
 
     def _started(self, tool: Tool, action: Action, side_effect: SideEffect) -> AuditDraft:
         return AuditDraft(
@@ -161,14 +194,45 @@ class Gateway:
         return ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
 
     def _write(self, tool: Tool, action: Action, side_effect: SideEffect) -> ActionResult:
-        started = self._started(tool, action, side_effect)
-        record = self._claim(tool, action, started if self.durable_start else None)
-        if record is not None:
-            return self._existing(tool, action, record)
-        if not self.durable_start:
-            self.emit(started)
+        seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
+        for _ in range(FENCE_ATTEMPTS):
+            started = self._started(tool, action, side_effect)
+            # Taken before the claim is sent, so it falls before the deadline the store records.
+            deadline = fence.WriteDeadline.starting_now(action.key, seconds)
+            record = self._claim(
+                tool,
+                action,
+                started if self.durable_start else None,
+                deadline_in=seconds + fence.MARGIN,
+            )
+            if record is not None:
+                return self._existing(action, record)
+            if not self.durable_start:
+                self.emit(started)
+            try:
+                return self._send(tool, action, deadline)
+            except fence.DeadlinePassed as late:
+                # Held up between the claim and the send: nothing was sent, and a person may
+                # already have settled the key as not executed. Drop our claim (a no-op if it
+                # was settled) and claim afresh, which meets any settlement on record.
+                log.warning("%s %s: %s", self.run, action.id, late.message)
+                self.keys.forget(self.tenant, action.key)
+        return ActionResult(
+            action.id,
+            ResultStatus.ERROR,
+            error=f"{tool.name}: its deadline passed before it could be sent, "
+            f"{FENCE_ATTEMPTS} times (the process is being held up); nothing was sent",
+        )
+
+    def _send(self, tool: Tool, action: Action, deadline: fence.WriteDeadline) -> ActionResult:
+        """Call the tool under its claimed key, within its deadline, and take what came of it.
+        Raises ``DeadlinePassed`` if the deadline passed before the call could be sent."""
         try:
-            output = tool.invoke(action.args, idempotency_key=action.key)
+            with fence.fenced(deadline):
+                deadline.check()  # a tool that sends without checking is still checked here
+                output = tool.invoke(action.args, idempotency_key=action.key)
+        except fence.DeadlinePassed:
+            raise
         except ToolError as error:
             # A definite refusal: nothing happened, so the key is dropped and the same call may
             # be made again (a crash before the drop leaves it unknown: the safe side).
@@ -190,13 +254,15 @@ class Gateway:
                 self.keys.release(self.tenant, action.key)
             # No confirmer now: the call may still be running (a timed-out worker, a request in
             # flight), so "not found downstream" would be premature. A later resume asks it.
-            raise UnknownOutcomeStop(UnknownAction(action.id, tool.name, action.key)) from None
+            raise UnknownOutcomeStop(self._unknown_action(action)) from None
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         if self.deferred_completion:
             self._deferred[action.key] = (tool, action, Completion(action.key, result.to_json()))
         elif not self.keys.complete(self.tenant, action.key, result.to_json()):
-            self.emit(self._late(tool, action))
+            draft, late = self._late(action, "ok")
+            self.emit(draft)
+            self.late.append(late)
         return result
 
     def completions(self) -> tuple[Completion, ...]:
@@ -204,40 +270,57 @@ class Gateway:
         commit (``deferred_completion``)."""
         return tuple(completion for _, _, completion in self._deferred.values())
 
-    def completed(self, missed: tuple[str, ...]) -> None:
+    def completed(self, missed: tuple[str, ...]) -> tuple[AuditDraft, ...]:
         """The checkpoint carrying ``completions()`` committed; ``missed`` are the keys someone
-        else had settled meanwhile. Their late results go on the chain at once (an extra commit,
-        but a rare one), since nothing says another checkpoint will follow."""
-        late = [
-            self._late(tool, action)
-            for key, (tool, action, _) in self._deferred.items()
-            if key in missed
-        ]
+        else had settled meanwhile. Their late results are returned as the events of one more
+        checkpoint (an extra commit, but a rare one: nothing says another one follows), and
+        kept in ``late`` for it to remember."""
+        drafts = []
+        for key, (_, action, _) in self._deferred.items():
+            if key in missed:
+                draft, late = self._late(action, "ok")
+                drafts.append(draft)
+                self.late.append(late)
         self._deferred.clear()
-        if late and self.audit is not None:
-            self.audit.append(self.tenant, self.run, late)
-        else:
-            for draft in late:
-                self.emit(draft)
+        return tuple(drafts)
 
-    def _late(self, tool: Tool, action: Action) -> AuditDraft:
-        """The call succeeded, but its key was settled meanwhile (this process's owner session
-        was lost and someone decided): their record stands; the chain notes what really came."""
+    def take_late(self) -> tuple[LateResult, ...]:
+        """The late results met since the last call, for the run's next checkpoint."""
+        late, self.late = tuple(self.late), []
+        return late
+
+    def _late(self, action: Action, status: str) -> tuple[AuditDraft, LateResult]:
+        """A call ended (``status``: ok, refused, unknown) after its key was settled by someone
+        else (this process's owner session was lost, or its deadline passed, and someone
+        decided): their record stands; the chain and the run note what really came."""
         current = self.keys.get(self.tenant, action.key)
-        recorded = "missing" if current is None else current.state.value
-        log.warning("%s %s: ran, but its key was already %s", self.run, action.id, recorded)
-        return AuditDraft(
+        if current is None:  # a refused call's key is dropped: nothing is recorded for it
+            recorded = "forgotten" if status == "refused" else "missing"
+        else:
+            recorded = current.state.value
+        settled_by = "" if current is None else current.settled_by
+        if settled_by:
+            log.warning(
+                "%s %s: ended %s, but %s had already settled its key (%s)",
+                self.run,
+                action.id,
+                status,
+                settled_by,
+                recorded,
+            )
+        draft = AuditDraft(
             "loop.late_result",
             {
                 "action": action.id,
-                "tool": tool.name,
+                "tool": action.tool,
                 "idempotencyKey": action.key,
-                "status": "ok",
+                "status": status,
                 "recorded": recorded,
-                "settledBy": "" if current is None else current.settled_by,
+                "settledBy": settled_by,
             },
             key=f"late:{action.key}",
         )
+        return draft, LateResult(action.id, action.tool, action.key, status, recorded, settled_by)
 
     def _ended_late(
         self,
@@ -248,46 +331,25 @@ class Gateway:
         error: BaseException | None,
     ) -> None:
         """A timed-out call finally ended: record what it came to, on its own thread, then let
-        the store's owner go (which closes the store if its runner has closed it meanwhile)."""
+        the store's owner go (which closes the store if its runner has closed it meanwhile). If
+        someone settled its key meanwhile, the run's checkpoint remembers it too."""
         try:
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
-                landed = self.keys.complete(self.tenant, action.key, result.to_json())
+                # False if someone settled it meanwhile: their record stands (below).
+                self.keys.complete(self.tenant, action.key, result.to_json())
                 status = "ok"
             elif isinstance(error, ToolError):
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
-                landed, status = True, "refused"
+                status = "refused"
             else:
                 self.keys.release(self.tenant, action.key)  # still unknown: for a person
-                landed, status = True, "unknown"
-            current = self.keys.get(self.tenant, action.key)
-            # A refused call's key is dropped: nothing is recorded for it any more.
-            recorded = "forgotten" if current is None else current.state.value
-            if not landed:
-                log.warning(
-                    "%s %s: ended late and ran, but its key was settled meanwhile",
-                    self.run,
-                    action.id,
-                )
-            if self.audit is not None:
-                self.audit.append(
-                    self.tenant,
-                    self.run,
-                    [
-                        AuditDraft(
-                            "loop.late_result",
-                            {
-                                "action": action.id,
-                                "tool": tool.name,
-                                "idempotencyKey": action.key,
-                                "status": status,
-                                "recorded": recorded,
-                                "settledBy": "" if current is None else current.settled_by,
-                            },
-                            key=f"late:{action.key}",
-                        )
-                    ],
-                )
+                status = "unknown"
+            draft, late = self._late(action, status)
+            if late.settled_by and self.remember_late is not None:
+                self.remember_late(late, draft)  # settled by someone: the run remembers it
+            elif self.audit is not None:
+                self.audit.append(self.tenant, self.run, [draft])
         except Exception as failure:  # the store may have failed; the key then stays unknown
             log.warning(
                 "%s %s: could not record a late end (%s)",
@@ -298,7 +360,9 @@ class Gateway:
         finally:
             release()
 
-    def _claim(self, tool: Tool, action: Action, event: AuditDraft | None) -> KeyRecord | None:
+    def _claim(
+        self, tool: Tool, action: Action, event: AuditDraft | None, *, deadline_in: float
+    ) -> KeyRecord | None:
         return once_not_in_flight(
             lambda: self.keys.claim(
                 self.tenant,
@@ -307,53 +371,77 @@ class Gateway:
                 action=action.id,
                 tool=tool.name,
                 event=event,
+                deadline_in=deadline_in,
             ),
             wait=self.busy_wait,
             busy=lambda: in_flight_elsewhere(self.tenant, self.run, tool, action),
         )
 
-    def _existing(self, tool: Tool, action: Action, record: KeyRecord) -> ActionResult:
+    def _existing(self, action: Action, record: KeyRecord) -> ActionResult:
         if record.source:
             # Settled by a person or a confirmer: make sure the chain says so, even if the
             # process that settled it died before writing the event (appending is idempotent).
             executed = record.state is KeyState.COMPLETED
             self.emit(
                 Settlement(executed, record.settled_by, record.source).draft(
-                    action.id, tool.name, action.key
+                    action.id, action.tool, action.key
                 )
             )
         if record.state is KeyState.COMPLETED:
             return _replay(action, record)
         if record.state is KeyState.ABANDONED:
             return _abandoned(action, record)
-        return self._unknown(tool, action)
+        return self._unknown(action, record)
 
-    def _unknown(self, tool: Tool, action: Action) -> ActionResult:
-        unknown = UnknownAction(action.id, tool.name, action.key)
+    def _unknown_action(self, action: Action, record: KeyRecord | None = None) -> UnknownAction:
+        """The unknown outcome as the run's stop lists it, with when it may be settled as not
+        executed (read from the key if ``record`` is not given)."""
+        if record is None:
+            try:
+                record = self.keys.get(self.tenant, action.key)
+            except KeelgateError:  # the store failed: the stop is all the more due
+                record = None
+        after = "" if record is None else record.not_executed_after
+        return UnknownAction(action.id, action.tool, action.key, after)
+
+    def _unknown(self, action: Action, record: KeyRecord) -> ActionResult:
+        unknown = self._unknown_action(action, record)
         settlement = self._ask_confirmer(unknown, action)
+        if settlement is not None and not settlement.executed and record.sendable:
+            # A process held up before sending may still send it until its deadline: "not
+            # found downstream" cannot be believed yet. A later resume asks again.
+            log.warning(
+                "%s %s: the confirmer's 'not executed' waits for the deadline (%s)",
+                self.run,
+                action.id,
+                unknown.not_executed_after,
+            )
+            settlement = None
         if settlement is None:
             raise UnknownOutcomeStop(unknown)
         try:
-            record = self.keys.settle(
+            settled = self.keys.settle(
                 self.tenant,
                 action.key,
                 executed=settlement.executed,
                 by=settlement.actor,
                 source=settlement.source,
             )
+        except SettleTooEarly:
+            raise UnknownOutcomeStop(self._unknown_action(action)) from None
         except SettleError:
             # Someone (a person) settled it while the confirmer was deciding: theirs stands.
             current = self.keys.get(self.tenant, action.key)
             if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
                 raise
             if current.state is KeyState.IN_FLIGHT:
-                raise in_flight_elsewhere(self.tenant, self.run, tool, action) from None
-            return self._existing(tool, action, current)
+                raise busy_elsewhere(self.tenant, self.run, action.tool, action.id) from None
+            return self._existing(action, current)
         # The event rides with the next checkpoint; a death before it leaves the key settled
         # without it, and the next resume writes it from the key's record (_existing).
         failpoints.hit("after_settle")
-        self.emit(settlement.draft(action.id, tool.name, action.key))
-        return _replay(action, record) if settlement.executed else _abandoned(action, record)
+        self.emit(settlement.draft(action.id, action.tool, action.key))
+        return _replay(action, settled) if settlement.executed else _abandoned(action, settled)
 
     def _ask_confirmer(self, unknown: UnknownAction, action: Action) -> Settlement | None:
         if self.confirmer is None:
@@ -394,7 +482,11 @@ def once_not_in_flight(
 
 
 def in_flight_elsewhere(tenant: str, run: str, tool: Tool, action: Action) -> RunBusy:
-    return RunBusy(tenant, run, f"{tool.name} ({action.id}) is in flight in another live process")
+    return busy_elsewhere(tenant, run, tool.name, action.id)
+
+
+def busy_elsewhere(tenant: str, run: str, tool: str, action: str) -> RunBusy:
+    return RunBusy(tenant, run, f"{tool} ({action}) is in flight in another live process")
 
 
 def _replay(action: Action, record: KeyRecord) -> ActionResult:

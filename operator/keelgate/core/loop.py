@@ -114,18 +114,29 @@ class Loop:
 
     # Running
 
-    def run_or_resume(self, spec: LoopSpec, *, one_iteration: bool = False) -> Outcome:
+    def run_or_resume(
+        self,
+        spec: LoopSpec,
+        *,
+        one_iteration: bool = False,
+        asked_to_stop: Callable[[], bool] | None = None,
+    ) -> Outcome:
         """Start the run, or continue it from its last checkpoint, to its next stop.
 
         With ``one_iteration``, return at the end of the iteration under way (what a step pod
         does): the outcome then has no stop and phase ``Running``, and the next call plans the
-        next iteration. Raises ``RunBusy`` or ``StaleCheckpoint`` if another live process is
-        driving the run: then this one has done nothing the other could not see. With stores
-        that lock runs (``RunLock``), that is found before anything runs, a READ included.
+        next iteration. ``asked_to_stop`` says whether the process has been asked to stop (a
+        drain's SIGTERM): the call it is in is finished and recorded, and the run is left at
+        its next checkpoint, as it stands (no stop recorded, phase ``Running``), for another
+        process to go on from. Raises ``RunBusy`` or ``StaleCheckpoint`` if another live
+        process is driving the run: then this one has done nothing the other could not see.
+        With stores that lock runs (``RunLock``), that is found before anything runs, a READ
+        included.
         """
         release = self._lock_run(spec)
         try:
-            return Session(self, spec).drive(one_iteration=one_iteration)
+            session = Session(self, spec, asked_to_stop=asked_to_stop)
+            return session.drive(one_iteration=one_iteration)
         finally:
             release()
 

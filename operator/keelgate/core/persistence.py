@@ -17,9 +17,20 @@ from typing import Any
 from keelgate.core.audit import AuditDraft
 from keelgate.core.protocols import CheckpointLog, Completion, Stores
 from keelgate.core.state import RunState
-from keelgate.core.types import PendingApproval, Stop, StopReason, UnknownAction, Usage
+from keelgate.core.types import (
+    LateResult,
+    PendingApproval,
+    Stop,
+    StopReason,
+    UnknownAction,
+    Usage,
+)
+from keelgate.errors import StaleCheckpoint
 
 log = logging.getLogger("keelgate.loop")
+
+# How often a late result's checkpoint is tried against a run another process keeps moving on.
+LATE_ATTEMPTS = 5
 
 
 def persist(
@@ -59,8 +70,11 @@ class Checkpointer:
     last checkpoint (``mark``), so time stopped between sessions never counts.
     """
 
-    def __init__(self, stores: Stores, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, stores: Stores, clock: Callable[[], float], *, tenant: str = "", run: str = ""
+    ) -> None:
         self.stores = stores
+        self.run_id = (tenant, run)
         self.joint = stores.joint  # declared by the stores (Capabilities.checkpoint_with_events)
         self.completing = stores.completing  # Capabilities.checkpoint_with_completion
         self.clock = clock
@@ -102,6 +116,30 @@ class Checkpointer:
         outbox = (*state.outbox, *self.pending, *drafts)
         self.pending.clear()
         return state.but(seq=state.seq + 1, usage=state.usage.plus(active)), outbox
+
+    def remember_late(self, late: LateResult, draft: AuditDraft) -> None:
+        """A call of this run that ended after its session stopped, and after someone else had
+        settled its key: the run's latest checkpoint remembers it (``RunState.late``), with its
+        ``loop.late_result`` event, so whoever shows the run can say so. Called from the call's
+        own thread; the save is a compare-and-set on the latest checkpoint, read again if
+        another process moved the run on meanwhile."""
+        tenant, run = self.run_id
+        for _ in range(LATE_ATTEMPTS):
+            checkpoint = self.stores.checkpoints.load(tenant, run)
+            if checkpoint is None:
+                break
+            state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
+            try:
+                persist(
+                    self.stores,
+                    state.but(seq=state.seq + 1).with_late([late]),
+                    (*state.outbox, draft),
+                    joint=self.joint,
+                )
+                return
+            except StaleCheckpoint:
+                continue
+        self.stores.audit.append(tenant, run, [draft])  # at least the chain says it
 
     def stop(
         self,

@@ -12,20 +12,23 @@ run, and never put tool arguments into the audit chain or logs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from keelgate.core import failpoints
 from keelgate.core.approvals import ApprovalGate, recent
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
 from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
-from keelgate.core.model import ModelReply, ModelRequest, ToolInfo
+from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
-from keelgate.core.spec import LoopSpec
+from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
 from keelgate.core.types import (
     Action,
+    ActionResult,
     Outcome,
     PendingApproval,
     ResultStatus,
@@ -35,8 +38,41 @@ from keelgate.core.types import (
 )
 from keelgate.errors import KeelgateError, ModelError, ModelUnavailable
 
-if TYPE_CHECKING:
-    from keelgate.core.loop import Loop
+
+class LoopParts(Protocol):
+    """What a session uses of the ``Loop`` that runs it. ``Loop`` is the one implementation;
+    it imports this module, so this module names what it needs instead of importing it (no
+    import circle in ``core``: a contract in pyproject.toml keeps it so)."""
+
+    @property
+    def stores(self) -> Stores: ...
+
+    @property
+    def model(self) -> Model | None: ...
+
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    @property
+    def confirmer(self) -> Confirmer | None: ...
+
+    @property
+    def price_model(self) -> str | None: ...
+
+    @property
+    def goal_predicate(self) -> Callable[[Sequence[Mapping[str, Any]]], bool] | None: ...
+
+    @property
+    def max_output_tokens(self) -> int | None: ...
+
+    @property
+    def busy_wait(self) -> float: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def price(self) -> Price | None: ...
+
 
 log = logging.getLogger("keelgate.loop")
 
@@ -48,11 +84,14 @@ _WHY_NOT_RUN = frozenset({ResultStatus.REFUSED, ResultStatus.DENIED, ResultStatu
 class Session:
     """One call of run_or_resume: the loop's working memory, rebuilt from the checkpoint."""
 
-    def __init__(self, loop: Loop, spec: LoopSpec) -> None:
+    def __init__(
+        self, loop: LoopParts, spec: LoopSpec, *, asked_to_stop: Callable[[], bool] | None = None
+    ) -> None:
         self.loop = loop
         self.spec = spec
+        self.asked_to_stop = asked_to_stop or _never
         self.stores = loop.stores
-        self.checkpoints = Checkpointer(loop.stores, loop.clock)
+        self.checkpoints = Checkpointer(loop.stores, loop.clock, tenant=spec.tenant, run=spec.run)
         self.budgets = Budgets(
             spec.budget,
             active=self.checkpoints.active,
@@ -75,12 +114,16 @@ class Session:
             durable_start=loop.stores.capabilities.claim_with_event,
             deferred_completion=loop.stores.capabilities.checkpoint_with_completion,
             audit=loop.stores.audit,
+            remember_late=self.checkpoints.remember_late,
         )
         self.tool_infos = tuple(
             ToolInfo(t.name, t.description, t.side_effect, t.input_schema)
             for t in loop.tools.values()
             if t.side_effect in spec.side_effects
         )
+        # The iterations this session planned itself: their actions were planned under the spec
+        # in force now. A plan saved earlier may hold calls made under another spec.
+        self.planned_here: set[int] = set()
 
     # Starting and driving
 
@@ -145,6 +188,8 @@ class Session:
             Step.VERIFY: self._verify,
         }
         while state.stop is None:
+            if self.asked_to_stop():
+                break  # at a checkpoint: the next process goes on from here
             if state.step is Step.DONE:  # a checkpoint from a run that met its goal
                 state = self.checkpoints.stop(state, StopReason.GOAL_MET)
                 break
@@ -194,6 +239,7 @@ class Session:
                 resumable=False,
             )
         plan = Plan(iteration, state.calls, actions, reply.done, reply.answer)
+        self.planned_here.add(iteration)
         draft = AuditDraft(
             "loop.plan_saved",
             {
@@ -221,36 +267,28 @@ class Session:
         return state
 
     def _act(self, state: RunState) -> RunState:
-        assert state.plan is not None
-        remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
+        plan = state.plan
+        assert plan is not None
+        remaining = [a for a in plan.actions if state.result_of(a.id) is None]
         if not remaining:
             state = self.checkpoints.save(_observed(state))
             failpoints.hit("after_observe")
             return state
+        resumed = plan.iteration not in self.planned_here
         for number, action in enumerate(remaining, start=1):
-            spent = self.budgets.spent(state)
-            if spent is not None:  # the plan stays saved: a resume with more budget runs it
-                return self.checkpoints.stop(state, *spent)
-            failpoints.hit("before_action")
-            result = self.approvals.check(state, action)
-            if isinstance(result, PendingApproval):
+            try:
+                result = self._next_result(state, action, resumed=resumed)
+            except UnknownOutcomeStop as unknown:
                 return self.checkpoints.stop(
                     state,
-                    StopReason.AWAITING_APPROVAL,
-                    f"{result.tool} ({action.id}) needs approval",
-                    pending=(result,),
+                    StopReason.OUTCOME_UNKNOWN,
+                    f"{unknown.unknown.tool} ({action.id}) may or may not have run; reconcile it",
+                    unknown=(unknown.unknown,),
                 )
-            if result is None:
-                try:
-                    result = self.gateway.call(action)
-                except UnknownOutcomeStop as unknown:
-                    return self.checkpoints.stop(
-                        state,
-                        StopReason.OUTCOME_UNKNOWN,
-                        f"{unknown.unknown.tool} ({action.id}) may or may not have run; "
-                        f"reconcile it",
-                        unknown=(unknown.unknown,),
-                    )
+            if isinstance(result, Held):
+                return self.checkpoints.stop(
+                    state, result.reason, result.message, pending=result.pending
+                )
             draft = AuditDraft(
                 "loop.action_completed",
                 {
@@ -265,7 +303,7 @@ class Session:
                 key=f"completed:{action.id}",
             )
             last = number == len(remaining)
-            state = state.but(results=(*state.results, result))
+            state = state.but(results=(*state.results, result)).with_late(self.gateway.take_late())
             # After the last action nothing happens outside the process before the observation
             # is made, so the action's checkpoint is the observation's: one commit, not two.
             # With stores that take it, the WRITE's key is completed in that commit too.
@@ -274,11 +312,45 @@ class Session:
                 draft,
                 completions=self.gateway.completions(),
             )
-            self.gateway.completed(missed)
+            late = self.gateway.completed(missed)
+            if late:  # a result that came after someone settled its key: remembered at once
+                state = self.checkpoints.save(state.with_late(self.gateway.take_late()), *late)
             failpoints.hit("after_action_checkpoint")
             if last:
                 failpoints.hit("after_observe")
+            elif self.asked_to_stop():
+                return state  # the next process acts on the plan's remaining actions
         return state
+
+    def _next_result(
+        self, state: RunState, action: Action, *, resumed: bool
+    ) -> ActionResult | Held:
+        """What ``action`` comes to: a call on record decides first, then the budgets, a
+        person's approval, and the gateway (which makes the call). ``Held`` if the run must stop
+        before the call; raises ``UnknownOutcomeStop`` for an unknown outcome.
+
+        A plan saved before this session may have had calls made under another spec (an edited
+        tool list, side-effect class, approval rule or budget): its calls on record are looked
+        up before anything the spec says now may refuse or hold them back. A plan made in this
+        session needs no such look-up: the gateway meets any key on record when it claims, and
+        looks before it refuses.
+        """
+        prior = self.gateway.recorded(action) if resumed else None
+        if prior is None:
+            spent = self.budgets.spent(state)
+            if spent is not None:  # the plan stays saved: a resume with more budget runs it
+                return Held(*spent)
+        failpoints.hit("before_action")
+        if prior is not None:
+            return prior
+        checked = self.approvals.check(state, action)
+        if isinstance(checked, PendingApproval):
+            return Held(
+                StopReason.AWAITING_APPROVAL,
+                f"{checked.tool} ({action.id}) needs approval",
+                pending=(checked,),
+            )
+        return checked if checked is not None else self.gateway.call(action)
 
     def _observe(self, state: RunState) -> RunState:
         """A checkpoint saved at ``observe`` by an earlier version (the act phase now observes
@@ -400,6 +472,19 @@ class Session:
     def _needs_approval(self, name: str) -> bool:
         tool = self.loop.tools.get(name)
         return tool is not None and tool.requires_approval
+
+
+@dataclass(frozen=True)
+class Held:
+    """An action held back before its call: the run stops (a budget spent, a person to ask)."""
+
+    reason: StopReason
+    message: str
+    pending: tuple[PendingApproval, ...] = ()
+
+
+def _never() -> bool:
+    return False
 
 
 def _observed(state: RunState) -> RunState:

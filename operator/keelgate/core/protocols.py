@@ -66,10 +66,15 @@ class IdempotencyStore(Protocol):
         action: str,
         tool: str,
         event: AuditDraft | None = None,
+        deadline_in: float | None = None,
     ) -> KeyRecord | None:
         """``event``, when given (a store that also holds the run's audit chain), is appended
         to the chain in the same transaction, only if this call claims the key: the record of
-        a WRITE being sent is then as durable as the claim itself."""
+        a WRITE being sent is then as durable as the claim itself.
+
+        ``deadline_in``, when given, records the claim's write deadline that many seconds after
+        the claim on the store's own clock (``KeyRecord.deadline``); ``settle`` refuses "not
+        executed" until it has passed there (``SettleTooEarly``)."""
         ...
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
@@ -97,7 +102,9 @@ class IdempotencyStore(Protocol):
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
         """Settle an ``outcome_unknown`` key: completed if executed, else abandoned.
 
-        Raises ``SettleError`` for any other state, so a decision can never be changed.
+        Raises ``SettleError`` for any other state, so a decision can never be changed, and
+        ``SettleTooEarly`` for "not executed" before the key's deadline has passed on the
+        store's clock (its call may still be sent until then).
         """
         ...
 

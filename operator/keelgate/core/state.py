@@ -12,7 +12,7 @@ means. A step must never change once released: a new format is a new step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Annotated, Any, Self
@@ -22,8 +22,10 @@ from pydantic import PlainSerializer
 from keelgate.core.audit import AuditDraft
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import (
+    LATE_KEPT,
     Action,
     ActionResult,
+    LateResult,
     Outcome,
     PendingApproval,
     RunPhase,
@@ -33,7 +35,7 @@ from keelgate.core.types import (
     Usage,
     canonical_json,
 )
-from keelgate.core.values import JsonValue
+from keelgate.core.values import OMIT_EMPTY, JsonValue
 from keelgate.errors import StoreError
 
 VERSION = 2  # the checkpoint format this code writes
@@ -105,6 +107,8 @@ class RunState(JsonValue):
     outbox: tuple[AuditDraft, ...] = ()
     answer: str | None = None
     audit_tail: str | None = None  # key of the last event written with a checkpoint
+    # Calls that ended after someone else settled their keys (the newest LATE_KEPT).
+    late: Annotated[tuple[LateResult, ...], OMIT_EMPTY] = ()
 
     @property
     def tenant(self) -> str:
@@ -173,7 +177,12 @@ class RunState(JsonValue):
             self.unknown,
             self.pending,
             self.answer,
+            self.late,
         )
+
+    def with_late(self, late: Sequence[LateResult]) -> RunState:
+        """The state that also remembers ``late`` (keeping the newest ``LATE_KEPT``)."""
+        return self.but(late=(*self.late, *late)[-LATE_KEPT:]) if late else self
 
     def to_json(self) -> dict[str, Any]:
         # The document opens with its format and the run it belongs to (the spec's tenant and

@@ -266,6 +266,33 @@ class KeyRecord:
     result: Any = None
     settled_by: str = ""
     source: str = ""
+    # The claim's write deadline, in seconds since the epoch on the store's own clock (None for
+    # a key claimed before deadlines were recorded), and how many seconds of it were left when
+    # the record was read (negative once passed). Until it has passed the call may still be
+    # sent by a process that was held up, so the key cannot be settled as not executed.
+    deadline: float | None = None
+    deadline_in: float | None = None
+
+    @property
+    def sendable(self) -> bool:
+        """Whether the claim's call may still be sent (its deadline has not passed)."""
+        return self.deadline_in is not None and self.deadline_in > 0
+
+    @property
+    def not_executed_after(self) -> str:
+        """When a settlement "not executed" becomes possible, as UTC ISO 8601 ("" if now)."""
+        if not self.sendable or self.deadline is None:
+            return ""
+        return utc_iso(self.deadline)
+
+
+def utc_iso(seconds: float) -> str:
+    """Seconds since the epoch as UTC ISO 8601 to the second, rounded up (a moment not to act
+    before must not be shown earlier than it is)."""
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(math.ceil(seconds), tz=dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def settled_state(record: KeyRecord, *, executed: bool) -> KeyState:
@@ -291,6 +318,36 @@ class UnknownAction(JsonValue):
     action: Annotated[ActionId, Field(description="The action's id within the run.")]
     tool: Annotated[str, Field(description="The tool.")]
     idempotency_key: Annotated[str, Field(description="The key the call carried downstream.")]
+    not_executed_after: Annotated[
+        str,
+        OMIT_EMPTY,
+        Field(
+            description="Until this moment (UTC, on the store's clock) a held-up process may "
+            "still send the call, so it can be settled as executed but not yet as not executed."
+        ),
+    ] = ""
+
+
+@dataclass(frozen=True)
+class LateResult(JsonValue):
+    """A call that ended after its key had been settled by someone else: their record stands,
+    and this says what really came, so a person can look again."""
+
+    action: Annotated[ActionId, Field(description="The action's id within the run.")]
+    tool: Annotated[str, Field(description="The tool.")]
+    idempotency_key: Annotated[str, Field(description="The key the call carried downstream.")]
+    status: Annotated[
+        str,
+        Field(description="How the call ended: ok (it took effect), refused, or unknown."),
+    ]
+    recorded: Annotated[
+        str, Field(description="What the key records, by the settlement: completed, abandoned.")
+    ]
+    settled_by: Annotated[str, OMIT_EMPTY, Field(description="Who settled the key.")] = ""
+
+
+#: How many late results a run keeps (the newest); the audit chain keeps every one.
+LATE_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -299,6 +356,10 @@ class PendingApproval(JsonValue):
 
     action: Annotated[ActionId, Field(description="The action's id within the run.")]
     tool: Annotated[str, Field(description="The tool.")]
+
+
+def _nothing(value: Any) -> bool:
+    return not value
 
 
 class RunStatus(BaseModel):
@@ -330,6 +391,12 @@ class RunStatus(BaseModel):
         default_factory=tuple, description="Actions waiting for an Approval."
     )
     answer: str | None = Field(default=None, description="The final answer, once the goal is met.")
+    late_results: tuple[LateResult, ...] = Field(
+        default_factory=tuple,
+        exclude_if=_nothing,
+        description="Calls that ended after someone else had settled their keys: the "
+        "settlement stands; look again at what really happened (the newest 10).",
+    )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -348,6 +415,7 @@ class Outcome:
     unknown_actions: tuple[UnknownAction, ...] = ()
     pending_approvals: tuple[PendingApproval, ...] = ()
     answer: str | None = None
+    late_results: tuple[LateResult, ...] = ()
 
     @property
     def resumable(self) -> bool:
@@ -365,6 +433,7 @@ class Outcome:
             unknown_actions=self.unknown_actions,
             pending_approvals=self.pending_approvals,
             answer=self.answer,
+            late_results=self.late_results,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -391,4 +460,5 @@ class Outcome:
             status.unknown_actions,
             status.pending_approvals,
             status.answer,
+            status.late_results,
         )

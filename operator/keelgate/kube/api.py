@@ -16,7 +16,6 @@ Secret's data.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import logging
 import threading
@@ -26,34 +25,16 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.naming import GROUP, STEP_POD_LABEL, STEP_POD_NAME, VERSION
+from keelgate.kube.times import now
 
 log = logging.getLogger("keelgate.kube.api")
 
 JSON = dict[str, Any]
+__all__ = ["PLURALS", "ApiFailure", "ClusterApi", "Conflict", "Gone", "now"]
+
 PLURALS = {"AgentRun": "agentruns", "Reconciliation": "reconciliations", "Approval": "approvals"}
-
-
-class ApiFailure(Exception):
-    """A request the API server refused or did not answer; the controller retries later."""
-
-    def __init__(self, message: str, *, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Conflict(ApiFailure):
-    """409: the object exists already, or changed since it was read."""
-
-
-class Gone(ApiFailure):
-    """404: the object (or its namespace) does not exist. ``named`` is the object the server's
-    answer says it did not find (its ``details.name``), empty when the answer names none: a
-    server still starting may answer 404 for a whole kind it does not serve yet."""
-
-    def __init__(self, message: str, *, status: int = 404, named: str = "") -> None:
-        super().__init__(message, status=status)
-        self.named = named
 
 
 def _failure(error: ApiException, what: str) -> ApiFailure:
@@ -77,11 +58,6 @@ def _named(body: Any) -> str:
         return str(details.get("name") or "") if isinstance(details, dict) else ""
     except ValueError:
         return ""
-
-
-def now() -> str:
-    """The current time as a metav1.Time."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ClusterApi:

@@ -33,6 +33,7 @@ JSON = dict[str, Any]
 
 #: The non-root user step pods run as (the image's user).
 STEP_USER = 65532
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,41 @@ def owned_by(child: Mapping[str, Any], owner_uid: str) -> bool:
     """Whether ``child`` is controlled by the object with ``owner_uid``."""
     refs = child.get("metadata", {}).get("ownerReferences") or []
     return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+
+
+def pod_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod has ended (succeeded or failed): it will never run again."""
+    return pod.get("status", {}).get("phase") in TERMINAL_POD_PHASES
+
+
+def pod_active(pod: Mapping[str, Any]) -> bool:
+    return not pod_finished(pod)
+
+
+def is_active_step_pod(pod: Mapping[str, Any]) -> bool:
+    """A step pod that still holds one of the operator's step slots."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return labels.get(STEP_POD_LABEL) == STEP_POD_NAME and pod_active(pod)
+
+
+def is_settled(decision: Mapping[str, Any]) -> bool:
+    """A Reconciliation or Approval the operator has shown Settled (its decision recorded)."""
+    return (decision.get("status") or {}).get("phase") == "Settled"
+
+
+def controller_name(body: Mapping[str, Any]) -> str:
+    """The name of the AgentRun that controls ``body`` ("" if none does): a step pod's run (its
+    label may be a shortened name), a tick's monitor."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "AgentRun":
+            return str(ref.get("name", ""))
+    return ""
+
+
+def is_tick(run: Mapping[str, Any]) -> bool:
+    """A monitor's tick: labelled with its monitor and controlled by an AgentRun."""
+    meta = run.get("metadata", {})
+    return MONITOR_LABEL in (meta.get("labels") or {}) and bool(controller_name(run))
 
 
 def step_pod(

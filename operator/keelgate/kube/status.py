@@ -69,9 +69,32 @@ def _listing(items: Mapping[str, str], pairs: Sequence[tuple[str, str]], kind: s
     return "; ".join(parts)
 
 
+def condition(
+    old: Mapping[str, Any],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str = "",
+    *,
+    generation: int,
+    now: str,
+) -> JSON:
+    """One metav1.Condition of a status whose previous value is ``old``: its transition time
+    moves only when its status does, as metav1.Condition requires."""
+    previous = {c.get("type"): c for c in old.get("conditions") or []}.get(type_) or {}
+    same = previous.get("status") == status and previous.get("lastTransitionTime")
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": previous["lastTransitionTime"] if same else now,
+        "observedGeneration": generation,
+    }
+
+
 def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
     """The whole status the operator wants the AgentRun to show (kopf's part excluded)."""
-    conditions_before = {c.get("type"): c for c in old.get("conditions") or [] if c.get("type")}
     outcome = view.outcome
     phase = phase_of(view)
     stop = None if outcome is None or outcome.phase is RunPhase.RUNNING else outcome.stop
@@ -80,17 +103,7 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
     gen = view.generation
 
     def cond(type_: str, status: str, reason: str, message: str = "") -> JSON:
-        previous = conditions_before.get(type_) or {}
-        # The transition time moves only when the status does, as metav1.Condition requires.
-        same = previous.get("status") == status and previous.get("lastTransitionTime")
-        return {
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": previous["lastTransitionTime"] if same else now,
-            "observedGeneration": gen,
-        }
+        return condition(old, type_, status, reason, message, generation=gen, now=now)
 
     unknown = [] if outcome is None or stop is None else list(outcome.unknown_actions)
     pending = [] if outcome is None or stop is None else list(outcome.pending_approvals)

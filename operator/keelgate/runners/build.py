@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from keelgate.adapters.loading import load_callable
+from keelgate.adapters.loading import FROM_SYS_PATH, CallableLoader
 from keelgate.adapters.models.python import PythonModel
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
@@ -29,8 +29,10 @@ from keelgate.core.spec import LoopSpec, Price
 from keelgate.errors import InputError, ToolError
 from keelgate.manifest import AgentRunSpec, ModelConfig, Provider, ToolConfig, spec_from_manifest
 
-ModelBuilder = Callable[[ModelConfig], Model]
-ToolBuilder = Callable[[ToolConfig, str], Tool]  # (tool, its manifest path) -> Tool
+# (the model, where its code is imported from) -> Model
+ModelBuilder = Callable[[ModelConfig, CallableLoader], Model]
+# (the tool, its manifest path, where its code is imported from) -> Tool
+ToolBuilder = Callable[[ToolConfig, str, CallableLoader], Tool]
 
 
 log = logging.getLogger("keelgate.build")
@@ -47,14 +49,20 @@ class Parts:
     max_output_tokens: int | None = None
 
 
-def build_parts(spec: LoopSpec, *, manifest: AgentRunSpec | None = None) -> Parts:
+def build_parts(
+    spec: LoopSpec,
+    *,
+    manifest: AgentRunSpec | None = None,
+    callables: CallableLoader = FROM_SYS_PATH,
+) -> Parts:
     """The model, tools and prices of ``spec``'s manifest (validated again: it may have come
-    over the wire). Raises ``InputError`` naming the manifest field at fault."""
+    over the wire), python code imported through ``callables``. Raises ``InputError`` naming the
+    manifest field at fault."""
     config = manifest if manifest is not None else spec_from_manifest(spec.manifest)
     model_config = config.model
-    model = MODEL_BUILDERS[model_config.provider](model_config)
+    model = MODEL_BUILDERS[model_config.provider](model_config, callables)
     tools = tuple(
-        TOOL_BUILDERS[tool.kind](tool, f"spec.tools[{index}]")
+        TOOL_BUILDERS[tool.kind](tool, f"spec.tools[{index}]", callables)
         for index, tool in enumerate(config.tools)
     )
     for tool in tools:
@@ -100,7 +108,7 @@ def build_loop(
 # Models
 
 
-def _scripted(config: ModelConfig) -> Model:
+def _scripted(config: ModelConfig, _: CallableLoader) -> Model:
     script: list[dict[str, Any]] = []
     for entry in config.script or ():
         answer: dict[str, Any] = {
@@ -116,14 +124,14 @@ def _scripted(config: ModelConfig) -> Model:
     return ScriptedModel(script, name=config.effective_name)
 
 
-def _python_model(config: ModelConfig) -> Model:
+def _python_model(config: ModelConfig, callables: CallableLoader) -> Model:
     where = "spec.model.callable"
-    function = load_callable(config.callable, field=where)
+    function = callables.load(config.callable, field=where)
     _check_signature(function, ({},), {}, field=where, shape="fn(request: dict) -> dict")
     return PythonModel(function, name=config.effective_name)
 
 
-def _openai(config: ModelConfig) -> Model:
+def _openai(config: ModelConfig, _: CallableLoader) -> Model:
     module = _adapter(
         "keelgate.adapters.models.openai", field="spec.model.provider", what="provider 'openai'"
     )
@@ -136,7 +144,7 @@ def _openai(config: ModelConfig) -> Model:
     return model
 
 
-def _anthropic(config: ModelConfig) -> Model:
+def _anthropic(config: ModelConfig, _: CallableLoader) -> Model:
     module = _adapter(
         "keelgate.adapters.models.anthropic",
         field="spec.model.provider",
@@ -168,10 +176,10 @@ def _api_key(config: ModelConfig) -> str | None:
 # Tools
 
 
-def _python_tool(tool: ToolConfig, where: str) -> Tool:
+def _python_tool(tool: ToolConfig, where: str, callables: CallableLoader) -> Tool:
     assert tool.python is not None
     place = f"{where}.python.callable"
-    function = load_callable(tool.python.callable, field=place)
+    function = callables.load(tool.python.callable, field=place)
     _check_signature(
         function,
         ({},),
@@ -208,7 +216,7 @@ def _checked(
     return guarded
 
 
-def _http_tool(tool: ToolConfig, where: str) -> Tool:
+def _http_tool(tool: ToolConfig, where: str, _: CallableLoader) -> Tool:
     assert tool.http is not None
     if tool.http.body is not None:
         raise InputError(f"{where}.http.body", "a fixed body is not supported yet; omit it")
@@ -231,7 +239,7 @@ def _http_tool(tool: ToolConfig, where: str) -> Tool:
     return built
 
 
-def _mcp_tool(tool: ToolConfig, where: str) -> Tool:
+def _mcp_tool(tool: ToolConfig, where: str, _: CallableLoader) -> Tool:
     assert tool.mcp is not None
     module = _adapter("keelgate.adapters.tools.mcp", field=f"{where}.mcp", what="the mcp tool")
     server = module.McpServerRef(url=tool.mcp.url, headers=dict(tool.mcp.headers))

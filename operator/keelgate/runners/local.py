@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
+from keelgate.adapters.loading import FROM_SYS_PATH, CallableLoader
 from keelgate.core.loop import Loop
 from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
 from keelgate.core.protocols import Confirmer, Stores
@@ -37,10 +38,13 @@ class LocalRunner:
         store: str = DEFAULT_URL,
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
+        callables: CallableLoader | None = None,
     ) -> None:
         self.store = store
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
+        #: Where a manifest's python models and tools are imported from (default: sys.path).
+        self.callables = callables or FROM_SYS_PATH
 
     def run(self, spec: LoopSpec) -> Outcome:
         """Start or resume ``spec``'s run to its next stop.
@@ -50,8 +54,8 @@ class LocalRunner:
         """
         manifest = self._checked(spec)
         if spec.kind is LoopKind.MONITOR and not is_tick(spec.run):
-            return self._tick(spec, build_parts(spec, manifest=manifest))
-        parts = build_parts(spec, manifest=manifest)
+            return self._tick(spec, self._parts(spec, manifest))
+        parts = self._parts(spec, manifest)
         stores = self._open(spec)
         try:
             return self._loop(spec, stores, parts).run_or_resume(spec)
@@ -71,7 +75,10 @@ class LocalRunner:
         if is_tick(spec.run):
             raise InputError("run", f"{spec.run!r} is a tick; name the monitor itself")
         manifest = self._checked(spec)
-        return self._tick(spec, build_parts(spec, manifest=manifest))
+        return self._tick(spec, self._parts(spec, manifest))
+
+    def _parts(self, spec: LoopSpec, manifest: AgentRunSpec) -> Parts:
+        return build_parts(spec, manifest=manifest, callables=self.callables)
 
     def _tick(self, spec: LoopSpec, parts: Parts) -> Outcome:
         stores = self._open(spec)

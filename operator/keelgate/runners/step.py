@@ -13,7 +13,7 @@ never keep state between steps, and never run more than one iteration per call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from keelgate.core.protocols import Confirmer, Stores
@@ -52,8 +52,11 @@ class StepRunner:
         finally:
             stores.close()
 
-    def step(self, tenant: str, run: str) -> Outcome:
-        """One step of the run whose spec the operator recorded in the store."""
+    def step(
+        self, tenant: str, run: str, *, asked_to_stop: Callable[[], bool] | None = None
+    ) -> Outcome:
+        """One step of the run whose spec the operator recorded in the store; with
+        ``asked_to_stop`` (a drain's SIGTERM), left at the next checkpoint once it says so."""
         stores = open_stores(self.store, pooled=False)
         try:
             spec = recorded_spec(stores, tenant, run)
@@ -64,15 +67,22 @@ class StepRunner:
             # step's start-up much, and a finished run needs none of them.
             from keelgate.runners.build import build_parts
 
-            return self._drive(spec, stores, build_parts(spec))
+            return self._drive(spec, stores, build_parts(spec), asked_to_stop=asked_to_stop)
         finally:
             stores.close()
 
-    def _drive(self, spec: LoopSpec, stores: Stores, parts: Parts) -> Outcome:
+    def _drive(
+        self,
+        spec: LoopSpec,
+        stores: Stores,
+        parts: Parts,
+        *,
+        asked_to_stop: Callable[[], bool] | None = None,
+    ) -> Outcome:
         from keelgate.runners.build import build_loop
 
         loop = build_loop(spec, stores, confirmer=self.confirmer, parts=parts, pricing=self.pricing)
-        return loop.run_or_resume(spec, one_iteration=True)
+        return loop.run_or_resume(spec, one_iteration=True, asked_to_stop=asked_to_stop)
 
 
 def _ended(stores: Stores, tenant: str, run: str) -> Outcome | None:

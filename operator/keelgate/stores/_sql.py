@@ -18,11 +18,16 @@ This module must never settle, retry or delete a key on its own (only ``settle``
 unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
 its backend's liveness judgement says, never remember an audit head that did not commit, and
 never change the schema except through a numbered migration.
+
+Why one module past 500 lines: each commit's statements and the compare-and-sets its safety
+rests on are read together here, once for every backend; split by store, a commit that writes a
+checkpoint, a key and an event would be read in three places.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -32,7 +37,13 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from keelgate.core.audit import AuditDraft, AuditEvent, seal, stored_event, utc_now
 from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
-from keelgate.errors import SettleError, StaleCheckpoint, StoreError, UnreadableEvent
+from keelgate.errors import (
+    SettleError,
+    SettleTooEarly,
+    StaleCheckpoint,
+    StoreError,
+    UnreadableEvent,
+)
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
 from keelgate.stores._json import dumps, loads
 
@@ -68,6 +79,10 @@ class Dialect:
     placeholder: str = "?"  # what ``?`` becomes for the driver
     bigint: str = "INTEGER"  # column type of a sequence number or a generation
     owner_type: str = "TEXT"  # column type of an owner id
+    real: str = "REAL"  # column type of a moment in seconds since the epoch
+    # The store's own clock, in seconds since the epoch: write deadlines are set and judged on
+    # it, never on a client's (SQLite: the host's, the only one sharing the file).
+    clock: str = "((julianday('now') - 2440587.5) * 86400.0)"
     owner_setup: str = ""  # DDL the backend's owner liveness needs, in migration 1
     # A key is in flight under this store's owner (the parameter is ``SQLStore._owned()``).
     mine: str = "owner = ?"
@@ -98,8 +113,8 @@ class Dialect:
 # ``backends``; the others record its version without running anything, so versions mean the same
 # schema step everywhere.
 #
-# On PostgreSQL every Keelgate table has row-level security (migration 2). A migration that adds
-# a table enables it there, gives it policies keyed by tenant as migration 2 does, and adds the
+# On PostgreSQL every Keelgate table has row-level security (migration 3). A migration that adds
+# a table enables it there, gives it policies keyed by tenant as migration 3 does, and adds the
 # table to ``keelgate.stores.postgres.PRIVILEGES``, whose grants are made again to every
 # registered role in the transaction of any migration (a tenant's role then needs nothing new).
 
@@ -131,7 +146,7 @@ CREATE TABLE IF NOT EXISTS keelgate_specs (
 """
 
 
-# Migration 2: tenants that share a PostgreSQL database cannot see or change each other's rows.
+# Migration 3: tenants that share a PostgreSQL database cannot see or change each other's rows.
 # ``keelgate_tenants`` maps a database role to the tenant (namespace) it is, or marks it as the
 # operator's; only its owner writes it (``keelgate tenant add``, with the admin's URL), and a role
 # reads only its own row. Every policy compares a row's tenant with that lookup, keyed by
@@ -153,7 +168,7 @@ _OPERATOR = (
     "EXISTS (SELECT 1 FROM keelgate_tenants t WHERE t.role = current_user AND t.kind = 'operator')"
 )
 _EITHER = f"({_MINE}) OR ({_OPERATOR})"
-_ROW_SECURITY_2 = f"""
+_ROW_SECURITY_3 = f"""
 CREATE TABLE keelgate_tenants (
     role TEXT PRIMARY KEY, tenant TEXT NOT NULL,
     kind TEXT NOT NULL CHECK (kind IN ('tenant', 'operator')), added_at TEXT NOT NULL);
@@ -187,8 +202,8 @@ CREATE POLICY keelgate_specs_update ON keelgate_specs FOR UPDATE
 @dataclass(frozen=True)
 class Migration:
     """One numbered schema step: ``ddl`` is ``;``-separated statements with ``{bigint}``,
-    ``{owner}`` and ``{owner_setup}`` taken from the dialect. ``backends`` (dialect names)
-    limits it to those backends; empty, it applies to every one."""
+    ``{owner}``, ``{owner_setup}`` and ``{real}`` taken from the dialect. ``backends``
+    (dialect names) limits it to those backends; empty, it applies to every one."""
 
     version: int
     description: str
@@ -199,17 +214,29 @@ class Migration:
         if self.backends and dialect.name not in self.backends:
             return []  # recorded as applied: the step has nothing to do on this backend
         text = self.ddl.format(
-            bigint=dialect.bigint, owner=dialect.owner_type, owner_setup=dialect.owner_setup
+            bigint=dialect.bigint,
+            owner=dialect.owner_type,
+            owner_setup=dialect.owner_setup,
+            real=dialect.real,
         )
         return [s.strip() for s in text.split(";") if s.strip()]
 
 
+# Migration 2: a claim's write deadline, on the store's clock (``keelgate.core.fence``), and
+# the claim's own random id, by which a claim repeated after its acknowledgement was lost knows
+# itself. A key claimed before it has neither, and may be settled as it could before.
+_SCHEMA_2 = """
+ALTER TABLE keelgate_keys ADD COLUMN deadline {real};
+ALTER TABLE keelgate_keys ADD COLUMN claim_id TEXT
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
+    Migration(2, "write deadlines and claim ids of claimed keys", _SCHEMA_2),
     Migration(
-        2,
+        3,
         "row-level security: a tenant's role sees and writes only its tenant's rows",
-        _ROW_SECURITY_2,
+        _ROW_SECURITY_3,
         backends=("postgresql",),
     ),
 )
@@ -315,11 +342,29 @@ class Statements:
         self.recorded_spec = q(
             "SELECT source, generation, spec FROM keelgate_specs WHERE tenant = ? AND run = ?"
         )
-        # IdempotencyStore
-        self.key = q(f"SELECT {keys}, {d.liveness} FROM keelgate_keys WHERE tenant = ? AND key = ?")
+        # IdempotencyStore. A key's SELECT also says how much of its deadline is left on the
+        # store's clock, and (last) the backend's judgement of its owner's liveness.
+        clock = f"CAST({d.clock} AS {d.real})"
+        self.key = q(
+            f"SELECT {keys}, deadline, deadline - {clock}, {d.liveness} "
+            "FROM keelgate_keys WHERE tenant = ? AND key = ?"
+        )
+        # The deadline is set on the store's clock: the claim's moment there plus the seconds
+        # given (none: NULL, no deadline).
         self.claim = q(
-            "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-            "VALUES (?, ?, ?, ?, ?, 'in_flight', ?) ON CONFLICT DO NOTHING"
+            "INSERT INTO keelgate_keys "
+            "(tenant, key, run, action, tool, state, owner, deadline, claim_id) "
+            f"VALUES (?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ?) "
+            "ON CONFLICT DO NOTHING"
+        )
+        # A claim repeated after its acknowledgement was lost: if the first one landed, it is
+        # this claim's (its id), still in flight, and is taken over by the current owner id.
+        self.own_claim = q(
+            "UPDATE keelgate_keys SET owner = ? WHERE tenant = ? AND key = ? AND claim_id = ? "
+            "AND state = 'in_flight'"
+        )
+        self.checkpoint_text = q(
+            "SELECT state FROM keelgate_checkpoints WHERE tenant = ? AND run = ? AND seq = ?"
         )
         mine = f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine}"
         self.complete = q(
@@ -327,9 +372,12 @@ class Statements:
         )
         self.release = q(f"UPDATE keelgate_keys SET owner = NULL {mine}")
         self.forget = q(f"DELETE FROM keelgate_keys {mine}")
+        # "Not executed" only once the deadline has passed on the store's clock: before it, a
+        # held-up owner may still send the call (the first parameter: whether it executed).
         self.settle = q(
             "UPDATE keelgate_keys SET state = ?, owner = NULL, settled_by = ?, source = ? "
-            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ?"
+            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ? "
+            f"AND (? OR deadline IS NULL OR deadline <= {clock})"
         )
         # AuditLog
         self.append = q(
@@ -468,12 +516,38 @@ class SQLStore(HoldsOwner, ABC):
         """Whether an in-flight key's ``owner`` lives; ``judged`` is the dialect's liveness
         column. Must never say False for a live owner."""
 
+    def _durably(self, attempt: Callable[[bool], T]) -> T:
+        """Run ``attempt(again=False)``. A backend whose server can go away mid-statement (a
+        restart, a failover, a session it ended) runs it again (``again=True``) for as long as
+        its patience lasts, while the store cannot be reached (``StoreUnavailable``).
+
+        Every operation here is safe to repeat: reads, and writes that are compare-and-sets. A
+        write whose acknowledgement was lost may have landed: ``again`` tells the attempt to
+        recognise its own earlier write (a checkpoint already holding exactly this state, a
+        key already completed with this result) instead of reading it as someone else's.
+        """
+        return attempt(False)
+
+    def _landed(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> bool:
+        """Whether the checkpoint ``seq`` of the run holds exactly ``text``: an earlier attempt
+        of this very save committed, its acknowledgement lost."""
+        row = conn.execute(self.sql.checkpoint_text, (tenant, run, seq)).fetchone()
+        return row is not None and str(row[0]) == text
+
     # CheckpointStore
 
     def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
         text = dumps(state)
-        with self._statement() as conn:
-            self._save(conn, tenant, run, seq, text)
+
+        def attempt(again: bool) -> None:
+            with self._statement() as conn:
+                try:
+                    self._save(conn, tenant, run, seq, text)
+                except StaleCheckpoint:
+                    if not (again and self._landed(conn, tenant, run, seq, text)):
+                        raise
+
+        self._durably(attempt)
 
     def _save(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> None:
         if conn.execute(self.sql.save, (tenant, run, seq, text)).rowcount == 1:
@@ -497,13 +571,29 @@ class SQLStore(HoldsOwner, ABC):
             self.save(tenant, run, seq, state)
             return
         text = dumps(state)
-        if self._saved_in_one(tenant, run, seq, text, drafts, ()) is not None:
-            return
-        with self._transaction() as conn:
-            # A stale save raises here, inside the transaction: no event is appended.
-            self._save(conn, tenant, run, seq, text)
-            head = self._append(conn, tenant, run, drafts)
-        self._heads[(tenant, run)] = head
+
+        def attempt(again: bool) -> None:
+            if again:
+                self._heads.pop((tenant, run), None)  # what committed is read afresh
+            try:
+                if self._saved_in_one(tenant, run, seq, text, drafts, ()) is not None:
+                    return
+                with self._transaction() as conn:
+                    # A stale save raises here, inside the transaction: no event is appended.
+                    self._save(conn, tenant, run, seq, text)
+                    head = self._append(conn, tenant, run, drafts)
+            except StaleCheckpoint:
+                # Landed with its events (one transaction) if the checkpoint holds our state.
+                if again and self._holds_checkpoint(tenant, run, seq, text):
+                    return
+                raise
+            self._heads[(tenant, run)] = head
+
+        self._durably(attempt)
+
+    def _holds_checkpoint(self, tenant: str, run: str, seq: int, text: str) -> bool:
+        with self._statement() as conn:
+            return self._landed(conn, tenant, run, seq, text)
 
     def save_completing(
         self,
@@ -522,6 +612,34 @@ class SQLStore(HoldsOwner, ABC):
             self.save_with_events(tenant, run, seq, state, drafts)
             return ()
         text = dumps(state)
+
+        def attempt(again: bool) -> tuple[str, ...]:
+            if again:
+                self._heads.pop((tenant, run), None)  # what committed is read afresh
+            try:
+                return self._completing_once(tenant, run, seq, text, drafts, completions)
+            except StaleCheckpoint:
+                if again and self._holds_checkpoint(tenant, run, seq, text):
+                    # An earlier attempt committed it all; its acknowledgement was lost. The
+                    # keys it completed are ours; any other was settled by someone else.
+                    return tuple(
+                        c.key
+                        for c in completions
+                        if not self._completed_as(tenant, c.key, c.result)
+                    )
+                raise
+
+        return self._durably(attempt)
+
+    def _completing_once(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        text: str,
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
         in_one = self._saved_in_one(tenant, run, seq, text, drafts, completions)
         if in_one is not None:
             return in_one
@@ -544,6 +662,20 @@ class SQLStore(HoldsOwner, ABC):
         if head is not _UNKNOWN:
             self._heads[(tenant, run)] = head
         return tuple(missed)
+
+    def _completed_as(self, tenant: str, key: str, result: Any) -> bool:
+        """Whether the key is completed with exactly this result by its own call (not settled
+        by anyone): what a completion whose acknowledgement was lost left behind."""
+        with self._statement() as conn:
+            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        if row is None:
+            return False
+        record = self._record(row)
+        return (
+            record.state is KeyState.COMPLETED
+            and not record.source
+            and record.result == json.loads(dumps(result))
+        )
 
     def _saved_in_one(
         self,
@@ -583,16 +715,22 @@ class SQLStore(HoldsOwner, ABC):
         return tuple(key for key in keys if key not in completed)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.load, (tenant, run)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.load, (tenant, run)))
         if row is None:
             return None
         return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
 
     def runs(self, tenant: str | None = None) -> list[RunRef]:
+        def attempt(again: bool) -> list[Any]:
+            with self._statement() as conn:
+                return conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
+
+        return [RunRef(str(t), str(r), int(s)) for t, r, s in self._durably(attempt)]
+
+    def _one(self, sql: str, params: Sequence[Any]) -> Any:
+        """The one row of a read, or None."""
         with self._statement() as conn:
-            rows = conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
-        return [RunRef(str(t), str(r), int(s)) for t, r, s in rows]
+            return conn.execute(sql, params).fetchone()
 
     # SpecStore
 
@@ -600,22 +738,26 @@ class SQLStore(HoldsOwner, ABC):
         self, tenant: str, run: str, spec: Mapping[str, Any], *, source: str, generation: int
     ) -> bool:
         text = dumps(spec)
-        with self._statement() as conn:
-            # The operator records the spec before every step pod, and it seldom changes: an
-            # identical record is left as it is, so a step costs no durable commit here.
-            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
-            if row is not None and (str(row[0]), int(row[1]), str(row[2])) == (
-                source,
-                generation,
-                text,
-            ):
-                return True
-            cursor = conn.execute(self.sql.record_spec, (tenant, run, source, generation, text))
-        return cursor.rowcount == 1
+
+        def attempt(again: bool) -> bool:
+            with self._statement() as conn:
+                # The operator records the spec before every step pod, and it seldom changes:
+                # an identical record is left as it is, so a step costs no durable commit here
+                # (and a repeat after a lost acknowledgement finds its own record).
+                row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+                if row is not None and (str(row[0]), int(row[1]), str(row[2])) == (
+                    source,
+                    generation,
+                    text,
+                ):
+                    return True
+                values = (tenant, run, source, generation, text)
+                return conn.execute(self.sql.record_spec, values).rowcount == 1
+
+        return self._durably(attempt)
 
     def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.recorded_spec, (tenant, run)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.recorded_spec, (tenant, run)))
         if row is None:
             return None
         return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
@@ -623,7 +765,8 @@ class SQLStore(HoldsOwner, ABC):
     # IdempotencyStore
 
     def _record(self, row: Sequence[Any]) -> KeyRecord:
-        tenant, key, run, action, tool, state, owner, result, settled_by, source, judged = row
+        (tenant, key, run, action, tool, state, owner, result, settled_by, source) = row[:10]
+        deadline, deadline_in, judged = row[10:]
         key_state = KeyState(state)
         if key_state is KeyState.IN_FLIGHT and not self._alive(owner, judged):
             key_state = KeyState.OUTCOME_UNKNOWN
@@ -637,6 +780,8 @@ class SQLStore(HoldsOwner, ABC):
             None if result is None else json.loads(result),
             settled_by,
             source,
+            None if deadline is None else float(deadline),
+            None if deadline_in is None else float(deadline_in),
         )
 
     def claim(
@@ -648,10 +793,13 @@ class SQLStore(HoldsOwner, ABC):
         action: str,
         tool: str,
         event: AuditDraft | None = None,
+        deadline_in: float | None = None,
     ) -> KeyRecord | None:
+        claim_id = uuid.uuid4().hex
+
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
-            values = (tenant, key, run, action, tool, self._owner_id())
+            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in, claim_id)
             if conn.execute(self.sql.claim, values).rowcount != 1:
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
@@ -664,43 +812,100 @@ class SQLStore(HoldsOwner, ABC):
             if sealed is None:
                 return None
             events, last = sealed
-            values = (tenant, key, run, action, tool, self._owner_id(), *events)
+            values = (
+                tenant,
+                key,
+                run,
+                action,
+                tool,
+                self._owner_id(),
+                deadline_in,
+                claim_id,
+                *events,
+            )
             row = self._one_statement(conn, self.sql.together("claim", 1), values)
             if row is None:
                 self._heads.pop((tenant, run), None)
                 return None
             return (True, last) if row[0] == 1 else (False, None)
 
-        while True:
+        def mine(conn: Connection) -> bool:
+            """After a claim whose acknowledgement was lost: whether it landed (its id is on
+            the key, still in flight), and then take it over with the current owner id, so
+            that it reads live again (a new owner session has a new id)."""
+            values = (self._owner_id(), tenant, key, claim_id)
+            return bool(conn.execute(self.sql.own_claim, values).rowcount == 1)
+
+        def attempt(again: bool) -> tuple[bool, AuditEvent | None]:
+            if again:
+                self._heads.pop((tenant, run), None)
+                if self._on_owner_session(mine, atomic=False):
+                    # Its event, if any, committed with it; the head is read afresh next time.
+                    return True, _UNKNOWN
             fast = None
             if event is not None and self.dialect.one_statement_writes:
                 fast = self._on_owner_session(insert_one, atomic=False)
-            won, head = fast or self._on_owner_session(insert, atomic=event is not None)
+            return fast or self._on_owner_session(insert, atomic=event is not None)
+
+        while True:
+            won, head = self._durably(attempt)
             if won:
-                if event is not None:
+                if event is not None and head is not _UNKNOWN:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
             # Lost: the key as it stands, its owner judged alive or gone.
-            with self._statement() as conn:
-                row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+            row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
             if row is not None:
                 return self._record(row)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
+            claim_id = uuid.uuid4().hex
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
-        with self._statement() as conn:
-            cursor = conn.execute(self.sql.complete, (dumps(result), tenant, key, self._owned()))
-        return cursor.rowcount == 1
+        text = dumps(result)
+
+        def attempt(again: bool) -> bool:
+            with self._statement() as conn:
+                values = (text, tenant, key, self._owned())
+                if conn.execute(self.sql.complete, values).rowcount == 1:
+                    return True
+            return again and self._completed_as(tenant, key, result)
+
+        return self._durably(attempt)
 
     def release(self, tenant: str, key: str) -> None:
-        with self._statement() as conn:
-            conn.execute(self.sql.release, (tenant, key, self._owned()))
+        self._durably(lambda again: self._write(self.sql.release, (tenant, key, self._owned())))
 
     def forget(self, tenant: str, key: str) -> None:
+        self._durably(lambda again: self._write(self.sql.forget, (tenant, key, self._owned())))
+
+    def _write(self, sql: str, params: Sequence[Any]) -> int:
+        """One autocommit write; the rows it changed."""
         with self._statement() as conn:
-            conn.execute(self.sql.forget, (tenant, key, self._owned()))
+            return int(conn.execute(sql, params).rowcount)
 
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
+        def attempt(again: bool) -> KeyRecord:
+            try:
+                return self._settle_once(tenant, key, executed=executed, by=by, source=source)
+            except SettleError:
+                if again:
+                    # An earlier attempt may have landed, its acknowledgement lost: the very
+                    # settlement asked for, by the same person, is this one.
+                    current = self.get(tenant, key)
+                    verdict = KeyState.COMPLETED if executed else KeyState.ABANDONED
+                    if current is not None and (
+                        current.state,
+                        current.settled_by,
+                        current.source,
+                    ) == (verdict, by, source):
+                        return current
+                raise
+
+        return self._durably(attempt)
+
+    def _settle_once(
+        self, tenant: str, key: str, *, executed: bool, by: str, source: str
+    ) -> KeyRecord:
         with self._statement() as conn:
             row = conn.execute(self.sql.key, (tenant, key)).fetchone()
             if row is None:
@@ -709,15 +914,23 @@ class SQLStore(HoldsOwner, ABC):
             state = settled_state(current, executed=executed)
             # Compare-and-set on the owner we judged gone, so a racing settle cannot win twice.
             owner = row[6]
-            values = (state.value, by, source, tenant, key, owner)
+            values = (state.value, by, source, tenant, key, owner, executed)
             if conn.execute(self.sql.settle, values).rowcount != 1:
+                again = conn.execute(self.sql.key, (tenant, key)).fetchone()
+                now = None if again is None else self._record(again)
+                if now is not None and now.state is current.state and now.sendable:
+                    raise SettleTooEarly(
+                        now.run,
+                        now.action,
+                        not_before=now.not_executed_after,
+                        retry_after=float(now.deadline_in or 0.0),
+                    )
                 raise SettleError(current.run, current.action, "settled by someone else first")
             settled = conn.execute(self.sql.key, (tenant, key)).fetchone()
         return self._record(settled)
 
     def get(self, tenant: str, key: str) -> KeyRecord | None:
-        with self._statement() as conn:
-            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
         return None if row is None else self._record(row)
 
     # AuditLog
@@ -725,9 +938,16 @@ class SQLStore(HoldsOwner, ABC):
     def append(self, tenant: str, run: str, drafts: Sequence[AuditDraft]) -> None:
         if not drafts:
             return
-        with self._transaction() as conn:
-            head = self._append(conn, tenant, run, drafts)
-        self._heads[(tenant, run)] = head
+
+        def attempt(again: bool) -> None:
+            if again:
+                self._heads.pop((tenant, run), None)
+            # A repeat skips what landed: a draft whose key is on the chain is not appended.
+            with self._transaction() as conn:
+                head = self._append(conn, tenant, run, drafts)
+            self._heads[(tenant, run)] = head
+
+        self._durably(attempt)
 
     def _sealed(
         self, tenant: str, run: str, drafts: Sequence[AuditDraft]
@@ -796,8 +1016,12 @@ class SQLStore(HoldsOwner, ABC):
         """
         last = after
         while True:
-            with self._statement() as conn:
-                rows = conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
+
+            def attempt(again: bool, last: int = last) -> list[Any]:
+                with self._statement() as conn:
+                    return conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
+
+            rows = self._durably(attempt)
             for row in rows:
                 yield _event(tenant, run, row)
                 last = int(row[0])

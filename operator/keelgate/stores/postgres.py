@@ -34,15 +34,17 @@ SELECT, the same on any session, the owner's own included. Why this is sound:
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
-error message.
+error message. (About 500 lines: the connections and the liveness argument above are one story.)
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,6 +61,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+log = logging.getLogger("keelgate.stores")
+
 # Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
 OWNER_SPACE = 0x4B470001
@@ -71,11 +75,19 @@ _MANY = -1
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 
+#: Seconds a store keeps trying an operation while the server cannot be reached (a restart, a
+#: failover, a session it ended) before it gives up with StoreUnavailable; the first retry comes
+#: at once, then after 0.1 s, doubling to at most 2 s between tries.
+PATIENCE = 60.0
+
 POSTGRES = Dialect(
     name="postgresql",
     placeholder="%s",
     bigint="bigint",
     owner_type="integer",
+    real="double precision",
+    # clock_timestamp(), not now(): the moment of the statement, not of its transaction's start.
+    clock="extract(epoch from clock_timestamp())",
     owner_setup="CREATE SEQUENCE IF NOT EXISTS keelgate_owner_seq AS integer;",
     # A store's keys may carry any owner id it has had (a new one after its session was lost).
     mine="owner = ANY(?)",
@@ -98,7 +110,7 @@ POSTGRES = Dialect(
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 # What each kind of registered role (``keelgate_tenants.kind``) may do, table by table; the
-# row-level security of migration 2 narrows it to rows. A tenant's role (a step pod, or a person
+# row-level security of migration 3 narrows it to rows. A tenant's role (a step pod, or a person
 # with the tenant's URL) reads the schema version and its own rows, checkpoints, claims,
 # completes, settles and forgets its keys, appends to (never rewrites) its audit chains, and
 # reads the specs the operator recorded for it. The operator's role reads every tenant and
@@ -364,9 +376,11 @@ class PostgresStore(SQLStore):
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout: int = 10,
+        patience: float = PATIENCE,
     ) -> None:
         super().__init__()
         self.url = url
+        self.patience = patience
         self.target, params = _safe_target(url)
         self._secret = str(params.get("password") or "")
         # Detect a dead server or a vanished network from our side too; the user's URL wins.
@@ -401,6 +415,10 @@ class PostgresStore(SQLStore):
                 open=False,
                 name=f"keelgate-{self.owner}",
                 num_workers=2,
+                configure=_durable_commits,
+                # A pooled session the server has ended meanwhile (a restart, a failover,
+                # idle_session_timeout) is found out before it is lent, not by the statement.
+                check=ConnectionPool.check_connection,
             )
             self._pool.open(wait=True, timeout=float(connect_timeout))
         except psycopg.Error as error:
@@ -427,6 +445,7 @@ class PostgresStore(SQLStore):
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
         try:
+            _durable_commits(conn)
             migrated(conn, self.target)
             # The server ends this session (releasing our lock) soon after the host goes silent,
             # and must never end it for being idle.
@@ -513,12 +532,16 @@ class PostgresStore(SQLStore):
             self._claimer = _MANY
 
     def _live_owner_session(self) -> Conn:
-        """The owner session, or a new one (a new owner id) if it was lost. The caller holds
+        """The owner session, or a new one (a new owner id) if it was lost or the server has
+        ended it (found out here, before a statement fails on it). The caller holds
         ``_owner_lock``; a closed store has none."""
         if not self._open:
             raise StoreError(f"PostgreSQL store {self.target}: the store is closed")
-        if self._owner_conn is None or self._owner_conn.closed:
+        if self._owner_conn is not None and _ended_by_server(self._owner_conn):
+            with suppress(psycopg.Error):
+                self._owner_conn.close()
             self._owner_conn = None
+        if self._owner_conn is None:
             self._open_owner_session()
         assert self._owner_conn is not None
         return self._owner_conn
@@ -527,27 +550,41 @@ class PostgresStore(SQLStore):
         """Run ``work`` on the owner session, in a transaction if ``atomic`` (else its one
         statement is its own): a key is only ever recorded while its owner lock is held.
 
-        If the owner session was lost, a new one (new owner id) is opened and the work tried
-        once more. That is safe for a claim: had the first INSERT landed, the retry meets it as
-        a key of a gone owner, which reads outcome_unknown, a stop.
+        If the session is lost meanwhile, the error is raised (the store cannot be reached) and
+        the session is dropped: the caller's repeat (``_durably``) opens a new one, with a new
+        owner id, and recognises a claim of its own that landed (``claim``).
         """
         with self._owner_lock:
             self._note_claimer()
-            for attempt in (1, 2):
-                try:
-                    conn = self._live_owner_session()
-                    if not atomic:
-                        return work(conn)  # one autocommit statement: its own transaction
-                    with conn.transaction():
-                        return work(conn)
-                except psycopg.Error as error:
-                    lost = self._owner_conn
-                    if lost is None or not (lost.broken or lost.closed) or attempt == 2:
-                        raise self._error(error) from None
+            try:
+                conn = self._live_owner_session()
+                if not atomic:
+                    return work(conn)  # one autocommit statement: its own transaction
+                with conn.transaction():
+                    return work(conn)
+            except psycopg.Error as error:
+                lost = self._owner_conn
+                if lost is not None and (lost.broken or lost.closed):
                     with suppress(psycopg.Error):
                         lost.close()
                     self._owner_conn = None
-        raise AssertionError("unreachable")
+                raise self._error(error) from None
+
+    def _durably(self, attempt: Callable[[bool], T]) -> T:
+        """``attempt``, again and again while the server cannot be reached, for at most
+        ``patience`` seconds: a restart, a failover or an ended session is ridden out, never
+        passed on as a failure of the run (see ``SQLStore._durably``)."""
+        give_up = time.monotonic() + self.patience
+        pause, again = 0.0, False
+        while True:
+            try:
+                return attempt(again)
+            except StoreUnavailable as error:
+                if not self._open or time.monotonic() + pause > give_up:
+                    raise
+                log.warning("%s; trying again", error.message)
+            time.sleep(pause)
+            pause, again = min(max(pause * 2, 0.1), 2.0), True
 
     def _one_statement(self, conn: Connection, sql: str, params: Sequence[Any]) -> Any:
         try:
@@ -568,20 +605,27 @@ class PostgresStore(SQLStore):
         """
         digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
         key = int.from_bytes(digest[:4], "big", signed=True)
-        with self._owner_lock:
-            self._note_claimer()  # the driver: its statements join its claims
-            if (tenant, run) in self._driven:
-                return None
-            try:
-                conn = self._live_owner_session()
-                row = conn.execute(
-                    "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
-                ).fetchone()
-            except psycopg.Error as error:
-                raise self._error(error) from None
-            if row is None or not row[0]:
-                return None
-            self._driven.add((tenant, run))
+
+        def attempt(again: bool) -> Conn | None:
+            with self._owner_lock:
+                self._note_claimer()  # the driver: its statements join its claims
+                if (tenant, run) in self._driven:
+                    return None
+                try:
+                    conn = self._live_owner_session()
+                    row = conn.execute(
+                        "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
+                    ).fetchone()
+                except psycopg.Error as error:
+                    raise self._error(error) from None
+                if row is None or not row[0]:
+                    return None
+                self._driven.add((tenant, run))
+                return conn
+
+        conn = self._durably(attempt)
+        if conn is None:
+            return None
 
         def release() -> None:
             with self._owner_lock:
@@ -628,6 +672,37 @@ def _take_owner_id(conn: Conn) -> int:
     raise StoreError(
         f"no free owner id after {OWNER_ID_TRIES} tries: other sessions hold their advisory locks"
     )
+
+
+def _durable_commits(conn: Conn) -> None:
+    """Make the session's commits durable before they are acknowledged, whatever the server's
+    default (``synchronous_commit = off`` is a common tuning): Keelgate acts on every commit it
+    is told has landed, and a commit lost in a server crash after that could run a WRITE twice
+    or lose its record. Only ``on`` (or stronger, set per server) waits for the flush."""
+    row = conn.execute("SHOW synchronous_commit").fetchone()
+    if row is None or row[0] == "off":  # local, on, remote_write, remote_apply all wait
+        conn.execute("SET synchronous_commit = on")
+
+
+def _ended_by_server(conn: Conn) -> bool:
+    """Whether the server has ended this idle session (a restart, ``pg_terminate_backend``,
+    ``idle_session_timeout``): it says so on the socket before it closes it. A look at the
+    socket, and a round trip only if something is waiting there."""
+    try:
+        if conn.closed or conn.broken:
+            return True
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False  # in use: whoever uses it finds out
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLPRI)
+        if not poller.poll(0):
+            return False
+        # Something came unasked for: most likely the server's goodbye. One probe says.
+        conn.execute("SELECT 1")
+        return False
+    except (psycopg.Error, OSError, ValueError):
+        return True
 
 
 def _idle_and_quiet(conn: Conn) -> bool:

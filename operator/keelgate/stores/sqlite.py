@@ -41,6 +41,9 @@ T = TypeVar("T")
 
 SQLITE = Dialect()  # the defaults are SQLite's
 
+#: Seconds a statement waits for another connection's lock on the file before it gives up.
+BUSY_TIMEOUT = 30.0
+
 
 @contextmanager
 def immediate(db: sqlite3.Connection) -> Iterator[Connection]:
@@ -62,13 +65,25 @@ def immediate(db: sqlite3.Connection) -> Iterator[Connection]:
 _UNUSABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
 
 
+# SQLite's answers that mean another connection held the database past the busy timeout.
+_LOCKED = ("SQLITE_BUSY", "SQLITE_LOCKED")
+
+
 def _refuse_if_unusable(store: object, error: sqlite3.OperationalError) -> None:
     """Raise the store that cannot be used (the CLI's exit 5) if SQLite refused a statement
-    because of the file rather than the statement. The transaction was rolled back, so nothing
-    of it was written; reads of a read-only file still work."""
-    if getattr(error, "sqlite_errorname", "").startswith(_UNUSABLE):
-        where = getattr(store, "path", "in memory")
+    because of the file rather than the statement: it cannot take writes, or another process
+    held its lock for longer than the busy timeout. The transaction was rolled back, so nothing
+    of it was written (the same command may be run again); reads of a read-only file still
+    work."""
+    name = getattr(error, "sqlite_errorname", "")
+    where = getattr(store, "path", "in memory")
+    if name.startswith(_UNUSABLE):
         raise StoreUnavailable(f"SQLite store {where} cannot be written: {error}") from None
+    if name.startswith(_LOCKED):
+        raise StoreUnavailable(
+            f"SQLite store {where} is locked by another process: waited {BUSY_TIMEOUT:.0f}s "
+            "for it; nothing was written, try again when it is done"
+        ) from None
 
 
 class SQLiteConnected(SQLStore):
@@ -138,7 +153,7 @@ class SQLiteStore(SQLiteConnected):
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
-                self.path, isolation_level=None, timeout=30.0, check_same_thread=False
+                self.path, isolation_level=None, timeout=BUSY_TIMEOUT, check_same_thread=False
             )
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit survives power loss, not just a process death.

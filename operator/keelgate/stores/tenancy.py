@@ -2,7 +2,7 @@
 operator, created, granted, listed and removed with an administrator's URL.
 
 Why it exists: tenants that share a database must not be able to read or change each other's
-runs. PostgreSQL enforces that, not Keelgate: migration 2 (``_sql.py``) puts row-level security
+runs. PostgreSQL enforces that, not Keelgate: migration 3 (``_sql.py``) puts row-level security
 on every table, keyed by the role a session logged in as, through ``keelgate_tenants``; this
 module writes that table, creates the roles and makes their grants (``postgres.PRIVILEGES``).
 ``keelgate tenant add|remove|list`` is its command line, which also writes the namespace's

@@ -179,6 +179,8 @@ class PgServer:
     _log: IO[bytes]
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _admin: Any = None
+    _args: list[str] = field(default_factory=list)
+    _popen: dict[str, Any] = field(default_factory=dict)
     password: str = ""
 
     def database_url(self, name: str) -> str:
@@ -211,6 +213,28 @@ class PgServer:
             self._admin_connection().execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+    def restart(self, *, crash: bool = False, down_for: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop the server and start it again on the same port and data, as ``pg_ctl restart
+        -m fast`` does (every session is ended, committed data is kept); with ``crash``, stop it
+        as a crash would (``-m immediate``: no checkpoint, no flush, recovery on start), so only
+        what was durably committed survives. ``down_for`` seconds pass between the two. Call
+        it from a thread that lives as long as the server (the one that started it): on Linux
+        the server dies with the thread that started it."""
+        with self._lock:
+            if self._admin is not None:
+                with contextlib.suppress(Exception):
+                    self._admin.close()
+                self._admin = None
+            self.process.send_signal(signal.SIGQUIT if crash else signal.SIGINT)
+            self.process.wait(timeout=timeout)
+            time.sleep(down_for)
+            self.process = subprocess.Popen(self._args, **self._popen)
+            if not _wait_ready(self.process, self.base_dir / "data", timeout):
+                raise PostgresUnavailable(
+                    f"postgres did not start again; its log ends:\n"
+                    f"{_tail(self.base_dir / 'postgres.log')}"
+                )
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove its directory if we created it."""
@@ -259,14 +283,19 @@ def start_postgres(
     tie_to_parent: bool = True,
     max_connections: int = 200,
     timeout: float = 60.0,
+    settings: dict[str, str] | None = None,
     password: str = "",
 ) -> PgServer:
     """Start a PostgreSQL server and return once it accepts connections.
 
     ``directory`` keeps the data (``<directory>/data``, reused when it exists); by default a
-    temporary directory is used and removed on ``stop``. ``fsync=False`` trades crash safety of
-    the *server* for speed, which is what tests want; benchmarks measuring durable commits should
-    pass ``fsync=True``. ``tie_to_parent`` makes the server die with the thread that started it.
+    temporary directory is used and removed on ``stop``. ``fsync=False`` trades the data's
+    safety through a crash of the *host* for speed, which is what tests want; benchmarks
+    measuring durable commits should pass ``fsync=True``. Commits are synchronous either way
+    (``synchronous_commit = on``), so a crash of the server itself loses none that was
+    acknowledged, as Keelgate requires of any server it uses (``settings`` may override, as a
+    test of a badly tuned server does). ``tie_to_parent`` makes the server die with the thread
+    that started it.
     Raises PostgresUnavailable with a clear message when the programs are missing or the server
     does not start. With ``password`` (a new ``directory`` only), every connection, the unix
     socket's included, must give a SCRAM-SHA-256 password; the superuser's is ``password``.
@@ -310,34 +339,45 @@ def start_postgres(
         for _attempt in range(5):
             port = _free_port()
             log = open(log_path, "ab")  # noqa: SIM115 - owned by the PgServer, closed by stop()
-            settings = {
+            given = {
                 "listen_addresses": "127.0.0.1",
                 "port": str(port),
                 "unix_socket_directories": sockets,
                 "max_connections": str(max_connections),
                 "fsync": "on" if fsync else "off",
-                "synchronous_commit": "on" if fsync else "off",
+                "synchronous_commit": "on",
                 "full_page_writes": "on" if fsync else "off",
                 "logging_collector": "off",
+                **(settings or {}),
             }
             args = [str(bin_dir / "postgres"), "-D", str(data)]
-            for key, value in settings.items():
+            for key, value in given.items():
                 args += ["-c", f"{key}={value}"]
-            process = subprocess.Popen(
-                args,
-                cwd=base,
-                env=_child_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                preexec_fn=_die_with_parent if tie_to_parent else None,
+            popen: dict[str, Any] = {
+                "cwd": base,
+                "env": _child_env(),
+                "stdin": subprocess.DEVNULL,
+                "stdout": log,
+                "stderr": log,
+                "preexec_fn": _die_with_parent if tie_to_parent else None,
                 **_user_kwargs(user),
-            )
+            }
+            process = subprocess.Popen(args, **popen)
             if _wait_ready(process, data, timeout):
                 user_info = f"postgres:{password}" if password else "postgres"
                 url = f"postgresql://{user_info}@127.0.0.1:{port}/postgres"
                 server = PgServer(
-                    url, "127.0.0.1", port, base, bin_dir, process, owns_dir, log, password=password
+                    url,
+                    "127.0.0.1",
+                    port,
+                    base,
+                    bin_dir,
+                    process,
+                    owns_dir,
+                    log,
+                    _args=args,
+                    _popen=popen,
+                    password=password,
                 )
                 atexit.register(server.stop)
                 return server

@@ -25,7 +25,8 @@ a ``RunLock``), and one name per promise a backend may declare in ``Capabilities
 then passes over what the stores do not have or declare.
 
 This module must never import pytest or a store backend, and never weaken a check to suit a
-backend: a store that fails one does not keep Keelgate's promise.
+backend: a store that fails one does not keep Keelgate's promise. It is one long module on
+purpose: a store's author reads every promise to keep in one place, check after check.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from keelgate.core.protocols import (
     Stores,
 )
 from keelgate.core.types import KeyState
-from keelgate.errors import SettleError, StaleCheckpoint
+from keelgate.errors import SettleError, SettleTooEarly, StaleCheckpoint
 
 Opener = Callable[[], Stores]
 E = TypeVar("E", bound=BaseException)
@@ -448,6 +449,47 @@ for _executed, _name in ((True, "executed"), (False, "not_executed")):
             partial(settle_applies_only_to_an_unknown_outcome_and_only_once, executed=_executed),
         )
     )
+
+
+@_check("keys")
+def not_executed_waits_for_the_claims_deadline_on_the_stores_clock(factory: Opener) -> None:
+    """A claim with a write deadline (``deadline_in``) reads it back, in seconds since the epoch
+    on the store's clock, with how much of it is left. Until it has passed, its unknown outcome
+    is refused as not executed (``SettleTooEarly``, saying when, the key unchanged) and accepted
+    as executed; once it has passed, not executed is accepted. A claim without one (made before
+    deadlines existed) may be settled as before."""
+    import time
+
+    owner, judge = keys(factory), keys(factory)
+    before = time.time()
+    assert (
+        owner.claim("acme", "kg-soon", run="r", action="a1", tool="ship", deadline_in=1.5) is None
+    )
+    assert owner.claim("acme", "kg-yes", run="r", action="a2", tool="ship", deadline_in=60) is None
+    assert claim(owner, "kg-none") is None
+    for key in ("kg-soon", "kg-yes", "kg-none"):
+        owner.release("acme", key)
+    soon = judge.get("acme", "kg-soon")
+    assert soon is not None and soon.state is KeyState.OUTCOME_UNKNOWN
+    assert soon.deadline is not None and before - 5 < soon.deadline - 1.5 < time.time() + 5
+    assert soon.deadline_in is not None and 0 < soon.deadline_in <= 1.5
+    assert soon.sendable and soon.not_executed_after.endswith("Z")
+    with raises(SettleTooEarly) as early:
+        judge.settle("acme", "kg-soon", executed=False, by="ann", source="human")
+    assert early.value.not_before == soon.not_executed_after
+    assert 0 < early.value.retry_after <= 1.5
+    still = judge.get("acme", "kg-soon")
+    assert still is not None and still.state is KeyState.OUTCOME_UNKNOWN and not still.source
+    done = judge.settle("acme", "kg-yes", executed=True, by="ann", source="human")
+    assert done.state is KeyState.COMPLETED
+    none = judge.get("acme", "kg-none")
+    assert none is not None and none.deadline is None and not none.sendable
+    assert judge.settle("acme", "kg-none", executed=False, by="ann", source="human").state is (
+        KeyState.ABANDONED
+    )
+    time.sleep(max(0.0, (still.deadline_in or 0.0)) + 0.1)
+    late = judge.settle("acme", "kg-soon", executed=False, by="ann", source="human")
+    assert late.state is KeyState.ABANDONED and not late.sendable
 
 
 def a_settled_key_is_refused_again_in_plain_words_naming_who_settled_it(

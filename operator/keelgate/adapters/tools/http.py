@@ -5,7 +5,10 @@ ADR's: when it cannot know whether a WRITE or PROPOSE reached the server and too
 timeout or a reset after the request may have been sent, a 5xx), it raises OutcomeUncertain and
 never retries; only a failure that provably sent nothing (connection refused) or a 4xx is a
 definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
-service can deduplicate. It must never put argument values or header values into an error.
+service can deduplicate, waits no longer than its write deadline, and checks that deadline right
+before the request's first byte is written (httpcore's ``trace`` extension), so a process held up
+past it sends nothing (``keelgate.core.fence``). It must never put argument values or header
+values into an error.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from keelgate.adapters.tools.schema import ArgsSchema
+from keelgate.core import fence
 from keelgate.core.types import SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -121,8 +125,14 @@ class HttpTool:
             request["json"] = rest
         elif rest:
             request["params"] = _query(rest)
+        deadline = fence.current()
+        if deadline is not None:
+            request["timeout"] = min(self.timeout_seconds, deadline.remaining())
+            request["extensions"] = {"trace": _checks_before_sending(deadline)}
         try:
             response = self.client.request(self.method, url, **request)
+        except fence.DeadlinePassed:
+            raise  # nothing was sent
         except _NOTHING_SENT as error:
             raise ToolError(
                 f"{self.name}: {self.where} failed before anything was sent "
@@ -162,6 +172,17 @@ class HttpTool:
             values[name] = quote(_scalar(args[name]), safe="")
         rest = {k: v for k, v in args.items() if k not in self.placeholders}
         return self.url.format_map(values), rest
+
+
+def _checks_before_sending(deadline: fence.WriteDeadline) -> Any:
+    """An httpcore ``trace`` callback that checks the write deadline right before the request's
+    headers are written: after the connection is made, before any byte of the request leaves."""
+
+    def trace(event: str, info: Mapping[str, Any]) -> None:
+        if event.endswith(".send_request_headers.started"):
+            deadline.check()
+
+    return trace
 
 
 def _placeholders(url: str, *, field: str) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from mcp_types import (
 )
 
 from keelgate.adapters.tools.schema import ArgsSchema
+from keelgate.core import fence
 from keelgate.core.types import SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -126,19 +127,39 @@ class McpTool:
             meta = cast(RequestParamsMeta, {KEY_META: idempotency_key})
             if self.key_argument:
                 arguments[self.key_argument] = idempotency_key
-        return run_sync(lambda: self._call(arguments, meta))
+        deadline = fence.current()  # read here: the call may run on a helper thread
+        return run_sync(lambda: self._call(arguments, meta, deadline))
 
-    async def _call(self, arguments: dict[str, Any], meta: RequestParamsMeta | None) -> Any:
+    async def _call(
+        self,
+        arguments: dict[str, Any],
+        meta: RequestParamsMeta | None,
+        deadline: fence.WriteDeadline | None,
+    ) -> Any:
         sent = False
         result: CallToolResult | None = None
+        timeout = self.timeout_seconds
+        if deadline is not None:
+            timeout = min(timeout, deadline.remaining())
+        late: fence.DeadlinePassed | None = None
         try:
-            async with _session(self.server, self.timeout_seconds) as client:
-                sent = True  # from here on the server may have received the call
-                result = await client.call_tool(self.remote_name, arguments, meta=meta)
+            async with _session(self.server, timeout) as client:
+                try:
+                    # The session is open; the call is the next request sent on it. Raised
+                    # outside the session, which a task group would wrap in an exception group.
+                    if deadline is not None:
+                        deadline.check()
+                except fence.DeadlinePassed as passed:
+                    late = passed
+                else:
+                    sent = True  # from here on the server may have received the call
+                    result = await client.call_tool(self.remote_name, arguments, meta=meta)
         except Exception as error:
-            if result is None:
+            if result is None and late is None:
                 self._failed(error, sent=sent)
-            # The answer arrived; only closing the session failed. The answer stands.
+            # The answer arrived (or nothing was sent); only closing the session failed.
+        if late is not None:
+            raise late  # nothing of the call was sent
         assert result is not None
         return self._result(result)
 

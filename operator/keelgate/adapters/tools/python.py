@@ -2,17 +2,21 @@
 
 A WRITE or PROPOSE gets its idempotency key as a keyword argument so the function can pass it to
 the system it changes. A timeout, when set, is enforced from a watcher thread: the call's outcome
-is then unknown (the function may still be running), never retried. The function signals a
-definite failure by raising ``keelgate.ToolError``.
+is then unknown (the function may still be running), never retried. A WRITE or PROPOSE is always
+bounded: by the timeout, or else by its write deadline (``keelgate.core.fence``), which the
+function may also check right before it sends (``keelgate.write_deadline()``). The function
+signals a definite failure by raising ``keelgate.ToolError``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from keelgate.core import fence
 from keelgate.core.types import SideEffect
 from keelgate.core.values import SECONDS_MAX
 from keelgate.errors import OutcomeUncertain
@@ -41,7 +45,12 @@ class PythonTool:
             )
 
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
-        if self.timeout_seconds is None:
+        limit = self.timeout_seconds
+        deadline = fence.current()
+        if deadline is not None:  # a WRITE or PROPOSE: never waited on past its deadline
+            left = deadline.remaining()
+            limit = left if limit is None else min(limit, left)
+        if limit is None:
             return self.function(dict(args), idempotency_key=idempotency_key)
         call = _Call()
 
@@ -54,12 +63,21 @@ class PythonTool:
                 call.finish(result, None)
 
         # A daemon thread, not an executor: a hung tool must not hold the process open at exit.
-        worker = threading.Thread(target=work, name=f"tool-{self.name}", daemon=True)
+        # It runs in a copy of this context, so the function sees the call's write deadline.
+        context = contextvars.copy_context()
+        worker = threading.Thread(
+            target=context.run, args=(work,), name=f"tool-{self.name}", daemon=True
+        )
         worker.start()
-        worker.join(self.timeout_seconds)
+        worker.join(limit)
         if worker.is_alive():
+            within = (
+                f"{self.timeout_seconds}s"
+                if self.timeout_seconds is not None and limit >= self.timeout_seconds
+                else "its write deadline"
+            )
             raise OutcomeUncertain(
-                f"{self.name} did not return within {self.timeout_seconds}s", still_running=call
+                f"{self.name} did not return within {within}", still_running=call
             )
         return call.outcome()
 

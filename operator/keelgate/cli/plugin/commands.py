@@ -7,11 +7,14 @@ run's hash-chained trail from the store, where it lives (the cluster never holds
 out: the plugin never settles anything in the store itself, so the admission policy, RBAC and
 the CRDs' rules see every decision. It must refuse bad input before any request, never write a
 decision the user did not give or in another name than their own, and never print a Secret, a
-store password or a tool's argument.
+store password or a tool's argument. It is one module past 500 lines because it is the typer
+app's command list: each command is a thin shell (options, checks, one call into ``client`` and
+``view``), and the shells read best side by side.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ from keelgate.cli.plugin.target import Target, namespace_only, resolve
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError, KeelgateError, SettleError
+from keelgate.errors import InputError, KeelgateError, SettleError, SettleTooEarly
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -273,6 +276,8 @@ def _decide(
     earlier = _decided_already(found, kind, run, action, decision)
     if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
         return _said(api, kind, run, action, tool, verdict, earlier, name, output, already=True)
+    if kind is RECONCILIATION and not decision:
+        _refuse_before_the_deadline(api, found, run, action)
     allowed, reason = api.may("patch", kind.plural, name)
     if not allowed:
         why = f" ({reason})" if reason else ""
@@ -286,6 +291,31 @@ def _decide(
         patch["note"] = note
     api.patch_spec(kind.name, name, patch)
     return _said(api, kind, run, action, tool, verdict, user, name, output, already=False)
+
+
+def _refuse_before_the_deadline(
+    api: PluginApi, found: Mapping[str, Any], run: str, action: str
+) -> None:
+    """Refuse "not executed" while the call may still be sent (``SettleTooEarly``, exit 4, as
+    ``keelgate reconcile`` does): a process held up between its claim and its send could still
+    send it until its write deadline, which the run's status names for each unknown action
+    (``notExecutedAfter``). The moment is the store's; this checks it on this host's clock, and
+    the operator, which settles in the store, holds a decision made too early until then."""
+    after = str((found.get("status") or {}).get("notExecutedAfter") or "")
+    if not after:
+        status = api.agentrun(run).get("status") or {}
+        for unknown in status.get("unknownActions") or []:
+            if str(unknown.get("action")) == action:
+                after = str(unknown.get("notExecutedAfter") or "")
+    if not after:
+        return
+    try:
+        moment = dt.datetime.strptime(after, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return  # not a moment this code can read: the operator's settlement decides
+    left = (moment - dt.datetime.now(dt.UTC)).total_seconds()
+    if left > 0:
+        raise SettleTooEarly(run, action, not_before=after, retry_after=left)
 
 
 def _decided_already(

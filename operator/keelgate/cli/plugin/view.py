@@ -20,7 +20,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from keelgate.cli.plugin.target import Target
-from keelgate.kube.controller import classify
+from keelgate.kube.controller.pod_ends import classify
 from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL, action_object_name
 from keelgate.stores import scrubbed
 

@@ -4,7 +4,7 @@ Why it exists: the manifest models are the single source of truth, so the API se
 what ``keelgate run`` refuses, as far as an OpenAPI schema and CEL rules can say it, and must
 keep (never prune) anything the models accept. A GitOps pipeline then fails at ``kubectl apply``
 rather than at the operator's first step. pydantic writes JSON Schema (draft 2020-12); a CRD
-speaks OpenAPI v3.0 and the API server's structural rules (``keelgate.kube.crd_structural``).
+speaks OpenAPI v3.0 and the API server's structural rules (``keelgate.kube.crds.structural``).
 ``CrdJsonSchema`` speaks that dialect where pydantic offers a hook (nullable values, enums);
 ``openapi_schema`` translates the rest ($refs inlined, bounds, formats, unknown fields) and
 checks the result. It must never drop a JSON-schema keyword it does not understand (that is an
@@ -22,14 +22,15 @@ from pydantic_core import core_schema
 
 from keelgate.core.values import INT64_MAX
 from keelgate.errors import KeelgateError
-from keelgate.kube.crd_kinds import CATEGORY, GROUP, VERSION, Kind, cel_rule
-from keelgate.kube.crd_structural import (
+from keelgate.kube.crds.kinds import CATEGORY, Kind, cel_rule
+from keelgate.kube.crds.structural import (
     INT_OR_STRING,
     KEY_ORDER,
     KNOWN_FORMATS,
     TYPES,
     structural_problems,
 )
+from keelgate.kube.naming import GROUP, VERSION
 
 _KEPT = frozenset(KEY_ORDER) - {"properties", "items", "additionalProperties", "anyOf"}
 

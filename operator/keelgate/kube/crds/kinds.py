@@ -3,7 +3,7 @@
 Why it exists: one registry of kinds, each with its manifest model (the single source of truth
 for its schema), its names, its ``kubectl get`` columns and what its schema enforces beyond the
 model (list types, CEL rules: a decision names who made it and never changes). The generator
-(``keelgate.kube.crd_schema``) reads nothing else. This module must never hand-write a field the
+(``keelgate.kube.crds.schema``) reads nothing else. This module must never hand-write a field the
 models do not declare, and never talk to a cluster.
 """
 
@@ -15,10 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from keelgate.kube.naming import GROUP
 from keelgate.manifest import AgentRun, Approval, Reconciliation
 
-GROUP = "keelgate.dev"
-VERSION = "v1alpha1"
 CATEGORY = "keelgate"
 
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import orjson
 
-from keelgate.kube.naming import RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME
+from keelgate.kube.naming import RUN_LABEL
+from keelgate.kube.resources import is_active_step_pod
 
 JSON = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
-
-TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 
 # How long a deleted object's identity is remembered, so that an API response sent before the
 # deletion and arriving after its watch event cannot bring the object back. A response is
@@ -61,20 +60,6 @@ def _version(body: Mapping[str, Any]) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def pod_finished(pod: Mapping[str, Any]) -> bool:
-    return pod.get("status", {}).get("phase") in TERMINAL_POD_PHASES
-
-
-def pod_active(pod: Mapping[str, Any]) -> bool:
-    return not pod_finished(pod)
-
-
-def is_active_step_pod(pod: Mapping[str, Any]) -> bool:
-    """A step pod that still holds one of the operator's step slots."""
-    labels = pod.get("metadata", {}).get("labels") or {}
-    return labels.get(STEP_POD_LABEL) == STEP_POD_NAME and pod_active(pod)
 
 
 class Cache:

@@ -1,11 +1,11 @@
-"""``python -m keelgate.kube.crds``: write the CRDs of AgentRun, Reconciliation and Approval to
-``crds/`` (``--write``), check a folder against the models (``--check``), or print them.
+"""The CRD files: render each kind's CRD, write them into a folder (``--write``), say how a
+folder differs from the models (``--check``), or print them; ``python -m keelgate.kube.crds``
+runs ``main``.
 
-Why it exists: the CRDs are generated from the manifest models (``keelgate.kube.crd_kinds``
-names the kinds, ``keelgate.kube.crd_schema`` makes each schema, ``keelgate.kube.crd_structural``
-checks it), and the files in ``crds/`` and the Helm chart must never drift from them: ``make
-lint`` and the tests run ``--check``. It must never touch a file it did not generate, leave half
-a file behind, or talk to a cluster.
+Why it exists: the CRDs are generated from the manifest models (``kinds`` names the kinds,
+``schema`` makes each schema, ``structural`` checks it), and the files in ``crds/`` and the Helm
+chart must never drift from them: ``make lint`` and the tests run ``--check``. It must never
+touch a file it did not generate, leave half a file behind, or talk to a cluster.
 """
 
 from __future__ import annotations
@@ -19,42 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from keelgate.kube.crd_kinds import (
-    AGENTRUN,
-    APPROVAL,
-    GROUP,
-    KINDS,
-    RECONCILIATION,
-    VERSION,
-    Column,
-    Kind,
-)
-from keelgate.kube.crd_schema import CrdError, CrdJsonSchema, crd, openapi_schema
-from keelgate.kube.crd_structural import draft4, structural_problems
-
-__all__ = [
-    "AGENTRUN",
-    "APPROVAL",
-    "GROUP",
-    "HEADER",
-    "KINDS",
-    "RECONCILIATION",
-    "REGENERATE",
-    "VERSION",
-    "Column",
-    "CrdError",
-    "CrdJsonSchema",
-    "Kind",
-    "crd",
-    "draft4",
-    "drift",
-    "main",
-    "openapi_schema",
-    "render",
-    "rendered",
-    "structural_problems",
-    "write",
-]
+from keelgate.kube.crds.kinds import KINDS, Kind
+from keelgate.kube.crds.schema import CrdError, crd
+from keelgate.kube.naming import GROUP
 
 REGENERATE = "python -m keelgate.kube.crds --write crds/"
 HEADER = (
@@ -167,7 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         print(f"keelgate.kube.crds: {error.filename or ''}: {error.strerror}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

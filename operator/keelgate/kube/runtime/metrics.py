@@ -69,3 +69,16 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+
+    # The step meter of the reconcilers (keelgate.kube.controller.ports.StepMeter).
+
+    def step_started(self) -> None:
+        self.steps_started.inc()
+
+    def step_ended(self, result: str, seconds: float | None) -> None:
+        self.steps_ended.labels(result).inc()
+        if seconds is not None:
+            self.step_seconds.observe(seconds)
+
+    def handoff(self, seconds: float) -> None:
+        self.handoff_seconds.observe(seconds)

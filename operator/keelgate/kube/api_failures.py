@@ -1,0 +1,31 @@
+"""What the API server's refusals become: three outcomes a controller can act on.
+
+``Conflict`` (409: it exists, or someone changed it first), ``Gone`` (404, naming what was not
+found) and ``ApiFailure`` (anything else, retried later). Why a module of their own: the
+controller acts on them without importing the Kubernetes client (``keelgate.kube.api`` raises
+them; a test's fake API server raises the same). Values only: nothing here calls anything.
+"""
+
+from __future__ import annotations
+
+
+class ApiFailure(Exception):
+    """A request the API server refused or did not answer; the controller retries later."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Conflict(ApiFailure):
+    """409: the object exists already, or changed since it was read."""
+
+
+class Gone(ApiFailure):
+    """404: the object (or its namespace) does not exist. ``named`` is the object the server's
+    answer says it did not find (its ``details.name``), empty when the answer names none: a
+    server still starting may answer 404 for a whole kind it does not serve yet."""
+
+    def __init__(self, message: str, *, status: int = 404, named: str = "") -> None:
+        super().__init__(message, status=status)
+        self.named = named

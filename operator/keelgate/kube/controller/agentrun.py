@@ -1,0 +1,249 @@
+"""The AgentRun reconciler: drive a run one step pod at a time, and write the run's status.
+
+Level-triggered: every reconcile reads what is (the AgentRun from the cache, its step pods, the
+run's checkpoint in the store) and does the one thing that is missing, so a restarted operator
+(or a second one running by mistake) converges on the same pods and the same status. The store
+is the truth about the run; ``status`` is its mirror plus the operator's record of the step pod
+it intends (``status.step``), written before the pod is created (``step_pods``). A monitor's
+AgentRun goes to the monitor reconciler instead.
+
+What keeps a WRITE from running twice is not here but in the loop and its stores: a step pod
+resumes from the checkpoint, a WRITE left in flight by a dead pod reads as an unknown outcome,
+and a second live driver of a run is refused. This module must never write a user's ``spec``,
+labels or annotations, never settle anything a person did not decide, never read a Secret, and
+never put a tool's argument into status or an Event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from keelgate.core.spec import LoopSpec
+from keelgate.core.state import RunState
+from keelgate.core.types import LoopKind, StopReason
+from keelgate.errors import InputError
+from keelgate.kube import resources
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.decision_objects import DecisionObjects
+from keelgate.kube.controller.monitor import MonitorReconciler
+from keelgate.kube.controller.outcomes import (
+    REST,
+    STEP,
+    NextStep,
+    Requeue,
+    Rest,
+    Result,
+    Stall,
+)
+from keelgate.kube.controller.pod_ends import EndKind, PodEnd, classify
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.run_status import RunStatusWriter, failpoints_seen_in
+from keelgate.kube.controller.step_pods import StepPodStarter, foreign_pod
+from keelgate.kube.naming import FAILPOINTS_ANNOTATION, label_value, step_pod_name
+from keelgate.kube.resources import pod_active, pod_finished
+from keelgate.kube.times import stamp
+from keelgate.manifest import AgentRunSpec, spec_from_manifest
+
+
+class AgentRunReconciler:
+    def __init__(self, context: ControllerContext) -> None:
+        self._context = context
+        self._status = RunStatusWriter(context)
+        self._pods = StepPodStarter(context, self._status)
+        self._asks = DecisionObjects(context)
+        self._monitors = MonitorReconciler(context, self._status)
+
+    def reconcile(self, key: Key) -> Result:
+        """Do what the AgentRun ``key`` needs now: stop the pods of a deleted run, stall on a
+        spec the models refuse, schedule a monitor's ticks, or drive a run."""
+        context = self._context
+        _, namespace, name = key
+        run = context.cache.get("AgentRun", namespace, name)
+        if run is None or run["metadata"].get("deletionTimestamp"):
+            self._stop_pods(namespace, name, run)
+            context.slots.stop_waiting(key)
+            context.memory.forget(key)
+            return REST
+        try:
+            spec = spec_from_manifest(run.get("spec"))
+        except InputError as error:
+            return self._status.write_stalled(run, str(error))
+        if spec.loop is LoopKind.MONITOR and not resources.is_tick(run):
+            return self._monitors.reconcile(run, spec)
+        return self._drive(key, run, spec)
+
+    def _stop_pods(self, namespace: str, name: str, run: JSON | None) -> None:
+        """An AgentRun being deleted: stop its step pods now (the garbage collector would, a
+        little later); its audit trail stays in the store."""
+        uid = None if run is None else run["metadata"].get("uid")
+        for pod in self._context.cache.step_pods(namespace, label_value(name)):
+            owner_ok = uid is None or resources.owned_by(pod, uid)
+            if owner_ok and pod_active(pod) and not pod["metadata"].get("deletionTimestamp"):
+                self._context.api.delete_pod(
+                    namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"]
+                )
+
+    def _drive(self, key: Key, run: JSON, spec: AgentRunSpec) -> Result:
+        context = self._context
+        _, namespace, name = key
+        meta = run["metadata"]
+        uid, generation = meta["uid"], int(meta.get("generation") or 1)
+        current = run.get("status") or {}
+        step = dict(current.get("step") or {})
+        write = self._status.write_run_status
+        if step.get("state") == "Stalled":
+            if int(step.get("generation") or 0) == generation:
+                why = str(current.get("message") or step.get("lastExit") or "stalled")
+                return write(run, step, suspended=spec.suspend, stepping=False, stalled=why)
+            step = {**step, "state": "Ended", "crashes": 0}  # the spec changed: try again
+
+        ended: PodEnd | None = None
+        if step.get("state") == "Pending":
+            pod_name = str(step.get("pod", ""))
+            pod = context.cache.get("Pod", namespace, pod_name)
+            if pod is not None and not resources.owned_by(pod, uid):
+                return write(
+                    run, step, suspended=spec.suspend, stepping=False, stalled=foreign_pod(pod_name)
+                )
+            if pod is None:
+                gone = context.cache.tombstone(namespace, pod_name)
+                if gone is None or not resources.owned_by(gone, uid):
+                    return self._pods.start(key, run, spec, step)
+                ended = classify(gone, deleted=not pod_finished(gone))
+                context.cache.forget_tombstone(namespace, pod_name)
+            elif pod_active(pod):
+                context.slots.stop_waiting(key)
+                return write(run, step, suspended=spec.suspend, stepping=True, read_store=False)
+            else:
+                ended = classify(pod)
+            step = self._account(key, run, step, ended)
+
+        state = context.run_state(namespace, name)
+        if ended is not None and state is not None and context.settings.confirms:
+            self._asks.show_confirmer_settlements(run, state)
+        needed = self._next(run, spec.loop_spec(tenant=namespace, run=name), state, step, ended)
+        if isinstance(needed, Rest) or spec.suspend:
+            step = {**step, "state": "Ended"} if step else step
+            return write(run, step, suspended=spec.suspend, stepping=False, state=state)
+        if isinstance(needed, Stall):
+            stalled = {**step, "state": "Stalled", "generation": generation}
+            return write(
+                run,
+                stalled,
+                suspended=spec.suspend,
+                stepping=False,
+                state=state,
+                stalled=needed.reason,
+            )
+        # A step is needed: record the intent (status.step) before creating the pod.
+        intended, seen = self._intend(run, step, ended)
+        written = write(
+            run, intended, suspended=spec.suspend, stepping=True, state=state, failpoints_seen=seen
+        )
+        if isinstance(written, Requeue):
+            return Requeue(0.5)  # the status patch lost a race: look again
+        fresh = context.cache.get("AgentRun", namespace, name) or run
+        return self._pods.start(key, fresh, spec, intended)
+
+    def _account(self, key: Key, run: JSON, step: Mapping[str, Any], ended: PodEnd) -> JSON:
+        """Record a step pod's end in the step record (once: the record then says Ended)."""
+        context = self._context
+        context.meter.step_ended(ended.kind, ended.seconds)
+        crashes = 0 if ended.clean else int(step.get("crashes") or 0) + 1
+        if ended.kind is EndKind.BUSY:
+            crashes = int(step.get("crashes") or 0)  # another driver is alive: not a crash
+        told = f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}"
+        if ended.clean:
+            # Told with what comes next (the next step's start, or the run's stop): one Event,
+            # one API write, for both transitions.
+            context.memory.step_ended(key, at=context.clock(), untold=told)
+        else:
+            context.events.warning(run, "StepEnded", told)
+            context.memory.step_ended(key, at=context.clock(), untold=None)
+        return {**step, "state": "Ended", "crashes": crashes, "lastExit": ended.words}
+
+    def _next(
+        self,
+        run: JSON,
+        loop_spec: LoopSpec,
+        state: RunState | None,
+        step: Mapping[str, Any],
+        ended: PodEnd | None,
+    ) -> NextStep:
+        """What the run needs next: a step pod, a stall until the spec changes, or rest
+        (finished, or waiting for a person)."""
+        if ended is not None and ended.kind is EndKind.BAD_INPUT:
+            return Stall(f"the step refused its input: {ended.words}")
+        crashes = int(step.get("crashes") or 0)
+        if crashes >= self._context.settings.max_crashes:
+            return Stall(
+                f"{crashes} step pods in a row ended without recording a stop (last: "
+                f"{step.get('lastExit', '')}); change the spec (e.g. toggle spec.suspend) to retry"
+            )
+        if state is None or state.stop is None:
+            return STEP
+        stop = state.stop
+        if stop.reason is StopReason.GOAL_MET:
+            return REST
+        if stop.reason is StopReason.OUTCOME_UNKNOWN:
+            if self._asks.ask_to_settle(run, state):
+                return STEP
+        elif stop.reason is StopReason.AWAITING_APPROVAL:
+            self._asks.ask_to_approve(run, state)
+            if not state.pending:
+                return STEP
+        if stop.reason is StopReason.FAILED:
+            return REST
+        # Any other stop (a budget, the verifier's limit) resumes when the spec has changed
+        # since the checkpoint: the loop then decides with the new spec, once.
+        return STEP if _what_it_does(state.spec) != _what_it_does(loop_spec) else REST
+
+    def _intend(self, run: JSON, step: Mapping[str, Any], ended: PodEnd | None) -> tuple[JSON, str]:
+        """The record of the next step pod (``status.step``), and the failpoints value now
+        seen: the next step (or the same step's next attempt, after a pod that did not
+        record where the run stands), its back-off, and the failpoints it is to carry."""
+        context = self._context
+        settings = context.settings
+        meta = run["metadata"]
+        retry = ended is not None and not ended.clean
+        number = int(step.get("number") or 0)
+        attempt = int(step.get("attempt") or 0)
+        number, attempt = (number, attempt + 1) if retry and number else (number + 1, 1)
+        crashes = int(step.get("crashes") or 0)
+        delay = 0.0
+        if ended is not None and ended.kind is EndKind.BUSY:
+            delay = settings.busy_retry
+        elif retry and crashes > 1:
+            delay = min(settings.max_backoff, settings.crash_backoff * 2 ** (crashes - 2))
+        seen = failpoints_seen_in(run)
+        annotation = meta.get("annotations", {}).get(FAILPOINTS_ANNOTATION, "")
+        failpoints = ""
+        if annotation and annotation != seen:
+            if settings.allow_failpoints:
+                failpoints = annotation
+            else:
+                context.events.warning(
+                    run,
+                    "FailpointsIgnored",
+                    f"{FAILPOINTS_ANNOTATION} is ignored: the operator was not started "
+                    "with --allow-failpoints",
+                )
+            seen = annotation
+        intended = {
+            "number": number,
+            "attempt": attempt,
+            "pod": step_pod_name(meta["name"], number, attempt),
+            "state": "Pending",
+            "generation": int(meta.get("generation") or 1),
+            "crashes": crashes,
+            "notBefore": stamp(context.clock() + delay) if delay else "",
+            "failpoints": failpoints,
+            "lastExit": step.get("lastExit", ""),
+        }
+        return intended, seen
+
+
+def _what_it_does(spec: LoopSpec) -> Mapping[str, Any]:
+    # Where a run was driven from (the CLI's folder) is not what it does.
+    return {k: v for k, v in spec.to_json().items() if k not in ("sourceDir", "store")}

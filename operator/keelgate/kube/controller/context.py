@@ -1,0 +1,61 @@
+"""What every reconciler works with, in one value: the seams, the stores, the settings and the
+controller's shared state.
+
+Why it exists: the reconcilers share the cluster API, the cache, the stores (through one
+``Loop``), the Event recorder, the step slots and the run memory; one object passed to each
+constructor keeps them the same objects everywhere and the constructors short. The settings are
+the operator's command-line options. Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.core.state import RunState
+from keelgate.errors import RunNotFound
+from keelgate.kube.controller.events import EventRecorder
+from keelgate.kube.controller.memory import RunMemory
+from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
+from keelgate.kube.controller.slots import StepSlots
+from keelgate.kube.resources import StepPodSettings
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    pods: StepPodSettings = field(default_factory=StepPodSettings)
+    allow_failpoints: bool = False
+    max_step_pods: int = 20
+    max_crashes: int = 5
+    crash_backoff: float = 1.0  # seconds before the 3rd attempt (the 2nd: at once); doubles
+    max_backoff: float = 60.0
+    busy_retry: float = 5.0
+
+    @property
+    def confirms(self) -> bool:
+        """Whether step pods ask a confirmer about unknown outcomes."""
+        return bool(self.pods.confirmer or self.pods.confirmer_url)
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    api: ApiServer
+    cache: ClusterView
+    stores: Stores
+    loop: Loop
+    settings: ControllerSettings
+    events: EventRecorder
+    slots: StepSlots
+    memory: RunMemory
+    meter: StepMeter
+    enqueue: Enqueue
+    clock: Callable[[], float]
+
+    def run_state(self, namespace: str, name: str) -> RunState | None:
+        """The run's checkpoint, as the store has it now (None: no step has saved one)."""
+        try:
+            return self.loop.state(namespace, name)
+        except RunNotFound:
+            return None

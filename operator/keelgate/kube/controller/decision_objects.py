@@ -1,0 +1,129 @@
+"""The Reconciliations and Approvals a run's stop asks people for, made by the AgentRun's
+reconcile: one per unknown outcome, one per pending approval, and one already Settled for each
+outcome a step pod's confirmer settled.
+
+Why it exists: a person settles or approves by editing an object (``kubectl patch``), so the
+object must exist as soon as the run stops for it, under a name computed from the run and the
+action (two operators make the same one; a 409 is someone else's create of it). Status is a
+subresource, so a new object is created, then shown Pending. Settling them when a person edits
+them is ``decisions``'s job, not this module's. It must never settle anything itself (only
+record what a step pod's confirmer settled), and never put a tool's argument into an object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from keelgate.core.state import RunState
+from keelgate.core.types import KeyState, UnknownAction
+from keelgate.kube import resources
+from keelgate.kube.api_failures import Conflict, Gone
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.ports import JSON
+from keelgate.kube.times import now
+
+_SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
+
+
+class DecisionObjects:
+    def __init__(self, context: ControllerContext) -> None:
+        self._context = context
+
+    def ask_to_settle(self, run: JSON, state: RunState) -> bool:
+        """Make sure each unknown action has its Reconciliation; True when all are settled
+        (in the store: a person may have settled one there, mirrored into its object next)."""
+        context = self._context
+        namespace = run["metadata"]["namespace"]
+        settled = True
+        for unknown in state.unknown:
+            record = context.stores.idempotency.get(namespace, unknown.idempotency_key)
+            done = record is not None and record.state in _SETTLED
+            settled = settled and done
+            body = resources.reconciliation(run, unknown)
+            name = body["metadata"]["name"]
+            existing = context.cache.get("Reconciliation", namespace, name)
+            if existing is None:
+                if self._create_pending("Reconciliation", namespace, body):
+                    context.events.warning(
+                        run,
+                        "OutcomeUnknown",
+                        f"{unknown.tool} ({unknown.action}) may or may not have run: "
+                        f"settle reconciliation {name}",
+                    )
+            elif done and (existing.get("status") or {}).get("phase") != "Settled":
+                # Settled elsewhere: the Reconciliation's reconcile mirrors it.
+                context.enqueue(("Reconciliation", namespace, name), 0.0)
+        return settled
+
+    def ask_to_approve(self, run: JSON, state: RunState) -> None:
+        """Make sure each pending approval has its Approval."""
+        context = self._context
+        namespace = run["metadata"]["namespace"]
+        for pending in state.pending:
+            body = resources.approval(run, pending)
+            name = body["metadata"]["name"]
+            if context.cache.get("Approval", namespace, name) is not None:
+                continue
+            if self._create_pending("Approval", namespace, body):
+                context.events.normal(
+                    run,
+                    "AwaitingApproval",
+                    f"{pending.tool} ({pending.action}) needs approval: approval {name}",
+                )
+
+    def show_confirmer_settlements(self, run: JSON, state: RunState) -> None:
+        """A step pod's confirmer may settle an unknown outcome without the run ever stopping
+        (it asks on the attempt after a crash): record each such settlement as a
+        Reconciliation, already Settled with source confirmer, so people see what was decided
+        for them."""
+        if state.plan is None:
+            return
+        context = self._context
+        namespace = run["metadata"]["namespace"]
+        for action in state.plan.actions:
+            record = context.stores.idempotency.get(namespace, action.key)
+            if record is None or record.source != "confirmer":
+                continue
+            body = resources.reconciliation(run, UnknownAction(action.id, action.tool, action.key))
+            name = body["metadata"]["name"]
+            if context.cache.get("Reconciliation", namespace, name) is not None:
+                continue
+            verdict = "executed" if record.state is KeyState.COMPLETED else "abandoned"
+            try:
+                context.api.create_object("Reconciliation", namespace, body)
+                settled = context.api.patch_status(
+                    "Reconciliation",
+                    namespace,
+                    name,
+                    {
+                        "phase": "Settled",
+                        "verdict": verdict,
+                        "source": "confirmer",
+                        "settledBy": record.settled_by,
+                        "settledAt": now(),
+                    },
+                )
+            except (Conflict, Gone):
+                continue
+            context.cache.put("Reconciliation", settled)
+            context.events.normal(
+                run,
+                "Settled",
+                f"{action.tool} ({action.id}) settled as {verdict} by the confirmer "
+                f"{record.settled_by}: reconciliation {name}",
+            )
+
+    def _create_pending(self, kind: str, namespace: str, body: JSON) -> bool:
+        """Create a Reconciliation or Approval and show it Pending (status is a subresource: a
+        create cannot set it); False when another made it first (a 409)."""
+        api, cache = self._context.api, self._context.cache
+        try:
+            created = api.create_object(kind, namespace, body)
+        except Conflict:
+            return False
+        with contextlib.suppress(Conflict, Gone):  # shown Pending at the next look instead
+            created = api.patch_status(
+                kind, namespace, body["metadata"]["name"], {"phase": "Pending"}
+            )
+        cache.put(kind, created)
+        return True

@@ -1,0 +1,179 @@
+"""The decision reconciler: one for Reconciliations and Approvals, parametrised by kind.
+
+A person decides by editing the object (``spec.executed`` or ``spec.approved``, with
+``spec.by``); this reconciler records that decision in the store through the same ``Loop``
+methods the CLI calls (``reconcile``, ``approve``), then shows it Settled in the object's status
+and wakes the run. A decision already recorded in the store (made with ``keelgate reconcile`` or
+``keelgate approve``, or by a step pod's confirmer) is mirrored instead, and wins: the first
+decision stands. A decision the loop refuses is told in a Warning Event and tried again later.
+The two kinds differ only in what ``DecisionKind`` says. This module must never record a
+decision nobody made, nor change one already recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from keelgate.core.loop import Loop
+from keelgate.core.types import KeyState
+from keelgate.errors import InputError, RunNotFound, SettleError
+from keelgate.kube.api_failures import Gone
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.times import now
+
+#: How long a refused decision waits before it is tried again.
+REFUSED_RETRY = 10.0
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decision as the store records it: yes (executed, approved) or no, by whom, and its
+    source (``human`` or ``confirmer``; "" where the kind has none)."""
+
+    yes: bool
+    by: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class DecisionKind:
+    """What differs between settling an unknown outcome and deciding an approval."""
+
+    kind: str  # the object's kind
+    field: str  # the spec field holding the person's decision
+    yes: str  # the verdicts, as status shows them
+    no: str
+    refused: str  # the Warning's reason when the loop refuses the decision
+    #: The decision the store holds for the object's spec (None: undecided there).
+    recorded: Callable[[ControllerContext, str, JSON], Decided | None]
+    #: Record a person's decision in the store (raises what the loop raises on a refusal).
+    record: Callable[[Loop, str, JSON, bool], None]
+    #: Whether a differing decision in the object is told (``DecidedElsewhere``).
+    tells_decided_elsewhere: bool
+
+    def verdict(self, decided: Decided) -> str:
+        return self.yes if decided.yes else self.no
+
+    def status(self, decided: Decided) -> JSON:
+        body: JSON = {"phase": "Settled", "verdict": self.verdict(decided)}
+        if self.kind == "Reconciliation":
+            body["source"] = decided.source or "human"
+        return {**body, "settledBy": decided.by, "settledAt": now()}
+
+    def told(self, decided: Decided, spec: JSON, name: str) -> tuple[str, str]:
+        """The Normal Event on the run: its reason and message."""
+        what = f"{spec.get('tool')} ({spec.get('action', '')})"
+        if self.kind == "Reconciliation":
+            source = decided.source or "human"
+            return "Settled", (
+                f"{what} settled as {self.verdict(decided)} by {decided.by} ({source}): "
+                f"reconciliation {name}"
+            )
+        reason = "Approved" if decided.yes else "Denied"
+        return reason, f"{what} {self.verdict(decided)} by {decided.by}: approval {name}"
+
+
+def _settlement(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
+    record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
+    if record is None or record.state not in (KeyState.COMPLETED, KeyState.ABANDONED):
+        return None
+    return Decided(record.state is KeyState.COMPLETED, record.settled_by, record.source or "")
+
+
+def _settle(loop: Loop, namespace: str, spec: JSON, executed: bool) -> None:
+    run, action = str(spec.get("runName", "")), str(spec.get("action", ""))
+    loop.reconcile(namespace, run, action, executed=executed, by=str(spec.get("by", "")))
+
+
+def _approval(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
+    state = context.run_state(namespace, str(spec.get("runName", "")))
+    recorded = None if state is None else state.approvals.get(str(spec.get("action", "")))
+    return None if recorded is None else Decided(recorded.approved, recorded.by)
+
+
+def _approve(loop: Loop, namespace: str, spec: JSON, approved: bool) -> None:
+    run, action = str(spec.get("runName", "")), str(spec.get("action", ""))
+    loop.approve(namespace, run, action, approved=approved, by=str(spec.get("by", "")))
+
+
+RECONCILIATION = DecisionKind(
+    kind="Reconciliation",
+    field="executed",
+    yes="executed",
+    no="abandoned",
+    refused="SettleRefused",
+    recorded=_settlement,
+    record=_settle,
+    tells_decided_elsewhere=True,
+)
+APPROVAL = DecisionKind(
+    kind="Approval",
+    field="approved",
+    yes="approved",
+    no="denied",
+    refused="ApprovalRefused",
+    recorded=_approval,
+    record=_approve,
+    tells_decided_elsewhere=False,
+)
+
+
+class DecisionReconciler:
+    def __init__(self, context: ControllerContext, kind: DecisionKind) -> None:
+        self._context = context
+        self._kind = kind
+
+    def reconcile(self, key: Key) -> Result:
+        """Record the decision the object holds (or mirror the one the store holds), show it
+        Settled, and wake the run."""
+        context, kind = self._context, self._kind
+        _, namespace, name = key
+        body = context.cache.get(kind.kind, namespace, name)
+        if body is None or (body.get("status") or {}).get("phase") == "Settled":
+            return REST
+        spec = body.get("spec") or {}
+        run_name = str(spec.get("runName", ""))
+        wanted = spec.get(kind.field)
+        decided = kind.recorded(context, namespace, spec)
+        if decided is None:
+            if wanted is None:
+                return REST  # waiting for a person
+            try:
+                kind.record(context.loop, namespace, spec, bool(wanted))
+            except (SettleError, RunNotFound, InputError) as error:
+                decided = kind.recorded(context, namespace, spec)
+                if decided is None:
+                    self._warn(body, run_name, kind.refused, str(error))
+                    return Requeue(REFUSED_RETRY)
+            else:
+                decided = kind.recorded(context, namespace, spec)
+        if decided is None:
+            return Requeue(1.0)
+        if kind.tells_decided_elsewhere and wanted is not None and bool(wanted) != decided.yes:
+            self._warn(
+                body,
+                run_name,
+                "DecidedElsewhere",
+                f"{spec.get('action', '')} was already settled as {kind.verdict(decided)} by "
+                f"{decided.by}; that decision stands",
+            )
+        try:
+            patched = context.api.patch_status(kind.kind, namespace, name, kind.status(decided))
+        except Gone:
+            return REST
+        context.cache.put(kind.kind, patched)
+        run = context.cache.get("AgentRun", namespace, run_name)
+        if run is not None:
+            reason, message = kind.told(decided, spec, name)
+            context.events.normal(run, reason, message)
+        context.enqueue(("AgentRun", namespace, run_name), 0.0)
+        return REST
+
+    def _warn(self, body: JSON, run_name: str, reason: str, message: str) -> None:
+        """A Warning on the run (on the object itself if the run is not in the cache)."""
+        namespace = body["metadata"]["namespace"]
+        run = self._context.cache.get("AgentRun", namespace, run_name)
+        self._context.events.warning(run or body, reason, message)

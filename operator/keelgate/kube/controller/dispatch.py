@@ -1,0 +1,76 @@
+"""The controller's one entry for the operator's workers: a queued key to its kind's reconciler.
+
+Why it exists: the workers know keys, not decisions. ``Controller`` builds the reconcilers over
+one shared ``ControllerContext`` and hands each key to the reconciler of its kind, with the
+Events it records kept until the reconcile ends (``EventRecorder.deferred``). It decides
+nothing itself. A reconcile runs in a worker thread; two reconciles of one key never overlap
+(the work queue sees to that), and the state reconciles of different keys share lives in
+``StepSlots`` and ``RunMemory``, each with its lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.kube.controller.agentrun import AgentRunReconciler
+from keelgate.kube.controller.context import ControllerContext, ControllerSettings
+from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, DecisionReconciler
+from keelgate.kube.controller.events import EventRecorder
+from keelgate.kube.controller.memory import RunMemory
+from keelgate.kube.controller.outcomes import REST, Result
+from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
+from keelgate.kube.controller.slots import StepSlots
+
+
+class Reconciler(Protocol):
+    def reconcile(self, key: Key) -> Result: ...
+
+
+class Controller:
+    """Reconciles AgentRuns, Reconciliations and Approvals; called from worker threads."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiServer,
+        stores: Stores,
+        cache: ClusterView,
+        settings: ControllerSettings,
+        meter: StepMeter,
+        enqueue: Enqueue,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.context = ControllerContext(
+            api=api,
+            cache=cache,
+            stores=stores,
+            loop=Loop(stores=stores),
+            settings=settings,
+            events=EventRecorder(api),
+            slots=StepSlots(cache, limit=settings.max_step_pods, clock=clock),
+            memory=RunMemory(),
+            meter=meter,
+            enqueue=enqueue,
+            clock=clock,
+        )
+        self._reconcilers: dict[str, Reconciler] = {
+            "AgentRun": AgentRunReconciler(self.context),
+            "Reconciliation": DecisionReconciler(self.context, RECONCILIATION),
+            "Approval": DecisionReconciler(self.context, APPROVAL),
+        }
+
+    def reconcile(self, key: Key) -> Result:
+        """Do what ``key``'s object needs; the result says when to look at it again."""
+        reconciler = self._reconcilers.get(key[0])
+        if reconciler is None:
+            return REST
+        with self.context.events.deferred():
+            return reconciler.reconcile(key)
+
+    def waiting_for_slots(self, count: int) -> list[Key]:
+        """Up to ``count`` runs waiting for a step slot, the longest waiting first."""
+        return self.context.slots.longest_waiting(count)

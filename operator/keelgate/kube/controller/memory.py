@@ -1,0 +1,63 @@
+"""What the controller remembers of runs between reconciles: in memory only, under one lock.
+
+Why it exists: three small facts save work or words, and none decides anything. When a run's
+last step pod ended (the hand-off time of ``keelgate_step_handoff_seconds``); a clean end not
+yet told in an Event (told with what comes next: one Event, one API write, for both); and the
+spec each run's step pods were last given, as recorded in the store (so it is not recorded again
+at every step). Losing all of it (a restart) costs a sample, an Event's detail and one more spec
+record: the pod and ``status.step.lastExit`` keep every fact. Reconciles of different runs run
+in different threads at once; this object owns these facts, under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from keelgate.kube.controller.ports import Key
+
+#: The spec a run's pods were given: (the run's uid, its generation, the spec document).
+RecordedSpec = tuple[str, int, Mapping[str, Any]]
+
+
+class RunMemory:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended_at: dict[Key, float] = {}
+        self._untold: dict[Key, str] = {}
+        self._specs: dict[Key, RecordedSpec] = {}
+
+    def step_ended(self, key: Key, *, at: float, untold: str | None) -> None:
+        """``key``'s step pod was seen ended at ``at``; ``untold`` is its clean end in words,
+        to tell with what comes next (None: it was told already, or the end was not clean, and
+        then the spec is recorded again for the next pod: the pod may have found none)."""
+        with self._lock:
+            self._ended_at[key] = at
+            if untold is not None:
+                self._untold[key] = untold
+            else:
+                self._specs.pop(key, None)
+
+    def take_ended_at(self, key: Key) -> float | None:
+        with self._lock:
+            return self._ended_at.pop(key, None)
+
+    def take_untold(self, key: Key) -> str | None:
+        with self._lock:
+            return self._untold.pop(key, None)
+
+    def spec_recorded(self, key: Key, spec: RecordedSpec) -> bool:
+        with self._lock:
+            return self._specs.get(key) == spec
+
+    def remember_spec(self, key: Key, spec: RecordedSpec) -> None:
+        with self._lock:
+            self._specs[key] = spec
+
+    def forget(self, key: Key) -> None:
+        """The run is gone."""
+        with self._lock:
+            self._ended_at.pop(key, None)
+            self._untold.pop(key, None)
+            self._specs.pop(key, None)

@@ -1,0 +1,92 @@
+"""How a step pod ended, read from what Kubernetes says about it: one of five kinds.
+
+Why it exists: the operator's next move depends on how the last step pod ended (go on, retry
+with back-off, retry later because another process drives the run, or stall until the spec
+changes), and ``kubectl keelgate status`` shows the same words. The exit codes are those of
+``keelgate step`` and the one error table in ``keelgate.errors``: 0, 1 and 3 are a step that
+recorded where the run stands; any other code is read from the table. This module is pure: it
+never talks to a cluster or a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from keelgate.errors import RunBusy, exit_retryable
+from keelgate.kube.times import parse_time
+
+# A step that recorded where the run stands exits 0 (at rest or going on), 1 (failed) or 3
+# (stopped, resumable): see keelgate.cli.step.
+_RECORDED = frozenset({0, 1, 3})
+
+
+class EndKind(StrEnum):
+    """How a step pod ended (also the ``result`` label of ``keelgate_steps_ended_total``)."""
+
+    CLEAN = "clean"  # the step recorded where the run stands
+    CRASH = "crash"  # it ended without recording a stop: retried, with back-off
+    BUSY = "busy"  # another process was driving the run: retried later, not a crash
+    BAD_INPUT = "bad_input"  # the step refused its input: the spec must change
+    STORE = "store"  # the store could not be reached: a crash
+
+
+@dataclass(frozen=True)
+class PodEnd:
+    """How a step pod ended: its kind, in words for people, and its run time if known."""
+
+    kind: EndKind
+    words: str
+    seconds: float | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.kind is EndKind.CLEAN
+
+
+def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> PodEnd:
+    """A finished (or vanished) step pod's end, from its container's terminated state."""
+    pod_status = pod.get("status") or {}
+    containers = pod_status.get("containerStatuses") or []
+    terminated = (containers[0].get("state") or {}).get("terminated") if containers else None
+    if terminated:
+        code = terminated.get("exitCode")
+        reason = terminated.get("reason") or ""
+        seconds = _duration(terminated.get("startedAt"), terminated.get("finishedAt"))
+        words = f"exit code {code}" + (f" ({reason})" if reason else "")
+        if code in _RECORDED:
+            return PodEnd(EndKind.CLEAN, words, seconds)
+        if code == RunBusy.exit_code:
+            return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
+        retryable = exit_retryable(code) if isinstance(code, int) else None
+        if retryable is False:  # the same pod would meet the same error: the spec must change
+            detail = _last_line(terminated.get("message") or "")
+            return PodEnd(EndKind.BAD_INPUT, f"{words}: {detail}" if detail else words, seconds)
+        if retryable is True:
+            return PodEnd(EndKind.STORE, f"{words}: the store could not be reached", seconds)
+        return PodEnd(EndKind.CRASH, words, seconds)
+    if pod_status.get("phase") == "Failed":
+        reason = pod_status.get("reason") or "Failed"
+        message = pod_status.get("message") or ""
+        return PodEnd(EndKind.CRASH, f"{reason}: {message}" if message else reason)
+    if deleted:
+        return PodEnd(EndKind.CRASH, "deleted before it ended")
+    return PodEnd(EndKind.CRASH, f"ended as {pod_status.get('phase') or 'unknown'}")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The step prints its outcome as one JSON object last; the error line comes before it.
+    for line in reversed(lines):
+        if not line.startswith("{"):
+            return line[:300]
+    return ""
+
+
+def _duration(start: str | None, end: str | None) -> float | None:
+    begun, done = parse_time(start), parse_time(end)
+    if begun is None or done is None:
+        return None
+    return max(0.0, (done - begun).total_seconds())

@@ -1,0 +1,115 @@
+"""Creating the step pod a run's ``status.step`` names: after its back-off, in a free step slot,
+with the run's spec recorded in the store first.
+
+Why it exists: the pod is created only after the intent is written (``status.step``), under the
+name the intent holds, so a restarted operator (or a second one) creates or adopts that same pod
+and never another. A 409 is adopted only when the pod found is this run's (its owner UID); one
+that is not stalls the run. The pod reads its spec from the store, so the spec is recorded before
+the pod can start. This module must never create a pod whose name the status does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from keelgate.errors import KeelgateError
+from keelgate.kube import resources
+from keelgate.kube.api_failures import Conflict
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.run_status import RunStatusWriter
+from keelgate.kube.times import parse_time
+from keelgate.manifest import AgentRunSpec
+
+
+def foreign_pod(pod: str) -> str:
+    """Why a run stalls when the name of its next pod is taken by a pod that is not its own."""
+    return f"a pod named {pod} exists and is not this run's; delete it"
+
+
+class StepPodStarter:
+    def __init__(self, context: ControllerContext, status: RunStatusWriter) -> None:
+        self._context = context
+        self._status = status
+
+    def start(self, key: Key, run: JSON, spec: AgentRunSpec, step: Mapping[str, Any]) -> Result:
+        """Create (or adopt) the pod ``step`` names, when its back-off has passed and a step
+        slot is free (else the run waits for a slot: woken when a step pod ends)."""
+        context = self._context
+        namespace = key[1]
+        not_before = parse_time(step.get("notBefore"))
+        if not_before is not None:
+            left = not_before.timestamp() - context.clock()
+            if left > 0:
+                return Requeue(left)
+        if not context.slots.take(key):
+            return REST  # woken when a step pod ends
+        try:
+            self._record_spec(key, run, spec)
+            meta = run["metadata"]
+            body = resources.step_pod(
+                run,
+                spec,
+                name=str(step["pod"]),
+                step=int(step["number"]),
+                attempt=int(step["attempt"]),
+                generation=int(meta.get("generation") or 1),
+                failpoints=str(step.get("failpoints", "")),
+                settings=context.settings.pods,
+            )
+            try:
+                created = context.api.create_pod(namespace, body)
+            except Conflict:
+                existing = context.api.read_pod(namespace, str(step["pod"]))
+                if not resources.owned_by(existing, meta["uid"]):
+                    return self._status.write_run_status(
+                        run,
+                        step,
+                        suspended=spec.suspend,
+                        stepping=False,
+                        stalled=foreign_pod(str(step["pod"])),
+                    )
+                context.cache.put("Pod", existing)  # ours already: adopt it
+                return REST
+            # Counted as active before its slot is given back: the cap must see it at once.
+            context.cache.put("Pod", created)
+        finally:
+            context.slots.release()
+        self._tell_started(key, run, step)
+        return REST
+
+    def _record_spec(self, key: Key, run: JSON, spec: AgentRunSpec) -> None:
+        """The pod reads the spec from the store: record it before the pod can start. Once
+        recorded, a spec is never removed, and only a newer generation replaces it, so what
+        this operator recorded for a run stays there: no store call to say it again."""
+        context = self._context
+        _, namespace, name = key
+        specs = context.stores.specs
+        if specs is None:
+            raise KeelgateError("the store keeps no recorded specs")
+        meta = run["metadata"]
+        generation = int(meta.get("generation") or 1)
+        document = spec.loop_spec(tenant=namespace, run=name).to_json()
+        recorded = (meta["uid"], generation, document)
+        if not context.memory.spec_recorded(key, recorded) and specs.record_spec(
+            namespace, name, document, source=meta["uid"], generation=generation
+        ):
+            context.memory.remember_spec(key, recorded)
+
+    def _tell_started(self, key: Key, run: JSON, step: Mapping[str, Any]) -> None:
+        context = self._context
+        context.meter.step_started()
+        ended = context.memory.take_ended_at(key)
+        if ended is not None:
+            context.meter.handoff(max(0.0, context.clock() - ended))
+        armed = f" with failpoints {step['failpoints']}" if step.get("failpoints") else ""
+        untold = context.memory.take_untold(key)
+        if untold is not None:
+            armed += f" ({untold})"
+        context.events.normal(
+            run,
+            "StepStarted",
+            f"step {step['number']} attempt {step['attempt']}: pod {step['pod']}{armed}",
+        )

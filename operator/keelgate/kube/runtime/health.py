@@ -1,0 +1,67 @@
+"""``/healthz``, ``/readyz`` and ``/metrics``: the operator's HTTP endpoints, and its gauges.
+
+Why it exists: a kubelet's probes and Prometheus ask over HTTP; the answers are whether every
+worker (and the resync) still runs, and the metrics with their gauges refreshed from the cache at
+each scrape. It must never block the event loop, and never show a run's name or spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from keelgate.kube.resources import is_settled
+from keelgate.kube.runtime.cache import Cache
+from keelgate.kube.runtime.metrics import Metrics
+
+RUN_PHASES = ("Pending", "Running", "Stopped", "Succeeded", "Failed")
+
+
+def refresh_gauges(metrics: Metrics, cache: Cache) -> None:
+    """Runs by phase, what waits for a person, and the active step pods, as the cache has them."""
+    phases = cache.tally(
+        "AgentRun", lambda body: str((body.get("status") or {}).get("phase") or "Pending")
+    )
+    for phase in RUN_PHASES:
+        metrics.runs.labels(phase).set(phases.get(phase, 0))
+    unsettled = lambda body: not is_settled(body)  # noqa: E731
+    metrics.unknown_outcomes.set(cache.count("Reconciliation", unsettled))
+    metrics.approvals_pending.set(cache.count("Approval", unsettled))
+    metrics.step_pods_active.set(cache.active_step_pods())
+
+
+class HealthServer:
+    def __init__(
+        self, *, alive: Callable[[], bool], metrics: Metrics, refresh: Callable[[], None]
+    ) -> None:
+        self._alive = alive
+        self._metrics = metrics
+        self._refresh = refresh
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, bind: str, port: int) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._healthz)
+        app.router.add_get("/metrics", self._metrics_page)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, bind, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        alive = self._alive()
+        return web.Response(status=200 if alive else 503, text="ok\n" if alive else "stalled\n")
+
+    async def _metrics_page(self, _: web.Request) -> web.Response:
+        self._refresh()
+        return web.Response(
+            body=generate_latest(self._metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )

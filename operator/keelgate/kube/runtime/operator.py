@@ -1,0 +1,247 @@
+"""``keelgate operator``: the wiring of the running operator: kopf's watches feed the cache and
+the work queue, workers run the controller, a resync and the health endpoints run beside them.
+
+kopf's watch streams are the operator's eyes: every change to an AgentRun, a step pod, a
+Reconciliation or an Approval lands in the cache and queues a reconcile of the run it concerns.
+A few workers (``workers``) take keys from the queue and run the (synchronous, store-bound)
+controller in threads; a periodic resync (``resync``) queues every run again, so nothing depends
+on an event arriving. kopf is used only to observe: its handlers return nothing, so kopf writes
+nothing onto any object, and its progress and diff-base storage point at ``status.kopf`` should
+a handler ever store any.
+
+This module must never keep run state in memory that a restart could lose (the cache and the
+queue are rebuilt from the cluster's listing), and never take an action itself: only the
+controller decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from keelgate.core.protocols import Stores
+from keelgate.kube.api import ClusterApi
+from keelgate.kube.controller.context import ControllerSettings
+from keelgate.kube.controller.dispatch import Controller
+from keelgate.kube.controller.ports import Key
+from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
+from keelgate.kube.resources import controller_name, is_tick, pod_finished
+from keelgate.kube.runtime.cache import Cache, copy_json, key_of
+from keelgate.kube.runtime.health import HealthServer, refresh_gauges
+from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.resync import Resync
+from keelgate.kube.runtime.workers import Workers
+from keelgate.kube.runtime.workqueue import WorkQueue
+
+log = logging.getLogger("keelgate.operator")
+
+#: How many of the runs waiting for a step slot one freed slot wakes.
+WAKE_ON_SLOT = 8
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    port: int = 8080  # /metrics and /healthz
+    bind: str = "0.0.0.0"
+    workers: int = 4
+    resync_seconds: float = 30.0
+
+
+class Operator:
+    def __init__(self, options: OperatorOptions, *, stores: Stores, api: ClusterApi) -> None:
+        self.options = options
+        self.stores = stores
+        self.api = api
+        self.cache = Cache()
+        self.metrics = Metrics()
+        self.queue: WorkQueue[Key] | None = None  # made on the operator's event loop
+        self.controller: Controller | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._health = HealthServer(
+            alive=self._alive, metrics=self.metrics, refresh=self._refresh_gauges
+        )
+        self._seen_end: set[tuple[str, str]] = set()
+        self.started = time.monotonic()
+        api.on_write = lambda what: self.metrics.api_writes.labels(what).inc()
+
+    # kopf wiring
+
+    def registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            # The official client's configuration: in-cluster, else the kubeconfig.
+            return kopf.login_via_client(**kwargs)
+
+        @kopf.on.startup(registry=registry)
+        async def startup(**_: Any) -> None:
+            await self._start()
+
+        @kopf.on.cleanup(registry=registry)
+        async def cleanup(**_: Any) -> None:
+            await self._stop()
+
+        @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
+        async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("AgentRun", event, body)
+            key = key_of("AgentRun", body)
+            self._add(key)
+            parent = controller_name(body)
+            if parent and is_tick(body):
+                self._add(("AgentRun", key[1], parent))
+
+        @kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
+        async def on_pod(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Pod", event, body)
+            namespace, name = key_of("Pod", body)[1:]
+            run = controller_name(body)
+            if run:
+                self._add(("AgentRun", namespace, run))
+            if pod_finished(body) or event.get("type") == "DELETED":
+                self._pod_ended(namespace, name)
+
+        @kopf.on.event(GROUP, VERSION, "reconciliations", registry=registry)
+        async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Reconciliation", event, body)
+            self._add(key_of("Reconciliation", body))
+
+        @kopf.on.event(GROUP, VERSION, "approvals", registry=registry)
+        async def on_approval(event: Mapping[str, Any], body: Any, **_: Any) -> None:
+            self._observe("Approval", event, body)
+            self._add(key_of("Approval", body))
+
+        return registry
+
+    def settings(self) -> kopf.OperatorSettings:
+        settings = kopf.OperatorSettings()
+        # GitOps: should kopf ever store progress, it goes to status, never to annotations (the
+        # CRD keeps status.kopf). A diff-base it never builds nor stores (_NoDiffBase).
+        settings.persistence.progress_storage = kopf.StatusProgressStorage()
+        settings.persistence.diffbase_storage = _NoDiffBase()
+        settings.posting.enabled = False  # the controller posts its own Events
+        # The kinds are known and installed before the operator: no watching of CRDs and
+        # namespaces, and so no RBAC to read them.
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        return settings
+
+    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> None:
+        # The event's own object is plain data already; the cache keeps a copy of it.
+        raw = event.get("object")
+        plain = copy_json(raw) if isinstance(raw, dict) else _plain(body)
+        if event.get("type") == "DELETED":
+            self.cache.drop(kind, plain)
+        else:
+            self.cache.put(kind, plain)
+
+    def _add(self, key: Key) -> None:
+        if self.queue is not None:
+            self.queue.add(key)
+
+    def _pod_ended(self, namespace: str, name: str) -> None:
+        """A step pod ended or went (told once per pod): its slot may be free, and the runs
+        waiting longest for one go first."""
+        if (namespace, name) in self._seen_end:
+            return
+        self._seen_end.add((namespace, name))
+        if self.controller is not None:
+            for key in self.controller.waiting_for_slots(WAKE_ON_SLOT):
+                self._add(key)
+
+    def _refresh_gauges(self) -> None:
+        refresh_gauges(self.metrics, self.cache)
+
+    def _alive(self) -> bool:
+        return bool(self._tasks) and all(not task.done() for task in self._tasks)
+
+    # Lifecycle
+
+    async def _start(self) -> None:
+        queue = self.queue = WorkQueue[Key]()
+        self.controller = Controller(
+            api=self.api,
+            stores=self.stores,
+            cache=self.cache,
+            settings=self.options.controller,
+            meter=self.metrics,
+            enqueue=queue.add_threadsafe,
+        )
+        workers = Workers(queue, self.controller.reconcile, self.metrics)
+        for number in range(self.options.workers):
+            self._tasks.append(
+                asyncio.create_task(workers.work(), name=f"keelgate-worker-{number}")
+            )
+        resync = Resync(
+            every=self.options.resync_seconds,
+            cache=self.cache,
+            api=self.api,
+            clusterwide=not self.options.namespaces,
+            add=self._add,
+            pod_ended=self._pod_ended,
+            refresh_gauges=self._refresh_gauges,
+        )
+        self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
+        await self._health.start(self.options.bind, self.options.port)
+        log.info(
+            "keelgate operator started (namespaces: %s, step pods at most %d)",
+            ", ".join(self.options.namespaces) or "all",
+            self.options.controller.max_step_pods,
+        )
+
+    async def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.queue is not None:
+            self.queue.close()
+        await self._health.stop()
+
+    # Running
+
+    async def run(self) -> None:
+        await kopf.operator(
+            registry=self.registry(),
+            settings=self.settings(),
+            standalone=True,
+            clusterwide=not self.options.namespaces,
+            namespaces=self.options.namespaces,
+        )
+
+
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """kopf keeps a "diff-base" (the last handled essence of an object) for its change handlers
+    (``on.create``, ``on.update``, ...), and builds one from every event as a deep copy of the
+    body. This operator has event handlers only, which need none, and at a few hundred runs
+    those copies were a twentieth of its CPU. So none is built, and none is ever stored on an
+    object (nothing for a GitOps tool to see as drift)."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """kopf's read-only body as plain data."""
+    if isinstance(body, Mapping):
+        return {str(k): _plain(v) for k, v in body.items()}
+    if isinstance(body, list | tuple):
+        return [_plain(v) for v in body]  # type: ignore[return-value]
+    return body  # type: ignore[no-any-return]

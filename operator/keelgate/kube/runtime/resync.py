@@ -1,0 +1,138 @@
+"""The periodic resync: every so often, queue again every run that may still change, forget the
+step pods deleted while no watch was looking, and refresh the gauges.
+
+Why it exists: nothing may depend on an event arriving. A person may settle an outcome with
+``keelgate reconcile`` straight in the store (no watch event), and a watch that reconnects lists
+the objects again but never reports one deleted while it was away: a step pod gone unseen would
+hold its run and a step slot for good. It must never decide anything (it only queues keys and
+corrects the cache), and never hold the resync up on an API server that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from keelgate.kube.api import ClusterApi
+from keelgate.kube.api_failures import Gone
+from keelgate.kube.controller.ports import Key
+from keelgate.kube.resources import controller_name, is_active_step_pod, is_settled
+from keelgate.kube.runtime.cache import Cache, key_of
+
+log = logging.getLogger("keelgate.operator")
+
+# A resync's look at the running step pods gives up after this long (an API server that
+# accepts connections and answers nothing must not hold the resync up for good).
+CHECK_TIMEOUT = 10.0
+
+
+class Resync:
+    def __init__(
+        self,
+        *,
+        every: float,
+        cache: Cache,
+        api: ClusterApi,
+        clusterwide: bool,
+        add: Callable[[Key], None],
+        pod_ended: Callable[[str, str], None],
+        refresh_gauges: Callable[[], None],
+    ) -> None:
+        self._every = every
+        self._cache = cache
+        self._api = api
+        self._clusterwide = clusterwide
+        self._add = add
+        self._pod_ended = pod_ended
+        self._refresh_gauges = refresh_gauges
+
+    async def run(self) -> None:
+        """Resync every ``every`` seconds, until cancelled."""
+        while True:
+            await asyncio.sleep(self._every)
+            for key in due_for_resync(self._cache):
+                self._add(key)
+            self._refresh_gauges()
+            await self._forget_vanished_step_pods()
+
+    async def _forget_vanished_step_pods(self) -> None:
+        """Ask the server which step pods still run; one it does not name and no longer has is
+        dropped as deleted (its run then takes its next attempt, as for any pod deleted
+        mid-step)."""
+        try:
+            vanished = await asyncio.to_thread(
+                vanished_step_pods, self._api, self._cache, clusterwide=self._clusterwide
+            )
+        except Exception as failure:  # an API server away, or refusing: the next resync asks again
+            log.warning(
+                "resync: cannot check the running step pods (%s: %s)",
+                type(failure).__name__,
+                str(failure).splitlines()[0] if str(failure) else "",
+            )
+            return
+        for namespace, name, uid in vanished:
+            body = self._cache.forget_vanished("Pod", namespace, name, uid)
+            if body is None:
+                continue  # the watch reported it meanwhile
+            log.info(
+                "step pod %s/%s was deleted unseen: its run takes its next attempt", namespace, name
+            )
+            run = controller_name(body)
+            if run:
+                self._add(("AgentRun", namespace, run))
+            self._pod_ended(namespace, name)
+
+
+def vanished_step_pods(
+    api: ClusterApi, cache: Cache, *, clusterwide: bool
+) -> list[tuple[str, str, str]]:
+    """The step pods the cache holds as running that the API server no longer has, as
+    (namespace, name, uid): one list of the running step pods (of every namespace, or of each
+    namespace the cache has one in), then a read of each pod the list did not name, since a pod
+    may be missing from it only because it ended, or was created after the list was made."""
+    cached = cache.select("Pod", where=is_active_step_pod)
+    if not cached:
+        return []
+    scopes: list[str | None] = [None]
+    if not clusterwide:
+        scopes = [*sorted({str(pod["metadata"]["namespace"]) for pod in cached})]
+    listed = {
+        key_of("Pod", pod)[1:]
+        for scope in scopes
+        for pod in api.running_step_pods(scope, timeout=CHECK_TIMEOUT)
+    }
+    gone = []
+    for pod in cached:
+        _, namespace, name = key_of("Pod", pod)
+        if (namespace, name) in listed:
+            continue
+        try:
+            found = api.read_pod(namespace, name, timeout=CHECK_TIMEOUT)
+        except Gone:
+            gone.append((namespace, name, str(pod["metadata"].get("uid", ""))))
+            continue
+        cache.put("Pod", found)  # it ended, or is newer than the list: the cache catches up
+    return gone
+
+
+def due_for_resync(cache: Cache) -> list[Key]:
+    """What a periodic resync looks at again: every run and Reconciliation but those that only
+    an edit can change (a finished run, a settled Reconciliation), since the edit's watch event
+    brings them anyway. Finished runs pile up, and each look reads the store."""
+    return [
+        *cache.keys("AgentRun", lambda body: not _finished(body)),
+        *cache.keys("Reconciliation", lambda body: not is_settled(body)),
+    ]
+
+
+def _finished(run: Mapping[str, Any]) -> bool:
+    """A run whose goal is met and whose status answers its current spec: no step, no store
+    change can move it (an edit of its spec can, and arrives as a watch event)."""
+    meta, status = run.get("metadata", {}), run.get("status") or {}
+    return (
+        status.get("phase") == "Succeeded"
+        and status.get("observedGeneration") == meta.get("generation")
+        and not meta.get("deletionTimestamp")
+    )

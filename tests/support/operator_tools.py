@@ -1,0 +1,36 @@
+"""Tools the operator's unit tests name in manifests (``support.operator_tools:...``): the step
+pods of those tests run in the test's process, so what the tools did is counted here."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+#: Every order that really went out: (idempotency key, arguments).
+ORDERS: list[tuple[str | None, dict[str, Any]]] = []
+
+
+def place_order(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE that takes effect."""
+    with _lock:
+        ORDERS.append((idempotency_key, dict(args)))
+    return {"order": f"o-{len(ORDERS)}"}
+
+
+def lost_write(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE whose connection drops after sending: nobody knows whether it took effect."""
+    with _lock:
+        ORDERS.append((idempotency_key, dict(args)))
+    raise ConnectionResetError("connection reset after the request was sent")
+
+
+class OrderBook:
+    """A confirmer (``--confirmer support.operator_tools:OrderBook``): asks the system of record,
+    here the orders that went out, whether a WRITE with that key took effect."""
+
+    name = "order-book"
+
+    def confirm(self, tenant: str, run: str, action: Any, args: dict[str, Any]) -> bool | None:
+        with _lock:
+            return any(key == action.idempotency_key for key, _ in ORDERS)

@@ -1,0 +1,492 @@
+"""The AgentRun reconciler, without a cluster: each decision of the operator about a run, against
+a fake API server, the real cache, a SQLite store and real ``keelgate step`` runs in this process
+(tests/support/operator_rig.py).
+
+What a user would notice if these broke: a step pod made before its intent is in status (two
+pods for one step after a restart), a crash loop that never stops or never backs off, a run
+that waits for a person shown as still running, more step pods than ``--max-step-pods``, a pod
+of someone else's adopted, a WRITE that runs twice. The e2e suite proves the same decisions on
+a real API server (e2e/tests/test_e2e_operator.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keelgate.kube.api_failures import Conflict, Gone
+from keelgate.kube.controller.context import ControllerSettings
+from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.kube.resources import StepPodSettings
+from support import operator_tools
+from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+
+pytestmark = pytest.mark.usefixtures("orders")
+
+
+def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> None:
+    """Each step gets one pod, named by run, step and attempt; the run ends Succeeded with its
+    answer, its one WRITE done once, and the Events tell each step and the end."""
+    kube.apply("restock", agentrun_spec())
+    assert kube.drive("restock") == [0, 0]
+    assert kube.pods() == ["restock-s1-a1", "restock-s2-a1"]
+    status = kube.status("restock")
+    assert (status["phase"], status["stopReason"], status["answer"]) == (
+        "Succeeded",
+        "goal_met",
+        "ordered",
+    )
+    assert kube.condition("restock", "Succeeded")["status"] == "True"
+    assert status["step"]["state"] == "Ended" and status["step"]["number"] == 2
+    assert len(operator_tools.ORDERS) == 1
+    assert kube.api.reasons() == ["StepStarted", "StepStarted", "Succeeded"]
+    # A clean end is told with what comes next: one Event for both.
+    second, done = kube.api.events[1], kube.api.events[2]
+    assert "(step 1 (pod restock-s1-a1) ended: exit code 0 (Completed))" in second.message
+    assert done.message == "ordered (step 2 (pod restock-s2-a1) ended: exit code 0 (Completed))"
+    assert kube.sample("keelgate_steps_started_total") == 2
+    assert kube.sample("keelgate_steps_ended_total", result="clean") == 2
+    assert kube.reconcile("restock") == REST  # finished: nothing more to do
+    assert len(kube.pods()) == 2
+
+
+def test_the_intent_is_in_status_before_its_pod_is_created(kube: Operator) -> None:
+    """status.step names the pod (Pending) before the create: a restarted operator creates or
+    adopts exactly that pod. Looking again while it runs writes nothing."""
+    kube.apply("restock", agentrun_spec())
+    assert kube.reconcile("restock") == REST
+    assert kube.api.writes[:3] == [
+        "create AgentRun restock",
+        "patch AgentRun/status restock",
+        "create Pod restock-s1-a1",
+    ]
+    step = kube.status("restock")["step"]
+    assert (step["pod"], step["state"], step["attempt"], step["crashes"]) == (
+        "restock-s1-a1",
+        "Pending",
+        1,
+        0,
+    )
+    assert kube.status("restock")["phase"] == "Running"
+    pod = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+    assert pod is not None
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == kube.run("restock")["metadata"]["uid"]
+    writes = len(kube.api.writes)
+    kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+    assert kube.reconcile("restock") == REST
+    assert kube.reconcile("restock") == REST
+    assert len(kube.api.writes) == writes  # the pod runs and status says so already
+
+
+def test_an_operator_restarted_after_the_intent_creates_that_same_pod(tmp_path: Path) -> None:
+    """A death between the status write and the pod's create: the next operator (an empty cache,
+    the run listed again) creates the pod the status names, and no other."""
+    first = Operator(tmp_path)
+    first.apply("restock", agentrun_spec())
+    first.api.refuse_next["create_pod"] = ConnectionError("the operator died here")
+    with pytest.raises(ConnectionError):
+        first.reconcile("restock")
+    first.close()
+    assert first.pods() == [] and first.status("restock")["step"]["pod"] == "restock-s1-a1"
+    second = Operator(tmp_path, api=first.api)
+    try:
+        second.relist("AgentRun", "Pod")
+        assert second.reconcile("restock") == REST
+        assert second.pods() == ["restock-s1-a1"]
+        assert second.drive("restock") == [0, 0]
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        second.close()
+
+
+def test_a_crashed_step_pod_is_retried_with_back_off_then_the_run_stalls(tmp_path: Path) -> None:
+    """A pod that ends without recording a stop is a crash: the same step's next attempt, at
+    once the first time, then after a back-off; after --max-crashes in a row the run is Stalled
+    until its spec changes, and a spec change tries again; the WRITE is done once."""
+    kube = Operator(tmp_path, settings=ControllerSettings(max_crashes=2, crash_backoff=3.0))
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        assert kube.run_step("restock", failpoints={"after_plan": 1}) == 137
+        kube.reconcile("restock")
+        step = kube.status("restock")["step"]
+        assert (step["pod"], step["crashes"], step["notBefore"]) == ("restock-s1-a2", 1, "")
+        assert step["lastExit"] == "exit code 137 (Error)"
+        assert kube.api.events[-2].reason == "StepEnded"
+        assert kube.api.events[-2].type == "Warning"
+
+        # The plan was saved before the first death: this attempt resumes at the action.
+        assert kube.run_step("restock", failpoints={"before_action": 1}) == 137
+        kube.reconcile("restock")
+        status = kube.status("restock")
+        assert status["phase"] == "Stopped"
+        assert status["step"]["state"] == "Stalled"
+        assert status["message"] == (
+            "2 step pods in a row ended without recording a stop (last: exit code 137 (Error)); "
+            "change the spec (e.g. toggle spec.suspend) to retry"
+        )
+        assert kube.condition("restock", "Stalled")["reason"] == "StepsFailing"
+        assert kube.reconcile("restock") == REST
+        assert kube.pods() == ["restock-s1-a1", "restock-s1-a2"]
+
+        kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"budget": {"maxIterations": 6}})
+        kube.reconcile("restock")
+        step = kube.status("restock")["step"]
+        # Tried again as the next step (its intent is new), with the crash count cleared.
+        assert (step["pod"], step["state"], step["crashes"]) == ("restock-s2-a1", "Pending", 0)
+        assert kube.drive("restock") == [0, 0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        kube.close()
+
+
+def test_the_back_off_doubles_from_the_third_attempt(tmp_path: Path) -> None:
+    """Attempt 2 starts at once, attempt 3 after crash_backoff, attempt 4 after twice that; the
+    reconcile asks to be back when the back-off has passed, and makes no pod before."""
+    now = [1_000_000.0]
+    kube = Operator(
+        tmp_path,
+        settings=ControllerSettings(max_crashes=9, crash_backoff=2.0),
+        clock=lambda: now[0],
+    )
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 137)
+        assert kube.reconcile("restock") == REST  # attempt 2 at once
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a2", 137)
+        assert kube.reconcile("restock") == Requeue(2.0)
+        assert kube.status("restock")["step"]["notBefore"] == "1970-01-12T13:46:42Z"
+        assert kube.status("restock")["message"] == (
+            "next attempt after 1970-01-12T13:46:42Z (back-off after a failed pod)"
+        )
+        assert kube.pods() == ["restock-s1-a1", "restock-s1-a2"]
+        now[0] += 3.0
+        assert kube.reconcile("restock") == REST
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a3", 137)
+        assert kube.reconcile("restock") == Requeue(4.0)
+    finally:
+        kube.close()
+
+
+def test_a_step_that_refuses_its_input_stalls_the_run_at_once(kube: Operator) -> None:
+    """Exit 2 (the step refused its input: here a tool that is not in the image) would fail the
+    same way again: the run stalls with the step's own error line until the spec changes."""
+    spec = agentrun_spec()
+    spec["tools"][0]["python"]["callable"] = "support.operator_tools:nothing_here"
+    kube.apply("restock", spec)
+    kube.reconcile("restock")
+    assert kube.run_step("restock") == 2
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    assert status["step"]["state"] == "Stalled"
+    assert status["message"].startswith("the step refused its input: exit code 2 (Error): ")
+    assert "nothing_here" in status["message"]
+    assert kube.pods() == ["restock-s1-a1"]
+    assert kube.sample("keelgate_steps_ended_total", result="bad_input") == 1
+
+
+def test_a_busy_run_is_retried_later_and_is_not_a_crash(tmp_path: Path) -> None:
+    """Exit 4: another process drives the run. The next attempt waits busy_retry seconds and
+    the crash count stays where it was."""
+    now = [2_000_000.0]
+    kube = Operator(tmp_path, settings=ControllerSettings(busy_retry=5.0), clock=lambda: now[0])
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 4)
+        assert kube.reconcile("restock") == Requeue(5.0)
+        step = kube.status("restock")["step"]
+        assert (step["pod"], step["crashes"]) == ("restock-s1-a2", 0)
+        assert step["lastExit"] == "exit code 4 (Error): another process was driving the run"
+        assert kube.sample("keelgate_steps_ended_total", result="busy") == 1
+    finally:
+        kube.close()
+
+
+def test_a_step_pod_deleted_mid_step_counts_as_a_crash(kube: Operator) -> None:
+    """A pod that vanished (its tombstone in the cache) ended without recording a stop: the
+    same step's next attempt runs, and the WRITE is still done once."""
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+    kube.api.remove("Pod", NAMESPACE, "restock-s1-a1")
+    kube.reconcile("restock")
+    step = kube.status("restock")["step"]
+    assert (step["pod"], step["crashes"], step["lastExit"]) == (
+        "restock-s1-a2",
+        1,
+        "deleted before it ended",
+    )
+    assert kube.drive("restock") == [0, 0]
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_pod_of_someone_else_under_the_intended_name_stalls_the_run(kube: Operator) -> None:
+    """The step pod's name is taken by a pod this run does not own: never adopted, never
+    deleted; the run stalls saying so."""
+    kube.api.create_pod(
+        NAMESPACE, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "restock-s1-a1"}}
+    )
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    assert status["message"] == "a pod named restock-s1-a1 exists and is not this run's; delete it"
+    assert kube.condition("restock", "Stalled")["status"] == "True"
+    assert "delete Pod restock-s1-a1" not in kube.api.writes
+
+
+def test_a_pod_already_created_by_an_earlier_operator_is_adopted(tmp_path: Path) -> None:
+    """An operator that died right after creating the pod, and a new one whose pod watch has
+    not reported it yet: the create meets a 409, the pod found is this run's, and it is adopted
+    (in the cache, holding its slot), never made twice nor deleted."""
+    first = Operator(tmp_path)
+    first.apply("restock", agentrun_spec())
+    first.reconcile("restock")
+    first.close()
+    second = Operator(tmp_path, api=first.api)
+    try:
+        second.relist("AgentRun")  # the pods' listing has not arrived yet
+        assert second.reconcile("restock") == REST
+        assert second.api.writes.count("create Pod restock-s1-a1") == 2
+        assert second.pods() == ["restock-s1-a1"]
+        assert second.cache.get("Pod", NAMESPACE, "restock-s1-a1") is not None
+        assert second.cache.active_step_pods() == 1
+        assert "delete Pod restock-s1-a1" not in second.api.writes
+    finally:
+        second.close()
+
+
+def test_a_lost_race_on_the_status_makes_no_pod_and_looks_again(kube: Operator) -> None:
+    """Another writer changed the run since it was read (409 on the guarded patch): no pod is
+    made from the stale view; the reconcile asks to look again in half a second."""
+    kube.apply("restock", agentrun_spec())
+    kube.api.refuse_next["patch_status"] = Conflict("patch: 409 Conflict", status=409)
+    assert kube.reconcile("restock") == Requeue(0.5)
+    assert kube.pods() == []
+    assert kube.reconcile("restock") == REST
+    assert kube.pods() == ["restock-s1-a1"]
+
+
+def test_a_run_deleted_unseen_is_forgotten_and_its_pods_stopped(kube: Operator) -> None:
+    """The status patch meets a 404 naming the run (deleted while the watch was away): the run
+    is forgotten as deleted, no pod is made; the next look stops its running pods. A 404 that
+    names nothing (a server still starting) is an error, retried with back-off."""
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+    kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 0)
+    kube.api.refuse_next["patch_status"] = Gone("404", named="")
+    with pytest.raises(Gone):
+        kube.reconcile("restock")
+    kube.api.refuse_next["patch_status"] = Gone("404", named="restock")
+    assert kube.reconcile("restock") == Requeue(0.5)
+    assert kube.cache.get("AgentRun", NAMESPACE, "restock") is None
+    assert kube.pods() == ["restock-s1-a1"]
+
+
+def test_deleting_a_run_stops_its_running_step_pod(kube: Operator) -> None:
+    """An AgentRun being deleted: its running step pod is deleted at once (precondition on the
+    pod's uid); a finished one is left to the garbage collector."""
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+    kube.api.patch_metadata(
+        "AgentRun", NAMESPACE, "restock", {"deletionTimestamp": "2026-12-04T10:00:00Z"}
+    )
+    assert kube.reconcile("restock") == REST
+    assert "delete Pod restock-s1-a1" in kube.api.writes
+    pod = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+    assert pod is not None and pod["metadata"].get("deletionTimestamp")
+
+
+def test_a_suspended_run_starts_no_step_pod(kube: Operator) -> None:
+    """spec.suspend: no new pod; Reconciling False (Suspended), and setting it false goes on."""
+    kube.apply("restock", agentrun_spec(suspend=True))
+    assert kube.reconcile("restock") == REST
+    assert kube.pods() == []
+    assert kube.condition("restock", "Reconciling")["reason"] == "Suspended"
+    assert kube.status("restock")["message"] == "suspended (spec.suspend is true)"
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"suspend": False})
+    assert kube.drive("restock") == [0, 0]
+    assert kube.status("restock")["phase"] == "Succeeded"
+
+
+def test_a_spec_the_models_refuse_stalls_the_run_naming_the_field(kube: Operator) -> None:
+    """A spec the API server's schema let through but the models refuse: Stalled, with the one
+    line naming the field; no pod."""
+    spec = agentrun_spec()
+    spec["goal"] = "   "
+    kube.apply("restock", spec)
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    assert status["phase"] == "Stopped"
+    assert status["message"].startswith("spec.goal: ")
+    assert kube.pods() == []
+
+
+def test_the_step_slots_cap_the_pods_and_wake_the_longest_waiting(tmp_path: Path) -> None:
+    """With --max-step-pods 1, a second run's intended pod waits, the run among those to wake
+    when a step pod ends; once the first's pod has ended, the second gets its pod."""
+    kube = Operator(tmp_path, settings=ControllerSettings(max_step_pods=1))
+    try:
+        kube.apply("first", agentrun_spec())
+        kube.apply("second", agentrun_spec())
+        kube.reconcile("first")
+        assert kube.reconcile("second") == REST
+        assert kube.pods() == ["first-s1-a1"]
+        assert kube.status("second")["step"]["state"] == "Pending"
+        assert kube.controller.waiting_for_slots(8) == [("AgentRun", NAMESPACE, "second")]
+        assert kube.reconcile("second") == REST  # still no slot: still waiting, no pod
+        assert kube.pods() == ["first-s1-a1"]
+        kube.run_step("first")
+        assert kube.reconcile("second") == REST
+        assert kube.pods() == ["first-s1-a1", "second-s1-a1"]
+        assert kube.controller.waiting_for_slots(8) == []
+    finally:
+        kube.close()
+
+
+def test_failpoints_are_refused_without_the_flag(kube: Operator) -> None:
+    """The failpoints annotation on an operator started without --allow-failpoints: one
+    Warning, recorded as seen, never in a pod."""
+    kube.apply("restock", agentrun_spec(), annotations={"keelgate.dev/failpoints": "after_plan@1"})
+    kube.reconcile("restock")
+    assert kube.api.reasons() == ["FailpointsIgnored", "StepStarted"]
+    assert kube.status("restock")["failpointsSeen"] == "after_plan@1"
+    pod = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+    assert pod is not None
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "KEELGATE_FAILPOINTS" not in env
+
+
+def test_failpoints_go_into_the_next_pod_only(tmp_path: Path) -> None:
+    """With --allow-failpoints the annotation's value goes into the next step pod, which dies
+    there, and into no later pod (one-shot per value): the retry finishes, the WRITE done once."""
+    kube = Operator(tmp_path, settings=ControllerSettings(allow_failpoints=True))
+    try:
+        kube.apply(
+            "restock", agentrun_spec(), annotations={"keelgate.dev/failpoints": "after_verify@1"}
+        )
+        kube.reconcile("restock")
+        first = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+        assert first is not None
+        env = first["spec"]["containers"][0]["env"]
+        assert {"name": "KEELGATE_FAILPOINTS", "value": "after_verify@1"} in env
+        assert "with failpoints after_verify@1" in kube.api.events[-1].message
+        assert kube.run_step("restock") == 137
+        kube.reconcile("restock")
+        retry = kube.api.get("Pod", NAMESPACE, "restock-s1-a2")
+        assert retry is not None
+        env = retry["spec"]["containers"][0]["env"]
+        assert "KEELGATE_FAILPOINTS" not in {e["name"] for e in env}
+        assert kube.status("restock")["failpointsSeen"] == "after_verify@1"
+        # The first pod died after its iteration's last checkpoint: the retry plans the next.
+        assert kube.drive("restock") == [0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        kube.close()
+
+
+def test_a_confirmer_settlement_is_shown_as_a_settled_reconciliation(tmp_path: Path) -> None:
+    """A step pod dies right after its WRITE; the next attempt's confirmer (--confirmer)
+    settles the unknown outcome without the run stopping. The operator shows that decision as
+    a Reconciliation already Settled with source confirmer, tells it in an Event, and the run
+    finishes with the WRITE done once."""
+    pods = StepPodSettings(confirmer="support.operator_tools:OrderBook")
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=pods))
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+        assert kube.drive("restock") == [0, 0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+        shown = kube.api.get("Reconciliation", NAMESPACE, "restock-1-place-order")
+        assert shown is not None
+        assert {k: shown["status"][k] for k in ("phase", "verdict", "source")} == {
+            "phase": "Settled",
+            "verdict": "executed",
+            "source": "confirmer",
+        }
+        told = next(e for e in kube.api.events if e.reason == "Settled")
+        assert told.message.startswith("place_order (1:0) settled as executed by the confirmer ")
+        assert "OutcomeUnknown" not in kube.api.reasons()
+    finally:
+        kube.close()
+
+
+def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Operator) -> None:
+    """A WRITE whose outcome nobody knows: the run stops (no further pod), a Reconciliation
+    named after the run, iteration and tool is made and shown Pending, OutcomeUnknown names it,
+    and a Warning tells people what to settle."""
+    kube.apply("restock", agentrun_spec(tool="lost_write"))
+    assert kube.drive("restock") == [3]
+    status = kube.status("restock")
+    assert (status["phase"], status["stopReason"]) == ("Stopped", "outcome_unknown")
+    made = kube.api.get("Reconciliation", NAMESPACE, "restock-1-lost-write")
+    assert made is not None
+    assert made["status"] == {"phase": "Pending"}
+    assert made["spec"]["action"] == "1:0" and made["spec"]["idempotencyKey"].startswith("kg-")
+    assert kube.condition("restock", "OutcomeUnknown")["message"] == (
+        "lost_write (1:0): see reconciliation restock-1-lost-write"
+    )
+    warning = next(e for e in kube.api.events if e.reason == "OutcomeUnknown")
+    assert warning.message == (
+        "lost_write (1:0) may or may not have run: settle reconciliation restock-1-lost-write"
+    )
+    writes = len(kube.api.writes)
+    assert kube.reconcile("restock") == REST
+    assert len(kube.api.writes) == writes  # made once
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_pending_approval_stops_the_run_and_asks_for_an_approval(kube: Operator) -> None:
+    """A tool that needs approval: the run stops before the call, an Approval is made and
+    shown Pending, AwaitingApproval names it; nothing ran."""
+    kube.apply("restock", agentrun_spec(approval=True))
+    assert kube.drive("restock") == [3]
+    assert kube.status("restock")["stopReason"] == "awaiting_approval"
+    made = kube.api.get("Approval", NAMESPACE, "restock-1-place-order")
+    assert made is not None and made["status"] == {"phase": "Pending"}
+    assert kube.condition("restock", "AwaitingApproval")["status"] == "True"
+    assert kube.api.reasons()[-2:] == ["AwaitingApproval", "Stopped"]
+    assert operator_tools.ORDERS == []
+
+
+def test_a_budget_stop_resumes_when_the_spec_changes(kube: Operator) -> None:
+    """A budget stop is at rest until the spec changes; then one more step runs with the new
+    spec, and the run finishes."""
+    kube.apply("restock", agentrun_spec(budget={"maxIterations": 1}))
+    assert kube.drive("restock") == [0, 3]
+    assert kube.status("restock")["stopReason"] == "max_iterations"
+    assert kube.reconcile("restock") == REST
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"budget": {"maxIterations": 5}})
+    assert kube.drive("restock") == [0]
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_step_pod_gets_the_operators_settings(tmp_path: Path) -> None:
+    """The pod is built from the operator's StepPodSettings (image, command, Secret) and the
+    run's spec, and the spec the pod reads is recorded in the store before the pod exists."""
+    pods = StepPodSettings(image="registry.example/keelgate:1", store_secret="tenant-store")
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=pods))
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        pod = kube.api.get("Pod", NAMESPACE, "restock-s1-a1")
+        assert pod is not None
+        container = pod["spec"]["containers"][0]
+        assert container["image"] == "registry.example/keelgate:1"
+        store = next(e for e in container["env"] if e["name"] == "KEELGATE_STORE")
+        assert store["valueFrom"]["secretKeyRef"]["name"] == "tenant-store"
+        specs = kube.stores.specs
+        assert specs is not None
+        recorded = specs.recorded_spec(NAMESPACE, "restock")
+        assert recorded is not None and recorded.generation == 1
+    finally:
+        kube.close()

@@ -1,0 +1,201 @@
+"""The decision reconciler (Reconciliations and Approvals, one reconciler parametrised by kind),
+without a cluster: a person's edit recorded in the store, shown Settled, the run woken and
+continued (tests/support/operator_rig.py: a fake API server, the real cache, SQLite and real
+``keelgate step`` runs).
+
+What a user would notice if these broke: a settled WRITE repeated or never continued, a denial
+that runs the action anyway, a decision made with ``keelgate reconcile`` overridden by a later
+edit of the object, a refusal that is never told.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keelgate.core.loop import Loop
+from keelgate.core.types import KeyState
+from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, Decided
+from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.testing.deadlines import pass_deadlines
+from support import operator_tools
+from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+
+SETTLE = "restock-1-lost-write"
+APPROVE = "restock-1-place-order"
+
+
+pytestmark = pytest.mark.usefixtures("orders")
+
+
+def unknown_outcome(kube: Operator) -> str:
+    """A run stopped on a WRITE whose outcome nobody knows; the idempotency key it carried."""
+    kube.apply("restock", agentrun_spec(tool="lost_write"))
+    assert kube.drive("restock") == [3]
+    made = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert made is not None
+    return str(made["spec"]["idempotencyKey"])
+
+
+def awaiting_approval(kube: Operator) -> None:
+    kube.apply("restock", agentrun_spec(approval=True))
+    assert kube.drive("restock") == [3]
+    assert kube.api.get("Approval", NAMESPACE, APPROVE) is not None
+
+
+@pytest.mark.parametrize(
+    ("executed", "verdict", "state"),
+    [(True, "executed", KeyState.COMPLETED), (False, "abandoned", KeyState.ABANDONED)],
+)
+def test_a_person_settles_an_unknown_outcome_and_the_run_goes_on(
+    kube: Operator, executed: bool, verdict: str, state: KeyState
+) -> None:
+    """``kubectl patch reconciliation ... executed/by``: the key is settled in the store as the
+    person said, the Reconciliation shows who and how, an Event tells it on the run, the run is
+    woken and finishes, and the WRITE never runs again."""
+    key = unknown_outcome(kube)
+    pass_deadlines(kube.stores)  # "not executed" is taken only once the call can no longer go
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": executed, "by": "alice"})
+    kube.queued.clear()
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None
+    assert (record.state, record.settled_by, record.source) == (state, "alice", "human")
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None
+    assert {k: shown["status"][k] for k in ("phase", "verdict", "source", "settledBy")} == {
+        "phase": "Settled",
+        "verdict": verdict,
+        "source": "human",
+        "settledBy": "alice",
+    }
+    assert kube.api.events[-1].reason == "Settled"
+    assert kube.api.events[-1].message == (
+        f"lost_write (1:0) settled as {verdict} by alice (human): reconciliation {SETTLE}"
+    )
+    assert kube.queued == [(("AgentRun", NAMESPACE, "restock"), 0.0)]
+    assert kube.drive("restock") == [0, 0]  # the iteration settled, then the model's done
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1  # the lost write, once: never repeated
+    writes = len(kube.api.writes)
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST  # Settled: nothing more
+    assert len(kube.api.writes) == writes
+
+
+def test_an_undecided_reconciliation_waits_for_a_person(kube: Operator) -> None:
+    """No ``executed`` yet: nothing is written and the reconcile rests."""
+    unknown_outcome(kube)
+    writes = len(kube.api.writes)
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    assert len(kube.api.writes) == writes
+
+
+def test_a_settlement_made_in_the_store_is_mirrored_and_stands(kube: Operator) -> None:
+    """Settled with ``keelgate reconcile`` (the store) as abandoned by bob, then the object says
+    executed by alice: bob's decision stands, the object shows it, and a DecidedElsewhere
+    Warning tells alice."""
+    unknown_outcome(kube)
+    pass_deadlines(kube.stores)
+    Loop(stores=kube.stores).reconcile(NAMESPACE, "restock", "1:0", executed=False, by="bob")
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": "alice"})
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None
+    assert (shown["status"]["verdict"], shown["status"]["settledBy"]) == ("abandoned", "bob")
+    warning = next(e for e in kube.api.events if e.reason == "DecidedElsewhere")
+    assert (warning.type, warning.about) == ("Warning", "restock")
+    assert warning.message == "1:0 was already settled as abandoned by bob; that decision stands"
+
+
+def test_a_store_settlement_is_found_by_the_run_and_mirrored(kube: Operator) -> None:
+    """Nobody edits the object: the run's reconcile sees the key settled in the store and asks
+    for the Reconciliation's reconcile, which shows it Settled without any spec."""
+    unknown_outcome(kube)
+    Loop(stores=kube.stores).reconcile(NAMESPACE, "restock", "1:0", executed=True, by="bob")
+    kube.queued.clear()
+    kube.reconcile("restock")
+    assert (("Reconciliation", NAMESPACE, SETTLE), 0.0) in kube.queued
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None and shown["status"]["settledBy"] == "bob"
+    assert "DecidedElsewhere" not in kube.api.reasons()
+
+
+def test_a_refused_settlement_is_told_and_tried_again_later(kube: Operator) -> None:
+    """A decision the loop refuses (no actor: ``by`` empty) is told in a SettleRefused Warning
+    on the run, nothing is settled, and the reconcile comes back in ten seconds."""
+    key = unknown_outcome(kube)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": ""})
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == Requeue(10.0)
+    warning = kube.api.events[-1]
+    assert (warning.reason, warning.type, warning.about) == ("SettleRefused", "Warning", "restock")
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None and shown["status"] == {"phase": "Pending"}
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_person_decides_an_approval_and_the_run_goes_on(kube: Operator, approved: bool) -> None:
+    """``kubectl patch approval ... approved/by``: recorded in the run's checkpoint, the Approval
+    shows it Settled, Approved or Denied is told on the run; an approved action runs once, a
+    denied one never."""
+    awaiting_approval(kube)
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": approved, "by": "carol"})
+    assert kube.reconcile(APPROVE, kind="Approval") == REST
+    shown = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert shown is not None
+    verdict = "approved" if approved else "denied"
+    assert {k: shown["status"][k] for k in ("phase", "verdict", "settledBy")} == {
+        "phase": "Settled",
+        "verdict": verdict,
+        "settledBy": "carol",
+    }
+    assert "source" not in shown["status"]
+    event = kube.api.events[-1]
+    assert (event.reason, event.message) == (
+        "Approved" if approved else "Denied",
+        f"place_order (1:0) {verdict} by carol: approval {APPROVE}",
+    )
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == (1 if approved else 0)
+
+
+def test_an_approval_decided_in_the_store_is_mirrored(kube: Operator) -> None:
+    """Approved with ``keelgate approve`` (the store); the object, never edited, shows it."""
+    awaiting_approval(kube)
+    Loop(stores=kube.stores).approve(NAMESPACE, "restock", "1:0", approved=True, by="dave")
+    assert kube.reconcile(APPROVE, kind="Approval") == REST
+    shown = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert shown is not None
+    assert (shown["status"]["verdict"], shown["status"]["settledBy"]) == ("approved", "dave")
+
+
+def test_a_refused_approval_is_told_and_tried_again_later(kube: Operator) -> None:
+    """An approval for an action the run does not wait on is refused by the loop: an
+    ApprovalRefused Warning, nothing recorded, back in ten seconds."""
+    awaiting_approval(kube)
+    kube.api.patch_spec(
+        "Approval", NAMESPACE, APPROVE, {"action": "9:0", "approved": True, "by": "carol"}
+    )
+    assert kube.reconcile(APPROVE, kind="Approval") == Requeue(10.0)
+    assert kube.api.events[-1].reason == "ApprovalRefused"
+    assert Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals == {}
+
+
+def test_a_decision_object_that_is_gone_is_nothing_to_do(kube: Operator) -> None:
+    """A key for an object no longer in the cache (deleted with its run) rests."""
+    assert kube.reconcile("nothing-1-x", kind="Reconciliation") == REST
+    assert kube.reconcile("nothing-1-x", kind="Approval") == REST
+    assert kube.api.writes == []
+
+
+def test_the_two_kinds_differ_only_in_what_their_kind_says() -> None:
+    """The verdicts and the status each kind shows for a decision."""
+    yes, no = Decided(True, "alice", "confirmer"), Decided(False, "bob")
+    assert (RECONCILIATION.verdict(yes), RECONCILIATION.verdict(no)) == ("executed", "abandoned")
+    assert (APPROVAL.verdict(yes), APPROVAL.verdict(no)) == ("approved", "denied")
+    assert RECONCILIATION.status(yes)["source"] == "confirmer"
+    assert RECONCILIATION.status(no)["source"] == "human"
+    assert "source" not in APPROVAL.status(yes)
+    assert (RECONCILIATION.field, APPROVAL.field) == ("executed", "approved")

@@ -1,0 +1,207 @@
+"""The bodies the operator creates (``keelgate.kube.resources``): step pods, Reconciliations,
+Approvals and ticks, and the readers of what it made (owner, tick, pod state).
+
+What a user would notice if these broke: a step pod refused in a namespace enforcing Pod
+Security ``restricted``, a store password or model key copied into a pod spec, a tool's argument
+in an object anyone with view rights reads, a pod that outlives its run, a name that changes
+between two operators (two pods for one step).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from keelgate.core.types import PendingApproval, UnknownAction
+from keelgate.kube import resources
+from keelgate.kube.resources import StepPodSettings
+from keelgate.manifest import spec_from_manifest
+from support.operator_rig import agentrun_spec
+
+RUN: dict[str, Any] = {
+    "apiVersion": "keelgate.dev/v1alpha1",
+    "kind": "AgentRun",
+    "metadata": {"name": "restock", "namespace": "shop", "uid": "u-1", "generation": 2},
+    "spec": agentrun_spec(),
+}
+SECRET_ARG = "gate-code-4417"
+
+
+def pod(**spec_fields: Any) -> dict[str, Any]:
+    spec = spec_from_manifest({**agentrun_spec(), **spec_fields})
+    return resources.step_pod(
+        RUN,
+        spec,
+        name="restock-s3-a2",
+        step=3,
+        attempt=2,
+        generation=2,
+        failpoints="",
+        settings=StepPodSettings(),
+    )
+
+
+def test_a_step_pod_is_hardened_for_pod_security_restricted() -> None:
+    """Non-root 65532, read-only root with a small /tmp, no privilege escalation, no
+    capabilities, RuntimeDefault seccomp, no service-account token, never restarted."""
+    body = pod()
+    spec = body["spec"]
+    container = spec["containers"][0]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": resources.STEP_USER,
+        "runAsGroup": resources.STEP_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_a_step_pod_names_its_run_and_takes_secrets_by_reference() -> None:
+    """The command is ``keelgate step`` for this run; the store URL and the model key come from
+    Secrets by reference, never as values; the pod is owned by the run, labelled with its run,
+    step and attempt, and annotated with the generation it runs."""
+    spec = agentrun_spec()
+    spec["model"] = {
+        "provider": "openai",
+        "name": "gpt-x",
+        "apiKeySecretRef": {"name": "openai", "key": "token"},
+    }
+    body = resources.step_pod(
+        RUN,
+        spec_from_manifest(spec),
+        name="restock-s3-a2",
+        step=3,
+        attempt=2,
+        generation=2,
+        failpoints="after_plan@1",
+        settings=StepPodSettings(
+            image="reg.example/kg:1",
+            confirmer_url="https://orders.example/{idempotencyKey}",
+            extra_env={"B": "2", "A": "1"},
+        ),
+    )
+    container = body["spec"]["containers"][0]
+    assert container["image"] == "reg.example/kg:1"
+    assert container["command"] == ["keelgate"]
+    assert container["args"] == [
+        "step",
+        "--namespace",
+        "shop",
+        "--run",
+        "restock",
+        "--confirmer-url",
+        "https://orders.example/{idempotencyKey}",
+    ]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KEELGATE_STORE"] == {
+        "name": "KEELGATE_STORE",
+        "valueFrom": {"secretKeyRef": {"name": "keelgate-store", "key": "url"}},
+    }
+    assert env["OPENAI_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "openai", "key": "token"}
+    }
+    assert env["KEELGATE_FAILPOINTS"]["value"] == "after_plan@1"
+    assert [e["name"] for e in container["env"]][-2:] == ["A", "B"]
+    meta = body["metadata"]
+    assert meta["labels"]["keelgate.dev/run"] == "restock"
+    assert (meta["labels"]["keelgate.dev/step"], meta["labels"]["keelgate.dev/attempt"]) == (
+        "3",
+        "2",
+    )
+    assert meta["annotations"] == {"keelgate.dev/generation": "2"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": "AgentRun",
+            "name": "restock",
+            "uid": "u-1",
+            "controller": True,
+        }
+    ]
+    assert resources.owned_by(body, "u-1") and not resources.owned_by(body, "u-2")
+    assert resources.controller_name(body) == "restock"
+    assert resources.is_active_step_pod(body)
+
+
+def test_a_step_pod_takes_scheduling_and_resources_from_spec_step() -> None:
+    body = pod(
+        step={
+            "image": "reg.example/custom:2",
+            "resources": {"limits": {"memory": "256Mi"}},
+            "serviceAccountName": "steps",
+            "nodeSelector": {"pool": "agents"},
+            "tolerations": [{"key": "agents", "operator": "Exists"}],
+        }
+    )
+    spec = body["spec"]
+    assert spec["containers"][0]["image"] == "reg.example/custom:2"
+    assert spec["containers"][0]["resources"] == {"limits": {"memory": "256Mi"}}
+    assert spec["serviceAccountName"] == "steps"
+    assert spec["nodeSelector"] == {"pool": "agents"}
+    assert spec["tolerations"] == [{"key": "agents", "operator": "Exists"}]
+
+
+def test_the_same_inputs_build_the_same_pod() -> None:
+    """Pure: a restarted operator builds the pod it intended before it died."""
+    assert pod() == pod()
+
+
+def test_reconciliations_and_approvals_carry_no_arguments() -> None:
+    """What a person edits names the run, the action, the tool and (to settle) the key; no
+    tool argument, since everyone with view rights reads it."""
+    unknown = UnknownAction("3:1", "Place_Order", "kg-abc")
+    settle = resources.reconciliation(RUN, unknown)
+    assert settle["metadata"]["name"] == "restock-3-1-place-order"
+    assert settle["spec"] == {
+        "runName": "restock",
+        "action": "3:1",
+        "tool": "Place_Order",
+        "idempotencyKey": "kg-abc",
+    }
+    approve = resources.approval(RUN, PendingApproval("2:0", "refund"))
+    assert approve["metadata"]["name"] == "restock-2-refund"
+    assert approve["spec"] == {"runName": "restock", "action": "2:0", "tool": "refund"}
+    for body in (settle, approve):
+        assert body["metadata"]["labels"]["keelgate.dev/run"] == "restock"
+        assert resources.owned_by(body, "u-1")
+        assert SECRET_ARG not in json.dumps(body)
+        assert "status" not in body  # a subresource: shown Pending after the create
+    assert not resources.is_settled(settle)
+    assert resources.is_settled({**settle, "status": {"phase": "Settled"}})
+
+
+def test_a_tick_is_a_run_of_its_own_owned_by_its_monitor() -> None:
+    monitor = {**RUN, "metadata": {**RUN["metadata"], "name": "watch"}}
+    tick = resources.tick(monitor, "watch.tick-4")
+    assert tick["metadata"]["name"] == "watch.tick-4"
+    assert tick["metadata"]["labels"]["keelgate.dev/monitor"] == "watch"
+    assert tick["spec"] == monitor["spec"] and tick["spec"] is not monitor["spec"]
+    assert resources.is_tick(tick) and not resources.is_tick(monitor)
+    assert resources.controller_name(tick) == "watch"
+
+
+def test_pod_states_as_the_step_slots_count_them() -> None:
+    """Pending and Running hold a step slot; Succeeded and Failed do not; a pod that is not a
+    step pod never does."""
+    body = pod()
+    for phase, active in (
+        ("Pending", True),
+        ("Running", True),
+        ("Succeeded", False),
+        ("Failed", False),
+    ):
+        shown = {**body, "status": {"phase": phase}}
+        assert resources.is_active_step_pod(shown) is active
+        assert resources.pod_finished(shown) is not active
+    other = {**body, "metadata": {**body["metadata"], "labels": {}}}
+    assert not resources.is_active_step_pod(other)
