@@ -31,10 +31,11 @@ from crashkit import Journal, Rig, World, url_opener
 from keelgate.core.loop import Loop
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, StopReason, idempotency_key
-from keelgate.errors import RunNotFound, SettleError, StoreError
+from keelgate.errors import StoreError
 from keelgate.stores import _sql, open_stores
 from keelgate.stores.postgres import OWNER_SPACE, PRIVILEGES, PostgresStore
 from keelgate.stores.tenancy import TenantStore, scram_verifier
+from keelgate.testing.isolation import ATTACKS, LOOP_ATTACKS, NOTHING, REFUSED, attack
 from keelgate.testing.pgserver import PgServer, start_postgres
 
 pytestmark = pytest.mark.postgres
@@ -185,116 +186,41 @@ def _refused_or_nothing(conn: psycopg.Connection[tuple[Any, ...]], statement: st
     try:
         cursor = conn.execute(statement)  # type: ignore[arg-type]
     except errors.InsufficientPrivilege:
-        return "refused"
+        return REFUSED
     if cursor.description is not None:  # a read: it must see no row
         rows = cursor.fetchall()
         assert rows == [] or rows == [(0,)], f"{statement}: saw {rows}"
-        return "nothing"
+        return NOTHING
     assert cursor.rowcount == 0, f"{statement}: changed {cursor.rowcount} row(s)"
-    return "nothing"
+    return NOTHING
 
 
-def test_a_tenant_reads_and_writes_nothing_of_another_tenant(
+def test_a_tenant_reads_and_changes_nothing_of_another_tenant_and_not_its_own_history(
     shared: Shared, tmp_path: Path
 ) -> None:
-    """With A's URL, every read of B's checkpoints (with their plans and approvals), keys,
-    specs and audit events sees nothing; every insert of a row as B, upsert over B's rows,
-    update and delete of B's rows, move of A's own rows into B, and truncate is refused or
-    touches nothing; and B's rows, read by the administrator, are exactly as before."""
+    """With A's URL (``keelgate.testing.isolation.attack``, the same attack a Python tool makes
+    in A's step pod on the control plane): every read of B's checkpoints (with their plans and
+    approvals), keys, specs and audit events sees nothing; every insert as B, upsert over B's
+    rows, update and delete of B's rows, move of A's own rows into B, rewrite of A's own audit
+    history and change of the rules or of who A is, is refused or touches nothing, each as
+    PostgreSQL must answer it; Keelgate's loop with A's stores cannot settle B's unknown
+    outcome, decide B's approval or write as B. B's rows, read by the administrator, are
+    exactly as before, and B's key still waits for a person."""
     victim = _stop_bs_runs(shared, tmp_path)
     _a_runs_its_own(shared, tmp_path)
     before = _rows_of(shared.admin, shared.ns_b)
     assert all(before[table] for table in DATA_TABLES), "B has rows in every table"
-    b, a = shared.ns_b, shared.ns_a
-    key = victim.unknown_key
-    attacks = {
-        # reads
-        "SELECT count(*) FROM keelgate_checkpoints WHERE tenant <> '{a}'": "nothing",
-        "SELECT * FROM keelgate_checkpoints WHERE state LIKE '%place_order%' AND tenant = '{b}'": (
-            "nothing"
-        ),
-        "SELECT * FROM keelgate_keys WHERE tenant = '{b}'": "nothing",
-        "SELECT * FROM keelgate_specs WHERE tenant = '{b}'": "nothing",
-        "SELECT * FROM keelgate_audit WHERE tenant = '{b}'": "nothing",
-        "SELECT count(*) FROM keelgate_audit WHERE tenant <> '{a}'": "nothing",
-        # inserts as B
-        "INSERT INTO keelgate_checkpoints VALUES ('{b}', 'planted', 1, '{{}}')": "refused",
-        "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-        "VALUES ('{b}', 'kg-planted', 'restock', '9:0', 'place_order', 'completed', NULL)": (
-            "refused"
-        ),
-        "INSERT INTO keelgate_audit VALUES ('{b}', 'restock', 999, 'forged', 'a', 'now', "
-        "'{{}}', NULL, 'x', 'y')": "refused",
-        "INSERT INTO keelgate_specs VALUES ('{b}', 'restock', 'evil', 99, '{{}}')": "refused",
-        # upserts over B's rows (a claim of B's key, a checkpoint written over B's)
-        "INSERT INTO keelgate_checkpoints VALUES ('{b}', 'restock', 999, '{{}}') "
-        "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, state = excluded.state": (
-            "refused"
-        ),
-        "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
-        "VALUES ('{b}', '{key}', 'restock', '1:0', 'place_order', 'in_flight', 1) "
-        "ON CONFLICT DO NOTHING": "refused",
-        # updates of B's rows: a plan or an approval rewritten, a key settled, a spec swapped
-        "UPDATE keelgate_checkpoints SET state = replace(state, 'A1', 'Z9') "
-        "WHERE tenant = '{b}'": "nothing",
-        "UPDATE keelgate_keys SET state = 'completed', settled_by = 'mallory' "
-        "WHERE tenant = '{b}'": "nothing",
-        "UPDATE keelgate_specs SET spec = '{{}}' WHERE tenant = '{b}'": "refused",
-        "UPDATE keelgate_audit SET actor = 'mallory' WHERE tenant = '{b}'": "refused",
-        # deletes of B's rows
-        "DELETE FROM keelgate_checkpoints WHERE tenant = '{b}'": "refused",
-        "DELETE FROM keelgate_keys WHERE tenant = '{b}'": "nothing",
-        "DELETE FROM keelgate_specs WHERE tenant = '{b}'": "refused",
-        "DELETE FROM keelgate_audit WHERE tenant = '{b}'": "refused",
-        # A's own rows moved into B
-        "UPDATE keelgate_checkpoints SET tenant = '{b}' WHERE tenant = '{a}'": "refused",
-        "UPDATE keelgate_keys SET tenant = '{b}' WHERE tenant = '{a}'": "refused",
-        # everything at once
-        "TRUNCATE keelgate_checkpoints": "refused",
-        "TRUNCATE keelgate_audit": "refused",
-    }
-    with _connect(shared.a) as conn:
-        for template, expected in attacks.items():
-            statement = template.format(a=a, b=b, key=key)
-            assert _refused_or_nothing(conn, statement) == expected, statement
+    report = attack(
+        shared.a, victim=shared.ns_b, own=shared.ns_a, key=victim.unknown_key, run="restock"
+    )
+    assert report.role == f"keelgate-{shared.ns_a}"
+    assert report.breaches == {}
+    expected = {name: outcome for name, _, outcome in ATTACKS}
+    expected.update({name: REFUSED for name, _ in LOOP_ATTACKS})
+    assert dict(report.outcomes) == expected
+    waiting = attack(shared.a, victim=shared.ns_b, own=shared.ns_a, run="approve-me")
+    assert waiting.breaches == {}
     assert _rows_of(shared.admin, shared.ns_b) == before
-
-
-def test_a_tenant_cannot_settle_or_decide_for_another_through_keelgate(
-    shared: Shared, tmp_path: Path
-) -> None:
-    """Through Keelgate's own stores and loop with A's URL: B's runs are not there (no run,
-    no checkpoint, no events, no key), settling B's unknown outcome or deciding B's approval
-    finds nothing to settle, and saving, appending, claiming or recording as B is refused
-    by the server. B's key is still unknown and B's approval still pending afterwards."""
-    victim = _stop_bs_runs(shared, tmp_path)
-    stores = open_stores(shared.a)
-    try:
-        loop = Loop(stores=stores)
-        b = shared.ns_b
-        assert stores.checkpoints.runs() == []
-        assert stores.checkpoints.load(b, "restock") is None
-        assert stores.audit.events(b, "restock") == []
-        assert stores.idempotency.get(b, victim.unknown_key) is None
-        assert stores.specs is not None and stores.specs.recorded_spec(b, "restock") is None
-        with pytest.raises(SettleError):
-            stores.idempotency.settle(b, victim.unknown_key, executed=True, by="a", source="human")
-        with pytest.raises(RunNotFound):
-            loop.reconcile(b, "restock", "1:0", executed=False, by="mallory")
-        with pytest.raises(RunNotFound):
-            loop.approve(b, "approve-me", "1:0", approved=True, by="mallory")
-        with pytest.raises(StoreError, match="row-level security"):
-            stores.checkpoints.save(b, "restock", 99, {"planted": True})
-        with pytest.raises(StoreError, match="row-level security"):
-            stores.idempotency.claim(b, "kg-x", run="restock", action="9:0", tool="place_order")
-        with pytest.raises(StoreError, match="permission denied for table keelgate_specs"):
-            stores.specs.record_spec(b, "restock", {"evil": 1}, source="x", generation=99)
-        from keelgate.core.audit import AuditDraft
-
-        with pytest.raises(StoreError, match="row-level security"):
-            stores.audit.append(b, "restock", [AuditDraft("forged", {"by": "mallory"})])
-    finally:
-        stores.close()
     seen = open_stores(shared.admin)
     try:
         record = seen.idempotency.get(shared.ns_b, victim.unknown_key)
@@ -313,12 +239,9 @@ def test_bs_runs_finish_with_each_write_once_and_a_verified_trail_after_the_atta
     Approval; B's own role finishes both runs: each order was placed exactly once, and
     `keelgate audit --verify` with B's URL passes for both."""
     victim = _stop_bs_runs(shared, tmp_path)
-    with _connect(shared.a) as conn:
-        for statement in (
-            f"UPDATE keelgate_keys SET state = 'abandoned' WHERE tenant = '{shared.ns_b}'",
-            f"DELETE FROM keelgate_keys WHERE tenant = '{shared.ns_b}'",
-        ):
-            assert _refused_or_nothing(conn, statement) == "nothing"
+    for run, key in (("restock", victim.unknown_key), ("approve-me", victim.approval_key)):
+        report = attack(shared.a, victim=shared.ns_b, own=shared.ns_a, key=key, run=run)
+        assert report.breaches == {}
     operator = open_stores(shared.operator)
     try:
         loop = Loop(stores=operator)
@@ -342,57 +265,24 @@ def test_bs_runs_finish_with_each_write_once_and_a_verified_trail_after_the_atta
         assert "chain verified" in verified.stdout
 
 
-def test_a_tenant_cannot_alter_its_own_audit_history(shared: Shared, tmp_path: Path) -> None:
-    """A may only append to its chains: updating, deleting or truncating its own audit
-    events is refused by the server, and its chain still verifies."""
-    _a_runs_its_own(shared, tmp_path)
-    with _connect(shared.a) as conn:
-        for statement in (
-            f"UPDATE keelgate_audit SET data = '{{}}' WHERE tenant = '{shared.ns_a}'",
-            f"DELETE FROM keelgate_audit WHERE tenant = '{shared.ns_a}'",
-            f"DELETE FROM keelgate_audit WHERE tenant = '{shared.ns_a}' AND seq = "
-            f"(SELECT max(seq) FROM keelgate_audit WHERE tenant = '{shared.ns_a}')",
-            "TRUNCATE keelgate_audit",
-        ):
-            assert _refused_or_nothing(conn, statement) == "refused", statement
-    verified = _keelgate("audit", "mine", "-n", shared.ns_a, "--verify", store=shared.a)
-    assert verified.returncode == 0 and "chain verified" in verified.stdout
-
-
-def test_a_tenant_cannot_change_the_rules_or_who_it_is(shared: Shared, tmp_path: Path) -> None:
-    """The policies, the role lookup and the session's identity are out of A's reach: it
-    cannot switch row-level security off, drop or add a policy, write the lookup, become
-    another role, or shadow the lookup with a temporary table of its own name (the policies
-    were bound to the real table when made); it cannot create tables beside Keelgate's. Its
-    own runs' recorded specs are the operator's to write, not its own."""
+def test_a_tenant_cannot_forge_who_it_is(shared: Shared, tmp_path: Path) -> None:
+    """What a session may set for itself changes nothing: a setting named like a tenant, and
+    a temporary table shadowing the role lookup (the policies were bound to the real table
+    when made) leave A seeing its own rows only; its own row in the lookup is all it reads."""
     _stop_bs_runs(shared, tmp_path)
     a, b = shared.ns_a, shared.ns_b
-    b_role = shared.b.split("://", 1)[1].split(":", 1)[0]
     with _connect(shared.a) as conn:
-        for statement in (
-            "ALTER TABLE keelgate_keys DISABLE ROW LEVEL SECURITY",
-            "DROP POLICY keelgate_keys_read ON keelgate_keys",
-            "CREATE POLICY everything ON keelgate_keys USING (true)",
-            f"INSERT INTO keelgate_tenants VALUES (current_user, '{b}', 'tenant', 'now')",
-            f"UPDATE keelgate_tenants SET tenant = '{b}'",
-            "UPDATE keelgate_tenants SET kind = 'operator'",
-            "DELETE FROM keelgate_tenants",
-            f'SET ROLE "{b_role}"',
-            "SET ROLE postgres",
-            "SET SESSION AUTHORIZATION postgres",
-            "CREATE TABLE keelgate_mine (id int)",
-            f"INSERT INTO keelgate_specs VALUES ('{a}', 'mine', 'self', 1, '{{}}')",
-            "INSERT INTO keelgate_schema VALUES (99, 'forged', 'now')",
-        ):
-            assert _refused_or_nothing(conn, statement) == "refused", statement
-        # The session's own settings are its own to forge; nothing reads them.
         conn.execute("SELECT set_config('keelgate.tenant', %s, false)", (b,))
         conn.execute("CREATE TEMP TABLE keelgate_tenants (role text, tenant text, kind text)")
         conn.execute("INSERT INTO keelgate_tenants VALUES (current_user, %s, 'operator')", (b,))
         assert conn.execute("SELECT count(*) FROM keelgate_keys").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM keelgate_checkpoints").fetchone() == (0,)
         own = conn.execute("SELECT tenant, kind FROM public.keelgate_tenants").fetchall()
-        assert own == [(a, "tenant")]  # its own row, and no other
+        assert own == [(a, "tenant")]
+        spec = f"INSERT INTO keelgate_specs VALUES ('{a}', 'mine', 'self', 1, '{{}}')"
+        assert _refused_or_nothing(conn, spec) == REFUSED  # specs are the operator's to write
+    verified = _keelgate("audit", "restock", "-n", b, "--verify", store=shared.b)
+    assert verified.returncode == 0 and "chain verified" in verified.stdout
 
 
 def test_the_operators_role_reads_every_tenant_and_writes_only_what_the_operator_writes(
@@ -431,7 +321,7 @@ def test_the_operators_role_reads_every_tenant_and_writes_only_what_the_operator
             f"INSERT INTO keelgate_tenants VALUES ('x', '{b}', 'tenant', 'now')",
             "DELETE FROM keelgate_tenants",
         ):
-            assert _refused_or_nothing(conn, statement) == "refused", statement
+            assert _refused_or_nothing(conn, statement) == REFUSED, statement
 
 
 def _role_of(url: str) -> str:
@@ -451,9 +341,9 @@ def test_a_role_the_store_does_not_know_sees_nothing(shared: Shared, tmp_path: P
     host = shared.admin.rsplit("@", 1)[1]
     with _connect(f"postgresql://{stranger}:pw-1@{host}") as conn:
         assert conn.execute("SELECT count(*) FROM keelgate_keys").fetchone() == (0,)
-        assert _refused_or_nothing(conn, "DELETE FROM keelgate_keys") == "nothing"
+        assert _refused_or_nothing(conn, "DELETE FROM keelgate_keys") == NOTHING
         planted = f"INSERT INTO keelgate_checkpoints VALUES ('{shared.ns_b}', 'p', 1, '{{}}')"
-        assert _refused_or_nothing(conn, planted) == "refused"
+        assert _refused_or_nothing(conn, planted) == REFUSED
 
 
 def test_every_keelgate_table_has_row_level_security_and_the_grants_of_its_kind(
