@@ -18,7 +18,6 @@ from typing import Any
 import psycopg
 import pytest
 from keelgate.core.types import idempotency_key
-from keelgate.testing.isolation import ATTACKS, LOOP_ATTACKS, REFUSED
 
 from keelgate_e2e import keelgate as kg
 from keelgate_e2e import runs
@@ -153,12 +152,9 @@ def test_a_python_tool_in_a_tenants_step_pod_reads_and_changes_nothing_of_anothe
     wait_phase(admin, a, "prober", "Succeeded", timeout=180)
     reports = _reports(cluster.dsn, a, "prober")
     assert len(reports) == 2, reports
-    expected = {name: outcome for name, _, outcome in ATTACKS}
-    expected.update({name: REFUSED for name, _ in LOOP_ATTACKS})
     for report in reports:
         assert report["role"] == f"keelgate-{a}"
-        assert report["breaches"] == {}
-        assert report["outcomes"] == expected
+        assert report["breaches"] == {} and report["unexpected"] == {}, report["outcomes"]
     assert _rows(cluster.dsn, b) == before
     pods = admin.get(f"/api/v1/namespaces/{a}/pods")["items"]
     env = [e for p in pods for c in p["spec"]["containers"] for e in c.get("env", [])]

@@ -26,10 +26,13 @@ from typing import Any
 #: What PostgreSQL may answer to an attack: it refused it (a privilege or a row-level security
 #: policy), or the statement touched no row. Anything else is a breach.
 REFUSED, NOTHING = "refused", "nothing"
+MOVED = f"{REFUSED} or {NOTHING}"  # an attack on the attacker's own rows, which it may not have
 
-# (name, statement, what PostgreSQL must do). ``{victim}``, ``{own}`` and ``{key}`` are filled
-# in as SQL literals. "refused" where the role holds no such right at all; "nothing" where it
-# holds the right for its own rows and the policies leave it no row of the victim's.
+# (name, statement, what PostgreSQL must answer). ``{victim}``, ``{own}`` and ``{key}`` are
+# filled in as SQL literals, ``{superuser}`` as a name. "refused" where the role holds no such
+# right at all, or a policy refuses the row it would write; "nothing" where it holds the right for
+# its own rows and the policies leave it no row of the victim's. Moving its own rows is refused
+# when it has some (a policy), and touches nothing when it has none.
 ATTACKS: tuple[tuple[str, str, str], ...] = (
     # reads
     (
@@ -112,9 +115,9 @@ ATTACKS: tuple[tuple[str, str, str], ...] = (
     (
         "move own checkpoints",
         "UPDATE keelgate_checkpoints SET tenant = {victim} WHERE tenant = {own}",
-        REFUSED,
+        MOVED,
     ),
-    ("move own keys", "UPDATE keelgate_keys SET tenant = {victim} WHERE tenant = {own}", REFUSED),
+    ("move own keys", "UPDATE keelgate_keys SET tenant = {victim} WHERE tenant = {own}", MOVED),
     # its own history
     (
         "rewrite own audit events",
@@ -167,8 +170,26 @@ class Report:
         """The attacks that saw or changed a row: empty when the tenants are apart."""
         return {k: v for k, v in self.outcomes.items() if v not in (REFUSED, NOTHING)}
 
+    @property
+    def unexpected(self) -> dict[str, str]:
+        """The attacks PostgreSQL (or the loop) did not answer as ``ATTACKS`` and
+        ``LOOP_ATTACKS`` say it must: a breach, or a refusal where nothing was expected (a
+        right the role should have), or the other way round."""
+        wanted = {name: outcome for name, _, outcome in ATTACKS}
+        wanted.update({name: REFUSED for name, _ in LOOP_ATTACKS})
+        return {
+            name: self.outcomes.get(name, "NOT TRIED")
+            for name, outcome in wanted.items()
+            if self.outcomes.get(name) not in outcome.split(" or ")
+        }
+
     def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "outcomes": dict(self.outcomes), "breaches": self.breaches}
+        return {
+            "role": self.role,
+            "outcomes": dict(self.outcomes),
+            "breaches": self.breaches,
+            "unexpected": self.unexpected,
+        }
 
 
 def attack(url: str, *, victim: str, own: str, key: str = "", run: str = "victim") -> Report:
