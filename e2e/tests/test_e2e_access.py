@@ -280,12 +280,14 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_n
         def admitted(name: str, **given: str) -> subprocess.CompletedProcess[str]:
             return alice("apply", "-f", "-", stdin=_run(name, **given), check=False)
 
-        probe = "registry.example/agent-evil:1"
-        wait_for(
-            lambda: "is not an allowed step image" in admitted("probe", image=probe).stderr,
-            timeout=30,
-            what="the allowlist policy to take effect",
-        )
+        def held() -> bool:
+            # A dry run is admitted or refused like a create, and leaves nothing behind (an
+            # object created before the policy took effect would be "unchanged" ever after).
+            probe = _run("probe", image="registry.example/agent-evil:1")
+            tried = alice("create", "--dry-run=server", "-f", "-", stdin=probe, check=False)
+            return "is not an allowed step image" in tried.stderr
+
+        wait_for(held, timeout=30, what="the allowlist policy to take effect")
         for name, image in (
             ("prefixed", "ghcr.io/keelgate/keelgate:0.1.0"),
             ("tagged", "registry.example/agent:2"),
