@@ -155,14 +155,20 @@ def add_command(
 ) -> int:
     """Give NAMESPACE its own database role (created with a generated password, granted only
     its rows) and write the URL into its Secret. Run again, it changes nothing that works."""
-    from keelgate.stores.tenancy import check_host, check_namespace, check_role, default_role
+    from keelgate.stores.tenancy import (
+        check_host,
+        check_namespace,
+        check_role,
+        default_role,
+        role_url,
+    )
 
     kind = "operator" if operator else "tenant"
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
     check_host(host)
     cluster = None
-    working = ""
+    working = current_url = ""
     exists = False
     if not print_url:
         # The cluster first: a namespace that is not there, or a user who may not write its
@@ -176,7 +182,8 @@ def add_command(
             )
         current = cluster.read(secret)
         exists = current is not None
-        working = _password_of(cluster.url_of(current), role or default_role(namespace, kind))
+        current_url = cluster.url_of(current)
+        working = _password_of(current_url, role or default_role(namespace, kind))
     with _admin(store) as admin:
         added = admin.add(
             namespace,
@@ -192,8 +199,10 @@ def add_command(
     password = "a new password" if added.password else "its password unchanged"
     where = ""
     if cluster is not None:
-        if added.password:
-            cluster.write(secret, added.url, role, exists=exists)
+        # A password that works is kept; the URL around it is written as asked (a new --host).
+        url = added.url or role_url(store, role, working, host=host)
+        if url != current_url:
+            cluster.write(secret, url, role, exists=exists)
             where = f"; Secret {namespace}/{secret} {'updated' if exists else 'written'} (key url)"
         else:
             where = f"; Secret {namespace}/{secret} unchanged"
