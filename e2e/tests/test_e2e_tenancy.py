@@ -204,3 +204,78 @@ def test_the_step_pods_store_url_logs_in_as_the_tenants_role_only(
             psycopg.connect(url, connect_timeout=5).close()
     assert operator.store_url.split("@", 1)[0] != cluster.dsn.split("@", 1)[0]
     assert "keelgate-operator:" in operator.store_url
+
+
+def test_keelgate_tenant_add_list_remove_with_the_namespaces_secret(
+    admin: Kube, namespace: str, cluster: Cluster, keelgate_installed: None
+) -> None:
+    """`keelgate tenant add NS` as a user of the cluster (kubeconfig context admin) writes the
+    namespace's Secret with the role's URL, and run again leaves it unchanged; a new --host is
+    written with the same password; --rotate sets a new one (the old URL no longer logs in) and
+    keeps the Secret's host.
+    alice, who may not write Secrets there, is refused in one line before the database
+    changes. `tenant list` names the role; `tenant remove` drops it and deletes the Secret. No
+    output shows a password."""
+    keelgate = str(Path(sys.executable).parent / "keelgate")
+    env = {"KEELGATE_STORE": cluster.dsn, "KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin"}
+
+    def run(*args: str, context: str = "admin") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [keelgate, "tenant", *args, "--context", context] if args[0] != "list"
+            else [keelgate, "tenant", *args],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    role = f"keelgate-{namespace}"
+    outputs = []
+    refused = run("add", namespace, context="alice")
+    outputs.append(refused)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "secret" in refused.stderr.lower()
+    first = run("add", namespace)
+    outputs.append(first)
+    assert first.returncode == 0, first.stderr
+    assert f"role {role} created" in first.stdout
+    assert f"Secret {namespace}/keelgate-store written" in first.stdout
+    url = kg.store_url(admin, namespace)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (role,)
+    again = run("add", namespace)
+    outputs.append(again)
+    assert again.returncode == 0 and "unchanged" in again.stdout and "kept" in again.stdout
+    assert kg.store_url(admin, namespace) == url
+    moved = run("add", namespace, "--host", "db.example:6432")
+    outputs.append(moved)
+    assert moved.returncode == 0 and "password unchanged" in moved.stdout
+    assert kg.store_url(admin, namespace) == url.replace(
+        url.rsplit("@", 1)[1].split("/")[0], "db.example:6432"
+    )
+    rotated = run("add", namespace, "--rotate")  # the Secret's host is kept
+    outputs.append(rotated)
+    assert rotated.returncode == 0 and "a new password" in rotated.stdout
+    new_url = kg.store_url(admin, namespace)
+    assert "@db.example:6432/" in new_url
+    assert kg.password_of(new_url) != kg.password_of(url)
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(url, connect_timeout=5).close()
+    here = url.rsplit("@", 1)[1].split("/")[0]
+    with psycopg.connect(new_url.replace("db.example:6432", here)) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (role,)
+    listed = run("list")
+    outputs.append(listed)
+    assert any(
+        line.split()[:3] == [namespace, role, "tenant"] for line in listed.stdout.splitlines()
+    )
+    removed = run("remove", namespace)
+    outputs.append(removed)
+    assert removed.returncode == 0, removed.stderr
+    assert f"role {role} dropped" in removed.stdout and "Secret" in removed.stdout
+    assert not admin.exists(f"/api/v1/namespaces/{namespace}/secrets/keelgate-store")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(
+            new_url.replace("db.example:6432", url.rsplit("@", 1)[1].split("/")[0]),
+            connect_timeout=5,
+        ).close()
+    passwords = (kg.STORE_PASSWORD, kg.password_of(url), kg.password_of(new_url))
+    for done in outputs:
+        assert all(p not in done.stdout + done.stderr for p in passwords)

@@ -96,6 +96,16 @@ def _password_of(url: str, role: str) -> str:
     return unquote(parts.password or "")
 
 
+def _host_of(url: str) -> str:
+    """The HOST:PORT part of a URL ("" if it has none)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).netloc.rpartition("@")[2]
+    except ValueError:
+        return ""
+
+
 @dataclass(frozen=True)
 class _Said:
     """One command's result, for a person and as JSON."""
@@ -146,7 +156,8 @@ def add_command(
         str,
         typer.Option(
             "--host",
-            help="HOST[:PORT] step pods reach the database at, if not the administrator URL's.",
+            help="HOST[:PORT] step pods reach the database at (default: the Secret's, else "
+            "the administrator URL's).",
         ),
     ] = "",
     kubeconfig: KubeconfigOption = None,
@@ -184,6 +195,8 @@ def add_command(
         exists = current is not None
         current_url = cluster.url_of(current)
         working = _password_of(current_url, role or default_role(namespace, kind))
+        # Where the pods reach the database stays as the Secret says, unless --host changes it.
+        host = host or _host_of(current_url)
     with _admin(store) as admin:
         added = admin.add(
             namespace,
@@ -206,7 +219,7 @@ def add_command(
             where = f"; Secret {namespace}/{secret} {'updated' if exists else 'written'} (key url)"
         else:
             where = f"; Secret {namespace}/{secret} unchanged"
-    kind_words = "the operator's role" if operator else f"tenant {namespace}"
+    kind_words = "operator" if operator else f"tenant {namespace}"
     line = f"{kind_words}: role {role} {made}, with {password}{where}"
     if print_url:
         Console().err.print(line, markup=False, highlight=False)
