@@ -139,12 +139,7 @@ def _stop_bs_runs(shared: Shared, tmp_path: Path) -> Victim:
     finally:
         rig.die()
     asking = World(world.journal, approval=frozenset({"place_order"}))
-    rig = Rig(url_opener(shared.b), asking, ORDER)
-    try:
-        waiting = rig.loop.run_or_resume(approval)
-        assert waiting.stop.reason is StopReason.AWAITING_APPROVAL, waiting.to_json()
-    finally:
-        rig.die()
+    _run_to(shared.b, asking, approval, StopReason.AWAITING_APPROVAL)
     args = {"sku": "A1", "qty": 20}
     return Victim(
         world,
@@ -159,13 +154,19 @@ def _a_runs_its_own(shared: Shared, tmp_path: Path) -> World:
     """A runs a restock of its own to the end, with its own role: a tenant's role can do
     everything a run needs (claims, completions, checkpoints, audit appends, liveness)."""
     world = World(Journal(tmp_path / "a-world.jsonl", fsync=False))
-    rig = Rig(url_opener(shared.a), world, ORDER)
+    _run_to(shared.a, world, _spec(shared.ns_a, "mine"), StopReason.GOAL_MET)
+    return world
+
+
+def _run_to(url: str, world: World, spec: LoopSpec, reason: StopReason) -> None:
+    """Run or resume ``spec`` with ``url``'s stores (a process of its own) to a stop for
+    ``reason``."""
+    rig = Rig(url_opener(url), world, ORDER)
     try:
-        done = rig.loop.run_or_resume(_spec(shared.ns_a, "mine"))
-        assert done.stop.reason is StopReason.GOAL_MET, done.to_json()
+        stopped = rig.loop.run_or_resume(spec)
+        assert stopped.stop.reason is reason, stopped.to_json()
     finally:
         rig.die()
-    return world
 
 
 def _rows_of(url: str, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -250,12 +251,7 @@ def test_bs_runs_finish_with_each_write_once_and_a_verified_trail_after_the_atta
         operator.close()
     asking = World(victim.world.journal, approval=frozenset({"place_order"}))
     for spec, world in ((victim.unknown, victim.world), (victim.approval, asking)):
-        rig = Rig(url_opener(shared.b), world, ORDER)
-        try:
-            done = rig.loop.run_or_resume(spec)
-            assert done.stop.reason is StopReason.GOAL_MET, done.to_json()
-        finally:
-            rig.die()
+        _run_to(shared.b, world, spec, StopReason.GOAL_MET)
     assert dict(victim.world.effects()) == {victim.unknown_key: 1, victim.approval_key: 1}
     for run in ("restock", "approve-me"):
         verified = _keelgate("audit", run, "-n", shared.ns_b, "--verify", store=shared.b)
