@@ -214,7 +214,8 @@ def test_keelgate_tenant_add_list_remove_with_the_namespaces_secret(
     written with the same password; --rotate sets a new one (the old URL no longer logs in) and
     keeps the Secret's host.
     alice, who may not write Secrets there, is refused in one line before the database
-    changes. `tenant list` names the role; `tenant remove` drops it and deletes the Secret. No
+    changes, and so is a namespace that does not exist (naming NAMESPACE). `tenant list` names
+    the role; `tenant remove` drops it and deletes the Secret. No
     output shows a password."""
     keelgate = str(Path(sys.executable).parent / "keelgate")
     env = {"KEELGATE_STORE": cluster.dsn, "KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin"}
@@ -232,6 +233,10 @@ def test_keelgate_tenant_add_list_remove_with_the_namespaces_secret(
     outputs.append(refused)
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.count("\n") == 1 and "secret" in refused.stderr.lower()
+    nowhere = run("add", f"{namespace[:40]}-nowhere")
+    outputs.append(nowhere)
+    assert nowhere.returncode == 2
+    assert nowhere.stderr.startswith("keelgate: error: NAMESPACE: no namespace"), nowhere.stderr
     first = run("add", namespace)
     outputs.append(first)
     assert first.returncode == 0, first.stderr
@@ -263,9 +268,9 @@ def test_keelgate_tenant_add_list_remove_with_the_namespaces_secret(
         assert conn.execute("SELECT current_user").fetchone() == (role,)
     listed = run("list")
     outputs.append(listed)
-    assert any(
-        line.split()[:3] == [namespace, role, "tenant"] for line in listed.stdout.splitlines()
-    )
+    rows = [line.split()[:3] for line in listed.stdout.splitlines()]
+    assert [namespace, role, "tenant"] in rows
+    assert not any(row[0].endswith("-nowhere") for row in rows)  # refused before the database
     removed = run("remove", namespace)
     outputs.append(removed)
     assert removed.returncode == 0, removed.stderr

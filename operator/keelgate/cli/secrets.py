@@ -14,6 +14,7 @@ import contextlib
 from kubernetes import client
 
 from keelgate.cli.plugin.client import FIELD_MANAGER, ClusterClient, NotFound
+from keelgate.errors import InputError
 
 #: Marks a Secret ``keelgate tenant add`` wrote, and the role its URL logs in as.
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -24,13 +25,6 @@ ROLE_ANNOTATION = "keelgate.dev/store-role"
 class StoreSecrets(ClusterClient):
     """The one Secret ``keelgate tenant`` writes in a namespace (the plugin itself never reads
     Secrets); its data is never shown."""
-
-    def namespace_exists(self) -> bool:
-        try:
-            self._call(f"namespace {self.namespace}", self.core.read_namespace, self.namespace)
-        except NotFound:
-            return False
-        return True
 
     def read(self, name: str) -> client.V1Secret | None:
         try:
@@ -44,7 +38,20 @@ class StoreSecrets(ClusterClient):
             return None
         return found
 
-    def write(self, name: str, url: str, role: str, *, exists: bool) -> None:
+    def write(self, name: str, url: str, role: str, *, exists: bool, dry_run: bool = False) -> None:
+        """Create the Secret or patch its ``url`` (and the marks). ``dry_run``: only ask the API
+        server whether it would (the namespace exists, the user may), changing nothing; a
+        namespace that does not exist is refused naming NAMESPACE."""
+        try:
+            self._write(name, url, role, exists=exists, dry_run=dry_run)
+        except NotFound:
+            raise InputError(
+                "NAMESPACE",
+                f"no namespace {self.namespace} in the cluster ({self.target.where}); create "
+                "it first",
+            ) from None
+
+    def _write(self, name: str, url: str, role: str, *, exists: bool, dry_run: bool) -> None:
         metadata = {
             "name": name,
             "labels": {MANAGED_BY: MANAGER},
@@ -52,6 +59,7 @@ class StoreSecrets(ClusterClient):
         }
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque"}
         what = f"write secret {self.namespace}/{name}"
+        dry = {"dry_run": "All"} if dry_run else {}
         if exists:
             # A merge patch: the url key and the marks change; other keys are left alone.
             self._call(
@@ -62,6 +70,7 @@ class StoreSecrets(ClusterClient):
                 {"metadata": metadata, "stringData": {"url": url}},
                 field_manager=FIELD_MANAGER,
                 writes=True,
+                **dry,
             )
         else:
             self._call(
@@ -71,6 +80,7 @@ class StoreSecrets(ClusterClient):
                 {**body, "stringData": {"url": url}},
                 field_manager=FIELD_MANAGER,
                 writes=True,
+                **dry,
             )
 
     def delete(self, name: str) -> None:

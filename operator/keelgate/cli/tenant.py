@@ -60,8 +60,8 @@ KubeconfigOption = Annotated[
 ContextOption = Annotated[str | None, typer.Option("--context", help="The kubeconfig context.")]
 
 
-def _admin(store: str) -> TenantStore:
-    """The administrator's session on the store (PostgreSQL only)."""
+def _check_admin_url(store: str) -> None:
+    """Refuse an administrator URL that cannot be one, before anything is contacted."""
     if not store:
         raise InputError("--store", "give the store's administrator URL (or KEELGATE_STORE)")
     check_store_url(store)
@@ -70,6 +70,11 @@ def _admin(store: str) -> TenantStore:
             "--store",
             "tenant roles exist in PostgreSQL only (a SQLite file has one user: its file's)",
         )
+
+
+def _admin(store: str) -> TenantStore:
+    """The administrator's session on the store (PostgreSQL only)."""
+    _check_admin_url(store)
     from keelgate.stores.tenancy import TenantStore
 
     return TenantStore(store)
@@ -175,6 +180,7 @@ def add_command(
     )
 
     kind = "operator" if operator else "tenant"
+    _check_admin_url(store)
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
     check_host(host)
@@ -185,18 +191,17 @@ def add_command(
         # The cluster first: a namespace that is not there, or a user who may not write its
         # Secrets, stops the command before the database changes.
         cluster = _cluster(kubeconfig, context, namespace)
-        if not cluster.namespace_exists():
-            raise InputError(
-                "NAMESPACE",
-                f"no namespace {namespace} in the cluster ({cluster.target.where}); create it "
-                "first",
-            )
+        chosen = role or default_role(namespace, kind)
         current = cluster.read(secret)
         exists = current is not None
         current_url = cluster.url_of(current)
-        working = _password_of(current_url, role or default_role(namespace, kind))
+        working = _password_of(current_url, chosen)
         # Where the pods reach the database stays as the Secret says, unless --host changes it.
         host = host or _host_of(current_url)
+        # A dry run of the write (no password in it): the API server says whether it would.
+        cluster.write(
+            secret, role_url(store, chosen, "x", host=host), chosen, exists=exists, dry_run=True
+        )
     with _admin(store) as admin:
         added = admin.add(
             namespace,
@@ -261,12 +266,13 @@ def remove_command(
     `tenant add` wrote. Its runs, keys, audit trails and specs stay in the store."""
     from keelgate.stores.tenancy import check_namespace
 
+    _check_admin_url(store)
     check_namespace(namespace)
     cluster = None
     current = None
     if not keep_secret:
         cluster = _cluster(kubeconfig, context, namespace)
-        current = cluster.read(secret) if cluster.namespace_exists() else None
+        current = cluster.read(secret)  # none in a namespace that is not there
     with _admin(store) as admin:
         removed = admin.remove(namespace)
         kept = admin.kept(namespace)
