@@ -36,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A running local cluster: etcd, API server, controller-manager, scheduler, node agent."""
     run_dir = tmp_path_factory.mktemp("cluster")
-    started = Cluster(run_dir, postgres=True)
+    started = Cluster(run_dir, postgres=True, pg_password=kg.STORE_PASSWORD)
     started.start()
     yield started
     started.stop()
@@ -125,9 +125,10 @@ def operator(operator_process: kg.OperatorPod) -> kg.OperatorPod:
 
 @pytest.fixture
 def tenant(admin: Kube, namespace: str, cluster: Cluster, keelgate_installed: None) -> str:
-    """The test's namespace as a Keelgate tenant: the store Secret step pods read, and `alice`
-    holding the built-in `edit` role there (bob holds nothing)."""
-    kg.store_secret(admin, namespace, kg.secret_dsn(cluster))
+    """The test's namespace as a Keelgate tenant: its own database role and the store Secret
+    step pods read (`keelgate tenant add`), and `alice` holding the built-in `edit` role there
+    (bob holds nothing)."""
+    kg.add_tenant(cluster, namespace)
     admin.create(
         f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
         {

@@ -33,6 +33,7 @@ import yaml
 
 from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
 from keelgate.cli import main
+from keelgate.cli import tenant as _tenant  # noqa: F401 - registers tenant add|remove|list
 from keelgate.cli.commands import app
 from keelgate.cli.plugin.commands import app as plugin_app
 from keelgate.kube.naming import action_object_name
@@ -89,12 +90,13 @@ def test_every_keelgate_command_in_the_docs_exists(page: str, line: str) -> None
     typer_app, args = found
     group = typer.main.get_command(typer_app)
     assert isinstance(group, typer.core.TyperGroup)
-    if args[0].startswith("-"):
-        known = {opt for p in group.params for opt in [*p.opts, *p.secondary_opts]}
-    else:
-        command = group.commands.get(args[0])
-        assert command is not None, f"{page}: no {args[0]} command"
-        known = {opt for p in command.params for opt in [*p.opts, *p.secondary_opts]}
+    command: Any = group
+    while isinstance(command, typer.core.TyperGroup) and args and not args[0].startswith("-"):
+        # A command group (`keelgate tenant add`): down to the command itself.
+        found_command = command.commands.get(args[0])
+        assert found_command is not None, f"{page}: no {args[0]} command"
+        command, args = found_command, args[1:]
+    known = {opt for p in command.params for opt in [*p.opts, *p.secondary_opts]}
     given = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     assert given <= known, f"{page}: {line}: unknown {sorted(given - known)}"
 

@@ -1,17 +1,20 @@
 """An operator upgrade never strands a run in flight: stores and checkpoints written by the
 previous release open, migrate and run with today's code.
 
-The fixtures in ``data/release-8b37f73/`` were written by that release's own code
-(``make_fixture.py`` says how): a SQLite file and a PostgreSQL script holding three runs stopped
+The fixtures in ``data/release-*/`` were written by those releases' own code (each
+``make_fixture.py`` says how): a SQLite file and a PostgreSQL script holding three runs stopped
 mid-way (an unknown outcome, a budget stop with its plan saved, a max_iterations stop), the
-shop's journal of what really happened, and one checkpoint document. Every test works on copies.
-Also here: numbered migrations run once, in order, atomically and under a lock, and a store or a
-checkpoint newer than this code is refused in one line.
+shop's journal of what really happened, and (8b37f73) one checkpoint document. 8b37f73 is the
+last release before schema versions; 1e7a642 the last before row-level security (migration 3),
+after which the shop's runs are finished by a database role of the shop's own. Every test works
+on copies. Also here: numbered migrations run once, in order, atomically and under a lock, and
+a store or a checkpoint newer than this code is refused in one line.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -32,24 +35,41 @@ from keelgate.stores import _sql, open_stores
 from keelgate.testing.store_contract import race
 from support.stores import backend_params
 
-FIXTURE = Path(__file__).parent / "data" / "release-8b37f73"
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "release-8b37f73"
+#: Each the last release before a schema change it proves: versions (8b37f73), row-level
+#: security (1e7a642).
+RELEASES = ("release-8b37f73", "release-1e7a642")
 TENANT = "shop"
 PASSWORD = "s3cret-pw"  # in the store URL the release's Postgres checkpoints carried
 
 
-@pytest.fixture(params=backend_params(("sqlite", "postgres")))
-def previous(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, World]]:
-    """A store URL over a copy of what the previous release left, and the shop's journal."""
-    backend: str = request.param
-    journal = tmp_path / "world.jsonl"
-    shutil.copyfile(FIXTURE / f"world-{backend}.jsonl", journal)
+def _release_params(backends: tuple[str, ...]) -> list[Any]:
+    return [
+        pytest.param((release, param.values[0]), id=f"{release}-{param.id}", marks=param.marks)
+        for release in RELEASES
+        for param in backend_params(backends)
+    ]
+
+
+def _load(release: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A store URL over a copy of what ``release`` left in ``backend``."""
     if backend == "sqlite":
-        shutil.copyfile(FIXTURE / "keelgate.db", tmp_path / "keelgate.db")
-        url = f"sqlite:///{tmp_path / 'keelgate.db'}"
-    else:
-        url = str(request.getfixturevalue("pg_url"))
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute((FIXTURE / "postgres.sql").read_text())  # type: ignore[arg-type]
+        shutil.copyfile(DATA / release / "keelgate.db", tmp_path / "keelgate.db")
+        return f"sqlite:///{tmp_path / 'keelgate.db'}"
+    url = str(request.getfixturevalue("pg_url"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute((DATA / release / "postgres.sql").read_text())  # type: ignore[arg-type]
+    return url
+
+
+@pytest.fixture(params=_release_params(("sqlite", "postgres")))
+def previous(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, World]]:
+    """A store URL over a copy of what a previous release left, and the shop's journal."""
+    release, backend = request.param
+    journal = tmp_path / "world.jsonl"
+    shutil.copyfile(DATA / release / f"world-{backend}.jsonl", journal)
+    url = _load(release, backend, tmp_path, request)
     yield url, World(Journal(journal, fsync=False))
 
 
@@ -138,6 +158,48 @@ def test_a_run_stopped_by_the_previous_release_finishes_with_exactly_one_effect(
         rig.die()
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("release", RELEASES)
+def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
+    release: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A database every tenant shared through one URL is migrated by its administrator, who
+    then gives the shop its own role (``keelgate tenant add``): the rows the old release wrote
+    are the shop's (its role lists its three runs, and another tenant's role sees none), and
+    the shop's role finishes every run with each WRITE once and a chain that verifies."""
+    from keelgate.stores.tenancy import TenantStore
+
+    url = _load(release, "postgres", tmp_path, request)
+    journal = tmp_path / "world.jsonl"
+    shutil.copyfile(DATA / release / "world-postgres.jsonl", journal)
+    world = World(Journal(journal, fsync=False))
+    suffix = secrets.token_hex(3)  # roles belong to the server, shared by the session's tests
+    with TenantStore(url) as admin:  # the administrator's first open migrates
+        shop = admin.add(TENANT, role=f"keelgate-shop-{suffix}").url
+        other = admin.add("other", role=f"keelgate-other-{suffix}").url
+    stores = open_stores(other)
+    try:
+        assert stores.checkpoints.runs() == [] and stores.audit.events(TENANT, "unknown") == []
+    finally:
+        stores.close()
+    stores = open_stores(shop)
+    try:
+        assert [r.run for r in stores.checkpoints.runs()] == sorted(RESUMES)
+    finally:
+        stores.close()
+    for run, (budget, script, ordered) in sorted(RESUMES.items()):
+        rig = Rig(url_opener(shop), world, script)
+        try:
+            outcomes, _ = drive(rig, _spec(run, budget))
+            assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
+            assert world.happened(idempotency_key(TENANT, run, "place_order", ordered)) == 1
+            report = rig.loop.verify_audit(TENANT, run)
+            assert report.ok, report.problems
+        finally:
+            rig.die()
+    assert all(count == 1 for count in world.effects().values())
+
+
 def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
     previous: tuple[str, World], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -190,7 +252,21 @@ def _schema(url: str) -> dict[str, Any]:
         sequences = conn.execute(
             "SELECT sequence_name, data_type FROM information_schema.sequences"
         ).fetchall()
-    return {"columns": columns, "indexes": indexes, "sequences": sequences}
+        secured = conn.execute(
+            "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class "
+            "WHERE relname LIKE 'keelgate%%' AND relkind = 'r' ORDER BY relname"
+        ).fetchall()
+        policies = conn.execute(
+            "SELECT tablename, policyname, cmd, roles, qual, with_check FROM pg_policies "
+            "WHERE schemaname = 'public' ORDER BY tablename, policyname"
+        ).fetchall()
+    return {
+        "columns": columns,
+        "indexes": indexes,
+        "sequences": sequences,
+        "secured": secured,
+        "policies": policies,
+    }
 
 
 def _versions(url: str) -> list[tuple[int, str]]:

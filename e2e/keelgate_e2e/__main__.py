@@ -54,7 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  kubeconfig: {cluster.kubeconfig} (contexts admin [default], alice, bob)")
         print(f"  API server: {cluster.server}")
         if cluster.dsn:
-            print(f"  PostgreSQL: {cluster.dsn}")
+            where = cluster.dsn.rsplit("@", 1)[1]
+            print(
+                f"  PostgreSQL: {where}, passwords required (scram-sha-256); the administrator's "
+                f"URL is KEELGATE_PG_DSN in {run_dir / 'env'}"
+            )
         print(f"  logs:       {cluster.logs_dir}/")
         if operator is not None:
             print(
@@ -63,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "logs: kubectl -n keelgate-system logs deploy/keelgate-operator"
             )
             print(
-                "  a tenant:   kubectl create namespace NS && kubectl -n NS create secret "
-                'generic keelgate-store --from-literal=url="$KEELGATE_PG_DSN"'
+                "  a tenant:   kubectl create namespace NS && "
+                'keelgate tenant add NS --store "$KEELGATE_PG_DSN"   (its own database role)'
             )
         print(f"  use it:     source {run_dir / 'env'}   (or KUBECONFIG={cluster.kubeconfig})")
         return 0
@@ -87,9 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _keelgate(cluster: Cluster) -> keelgate.OperatorPod:
-    """Install Keelgate as a user does, `helm install --wait` of charts/keelgate into
-    keelgate-system, with failpoints allowed: it is a development cluster."""
-    operator = keelgate.OperatorPod(cluster, store=cluster.dsn)
+    """Install Keelgate as a user does: `keelgate tenant add keelgate-system --operator` (the
+    operator's own database role, in the Secret keelgate-store), then `helm install --wait` of
+    charts/keelgate into keelgate-system reading it, with failpoints allowed: it is a
+    development cluster."""
+    operator = keelgate.OperatorPod(cluster)
     operator.install()
     return operator
 

@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -94,7 +95,12 @@ class Cluster:
     procs: list[Proc] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    #: The administrator's URL of the cluster's PostgreSQL (the superuser ``keelgate``, with its
+    #: password): for `make up`'s and the tests' own use, never a pod's.
     dsn: str = ""
+    #: The superuser's password; generated when empty. The server asks every connection for
+    #: a password (scram-sha-256), so a pod holds only what its tenant's role was given.
+    pg_password: str = ""
     #: PostgreSQL's directory when it had to live outside the run directory.
     pg_root: str = ""
     #: How each component was started (for `restart`).
@@ -507,25 +513,35 @@ class Cluster:
         root.mkdir(exist_ok=True)
         data = root / "data"
         data.mkdir()
+        self.pg_password = self.pg_password or secrets.token_urlsafe(18)
+        pwfile = root / "superuser-password"
+        pwfile.write_text(self.pg_password + "\n")
+        pwfile.chmod(0o600)
         if user is not None:
             entry = pwd.getpwnam(user)
-            for path in (root, data):
+            for path in (root, data, pwfile):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        self._run_pg(
-            [
-                str(bindir / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                "keelgate",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ],
-            user=user,
-            cwd=root,
-        )
+        try:
+            # Every connection, TCP or the unix socket, gives a password (scram-sha-256), as
+            # on a real server: a step pod can log in only as the role its Secret names.
+            self._run_pg(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "keelgate",
+                    "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ],
+                user=user,
+                cwd=root,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         server = [str(bindir / "postgres"), "-D", str(data), "-h", LOOPBACK, "-p", str(port)]
         server += ["-k", str(data), "-c", "fsync=off", "-c", "full_page_writes=off"]
         proc = self._spawn("postgres", server, user=user, cwd=root)
@@ -549,13 +565,22 @@ class Cluster:
                 "-U",
                 "keelgate",
                 "keelgate",
-            ]
+            ],
+            env={"PGPASSWORD": self.pg_password},
         )
-        self.dsn = f"postgresql://keelgate@{LOOPBACK}:{port}/keelgate"
+        self.dsn = f"postgresql://keelgate:{self.pg_password}@{LOOPBACK}:{port}/keelgate"
 
     @staticmethod
-    def _run_pg(argv: list[str], user: str | None = None, cwd: Path | None = None) -> None:
-        out = subprocess.run(argv, capture_output=True, text=True, user=user, cwd=cwd, check=False)
+    def _run_pg(
+        argv: list[str],
+        user: str | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        environment = {**os.environ, **env} if env else None
+        out = subprocess.run(
+            argv, capture_output=True, text=True, user=user, cwd=cwd, env=environment, check=False
+        )
         if out.returncode != 0:
             raise procs.StartError(f"{Path(argv[0]).name} failed:\n{out.stdout}{out.stderr}")
 
@@ -587,13 +612,19 @@ class Cluster:
             "postgres_dsn": self.dsn,
             "postgres_root": self.pg_root,
         }
+        # Both files hold the administrator's URL (with its password): the user's own only.
         tmp = self.run_dir / "state.json.tmp"
+        tmp.touch(mode=0o600)
+        tmp.chmod(0o600)
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.run_dir / "state.json")
         env_lines = [f"export KUBECONFIG={self.kubeconfig}"]
         if self.dsn:
             env_lines.append(f"export KEELGATE_PG_DSN={self.dsn}")
-        (self.run_dir / "env").write_text("\n".join(env_lines) + "\n")
+        env = self.run_dir / "env"
+        env.touch(mode=0o600)
+        env.chmod(0o600)
+        env.write_text("\n".join(env_lines) + "\n")
 
     @classmethod
     def load(cls, run_dir: Path) -> Cluster:

@@ -13,6 +13,7 @@ It must never give the operator admin credentials, and never touch a cluster but
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import yaml
@@ -146,18 +148,38 @@ def operator_kubeconfig(cluster: Cluster, kube: Kube, path: Path, hours: int = 4
     return path
 
 
-#: A password in the tests' store URL (the server trusts loopback and ignores it), so tests can
-#: prove it never shows.
+#: The password of the e2e cluster's PostgreSQL superuser (the administrator's URL): the server
+#: asks for it, and tests prove it never shows.
 STORE_PASSWORD = "Pw-store-never-shown-8812"
 
 
-def secret_dsn(cluster: Cluster) -> str:
-    """The cluster's store URL with STORE_PASSWORD in it."""
-    return cluster.dsn.replace("://keelgate@", f"://keelgate:{STORE_PASSWORD}@", 1)
+def add_tenant(cluster: Cluster, namespace: str, *, operator: bool = False) -> None:
+    """`keelgate tenant add NAMESPACE --store ADMIN_URL` (``--operator`` for the operator's
+    role), as the cluster's admin user: the namespace's own database role, and its
+    `keelgate-store` Secret holding that role's URL. Run in this process (the command's own
+    code, without a Python start per test)."""
+    from keelgate.cli import main
+
+    args = ["tenant", "add", namespace, "--store", cluster.dsn, "--kubeconfig"]
+    args += [str(cluster.kubeconfig), "--context", "admin", *(["--operator"] if operator else [])]
+    code = main(args)
+    assert code == 0, f"keelgate tenant add {namespace} exited {code}"
+
+
+def store_url(kube: Kube, namespace: str) -> str:
+    """The store URL in the namespace's `keelgate-store` Secret (its role's, with its
+    password): what the namespace's step pods hold."""
+    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{STORE_SECRET}")
+    return base64.b64decode(secret["data"]["url"]).decode()
+
+
+def password_of(url: str) -> str:
+    """The password in a store URL."""
+    return unquote(urlsplit(url).password or "")
 
 
 def store_secret(kube: Kube, namespace: str, dsn: str) -> None:
-    """The Secret step pods in `namespace` read the store URL from."""
+    """A `keelgate-store` Secret written by hand (tests of a wrong URL in it)."""
     body = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -274,7 +296,10 @@ class OperatorPod:
     values: tuple[str, ...] = ()
     release: str = RELEASE
     namespace: str = SYSTEM
-    store: str = ""  # default: the cluster's store URL with STORE_PASSWORD in it
+    #: A store URL for the chart's store.url. Default: the operator's own role, made with
+    #: `keelgate tenant add keelgate-system --operator` into the Secret keelgate-store there,
+    #: which the chart reads (store.existingSecret), as install.md does it.
+    store: str = ""
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         from keelgate_e2e import build
@@ -294,8 +319,11 @@ class OperatorPod:
     def chart_values(self, *extra: str) -> list[str]:
         if not self.port:
             self.port = procs.free_port()
+        store = (
+            f"store.url={self.store}" if self.store else f"store.existingSecret.name={STORE_SECRET}"
+        )
         values = [
-            f"store.url={self.store or secret_dsn(self.cluster)}",
+            store,
             "image.repository=keelgate",
             "image.tag=dev",
             f"allowFailpoints={str(self.allow_failpoints).lower()}",
@@ -311,7 +339,16 @@ class OperatorPod:
         return [*pairs, "--set-json", 'operator.extraArgs=["--bind=127.0.0.1"]']
 
     def install(self, *extra: str) -> None:
-        """`helm install --wait` (or upgrade, when the release exists), then wait for health."""
+        """`helm install --wait` (or upgrade, when the release exists), then wait for health.
+        Without a store URL of its own, the operator's role and its Secret are made first."""
+        if not self.store:
+            kube = self.cluster.client()
+            try:
+                namespace = {"apiVersion": "v1", "kind": "Namespace"}
+                apply(kube, {**namespace, "metadata": {"name": self.namespace}})
+            finally:
+                kube.close()
+            add_tenant(self.cluster, self.namespace, operator=True)
         self.helm(
             "upgrade",
             "--install",
@@ -340,8 +377,20 @@ class OperatorPod:
         return path
 
     @property
+    def store_url(self) -> str:
+        """The operator's store URL (its role's, with its password)."""
+        if self.store:
+            return self.store
+        kube = self.cluster.client()
+        try:
+            return store_url(kube, self.namespace)
+        finally:
+            kube.close()
+
+    @property
     def env(self) -> dict[str, str]:
-        return {"KEELGATE_STORE": self.store or secret_dsn(self.cluster)}
+        """What a second operator started beside the pod needs: the same store URL."""
+        return {"KEELGATE_STORE": self.store_url}
 
     def pods(self) -> list[JSON]:
         kube = self.cluster.client()

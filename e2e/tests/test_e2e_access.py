@@ -1,5 +1,7 @@
 """Authentication and authorization on the real API server: client-certificate users, RBAC,
-the Node authorizer for the node agent, and the agent's log endpoint.
+the Node authorizer for the node agent, the agent's log endpoint, and Keelgate's admission
+policies on what an AgentRun may reference (Secrets its author may read; optionally, allowed
+step images and model hosts).
 
 They must never grant anything outside the test's own namespace (the cluster is shared by the
 session).
@@ -8,11 +10,14 @@ session).
 from __future__ import annotations
 
 import ssl
+import subprocess
+from pathlib import Path
 
 import httpx
+import yaml
 
 from keelgate_e2e.cluster import NODE_NAME, Cluster
-from keelgate_e2e.kube import ApiError, Kube
+from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.testing import Kubectl, wait_for
 
 
@@ -134,3 +139,178 @@ def test_log_endpoint_serves_only_the_api_server(cluster: Cluster) -> None:
     )
     with httpx.Client(verify=kubelet_ctx, trust_env=False) as apiserver:
         assert apiserver.get(logs).status_code == 404  # allowed; there is no such pod
+
+
+# What an AgentRun may reference (the chart's admission policies)
+
+
+def _run(name: str, *, secret: str = "", image: str = "", base_url: str = "") -> str:
+    """An AgentRun (suspended: the operator starts nothing) naming a key Secret, a step image
+    or a model endpoint, as YAML for `kubectl apply -f -`."""
+    model: JSON = {"provider": "openai", "name": "gpt-4o-mini"}
+    if secret:
+        model["apiKeySecretRef"] = {"name": secret, "key": "apiKey"}
+    if base_url:
+        model["baseURL"] = base_url
+    spec: JSON = {"goal": "e2e admission", "model": model, "suspend": True, "tools": []}
+    if image:
+        spec["step"] = {"image": image}
+    run = {"apiVersion": "keelgate.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}}
+    return yaml.safe_dump({**run, "spec": spec})
+
+
+def _grant(admin: Kube, namespace: str, user: str, role: str, rules: list[JSON] | None) -> None:
+    """Bind `user` to the ClusterRole `role`, or (with `rules`) to a Role of those rules."""
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kind = "ClusterRole"
+    if rules is not None:
+        kind = "Role"
+        body = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role"}
+        admin.create(f"{rbac}/roles", {**body, "metadata": {"name": role}, "rules": rules})
+    admin.create(
+        f"{rbac}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{user}-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+
+
+RUNS_ONLY = [
+    {
+        "apiGroups": ["keelgate.dev"],
+        "resources": ["agentruns"],
+        "verbs": ["get", "list", "create", "update", "patch"],
+    }
+]
+
+
+def test_an_agentrun_may_name_only_a_secret_its_author_may_get(
+    admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None
+) -> None:
+    """bob may create AgentRuns but not read Secrets: an AgentRun whose apiKeySecretRef names
+    the namespace's Secret is refused, naming the field, the user and the Secret; one naming no
+    Secret is admitted. alice (edit: she may read Secrets) creates it; bob may then change its
+    budget (the reference unchanged) but not point it at another Secret. The operator's own
+    ticks of a monitor, which copy an admitted spec, are not asked."""
+    for name in ("llm", "other-llm"):
+        admin.create(
+            f"/api/v1/namespaces/{namespace}/secrets",
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+             "stringData": {"apiKey": "sk-never-shown"}},
+        )  # fmt: skip
+    _grant(admin, namespace, "alice", "edit", None)
+    _grant(admin, namespace, "bob", "runs-only", RUNS_ONLY)
+    alice, bob = kubectl.as_user("alice"), kubectl.as_user("bob")
+    wait_for(
+        lambda: (
+            bob("auth", "can-i", "create", "agentruns.keelgate.dev", check=False).returncode == 0
+        ),
+        timeout=30,
+        what="bob's grant",
+    )
+    refused = bob("apply", "-f", "-", stdin=_run("bobs", secret="llm"), check=False)
+    assert refused.returncode != 0
+    assert (
+        f"spec.model.apiKeySecretRef.name: bob may not get secret llm in namespace {namespace}"
+        in refused.stderr
+    ), refused.stderr
+    assert "keelgate-secret-references" in refused.stderr
+    assert bob("apply", "-f", "-", stdin=_run("keyless")).returncode == 0
+    assert alice("apply", "-f", "-", stdin=_run("alices", secret="llm")).returncode == 0
+    patch = '{"spec": {"budget": {"maxIterations": 3}}}'
+    assert bob("patch", "agentrun", "alices", "--type", "merge", "-p", patch).returncode == 0
+    moved = '{"spec": {"model": {"apiKeySecretRef": {"name": "other-llm", "key": "apiKey"}}}}'
+    swapped = bob("patch", "agentrun", "alices", "--type", "merge", "-p", moved, check=False)
+    assert swapped.returncode != 0 and "may not get secret other-llm" in swapped.stderr
+    operator = "system:serviceaccount:keelgate-system:keelgate-operator"
+    tick = kubectl("apply", "--as", operator, "-f", "-", stdin=_run("tick", secret="other-llm"))
+    assert tick.returncode == 0
+    assert "sk-never-shown" not in refused.stderr + swapped.stderr
+
+
+def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_name(
+    admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None, cluster: Cluster
+) -> None:
+    """The optional policy the chart renders from admissionPolicy.allowed (bound here to this
+    test's namespace only, so other tests are not held to it): as alice, a step image under
+    an allowed prefix or a tag of an allowed repository is admitted, any other refused naming
+    spec.step.image; a baseURL on an allowed host is admitted, any other refused naming
+    spec.model.baseURL; a run naming neither is admitted. bob, without a grant, is refused by
+    RBAC before any of it."""
+    from keelgate_e2e import build
+
+    helm = build.ensure()["helm"].path
+    chart = Path(__file__).resolve().parents[2] / "charts" / "keelgate"
+    allowed = '{"stepImages": ["ghcr.io/keelgate/", "registry.example/agent"], '
+    allowed += '"modelHosts": ["api.openai.com"]}'
+    out = subprocess.run(
+        [str(helm), "template", "kg", str(chart), "-n", "keelgate-system",
+         "--show-only", "templates/admission.yaml", "--set", "store.url=postgresql://db/kg",
+         "--set-json", f"admissionPolicy.allowed={allowed}"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    mine = [d for d in docs if d["metadata"]["name"] == "keelgate-allowed-sources"]
+    assert [d["kind"] for d in mine] == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    policy, binding = (dict(d) for d in mine)
+    suffix = namespace[-6:]
+    policy["metadata"] = {"name": f"keelgate-allowed-sources-{suffix}"}
+    binding["metadata"] = {"name": f"keelgate-allowed-sources-{suffix}"}
+    binding["spec"] = {
+        **binding["spec"],
+        "policyName": policy["metadata"]["name"],
+        "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        },
+    }
+    admissions = "/apis/admissionregistration.k8s.io/v1"
+    admin.create(f"{admissions}/validatingadmissionpolicies", policy)
+    admin.create(f"{admissions}/validatingadmissionpolicybindings", binding)
+    try:
+        _grant(admin, namespace, "alice", "edit", None)
+        alice = kubectl.as_user("alice")
+
+        def admitted(name: str, **given: str) -> subprocess.CompletedProcess[str]:
+            return alice("apply", "-f", "-", stdin=_run(name, **given), check=False)
+
+        def held() -> bool:
+            # A dry run is admitted or refused like a create, and leaves nothing behind (an
+            # object created before the policy took effect would be "unchanged" ever after).
+            probe = _run("probe", image="registry.example/agent-evil:1")
+            tried = alice("create", "--dry-run=server", "-f", "-", stdin=probe, check=False)
+            return "is not an allowed step image" in tried.stderr
+
+        wait_for(held, timeout=30, what="the allowlist policy to take effect")
+        for name, image in (
+            ("prefixed", "ghcr.io/keelgate/keelgate:0.1.0"),
+            ("tagged", "registry.example/agent:2"),
+            ("digested", "registry.example/agent@sha256:" + "a" * 64),
+            ("exact", "registry.example/agent"),
+        ):
+            done = admitted(name, image=image)
+            assert done.returncode == 0, (image, done.stderr)
+        for image in ("evil.example/agent:1", "registry.example/agent-evil:1", "ghcr.io/other"):
+            done = admitted("refused", image=image)
+            assert done.returncode != 0
+            assert f"spec.step.image: {image} is not an allowed step image" in done.stderr
+        assert admitted("host-ok", base_url="https://api.openai.com/v1").returncode == 0
+        bad_host = admitted("host-bad", base_url="https://models.evil.example/v1")
+        assert bad_host.returncode != 0
+        assert "spec.model.baseURL: https://models.evil.example/v1 is not on an allowed" in (
+            bad_host.stderr
+        )
+        assert admitted("plain").returncode == 0
+        bob = kubectl.as_user("bob")
+        forbidden = bob("apply", "-f", "-", stdin=_run("bobs", image="evil.example/x"), check=False)
+        assert forbidden.returncode != 0 and 'User "bob" cannot' in forbidden.stderr
+    finally:
+        name = policy["metadata"]["name"]
+        admin.delete(f"{admissions}/validatingadmissionpolicybindings/{name}")
+        admin.delete(f"{admissions}/validatingadmissionpolicies/{name}")

@@ -61,7 +61,8 @@ def test_what_the_chart_renders_is_accepted_by_the_api_server(
     helm: Path, cluster: Cluster, kubectl_bin: Path
 ) -> None:
     """`helm template --include-crds` output passes `kubectl apply --dry-run=server`: every
-    object, the admission policy's CEL included, is valid for the real API server."""
+    object, the admission policies' CEL included (the optional allowlists too), is valid for
+    the real API server."""
     out = run_helm(
         helm,
         cluster,
@@ -75,12 +76,16 @@ def test_what_the_chart_renders_is_accepted_by_the_api_server(
         "store.url=postgresql://db/kg",
         "--set",
         "allowFailpoints=true",
+        "--set-json",
+        'admissionPolicy.allowed={"stepImages": ["ghcr.io/k/"], "modelHosts": ["api.x"]}',
     )
     assert out.returncode == 0, out.stderr
     kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
     applied = kubectl("apply", "--dry-run=server", "-f", "-", stdin=out.stdout)
     assert "deployment.apps/kg-operator created (server dry run)" in applied.stdout
-    assert "validatingadmissionpolicy" in applied.stdout
+    assert "validatingadmissionpolicy.admissionregistration.k8s.io/keelgate-allowed-sources" in (
+        applied.stdout
+    )
 
 
 def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
@@ -108,8 +113,9 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         chart_labels = by_kind[("ClusterRole", name)]["metadata"]["labels"]
         assert plain[("ClusterRole", name)]["metadata"]["labels"].items() <= chart_labels.items()
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        name = "keelgate-decided-by-requester"
-        assert by_kind[(kind, name)]["spec"] == plain[(kind, name)]["spec"]
+        for name in ("keelgate-decided-by-requester", "keelgate-secret-references"):
+            assert by_kind[(kind, name)]["spec"] == plain[(kind, name)]["spec"]
+    assert ("ValidatingAdmissionPolicy", "keelgate-allowed-sources") not in by_kind  # optional
     deployment = by_kind[("Deployment", "kg-operator")]
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -124,6 +130,10 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     assert store["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "url"}
     assert "--allow-failpoints" not in container["args"]  # off unless asked for
     assert ("Secret", "kg-store") not in by_kind  # an existing Secret: none made
+    # No hash of the store URL (a password in it) on the pod, where anyone reading pods sees it.
+    with_url = rendered(helm, cluster, "--set", "store.url=postgresql://kg:pw-123@db/kg")
+    (operator,) = [d for d in with_url if d["kind"] == "Deployment"]
+    assert "annotations" not in operator["spec"]["template"]["metadata"]
 
 
 @pytest.mark.parametrize(
@@ -134,6 +144,7 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("store.url=mysql://db", "/store/url"),
         ("operator.typo=1", "/operator"),
+        ("admissionPolicy.allowed.stepImages=x", "/admissionPolicy/allowed/stepImages"),
     ],
 )
 def test_a_wrong_value_fails_helm_install_naming_the_value(

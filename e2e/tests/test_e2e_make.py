@@ -8,6 +8,7 @@ It must never touch `.dev/` or the session's cluster: it runs its own under pyte
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -82,8 +83,10 @@ def port_open(port: int) -> bool:
 
 def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     """`make up` starts etcd, the API server, controller-manager, scheduler, node agent and
-    PostgreSQL, and installs Keelgate with its Helm chart (the operator a pod under the chart's
-    RBAC), all listening on 127.0.0.1 only, and writes a kubeconfig with contexts admin
+    PostgreSQL (which asks every connection for a password; the administrator's stays in the
+    run directory, the operator gets a role of its own), and installs Keelgate with its Helm
+    chart (the operator a pod under the chart's RBAC), all listening on 127.0.0.1 only, and
+    writes a kubeconfig with contexts admin
     (current), alice and bob; when the node agent is SIGKILLed with pods running, the
     node-lifecycle controller marks the node unreachable, and `make down` still stops every
     process of the run (pods included) and frees every port."""
@@ -125,6 +128,29 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
             check=False,
         )
         assert pg.stdout.strip() == "1", pg.stderr
+        # PostgreSQL asks every connection for a password; only the run directory holds the
+        # administrator's, readable by its owner alone, and `make up` never prints it.
+        admin_password = state["postgres_dsn"].split("://", 1)[1].split("@")[0].split(":")[1]
+        no_password = state["postgres_dsn"].replace(f":{admin_password}@", "@", 1)
+        refused = subprocess.run(
+            ["psql", no_password, "-Atc", "select 1"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PGPASSWORD": "", "PGPASSFILE": "/nonexistent"},
+        )
+        assert refused.returncode != 0 and "password" in refused.stderr, refused.stderr
+        for private in ("state.json", "env"):
+            assert (run_dir / private).stat().st_mode & 0o077 == 0, private
+        assert admin_password not in up.stdout + up.stderr
+        # The operator logs in as its own role, not as the administrator.
+        operator_url = base64.b64decode(
+            kubectl_admin(
+                "-n", "keelgate-system", "get", "secret", "keelgate-store",
+                "-o", "jsonpath={.data.url}",
+            ).stdout
+        ).decode()  # fmt: skip
+        assert operator_url.startswith("postgresql://keelgate-operator:")
 
         listening = listening_addresses(procs.marked_pids(run_dir))
         assert {f"127.0.0.1:{port}" for port in state["ports"].values()} <= listening
@@ -210,6 +236,9 @@ def test_make_demo_tells_the_cluster_story_with_one_order(tmp_path: Path) -> Non
         assert "condition met" in out
         assert "the shop took 1 order(s)" in out
         assert "chain verified" in out
+        assert "tenant shop: role keelgate-shop created" in out  # its own database role
+        dsn = json.loads((run_dir / "state.json").read_text())["postgres_dsn"]
+        assert dsn.split("://", 1)[1].split("@")[0].split(":")[1] not in out
         orders = (run_dir / "demo" / "orders").read_text().splitlines()
         assert len(orders) == 1
     finally:

@@ -19,7 +19,13 @@ import pytest
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, OperatorProcess
+from keelgate_e2e.keelgate import (
+    STORE_PASSWORD,
+    OperatorPod,
+    OperatorProcess,
+    password_of,
+    store_url,
+)
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
 from keelgate_e2e.shop import ShopServer
@@ -385,9 +391,10 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
     shop: ShopServer,
     cluster: Cluster,
 ) -> None:
-    """The store password (in the operator's and the step pods' store URL) is nowhere a user or
-    an auditor looks: the run's status, its Events, the step pods' logs and specs, the operator's
-    log, the audit trail and the stored checkpoints and specs."""
+    """The store passwords (the operator's role's, in its URL; the tenant's role's, in the
+    step pods'; the administrator's) are nowhere a user or an auditor looks: the run's status,
+    its Events, the step pods' logs and specs, the operator's log, the audit trail and the
+    stored checkpoints and specs."""
     apply(kubectl, agentrun("secret", shop, [[look("S1")], [order("S1", 1)]]))
     run = wait_phase(admin, tenant, "secret", "Succeeded", timeout=90)
     seen = [json.dumps(run), json.dumps(_events(admin, tenant, "secret"))]
@@ -398,7 +405,13 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
     with psycopg.connect(cluster.dsn) as conn:
         for table in ("keelgate_checkpoints", "keelgate_audit", "keelgate_specs"):
             seen.append(str(conn.execute(f"SELECT * FROM {table}").fetchall()))
-    assert all(STORE_PASSWORD not in text for text in seen)
+    passwords = (
+        STORE_PASSWORD,
+        password_of(operator.store_url),
+        password_of(store_url(admin, tenant)),
+    )
+    assert all(len(password) >= 16 for password in passwords)
+    assert all(password not in text for text in seen for password in passwords)
     assert any("secret" in text for text in seen[-3:])  # the store was read at all
 
 

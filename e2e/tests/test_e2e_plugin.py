@@ -18,7 +18,7 @@ import pytest
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, secret_dsn
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, password_of, store_url
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.plugin import KubectlKeelgate, kubeconfig_for, last_json
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
@@ -327,7 +327,8 @@ def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_passwor
     nowhere = plugin("audit", "audited")
     assert nowhere.returncode == 2 and "--store" in _one_line_error(nowhere)
 
-    with_store = plugin.with_env(KEELGATE_STORE=secret_dsn(cluster))
+    own = store_url(admin, tenant)  # the tenant's own role reads its own trail
+    with_store = plugin.with_env(KEELGATE_STORE=own)
     kubectl("delete", "agentrun", "audited", "--wait=true", timeout=60)
     verified = with_store("audit", "audited", "--verify")
     assert verified.returncode == 0, verified.stderr
@@ -347,5 +348,6 @@ def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_passwor
     )("audit", "audited")
     assert unreachable.returncode == 5 and "--store" in _one_line_error(unreachable)
     for result in (verified, broken, unreachable):
-        assert STORE_PASSWORD not in result.stdout + result.stderr
-    assert json.dumps(as_json).count(STORE_PASSWORD) == 0
+        for password in (STORE_PASSWORD, password_of(own)):
+            assert password not in result.stdout + result.stderr
+    assert json.dumps(as_json).count(password_of(own)) == 0

@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
     from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands
+    from keelgate.cli import tenant as _tenant  # noqa: F401 - registers tenant add|remove|list
 
     started()
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)

@@ -75,6 +75,7 @@ class Dialect:
     backend overrides what differs in its SQL, and nothing else.
     """
 
+    name: str = "sqlite"  # which backend's migrations apply (``Migration.backends``)
     placeholder: str = "?"  # what ``?`` becomes for the driver
     bigint: str = "INTEGER"  # column type of a sequence number or a generation
     owner_type: str = "TEXT"  # column type of an owner id
@@ -108,7 +109,14 @@ class Dialect:
 # what the database lacks and records version 1. It must never change. Every later migration runs
 # exactly once per database, under the backend's schema lock, in one transaction with its version
 # row; write it as plain DDL (and a data step if needed) and test it on a fixture saved by the
-# release before it (tests/data/).
+# release before it (tests/data/). A migration that concerns one backend only names it in
+# ``backends``; the others record its version without running anything, so versions mean the same
+# schema step everywhere.
+#
+# On PostgreSQL every Keelgate table has row-level security (migration 3). A migration that adds
+# a table enables it there, gives it policies keyed by tenant as migration 3 does, and adds the
+# table to ``keelgate.stores.postgres.PRIVILEGES``, whose grants are made again to every
+# registered role in the transaction of any migration (a tenant's role then needs nothing new).
 
 VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS keelgate_schema (version INTEGER PRIMARY KEY, "
@@ -138,16 +146,73 @@ CREATE TABLE IF NOT EXISTS keelgate_specs (
 """
 
 
+# Migration 3: tenants that share a PostgreSQL database cannot see or change each other's rows.
+# ``keelgate_tenants`` maps a database role to the tenant (namespace) it is, or marks it as the
+# operator's; only its owner writes it (``keelgate tenant add``, with the admin's URL), and a role
+# reads only its own row. Every policy compares a row's tenant with that lookup, keyed by
+# ``current_user``, which a session cannot choose: not a setting the session could forge. The
+# lookup is written inline, not behind a function, because a policy's table references are bound
+# when it is created, while a function's body is resolved at each call through the caller's
+# search_path, where a temporary table of the same name would come first. Roles the table does
+# not name (and the owner, and superusers, who bypass row-level security) are unchanged: a
+# database used through one shared URL, as before, works as before. What each kind of role may
+# do at all is its grants (``keelgate.stores.postgres.PRIVILEGES``); the policies say on which
+# rows: a tenant's role its own tenant's rows; the operator's role every tenant's rows, for
+# what the operator writes (recorded specs, approval decisions on checkpoints, settlements,
+# audit events), and never a claim, a completion or a deletion.
+_MINE = (
+    "tenant IN (SELECT t.tenant FROM keelgate_tenants t "
+    "WHERE t.role = current_user AND t.kind = 'tenant')"
+)
+_OPERATOR = (
+    "EXISTS (SELECT 1 FROM keelgate_tenants t WHERE t.role = current_user AND t.kind = 'operator')"
+)
+_EITHER = f"({_MINE}) OR ({_OPERATOR})"
+_ROW_SECURITY_3 = f"""
+CREATE TABLE keelgate_tenants (
+    role TEXT PRIMARY KEY, tenant TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('tenant', 'operator')), added_at TEXT NOT NULL);
+ALTER TABLE keelgate_tenants ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_tenants_own ON keelgate_tenants FOR SELECT USING (role = current_user);
+ALTER TABLE keelgate_schema ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_schema_read ON keelgate_schema FOR SELECT USING (true);
+ALTER TABLE keelgate_checkpoints ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_checkpoints_read ON keelgate_checkpoints FOR SELECT USING ({_EITHER});
+CREATE POLICY keelgate_checkpoints_insert ON keelgate_checkpoints FOR INSERT
+    WITH CHECK ({_EITHER});
+CREATE POLICY keelgate_checkpoints_update ON keelgate_checkpoints FOR UPDATE
+    USING ({_EITHER}) WITH CHECK ({_EITHER});
+ALTER TABLE keelgate_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_keys_read ON keelgate_keys FOR SELECT USING ({_EITHER});
+CREATE POLICY keelgate_keys_claim ON keelgate_keys FOR INSERT WITH CHECK ({_MINE});
+CREATE POLICY keelgate_keys_update ON keelgate_keys FOR UPDATE
+    USING ({_EITHER}) WITH CHECK ({_EITHER});
+CREATE POLICY keelgate_keys_forget ON keelgate_keys FOR DELETE USING ({_MINE});
+ALTER TABLE keelgate_audit ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_audit_read ON keelgate_audit FOR SELECT USING ({_EITHER});
+CREATE POLICY keelgate_audit_append ON keelgate_audit FOR INSERT WITH CHECK ({_EITHER});
+ALTER TABLE keelgate_specs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY keelgate_specs_read ON keelgate_specs FOR SELECT USING ({_EITHER});
+CREATE POLICY keelgate_specs_record ON keelgate_specs FOR INSERT WITH CHECK ({_OPERATOR});
+CREATE POLICY keelgate_specs_update ON keelgate_specs FOR UPDATE
+    USING ({_OPERATOR}) WITH CHECK ({_OPERATOR});
+"""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One numbered schema step: ``ddl`` is ``;``-separated statements with ``{bigint}``,
-    ``{owner}``, ``{owner_setup}`` and ``{real}`` taken from the dialect."""
+    ``{owner}``, ``{owner_setup}`` and ``{real}`` taken from the dialect. ``backends``
+    (dialect names) limits it to those backends; empty, it applies to every one."""
 
     version: int
     description: str
     ddl: str
+    backends: tuple[str, ...] = ()
 
     def statements(self, dialect: Dialect) -> list[str]:
+        if self.backends and dialect.name not in self.backends:
+            return []  # recorded as applied: the step has nothing to do on this backend
         text = self.ddl.format(
             bigint=dialect.bigint,
             owner=dialect.owner_type,
@@ -168,6 +233,12 @@ ALTER TABLE keelgate_keys ADD COLUMN claim_id TEXT
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
     Migration(2, "write deadlines and claim ids of claimed keys", _SCHEMA_2),
+    Migration(
+        3,
+        "row-level security: a tenant's role sees and writes only its tenant's rows",
+        _ROW_SECURITY_3,
+        backends=("postgresql",),
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)  # the newest schema this code knows
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
@@ -185,6 +256,7 @@ def migrate(
     exclusive: Callable[[], AbstractContextManager[Connection]],
     *,
     where: str,
+    after: Callable[[Connection], None] | None = None,
 ) -> int:
     """Bring the database to the newest schema this code knows; return the version it had
     (0: none recorded, a fresh database or one from before versions).
@@ -195,6 +267,8 @@ def migrate(
     database at once and each migration runs once. A database already current is opened without
     the lock and without DDL (a role without CREATE rights can use it). A database newer than this
     code is refused before anything is written: this code cannot know what it must not do there.
+    ``after`` runs in the same transaction once pending migrations were applied (PostgreSQL makes
+    its grants to the registered roles again there).
     """
     migrations = MIGRATIONS  # read when called: a test may add one
     newest = len(migrations)
@@ -216,6 +290,8 @@ def migrate(
                 insert.replace("?", dialect.placeholder),
                 (migration.version, migration.description, utc_now()),
             )
+        if after is not None and found < newest:
+            after(locked)
     return found
 
 

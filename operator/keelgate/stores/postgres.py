@@ -53,6 +53,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from keelgate.errors import InputError, StoreError, StoreUnavailable
+from keelgate.stores import _sql
 from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 PATIENCE = 60.0
 
 POSTGRES = Dialect(
+    name="postgresql",
     placeholder="%s",
     bigint="bigint",
     owner_type="integer",
@@ -106,6 +108,125 @@ POSTGRES = Dialect(
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+
+# What each kind of registered role (``keelgate_tenants.kind``) may do, table by table; the
+# row-level security of migration 3 narrows it to rows. A tenant's role (a step pod, or a person
+# with the tenant's URL) reads the schema version and its own rows, checkpoints, claims,
+# completes, settles and forgets its keys, appends to (never rewrites) its audit chains, and
+# reads the specs the operator recorded for it. The operator's role reads every tenant and
+# writes what the operator writes: the spec it records before each step pod, a checkpoint with
+# an approval decision, the settlement of an unknown outcome, their audit events. The operator
+# never claims, completes or forgets a key, so it may change only a key's settlement columns.
+# Anything not granted here is refused by PostgreSQL itself (no UPDATE or DELETE of audit events
+# for anyone; no writes to the version table or the role lookup but by their owner).
+PRIVILEGES: dict[str, dict[str, str]] = {
+    "tenant": {
+        "keelgate_schema": "SELECT",
+        "keelgate_tenants": "SELECT",
+        "keelgate_checkpoints": "SELECT, INSERT, UPDATE",
+        "keelgate_keys": "SELECT, INSERT, UPDATE, DELETE",
+        "keelgate_audit": "SELECT, INSERT",
+        "keelgate_specs": "SELECT",
+    },
+    "operator": {
+        "keelgate_schema": "SELECT",
+        "keelgate_tenants": "SELECT",
+        "keelgate_checkpoints": "SELECT, INSERT, UPDATE (seq, state)",
+        "keelgate_keys": "SELECT, UPDATE (state, owner, settled_by, source)",
+        "keelgate_audit": "SELECT, INSERT",
+        "keelgate_specs": "SELECT, INSERT, UPDATE (source, generation, spec)",
+    },
+}
+KINDS = tuple(PRIVILEGES)
+TABLES = tuple(PRIVILEGES["tenant"])
+assert all(tuple(tables) == TABLES for tables in PRIVILEGES.values())
+OWNER_SEQUENCE = "keelgate_owner_seq"  # every kind draws owner ids from it (USAGE)
+
+
+def grant(conn: Connection, role: str, kind: str) -> None:
+    """Give ``role`` exactly the rights of its ``kind`` on this database's Keelgate tables (what
+    it had before is revoked first, in the same transaction, so nothing else stays)."""
+    from psycopg import sql
+
+    who = sql.Identifier(role)
+    schema, database = _schema_and_database(conn)
+    tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
+    statements = [
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, who),
+        sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(sql.Identifier(OWNER_SEQUENCE), who),
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), who),
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), who),
+        sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(OWNER_SEQUENCE), who),
+    ]
+    for table, privileges in PRIVILEGES[kind].items():
+        # The privilege lists are this module's constants, never input.
+        statements.append(
+            sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(privileges), sql.Identifier(table), who)
+        )
+    for statement in statements:
+        conn.execute(statement.as_string(None))
+
+
+def revoke(conn: Connection, role: str) -> None:
+    """Take back every right ``grant`` gave ``role`` on this database."""
+    from psycopg import sql
+
+    who = sql.Identifier(role)
+    schema, database = _schema_and_database(conn)
+    tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
+    for statement in (
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, who),
+        sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(sql.Identifier(OWNER_SEQUENCE), who),
+        sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(sql.Identifier(schema), who),
+        sql.SQL("REVOKE CONNECT ON DATABASE {} FROM {}").format(sql.Identifier(database), who),
+    ):
+        conn.execute(statement.as_string(None))
+
+
+def regrant(conn: Connection) -> None:
+    """Grant every registered role its kind's rights again: run in the transaction of any
+    migration, so a table or column a migration adds is usable by the roles at once."""
+    if not conn.execute("SELECT to_regclass('keelgate_tenants') IS NOT NULL").fetchone()[0]:
+        return
+    rows = conn.execute(
+        "SELECT t.role, t.kind FROM keelgate_tenants t JOIN pg_roles r ON r.rolname = t.role "
+        "ORDER BY t.role"
+    ).fetchall()
+    for role, kind in rows:
+        grant(conn, str(role), str(kind))
+
+
+def _schema_and_database(conn: Connection) -> tuple[str, str]:
+    """The schema Keelgate's tables live in, and the database's name."""
+    row = conn.execute(
+        "SELECT n.nspname, current_database() FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'keelgate_schema'::regclass"
+    ).fetchone()
+    return str(row[0]), str(row[1])
+
+
+def migrated(conn: Conn, target: str) -> int:
+    """Bring the database behind ``conn`` (autocommit) to today's schema, under the schema lock;
+    returns the version it had. A role that may not migrate a database that needs it is told
+    what to do in one line, not the server's "permission denied"."""
+
+    @contextmanager
+    def schema_lock() -> Iterator[Connection]:
+        with conn.transaction():
+            # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once, and a
+            # migration must run once: every opener takes this lock before changing anything.
+            conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
+            yield conn
+
+    where = f"PostgreSQL store {target}"
+    try:
+        return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
+    except psycopg.errors.InsufficientPrivilege:
+        raise StoreError(
+            f"{where}: its schema is older than this Keelgate's (version {len(_sql.MIGRATIONS)}) "
+            f"and role {conn.info.user} may not migrate it; open it once with the database "
+            "owner's URL (e.g. `keelgate tenant list --store ADMIN_URL`)"
+        ) from None
 
 
 # Settings whose values libpq (or psycopg, which reads connect_timeout and the host and port
@@ -323,18 +444,9 @@ class PostgresStore(SQLStore):
 
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
-
-        @contextmanager
-        def schema_lock() -> Iterator[Connection]:
-            with conn.transaction():
-                # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once, and a
-                # migration must run once: every opener takes this lock before changing anything.
-                conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
-                yield conn
-
         try:
             _durable_commits(conn)
-            migrate(conn, POSTGRES, schema_lock, where=f"PostgreSQL store {self.target}")
+            migrated(conn, self.target)
             # The server ends this session (releasing our lock) soon after the host goes silent,
             # and must never end it for being idle.
             conn.execute(f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE}")
@@ -342,10 +454,7 @@ class PostgresStore(SQLStore):
             conn.execute(f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}")
             if conn.info.server_version >= 140000:
                 conn.execute("SET idle_session_timeout = 0")
-            row = conn.execute("SELECT nextval('keelgate_owner_seq')").fetchone()
-            assert row is not None
-            owner = int(row[0])
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", (OWNER_SPACE, owner))
+            owner = _take_owner_id(conn)
             conn.execute("SELECT set_config('application_name', %s, false)", (f"keelgate-{owner}",))
         except BaseException:
             conn.close()
@@ -538,6 +647,31 @@ class PostgresStore(SQLStore):
 
     def _alive(self, owner: Any, judged: Any) -> bool:
         return bool(judged)  # judged by the server in the key's own SELECT (Dialect.liveness)
+
+
+# How many owner ids a store draws before it gives up finding one nobody holds.
+OWNER_ID_TRIES = 100
+
+
+def _take_owner_id(conn: Conn) -> int:
+    """A fresh owner id, its session advisory lock held on ``conn``.
+
+    An id from the sequence is new, but advisory locks have no owner in PostgreSQL: any session
+    of the database (another tenant's included) may take any key, an id not drawn yet as well.
+    So the lock is tried, never waited for: an id someone already holds is passed over for the
+    next one, and a store never hangs on opening behind a lock it cannot see the end of."""
+    for _ in range(OWNER_ID_TRIES):
+        row = conn.execute(
+            "SELECT id, pg_try_advisory_lock(CAST(%s AS integer), id) "
+            "FROM CAST(nextval('keelgate_owner_seq') AS integer) AS id",
+            (OWNER_SPACE,),
+        ).fetchone()
+        assert row is not None
+        if row[1]:
+            return int(row[0])
+    raise StoreError(
+        f"no free owner id after {OWNER_ID_TRIES} tries: other sessions hold their advisory locks"
+    )
 
 
 def _durable_commits(conn: Conn) -> None:

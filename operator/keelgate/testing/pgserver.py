@@ -11,6 +11,10 @@ ends. Usable outside pytest::
     ...
     server.stop()
 
+By default the server trusts every connection on loopback; ``start_postgres(password=...)``
+makes it require that password of the superuser, and SCRAM-SHA-256 passwords of every role,
+on every connection, as a real server does (the tests of per-tenant roles need one that does).
+
 PostgreSQL refuses to run as root, so under root the programs run as an unprivileged user
 (``keelgate-test`` if it exists, else ``nobody``, else ``keelgate-test`` is created).
 
@@ -162,7 +166,8 @@ def _tail(path: Path, lines: int = 12) -> str:
 @dataclass
 class PgServer:
     """A running server started by ``start_postgres``. ``url`` reaches its ``postgres``
-    database as the superuser ``postgres`` (trust authentication, loopback only)."""
+    database as the superuser ``postgres`` (loopback only; with its password when the server
+    was started with one, else trust authentication)."""
 
     url: str
     host: str
@@ -176,9 +181,11 @@ class PgServer:
     _admin: Any = None
     _args: list[str] = field(default_factory=list)
     _popen: dict[str, Any] = field(default_factory=dict)
+    password: str = ""
 
     def database_url(self, name: str) -> str:
-        return f"postgresql://postgres@{self.host}:{self.port}/{name}"
+        user = f"postgres:{self.password}" if self.password else "postgres"
+        return f"postgresql://{user}@{self.host}:{self.port}/{name}"
 
     def _admin_connection(self) -> Any:
         import psycopg
@@ -277,6 +284,7 @@ def start_postgres(
     max_connections: int = 200,
     timeout: float = 60.0,
     settings: dict[str, str] | None = None,
+    password: str = "",
 ) -> PgServer:
     """Start a PostgreSQL server and return once it accepts connections.
 
@@ -289,7 +297,8 @@ def start_postgres(
     test of a badly tuned server does). ``tie_to_parent`` makes the server die with the thread
     that started it.
     Raises PostgresUnavailable with a clear message when the programs are missing or the server
-    does not start.
+    does not start. With ``password`` (a new ``directory`` only), every connection, the unix
+    socket's included, must give a SCRAM-SHA-256 password; the superuser's is ``password``.
     """
     bin_dir = find_bin_dir()
     owns_dir = not directory
@@ -302,9 +311,16 @@ def start_postgres(
         os.chmod(base, 0o700)
         data = base / "data"
         if not (data / "PG_VERSION").exists():
+            auth = ["-A", "trust"]
+            if password:
+                pwfile = base / "superuser-password"
+                pwfile.write_text(password + "\n")
+                if user is not None:
+                    os.chown(pwfile, user.uid, user.gid)
+                auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
             done = subprocess.run(
                 [
-                    *(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"),
+                    *(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", *auth),
                     *("-E", "UTF8", "--locale=C", "--no-sync"),
                 ],
                 cwd=base,
@@ -313,6 +329,7 @@ def start_postgres(
                 check=False,
                 **_user_kwargs(user),
             )
+            (base / "superuser-password").unlink(missing_ok=True)  # initdb has read it
             if done.returncode != 0:
                 message = (done.stderr or done.stdout).decode(errors="replace").strip()
                 raise PostgresUnavailable(f"initdb failed in {data}: {message[-800:]}")
@@ -347,7 +364,8 @@ def start_postgres(
             }
             process = subprocess.Popen(args, **popen)
             if _wait_ready(process, data, timeout):
-                url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+                user_info = f"postgres:{password}" if password else "postgres"
+                url = f"postgresql://{user_info}@127.0.0.1:{port}/postgres"
                 server = PgServer(
                     url,
                     "127.0.0.1",
@@ -359,6 +377,7 @@ def start_postgres(
                     log,
                     _args=args,
                     _popen=popen,
+                    password=password,
                 )
                 atexit.register(server.stop)
                 return server

@@ -1,0 +1,353 @@
+"""``keelgate tenant add|remove|list``: give a namespace its own database role in a shared
+PostgreSQL store, and the Secret its step pods read the store URL from.
+
+Why it exists: with one shared URL every tenant's step pods (which run the tenant's own tool
+code) could read and change every other tenant's runs. A role per tenant, held by PostgreSQL's
+row-level security (``keelgate.stores.tenancy``), confines each to its own. This module is the
+command line: it checks its input, talks to the cluster for the Secret as the kubeconfig's user
+(as kubectl would), and says what it did in one line. It must never print or log a password:
+the only place one goes is the Secret, or stdout with ``--print`` (asked for explicitly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from keelgate.cli.commands import OutputFormat, OutputOption, app
+from keelgate.cli.render import Console
+from keelgate.errors import InputError
+from keelgate.stores import check_store_url, redacted
+
+if TYPE_CHECKING:
+    from keelgate.cli.secrets import StoreSecrets
+    from keelgate.stores.tenancy import TenantStore
+
+tenant_app = typer.Typer(
+    name="tenant",
+    help=(
+        "The database roles of tenants (namespaces) in a shared PostgreSQL store: each sees and "
+        "changes only its own runs. Needs the store's administrator URL."
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(tenant_app, name="tenant")
+
+NamespaceArgument = Annotated[
+    str, typer.Argument(help="The tenant: a namespace.", show_default=False)
+]
+AdminStoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar="KEELGATE_STORE",
+        help="The store's administrator URL (postgresql://...; env KEELGATE_STORE): a role "
+        "that owns Keelgate's tables and may create roles.",
+        show_default=False,
+    ),
+]
+SecretOption = Annotated[
+    str,
+    typer.Option(
+        "--secret", help="The Secret (key 'url') in the namespace; the operator's --store-secret."
+    ),
+]
+KubeconfigOption = Annotated[
+    str | None, typer.Option("--kubeconfig", help="The kubeconfig file (as kubectl reads it).")
+]
+ContextOption = Annotated[str | None, typer.Option("--context", help="The kubeconfig context.")]
+
+
+def _check_admin_url(store: str) -> None:
+    """Refuse an administrator URL that cannot be one, before anything is contacted."""
+    if not store:
+        raise InputError("--store", "give the store's administrator URL (or KEELGATE_STORE)")
+    check_store_url(store)
+    if not store.startswith(("postgresql:", "postgres:")):
+        raise InputError(
+            "--store",
+            "tenant roles exist in PostgreSQL only (a SQLite file has one user: its file's)",
+        )
+
+
+def _admin(store: str) -> TenantStore:
+    """The administrator's session on the store (PostgreSQL only)."""
+    _check_admin_url(store)
+    from keelgate.stores.tenancy import TenantStore
+
+    return TenantStore(store)
+
+
+def _cluster(kubeconfig: str | None, context: str | None, namespace: str) -> StoreSecrets:
+    # Loaded here: the other commands never pay for the Kubernetes client.
+    from keelgate.cli.plugin.target import resolve
+    from keelgate.cli.secrets import StoreSecrets
+
+    return StoreSecrets(resolve(kubeconfig, context, namespace))
+
+
+def _password_of(url: str, role: str) -> str:
+    """The password of ``url`` when it logs in as ``role`` ("" otherwise)."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    if unquote(parts.username or "") != role:
+        return ""
+    return unquote(parts.password or "")
+
+
+def _host_of(url: str) -> str:
+    """The HOST:PORT part of a URL ("" if it has none)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).netloc.rpartition("@")[2]
+    except ValueError:
+        return ""
+
+
+@dataclass(frozen=True)
+class _Said:
+    """One command's result, for a person and as JSON."""
+
+    line: str
+    document: dict[str, Any]
+
+
+def _say(said: _Said, output: OutputFormat) -> None:
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(said.document)
+    else:
+        console.say(said.line)
+
+
+@tenant_app.command("add")
+def add_command(
+    namespace: NamespaceArgument,
+    store: AdminStoreOption = "",
+    operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator",
+            help="The operator's role instead: it reads every tenant and writes what the "
+            "operator writes; its Secret goes in NAMESPACE (the operator's own).",
+        ),
+    ] = False,
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role", help="The role's name (default keelgate-NAMESPACE, or keelgate-operator)."
+        ),
+    ] = "",
+    secret: SecretOption = "keelgate-store",
+    print_url: Annotated[
+        bool,
+        typer.Option(
+            "--print",
+            help="Print the URL (with its password) on stdout instead of writing the Secret; "
+            "the cluster is not contacted.",
+        ),
+    ] = False,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Set a new password even if the Secret's works.")
+    ] = False,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="HOST[:PORT] step pods reach the database at (default: the Secret's, else "
+            "the administrator URL's).",
+        ),
+    ] = "",
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Give NAMESPACE its own database role (created with a generated password, granted only
+    its rows) and write the URL into its Secret. Run again, it changes nothing that works."""
+    from keelgate.stores.tenancy import (
+        check_host,
+        check_namespace,
+        check_role,
+        default_role,
+        role_url,
+    )
+
+    kind = "operator" if operator else "tenant"
+    _check_admin_url(store)
+    check_namespace(namespace)
+    check_role(role or default_role(namespace, kind))
+    check_host(host)
+    cluster = None
+    working = current_url = ""
+    exists = False
+    if not print_url:
+        # The cluster first: a namespace that is not there, or a user who may not write its
+        # Secrets, stops the command before the database changes.
+        cluster = _cluster(kubeconfig, context, namespace)
+        chosen = role or default_role(namespace, kind)
+        current = cluster.read(secret)
+        exists = current is not None
+        current_url = cluster.url_of(current)
+        working = _password_of(current_url, chosen)
+        # Where the pods reach the database stays as the Secret says, unless --host changes it.
+        host = host or _host_of(current_url)
+        # A dry run of the write (no password in it): the API server says whether it would.
+        cluster.write(
+            secret, role_url(store, chosen, "x", host=host), chosen, exists=exists, dry_run=True
+        )
+    with _admin(store) as admin:
+        added = admin.add(
+            namespace,
+            kind=kind,
+            role=role,
+            working_password=working,
+            rotate=rotate,
+            host=host,
+            new_url=print_url,
+        )
+    role = added.tenant.role
+    made = "created" if added.created else "kept"
+    password = "a new password" if added.password else "its password unchanged"
+    where = ""
+    if cluster is not None:
+        # A password that works is kept; the URL around it is written as asked (a new --host).
+        url = added.url or role_url(store, role, working, host=host)
+        if url != current_url:
+            cluster.write(secret, url, role, exists=exists)
+            where = f"; Secret {namespace}/{secret} {'updated' if exists else 'written'} (key url)"
+        else:
+            where = f"; Secret {namespace}/{secret} unchanged"
+    kind_words = "operator" if operator else f"tenant {namespace}"
+    line = f"{kind_words}: role {role} {made}, with {password}{where}"
+    if print_url:
+        Console().err.print(line, markup=False, highlight=False)
+        Console().say(added.url)
+        return 0
+    _say(
+        _Said(
+            line,
+            {
+                "namespace": namespace,
+                "role": role,
+                "kind": kind,
+                "created": added.created,
+                "passwordSet": added.password,
+                "secret": f"{namespace}/{secret}",
+            },
+        ),
+        output,
+    )
+    return 0
+
+
+@tenant_app.command("remove")
+def remove_command(
+    namespace: NamespaceArgument,
+    store: AdminStoreOption = "",
+    secret: SecretOption = "keelgate-store",
+    keep_secret: Annotated[
+        bool,
+        typer.Option(
+            "--keep-secret", help="Leave the namespace's Secret; the cluster is not contacted."
+        ),
+    ] = False,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Take NAMESPACE's role away (its rights, its sessions, the role) and the Secret
+    `tenant add` wrote. Its runs, keys, audit trails and specs stay in the store."""
+    from keelgate.stores.tenancy import check_namespace
+
+    _check_admin_url(store)
+    check_namespace(namespace)
+    cluster = None
+    current = None
+    if not keep_secret:
+        cluster = _cluster(kubeconfig, context, namespace)
+        current = cluster.read(secret)  # none in a namespace that is not there
+    with _admin(store) as admin:
+        removed = admin.remove(namespace)
+        kept = admin.kept(namespace)
+    deleted = []
+    for done in removed:
+        if cluster is not None and cluster.ours(current, done.tenant.role):
+            cluster.delete(secret)
+            deleted.append(f"Secret {namespace}/{secret} deleted")
+    parts = []
+    for done in removed:
+        fate = (
+            "dropped" if done.dropped else "kept (it has rights in another database), revoked here"
+        )
+        parts.append(f"role {done.tenant.role} {fate}, {done.sessions} session(s) ended")
+    if not removed:
+        parts.append("no role was registered for it")
+    parts.extend(deleted)
+    line = (
+        f"tenant {namespace}: {'; '.join(parts)}. Kept in {redacted(store)}: {kept.words()} of "
+        f"{namespace} (the administrator URL reads them; `keelgate tenant add {namespace}` "
+        "gives them to a new role)"
+    )
+    document = {
+        "namespace": namespace,
+        "removed": [
+            {
+                "role": d.tenant.role,
+                "kind": d.tenant.kind,
+                "dropped": d.dropped,
+                "sessionsEnded": d.sessions,
+            }
+            for d in removed
+        ],
+        "secretDeleted": bool(deleted),
+        "kept": {"runs": kept.runs, "keys": kept.keys, "events": kept.events, "specs": kept.specs},
+    }
+    _say(_Said(line, document), output)
+    return 0
+
+
+@tenant_app.command("list")
+def list_command(store: AdminStoreOption = "", output: OutputOption = OutputFormat.text) -> int:
+    """The registered roles, and the tenants with runs but no role of their own."""
+    with _admin(store) as admin:
+        tenants = admin.tenants()
+        unregistered = admin.unregistered()
+        runs = {t.tenant: admin.kept(t.tenant).runs for t in tenants}
+        runs.update({name: admin.kept(name).runs for name in unregistered})
+    console = Console()
+    if output is OutputFormat.json:
+        console.json(
+            {
+                "tenants": [
+                    {
+                        "namespace": t.tenant,
+                        "role": t.role,
+                        "kind": t.kind,
+                        "addedAt": t.added_at,
+                        "runs": runs[t.tenant],
+                    }
+                    for t in tenants
+                ],
+                "withoutRole": unregistered,
+            }
+        )
+        return 0
+    if not tenants and not unregistered:
+        console.say("no tenants in this store")
+        return 0
+    rows = [("NAMESPACE", "ROLE", "KIND", "RUNS", "ADDED")]
+    rows += [(t.tenant, t.role, t.kind, str(runs[t.tenant]), t.added_at) for t in tenants]
+    rows += [(name, "-", "none (shared URL)", str(runs[name]), "-") for name in unregistered]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        console.say(
+            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
