@@ -1293,3 +1293,34 @@ def test_a_pricing_file_problem_names_the_option_and_the_file_once(
     assert err.startswith(f"keelgate: error: --pricing: {prices}: "), err
     assert err.count("prices.yaml") == 1 and problem in err, err
     assert orders(world) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--lease-retry=0"], "--lease-retry"),
+        (["--lease-renew=2"], "--lease-renew"),
+        (["--lease-duration=10"], "--lease-duration"),
+        (["--lease-namespace="], "--lease-namespace"),
+    ],
+)
+def test_bad_leader_election_settings_are_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    field: str,
+) -> None:
+    """`keelgate operator --leader-elect` with timings the election cannot keep (a retry under
+    a second, a renew deadline within 1.2 retries, a lease no longer than the renew deadline) or
+    no namespace for the Lease outside a pod: exit 2, one line naming the flag, before anything
+    connects."""
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    namespace = [] if field == "--lease-namespace" else ["--lease-namespace=kg"]
+    code = main(
+        ["operator", "--store", "postgresql://kg@127.0.0.1:1/kg", "--leader-elect", *namespace]
+        + [f for f in flags if f != "--lease-namespace="]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert field in err and "Traceback" not in err

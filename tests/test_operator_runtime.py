@@ -17,9 +17,13 @@ from typing import Any
 
 import httpx
 
+from keelgate.kube.api_failures import ApiFailure
+from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.operator import Operator as RunningOperator
+from keelgate.kube.runtime.operator import OperatorOptions
 from keelgate.kube.runtime.resync import vanished_step_pods
 from keelgate.kube.runtime.workers import Workers, backoff
 from keelgate.kube.runtime.workqueue import WorkQueue
@@ -214,9 +218,41 @@ def test_health_and_metrics_answer_over_http(kube: Operator) -> None:
             await server.stop()
 
     answers = asyncio.run(scenario())
-    assert answers[0] == (200, "ok\n") and answers[1] == (200, "ok\n")
+    assert answers[0] == (200, "ok\n") and answers[1] == (200, "leading\n")
     assert answers[3] == (503, "stalled\n")
     page = answers[2][1]
     assert 'keelgate_runs{phase="Running"} 1.0' in page
     assert "keelgate_step_pods_active 1.0" in page
     assert "restock" not in page  # no run names in labels
+
+
+def test_no_worker_runs_before_every_kind_is_listed_and_readyz_says_so(kube: Operator) -> None:
+    """A restarted operator first lists runs, step pods, Reconciliations and Approvals into
+    its cache (trying again when the API server refuses a list), and only then starts its
+    workers: until then /readyz answers 503 "listing"; after, the step-pod cap counts the pods
+    already running and /readyz answers "leading"."""
+    for name in ("first", "second"):
+        kube.apply(name, agentrun_spec())
+    kube.reconcile("first")  # a step pod runs: the cap of 1 is full
+    assert kube.api.running_step_pods(NAMESPACE)
+    kube.api.refuse_next["list_all"] = ApiFailure("list Pod: 503 Service Unavailable", status=503)
+    options = OperatorOptions(
+        controller=ControllerSettings(max_step_pods=1), workers=1, resync_seconds=3600
+    )
+    restarted = RunningOperator(options, stores=kube.stores, api=kube.api)  # type: ignore[arg-type]
+    assert restarted._ready() == (False, "listing")
+
+    async def scenario() -> tuple[bool, str]:
+        await restarted._start()
+        try:
+            return restarted._ready()
+        finally:
+            await restarted._stop()
+
+    assert asyncio.run(scenario()) == (True, "leading")
+    assert restarted.cache.active_step_pods() == 1
+    assert sorted(k[2] for k in restarted.cache.keys("AgentRun")) == ["first", "second"]
+    # The second run waits for the slot the first run's pod holds: no pod beyond the cap.
+    assert restarted.controller is not None
+    restarted.controller.reconcile(("AgentRun", NAMESPACE, "second"))
+    assert len(kube.api.running_step_pods(NAMESPACE)) == 1

@@ -296,6 +296,10 @@ class OperatorPod:
     values: tuple[str, ...] = ()
     release: str = RELEASE
     namespace: str = SYSTEM
+    #: One replica without leader election by default: tests that kill the operator again and
+    #: again would otherwise wait out a lease (15 s) at every kill. The HA tests ask for more.
+    replicas: int = 1
+    leader_election: bool = False
     #: A store URL for the chart's store.url. Default: the operator's own role, made with
     #: `keelgate tenant add keelgate-system --operator` into the Secret keelgate-store there,
     #: which the chart reads (store.existingSecret), as install.md does it.
@@ -328,6 +332,8 @@ class OperatorPod:
             "image.tag=dev",
             f"allowFailpoints={str(self.allow_failpoints).lower()}",
             f"operator.maxStepPods={self.max_step_pods}",
+            f"replicas={self.replicas}",
+            f"leaderElection.enabled={str(self.leader_election).lower()}",
             "operator.resyncSeconds=10",
             f"operator.metricsPort={self.port}",
             f"metrics.service.port={self.port}",
@@ -458,9 +464,10 @@ class OperatorPod:
         wait_for(lambda: not self.healthy(), timeout=30, what="the operator to stop answering")
 
     def start(self) -> None:
-        """An operator pod again: the release installed and scaled to 1, answering /healthz."""
+        """Operator pods again: the release installed and scaled to its replicas, answering
+        /healthz."""
         if self.helm("status", self.release, "-n", self.namespace, check=False).returncode:
             self.install()
             return
-        self.scale(1)
+        self.scale(self.replicas)
         self.wait_healthy()

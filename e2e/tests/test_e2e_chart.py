@@ -92,8 +92,10 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     helm: Path, cluster: Cluster
 ) -> None:
     """The chart's CRDs are crds/ byte for byte; its RBAC rules, user roles and admission
-    policy are deploy/'s; the operator runs as one replica replaced (never rolled), non-root,
-    with a read-only root filesystem, probes, and the store URL from a Secret by reference."""
+    policy are deploy/'s; the operator runs as two replicas that elect a leader with a Lease of
+    the release (a Role for that Lease alone, rolled one new pod at a time, a disruption budget
+    keeping one), non-root, with a read-only root filesystem, probes, and the store URL from a
+    Secret by reference. Without leader election it is one replica, replaced (never rolled)."""
     for crd in (ROOT / "crds").glob("*.yaml"):
         assert (CHART / "crds" / crd.name).read_text() == crd.read_text()
     docs = rendered(helm, cluster, "--set", "store.existingSecret.name=pg")
@@ -117,8 +119,33 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
             assert by_kind[(kind, name)]["spec"] == plain[(kind, name)]["spec"]
     assert ("ValidatingAdmissionPolicy", "keelgate-allowed-sources") not in by_kind  # optional
     deployment = by_kind[("Deployment", "kg-operator")]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--lease-name=kg-operator" in args
+    lease_rules = by_kind[("Role", "kg-operator-lease")]["rules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in (
+        lease_rules
+    )
+    assert by_kind[("RoleBinding", "kg-operator-lease")]["roleRef"]["name"] == "kg-operator-lease"
+    assert by_kind[("PodDisruptionBudget", "kg-operator")]["spec"]["minAvailable"] == 1
+    single = rendered(
+        helm,
+        cluster,
+        "--set",
+        "store.existingSecret.name=pg",
+        "--set",
+        "replicas=1",
+        "--set",
+        "leaderElection.enabled=false",
+    )
+    (alone,) = [d for d in single if d["kind"] == "Deployment"]
+    assert alone["spec"]["replicas"] == 1 and alone["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [d for d in single if d["kind"] in ("Role", "PodDisruptionBudget")]
+    assert "--leader-elect" not in alone["spec"]["template"]["spec"]["containers"][0]["args"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
@@ -145,6 +172,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("store.url=mysql://db", "/store/url"),
         ("operator.typo=1", "/operator"),
         ("admissionPolicy.allowed.stepImages=x", "/admissionPolicy/allowed/stepImages"),
+        ("replicas=0", "/replicas"),
+        ("leaderElection.leaseDuration=soon", "/leaderElection/leaseDuration"),
     ],
 )
 def test_a_wrong_value_fails_helm_install_naming_the_value(

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.ports import ApiServer
-from keelgate.kube.naming import STEP_POD_LABEL, STEP_POD_NAME
+from keelgate.kube.naming import RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 
 JSON = dict[str, Any]
 
@@ -141,6 +141,21 @@ class FakeApiServer(ApiServer):
                 and (namespace is None or ns == namespace)
                 and pod["metadata"].get("labels", {}).get(STEP_POD_LABEL) == STEP_POD_NAME
                 and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            ]
+
+    def list_all(
+        self, kind: str, namespace: str | None = None, *, page: int = 500, timeout: float = 60
+    ) -> list[JSON]:
+        """Every object of a kind (pods: those labelled with a run), as ClusterApi lists them;
+        ``refuse_next["list_all"]`` answers one list with an error instead."""
+        with self._lock:
+            self._refused("list_all")
+            return [
+                copy.deepcopy(body)
+                for (k, ns, _), body in sorted(self.objects.items())
+                if k == kind
+                and (namespace is None or ns == namespace)
+                and (kind != "Pod" or RUN_LABEL in body["metadata"].get("labels", {}))
             ]
 
     def delete_pod(self, namespace: str, name: str, *, uid: str = "") -> None:

@@ -11,7 +11,7 @@ This module must never print a secret (the store URL is shown redacted, if at al
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,9 @@ from keelgate.cli import step
 from keelgate.cli.commands import StoreOption, app
 from keelgate.errors import InputError
 from keelgate.stores import check_store_url, redacted
+
+if TYPE_CHECKING:
+    from keelgate.kube.runtime.leadership import LeaseSettings
 
 
 @app.command(
@@ -99,6 +102,41 @@ def operator_command(
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
     resync: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 30.0,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            help="Take part in leader election (a Lease): only the leader drives runs, the "
+            "other replicas stand by.",
+        ),
+    ] = False,
+    lease_name: Annotated[str, typer.Option("--lease-name", help="The Lease's name.")] = (
+        "keelgate-operator"
+    ),
+    lease_namespace: Annotated[
+        str,
+        typer.Option(
+            "--lease-namespace",
+            envvar="POD_NAMESPACE",
+            help="The Lease's namespace (default: the pod's own).",
+        ),
+    ] = "",
+    identity: Annotated[
+        str,
+        typer.Option(
+            "--identity", envvar="POD_NAME", help="This replica's name in the Lease (its pod's)."
+        ),
+    ] = "",
+    lease_duration: Annotated[
+        int, typer.Option("--lease-duration", help="Seconds a standby waits for a silent leader.")
+    ] = 15,
+    lease_renew: Annotated[
+        int,
+        typer.Option("--lease-renew", help="Seconds a leader tries to renew before it stops."),
+    ] = 10,
+    lease_retry: Annotated[
+        int, typer.Option("--lease-retry", help="Seconds between tries to take or renew.")
+    ] = 2,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
     if not store:
@@ -124,10 +162,19 @@ def operator_command(
     from keelgate.kube.runtime.operator import Operator, OperatorOptions
     from keelgate.stores import open_stores
 
+    lease = None
+    if leader_elect:
+        lease = _lease(
+            lease_name,
+            lease_namespace,
+            identity,
+            (lease_duration, lease_renew, lease_retry),
+        )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
-    for noisy in ("kopf", "aiohttp", "kubernetes", "urllib3"):
+    # leaderelection: a standby would log every try (every 2 s) at INFO.
+    for noisy in ("kopf", "aiohttp", "kubernetes", "urllib3", "leaderelection"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     options = OperatorOptions(
         namespaces=tuple(namespace or ()),
@@ -148,16 +195,58 @@ def operator_command(
         bind=bind,
         workers=workers,
         resync_seconds=resync,
+        lease=lease,
     )
     stores = open_stores(store)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     try:
         operator = Operator(options, stores=stores, api=ClusterApi(), tracer=tracer)
-        asyncio.run(operator.run())
+        code = asyncio.run(operator.run())
     finally:
         stores.close()
         tracer.close()
-    return 0
+    if code:
+        print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
+    return code
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _lease(
+    name: str,
+    namespace: str,
+    identity: str,
+    timings: tuple[int, int, int],
+) -> LeaseSettings:
+    """The Lease of --leader-elect: its namespace from --lease-namespace (POD_NAMESPACE), else
+    the service account's; this replica's identity from --identity (POD_NAME), else the host's
+    name (a pod's hostname is its name)."""
+    import socket
+    from pathlib import Path
+
+    from keelgate.kube.runtime.leadership import LeaseSettings
+
+    if not namespace:
+        try:
+            namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+        except OSError:
+            raise InputError(
+                "--lease-namespace", "needed outside a pod (or set POD_NAMESPACE)"
+            ) from None
+    duration, renew, retry = timings
+    try:
+        return LeaseSettings(
+            name=name,
+            namespace=namespace,
+            identity=identity or socket.gethostname(),
+            lease_seconds=duration,
+            renew_seconds=renew,
+            retry_seconds=retry,
+        )
+    except ValueError as error:
+        field, _, message = str(error).partition(" ")
+        raise InputError(field, message) from None
 
 
 def _trace_env(environ: Mapping[str, str]) -> dict[str, str]:

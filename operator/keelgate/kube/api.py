@@ -26,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
-from keelgate.kube.naming import GROUP, STEP_POD_LABEL, STEP_POD_NAME, VERSION
+from keelgate.kube.naming import GROUP, RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME, VERSION
 from keelgate.kube.times import now
 
 log = logging.getLogger("keelgate.kube.api")
@@ -174,6 +174,39 @@ class ClusterApi:
                 f"{what}: the answer is not JSON", status=int(response.status)
             ) from None
         return answer
+
+    # Listing (the operator's start)
+
+    def list_all(
+        self, kind: str, namespace: str | None = None, *, page: int = 500, timeout: float = 60
+    ) -> list[JSON]:
+        """Every object of ``kind`` in ``namespace`` (None: every namespace), as the API server
+        has them now, fetched ``page`` at a time; for ``Pod``, the pods that belong to a run
+        (the watch's selector). Each item gets its ``apiVersion`` and ``kind``, which a list
+        leaves out."""
+        scope = "" if namespace is None else f"/namespaces/{namespace}"
+        query: list[tuple[str, str]] = [("limit", str(page))]
+        if kind == "Pod":
+            path, api_version = f"/api/v1{scope}/pods", "v1"
+            query.append(("labelSelector", RUN_LABEL))
+        else:
+            api_version = f"{GROUP}/{VERSION}"
+            path = f"/apis/{api_version}{scope}/{PLURALS[kind]}"
+        where = "every namespace" if namespace is None else namespace
+        items: list[JSON] = []
+        token = ""
+        while True:
+            asked = query + ([("continue", token)] if token else [])
+            listed = self._core(
+                "GET", path, f"list {kind} in {where}", query=asked, timeout=timeout
+            )
+            for item in listed.get("items") or []:
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            token = str((listed.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
 
     # Pods
 

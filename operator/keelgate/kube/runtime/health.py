@@ -1,8 +1,13 @@
 """``/healthz``, ``/readyz`` and ``/metrics``: the operator's HTTP endpoints, and its gauges.
 
-Why it exists: a kubelet's probes and Prometheus ask over HTTP; the answers are whether every
-worker (and the resync) still runs, and the metrics with their gauges refreshed from the cache at
-each scrape. It must never block the event loop, and never show a run's name or spec.
+Why it exists: a kubelet's probes and Prometheus ask over HTTP. ``/healthz`` (liveness) says
+whether every worker and the resync still run, or on a standby whether its leader election does;
+``/readyz`` says what this replica is doing: 200 ``leading`` once every watched kind has been
+listed, 503 ``listing`` before that, and 200 ``standby`` on a replica waiting for the lease (a
+standby that never became ready would block every rolling update of the Deployment: its new pods
+could never count as available while the old leader holds the lease). The ``keelgate_leader``
+gauge says which replica leads. ``/metrics`` refreshes its gauges from the cache at each scrape.
+It must never block the event loop, and never show a run's name or spec.
 """
 
 from __future__ import annotations
@@ -36,11 +41,21 @@ def refresh_gauges(metrics: Metrics, cache: Cache) -> None:
     metrics.step_pods_active.set(cache.active_step_pods())
 
 
+def _always_ready() -> tuple[bool, str]:
+    return True, "leading"
+
+
 class HealthServer:
     def __init__(
-        self, *, alive: Callable[[], bool], metrics: Metrics, refresh: Callable[[], None]
+        self,
+        *,
+        alive: Callable[[], bool],
+        metrics: Metrics,
+        refresh: Callable[[], None],
+        ready: Callable[[], tuple[bool, str]] = _always_ready,
     ) -> None:
         self._alive = alive
+        self._ready = ready
         self._metrics = metrics
         self._refresh = refresh
         self._runner: web.AppRunner | None = None
@@ -48,11 +63,13 @@ class HealthServer:
     async def start(self, bind: str, port: int) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_page)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, bind, port).start()
+        # reuse_port: replicas that share a network (the local cluster runs pods on the host's)
+        # can all listen; each pod of a real cluster has its own, where it changes nothing.
+        await web.TCPSite(self._runner, bind, port, reuse_port=True).start()
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -62,6 +79,10 @@ class HealthServer:
     async def _healthz(self, _: web.Request) -> web.Response:
         alive = self._alive()
         return web.Response(status=200 if alive else 503, text="ok\n" if alive else "stalled\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ready, what = self._ready()
+        return web.Response(status=200 if ready else 503, text=f"{what}\n")
 
     async def _metrics_page(self, _: web.Request) -> web.Response:
         self._refresh()

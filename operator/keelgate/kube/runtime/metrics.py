@@ -69,6 +69,16 @@ class Metrics:
             ["what"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "keelgate_leader",
+            "1 on the replica that leads (drives runs), 0 on a standby.",
+            registry=self.registry,
+        )
+        self.step_pod_cap = Gauge(
+            "keelgate_step_pods_max",
+            "The most step pods pending or running at once (--max-step-pods).",
+            registry=self.registry,
+        )
         self.reconcile_errors = Counter(
             "keelgate_reconcile_errors",
             "Reconciles that failed and were retried.",

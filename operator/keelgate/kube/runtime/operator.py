@@ -1,6 +1,13 @@
 """``keelgate operator``: the wiring of the running operator: kopf's watches feed the cache and
 the work queue, workers run the controller, a resync and the health endpoints run beside them.
 
+With leader election (``leadership``), a replica stands by until it holds the Lease, serving
+only its health endpoints; the leader then lists every watched kind once into the cache (the
+start barrier: no worker runs before, so the step-pod cap and a monitor's due tick are judged on
+the whole cluster, never on a half-filled cache, and ``/readyz`` says ``listing`` meanwhile) and
+starts kopf's watches. A leader that fails to renew its lease stops at once and exits 1; its pod
+comes back as a standby.
+
 kopf's watch streams are the operator's eyes: every change to an AgentRun, a step pod, a
 Reconciliation or an Approval lands in the cache and queues a reconcile of the run it concerns.
 A few workers (``workers``) take keys from the queue and run the (synchronous, store-bound)
@@ -35,6 +42,7 @@ from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
 from keelgate.kube.resources import controller_name, is_tick, pod_finished
 from keelgate.kube.runtime.cache import Cache, copy_json, key_of
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
+from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.resync import Resync
 from keelgate.kube.runtime.workers import Workers
@@ -44,6 +52,8 @@ log = logging.getLogger("keelgate.operator")
 
 #: How many of the runs waiting for a step slot one freed slot wakes.
 WAKE_ON_SLOT = 8
+#: The kinds the operator watches, listed once before any worker runs.
+WATCHED = ("AgentRun", "Pod", "Reconciliation", "Approval")
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class OperatorOptions:
     bind: str = "0.0.0.0"
     workers: int = 4
     resync_seconds: float = 30.0
+    lease: LeaseSettings | None = None  # None: no election, this process leads alone
 
 
 class Operator:
@@ -75,10 +86,14 @@ class Operator:
         self.controller: Controller | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._health = HealthServer(
-            alive=self._alive, metrics=self.metrics, refresh=self._refresh_gauges
+            alive=self._alive, ready=self._ready, metrics=self.metrics, refresh=self._refresh_gauges
         )
         self._seen_end: set[tuple[str, str]] = set()
         self.started = time.monotonic()
+        self.leadership: Leadership | None = None
+        self.listed = False  # every watched kind listed into the cache once (the barrier)
+        self.lost_lease = False
+        self.metrics.step_pod_cap.set(options.controller.max_step_pods)
         api.on_write = lambda what: self.metrics.api_writes.labels(what).inc()
 
     # kopf wiring
@@ -171,11 +186,24 @@ class Operator:
         refresh_gauges(self.metrics, self.cache)
 
     def _alive(self) -> bool:
-        return bool(self._tasks) and all(not task.done() for task in self._tasks)
+        if self._tasks:
+            return all(not task.done() for task in self._tasks)
+        # Not started yet: a standby is alive while its election runs, a leader while it lists.
+        leadership = self.leadership
+        return leadership is None or leadership.alive()
+
+    def _ready(self) -> tuple[bool, str]:
+        leadership = self.leadership
+        if leadership is not None and not leadership.leading:
+            return True, "standby"
+        if not self.listed:
+            return False, "listing"
+        return True, "leading"
 
     # Lifecycle
 
     async def _start(self) -> None:
+        await asyncio.to_thread(self._list_everything)
         queue = self.queue = WorkQueue[Key]()
         self.controller = Controller(
             api=self.api,
@@ -201,12 +229,38 @@ class Operator:
             refresh_gauges=self._refresh_gauges,
         )
         self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
-        await self._health.start(self.options.bind, self.options.port)
         log.info(
-            "keelgate operator started (namespaces: %s, step pods at most %d)",
+            "keelgate operator started (namespaces: %s, step pods at most %d; %d runs listed)",
             ", ".join(self.options.namespaces) or "all",
             self.options.controller.max_step_pods,
+            len(self.cache.keys("AgentRun")),
         )
+
+    def _list_everything(self) -> None:
+        """The start barrier: every watched kind listed into the cache before any worker runs.
+        A failed list is tried again (an API server starting up with this replica), never
+        skipped: a reconcile on a partial view could exceed the step-pod cap or tick twice."""
+        scopes: tuple[str | None, ...] = self.options.namespaces or (None,)
+        for kind in WATCHED:
+            for scope in scopes:
+                delay = 0.5
+                while True:
+                    try:
+                        items = self.api.list_all(kind, scope)
+                        break
+                    except Exception as failure:  # told, then tried again
+                        log.warning(
+                            "start: cannot list %s (%s: %s); trying again in %.0fs",
+                            kind,
+                            type(failure).__name__,
+                            str(failure).splitlines()[0] if str(failure) else "",
+                            delay,
+                        )
+                        time.sleep(delay)
+                        delay = min(delay * 2, 10.0)
+                for item in items:
+                    self.cache.put(kind, item)
+        self.listed = True
 
     async def _stop(self) -> None:
         for task in self._tasks:
@@ -215,18 +269,43 @@ class Operator:
         self._tasks.clear()
         if self.queue is not None:
             self.queue.close()
-        await self._health.stop()
 
     # Running
 
-    async def run(self) -> None:
-        await kopf.operator(
-            registry=self.registry(),
-            settings=self.settings(),
-            standalone=True,
-            clusterwide=not self.options.namespaces,
-            namespaces=self.options.namespaces,
-        )
+    async def run(self) -> int:
+        """Stand by until leading (with an election), then drive runs until stopped. Returns
+        the process's exit code: 1 if the lease was lost, else 0."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def lost() -> None:
+            self.lost_lease = True
+            self.metrics.leader.set(0)
+            loop.call_soon_threadsafe(stop.set)
+
+        await self._health.start(self.options.bind, self.options.port)
+        try:
+            if self.options.lease is not None:
+                self.leadership = Leadership(
+                    self.options.lease, api_client=self.api.client, lost=lost
+                )
+                await self.leadership.acquire()
+            self.metrics.leader.set(1)
+            if not stop.is_set():
+                await kopf.operator(
+                    registry=self.registry(),
+                    settings=self.settings(),
+                    standalone=True,
+                    clusterwide=not self.options.namespaces,
+                    namespaces=self.options.namespaces,
+                    stop_flag=stop,
+                )
+        finally:
+            self.metrics.leader.set(0)
+            if self.leadership is not None:
+                await asyncio.to_thread(self.leadership.release)
+            await self._health.stop()
+        return 1 if self.lost_lease else 0
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
