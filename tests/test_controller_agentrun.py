@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keelgate.kube.api_failures import Conflict, Gone
+from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.resources import StepPodSettings
@@ -653,3 +653,54 @@ def test_a_traced_operator_hands_each_pod_its_span_and_sends_it_when_the_pod_end
     steps = [s for s in exporter.get_finished_spans() if s.name.startswith("step ")]
     assert [s.status.status_code.name for s in steps] == ["ERROR", "UNSET", "UNSET"]
     assert {f"{s.context.trace_id:032x}" for s in steps} == {ref.trace_id}  # type: ignore[union-attr]
+
+
+def test_a_step_pod_the_server_refuses_is_told_then_stalls_the_run_and_clears_when_allowed(
+    kube: Operator,
+) -> None:
+    """The API server refuses the step pod (a ResourceQuota of zero pods): one Warning
+    FailedCreate with the server's words, tries again after 5, 10, 20 s, and from the third
+    refusal the run shows Stalled=True (PodCreateRefused) with that message; no second Warning
+    for the same refusal. Once the quota is lifted the pod is created, and the run is no longer
+    stalled."""
+    said = (
+        'pods "restock-s1-a1" is forbidden: exceeded quota: zero, requested: pods=1, '
+        "used: pods=0, limited: pods=0"
+    )
+    kube.api.refuse_always["create_pod"] = ApiFailure(
+        f"create Pod shop/restock-s1-a1: 403 Forbidden: {said}", status=403, detail=said
+    )
+    kube.apply("restock", agentrun_spec())
+    waits = [kube.reconcile("restock") for _ in range(3)]
+    assert waits == [Requeue(5.0), Requeue(10.0), Requeue(20.0)]
+    assert kube.pods() == []
+    warnings = [e for e in kube.api.events if e.reason == "FailedCreate"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning"
+    assert said in warnings[0].message and "step 1 attempt 1" in warnings[0].message
+    stalled = kube.condition("restock", "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "PodCreateRefused"
+    assert "exceeded quota" in stalled["message"]
+    del kube.api.refuse_always["create_pod"]
+    assert kube.reconcile("restock") == REST
+    assert kube.pods() == ["restock-s1-a1"]
+    assert [e.reason for e in kube.api.events].count("Created") == 1
+    kube.reconcile("restock")  # the pod's watch event
+    assert kube.condition("restock", "Stalled")["status"] == "False"
+    assert len([e for e in kube.api.events if e.reason == "FailedCreate"]) == 1
+
+
+def test_a_server_that_does_not_answer_a_pod_create_is_retried_without_a_stall(
+    kube: Operator,
+) -> None:
+    """A create the server did not answer (503, a timeout) is no refusal: the reconcile fails
+    and the worker's back-off retries it, with no FailedCreate Event and no Stalled."""
+    kube.api.refuse_next["create_pod"] = ApiFailure(
+        "create Pod shop/restock-s1-a1: 503 Service Unavailable", status=503
+    )
+    kube.apply("restock", agentrun_spec())
+    with pytest.raises(ApiFailure):
+        kube.reconcile("restock")
+    assert not [e for e in kube.api.events if e.reason == "FailedCreate"]
+    assert kube.reconcile("restock") == REST
+    assert kube.pods() == ["restock-s1-a1"]
+    assert kube.condition("restock", "Stalled")["status"] == "False"

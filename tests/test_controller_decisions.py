@@ -10,6 +10,10 @@ edit of the object, a refusal that is never told.
 
 from __future__ import annotations
 
+import time
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 
 from keelgate.core.loop import Loop
@@ -157,9 +161,25 @@ def test_a_store_settlement_is_found_by_the_run_and_mirrored(kube: Operator) -> 
     assert "DecidedElsewhere" not in kube.api.reasons()
 
 
-def test_a_refused_settlement_is_told_and_tried_again_later(kube: Operator) -> None:
-    """A decision the loop refuses (no actor: ``by`` empty) is told in a SettleRefused Warning
-    on the run, nothing is settled, and the reconcile comes back in ten seconds."""
+def _waited(result: object) -> float:
+    assert isinstance(result, Requeue), result
+    return result.after
+
+
+def test_a_refused_settlement_is_shown_told_once_and_tried_again_later_and_later(
+    tmp_path: Path, orders: list[object]
+) -> None:
+    """A decision the loop refuses (no actor: ``by`` empty): nothing is settled; the object's
+    status says why (message, Stalled=True with reason SettleRefused, Ready=False); one
+    SettleRefused Warning on the run however often it is tried; back in ten seconds, and then
+    after as long as it has been refused (at most five minutes). Once settled, the conditions
+    say Ready and not Stalled, and the message is gone."""
+    now = [time.time()]
+    with closing(Operator(tmp_path, clock=lambda: now[0])) as kube:
+        _refused_then_settled(kube, now)
+
+
+def _refused_then_settled(kube: Operator, now: list[float]) -> None:
     key = unknown_outcome(kube)
     kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": ""})
     assert kube.reconcile(SETTLE, kind="Reconciliation") == Requeue(10.0)
@@ -169,6 +189,52 @@ def test_a_refused_settlement_is_told_and_tried_again_later(kube: Operator) -> N
     assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
     shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
     assert shown is not None and shown["status"]["phase"] == "Pending"
+    assert shown["status"]["message"] == warning.message
+    conditions = {c["type"]: c for c in shown["status"]["conditions"]}
+    assert conditions["Stalled"]["status"] == "True"
+    assert conditions["Stalled"]["reason"] == "SettleRefused"
+    assert conditions["Ready"]["status"] == "False"
+    writes = len(kube.api.writes)
+    now[0] += 120.0
+    assert 119.0 <= _waited(kube.reconcile(SETTLE, kind="Reconciliation")) <= 122.0
+    now[0] += 3600.0
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == Requeue(300.0)
+    assert kube.api.reasons().count("SettleRefused") == 1
+    assert len(kube.api.writes) == writes  # nothing new to show: no patch, no Event
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"by": "alice"})
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    settled = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert settled is not None and settled["status"]["phase"] == "Settled"
+    conditions = {c["type"]: c for c in settled["status"]["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Stalled"]["status"]) == ("True", "False")
+    assert settled["status"]["message"] == ""
+
+
+def test_a_reconciliation_whose_run_the_store_does_not_have_says_so(
+    tmp_path: Path, orders: list[object]
+) -> None:
+    """A Reconciliation naming a run the store has never seen (applied by hand, or its run's
+    rows removed): its status says the run does not exist (Stalled=True, reason RunNotFound),
+    one Warning, and it is tried again with a back-off, not every ten seconds for ever."""
+    now = [time.time()]
+    with closing(Operator(tmp_path, clock=lambda: now[0])) as kube:
+        _run_not_found(kube, now)
+
+
+def _run_not_found(kube: Operator, now: list[float]) -> None:
+    unknown_outcome(kube)
+    kube.api.patch_spec(
+        "Reconciliation", NAMESPACE, SETTLE, {"runName": "nobody", "executed": True, "by": "al"}
+    )
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == Requeue(10.0)
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None
+    stalled = next(c for c in shown["status"]["conditions"] if c["type"] == "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("True", "RunNotFound")
+    assert "nobody" in shown["status"]["message"]
+    now[0] += 60.0
+    assert 59.0 <= _waited(kube.reconcile(SETTLE, kind="Reconciliation")) <= 62.0
+    assert kube.api.reasons().count("RunNotFound") == 1
 
 
 @pytest.mark.parametrize("approved", [True, False])
@@ -199,9 +265,14 @@ def test_a_person_decides_an_approval_and_the_run_goes_on(kube: Operator, approv
 
 
 def test_an_approval_decided_in_the_store_is_mirrored(kube: Operator) -> None:
-    """Approved with ``keelgate approve`` (the store); the object, never edited, shows it."""
+    """Approved with ``keelgate approve`` (the store); the run's next look asks for the
+    Approval's, and the object, never edited, shows it (so Argo CD stops showing it
+    Suspended)."""
     awaiting_approval(kube)
     Loop(stores=kube.stores).approve(NAMESPACE, "restock", "1:0", approved=True, by="dave")
+    kube.queued.clear()
+    kube.reconcile("restock")
+    assert (("Approval", NAMESPACE, APPROVE), 0.0) in kube.queued
     assert kube.reconcile(APPROVE, kind="Approval") == REST
     shown = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert shown is not None
@@ -232,7 +303,7 @@ def test_the_two_kinds_differ_only_in_what_their_kind_says() -> None:
     yes, no = Decided(True, "alice", "confirmer"), Decided(False, "bob")
     assert (RECONCILIATION.verdict(yes), RECONCILIATION.verdict(no)) == ("executed", "abandoned")
     assert (APPROVAL.verdict(yes), APPROVAL.verdict(no)) == ("approved", "denied")
-    assert RECONCILIATION.status(yes)["source"] == "confirmer"
-    assert RECONCILIATION.status(no)["source"] == "human"
-    assert "source" not in APPROVAL.status(yes)
+    assert RECONCILIATION.status(yes, {})["source"] == "confirmer"
+    assert RECONCILIATION.status(no, {})["source"] == "human"
+    assert "source" not in APPROVAL.status(yes, {})
     assert (RECONCILIATION.field, APPROVAL.field) == ("executed", "approved")

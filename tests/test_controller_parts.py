@@ -55,6 +55,14 @@ ENDS: dict[str, tuple[dict[str, Any], EndKind, str]] = {
         "Evicted: low on memory",
     ),
     "unknown phase": ({"status": {"phase": "Unknown"}}, EndKind.CRASH, "ended as Unknown"),
+    "past its deadline": (
+        {
+            **ended(137, reason="Error"),
+            "status": {**ended(137, reason="Error")["status"], "reason": "DeadlineExceeded"},
+        },
+        EndKind.CRASH,
+        "exit code 137 (Error): ran past its deadline (activeDeadlineSeconds)",
+    ),
 }
 
 
@@ -73,6 +81,17 @@ def test_a_pod_end_keeps_its_run_time_and_a_deleted_pod_is_a_crash() -> None:
     assert end == PodEnd(EndKind.CLEAN, "exit code 0", 7.0)
     gone = classify({"status": {"phase": "Running"}}, deleted=True)
     assert gone == PodEnd(EndKind.CRASH, "deleted before it ended")
+
+
+def test_a_failed_steps_last_lines_are_kept_short_and_a_clean_end_has_none() -> None:
+    """What a failing step wrote last (its termination message: the log's tail) is kept for
+    the run's status.step.lastLines: the last five non-empty lines, at most 1,000 characters."""
+    lines = "\n".join(f"line {n}" for n in range(1, 9)) + "\n\n"
+    end = classify(ended(137, reason="Error", message=lines))
+    assert end.last_lines == "line 4\nline 5\nline 6\nline 7\nline 8"
+    long = classify(ended(137, message="x" * 5000))
+    assert long.last_lines == "x" * 1000
+    assert classify(ended(0, reason="Completed")).last_lines == ""
 
 
 def test_the_end_kinds_are_the_metrics_labels() -> None:

@@ -16,6 +16,7 @@ from keelgate.core.types import PendingApproval, UnknownAction
 from keelgate.kube import resources
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest import spec_from_manifest
+from keelgate.manifest.step_defaults import StepPodDefaults
 from support.operator_rig import agentrun_spec
 
 RUN: dict[str, Any] = {
@@ -149,6 +150,81 @@ def test_a_step_pod_takes_scheduling_and_resources_from_spec_step() -> None:
     assert spec["serviceAccountName"] == "steps"
     assert spec["nodeSelector"] == {"pool": "agents"}
     assert spec["tolerations"] == [{"key": "agents", "operator": "Exists"}]
+
+
+def test_the_platforms_step_pod_settings_hold_and_a_run_adds_only_where_safe() -> None:
+    """The operator's --step-pod-defaults (the chart's stepPods): its requests and limits, each
+    overridden by name by the run's; its node labels always hold (a run adds, never changes);
+    its tolerations and the run's; its priority class, runtime class and pull secrets, which a
+    run cannot name."""
+    defaults = StepPodDefaults.model_validate(
+        {
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "128Mi"},
+                "limits": {"memory": "1Gi"},
+            },
+            "priorityClassName": "agents-low",
+            "runtimeClassName": "gvisor",
+            "imagePullSecrets": ["registry-creds"],
+            "nodeSelector": {"pool": "agents"},
+            "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    )
+    spec = spec_from_manifest(
+        {
+            **agentrun_spec(),
+            "step": {
+                "resources": {"requests": {"memory": "256Mi"}},
+                "nodeSelector": {"pool": "mine", "zone": "a"},
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            },
+        }
+    )
+    body = resources.step_pod(
+        RUN,
+        spec,
+        name="restock-s1-a1",
+        step=1,
+        attempt=1,
+        generation=2,
+        failpoints="",
+        settings=StepPodSettings(defaults=defaults),
+    )
+    pod_spec = body["spec"]
+    assert pod_spec["containers"][0]["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    assert pod_spec["nodeSelector"] == {"pool": "agents", "zone": "a"}
+    assert pod_spec["tolerations"] == [
+        {"key": "agents", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "gpu", "operator": "Exists"},
+    ]
+    assert pod_spec["priorityClassName"] == "agents-low"
+    assert pod_spec["runtimeClassName"] == "gvisor"
+    assert pod_spec["imagePullSecrets"] == [{"name": "registry-creds"}]
+    plain = pod()["spec"]
+    assert not {"priorityClassName", "runtimeClassName", "imagePullSecrets"} & set(plain)
+
+
+def test_a_step_pods_deadline_comes_from_its_runs_time_budget_and_longest_call() -> None:
+    """activeDeadlineSeconds: the run's budget.timeoutSeconds plus its longest call plus 60 s;
+    none without a time budget, unless the platform sets maxActiveSeconds, which also caps it."""
+    assert "activeDeadlineSeconds" not in pod()["spec"]
+    budgeted = spec_from_manifest(
+        {**agentrun_spec(), "budget": {"maxIterations": 5, "timeoutSeconds": 600}}
+    )
+    longest = budgeted.longest_call_seconds()
+    assert longest > 0
+    expected = int(600 + longest) + 60
+    assert resources.step_deadline_seconds(budgeted) == expected
+    assert resources.step_deadline_seconds(budgeted, ceiling=300) == 300
+    assert resources.step_deadline_seconds(budgeted, ceiling=100_000) == expected
+    unbudgeted = spec_from_manifest(agentrun_spec())
+    assert resources.step_deadline_seconds(unbudgeted) == 0
+    assert resources.step_deadline_seconds(unbudgeted, ceiling=900) == 900
+    built = pod(budget={"maxIterations": 5, "timeoutSeconds": 600})
+    assert built["spec"]["activeDeadlineSeconds"] == expected
 
 
 def test_the_same_inputs_build_the_same_pod() -> None:

@@ -82,6 +82,21 @@ def test_a_deleted_pod_leaves_its_last_body_until_a_new_pod_of_that_name_appears
     cache.forget_tombstone("shop", "p")  # forgetting what is not there is harmless
 
 
+def test_a_tombstone_nobody_takes_is_dropped_after_a_while() -> None:
+    """A deleted pod's tombstone that no reconcile took (its run deleted with it, an old step's
+    pod collected) is dropped after GONE_FOR seconds, as a restart would drop it: an operator
+    that sees thousands of pods go keeps no more than the last few minutes' worth."""
+    now = [1000.0]
+    cache = Cache(clock=lambda: now[0])
+    for n in range(50):
+        cache.drop("Pod", pod(f"old-{n}", version=n + 1))
+    assert cache.tombstone("shop", "old-0") is not None
+    now[0] += GONE_FOR + 1
+    cache.drop("Pod", pod("new", version=100))
+    assert [cache.tombstone("shop", f"old-{n}") for n in range(50)] == [None] * 50
+    assert cache.tombstone("shop", "new") is not None
+
+
 def test_a_late_api_response_does_not_bring_a_deleted_pod_back() -> None:
     """An API response read before a pod's deletion and arriving after the watch reported it
     (a running step pod, by its uid) is not taken for the pod: it holds no step slot. A new pod

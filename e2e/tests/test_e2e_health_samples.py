@@ -332,6 +332,42 @@ def test_sample_of_a_run_stalled_by_a_crash_loop(
     assert shop.shop.count() == 0
 
 
+def test_samples_of_decisions_the_operator_cannot_act_on(
+    operator: OperatorPod, namespace: str, admin: Kube, kubectl: Kubectl
+) -> None:
+    """A Reconciliation and an Approval written by hand for a run the store does not have (a
+    typo in spec.runName): the operator shows each Pending with Stalled=True (RunNotFound) and a
+    message naming the run, and their samples are kept (or checked)."""
+    for kind, decided in (("Reconciliation", {"executed": True}), ("Approval", {"approved": True})):
+        spec = {"runName": "ghost", "action": "1:0", "tool": "place_order", "by": "admin"}
+        if kind == "Reconciliation":
+            spec["idempotencyKey"] = "kg-" + "0" * 40
+        obj = {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "ghost-1-place-order", "namespace": namespace},
+            "spec": {**spec, **decided},
+        }
+        apply(kubectl, obj)
+
+        def refused(kind: str = kind) -> JSON | None:
+            shown = get(kubectl, kind, "ghost-1-place-order")
+            return shown if _is(shown, "Stalled") else None
+
+        shown = wait_for(refused, timeout=60, interval=1, what=f"the {kind} to be shown refused")
+        assert shown["status"]["phase"] == "Pending"
+        assert "ghost" in shown["status"]["message"]
+        assert condition(shown, "Stalled")["reason"] == "RunNotFound"  # type: ignore[index]
+        assert _is(shown, "Ready", "False")
+        keep(
+            kind,
+            "refused",
+            shown,
+            namespace,
+            "written by hand for a run the store does not have (spec.runName: ghost)",
+        )
+
+
 def test_the_argocd_cm_snippet_merges_into_argocd_cm_as_the_docs_say(
     admin: Kube, kubectl: Kubectl
 ) -> None:

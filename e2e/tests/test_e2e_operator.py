@@ -522,3 +522,46 @@ def test_a_suspended_run_starts_no_step_pod_until_it_is_resumed(
     done = wait_phase(admin, tenant, "paused", "Succeeded", timeout=90)
     assert done["status"]["observedGeneration"] == 2
     assert shop.shop.count() == 1
+
+
+def test_a_step_pod_the_api_server_refuses_is_told_and_the_run_goes_on_once_allowed(
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """A ResourceQuota of zero pods: the API server refuses the step pod. The run tells it in one
+    FailedCreate Warning naming the quota, and after three refusals shows Stalled=True
+    (PodCreateRefused) while it keeps trying; once the quota is deleted the pod is created
+    ("Created"), Stalled is cleared, and the run succeeds with its one order."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods", "namespace": tenant},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    admin.create(f"/api/v1/namespaces/{tenant}/resourcequotas", quota)
+    # The quota controller must have counted usage before the API server enforces it.
+    wait_for(
+        lambda: admin.get(f"/api/v1/namespaces/{tenant}/resourcequotas/no-pods")
+        .get("status", {})
+        .get("used"),
+        timeout=30,
+        what="the quota to be counted",
+    )
+    apply(kubectl, agentrun("blocked", shop, [[order("Q1", 1)]]))
+
+    def stalled() -> JSON | None:
+        run = runs.get_run(admin, tenant, "blocked")
+        cond = condition(run, "Stalled")
+        return run if cond and cond["status"] == "True" else None
+
+    shown = wait_for(stalled, timeout=120, interval=1, what="the refused pod to stall the run")
+    assert condition(shown, "Stalled")["reason"] == "PodCreateRefused"  # type: ignore[index]
+    assert "no-pods" in condition(shown, "Stalled")["message"]  # type: ignore[index]
+    failed = [e for e in _events(admin, tenant, "blocked") if e["reason"] == "FailedCreate"]
+    assert len(failed) == 1 and failed[0]["type"] == "Warning"
+    assert "no-pods" in failed[0]["message"]
+    assert shop.shop.count() == 0
+    admin.delete(f"/api/v1/namespaces/{tenant}/resourcequotas/no-pods")
+    done = wait_phase(admin, tenant, "blocked", "Succeeded", timeout=420)
+    assert condition(done, "Stalled")["status"] == "False"  # type: ignore[index]
+    assert "Created" in _reasons(admin, tenant, "blocked")
+    assert shop.shop.count() == 1

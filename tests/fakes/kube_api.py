@@ -78,6 +78,8 @@ class FakeApiServer(ApiServer):
         self._lock = threading.Lock()
         #: Answers to give instead of doing the next write of a verb ("patch_status", ...).
         self.refuse_next: dict[str, Exception] = {}
+        #: Answers to give instead of every call of a verb, until removed (a quota, a policy).
+        self.refuse_always: dict[str, Exception] = {}
 
     # What the operator calls (ClusterApi's interface)
 
@@ -288,7 +290,7 @@ class FakeApiServer(ApiServer):
         body["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def _refused(self, verb: str) -> None:
-        refusal = self.refuse_next.pop(verb, None)
+        refusal = self.refuse_next.pop(verb, None) or self.refuse_always.get(verb)
         if refusal is not None:
             raise refusal
 

@@ -41,3 +41,8 @@ app.kubernetes.io/component: operator
 url
 {{- end -}}
 {{- end -}}
+
+{{/* The platform's step-pod settings, as the operator reads them (--step-pod-defaults). */}}
+{{- define "keelgate.stepPods" -}}
+{{- toYaml .Values.stepPods }}
+{{- end }}

@@ -90,6 +90,16 @@ def operator_command(
             help="An HTTP confirmer step pods ask (see `keelgate step --help`).",
         ),
     ] = "",
+    step_pod_defaults: Annotated[
+        str,
+        typer.Option(
+            "--step-pod-defaults",
+            envvar="KEELGATE_STEP_POD_DEFAULTS",
+            help="A YAML file of the platform's settings for every step pod: resources, "
+            "priorityClassName, runtimeClassName, imagePullSecrets, nodeSelector, tolerations, "
+            "keepFinishedPods, maxActiveSeconds (docs/operator.md).",
+        ),
+    ] = "",
     max_crashes: Annotated[
         int,
         typer.Option(
@@ -162,6 +172,14 @@ def operator_command(
     from keelgate.kube.runtime.operator import Operator, OperatorOptions
     from keelgate.stores import open_stores
 
+    from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
+
+    try:
+        defaults = (
+            load_step_pod_defaults(step_pod_defaults) if step_pod_defaults else StepPodDefaults()
+        )
+    except InputError as error:
+        raise InputError("--step-pod-defaults", str(error)) from None
     lease = None
     if leader_elect:
         lease = _lease(
@@ -186,6 +204,7 @@ def operator_command(
                 confirmer=confirmer,
                 confirmer_url=confirmer_url,
                 trace_env=_trace_env(os.environ),
+                defaults=defaults,
             ),
             allow_failpoints=allow_failpoints,
             max_step_pods=max_step_pods,

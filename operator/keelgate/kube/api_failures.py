@@ -10,11 +10,21 @@ from __future__ import annotations
 
 
 class ApiFailure(Exception):
-    """A request the API server refused or did not answer; the controller retries later."""
+    """A request the API server refused or did not answer; the controller retries later.
+    ``detail`` is the server's own words (its Status answer's ``message``), "" if none."""
 
-    def __init__(self, message: str, *, status: int = 0) -> None:
+    def __init__(self, message: str, *, status: int = 0, detail: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.detail = detail
+
+    @property
+    def refused(self) -> bool:
+        """The server understood the request and will not do it as asked (a quota, a policy,
+        an invalid field, a denied permission): asking again the same way changes nothing until
+        someone changes the cause. Not a conflict, a missing object, a timeout or too many
+        requests, which are answered otherwise."""
+        return 400 <= self.status < 500 and self.status not in (404, 408, 409, 429)
 
 
 class Conflict(ApiFailure):

@@ -30,6 +30,8 @@ from keelgate.kube.naming import (
 )
 from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
+from keelgate.manifest.agentrun import Resources
+from keelgate.manifest.step_defaults import StepPodDefaults
 
 JSON = dict[str, Any]
 
@@ -55,6 +57,8 @@ class StepPodSettings:
     #: A Secret (in each run's namespace) whose key ``headers`` step pods read
     #: OTEL_EXPORTER_OTLP_HEADERS from, if it is there (headers may carry credentials).
     trace_headers_secret: str = "keelgate-otel"
+    #: The platform's settings for every step pod (``--step-pod-defaults``).
+    defaults: StepPodDefaults = field(default_factory=StepPodDefaults)
 
 
 #: The service name step pods' spans carry (the operator's carry its own).
@@ -142,6 +146,40 @@ def step_grace_seconds(spec: AgentRunSpec) -> int:
     return math.ceil(spec.longest_call_seconds()) + STEP_GRACE_MARGIN
 
 
+#: Seconds a step pod is allowed beyond its run's time budget and its longest call: starting
+#: the process, opening the store, recording the stop.
+STEP_START_MARGIN = 60
+
+
+def step_deadline_seconds(spec: AgentRunSpec, *, ceiling: int = 0) -> int:
+    """A step pod's ``activeDeadlineSeconds``: the run's time budget (``budget.timeoutSeconds``,
+    active time, which a step cannot outlast), plus its longest call (a call started just
+    before the budget ran out may run to its own limit), plus a margin; at most ``ceiling``
+    (the platform's ``maxActiveSeconds``). 0: no deadline (no time budget and no ceiling).
+
+    A pod past its deadline is killed by its kubelet: to the run, a step that ended without
+    recording a stop, so the next attempt resumes from the checkpoint and a WRITE in flight
+    reads as an unknown outcome, never as a WRITE to send again."""
+    budget = spec.budget.timeout_seconds
+    derived = 0
+    if budget is not None:
+        derived = math.ceil(float(budget) + spec.longest_call_seconds()) + STEP_START_MARGIN
+    if ceiling and (not derived or ceiling < derived):
+        return ceiling
+    return derived
+
+
+def _resources(platform: Resources, run: Resources) -> JSON:
+    """The step container's resources: the platform's, each resource name the run gives
+    overridden by the run's."""
+    merged: JSON = {}
+    for part in ("requests", "limits"):
+        values = {**getattr(platform, part), **getattr(run, part)}
+        if values:
+            merged[part] = values
+    return merged
+
+
 def step_pod(
     run: Mapping[str, Any],
     spec: AgentRunSpec,
@@ -206,14 +244,14 @@ def step_pod(
         args += ["--confirmer", settings.confirmer]
     if settings.confirmer_url:
         args += ["--confirmer-url", settings.confirmer_url]
-    step_config = spec.step
+    step_config, defaults = spec.step, settings.defaults
     container: JSON = {
         "name": "step",
         "image": step_config.image or settings.image,
         "command": list(settings.command),
         "args": args,
         "env": env,
-        "resources": step_config.resources.model_dump(by_alias=True, exclude_defaults=True),
+        "resources": _resources(defaults.resources, step_config.resources),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -239,14 +277,27 @@ def step_pod(
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
+    deadline = step_deadline_seconds(spec, ceiling=defaults.max_active_seconds)
+    if deadline:
+        pod_spec["activeDeadlineSeconds"] = deadline
     if step_config.service_account_name:
         pod_spec["serviceAccountName"] = step_config.service_account_name
-    if step_config.node_selector:
-        pod_spec["nodeSelector"] = dict(step_config.node_selector)
-    if step_config.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_defaults=True) for t in step_config.tolerations
-        ]
+    # The run may add node labels, never change the platform's.
+    node_selector = {**step_config.node_selector, **defaults.node_selector}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    tolerations = [
+        t.model_dump(by_alias=True, exclude_defaults=True)
+        for t in (*defaults.tolerations, *step_config.tolerations)
+    ]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if defaults.priority_class_name:
+        pod_spec["priorityClassName"] = defaults.priority_class_name
+    if defaults.runtime_class_name:
+        pod_spec["runtimeClassName"] = defaults.runtime_class_name
+    if defaults.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in defaults.image_pull_secrets]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

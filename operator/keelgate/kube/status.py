@@ -42,6 +42,7 @@ class RunView:
     stepping: bool  # a step pod is intended or running
     suspended: bool = False
     stalled: str = ""  # why no further step pod will start until the spec changes
+    stalled_reason: str = "StepsFailing"  # the Stalled condition's reason when stalled
     waiting: str = ""  # why the intended pod is not created yet (a slot, a back-off)
     reconciliations: Mapping[str, str] = field(default_factory=dict)  # action -> object name
     approvals: Mapping[str, str] = field(default_factory=dict)  # action -> object name
@@ -142,7 +143,7 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
     ready = cond("Ready", "True" if done else "False", "Succeeded" if done else phase.value)
     failed = phase is RunPhase.FAILED or bool(view.stalled)
     if view.stalled:
-        stalled = cond("Stalled", "True", "StepsFailing", view.stalled)
+        stalled = cond("Stalled", "True", view.stalled_reason, view.stalled)
     elif failed and stop is not None:
         stalled = cond("Stalled", "True", stop.reason.value, stop.message)
     else:

@@ -314,6 +314,11 @@ class StepConfig(KeelgateModel):
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations.")
+    keep_finished_pods: PositiveInt | None = Field(
+        default=None,
+        le=100,
+        description="Finished step pods kept (the newest). Default: the operator's (3).",
+    )
 
 
 class AgentRunSpec(KeelgateModel):
@@ -442,6 +447,11 @@ class StepStatus(KeelgateModel):
         default="", description="The failpoints armed in this pod (development clusters only)."
     )
     last_exit: str = Field(default="", description="How the last step pod ended, in words.")
+    last_lines: str = Field(
+        default="",
+        description="The last lines the last step pod wrote, when it failed (its termination "
+        "message); kept after the pod is deleted.",
+    )
 
 
 class AgentRunStatus(RunStatus):

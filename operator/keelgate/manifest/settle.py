@@ -15,6 +15,7 @@ from pydantic import Field, StrictBool, model_validator
 from keelgate.core.values import ActionId
 from keelgate.manifest.base import (
     STATUS_CONFIG,
+    Condition,
     DnsSubdomain,
     KeelgateModel,
     NonEmpty,
@@ -66,6 +67,11 @@ class ReconciliationStatus(KeelgateModel):
         "only after it (a decision made earlier is held until then).",
     )
     message: str = Field(default="", description="What the operator is doing with the decision.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready (settled) and Stalled (the decision was refused, or its run does not "
+        "exist: message says why).",
+    )
 
 
 class Reconciliation(KeelgateModel):
@@ -106,6 +112,12 @@ class ApprovalStatus(KeelgateModel):
     )
     settled_by: str = Field(default="", description="The person that decided.")
     settled_at: Timestamp = Field(default="", description="When it was decided (RFC 3339).")
+    message: str = Field(default="", description="What the operator is doing with the decision.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready (decided) and Stalled (the decision was refused, or its run does not "
+        "exist: message says why).",
+    )
 
 
 class Approval(KeelgateModel):

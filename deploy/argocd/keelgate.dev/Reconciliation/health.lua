@@ -18,6 +18,18 @@ if status.phase == "Settled" then
   return hs
 end
 
+-- The operator could not act on the decision (refused by the loop, or no such run in the store):
+-- it says why in status.message and keeps trying, but a person must look.
+if status.phase == "Pending" and status.conditions ~= nil then
+  for _, c in ipairs(status.conditions) do
+    if c.type == "Stalled" and c.status == "True" then
+      hs.status = "Degraded"
+      hs.message = (c.reason or "Stalled") .. ": " .. (status.message or c.message or "?")
+      return hs
+    end
+  end
+end
+
 if status.phase == "Pending" and spec.executed ~= nil then
   hs.status = "Progressing"
   hs.message = (spec.by or "?") .. " decided executed: " .. tostring(spec.executed)

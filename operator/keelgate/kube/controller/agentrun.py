@@ -39,6 +39,7 @@ from keelgate.kube.controller.outcomes import (
 )
 from keelgate.kube.controller.pod_ends import EndKind, PodEnd, classify
 from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.retention import collect_finished_pods
 from keelgate.kube.controller.run_status import RunStatusWriter, failpoints_seen_in
 from keelgate.kube.controller.step_pods import StepPodStarter, foreign_pod
 from keelgate.kube.naming import FAILPOINTS_ANNOTATION, label_value, step_pod_name
@@ -92,6 +93,7 @@ class AgentRunReconciler:
         uid, generation = meta["uid"], int(meta.get("generation") or 1)
         current = run.get("status") or {}
         step = dict(current.get("step") or {})
+        collect_finished_pods(context, run, spec, step)
         write = self._status.write_run_status
         if step.get("state") == "Stalled":
             if int(step.get("generation") or 0) == generation:
@@ -183,7 +185,13 @@ class AgentRunReconciler:
         else:
             context.events.warning(run, "StepEnded", told)
             context.memory.step_ended(key, at=context.clock(), untold=None)
-        return {**step, "state": "Ended", "crashes": crashes, "lastExit": ended.words}
+        return {
+            **step,
+            "state": "Ended",
+            "crashes": crashes,
+            "lastExit": ended.words,
+            "lastLines": ended.last_lines,
+        }
 
     def _next(
         self,
@@ -264,6 +272,7 @@ class AgentRunReconciler:
             "notBefore": stamp(context.clock() + delay) if delay else "",
             "failpoints": failpoints,
             "lastExit": step.get("lastExit", ""),
+            "lastLines": step.get("lastLines", ""),
         }
         return intended, seen
 

@@ -59,9 +59,23 @@ class DecisionObjects:
         return settled
 
     def ask_to_approve(self, run: JSON, state: RunState) -> None:
-        """Make sure each pending approval has its Approval."""
+        """Make sure each pending approval has its Approval; and an Approval whose action the
+        store holds decided (``keelgate approve``, another operator) is looked at again, which
+        mirrors the decision into it."""
         context = self._context
         namespace = run["metadata"]["namespace"]
+        if state.approvals:
+            label = run["metadata"]["name"]
+            for body in context.cache.select(
+                "Approval",
+                namespace,
+                lambda b: (
+                    (b.get("spec") or {}).get("runName") == label
+                    and (b.get("status") or {}).get("phase") != "Settled"
+                    and (b.get("spec") or {}).get("action") in state.approvals
+                ),
+            ):
+                context.enqueue(("Approval", namespace, body["metadata"]["name"]), 0.0)
         for pending in state.pending:
             body = resources.approval(run, pending)
             name = body["metadata"]["name"]

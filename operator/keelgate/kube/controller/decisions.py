@@ -5,7 +5,9 @@ A person decides by editing the object (``spec.executed`` or ``spec.approved``, 
 methods the CLI calls (``reconcile``, ``approve``), then shows it Settled in the object's status
 and wakes the run. A decision already recorded in the store (made with ``keelgate reconcile`` or
 ``keelgate approve``, or by a step pod's confirmer) is mirrored instead, and wins: the first
-decision stands. A decision the loop refuses is told in a Warning Event and tried again later;
+decision stands. A decision the loop refuses (or one whose run the store does not have) shows in
+the object's status (``message`` and ``Stalled=True``, so kstatus tools and Argo CD see it), is
+told in one Warning Event per distinct reason, and is tried again with a growing back-off;
 "not executed" made before the call's write deadline (until then a held-up process may still
 send it) is held, shown in the object's status, and recorded once the deadline has passed,
 unless the call's own result arrived first.
@@ -25,10 +27,20 @@ from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
-from keelgate.kube.times import now
+from keelgate.kube.status import condition
+from keelgate.kube.times import now, parse_time
 
-#: How long a refused decision waits before it is tried again.
+
+def _generation(conditions: list[JSON], body: JSON) -> list[JSON]:
+    """The conditions, each with the object's generation (the spec they answer)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 1)
+    return [{**c, "observedGeneration": generation} for c in conditions]
+
+
+#: How long a refused decision waits before it is tried again: at first, and at most (the wait
+#: grows with how long it has been refused).
 REFUSED_RETRY = 10.0
+REFUSED_RETRY_MAX = 300.0
 
 
 @dataclass(frozen=True)
@@ -60,11 +72,22 @@ class DecisionKind:
     def verdict(self, decided: Decided) -> str:
         return self.yes if decided.yes else self.no
 
-    def status(self, decided: Decided) -> JSON:
+    def status(self, decided: Decided, old: JSON) -> JSON:
         body: JSON = {"phase": "Settled", "verdict": self.verdict(decided)}
         if self.kind == "Reconciliation":
             body["source"] = decided.source or "human"
-        return {**body, "settledBy": decided.by, "settledAt": now()}
+        at = now()
+        conditions = [
+            condition(old, "Ready", "True", "Settled", self.verdict(decided), generation=0, now=at),
+            condition(old, "Stalled", "False", "Settled", generation=0, now=at),
+        ]
+        return {
+            **body,
+            "settledBy": decided.by,
+            "settledAt": at,
+            "message": "",
+            "conditions": _generation(conditions, old),
+        }
 
     def told(self, decided: Decided, spec: JSON, name: str) -> tuple[str, str]:
         """The Normal Event on the run: its reason and message."""
@@ -151,8 +174,8 @@ class DecisionReconciler:
             except (SettleError, RunNotFound, InputError) as error:
                 decided = kind.recorded(context, namespace, spec)
                 if decided is None:
-                    self._warn(body, run_name, kind.refused, str(error))
-                    return Requeue(REFUSED_RETRY)
+                    reason = "RunNotFound" if isinstance(error, RunNotFound) else kind.refused
+                    return self._refuse(body, run_name, reason, str(error))
             else:
                 decided = kind.recorded(context, namespace, spec)
         if decided is None:
@@ -166,7 +189,9 @@ class DecisionReconciler:
                 f"{decided.by}; that decision stands",
             )
         try:
-            patched = context.api.patch_status(kind.kind, namespace, name, kind.status(decided))
+            patched = context.api.patch_status(
+                kind.kind, namespace, name, kind.status(decided, body)
+            )
         except Gone:
             return REST
         context.cache.put(kind.kind, patched)
@@ -200,6 +225,40 @@ class DecisionReconciler:
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"
             )
         return Requeue(early.retry_after + 0.5)
+
+    def _refuse(self, body: JSON, run_name: str, reason: str, message: str) -> Result:
+        """A decision the loop refused, or whose run the store does not have: shown in the
+        object's status (``Stalled=True`` with the reason), told once per distinct message in a
+        Warning, and tried again after a wait that grows with how long it has been refused
+        (10 s, then as long as it has been refused so far, at most 5 minutes)."""
+        context = self._context
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        old = body.get("status") or {}
+        at = now()
+        stalled = condition(old, "Stalled", "True", reason, message, generation=0, now=at)
+        shown = {
+            "phase": "Pending",
+            "message": message,
+            "conditions": _generation(
+                [
+                    condition(old, "Ready", "False", reason, message, generation=0, now=at),
+                    stalled,
+                ],
+                body,
+            ),
+        }
+        if old.get("message") != message or old.get("conditions") != shown["conditions"]:
+            try:
+                patched = context.api.patch_status(self._kind.kind, namespace, name, shown)
+            except Gone:
+                return REST
+            context.cache.put(self._kind.kind, patched)
+            if old.get("message") != message:
+                self._warn(body, run_name, reason, message)
+        since = parse_time(stalled["lastTransitionTime"])
+        refused_for = 0.0 if since is None else max(0.0, context.clock() - since.timestamp())
+        return Requeue(min(REFUSED_RETRY_MAX, max(REFUSED_RETRY, refused_for)))
 
     def _warn(self, body: JSON, run_name: str, reason: str, message: str) -> None:
         """A Warning on the run (on the object itself if the run is not in the cache)."""

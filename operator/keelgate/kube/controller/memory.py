@@ -1,11 +1,13 @@
 """What the controller remembers of runs between reconciles: in memory only, under one lock.
 
-Why it exists: three small facts save work or words, and none decides anything. When a run's
+Why it exists: four small facts save work or words, and none decides anything. When a run's
 last step pod ended (the hand-off time of ``keelgate_step_handoff_seconds``); a clean end not
 yet told in an Event (told with what comes next: one Event, one API write, for both); and the
 spec each run's step pods were last given, as recorded in the store (so it is not recorded again
-at every step). Losing all of it (a restart) costs a sample, an Event's detail and one more spec
-record: the pod and ``status.step.lastExit`` keep every fact. Reconciles of different runs run
+at every step); and how many times in a row the API server refused its step pod, with the last
+refusal (the back-off and the Stalled condition grow from it). Losing all of it (a restart)
+costs a sample, an Event's detail, one more spec record and a refusal count started again: the
+pod and ``status.step.lastExit`` keep every fact. Reconciles of different runs run
 in different threads at once; this object owns these facts, under one lock.
 """
 
@@ -27,6 +29,7 @@ class RunMemory:
         self._ended_at: dict[Key, float] = {}
         self._untold: dict[Key, str] = {}
         self._specs: dict[Key, RecordedSpec] = {}
+        self._refusals: dict[Key, tuple[int, str]] = {}
 
     def step_ended(self, key: Key, *, at: float, untold: str | None) -> None:
         """``key``'s step pod was seen ended at ``at``; ``untold`` is its clean end in words,
@@ -55,9 +58,23 @@ class RunMemory:
         with self._lock:
             self._specs[key] = spec
 
+    def create_refused(self, key: Key, message: str) -> tuple[int, bool]:
+        """The API server refused ``key``'s step pod: the refusals in a row so far, and whether
+        this refusal says something the last one did not."""
+        with self._lock:
+            count, last = self._refusals.get(key, (0, ""))
+            self._refusals[key] = (count + 1, message)
+            return count + 1, message != last
+
+    def create_succeeded(self, key: Key) -> bool:
+        """``key``'s step pod was created: whether refusals came before it."""
+        with self._lock:
+            return self._refusals.pop(key, None) is not None
+
     def forget(self, key: Key) -> None:
         """The run is gone."""
         with self._lock:
             self._ended_at.pop(key, None)
             self._untold.pop(key, None)
             self._specs.pop(key, None)
+            self._refusals.pop(key, None)

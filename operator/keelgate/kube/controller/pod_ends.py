@@ -11,7 +11,7 @@ never talks to a cluster or a store.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -43,6 +43,9 @@ class PodEnd:
     kind: EndKind
     words: str
     seconds: float | None = None
+    #: The last lines the step wrote (its termination message: the log's tail when it failed),
+    #: kept in ``status.step.lastLines`` after its pod is deleted.
+    last_lines: str = ""
 
     @property
     def clean(self) -> bool:
@@ -55,27 +58,7 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> PodEnd:
     containers = pod_status.get("containerStatuses") or []
     terminated = (containers[0].get("state") or {}).get("terminated") if containers else None
     if terminated:
-        code = terminated.get("exitCode")
-        reason = terminated.get("reason") or ""
-        seconds = _duration(terminated.get("startedAt"), terminated.get("finishedAt"))
-        words = f"exit code {code}" + (f" ({reason})" if reason else "")
-        if code in _RECORDED:
-            return PodEnd(EndKind.CLEAN, words, seconds)
-        if code == RunBusy.exit_code:
-            return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
-        if code == Preempted.exit_code:
-            return PodEnd(
-                EndKind.PREEMPTED,
-                f"{words}: asked to stop (a drain or an eviction), it stopped at a checkpoint",
-                seconds,
-            )
-        retryable = exit_retryable(code) if isinstance(code, int) else None
-        if retryable is False:  # the same pod would meet the same error: the spec must change
-            detail = _last_line(terminated.get("message") or "")
-            return PodEnd(EndKind.BAD_INPUT, f"{words}: {detail}" if detail else words, seconds)
-        if retryable is True:
-            return PodEnd(EndKind.STORE, f"{words}: the store could not be reached", seconds)
-        return PodEnd(EndKind.CRASH, words, seconds)
+        return replace(_terminated(pod_status, terminated), last_lines=_tail(terminated))
     if pod_status.get("phase") == "Failed":
         reason = pod_status.get("reason") or "Failed"
         message = pod_status.get("message") or ""
@@ -83,6 +66,46 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> PodEnd:
     if deleted:
         return PodEnd(EndKind.CRASH, "deleted before it ended")
     return PodEnd(EndKind.CRASH, f"ended as {pod_status.get('phase') or 'unknown'}")
+
+
+def _terminated(pod_status: Mapping[str, Any], terminated: Mapping[str, Any]) -> PodEnd:
+    code = terminated.get("exitCode")
+    reason = terminated.get("reason") or ""
+    seconds = _duration(terminated.get("startedAt"), terminated.get("finishedAt"))
+    words = f"exit code {code}" + (f" ({reason})" if reason else "")
+    if code in _RECORDED:
+        return PodEnd(EndKind.CLEAN, words, seconds)
+    if pod_status.get("reason") == "DeadlineExceeded":
+        # Killed at its activeDeadlineSeconds: a step that ran past its run's time budget.
+        return PodEnd(
+            EndKind.CRASH, f"{words}: ran past its deadline (activeDeadlineSeconds)", seconds
+        )
+    if code == RunBusy.exit_code:
+        return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
+    if code == Preempted.exit_code:
+        return PodEnd(
+            EndKind.PREEMPTED,
+            f"{words}: asked to stop (a drain or an eviction), it stopped at a checkpoint",
+            seconds,
+        )
+    retryable = exit_retryable(code) if isinstance(code, int) else None
+    if retryable is False:  # the same pod would meet the same error: the spec must change
+        detail = _last_line(terminated.get("message") or "")
+        return PodEnd(EndKind.BAD_INPUT, f"{words}: {detail}" if detail else words, seconds)
+    if retryable is True:
+        return PodEnd(EndKind.STORE, f"{words}: the store could not be reached", seconds)
+    return PodEnd(EndKind.CRASH, words, seconds)
+
+
+#: What of a step's last words is kept in its run's status: lines, and characters.
+TAIL_LINES, TAIL_CHARS = 5, 1000
+
+
+def _tail(terminated: Mapping[str, Any]) -> str:
+    lines = [line.rstrip() for line in str(terminated.get("message") or "").splitlines()]
+    kept = "\n".join(line for line in lines if line.strip())
+    kept = "\n".join(kept.splitlines()[-TAIL_LINES:])
+    return kept[-TAIL_CHARS:]
 
 
 def _last_line(text: str) -> str:

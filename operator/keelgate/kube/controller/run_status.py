@@ -49,12 +49,14 @@ class RunStatusWriter:
         stepping: bool,
         state: RunState | None = None,
         stalled: str = "",
+        stalled_reason: str = "StepsFailing",
         read_store: bool = True,
         failpoints_seen: str | None = None,
     ) -> Result:
         """Write the status ``run`` should show with ``step`` as its ``status.step`` (only if
         it differs). ``stepping``: a step pod is intended or running; ``stalled``: why no step
-        may run until the spec changes; ``read_store`` false: a pod runs, the checkpoint is not
+        may run until the spec changes (or until the cause ``stalled_reason`` names goes);
+        ``read_store`` false: a pod runs, the checkpoint is not
         read (status keeps its last mirror)."""
         context = self._context
         meta = run["metadata"]
@@ -77,6 +79,7 @@ class RunStatusWriter:
             stepping=stepping,
             suspended=suspended,
             stalled=stalled,
+            stalled_reason=stalled_reason,
             waiting=waiting,
             reconciliations={
                 u.action: action_object_name(name, u.action, u.tool)

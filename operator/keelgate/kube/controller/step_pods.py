@@ -5,7 +5,11 @@ Why it exists: the pod is created only after the intent is written (``status.ste
 name the intent holds, so a restarted operator (or a second one) creates or adopts that same pod
 and never another. A 409 is adopted only when the pod found is this run's (its owner UID); one
 that is not stalls the run. The pod reads its spec from the store, so the spec is recorded before
-the pod can start. This module must never create a pod whose name the status does not hold.
+the pod can start. A create the API server refuses (a ResourceQuota, a policy engine, an
+invalid field) is told in a Warning ``FailedCreate`` Event with the server's words (once per
+distinct refusal), tried again with a growing back-off, and after ``STALL_AFTER`` refusals in a
+row shown as ``Stalled=True`` (reason ``PodCreateRefused``), which the next successful create
+clears. This module must never create a pod whose name the status does not hold.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from keelgate.errors import KeelgateError
 from keelgate.kube import resources
-from keelgate.kube.api_failures import Conflict
+from keelgate.kube.api_failures import ApiFailure, Conflict
 from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
@@ -23,6 +27,11 @@ from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.run_status import RunStatusWriter
 from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
+
+#: Refusals in a row before the run shows Stalled=True (the server's reason as its message).
+STALL_AFTER = 3
+#: The back-off after the first refusal, doubling, and at most.
+REFUSED_FIRST, REFUSED_MAX = 5.0, 300.0
 
 
 def foreign_pod(pod: str) -> str:
@@ -47,6 +56,7 @@ class StepPodStarter:
                 return Requeue(left)
         if not context.slots.take(key):
             return REST  # woken when a step pod ends
+        refused: ApiFailure | None = None
         try:
             self._record_spec(key, run, spec)
             meta = run["metadata"]
@@ -79,12 +89,47 @@ class StepPodStarter:
                     )
                 context.cache.put("Pod", existing)  # ours already: adopt it
                 return REST
-            # Counted as active before its slot is given back: the cap must see it at once.
-            context.cache.put("Pod", created)
+            except ApiFailure as failure:
+                if not failure.refused:
+                    raise  # the server did not answer, or asks us to wait: the usual back-off
+                refused = failure
+            else:
+                # Counted as active before its slot is given back: the cap must see it at once.
+                context.cache.put("Pod", created)
         finally:
             context.slots.release()
+        if refused is not None:
+            return self._refused(key, run, spec, step, refused)
+        if context.memory.create_succeeded(key):
+            context.events.normal(
+                run, "Created", f"step {step['number']}: pod {step['pod']} created at last"
+            )
         self._tell_started(key, run, step)
         return REST
+
+    def _refused(
+        self, key: Key, run: JSON, spec: AgentRunSpec, step: Mapping[str, Any], refused: ApiFailure
+    ) -> Result:
+        """The API server refused the step pod: a Warning with its words (once per distinct
+        refusal), Stalled=True once it has refused ``STALL_AFTER`` times in a row, and another
+        try after a back-off (5 s doubling, at most 5 minutes): the cause may go (a quota
+        raised, a policy fixed) without any change to the run."""
+        context = self._context
+        said = refused.detail or str(refused)
+        count, new = context.memory.create_refused(key, said)
+        what = f"step {step['number']} attempt {step['attempt']}: cannot create pod {step['pod']}"
+        if new:
+            context.events.warning(run, "FailedCreate", f"{what}: {said}")
+        if count >= STALL_AFTER:
+            self._status.write_run_status(
+                run,
+                step,
+                suspended=spec.suspend,
+                stepping=True,
+                stalled=f"{what} ({count} tries): {said}",
+                stalled_reason="PodCreateRefused",
+            )
+        return Requeue(min(REFUSED_MAX, REFUSED_FIRST * 2 ** (count - 1)))
 
     def _record_spec(self, key: Key, run: JSON, spec: AgentRunSpec) -> None:
         """The pod reads the spec from the store: record it before the pod can start. Once

@@ -80,7 +80,10 @@ class Cache:
         self._gone: dict[str, dict[str | tuple[str, str], tuple[int | None, float]]] = {}
         # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
-        self._tombstones: dict[tuple[str, str], JSON] = {}
+        # Deleted pods' last bodies, in the order seen, with when: a reconcile takes its run's
+        # within moments; one nobody took (a run deleted with its pods, a pod of a step long
+        # accounted) is dropped after GONE_FOR, as a restart would drop it.
+        self._tombstones: dict[tuple[str, str], tuple[JSON, float]] = {}
         # The step-pod cap asks at every step (and for every run waiting for a slot): a count
         # kept as pods come and go, not a pass over every pod the runs ever had.
         self._active_steps: set[tuple[str, str]] = set()
@@ -143,7 +146,13 @@ class Cache:
             del gone[oldest]
         if kind == "Pod":
             if not again:
-                self._tombstones[(namespace, name)] = body if last is None else last
+                self._tombstones.pop((namespace, name), None)
+                self._tombstones[(namespace, name)] = (body if last is None else last, now)
+            while self._tombstones:
+                oldest = next(iter(self._tombstones))
+                if now - self._tombstones[oldest][1] <= GONE_FOR:
+                    break
+                del self._tombstones[oldest]
             self._active_steps.discard((namespace, name))
 
     def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:
@@ -175,7 +184,7 @@ class Cache:
         """The last body of a pod that was deleted, if this operator saw it go."""
         with self._lock:
             found = self._tombstones.get((namespace, name))
-            return None if found is None else copy_json(found)
+            return None if found is None else copy_json(found[0])
 
     def forget_tombstone(self, namespace: str, name: str) -> None:
         with self._lock:

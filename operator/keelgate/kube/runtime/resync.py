@@ -118,12 +118,15 @@ def vanished_step_pods(
 
 
 def due_for_resync(cache: Cache) -> list[Key]:
-    """What a periodic resync looks at again: every run and Reconciliation but those that only
-    an edit can change (a finished run, a settled Reconciliation), since the edit's watch event
-    brings them anyway. Finished runs pile up, and each look reads the store."""
+    """What a periodic resync looks at again: every run, Reconciliation and Approval but those
+    that only an edit can change (a finished run, a settled decision), since the edit's watch
+    event brings them anyway. Finished runs pile up, and each look reads the store. An unsettled
+    decision is looked at again because it may have been decided in the store (``keelgate
+    reconcile``, ``keelgate approve``, a confirmer), which no watch reports: so it is mirrored."""
     return [
         *cache.keys("AgentRun", lambda body: not _finished(body)),
         *cache.keys("Reconciliation", lambda body: not is_settled(body)),
+        *cache.keys("Approval", lambda body: not is_settled(body)),
     ]
 
 
