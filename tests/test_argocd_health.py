@@ -73,12 +73,16 @@ def test_every_sample_is_a_case_and_every_case_has_its_sample() -> None:
         assert sorted(paths) == files, kind
         seen[kind] = {case["healthStatus"]["status"] for case in listed}
     assert seen["AgentRun"] == {"Healthy", "Progressing", "Suspended", "Degraded"}
-    assert seen["Reconciliation"] == seen["Approval"] == {
-        "Healthy",
-        "Progressing",
-        "Suspended",
-        "Degraded",
-    }
+    assert (
+        seen["Reconciliation"]
+        == seen["Approval"]
+        == {
+            "Healthy",
+            "Progressing",
+            "Suspended",
+            "Degraded",
+        }
+    )
 
 
 def test_samples_are_captures_not_hand_written() -> None:

@@ -1324,3 +1324,36 @@ def test_bad_leader_election_settings_are_one_line_naming_the_flag(
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("keepFinishedPods: 0\n", "keepFinishedPods: must be greater than 0"),
+        ("resources: {limits: {cpu: lots}}\n", "resources.limits.cpu: must be a Kubernetes"),
+        ("priorityClass: low\n", "priorityClass: unknown field (did you mean priorityClassName?)"),
+        ("imagePullSecrets: [Not_A_Name]\n", "imagePullSecrets[0]"),
+        ("- a list\n", "must be a mapping"),
+    ],
+)
+def test_bad_step_pod_defaults_are_one_line_naming_the_file_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, problem: str
+) -> None:
+    """`keelgate operator --step-pod-defaults FILE` (the chart's stepPods) with a bad field:
+    exit 2, one line naming the flag, the file and the field, before anything connects."""
+    settings = tmp_path / "step-pods.yaml"
+    settings.write_text(text)
+    code = main(
+        [
+            "operator",
+            "--store",
+            "postgresql://kg@127.0.0.1:1/kg",
+            "--step-pod-defaults",
+            str(settings),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"keelgate: error: --step-pod-defaults: {settings}: "), err
+    assert problem in err, err

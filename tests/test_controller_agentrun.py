@@ -19,6 +19,7 @@ from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.resources import StepPodSettings
+from keelgate.manifest.step_defaults import StepPodDefaults
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
@@ -704,3 +705,65 @@ def test_a_server_that_does_not_answer_a_pod_create_is_retried_without_a_stall(
     assert kube.reconcile("restock") == REST
     assert kube.pods() == ["restock-s1-a1"]
     assert kube.condition("restock", "Stalled")["status"] == "False"
+
+
+def _kept(kube: Operator) -> list[str]:
+    """The step pods not being deleted."""
+    return [
+        pod["metadata"]["name"]
+        for pod in kube.api.of_kind("Pod")
+        if not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_finished_step_pods_beyond_the_newest_few_are_deleted(tmp_path: Path) -> None:
+    """keepFinishedPods: 1 (the platform's): once a later step's pod has finished, an earlier
+    one is deleted; the last pod stays for `kubectl logs`, and its end stays in status. A run's
+    own spec.step.keepFinishedPods keeps more."""
+    defaults = StepPodDefaults(keep_finished_pods=1)
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=StepPodSettings(defaults=defaults)))
+    try:
+        kube.apply("restock", agentrun_spec())
+        assert kube.drive("restock") == [0, 0]
+        kube.reconcile("restock")
+        assert _kept(kube) == ["restock-s2-a1"]
+        assert kube.api.writes.count("delete Pod restock-s1-a1") == 1
+        assert kube.status("restock")["step"]["lastExit"] == "exit code 0 (Completed)"
+        assert len(operator_tools.ORDERS) == 1
+
+        kube.apply("keeper", {**agentrun_spec(), "step": {"keepFinishedPods": 5}})
+        assert kube.drive("keeper") == [0, 0]
+        kube.reconcile("keeper")
+        assert sorted(n for n in _kept(kube) if n.startswith("keeper")) == [
+            "keeper-s1-a1",
+            "keeper-s2-a1",
+        ]
+    finally:
+        kube.close()
+
+
+def test_a_crashed_attempts_pod_is_collected_but_its_last_lines_stay_in_status(
+    tmp_path: Path,
+) -> None:
+    """A step attempt that died: its pod goes once a later attempt has finished (keep 1), and
+    what it wrote last (its termination message) stays in status.step.lastLines until the next
+    end replaces it; the pod the status names is never deleted, even while it runs."""
+    defaults = StepPodDefaults(keep_finished_pods=1)
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=StepPodSettings(defaults=defaults)))
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.reconcile("restock")
+        kube.api.start_pod(NAMESPACE, "restock-s1-a1")
+        kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 137, message="planning\nkilled here\n")
+        kube.reconcile("restock")
+        step = kube.status("restock")["step"]
+        assert step["pod"] == "restock-s1-a2"
+        assert step["lastLines"] == "planning\nkilled here"
+        kube.reconcile("restock")
+        assert "restock-s1-a1" in _kept(kube)  # the only finished pod: kept
+        assert kube.drive("restock") == [0, 0]
+        kube.reconcile("restock")
+        assert _kept(kube) == ["restock-s2-a1"]
+        assert kube.status("restock")["step"]["lastLines"] == ""
+    finally:
+        kube.close()

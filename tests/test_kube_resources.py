@@ -10,6 +10,7 @@ between two operators (two pods for one step).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from keelgate.core.types import PendingApproval, UnknownAction
@@ -281,3 +282,17 @@ def test_pod_states_as_the_step_slots_count_them() -> None:
         assert resources.pod_finished(shown) is not active
     other = {**body, "metadata": {**body["metadata"], "labels": {}}}
     assert not resources.is_active_step_pod(other)
+
+
+def test_the_charts_step_pod_values_are_the_operators_settings() -> None:
+    """charts/keelgate's stepPods (rendered into the file --step-pod-defaults reads) parse as
+    the operator's StepPodDefaults and are its defaults, and the values schema lists exactly
+    its fields: a field added to one and not the other fails here, not in a cluster."""
+    import yaml
+
+    chart = Path(__file__).resolve().parents[1] / "charts" / "keelgate"
+    values = yaml.safe_load((chart / "values.yaml").read_text())["stepPods"]
+    assert StepPodDefaults.model_validate(values) == StepPodDefaults()
+    schema = json.loads((chart / "values.schema.json").read_text())["properties"]["stepPods"]
+    fields = {info.alias or name for name, info in StepPodDefaults.model_fields.items()}
+    assert set(schema["properties"]) == fields == set(values)

@@ -411,6 +411,20 @@ CASES: list[tuple[str, str, Any, str, str]] = [
         "spec.step.tolerations[0].tolerationSeconds",
         "at least 0",
     ),
+    (
+        "agentrun",
+        "spec.step.keepFinishedPods",
+        0,
+        "spec.step.keepFinishedPods",
+        "greater than 0",
+    ),
+    (
+        "agentrun",
+        "spec.step.keepFinishedPods",
+        101,
+        "spec.step.keepFinishedPods",
+        "at most 100",
+    ),
     ("agentrun", "status", "done", "status", "must be a mapping"),
     ("agentrun", "status.phase", "Done", "status.phase", "one of Pending, Running, Stopped"),
     ("agentrun", "status.stopReason", "bored", "status.stopReason", "goal_met"),
@@ -510,6 +524,7 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("agentrun", "status.step.notBefore", "soon", "status.step.notBefore", "RFC 3339"),
     ("agentrun", "status.step.failpoints", 5, "status.step.failpoints", "must be a string"),
     ("agentrun", "status.step.lastExit", 5, "status.step.lastExit", "must be a string"),
+    ("agentrun", "status.step.lastLines", 5, "status.step.lastLines", "must be a string"),
     ("agentrun", "status.failpointsSeen", 5, "status.failpointsSeen", "must be a string"),
     ("agentrun", "status.kopf", 5, "status.kopf", "must be a mapping"),
     (
@@ -556,6 +571,14 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("approval", "status.verdict", "yes", "status.verdict", "approved or denied"),
     ("approval", "status.settledBy", 5, "status.settledBy", "must be a string"),
     ("approval", "status.settledAt", "now", "status.settledAt", "RFC 3339"),
+    ("approval", "status.message", 5, "status.message", "must be a string"),
+]
+# Reconciliations and Approvals carry the same conditions as an AgentRun (refusals shown there).
+CASES += [
+    (kind, *case[1:])
+    for kind in ("reconciliation", "approval")
+    for case in CASES
+    if case[0] == "agentrun" and case[1].startswith("status.conditions")
 ]
 
 

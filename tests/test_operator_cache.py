@@ -10,10 +10,11 @@ and hands out copies; these tests hold it to that with plain bodies as the API s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from keelgate.kube.runtime.cache import GONE_FOR, Cache, copy_json, is_active_step_pod
-from keelgate.kube.runtime.resync import due_for_resync
+from keelgate.kube.runtime.resync import WaitingRuns, due_for_resync
 
 JSON = dict[str, Any]
 
@@ -235,6 +236,44 @@ def test_the_resync_skips_only_what_an_edit_alone_can_change() -> None:
         ("AgentRun", "new"),
         ("Reconciliation", "open"),
     }
+
+
+def test_runs_waiting_for_a_person_are_looked_at_again_only_when_the_store_moved() -> None:
+    """With a store that tells revisions, the resync queues every run under way, but a run at
+    rest (waiting for a person) and its unsettled Reconciliation only the first time, and again
+    once its checkpoint or audit chain moved (a decision made with ``keelgate reconcile``): one
+    read of the store per resync, however many runs wait. A store that cannot answer makes
+    the resync queue them all, as before."""
+    cache = Cache()
+    cache.put("AgentRun", run("running", phase="Running"))
+    for n in range(500):
+        cache.put("AgentRun", run(f"waiting-{n}", phase="Stopped"))
+    cache.put(
+        "Reconciliation",
+        {
+            "metadata": {"name": "waiting-7-x", "namespace": "shop"},
+            "spec": {"runName": "waiting-7"},
+        },
+    )
+    store = {("shop", f"waiting-{n}"): (3, 10) for n in range(500)}
+    asked: list[int] = []
+
+    def revisions(runs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, int]]:
+        asked.append(len(runs))
+        return {run: store[run] for run in runs if run in store}
+
+    waiting = WaitingRuns(revisions)
+    first = {name for _, _, name in waiting.due(cache)}
+    assert len(first) == 502 and asked == [500]
+    assert {name for _, _, name in waiting.due(cache)} == {"running"}
+    store[("shop", "waiting-7")] = (3, 11)  # alice settled its WRITE in the store
+    assert {name for _, _, name in waiting.due(cache)} == {"running", "waiting-7", "waiting-7-x"}
+    assert asked == [500, 500, 500]
+
+    def away(runs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, int]]:
+        raise OSError("connection refused")
+
+    assert len(WaitingRuns(away).due(cache)) == 502
 
 
 def test_a_copy_of_a_body_holding_an_integer_beyond_64_bits_is_still_exact() -> None:

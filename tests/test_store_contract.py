@@ -41,6 +41,7 @@ def test_every_checkpoint_store_keeps_the_contract(
 
 KEYED_CHECKS = contract.checks(
     "specs",
+    "revisions",
     "keys",
     "audit",
     "run_lock",

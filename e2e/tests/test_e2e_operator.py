@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -540,9 +541,11 @@ def test_a_step_pod_the_api_server_refuses_is_told_and_the_run_goes_on_once_allo
     admin.create(f"/api/v1/namespaces/{tenant}/resourcequotas", quota)
     # The quota controller must have counted usage before the API server enforces it.
     wait_for(
-        lambda: admin.get(f"/api/v1/namespaces/{tenant}/resourcequotas/no-pods")
-        .get("status", {})
-        .get("used"),
+        lambda: (
+            admin.get(f"/api/v1/namespaces/{tenant}/resourcequotas/no-pods")
+            .get("status", {})
+            .get("used")
+        ),
         timeout=30,
         what="the quota to be counted",
     )
@@ -565,3 +568,97 @@ def test_a_step_pod_the_api_server_refuses_is_told_and_the_run_goes_on_once_allo
     assert condition(done, "Stalled")["status"] == "False"  # type: ignore[index]
     assert "Created" in _reasons(admin, tenant, "blocked")
     assert shop.shop.count() == 1
+
+
+@pytest.fixture
+def governing_operator(
+    operator_process: OperatorPod, cluster: Cluster, admin: Kube, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator with platform settings for step pods (--step-pod-defaults, as the chart's
+    stepPods renders them): a PriorityClass and a RuntimeClass of the cluster, a ceiling of 6 s
+    on a step pod's life, one finished pod kept per run. The session's operator is stopped
+    meanwhile, so only this one acts."""
+    admin.create(
+        "/apis/scheduling.k8s.io/v1/priorityclasses",
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "agent-steps"},
+            "value": 1000,
+        },
+    )
+    admin.create(
+        "/apis/node.k8s.io/v1/runtimeclasses",
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "sandboxed"},
+            "handler": "runsc",
+        },
+    )
+    settings = tmp_path / "step-pods.yaml"
+    settings.write_text(
+        "priorityClassName: agent-steps\nruntimeClassName: sandboxed\n"
+        "resources: {requests: {cpu: 50m, memory: 64Mi}}\n"
+        "maxActiveSeconds: 6\nkeepFinishedPods: 1\n"
+    )
+    operator_process.stop()
+    governing = OperatorProcess(
+        cluster,
+        operator_process.kubeconfig,
+        name="operator-governing",
+        env=dict(operator_process.env),
+        extra_args=(f"--step-pod-defaults={settings}",),
+    )
+    governing.start()
+    try:
+        yield governing
+    finally:
+        governing.stop()
+        operator_process.start()
+        admin.delete("/apis/scheduling.k8s.io/v1/priorityclasses/agent-steps")
+        admin.delete("/apis/node.k8s.io/v1/runtimeclasses/sandboxed")
+
+
+def test_step_pods_carry_the_platforms_settings_and_are_stopped_at_their_deadline(
+    governing_operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl
+) -> None:
+    """Step pods get the platform's priority class (the API server admits it and sets the
+    priority), runtime class, default requests and a 6 s activeDeadlineSeconds. A step whose
+    WRITE takes 9 s is stopped at its deadline (Failed, DeadlineExceeded): it finishes the call
+    it is in and records it, the run tells the step ran past its deadline, the next attempt
+    goes on from the checkpoint, and the shop has the order once. Only the newest finished
+    pod is kept."""
+    slow = ShopServer().start()
+    slow.shop.delay = 9
+    try:
+        apply(kubectl, agentrun("governed", slow, [[order("G1", 1)]]))
+        first = wait_for(
+            lambda: _pod(admin, tenant, "governed-s1-a1"), timeout=60, what="the first step pod"
+        )
+        spec = first["spec"]
+        assert spec["priorityClassName"] == "agent-steps" and spec["priority"] == 1000
+        assert spec["runtimeClassName"] == "sandboxed"
+        assert spec["activeDeadlineSeconds"] == 6
+        assert spec["containers"][0]["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
+        done = wait_phase(admin, tenant, "governed", "Succeeded", timeout=180)
+        assert slow.shop.count() == 1
+        told = [e["message"] for e in _events(admin, tenant, "governed")]
+        assert any("governed-s1-a1" in m and "ran past its deadline" in m for m in told), told
+
+        def one_pod_left() -> list[str] | None:
+            pods = admin.get(
+                f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=governed"}
+            )["items"]
+            names = [p["metadata"]["name"] for p in pods]
+            return names if len(names) == 1 else None
+
+        left = wait_for(one_pod_left, timeout=60, what="older step pods to be collected")
+        assert left == [done["status"]["step"]["pod"]]
+    finally:
+        slow.stop()
+
+
+def _pod(admin: Kube, namespace: str, name: str) -> JSON | None:
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    return admin.get(path) if admin.exists(path) else None

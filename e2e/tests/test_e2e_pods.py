@@ -260,3 +260,24 @@ def test_environment_from_secrets_configmaps_and_downward_api(
         "CWD=/tmp",
     }
     assert expected <= lines, expected - lines
+
+
+def test_a_pod_past_its_active_deadline_fails_as_deadline_exceeded(
+    admin: Kube, namespace: str
+) -> None:
+    """spec.activeDeadlineSeconds: 3 on a pod whose command sleeps a minute: as the kubelet
+    does it, the pod fails as a whole (phase Failed, reason DeadlineExceeded) a few seconds
+    after it started, its container stopped (SIGTERM first) and not restarted."""
+    manifest = pod("late", ["sh", "-c", "sleep 60"])
+    manifest["spec"]["activeDeadlineSeconds"] = 3
+    manifest["spec"]["terminationGracePeriodSeconds"] = 2
+    create(admin, namespace, manifest)
+    started = time.monotonic()
+    done = wait_for(finished_pod(admin, namespace, "late"), timeout=30, what="late to fail")
+    assert time.monotonic() - started < 20
+    assert done["status"]["phase"] == "Failed"
+    assert done["status"]["reason"] == "DeadlineExceeded"
+    assert "deadline" in done["status"]["message"]
+    terminated = container_status(done)["state"]["terminated"]
+    assert terminated["exitCode"] in (137, 143)
+    assert container_status(done)["restartCount"] == 0

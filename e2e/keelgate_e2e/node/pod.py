@@ -5,7 +5,8 @@ bound to the node this worker sets up the pod's volumes (`keelgate_e2e.node.volu
 init containers in order, then every container's command as a local process (the image is not
 pulled: host programs run) in a mount namespace of its own, where the helper
 `keelgate_e2e.node.mounts` has bound the volumes at their mountPaths; it restarts them per
-`restartPolicy` with the kubelet's back-off, and reports status as the kubelet does: Pending,
+`restartPolicy` with the kubelet's back-off, stops a pod past its `activeDeadlineSeconds` (Failed,
+reason DeadlineExceeded), and reports status as the kubelet does: Pending,
 Running, then Succeeded or Failed, with `containerStatuses`, exit codes and reasons (Completed,
 Error, OOMKilled, StartError, CreateContainerConfigError). On graceful deletion it sends SIGTERM,
 waits the grace period, sends SIGKILL, reports the final status and deletes the pod with grace 0.
@@ -193,6 +194,9 @@ class PodWorker(threading.Thread):
         self.init_index = 0
         self.phase = "Pending"
         self.start_time = now_iso()
+        self._active_since = time.monotonic()
+        # The pod's own reason and message once it failed as a whole (DeadlineExceeded).
+        self._failed_as: tuple[str, str] | None = None
         self._conditions: dict[str, tuple[str, str]] = {}  # type -> (status, transition time)
         self._last_sent: JSON | None = None
         # A status the API server did not take (it was down): sent again until it is, even once
@@ -278,13 +282,37 @@ class PodWorker(threading.Thread):
             if grace is not None:
                 self._terminate(grace)
                 return
-            if self.phase not in TERMINAL:
+            if self.phase not in TERMINAL and self._past_deadline():
+                self._expire()
+            elif self.phase not in TERMINAL:
                 self._step()
                 self._report()
                 self._resync_volumes()
             elif self._unsent:
                 self._report()
             self._wake.wait(0.2 if self.phase not in TERMINAL else 5.0)
+
+    def _past_deadline(self) -> bool:
+        """Whether the pod has been active longer than its spec.activeDeadlineSeconds (counted,
+        as the kubelet counts it, from when this node started it)."""
+        deadline = self._pod.get("spec", {}).get("activeDeadlineSeconds")
+        return deadline is not None and time.monotonic() - self._active_since >= float(deadline)
+
+    def _expire(self) -> None:
+        """The kubelet's active deadline: the pod fails as a whole (reason DeadlineExceeded),
+        its containers are stopped with the pod's grace period (SIGTERM, then SIGKILL), and none
+        restarts."""
+        grace = float(self._pod.get("spec", {}).get("terminationGracePeriodSeconds", 30))
+        self._kill_all(grace)
+        with self._lock:
+            for run in self.init_runs + self.main_runs:
+                run.done = True
+            self.phase = "Failed"
+            self._failed_as = (
+                "DeadlineExceeded",
+                "Pod was active on the node longer than the specified deadline",
+            )
+        self._report()
 
     def _recover(self, status: JSON) -> None:
         """If the agent restarted, processes of this pod were lost: account for them."""
@@ -720,6 +748,8 @@ class PodWorker(threading.Thread):
                 "startTime": self.start_time,
                 "containerStatuses": [self._container_status(r) for r in self.main_runs],
             }
+            if self._failed_as is not None:
+                status["reason"], status["message"] = self._failed_as
             if self.init_runs:
                 status["initContainerStatuses"] = [
                     self._container_status(r) for r in self.init_runs

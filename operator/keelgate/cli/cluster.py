@@ -170,9 +170,8 @@ def operator_command(
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
     from keelgate.kube.runtime.operator import Operator, OperatorOptions
-    from keelgate.stores import open_stores
-
     from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
+    from keelgate.stores import open_stores
 
     try:
         defaults = (

@@ -8,6 +8,9 @@ its owner died. A key on record decides before anything the spec says now: an ed
 side-effect class or approval rule never turns a call that may have run into "refused". It never
 retries a call whose outcome it does not know, and never accepts the model's or the tool's word
 that an unknown call happened.
+
+Why one module a little past 500 lines: a call's whole life (refused, claimed, sent, completed,
+replayed, unknown) is one sequence of compare-and-sets, read in one place.
 """
 
 from __future__ import annotations

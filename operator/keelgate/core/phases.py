@@ -7,6 +7,10 @@ every tool call through the gateway. Planned actions are saved before any runs (
 a resume never asks the model again for a step it already planned. This module must never retry
 a WRITE whose outcome is unknown, never ask a person to approve a call that may already have
 run, and never put tool arguments into the audit chain or logs.
+
+Why one module past 500 lines: the phases hand the run to each other through the checkpoint,
+and each crash window sits between two of them; read apart, a window would be split across
+files.
 """
 
 from __future__ import annotations

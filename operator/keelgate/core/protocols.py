@@ -48,6 +48,19 @@ class CheckpointStore(Protocol):
 
 
 @runtime_checkable
+class RunRevisions(Protocol):
+    """How far each run's records have moved, for many runs in one read: the checkpoint's
+    ``seq`` and the audit chain's last ``seq`` (0 where there is none). A decision made outside
+    the operator (``keelgate reconcile``, ``keelgate approve``, Python) moves one of them, and
+    nothing else tells the operator of it; reading every waiting run's checkpoint to find out
+    would cost a query per run at every resync. Runs the store does not have are left out."""
+
+    def revisions(
+        self, runs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int]]: ...
+
+
+@runtime_checkable
 class IdempotencyStore(Protocol):
     """Durable records of every PROPOSE and WRITE, keyed by (tenant, idempotency key).
 

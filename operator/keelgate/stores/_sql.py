@@ -309,6 +309,11 @@ def _too_new(where: str, found: int, newest: int) -> StoreError:
     )
 
 
+#: Runs asked about in one RunRevisions statement (two parameters each: far inside SQLite's
+#: and PostgreSQL's limits).
+REVISIONS_CHUNK = 2000
+
+
 class Statements:
     """Every statement of the stores in one dialect."""
 
@@ -330,6 +335,12 @@ class Statements:
             "SELECT tenant, run, seq FROM keelgate_checkpoints "
             "WHERE CAST(? AS TEXT) IS NULL OR tenant = ? "
             f"ORDER BY tenant{d.byte_order}, run{d.byte_order}"
+        )
+        # RunRevisions: {values} is a row per run asked about, "(?, ?), ...".
+        self.revisions = (
+            "SELECT c.tenant, c.run, c.seq, COALESCE((SELECT MAX(a.seq) FROM keelgate_audit a "
+            "WHERE a.tenant = c.tenant AND a.run = c.run), 0) FROM keelgate_checkpoints c "
+            "WHERE (c.tenant, c.run) IN (VALUES {values})"
         )
         # SpecStore: a generation older than the stored one of the same source is refused.
         self.record_spec = q(
@@ -726,6 +737,25 @@ class SQLStore(HoldsOwner, ABC):
                 return conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
 
         return [RunRef(str(t), str(r), int(s)) for t, r, s in self._durably(attempt)]
+
+    def revisions(self, runs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, int]]:
+        """RunRevisions: one statement per ``REVISIONS_CHUNK`` runs, each run's checkpoint seq
+        and audit head found by primary key."""
+        found: dict[tuple[str, str], tuple[int, int]] = {}
+        wanted = list(dict.fromkeys((str(t), str(r)) for t, r in runs))
+        for start in range(0, len(wanted), REVISIONS_CHUNK):
+            chunk = wanted[start : start + REVISIONS_CHUNK]
+            values = ", ".join(["(?, ?)"] * len(chunk)).replace("?", self.dialect.placeholder)
+            sql = self.sql.revisions.format(values=values)
+            params = [part for pair in chunk for part in pair]
+
+            def attempt(again: bool, sql: str = sql, params: list[str] = params) -> list[Any]:
+                with self._statement() as conn:
+                    return conn.execute(sql, params).fetchall()
+
+            for tenant, run, seq, head in self._durably(attempt):
+                found[(str(tenant), str(run))] = (int(seq), int(head))
+        return found
 
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         """The one row of a read, or None."""

@@ -20,8 +20,9 @@ With pytest, in your store's test file::
 
 ``checks(...)`` selects by what a check needs: ``"checkpoints"`` (a ``CheckpointStore`` alone, such
 as a saver-backed one), ``"specs"``, ``"keys"``, ``"audit"``, ``"run_lock"`` (a key store that is
-a ``RunLock``), and one name per promise a backend may declare in ``Capabilities``
-(``"checkpoint_with_events"``, ``"claim_with_event"``); with no names, every check, and ``run``
+a ``RunLock``), ``"revisions"`` (a checkpoint store that is ``RunRevisions``), and one name per
+promise a backend may declare in ``Capabilities`` (``"checkpoint_with_events"``,
+``"claim_with_event"``); with no names, every check, and ``run``
 then passes over what the stores do not have or declare.
 
 This module must never import pytest or a store backend, and never weaken a check to suit a
@@ -50,6 +51,7 @@ from keelgate.core.protocols import (
     IdempotencyStore,
     RunLock,
     RunRef,
+    RunRevisions,
     SpecStore,
     Stores,
 )
@@ -95,6 +97,8 @@ class Check:
             return stores.specs is not None
         if self.needs == "run_lock":
             return isinstance(stores.idempotency, RunLock)
+        if self.needs == "revisions":
+            return isinstance(stores.checkpoints, RunRevisions)
         if self.needs in _PROMISES:
             return bool(getattr(stores.capabilities, self.needs))
         return True
@@ -114,7 +118,8 @@ def _check(needs: str) -> Callable[[Callable[[Opener], None]], Callable[[Opener]
 
 def checks(*needs: str) -> list[Check]:
     """The checks that need any of ``needs`` (see the module docstring); every one if none."""
-    unknown = set(needs) - {"checkpoints", "specs", "keys", "audit", "run_lock", *_PROMISES}
+    known = {"checkpoints", "specs", "keys", "audit", "run_lock", "revisions", *_PROMISES}
+    unknown = set(needs) - known
     if unknown:
         raise ValueError(f"no checks need {sorted(unknown)}")
     return [c for c in _CHECKS if not needs or c.needs in needs]
@@ -257,6 +262,33 @@ def a_seq_that_is_not_newer_is_refused_and_the_state_is_unchanged(factory: Opene
 def every_checkpoint_store_speaks_the_protocol(factory: Opener) -> None:
     """Each backend is a CheckpointStore as the loop sees it (runtime protocol check)."""
     assert isinstance(checkpoints(factory), CheckpointStore)
+
+
+@_check("revisions")
+def revisions_move_with_each_checkpoint_and_each_audit_event(factory: Opener) -> None:
+    """``revisions`` answers for many runs at once, from any process: a run's checkpoint seq and
+    its audit head, each moving when a checkpoint is saved or an event appended (a decision
+    made in the store moves one of them); runs never saved are left out, other tenants' runs
+    with the same name are apart."""
+    stores = factory()
+    stores.checkpoints.save("acme", "waiting", 4, {})
+    stores.checkpoints.save("beta", "waiting", 1, {})
+    reader = factory().checkpoints
+    assert isinstance(reader, RunRevisions)
+    asked = [("acme", "waiting"), ("beta", "waiting"), ("acme", "never")]
+    before = reader.revisions(asked)
+    assert before == {("acme", "waiting"): (4, 0), ("beta", "waiting"): (1, 0)}
+    stores.audit.append("acme", "waiting", [AuditDraft("loop.reconciled", {"n": 1}, actor="alice")])
+    moved = reader.revisions(asked)
+    assert moved[("acme", "waiting")][0] == 4 and moved[("acme", "waiting")][1] > 0
+    assert moved[("beta", "waiting")] == (1, 0)
+    stores.checkpoints.save("beta", "waiting", 2, {})
+    assert reader.revisions(asked)[("beta", "waiting")] == (2, 0)
+    many = [("acme", f"run-{n}") for n in range(2500)]
+    assert reader.revisions([*many, ("acme", "waiting")]) == {
+        ("acme", "waiting"): moved[("acme", "waiting")]
+    }
+    assert reader.revisions([]) == {}
 
 
 # SpecStore

@@ -58,7 +58,9 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False) -> PodEnd:
     containers = pod_status.get("containerStatuses") or []
     terminated = (containers[0].get("state") or {}).get("terminated") if containers else None
     if terminated:
-        return replace(_terminated(pod_status, terminated), last_lines=_tail(terminated))
+        end = _terminated(pod_status, terminated)
+        # A clean end's message is the step's outcome, which the status shows already.
+        return end if end.clean else replace(end, last_lines=_tail(terminated))
     if pod_status.get("phase") == "Failed":
         reason = pod_status.get("reason") or "Failed"
         message = pod_status.get("message") or ""

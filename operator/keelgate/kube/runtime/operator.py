@@ -32,7 +32,7 @@ from typing import Any
 
 import kopf
 
-from keelgate.core.protocols import Stores
+from keelgate.core.protocols import RunRevisions, Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.controller.context import ControllerSettings
@@ -44,7 +44,7 @@ from keelgate.kube.runtime.cache import Cache, copy_json, key_of
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
-from keelgate.kube.runtime.resync import Resync
+from keelgate.kube.runtime.resync import Resync, WaitingRuns
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 
@@ -130,8 +130,13 @@ class Operator:
             run = controller_name(body)
             if run:
                 self._add(("AgentRun", namespace, run))
-            if pod_finished(body) or event.get("type") == "DELETED":
+            deleted = event.get("type") == "DELETED"
+            if pod_finished(body) or deleted:
                 self._pod_ended(namespace, name)
+            if deleted:
+                # No event follows a deletion: what was told of this pod may go (a pod of the
+                # same name made later is another pod, and its end is told again).
+                self._seen_end.discard((namespace, name))
 
         @kopf.on.event(GROUP, VERSION, "reconciliations", registry=registry)
         async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
@@ -227,6 +232,11 @@ class Operator:
             add=self._add,
             pod_ended=self._pod_ended,
             refresh_gauges=self._refresh_gauges,
+            waiting=(
+                WaitingRuns(self.stores.checkpoints.revisions)
+                if isinstance(self.stores.checkpoints, RunRevisions)
+                else None
+            ),
         )
         self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
         log.info(

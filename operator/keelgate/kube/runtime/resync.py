@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keelgate.kube.api import ClusterApi
@@ -39,6 +39,7 @@ class Resync:
         add: Callable[[Key], None],
         pod_ended: Callable[[str, str], None],
         refresh_gauges: Callable[[], None],
+        waiting: WaitingRuns | None = None,
     ) -> None:
         self._every = every
         self._cache = cache
@@ -47,12 +48,17 @@ class Resync:
         self._add = add
         self._pod_ended = pod_ended
         self._refresh_gauges = refresh_gauges
+        self._waiting = waiting
 
     async def run(self) -> None:
         """Resync every ``every`` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self._every)
-            for key in due_for_resync(self._cache):
+            if self._waiting is None:
+                due = due_for_resync(self._cache)
+            else:
+                due = await asyncio.to_thread(self._waiting.due, self._cache)
+            for key in due:
                 self._add(key)
             self._refresh_gauges()
             await self._forget_vanished_step_pods()
@@ -115,6 +121,79 @@ def vanished_step_pods(
             continue
         cache.put("Pod", found)  # it ended, or is newer than the list: the cache catches up
     return gone
+
+
+#: (namespace, run name): a run as the store names it (tenant, run).
+RunName = tuple[str, str]
+#: A run's revision in the store (checkpoint seq, audit head), None where it has none.
+Revision = tuple[int, int] | None
+
+
+class WaitingRuns:
+    """Which runs at rest to look at again: those whose records in the store moved since the
+    last resync (a decision made with ``keelgate reconcile`` or ``keelgate approve``, which no
+    watch reports), found with one read of the store for all of them (``RunRevisions``), where
+    reading each run's checkpoint would cost a query per waiting run at every resync. A run is
+    looked at again the first time it is seen at rest, and whenever its revision differs from
+    the last one seen; what is remembered is only the runs at rest now."""
+
+    def __init__(self, revisions: Callable[[Sequence[RunName]], Mapping[RunName, Revision]]):
+        self._revisions = revisions
+        self._seen: dict[RunName, Revision] = {}
+
+    def due(self, cache: Cache) -> list[Key]:
+        """The keys a resync queues: every run under way, and each run at rest (with its
+        unsettled Reconciliations and Approvals) whose store records moved. If the store cannot
+        be asked, every key (as without this filter)."""
+        runs = cache.keys_with("AgentRun", _resting, lambda body: not _finished(body))
+        decisions = [
+            *cache.keys_with("Reconciliation", _run_name, lambda body: not is_settled(body)),
+            *cache.keys_with("Approval", _run_name, lambda body: not is_settled(body)),
+        ]
+        due: list[Key] = [key for key, resting in runs if not resting]
+        waiting: dict[RunName, list[Key]] = {}
+        for key, resting in runs:
+            if resting:
+                waiting.setdefault((key[1], key[2]), []).append(key)
+        for key, run_name in decisions:
+            waiting.setdefault((key[1], run_name), []).append(key)
+        try:
+            revisions = self._revisions(list(waiting))
+        except Exception as failure:  # the store away: look at them all, as before
+            log.warning(
+                "resync: cannot read the waiting runs' revisions (%s: %s)",
+                type(failure).__name__,
+                str(failure).splitlines()[0] if str(failure) else "",
+            )
+            self._seen = {}
+            return [*due, *(key for keys in waiting.values() for key in keys)]
+        seen: dict[RunName, Revision] = {}
+        for name, keys in waiting.items():
+            revision = revisions.get(name)
+            seen[name] = revision
+            if name not in self._seen or self._seen[name] != revision:
+                due.extend(keys)
+        self._seen = seen
+        return due
+
+
+def _resting(run: Mapping[str, Any]) -> bool:
+    """A run at rest (stopped or failed, its status answering its spec, not a monitor, no step
+    pending, not being deleted): only an edit (a watch event) or the store can move it."""
+    meta, status = run.get("metadata", {}), run.get("status") or {}
+    spec = run.get("spec") or {}
+    step = status.get("step") or {}
+    return bool(
+        status.get("phase") in ("Stopped", "Failed")
+        and status.get("observedGeneration") == meta.get("generation")
+        and spec.get("loop") != "monitor"
+        and step.get("state") != "Pending"
+        and not meta.get("deletionTimestamp")
+    )
+
+
+def _run_name(decision: Mapping[str, Any]) -> str:
+    return str((decision.get("spec") or {}).get("runName", ""))
 
 
 def due_for_resync(cache: Cache) -> list[Key]:
