@@ -307,3 +307,40 @@ def test_the_two_kinds_differ_only_in_what_their_kind_says() -> None:
     assert RECONCILIATION.status(no, {})["source"] == "human"
     assert "source" not in APPROVAL.status(yes, {})
     assert (RECONCILIATION.field, APPROVAL.field) == ("executed", "approved")
+
+
+def test_a_second_unknown_outcome_gets_its_own_reconciliation_and_is_settled_too(
+    kube: Operator,
+) -> None:
+    """Issue 31's first story: a run stops on an unknown WRITE, alice settles it, the run goes
+    on, and a later WRITE's outcome is unknown too. The second stop names its own
+    Reconciliation (not the settled first one), which exists and is Pending; settling it (here
+    as not executed) lets the run finish, and each WRITE went out once."""
+    lost = {"tool": "lost_write", "args": {"sku": "A1", "qty": 2}}
+    again = {"tool": "lost_write", "args": {"sku": "B7", "qty": 1}}
+    script = [{"actions": [lost]}, {"actions": [again]}, {"done": True, "answer": "ordered"}]
+    kube.apply("restock", agentrun_spec(tool="lost_write", script=script))
+    assert kube.drive("restock") == [3]
+    pass_deadlines(kube.stores)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": "alice"})
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    assert kube.drive("restock") == [0, 3]  # the first iteration's end, then the second stop
+    second = "restock-2-lost-write"
+    made = kube.api.get("Reconciliation", NAMESPACE, second)
+    assert made is not None and made["status"]["phase"] == "Pending"
+    assert made["spec"]["action"] == "2:0"
+    first = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert first is not None and first["status"]["phase"] == "Settled"
+    unknown = kube.condition("restock", "OutcomeUnknown")
+    assert unknown["status"] == "True"
+    assert second in unknown["message"] and SETTLE not in unknown["message"]
+    assert kube.status("restock")["phase"] == "Stopped"
+    pass_deadlines(kube.stores)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, second, {"executed": False, "by": "bob"})
+    assert kube.reconcile(second, kind="Reconciliation") == REST
+    record = kube.stores.idempotency.get(NAMESPACE, str(made["spec"]["idempotencyKey"]))
+    assert record is not None and (record.state, record.settled_by) == (KeyState.ABANDONED, "bob")
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert kube.condition("restock", "OutcomeUnknown")["status"] == "False"
+    assert len(operator_tools.ORDERS) == 2  # each lost write's one call, never repeated

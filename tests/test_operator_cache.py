@@ -54,6 +54,23 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     assert found is not None and found["status"]["phase"] == "Failed"
 
 
+def test_the_cache_keeps_no_field_manager_records_nor_kubectls_last_applied_copy() -> None:
+    """What the operator never reads (managedFields, kubectl's last-applied annotation: often
+    more than half of a body) is not kept, so thousands of runs cost less memory; every other
+    annotation (the failpoints one) stays."""
+    cache = Cache()
+    body = run("r", phase="Running")
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    body["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": '{"spec": "a big copy"}',
+        "keelgate.dev/failpoints": "after_plan@1",
+    }
+    cache.put("AgentRun", body)
+    kept = cache.get("AgentRun", "shop", "r")
+    assert kept is not None and "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["annotations"] == {"keelgate.dev/failpoints": "after_plan@1"}
+
+
 def test_what_a_reconcile_reads_is_its_own_copy() -> None:
     """A reconcile may change the body it read; the cache (and the next reconcile) does not see
     the change."""

@@ -31,6 +31,10 @@ class Shop:
         self.orders: list[dict[str, Any]] = []
         self.book = book
         self.delay = 0.0  # seconds to wait after taking an order, before answering
+        # Seconds to hold an order request and then drop it untaken, unanswered: a request lost
+        # on its way (a proxy that died), so the caller cannot know and nothing happened.
+        self.swallow = 0.0
+        self.swallowed = 0
         if book is not None and book.exists():
             self.orders = [json.loads(x) for x in book.read_text().splitlines() if x.strip()]
 
@@ -93,6 +97,12 @@ class ShopServer:
                 raw = self.rfile.read(length) if length else b"{}"
                 if self.path.split("?", 1)[0] != "/orders":
                     self._send(404, {"error": "not found"})
+                    return
+                if shop_.swallow:
+                    time.sleep(shop_.swallow)
+                    with shop_.lock:
+                        shop_.swallowed += 1
+                    self.close_connection = True
                     return
                 order = shop_.take(
                     self.headers.get("Idempotency-Key", ""),

@@ -63,6 +63,25 @@ def _version(body: Mapping[str, Any]) -> int | None:
         return None
 
 
+#: What the operator never reads of an object and the API server sends with every body: the
+#: field managers' records, and kubectl's copy of the last applied manifest. Together they are
+#: often larger than the rest of the object; a cache of thousands of runs keeps neither.
+_UNREAD_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _slim(body: JSON) -> JSON:
+    """``body`` without what the operator never reads (changed in place: the cache owns it)."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and _UNREAD_ANNOTATION in annotations:
+            meta["annotations"] = {
+                k: v for k, v in annotations.items() if k != _UNREAD_ANNOTATION
+            }
+    return body
+
+
 class Cache:
     """Thread-safe: kopf's handlers write from the event loop, reconciles read from threads.
 
@@ -100,7 +119,7 @@ class Cache:
                 return
             if known is None and self._deleted_already(kind, (namespace, name), body):
                 return
-            objects[(namespace, name)] = body
+            objects[(namespace, name)] = _slim(body)
             if kind == "Pod":
                 self._tombstones.pop((namespace, name), None)
                 if is_active_step_pod(body):
