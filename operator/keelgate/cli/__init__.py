@@ -62,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keelgate.cli.step import main as step_main
 
         return step_main(args[1:])
+    if args[:2] in (["audit", "export"], ["audit", "verify"]):
+        # `audit RUN` shows a run's chain; these two are commands of their own under its name.
+        from keelgate.cli import audit_tools
+
+        started()
+        return dispatch(audit_tools.app, args[1:], prog_name="keelgate audit")
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
     from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands

@@ -398,7 +398,8 @@ def audit_command(
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
 ) -> int:
-    """Show the run's hash-chained audit trail."""
+    """Show the run's hash-chained audit trail. `keelgate audit export RUN --sign-key KEY`
+    writes it as a signed file; `keelgate audit verify FILE --key PUB` checks one offline."""
     # The chain is read once, a page at a time, and each event is kept only as what is shown
     # of it, so a run of any length is shown (and verified) in time linear in its events.
     json_out = output is OutputFormat.json

@@ -90,6 +90,13 @@ def _hash(
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def event_hash(tenant: str, run: str, event: AuditEvent) -> str:
+    """What ``event``'s hash must be, from its fields and its place on ``tenant/run``'s chain."""
+    return _hash(
+        tenant, run, event.seq, event.prev, event.type, event.actor, event.at, event.data, event.key
+    )
+
+
 def seal(tenant: str, run: str, head: AuditEvent | None, draft: AuditDraft) -> AuditEvent:
     """Put ``draft`` on the chain after ``head`` (None for the first event of a run)."""
     seq = 1 if head is None else head.seq + 1

@@ -76,9 +76,7 @@ def _slim(body: JSON) -> JSON:
         meta.pop("managedFields", None)
         annotations = meta.get("annotations")
         if isinstance(annotations, dict) and _UNREAD_ANNOTATION in annotations:
-            meta["annotations"] = {
-                k: v for k, v in annotations.items() if k != _UNREAD_ANNOTATION
-            }
+            meta["annotations"] = {k: v for k, v in annotations.items() if k != _UNREAD_ANNOTATION}
     return body
 
 
