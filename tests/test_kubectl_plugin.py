@@ -833,3 +833,17 @@ def test_the_api_servers_own_sentence_is_the_error_line() -> None:
     assert str(refused.value) == 'list reconciliations: User "bob" cannot list it'
     with pytest.raises(NotFound):
         api._call("pod x", answers(404, "pods x not found"))
+
+
+def test_audit_export_and_verify_are_found_after_kubectls_flags() -> None:
+    """`kubectl keelgate [flags] audit export|verify ...` reaches the signed-export commands,
+    with kubectl's flags before the command or after it; `audit RUN` (even a run named like a
+    flag's value) stays the trail's display."""
+    from keelgate.cli.plugin import _audit_tool
+
+    assert _audit_tool(["audit", "export", "restock"]) == "export"
+    assert _audit_tool(["-n", "shop", "--context", "alice", "audit", "verify", "f"]) == "verify"
+    assert _audit_tool(["--namespace=shop", "audit", "export", "r"]) == "export"
+    assert _audit_tool(["audit", "restock", "--verify"]) is None
+    assert _audit_tool(["-n", "audit", "status", "export"]) is None
+    assert _audit_tool([]) is None

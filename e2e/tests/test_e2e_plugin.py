@@ -10,6 +10,7 @@ outcome against the shop's record, and never print a store password.
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -351,3 +352,61 @@ def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_passwor
         for password in (STORE_PASSWORD, password_of(own)):
             assert password not in result.stdout + result.stderr
     assert json.dumps(as_json).count(password_of(own)) == 0
+
+
+def test_audit_export_signs_with_a_key_from_a_secret_and_verify_needs_only_the_file(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    plugin: KubectlKeelgate,
+    tmp_path: Path,
+) -> None:
+    """The platform keeps the signing key in a Secret of the namespace; alice (who may read
+    it) runs `kubectl keelgate audit export RUN --sign-key-secret audit-key --store ...`, and
+    the file verifies offline with only the public key (`kubectl keelgate audit verify`). The
+    key is never printed; bob, who may not read the Secret, cannot sign."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    public = tmp_path / "audit.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    admin.create(
+        f"/api/v1/namespaces/{tenant}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "audit-key"},
+            "data": {"key.pem": base64.b64encode(pem).decode()},
+        },
+    )
+    apply(kubectl, agentrun("signed", shop, [[order("S1", 1)]]))
+    wait_phase(admin, tenant, "signed", "Succeeded", timeout=90)
+    with_store = plugin.with_env(KEELGATE_STORE=store_url(admin, tenant))
+    out = tmp_path / "signed.dsse.json"
+    exported = with_store(
+        "audit", "export", "signed", "--sign-key-secret", "audit-key", "-o", str(out)
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert "events exported" in exported.stdout
+    verified = plugin("audit", "verify", str(out), "--key", str(public))
+    assert verified.returncode == 0, verified.stderr
+    assert (
+        f"{tenant}/signed:" in verified.stdout and "signature and chain verified" in verified.stdout
+    )
+    for result in (exported, verified):
+        assert pem.decode() not in result.stdout + result.stderr
+    bob = plugin.as_user("bob").with_env(KEELGATE_STORE=store_url(admin, tenant))
+    refused = bob("audit", "export", "signed", "--sign-key-secret", "audit-key", "-o", "-")
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()

@@ -49,9 +49,17 @@ def export_command(
     store: StoreOption = DEFAULT_URL,
 ) -> int:
     """Write the run's chain as an in-toto Statement in a DSSE envelope signed with --sign-key."""
-    from keelgate.adapters.signing import load_private_key, read_key_file, sign_envelope
+    from keelgate.adapters.signing import read_key_file
 
-    key = load_private_key(read_key_file(sign_key, "--sign-key"))
+    return export_run(run, read_key_file(sign_key, "--sign-key"), out, namespace, store)
+
+
+def export_run(run: str, pem: bytes, out: str, namespace: str | None, store: str) -> int:
+    """Export ``run``'s chain signed with the PEM private key ``pem`` (``keelgate audit export``
+    and ``kubectl keelgate audit export``, whose key may come from a Secret)."""
+    from keelgate.adapters.signing import load_private_key, sign_envelope
+
+    key = load_private_key(pem)
     with _opened(store, run, namespace) as (loop, tenant, name):
         events: list[AuditEvent] = []
         report = loop.verify_audit(tenant, name, each=events.append)

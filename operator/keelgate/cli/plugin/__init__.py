@@ -20,7 +20,34 @@ from keelgate.cli.plugin import commands
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kubectl-keelgate`` executable; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    verb = _audit_tool(args)
+    if verb is not None:
+        # `audit RUN` shows a run's chain; `audit export|verify` are commands of their own
+        # under its name. kubectl's flags given before `audit` go after the command.
+        from keelgate.cli.plugin import audit_export
+
+        at = args.index("audit")
+        rest = [verb, *args[at + 2 :], *args[:at]]
+        return dispatch(audit_export.app, rest, prog_name="kubectl keelgate audit")
     return dispatch(commands.app, args, prog_name="kubectl keelgate")
+
+
+#: kubectl's flags that take a value (given before the command).
+_VALUED = frozenset({"--kubeconfig", "--context", "--namespace", "-n"})
+
+
+def _audit_tool(args: list[str]) -> str | None:
+    """``export`` or ``verify`` when the command is ``audit export|verify``, after any of
+    kubectl's flags; None otherwise."""
+    index = 0
+    while index < len(args) and args[index].startswith("-"):
+        index += 1 if "=" in args[index] or args[index] not in _VALUED else 2
+    if args[index : index + 1] == ["audit"] and args[index + 1 : index + 2] in (
+        ["export"],
+        ["verify"],
+    ):
+        return args[index + 1]
+    return None
 
 
 def run() -> None:
