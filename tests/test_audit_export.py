@@ -291,3 +291,97 @@ def test_a_bad_key_is_one_line_naming_the_flag(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert flag in err and words in err, err
+
+
+def _rewrite_consistently(path: str, tenant: str, run: str, seq: int) -> None:
+    """What someone who can write the store does: change event ``seq`` and recompute every hash
+    from there on, so that the chain's own links hold again."""
+    from keelgate.core.audit import AuditEvent, event_hash
+
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT seq, type, actor, at, data, key, prev, hash FROM keelgate_audit "
+            "WHERE tenant = ? AND run = ? ORDER BY seq",
+            (tenant, run),
+        ).fetchall()
+        prev = None
+        for number, type_, actor, at, data, key, old_prev, _ in rows:
+            if number == seq:
+                actor = "mallory"
+            event = AuditEvent(
+                number,
+                type_,
+                actor,
+                at,
+                json.loads(data),
+                key,
+                old_prev if prev is None else prev,
+                "",
+            )
+            digest = event_hash(tenant, run, event)
+            conn.execute(
+                "UPDATE keelgate_audit SET actor = ?, prev = ?, hash = ? "
+                "WHERE tenant = ? AND run = ? AND seq = ?",
+                (actor, event.prev, digest, tenant, run, number),
+            )
+            prev = digest if number >= seq or prev is not None else None
+
+
+def test_the_operator_signs_a_stopped_runs_head_and_a_consistent_rewrite_is_then_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator started with --audit-sign-key: when the run stops it puts its signature over
+    the chain's head on the chain (an audit.head_signed event, once, by keelgate-operator).
+    `keelgate audit RUN --verify --key PUB` then passes; after someone with the store rewrites
+    an event and every hash after it (so plain --verify still passes), --verify --key fails
+    naming the signed event; and --key without any signed head says so."""
+    from keelgate.kube.controller.context import ControllerSettings
+    from support.operator_rig import Operator, agentrun_spec
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    private, public = _pem(key)
+    pub = tmp_path / "operator.pub"
+    pub.write_bytes(public)
+    signer = load_private_key(private)
+    settings = ControllerSettings(sign_head=lambda payload: sign_envelope(payload, signer))
+    kube = Operator(tmp_path, settings=settings)
+    try:
+        kube.apply("restock", agentrun_spec())
+        kube.drive("restock")
+        assert kube.status("restock")["phase"] == "Succeeded"
+        kube.reconcile("restock")  # at rest again: nothing more to sign
+        events = kube.stores.audit.events("shop", "restock")
+        signed = [e for e in events if e.type == "audit.head_signed"]
+        assert len(signed) == 1 and signed[0].actor == "keelgate-operator"
+        assert signed[0].data["seq"] == signed[0].seq - 1
+        assert signed[0].data["hash"] == events[signed[0].seq - 2].hash
+    finally:
+        kube.close()
+    store = kube.store_url
+    audit = ["audit", "restock", "-n", "shop", "--verify", "--store", store]
+    capsys.readouterr()
+    assert main([*audit, "--key", str(pub)]) == 0
+    _rewrite_consistently(store.removeprefix("sqlite:///"), "shop", "restock", 2)
+    assert main(audit) == 0  # the links hold: the store alone cannot tell
+    capsys.readouterr()
+    assert main([*audit, "--key", str(pub)]) == 1
+    out = capsys.readouterr().out
+    assert "is not the one that was signed" in out and "rewritten" in out, out
+    other = tmp_path / "other.pub"
+    other.write_bytes(_pem(ed25519.Ed25519PrivateKey.generate())[1])
+    assert main([*audit, "--key", str(other)]) == 1
+    assert "no signature verifies" in capsys.readouterr().out
+
+
+def test_verify_with_a_key_on_a_chain_nobody_signed_says_so(
+    store: str, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--verify --key` on a run whose chain has no signed head (run without an operator
+    signing, or its signed heads deleted): exit 1, saying no head was signed; --key without
+    --verify is refused naming --key."""
+    _, pub = keys
+    capsys.readouterr()
+    assert main(["audit", "restock", "--verify", "--key", str(pub), "--store", store]) == 1
+    assert "no signed head on the chain" in capsys.readouterr().out
+    assert main(["audit", "restock", "--key", str(pub), "--store", store]) == 2
+    assert "--key" in capsys.readouterr().err

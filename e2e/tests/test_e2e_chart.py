@@ -206,3 +206,45 @@ def test_a_chart_without_a_store_says_which_value_to_set(helm: Path, cluster: Cl
     out = run_helm(helm, cluster, "template", "kg", str(CHART))
     assert out.returncode != 0
     assert "store.existingSecret.name" in out.stderr and "store.url" in out.stderr
+
+
+def test_the_audit_signing_key_and_the_step_pod_settings_reach_the_operator(
+    helm: Path, cluster: Cluster
+) -> None:
+    """`audit.signingKeySecret` mounts that Secret's key.pem (and only it) read-only and
+    passes it as --audit-sign-key; without it, no such volume nor flag. `stepPods` reach the
+    operator as the file --step-pod-defaults reads, from a ConfigMap whose content the pod's
+    checksum follows (a change rolls the operator)."""
+    signed = rendered(
+        helm,
+        cluster,
+        "--set",
+        "store.existingSecret.name=pg",
+        "--set",
+        "audit.signingKeySecret=kg-audit",
+        "--set",
+        "stepPods.keepFinishedPods=5",
+    )
+    (deployment,) = [d for d in signed if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--audit-sign-key=/etc/keelgate-audit/key.pem" in container["args"]
+    assert "--step-pod-defaults=/etc/keelgate/step-pods.yaml" in container["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["audit-key"]["secret"] == {
+        "secretName": "kg-audit",
+        "items": [{"key": "key.pem", "path": "key.pem"}],
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["audit-key"]["readOnly"] is True
+    (config,) = [d for d in signed if d["kind"] == "ConfigMap"]
+    assert "keepFinishedPods: 5" in config["data"]["step-pods.yaml"]
+    plain = rendered(helm, cluster, "--set", "store.existingSecret.name=pg")
+    (unsigned,) = [d for d in plain if d["kind"] == "Deployment"]
+    args = unsigned["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--audit-sign-key")]
+    checksum = "checksum/step-pods"
+    assert (
+        unsigned["spec"]["template"]["metadata"]["annotations"][checksum]
+        != deployment["spec"]["template"]["metadata"]["annotations"][checksum]
+    )

@@ -100,6 +100,15 @@ def operator_command(
             "keepFinishedPods, maxActiveSeconds (docs/operator.md).",
         ),
     ] = "",
+    audit_sign_key: Annotated[
+        str,
+        typer.Option(
+            "--audit-sign-key",
+            envvar="KEELGATE_AUDIT_SIGN_KEY",
+            help="A PEM private key (Ed25519 or ECDSA P-256): sign each stopped run's audit "
+            "chain head with it (docs/audit.md).",
+        ),
+    ] = "",
     max_crashes: Annotated[
         int,
         typer.Option(
@@ -179,6 +188,18 @@ def operator_command(
         )
     except InputError as error:
         raise InputError("--step-pod-defaults", str(error)) from None
+    sign_head = None
+    if audit_sign_key:
+        from functools import partial
+
+        from keelgate.adapters.signing import load_private_key, read_key_file, sign_envelope
+
+        sign_head = partial(
+            sign_envelope,
+            key=load_private_key(
+                read_key_file(audit_sign_key, "--audit-sign-key"), field="--audit-sign-key"
+            ),
+        )
     lease = None
     if leader_elect:
         lease = _lease(
@@ -208,6 +229,7 @@ def operator_command(
             allow_failpoints=allow_failpoints,
             max_step_pods=max_step_pods,
             max_crashes=max_crashes,
+            sign_head=sign_head,
         ),
         port=port,
         bind=bind,

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from keelgate.cli.render import Console, Trail
-from keelgate.core.audit import AuditEvent
+from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
@@ -388,6 +388,53 @@ def approve_command(
     return _decided(run, action, waiting.get(action, ""), verdict, by, output)
 
 
+class SignedHeads:
+    """``audit --verify --key``: the chain's hashes and the operator's signed heads, seen as the
+    chain is read once, then each head checked (its signature under the key, and that the chain
+    still leads to it)."""
+
+    def __init__(self, key_file: str) -> None:
+        from keelgate.adapters.signing import load_public_key, read_key_file
+
+        self._key = load_public_key(read_key_file(key_file, "--key"))
+        self._hashes: dict[int, str] = {}
+        self._heads: list[AuditEvent] = []
+
+    def watching(self, each: Callable[[AuditEvent], None]) -> Callable[[AuditEvent], None]:
+        from keelgate.core.attestation import HEAD_EVENT
+
+        def seen(event: AuditEvent) -> None:
+            self._hashes[event.seq] = event.hash
+            if event.type == HEAD_EVENT:
+                self._heads.append(event)
+            each(event)
+
+        return seen
+
+    def report(self, tenant: str, run: str, chain: ChainReport) -> ChainReport:
+        import json
+
+        from keelgate.adapters.signing import EnvelopeError, open_envelope
+        from keelgate.core.attestation import check_signed_head
+
+        problems = list(chain.problems)
+        if not self._heads:
+            problems.append(
+                "no signed head on the chain: the operator signed none (no --audit-sign-key "
+                "while the run stopped), or they were removed"
+            )
+        for event in self._heads:
+            envelope = event.data.get("envelope")
+            try:
+                opened = open_envelope(json.dumps(envelope).encode(), self._key)
+                signed = json.loads(opened.payload)
+            except (EnvelopeError, ValueError) as error:
+                problems.append(f"event {event.seq} (signed head): {error}")
+                continue
+            problems.extend(check_signed_head(tenant, run, signed, self._hashes))
+        return ChainReport(not problems, chain.events, tuple(problems))
+
+
 @app.command("audit")
 def audit_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
@@ -397,6 +444,14 @@ def audit_command(
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
+    key: Annotated[
+        str,
+        typer.Option(
+            "--key",
+            help="With --verify: a PEM public key; check the chain against the heads the "
+            "operator signed with its private key (docs/audit.md).",
+        ),
+    ] = "",
 ) -> int:
     """Show the run's hash-chained audit trail. `keelgate audit export RUN --sign-key KEY`
     writes it as a signed file; `keelgate audit verify FILE --key PUB` checks one offline."""
@@ -409,9 +464,15 @@ def audit_command(
         (lambda event: documents.append(event.to_json())) if json_out else trail.add
     )
     report = None
+    if key and not check:
+        raise InputError("--key", "checks signed heads: give it with --verify")
+    heads = SignedHeads(key) if key else None
     with _opened(store, run, namespace) as (loop, tenant, run):
         if check:
-            report = loop.verify_audit(tenant, run, each=keep)
+            each = keep if heads is None else heads.watching(keep)
+            report = loop.verify_audit(tenant, run, each=each)
+            if heads is not None:
+                report = heads.report(tenant, run, report)
         else:
             for event in loop.stores.audit.iter_events(tenant, run):
                 keep(event)

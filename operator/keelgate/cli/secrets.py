@@ -1,9 +1,10 @@
 """The one Secret ``keelgate tenant`` writes in a tenant's namespace: the store URL (key ``url``)
 its step pods read, as the kubeconfig's user, through the official client.
 
-Why it exists apart from the plugin's client: ``kubectl keelgate`` reads no Secret (but the
-signing key ``audit export --sign-key-secret`` names), and this does (to keep a password that still works, and to delete only a Secret it wrote). It must never
-show a Secret's data: it is decoded only to be compared, never printed or put in a message.
+Why it exists apart from the plugin's client: ``kubectl keelgate`` reads no Secret (but the signing
+key ``audit export --sign-key-secret`` names), and this does (to keep a password that still works,
+and to delete only a Secret it wrote). It must never show a Secret's data: it is decoded only to be
+compared, never printed or put in a message.
 """
 
 from __future__ import annotations

@@ -139,3 +139,48 @@ def _links(tenant: str, run: str, events: Sequence[AuditEvent]) -> Iterable[str]
         if event_hash(tenant, run, event) != event.hash:
             yield f"{where}: its content does not match its hash (changed after it was written)"
         prev = event.hash
+
+
+#: The operator's signature over a run's chain head, put on the chain itself as an event.
+HEAD_EVENT = "audit.head_signed"
+HEAD_PREDICATE_TYPE = "https://keelgate.dev/audit-head/v1"
+
+
+def head_statement(tenant: str, run: str, seq: int, head: str, *, signed_at: str) -> dict[str, Any]:
+    """The Statement the operator signs when a run stops: "the chain of tenant/run was this,
+    up to event ``seq`` whose hash is ``head``". Each event's hash covers every event before
+    it, so a later rewrite of any of them no longer leads to this head."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": f"{tenant}/{run}", "digest": {"sha256": head}}],
+        "predicateType": HEAD_PREDICATE_TYPE,
+        "predicate": {
+            "tenant": tenant,
+            "run": run,
+            "head": {"seq": seq, "hash": head},
+            "signedAt": signed_at,
+        },
+    }
+
+
+def check_signed_head(
+    tenant: str, run: str, signed: Mapping[str, Any], hashes: Mapping[int, str]
+) -> list[str]:
+    """Problems of one signed head (the Statement its envelope carried, already verified under
+    the key) against the chain as the store has it (``hashes``: seq -> hash)."""
+    where = "a signed head"
+    if signed.get("predicateType") != HEAD_PREDICATE_TYPE:
+        return [f"{where} is not a Keelgate head Statement"]
+    predicate = signed.get("predicate") or {}
+    head = predicate.get("head") or {}
+    seq, digest = head.get("seq"), head.get("hash")
+    if predicate.get("tenant") != tenant or predicate.get("run") != run:
+        return [f"{where} (event {seq}) names another run"]
+    if not isinstance(seq, int) or seq not in hashes:
+        return [f"the signed head names event {seq}, which the chain no longer has"]
+    if hashes[seq] != digest:
+        return [
+            f"event {seq} is not the one that was signed ({str(digest)[:12]} signed, "
+            f"{hashes[seq][:12]} now): the chain up to it was rewritten"
+        ]
+    return []

@@ -594,6 +594,13 @@ def audit_command(
     context: ContextOption = None,
     namespace: NamespaceOption = None,
     output: OutputOption = OutputFormat.text,
+    key: Annotated[
+        str,
+        typer.Option(
+            "--key",
+            help="With --verify: a PEM public key; check the heads the operator signed.",
+        ),
+    ] = "",
 ) -> int:
     """The run's hash-chained audit trail, from the operator's store (--store).
 
@@ -609,4 +616,4 @@ def audit_command(
         )
     flags = _flags(ctx, kubeconfig, context, namespace)
     tenant = namespace_only(flags.kubeconfig, flags.context, flags.namespace)
-    return int(keelgate_commands.audit_command(run, check, tenant, store, output))
+    return int(keelgate_commands.audit_command(run, check, tenant, store, output, key))

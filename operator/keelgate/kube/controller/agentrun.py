@@ -41,6 +41,7 @@ from keelgate.kube.controller.pod_ends import EndKind, PodEnd, classify
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.retention import collect_finished_pods
 from keelgate.kube.controller.run_status import RunStatusWriter, failpoints_seen_in
+from keelgate.kube.controller.signed_heads import sign_head
 from keelgate.kube.controller.step_pods import StepPodStarter, foreign_pod
 from keelgate.kube.naming import FAILPOINTS_ANNOTATION, label_value, step_pod_name
 from keelgate.kube.resources import pod_active, pod_finished
@@ -144,6 +145,8 @@ class AgentRunReconciler:
             self._asks.show_confirmer_settlements(run, state)
         needed = self._next(run, spec.loop_spec(tenant=namespace, run=name), state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
+            if state is not None and state.stop is not None:
+                sign_head(context, key)  # at rest: its chain head, signed (if asked for)
             step = {**step, "state": "Ended"} if step else step
             return write(run, step, suspended=spec.suspend, stepping=False, state=state)
         if isinstance(needed, Stall):

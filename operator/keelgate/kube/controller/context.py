@@ -9,8 +9,9 @@ the operator's command-line options. Nothing here decides anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
@@ -33,6 +34,9 @@ class ControllerSettings:
     crash_backoff: float = 1.0  # seconds before the 3rd attempt (the 2nd: at once); doubles
     max_backoff: float = 60.0
     busy_retry: float = 5.0
+    #: Signs a payload into a DSSE envelope (``--audit-sign-key``): the operator then signs each
+    #: stopped run's chain head (``kube.controller.signed_heads``). None: it signs nothing.
+    sign_head: Callable[[bytes], Mapping[str, Any]] | None = None
 
     @property
     def confirms(self) -> bool:

@@ -1,14 +1,15 @@
 """What the controller remembers of runs between reconciles: in memory only, under one lock.
 
-Why it exists: four small facts save work or words, and none decides anything. When a run's
-last step pod ended (the hand-off time of ``keelgate_step_handoff_seconds``); a clean end not
-yet told in an Event (told with what comes next: one Event, one API write, for both); and the
-spec each run's step pods were last given, as recorded in the store (so it is not recorded again
-at every step); and how many times in a row the API server refused its step pod, with the last
-refusal (the back-off and the Stalled condition grow from it). Losing all of it (a restart)
-costs a sample, an Event's detail, one more spec record and a refusal count started again: the
-pod and ``status.step.lastExit`` keep every fact. Reconciles of different runs run
-in different threads at once; this object owns these facts, under one lock.
+Why it exists: a few small facts save work or words, and none decides anything. When a run's last
+step pod ended (the hand-off time of ``keelgate_step_handoff_seconds``); a clean end not yet told in
+an Event (told with what comes next: one Event, one API write, for both); and the spec each run's
+step pods were last given, as recorded in the store (so it is not recorded again at every step); and
+how many times in a row the API server refused its step pod, with the last refusal (the back-off and
+the Stalled condition grow from it); and how far each run's audit chain is known to be signed (so a
+stopped run's chain is not read again). Losing all of it (a restart) costs a sample, an Event's
+detail, one more spec record and a refusal count started again: the pod and ``status.step.lastExit``
+keep every fact. Reconciles of different runs run in different threads at once; this object owns
+these facts, under one lock.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class RunMemory:
         self._untold: dict[Key, str] = {}
         self._specs: dict[Key, RecordedSpec] = {}
         self._refusals: dict[Key, tuple[int, str]] = {}
+        self._signed: dict[Key, int] = {}
 
     def step_ended(self, key: Key, *, at: float, untold: str | None) -> None:
         """``key``'s step pod was seen ended at ``at``; ``untold`` is its clean end in words,
@@ -71,6 +73,15 @@ class RunMemory:
         with self._lock:
             return self._refusals.pop(key, None) is not None
 
+    def signed_up_to(self, key: Key) -> int:
+        """The last event of ``key``'s chain this operator saw signed (0: none yet)."""
+        with self._lock:
+            return self._signed.get(key, 0)
+
+    def signed(self, key: Key, seq: int) -> None:
+        with self._lock:
+            self._signed[key] = max(seq, self._signed.get(key, 0))
+
     def forget(self, key: Key) -> None:
         """The run is gone."""
         with self._lock:
@@ -78,3 +89,4 @@ class RunMemory:
             self._untold.pop(key, None)
             self._specs.pop(key, None)
             self._refusals.pop(key, None)
+            self._signed.pop(key, None)
