@@ -303,3 +303,34 @@ def test_a_copy_of_a_body_holding_an_integer_beyond_64_bits_is_still_exact() -> 
     assert body["spec"]["list"][1]["a"] == 1.5
     plain = copy_json({"a": [1, 2.25, None, True, "é"]})
     assert plain == {"a": [1, 2.25, None, True, "é"]}
+
+
+def test_the_oldest_waiting_decision_is_a_gauge_per_kind() -> None:
+    """keelgate_decision_oldest_waiting_seconds: how long the oldest unsettled Reconciliation
+    (and Approval) has waited, from its creation; settled ones do not count; 0 when none waits.
+    The chart's alert 'a decision waits too long' reads it."""
+    import time
+
+    from keelgate.kube.runtime.health import refresh_gauges
+    from keelgate.kube.runtime.metrics import Metrics
+
+    cache = Cache()
+    hour_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    minute_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
+    for name, created, phase in (
+        ("old", hour_ago, "Settled"),
+        ("waiting", minute_ago, "Pending"),
+    ):
+        cache.put(
+            "Reconciliation",
+            {
+                "metadata": {"name": name, "namespace": "shop", "creationTimestamp": created},
+                "status": {"phase": phase},
+            },
+        )
+    metrics = Metrics()
+    refresh_gauges(metrics, cache)
+    sample = metrics.registry.get_sample_value
+    waited = sample("keelgate_decision_oldest_waiting_seconds", {"kind": "Reconciliation"})
+    assert waited is not None and 55 <= waited <= 120
+    assert sample("keelgate_decision_oldest_waiting_seconds", {"kind": "Approval"}) == 0.0

@@ -8,6 +8,7 @@ never depend on objects outside them.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_what_the_chart_renders_is_accepted_by_the_api_server(
     kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
     applied = kubectl("apply", "--dry-run=server", "-f", "-", stdin=out.stdout)
     assert "deployment.apps/kg-operator created (server dry run)" in applied.stdout
-    assert "validatingadmissionpolicy.admissionregistration.k8s.io/keelgate-allowed-sources" in (
+    assert "validatingadmissionpolicy.admissionregistration.k8s.io/kg-allowed-sources" in (
         applied.stdout
     )
 
@@ -110,14 +111,21 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         by_kind[("ClusterRole", "kg-operator")]["rules"]
         == (plain[("ClusterRole", "keelgate-operator")]["rules"])
     )
-    for name in ("keelgate-view", "keelgate-edit"):
-        assert by_kind[("ClusterRole", name)]["rules"] == plain[("ClusterRole", name)]["rules"]
-        chart_labels = by_kind[("ClusterRole", name)]["metadata"]["labels"]
-        assert plain[("ClusterRole", name)]["metadata"]["labels"].items() <= chart_labels.items()
+    # Cluster-scoped names carry the release's (kg-...); deploy/ is the release "keelgate".
+    for name in ("view", "edit"):
+        ours, theirs = (
+            by_kind[("ClusterRole", f"kg-{name}")],
+            plain[("ClusterRole", f"keelgate-{name}")],
+        )
+        assert ours["rules"] == theirs["rules"]
+        assert theirs["metadata"]["labels"].items() <= ours["metadata"]["labels"].items()
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        for name in ("keelgate-decided-by-requester", "keelgate-secret-references"):
-            assert by_kind[(kind, name)]["spec"] == plain[(kind, name)]["spec"]
-    assert ("ValidatingAdmissionPolicy", "keelgate-allowed-sources") not in by_kind  # optional
+        for name in ("decided-by-requester", "secret-references"):
+            # The policy and the operator's service account are named after the release.
+            text = json.dumps(by_kind[(kind, f"kg-{name}")]["spec"])
+            spec = json.loads(text.replace("kg-", "keelgate-"))
+            assert spec == plain[(kind, f"keelgate-{name}")]["spec"]
+    assert ("ValidatingAdmissionPolicy", "kg-allowed-sources") not in by_kind  # optional
     deployment = by_kind[("Deployment", "kg-operator")]
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"] == {
@@ -248,3 +256,204 @@ def test_the_audit_signing_key_and_the_step_pod_settings_reach_the_operator(
         unsigned["spec"]["template"]["metadata"]["annotations"][checksum]
         != deployment["spec"]["template"]["metadata"]["annotations"][checksum]
     )
+
+
+def test_two_releases_have_their_own_names_even_cluster_scoped_ones(
+    helm: Path, cluster: Cluster
+) -> None:
+    """Every name the chart makes carries the release's name (or fullnameOverride), the
+    cluster-scoped ones too (ClusterRoles, their binding, the admission policies and bindings),
+    so two releases in one cluster do not collide; `global` (a parent chart's) is accepted."""
+
+    def names(*values: str) -> set[tuple[str, str]]:
+        return {
+            (d["kind"], d["metadata"]["name"])
+            for d in rendered(helm, cluster, "--set", "store.existingSecret.name=pg", *values)
+        }
+
+    first = names()
+    second = names("--set", "fullnameOverride=team-b", "--set", "global.imageRegistry=r.example")
+    assert all(name.startswith("kg-") for _, name in first), first
+    assert all(name.startswith("team-b-") for _, name in second), second
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    assert {k for k, _ in first} >= cluster_scoped
+    assert not {n for k, n in first if k in cluster_scoped} & {
+        n for k, n in second if k in cluster_scoped
+    }
+
+
+def test_security_contexts_priority_spread_and_quoted_arguments_are_values(
+    helm: Path, cluster: Cluster
+) -> None:
+    """By default no user id is fixed (the image's own non-root user; OpenShift may assign
+    one), and both security contexts can be changed; a priority class and topology spread
+    reach the pod; every argument is quoted, extraArgs too (a value with a space or a colon
+    stays one argument)."""
+    base = ("--set", "store.existingSecret.name=pg")
+    (plain,) = [d for d in rendered(helm, cluster, *base) if d["kind"] == "Deployment"]
+    pod = plain["spec"]["template"]["spec"]
+    assert "runAsUser" not in pod["securityContext"] and pod["securityContext"]["runAsNonRoot"]
+    assert "priorityClassName" not in pod and "topologySpreadConstraints" not in pod
+    docs = rendered(
+        helm,
+        cluster,
+        *base,
+        "--set",
+        "podSecurityContext.runAsUser=1000710000",
+        "--set",
+        "securityContext.readOnlyRootFilesystem=false",
+        "--set",
+        "priorityClassName=platform-critical",
+        "--set-json",
+        'topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone", '
+        '"whenUnsatisfiable": "ScheduleAnyway"}]',
+        "--set-json",
+        'operator.extraArgs=["--bind=0.0.0.0", "--note=a b: c"]',
+    )
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 1000710000
+    container_context = pod["containers"][0]["securityContext"]
+    assert container_context["readOnlyRootFilesystem"] is False
+    assert container_context["runAsNonRoot"] is True
+    assert pod["priorityClassName"] == "platform-critical"
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    args = pod["containers"][0]["args"]
+    assert args[-2:] == ["--bind=0.0.0.0", "--note=a b: c"]
+    assert all(isinstance(a, str) for a in args)
+
+
+def test_monitoring_objects_and_the_network_policy_render_when_asked_for(
+    helm: Path, cluster: Cluster
+) -> None:
+    """ServiceMonitor, PodMonitor and PrometheusRule (Prometheus Operator) and a NetworkPolicy
+    are off by default; asked for, they select this release's operator only, and the rule
+    holds the four alerts that matter, each scoped to the release's namespace."""
+    base = ("--set", "store.existingSecret.name=pg")
+    kinds = {d["kind"] for d in rendered(helm, cluster, *base)}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy"}
+    docs = rendered(
+        helm,
+        cluster,
+        *base,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.decisionWaitingSeconds=900",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        'networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": '
+        '{"name": "monitoring"}}}]',
+    )
+    by_kind = {d["kind"]: d for d in docs}
+    selector = by_kind["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert by_kind["ServiceMonitor"]["spec"]["selector"]["matchLabels"].items() <= (
+        by_kind["Service"]["metadata"]["labels"].items()
+    )
+    assert by_kind["PodMonitor"]["spec"]["selector"]["matchLabels"] == selector
+    assert by_kind["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"] == selector
+    ingress = by_kind["NetworkPolicy"]["spec"]["ingress"]
+    assert ingress[0]["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert ingress[0]["from"][0]["namespaceSelector"]["matchLabels"] == {"name": "monitoring"}
+    rules = by_kind["PrometheusRule"]["spec"]["groups"][0]["rules"]
+    alerts = {r["alert"]: r for r in rules}
+    assert set(alerts) == {
+        "KeelgateDecisionWaiting",
+        "KeelgateReconcileErrors",
+        "KeelgateStepPodCapSaturated",
+        "KeelgateNoLeader",
+    }
+    assert alerts["KeelgateDecisionWaiting"]["expr"].endswith("> 900")
+    for rule in rules:
+        assert 'namespace="keelgate-system"' in rule["expr"], rule["expr"]
+
+
+def _monitoring_crd(kind: str, plural: str) -> JSON:
+    """A stand-in for one of the Prometheus Operator's CRDs (its group, version and names; an
+    open schema): enough for the API server to take the chart's objects of that kind."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_monitoring_and_network_policy_objects_are_accepted_by_the_api_server(
+    helm: Path, cluster: Cluster, kubectl_bin: Path
+) -> None:
+    """With the Prometheus Operator's CRDs in the cluster (stand-ins of their group and kinds),
+    the ServiceMonitor, PodMonitor, PrometheusRule and NetworkPolicy the chart renders are
+    created by `kubectl apply` (server-side, then deleted), the PrometheusRule with its four
+    alerts as rendered."""
+    kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
+    crds = [
+        _monitoring_crd("ServiceMonitor", "servicemonitors"),
+        _monitoring_crd("PodMonitor", "podmonitors"),
+        _monitoring_crd("PrometheusRule", "prometheusrules"),
+    ]
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    for crd in crds:
+        kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    out = run_helm(
+        helm,
+        cluster,
+        "template",
+        "mon",
+        str(CHART),
+        "-n",
+        "default",
+        "--set",
+        "store.url=postgresql://db/kg",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "networkPolicy.enabled=true",
+    )
+    assert out.returncode == 0, out.stderr
+    wanted = [
+        d
+        for d in yaml.safe_load_all(out.stdout)
+        if d and d["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy")
+    ]
+    assert len(wanted) == 4
+    try:
+        applied = kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(wanted))
+        assert "prometheusrule.monitoring.coreos.com/mon-operator created" in applied.stdout
+        assert "networkpolicy.networking.k8s.io/mon-operator created" in applied.stdout
+        stored = json.loads(kubectl("get", "prometheusrule", "mon-operator", "-o", "json").stdout)
+        assert len(stored["spec"]["groups"][0]["rules"]) == 4
+    finally:
+        kubectl("delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(wanted))
+        kubectl("delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(crds))

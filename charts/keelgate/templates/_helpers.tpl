@@ -1,5 +1,11 @@
 {{/* Names and labels shared by every template. */}}
 
+{{/* The prefix of every name the chart makes, cluster-scoped ones too (two releases in one
+     cluster each have their own): fullnameOverride, else the release's name. */}}
+{{- define "keelgate.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "keelgate.labels" -}}
 app.kubernetes.io/name: keelgate
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -16,7 +22,7 @@ app.kubernetes.io/component: operator
 
 {{- define "keelgate.serviceAccount" -}}
 {{- if .Values.serviceAccount.create -}}
-{{ .Values.serviceAccount.name }}
+{{ default (printf "%s-operator" (include "keelgate.fullname" .)) .Values.serviceAccount.name }}
 {{- else -}}
 {{ default "default" .Values.serviceAccount.name }}
 {{- end -}}
@@ -30,7 +36,7 @@ app.kubernetes.io/component: operator
 {{- if .Values.store.existingSecret.name -}}
 {{ .Values.store.existingSecret.name }}
 {{- else -}}
-{{ .Release.Name }}-store
+{{ include "keelgate.fullname" . }}-store
 {{- end -}}
 {{- end -}}
 

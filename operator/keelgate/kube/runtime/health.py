@@ -12,16 +12,23 @@ It must never block the event loop, and never show a run's name or spec.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import datetime
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from keelgate.kube.resources import is_settled
-from keelgate.kube.runtime.cache import Cache
+from keelgate.kube.runtime.cache import JSON, Cache
 from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.times import parse_time
 
 RUN_PHASES = ("Pending", "Running", "Stopped", "Succeeded", "Failed")
+
+
+def _created(body: JSON) -> datetime | None:
+    return parse_time((body.get("metadata") or {}).get("creationTimestamp"))
 
 
 def refresh_gauges(metrics: Metrics, cache: Cache) -> None:
@@ -34,6 +41,14 @@ def refresh_gauges(metrics: Metrics, cache: Cache) -> None:
     unsettled = lambda body: not is_settled(body)  # noqa: E731
     metrics.unknown_outcomes.set(cache.count("Reconciliation", unsettled))
     metrics.approvals_pending.set(cache.count("Approval", unsettled))
+    now = time.time()
+    for kind in ("Reconciliation", "Approval"):
+        created = [
+            when.timestamp()
+            for _, when in cache.keys_with(kind, _created, unsettled)
+            if when is not None
+        ]
+        metrics.oldest_waiting.labels(kind).set(max(0.0, now - min(created)) if created else 0.0)
     late = cache.tally(
         "AgentRun", lambda body: str(len((body.get("status") or {}).get("lateResults") or []))
     )

@@ -53,6 +53,13 @@ class Metrics:
             "list them (the newest 10 of each run).",
             registry=self.registry,
         )
+        self.oldest_waiting = Gauge(
+            "keelgate_decision_oldest_waiting_seconds",
+            "How long the oldest unsettled Reconciliation or Approval has waited for a person "
+            "(0: none waits); the alert 'a decision waits too long' reads it.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.approvals_pending = Gauge(
             "keelgate_approvals_pending",
             "Actions waiting for a person's approval.",
