@@ -114,6 +114,12 @@ NOT_RUN = {
     "PYTHONPATH=examples/restock keelgate run -f examples/ollama/agentrun.yaml": (
         "needs an Ollama server: the manifest is run against a stand-in above"
     ),
+    "keelgate audit export restock --sign-key key.pem -o restock.dsse.json": (
+        "needs a signing key: tests/test_audit_export.py exports and verifies with keys it makes"
+    ),
+    "keelgate audit verify restock.dsse.json --key key.pub": (
+        "needs the export above: tests/test_audit_export.py verifies exports, and tampered ones"
+    ),
     "kubectl apply -f examples/kind/agentrun.yaml": (
         "needs a cluster: tests/test_install_docs.py runs the manifest on the local runner"
     ),

@@ -6,6 +6,7 @@ real API server is exercised in e2e/tests/test_e2e_plugin.py."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import socket
 from collections.abc import Iterator, Mapping
@@ -142,6 +143,10 @@ class FakeCluster:
 
     def step_pods(self, run: str) -> list[JSON]:
         return list(self.pods)
+
+    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
+        self.asked.append(("list", kind, "all" if all_namespaces else self.target.namespace))
+        return list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
 
     def pod_log(self, name: str) -> str:
         if name not in self.logs:
@@ -579,8 +584,8 @@ def test_status_draws_the_run_as_a_tree_ending_with_what_to_run(
     [
         ({"phase": "Succeeded", "stopReason": "goal_met"}, 0, "kubectl keelgate audit restock"),
         ({"phase": "Failed", "stopReason": "failed"}, 1, "kubectl keelgate logs restock"),
-        ({"phase": "Running"}, 3, "kubectl wait --for=condition=Succeeded agentrun/restock"),
-        ({"phase": "Pending"}, 3, "kubectl wait"),
+        ({"phase": "Running"}, 0, "kubectl wait --for=condition=Succeeded agentrun/restock"),
+        ({"phase": "Pending"}, 0, "kubectl wait"),
         (
             {"phase": "Stopped", "stopReason": "dollar_budget", "resumable": True},
             3,
@@ -612,8 +617,9 @@ def test_status_exit_code_and_next_step_follow_the_phase(
     code: int,
     next_line: str,
 ) -> None:
-    """As `keelgate status`: 0 succeeded, 1 failed, 3 a run that may still go on (no stop yet,
-    a resumable or stalled stop); `next` names the command that moves it on."""
+    """As kubectl users expect: 0 succeeded or under way (a running run is not an error),
+    1 failed, 3 stopped until someone acts (a decision, a budget, a stall); `next` names the
+    command that moves it on."""
     cluster.runs["restock"] = run_body(**status)
     got, out, _ = plugin(capsys, "status", "restock", "-o", "json")
     assert got == code
@@ -847,3 +853,143 @@ def test_audit_export_and_verify_are_found_after_kubectls_flags() -> None:
     assert _audit_tool(["audit", "restock", "--verify"]) is None
     assert _audit_tool(["-n", "audit", "status", "export"]) is None
     assert _audit_tool([]) is None
+
+
+# list and pending
+
+
+def _aged(body: JSON, minutes: int, namespace: str = "shop") -> JSON:
+    when = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
+    body["metadata"]["creationTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+def test_pending_lists_what_waits_for_a_person_oldest_first_with_the_command(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """`kubectl keelgate pending`: undecided Reconciliations and Approvals, oldest first, each
+    with how long it has waited and the command that decides it; a settled one, or one decided
+    in spec that the operator has yet to record, waits for nobody and is left out."""
+    cluster.objects["Reconciliation"] = [
+        _aged(decision("Reconciliation", "restock", "2:0", idempotencyKey="kg-9"), 5),
+        _aged(decision("Reconciliation", "old", "1:0", executed=True, by="al"), 90),
+    ]
+    cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 120)]
+    code, out, _ = plugin(capsys, "pending")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:5] == ["KIND", "RUN", "ACTION", "TOOL", "WAITING"]
+    assert [line.split()[1] for line in lines[1:]] == ["payout", "restock"]
+    assert lines[1].split()[4] == "2h" and lines[2].split()[4] == "5m"
+    assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in lines[1]
+    assert "kubectl keelgate reconcile restock 2:0 --executed|--not-executed -n shop" in lines[2]
+    code, out, _ = plugin(capsys, "pending", "-o", "name")
+    assert out.split() == [
+        "approval.keelgate.dev/payout-1-place-order",
+        "reconciliation.keelgate.dev/restock-2-place-order",
+    ]
+    code, out, _ = plugin(capsys, "pending", "-o", "wide")
+    assert "kg-9" in out and "NOT EXECUTED AFTER" in out
+
+
+def test_pending_across_namespaces_and_json_and_nothing_waiting(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """-A asks for every namespace and shows a NAMESPACE column; -o json and -o yaml give a
+    kubectl List of the objects; nothing waiting is said in words, exit 0."""
+    cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 3, "finance")]
+    code, out, _ = plugin(capsys, "pending", "-A")
+    assert code == 0 and out.splitlines()[0].split()[0] == "NAMESPACE"
+    assert out.splitlines()[1].split()[0] == "finance"
+    assert ("list", "Approval", "all") in cluster.asked
+    code, out, _ = plugin(capsys, "pending", "-o", "json")
+    listed = json.loads(out)
+    assert listed["kind"] == "List" and listed["items"][0]["spec"]["runName"] == "payout"
+    code, out, _ = plugin(capsys, "pending", "-o", "yaml")
+    assert yaml.safe_load(out)["items"][0]["kind"] == "Approval"
+    cluster.objects["Approval"] = []
+    code, out, _ = plugin(capsys, "pending")
+    assert code == 0 and out.strip() == "Nothing waits for a person in namespace shop."
+
+
+def test_list_shows_runs_and_wide_their_budgets(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """`kubectl keelgate list`: each run's phase, stop reason, iteration and age; -o wide adds
+    tokens used against the budget and what waits for a person."""
+    cluster.runs["restock"] = _aged(
+        run_body(
+            phase="Stopped",
+            stopReason="outcome_unknown",
+            iteration=2,
+            usage={"inputTokens": 120, "outputTokens": 20, "dollars": "0.01", "activeSeconds": 3.2},
+            unknownActions=[{"action": "2:0"}],
+        ),
+        30,
+    )
+    cluster.runs["done"] = _aged(run_body("done", phase="Succeeded", stopReason="goal_met"), 1)
+    code, out, _ = plugin(capsys, "list")
+    assert code == 0
+    rows = [line.split() for line in out.strip().splitlines()]
+    assert rows[0] == ["NAME", "PHASE", "REASON", "ITERATION", "AGE"]
+    assert rows[1][:4] == ["done", "Succeeded", "goal_met", "0"]
+    assert rows[2] == ["restock", "Stopped", "outcome_unknown", "2", "30m"]
+    code, out, _ = plugin(capsys, "list", "-o", "wide")
+    wide = out.strip().splitlines()[2].split()
+    assert wide[5:] == ["140/2000", "0.01", "3s", "1"]
+    code, out, _ = plugin(capsys, "list", "-o", "name")
+    assert out.split() == ["agentrun.keelgate.dev/done", "agentrun.keelgate.dev/restock"]
+
+
+@pytest.mark.parametrize(
+    ("args", "rest", "user", "group"),
+    [
+        (["--as", "alice", "status", "r"], ["status", "r"], "alice", ""),
+        (["status", "r", "--as=bob", "--as-group=ops"], ["status", "r"], "bob", "ops"),
+        (["list"], ["list"], "", ""),
+    ],
+)
+def test_as_and_as_group_are_taken_anywhere_as_kubectls(
+    args: list[str], rest: list[str], user: str, group: str
+) -> None:
+    """--as/--as-group (before or after the command, with = or a space) become the API
+    server's impersonation headers; the command never sees them."""
+    from keelgate.cli.plugin.target import Impersonation
+
+    left, impersonation = Impersonation.taken_from(args)
+    assert left == rest and impersonation == Impersonation(user, group)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["list", "--as-group", "ops"], "--as-group: needs --as"),
+        (["list", "--as"], "--as: needs a value"),
+        (["list", "--as=a", "--as=b"], "--as: give it once"),
+        (["list", "--as=a", "--as-group=x", "--as-group=y"], "--as-group: give one group"),
+    ],
+)
+def test_bad_impersonation_is_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], no_cluster: None, args: list[str], words: str
+) -> None:
+    """Impersonation flags that cannot be used: exit 2, one line, before anything is asked."""
+    code, _, err = plugin(capsys, *args)
+    assert code == 2 and words in one_line(err)
+
+
+def test_impersonation_headers_reach_the_api_client(config_file: Path) -> None:
+    """The API client the plugin makes carries Impersonate-User and Impersonate-Group when
+    --as/--as-group were given, and none otherwise."""
+    from keelgate.cli.plugin import target as targets
+
+    try:
+        targets.impersonate(targets.Impersonation("alice", "ops"))
+        made = targets.connect(resolve(None, None, None))
+        assert made.default_headers["Impersonate-User"] == "alice"
+        assert made.default_headers["Impersonate-Group"] == "ops"
+        targets.impersonate(targets.Impersonation())
+        plain = targets.connect(resolve(None, None, None))
+        assert "Impersonate-User" not in plain.default_headers
+    finally:
+        targets.impersonate(targets.Impersonation())

@@ -13,13 +13,24 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from keelgate.cli import dispatch
+from keelgate.cli import _error_line, _exit_code, dispatch
 from keelgate.cli.plugin import commands
+from keelgate.cli.plugin import listing as _listing  # noqa: F401 - registers list, pending
+from keelgate.cli.plugin.target import Impersonation, impersonate
+from keelgate.errors import KeelgateError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kubectl-keelgate`` executable; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, impersonation = Impersonation.taken_from(args)
+    except KeelgateError as error:
+        from keelgate.cli.render import Console
+
+        Console().error(_error_line(error))
+        return _exit_code(error)
+    impersonate(impersonation)
     verb = _audit_tool(args)
     if verb is not None:
         # `audit RUN` shows a run's chain; `audit export|verify` are commands of their own

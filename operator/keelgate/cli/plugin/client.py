@@ -77,6 +77,8 @@ class PluginApi(Protocol):
 
     def pod_log(self, name: str) -> str: ...
 
+    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]: ...
+
 
 class ClusterClient:
     """``PluginApi`` on a real API server, for one command's target."""
@@ -231,6 +233,29 @@ class ClusterClient:
         )
         pods: list[JSON] = self.client.sanitize_for_serialization(listed).get("items") or []
         return [p for p in pods if _owned_by_run(p, run)]
+
+    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
+        """Every object of ``kind`` (AgentRun, Reconciliation, Approval) in the namespace, or
+        in every namespace the user may list."""
+        plural = PLURALS[kind]
+        if all_namespaces:
+            listed = self._call(
+                f"list {plural} (all namespaces)",
+                self.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                plural,
+            )
+        else:
+            listed = self._call(
+                f"list {plural}",
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                plural,
+            )
+        return list(listed.get("items") or [])
 
     def pod_log(self, name: str) -> str:
         text = self._call(

@@ -53,9 +53,10 @@ app = typer.Typer(
     "budgets, read its step pods' logs and its audit trail.",
     epilog=(
         "Flags as kubectl's: --kubeconfig, --context, -n/--namespace (before or after the "
-        "command); KUBECONFIG is honoured. Exit codes: 0 ok (status: succeeded); 3 status of a "
-        "run that may still go on; 1 failed or refused; 2 bad input; 5 the API server (or the "
-        "store, for audit) cannot be reached; 130 interrupted."
+        "command); --as/--as-group impersonate, as kubectl's; KUBECONFIG is honoured. Exit codes: "
+        "0 ok (status: succeeded or under way); 3 status of a run stopped until someone acts; "
+        "1 failed or refused; 2 bad input; 5 the API server (or the store, for audit) cannot "
+        "be reached; 130 interrupted."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -143,7 +144,8 @@ def status_command(
     """Where a run stands, as a tree, and what to run next.
 
     Phase, stop, usage, conditions, its step pod, the actions waiting for a person (with their
-    Reconciliation or Approval). Exit 0 succeeded, 1 failed, 3 it may still go on.
+    Reconciliation or Approval). Exit 0 succeeded or under way, 1 failed, 3 stopped until
+    someone acts.
     """
     api = _api(ctx, kubeconfig, context, namespace)
     body = api.agentrun(run)

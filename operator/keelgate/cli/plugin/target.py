@@ -120,8 +120,72 @@ def namespace_only(kubeconfig: str | None, context: str | None, namespace: str |
     return resolve(kubeconfig, context, namespace).namespace
 
 
+@dataclass(frozen=True)
+class Impersonation:
+    """kubectl's --as and --as-group: whom the API server is asked to treat the user as (RBAC
+    then decides whether the user may impersonate them)."""
+
+    user: str = ""
+    group: str = ""
+
+    @staticmethod
+    def taken_from(args: list[str]) -> tuple[list[str], Impersonation]:
+        """``args`` without --as/--as-group (anywhere, as kubectl takes them), and what they
+        said. One group at most: the client sends one header of each name."""
+        rest: list[str] = []
+        found: dict[str, list[str]] = {"--as": [], "--as-group": []}
+        index = 0
+        while index < len(args):
+            arg = args[index]
+            if arg == "--":
+                rest.extend(args[index:])
+                break
+            name, eq, value = arg.partition("=")
+            if name in found:
+                if not eq:
+                    if index + 1 >= len(args):
+                        raise InputError(name, "needs a value")
+                    index += 1
+                    value = args[index]
+                if not value.strip():
+                    raise InputError(name, "must not be empty")
+                found[name].append(value)
+            else:
+                rest.append(arg)
+            index += 1
+        if len(found["--as"]) > 1:
+            raise InputError("--as", "give it once")
+        if len(found["--as-group"]) > 1:
+            raise InputError("--as-group", "give one group (the client sends one)")
+        user = found["--as"][0] if found["--as"] else ""
+        group = found["--as-group"][0] if found["--as-group"] else ""
+        if group and not user:
+            raise InputError("--as-group", "needs --as (a user to impersonate), as kubectl's")
+        return rest, Impersonation(user, group)
+
+
+#: The --as/--as-group of this process's command (set by the plugin's entry point).
+IMPERSONATION = Impersonation()
+
+
+def impersonate(impersonation: Impersonation) -> None:
+    global IMPERSONATION
+    IMPERSONATION = impersonation
+
+
 def connect(target: Target) -> client.ApiClient:
-    """An API client for the target, its own (nothing global is configured)."""
+    """An API client for the target, its own (nothing global is configured but the
+    impersonation headers of --as/--as-group, when given)."""
+    api_client = _connect(target)
+    headers = cast(dict[str, str], api_client.default_headers)
+    if IMPERSONATION.user:
+        headers["Impersonate-User"] = IMPERSONATION.user
+    if IMPERSONATION.group:
+        headers["Impersonate-Group"] = IMPERSONATION.group
+    return api_client
+
+
+def _connect(target: Target) -> client.ApiClient:
     loader = cast(Any, config)
     try:
         if not target.context:

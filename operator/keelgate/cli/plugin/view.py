@@ -55,9 +55,10 @@ BUDGET_FLAGS = {
 
 
 def exit_code(phase: str) -> int:
-    """As ``keelgate status``: 0 succeeded, 1 failed, 3 anything that may still go on (a
-    resumable or stalled stop, or no stop yet)."""
-    if phase == "Succeeded":
+    """What kubectl users expect: 0 for a run that succeeded or is under way (Pending, Running:
+    nothing is wrong), 1 failed, 3 stopped until someone acts (a person's decision, a budget,
+    a stall)."""
+    if phase in ("Succeeded", "Running", "Pending"):
         return 0
     return 1 if phase == "Failed" else 3
 

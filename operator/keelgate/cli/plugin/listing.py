@@ -1,0 +1,230 @@
+"""``kubectl keelgate list`` and ``kubectl keelgate pending``: runs, and what waits for a person,
+in a namespace or in every namespace the user may list (``-A``), as kubectl lists things.
+
+Why it exists: the person who approves or settles wants one question answered, "what waits for
+me?", across the namespaces they can see, oldest first, with the command that decides each; a
+platform team wants the runs at a glance. Output is kubectl's: a table (``-o wide`` adds
+columns), ``json`` and ``yaml`` (a List of the objects), ``name`` (``kind.group/name``). Both
+exit 0 whenever they could list, even if nothing is found. This module only reads: it must never
+write, and never show a tool's argument (the objects hold none).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from keelgate.cli.plugin import commands
+from keelgate.cli.plugin.client import PluginApi
+from keelgate.cli.plugin.commands import ContextOption, KubeconfigOption, NamespaceOption, app
+from keelgate.kube.naming import GROUP
+from keelgate.kube.times import parse_time
+
+JSON = dict[str, Any]
+
+
+class ListOutput(StrEnum):
+    text = "text"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+    name = "name"
+
+
+ListOutputOption = Annotated[
+    ListOutput, typer.Option("--output", "-o", help="text, wide, json, yaml or name (as kubectl).")
+]
+AllNamespacesOption = Annotated[
+    bool,
+    typer.Option("--all-namespaces", "-A", help="Every namespace you may list, not just one."),
+]
+
+
+def age(created: str | None, now: dt.datetime) -> str:
+    """kubectl's age: 45s, 12m, 3h, 2d."""
+    when = parse_time(created)
+    if when is None:
+        return "<unknown>"
+    seconds = max(0, int((now - when).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def _emit(
+    output: ListOutput,
+    items: Sequence[JSON],
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    empty: str,
+) -> None:
+    if output is ListOutput.json or output is ListOutput.yaml:
+        document = {"apiVersion": "v1", "kind": "List", "items": list(items)}
+        if output is ListOutput.json:
+            print(json.dumps(document, indent=2))
+        else:
+            import yaml
+
+            print(yaml.safe_dump(document, sort_keys=False), end="")
+        return
+    if output is ListOutput.name:
+        for item in items:
+            print(f"{item['kind'].lower()}.{GROUP}/{item['metadata']['name']}")
+        return
+    if not rows:
+        print(empty)
+        return
+    print(_table([list(header), *rows]))
+
+
+def _api(
+    ctx: typer.Context, kubeconfig: str | None, context: str | None, namespace: str | None
+) -> PluginApi:
+    return commands._api(ctx, kubeconfig, context, namespace)
+
+
+@app.command("list")
+def list_command(
+    ctx: typer.Context,
+    all_namespaces: AllNamespacesOption = False,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: ListOutputOption = ListOutput.text,
+) -> int:
+    """The runs (AgentRuns): phase, stop reason, iteration, age; -o wide adds tokens, dollars
+    and active seconds used against their limits."""
+    api = _api(ctx, kubeconfig, context, namespace)
+    runs = sorted(
+        api.listed("AgentRun", all_namespaces=all_namespaces),
+        key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]),
+    )
+    now = dt.datetime.now(dt.UTC)
+    header = ["NAME", "PHASE", "REASON", "ITERATION", "AGE"]
+    if output is ListOutput.wide:
+        header += ["TOKENS", "DOLLARS", "ACTIVE", "WAITING"]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+    rows = []
+    for run in runs:
+        status = run.get("status") or {}
+        row = [
+            run["metadata"]["name"],
+            str(status.get("phase") or "Pending"),
+            str(status.get("stopReason") or ""),
+            str(status.get("iteration") or 0),
+            age(run["metadata"].get("creationTimestamp"), now),
+        ]
+        if output is ListOutput.wide:
+            budget = (run.get("spec") or {}).get("budget") or {}
+            usage = status.get("usage") or {}
+            waiting = len(status.get("unknownActions") or []) + len(
+                status.get("pendingApprovals") or []
+            )
+            row += [
+                _against(
+                    usage.get("inputTokens", 0) + usage.get("outputTokens", 0), budget.get("tokens")
+                ),
+                _against(usage.get("dollars", "0"), budget.get("dollars")),
+                _against(
+                    f"{float(usage.get('activeSeconds') or 0):.0f}s", budget.get("timeoutSeconds")
+                ),
+                str(waiting),
+            ]
+        if all_namespaces:
+            row.insert(0, run["metadata"].get("namespace", ""))
+        rows.append(row)
+    where = "any namespace" if all_namespaces else f"namespace {api.target.namespace}"
+    _emit(output, runs, header, rows, f"No runs in {where}.")
+    return 0
+
+
+def _against(used: Any, limit: Any) -> str:
+    return f"{used}/{limit}" if limit not in (None, "") else str(used)
+
+
+#: What decides each kind of waiting object, and how.
+_DECIDE = {
+    "Reconciliation": ("reconcile", "--executed|--not-executed"),
+    "Approval": ("approve", "--approve|--deny"),
+}
+
+
+@app.command("pending")
+def pending_command(
+    ctx: typer.Context,
+    all_namespaces: AllNamespacesOption = False,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    namespace: NamespaceOption = None,
+    output: ListOutputOption = ListOutput.text,
+) -> int:
+    """What waits for a person, oldest first: unknown outcomes to settle (Reconciliations) and
+    actions to approve (Approvals) not yet decided, each with the command that decides it."""
+    api = _api(ctx, kubeconfig, context, namespace)
+    waiting = [
+        item
+        for kind in ("Reconciliation", "Approval")
+        for item in api.listed(kind, all_namespaces=all_namespaces)
+        if not _decided(item)
+    ]
+    waiting.sort(
+        key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
+    )
+    now = dt.datetime.now(dt.UTC)
+    header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "DECIDE WITH"]
+    if output is ListOutput.wide:
+        header[5:5] = ["NAME", "KEY", "NOT EXECUTED AFTER"]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+    rows = []
+    for item in waiting:
+        spec, meta = item.get("spec") or {}, item["metadata"]
+        verb, choices = _DECIDE[item["kind"]]
+        command = (
+            f"kubectl keelgate {verb} {shlex.quote(str(spec.get('runName', '')))} "
+            f"{spec.get('action', '')} {choices} -n {meta.get('namespace', '')}"
+        )
+        row = [
+            item["kind"].lower(),
+            str(spec.get("runName", "")),
+            str(spec.get("action", "")),
+            str(spec.get("tool", "")),
+            age(meta.get("creationTimestamp"), now),
+            command,
+        ]
+        if output is ListOutput.wide:
+            row[5:5] = [
+                meta["name"],
+                str(spec.get("idempotencyKey", "")),
+                str((item.get("status") or {}).get("notExecutedAfter", "")),
+            ]
+        if all_namespaces:
+            row.insert(0, meta.get("namespace", ""))
+        rows.append(row)
+    where = "any namespace you may list" if all_namespaces else f"namespace {api.target.namespace}"
+    _emit(output, waiting, header, rows, f"Nothing waits for a person in {where}.")
+    return 0
+
+
+def _decided(item: Mapping[str, Any]) -> bool:
+    """Settled, or decided in spec and not yet carried out (then it waits for the operator,
+    not for a person)."""
+    if (item.get("status") or {}).get("phase") == "Settled":
+        return True
+    spec = item.get("spec") or {}
+    return "executed" in spec or "approved" in spec
