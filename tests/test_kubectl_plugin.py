@@ -993,3 +993,54 @@ def test_impersonation_headers_reach_the_api_client(config_file: Path) -> None:
         assert "Impersonate-User" not in plain.default_headers
     finally:
         targets.impersonate(targets.Impersonation())
+
+
+# shell completion (kubectl_complete-keelgate)
+
+
+def test_completion_offers_commands_flags_runs_and_waiting_actions() -> None:
+    """kubectl runs `kubectl_complete-keelgate WORDS... CURRENT`: it answers the plugin's
+    commands (with a description), a command's flags, the namespace's runs for RUN (and
+    export/verify after audit), the actions still waiting for a decision for ACTION, output
+    formats after -o; and never offers file names where none is meant."""
+    from keelgate.cli.plugin.completion import NO_FILES, candidates
+
+    fake = FakeCluster()
+    fake.runs["restock"] = run_body()
+    fake.runs["refill"] = run_body("refill")
+    fake.objects["Reconciliation"] = [
+        decision("Reconciliation", "restock", "2:0", tool="place_order"),
+        decision("Reconciliation", "restock", "1:0", tool="notify", executed=True, by="al"),
+    ]
+    seen: list[tuple[Any, ...]] = []
+
+    def api(*where: Any) -> FakeCluster:
+        seen.append(where)
+        return fake
+
+    names, directive = candidates(["st"], api)
+    assert [n.split("\t")[0] for n in names] == ["status"] and directive == NO_FILES
+    everything = [n.split("\t")[0] for n in candidates([""], api)[0]]
+    assert {"status", "pending", "list", "reconcile", "approve", "audit", "logs"} <= set(everything)
+    assert candidates(["status", "re"], api)[0] == ["refill", "restock"]
+    assert candidates(["audit", ""], api)[0][:2] == ["export", "verify"]
+    assert candidates(["-n", "shop", "reconcile", "restock", ""], api)[0] == ["2:0\tplace_order"]
+    assert seen[-1][0] == "shop"
+    assert "--executed" in candidates(["reconcile", "restock", "2:0", "--ex"], api)[0]
+    assert candidates(["list", "-o", ""], api)[0] == ["text", "wide", "json", "yaml", "name"]
+    assert candidates(["audit", "verify", "f.json", "--key", ""], api) == ([], 0)
+
+
+def test_the_completion_program_prints_candidates_then_the_directive(
+    capsys: pytest.CaptureFixture[str], no_cluster: None
+) -> None:
+    """The installed program prints one candidate per line, then `:4` (no file names); a
+    cluster it cannot reach gives no candidates, never an error in the shell."""
+    from keelgate.cli.plugin.completion import main as complete
+
+    assert "kubectl_complete-keelgate" in {ep.name for ep in entry_points(group="console_scripts")}
+    assert complete(["pen"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("pending\t") and out[-1] == ":4"
+    assert complete(["status", ""]) == 0  # the cluster is not there: nothing, quietly
+    assert capsys.readouterr().out.splitlines() == [":4"]
