@@ -148,10 +148,19 @@ class FakeCluster:
         self.asked.append(("list", kind, "all" if all_namespaces else self.target.namespace))
         return list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
 
-    def pod_log(self, name: str) -> str:
+    def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
         if name not in self.logs:
             raise Refused(f"log of pod {name}: the node is gone", status=500)
-        return self.logs[name]
+        self.asked.append(("log", name, f"tail={tail} since={since}"))
+        lines = self.logs[name].splitlines(keepends=True)
+        return "".join(lines if tail is None else lines[-tail:] if tail else [])
+
+    def follow_log(self, name: str, *, tail: int | None = None) -> Iterator[str]:
+        """The running pod's log as written; once read to its end, the pod has ended."""
+        yield from self.logs[name].splitlines()
+        for pod in self.pods:
+            if pod["metadata"]["name"] == name:
+                pod["status"] = step_pod("x", 1, 1, exit_code=0)["status"]
 
 
 @pytest.fixture
@@ -1044,3 +1053,41 @@ def test_the_completion_program_prints_candidates_then_the_directive(
     assert out[0].startswith("pending\t") and out[-1] == ":4"
     assert complete(["status", ""]) == 0  # the cluster is not there: nothing, quietly
     assert capsys.readouterr().out.splitlines() == [":4"]
+
+
+def test_logs_tail_and_since_reach_the_api_server_and_bad_values_are_refused(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """--tail N keeps each pod's last N lines, --since 5m asks for 300 s of them; a tail below
+    -1 or a duration that is none are one line naming the flag."""
+    cluster.runs["restock"] = run_body(phase="Succeeded")
+    cluster.pods = [step_pod("restock", 1, 1, exit_code=0)]
+    cluster.logs = {"restock-s1-a1": "one\ntwo\nthree\n"}
+    code, out, _ = plugin(capsys, "logs", "restock", "--tail", "2", "--since", "5m")
+    assert code == 0 and "one" not in out and "two" in out and "three" in out
+    assert ("log", "restock-s1-a1", "tail=2 since=300") in cluster.asked
+    for flag, value in (("--tail", "-5"), ("--since", "soon")):
+        code, _, err = plugin(capsys, "logs", "restock", flag, value)
+        assert code == 2 and flag in one_line(err)
+
+
+def test_logs_follow_streams_the_running_pod_then_stops_when_the_run_rests(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`logs -f`: the finished pods' logs, then the running pod's log as it is written (headed
+    "following", closed by how it ended), and the command returns once the run is at rest."""
+    from keelgate.cli.plugin import logs
+
+    monkeypatch.setattr(logs, "FOLLOW_POLL", 0.01)
+    cluster.runs["restock"] = run_body(phase="Succeeded")
+    cluster.pods = [
+        step_pod("restock", 1, 1, exit_code=0),
+        step_pod("restock", 2, 1, exit_code=None),
+    ]
+    cluster.logs = {"restock-s1-a1": "planned\n", "restock-s2-a1": "ordering\ndone\n"}
+    code, out, _ = plugin(capsys, "logs", "restock", "-f")
+    assert code == 0
+    assert out.index("planned") < out.index("==> restock-s2-a1 (step 2, attempt 1): following")
+    assert out.index("following") < out.index("ordering") < out.index("done")
+    assert "<== restock-s2-a1: exit code 0" in out
+    assert out.strip().endswith("restock is Succeeded: nothing more to follow")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from keelgate.cli import _error_line, _exit_code, dispatch
 from keelgate.cli.plugin import commands
 from keelgate.cli.plugin import listing as _listing  # noqa: F401 - registers list, pending
+from keelgate.cli.plugin import logs as _logs  # noqa: F401 - registers logs
 from keelgate.cli.plugin.target import Impersonation, impersonate
 from keelgate.errors import KeelgateError
 

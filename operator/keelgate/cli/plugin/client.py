@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import urllib3
@@ -75,7 +75,9 @@ class PluginApi(Protocol):
 
     def step_pods(self, run: str) -> list[JSON]: ...
 
-    def pod_log(self, name: str) -> str: ...
+    def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str: ...
+
+    def follow_log(self, name: str, *, tail: int | None = None) -> Iterator[str]: ...
 
     def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]: ...
 
@@ -257,15 +259,48 @@ class ClusterClient:
             )
         return list(listed.get("items") or [])
 
-    def pod_log(self, name: str) -> str:
+    def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
+        limits: dict[str, Any] = {}
+        if tail is not None:
+            limits["tail_lines"] = tail
+        if since is not None:
+            limits["since_seconds"] = since
         text = self._call(
             f"log of pod {name}",
             self.core.read_namespaced_pod_log,
             name,
             self.namespace,
             container="step",
+            **limits,
         )
         return text if isinstance(text, str) else str(text or "")
+
+    def follow_log(self, name: str, *, tail: int | None = None) -> Iterator[str]:
+        """The pod's log line by line as it is written, until the container ends (no timeout
+        on the stream: it lasts as long as the pod writes)."""
+        limits = {} if tail is None else {"tail_lines": tail}
+        try:
+            response = self.core.read_namespaced_pod_log(
+                name,
+                self.namespace,
+                container="step",
+                follow=True,
+                _preload_content=False,
+                **limits,
+            )
+        except ApiException as error:
+            raise self._refused(error, f"log of pod {name}") from None
+        try:
+            pending = b""
+            for chunk in response.stream(4096):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+            if pending:
+                yield pending.decode(errors="replace")
+        finally:
+            response.release_conn()
 
 
 def _owned_by_run(pod: Mapping[str, Any], run: str) -> bool:

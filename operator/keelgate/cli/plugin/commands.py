@@ -26,12 +26,12 @@ import typer
 from keelgate.cli import commands as keelgate_commands
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
 from keelgate.cli.plugin import view
-from keelgate.cli.plugin.client import ClusterClient, NotFound, PluginApi, Refused
+from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError, KeelgateError, SettleError, SettleTooEarly
+from keelgate.errors import InputError, SettleError, SettleTooEarly
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -505,69 +505,6 @@ def _not_more(wanted: Mapping[str, Any], status: Mapping[str, Any]) -> list[str]
             flag, spent = used[field]
             warnings.append(f"{flag} {total} is a new total, not more: {spent} is already used")
     return warnings
-
-
-# logs
-
-
-@app.command("logs")
-def logs_command(
-    ctx: typer.Context,
-    run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
-    kubeconfig: KubeconfigOption = None,
-    context: ContextOption = None,
-    namespace: NamespaceOption = None,
-    output: OutputOption = OutputFormat.text,
-) -> int:
-    """The step pods' logs in the order they ran, each headed by how its pod ended.
-
-    Ordered by step, then attempt; read through the API server (pods/log).
-    """
-    api = _api(ctx, kubeconfig, context, namespace)
-    pods = view.in_order(api.step_pods(run))
-    if not pods:
-        api.agentrun(run)  # no such run says so (exit 2)
-    console = Console()
-    unreadable: list[str] = []
-    shown: list[dict[str, Any]] = []
-    for pod in pods:
-        name = str(pod["metadata"]["name"])
-        step, attempt = view.step_and_attempt(pod)
-        ended, code = view.pod_end(pod)
-        lines: list[str] = []
-        trouble = ""
-        if (pod.get("status") or {}).get("containerStatuses"):
-            try:
-                lines = view.log_lines(api.pod_log(name))
-            except (Refused, NotFound) as error:
-                trouble = str(error)
-                unreadable.append(name)
-        else:
-            trouble = "no log: its container never started"
-        shown.append(
-            {
-                "pod": name,
-                "step": step,
-                "attempt": attempt,
-                "ended": ended,
-                "exitCode": code,
-                "log": lines,
-                **({"error": trouble} if trouble else {}),
-            }
-        )
-        if output is OutputFormat.text:
-            console.say(f"==> {name} (step {step}, attempt {attempt}): {ended}", style="bold")
-            for line in lines:
-                console.out.print(line, markup=False, highlight=False)
-            if trouble:
-                console.say(f"    ({trouble})", style="dim")
-    if output is OutputFormat.json:
-        console.json({"run": run, "pods": shown})
-    elif not pods:
-        console.say(f"{run} has no step pods (yet)")
-    if unreadable:
-        raise KeelgateError(f"could not read the log of {', '.join(unreadable)}")
-    return 0
 
 
 # audit

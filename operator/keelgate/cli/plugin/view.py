@@ -82,6 +82,11 @@ def in_order(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(pods, key=lambda p: (*step_and_attempt(p), str(p["metadata"]["name"])))
 
 
+def pod_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether a step pod has ended (its log will not grow)."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def pod_end(pod: Mapping[str, Any]) -> tuple[str, int | None]:
     """How a step pod ended, in words, and its exit code (None while it runs or never ran)."""
     status = pod.get("status") or {}
