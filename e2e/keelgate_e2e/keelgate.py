@@ -471,3 +471,40 @@ class OperatorPod:
             return
         self.scale(self.replicas)
         self.wait_healthy()
+
+
+def monitoring_crd(kind: str, plural: str) -> JSON:
+    """A stand-in for one of the Prometheus Operator's CRDs (its group, version and names; an
+    open schema): enough for the API server to take the chart's objects of that kind."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def monitoring_crds() -> list[JSON]:
+    """Stand-ins for the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule."""
+    return [
+        monitoring_crd("ServiceMonitor", "servicemonitors"),
+        monitoring_crd("PodMonitor", "podmonitors"),
+        monitoring_crd("PrometheusRule", "prometheusrules"),
+    ]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from keelgate_e2e import build
+from keelgate_e2e import keelgate as kg
 from keelgate_e2e.cluster import Cluster
 from keelgate_e2e.kube import JSON
 from keelgate_e2e.testing import Kubectl
@@ -378,34 +379,6 @@ def test_monitoring_objects_and_the_network_policy_render_when_asked_for(
         assert 'namespace="keelgate-system"' in rule["expr"], rule["expr"]
 
 
-def _monitoring_crd(kind: str, plural: str) -> JSON:
-    """A stand-in for one of the Prometheus Operator's CRDs (its group, version and names; an
-    open schema): enough for the API server to take the chart's objects of that kind."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
 def test_monitoring_and_network_policy_objects_are_accepted_by_the_api_server(
     helm: Path, cluster: Cluster, kubectl_bin: Path
 ) -> None:
@@ -414,11 +387,7 @@ def test_monitoring_and_network_policy_objects_are_accepted_by_the_api_server(
     created by `kubectl apply` (server-side, then deleted), the PrometheusRule with its four
     alerts as rendered."""
     kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
-    crds = [
-        _monitoring_crd("ServiceMonitor", "servicemonitors"),
-        _monitoring_crd("PodMonitor", "podmonitors"),
-        _monitoring_crd("PrometheusRule", "prometheusrules"),
-    ]
+    crds = kg.monitoring_crds()
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
     for crd in crds:
         kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")

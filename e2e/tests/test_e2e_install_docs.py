@@ -8,7 +8,8 @@ failpoints allowed, the confirmer URL; and the operator's Deployment is the one 
 `kubectl exec` into. Every object under examples/kind passes `kubectl apply --dry-run=server`
 (the AgentRuns against the CRDs' schemas and rules).
 
-It must never install anything: it renders, and dry-runs in its own namespace.
+It installs only the production values example, as its own release watching one empty
+namespace, and removes it; everything else it renders, and dry-runs in its own namespace.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import pytest
 import yaml
 
 from keelgate_e2e import build
+from keelgate_e2e import keelgate as kg
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.kube import JSON
-from keelgate_e2e.testing import Kubectl
+from keelgate_e2e.kube import JSON, Kube
+from keelgate_e2e.testing import Kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "keelgate"
 PAGES = [ROOT / "docs" / "install.md", ROOT / "docs" / "runbook-outcome-unknown.md"]
 
 
@@ -136,3 +139,126 @@ def test_the_kind_manifests_pass_a_server_dry_run(
         kind = doc["kind"].lower()
         assert re.search(rf"^{kind}[.\w/]*/{doc['metadata']['name']} created", applied.stdout, re.M)
     assert applied.stdout.count("(server dry run)") == len(docs), applied.stdout
+
+
+def _production_values() -> str:
+    found = re.search(
+        r"```yaml\n(# values-production\.yaml\n.*?)```",
+        (ROOT / "docs" / "install.md").read_text(),
+        flags=re.S,
+    )
+    assert found, "docs/install.md lost its values-production.yaml example"
+    return found.group(1)
+
+
+def test_the_production_values_install_and_elect_a_leader(
+    operator_process: kg.OperatorPod,
+    cluster: Cluster,
+    admin: Kube,
+    kubectl_bin: Path,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    """install.md's values-production.yaml, as written (plus what this machine needs: the local
+    image, a free metrics port, and the operator watching one empty namespace so it drives no
+    other test's runs): `helm install --wait` succeeds, both replicas run and one holds the
+    Lease, the PodMonitor, PrometheusRule and NetworkPolicy exist, the audit key is mounted,
+    and `helm uninstall` removes it all."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    values = tmp_path / "values-production.yaml"
+    values.write_text(_production_values())
+    kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
+    crds = kg.monitoring_crds()
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    for crd in crds:
+        kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    system = f"prod-{namespace[-6:]}"
+    admin.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": system}},
+    )
+    key = ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    admin.create(
+        f"/api/v1/namespaces/{system}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "keelgate-audit-key"},
+            "stringData": {"key.pem": key.decode()},
+        },
+    )
+    operator = kg.OperatorPod(
+        cluster,
+        release="prod",
+        namespace=system,
+        replicas=2,
+        leader_election=True,
+        allow_failpoints=False,
+        values=(f"operator.watchNamespaces[0]={namespace}",),
+        store=operator_process.store_url,
+    )
+    helm = build.ensure()["helm"].path
+    try:
+        done = subprocess.run(
+            [
+                str(helm),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "install",
+                "prod",
+                str(CHART),
+                "-n",
+                system,
+                "-f",
+                str(values),
+                "--wait",
+                "--timeout=180s",
+                # The file names a Secret of keelgate-system; here the URL comes in store.url.
+                *operator.chart_values("store.existingSecret.name="),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        deployment = admin.get(f"/apis/apps/v1/namespaces/{system}/deployments/prod-operator")
+        assert deployment["status"].get("readyReplicas") == 2
+        lease = wait_for(
+            lambda: admin.get(
+                f"/apis/coordination.k8s.io/v1/namespaces/{system}/leases/prod-operator"
+            )["spec"].get("holderIdentity"),
+            timeout=60,
+            what="a leader",
+        )
+        assert lease.startswith("prod-operator-")
+        for path in (
+            f"/apis/monitoring.coreos.com/v1/namespaces/{system}/podmonitors/prod-operator",
+            f"/apis/monitoring.coreos.com/v1/namespaces/{system}/prometheusrules/prod-operator",
+            f"/apis/networking.k8s.io/v1/namespaces/{system}/networkpolicies/prod-operator",
+        ):
+            assert admin.exists(path), path
+        pod = deployment["spec"]["template"]["spec"]
+        assert "--audit-sign-key=/etc/keelgate-audit/key.pem" in pod["containers"][0]["args"]
+    finally:
+        subprocess.run(
+            [
+                str(helm),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "uninstall",
+                "prod",
+                "-n",
+                system,
+                "--wait",
+                "--timeout=120s",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        admin.delete(f"/api/v1/namespaces/{system}")
+    assert not admin.exists(f"/apis/apps/v1/namespaces/{system}/deployments/prod-operator")
