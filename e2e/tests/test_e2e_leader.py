@@ -17,6 +17,7 @@ import pytest
 from keelgate_e2e import runs
 from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import JSON, Kube
+from keelgate_e2e.node import kill_container
 from keelgate_e2e.runs import agentrun, apply, look, order
 from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, wait_for
@@ -89,8 +90,9 @@ def test_a_standby_leads_within_20_s_of_the_leaders_death_and_the_runs_go_on(
     shop: ShopServer,
 ) -> None:
     """Two replicas: one holds the Lease, the other stands by (its log says so, it drives
-    nothing). The leader's pod is deleted with no grace mid-run (its process killed): the
-    standby takes the Lease within 20 s, and every run finishes with each order placed once."""
+    nothing). The leader's process is killed mid-run (SIGKILL) and its pod deleted with no
+    grace: the standby takes the Lease within 20 s, and every run finishes with each order
+    placed once."""
     operator = replicated
     leader = wait_for(lambda: _holder(admin, operator), timeout=60, what="a leader")
     (standby,) = _running_pod_names(operator) - {leader}
@@ -100,10 +102,11 @@ def test_a_standby_leads_within_20_s_of_the_leaders_death_and_the_runs_go_on(
     apply(kubectl, *docs)
     wait_for(lambda: shop.shop.count() >= 1, timeout=60, what="the first order")
     assert "standing by" in _log(admin, operator, standby)
+    # The leader's process dies (SIGKILL: no lease given up), then its pod is deleted.
+    path = f"/api/v1/namespaces/{operator.namespace}/pods/{leader}"
+    kill_container(operator.cluster.node_state_dir, admin.get(path)["metadata"]["uid"], "operator")
     killed = time.monotonic()
-    admin.delete(
-        f"/api/v1/namespaces/{operator.namespace}/pods/{leader}", {"gracePeriodSeconds": 0}
-    )
+    admin.delete(path, {"gracePeriodSeconds": 0})
     # The standby, or the pod the Deployment starts in the dead leader's place if it is
     # quicker: either way another replica leads, and the dead one never again.
     successor = wait_for(
