@@ -662,3 +662,35 @@ def test_step_pods_carry_the_platforms_settings_and_are_stopped_at_their_deadlin
 def _pod(admin: Kube, namespace: str, name: str) -> JSON | None:
     path = f"/api/v1/namespaces/{namespace}/pods/{name}"
     return admin.get(path) if admin.exists(path) else None
+
+
+def test_an_approval_decided_in_the_store_is_mirrored_onto_its_object(
+    operator: OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, shop: ShopServer
+) -> None:
+    """carol approves with `keelgate approve ... --store` (straight in the store, no object
+    patched, no watch event): within a resync the Approval shows Settled, approved by carol,
+    so Argo CD stops showing it Suspended, and the run goes on to its one order."""
+    apply(kubectl, agentrun("mirrored", shop, [[order("M1", 1)]], approval=True))
+    wait_phase(admin, tenant, "mirrored", "Stopped", timeout=90)
+    (approval,) = wait_for(
+        lambda: [a for a in runs.approvals(admin, tenant) if a["spec"]["runName"] == "mirrored"],
+        what="the Approval",
+    )
+    from keelgate.cli import main as keelgate
+
+    url = store_url(admin, tenant)
+    command = ["approve", "mirrored", "1:0", "--approve", "--by", "carol", "-n", tenant]
+    assert keelgate([*command, "--store", url]) == 0
+    path = (
+        f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/approvals/{approval['metadata']['name']}"
+    )
+
+    def settled() -> JSON | None:
+        shown = admin.get(path)
+        return shown if (shown.get("status") or {}).get("phase") == "Settled" else None
+
+    mirrored = wait_for(settled, timeout=60, interval=0.5, what="the Approval mirrored")
+    assert (mirrored["status"]["verdict"], mirrored["status"]["settledBy"]) == ("approved", "carol")
+    assert "approved" not in mirrored["spec"]  # nobody patched the object
+    wait_phase(admin, tenant, "mirrored", "Succeeded", timeout=90)
+    assert shop.shop.count() == 1
