@@ -40,13 +40,13 @@ lint: venv e2e-lint
 	$(VENV)/bin/ruff format --check operator tests bench examples deploy
 	cd operator && ../$(VENV)/bin/lint-imports ../pyproject.toml
 	$(PY) -m keelgate.kube.crds --check crds/
-	$(PY) -m keelgate.kube.crds --check charts/keelgate/crds/
+	$(PY) -m keelgate.kube.crds --check charts/keelgate/files/crds/
 	$(PY) deploy/argocd/argocd_cm.py --check
 
 ## crds: regenerate crds/ from the manifest models (the single source of truth)
 crds: venv
 	$(PY) -m keelgate.kube.crds --write crds/
-	$(PY) -m keelgate.kube.crds --write charts/keelgate/crds/
+	$(PY) -m keelgate.kube.crds --write charts/keelgate/files/crds/
 
 ## argocd-cm: regenerate deploy/argocd/argocd-cm.yaml from the Argo CD health checks beside it
 argocd-cm: venv

@@ -365,6 +365,8 @@ class OperatorPod:
             "--create-namespace",
             "--wait",
             "--timeout=180s",
+            # CRDs an earlier test applied with kubectl (crds/) become the release's.
+            "--take-ownership",
             *self.chart_values(*extra),
         )
         self.wait_healthy()

@@ -99,8 +99,19 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     keeping one), non-root, with a read-only root filesystem, probes, and the store URL from a
     Secret by reference. Without leader election it is one replica, replaced (never rolled)."""
     for crd in (ROOT / "crds").glob("*.yaml"):
-        assert (CHART / "crds" / crd.name).read_text() == crd.read_text()
+        assert (CHART / "files" / "crds" / crd.name).read_text() == crd.read_text()
     docs = rendered(helm, cluster, "--set", "store.existingSecret.name=pg")
+    # Templated (so that helm upgrade upgrades them), kept on uninstall, and the same CRDs.
+    for crd in (ROOT / "crds").glob("*.yaml"):
+        generated = yaml.safe_load(crd.read_text())
+        (ours,) = [
+            d
+            for d in docs
+            if d["kind"] == "CustomResourceDefinition"
+            and d["metadata"]["name"] == generated["metadata"]["name"]
+        ]
+        assert ours["spec"] == generated["spec"]
+        assert ours["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     by_kind: dict[tuple[str, str], JSON] = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     plain = {
         (d["kind"], d["metadata"]["name"]): d
@@ -267,9 +278,11 @@ def test_two_releases_have_their_own_names_even_cluster_scoped_ones(
     so two releases in one cluster do not collide; `global` (a parent chart's) is accepted."""
 
     def names(*values: str) -> set[tuple[str, str]]:
+        # The CRDs have the API's names; a second release sets crds.install=false.
         return {
             (d["kind"], d["metadata"]["name"])
             for d in rendered(helm, cluster, "--set", "store.existingSecret.name=pg", *values)
+            if d["kind"] != "CustomResourceDefinition"
         }
 
     first = names()
@@ -426,3 +439,14 @@ def test_monitoring_and_network_policy_objects_are_accepted_by_the_api_server(
     finally:
         kubectl("delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(wanted))
         kubectl("delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(crds))
+
+
+def test_the_crds_can_be_left_out_or_not_kept(helm: Path, cluster: Cluster) -> None:
+    """crds.install=false (a second release in a cluster) renders no CRD; crds.keep=false
+    drops the keep policy, so `helm uninstall` deletes them (and every run object)."""
+    base = ("--set", "store.existingSecret.name=pg")
+    left_out = rendered(helm, cluster, *base, "--set", "crds.install=false")
+    assert not [d for d in left_out if d["kind"] == "CustomResourceDefinition"]
+    unkept = rendered(helm, cluster, *base, "--set", "crds.keep=false")
+    crds = [d for d in unkept if d["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == 3 and all("annotations" not in d["metadata"] for d in crds)

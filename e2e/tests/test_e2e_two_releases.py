@@ -55,7 +55,8 @@ def two_releases(
                 cluster,
                 release=team,
                 namespace=f"{team}-system-{suffix}",
-                values=(f"operator.watchNamespaces[0]={tenant}",),
+                # The CRDs are the session release's: a second release leaves them alone.
+                values=(f"operator.watchNamespaces[0]={tenant}", "crds.install=false"),
                 # The operator's database role is one for the store (`keelgate tenant add
                 # --operator`): both releases log in with it, through their own Secrets.
                 store=operator_process.store_url,
