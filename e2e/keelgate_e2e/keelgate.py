@@ -375,13 +375,14 @@ class OperatorPod:
     def kubeconfig(self) -> Path:
         """A kubeconfig holding a token of the operator's service account (for a second
         operator started beside the pod, under the same RBAC)."""
+        # A new token each time: a bound token dies with its service account, which a test
+        # that uninstalls and installs the chart again replaces.
         path = self.cluster.run_dir / "operator.kubeconfig"
-        if not path.exists():
-            kube = self.cluster.client()
-            try:
-                operator_kubeconfig(self.cluster, kube, path)
-            finally:
-                kube.close()
+        kube = self.cluster.client()
+        try:
+            operator_kubeconfig(self.cluster, kube, path)
+        finally:
+            kube.close()
         return path
 
     @property

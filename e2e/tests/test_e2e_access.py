@@ -254,7 +254,7 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_n
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    mine = [d for d in docs if d["metadata"]["name"] == "keelgate-allowed-sources"]
+    mine = [d for d in docs if d["metadata"]["name"] == "kg-allowed-sources"]  # release kg
     assert [d["kind"] for d in mine] == [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",

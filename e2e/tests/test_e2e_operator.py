@@ -575,7 +575,7 @@ def governing_operator(
     operator_process: OperatorPod, cluster: Cluster, admin: Kube, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     """The operator with platform settings for step pods (--step-pod-defaults, as the chart's
-    stepPods renders them): a PriorityClass and a RuntimeClass of the cluster, a ceiling of 6 s
+    stepPods renders them): a PriorityClass and a RuntimeClass of the cluster, a ceiling of 12 s
     on a step pod's life, one finished pod kept per run. The session's operator is stopped
     meanwhile, so only this one acts."""
     admin.create(
@@ -600,7 +600,7 @@ def governing_operator(
     settings.write_text(
         "priorityClassName: agent-steps\nruntimeClassName: sandboxed\n"
         "resources: {requests: {cpu: 50m, memory: 64Mi}}\n"
-        "maxActiveSeconds: 6\nkeepFinishedPods: 1\n"
+        "maxActiveSeconds: 12\nkeepFinishedPods: 1\n"
     )
     operator_process.stop()
     governing = OperatorProcess(
@@ -624,22 +624,24 @@ def test_step_pods_carry_the_platforms_settings_and_are_stopped_at_their_deadlin
     governing_operator: OperatorProcess, tenant: str, admin: Kube, kubectl: Kubectl
 ) -> None:
     """Step pods get the platform's priority class (the API server admits it and sets the
-    priority), runtime class, default requests and a 6 s activeDeadlineSeconds. A step whose
-    WRITE takes 9 s is stopped at its deadline (Failed, DeadlineExceeded): it finishes the call
+    priority), runtime class, default requests and a 12 s activeDeadlineSeconds. A step whose
+    WRITE takes 20 s is stopped at its deadline (Failed, DeadlineExceeded): it finishes the call
     it is in and records it, the run tells the step ran past its deadline, the next attempt
     goes on from the checkpoint, and the shop has the order once. Only the newest finished
     pod is kept."""
     slow = ShopServer().start()
-    slow.shop.delay = 9
+    slow.shop.delay = 20  # within the tool's 30 s limit, past the pod's 12 s deadline
     try:
-        apply(kubectl, agentrun("governed", slow, [[order("G1", 1)]]))
+        run = agentrun("governed", slow, [[order("G1", 1)]])
+        run["spec"]["tools"] = runs.tools(slow, timeout=30)
+        apply(kubectl, run)
         first = wait_for(
             lambda: _pod(admin, tenant, "governed-s1-a1"), timeout=60, what="the first step pod"
         )
         spec = first["spec"]
         assert spec["priorityClassName"] == "agent-steps" and spec["priority"] == 1000
         assert spec["runtimeClassName"] == "sandboxed"
-        assert spec["activeDeadlineSeconds"] == 6
+        assert spec["activeDeadlineSeconds"] == 12
         assert spec["containers"][0]["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
         done = wait_phase(admin, tenant, "governed", "Succeeded", timeout=180)
         assert slow.shop.count() == 1

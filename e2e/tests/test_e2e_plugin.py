@@ -284,7 +284,14 @@ def test_logs_lists_the_step_pods_in_order_each_headed_by_how_it_ended(
     (137 killed first, 0 last), with no store password anywhere."""
     apply(
         kubectl,
-        agentrun("logged", shop, [[order("L1", 1)]], annotations=CRASH_AFTER_ORDER),
+        agentrun(
+            "logged",
+            shop,
+            [[order("L1", 1)]],
+            annotations=CRASH_AFTER_ORDER,
+            # Every step pod kept (three by default): the test reads them all.
+            extra={"step": {"keepFinishedPods": 20}},
+        ),
     )
     runs.drive_to_success(admin, alice, tenant, ["logged"], shop, timeout=120)
     pods = admin.get(

@@ -118,5 +118,11 @@ def test_fifty_runs_at_once_finish_with_each_write_once_under_the_cap(
         for line in after.splitlines()
         if line.startswith("keelgate_api_writes_total{")
     }
-    assert writes / steps <= 4.0, (writes, steps, by_kind)
+    # Collecting finished pods past the newest three of a run is its own cost: at most one
+    # delete per step pod, never asked twice; the rest drives the runs.
+    deletes = _metric(after, 'keelgate_api_writes_total{what="delete Pod"}') - _metric(
+        before, 'keelgate_api_writes_total{what="delete Pod"}'
+    )
+    assert deletes <= steps, (deletes, steps)
+    assert (writes - deletes) / steps <= 4.0, (writes, deletes, steps, by_kind)
     assert re.search(r'keelgate_runs\{phase="Succeeded"\} \d+', after)

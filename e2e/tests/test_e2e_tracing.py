@@ -63,6 +63,8 @@ def test_a_run_with_a_crash_and_a_settlement_is_one_trace_in_the_collector(
         shop,
         [[look("T1"), order("T1", 7)]],  # the order passes the window second, after the read
         annotations={"keelgate.dev/failpoints": "after_gateway_call@2"},
+        # Every step pod kept (three by default): each pod's span is counted against them.
+        extra={"step": {"keepFinishedPods": 20}},
     )
     apply(kubectl, run)
     wait_for(lambda: runs.reconciliations(admin, tenant), timeout=120, what="the Reconciliation")

@@ -32,6 +32,7 @@ class RunMemory:
         self._specs: dict[Key, RecordedSpec] = {}
         self._refusals: dict[Key, tuple[int, str]] = {}
         self._signed: dict[Key, int] = {}
+        self._collected: dict[Key, set[str]] = {}
 
     def step_ended(self, key: Key, *, at: float, untold: str | None) -> None:
         """``key``'s step pod was seen ended at ``at``; ``untold`` is its clean end in words,
@@ -82,6 +83,18 @@ class RunMemory:
         with self._lock:
             self._signed[key] = max(seq, self._signed.get(key, 0))
 
+    def collecting(self, key: Key, pod_uid: str) -> bool:
+        """Whether to ask for ``key``'s finished pod ``pod_uid`` to be deleted: once per pod
+        (the watch may not yet show it going). The run keeps the last few uids asked."""
+        with self._lock:
+            asked = self._collected.setdefault(key, set())
+            if pod_uid in asked:
+                return False
+            if len(asked) >= 64:
+                asked.clear()  # old pods long gone; a repeat ask is harmless (404)
+            asked.add(pod_uid)
+            return True
+
     def forget(self, key: Key) -> None:
         """The run is gone."""
         with self._lock:
@@ -90,3 +103,4 @@ class RunMemory:
             self._specs.pop(key, None)
             self._refusals.pop(key, None)
             self._signed.pop(key, None)
+            self._collected.pop(key, None)

@@ -22,6 +22,11 @@ from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL, label_value
 from keelgate.manifest import AgentRunSpec
 
 
+def key_of_run(run: JSON) -> tuple[str, str, str]:
+    meta = run["metadata"]
+    return ("AgentRun", str(meta["namespace"]), str(meta["name"]))
+
+
 def _order(pod: JSON) -> tuple[int, int]:
     labels = pod.get("metadata", {}).get("labels") or {}
     try:
@@ -42,12 +47,12 @@ def collect_finished_pods(
     """Delete the run's finished step pods beyond the newest ``keep_finished_pods`` (the pod
     ``step`` names counts among the kept and is never deleted); the number deleted."""
     meta = run["metadata"]
-    namespace, uid = meta["namespace"], meta["uid"]
+    namespace, run_uid = meta["namespace"], meta["uid"]
     current = str(step.get("pod", ""))
     mine = [
         pod
         for pod in context.cache.step_pods(namespace, label_value(meta["name"]))
-        if resources.owned_by(pod, uid)
+        if resources.owned_by(pod, run_uid)
         and resources.pod_finished(pod)
         and not pod["metadata"].get("deletionTimestamp")
     ]
@@ -62,6 +67,9 @@ def collect_finished_pods(
         name = pod["metadata"]["name"]
         if name == current or _order(pod) >= before:
             continue
-        context.api.delete_pod(namespace, name, uid=pod["metadata"]["uid"])
+        uid = pod["metadata"]["uid"]
+        if not context.memory.collecting(key_of_run(run), uid):
+            continue  # asked already; the watch has not yet seen it go
+        context.api.delete_pod(namespace, name, uid=uid)
         deleted += 1
     return deleted
