@@ -145,13 +145,9 @@ def _actions(api: Any, flags: dict[str, str], kind: str, run: str) -> list[str]:
         listed = _connect(api, flags).decisions(kind, run)
     except Exception:
         return []
-    waiting = [
-        item
-        for item in listed
-        if (item.get("status") or {}).get("phase") != "Settled"
-        and "executed" not in (item.get("spec") or {})
-        and "approved" not in (item.get("spec") or {})
-    ]
+    from keelgate.cli.plugin.listing import decided
+
+    waiting = [item for item in listed if not decided(item)]
     return [f"{item['spec'].get('action', '')}\t{item['spec'].get('tool', '')}" for item in waiting]
 
 

@@ -20,9 +20,13 @@ from typing import Annotated, Any
 
 import typer
 
-from keelgate.cli.plugin import commands
-from keelgate.cli.plugin.client import PluginApi
-from keelgate.cli.plugin.commands import ContextOption, KubeconfigOption, NamespaceOption, app
+from keelgate.cli.plugin.commands import (
+    ContextOption,
+    KubeconfigOption,
+    NamespaceOption,
+    _api,
+    app,
+)
 from keelgate.kube.naming import GROUP
 from keelgate.kube.times import parse_time
 
@@ -89,12 +93,6 @@ def _emit(
         print(empty)
         return
     print(_table([list(header), *rows]))
-
-
-def _api(
-    ctx: typer.Context, kubeconfig: str | None, context: str | None, namespace: str | None
-) -> PluginApi:
-    return commands._api(ctx, kubeconfig, context, namespace)
 
 
 @app.command("list")
@@ -180,7 +178,7 @@ def pending_command(
         item
         for kind in ("Reconciliation", "Approval")
         for item in api.listed(kind, all_namespaces=all_namespaces)
-        if not _decided(item)
+        if not decided(item)
     ]
     waiting.sort(
         key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
@@ -221,7 +219,7 @@ def pending_command(
     return 0
 
 
-def _decided(item: Mapping[str, Any]) -> bool:
+def decided(item: Mapping[str, Any]) -> bool:
     """Settled, or decided in spec and not yet carried out (then it waits for the operator,
     not for a person)."""
     if (item.get("status") or {}).get("phase") == "Settled":
