@@ -38,7 +38,7 @@ RUN groupadd --gid 65532 keelgate \
 COPY --from=builder /dist/keelgate-*.whl /tmp/dist/
 RUN python -m venv --without-pip /opt/keelgate \
  && python -m pip --python /opt/keelgate/bin/python install --no-cache-dir \
-      --disable-pip-version-check --only-binary=:all: "$(echo /tmp/dist/keelgate-*.whl)[postgres,tracing]" \
+      --disable-pip-version-check --only-binary=:all: "$(echo /tmp/dist/keelgate-*.whl)[operator,openai,anthropic,mcp,postgres,tracing]" \
  && rm -rf /tmp/dist \
  && /opt/keelgate/bin/keelgate --version
 

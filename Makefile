@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS := test,postgres,langgraph,temporal,tracing
+EXTRAS := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
 
 .PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 

@@ -37,6 +37,8 @@ Rule = Callable[[Dockerfile], list[str]]
 RULES: dict[str, Rule] = {}
 
 #: Packages that build native code: none may be installed in the final stage.
+#: What the image's operator and step pods need (pyproject's extras, docs/install.md).
+IMAGE_EXTRAS = {"operator", "openai", "anthropic", "mcp", "postgres"}
 BUILD_TOOLS = {
     "build-essential", "gcc", "g++", "cc", "c++", "clang", "make", "cmake", "binutils",
     "autoconf", "automake", "libtool", "pkg-config", "pkgconf", "rustc", "cargo", "git",
@@ -220,8 +222,10 @@ def installs_wheels_only(d: Dockerfile) -> list[str]:
 
 
 @rule
-def installs_the_postgres_extra(d: Dockerfile) -> list[str]:
-    """keelgate is installed with the postgres extra: the operator refuses any other store."""
+def installs_the_image_extras(d: Dockerfile) -> list[str]:
+    """keelgate is installed with the extras the image's two programs need: the operator's
+    (kopf), postgres (the operator refuses any other store), and every model provider and MCP
+    (a step pod runs whatever the AgentRun names); each one pyproject declares."""
     extras = pyproject()["project"]["optional-dependencies"]
     for args in _pip_installs(d.final):
         requirement = _keelgate_requirement(args)
@@ -229,8 +233,9 @@ def installs_the_postgres_extra(d: Dockerfile) -> list[str]:
             continue
         match = re.search(r"\[([^\]]*)\]$", requirement)
         named = {e.strip() for e in match.group(1).split(",")} if match else set()
-        if "postgres" not in named:
-            return [f"{requirement}: without the postgres extra"]
+        lacking = sorted(IMAGE_EXTRAS - named)
+        if lacking:
+            return [f"{requirement}: without the extras {', '.join(lacking)}"]
         return [f"{requirement}: no extra {e!r} in pyproject" for e in named - set(extras)]
     return ["no pip install of keelgate in the final stage"]
 
@@ -318,6 +323,7 @@ def _append(lines: str) -> Callable[[str], str]:
 
 
 FINAL_FROM = "FROM python:3.11-slim-bookworm\n"
+_EXTRAS = ".whl)[operator,openai,anthropic,mcp,postgres,tracing]"
 BUILDER_FROM = "FROM python:3.11-slim-bookworm AS builder\n"
 
 MUTATIONS: list[tuple[str, Callable[[str], str]]] = [
@@ -346,9 +352,12 @@ MUTATIONS: list[tuple[str, Callable[[str], str]]] = [
     ("pip_keeps_no_cache", _swap("install --no-cache-dir", "install")),
     ("pip_keeps_no_cache", _swap("wheel --no-cache-dir", "wheel")),
     ("installs_wheels_only", _swap(" --only-binary=:all:", "")),
-    ("installs_the_postgres_extra", _swap(".whl)[postgres,tracing]", ".whl)")),
-    ("installs_the_postgres_extra", _swap(".whl)[postgres,tracing]", ".whl)[langgraph]")),
-    ("installs_the_postgres_extra", _swap(".whl)[postgres,tracing]", ".whl)[postgres,pg]")),
+    ("installs_the_image_extras", _swap(_EXTRAS, ".whl)")),
+    ("installs_the_image_extras", _swap(_EXTRAS, ".whl)[langgraph]")),
+    ("installs_the_image_extras", _swap(_EXTRAS, _EXTRAS.replace("postgres,", ""))),
+    ("installs_the_image_extras", _swap(_EXTRAS, _EXTRAS.replace("operator,", ""))),
+    ("installs_the_image_extras", _swap(_EXTRAS, _EXTRAS.replace("anthropic,", ""))),
+    ("installs_the_image_extras", _swap(_EXTRAS, _EXTRAS.replace("postgres", "postgres,pg"))),
     ("runtime_writes_only_tmp", _swap("    PYTHONDONTWRITEBYTECODE=1 \\\n", "")),
     ("runtime_writes_only_tmp", _swap("HOME=/tmp", "HOME=/home/keelgate")),
     ("runtime_writes_only_tmp", _swap("WORKDIR /tmp", "WORKDIR /app")),

@@ -2,7 +2,7 @@
 
 The Dockerfile's builder stage is replayed (its COPY lines through .dockerignore, then
 ``pip wheel --no-deps``) and the wheel is installed the way the final stage installs it: into a
-``venv --without-pip``, with the ``postgres`` extra, from wheels only. Then the commands a
+``venv --without-pip``, with the image's extras, from wheels only. Then the commands a
 Kubernetes pod runs are run the way a step pod runs them: the installed files read-only (as
 root, with every capability dropped, so write permission bits bind), HOME and the working
 folder a writable scratch folder (the pod's /tmp emptyDir), PYTHONDONTWRITEBYTECODE=1. And
@@ -32,6 +32,7 @@ from support.image import (
     DOCKERFILE,
     ROOT,
     build_wheel,
+    image_extras,
     image_venv,
     parse_dockerfile,
     pyproject,
@@ -54,7 +55,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def venv(wheel: Path) -> Path:
     """The final stage's /opt/keelgate (kept under .cache/ while it is what the install left)."""
-    return image_venv(wheel, "postgres,tracing")
+    return image_venv(wheel, image_extras())
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +230,50 @@ def test_a_step_runs_from_read_only_files_against_postgresql(
     assert (outcome["phase"], outcome["stopReason"]) == ("Succeeded", "goal_met")
     assert json.loads(termination.read_text()) == outcome
     assert main(["status", "hello", "-n", "shop", "--store", pg_url]) == 0  # the store says so
+
+
+@pytest.fixture(scope="module")
+def base_venv(wheel: Path) -> Path:
+    """``pip install keelgate`` with no extra: the plugin's install (docs/plugin.md)."""
+    return image_venv(wheel, "")
+
+
+def test_the_base_install_is_the_plugin_without_the_operator_or_providers(
+    base_venv: Path, tmp_path: Path
+) -> None:
+    """``pip install keelgate`` brings the plugin and the library but no kopf, nor the
+    Prometheus client, a model SDK or MCP: the plugin answers, the scripted restock runs to its
+    end, and the operator and the providers each say in one line which extra brings them."""
+    site = next((base_venv / "lib").glob("python3.*/site-packages"))
+    dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
+    assert {"keelgate", "kubernetes", "pydantic", "typer"} <= dists
+    heavy = {"kopf", "prometheus_client", "openai", "anthropic", "mcp", "psycopg"}
+    assert not dists & heavy, dists & heavy
+    home = _home(tmp_path)
+
+    helped = run_in_image(base_venv, ["kubectl-keelgate", "--help"], home)
+    assert helped.returncode == 0 and "pending" in helped.stdout, helped.stderr
+    completion = run_in_image(base_venv, ["kubectl_complete-keelgate", "pen"], home)
+    assert completion.returncode == 0 and "pending" in completion.stdout, completion.stderr
+
+    operator = run_in_image(
+        base_venv, ["keelgate", "operator", "--store", "postgresql://u@127.0.0.1/db"], home
+    )
+    lines = operator.stderr.strip().splitlines()
+    assert operator.returncode != 0 and len(lines) == 1, operator.stderr
+    assert "pip install 'keelgate[operator]'" in lines[0], lines
+
+    for file in ("agentrun.yaml", "shop.py"):
+        shutil.copy(ROOT / "examples" / "restock" / file, home / file)
+    ran = run_in_image(base_venv, ["keelgate", "run", "-f", "agentrun.yaml", "-o", "json"], home)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["stopReason"] == "goal_met"
+
+    manifest = (home / "agentrun.yaml").read_text()
+    model = manifest[manifest.index("  model:") : manifest.index("  tools:")]
+    openai = "  model:\n    provider: openai\n    name: gpt-5\n    baseURL: http://127.0.0.1:9\n"
+    (home / "openai.yaml").write_text(manifest.replace(model, openai))
+    refused = run_in_image(base_venv, ["keelgate", "run", "-f", "openai.yaml"], home)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(lines) == 1, refused.stderr
+    assert "spec.model.provider" in lines[0] and "pip install 'keelgate[openai]'" in lines[0]

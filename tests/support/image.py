@@ -301,8 +301,7 @@ def wheelhouse() -> Path:
     wanted = {
         "build": project["build-system"]["requires"],
         "dependencies": project["project"]["dependencies"],
-        "postgres": project["project"]["optional-dependencies"]["postgres"],
-        "tracing": project["project"]["optional-dependencies"]["tracing"],
+        "extras": project["project"]["optional-dependencies"],
         "python": sys.version_info[:2],
         "platform": sysconfig.get_platform(),
     }
@@ -344,11 +343,27 @@ def fill_wheelhouse(wheel: Path, extras: str) -> Path:
     house = wheelhouse()
     stamp = house / f".deps-stamp-{extras}"
     if not stamp.exists():
-        _pip("download", "--only-binary=:all:", "--dest", str(house), f"{wheel}[{extras}]")
+        _pip("download", "--only-binary=:all:", "--dest", str(house), _with(wheel, extras))
         for ours in house.glob("keelgate-*.whl"):
             ours.unlink()  # only the wheel under test is ever installed
         stamp.touch()
     return house
+
+
+def image_extras() -> str:
+    """The extras the Dockerfile's final stage installs keelgate with (``operator,postgres,...``)."""
+    match = re.search(r"\.whl\)\[([^\]]*)\]", DOCKERFILE.read_text())
+    assert match is not None, "the Dockerfile installs keelgate without extras"
+    return match.group(1)
+
+
+def _with(wheel: Path, extras: str) -> str:
+    return f"{wheel}[{extras}]" if extras else str(wheel)
+
+
+def _slug(extras: str) -> str:
+    # One cached venv per set of extras: the base install and the image's live side by side.
+    return hashlib.sha256(extras.encode()).hexdigest()[:6] if extras else "base"
 
 
 def snapshot(path: Path) -> dict[str, list[int]]:
@@ -387,11 +402,12 @@ def image_venv(wheel: Path, extras: str) -> Path:
         for name in sorted(archive.namelist()):
             digest.update(name.encode() + b"\0" + archive.read(name))
     key = digest.hexdigest()[:16]
-    venv, files = CACHE / f"venv-{key}", CACHE / f"venv-{key}.files.json"
+    name = f"venv-{_slug(extras)}-{key}"
+    venv, files = CACHE / name, CACHE / f"{name}.files.json"
     if venv.is_dir() and files.is_file() and json.loads(files.read_text()) == snapshot(venv):
         set_writable(venv, True)
         return venv
-    for old in CACHE.glob("venv-*"):
+    for old in CACHE.glob(f"venv-{_slug(extras)}-*"):
         _remove(old)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     _pip(
@@ -402,7 +418,7 @@ def image_venv(wheel: Path, extras: str) -> Path:
         "--find-links",
         str(house),
         "--only-binary=:all:",
-        f"{wheel}[{extras}]",
+        _with(wheel, extras),
     )
     files.write_text(json.dumps(snapshot(venv)))
     return venv

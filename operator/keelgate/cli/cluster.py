@@ -23,6 +23,9 @@ from keelgate.stores import check_store_url, redacted
 if TYPE_CHECKING:
     from keelgate.kube.runtime.leadership import LeaseSettings
 
+#: What the operator extra brings: without them `keelgate operator` says which extra to install.
+_OPERATOR_EXTRA = ("kopf", "prometheus_client", "aiohttp")
+
 
 @app.command(
     "step",
@@ -178,7 +181,15 @@ def operator_command(
     from keelgate.kube.api import ClusterApi
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
-    from keelgate.kube.runtime.operator import Operator, OperatorOptions
+
+    try:
+        from keelgate.kube.runtime.operator import Operator, OperatorOptions
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] in _OPERATOR_EXTRA:
+            raise InputError(
+                "operator", "needs the operator extra: pip install 'keelgate[operator]'"
+            ) from None
+        raise
     from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
     from keelgate.stores import open_stores
 

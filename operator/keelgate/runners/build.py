@@ -136,7 +136,10 @@ def _python_model(config: ModelConfig, callables: CallableLoader) -> Model:
 
 def _openai(config: ModelConfig, _: CallableLoader) -> Model:
     module = _adapter(
-        "keelgate.adapters.models.openai", field="spec.model.provider", what="provider 'openai'"
+        "keelgate.adapters.models.openai",
+        field="spec.model.provider",
+        what="provider 'openai'",
+        extra="openai",
     )
     model: Model = module.OpenAIModel(
         config.effective_name,
@@ -152,6 +155,7 @@ def _anthropic(config: ModelConfig, _: CallableLoader) -> Model:
         "keelgate.adapters.models.anthropic",
         field="spec.model.provider",
         what="provider 'anthropic'",
+        extra="anthropic",
     )
     model: Model = module.AnthropicModel(
         config.effective_name,
@@ -244,7 +248,9 @@ def _http_tool(tool: ToolConfig, where: str, _: CallableLoader) -> Tool:
 
 def _mcp_tool(tool: ToolConfig, where: str, _: CallableLoader) -> Tool:
     assert tool.mcp is not None
-    module = _adapter("keelgate.adapters.tools.mcp", field=f"{where}.mcp", what="the mcp tool")
+    module = _adapter(
+        "keelgate.adapters.tools.mcp", field=f"{where}.mcp", what="the mcp tool", extra="mcp"
+    )
     server = module.McpServerRef(url=tool.mcp.url, headers=dict(tool.mcp.headers))
     common: dict[str, Any] = {
         "side_effect": tool.side_effect,
@@ -268,16 +274,24 @@ def _mcp_tool(tool: ToolConfig, where: str, _: CallableLoader) -> Tool:
     return found[0]
 
 
-def _adapter(name: str, *, field: str, what: str = "") -> ModuleType:
-    """Import an adapter whose SDK is optional; a missing module is the user's input problem."""
+def _adapter(name: str, *, field: str, what: str = "", extra: str = "") -> ModuleType:
+    """Import an adapter whose SDK is optional; a missing module is the user's input problem,
+    told with the extra that brings it (``keelgate[openai]``)."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name == name:
             label = what or repr(name.rsplit(".", 1)[1])
             raise InputError(field, f"{label} is not available yet") from None
+        missing = (error.name or "").split(".")[0]
+        if extra:
+            raise InputError(
+                field,
+                f"{what or extra} needs the {extra} extra: pip install 'keelgate[{extra}]' "
+                f"({missing} is not installed)",
+            ) from None
         raise InputError(
-            field, f"needs the Python package {error.name!r}, which is not installed"
+            field, f"needs the Python package {missing!r}, which is not installed"
         ) from None
 
 
