@@ -351,7 +351,7 @@ def fill_wheelhouse(wheel: Path, extras: str) -> Path:
 
 
 def image_extras() -> str:
-    """The extras the Dockerfile's final stage installs keelgate with (``operator,postgres,...``)."""
+    """The extras the Dockerfile's final stage installs keelgate with (``operator,...``)."""
     match = re.search(r"\.whl\)\[([^\]]*)\]", DOCKERFILE.read_text())
     assert match is not None, "the Dockerfile installs keelgate without extras"
     return match.group(1)
