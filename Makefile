@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
 
-.PHONY: venv demo demo-local test lint typecheck unit check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local krew test lint typecheck unit check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -51,6 +51,10 @@ crds: venv
 ## argocd-cm: regenerate deploy/argocd/argocd-cm.yaml from the Argo CD health checks beside it
 argocd-cm: venv
 	$(PY) deploy/argocd/argocd_cm.py --write
+
+## krew: the plugin's krew archives (one per platform) and its rendered manifest, in dist/krew
+krew: venv
+	$(PY) deploy/krew/package.py --out dist/krew
 
 ## bench: the loop against the raw durable commits it needs (figures: docs/performance.md)
 bench: venv

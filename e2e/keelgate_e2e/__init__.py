@@ -9,7 +9,7 @@ under `operator/` may import it, and it must never bind anything but 127.0.0.1.
 
 from __future__ import annotations
 
-__all__ = ["ETCD_VERSION", "HELM_VERSION", "JAEGER_VERSION", "KUBE_VERSION"]
+__all__ = ["ETCD_VERSION", "HELM_VERSION", "JAEGER_VERSION", "KREW_VERSION", "KUBE_VERSION"]
 
 #: The Kubernetes release pinned by e2e/tools/kube/go.mod.
 KUBE_VERSION = "v1.36.3"
@@ -20,3 +20,6 @@ HELM_VERSION = "v4.3.2"
 #: The Jaeger module pinned by e2e/tools/jaeger/go.mod: a trace collector with in-memory storage
 #: and a query API, for the tracing tests (built on the OpenTelemetry Collector).
 JAEGER_VERSION = "v1.75.0"
+#: The krew release pinned by e2e/tools/krew/go.mod: `kubectl krew` and its manifest validator,
+#: which check and install the plugin's krew manifest (.krew.yaml).
+KREW_VERSION = "v0.4.3"

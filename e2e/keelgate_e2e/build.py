@@ -1,8 +1,9 @@
 """Find or build the control-plane binaries (kube-apiserver, controller-manager, scheduler, etcd),
-helm, and jaeger (the trace collector of the tracing tests).
+helm, jaeger (the trace collector of the tracing tests), and krew with its manifest validator.
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
-modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm and e2e/tools/jaeger, into the
+modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
+e2e/tools/krew, into the
 git-ignored folder
 e2e/bin, with the version ldflags an official build sets. Binaries on KUBEBUILDER_ASSETS
 (envtest's convention) or PATH are used instead when they are new enough. Builds reuse Go's build
@@ -28,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelgate_e2e import ETCD_VERSION, HELM_VERSION, JAEGER_VERSION, KUBE_VERSION
+from keelgate_e2e import ETCD_VERSION, HELM_VERSION, JAEGER_VERSION, KREW_VERSION, KUBE_VERSION
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 BIN_DIR = E2E_DIR / "bin"
@@ -36,15 +37,18 @@ KUBE_TOOLS = E2E_DIR / "tools" / "kube"
 ETCD_TOOLS = E2E_DIR / "tools" / "etcd"
 HELM_TOOLS = E2E_DIR / "tools" / "helm"
 JAEGER_TOOLS = E2E_DIR / "tools" / "jaeger"
+KREW_TOOLS = E2E_DIR / "tools" / "krew"
 
 KUBE_PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd", "helm", "jaeger")
+KREW_PROGRAMS = ("kubectl-krew", "validate-krew-manifest")
+ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd", "helm", "jaeger", *KREW_PROGRAMS)
 
 #: Oldest releases accepted from KUBEBUILDER_ASSETS or PATH.
 MIN_KUBE = (1, 36, 0)
 MIN_ETCD = (3, 6, 0)
 MIN_HELM = (4, 2, 0)
 MIN_JAEGER = (1, 75, 0)
+MIN_KREW = (0, 4, 3)
 #: Oldest Go that can build the pinned modules (their go.mod says `go 1.26.0`).
 MIN_GO = (1, 26, 0)
 
@@ -75,9 +79,9 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 def pinned(name: str) -> tuple[int, int, int]:
     """The version e2e/tools pins for program `name`."""
-    text = {"etcd": ETCD_VERSION, "helm": HELM_VERSION, "jaeger": JAEGER_VERSION}.get(
-        name, KUBE_VERSION
-    )
+    versions = {"etcd": ETCD_VERSION, "helm": HELM_VERSION, "jaeger": JAEGER_VERSION}
+    versions.update(dict.fromkeys(KREW_PROGRAMS, KREW_VERSION))
+    text = versions.get(name, KUBE_VERSION)
     version = parse_version(text)
     assert version is not None
     return version
@@ -85,16 +89,28 @@ def pinned(name: str) -> tuple[int, int, int]:
 
 def minimum(name: str) -> tuple[int, int, int]:
     """The oldest version of program `name` accepted from outside e2e/bin."""
-    return {"etcd": MIN_ETCD, "helm": MIN_HELM, "jaeger": MIN_JAEGER}.get(name, MIN_KUBE)
+    oldest = {"etcd": MIN_ETCD, "helm": MIN_HELM, "jaeger": MIN_JAEGER}
+    oldest.update(dict.fromkeys(KREW_PROGRAMS, MIN_KREW))
+    return oldest.get(name, MIN_KUBE)
 
 
 def binary_version(path: Path) -> tuple[int, int, int] | None:
     """Ask the program at `path` for its version (`--version`); None if it cannot say."""
+    if path.name == "validate-krew-manifest":
+        # It has no version to tell: its build records one beside it.
+        stamp = path.with_name(f".{path.name}.version")
+        return parse_version(stamp.read_text()) if stamp.is_file() else None
     # helm and jaeger say their versions through a subcommand; the others through a flag.
-    ask = {"helm": ["version", "--short"], "jaeger": ["version"]}.get(path.name, ["--version"])
+    ask = {"helm": ["version", "--short"], "jaeger": ["version"], "kubectl-krew": ["version"]}.get(
+        path.name, ["--version"]
+    )
+    env = None
+    if path.name == "kubectl-krew":
+        # krew makes its folders under KREW_ROOT (default ~/.krew) on any command: not ours.
+        env = {**os.environ, "KREW_ROOT": str(path.parent / ".krew-root")}
     try:
         out = subprocess.run(
-            [str(path), *ask], capture_output=True, text=True, timeout=30, check=False
+            [str(path), *ask], capture_output=True, text=True, timeout=30, check=False, env=env
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -178,6 +194,11 @@ def jaeger_ldflags(version: str = JAEGER_VERSION) -> str:
     return f"-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion={version}"
 
 
+def krew_ldflags(version: str = KREW_VERSION) -> str:
+    """The -ldflags for krew: stripped, with the tag `kubectl krew version` reports."""
+    return f"-s -w -X sigs.k8s.io/krew/internal/version.gitTag={version}"
+
+
 def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
@@ -230,6 +251,11 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
             jaeger_ldflags(),
             staging,
         )
+    if set(KREW_PROGRAMS) & set(names):
+        pkgs = ["sigs.k8s.io/krew/cmd/krew", "sigs.k8s.io/krew/cmd/validate-krew-manifest"]
+        _go_build(go, KREW_TOOLS, pkgs, krew_ldflags(), staging)
+        (staging / "krew").rename(staging / "kubectl-krew")  # what kubectl finds as `kubectl krew`
+        (staging / ".validate-krew-manifest.version").write_text(KREW_VERSION)
     if "etcd" in names:
         _go_build(go, ETCD_TOOLS, ["go.etcd.io/etcd/server/v3"], etcd_ldflags(), staging)
         # go names a binary after the path element before a major-version suffix: "server".
@@ -239,6 +265,8 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
         version = binary_version(built)
         if version != pinned(name):
             raise BuildError(f"built {name} reports version {version}, expected {pinned(name)}")
+        if name == "validate-krew-manifest":
+            os.replace(staging / f".{name}.version", BIN_DIR / f".{name}.version")
         os.replace(built, BIN_DIR / name)  # atomic: a half-written binary is never picked up
     shutil.rmtree(staging, ignore_errors=True)
 
