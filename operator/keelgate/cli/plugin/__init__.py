@@ -17,6 +17,7 @@ from keelgate.cli import _error_line, _exit_code, dispatch
 from keelgate.cli.plugin import commands
 from keelgate.cli.plugin import listing as _listing  # noqa: F401 - registers list, pending
 from keelgate.cli.plugin import logs as _logs  # noqa: F401 - registers logs
+from keelgate.cli.plugin import ui as _ui  # noqa: F401 - registers ui
 from keelgate.cli.plugin.target import Impersonation, impersonate
 from keelgate.errors import KeelgateError
 

@@ -245,15 +245,25 @@ def approve_command(
     return _decide(api, APPROVAL, run, action, approved, note, output)
 
 
-def _decide(
-    api: PluginApi,
-    kind: _Kind,
-    run: str,
-    action: str,
-    decision: bool,
-    note: str | None,
-    output: OutputFormat,
-) -> int:
+@dataclass(frozen=True)
+class Decided:
+    """A decision written (or found already made, ``already``): what the user is told."""
+
+    run: str
+    action: str
+    tool: str
+    verdict: str
+    by: str
+    name: str
+    already: bool
+
+
+def decide(
+    api: PluginApi, kind: _Kind, run: str, action: str, decision: bool, note: str | None
+) -> Decided:
+    """Record the user's decision on the run's action, in their own name, once the API server
+    says they may: every check of ``kubectl keelgate reconcile|approve``, for any front end
+    (the command line, the decision inbox). Raises the CLI's errors; writes nothing on one."""
     if not _ACTION.match(action):
         raise InputError("ACTION", f"{action!r} is not an action id (iteration:index, e.g. 3:0)")
     if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
@@ -277,7 +287,7 @@ def _decide(
     verdict = kind.verdict(decision)
     earlier = _decided_already(found, kind, run, action, decision)
     if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
-        return _said(api, kind, run, action, tool, verdict, earlier, name, output, already=True)
+        return Decided(run, action, tool, verdict, earlier, name, already=True)
     if kind is RECONCILIATION and not decision:
         _refuse_before_the_deadline(api, found, run, action)
     allowed, reason = api.may("patch", kind.plural, name)
@@ -292,7 +302,20 @@ def _decide(
     if note is not None:
         patch["note"] = note
     api.patch_spec(kind.name, name, patch)
-    return _said(api, kind, run, action, tool, verdict, user, name, output, already=False)
+    return Decided(run, action, tool, verdict, user, name, already=False)
+
+
+def _decide(
+    api: PluginApi,
+    kind: _Kind,
+    run: str,
+    action: str,
+    decision: bool,
+    note: str | None,
+    output: OutputFormat,
+) -> int:
+    done = decide(api, kind, run, action, decision, note)
+    return _said(api, kind, done, output)
 
 
 def _refuse_before_the_deadline(
@@ -344,41 +367,31 @@ def _decided_already(
     )
 
 
-def _said(
-    api: PluginApi,
-    kind: _Kind,
-    run: str,
-    action: str,
-    tool: str,
-    verdict: str,
-    by: str,
-    name: str,
-    output: OutputFormat,
-    *,
-    already: bool,
-) -> int:
+def _said(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> int:
     console = Console()
     if output is OutputFormat.json:
         console.json(
             {
-                "run": run,
-                "action": action,
-                "tool": tool,
-                "verdict": verdict,
-                "by": by,
-                kind.name.lower(): name,
-                "already": already,
+                "run": done.run,
+                "action": done.action,
+                "tool": done.tool,
+                "verdict": done.verdict,
+                "by": done.by,
+                kind.name.lower(): done.name,
+                "already": done.already,
             }
         )
         return 0
-    said = "already " if already else ""
+    said = "already " if done.already else ""
     console.say(
-        f"{run} {action} ({tool}): {said}{verdict} by {by} ({kind.name.lower()} {name})",
+        f"{done.run} {done.action} ({done.tool}): {said}{done.verdict} by {done.by} "
+        f"({kind.name.lower()} {done.name})",
         style="green",
     )
-    if not already:
+    if not done.already:
         console.say(
-            f"  the operator carries it out: kubectl keelgate status {run}{api.target.flags()}",
+            f"  the operator carries it out: kubectl keelgate status {done.run}"
+            f"{api.target.flags()}",
             style="dim",
         )
     return 0

@@ -44,6 +44,7 @@ def candidates(words: Sequence[str], api: Any = None) -> tuple[list[str], int]:
     from keelgate.cli.plugin import commands as plugin_commands
     from keelgate.cli.plugin import listing as _listing  # noqa: F401 - registers list, pending
     from keelgate.cli.plugin import logs as _logs  # noqa: F401 - registers logs
+    from keelgate.cli.plugin import ui as _ui  # noqa: F401 - registers ui
 
     group: Any = typer.main.get_command(plugin_commands.app)
     *before, word = list(words) or [""]

@@ -1,0 +1,271 @@
+"""The decision inbox (`kubectl keelgate ui`) in a real browser, on the control plane.
+
+Headless Chromium (Debian's, through Selenium) opens the address the command printed, as alice
+(the `edit` role in the test's namespace) or bob (`view` only). What the tests check is what a
+person sees and what the cluster and the shop end up holding: a payment approved from the page
+runs once; a step pod killed after its WRITE appears as an unknown outcome on an open page
+without a reload; alice settles it and the run succeeds with one order; bob sees the same items
+with no button that could fail; the server refuses requests without its cookie, its CSRF token
+or its own origin. Screenshots of the inbox and of a run's page go to docs/images when
+KEELGATE_CAPTURE_SCREENSHOTS=1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+from keelgate_e2e import runs
+from keelgate_e2e.browser import InboxProcess, chromium, start_inbox
+from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.keelgate import OperatorPod
+from keelgate_e2e.kube import Kube
+from keelgate_e2e.runs import agentrun, apply, order, wait_phase
+from keelgate_e2e.shop import ShopServer
+from keelgate_e2e.testing import Kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CRASH_AFTER_ORDER = {"keelgate.dev/failpoints": "after_gateway_call@1"}
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+
+@pytest.fixture
+def inboxes(cluster: Cluster, kubectl_bin: Path) -> Iterator[list[InboxProcess]]:
+    """Every inbox a test starts, stopped (Ctrl-C) afterwards."""
+    started: list[InboxProcess] = []
+    yield started
+    for inbox in started:
+        inbox.stop()
+
+
+def _inbox(
+    started: list[InboxProcess], cluster: Cluster, kubectl_bin: Path, user: str, namespace: str
+) -> InboxProcess:
+    inbox = start_inbox(kubectl_bin, cluster.kubeconfig, user, namespace)
+    started.append(inbox)
+    return inbox
+
+
+def _wait(browser: Any, css: str, timeout: float = 30) -> Any:
+    try:
+        return WebDriverWait(browser, timeout, poll_frequency=0.05).until(
+            lambda b: (found := b.find_elements(By.CSS_SELECTOR, css)) and found[0]
+        )
+    except TimeoutException:
+        shown = browser.find_element(By.TAG_NAME, "body").text[:3000]
+        raise AssertionError(f"no {css} within {timeout}s; the page shows:\n{shown}") from None
+
+
+def _screenshot(browser: Any, name: str, tmp_path: Path) -> None:
+    """Saved to docs/images when captured on purpose, else beside the test; never empty."""
+    folder = DOCS_IMAGES if os.environ.get("KEELGATE_CAPTURE_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
+    assert browser.save_screenshot(str(target))
+    assert target.stat().st_size > 10_000
+
+
+def _grant_view(admin: Kube, namespace: str, user: str) -> None:
+    admin.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{user}-view"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "view",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+
+
+def test_alice_approves_a_payment_from_the_inbox_with_the_keyboard_and_it_runs_once(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+    inboxes: list[InboxProcess],
+) -> None:
+    """A WRITE that needs approval waits in alice's inbox with its tool, side-effect class and
+    recorded arguments; she types a note and approves with the keyboard alone (Tab to the
+    labelled button, Enter); the page says so, the Approval carries her name and note, and the
+    run succeeds with one order."""
+    apply(kubectl, agentrun("pay", shop, [[order("P1", 2)]], approval=True))
+    wait_for(lambda: runs.approvals(admin, tenant), timeout=90, what="the Approval")
+    inbox = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
+    with chromium() as browser:
+        browser.get(inbox.url)
+        item = _wait(browser, "li.item.approval")
+        text = item.text
+        for expected in ("Approval", "place_order", "WRITE", f"{tenant}/pay", '"sku": "P1"'):
+            assert expected in text, text
+        note = item.find_element(By.CSS_SELECTOR, "input[name=note]")
+        label = browser.find_element(By.CSS_SELECTOR, f"label[for='{note.get_attribute('id')}']")
+        assert "Note" in label.text
+        note.click()
+        note.send_keys("invoice 7 checked")
+        note.send_keys(Keys.TAB)
+        focused = browser.switch_to.active_element
+        assert focused.tag_name == "button" and focused.text == "Approve"
+        focused.send_keys(Keys.ENTER)
+        said = _wait(browser, ".flash.ok")
+        assert "approved by alice" in said.text, said.text
+    wait_phase(admin, tenant, "pay", "Succeeded", timeout=120)
+    (approval,) = runs.approvals(admin, tenant)
+    assert approval["spec"]["by"] == "alice" and approval["spec"]["note"] == "invoice 7 checked"
+    assert sorted(shop.shop.by_key().values()) == [1]
+
+
+def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_working_button(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+    inboxes: list[InboxProcess],
+    tmp_path: Path,
+) -> None:
+    """With alice's inbox open, a step pod is killed right after the shop took the order: the
+    unknown outcome appears on the open page within seconds, without a reload, with its
+    Idempotency-Key and arguments. bob (view) sees it too, with "you may not decide this" and no
+    button. alice settles it as executed; the run succeeds with one order, and its page shows
+    the timeline and a verified audit trail naming her decision."""
+    _grant_view(admin, tenant, "bob")
+    alice = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
+    bob = _inbox(inboxes, cluster, kubectl_bin, "bob", tenant)
+    with chromium() as browser, chromium() as bobs:
+        browser.get(alice.url)
+        _wait(browser, "body[data-stream=open]")
+        browser.execute_script("window.keptAcrossUpdates = true;")
+        apply(kubectl, agentrun("unsure", shop, [[order("U1", 1)]], annotations=CRASH_AFTER_ORDER))
+        appeared = wait_for(
+            lambda: runs.reconciliations(admin, tenant), timeout=120, what="the Reconciliation"
+        )
+        seen_at = time.monotonic()
+        item = _wait(browser, "li.item.unknown", timeout=30)
+        shown_after = time.monotonic() - seen_at
+        assert browser.execute_script("return window.keptAcrossUpdates === true;")
+        assert shown_after < 5, f"shown {shown_after:.1f}s after the API server had it"
+        key = appeared[0]["spec"]["idempotencyKey"]
+        wait_for(lambda: '"sku": "U1"' in item.text, timeout=30, what="the arguments")
+        for expected in ("Unknown outcome", "place_order", "WRITE", key, "Not executed may be"):
+            assert expected in item.text, item.text
+        print(f"unknown outcome shown {shown_after:.2f}s after the API server had it")
+
+        bobs.get(bob.url)
+        seen = _wait(bobs, "li.item.unknown")
+        assert "You may not decide this" in seen.text and "forbidden" in seen.text
+        assert not seen.find_elements(By.CSS_SELECTOR, "button, form")
+        _screenshot(browser, "inbox.png", tmp_path)
+
+        item.find_element(By.CSS_SELECTOR, "input[name=note]").send_keys("the shop has it")
+        item.find_element(By.CSS_SELECTOR, "button[value=executed]").click()
+        said = _wait(browser, ".flash.ok")
+        assert "executed by alice" in said.text, said.text
+        wait_phase(admin, tenant, "unsure", "Succeeded", timeout=120)
+        assert sorted(shop.shop.by_key().values()) == [1]
+        # bob's open page follows: the settled item leaves his inbox without a reload.
+        WebDriverWait(bobs, 30).until(
+            lambda b: not b.find_elements(By.CSS_SELECTOR, "li.item.unknown")
+        )
+
+        browser.get(f"{alice.origin}/runs/{tenant}/unsure")
+        _wait(browser, ".verdict.ok")
+        page = browser.find_element(By.ID, "content").text
+        for expected in ("Succeeded", "Chain verified", "Iteration 1", "place_order", key):
+            assert expected in page, page
+        assert "executed by alice" in page
+        assert "step 1, attempt 2: pod unsure-s1-a2" in page, page
+        _screenshot(browser, "run.png", tmp_path)
+        browser.get(f"{alice.origin}/runs?{urlencode({'phase': 'Succeeded'})}")
+        assert "unsure" in _wait(browser, "table.runs").text
+    for inbox in (alice, bob):
+        assert inbox.stop() == 0
+        assert inbox.lines[-1] == "stopped"
+
+
+def _request(
+    inbox: InboxProcess,
+    method: str,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: str = "",
+) -> http.client.HTTPResponse:
+    where = urlsplit(inbox.origin)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=10)
+    sent = {"Host": where.netloc, **(headers or {})}
+    if body:
+        sent["Content-Type"] = "application/x-www-form-urlencoded"
+    conn.request(method, path, body=body or None, headers=sent)
+    answer = conn.getresponse()
+    answer.read()
+    return answer
+
+
+def test_the_inbox_refuses_strangers_cross_site_posts_and_other_hosts(
+    tenant: str, cluster: Cluster, kubectl_bin: Path, inboxes: list[InboxProcess]
+) -> None:
+    """Without the cookie the printed address gives, a page is refused; a wrong token is
+    refused; the cookie is HttpOnly and SameSite=Strict; a decision without the page's CSRF
+    token, or from another origin, or to another Host name (DNS rebinding) changes nothing; the
+    page loads nothing from outside and says so in its Content-Security-Policy."""
+    inbox = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
+    assert _request(inbox, "GET", "/").status == 401
+    assert _request(inbox, "GET", "/?token=not-it").status == 403
+    signed = _request(inbox, "GET", urlsplit(inbox.url)._replace(scheme="", netloc="").geturl())
+    assert signed.status == 303
+    cookie = signed.getheader("Set-Cookie") or ""
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    session = {"Cookie": cookie.split(";", 1)[0]}
+    page = _request(inbox, "GET", "/", headers=session)
+    assert page.status == 200
+    csp = page.getheader("Content-Security-Policy") or ""
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp
+    where = urlsplit(inbox.origin)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=10)
+    conn.request("GET", "/", headers={"Host": where.netloc, **session})
+    html = conn.getresponse().read().decode()
+    assert "https://" not in html and "http://" not in html
+    token = html.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
+    form = {"kind": "Approval", "namespace": tenant, "run": "x", "action": "1:0", "choice": "deny"}
+    no_token = _request(inbox, "POST", "/decide", headers=session, body=urlencode(form))
+    assert no_token.status == 403
+    with_token = urlencode({**form, "csrf": token})
+    cross = _request(
+        inbox,
+        "POST",
+        "/decide",
+        headers={**session, "Origin": "http://attacker.example"},
+        body=with_token,
+    )
+    assert cross.status == 403
+    rebound = _request(
+        inbox, "GET", "/", headers={**session, "Host": f"attacker.example:{where.port}"}
+    )
+    assert rebound.status == 421
+    # the same form, from the page's own origin: it reaches the decision (no such run here).
+    own = _request(
+        inbox, "POST", "/decide", headers={**session, "Origin": inbox.origin}, body=with_token
+    )
+    assert own.status == 303 and "error=" in (own.getheader("Location") or "")

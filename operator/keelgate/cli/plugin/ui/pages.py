@@ -1,0 +1,344 @@
+"""The decision inbox's HTML: the inbox, the runs, one run; rendered on the server.
+
+Why it exists: the pages must work without any script (a form posts, the server answers with a
+page), load nothing from outside (one stylesheet and one script, both served by the inbox), and
+be readable without colour (every state is a word; colour only repeats it). The script only
+swaps in a fresh ``<main>`` when the server says something changed.
+
+It must never render a value without escaping it, and never render a control that would fail:
+a decision the user may not make shows why instead of a button.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+from keelgate.cli.plugin.ui.views import RunPage, RunRow, Waiting, moment_passed
+from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL
+
+PHASES = ("Pending", "Running", "Stopped", "Succeeded", "Failed")
+
+
+def e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def layout(*, title: str, user: str, current: str, main: str, csrf: str, live: bool = True) -> str:
+    nav = "".join(
+        f'<a href="{href}"{" aria-current=page" if href == current else ""}>{e(label)}</a>'
+        for href, label in (("/", "Inbox"), ("/runs", "Runs"))
+    )
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)} · Keelgate</title>"
+        f'<meta name="csrf-token" content="{e(csrf)}">'
+        '<link rel="stylesheet" href="/static/ui.css">'
+        '<script src="/static/ui.js" defer></script></head>'
+        f'<body data-live="{"on" if live else "off"}">'
+        '<a class="skip" href="#content">Skip to content</a>'
+        f'<header><span class="brand">Keelgate</span><nav aria-label="Pages">{nav}</nav>'
+        f'<span class="who">Signed in to the cluster as <strong>{e(user)}</strong></span>'
+        '<span class="live" id="live" role="status" aria-live="polite">Live: connecting</span>'
+        "</header>"
+        f'<main id="content" tabindex="-1">{main}</main></body></html>'
+    )
+
+
+def flash(said: str, error: str) -> str:
+    if error:
+        return f'<p class="flash error" role="alert"><strong>Not done:</strong> {e(error)}</p>'
+    if said:
+        return f'<p class="flash ok" role="status"><strong>Done:</strong> {e(said)}</p>'
+    return ""
+
+
+def inbox(
+    items: Sequence[Waiting], *, csrf: str, scope: str, said: str = "", error: str = ""
+) -> str:
+    head = (
+        f"<h1>Inbox <span class=count>({len(items)} waiting)</span></h1>"
+        f'<p class="scope">Decisions waiting for a person in {e(scope)}, oldest first.</p>'
+        f"{flash(said, error)}"
+    )
+    if not items:
+        return head + '<p class="empty">Nothing waits for a decision.</p>'
+    return head + '<ol class="items">' + "".join(_item(i, csrf) for i in items) + "</ol>"
+
+
+def _item(item: Waiting, csrf: str) -> str:
+    unknown = item.kind == "Reconciliation"
+    what = "Unknown outcome" if unknown else "Approval"
+    run_href = f"/runs/{e(item.namespace)}/{e(item.run)}"
+    facts = [
+        ("Run", f'<a href="{run_href}">{e(item.namespace)}/{e(item.run)}</a>'),
+        ("Action", e(item.action)),
+        ("Tool", f"<code>{e(item.tool)}</code>"),
+        ("Side effect", e(item.side_effect or "unknown")),
+        ("Waiting for", e(item.waited)),
+    ]
+    if unknown:
+        facts.append(("Idempotency-Key", f"<code>{e(item.key)}</code>"))
+        facts.append(
+            (
+                "Not executed may be settled",
+                "now"
+                if not item.not_executed_after or moment_passed(item.not_executed_after)
+                else f"after {e(item.not_executed_after)}",
+            )
+        )
+    facts.append(("Operator says", e(item.said or "nothing yet")))
+    if item.args is not None:
+        args = f'<pre class="args">{e(json.dumps(item.args, indent=2, sort_keys=True))}</pre>'
+    else:
+        args = f'<p class="note">Not shown: {e(item.args_unavailable)}</p>'
+    facts.append(("Arguments as recorded", args))
+    rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    title = f"{what}: {item.tool} in {item.namespace}/{item.run}, action {item.action}"
+    return (
+        f'<li class="item {"unknown" if unknown else "approval"}" id="{e(item.ident)}">'
+        f'<article aria-labelledby="{e(item.ident)}-t">'
+        f'<h2 id="{e(item.ident)}-t"><span class="tag">{e(what)}</span> {e(item.tool)} '
+        f'<span class="sub">{e(item.namespace)}/{e(item.run)} · {e(item.action)}</span></h2>'
+        f'<dl class="facts">{rows}</dl>'
+        f"{_decision_form(item, csrf, title)}</article></li>"
+    )
+
+
+def _decision_form(item: Waiting, csrf: str, title: str) -> str:
+    if not item.may:
+        return (
+            f'<p class="forbidden" role="note"><strong>You may not decide this</strong> '
+            f"(forbidden: {e(item.why_not)}). Ask for Keelgate's edit role in "
+            f"{e(item.namespace)}.</p>"
+        )
+    unknown = item.kind == "Reconciliation"
+    note_id = f"{item.ident}-note"
+    early = unknown and item.not_executed_after and not moment_passed(item.not_executed_after)
+    if unknown:
+        buttons = (
+            '<button type="submit" name="choice" value="executed" class="yes">'
+            "Executed: it took effect</button>"
+            '<button type="submit" name="choice" value="not-executed" class="no"'
+            + (f' disabled aria-describedby="{e(item.ident)}-early"' if early else "")
+            + ">Not executed: abandon it</button>"
+        )
+    else:
+        buttons = (
+            '<button type="submit" name="choice" value="approve" class="yes">Approve</button>'
+            '<button type="submit" name="choice" value="deny" class="no">Deny</button>'
+        )
+    hint = (
+        f'<p class="note" id="{e(item.ident)}-early">The call may still be sent until '
+        f"{e(item.not_executed_after)}: Not executed is refused before then.</p>"
+        if early
+        else ""
+    )
+    hidden = "".join(
+        f'<input type="hidden" name="{k}" value="{e(v)}">'
+        for k, v in (
+            ("csrf", csrf),
+            ("kind", item.kind),
+            ("namespace", item.namespace),
+            ("run", item.run),
+            ("action", item.action),
+        )
+    )
+    return (
+        f'<form method="post" action="/decide" class="decide" aria-label="Decide: {e(title)}">'
+        f'{hidden}<label for="{e(note_id)}">Note (why, for the audit trail; one line)</label>'
+        f'<input type="text" id="{e(note_id)}" name="note" maxlength="500" autocomplete="off">'
+        f'<div class="buttons">{buttons}</div>{hint}</form>'
+    )
+
+
+def runs(rows: Sequence[RunRow], *, namespace: str, phase: str, namespaces: Iterable[str]) -> str:
+    options = "".join(
+        f'<option value="{e(n)}"{" selected" if n == namespace else ""}>{e(n or "all")}</option>'
+        for n in ("", *sorted(set(namespaces)))
+    )
+    phases = "".join(
+        f'<option value="{e(p)}"{" selected" if p == phase else ""}>{e(p or "all")}</option>'
+        for p in ("", *PHASES)
+    )
+    filters = (
+        '<form method="get" action="/runs" class="filters" aria-label="Filter runs">'
+        f'<label for="f-ns">Namespace</label><select id="f-ns" name="namespace">{options}</select>'
+        f'<label for="f-phase">Phase</label><select id="f-phase" name="phase">{phases}</select>'
+        '<button type="submit">Filter</button></form>'
+    )
+    if not rows:
+        return f"<h1>Runs</h1>{filters}<p class=empty>No runs.</p>"
+    head = "".join(
+        f'<th scope="col">{h}</th>'
+        for h in (
+            "Namespace",
+            "Run",
+            "Phase",
+            "Reason",
+            "Iteration",
+            "Budgets used",
+            "Waiting",
+            "Age",
+        )
+    )
+    body = "".join(_run_row(r) for r in rows)
+    return (
+        f"<h1>Runs</h1>{filters}<table class=runs><caption>{len(rows)} runs</caption>"
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def _run_row(row: RunRow) -> str:
+    budgets = ", ".join(
+        f"{what} {used}/{limit}" if limit else f"{what} {used}" for what, used, limit in row.budgets
+    )
+    href = f"/runs/{e(row.namespace)}/{e(row.name)}"
+    return (
+        f'<tr><td>{e(row.namespace)}</td><td><a href="{href}">{e(row.name)}</a></td>'
+        f'<td><span class="phase {e(row.phase.lower())}">{e(row.phase)}</span></td>'
+        f"<td>{e(row.reason)}</td><td>{row.iteration}</td><td>{e(budgets)}</td>"
+        f"<td>{row.waiting}</td><td>{e(row.age)}</td></tr>"
+    )
+
+
+def run_page(page: RunPage) -> str:
+    run = page.run
+    meta, status = run["metadata"], run.get("status") or {}
+    name = f"{meta.get('namespace', '')}/{meta['name']}"
+    phase = str(status.get("phase") or "Pending")
+    summary = (
+        f'<h1>Run {e(name)} <span class="phase {e(phase.lower())}">{e(phase)}</span></h1>'
+        f'<p class="summary">Stop reason: <strong>{e(status.get("stopReason") or "none")}</strong>'
+        f" · iteration {e(status.get('iteration') or 0)}"
+        f' · <a href="/?{urlencode({"run": meta["name"]})}">inbox</a></p>'
+    )
+    conditions = "".join(
+        f"<tr><th scope=row>{e(c.get('type', ''))}</th><td>{e(c.get('status', ''))}</td>"
+        f"<td>{e(c.get('reason', ''))}</td><td>{e(c.get('message', ''))}</td></tr>"
+        for c in page.conditions
+    )
+    cond_table = (
+        "<h2>Conditions</h2><table class=conditions><thead><tr><th scope=col>Type</th>"
+        "<th scope=col>Status</th><th scope=col>Reason</th><th scope=col>Message</th></tr>"
+        f"</thead><tbody>{conditions or '<tr><td colspan=4>none yet</td></tr>'}</tbody></table>"
+    )
+    return summary + cond_table + _timeline(page) + _decisions(page.decisions) + _trail(page)
+
+
+def _timeline(page: RunPage) -> str:
+    """Iterations with their actions (keys and outcomes) from the audit trail, and the step pods."""
+    pods = "".join(
+        f"<li>step {e(_label(p, STEP_LABEL))}, attempt "
+        f"{e(_label(p, ATTEMPT_LABEL))}: pod <code>{e(p['metadata']['name'])}</code>, "
+        f"{e(_pod_state(p))}</li>"
+        for p in page.pods
+    )
+    steps = f"<h2>Steps (pods)</h2><ol class=pods>{pods or '<li>none kept</li>'}</ol>"
+    iterations: dict[str, list[str]] = {}
+    for event in page.recorded.events:
+        data = event.get("data") or {}
+        kind = str(event.get("type", ""))
+        iteration = str(data.get("iteration") or str(data.get("action", "")).split(":")[0] or "")
+        line = _event_line(kind, data, str(event.get("actor", "")))
+        if line and iteration:
+            iterations.setdefault(iteration, []).append(line)
+    if not iterations:
+        why = page.recorded.unavailable or "no iteration recorded yet"
+        return steps + f"<h2>Iterations</h2><p class=note>{e(why)}</p>"
+    blocks = "".join(
+        f"<li><h3>Iteration {e(i)}</h3><ul>{''.join(f'<li>{x}</li>' for x in lines)}</ul></li>"
+        for i, lines in iterations.items()
+    )
+    return steps + f"<h2>Iterations</h2><ol class=timeline>{blocks}</ol>"
+
+
+def _event_line(kind: str, data: Mapping[str, Any], actor: str) -> str:
+    action, tool = e(data.get("action", "")), e(data.get("tool", ""))
+    key = data.get("idempotencyKey")
+    keyed = f" (key <code>{e(key)}</code>)" if key else ""
+    if kind == "loop.plan_saved":
+        planned = ", ".join(
+            f"{e(a.get('action', ''))} {e(a.get('tool', ''))}" for a in data.get("actions") or ()
+        )
+        return f"planned: {planned or ('done' if data.get('done') else 'nothing')}"
+    if kind == "loop.action_started":
+        return f"{action} {tool} started, {e(data.get('sideEffect', ''))}{keyed}"
+    if kind == "loop.action_completed":
+        replay = ", replayed" if data.get("replayed") else ""
+        return f"{action} {tool}: <strong>{e(data.get('status', ''))}</strong>{replay}"
+    if kind in ("loop.reconciled", "loop.approved", "loop.denied"):
+        who = e(data.get("by") or actor)
+        verdict = e(data.get("verdict") or kind.split(".")[1])
+        return f"{action} {tool}: <strong>{verdict}</strong> by {who}"
+    if kind == "loop.verified":
+        return f"verified: {e(data.get('verdict', ''))}"
+    if kind == "loop.late_result":
+        return f"{action} {tool}: a late result arrived"
+    return ""
+
+
+def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
+    if not decisions:
+        return ""
+    rows = "".join(
+        f"<tr><td>{e(d['kind'])}</td><td>{e((d.get('spec') or {}).get('action', ''))}</td>"
+        f"<td>{e((d.get('spec') or {}).get('tool', ''))}</td>"
+        f"<td>{e((d.get('status') or {}).get('phase', 'Pending'))}</td>"
+        f"<td>{e((d.get('status') or {}).get('verdict', ''))}</td>"
+        f"<td>{e((d.get('spec') or {}).get('by', ''))}</td></tr>"
+        for d in decisions
+    )
+    return (
+        "<h2>Decisions</h2><table class=decisions><thead><tr><th scope=col>Kind</th>"
+        "<th scope=col>Action</th><th scope=col>Tool</th><th scope=col>Phase</th>"
+        f"<th scope=col>Verdict</th><th scope=col>By</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _trail(page: RunPage) -> str:
+    recorded = page.recorded
+    if recorded.unavailable:
+        return f"<h2>Audit trail</h2><p class=note>Not shown: {e(recorded.unavailable)}</p>"
+    if recorded.verified:
+        verdict = '<p class="verdict ok" role="status"><strong>Chain verified:</strong> '
+        verdict += f"{len(recorded.events)} events, every link intact.</p>"
+    else:
+        problems = "".join(f"<li>{e(p)}</li>" for p in recorded.problems)
+        verdict = (
+            '<div class="verdict bad" role="alert"><strong>Chain broken:</strong>'
+            f"<ul>{problems}</ul></div>"
+        )
+    rows = "".join(
+        f"<tr><td>{e(ev.get('seq', ''))}</td><td>{e(ev.get('at', ''))}</td>"
+        f"<td>{e(ev.get('type', ''))}</td><td>{e(ev.get('actor', ''))}</td>"
+        f"<td><code>{e(str(ev.get('hash', ''))[:12])}</code></td></tr>"
+        for ev in recorded.events
+    )
+    return (
+        f"<h2>Audit trail</h2>{verdict}<table class=trail><thead><tr><th scope=col>#</th>"
+        "<th scope=col>At</th><th scope=col>Event</th><th scope=col>Actor</th>"
+        f"<th scope=col>Hash</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _label(pod: Mapping[str, Any], key: str) -> str:
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(key, "?"))
+
+
+def _pod_state(pod: Mapping[str, Any]) -> str:
+    status = pod.get("status") or {}
+    for state in status.get("containerStatuses") or ():
+        terminated = (state.get("state") or {}).get("terminated")
+        if terminated:
+            return f"{status.get('phase', '')}, exit code {terminated.get('exitCode')}"
+    return str(status.get("phase") or "Pending")
+
+
+def not_found(what: str) -> str:
+    return f"<h1>Not found</h1><p>{e(what)}</p><p><a href='/'>Back to the inbox</a></p>"

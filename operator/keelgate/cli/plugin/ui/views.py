@@ -1,0 +1,424 @@
+"""What the decision inbox shows, read as the user: the waiting decisions, the runs, one run.
+
+Why it exists: the web pages and their tests need the same facts the plugin's commands read,
+gathered across the namespaces the user can see, without any HTML. Everything from the cluster
+is read through ``ClusterClient`` as the kubeconfig's user; a run's recorded arguments and its
+audit trail come from the store, whose URL is ``--store`` or else the namespace's Secret
+``keelgate-store`` (read as the user: who may not read it sees why instead).
+
+It must never write (decisions go through ``commands.decide``), never show an argument that
+looks like a secret (``redact_args``), and never put a store URL or password in what it returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from keelgate.cli.plugin.client import ClusterClient, NotFound, Refused
+from keelgate.cli.plugin.listing import age, decided
+from keelgate.cli.plugin.target import Target
+from keelgate.errors import KeelgateError
+from keelgate.kube.times import parse_time
+from keelgate.stores import scrubbed
+
+JSON = dict[str, Any]
+
+#: The Secret ``keelgate tenant add`` writes in a tenant's namespace (key ``url``).
+STORE_SECRET = "keelgate-store"
+#: Argument names whose values are never shown (matched anywhere in the name, any case).
+_SECRET_NAME = re.compile(
+    r"pass(word)?|secret|token|api[-_]?key|auth|credential|private|cookie|session", re.I
+)
+#: Values shaped like a key or a bearer token, wherever they appear.
+_SECRET_VALUE = re.compile(r"\b(sk|pk|rk|ghp|gho|xox[bpa])[-_][A-Za-z0-9_-]{8,}|Bearer\s+\S+")
+REDACTED = "[redacted]"
+#: How long a "may I patch" answer is reused: the buttons follow an RBAC change within it.
+MAY_TTL = 10.0
+
+
+def redact_args(value: Any, *, name: str = "") -> Any:
+    """``value`` with every secret-looking part replaced: a key whose name says secret, a
+    string shaped like an API key or bearer token, a URL's password."""
+    if name and _SECRET_NAME.search(name):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {str(k): redact_args(v, name=str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_args(v) for v in value]
+    if isinstance(value, str):
+        return _SECRET_VALUE.sub(REDACTED, scrubbed(value))
+    return value
+
+
+def waited(created: str | None, now: dt.datetime) -> str:
+    return age(created, now)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A run's facts from the store: the current plan's arguments, and the audit trail."""
+
+    args: Mapping[str, Any] = field(default_factory=dict)  # action id -> redacted arguments
+    events: tuple[JSON, ...] = ()
+    verified: bool | None = None
+    problems: tuple[str, ...] = ()
+    unavailable: str = ""  # why the store could not be read ("" when it was)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One decision that waits for a person: an unknown outcome or an approval."""
+
+    kind: str  # Reconciliation | Approval
+    namespace: str
+    name: str
+    run: str
+    action: str
+    tool: str
+    side_effect: str
+    key: str
+    created: str
+    waited: str
+    not_executed_after: str
+    said: str  # what the operator (or its confirmer) says about it
+    args: Any  # as recorded, redacted; None when not available
+    args_unavailable: str
+    may: bool
+    why_not: str
+
+    @property
+    def ident(self) -> str:
+        return f"{self.kind.lower()}-{self.namespace}-{self.name}"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    namespace: str
+    name: str
+    phase: str
+    reason: str
+    iteration: int
+    budgets: tuple[tuple[str, str, str], ...]  # (what, used, limit)
+    age: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class RunPage:
+    run: JSON
+    conditions: tuple[JSON, ...]
+    pods: tuple[JSON, ...]
+    decisions: tuple[JSON, ...]
+    recorded: Recorded
+
+
+class Views:
+    """The inbox's reads for one user (one kubeconfig context), across namespaces."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        store: str = "",
+        client_factory: Callable[[Target], ClusterClient] = ClusterClient,
+    ) -> None:
+        self.target = target
+        self.store = store
+        self._home = client_factory(target)
+        self._factory = client_factory
+        self._clients: dict[str, ClusterClient] = {target.namespace: self._home}
+        self._may: dict[tuple[str, str], tuple[float, bool, str]] = {}
+        self._lock = threading.Lock()
+        self._user = ""
+
+    # who and where
+
+    def user(self) -> str:
+        if not self._user:
+            self._user = self._home.whoami()
+        return self._user
+
+    def client(self, namespace: str) -> ClusterClient:
+        with self._lock:
+            found = self._clients.get(namespace)
+            if found is None:
+                found = ClusterClient(replace(self.target, namespace=namespace), self._home.client)
+                self._clients[namespace] = found
+            return found
+
+    def all_namespaces(self) -> bool:
+        """Whether the user may list runs in every namespace (else: the context's only)."""
+        allowed, _ = self._may_cached("", "list", "agentruns", "")
+        return allowed
+
+    def listed(self, kind: str) -> list[JSON]:
+        if self.all_namespaces():
+            return self._home.listed(kind, all_namespaces=True)
+        return self._home.listed(kind)
+
+    def may_decide(self, namespace: str, kind: str) -> tuple[bool, str]:
+        plural = f"{kind.lower()}s"
+        return self._may_cached(namespace, "patch", plural, "")
+
+    def _may_cached(self, namespace: str, verb: str, resource: str, name: str) -> tuple[bool, str]:
+        key = (namespace, f"{verb} {resource}")
+        now = time.monotonic()
+        with self._lock:
+            hit = self._may.get(key)
+        if hit is not None and now - hit[0] < MAY_TTL:
+            return hit[1], hit[2]
+        client = self._home if not namespace else self.client(namespace)
+        if not namespace:
+            allowed, reason = _may_everywhere(client, verb, resource)
+        else:
+            allowed, reason = client.may(verb, resource, name)
+        with self._lock:
+            self._may[key] = (now, allowed, reason)
+        return allowed, reason
+
+    # the pages' facts
+
+    def inbox(self) -> list[Waiting]:
+        """Every undecided Reconciliation and Approval the user can see, oldest first."""
+        now = dt.datetime.now(dt.UTC)
+        items = [
+            obj
+            for kind in ("Reconciliation", "Approval")
+            for obj in self.listed(kind)
+            if not decided(obj)
+        ]
+        items.sort(
+            key=lambda o: (o["metadata"].get("creationTimestamp") or "", o["metadata"]["name"])
+        )
+        runs = {
+            (r["metadata"].get("namespace", ""), r["metadata"]["name"]): r
+            for r in self.listed("AgentRun")
+        }
+        recorded: dict[tuple[str, str], Recorded] = {}
+        found = []
+        for obj in items:
+            meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+            namespace, run_name = meta.get("namespace", ""), str(spec.get("runName", ""))
+            run = runs.get((namespace, run_name)) or {}
+            if (namespace, run_name) not in recorded:
+                recorded[(namespace, run_name)] = self.recorded(namespace, run_name, trail=False)
+            facts = recorded[(namespace, run_name)]
+            action = str(spec.get("action", ""))
+            may, why = self.may_decide(namespace, obj["kind"])
+            after = str(status.get("notExecutedAfter") or "") or _not_executed_after(run, action)
+            found.append(
+                Waiting(
+                    kind=obj["kind"],
+                    namespace=namespace,
+                    name=meta["name"],
+                    run=run_name,
+                    action=action,
+                    tool=str(spec.get("tool", "")),
+                    side_effect=_side_effect(run, str(spec.get("tool", ""))),
+                    key=str(spec.get("idempotencyKey", "")),
+                    created=str(meta.get("creationTimestamp") or ""),
+                    waited=waited(meta.get("creationTimestamp"), now),
+                    not_executed_after=after,
+                    said=str(status.get("message") or ""),
+                    args=facts.args.get(action),
+                    args_unavailable=facts.unavailable
+                    or ("" if action in facts.args else "not in the run's current plan"),
+                    may=may,
+                    why_not=why
+                    or (
+                        f"RBAC: no patch on {obj['kind'].lower()}s in {namespace}"
+                        if not may
+                        else ""
+                    ),
+                )
+            )
+        return found
+
+    def runs(self, *, namespace: str = "", phase: str = "") -> list[RunRow]:
+        now = dt.datetime.now(dt.UTC)
+        rows = []
+        for run in self.listed("AgentRun"):
+            meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+            if namespace and meta.get("namespace") != namespace:
+                continue
+            shown_phase = str(status.get("phase") or "Pending")
+            if phase and shown_phase != phase:
+                continue
+            budget, usage = spec.get("budget") or {}, status.get("usage") or {}
+            tokens = int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
+            budgets = (
+                (
+                    "iterations",
+                    str(status.get("iteration") or 0),
+                    str(budget.get("maxIterations") or ""),
+                ),
+                ("tokens", str(tokens), str(budget.get("tokens") or "")),
+                ("dollars", str(usage.get("dollars") or "0"), str(budget.get("dollars") or "")),
+                (
+                    "seconds",
+                    f"{float(usage.get('activeSeconds') or 0):.0f}",
+                    str(budget.get("timeoutSeconds") or ""),
+                ),
+            )
+            rows.append(
+                RunRow(
+                    namespace=str(meta.get("namespace", "")),
+                    name=meta["name"],
+                    phase=shown_phase,
+                    reason=str(status.get("stopReason") or ""),
+                    iteration=int(status.get("iteration") or 0),
+                    budgets=budgets,
+                    age=age(meta.get("creationTimestamp"), now),
+                    waiting=len(status.get("unknownActions") or [])
+                    + len(status.get("pendingApprovals") or []),
+                )
+            )
+        rows.sort(key=lambda r: (r.namespace, r.name))
+        return rows
+
+    def run_page(self, namespace: str, name: str) -> RunPage:
+        client = self.client(namespace)
+        run = client.agentrun(name)
+        status = run.get("status") or {}
+        decisions = tuple(
+            obj for kind in ("Reconciliation", "Approval") for obj in client.decisions(kind, name)
+        )
+        return RunPage(
+            run=run,
+            conditions=tuple(status.get("conditions") or ()),
+            pods=tuple(client.step_pods(name)),
+            decisions=decisions,
+            recorded=self.recorded(namespace, name, trail=True),
+        )
+
+    # the store
+
+    def recorded(self, namespace: str, run: str, *, trail: bool) -> Recorded:
+        """The run's plan arguments (redacted) and, with ``trail``, its verified audit trail."""
+        try:
+            with self._stores(namespace) as stores:
+                from keelgate.core.loop import Loop
+
+                checkpoint = stores.checkpoints.load(namespace, run)
+                args: dict[str, Any] = {}
+                if checkpoint is not None:
+                    args = _plan_args(checkpoint.state)
+                if not trail:
+                    return Recorded(args=args)
+                events: list[JSON] = []
+                report = Loop(stores=stores).verify_audit(
+                    namespace, run, each=lambda e: events.append(e.to_json())
+                )
+                return Recorded(
+                    args=args,
+                    events=tuple(events),
+                    verified=report.ok,
+                    problems=tuple(report.problems),
+                )
+        except _NoStore as why:
+            return Recorded(unavailable=str(why))
+        except KeelgateError as error:
+            return Recorded(unavailable=f"the store could not be read: {scrubbed(str(error))}")
+
+    @contextmanager
+    def _stores(self, namespace: str) -> Iterator[Any]:
+        from keelgate.stores import open_stores
+
+        url = self.store or self._store_url(namespace)
+        stores = open_stores(url, pooled=False)
+        try:
+            yield stores
+        finally:
+            stores.close()
+
+    def _store_url(self, namespace: str) -> str:
+        client = self.client(namespace)
+        try:
+            secret = client._call(
+                f"secret {namespace}/{STORE_SECRET}",
+                client.core.read_namespaced_secret,
+                STORE_SECRET,
+                namespace,
+            )
+        except NotFound:
+            raise _NoStore(
+                f"no Secret {STORE_SECRET} in {namespace} (start the inbox with --store)"
+            ) from None
+        except Refused:
+            raise _NoStore(
+                f"you may not read Secret {STORE_SECRET} in {namespace}, where the store's "
+                "address is kept"
+            ) from None
+        data = (secret.data or {}).get("url")
+        if not data:
+            raise _NoStore(f"Secret {namespace}/{STORE_SECRET} has no key url")
+        return base64.b64decode(data).decode()
+
+
+class _NoStore(Exception):
+    """The store cannot be reached for this namespace, and why (no URL in it)."""
+
+
+def _may_everywhere(client: ClusterClient, verb: str, resource: str) -> tuple[bool, str]:
+    from kubernetes import client as k8s
+
+    from keelgate.kube.naming import GROUP
+
+    review = k8s.V1SelfSubjectAccessReview(
+        api_version="authorization.k8s.io/v1",
+        kind="SelfSubjectAccessReview",
+        spec=k8s.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=k8s.V1ResourceAttributes(group=GROUP, resource=resource, verb=verb)
+        ),
+    )
+    answer = client._call(
+        "may I list everywhere", client.authz.create_self_subject_access_review, review
+    )
+    verdict = answer.status
+    return bool(verdict and verdict.allowed and not verdict.denied), str(
+        getattr(verdict, "reason", "") or ""
+    )
+
+
+def _plan_args(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Action id -> redacted arguments, for the actions of the run's current plan."""
+    plan = state.get("plan") or {}
+    iteration = plan.get("iteration")
+    found: dict[str, Any] = {}
+    for index, action in enumerate(plan.get("actions") or ()):
+        if not isinstance(action, Mapping):
+            continue
+        ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
+        found[ident] = redact_args(action.get("args") or {})
+    return found
+
+
+def _side_effect(run: Mapping[str, Any], tool: str) -> str:
+    for entry in (run.get("spec") or {}).get("tools") or ():
+        if entry.get("name") == tool:
+            return str(entry.get("sideEffect") or "")
+    return ""
+
+
+def _not_executed_after(run: Mapping[str, Any], action: str) -> str:
+    for unknown in (run.get("status") or {}).get("unknownActions") or ():
+        if str(unknown.get("action")) == action:
+            return str(unknown.get("notExecutedAfter") or "")
+    return ""
+
+
+def moment_passed(when: str, now: dt.datetime | None = None) -> bool:
+    moment = parse_time(when)
+    return moment is None or moment <= (now or dt.datetime.now(dt.UTC))
+
+
+def kinds() -> Sequence[str]:
+    return ("AgentRun", "Reconciliation", "Approval")
