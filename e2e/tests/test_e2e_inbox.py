@@ -147,8 +147,8 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
 ) -> None:
     """With alice's inbox open, a step pod is killed right after the shop took the order: the
     unknown outcome appears on the open page within seconds, without a reload, with its
-    Idempotency-Key and arguments. bob (view) sees it too, with "you may not decide this" and no
-    button. alice settles it as executed; the run succeeds with one order, and its page shows
+    Idempotency-Key and arguments, and "not executed" offered only from its write deadline on.
+    bob (view) sees it too, with "you may not decide this" and no button. alice settles it as executed; the run succeeds with one order, and its page shows
     the timeline and a verified audit trail naming her decision."""
     _grant_view(admin, tenant, "bob")
     alice = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
@@ -178,6 +178,15 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
         assert not seen.find_elements(By.CSS_SELECTOR, "button, form")
         _screenshot(browser, "inbox.png", tmp_path)
 
+        # Not executed is refused until the write deadline; at that moment the open page
+        # offers it, without a reload.
+        later = "li.item.unknown button[value=not-executed]"
+        assert not browser.find_element(By.CSS_SELECTOR, later).is_enabled()
+        WebDriverWait(browser, 60, poll_frequency=0.2).until(
+            lambda b: b.find_element(By.CSS_SELECTOR, later).is_enabled()
+        )
+        assert browser.execute_script("return window.keptAcrossUpdates === true;")
+        item = _wait(browser, "li.item.unknown")
         item.find_element(By.CSS_SELECTOR, "input[name=note]").send_keys("the shop has it")
         item.find_element(By.CSS_SELECTOR, "button[value=executed]").click()
         said = _wait(browser, ".flash.ok")

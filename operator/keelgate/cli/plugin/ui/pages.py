@@ -125,7 +125,12 @@ def _decision_form(item: Waiting, csrf: str, title: str) -> str:
             '<button type="submit" name="choice" value="executed" class="yes">'
             "Executed: it took effect</button>"
             '<button type="submit" name="choice" value="not-executed" class="no"'
-            + (f' disabled aria-describedby="{e(item.ident)}-early"' if early else "")
+            + (
+                f' disabled aria-describedby="{e(item.ident)}-early"'
+                f' data-enable-at="{e(item.not_executed_after)}"'
+                if early
+                else ""
+            )
             + ">Not executed: abandon it</button>"
         )
     else:

@@ -10,7 +10,21 @@
     if (live) live.textContent = "Live: off (reload to update)";
     return;
   }
-  var busy = false, again = false;
+  var busy = false, again = false, timer = null;
+
+  // A button disabled until a moment (Not executed, before the write deadline) comes back
+  // enabled at that moment: the page asks for itself again then.
+  function scheduleEnable() {
+    if (timer) { clearTimeout(timer); timer = null; }
+    var soonest = Infinity;
+    main.querySelectorAll("[data-enable-at]").forEach(function (b) {
+      var at = Date.parse(b.getAttribute("data-enable-at"));
+      if (!isNaN(at)) soonest = Math.min(soonest, at);
+    });
+    if (soonest !== Infinity) {
+      timer = setTimeout(refresh, Math.max(0, soonest - Date.now()) + 500);
+    }
+  }
 
   function typed() {
     var kept = {};
@@ -43,6 +57,7 @@
         if (f) f.focus();
       }
       document.body.dataset.updated = String(Date.now());
+      scheduleEnable();
     }).catch(function () {
       if (live) live.textContent = "Live: could not refresh (reload the page)";
     }).then(function () {
@@ -51,6 +66,7 @@
     });
   }
 
+  scheduleEnable();
   var source = new EventSource("/events");
   source.addEventListener("hello", function () {
     if (live) live.textContent = "Live: on";
