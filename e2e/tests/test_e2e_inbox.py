@@ -148,8 +148,9 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
     """With alice's inbox open, a step pod is killed right after the shop took the order: the
     unknown outcome appears on the open page within seconds, without a reload, with its
     Idempotency-Key and arguments, and "not executed" offered only from its write deadline on.
-    bob (view) sees it too, with "you may not decide this" and no button. alice settles it as executed; the run succeeds with one order, and its page shows
-    the timeline and a verified audit trail naming her decision."""
+    bob (view) sees it too, with "you may not decide this" and no button. alice settles it as
+    executed; the run succeeds with one order, and its page shows the timeline and a verified
+    audit trail naming her decision."""
     _grant_view(admin, tenant, "bob")
     alice = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
     bob = _inbox(inboxes, cluster, kubectl_bin, "bob", tenant)
