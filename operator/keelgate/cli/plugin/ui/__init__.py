@@ -3,7 +3,7 @@
 Why it exists: the person who approves a payment or settles an unknown outcome is often not a
 kubectl user. This command serves, on 127.0.0.1, an inbox of every waiting decision the user can
 see, the runs, and each run's timeline and verified audit trail, acting as the kubeconfig
-context's user (``server``). It prints the address (with a one-time sign-in token) and opens
+context's user (``server``). It prints the address (with a sign-in token) and opens
 nothing by itself; Ctrl-C stops it.
 
 It must never listen on anything but 127.0.0.1 and never act as anyone but that user.

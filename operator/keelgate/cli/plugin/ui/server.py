@@ -5,7 +5,7 @@ users. This serves the inbox on loopback and acts with the kubeconfig context it
 with: every read and every decision is a request to the API server as that user, so RBAC and
 the admission policy on ``spec.by`` apply unchanged; no service account acts for anyone.
 
-Defences, each for a reason: the address it prints carries a one-time token that becomes an
+Defences, each for a reason: the address it prints carries a sign-in token that becomes an
 HttpOnly, SameSite=Strict cookie (another local user cannot borrow the session); the Host header
 must be the loopback address it listens on (DNS rebinding); a decision must carry the page's
 CSRF token and, when the browser says where the request came from, come from this origin
@@ -34,6 +34,7 @@ from keelgate.cli.plugin.ui import pages
 from keelgate.cli.plugin.ui.views import Views
 from keelgate.errors import KeelgateError
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
+from keelgate.stores import scrubbed
 
 COOKIE = "keelgate_inbox"
 #: Seconds an idle event stream waits before a keep-alive comment (proxies close silent ones).
@@ -136,11 +137,21 @@ class InboxServer(ThreadingHTTPServer):
     def __init__(self, port: int, views: Views) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.views = views
-        self.login = secrets.token_urlsafe(24)  # in the printed address, once
+        self.login = secrets.token_urlsafe(24)  # in the printed address
         self.session = secrets.token_urlsafe(32)  # the cookie it becomes
         self.csrf = secrets.token_urlsafe(32)  # in every form
         self.changes = Changes()
         self.watches = Watches(views, self.changes)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # One line, never a traceback: the request failed, the inbox goes on.
+        import sys
+
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            return  # a browser that went away mid-answer
+        said = (scrubbed(f"{type(error).__name__}: {error}").splitlines() or [""])[0]
+        print(f"keelgate: error: a request failed: {said}", file=sys.stderr)
 
     @property
     def port(self) -> int:
