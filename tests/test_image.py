@@ -129,8 +129,9 @@ def _home(tmp_path: Path) -> Path:
 
 
 def test_the_wheel_ships_the_package_with_py_typed_and_no_tests(wheel: Path) -> None:
-    """The wheel holds every module of operator/keelgate (no subpackage lost), py.typed, and
-    nothing else: no tests, examples, e2e, caches or compiled files."""
+    """The wheel holds every module of operator/keelgate (no subpackage lost), py.typed, the
+    decision inbox's stylesheet and script, and nothing else: no tests, examples, e2e, caches
+    or compiled files."""
     names = zipfile.ZipFile(wheel).namelist()
     package = [n for n in names if not n.startswith(f"keelgate-{VERSION}.dist-info/")]
     sources = {
@@ -140,7 +141,15 @@ def test_the_wheel_ships_the_package_with_py_typed_and_no_tests(wheel: Path) -> 
     }
     assert "keelgate/py.typed" in package
     assert {n for n in package if n.endswith(".py")} == sources
-    assert set(package) == sources | {"keelgate/py.typed"}
+    static = {
+        p.relative_to(ROOT / "operator").as_posix()
+        for p in (ROOT / "operator" / "keelgate" / "cli" / "plugin" / "ui" / "static").iterdir()
+    }
+    assert static == {
+        "keelgate/cli/plugin/ui/static/ui.css",
+        "keelgate/cli/plugin/ui/static/ui.js",
+    }
+    assert set(package) == sources | {"keelgate/py.typed"} | static
 
 
 def test_the_wheel_declares_the_entry_point_and_the_postgres_extra(wheel: Path) -> None:
@@ -253,6 +262,19 @@ def test_the_base_install_is_the_plugin_without_the_operator_or_providers(
 
     helped = run_in_image(base_venv, ["kubectl-keelgate", "--help"], home)
     assert helped.returncode == 0 and "pending" in helped.stdout, helped.stderr
+    inbox = run_in_image(base_venv, ["kubectl-keelgate", "ui", "--help"], home)
+    assert inbox.returncode == 0 and "--port" in inbox.stdout, inbox.stderr
+    assets = run_in_image(
+        base_venv,
+        [
+            "python",
+            "-c",
+            "from importlib import resources; s = resources.files('keelgate.cli.plugin.ui');"
+            "print(all(s.joinpath('static', n).read_bytes() for n in ('ui.css', 'ui.js')))",
+        ],
+        home,
+    )
+    assert assets.stdout.strip() == "True", assets.stderr  # the inbox's page needs both
     completion = run_in_image(base_venv, ["kubectl_complete-keelgate", "pen"], home)
     assert completion.returncode == 0 and "pending" in completion.stdout, completion.stderr
 
