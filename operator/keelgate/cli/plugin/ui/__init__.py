@@ -68,7 +68,9 @@ def ui_command(
     server.watches.start()
     print(f"Keelgate inbox for {user} ({views.target.where}): {server.url}", flush=True)
     print("Open it in a browser on this machine; Ctrl-C stops it.", flush=True)
-    # SIGTERM stops it like Ctrl-C (a terminal closed, a process manager).
+    # Ctrl-C stops it even when started from a script's background job, where the shell hands
+    # it SIGINT ignored (Python then keeps it ignored); SIGTERM stops it the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
         server.serve_forever(poll_interval=0.25)
