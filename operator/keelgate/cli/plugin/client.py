@@ -7,8 +7,9 @@ SelfSubjectAccessReview, as ``kubectl auth can-i``). Errors become the CLI's: a 
 cannot be reached is ``ClusterUnavailable`` (exit 5), a missing object ``InputError`` (exit 2),
 anything the server refused one line of its own words (exit 1).
 
-It must never read a Secret (the two subclasses that must, for ``keelgate tenant``'s store URL
-and ``audit export``'s signing key, say so and show no Secret's data), never write anything but
+It must never read a Secret (the subclasses that must, for ``keelgate tenant``'s store URL,
+``audit export``'s signing key and the decision inbox's store address, say so and show no
+Secret's data), never write anything but
 the ``spec`` fields a command names (as field manager ``kubectl-keelgate``), and never put a
 credential into a message.
 """

@@ -17,7 +17,7 @@ import datetime as dt
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -56,10 +56,6 @@ def redact_args(value: Any, *, name: str = "") -> Any:
     if isinstance(value, str):
         return _SECRET_VALUE.sub(REDACTED, scrubbed(value))
     return value
-
-
-def waited(created: str | None, now: dt.datetime) -> str:
-    return age(created, now)
 
 
 @dataclass(frozen=True)
@@ -123,17 +119,10 @@ class RunPage:
 class Views:
     """The inbox's reads for one user (one kubeconfig context), across namespaces."""
 
-    def __init__(
-        self,
-        target: Target,
-        *,
-        store: str = "",
-        client_factory: Callable[[Target], ClusterClient] = ClusterClient,
-    ) -> None:
+    def __init__(self, target: Target, *, store: str = "") -> None:
         self.target = target
         self.store = store
-        self._home = client_factory(target)
-        self._factory = client_factory
+        self._home = ClusterClient(target)
         self._clients: dict[str, ClusterClient] = {target.namespace: self._home}
         self._may: dict[tuple[str, str], tuple[float, bool, str]] = {}
         self._lock = threading.Lock()
@@ -175,11 +164,8 @@ class Views:
             hit = self._may.get(key)
         if hit is not None and now - hit[0] < MAY_TTL:
             return hit[1], hit[2]
-        client = self._home if not namespace else self.client(namespace)
-        if not namespace:
-            allowed, reason = _may_everywhere(client, verb, resource)
-        else:
-            allowed, reason = client.may(verb, resource, name)
+        # An access review without a namespace asks about every namespace at once.
+        allowed, reason = self.client(namespace).may(verb, resource, name)
         with self._lock:
             self._may[key] = (now, allowed, reason)
         return allowed, reason
@@ -225,7 +211,7 @@ class Views:
                     side_effect=_side_effect(run, str(spec.get("tool", ""))),
                     key=str(spec.get("idempotencyKey", "")),
                     created=str(meta.get("creationTimestamp") or ""),
-                    waited=waited(meta.get("creationTimestamp"), now),
+                    waited=age(meta.get("creationTimestamp"), now),
                     not_executed_after=after,
                     said=str(status.get("message") or ""),
                     args=facts.args.get(action),
@@ -242,16 +228,12 @@ class Views:
             )
         return found
 
-    def runs(self, *, namespace: str = "", phase: str = "") -> list[RunRow]:
+    def runs(self) -> list[RunRow]:
         now = dt.datetime.now(dt.UTC)
         rows = []
         for run in self.listed("AgentRun"):
             meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
-            if namespace and meta.get("namespace") != namespace:
-                continue
             shown_phase = str(status.get("phase") or "Pending")
-            if phase and shown_phase != phase:
-                continue
             budget, usage = spec.get("budget") or {}, status.get("usage") or {}
             tokens = int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
             budgets = (
@@ -340,52 +322,39 @@ class Views:
             stores.close()
 
     def _store_url(self, namespace: str) -> str:
-        client = self.client(namespace)
+        reader = StoreAddress(replace(self.target, namespace=namespace), self._home.client)
+        return reader.url()
+
+
+class StoreAddress(ClusterClient):
+    """The one Secret the inbox reads: the namespace's ``keelgate-store`` (key ``url``), as the
+    user, to reach the store its runs are kept in. Its data is never shown or logged."""
+
+    def url(self) -> str:
         try:
-            secret = client._call(
-                f"secret {namespace}/{STORE_SECRET}",
-                client.core.read_namespaced_secret,
+            secret = self._call(
+                f"secret {self.namespace}/{STORE_SECRET}",
+                self.core.read_namespaced_secret,
                 STORE_SECRET,
-                namespace,
+                self.namespace,
             )
         except NotFound:
             raise _NoStore(
-                f"no Secret {STORE_SECRET} in {namespace} (start the inbox with --store)"
+                f"no Secret {STORE_SECRET} in {self.namespace} (start the inbox with --store)"
             ) from None
         except Refused:
             raise _NoStore(
-                f"you may not read Secret {STORE_SECRET} in {namespace}, where the store's "
+                f"you may not read Secret {STORE_SECRET} in {self.namespace}, where the store's "
                 "address is kept"
             ) from None
         data = (secret.data or {}).get("url")
         if not data:
-            raise _NoStore(f"Secret {namespace}/{STORE_SECRET} has no key url")
+            raise _NoStore(f"Secret {self.namespace}/{STORE_SECRET} has no key url")
         return base64.b64decode(data).decode()
 
 
 class _NoStore(Exception):
     """The store cannot be reached for this namespace, and why (no URL in it)."""
-
-
-def _may_everywhere(client: ClusterClient, verb: str, resource: str) -> tuple[bool, str]:
-    from kubernetes import client as k8s
-
-    from keelgate.kube.naming import GROUP
-
-    review = k8s.V1SelfSubjectAccessReview(
-        api_version="authorization.k8s.io/v1",
-        kind="SelfSubjectAccessReview",
-        spec=k8s.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=k8s.V1ResourceAttributes(group=GROUP, resource=resource, verb=verb)
-        ),
-    )
-    answer = client._call(
-        "may I list everywhere", client.authz.create_self_subject_access_review, review
-    )
-    verdict = answer.status
-    return bool(verdict and verdict.allowed and not verdict.denied), str(
-        getattr(verdict, "reason", "") or ""
-    )
 
 
 def _plan_args(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -418,7 +387,3 @@ def _not_executed_after(run: Mapping[str, Any], action: str) -> str:
 def moment_passed(when: str, now: dt.datetime | None = None) -> bool:
     moment = parse_time(when)
     return moment is None or moment <= (now or dt.datetime.now(dt.UTC))
-
-
-def kinds() -> Sequence[str]:
-    return ("AgentRun", "Reconciliation", "Approval")
