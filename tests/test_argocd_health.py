@@ -13,7 +13,6 @@ against both: its Argo CD column against those cases, its kstatus column against
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from support.argocd import INVALID_MESSAGE, load_yaml, run_health
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGOCD = ROOT / "deploy" / "argocd"
@@ -112,11 +112,7 @@ def test_the_runtime_is_argo_cds_no_string_library_and_unknown_statuses() -> Non
 
 
 def _argocd_cm() -> Any:
-    spec = importlib.util.spec_from_file_location("argocd_cm", ARGOCD / "argocd_cm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("deploy/argocd/argocd_cm.py")
 
 
 def test_the_argocd_cm_snippet_holds_each_health_lua_verbatim() -> None:

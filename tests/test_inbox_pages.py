@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import shutil
+import sqlite3
+from pathlib import Path
 
+import pytest
+
+from keelgate.cli import main
+from keelgate.cli.plugin.target import Target
 from keelgate.cli.plugin.ui import pages
-from keelgate.cli.plugin.ui.views import REDACTED, Waiting, _plan_args, redact_args
+from keelgate.cli.plugin.ui import views as views_module
+from keelgate.cli.plugin.ui.views import REDACTED, Views, Waiting, _plan_args, redact_args
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _waiting(**changes: object) -> Waiting:
@@ -129,3 +139,39 @@ def test_the_page_loads_nothing_from_outside() -> None:
         "/",
         "/runs",
     ]
+
+
+def test_a_runs_trail_is_walked_again_only_for_a_new_checkpoint_or_when_it_is_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run page's trail, read from a real SQLite store: verified; shown again from the
+    last check while the run has no new checkpoint (a live page refreshes at every watch event);
+    and a row changed behind the store's back shows as a broken chain once the check is
+    TRAIL_TTL old."""
+    for name in ("agentrun.yaml", "shop.py"):
+        shutil.copy(ROOT / "examples" / "restock" / name, tmp_path / name)
+    url = f"sqlite:///{tmp_path / 'kg.db'}"
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "-f", "agentrun.yaml", "--store", url]) == 0
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    views = Views(Target(str(config), "me", "shop"), store=url)
+
+    first = views.recorded("shop", "restock", trail=True)
+    assert first.verified is True and len(first.events) > 5 and not first.problems
+    assert views.recorded("shop", "restock", trail=True) is first
+    with sqlite3.connect(tmp_path / "kg.db") as db:
+        db.execute("UPDATE keelgate_audit SET actor = 'mallory' WHERE seq = 3")
+    assert views.recorded("shop", "restock", trail=True) is first  # within TRAIL_TTL
+    monkeypatch.setattr(views_module, "TRAIL_TTL", 0.0)
+    again = views.recorded("shop", "restock", trail=True)
+    assert again.verified is False and again.problems
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: me, context: {cluster: c, user: u, namespace: shop}}]
+current-context: me
+"""

@@ -8,30 +8,20 @@ archives the packager builds.
 
 from __future__ import annotations
 
-import importlib.util
+import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+from support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_packager() -> ModuleType:
-    # deploy/krew/package.py is a release script, not part of a package: load it by its path.
-    spec = importlib.util.spec_from_file_location("krew_package", ROOT / "deploy/krew/package.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-package = _load_packager()
+package = load_script("deploy/krew/package.py")
 
 
 def _rendered(base_url: str = "") -> dict[str, object]:
@@ -83,9 +73,12 @@ def test_a_template_naming_an_archive_that_is_not_built_is_refused() -> None:
 
 
 def test_the_version_is_the_packages_and_the_launcher_is_posix_sh() -> None:
-    """The tag a release renders is pyproject's version; the launcher parses under `sh -n`."""
+    """The tag a release renders is pyproject's version, and a version krew accepts (krew
+    refuses a manifest whose version is not semantic, vMAJOR.MINOR.PATCH); the launcher parses
+    under `sh -n`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert package.version() == project["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", package.version()), "krew wants vX.Y.Z tags"
     checked = subprocess.run(["sh", "-n", str(package.LAUNCHER)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     assert package.LAUNCHER.stat().st_mode & 0o111

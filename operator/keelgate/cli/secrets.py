@@ -14,7 +14,7 @@ import contextlib
 
 from kubernetes import client
 
-from keelgate.cli.plugin.client import FIELD_MANAGER, ClusterClient, NotFound
+from keelgate.cli.plugin.client import FIELD_MANAGER, NotFound, SecretReader
 from keelgate.errors import InputError
 
 #: Marks a Secret ``keelgate tenant add`` wrote, and the role its URL logs in as.
@@ -23,21 +23,9 @@ MANAGER = "keelgate-tenant"
 ROLE_ANNOTATION = "keelgate.dev/store-role"
 
 
-class StoreSecrets(ClusterClient):
+class StoreSecrets(SecretReader):
     """The one Secret ``keelgate tenant`` writes in a namespace (the plugin itself never reads
     Secrets); its data is never shown."""
-
-    def read(self, name: str) -> client.V1Secret | None:
-        try:
-            found: client.V1Secret = self._call(
-                f"secret {self.namespace}/{name}",
-                self.core.read_namespaced_secret,
-                name,
-                self.namespace,
-            )
-        except NotFound:
-            return None
-        return found
 
     def write(self, name: str, url: str, role: str, *, exists: bool, dry_run: bool = False) -> None:
         """Create the Secret or patch its ``url`` (and the marks). ``dry_run``: only ask the API

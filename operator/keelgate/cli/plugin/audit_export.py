@@ -17,7 +17,7 @@ import typer
 
 from keelgate.cli import audit_tools
 from keelgate.cli.commands import OutputFormat, OutputOption
-from keelgate.cli.plugin.client import ClusterClient, NotFound
+from keelgate.cli.plugin.client import SecretReader
 from keelgate.cli.plugin.commands import (
     ContextOption,
     KubeconfigOption,
@@ -36,19 +36,13 @@ app = typer.Typer(
 )
 
 
-class SigningKeySecret(ClusterClient):
+class SigningKeySecret(SecretReader):
     """The one Secret holding a signing key; its data is never shown."""
 
     def key(self, name: str, item: str) -> bytes:
-        try:
-            secret = self._call(
-                f"secret {self.namespace}/{name}",
-                self.core.read_namespaced_secret,
-                name,
-                self.namespace,
-            )
-        except NotFound:
-            raise InputError("--sign-key-secret", f"no Secret {name} in {self.namespace}") from None
+        secret = self.read(name)
+        if secret is None:
+            raise InputError("--sign-key-secret", f"no Secret {name} in {self.namespace}")
         data = (secret.data or {}).get(item)
         if not data:
             raise InputError("--sign-key-secret", f"the Secret {name} has no key {item!r}")

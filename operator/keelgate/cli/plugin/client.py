@@ -304,6 +304,24 @@ class ClusterClient:
             response.release_conn()
 
 
+class SecretReader(ClusterClient):
+    """A client that reads Secrets, for the few commands that must (each subclass says which
+    Secret and why); what it reads is never shown, logged or put in a message."""
+
+    def read(self, name: str) -> client.V1Secret | None:
+        """The Secret ``name`` in the namespace, or None if there is none."""
+        try:
+            found: client.V1Secret = self._call(
+                f"secret {self.namespace}/{name}",
+                self.core.read_namespaced_secret,
+                name,
+                self.namespace,
+            )
+        except NotFound:
+            return None
+        return found
+
+
 def _owned_by_run(pod: Mapping[str, Any], run: str) -> bool:
     refs = pod.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("kind") == "AgentRun" and r.get("name") == run for r in refs)

@@ -328,10 +328,7 @@ def _refuse_before_the_deadline(
     the operator, which settles in the store, holds a decision made too early until then."""
     after = str((found.get("status") or {}).get("notExecutedAfter") or "")
     if not after:
-        status = api.agentrun(run).get("status") or {}
-        for unknown in status.get("unknownActions") or []:
-            if str(unknown.get("action")) == action:
-                after = str(unknown.get("notExecutedAfter") or "")
+        after = not_executed_after(api.agentrun(run), action)
     if not after:
         return
     try:
@@ -341,6 +338,15 @@ def _refuse_before_the_deadline(
     left = (moment - dt.datetime.now(dt.UTC)).total_seconds()
     if left > 0:
         raise SettleTooEarly(run, action, not_before=after, retry_after=left)
+
+
+def not_executed_after(run: Mapping[str, Any], action: str) -> str:
+    """The moment from which the run's unknown ``action`` may be settled "not executed", as the
+    AgentRun's status names it ("" when it names none)."""
+    for unknown in (run.get("status") or {}).get("unknownActions") or []:
+        if str(unknown.get("action")) == action:
+            return str(unknown.get("notExecutedAfter") or "")
+    return ""
 
 
 def _decided_already(

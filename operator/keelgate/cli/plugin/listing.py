@@ -128,20 +128,14 @@ def list_command(
             age(run["metadata"].get("creationTimestamp"), now),
         ]
         if output is ListOutput.wide:
-            budget = (run.get("spec") or {}).get("budget") or {}
-            usage = status.get("usage") or {}
-            waiting = len(status.get("unknownActions") or []) + len(
-                status.get("pendingApprovals") or []
+            (_, tokens, most_tokens), (_, dollars, most_dollars), (_, active, longest) = budget_use(
+                run
             )
             row += [
-                _against(
-                    usage.get("inputTokens", 0) + usage.get("outputTokens", 0), budget.get("tokens")
-                ),
-                _against(usage.get("dollars", "0"), budget.get("dollars")),
-                _against(
-                    f"{float(usage.get('activeSeconds') or 0):.0f}s", budget.get("timeoutSeconds")
-                ),
-                str(waiting),
+                _against(tokens, most_tokens),
+                _against(dollars, most_dollars),
+                _against(f"{active}s", longest),
+                str(waiting_count(run)),
             ]
         if all_namespaces:
             row.insert(0, run["metadata"].get("namespace", ""))
@@ -153,6 +147,30 @@ def list_command(
 
 def _against(used: Any, limit: Any) -> str:
     return f"{used}/{limit}" if limit not in (None, "") else str(used)
+
+
+def budget_use(run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, used, limit) of a run's tokens, dollars and active seconds, as its status and
+    spec say them; the limit is "" when the budget sets none. The list's wide columns and the
+    inbox's runs page show these."""
+    status = run.get("status") or {}
+    budget, usage = (run.get("spec") or {}).get("budget") or {}, status.get("usage") or {}
+    tokens = int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
+    return [
+        ("tokens", str(tokens), str(budget.get("tokens") or "")),
+        ("dollars", str(usage.get("dollars") or "0"), str(budget.get("dollars") or "")),
+        (
+            "seconds",
+            f"{float(usage.get('activeSeconds') or 0):.0f}",
+            str(budget.get("timeoutSeconds") or ""),
+        ),
+    ]
+
+
+def waiting_count(run: Mapping[str, Any]) -> int:
+    """How many of the run's actions wait for a person (unknown outcomes and approvals)."""
+    status = run.get("status") or {}
+    return len(status.get("unknownActions") or []) + len(status.get("pendingApprovals") or [])
 
 
 #: What decides each kind of waiting object, and how.

@@ -77,8 +77,6 @@ def ui_command(
     except KeyboardInterrupt:
         pass
     finally:
-        server.watches.stop()
-        server.changes.close()
-        server.server_close()
+        server.close()
     print("stopped", flush=True)
     return 0

@@ -168,10 +168,10 @@ class InboxServer(ThreadingHTTPServer):
     def hosts(self) -> Iterable[str]:
         return (f"127.0.0.1:{self.port}", f"localhost:{self.port}")
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """After ``serve_forever`` returned: stop the watches, end the event streams, close."""
         self.watches.stop()
         self.changes.close()
-        self.shutdown()
         self.server_close()
 
 
@@ -365,21 +365,16 @@ class _Handler(BaseHTTPRequestHandler):
         if urlsplit(self.path).path != "/decide":
             self._send(HTTPStatus.NOT_FOUND, "")
             return
-        back = "/" if not form.get("back", "").startswith("/runs/") else form["back"]
         try:
             said = self._decide(form)
         except KeelgateError as error:
-            self._redirect(f"{back}?{urlencode({'error': str(error)})}")
+            self._redirect(f"/?{urlencode({'error': str(error)})}")
             return
-        self._redirect(f"{back}?{urlencode({'said': said})}")
+        self._redirect(f"/?{urlencode({'said': said})}")
 
     def _same_origin(self) -> bool:
         origin = self.headers.get("Origin")
-        if (
-            origin is not None
-            and origin != self.server.origin
-            and origin not in (f"http://{h}" for h in self.server.hosts())
-        ):
+        if origin is not None and origin not in (f"http://{h}" for h in self.server.hosts()):
             return False
         site = self.headers.get("Sec-Fetch-Site")
         return site in (None, "same-origin", "none")

@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from keelgate.cli.plugin.client import ClusterClient, NotFound, Refused
-from keelgate.cli.plugin.listing import age, decided
+from keelgate.cli.plugin.client import ClusterClient, Refused, SecretReader
+from keelgate.cli.plugin.commands import not_executed_after
+from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
 from keelgate.cli.plugin.target import Target
 from keelgate.errors import KeelgateError
 from keelgate.kube.times import parse_time
@@ -42,6 +43,9 @@ _SECRET_VALUE = re.compile(r"\b(sk|pk|rk|ghp|gho|xox[bpa])[-_][A-Za-z0-9_-]{8,}|
 REDACTED = "[redacted]"
 #: How long a "may I patch" answer is reused: the buttons follow an RBAC change within it.
 MAY_TTL = 10.0
+#: How long a verified trail is shown without walking the chain again, while no new checkpoint
+#: came: a row changed behind the store's back is caught within it.
+TRAIL_TTL = 60.0
 
 
 def redact_args(value: Any, *, name: str = "") -> Any:
@@ -125,6 +129,7 @@ class Views:
         self._home = ClusterClient(target)
         self._clients: dict[str, ClusterClient] = {target.namespace: self._home}
         self._may: dict[tuple[str, str], tuple[float, bool, str]] = {}
+        self._trails: dict[tuple[str, str], tuple[int, float, Recorded]] = {}
         self._lock = threading.Lock()
         self._user = ""
 
@@ -199,7 +204,7 @@ class Views:
             facts = recorded[(namespace, run_name)]
             action = str(spec.get("action", ""))
             may, why = self.may_decide(namespace, obj["kind"])
-            after = str(status.get("notExecutedAfter") or "") or _not_executed_after(run, action)
+            after = str(status.get("notExecutedAfter") or "") or not_executed_after(run, action)
             found.append(
                 Waiting(
                     kind=obj["kind"],
@@ -234,22 +239,12 @@ class Views:
         for run in self.listed("AgentRun"):
             meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
             shown_phase = str(status.get("phase") or "Pending")
-            budget, usage = spec.get("budget") or {}, status.get("usage") or {}
-            tokens = int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
-            budgets = (
-                (
-                    "iterations",
-                    str(status.get("iteration") or 0),
-                    str(budget.get("maxIterations") or ""),
-                ),
-                ("tokens", str(tokens), str(budget.get("tokens") or "")),
-                ("dollars", str(usage.get("dollars") or "0"), str(budget.get("dollars") or "")),
-                (
-                    "seconds",
-                    f"{float(usage.get('activeSeconds') or 0):.0f}",
-                    str(budget.get("timeoutSeconds") or ""),
-                ),
+            iterations = (
+                "iterations",
+                str(status.get("iteration") or 0),
+                str((spec.get("budget") or {}).get("maxIterations") or ""),
             )
+            budgets = (iterations, *budget_use(run))
             rows.append(
                 RunRow(
                     namespace=str(meta.get("namespace", "")),
@@ -259,8 +254,7 @@ class Views:
                     iteration=int(status.get("iteration") or 0),
                     budgets=budgets,
                     age=age(meta.get("creationTimestamp"), now),
-                    waiting=len(status.get("unknownActions") or [])
-                    + len(status.get("pendingApprovals") or []),
+                    waiting=waiting_count(run),
                 )
             )
         rows.sort(key=lambda r: (r.namespace, r.name))
@@ -284,7 +278,11 @@ class Views:
     # the store
 
     def recorded(self, namespace: str, run: str, *, trail: bool) -> Recorded:
-        """The run's plan arguments (redacted) and, with ``trail``, its verified audit trail."""
+        """The run's plan arguments (redacted) and, with ``trail``, its verified audit trail.
+
+        A trail is verified again only when the run has a new checkpoint (its events commit
+        with one) or the last check is TRAIL_TTL old: a page refreshed at every watch event
+        then costs one checkpoint read, not a walk of the whole chain."""
         try:
             with self._stores(namespace) as stores:
                 from keelgate.core.loop import Loop
@@ -295,16 +293,25 @@ class Views:
                     args = _plan_args(checkpoint.state)
                 if not trail:
                     return Recorded(args=args)
+                seq = checkpoint.seq if checkpoint is not None else -1
+                now = time.monotonic()
+                with self._lock:
+                    hit = self._trails.get((namespace, run))
+                if hit is not None and hit[0] == seq and now - hit[1] < TRAIL_TTL:
+                    return hit[2]
                 events: list[JSON] = []
                 report = Loop(stores=stores).verify_audit(
                     namespace, run, each=lambda e: events.append(e.to_json())
                 )
-                return Recorded(
+                found = Recorded(
                     args=args,
                     events=tuple(events),
                     verified=report.ok,
                     problems=tuple(report.problems),
                 )
+                with self._lock:
+                    self._trails[(namespace, run)] = (seq, now, found)
+                return found
         except _NoStore as why:
             return Recorded(unavailable=str(why))
         except KeelgateError as error:
@@ -326,27 +333,22 @@ class Views:
         return reader.url()
 
 
-class StoreAddress(ClusterClient):
+class StoreAddress(SecretReader):
     """The one Secret the inbox reads: the namespace's ``keelgate-store`` (key ``url``), as the
     user, to reach the store its runs are kept in. Its data is never shown or logged."""
 
     def url(self) -> str:
         try:
-            secret = self._call(
-                f"secret {self.namespace}/{STORE_SECRET}",
-                self.core.read_namespaced_secret,
-                STORE_SECRET,
-                self.namespace,
-            )
-        except NotFound:
-            raise _NoStore(
-                f"no Secret {STORE_SECRET} in {self.namespace} (start the inbox with --store)"
-            ) from None
+            secret = self.read(STORE_SECRET)
         except Refused:
             raise _NoStore(
                 f"you may not read Secret {STORE_SECRET} in {self.namespace}, where the store's "
                 "address is kept"
             ) from None
+        if secret is None:
+            raise _NoStore(
+                f"no Secret {STORE_SECRET} in {self.namespace} (start the inbox with --store)"
+            )
         data = (secret.data or {}).get("url")
         if not data:
             raise _NoStore(f"Secret {self.namespace}/{STORE_SECRET} has no key url")
@@ -374,13 +376,6 @@ def _side_effect(run: Mapping[str, Any], tool: str) -> str:
     for entry in (run.get("spec") or {}).get("tools") or ():
         if entry.get("name") == tool:
             return str(entry.get("sideEffect") or "")
-    return ""
-
-
-def _not_executed_after(run: Mapping[str, Any], action: str) -> str:
-    for unknown in (run.get("status") or {}).get("unknownActions") or ():
-        if str(unknown.get("action")) == action:
-            return str(unknown.get("notExecutedAfter") or "")
     return ""
 
 
