@@ -103,10 +103,13 @@ class LocalDriver:
         if stop.reason is StopReason.AWAITING_APPROVAL:
             return not state.pending
         if stop.reason is StopReason.OUTCOME_UNKNOWN:
+            # A key no longer on record was dropped by its owner after a definite refusal
+            # (nothing happened): `keelgate reconcile` says there is nothing to settle, and the
+            # person resumes.
             keys = stores.idempotency
             return all(
-                (record := keys.get(self.tenant, u.idempotency_key)) is not None
-                and record.state in _SETTLED
+                (record := keys.get(self.tenant, u.idempotency_key)) is None
+                or record.state in _SETTLED
                 for u in state.unknown
             )
         if stop.reason is StopReason.GOAL_MET:

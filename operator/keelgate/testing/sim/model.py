@@ -48,9 +48,7 @@ class Scenario:
                 calls.append(PlannedCall(tool, args))
             plans.append(tuple(calls))
         rejected = frozenset(i + 1 for i in range(iterations) if schedule.chance(150))
-        approval = frozenset(
-            tool for tool in ("place_order", "notify") if schedule.chance(300)
-        )
+        approval = frozenset(tool for tool in ("place_order", "notify") if schedule.chance(300))
         limit = schedule.pick(3)
         max_iterations = None if limit == 0 else iterations + len(rejected) - 1 + limit
         tokens = None if not schedule.chance(250) else 1500 + 200 * schedule.pick(10)

@@ -76,18 +76,27 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
             found.append(Violation("twice", f"{key[:12]} took effect {count} times"))
     plans = _plans(events)
     approved = _decided(events, "loop.approved")
-    # Never without the approvals it needs.
+    # Never without the approvals it needs: those of the spec the sending process ran, and
+    # those of the spec the action was planned under (the action is the last one started under
+    # the key before the effect).
+    started = [
+        (str(e.data.get("idempotencyKey")), str(e.data.get("action")), _at(e))
+        for e in events
+        if e.type == "loop.action_started"
+    ]
     for effect in ledger.effects:
+        sent = [a for k, a, at in started if k == effect.key and at <= effect.at]
+        action = sent[-1] if sent else ""
         needed = effect.approval_in_spec
-        for action, tool, at in plans.get(effect.key, []):
-            if at <= effect.at and tool in _rules_at(truth.plans, action, at):
+        for planned, tool, at in plans.get(effect.key, []):
+            if planned == action and tool in _rules_at(truth.plans, action, at):
                 needed = True
-        if needed:
-            actions = {a for a, _, _ in plans.get(effect.key, [])}
-            if not any(a in actions and at <= effect.at for a, at in approved):
-                found.append(
-                    Violation("unapproved", f"{effect.tool} {effect.key[:12]} at {effect.at:.1f}")
+        if needed and not any(a == action and at <= effect.at for a, at in approved):
+            found.append(
+                Violation(
+                    "unapproved", f"{effect.tool} {action} {effect.key[:12]} at {effect.at:.1f}"
                 )
+            )
     # Never after a "not executed" that was true when given.
     settled_not = [(d.key, d.at) for d in truth.decisions if d.kind == "settle" and not d.yes]
     settled_not += [
@@ -104,15 +113,18 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
             found.append(
                 Violation(
                     "after-not-executed",
-                    f"{key[:12]} settled not executed at {at:.1f}, took effect at {after[0].at:.1f}",
+                    f"{key[:12]} settled not executed at {at:.1f}, "
+                    f"took effect at {after[0].at:.1f}",
                 )
             )
     # Every unknown outcome put to a person; nobody left waiting.
     outcome = loop.outcome(tenant, run) if stores.checkpoints.load(tenant, run) else None
     finished = outcome is not None and outcome.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED)
     if not finished:
-        shown = "never started" if outcome is None else (
-            f"{outcome.phase.value} {outcome.stop.reason.value}: {outcome.stop.message}"
+        shown = (
+            "never started"
+            if outcome is None
+            else (f"{outcome.phase.value} {outcome.stop.reason.value}: {outcome.stop.message}")
         )
         found.append(Violation("waiting", f"at the end the run is {shown}"))
     for key in sorted(_planned_keys(events)):
@@ -127,7 +139,9 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
     report = loop.verify_audit(tenant, run)
     if not report.ok:
         found.append(Violation("audit", "; ".join(report.problems)))
-    reconciled = {str(e.data.get("idempotencyKey")): e for e in events if e.type == "loop.reconciled"}
+    reconciled = {
+        str(e.data.get("idempotencyKey")): e for e in events if e.type == "loop.reconciled"
+    }
     for key in sorted(_planned_keys(events)):
         record = stores.idempotency.get(tenant, key)
         if record is None or not record.source:
@@ -150,12 +164,16 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
             continue
         kind = "loop.approved" if decision.yes else "loop.denied"
         if (decision.action, decision.by, kind) not in decided:
-            found.append(Violation("audit", f"{decision.by}'s decision on {decision.action} is missing"))
+            found.append(
+                Violation("audit", f"{decision.by}'s decision on {decision.action} is missing")
+            )
     # Budgets passed by at most one call.
     if outcome is not None:
         if truth.max_iterations is not None and outcome.iteration > truth.max_iterations:
             found.append(
-                Violation("budget", f"{outcome.iteration} iterations, at most {truth.max_iterations}")
+                Violation(
+                    "budget", f"{outcome.iteration} iterations, at most {truth.max_iterations}"
+                )
             )
         if truth.max_tokens is not None:
             tokens = outcome.usage.tokens

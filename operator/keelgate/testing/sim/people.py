@@ -100,7 +100,9 @@ class People:
             with failpoints.observed(self._window):
                 loop.approve(self.tenant, self.run, action, approved=yes, by=by)
         except (KeelgateError, SimulatedCrash) as refused:
-            self.world.say(f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}")
+            self.world.say(
+                f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}"
+            )
             return
         self.world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
         self.decisions.append(Decision("approve", action, "", yes, by, self.world.now, True))

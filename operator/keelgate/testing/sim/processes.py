@@ -15,6 +15,7 @@ stop (a drain). Its exit code is the step program's (``keelgate.cli.step.exit_co
 from __future__ import annotations
 
 from collections.abc import Callable
+
 from keelgate.cli.step import exit_code
 from keelgate.core import failpoints
 from keelgate.core.loop import Loop
@@ -225,11 +226,13 @@ class StepProcess(Sender):
             self.asked_to_stop = True
         elif fault == "pause":
             long = world.schedule.chance(500)
-            seconds = world.schedule.between(40.0, 500.0) if long else world.schedule.between(
-                0.5, 20.0
+            seconds = (
+                world.schedule.between(40.0, 500.0) if long else world.schedule.between(0.5, 20.0)
             )
             lost = world.schedule.chance(500)
-            world.say(f"{self.name} held up {seconds:.1f}s at {name}{' (node lost)' if lost else ''}")
+            world.say(
+                f"{self.name} held up {seconds:.1f}s at {name}{' (node lost)' if lost else ''}"
+            )
             if lost:
                 self.lost = True
                 if self._stores is not None:
@@ -241,4 +244,3 @@ class StepProcess(Sender):
             if not self.alive:
                 raise SimulatedCrash(name, 1)
             world.say(f"{self.name} goes on after {name}")
-

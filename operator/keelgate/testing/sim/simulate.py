@@ -80,9 +80,7 @@ def _simulate(world: World, site: sim_stores.StoreSite, *, mode: str, store: str
     truth.decisions = people.decisions
     if mode != "local":
         raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
-    driver = LocalDriver(
-        world, site, ledger, scenario, faults, desk, truth, tenant=TENANT, run=RUN
-    )
+    driver = LocalDriver(world, site, ledger, scenario, faults, desk, truth, tenant=TENANT, run=RUN)
     world.say(f"scenario {scenario}")
 
     def calm() -> None:
@@ -105,8 +103,9 @@ def _simulate(world: World, site: sim_stores.StoreSite, *, mode: str, store: str
         violations = judge(stores, TENANT, RUN, truth)
         for event in stores.audit.events(TENANT, RUN):
             world.trace.add(
-                0.0, f"audit {event.seq} {event.type} {event.actor} {event.at} "
-                f"{canonical_json(dict(event.data))}"
+                0.0,
+                f"audit {event.seq} {event.type} {event.actor} {event.at} "
+                f"{canonical_json(dict(event.data))}",
             )
     finally:
         stores.close()
@@ -172,7 +171,9 @@ def shrink(
         start = 0
         while start < len(best) and tries < budget:
             if any(best[start : start + size]):
-                candidate = best[:start] + [0] * len(best[start : start + size]) + best[start + size :]
+                candidate = (
+                    best[:start] + [0] * len(best[start : start + size]) + best[start + size :]
+                )
                 tries += 1
                 if fails(candidate):
                     best = candidate

@@ -30,9 +30,39 @@ Clock = Callable[[], float]
 
 
 class SimMemoryStore(MemoryStore):
-    """A memory store whose SQL clock is the world's."""
+    """A memory store whose SQL clock is the world's, standing for a server store: the runs it
+    drives are held by its session (``RunLock``), and go with it when the session is lost, as a
+    PostgreSQL session's advisory locks do."""
 
     dialect = _DIALECT
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend)
+        self.driving: set[tuple[str, str]] = set()
+        self.session_lost = False
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        if self.session_lost:
+            return None
+        release = super().lock_run(tenant, run)
+        if release is None:
+            return None
+        self.driving.add((tenant, run))
+
+        def released() -> None:
+            if (tenant, run) in self.driving:  # not lost with the session meanwhile
+                self.driving.discard((tenant, run))
+                release()
+
+        return released
+
+    def lose_session(self) -> None:
+        """The server ended this store's session: its owner and its runs' locks go."""
+        with self.backend.lock:
+            self.session_lost = True
+            self.backend.live_owners.discard(self.owner)
+            self.backend.driven.difference_update(self.driving)
+            self.driving.clear()
 
 
 class SimSQLiteStore(SQLiteStore):
@@ -83,9 +113,8 @@ class MemorySite(StoreSite):
 
     def lose_session(self, stores: Stores) -> bool:
         store = stores.idempotency
-        assert isinstance(store, MemoryStore)
-        with self.backend.lock:
-            self.backend.live_owners.discard(store.owner)
+        assert isinstance(store, SimMemoryStore)
+        store.lose_session()
         return True
 
     def close(self) -> None:
