@@ -57,6 +57,9 @@ class Truth:
     ledger: Ledger
     decisions: list[Decision] = field(default_factory=list)
     plans: list[PlanMade] = field(default_factory=list)
+    #: People decided by editing objects (operator mode): their settlements are read from the
+    #: chain, at the moment they were recorded, not from when they were asked for.
+    human_from_audit: bool = False
     max_iterations: int | None = None
     max_tokens: int | None = None
     call_tokens: int = 0
@@ -103,7 +106,7 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
         (str(e.data.get("idempotencyKey")), _at(e))
         for e in events
         if e.type == "loop.reconciled"
-        and e.data.get("source") == "confirmer"
+        and (e.data.get("source") == "confirmer" or truth.human_from_audit)
         and e.data.get("verdict") == "abandoned"
     ]
     for key, at in settled_not:

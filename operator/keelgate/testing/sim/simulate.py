@@ -22,6 +22,7 @@ from keelgate.testing.sim.desk import Desk
 from keelgate.testing.sim.downstream import Ledger
 from keelgate.testing.sim.local import LocalDriver
 from keelgate.testing.sim.model import Scenario
+from keelgate.testing.sim.operator_mode import Cluster
 from keelgate.testing.sim.oracle import Truth, Violation, judge
 from keelgate.testing.sim.people import People
 from keelgate.testing.sim.processes import Faults
@@ -31,7 +32,7 @@ TENANT = "shop"
 RUN = "restock"
 #: Seconds of chaos, then of calm in which every run must finish.
 CHAOS, LIMIT = 900.0, 6 * 3600.0
-MODES = ("local",)
+MODES = ("local", "operator")
 STORES = ("memory", "sqlite")
 
 
@@ -78,22 +79,45 @@ def _simulate(world: World, site: sim_stores.StoreSite, *, mode: str, store: str
     desk = Desk(scenario, world)
     people = People(world, site, ledger, desk, tenant=TENANT, run=RUN)
     truth.decisions = people.decisions
-    if mode != "local":
+    if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} ({', '.join(MODES)})")
-    driver = LocalDriver(world, site, ledger, scenario, faults, desk, truth, tenant=TENANT, run=RUN)
     world.say(f"scenario {scenario}")
+    if mode == "local":
+        driver = LocalDriver(
+            world, site, ledger, scenario, faults, desk, truth, tenant=TENANT, run=RUN
+        )
 
-    def calm() -> None:
-        world.say("calm")
-        faults.calm = True
-        people.calm = True
-        desk.restore_tools()
+        def calm() -> None:
+            world.say("calm")
+            faults.calm = True
+            people.calm = True
+            desk.restore_tools()
+            driver.check_later(0.0)
+
         driver.check_later(0.0)
+        people.look_later()
+        done: Callable[[], bool] = lambda: driver.finished  # noqa: E731
+    else:
+        cluster = Cluster(
+            world, site, ledger, scenario, faults, desk, truth, tenant=TENANT, run=RUN
+        )
+        truth.decisions = []
+        truth.human_from_audit = True
 
-    driver.check_later(0.0)
-    people.look_later()
+        def calm() -> None:
+            world.say("calm")
+            faults.calm = True
+            cluster.calm = True
+            cluster.api.faulty = False
+            desk.restore_tools()
+            cluster.api.replace_spec("AgentRun", TENANT, RUN, desk.manifest)
+
+        cluster.start()
+        done = cluster.finished
     world.at(CHAOS, "calm", calm)
-    world.run(until=LIMIT, done=lambda: driver.finished)
+    world.run(until=LIMIT, done=done)
+    if mode == "operator":
+        cluster.shutdown()
     world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
     truth.max_iterations = desk.max_budget("maxIterations")
     truth.max_tokens = desk.max_budget("tokens")
