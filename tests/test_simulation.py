@@ -21,6 +21,8 @@ from support.planted_bugs import BUGS, Planted, find, planted
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
+#: The operator-mode seeds ``make test`` runs (memory store).
+OPERATOR_BUDGET = 100
 #: Seeds within which each planted bug must be found (docs/simulation.md has the table).
 BUG_BUDGET = 150
 
@@ -50,6 +52,20 @@ def test_a_fixed_budget_of_seeds_keeps_every_promise() -> None:
         outcome = simulate(seed=seed, store=store)
         if not outcome.ok:
             where = f"--store {store} --seed {seed}"
+            broken.append(f"{'; '.join(map(str, outcome.violations))} (replay: {where})")
+    assert not broken, "\n".join(broken)
+
+
+def test_a_fixed_budget_of_operator_runs_keeps_every_promise() -> None:
+    """The same promise with the real operator in between: its reconcilers and status writers
+    over an API server that delays and drops watch events, answers 409 and loses status
+    answers, operators restarted or doubled, people deciding by patching the objects."""
+    broken = []
+    for index in range(OPERATOR_BUDGET):
+        seed = seed_of(index)
+        outcome = simulate(seed=seed, mode="operator")
+        if not outcome.ok:
+            where = f"--mode operator --store memory --seed {seed}"
             broken.append(f"{'; '.join(map(str, outcome.violations))} (replay: {where})")
     assert not broken, "\n".join(broken)
 

@@ -120,6 +120,28 @@ BUGS: tuple[Planted, ...] = (
         ),
     ),
     Planted(
+        "executed: false read as undecided",
+        (
+            (
+                "kube/controller/decisions.py",
+                "            if wanted is None:",
+                "            if not wanted:",
+            ),
+        ),
+        mode="operator",
+    ),
+    Planted(
+        "a second unknown outcome never surfaced (one Reconciliation per tool)",
+        (
+            (
+                "kube/naming.py",
+                'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
+                'middle = "action"',
+            ),
+        ),
+        mode="operator",
+    ),
+    Planted(
         "an unknown outcome that does not stop the run",
         (
             (
