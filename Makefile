@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
 
-.PHONY: venv demo demo-local krew test lint typecheck unit check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local krew test lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -94,6 +94,13 @@ typecheck: venv
 
 unit: venv
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+
+## sim: seeded simulations of whole runs on virtual time, judged by the promise's oracle
+## (docs/simulation.md): SEEDS seeds (default 1000), or fresh seeds for SECONDS=N seconds.
+## `make test` runs a fixed budget of them (tests/test_simulation.py).
+SEEDS ?= 1000
+sim: venv
+	$(PY) -m keelgate.testing.sim $(if $(SECONDS),--seconds $(SECONDS),--seeds $(SEEDS))
 
 # The control-plane binaries are built (or found) before pytest starts: a cold build inside a
 # test fixture would outlast any test timeout.

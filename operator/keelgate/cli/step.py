@@ -28,9 +28,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keelgate.errors import InputError, KeelgateError, Preempted
+
+if TYPE_CHECKING:
+    from keelgate.core.types import Outcome
 
 EXIT_CONTINUE = 0
 EXIT_FAILED = 1
@@ -102,7 +105,6 @@ def load_confirmer(reference: str, url: str = "") -> Any:
 def _step(args: argparse.Namespace) -> int:
     from keelgate._startup import started
     from keelgate.core import tracing
-    from keelgate.core.types import RunPhase
     from keelgate.runners.step import StepRunner
     from keelgate.stores import check_store_url
     from keelgate.stores._holds import wait_for_running_calls
@@ -135,8 +137,18 @@ def _step(args: argparse.Namespace) -> int:
     log: Path = args.termination_log
     if log.is_file() and os.access(log, os.W_OK):
         log.write_text(line[:4096], encoding="utf-8")
-    if outcome.phase is RunPhase.RUNNING and asked.is_set():
+    code = exit_code(outcome, asked=asked.is_set())
+    if code == EXIT_PREEMPTED:
         _say(str(Preempted(args.namespace, args.run)), level="stopped")
+    return code
+
+
+def exit_code(outcome: Outcome, *, asked: bool) -> int:
+    """The code a step that came to ``outcome`` exits with (``asked``: it was asked to stop),
+    which the operator reads (``keelgate.kube.controller.pod_ends``)."""
+    from keelgate.core.types import RunPhase
+
+    if outcome.phase is RunPhase.RUNNING and asked:
         return EXIT_PREEMPTED
     if outcome.phase in (RunPhase.RUNNING, RunPhase.SUCCEEDED):
         return EXIT_CONTINUE

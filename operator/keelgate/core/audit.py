@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from keelgate.core import clocks
 from keelgate.core.types import canonical_json
 from keelgate.core.values import JsonValue
 
@@ -20,7 +21,8 @@ GENESIS = "0" * 64
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    moment = datetime.fromtimestamp(clocks.wall(), UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

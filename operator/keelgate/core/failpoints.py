@@ -3,15 +3,17 @@
 Armed in-process by tests (``armed(...)``) or from outside by ``KEELGATE_FAILPOINTS`` (read once,
 at import), e.g. ``after_gateway_call@1,after_observe@2``. An armed failpoint ends the process
 with ``os._exit(137)`` (nothing flushed), or, in ``raise`` mode, raises ``SimulatedCrash`` for
-in-process restarts. When nothing is armed, ``hit`` is one dict lookup: it must stay that cheap,
-and it must never do anything but count and crash.
+in-process restarts. A simulation (``keelgate.testing.sim``) may instead be told of every window
+passed (``observed``): it decides there, from its seed, whether the process dies or is held up.
+When nothing is armed or observed, ``hit`` is one dict lookup and one test: it must stay that
+cheap, and it must never do anything but count, crash, or tell the observer.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Literal
 
@@ -37,6 +39,8 @@ _lock = threading.Lock()
 _armed: dict[str, int] = {}
 _seen: dict[str, int] = {}
 _mode: Mode = "exit"
+#: Told of every window passed, before any armed crash (``observed``).
+_observer: Callable[[str], None] | None = None
 
 
 def parse(text: str) -> dict[str, int]:
@@ -87,8 +91,23 @@ def armed(points: Mapping[str, int], *, mode: Mode = "raise") -> Iterator[None]:
         disarm()
 
 
+@contextmanager
+def observed(observer: Callable[[str], None]) -> Iterator[None]:
+    """Tell ``observer`` the name of every window passed during the block. It may raise
+    ``SimulatedCrash`` (the process dies there) or return (after holding the process up, on a
+    simulation's virtual time); nothing else is done for it."""
+    global _observer
+    saved, _observer = _observer, observer
+    try:
+        yield
+    finally:
+        _observer = saved
+
+
 def hit(name: str) -> None:
     """Pass a crash window: die here if this is the armed occurrence."""
+    if _observer is not None:
+        _observer(name)
     if name not in _armed:
         return
     with _lock:

@@ -21,12 +21,12 @@ passed deadline read as anything but "nothing was sent".
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from keelgate.core import clocks
 from keelgate.errors import ToolError
 
 #: Seconds the store's deadline lies beyond the call's own time limit: room for the two clocks'
@@ -37,15 +37,12 @@ DEFAULT_CALL_SECONDS = 300.0
 #: The time limit of an HTTP or MCP call whose tool sets none (the tools' own default).
 NETWORK_CALL_SECONDS = 30.0
 
-_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
-
 
 def now() -> float:
     """Seconds on a clock that never goes back and keeps counting while the process is stopped
-    or the machine suspended (``CLOCK_BOOTTIME``; ``time.monotonic`` where there is none)."""
-    if _BOOTTIME is not None:
-        return time.clock_gettime(_BOOTTIME)
-    return time.monotonic()
+    or the machine suspended (``CLOCK_BOOTTIME``; ``time.monotonic`` where there is none; read
+    through ``keelgate.core.clocks``, which a simulation runs on virtual time)."""
+    return clocks.boot()
 
 
 class DeadlinePassed(ToolError):

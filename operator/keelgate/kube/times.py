@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from keelgate.core import clocks
+
 
 def iso(moment: dt.datetime) -> str:
     """``moment`` as a metav1.Time (UTC, whole seconds)."""
@@ -21,8 +23,8 @@ def stamp(seconds: float) -> str:
 
 
 def now() -> str:
-    """The current time as a metav1.Time."""
-    return iso(dt.datetime.now(dt.UTC))
+    """The current time as a metav1.Time (``keelgate.core.clocks``' wall clock)."""
+    return stamp(clocks.wall())
 
 
 def parse_time(text: str | None) -> dt.datetime | None:

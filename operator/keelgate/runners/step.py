@@ -25,6 +25,7 @@ from keelgate.errors import InputError
 from keelgate.stores import open_stores
 
 if TYPE_CHECKING:
+    from keelgate.core.loop import Loop
     from keelgate.runners.build import Parts
 
 
@@ -38,11 +39,19 @@ class StepRunner:
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
         tracer: Tracer = NO_TRACING,
+        opener: Callable[[], Stores] | None = None,
+        builder: Callable[[LoopSpec, Stores], Loop] | None = None,
     ) -> None:
+        """``opener`` and ``builder`` replace how the stores are opened (from ``store``) and
+        how the loop is built (from the spec's manifest), for a simulation that runs whole runs
+        over its own store sessions, tools and clock (``keelgate.testing.sim``); a step pod
+        leaves them unset."""
         self.store = store
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
         self.tracer = tracer
+        self._opener = opener
+        self._builder = builder
 
     def run(self, spec: LoopSpec) -> Outcome:
         """One step of ``spec``'s run; ``Running`` (no stop) when the run goes on."""
@@ -60,12 +69,15 @@ class StepRunner:
     ) -> Outcome:
         """One step of the run whose spec the operator recorded in the store; with
         ``asked_to_stop`` (a drain's SIGTERM), left at the next checkpoint once it says so."""
-        stores = open_stores(self.store, pooled=False)
+        stores = open_stores(self.store, pooled=False) if self._opener is None else self._opener()
         try:
             spec = recorded_spec(stores, tenant, run)
             ended = _ended(stores, tenant, run)
             if ended is not None:
                 return ended  # nothing to do: no model, no tool is built
+            if self._builder is not None:
+                loop = self._builder(spec, stores)
+                return loop.run_or_resume(spec, one_iteration=True, asked_to_stop=asked_to_stop)
             # Imported here, not at the top: the manifest, the adapters and the loop cost a
             # step's start-up much, and a finished run needs none of them.
             from keelgate.runners.build import build_parts

@@ -1,0 +1,146 @@
+"""``python -m keelgate.testing.sim``: run simulations, report broken promises (``make sim``).
+
+Seeds are numbered from a base (``--base``; ``--seconds`` takes a fresh one from the clock and
+prints it): the same base and count run the same simulations. A failure prints its seed, the
+broken promise, a shrunk schedule and the one command that replays it; the exit code is 1 if
+any run broke a promise. ``--json`` ends with one JSON line (the planted-bug tests read it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from keelgate.testing.sim.simulate import (
+    MODES,
+    STORES,
+    Outcome,
+    decode,
+    encode,
+    seed_of,
+    shrink,
+    simulate,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(prog="python -m keelgate.testing.sim", description=__doc__)
+    what = parse.add_mutually_exclusive_group()
+    what.add_argument("--seeds", type=int, default=200, help="How many seeds to run.")
+    what.add_argument("--seconds", type=float, help="Run fresh seeds for this long.")
+    what.add_argument("--seed", type=int, help="Run this one seed and show its trace.")
+    what.add_argument("--replay", help="Replay this schedule (as a failure printed it).")
+    parse.add_argument("--base", type=int, default=0, help="Where the seed numbering starts.")
+    parse.add_argument("--store", choices=(*STORES, "mix"), default="mix")
+    parse.add_argument("--mode", choices=(*MODES, "mix"), default="mix")
+    parse.add_argument("--first", action="store_true", help="Stop at the first failure.")
+    parse.add_argument("--no-shrink", action="store_true", help="Report failures unshrunk.")
+    parse.add_argument("--trace", action="store_true", help="Print each failure's trace.")
+    parse.add_argument("--json", action="store_true", help="End with a JSON summary line.")
+    return parse
+
+
+def _kind(index: int, choice: str, options: Sequence[str], every: int) -> str:
+    """For "mix": the first option, and every ``every``-th run the next ones in turn."""
+    if choice != "mix":
+        return choice
+    if len(options) == 1 or index % every:
+        return options[0]
+    return options[1 + (index // every) % (len(options) - 1)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.getLogger("keelgate").setLevel(logging.CRITICAL)  # the product's own warnings
+    if args.replay is not None or args.seed is not None:
+        store = args.store if args.store != "mix" else STORES[0]
+        mode = args.mode if args.mode != "mix" else MODES[0]
+        if args.replay is not None:
+            outcome = simulate(replay=decode(args.replay), store=store, mode=mode)
+        else:
+            outcome = simulate(seed=args.seed, store=store, mode=mode)
+        print("\n".join(outcome.lines))
+        _show(outcome, args.seed, shrunk=None)
+        return 0 if outcome.ok else 1
+    base = args.base if args.seconds is None else int(time.time())
+    deadline = None if args.seconds is None else time.monotonic() + args.seconds
+    started = time.monotonic()
+    runs = failures = 0
+    first_failure: int | None = None
+    rules: list[str] = []
+    while True:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if deadline is None and runs >= args.seeds:
+            break
+        index = runs
+        seed = seed_of(index, base)
+        store = _kind(index, args.store, STORES, 4)
+        mode = _kind(index, args.mode, MODES, 3)
+        outcome = simulate(seed=seed, store=store, mode=mode)
+        runs += 1
+        if not outcome.ok:
+            failures += 1
+            if first_failure is None:
+                first_failure = runs
+            rules.extend(v.rule for v in outcome.violations)
+            shrunk = None if args.no_shrink else _shrunk(outcome)
+            _show(outcome, seed, shrunk=shrunk, trace=args.trace)
+            if args.first:
+                break
+    took = time.monotonic() - started
+    rate = runs / took * 60 if took else 0.0
+    print(
+        f"{runs} simulated runs (base {base}) in {took:.1f}s ({rate:.0f} a minute): "
+        f"{failures} broke a promise"
+    )
+    if args.json:
+        summary = {
+            "runs": runs,
+            "failures": failures,
+            "first": first_failure,
+            "rules": sorted(set(rules)),
+            "seconds": round(took, 2),
+        }
+        print(json.dumps(summary))
+    return 1 if failures else 0
+
+
+def _shrunk(outcome: Outcome) -> list[int]:
+    rules = {v.rule for v in outcome.violations}
+
+    def fails(choices: Sequence[int]) -> bool:
+        again = simulate(replay=choices, store=outcome.store, mode=outcome.mode)
+        return bool(rules & {v.rule for v in again.violations})
+
+    return shrink(outcome.choices, fails)
+
+
+def _show(
+    outcome: Outcome, seed: int | None, *, shrunk: list[int] | None, trace: bool = False
+) -> None:
+    if outcome.ok:
+        return
+    where = f"{outcome.mode}, {outcome.store} store"
+    print(f"BROKEN PROMISE (seed {seed}, {where}):")
+    for violation in outcome.violations:
+        print(f"  {violation}")
+    command = (
+        f".venv/bin/python -m keelgate.testing.sim --mode {outcome.mode} --store {outcome.store}"
+    )
+    if shrunk is not None:
+        text = encode(shrunk)
+        print(f"  shrunk schedule: {text} ({len(shrunk)} choices, of {len(outcome.choices)})")
+        print(f"  replay: {command} --replay '{text}'")
+    elif seed is not None:
+        print(f"  replay: {command} --seed {seed}")
+    if trace:
+        print("\n".join(f"    {line}" for line in outcome.lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The oracle: after every simulated run, the promise, checked against what really happened.
+
+Why it exists: the simulator is only as good as its judge, and a judge that knew the code would
+share its blind spots. This one knows the promise (README, docs/design.md) and the ground truth
+the world kept: the shop's ledger of effects, the decisions people made and whether they were
+true, the spec versions, the plans the model gave; from the store it reads only what a person
+can read (the run's checkpoint, its keys, its audit chain, verified). Each broken promise is one
+line, named by the rule it breaks (``RULES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from keelgate.core.audit import AuditEvent
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.core.types import KeyState, RunPhase
+from keelgate.testing.sim.downstream import Ledger
+from keelgate.testing.sim.people import Decision
+from keelgate.testing.sim.world import EPOCH
+
+RULES = {
+    "twice": "a WRITE's effect happened more than once under one idempotency key",
+    "unapproved": "a WRITE took effect without the approval it needed",
+    "after-not-executed": "a WRITE took effect after a true 'not executed'",
+    "unasked": "an unknown outcome was never put to a person",
+    "waiting": "the run was left waiting with nobody asked",
+    "audit": "the audit chain does not verify, or lacks a decision",
+    "budget": "a budget was passed by more than one call",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {RULES[self.rule]} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class PlanMade:
+    """A plan the model gave, and the approval rules of the spec it was asked under."""
+
+    at: float
+    iteration: int
+    approval: frozenset[str]
+
+
+@dataclass
+class Truth:
+    """What the world knows happened, for the oracle."""
+
+    ledger: Ledger
+    decisions: list[Decision] = field(default_factory=list)
+    plans: list[PlanMade] = field(default_factory=list)
+    #: People decided by editing objects (operator mode): their settlements are read from the
+    #: chain, at the moment they were recorded, not from when they were asked for.
+    human_from_audit: bool = False
+    max_iterations: int | None = None
+    max_tokens: int | None = None
+    call_tokens: int = 0
+
+
+def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation]:
+    """Every broken promise of one finished simulation."""
+    found: list[Violation] = []
+    loop = Loop(stores=stores, busy_wait=0.0)
+    events = stores.audit.events(tenant, run)
+    ledger = truth.ledger
+    # At most once per key.
+    keys = {effect.key for effect in ledger.effects}
+    for key in sorted(keys):
+        count = ledger.count(key)
+        if count > 1:
+            found.append(Violation("twice", f"{key[:12]} took effect {count} times"))
+    plans = _plans(events)
+    approved = _decided(events, "loop.approved")
+    # Never without the approvals it needs: those of the spec the sending process ran, and
+    # those of the spec the action was planned under (the action is the last one started under
+    # the key before the effect).
+    started = [
+        (str(e.data.get("idempotencyKey")), str(e.data.get("action")), _at(e))
+        for e in events
+        if e.type == "loop.action_started"
+    ]
+    for effect in ledger.effects:
+        sent = [a for k, a, at in started if k == effect.key and at <= effect.at]
+        action = sent[-1] if sent else ""
+        needed = effect.approval_in_spec
+        for planned, tool, at in plans.get(effect.key, []):
+            if planned == action and tool in _rules_at(truth.plans, action, at):
+                needed = True
+        if needed and not any(a == action and at <= effect.at for a, at in approved):
+            found.append(
+                Violation(
+                    "unapproved", f"{effect.tool} {action} {effect.key[:12]} at {effect.at:.1f}"
+                )
+            )
+    # Never after a "not executed" that was true when given.
+    settled_not = [(d.key, d.at) for d in truth.decisions if d.kind == "settle" and not d.yes]
+    settled_not += [
+        (str(e.data.get("idempotencyKey")), _at(e))
+        for e in events
+        if e.type == "loop.reconciled"
+        and (e.data.get("source") == "confirmer" or truth.human_from_audit)
+        and e.data.get("verdict") == "abandoned"
+    ]
+    for key, at in settled_not:
+        before = [e for e in ledger.effects if e.key == key and e.at <= at]
+        after = [e for e in ledger.effects if e.key == key and e.at > at]
+        if not before and after:
+            found.append(
+                Violation(
+                    "after-not-executed",
+                    f"{key[:12]} settled not executed at {at:.1f}, "
+                    f"took effect at {after[0].at:.1f}",
+                )
+            )
+    # Every unknown outcome put to a person; nobody left waiting.
+    outcome = loop.outcome(tenant, run) if stores.checkpoints.load(tenant, run) else None
+    finished = outcome is not None and outcome.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED)
+    if not finished:
+        shown = (
+            "never started"
+            if outcome is None
+            else (f"{outcome.phase.value} {outcome.stop.reason.value}: {outcome.stop.message}")
+        )
+        found.append(Violation("waiting", f"at the end the run is {shown}"))
+    for key in sorted(_planned_keys(events)):
+        record = stores.idempotency.get(tenant, key)
+        if record is None:
+            continue
+        if record.state in (KeyState.OUTCOME_UNKNOWN, KeyState.IN_FLIGHT) and finished:
+            found.append(
+                Violation("unasked", f"{key[:12]} is {record.state.value} and the run finished")
+            )
+    # The audit chain verifies and records each decision as it stands.
+    report = loop.verify_audit(tenant, run)
+    if not report.ok:
+        found.append(Violation("audit", "; ".join(report.problems)))
+    reconciled = {
+        str(e.data.get("idempotencyKey")): e for e in events if e.type == "loop.reconciled"
+    }
+    for key in sorted(_planned_keys(events)):
+        record = stores.idempotency.get(tenant, key)
+        if record is None or not record.source:
+            continue
+        event = reconciled.get(key)
+        verdict = "executed" if record.state is KeyState.COMPLETED else "abandoned"
+        if event is None:
+            found.append(Violation("audit", f"the settlement of {key[:12]} is not on the chain"))
+        elif event.actor != record.settled_by or event.data.get("verdict") != verdict:
+            found.append(
+                Violation(
+                    "audit",
+                    f"{key[:12]}: the chain says {event.data.get('verdict')} by {event.actor}, "
+                    f"the store {verdict} by {record.settled_by}",
+                )
+            )
+    decided = {(e.data.get("action"), e.actor, e.type) for e in events}
+    for decision in truth.decisions:
+        if decision.kind != "approve":
+            continue
+        kind = "loop.approved" if decision.yes else "loop.denied"
+        if (decision.action, decision.by, kind) not in decided:
+            found.append(
+                Violation("audit", f"{decision.by}'s decision on {decision.action} is missing")
+            )
+    # Budgets passed by at most one call.
+    if outcome is not None:
+        if truth.max_iterations is not None and outcome.iteration > truth.max_iterations:
+            found.append(
+                Violation(
+                    "budget", f"{outcome.iteration} iterations, at most {truth.max_iterations}"
+                )
+            )
+        if truth.max_tokens is not None:
+            tokens = outcome.usage.tokens
+            if tokens > truth.max_tokens + truth.call_tokens:
+                found.append(
+                    Violation("budget", f"{tokens} tokens, budget at most {truth.max_tokens}")
+                )
+    return found
+
+
+def _at(event: AuditEvent) -> float:
+    import datetime as dt
+
+    moment = dt.datetime.fromisoformat(event.at.replace("Z", "+00:00"))
+    return moment.timestamp() - EPOCH
+
+
+def _plans(events: Sequence[AuditEvent]) -> dict[str, list[tuple[str, str, float]]]:
+    """Each key's planned actions: (action, tool, when the plan was saved)."""
+    found: dict[str, list[tuple[str, str, float]]] = {}
+    for event in events:
+        if event.type != "loop.plan_saved":
+            continue
+        for action in event.data.get("actions") or []:
+            found.setdefault(str(action["idempotencyKey"]), []).append(
+                (str(action["action"]), str(action["tool"]), _at(event))
+            )
+    return found
+
+
+def _planned_keys(events: Sequence[AuditEvent]) -> set[str]:
+    return set(_plans(events))
+
+
+def _decided(events: Sequence[AuditEvent], kind: str) -> list[tuple[str, float]]:
+    return [(str(e.data.get("action")), _at(e)) for e in events if e.type == kind]
+
+
+def _rules_at(plans: Sequence[PlanMade], action: str, at: float) -> frozenset[str]:
+    """The approval rules of the spec the plan holding ``action`` was made under."""
+    iteration = int(action.split(":", 1)[0])
+    made = [p for p in plans if p.iteration == iteration and p.at <= at]
+    return made[-1].approval if made else frozenset()

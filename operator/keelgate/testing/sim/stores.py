@@ -1,0 +1,146 @@
+"""The simulated runs' stores: the product's own SQL stores, their clock put on virtual time.
+
+Why it exists: a write deadline is set and judged on the store's own clock (SQL ``now``), so a
+simulation that moves time must move that clock too. The seam is the store's ``Dialect``: these
+subclasses change only its clock expression to a function the world answers, and each process of
+the simulation opens its own store object (its own owner, as a process would). The memory store
+stands for a server store (PostgreSQL): an owner's session can be lost while its process lives
+(``lose_session``); the SQLite store is the real file with the real ``flock`` owners, in a
+temporary folder. Nothing of the stores' logic is copied here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from keelgate.core.protocols import Stores
+from keelgate.stores._sql import migrate
+from keelgate.stores.memory import MemoryBackend, MemoryStore
+from keelgate.stores.sqlite import SQLITE, SQLiteStore, immediate
+
+#: The SQL function that reads the world's clock.
+CLOCK_FUNCTION = "keelgate_sim_clock"
+_DIALECT = replace(SQLITE, clock=f"{CLOCK_FUNCTION}()")
+
+Clock = Callable[[], float]
+
+
+class SimMemoryStore(MemoryStore):
+    """A memory store whose SQL clock is the world's, standing for a server store: the runs it
+    drives are held by its session (``RunLock``), and go with it when the session is lost, as a
+    PostgreSQL session's advisory locks do."""
+
+    dialect = _DIALECT
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend)
+        self.driving: set[tuple[str, str]] = set()
+        self.session_lost = False
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        if self.session_lost:
+            return None
+        release = super().lock_run(tenant, run)
+        if release is None:
+            return None
+        self.driving.add((tenant, run))
+
+        def released() -> None:
+            if (tenant, run) in self.driving:  # not lost with the session meanwhile
+                self.driving.discard((tenant, run))
+                release()
+
+        return released
+
+    def lose_session(self) -> None:
+        """The server ended this store's session: its owner and its runs' locks go."""
+        with self.backend.lock:
+            self.session_lost = True
+            self.backend.live_owners.discard(self.owner)
+            self.backend.driven.difference_update(self.driving)
+            self.driving.clear()
+
+
+class SimSQLiteStore(SQLiteStore):
+    """A SQLite store (a real file, real flock owners) whose SQL clock is the world's."""
+
+    dialect = _DIALECT
+
+    def __init__(self, path: Path, clock: Clock) -> None:
+        super().__init__(path, synchronous="OFF")  # a simulation never loses power
+        self._db.create_function(CLOCK_FUNCTION, 0, clock)
+
+
+class StoreSite:
+    """Where one simulated run's data lives; ``open()`` is one process opening its stores."""
+
+    kind: str
+
+    def open(self) -> Stores:
+        raise NotImplementedError
+
+    def lose_session(self, stores: Stores) -> bool:
+        """The store server ends this process's session (its owner is judged gone) while the
+        process lives on; False where no such thing can happen (SQLite: one host, flock)."""
+        return False
+
+    def kill(self, stores: Stores) -> None:
+        """The process died: its owner goes at once, whatever it still held."""
+        store = stores.idempotency
+        close_now = getattr(store, "_close_now", None)
+        if close_now is not None:
+            close_now()
+
+    def close(self) -> None:
+        """The simulated run is over."""
+
+
+class MemorySite(StoreSite):
+    kind = "memory"
+
+    def __init__(self, clock: Clock) -> None:
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        db.create_function(CLOCK_FUNCTION, 0, clock)
+        migrate(db, SQLITE, lambda: immediate(db), where="simulated memory store")
+        self.backend = MemoryBackend(db=db)
+
+    def open(self) -> Stores:
+        return Stores.of(SimMemoryStore(self.backend))
+
+    def lose_session(self, stores: Stores) -> bool:
+        store = stores.idempotency
+        assert isinstance(store, SimMemoryStore)
+        store.lose_session()
+        return True
+
+    def close(self) -> None:
+        self.backend.db.close()
+
+
+class SQLiteSite(StoreSite):
+    kind = "sqlite"
+
+    def __init__(self, clock: Clock, *, folder: str | None = None) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="keelgate-sim-", dir=folder)
+        self.path = Path(self._folder.name) / "keelgate.db"
+        self.clock = clock
+
+    def open(self) -> Stores:
+        return Stores.of(SimSQLiteStore(self.path, self.clock))
+
+    def close(self) -> None:
+        self._folder.cleanup()
+
+
+def site(kind: str, clock: Clock) -> StoreSite:
+    if kind == "memory":
+        return MemorySite(clock)
+    if kind == "sqlite":
+        # /dev/shm where there is one: the file's durability is not what is simulated.
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        return SQLiteSite(clock, folder=shm)
+    raise ValueError(f"unknown store kind {kind!r} (memory or sqlite)")

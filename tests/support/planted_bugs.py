@@ -1,0 +1,203 @@
+"""Bugs of this project's history, planted one at a time into a copy of the package, for the
+simulator to find (issue 39, item 5; the table in docs/simulation.md).
+
+Each bug is a few textual replacements in the product's source, applied to a temporary copy of
+``operator/keelgate`` (never to the tree, never a switch in product code). A replacement whose
+text is no longer found fails loudly: the product moved, and the bug must be planted again where
+it now belongs. ``find`` runs the simulator over the mutated copy in a subprocess and returns
+how many seeds it took to break a promise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "operator" / "keelgate"
+
+
+@dataclass(frozen=True)
+class Planted:
+    name: str  # what the bug did, in the words of the issue
+    edits: tuple[tuple[str, str, str], ...]  # (file under keelgate/, old text, new text)
+    mode: str = "local"  # where the simulator meets it: local (core) or operator
+
+
+BUGS: tuple[Planted, ...] = (
+    Planted(
+        "a spec edit at an unknown outcome drops the WRITE",
+        (
+            (
+                "core/phases.py",
+                "prior = self.gateway.recorded(action) if resumed else None",
+                "prior = None",
+            ),
+            ("core/gateway.py", "return self.recorded(action) or refused", "return refused"),
+        ),
+    ),
+    Planted(
+        "a pause spanning a settlement (the write deadline not checked)",
+        (
+            (
+                "core/fence.py",
+                "        late = now() - self.at\n        if late >= 0:\n",
+                "        late = now() - self.at\n        if late >= 0 and False:\n",
+            ),
+        ),
+    ),
+    Planted(
+        "a claim recorded after the tool call",
+        (
+            (
+                "core/gateway.py",
+                "            record = self._claim(\n",
+                "            early = tool.invoke(action.args, idempotency_key=action.key)\n"
+                '            failpoints.hit("after_gateway_call")\n'
+                "            record = self._claim(\n",
+            ),
+            (
+                "core/gateway.py",
+                "                return self._send(tool, action, deadline)",
+                "                return self._send(_Sent(tool, early), action, deadline)",
+            ),
+            (
+                "core/gateway.py",
+                "def describe(error: BaseException) -> str:",
+                "class _Sent:\n"
+                "    def __init__(self, tool: Any, output: Any) -> None:\n"
+                "        self.name, self.output = tool.name, output\n\n"
+                "    def invoke(self, args: Any, *, idempotency_key: Any) -> Any:\n"
+                "        return self.output\n\n\n"
+                "def describe(error: BaseException) -> str:",
+            ),
+        ),
+    ),
+    Planted(
+        "a settlement that takes a second verdict",
+        (
+            (
+                "core/types.py",
+                "    if record.state is KeyState.OUTCOME_UNKNOWN:\n"
+                "        return KeyState.COMPLETED if executed else KeyState.ABANDONED",
+                "    if record.state is not KeyState.IN_FLIGHT:\n"
+                "        return KeyState.COMPLETED if executed else KeyState.ABANDONED",
+            ),
+            (
+                "stores/_sql.py",
+                "f\"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ? \"",
+                "f\"WHERE tenant = ? AND key = ? AND state <> 'x' AND owner {d.same} ? \"",
+            ),
+        ),
+    ),
+    Planted(
+        "a dead owner's key retried",
+        (
+            (
+                "core/gateway.py",
+                "        return self._unknown(action, record)\n",
+                "        tool = self.tools.get(action.tool)\n"
+                "        if tool is not None and record.state is KeyState.OUTCOME_UNKNOWN:\n"
+                "            output = tool.invoke(action.args, idempotency_key=action.key)\n"
+                "            return ActionResult(action.id, ResultStatus.OK, output=output)\n"
+                "        return self._unknown(action, record)\n",
+            ),
+        ),
+    ),
+    Planted(
+        "an approval judged by the current manifest",
+        (
+            (
+                "core/approvals.py",
+                "if not (action.requires_approval or tool.requires_approval):",
+                "if not tool.requires_approval:",
+            ),
+        ),
+    ),
+    Planted(
+        "executed: false read as undecided",
+        (
+            (
+                "kube/controller/decisions.py",
+                "            if wanted is None:",
+                "            if not wanted:",
+            ),
+        ),
+        mode="operator",
+    ),
+    Planted(
+        "a second unknown outcome never surfaced (one Reconciliation per tool)",
+        (
+            (
+                "kube/naming.py",
+                'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
+                'middle = "action"',
+            ),
+        ),
+        mode="operator",
+    ),
+    Planted(
+        "an unknown outcome that does not stop the run",
+        (
+            (
+                "core/gateway.py",
+                '            # flight), so "not found downstream" would be premature. '
+                "A later resume asks it.\n"
+                "            raise UnknownOutcomeStop(self._unknown_action(action)) from None",
+                "            return ActionResult(action.id, ResultStatus.ERROR, error='unknown')",
+            ),
+        ),
+    ),
+)
+
+
+def planted(bug: Planted, into: Path) -> Path:
+    """A copy of the package with ``bug`` in it, under ``into``; the folder to put on the path."""
+    root = into / "planted"
+    shutil.copytree(PACKAGE, root / "keelgate", ignore=shutil.ignore_patterns("__pycache__"))
+    for file, old, new in bug.edits:
+        path = root / "keelgate" / file
+        text = path.read_text()
+        if old not in text:
+            raise AssertionError(f"{bug.name}: {file} no longer holds the text to replace")
+        path.write_text(text.replace(old, new))
+    return root
+
+
+def find(bug: Planted, into: Path, *, seeds: int, store: str = "mix") -> dict[str, object]:
+    """Run the simulator over a copy with ``bug`` until the first broken promise (at most
+    ``seeds`` runs); its JSON summary (``first``: the runs it took, None if not found)."""
+    root = planted(bug, into)
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keelgate.testing.sim",
+            "--seeds",
+            str(seeds),
+            "--mode",
+            bug.mode,
+            "--store",
+            store,
+            "--first",
+            "--no-shrink",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        raise AssertionError(f"the simulator did not run:\n{done.stdout}\n{done.stderr}")
+    summary: dict[str, object] = json.loads(lines[-1])
+    summary["output"] = done.stdout
+    return summary
