@@ -28,6 +28,7 @@ from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.redaction import redact_text
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
 from keelgate.core.tracing import NO_TRACING, RunTrace, Tracer, TraceRef
@@ -151,7 +152,8 @@ class Session:
                 state,
                 AuditDraft(
                     "loop.started",
-                    {"kind": self.spec.kind.value, "goal": self.spec.goal},
+                    # A goal is text a person wrote: a secret in it must not live on in the chain.
+                    {"kind": self.spec.kind.value, "goal": redact_text(self.spec.goal)},
                     key="started",
                 ),
             )

@@ -34,7 +34,7 @@ from keelgate.cli.plugin.ui import pages
 from keelgate.cli.plugin.ui.views import Views
 from keelgate.errors import KeelgateError
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
-from keelgate.stores import scrubbed
+from keelgate.core.redaction import redact_text
 
 COOKIE = "keelgate_inbox"
 #: Seconds an idle event stream waits before a keep-alive comment (proxies close silent ones).
@@ -150,7 +150,7 @@ class InboxServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if isinstance(error, ConnectionError | TimeoutError):
             return  # a browser that went away mid-answer
-        said = (scrubbed(f"{type(error).__name__}: {error}").splitlines() or [""])[0]
+        said = (redact_text(f"{type(error).__name__}: {error}").splitlines() or [""])[0]
         print(f"keelgate: error: a request failed: {said}", file=sys.stderr)
 
     @property
