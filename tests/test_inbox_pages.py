@@ -112,7 +112,7 @@ def test_each_form_carries_the_csrf_token_and_a_labelled_note() -> None:
 
 def test_the_page_loads_nothing_from_outside() -> None:
     """The layout names its stylesheet and script on its own origin, and nothing else."""
-    html = pages.layout(title="Inbox", user="alice", current="/", main="", csrf="c")
+    html = pages.layout(title="Inbox", user="alice", current="/", main="")
     assert re.findall(r'(?:src|href)="([^"]+)"', html) == [
         "/static/ui.css",
         "/static/ui.js",
