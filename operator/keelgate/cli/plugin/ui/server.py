@@ -54,6 +54,7 @@ REQUEST_TIMEOUT = 10.0
 #: Connections served at once (a thread each); event streams, one per open page, among them.
 MAX_CONNECTIONS = 32
 MAX_STREAMS = 16
+BUSY = b"the inbox is busy: too many connections\n"
 #: The largest decision form (a note is at most 500 characters).
 MAX_FORM = 16384
 #: Seconds an idle event stream waits before a keep-alive comment (proxies close silent ones).
@@ -153,6 +154,9 @@ class InboxServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # Ctrl-C stops it at once; a held connection dies with the process
     allow_reuse_address = True
+    # Connections waiting to be accepted: past it the kernel drops them for a second or more,
+    # and a page's several connections would wait for that.
+    request_queue_size = 64
 
     def __init__(
         self,
@@ -238,8 +242,8 @@ def _busy(request: socket.socket) -> None:
         request.settimeout(1.0)
         request.sendall(
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-            b"Content-Length: 41\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-            b"the inbox is busy: too many connections\n"
+            b"Content-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s"
+            % (len(BUSY), BUSY)
         )
     except OSError:
         pass
