@@ -73,9 +73,9 @@ def shell() -> str:
         current="",
         shell=True,
         main=(
-            '<p class="note" id="shell-note">This tab is not signed in to the inbox. Open the '
-            "newest sign-in address <code>kubectl keelgate ui</code> printed in its terminal "
-            "(each address works once).</p>"
+            '<p class="note" id="shell-note">Loading the inbox… If this stays, this browser is '
+            "not signed in to it: open the newest sign-in address <code>kubectl keelgate "
+            "ui</code> printed in its terminal (each address works once).</p>"
         ),
     )
 

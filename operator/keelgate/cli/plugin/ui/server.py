@@ -178,7 +178,7 @@ class InboxServer(ThreadingHTTPServer):
         self.changes = Changes()
         self.watches = Watches(views, self.changes)
         self._slots = threading.BoundedSemaphore(max_connections)
-        self._streams = threading.BoundedSemaphore(min(MAX_STREAMS, max(1, max_connections // 2)))
+        self.streams = threading.BoundedSemaphore(min(MAX_STREAMS, max(1, max_connections // 2)))
 
     # connections: a bounded number, each in its own thread
 
@@ -499,14 +499,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, body, content_type=STATIC[name])
 
     def _events(self, session: Session) -> None:
-        if not self.server._streams.acquire(blocking=False):
+        if not self.server.streams.acquire(blocking=False):
             self.close_connection = True
             self._text(HTTPStatus.SERVICE_UNAVAILABLE, "too many open pages")
             return
         try:
             self._stream(session)
         finally:
-            self.server._streams.release()
+            self.server.streams.release()
 
     def _stream(self, session: Session) -> None:
         self.send_response(HTTPStatus.OK)
