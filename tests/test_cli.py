@@ -951,14 +951,14 @@ def test_a_password_written_with_percent_40_is_read_whole(
     """The same password with its '@' written %40 is well formed: the store is tried (exit 5,
     nobody listens) and the line names user, host and database, never the password. The last
     line of defence masks a raw one whole too."""
-    from keelgate.stores import scrubbed
+    from keelgate.core.redaction import redact_text
 
     port = _refused_port()
     assert main(["runs", "--store", f"postgresql://bob:S3c%40retPW@127.0.0.1:{port}/db"]) == 5
     out, err = capsys.readouterr()
     assert f"bob@127.0.0.1:{port}/db" in err and len(err.strip().splitlines()) == 1
     assert "S3c" not in out + err and "retPW" not in out + err
-    masked = scrubbed(f"store postgresql://bob:S3c@retPW@127.0.0.1:{port}/db down")
+    masked = redact_text(f"store postgresql://bob:S3c@retPW@127.0.0.1:{port}/db down")
     assert masked == f"store postgresql://bob:***@127.0.0.1:{port}/db down"
 
 

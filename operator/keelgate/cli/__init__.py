@@ -9,7 +9,7 @@ script can tell "try again when the database is back" from a failed run), 130 in
 also covers an API server that cannot be reached). An error's code is its class's
 ``exit_code`` (the table in ``keelgate.errors``, which a step pod reads too), never which
 ``except`` clause caught it. It must never print a traceback for a user's mistake, and never
-print tool arguments or secrets: every error line goes through ``scrubbed``, whatever text it
+print tool arguments or secrets: every error line goes through ``redact_text``, whatever text it
 quotes.
 """
 
@@ -92,12 +92,12 @@ def dispatch(
     from keelgate.cli import commands
     from keelgate.cli.render import Console
     from keelgate.core import failpoints
-    from keelgate.stores import scrubbed
+    from keelgate.core.redaction import log_to_stderr, redact_text
 
     console = Console()
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
-    logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
+    log_to_stderr(logging.WARNING, "keelgate: warning: %(message)s")
     args = list(args) or ["--help"]
     as_json = _wants_json(args)
 
@@ -105,7 +105,7 @@ def dispatch(
         """One line on stderr; with --output json, also one JSON object as stdout's last line."""
         # A message may quote what the user typed (a usage error quotes a stray argument): no
         # password in it may reach the terminal, a log collector or a script's JSON.
-        message = scrubbed(message)
+        message = redact_text(message)
         console.error(message)
         if as_json:
             console.json({"error": message, "exitCode": code})

@@ -178,6 +178,7 @@ def operator_command(
     import os
 
     from keelgate.adapters.tracing import configured
+    from keelgate.core.redaction import log_to_stderr
     from keelgate.kube.api import ClusterApi
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
@@ -219,9 +220,7 @@ def operator_command(
             identity,
             (lease_duration, lease_renew, lease_retry),
         )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
-    )
+    log_to_stderr(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     # leaderelection: a standby would log every try (every 2 s) at INFO.
     for noisy in ("kopf", "aiohttp", "kubernetes", "urllib3", "leaderelection"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from keelgate.core.audit import AuditEvent, ChainReport
+from keelgate.core.redaction import redact_text
 from keelgate.core.types import Outcome, RunPhase, StopReason
 
 _STYLE = {
@@ -231,6 +232,8 @@ def _details(event: AuditEvent) -> str:
         elif isinstance(value, list):
             value = ",".join(str(v) for v in value)
         parts.append(f"{key}={value}")
-    text = " ".join(parts)
+    # The chain keeps what was recorded; what is shown goes through the one redactor (a goal
+    # recorded before goals were redacted may hold a secret).
+    text = redact_text(" ".join(parts))
     # A run's goal can be long; the table is for reading (--output json has every byte).
     return text if len(text) <= 240 else text[:239] + "…"

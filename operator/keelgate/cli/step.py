@@ -14,7 +14,7 @@ unknown. The pod's grace period covers the longest call (the operator sets it).
 
 Every step of every run pays this program's start, so it is kept apart from the interactive
 CLI: it parses its few options with argparse and imports neither typer nor rich, nor kopf nor a
-Kubernetes client. It must never print a secret (error lines are scrubbed of passwords) or a
+Kubernetes client. It must never print a secret (error lines go through the redactor) or a
 tool's argument.
 """
 
@@ -173,8 +173,9 @@ def main(argv: Sequence[str]) -> int:
     import logging
 
     from keelgate.core import failpoints
+    from keelgate.core.redaction import log_to_stderr
 
-    logging.basicConfig(level=logging.WARNING, format="keelgate: warning: %(message)s")
+    log_to_stderr(logging.WARNING, "keelgate: warning: %(message)s")
     if failpoints.environment_error is not None:  # a KEELGATE_FAILPOINTS nobody can arm
         _say(str(failpoints.environment_error))
         return EXIT_BAD_INPUT
@@ -196,6 +197,6 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _say(message: str, *, level: str = "error") -> None:
-    from keelgate.stores import scrubbed
+    from keelgate.core.redaction import redact_text
 
-    print(f"keelgate: {level}: {scrubbed(message)}", file=sys.stderr, flush=True)
+    print(f"keelgate: {level}: {redact_text(message)}", file=sys.stderr, flush=True)

@@ -139,14 +139,13 @@ def worker_command(
     import logging
 
     from keelgate.cli.step import load_confirmer
+    from keelgate.core.redaction import log_to_stderr
     from keelgate.stores._holds import wait_for_running_calls
 
     module = _sdk("keelgate temporal-worker")
     # A long-running process: its log lines need times, as the operator's do. An attempt that
     # ends in a Keelgate error (a busy run, a failed stop) is logged by the SDK as a warning.
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
-    )
+    log_to_stderr(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if not task_queue.strip():
         raise InputError("--task-queue", "name the task queue to poll")
     _usable(store)

@@ -28,6 +28,7 @@ from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
+from keelgate.core.redaction import redact_text, redact_value
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import Plan, RunState, Step, capped
 from keelgate.core.tracing import NO_TRACING, RunTrace, Tracer, TraceRef
@@ -151,7 +152,8 @@ class Session:
                 state,
                 AuditDraft(
                     "loop.started",
-                    {"kind": self.spec.kind.value, "goal": self.spec.goal},
+                    # A goal is text a person wrote: a secret in it must not live on in the chain.
+                    {"kind": self.spec.kind.value, "goal": redact_text(self.spec.goal)},
                     key="started",
                 ),
             )
@@ -330,8 +332,8 @@ class Session:
             tool = self.loop.tools.get(action.tool)
             side_effect = action.side_effect if tool is None else tool.side_effect
             attributes = telemetry.tool_attributes(action, side_effect)
-            if self.tracer.records_arguments:  # only when a setting asks for them
-                attributes["gen_ai.tool.call.arguments"] = canonical_json(action.args)
+            if self.tracer.records_arguments:  # only when a setting asks for them, redacted
+                attributes["gen_ai.tool.call.arguments"] = canonical_json(redact_value(action.args))
             with self.trace.span(f"execute_tool {action.tool}", attributes) as span:
                 try:
                     result = self._next_result(state, action, resumed=resumed)

@@ -101,19 +101,6 @@ def redacted(url: str) -> str:
         return UNREADABLE
 
 
-# A password in any URL-like text ("user:PW@", even with the "//" mistyped, and up to the last
-# '@' before the host's '/' should the password hold a raw '@') or in a libpq key=value setting
-# ("password=PW"). The lookahead keeps "postgresql://USER@HOST" intact.
-_USERINFO = re.compile(r"([^\s/@:]*):(?!//)[^\s@]*(?:@[^\s@/]*)*@")
-_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
-
-
-def scrubbed(text: str) -> str:
-    """``text`` with anything shaped like a password masked: the last line of defence for
-    messages that may quote text a user typed."""
-    return _PASSWORD_SETTING.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
-
-
 def sqlite_path(url: str) -> str:
     """``sqlite:///relative/path`` or ``sqlite:////absolute/path`` to a filesystem path."""
     parsed = _parse(url)

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import email.utils
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from keelgate.core.redaction import REDACTED, redact_text
 from keelgate.errors import ModelError, ModelUnavailable
 
 log = logging.getLogger("keelgate.models")
 
 T = TypeVar("T")
 
-# Anything that looks like a provider key. Providers echo a masked key in 401 messages
-# ("Incorrect API key provided: sk-ab***yz"); even masked, it does not belong in a status.
-_KEY_LIKE = re.compile(r"\b(?:sk|key|pk)[-_][A-Za-z0-9_\-\*\.]{3,}")
 MESSAGE_CAP = 300
 
 
@@ -87,8 +84,10 @@ def one_line(text: str, *, secrets: tuple[str, ...] = ()) -> str:
     """A provider's message as one short line, with anything key-like removed."""
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "[redacted]")
-    text = _KEY_LIKE.sub("[redacted]", text)
+            text = text.replace(secret, REDACTED)
+    # Providers echo a masked key in 401 messages ("Incorrect API key provided: sk-ab***yz");
+    # even masked, it does not belong in a status: the redactor knows that shape too.
+    text = redact_text(text)
     text = " ".join(text.split())
     return text if len(text) <= MESSAGE_CAP else text[: MESSAGE_CAP - 3] + "..."
 

@@ -103,6 +103,15 @@ def _main(
     ctx.obj = KubeFlags(kubeconfig, context, namespace)
 
 
+def duration(flag: str, text: str) -> int:
+    """Seconds of a kubectl-style duration: 30s, 5m, 2h (or a whole number of seconds)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    if not number.isdigit() or int(number) <= 0:
+        raise InputError(flag, f"{text!r}: give a duration such as 30s, 5m or 2h")
+    return int(number) * units[unit]
+
+
 def _given(flag: str, before: str | None, after: str | None) -> str | None:
     """A flag given before the command, after it, or both alike; both, unalike, is refused
     (which one was meant cannot be guessed, and a decision must not land in the wrong place)."""

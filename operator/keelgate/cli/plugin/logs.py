@@ -24,6 +24,7 @@ from keelgate.cli.plugin.commands import (
     NamespaceOption,
     _api,
     app,
+    duration,
 )
 from keelgate.cli.render import Console
 from keelgate.errors import InputError, KeelgateError
@@ -62,7 +63,7 @@ def logs_command(
     """
     if tail < -1:
         raise InputError("--tail", "must be -1 (all) or a number of lines")
-    since_seconds = _duration("--since", since) if since is not None else None
+    since_seconds = duration("--since", since) if since is not None else None
     if follow and output is OutputFormat.json:
         raise InputError("--follow", "streams text: not with -o json")
     limit = None if tail == -1 else tail
@@ -153,12 +154,3 @@ def _follow(api: PluginApi, run: str, done: set[str], tail: int | None, console:
                 console.say(f"{run} is {phase}: nothing more to follow", style="dim")
                 return
         time.sleep(FOLLOW_POLL)
-
-
-def _duration(flag: str, text: str) -> int:
-    """Seconds of a kubectl-style duration: 30s, 5m, 2h (or a whole number of seconds)."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
-    if not number.isdigit() or int(number) <= 0:
-        raise InputError(flag, f"{text!r}: give a duration such as 30s, 5m or 2h")
-    return int(number) * units[unit]

@@ -4,8 +4,8 @@
 Reconciliations and Approvals) into one JSON document, the same one ``--output json`` prints;
 ``tree`` draws that document for a person, ending with the commands to run next. Both are pure:
 they never talk to a cluster. Nothing here may show a tool's argument or a secret: AgentRun
-status, Reconciliations and Approvals hold neither, and a pod's log lines are scrubbed of
-anything shaped like a password before they are shown.
+status, Reconciliations and Approvals hold neither, and a pod's log lines go through the
+redactor (``keelgate.core.redaction``) before they are shown.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from rich.text import Text
 from rich.tree import Tree
 
 from keelgate.cli.plugin.target import Target
+from keelgate.core.redaction import redact_text
 from keelgate.kube.controller.pod_ends import classify
 from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL, action_object_name
-from keelgate.stores import scrubbed
 
 JSON = dict[str, Any]
 
@@ -111,7 +111,7 @@ def pod_end(pod: Mapping[str, Any]) -> tuple[str, int | None]:
 
 def log_lines(text: str) -> list[str]:
     """A pod's log as lines fit to show: anything shaped like a password masked."""
-    return [scrubbed(line) for line in text.splitlines()]
+    return [redact_text(line) for line in text.splitlines()]
 
 
 # Status

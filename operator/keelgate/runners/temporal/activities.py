@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from keelgate.adapters.loading import CallableLoader
     from keelgate.core.loop import Loop
     from keelgate.core.protocols import Confirmer, Stores
+    from keelgate.core.redaction import redact_text
     from keelgate.core.spec import LoopSpec
     from keelgate.core.types import KeyRecord, KeyState, Outcome, RunPhase, StopReason
     from keelgate.errors import KeelgateError, SettleError
@@ -47,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
         outcome_to_wire,
         pricing_from_wire,
     )
-    from keelgate.stores import open_stores, scrubbed
+    from keelgate.stores import open_stores
 
 T = TypeVar("T")
 
@@ -242,16 +243,16 @@ async def _in_thread(threads: ThreadPoolExecutor, function: Callable[[Any], T], 
         raise _application_error(error) from None
     except Exception as error:
         raise ApplicationError(
-            scrubbed(f"internal error: {type(error).__name__}: {error}"),
+            redact_text(f"internal error: {type(error).__name__}: {error}"),
             type=INTERNAL,
             non_retryable=True,  # not knowing is a reason to stop, not to retry
         ) from None
 
 
 def _application_error(error: KeelgateError) -> ApplicationError:
-    """Keelgate's error as Temporal's: its class name, its message (scrubbed of passwords) and
+    """Keelgate's error as Temporal's: its class name, its message (through the redactor) and
     its own ``retryable`` flag (a busy run or a store that is down may succeed later; a bad
     manifest or a refused decision never will)."""
     return ApplicationError(
-        scrubbed(str(error)), type=type(error).__name__, non_retryable=not error.retryable
+        redact_text(str(error)), type=type(error).__name__, non_retryable=not error.retryable
     )

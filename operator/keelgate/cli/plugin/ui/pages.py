@@ -3,7 +3,12 @@
 Why it exists: the pages must work without any script (a form posts, the server answers with a
 page), load nothing from outside (one stylesheet and one script, both served by the inbox), and
 be readable without colour (every state is a word; colour only repeats it). The script only
-swaps in a fresh ``<main>`` when the server says something changed.
+swaps in a fresh ``<main>`` when the server says something changed, or fills a page's shell.
+
+Every link and form is under ``root``: "" for a page the script reads with its key in a header,
+``/k/KEY`` for a page read with the key in its address (no JavaScript), so that following a
+link keeps the way the page was read (``sessions.py``). ``shell`` is what a request with the
+cookie alone gets: no data and no form token, only what lets the script fill it.
 
 It must never render a value without escaping it, and never render a control that would fail:
 a decision the user may not make shows why instead of a button.
@@ -27,26 +32,51 @@ def e(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def layout(*, title: str, user: str, current: str, main: str, csrf: str, live: bool = True) -> str:
+def layout(
+    *,
+    title: str,
+    user: str,
+    current: str,
+    main: str,
+    root: str = "",
+    live: bool = True,
+    shell: bool = False,
+) -> str:
     nav = "".join(
-        f'<a href="{href}"{" aria-current=page" if href == current else ""}>{e(label)}</a>'
+        f'<a href="{e(root)}{href}"{" aria-current=page" if href == current else ""}>{e(label)}</a>'
         for href, label in (("/", "Inbox"), ("/runs", "Runs"))
     )
+    who = f"Signed in to the cluster as <strong>{e(user)}</strong>" if user else ""
     return (
         "<!doctype html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{e(title)} · Keelgate</title>"
-        f'<meta name="csrf-token" content="{e(csrf)}">'
         '<link rel="stylesheet" href="/static/ui.css">'
         '<script src="/static/ui.js" defer></script></head>'
-        f'<body data-live="{"on" if live else "off"}">'
+        f'<body data-live="{"on" if live else "off"}"{" data-shell=1" if shell else ""}>'
         '<a class="skip" href="#content">Skip to content</a>'
         f'<header><span class="brand">Keelgate</span><nav aria-label="Pages">{nav}</nav>'
-        f'<span class="who">Signed in to the cluster as <strong>{e(user)}</strong></span>'
+        f'<span class="who" id="who">{who}</span>'
         '<span class="live" id="live" role="status" aria-live="polite">Live: connecting</span>'
         "</header>"
         f'<main id="content" tabindex="-1">{main}</main></body></html>'
+    )
+
+
+def shell() -> str:
+    """The page a request with the cookie alone gets: the script fills it with the page's key
+    from this browser; a tab without it (or without JavaScript) reads how to sign in."""
+    return layout(
+        title="Inbox",
+        user="",
+        current="",
+        shell=True,
+        main=(
+            '<p class="note" id="shell-note">Loading the inbox… If this stays, this browser is '
+            "not signed in to it: open the newest sign-in address <code>kubectl keelgate "
+            "ui</code> printed in its terminal (each address works once).</p>"
+        ),
     )
 
 
@@ -59,7 +89,13 @@ def flash(said: str, error: str) -> str:
 
 
 def inbox(
-    items: Sequence[Waiting], *, csrf: str, scope: str, said: str = "", error: str = ""
+    items: Sequence[Waiting],
+    *,
+    csrf: str,
+    scope: str,
+    said: str = "",
+    error: str = "",
+    root: str = "",
 ) -> str:
     head = (
         f"<h1>Inbox <span class=count>({len(items)} waiting)</span></h1>"
@@ -68,13 +104,13 @@ def inbox(
     )
     if not items:
         return head + '<p class="empty">Nothing waits for a decision.</p>'
-    return head + '<ol class="items">' + "".join(_item(i, csrf) for i in items) + "</ol>"
+    return head + '<ol class="items">' + "".join(_item(i, csrf, root) for i in items) + "</ol>"
 
 
-def _item(item: Waiting, csrf: str) -> str:
+def _item(item: Waiting, csrf: str, root: str) -> str:
     unknown = item.kind == "Reconciliation"
     what = "Unknown outcome" if unknown else "Approval"
-    run_href = f"/runs/{e(item.namespace)}/{e(item.run)}"
+    run_href = f"{e(root)}/runs/{e(item.namespace)}/{e(item.run)}"
     facts = [
         ("Run", f'<a href="{run_href}">{e(item.namespace)}/{e(item.run)}</a>'),
         ("Action", e(item.action)),
@@ -106,11 +142,11 @@ def _item(item: Waiting, csrf: str) -> str:
         f'<h2 id="{e(item.ident)}-t"><span class="tag">{e(what)}</span> {e(item.tool)} '
         f'<span class="sub">{e(item.namespace)}/{e(item.run)} · {e(item.action)}</span></h2>'
         f'<dl class="facts">{rows}</dl>'
-        f"{_decision_form(item, csrf, title)}</article></li>"
+        f"{_decision_form(item, csrf, title, root)}</article></li>"
     )
 
 
-def _decision_form(item: Waiting, csrf: str, title: str) -> str:
+def _decision_form(item: Waiting, csrf: str, title: str, root: str) -> str:
     if not item.may:
         return (
             f'<p class="forbidden" role="note"><strong>You may not decide this</strong> '
@@ -155,14 +191,22 @@ def _decision_form(item: Waiting, csrf: str, title: str) -> str:
         )
     )
     return (
-        f'<form method="post" action="/decide" class="decide" aria-label="Decide: {e(title)}">'
+        f'<form method="post" action="{e(root)}/decide" class="decide" '
+        f'aria-label="Decide: {e(title)}">'
         f'{hidden}<label for="{e(note_id)}">Note (why, for the audit trail; one line)</label>'
         f'<input type="text" id="{e(note_id)}" name="note" maxlength="500" autocomplete="off">'
         f'<div class="buttons">{buttons}</div>{hint}</form>'
     )
 
 
-def runs(rows: Sequence[RunRow], *, namespace: str, phase: str, namespaces: Iterable[str]) -> str:
+def runs(
+    rows: Sequence[RunRow],
+    *,
+    namespace: str,
+    phase: str,
+    namespaces: Iterable[str],
+    root: str = "",
+) -> str:
     options = "".join(
         f'<option value="{e(n)}"{" selected" if n == namespace else ""}>{e(n or "all")}</option>'
         for n in ("", *sorted(set(namespaces)))
@@ -172,7 +216,7 @@ def runs(rows: Sequence[RunRow], *, namespace: str, phase: str, namespaces: Iter
         for p in ("", *PHASES)
     )
     filters = (
-        '<form method="get" action="/runs" class="filters" aria-label="Filter runs">'
+        f'<form method="get" action="{e(root)}/runs" class="filters" aria-label="Filter runs">'
         f'<label for="f-ns">Namespace</label><select id="f-ns" name="namespace">{options}</select>'
         f'<label for="f-phase">Phase</label><select id="f-phase" name="phase">{phases}</select>'
         '<button type="submit">Filter</button></form>'
@@ -192,18 +236,18 @@ def runs(rows: Sequence[RunRow], *, namespace: str, phase: str, namespaces: Iter
             "Age",
         )
     )
-    body = "".join(_run_row(r) for r in rows)
+    body = "".join(_run_row(r, root) for r in rows)
     return (
         f"<h1>Runs</h1>{filters}<table class=runs><caption>{len(rows)} runs</caption>"
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     )
 
 
-def _run_row(row: RunRow) -> str:
+def _run_row(row: RunRow, root: str) -> str:
     budgets = ", ".join(
         f"{what} {used}/{limit}" if limit else f"{what} {used}" for what, used, limit in row.budgets
     )
-    href = f"/runs/{e(row.namespace)}/{e(row.name)}"
+    href = f"{e(root)}/runs/{e(row.namespace)}/{e(row.name)}"
     return (
         f'<tr><td>{e(row.namespace)}</td><td><a href="{href}">{e(row.name)}</a></td>'
         f'<td><span class="phase {e(row.phase.lower())}">{e(row.phase)}</span></td>'
@@ -212,7 +256,7 @@ def _run_row(row: RunRow) -> str:
     )
 
 
-def run_page(page: RunPage) -> str:
+def run_page(page: RunPage, *, root: str = "") -> str:
     run = page.run
     meta, status = run["metadata"], run.get("status") or {}
     name = f"{meta.get('namespace', '')}/{meta['name']}"
@@ -221,7 +265,7 @@ def run_page(page: RunPage) -> str:
         f'<h1>Run {e(name)} <span class="phase {e(phase.lower())}">{e(phase)}</span></h1>'
         f'<p class="summary">Stop reason: <strong>{e(status.get("stopReason") or "none")}</strong>'
         f" · iteration {e(status.get('iteration') or 0)}"
-        f' · <a href="/?{urlencode({"run": meta["name"]})}">inbox</a></p>'
+        f' · <a href="{e(root)}/?{e(urlencode({"run": meta["name"]}))}">inbox</a></p>'
     )
     conditions = "".join(
         f"<tr><th scope=row>{e(c.get('type', ''))}</th><td>{e(c.get('status', ''))}</td>"
@@ -345,5 +389,5 @@ def _pod_state(pod: Mapping[str, Any]) -> str:
     return str(status.get("phase") or "Pending")
 
 
-def not_found(what: str) -> str:
-    return f"<h1>Not found</h1><p>{e(what)}</p><p><a href='/'>Back to the inbox</a></p>"
+def not_found(what: str, *, root: str = "") -> str:
+    return f"<h1>Not found</h1><p>{e(what)}</p><p><a href='{e(root)}/'>Back to the inbox</a></p>"

@@ -6,15 +6,15 @@ is read through ``ClusterClient`` as the kubeconfig's user; a run's recorded arg
 audit trail come from the store, whose URL is ``--store`` or else the namespace's Secret
 ``keelgate-store`` (read as the user: who may not read it sees why instead).
 
-It must never write (decisions go through ``commands.decide``), never show an argument that
-looks like a secret (``redact_args``), and never put a store URL or password in what it returns.
+It must never write (decisions go through ``commands.decide``), never show an argument or a
+message that holds a secret (everything shown goes through ``keelgate.core.redaction``), and
+never put a store URL or password in what it returns.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -26,40 +26,19 @@ from keelgate.cli.plugin.client import ClusterClient, Refused, SecretReader
 from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
 from keelgate.cli.plugin.target import Target
+from keelgate.core.redaction import redact_text, redact_value
 from keelgate.errors import KeelgateError
 from keelgate.kube.times import parse_time
-from keelgate.stores import scrubbed
 
 JSON = dict[str, Any]
 
 #: The Secret ``keelgate tenant add`` writes in a tenant's namespace (key ``url``).
 STORE_SECRET = "keelgate-store"
-#: Argument names whose values are never shown (matched anywhere in the name, any case).
-_SECRET_NAME = re.compile(
-    r"pass(word)?|secret|token|api[-_]?key|auth|credential|private|cookie|session", re.I
-)
-#: Values shaped like a key or a bearer token, wherever they appear.
-_SECRET_VALUE = re.compile(r"\b(sk|pk|rk|ghp|gho|xox[bpa])[-_][A-Za-z0-9_-]{8,}|Bearer\s+\S+")
-REDACTED = "[redacted]"
 #: How long a "may I patch" answer is reused: the buttons follow an RBAC change within it.
 MAY_TTL = 10.0
 #: How long a verified trail is shown without walking the chain again, while no new checkpoint
 #: came: a row changed behind the store's back is caught within it.
 TRAIL_TTL = 60.0
-
-
-def redact_args(value: Any, *, name: str = "") -> Any:
-    """``value`` with every secret-looking part replaced: a key whose name says secret, a
-    string shaped like an API key or bearer token, a URL's password."""
-    if name and _SECRET_NAME.search(name):
-        return REDACTED
-    if isinstance(value, Mapping):
-        return {str(k): redact_args(v, name=str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_args(v) for v in value]
-    if isinstance(value, str):
-        return _SECRET_VALUE.sub(REDACTED, scrubbed(value))
-    return value
 
 
 @dataclass(frozen=True)
@@ -218,7 +197,7 @@ class Views:
                     created=str(meta.get("creationTimestamp") or ""),
                     waited=age(meta.get("creationTimestamp"), now),
                     not_executed_after=after,
-                    said=str(status.get("message") or ""),
+                    said=redact_text(str(status.get("message") or "")),
                     args=facts.args.get(action),
                     args_unavailable=facts.unavailable
                     or ("" if action in facts.args else "not in the run's current plan"),
@@ -269,7 +248,10 @@ class Views:
         )
         return RunPage(
             run=run,
-            conditions=tuple(status.get("conditions") or ()),
+            conditions=tuple(
+                {**c, "message": redact_text(str(c.get("message") or ""))}
+                for c in status.get("conditions") or ()
+            ),
             pods=tuple(client.step_pods(name)),
             decisions=decisions,
             recorded=self.recorded(namespace, name, trail=True),
@@ -315,7 +297,7 @@ class Views:
         except _NoStore as why:
             return Recorded(unavailable=str(why))
         except KeelgateError as error:
-            return Recorded(unavailable=f"the store could not be read: {scrubbed(str(error))}")
+            return Recorded(unavailable=f"the store could not be read: {redact_text(str(error))}")
 
     @contextmanager
     def _stores(self, namespace: str) -> Iterator[Any]:
@@ -368,7 +350,7 @@ def _plan_args(state: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(action, Mapping):
             continue
         ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
-        found[ident] = redact_args(action.get("args") or {})
+        found[ident] = redact_value(action.get("args") or {})
     return found
 
 

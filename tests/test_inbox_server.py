@@ -1,0 +1,497 @@
+"""The decision inbox's server over plain HTTP: who may read a page and decide, for how long,
+and what a slow or malformed client can hold.
+
+A real ``InboxServer`` on a loopback port, driven with ``http.client``, raw sockets and a
+standard cookie jar (``http.cookiejar``, which, as browsers do, sends a 127.0.0.1 cookie to
+every port). Its reads come from a ``Views`` whose cluster is ``FakeCluster`` (the plugin's
+tests' API server as the plugin sees it), so a decision that gets through is a patch that can
+be counted. The browser tests (e2e/tests/test_e2e_inbox.py) click through the same server on
+the control plane.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.cookiejar
+import http.server
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+
+from keelgate.cli.plugin import main as plugin_main
+from keelgate.cli.plugin.target import Target
+from keelgate.cli.plugin.ui.server import COOKIE, InboxServer
+from keelgate.cli.plugin.ui.views import Views, Waiting
+from keelgate.errors import InputError
+from test_kubectl_plugin import FakeCluster, decision, run_body
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: me, context: {cluster: c, user: u, namespace: shop}}]
+current-context: me
+"""
+TOOL = "place_order_7f3"  # what a page that was read shows
+
+
+class ShopViews(Views):
+    """The inbox's reads of a cluster holding one approval in shop/restock; decisions go to
+    ``cluster``."""
+
+    def __init__(self, config: Path, cluster: FakeCluster) -> None:
+        super().__init__(Target(str(config), "me", "shop"))
+        self.cluster = cluster
+
+    def user(self) -> str:
+        return "alice"
+
+    def all_namespaces(self) -> bool:
+        return False
+
+    def inbox(self) -> list[Waiting]:
+        return [
+            Waiting(
+                kind="Approval",
+                namespace="shop",
+                name="restock-1-place-order",
+                run="restock",
+                action="1:0",
+                tool=TOOL,
+                side_effect="WRITE",
+                key="kg-1",
+                created="2026-12-05T08:00:00Z",
+                waited="1m",
+                not_executed_after="",
+                said="",
+                args={"sku": "A1"},
+                args_unavailable="",
+                may=True,
+                why_not="",
+            )
+        ]
+
+    def runs(self) -> list[Any]:
+        return []
+
+    def run_page(self, namespace: str, name: str) -> Any:
+        raise InputError("RUN", f"no AgentRun named {name!r}")
+
+    def client(self, namespace: str) -> Any:
+        return self.cluster
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Inbox:
+    server: InboxServer
+    cluster: FakeCluster
+    clock: Clock
+    told: list[str] = field(default_factory=list)  # the next sign-in addresses printed
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: dict[str, str] | None = None,
+        body: str | None = None,
+    ) -> tuple[int, dict[str, str], str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        sent = {"Host": f"127.0.0.1:{self.port}", **(headers or {})}
+        if body is not None:
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        conn.request(method, path, body=body, headers=sent)
+        answer = conn.getresponse()
+        text = answer.read().decode()
+        conn.close()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, text
+
+    def sign_in(self) -> tuple[str, str]:
+        """Sign in as a browser would: (the Cookie header it then sends, the page key)."""
+        status, headers, _ = self.request(
+            "GET", urlsplit(self.server.url)._replace(scheme="", netloc="").geturl()
+        )
+        assert status == 303, status
+        cookie = headers["set-cookie"].split(";", 1)[0]
+        key = re.fullmatch(r"/k/([\w-]+)/", headers["location"])
+        assert key, headers["location"]
+        return cookie, key.group(1)
+
+
+@pytest.fixture
+def inbox(tmp_path: Path) -> Iterator[Inbox]:
+    yield from _inbox(tmp_path)
+
+
+def _inbox(tmp_path: Path, **options: Any) -> Iterator[Inbox]:
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+    cluster.runs["restock"] = run_body("restock")
+    cluster.objects["Approval"].append(decision("Approval", "restock", "1:0"))
+    clock = Clock()
+    told: list[str] = []
+    server = InboxServer(
+        0, ShopViews(config, cluster), clock=clock, signed_in=told.append, **options
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield Inbox(server, cluster, clock, told)
+    finally:
+        server.shutdown()
+        server.close()
+        thread.join(5)
+
+
+def _form(token: str | None) -> str:
+    fields = {"kind": "Approval", "namespace": "shop", "run": "restock", "action": "1:0"}
+    fields["choice"] = "approve"
+    if token is not None:
+        fields["csrf"] = token
+    return urlencode(fields)
+
+
+def _form_token(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html[:500]
+    return found.group(1)
+
+
+class Listener(http.server.ThreadingHTTPServer):
+    """Another local user's server on another loopback port: it keeps the Cookie headers the
+    browser sends it."""
+
+    def __init__(self) -> None:
+        self.cookies: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.cookies.extend(self.headers.get_all("Cookie") or ())
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_cookie_replayed_from_another_port_reads_no_page_and_decides_nothing(
+    inbox: Inbox,
+) -> None:
+    """A browser signed in to the inbox sends its cookie to a listener on another loopback
+    port too (a standard cookie jar does the same). Replayed to the inbox by a plain client,
+    that cookie gets a shell with no item, no argument and no form token; a page fragment, a
+    page with a wrong key and the event stream are refused; and no decision form it can send
+    (without the form token, with a guessed one) changes anything. The page's own origin,
+    holding the key, reads the item and decides once."""
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with browser.open(inbox.server.url, timeout=10) as landed:
+        page = landed.read().decode()
+        own_key = re.fullmatch(r"/k/([\w-]+)/", urlsplit(landed.url).path)
+    assert own_key and TOOL in page  # the signed-in browser reads its inbox
+    listener = Listener()
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    try:
+        browser.open(f"http://127.0.0.1:{listener.server_address[1]}/", timeout=10).read()
+    finally:
+        listener.shutdown()
+        listener.server_close()
+    (stolen,) = listener.cookies
+    assert stolen.startswith(f"{COOKIE}_{inbox.port}=")
+
+    cookie = {"Cookie": stolen}
+    for path in ("/", "/runs", "/runs/shop/restock", "/?run=restock"):
+        status, _, text = inbox.request("GET", path, headers=cookie)
+        assert status == 200 and "not signed in" in text
+        assert TOOL not in text and 'name="csrf"' not in text and "alice" not in text
+    for path, extra in (
+        ("/", {"X-Keelgate-Fragment": "load"}),
+        ("/", {"X-Keelgate-Key": "guessed"}),
+        ("/k/guessed/", {}),
+        ("/events", {}),
+        ("/k/guessed/events", {}),
+    ):
+        status, _, text = inbox.request("GET", path, headers={**cookie, **extra})
+        assert status == 401 and TOOL not in text, (path, status)
+    for token in (None, "", "guessed"):
+        status, _, _ = inbox.request("POST", "/decide", headers=cookie, body=_form(token))
+        assert status == 403
+    assert inbox.cluster.patches == []
+
+    # The page's own origin: the key (in the header, as the script sends it) reads the page,
+    # and its form token decides.
+    own = {**cookie, "X-Keelgate-Key": own_key.group(1), "X-Keelgate-Fragment": "load"}
+    status, headers, fragment = inbox.request("GET", "/", headers=own)
+    assert status == 200 and TOOL in fragment and headers["x-keelgate-user"] == "alice"
+    status, headers, _ = inbox.request(
+        "POST", "/decide", headers=cookie, body=_form(_form_token(fragment))
+    )
+    assert status == 303 and "approved+by+alice" in headers["location"]
+    assert inbox.cluster.patches == [
+        ("Approval", "restock-1-place-order", {"approved": True, "by": "alice"})
+    ]
+
+
+def test_a_page_without_javascript_carries_its_key_in_its_address(inbox: Inbox) -> None:
+    """Signing in lands on /k/KEY/: the page's links and its decision form stay under it, so a
+    browser without script reads every page and decides; the answer to a decision is the
+    inbox under the same key, saying what was done."""
+    cookie, key = inbox.sign_in()
+    status, _, page = inbox.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+    assert status == 200 and TOOL in page
+    links = re.findall(r'(?:href|action)="([^"]+)"', page)
+    own = [link for link in links if not link.startswith(("/static/", "#"))]
+    assert own and all(link.startswith(f"/k/{key}/") for link in own), own
+    status, headers, _ = inbox.request(
+        "POST",
+        f"/k/{key}/decide",
+        headers={"Cookie": cookie, "Origin": f"http://127.0.0.1:{inbox.port}"},
+        body=_form(_form_token(page)),
+    )
+    assert status == 303 and headers["location"].startswith(f"/k/{key}/?said=")
+    status, _, after = inbox.request("GET", headers["location"], headers={"Cookie": cookie})
+    assert status == 200 and "approved by alice" in after
+    assert len(inbox.cluster.patches) == 1
+
+
+def test_a_form_without_its_token_or_from_another_origin_decides_nothing(inbox: Inbox) -> None:
+    """With a live session, a decision without the form token, with another session's, or
+    from another origin is refused, and nothing is patched."""
+    cookie, key = inbox.sign_in()
+    other_cookie, other_key = inbox.sign_in()
+    _, _, other_page = inbox.request("GET", f"/k/{other_key}/", headers={"Cookie": other_cookie})
+    _, _, page = inbox.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+    mine = _form_token(page)
+    for headers, body in (
+        ({"Cookie": cookie}, _form(None)),
+        ({"Cookie": cookie}, _form(_form_token(other_page))),
+        ({"Cookie": cookie, "Origin": "http://127.0.0.1:1"}, _form(mine)),
+        ({"Cookie": cookie, "Sec-Fetch-Site": "same-site"}, _form(mine)),
+        ({"Cookie": cookie}, _form(mine).replace("csrf=", "csrf=x")),
+    ):
+        status, _, _ = inbox.request("POST", f"/k/{key}/decide", headers=headers, body=body)
+        assert status == 403
+    assert inbox.cluster.patches == []
+
+
+def test_the_sign_in_address_works_once_and_the_next_is_printed(inbox: Inbox) -> None:
+    """The printed address signs one browser in; used again it is refused; the inbox then
+    tells the next address, which works once too."""
+    first = urlsplit(inbox.server.url)._replace(scheme="", netloc="").geturl()
+    status, headers, _ = inbox.request("GET", first)
+    assert status == 303 and "set-cookie" in headers
+    status, headers, text = inbox.request("GET", first)
+    assert status == 403 and "used already" in text and "set-cookie" not in headers
+    (told,) = inbox.told
+    assert told == inbox.server.url
+    again = urlsplit(told)._replace(scheme="", netloc="").geturl()
+    assert again != first
+    assert inbox.request("GET", again)[0] == 303
+    assert inbox.request("GET", again)[0] == 403
+
+
+def test_a_browser_signed_in_already_keeps_its_session_when_it_signs_in_again(
+    inbox: Inbox,
+) -> None:
+    """A second tab of the same browser opening a new sign-in address joins its session: the
+    cookie and key stay, so the first tab goes on working."""
+    cookie, key = inbox.sign_in()
+    status, headers, _ = inbox.request(
+        "GET",
+        urlsplit(inbox.server.url)._replace(scheme="", netloc="").geturl(),
+        headers={"Cookie": cookie},
+    )
+    assert status == 303 and headers["location"] == f"/k/{key}/"
+    assert headers["set-cookie"].split(";", 1)[0] == cookie
+
+
+def test_a_session_ends_after_its_idle_time_and_after_its_lifetime(tmp_path: Path) -> None:
+    """A page read or a decision keeps a session; the live updates an open page fetches by
+    itself do not. Idle past --session-idle, or past --session-lifetime since sign-in however
+    busy, the session ends: pages, updates and the event stream are refused."""
+    for inbox in _inbox(tmp_path, idle=60, lifetime=300):
+        cookie, key = inbox.sign_in()
+        read = {"Cookie": cookie, "X-Keelgate-Key": key, "X-Keelgate-Fragment": "load"}
+        update = {**read, "X-Keelgate-Fragment": "change"}
+        inbox.clock.now += 59
+        assert inbox.request("GET", "/", headers=read)[0] == 200  # read at 59: idle from here
+        inbox.clock.now += 40
+        assert inbox.request("GET", "/", headers=update)[0] == 200  # 99: live, but not a read
+        inbox.clock.now += 20
+        status, _, text = inbox.request("GET", "/", headers=update)  # 119: idle 60 s
+        assert status == 401 and "session ended" in text
+        assert inbox.request("GET", f"/k/{key}/events", headers={"Cookie": cookie})[0] == 401
+
+        cookie, key = inbox.sign_in()
+        read = {"Cookie": cookie, "X-Keelgate-Key": key, "X-Keelgate-Fragment": "load"}
+        for _ in range(5):
+            inbox.clock.now += 50
+            assert inbox.request("GET", "/", headers=read)[0] == 200
+        inbox.clock.now += 50  # 300 s after its sign-in
+        assert inbox.request("GET", "/", headers=read)[0] == 401
+
+
+def test_an_open_event_stream_ends_when_its_session_ends(tmp_path: Path) -> None:
+    """An open page's event stream says "ended" once its session is over, and closes."""
+    for inbox in _inbox(tmp_path, idle=60, lifetime=300):
+        cookie, key = inbox.sign_in()
+        conn = socket.create_connection(("127.0.0.1", inbox.port), timeout=10)
+        conn.sendall(
+            f"GET /k/{key}/events HTTP/1.1\r\nHost: 127.0.0.1:{inbox.port}\r\n"
+            f"Cookie: {cookie}\r\n\r\n".encode()
+        )
+        seen = b""
+        while b"event: hello" not in seen:
+            seen += conn.recv(4096)
+        inbox.clock.now += 61
+        inbox.server.changes.bump()
+        while chunk := conn.recv(4096):
+            seen += chunk
+        conn.close()
+        assert seen.rstrip().endswith(b"event: ended\ndata: 0")
+
+
+def _raw(inbox: Inbox, request: bytes, *, wait: float = 5.0) -> tuple[bytes, float, bool]:
+    """Send raw bytes; (the answer, seconds until it came, whether the server then closed)."""
+    conn = socket.create_connection(("127.0.0.1", inbox.port), timeout=wait)
+    started = time.monotonic()
+    conn.sendall(request)
+    answer = b""
+    closed = False
+    try:
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                closed = True
+                break
+            answer += chunk
+    except TimeoutError:
+        pass
+    finally:
+        conn.close()
+    return answer, time.monotonic() - started, closed
+
+
+@pytest.mark.parametrize(
+    ("length_lines", "status"),
+    [
+        ("", 411),
+        ("Content-Length: -1\r\n", 400),
+        ("Content-Length: abc\r\n", 400),
+        ("Content-Length: 1e3\r\n", 400),
+        ("Content-Length: 5\r\nContent-Length: 6\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", 411),
+        ("Content-Length: 20000\r\n", 413),
+    ],
+    ids=["missing", "negative", "not a number", "exponent", "two", "chunked", "too large"],
+)
+def test_a_form_with_a_bad_or_missing_length_is_refused_at_once(
+    inbox: Inbox, length_lines: str, status: int
+) -> None:
+    """A decision whose Content-Length is missing, negative, not a number, given twice or too
+    large (or a chunked body) is answered at once with the reason, and the connection closed:
+    no thread waits for a body that will not come."""
+    cookie, _ = inbox.sign_in()
+    request = (
+        f"POST /decide HTTP/1.1\r\nHost: 127.0.0.1:{inbox.port}\r\nCookie: {cookie}\r\n"
+        f"{length_lines}\r\n"
+    ).encode()
+    answer, took, closed = _raw(inbox, request)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:80]
+    assert took < 2 and closed
+
+
+def test_a_client_that_stops_sending_is_cut_off_at_the_request_timeout(tmp_path: Path) -> None:
+    """A form shorter than its length, a head that never ends, and a connection that sends
+    nothing are each closed after the request timeout, with nothing decided."""
+    for inbox in _inbox(tmp_path, request_timeout=0.5):
+        cookie, _ = inbox.sign_in()
+        head = f"POST /decide HTTP/1.1\r\nHost: 127.0.0.1:{inbox.port}\r\nCookie: {cookie}\r\n"
+        for request in (
+            f"{head}Content-Length: 100\r\n\r\ncsrf=".encode(),
+            head.encode(),
+            b"",
+        ):
+            answer, took, closed = _raw(inbox, request)
+            assert closed and answer == b"" and 0.4 < took < 2.5, (request, took)
+        assert inbox.cluster.patches == []
+
+
+def test_slow_clients_hold_at_most_a_bounded_number_of_threads(tmp_path: Path) -> None:
+    """Twelve clients that connect and then send a request a byte at a time: four are served
+    at once (a thread each), the other eight are answered 503 and closed without a thread;
+    each slow one is cut off at the request timeout however steadily it trickles, and then
+    the inbox answers again."""
+    for inbox in _inbox(tmp_path, request_timeout=1.0, max_connections=4):
+        conns = [socket.create_connection(("127.0.0.1", inbox.port), timeout=5) for _ in range(12)]
+        time.sleep(0.5)
+        busy, held = [], []
+        for conn in conns:
+            conn.setblocking(False)
+            try:
+                answer = conn.recv(4096)
+            except BlockingIOError:
+                held.append(conn)
+            else:
+                busy.append(answer)
+        assert len(held) == 4 and _serving() == 4, (len(held), _serving())
+        assert all(a.startswith(b"HTTP/1.1 503 ") for a in busy) and len(busy) == 8, busy
+        started, cut = time.monotonic(), 0.0
+        while held and time.monotonic() - started < 5:
+            for conn in list(held):
+                try:
+                    conn.send(b"x")
+                    gone = conn.recv(4096) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    held.remove(conn)
+                    cut = time.monotonic() - started
+            time.sleep(0.05)
+        for conn in conns:
+            conn.close()
+        assert held == [] and cut < 2.5, "a slow client was not cut off in time"
+        assert inbox.request("GET", "/")[0] == 401  # answering again
+
+
+def _serving() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_session_flags_refuse_a_duration_that_is_not_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--session-idle and --session-lifetime take a duration such as 30m or 12h; anything else
+    is one line naming the flag (exit 2)."""
+    for flag in ("--session-idle", "--session-lifetime"):
+        assert plugin_main(["ui", flag, "soon"]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag}: 'soon': give a duration" in err and len(err.strip().splitlines()) == 1
