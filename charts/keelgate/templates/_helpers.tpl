@@ -64,3 +64,18 @@ object.spec.?model == oldObject.spec.?model && object.spec.?tools == oldObject.s
 object.spec.?allowedSideEffects == oldObject.spec.?allowedSideEffects &&
 object.spec.?step == oldObject.spec.?step
 {{- end -}}
+
+{{/* A binding's scope for the policies on AgentRuns, which let this release's operator through
+     (its ticks): with operator.watchNamespaces, the namespaces this release drives, so that
+     another release's policies never stand in front of this release's operator; else every
+     namespace. */}}
+{{- define "keelgate.watchedNamespaces" -}}
+{{- with .Values.operator.watchNamespaces }}
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+        - key: kubernetes.io/metadata.name
+          operator: In
+          values: {{ toJson . }}
+{{- end }}
+{{- end -}}
