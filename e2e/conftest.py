@@ -103,9 +103,16 @@ def operator_process(cluster: Cluster, jaeger: Jaeger) -> Iterator[kg.OperatorPo
     """Keelgate installed as a user installs it: `helm install --wait` of charts/keelgate into
     keelgate-system (the CRDs, the operator's RBAC, the user roles, the admission policy, the
     operator's Deployment), so the operator runs as a pod under the chart's RBAC, with failpoints
-    allowed, tracing to the session's collector; its store URL carries a password the tests
-    look for everywhere."""
-    pod = kg.OperatorPod(cluster, values=(f"tracing.otlpEndpoint={jaeger.otlp_endpoint}",))
+    allowed, tracing to the session's collector, and `keelgate-step` as a step ServiceAccount
+    any AgentRun author may name (admissionPolicy.stepServiceAccounts, as a platform would set
+    it); its store URL carries a password the tests look for everywhere."""
+    pod = kg.OperatorPod(
+        cluster,
+        values=(
+            f"tracing.otlpEndpoint={jaeger.otlp_endpoint}",
+            f"admissionPolicy.stepServiceAccounts={{{kg.STEP_ACCOUNT}}}",
+        ),
+    )
     pod.install()
     yield pod
 

@@ -18,6 +18,7 @@ import pytest
 from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.kube.naming import RUN_LABEL, STEP_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest.step_defaults import StepPodDefaults
 from support import operator_tools
@@ -309,6 +310,44 @@ def test_a_pod_of_someone_else_under_the_intended_name_stalls_the_run(kube: Oper
     assert status["message"] == "a pod named restock-s1-a1 exists and is not this run's; delete it"
     assert kube.condition("restock", "Stalled")["status"] == "True"
     assert "delete Pod restock-s1-a1" not in kube.api.writes
+
+
+def test_a_pod_of_an_earlier_run_of_the_same_name_is_not_adopted(kube: Operator) -> None:
+    """A run deleted and made again under the same name: a pod of the old one (its owner the
+    old run's name, but the old run's uid) still holds the new run's first pod name. The
+    create meets a 409 and the pod found is not adopted, for its owner's uid is not this
+    run's: the run stalls saying so (it does not take the old run's step for its own), the
+    old pod is not deleted, and once it is gone the run makes its own pod."""
+    old_owner = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "name": "restock",
+        "uid": "uid-of-the-restock-deleted-before",
+        "controller": True,
+    }
+    kube.api.create_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "restock-s1-a1",
+                "labels": {STEP_POD_LABEL: STEP_POD_NAME, RUN_LABEL: "restock", STEP_LABEL: "1"},
+                "ownerReferences": [old_owner],
+            },
+        },
+    )
+    kube.apply("restock", agentrun_spec())
+    assert kube.run("restock")["metadata"]["uid"] != old_owner["uid"]
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    assert status["message"] == "a pod named restock-s1-a1 exists and is not this run's; delete it"
+    assert kube.condition("restock", "Stalled")["status"] == "True"
+    assert "delete Pod restock-s1-a1" not in kube.api.writes
+    kube.api.remove("Pod", NAMESPACE, "restock-s1-a1")
+    kube.reconcile("restock")
+    (pod,) = kube.api.of_kind("Pod")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == kube.run("restock")["metadata"]["uid"]
 
 
 def test_a_pod_already_created_by_an_earlier_operator_is_adopted(tmp_path: Path) -> None:

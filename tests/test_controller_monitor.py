@@ -128,6 +128,40 @@ def test_a_tick_waiting_for_a_person_holds_the_next_one_back(kube: Operator, clo
     )
 
 
+def test_a_ticks_write_waiting_for_approval_holds_the_next_tick_back(
+    kube: Operator, clock: Clock, orders: list[Any]
+) -> None:
+    """A monitor allowed to WRITE, whose order needs approval: tick 1 plans the order and
+    stops awaiting approval. At the next due time no tick 2 is started (it would plan the
+    same order while the first waits), and the monitor says why. Approved, tick 1 places its
+    order, once; only the following due time brings tick 2."""
+    spec = agentrun_spec(
+        approval=True, loop="monitor", schedule="* * * * *", allowedSideEffects=["WRITE"]
+    )
+    kube.apply("watch", spec)
+    kube.reconcile("watch")
+    kube.drive("watch.tick-1")
+    tick = kube.status("watch.tick-1")
+    assert (tick["phase"], tick["stopReason"]) == ("Stopped", "awaiting_approval")
+    assert orders == []
+    for _ in range(2):  # two due times pass while it waits
+        clock.now += 60
+        kube.reconcile("watch")
+        assert ticks(kube) == ["watch.tick-1"]
+        assert kube.status("watch")["message"] == (
+            "next tick held back: watch.tick-1 waits for a person (awaiting_approval)"
+        )
+    approval = "watch.tick-1-1-place-order"
+    kube.api.patch_spec("Approval", NAMESPACE, approval, {"approved": True, "by": "carol"})
+    kube.reconcile(approval, kind="Approval")
+    kube.drive("watch.tick-1")
+    assert kube.status("watch.tick-1")["phase"] == "Succeeded"
+    assert len(orders) == 1
+    clock.now += 60
+    kube.reconcile("watch")
+    assert ticks(kube) == ["watch.tick-1", "watch.tick-2"]
+
+
 def test_finished_ticks_are_kept_as_a_cronjob_keeps_its_jobs(kube: Operator, clock: Clock) -> None:
     """successfulTicksHistoryLimit 1 and failedTicksHistoryLimit 1: the older finished ticks
     are deleted (with a uid precondition), the newest of each kind kept."""

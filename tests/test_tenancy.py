@@ -519,6 +519,38 @@ def test_tenant_add_print_makes_a_role_that_logs_in_with_its_password_only(
         assert ADMIN_PASSWORD not in done.stdout + done.stderr
 
 
+def test_tenant_add_refuses_a_role_registered_to_another_tenant(admin_url: str) -> None:
+    """`keelgate tenant add B --role <A's role>` would hand B a role that reads and writes every
+    row of A's: refused (exit 2, nothing printed) in one line naming --role, the tenant the
+    role belongs to and how to free it, even with --rotate; A's password still logs in (it was
+    not changed), the role stays A's and B has none. The operator's role is refused to a
+    tenant the same way."""
+    ns_a, ns_b = _unique("shop-a"), _unique("shop-b")
+    first = _keelgate("tenant", "add", ns_a, "--print", store=admin_url)
+    assert first.returncode == 0, first.stderr
+    url_a, role_a = first.stdout.strip(), f"keelgate-{ns_a}"
+    operator_role = _unique("keelgate-operator")
+    made = _keelgate(
+        "tenant", "add", "keelgate-system", "--operator", "--role", operator_role, "--print",
+        store=admin_url,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for role, owner in ((role_a, f"tenant {ns_a}'s"), (operator_role, "the operator's")):
+        taken = _keelgate(
+            "tenant", "add", ns_b, "--role", role, "--print", "--rotate", store=admin_url
+        )
+        assert taken.returncode == 2 and taken.stdout == "", taken.stderr
+        assert taken.stderr.startswith(f"keelgate: error: --role: role {role} is registered as ")
+        assert owner in taken.stderr and "remove that first" in taken.stderr
+        assert taken.stderr.count("\n") == 1
+    assert _logs_in(url_a)
+    with TenantStore(admin_url) as admin:
+        registered = {t.role: (t.tenant, t.kind) for t in admin.tenants()}
+    assert registered[role_a] == (ns_a, "tenant")
+    assert registered[operator_role] == ("keelgate-system", "operator")
+    assert ns_b not in {tenant for tenant, _ in registered.values()}
+
+
 def test_tenant_list_shows_roles_and_tenants_left_on_a_shared_url(
     shared: Shared, tmp_path: Path
 ) -> None:

@@ -38,6 +38,9 @@ DEPLOY = ROOT / "deploy"
 SYSTEM = "keelgate-system"
 OPERATOR_SA = "keelgate-operator"
 STORE_SECRET = "keelgate-store"
+#: The step ServiceAccount the session's chart lets any AgentRun author name
+#: (admissionPolicy.stepServiceAccounts).
+STEP_ACCOUNT = "keelgate-step"
 
 JSON = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """Authentication and authorization on the real API server: client-certificate users, RBAC,
 the Node authorizer for the node agent, the agent's log endpoint, and Keelgate's admission
-policies on what an AgentRun may reference (Secrets its author may read; optionally, allowed
-step images and model hosts).
+policies on what an AgentRun may reference (Secrets its author may read, ServiceAccounts its
+author may act as; optionally, allowed step images and the hosts a run may call).
 
 They must never grant anything outside the test's own namespace (the cluster is shared by the
 session).
@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from keelgate_e2e import keelgate as kg
+from keelgate_e2e import runs
 from keelgate_e2e.cluster import NODE_NAME, Cluster
 from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.testing import Kubectl, wait_for
@@ -144,17 +146,27 @@ def test_log_endpoint_serves_only_the_api_server(cluster: Cluster) -> None:
 # What an AgentRun may reference (the chart's admission policies)
 
 
-def _run(name: str, *, secret: str = "", image: str = "", base_url: str = "") -> str:
-    """An AgentRun (suspended: the operator starts nothing) naming a key Secret, a step image
-    or a model endpoint, as YAML for `kubectl apply -f -`."""
+def _run(
+    name: str,
+    *,
+    secret: str = "",
+    image: str = "",
+    base_url: str = "",
+    account: str | None = None,
+    tools: list[JSON] | None = None,
+) -> str:
+    """An AgentRun (suspended: the operator starts nothing) naming a key Secret, a step image,
+    a model endpoint, a step ServiceAccount or tools, as YAML for `kubectl apply -f -`."""
     model: JSON = {"provider": "openai", "name": "gpt-4o-mini"}
     if secret:
         model["apiKeySecretRef"] = {"name": secret, "key": "apiKey"}
     if base_url:
         model["baseURL"] = base_url
-    spec: JSON = {"goal": "e2e admission", "model": model, "suspend": True, "tools": []}
+    spec: JSON = {"goal": "e2e admission", "model": model, "suspend": True, "tools": tools or []}
     if image:
         spec["step"] = {"image": image}
+    if account is not None:
+        spec["step"] = {**spec.get("step", {}), "serviceAccountName": account}
     run = {"apiVersion": "keelgate.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}}
     return yaml.safe_dump({**run, "spec": spec})
 
@@ -194,8 +206,9 @@ def test_an_agentrun_may_name_only_a_secret_its_author_may_get(
     """bob may create AgentRuns but not read Secrets: an AgentRun whose apiKeySecretRef names
     the namespace's Secret is refused, naming the field, the user and the Secret; one naming no
     Secret is admitted. alice (edit: she may read Secrets) creates it; bob may then change its
-    budget (the reference unchanged) but not point it at another Secret. The operator's own
-    ticks of a monitor, which copy an admitted spec, are not asked."""
+    budget (the reference unchanged) but not point it at another Secret, nor change what the
+    run does with the key (its model's endpoint). The operator's own ticks of a monitor, which
+    copy an admitted spec, are not asked."""
     for name in ("llm", "other-llm"):
         admin.create(
             f"/api/v1/namespaces/{namespace}/secrets",
@@ -226,27 +239,190 @@ def test_an_agentrun_may_name_only_a_secret_its_author_may_get(
     moved = '{"spec": {"model": {"apiKeySecretRef": {"name": "other-llm", "key": "apiKey"}}}}'
     swapped = bob("patch", "agentrun", "alices", "--type", "merge", "-p", moved, check=False)
     assert swapped.returncode != 0 and "may not get secret other-llm" in swapped.stderr
+    elsewhere = '{"spec": {"model": {"baseURL": "https://models.bob.example/v1"}}}'
+    sent = bob("patch", "agentrun", "alices", "--type", "merge", "-p", elsewhere, check=False)
+    assert sent.returncode != 0
+    assert (
+        f"spec.model.apiKeySecretRef.name: bob may not get secret llm in namespace {namespace} "
+        "(the run uses it: changing what the run does needs that)"
+    ) in sent.stderr, sent.stderr
     operator = "system:serviceaccount:keelgate-system:keelgate-operator"
     tick = kubectl("apply", "--as", operator, "-f", "-", stdin=_run("tick", secret="other-llm"))
     assert tick.returncode == 0
-    assert "sk-never-shown" not in refused.stderr + swapped.stderr
+    assert "sk-never-shown" not in refused.stderr + swapped.stderr + sent.stderr
 
 
-def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_name(
+def _accounts(admin: Kube, namespace: str, *names: str) -> None:
+    for name in names:
+        admin.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        )
+
+
+def test_an_agentrun_may_name_only_a_step_service_account_its_author_may_act_as(
+    admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None
+) -> None:
+    """bob may create AgentRuns but not pods: a run whose step would run as the namespace's
+    ServiceAccount `deployer` is refused, naming the field, the user and the account; the
+    namespace's default (empty or "default") and the chart's allowed `keelgate-step` are
+    admitted. alice (edit, which may impersonate the namespace's ServiceAccounts) names
+    `deployer`; bob may then raise the budget or suspend her run, but not change what it does
+    (its goal, its tools, its image) nor move it to another account. Granted `impersonate` on
+    `deployer` alone, bob may name it and still not `reader`. The operator's own creates (a
+    monitor's ticks) are not asked."""
+    _accounts(admin, namespace, "deployer", "reader", kg.STEP_ACCOUNT)
+    _grant(admin, namespace, "alice", "edit", None)
+    _grant(admin, namespace, "bob", "runs-only", RUNS_ONLY)
+    alice, bob = kubectl.as_user("alice"), kubectl.as_user("bob")
+    wait_for(
+        lambda: (
+            bob("auth", "can-i", "create", "agentruns.keelgate.dev", check=False).returncode == 0
+        ),
+        timeout=30,
+        what="bob's grant",
+    )
+    field = "spec.step.serviceAccountName"
+    refused = bob("apply", "-f", "-", stdin=_run("bobs", account="deployer"), check=False)
+    assert refused.returncode != 0
+    assert (
+        f"{field}: bob may not impersonate serviceaccount deployer in namespace {namespace}"
+        in refused.stderr
+    ), refused.stderr
+    assert "keelgate-step-service-account" in refused.stderr
+    for name, account in (("empty", ""), ("default", "default"), ("platform", kg.STEP_ACCOUNT)):
+        done = bob("apply", "-f", "-", stdin=_run(name, account=account), check=False)
+        assert done.returncode == 0, (account, done.stderr)
+    assert alice("apply", "-f", "-", stdin=_run("alices", account="deployer")).returncode == 0
+
+    def bob_patches(patch: str) -> subprocess.CompletedProcess[str]:
+        return bob("patch", "agentrun", "alices", "--type", "merge", "-p", patch, check=False)
+
+    for free in ('{"spec": {"budget": {"maxIterations": 3}}}', '{"spec": {"suspend": false}}'):
+        done = bob_patches(free)
+        assert done.returncode == 0, (free, done.stderr)
+    kept = f"{field}: bob may not impersonate serviceaccount deployer in namespace {namespace} "
+    kept += "(the run's pods run as it: changing what the run does needs that)"
+    for work in (
+        '{"spec": {"goal": "mine now"}}',
+        '{"spec": {"step": {"image": "registry.bob.example/agent:1"}}}',
+        '{"spec": {"tools": [{"name": "run", "sideEffect": "WRITE", '
+        '"python": {"callable": "bobs.tools:anything"}}]}}',
+    ):
+        done = bob_patches(work)
+        assert done.returncode != 0 and kept in done.stderr, (work, done.stderr)
+    moved = bob_patches('{"spec": {"step": {"serviceAccountName": "reader"}}}')
+    assert moved.returncode != 0
+    assert "bob may not impersonate serviceaccount reader" in moved.stderr, moved.stderr
+    _grant(
+        admin,
+        namespace,
+        "bob",
+        "be-deployer",
+        [
+            {
+                "apiGroups": [""],
+                "resources": ["serviceaccounts"],
+                "resourceNames": ["deployer"],
+                "verbs": ["impersonate"],
+            }
+        ],
+    )
+    wait_for(
+        lambda: (
+            bob("auth", "can-i", "impersonate", "serviceaccount/deployer", check=False).returncode
+            == 0
+        ),
+        timeout=30,
+        what="bob's impersonate grant",
+    )
+    assert bob("apply", "-f", "-", stdin=_run("bobs", account="deployer")).returncode == 0
+    other = bob("apply", "-f", "-", stdin=_run("bobs-reader", account="reader"), check=False)
+    assert other.returncode != 0 and "may not impersonate serviceaccount reader" in other.stderr
+    operator = f"system:serviceaccount:{kg.SYSTEM}:{kg.OPERATOR_SA}"
+    tick = kubectl("apply", "--as", operator, "-f", "-", stdin=_run("tick", account="reader"))
+    assert tick.returncode == 0
+
+
+def test_a_monitors_ticks_run_as_its_account_and_cannot_be_taken_over_through_it(
+    operator: kg.OperatorPod, tenant: str, admin: Kube, kubectl: Kubectl, alice: Kubectl
+) -> None:
+    """alice (edit) makes a monitor whose steps run as `deployer`: the operator creates its
+    tick, the tick's step pod runs as `deployer`, and the tick finishes (the operator's create
+    is not refused). bob, who may edit AgentRuns but not act as `deployer`, can neither make a
+    monitor of his own that runs as it, nor change what alice's monitor or its tick does
+    (their tools), each refused naming the field; he may still suspend the monitor."""
+    _accounts(admin, tenant, "deployer")
+    _grant(admin, tenant, "bob", "runs-only", RUNS_ONLY)
+    bob = kubectl.as_user("bob")
+    monitor: JSON = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "watch"},
+        "spec": {
+            "loop": "monitor",
+            "schedule": "* * * * *",
+            "goal": "say all is well",
+            "model": {"provider": "scripted", "script": [{"done": True, "answer": "well"}]},
+            "step": {"serviceAccountName": "deployer"},
+        },
+    }
+    alice("apply", "-f", "-", stdin=yaml.safe_dump(monitor))
+    tick = runs.wait_phase(admin, tenant, "watch.tick-1", "Succeeded", timeout=150)
+    assert tick["spec"]["step"]["serviceAccountName"] == "deployer"
+    selector = {"labelSelector": "keelgate.dev/run=watch.tick-1"}
+    pods = admin.get(f"/api/v1/namespaces/{tenant}/pods", selector)["items"]
+    assert pods and {p["spec"]["serviceAccountName"] for p in pods} == {"deployer"}
+    wait_for(
+        lambda: (
+            bob("auth", "can-i", "create", "agentruns.keelgate.dev", check=False).returncode == 0
+        ),
+        timeout=30,
+        what="bob's grant",
+    )
+    field = "spec.step.serviceAccountName: bob may not impersonate serviceaccount deployer"
+    own = {**monitor, "metadata": {"name": "bobs-watch"}}
+    made = bob("apply", "-f", "-", stdin=yaml.safe_dump(own), check=False)
+    assert made.returncode != 0 and field in made.stderr, made.stderr
+    tools = '{"spec": {"tools": [{"name": "run", "sideEffect": "READ", '
+    tools += '"python": {"callable": "bobs.tools:anything"}}]}}'
+    for name in ("watch", "watch.tick-1"):
+        done = bob("patch", "agentrun", name, "--type", "merge", "-p", tools, check=False)
+        assert done.returncode != 0 and field in done.stderr, (name, done.stderr)
+    suspend = '{"spec": {"suspend": true}}'
+    assert bob("patch", "agentrun", "watch", "--type", "merge", "-p", suspend).returncode == 0
+
+
+def _tools(http: str = "https://api.openai.com/items/{sku}", mcp: str = "") -> list[JSON]:
+    """A READ tool over HTTP at `http` (and one of an MCP server at `mcp`), after a Python one
+    (which calls no URL of the spec's)."""
+    tools: list[JSON] = [
+        {"name": "think", "sideEffect": "READ", "python": {"callable": "tools.mod:think"}},
+        {"name": "look", "sideEffect": "READ", "http": {"url": http}},
+    ]
+    if mcp:
+        tools.append({"name": "search", "sideEffect": "READ", "mcp": {"url": mcp}})
+    return tools
+
+
+def test_the_charts_allowlists_admit_only_the_step_images_and_hosts_they_name(
     admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None, cluster: Cluster
 ) -> None:
     """The optional policy the chart renders from admissionPolicy.allowed (bound here to this
     test's namespace only, so other tests are not held to it): as alice, a step image under
     an allowed prefix or a tag of an allowed repository is admitted, any other refused naming
-    spec.step.image; a baseURL on an allowed host is admitted, any other refused naming
-    spec.model.baseURL; a run naming neither is admitted. bob, without a grant, is refused by
-    RBAC before any of it."""
+    spec.step.image; every URL the run would call must be on an allowed host: a baseURL, an
+    HTTP tool's URL template and an MCP tool's URL on one are admitted, any other refused
+    naming the field (spec.model.baseURL, spec.tools[i].http.url, spec.tools[i].mcp.url),
+    a host that is a placeholder or hides behind user info included; a run naming none is
+    admitted, and so is an edit of a run that stays within them. bob, without a grant, is
+    refused by RBAC before any of it."""
     from keelgate_e2e import build
 
     helm = build.ensure()["helm"].path
     chart = Path(__file__).resolve().parents[2] / "charts" / "keelgate"
     allowed = '{"stepImages": ["ghcr.io/keelgate/", "registry.example/agent"], '
-    allowed += '"modelHosts": ["api.openai.com"]}'
+    allowed += '"hosts": ["api.openai.com", "mcp.example"]}'
     out = subprocess.run(
         [str(helm), "template", "kg", str(chart), "-n", "keelgate-system",
          "--show-only", "templates/admission.yaml", "--set", "store.url=postgresql://db/kg",
@@ -277,8 +453,10 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_n
         _grant(admin, namespace, "alice", "edit", None)
         alice = kubectl.as_user("alice")
 
-        def admitted(name: str, **given: str) -> subprocess.CompletedProcess[str]:
-            return alice("apply", "-f", "-", stdin=_run(name, **given), check=False)
+        def admitted(
+            name: str, *, tools: list[JSON] | None = None, **given: str
+        ) -> subprocess.CompletedProcess[str]:
+            return alice("apply", "-f", "-", stdin=_run(name, tools=tools, **given), check=False)
 
         def held() -> bool:
             # A dry run is admitted or refused like a create, and leaves nothing behind (an
@@ -303,10 +481,36 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_model_hosts_they_n
         assert admitted("host-ok", base_url="https://api.openai.com/v1").returncode == 0
         bad_host = admitted("host-bad", base_url="https://models.evil.example/v1")
         assert bad_host.returncode != 0
-        assert "spec.model.baseURL: https://models.evil.example/v1 is not on an allowed" in (
+        assert "spec.model.baseURL: https://models.evil.example/v1 is not on an allowed host" in (
             bad_host.stderr
         )
         assert admitted("plain").returncode == 0
+        tooled = admitted("tools-ok", tools=_tools(mcp="https://mcp.example/mcp"))
+        assert tooled.returncode == 0, tooled.stderr
+        for url in (
+            "https://shop.evil.example/items/{sku}",
+            "https://{host}/items",  # the model would choose the host
+            "https://api.openai.com.{zone}/items",
+            "https://api.openai.com:443@shop.evil.example/items",  # user info, then the host
+            "https://API.OPENAI.COM/items",  # not as listed: refused, never guessed at
+        ):
+            done = admitted("tools-bad", tools=_tools(http=url))
+            assert done.returncode != 0, url
+            assert f"spec.tools[1].http.url: {url} is not on an allowed host (allowed: " in (
+                done.stderr
+            ), done.stderr
+        done = admitted("mcp-bad", tools=_tools(mcp="https://mcp.evil.example/mcp"))
+        assert done.returncode != 0
+        assert "spec.tools[2].mcp.url: https://mcp.evil.example/mcp is not on an allowed host" in (
+            done.stderr
+        ), done.stderr
+        moved = '{"spec": {"tools": [{"name": "look", "sideEffect": "READ", '
+        moved += '"http": {"url": "https://shop.evil.example/x"}}]}}'
+        edit = alice("patch", "agentrun", "tools-ok", "--type", "merge", "-p", moved, check=False)
+        assert edit.returncode != 0 and "spec.tools[0].http.url: https://shop.evil" in edit.stderr
+        budget = '{"spec": {"budget": {"maxIterations": 2}}}'
+        raised = alice("patch", "agentrun", "tools-ok", "--type", "merge", "-p", budget)
+        assert raised.returncode == 0
         bob = kubectl.as_user("bob")
         forbidden = bob("apply", "-f", "-", stdin=_run("bobs", image="evil.example/x"), check=False)
         assert forbidden.returncode != 0 and 'User "bob" cannot' in forbidden.stderr

@@ -79,7 +79,9 @@ def test_what_the_chart_renders_is_accepted_by_the_api_server(
         "--set",
         "allowFailpoints=true",
         "--set-json",
-        'admissionPolicy.allowed={"stepImages": ["ghcr.io/k/"], "modelHosts": ["api.x"]}',
+        'admissionPolicy.allowed={"stepImages": ["ghcr.io/k/"], "hosts": ["api.x"]}',
+        "--set-json",
+        'admissionPolicy.stepServiceAccounts=["keelgate-step"]',
     )
     assert out.returncode == 0, out.stderr
     kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
@@ -132,7 +134,7 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         assert ours["rules"] == theirs["rules"]
         assert theirs["metadata"]["labels"].items() <= ours["metadata"]["labels"].items()
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        for name in ("decided-by-requester", "secret-references"):
+        for name in ("decided-by-requester", "secret-references", "step-service-account"):
             # The policy and the operator's service account are named after the release.
             text = json.dumps(by_kind[(kind, f"kg-{name}")]["spec"])
             spec = json.loads(text.replace("kg-", "keelgate-"))
@@ -193,6 +195,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("store.url=mysql://db", "/store/url"),
         ("operator.typo=1", "/operator"),
         ("admissionPolicy.allowed.stepImages=x", "/admissionPolicy/allowed/stepImages"),
+        ("admissionPolicy.allowed.modelHosts={api.x}", "/admissionPolicy/allowed"),  # now hosts
+        ("admissionPolicy.stepServiceAccounts={Not_An_Account}", "/admissionPolicy/stepServ"),
         ("replicas=0", "/replicas"),
         ("leaderElection.leaseDuration=soon", "/leaderElection/leaseDuration"),
     ],
@@ -218,6 +222,85 @@ def test_a_wrong_value_fails_helm_install_naming_the_value(
     )
     assert out.returncode != 0
     assert path in out.stderr, out.stderr
+
+
+def test_the_admission_values_reach_the_policies_that_read_them(
+    helm: Path, cluster: Cluster, kubectl_bin: Path
+) -> None:
+    """admissionPolicy.stepServiceAccounts becomes the list of step ServiceAccounts anyone may
+    name (empty by default, the policy still there: the namespace's default alone is free);
+    admissionPolicy.allowed.hosts becomes the allowed hosts' list, checked for the model's
+    baseURL and for every HTTP and MCP tool's URL; without allowlists that policy is not
+    rendered at all. A release watching some namespaces binds its policies on AgentRuns to
+    those namespaces only (they let its own operator through, no other release's), and the
+    API server takes such bindings; the policy on decisions' `by` stays cluster-wide."""
+
+    def variables(docs: list[JSON], policy: str) -> dict[str, str]:
+        (found,) = [
+            d
+            for d in docs
+            if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == policy
+        ]
+        return {v["name"]: v["expression"] for v in found["spec"]["variables"]}
+
+    base = ("--set", "store.existingSecret.name=pg")
+    plain = rendered(helm, cluster, *base)
+    assert variables(plain, "kg-step-service-account")["allowed"] == "[]"
+    assert not [d for d in plain if d["metadata"]["name"] == "kg-allowed-sources"]
+    given = rendered(
+        helm,
+        cluster,
+        *base,
+        "--set-json",
+        'admissionPolicy.stepServiceAccounts=["keelgate-step", "ci.runner"]',
+        "--set-json",
+        'admissionPolicy.allowed={"hosts": ["api.openai.com", "mcp.example"]}',
+    )
+    accounts = variables(given, "kg-step-service-account")
+    assert json.loads(accounts["allowed"]) == ["keelgate-step", "ci.runner"]
+    sources = variables(given, "kg-allowed-sources")
+    assert json.loads(sources["hosts"]) == ["api.openai.com", "mcp.example"]
+    assert json.loads(sources["images"]) == []
+    assert "t.http.url" in sources["badHttp"] and "t.mcp.url" in sources["badMcp"]
+    bindings = {
+        d["metadata"]["name"]: d["spec"]
+        for d in given
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    assert not [s for s in bindings.values() if "matchResources" in s]  # every namespace
+    scoped = rendered(
+        helm,
+        cluster,
+        *base,
+        "--set",
+        "operator.watchNamespaces={default,kube-public}",
+        "--set",
+        "admissionPolicy.allowed.hosts={api.x}",
+        "--show-only",
+        "templates/admission.yaml",
+    )
+    selector = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "In",
+                    "values": ["default", "kube-public"],
+                }
+            ]
+        }
+    }
+    by_name = {
+        d["metadata"]["name"]: d["spec"]
+        for d in scoped
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    for name in ("secret-references", "step-service-account", "allowed-sources"):
+        assert by_name[f"kg-{name}"]["matchResources"] == selector, name
+    assert "matchResources" not in by_name["kg-decided-by-requester"]
+    kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
+    applied = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(scoped))
+    assert "kg-step-service-account created (server dry run)" in applied.stdout
 
 
 def test_a_chart_without_a_store_says_which_value_to_set(helm: Path, cluster: Cluster) -> None:

@@ -52,3 +52,30 @@ url
 {{- define "keelgate.stepPods" -}}
 {{- toYaml .Values.stepPods }}
 {{- end }}
+
+{{/* CEL for the admission policies: whether an update of an AgentRun leaves what its step pods
+     do as it was, that is every field of its spec but budget, pricing, suspend, schedule and the
+     ticks' history limits (false on a create). tests/test_admission.py holds this list to the
+     AgentRun's fields: a new field is one of these until said otherwise. */}}
+{{- define "keelgate.sameWork" -}}
+oldObject != null &&
+object.spec.?loop == oldObject.spec.?loop && object.spec.?goal == oldObject.spec.?goal &&
+object.spec.?model == oldObject.spec.?model && object.spec.?tools == oldObject.spec.?tools &&
+object.spec.?allowedSideEffects == oldObject.spec.?allowedSideEffects &&
+object.spec.?step == oldObject.spec.?step
+{{- end -}}
+
+{{/* A binding's scope for the policies on AgentRuns, which let this release's operator through
+     (its ticks): with operator.watchNamespaces, the namespaces this release drives, so that
+     another release's policies never stand in front of this release's operator; else every
+     namespace. */}}
+{{- define "keelgate.watchedNamespaces" -}}
+{{- with .Values.operator.watchNamespaces }}
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+        - key: kubernetes.io/metadata.name
+          operator: In
+          values: {{ toJson . }}
+{{- end }}
+{{- end -}}

@@ -11,8 +11,14 @@ stop so that a standby leads within one retry period instead of a lease's length
 
 It must never let this replica go on leading after a renewal failed: the caller is told
 (``lost``) and must stop driving runs at once (the operator exits; its pod comes back as a
-standby). Nor may it renew after ``release``: a release that the renew loop undid would make the
-next leader wait out a whole lease.
+standby). However the renewals fail: the client's renew loop notices an API server that answers
+with an error, but a connection dropped without an answer ends its thread (only API errors count
+as failed tries there) and a request never answered holds it for good, both with this replica
+still leading while a standby takes the lease. So every request here is bounded in time, any
+failure to reach the API server is a failed try, and a watch of its own tells ``lost`` once no
+renewal has succeeded for the renew deadline, whatever the election's thread is doing. Nor may
+it renew after ``release`` or ``lost``: a release that the renew loop undid would make the next
+leader wait out a whole lease.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,12 +73,15 @@ class Leadership:
         self._lost = lost
         self._stopped = threading.Event()
         self._leading = threading.Event()
+        self._ended = threading.Event()  # stopped leading (released or lost), for good
+        self._end_lock = threading.Lock()
+        self._renewed = 0.0  # when the last create or renewal that succeeded was sent
         self._thread: threading.Thread | None = None
         self._lock: Any = None
 
     @property
     def leading(self) -> bool:
-        return self._leading.is_set() and not self._stopped.is_set()
+        return self._leading.is_set() and not (self._stopped.is_set() or self._ended.is_set())
 
     def alive(self) -> bool:
         """Whether the election still runs (a standby's liveness)."""
@@ -88,6 +98,7 @@ class Leadership:
 
     def _start(self) -> None:
         from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
         from kubernetes.leaderelection import electionconfig, leaderelection
         from kubernetes.leaderelection.resourcelock import leaselock
 
@@ -95,23 +106,47 @@ class Leadership:
         election_module: Any = leaderelection
         config_module: Any = electionconfig
         lock_module: Any = leaselock
-        stopped = self._stopped
+        leases_module: Any = client.CoordinationV1Api
+        settings = self.settings
+        leadership = self
+        # No request may outlast the renew deadline (the client sets no timeout of its own).
+        timeout = float(settings.renew_seconds)
+
+        class _TimedLeases(leases_module):  # type: ignore[misc]
+            def read_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+                kwargs.setdefault("_request_timeout", timeout)
+                return super().read_namespaced_lease(*args, **kwargs)
+
+            def create_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+                kwargs.setdefault("_request_timeout", timeout)
+                return super().create_namespaced_lease(*args, **kwargs)
+
+            def replace_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+                kwargs.setdefault("_request_timeout", timeout)
+                return super().replace_namespaced_lease(*args, **kwargs)
 
         class _StoppableLease(lock_module.LeaseLock):  # type: ignore[misc]
-            # Once released, every write fails: the renew loop then ends instead of taking the
-            # lease back.
+            # Any failure to reach the API server is a failed try, as an error answer is (the
+            # client's lock lets anything but an ApiException end the election's thread). Once
+            # released or lost, every write fails: the renew loop then ends instead of taking
+            # the lease back. A write that succeeded renews from when it was sent.
+            def get(self, *args: Any, **kwargs: Any) -> Any:
+                parent: Any = super()
+                try:
+                    return parent.get(*args, **kwargs)
+                except Exception as error:  # no answer: a failed try, not a missing lease
+                    return False, ApiException(reason=f"no answer ({type(error).__name__})")
+
             def create(self, *args: Any, **kwargs: Any) -> bool:
                 parent: Any = super()
-                return False if stopped.is_set() else bool(parent.create(*args, **kwargs))
+                return leadership._write(lambda: parent.create(*args, **kwargs))
 
             def update(self, *args: Any, **kwargs: Any) -> bool:
                 parent: Any = super()
-                return False if stopped.is_set() else bool(parent.update(*args, **kwargs))
+                return leadership._write(lambda: parent.update(*args, **kwargs))
 
-        settings = self.settings
         lock: Any = _StoppableLease(settings.name, settings.namespace, settings.identity)
-        if self._api_client is not None:
-            lock.api_instance = client.CoordinationV1Api(self._api_client)
+        lock.api_instance = _TimedLeases(self._api_client)
         self._lock = lock
         config = config_module.Config(
             lock,
@@ -122,7 +157,9 @@ class Leadership:
             onstopped_leading=self._stopped_leading,
         )
         election = election_module.LeaderElection(config)
-        self._thread = threading.Thread(target=election.run, name="keelgate-lease", daemon=True)
+        self._thread = threading.Thread(
+            target=self._elect, args=(election,), name="keelgate-lease", daemon=True
+        )
         self._thread.start()
         log.info(
             "standing by: waiting to lead (Lease %s/%s, as %s)",
@@ -131,12 +168,54 @@ class Leadership:
             settings.identity,
         )
 
+    def _write(self, write: Callable[[], Any]) -> bool:
+        """A create or renewal of the lease; False, without sending it, once this replica
+        stopped leading for good; False on any failure."""
+        if self._stopped.is_set() or self._ended.is_set():
+            return False
+        sent = time.monotonic()
+        try:
+            done = bool(write())
+        except Exception:  # no answer: a failed try
+            return False
+        if done:
+            self._renewed = max(self._renewed, sent)
+        return done
+
+    def _elect(self, election: Any) -> None:
+        try:
+            election.run()
+        except Exception as failure:  # the election's thread must not end with us leading
+            log.error("the leader election failed (%s)", type(failure).__name__)
+            if self._leading.is_set():
+                self._stopped_leading()
+
+    def _watch(self) -> None:
+        """While leading: tell ``lost`` once no renewal succeeded for the renew deadline,
+        whatever the election's thread is doing (a request that never ends holds it)."""
+        deadline = float(self.settings.renew_seconds)
+        step = min(0.25, self.settings.retry_seconds / 4)
+        while not self._ended.wait(step):
+            if self._stopped.is_set():
+                return
+            if time.monotonic() - self._renewed > deadline:
+                self._stopped_leading()
+                return
+
     def _started(self) -> None:
         # Called on a thread of its own, which may return at once: the renew loop goes on.
+        if self._ended.is_set():
+            return
         self._leading.set()
+        threading.Thread(target=self._watch, name="keelgate-lease-watch", daemon=True).start()
         log.info("leading (Lease %s/%s)", self.settings.namespace, self.settings.name)
 
     def _stopped_leading(self) -> None:
+        # From the election's thread or the watch, whichever notices first: told once.
+        with self._end_lock:
+            if self._ended.is_set():
+                return
+            self._ended.set()
         was_leading = self._leading.is_set()
         self._leading.clear()
         if self._stopped.is_set():
