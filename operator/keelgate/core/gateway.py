@@ -4,10 +4,11 @@ It enforces the side-effect class a loop allows (``side_effect_not_permitted`` o
 the tool list grants), and makes every PROPOSE and WRITE durable-idempotent: a key is claimed
 in flight before the call, with a write deadline (``keelgate.core.fence``) past which the call is
 never sent, completed after it, replayed if already completed, and read as an unknown outcome if
-its owner died. A key on record decides before anything the spec says now: an edited tool list,
-side-effect class or approval rule never turns a call that may have run into "refused". It never
-retries a call whose outcome it does not know, and never accepts the model's or the tool's word
-that an unknown call happened.
+its owner died. A call is one unit of knowledge: once any request of it may have left
+(``fence.Invocation``), no error of it reads as "nothing happened". A key on record decides
+before anything the spec says now: an edited tool list, side-effect class or approval rule never
+turns a call that may have run into "refused". It never retries a call whose outcome it does not
+know, and never accepts the model's or the tool's word that an unknown call happened.
 
 Why one module a little past 500 lines: a call's whole life (refused, claimed, sent, completed,
 replayed, unknown) is one sequence of compare-and-sets, read in one place.
@@ -21,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from keelgate.core import failpoints, fence
 from keelgate.core.audit import AuditDraft
@@ -229,14 +230,23 @@ class Gateway:
 
     def _send(self, tool: Tool, action: Action, deadline: fence.WriteDeadline) -> ActionResult:
         """Call the tool under its claimed key, within its deadline, and take what came of it.
-        Raises ``DeadlinePassed`` if the deadline passed before the call could be sent."""
+        Raises ``DeadlinePassed`` if the deadline passed before anything of the call was sent.
+
+        The call is one unit of knowledge: once any request of it may have left (a fenced HTTP
+        or MCP request, or a Python tool's ``about_to_send``), no error of it reads as "nothing
+        happened", a ``ToolError`` or a passed deadline included. A composite tool whose second
+        request fails after its first was sent has an unknown outcome, never a refusal."""
+        call = fence.Invocation(deadline)
         try:
-            with fence.fenced(deadline):
+            with fence.invoking(call):
                 deadline.check()  # a tool that sends without checking is still checked here
                 output = tool.invoke(action.args, idempotency_key=action.key)
-        except fence.DeadlinePassed:
-            raise
         except ToolError as error:
+            if call.end():
+                # Something of the call may have left before this error: it may have run.
+                self._went_unknown(tool, action, call, error)
+            if isinstance(error, fence.DeadlinePassed):
+                raise  # nothing of the call was sent: the caller claims afresh
             # A definite refusal: nothing happened, so the key is dropped and the same call may
             # be made again (a crash before the drop leaves it unknown: the safe side).
             failpoints.hit("after_gateway_call")
@@ -244,20 +254,8 @@ class Gateway:
             return ActionResult(action.id, ResultStatus.ERROR, error=error.message)
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
-            log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
-            running = getattr(error, "still_running", None)
-            if running is not None:
-                # The call goes on in this process: the key stays ours (a resume meanwhile sees
-                # it live and waits; a reconcile is refused as still in flight) until the call
-                # ends and its end is recorded. Closing the store meanwhile must not release
-                # the owner, so the store is held until then.
-                release = self.keys.hold()
-                running.when_done(functools.partial(self._ended_late, tool, action, release))
-            else:
-                self.keys.release(self.tenant, action.key)
-            # No confirmer now: the call may still be running (a timed-out worker, a request in
-            # flight), so "not found downstream" would be premature. A later resume asks it.
-            raise UnknownOutcomeStop(self._unknown_action(action)) from None
+            self._went_unknown(tool, action, call, error)
+        call.end()  # a thread the tool left behind sends nothing more under this key
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         if self.deferred_completion:
@@ -267,6 +265,27 @@ class Gateway:
             self.emit(draft)
             self.late.append(late)
         return result
+
+    def _went_unknown(
+        self, tool: Tool, action: Action, call: fence.Invocation, error: Exception
+    ) -> NoReturn:
+        """The call may or may not have run: its key is left for a person or the confirmer,
+        and the run stops (``UnknownOutcomeStop``)."""
+        log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
+        running = getattr(error, "still_running", None)
+        if running is not None:
+            # The call goes on in this process: the key stays ours (a resume meanwhile sees
+            # it live and waits; a reconcile is refused as still in flight) until the call
+            # ends and its end is recorded. Closing the store meanwhile must not release
+            # the owner, so the store is held until then.
+            release = self.keys.hold()
+            running.when_done(functools.partial(self._ended_late, tool, action, call, release))
+        else:
+            call.end()
+            self.keys.release(self.tenant, action.key)
+        # No confirmer now: the call may still be running (a timed-out worker, a request in
+        # flight), so "not found downstream" would be premature. A later resume asks it.
+        raise UnknownOutcomeStop(self._unknown_action(action)) from None
 
     def completions(self) -> tuple[Completion, ...]:
         """The completions of the WRITEs that ran since the last checkpoint, for the next one to
@@ -329,6 +348,7 @@ class Gateway:
         self,
         tool: Tool,
         action: Action,
+        call: fence.Invocation,
         release: Callable[[], None],
         output: Any,
         error: BaseException | None,
@@ -337,12 +357,13 @@ class Gateway:
         the store's owner go (which closes the store if its runner has closed it meanwhile). If
         someone settled its key meanwhile, the run's checkpoint remembers it too."""
         try:
+            sent = call.end()
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
                 # False if someone settled it meanwhile: their record stands (below).
                 self.keys.complete(self.tenant, action.key, result.to_json())
                 status = "ok"
-            elif isinstance(error, ToolError):
+            elif isinstance(error, ToolError) and not sent:
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
                 status = "refused"
             else:

@@ -7,8 +7,10 @@ never retries; only a failure that provably sent nothing (connection refused) or
 definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
 service can deduplicate, waits no longer than its write deadline, and checks that deadline right
 before the request's first byte is written (httpcore's ``trace`` extension), so a process held up
-past it sends nothing (``keelgate.core.fence``). It must never put argument values or header
-values into an error.
+past it sends nothing (``keelgate.core.fence``); the same moment records that its call may have
+sent something. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
+composite tool started without ``keelgate.fenced``), it refuses. It must never put argument
+values or header values into an error.
 """
 
 from __future__ import annotations
@@ -126,14 +128,17 @@ class HttpTool:
             request["json"] = rest
         elif rest:
             request["params"] = _query(rest)
-        deadline = fence.current()
-        if deadline is not None:
-            request["timeout"] = min(self.timeout_seconds, deadline.remaining())
-            request["extensions"] = {"trace": _checks_before_sending(deadline)}
+        # A request for a WRITE or PROPOSE with no call in reach is refused here, unsent.
+        call = fence.for_sending(
+            self.name, idempotency_key=idempotency_key, changes_things=self.changes_things
+        )
+        if call is not None:
+            request["timeout"] = min(self.timeout_seconds, call.deadline.remaining())
+            request["extensions"] = {"trace": _checks_before_sending(call)}
         try:
             response = self.client.request(self.method, url, **request)
-        except fence.DeadlinePassed:
-            raise  # nothing was sent
+        except ToolError:
+            raise  # the fence refused the request (its deadline passed): it was not sent
         except _NOTHING_SENT as error:
             raise ToolError(
                 f"{self.name}: {self.where} failed before anything was sent "
@@ -175,13 +180,14 @@ class HttpTool:
         return self.url.format_map(values), rest
 
 
-def _checks_before_sending(deadline: fence.WriteDeadline) -> Any:
+def _checks_before_sending(call: fence.Invocation) -> Any:
     """An httpcore ``trace`` callback that checks the write deadline right before the request's
-    headers are written: after the connection is made, before any byte of the request leaves."""
+    headers are written (after the connection is made, before any byte of the request leaves)
+    and records that the call may have sent something from then on."""
 
     def trace(event: str, info: Mapping[str, Any]) -> None:
         if event.endswith(".send_request_headers.started"):
-            deadline.check()
+            call.sending()
 
     return trace
 
