@@ -169,7 +169,9 @@ class Gateway:
         record = once_not_in_flight(
             lambda: self.keys.get(self.tenant, action.key),
             wait=self.busy_wait,
-            busy=lambda: busy_elsewhere(self.tenant, self.run, action.tool, action.id),
+            busy=lambda record: busy_elsewhere(
+                self.tenant, self.run, action.tool, action.id, here=record.here
+            ),
         )
         return None if record is None else self._existing(action, record)
 
@@ -398,7 +400,9 @@ class Gateway:
                 deadline_in=deadline_in,
             ),
             wait=self.busy_wait,
-            busy=lambda: in_flight_elsewhere(self.tenant, self.run, tool, action),
+            busy=lambda record: in_flight_elsewhere(
+                self.tenant, self.run, tool, action, here=record.here
+            ),
         )
 
     def _existing(self, action: Action, record: KeyRecord) -> ActionResult:
@@ -459,7 +463,9 @@ class Gateway:
             if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
                 raise
             if current.state is KeyState.IN_FLIGHT:
-                raise busy_elsewhere(self.tenant, self.run, action.tool, action.id) from None
+                raise busy_elsewhere(
+                    self.tenant, self.run, action.tool, action.id, here=current.here
+                ) from None
             return self._existing(action, current)
         # The event rides with the next checkpoint; a death before it leaves the key settled
         # without it, and the next resume writes it from the key's record (_existing).
@@ -486,10 +492,10 @@ class Gateway:
 
 
 def once_not_in_flight(
-    read: Callable[[], KeyRecord | None], *, wait: float, busy: Callable[[], RunBusy]
+    read: Callable[[], KeyRecord | None], *, wait: float, busy: Callable[[KeyRecord], RunBusy]
 ) -> KeyRecord | None:
     """``read()`` (a claim, a look-up) again until its key is not in flight in a live process,
-    for at most ``wait`` seconds; past that, ``busy()`` is raised.
+    for at most ``wait`` seconds; past that, ``busy(record)`` is raised.
 
     A key in flight in a live process means another runner of the run is at it. A dying owner
     may take a moment to be seen as gone (a server ends a session asynchronously), so a moment
@@ -501,15 +507,21 @@ def once_not_in_flight(
         if record is None or record.state is not KeyState.IN_FLIGHT:
             return record
         if time.monotonic() >= deadline:
-            raise busy()
+            raise busy(record)
         time.sleep(0.05)
 
 
-def in_flight_elsewhere(tenant: str, run: str, tool: Tool, action: Action) -> RunBusy:
-    return busy_elsewhere(tenant, run, tool.name, action.id)
+def in_flight_elsewhere(
+    tenant: str, run: str, tool: Tool, action: Action, *, here: bool = False
+) -> RunBusy:
+    return busy_elsewhere(tenant, run, tool.name, action.id, here=here)
 
 
-def busy_elsewhere(tenant: str, run: str, tool: str, action: str) -> RunBusy:
+def busy_elsewhere(tenant: str, run: str, tool: str, action: str, *, here: bool = False) -> RunBusy:
+    """The run is busy: a call of it is in flight in a live process. ``here``: this very
+    process, whose call (a timed-out one still running, another thread's) has not ended yet."""
+    if here:
+        return RunBusy(tenant, run, f"{tool} ({action}) is still running in this process")
     return RunBusy(tenant, run, f"{tool} ({action}) is in flight in another live process")
 
 
