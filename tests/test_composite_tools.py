@@ -271,6 +271,82 @@ def test_a_python_tool_refused_before_it_reported_a_send_stays_a_refusal(tmp_pat
         process.close()
 
 
+# Definite refusals: a request answered 4xx changed nothing
+
+
+def _composite(payments: Payments) -> PythonTool:
+    charge, notify = requests_of(payments)
+
+    def pay(args: dict[str, Any], *, idempotency_key: str | None) -> Any:
+        charge.invoke(args, idempotency_key=idempotency_key)
+        return notify.invoke(args, idempotency_key=idempotency_key)
+
+    return PythonTool("pay", pay, SideEffect.WRITE)
+
+
+def test_an_http_write_answered_4xx_is_still_a_refusal_the_model_sees(
+    tmp_path: Path, payments: Payments
+) -> None:
+    """A request answered with a 4xx was sent, but the answer says it changed nothing: the
+    call (the HTTP tool alone, or a composite whose first request is declined) is a definite
+    refusal the model sees, as before, and its retry is made."""
+    payments.declines = True
+    alone = HttpTool(
+        "pay", url=f"{payments.url}/charge", method="POST", side_effect=SideEffect.WRITE
+    )
+    for tool in (alone, _composite(payments)):
+        process = Process(tmp_path / f"{id(tool)}.db", lambda tool=tool: [tool])
+        try:
+            outcome = process.loop.run_or_resume(SPEC)
+            assert outcome.stop.reason is StopReason.GOAL_MET, outcome.to_json()
+            actions = [h["actions"][0] for h in process.loop.state("shop", "invoice").history]
+            assert [a["status"] for a in actions] == ["error", "error"]
+            assert "HTTP 402" in actions[0]["error"]
+            assert process.store.get("shop", KEY) is None  # refused: dropped
+        finally:
+            process.close()
+    assert payments.charges == {}
+
+
+def test_a_composite_whose_second_request_is_refused_after_the_first_took_effect_is_unknown(
+    tmp_path: Path, payments: Payments
+) -> None:
+    """``pay`` charges the card, then its receipt is answered 422: that request changed
+    nothing, but the charge did. The call's ToolError is no refusal: the run stops
+    outcome_unknown and the model's retry charges nothing more."""
+    payments.refuses_receipts = True
+    process = Process(tmp_path / "kg.db", lambda: [_composite(payments)])
+    try:
+        outcome = process.loop.run_or_resume(SPEC)
+        assert outcome.stop.reason is StopReason.OUTCOME_UNKNOWN, outcome.to_json()
+        process.restart()
+        assert process.loop.run_or_resume(SPEC).stop.reason is StopReason.OUTCOME_UNKNOWN
+        assert payments.charges == {KEY: 1}
+    finally:
+        process.close()
+
+
+def test_a_python_tool_can_say_its_request_was_refused(tmp_path: Path) -> None:
+    """A Python tool that reported its request sent, and was answered with a definite refusal,
+    says so (``refused()`` on what ``about_to_send`` returned): its ToolError stays a refusal
+    the model sees. One that did not say so stops the run outcome_unknown."""
+    for says in (True, False):
+
+        def pay(args: dict[str, Any], *, idempotency_key: str | None, says: bool = says) -> Any:
+            sent = keelgate.about_to_send(idempotency_key)
+            if says:
+                sent.refused()  # the card network answered "declined"
+            raise ToolError("pay: the card was declined")
+
+        tool = PythonTool("pay", pay, SideEffect.WRITE)
+        process = Process(tmp_path / f"{says}.db", lambda tool=tool: [tool])
+        try:
+            reason = process.loop.run_or_resume(SPEC).stop.reason
+            assert reason is (StopReason.GOAL_MET if says else StopReason.OUTCOME_UNKNOWN)
+        finally:
+            process.close()
+
+
 # Threads a tool starts
 
 

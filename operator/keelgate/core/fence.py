@@ -21,10 +21,12 @@ another machine's clock, still counts it (docs/design.md, "What is left of each 
 A tool call is one unit of knowledge. The gateway makes one ``Invocation`` per call of a WRITE's
 or PROPOSE's tool; every request it makes (the HTTP and MCP tools do it, a Python tool reports
 its own with ``about_to_send``) first checks the deadline and records that the call may have
-sent something. From then on no error of the call can mean "nothing happened": the gateway reads
-it as an unknown outcome. The invocation is carried by a context variable, so it follows the
-tool into threads started with ``fenced`` (or any copy of the context), and a Keelgate tool asked
-to send for a WRITE with none in reach refuses (``for_sending``) rather than sends unfenced.
+sent something (a ``Send``). From then on no error of the call can mean "nothing happened": the
+gateway reads it as an unknown outcome, unless every request sent was answered with a definite
+refusal (``Send.refused``: a 4xx, a JSON-RPC refusal), which took no effect. The invocation is
+carried by a context variable, so it follows the tool into threads started with ``fenced`` (or
+any copy of the context), and a Keelgate tool asked to send for a WRITE with none in reach
+refuses (``for_sending``) rather than sends unfenced.
 Once the gateway has taken the call's outcome (``Invocation.end``), nothing more of it is sent.
 
 This module must never extend a deadline, never read a wall clock for a fence, and never let a
@@ -117,15 +119,29 @@ class WriteDeadline:
             raise DeadlinePassed(self.key, late)
 
 
+class Send:
+    """One request of a tool call, recorded as possibly sent (``Invocation.sending``)."""
+
+    def __init__(self, call: Invocation) -> None:
+        self._call = call
+        self._refused = False
+
+    def refused(self) -> None:
+        """The request was answered with a definite refusal (a 4xx, a JSON-RPC refusal): it
+        took no effect, so it no longer counts as something the call may have done. Only for
+        an answer that says so: a timeout, a reset or a 5xx is no such answer."""
+        self._call._withdraw(self)
+
+
 class Invocation:
     """One call of a WRITE's or PROPOSE's tool: its deadline, whether any request of it may
-    have left (``sent``), and whether the gateway has finished with it (``end``). Shared by
-    every thread the call runs on."""
+    have taken effect (``sent``), and whether the gateway has finished with it (``end``).
+    Shared by every thread the call runs on."""
 
     def __init__(self, deadline: WriteDeadline) -> None:
         self.deadline = deadline
         self._lock = threading.Lock()
-        self._sent = False
+        self._sends = 0  # requests sent and not answered with a definite refusal
         self._ended = False
 
     @property
@@ -134,11 +150,11 @@ class Invocation:
 
     @property
     def sent(self) -> bool:
-        """Whether a request of this call may have left."""
+        """Whether a request of this call may have left and taken effect."""
         with self._lock:
-            return self._sent
+            return self._sends > 0
 
-    def sending(self) -> None:
+    def sending(self) -> Send:
         """A request of this call is about to leave: raise ``DeadlinePassed`` if the deadline
         has passed, ``CallEnded`` if the gateway has finished with the call (either way the
         request must not be sent), else record that the call may have sent something."""
@@ -146,15 +162,24 @@ class Invocation:
             if self._ended:
                 raise CallEnded(self.key)
             self.deadline.check()
-            self._sent = True
+            self._sends += 1
+        return Send(self)
+
+    def _withdraw(self, send: Send) -> None:
+        with self._lock:
+            # Once the gateway has judged the call, its judgement stands.
+            if not send._refused and not self._ended:
+                send._refused = True
+                self._sends -= 1
 
     def end(self) -> bool:
         """The gateway takes the call's outcome: from now on nothing more of it is sent (a
-        thread it left behind is refused). Returns whether anything may have been sent: the
-        answer cannot change after this, so a refusal judged on it stays true."""
+        thread it left behind is refused). Returns whether anything may have been sent and
+        taken effect: the answer cannot change after this, so a refusal judged on it stays
+        true."""
         with self._lock:
             self._ended = True
-            return self._sent
+            return self._sends > 0
 
 
 _current: ContextVar[Invocation | None] = ContextVar("keelgate_invocation", default=None)
@@ -200,16 +225,27 @@ def for_sending(
     return call
 
 
-def about_to_send(idempotency_key: str | None) -> None:
+class _NoSend(Send):
+    """What ``about_to_send`` returns for a READ: there is nothing to withdraw."""
+
+    def __init__(self) -> None:
+        self._refused = True
+
+    def refused(self) -> None:
+        pass
+
+
+def about_to_send(idempotency_key: str | None) -> Send:
     """What a Python tool calls right before its own request leaves (Keelgate's HTTP and MCP
     tools do it themselves). For a WRITE or PROPOSE (``idempotency_key`` is its call's key):
     raises ``DeadlinePassed`` once the call's deadline has passed, or ``ToolError`` with no call
     in reach (a thread started without ``fenced``), and then the request must not be sent;
     otherwise records that the call may have sent something, so that no error it raises from
-    then on reads as "nothing happened". For a READ (no key, no call) it does nothing."""
+    then on reads as "nothing happened". The request's ``Send`` is returned: ``refused()`` on
+    it when the request was answered with a definite refusal that took no effect. For a READ
+    (no key, no call) it does nothing."""
     call = for_sending("a request", idempotency_key=idempotency_key, changes_things=False)
-    if call is not None:
-        call.sending()
+    return _NoSend() if call is None else call.sending()
 
 
 def fenced(function: Callable[P, R]) -> Callable[P, R]:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from keelgate.core import failpoints, fence
 from keelgate.core.audit import AuditDraft
@@ -246,7 +246,8 @@ class Gateway:
         except ToolError as error:
             if call.end():
                 # Something of the call may have left before this error: it may have run.
-                self._went_unknown(tool, action, call, error)
+                self._leave_unknown(tool, action, call, error)
+                raise UnknownOutcomeStop(self._unknown_action(action)) from None
             if isinstance(error, fence.DeadlinePassed):
                 raise  # nothing of the call was sent: the caller claims afresh
             # A definite refusal: nothing happened, so the key is dropped and the same call may
@@ -256,7 +257,10 @@ class Gateway:
             return ActionResult(action.id, ResultStatus.ERROR, error=error.message)
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
-            self._went_unknown(tool, action, call, error)
+            self._leave_unknown(tool, action, call, error)
+            # No confirmer now: the call may still be running (a timed-out worker, a request in
+            # flight), so "not found downstream" would be premature. A later resume asks it.
+            raise UnknownOutcomeStop(self._unknown_action(action)) from None
         call.end()  # a thread the tool left behind sends nothing more under this key
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
@@ -268,11 +272,11 @@ class Gateway:
             self.late.append(late)
         return result
 
-    def _went_unknown(
+    def _leave_unknown(
         self, tool: Tool, action: Action, call: fence.Invocation, error: Exception
-    ) -> NoReturn:
-        """The call may or may not have run: its key is left for a person or the confirmer,
-        and the run stops (``UnknownOutcomeStop``)."""
+    ) -> None:
+        """The call may or may not have run: its key is left for a person or the confirmer
+        (the caller then stops the run with ``UnknownOutcomeStop``)."""
         log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
         running = getattr(error, "still_running", None)
         if running is not None:
@@ -285,9 +289,6 @@ class Gateway:
         else:
             call.end()
             self.keys.release(self.tenant, action.key)
-        # No confirmer now: the call may still be running (a timed-out worker, a request in
-        # flight), so "not found downstream" would be premature. A later resume asks it.
-        raise UnknownOutcomeStop(self._unknown_action(action)) from None
 
     def completions(self) -> tuple[Completion, ...]:
         """The completions of the WRITEs that ran since the last checkpoint, for the next one to

@@ -156,7 +156,7 @@ class McpTool:
                 result = await client.call_tool(self.remote_name, arguments, meta=meta)
         except Exception as error:
             if result is None and guard.refused is None:
-                self._failed(error, sent=guard.sent)
+                self._failed(error, guard)
             # The answer arrived (or the fence refused the call); only closing the session, or
             # the SDK's handling of the refusal, failed.
         if guard.refused is not None:
@@ -164,15 +164,16 @@ class McpTool:
         assert result is not None
         return self._result(result)
 
-    def _failed(self, error: Exception, *, sent: bool) -> NoReturn:
+    def _failed(self, error: Exception, guard: _CallGuard) -> NoReturn:
         leaf = _leaf(error)
         kind = type(leaf).__name__
-        if not sent:
+        if not guard.sent:
             raise ToolError(
                 f"{self.name}: could not open a session with the MCP server "
                 f"{self.server.url} ({kind}); nothing was sent"
             )
         if isinstance(leaf, MCPError) and leaf.code in _REFUSED_CODES:
+            guard.took_no_effect()
             raise ToolError(f"{self.name}: the server refused the call: {_cap(leaf.error.message)}")
         why = f"{self.name}: no answer from the MCP server ({kind})"
         if self.side_effect is SideEffect.READ:
@@ -330,6 +331,7 @@ class _CallGuard:
     def __init__(self, call: fence.Invocation | None) -> None:
         self.call = call
         self.sent = False
+        self.sends: list[fence.Send] = []
         self.refused: ToolError | None = None
 
     async def on_request(self, request: httpx2.Request) -> None:
@@ -343,11 +345,16 @@ class _CallGuard:
             return
         if self.call is not None:
             try:
-                self.call.sending()
+                self.sends.append(self.call.sending())
             except ToolError as refused:
                 self.refused = refused
                 raise
         self.sent = True
+
+    def took_no_effect(self) -> None:
+        """The server answered the call with a definite refusal: it changed nothing."""
+        for send in self.sends:
+            send.refused()
 
 
 def _is_tool_call(body: bytes) -> bool:
