@@ -22,7 +22,7 @@ from keelgate.kube.naming import RUN_LABEL, STEP_LABEL, STEP_POD_LABEL, STEP_POD
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest.step_defaults import StepPodDefaults
 from support import operator_tools
-from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+from support.operator_rig import NAMESPACE, TOOLS, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
 
@@ -806,3 +806,88 @@ def test_a_crashed_attempts_pod_is_collected_but_its_last_lines_stay_in_status(
         assert kube.status("restock")["step"]["lastLines"] == ""
     finally:
         kube.close()
+
+
+def _undeclare(kube: Operator, name: str, tool: str) -> None:
+    """A person edits the spec so that the script still names ``tool``, which spec.tools no
+    longer declares: the models refuse the spec, and no step may run until it changes."""
+    other = {"name": "look", "sideEffect": "READ", "python": {"callable": f"{TOOLS}:{tool}"}}
+    kube.api.patch_spec("AgentRun", NAMESPACE, name, {"tools": [other]})
+
+
+def test_an_unknown_outcome_stays_shown_when_the_spec_no_longer_declares_its_tool(
+    kube: Operator,
+) -> None:
+    """A run stopped outcome_unknown is edited so that its script names a tool the spec no
+    longer declares: the run is Stalled saying so, and OutcomeUnknown stays True naming the
+    action and its Reconciliation (never "NoUnknownOutcome"); once alice settles it,
+    OutcomeUnknown clears while the stall stays, and the spec put right finishes the run with
+    the one order."""
+    kube.apply("restock", agentrun_spec(tool="lost_write"))
+    assert kube.drive("restock") == [3]
+    _undeclare(kube, "restock", "lost_write")
+    kube.reconcile("restock")
+    status = kube.status("restock")
+    stalled = kube.condition("restock", "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("True", "SpecInvalid")
+    assert "tool 'lost_write' is not declared" in stalled["message"]
+    unknown = kube.condition("restock", "OutcomeUnknown")
+    assert unknown["status"] == "True", unknown
+    assert unknown["message"] == "lost_write (1:0): see reconciliation restock-1-lost-write"
+    assert [u["action"] for u in status["unknownActions"]] == ["1:0"]
+    assert (status["phase"], status["stopReason"]) == ("Stopped", "outcome_unknown")
+    rec = "restock-1-lost-write"
+    kube.api.patch_spec("Reconciliation", NAMESPACE, rec, {"executed": True, "by": "alice"})
+    assert kube.reconcile(rec, kind="Reconciliation") == REST
+    kube.reconcile("restock")
+    assert kube.condition("restock", "OutcomeUnknown")["status"] == "False"
+    assert kube.condition("restock", "Stalled")["status"] == "True"
+    assert kube.pods() == ["restock-s1-a1"]  # no step since: the spec still refuses
+    put_right = {"tools": agentrun_spec(tool="lost_write")["tools"]}
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", put_right)
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded", kube.status("restock")
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_write_killed_mid_order_and_an_unloadable_spec_still_asks_for_its_settlement(
+    kube: Operator,
+) -> None:
+    """The step pod dies right after the shop took the order (no stop recorded: only the store
+    knows the key is unknown), and the spec is edited so the script names a tool it no longer
+    declares, before any step could record the stop. The operator still shows OutcomeUnknown
+    True beside Stalled, makes the action's Reconciliation and warns; alice settles it there,
+    and the put-right spec finishes the run with the one order, never placed again."""
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+    assert len(operator_tools.ORDERS) == 1
+    _undeclare(kube, "restock", "place_order")
+    kube.reconcile("restock")
+    assert kube.condition("restock", "Stalled")["status"] == "True"
+    unknown = kube.condition("restock", "OutcomeUnknown")
+    rec = "restock-1-place-order"
+    assert unknown["status"] == "True", kube.status("restock")
+    assert unknown["message"] == f"place_order (1:0): see reconciliation {rec}"
+    assert kube.api.get("Reconciliation", NAMESPACE, rec) is not None
+    assert any(e.reason == "OutcomeUnknown" and rec in e.message for e in kube.api.events)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, rec, {"executed": True, "by": "alice"})
+    assert kube.reconcile(rec, kind="Reconciliation") == REST
+    kube.reconcile("restock")
+    assert kube.condition("restock", "OutcomeUnknown")["status"] == "False"
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"tools": agentrun_spec()["tools"]})
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded", kube.status("restock")
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_suspended_run_killed_mid_order_still_shows_its_unknown_outcome(kube: Operator) -> None:
+    """Killed mid-order and then suspended: no step runs to record the stop, yet the run shows
+    OutcomeUnknown True with the action's Reconciliation, whatever spec.suspend holds back."""
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"suspend": True})
+    kube.reconcile("restock")
+    assert kube.condition("restock", "OutcomeUnknown")["status"] == "True", kube.status("restock")
+    assert kube.api.get("Reconciliation", NAMESPACE, "restock-1-place-order") is not None

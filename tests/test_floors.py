@@ -132,6 +132,8 @@ def test_the_public_api_is_exactly_this() -> None:
             "Usage",
             "WriteDeadline",
             "StoreUnavailable",
+            "about_to_send",
+            "fenced",
             "open_stores",
             "verify_audit",
             "write_deadline",

@@ -29,6 +29,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import SideEffect, StopReason, UnknownAction
 from keelgate.errors import InputError, OutcomeUncertain, SimulatedCrash, ToolError
 from keelgate.stores.sqlite import SQLiteStore
+from keelgate.testing.deadlines import within_a_call
 
 ORDER_SCHEMA = {
     "type": "object",
@@ -74,7 +75,8 @@ def _order(
 
 def test_a_read_fills_the_url_from_the_arguments_escaped(shop: Shop) -> None:
     """Placeholders are URL-escaped, the JSON answer is the result, and a READ sends no key."""
-    result = _inventory(shop).invoke({"sku": "A 1/x?"}, idempotency_key="kg-ignored")
+    with within_a_call("kg-ignored"):  # a READ given a key (a call planned as a WRITE)
+        result = _inventory(shop).invoke({"sku": "A 1/x?"}, idempotency_key="kg-ignored")
     assert result == {"sku": "A 1/x?", "count": 3}
     sent = shop.received[-1]
     assert sent.path == "/items/A%201%2Fx%3F"
@@ -90,7 +92,8 @@ def test_a_read_sends_the_other_arguments_as_the_query(shop: Shop) -> None:
 
 def test_a_write_sends_its_key_headers_and_json_body(shop: Shop) -> None:
     """A WRITE carries Idempotency-Key, the configured headers, and the arguments as JSON."""
-    result = _order(shop).invoke({"sku": "A1", "qty": 20}, idempotency_key="kg-abc")
+    with within_a_call("kg-abc"):
+        result = _order(shop).invoke({"sku": "A1", "qty": 20}, idempotency_key="kg-abc")
     assert result == {"placed": True, "key": "kg-abc"}
     sent = shop.order_requests()[0]
     assert sent.headers["idempotency-key"] == "kg-abc"
@@ -100,16 +103,17 @@ def test_a_write_sends_its_key_headers_and_json_body(shop: Shop) -> None:
 
 def test_a_propose_also_sends_its_key(shop: Shop) -> None:
     """PROPOSE is not free to repeat either: it carries the key too."""
-    _order(shop, side_effect=SideEffect.PROPOSE).invoke(
-        {"sku": "A1", "qty": 1}, idempotency_key="kg-p"
-    )
+    with within_a_call("kg-p"):
+        _order(shop, side_effect=SideEffect.PROPOSE).invoke(
+            {"sku": "A1", "qty": 1}, idempotency_key="kg-p"
+        )
     assert shop.orders["kg-p"] == 1
 
 
 def test_a_4xx_is_a_tool_error_with_status_and_body(shop: Shop) -> None:
     """A 4xx is definite: the model sees the status and a short body."""
     shop.mode = "reject"
-    with pytest.raises(ToolError) as caught:
+    with within_a_call("kg-r"), pytest.raises(ToolError) as caught:
         _order(shop).invoke({"sku": "A1", "qty": 20}, idempotency_key="kg-r")
     assert caught.value.message == 'place_order: HTTP 422: {"error": "qty must be positive"}'
     with pytest.raises(ToolError, match="HTTP 404"):
@@ -127,16 +131,21 @@ def test_connection_refused_is_a_definite_failure() -> None:
         method="POST",
         side_effect=SideEffect.WRITE,
     )
-    with pytest.raises(ToolError, match="failed before anything was sent"):
+    with within_a_call("kg-x") as call, pytest.raises(ToolError, match="before anything was sent"):
         tool.invoke({"sku": "A1"}, idempotency_key="kg-x")
+    assert not call.sent
 
 
 @pytest.mark.parametrize("mode", ["slow", "reset", "error"])
 def test_not_knowing_after_a_write_was_sent_is_an_uncertain_outcome(shop: Shop, mode: str) -> None:
     """A timeout, a reset or a 5xx after the order arrived: the tool cannot know, and says so."""
     shop.mode = mode
-    with pytest.raises(OutcomeUncertain, match="may or may not have taken effect"):
+    with (
+        within_a_call("kg-u") as call,
+        pytest.raises(OutcomeUncertain, match="may or may not have taken effect"),
+    ):
         _order(shop, timeout=0.3).invoke({"sku": "A1", "qty": 20}, idempotency_key="kg-u")
+    assert call.sent
     assert shop.orders["kg-u"] == 1  # it did arrive: guessing "not sent" would be wrong
 
 
@@ -150,10 +159,10 @@ def test_for_a_read_the_same_failures_are_plain_tool_errors(shop: Shop) -> None:
 
 def test_schema_invalid_arguments_send_nothing(shop: Shop) -> None:
     """Arguments that break the input schema are a tool error naming the argument; no request."""
-    with pytest.raises(ToolError) as caught:
+    with within_a_call("kg-s"), pytest.raises(ToolError) as caught:
         _order(shop).invoke({"sku": "A1", "qty": 0}, idempotency_key="kg-s")
     assert "args.qty" in caught.value.message and "minimum" in caught.value.message
-    with pytest.raises(ToolError, match="'qty' is a required property"):
+    with within_a_call("kg-s"), pytest.raises(ToolError, match="'qty' is a required property"):
         _order(shop).invoke({"sku": "A1"}, idempotency_key="kg-s")
     assert shop.received == []
 
@@ -161,7 +170,7 @@ def test_schema_invalid_arguments_send_nothing(shop: Shop) -> None:
 def test_errors_never_show_header_values(shop: Shop) -> None:
     """Credentials in headers stay out of errors and reprs."""
     shop.mode = "error"
-    with pytest.raises(OutcomeUncertain) as caught:
+    with within_a_call("kg-h"), pytest.raises(OutcomeUncertain) as caught:
         _order(shop).invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-h")
     assert "shop-secret" not in caught.value.message and "shop-secret" not in repr(_order(shop))
 

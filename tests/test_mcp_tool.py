@@ -37,6 +37,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import LoopKind, SideEffect, StopReason
 from keelgate.errors import InputError, OutcomeUncertain, SimulatedCrash, ToolError
 from keelgate.stores.sqlite import SQLiteStore
+from keelgate.testing.deadlines import within_a_call
 from support.ledger import REVIEW_SPEC, scripted, sqlite_stores
 
 READ = SideEffect.READ
@@ -85,13 +86,16 @@ def test_descriptions_and_schemas_come_from_the_server(fake: McpFake) -> None:
 
 def test_a_read_returns_the_structured_result_without_a_key(fake: McpFake) -> None:
     """A READ answers with the tool's structured result and carries no idempotency key."""
-    result = _shop(fake)["get_stock"].invoke({"sku": "A1"}, idempotency_key="kg-ignored")
+    with within_a_call("kg-ignored"):  # a READ given a key (a call planned as a WRITE)
+        result = _shop(fake)["get_stock"].invoke({"sku": "A1"}, idempotency_key="kg-ignored")
     assert result == {"sku": "A1", "count": 3}
 
 
 def test_a_write_carries_its_key_in_meta(fake: McpFake) -> None:
     """A WRITE's key reaches the server in _meta, where the server counts it."""
-    result = _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 2}, idempotency_key="kg-1")
+    with within_a_call("kg-1") as call:
+        result = _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 2}, idempotency_key="kg-1")
+    assert call.sent
     assert result == {"ordered": 2, "sku": "A1"}
     assert fake.orders == {"kg-1": 1}
     assert fake.seen_meta[-1][KEY_META] == "kg-1"
@@ -103,11 +107,12 @@ def test_a_call_made_in_a_traced_run_carries_its_span_in_meta(fake: McpFake) -> 
     from keelgate.core import tracing
 
     parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
-    with tracing.carrying({"traceparent": parent}):
+    with tracing.carrying({"traceparent": parent}), within_a_call("kg-9"):
         _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 2}, idempotency_key="kg-9")
     assert fake.seen_meta[-1]["traceparent"] == parent
     assert fake.seen_meta[-1][KEY_META] == "kg-9"
-    _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-10")
+    with within_a_call("kg-10"):
+        _shop(fake)["place_order"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-10")
     assert "traceparent" not in fake.seen_meta[-1]  # nothing traced: nothing carried
 
 
@@ -121,7 +126,8 @@ def test_a_key_argument_is_filled_by_keelgate_and_hidden_from_the_model(fake: Mc
     ).values()
     assert "idempotency_key" not in tool.input_schema["properties"]
     assert "idempotency_key" not in tool.input_schema["required"]
-    tool.invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-2")
+    with within_a_call("kg-2"):
+        tool.invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-2")
     assert fake.orders == {"kg-2": 1}
 
 
@@ -137,7 +143,8 @@ def test_the_manifest_decides_the_side_effect_and_hints_only_warn(fake: McpFake)
     assert "marks it read-only" in tools["stock_as_write"].warnings[0]
     assert tools["order_as_read"].side_effect is READ
     assert "marks it destructive" in tools["order_as_read"].warnings[0]
-    tools["order_as_read"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-3")
+    with within_a_call("kg-3"):
+        tools["order_as_read"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-3")
     assert KEY_META not in fake.seen_meta[-1]  # a READ gets no key, whatever the server hints
 
 
@@ -174,7 +181,10 @@ def test_a_write_that_reports_an_error_is_an_uncertain_outcome(fake: McpFake) ->
     """isError on a WRITE says nothing about side effects (servers report a failure after the
     effect the same way), so it is uncertain: the gateway stops instead of allowing a retry."""
     (wipe,) = _tools(fake, McpToolSpec("wipe", WRITE)).values()
-    with pytest.raises(OutcomeUncertain, match="wipe: Error executing tool wipe"):
+    with (
+        within_a_call("kg-4"),
+        pytest.raises(OutcomeUncertain, match="wipe: Error executing tool wipe"),
+    ):
         wipe.invoke({"table": "orders"}, idempotency_key="kg-4")
 
 
@@ -187,7 +197,10 @@ def test_a_read_that_reports_an_error_is_a_tool_error(fake: McpFake) -> None:
 
 def test_schema_invalid_arguments_are_not_sent(fake: McpFake) -> None:
     """Arguments that break the server's schema are refused here; the server sees no call."""
-    with pytest.raises(ToolError, match=r"args\.qty: 'two' is not of type 'integer'"):
+    with (
+        within_a_call("kg-5"),
+        pytest.raises(ToolError, match=r"args\.qty: 'two' is not of type 'integer'"),
+    ):
         _shop(fake)["place_order"].invoke({"sku": "A1", "qty": "two"}, idempotency_key="kg-5")
     assert fake.seen_meta == [] and fake.orders == {}
 
@@ -200,8 +213,9 @@ def test_an_unreachable_server_is_a_definite_failure() -> None:
     tool = McpTool(
         "place_order", server=McpServerRef(f"http://127.0.0.1:{port}/mcp"), side_effect=WRITE
     )
-    with pytest.raises(ToolError, match="nothing was sent"):
+    with within_a_call("kg-6") as call, pytest.raises(ToolError, match="nothing was sent"):
         tool.invoke({"sku": "A1"}, idempotency_key="kg-6")
+    assert not call.sent
     with pytest.raises(ToolError, match="cannot list the tools"):
         discover(McpServerRef(f"http://127.0.0.1:{port}/mcp"), [McpToolSpec("x", READ)])
 
@@ -210,8 +224,12 @@ def test_a_write_without_an_answer_is_an_uncertain_outcome(fake: McpFake) -> Non
     """A WRITE whose answer does not come in time may or may not have happened."""
     fake.slow_seconds = 2.0
     tool = _shop(fake, timeout=0.5)["place_order"]
-    with pytest.raises(OutcomeUncertain, match="may or may not have taken effect"):
+    with (
+        within_a_call("kg-7") as call,
+        pytest.raises(OutcomeUncertain, match="may or may not have taken effect"),
+    ):
         tool.invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-7")
+    assert call.sent
     assert fake.seen_meta[-1][KEY_META] == "kg-7"  # the call did reach the server
 
 

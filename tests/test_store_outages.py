@@ -5,7 +5,9 @@ commit whose acknowledgement never arrived must not leave a WRITE that succeeded
 person would be paged to settle what the process knew had happened), must not fail a run once
 for nothing, and must not make a repeat of the same write count twice. SQLite waits for another
 process's lock and then says so. These tests use a PostgreSQL server of their own, which they
-restart, crash and tune, and count every effect.
+restart, crash and tune, and count every effect. SQLite's commit of a WRITE's result rides out a
+full disk (SQLite's own size limit, as a full disk answers) and a lock held past its busy timeout,
+and a long-lived process never calls its own key "in flight in another live process".
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from keelgate.core.types import KeyState, SideEffect, StopReason, idempotency_ke
 from keelgate.errors import StoreUnavailable
 from keelgate.stores import open_stores, sqlite
 from keelgate.stores.postgres import PostgresStore
+from keelgate.stores.sqlite import SQLiteStore
 from keelgate.testing.pgserver import PgServer, start_postgres
 
 
@@ -349,3 +352,152 @@ def test_a_sqlite_store_locked_past_its_wait_is_a_clear_exit_5(
     finally:
         stores.close()
     assert main(reconcile) == 0
+
+
+# SQLite: the commit that records a WRITE's result rides out a full disk or a held lock
+
+
+class DiskFillsUp:
+    """The SQLite file's disk fills up: SQLite's own limit on the file's size (``max_page_count``)
+    is set to the pages it has, so every write that needs another page fails with SQLITE_FULL,
+    exactly as on a full disk. ``free`` gives the room back."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+
+    def fill(self) -> None:
+        with self.store._lock:
+            pages = self.store._db.execute("PRAGMA page_count").fetchone()[0]
+            self.store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+    def free(self) -> None:
+        with self.store._lock:
+            self.store._db.execute("PRAGMA max_page_count = 1073741823")
+
+    def free_after(self, seconds: float) -> None:
+        threading.Timer(seconds, self.free).start()
+
+
+def _receipt_tool(ledger: Ledger, after: Any) -> PythonTool:
+    """An order whose answer is a long receipt: recording it needs new pages in the file."""
+
+    def order(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+        assert idempotency_key is not None
+        with ledger.lock:
+            ledger.effects[idempotency_key] += 1
+        after()
+        return {"receipt": "r" * 200_000}
+
+    return PythonTool("order", order, SideEffect.WRITE)
+
+
+def test_sqlite_a_write_whose_completion_meets_a_full_disk_is_recorded_not_paged(
+    tmp_path: Path,
+) -> None:
+    """The order succeeds, and the disk is full when its result is to be committed (SQLITE_FULL)
+    until half a second later: the process that holds the result repeats the commit, as a
+    PostgreSQL store does, and the run goes on to goal_met, the key completed, nobody paged,
+    the order counted once."""
+    store = SQLiteStore(tmp_path / "kg.db")
+    disk = DiskFillsUp(store)
+    ledger = Ledger()
+
+    def fill_for_a_while() -> None:
+        disk.fill()
+        disk.free_after(0.5)
+
+    try:
+        loop = Loop(
+            stores=Stores.of(store),
+            model=ScriptedModel(_orders(1)),
+            tools=[_receipt_tool(ledger, fill_for_a_while)],
+        )
+        done = loop.run_or_resume(LoopSpec("shop", "r", "order"))
+        assert done.stop.reason is StopReason.GOAL_MET, done.to_json()
+        assert list(ledger.effects.values()) == [1]
+        (key,) = ledger.effects
+        record = store.get("shop", key)
+        assert record is not None and record.state is KeyState.COMPLETED and not record.source
+    finally:
+        store.close()
+
+
+def test_sqlite_a_write_whose_completion_meets_a_held_lock_is_recorded_not_paged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection holds the file's write lock past the busy timeout just as the order's
+    result is to be committed (SQLITE_BUSY): the commit is repeated until the lock is gone, and
+    the run meets its goal with the order counted once."""
+    monkeypatch.setattr(sqlite, "BUSY_TIMEOUT", 0.2)
+    db = tmp_path / "kg.db"
+    store = SQLiteStore(db)
+    ledger = Ledger()
+    holders: list[Any] = []
+
+    def hold_the_lock_for_a_while() -> None:
+        import sqlite3 as driver
+
+        holder = driver.connect(db, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        holders.append(holder)
+
+        def let_go() -> None:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+        threading.Timer(0.8, let_go).start()
+
+    try:
+        loop = Loop(
+            stores=Stores.of(store),
+            model=ScriptedModel(_orders(1)),
+            tools=[_receipt_tool(ledger, hold_the_lock_for_a_while)],
+        )
+        done = loop.run_or_resume(LoopSpec("shop", "r", "order"))
+        assert done.stop.reason is StopReason.GOAL_MET, done.to_json()
+        assert holders and list(ledger.effects.values()) == [1]
+    finally:
+        store.close()
+
+
+def test_sqlite_a_long_lived_process_that_gave_up_a_completion_settles_its_own_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk stays full past the store's patience: the run fails (the store cannot be
+    written) with the order's key left in flight. The process lives on (the Python API, one
+    store kept open). Once the disk is freed, its own resume stops outcome_unknown naming the
+    order (never "in flight in another live process": it is this one), another process reads
+    the key unknown too, the same process's reconcile settles it, and the run ends goal_met
+    with the order counted once."""
+    monkeypatch.setattr(SQLiteStore, "result_patience", 0.3)
+    store = SQLiteStore(tmp_path / "kg.db")
+    disk = DiskFillsUp(store)
+    ledger = Ledger()
+    spec = LoopSpec("shop", "r", "order", budget=Budget(max_iterations=5))
+    try:
+        loop = Loop(
+            stores=Stores.of(store),
+            model=ScriptedModel(_orders(1)),
+            tools=[_receipt_tool(ledger, disk.fill)],
+            busy_wait=0.3,
+        )
+        with pytest.raises(StoreUnavailable, match="cannot be written"):
+            loop.run_or_resume(spec)
+        disk.free()
+        (key,) = ledger.effects
+        stopped = loop.run_or_resume(spec)
+        assert stopped.stop.reason is StopReason.OUTCOME_UNKNOWN, stopped.to_json()
+        assert [u.idempotency_key for u in stopped.unknown_actions] == [key]
+        other = SQLiteStore(tmp_path / "kg.db")  # another process's view of the file
+        try:
+            record = other.get("shop", key)
+            assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
+        finally:
+            other.close()
+        loop.reconcile("shop", "r", stopped.unknown_actions[0].action, executed=True, by="al")
+        done = loop.run_or_resume(spec)
+        assert done.stop.reason is StopReason.GOAL_MET, done.to_json()
+        assert list(ledger.effects.values()) == [1]
+    finally:
+        disk.free()
+        store.close()

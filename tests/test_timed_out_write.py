@@ -6,7 +6,7 @@ tests drive the run the way such a process does (``LocalRunner().run`` again and
 test process) and settle from another process with the real ``keelgate`` command, on SQLite and
 on PostgreSQL. The effect is counted in a ledger file the tool writes. Nor may a resume or a
 confirmer, asked while the call still runs, record it as not executed: "not found yet" is no
-answer.
+answer; the process that runs it says so of itself, never "another live process".
 """
 
 from __future__ import annotations
@@ -268,7 +268,9 @@ def test_a_resume_right_after_a_timeout_does_not_abandon_a_write_still_running(
     )
     try:
         assert loop.run_or_resume(ROUND2_SPEC).stop.reason is StopReason.OUTCOME_UNKNOWN
-        with pytest.raises(RunBusy):  # the call still runs in its worker: nobody judges it
+        # The call still runs in its worker, in this very process: nobody judges it, and the
+        # process does not call itself another one.
+        with pytest.raises(RunBusy, match=r"still running in this process"):
             loop.run_or_resume(ROUND2_SPEC)
     finally:
         go.set()

@@ -164,7 +164,7 @@ def test_the_http_tool_checks_its_deadline_after_connecting_and_before_any_byte_
     )
     try:
         passed = PassesWhileConnecting("kg-late", fence.now() + 5)
-        with fence.fenced(passed), pytest.raises(fence.DeadlinePassed):
+        with fence.invoking(fence.Invocation(passed)), pytest.raises(fence.DeadlinePassed):
             tool.invoke(ORDER, idempotency_key="kg-late")
         tool.close()
         server.join(5)

@@ -124,6 +124,80 @@ def test_a_read_only_edit_at_outcome_unknown_keeps_the_order_unknown_and_settlea
     assert "refused" not in statuses and statuses[-1] == "ok"
 
 
+def test_an_edit_that_undeclares_the_orders_tool_keeps_it_unknown_beside_the_stall(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """The step pod dies right after the shop took the order: OutcomeUnknown. Someone edits
+    spec.tools so the script names a tool the spec no longer declares: the run is Stalled
+    saying so, and OutcomeUnknown stays True naming the order and its Reconciliation (never
+    "NoUnknownOutcome"). alice settles it there; with the tool declared again the run succeeds
+    with the shop's one order."""
+    run = agentrun(
+        "edit-gone",
+        shop,
+        [[order("U1", 1)]],
+        annotations={"keelgate.dev/failpoints": "after_gateway_call@1"},
+    )
+    apply(kubectl, run)
+    stopped = wait_phase(admin, tenant, "edit-gone", "Stopped", timeout=90)
+    assert stopped["status"]["stopReason"] == "outcome_unknown"
+    rec = "edit-gone-1-place-order"
+    declared = run["spec"]["tools"]
+    reads = [t for t in declared if t["name"] != "place_order"]
+    kubectl(
+        "patch",
+        "agentrun",
+        "edit-gone",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"tools": reads}}),
+    )
+
+    def stalled_and_unknown() -> JSON | None:
+        current = runs.get_run(admin, tenant, "edit-gone")
+        stall = condition(current, "Stalled") or {}
+        if (
+            current.get("status", {}).get("observedGeneration") != 2
+            or stall.get("status") != "True"
+        ):
+            return None
+        return current
+
+    edited = wait_for(stalled_and_unknown, timeout=60, what="Stalled under the edited spec")
+    assert edited is not None
+    assert "'place_order' is not declared" in condition(edited, "Stalled")["message"]  # type: ignore[index]
+    unknown = condition(edited, "OutcomeUnknown")
+    assert unknown is not None and unknown["status"] == "True", edited["status"]
+    assert unknown["message"] == f"place_order (1:0): see reconciliation {rec}"
+    patch = {"spec": {"executed": True, "by": "alice"}}
+    alice("patch", "reconciliation", rec, "--type=merge", "-p", json.dumps(patch))
+    wait_for(
+        lambda: (
+            (condition(runs.get_run(admin, tenant, "edit-gone"), "OutcomeUnknown") or {}).get(
+                "status"
+            )
+            == "False"
+        ),
+        timeout=60,
+        what="OutcomeUnknown cleared by the settlement",
+    )
+    kubectl(
+        "patch",
+        "agentrun",
+        "edit-gone",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"tools": declared}}),
+    )
+    wait_phase(admin, tenant, "edit-gone", "Succeeded", timeout=90)
+    assert shop.shop.count() == 1
+
+
 def test_an_edit_while_its_pod_is_killed_mid_order_still_asks_for_a_reconciliation(
     operator: OperatorPod,
     tenant: str,

@@ -20,7 +20,7 @@ from keelgate._lazy import lazy_exports
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from keelgate.core.audit import AuditDraft, AuditEvent, ChainReport
     from keelgate.core.audit import verify as verify_audit
-    from keelgate.core.fence import DeadlinePassed, WriteDeadline
+    from keelgate.core.fence import DeadlinePassed, WriteDeadline, about_to_send, fenced
     from keelgate.core.fence import current as write_deadline
     from keelgate.core.gateway import SIDE_EFFECT_NOT_PERMITTED
     from keelgate.core.loop import Loop
@@ -70,7 +70,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
 _WHERE: dict[str, tuple[str, str]] = {
     **{name: ("keelgate.core.audit", name) for name in ("AuditDraft", "AuditEvent", "ChainReport")},
     "verify_audit": ("keelgate.core.audit", "verify"),
-    **{name: ("keelgate.core.fence", name) for name in ("DeadlinePassed", "WriteDeadline")},
+    **{
+        name: ("keelgate.core.fence", name)
+        for name in ("DeadlinePassed", "WriteDeadline", "about_to_send", "fenced")
+    },
     "write_deadline": ("keelgate.core.fence", "current"),
     "SIDE_EFFECT_NOT_PERMITTED": ("keelgate.core.gateway", "SIDE_EFFECT_NOT_PERMITTED"),
     "Loop": ("keelgate.core.loop", "Loop"),
@@ -177,6 +180,8 @@ __all__ = [
     "UnknownAction",
     "Usage",
     "WriteDeadline",
+    "about_to_send",
+    "fenced",
     "open_stores",
     "verify_audit",
     "write_deadline",

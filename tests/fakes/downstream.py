@@ -47,3 +47,36 @@ class Shop(LoopbackServer):
                 return Answer(503, "upstream database unavailable")
             return Answer(201, {"placed": True, "key": key})
         return Answer(404, {"error": "no route"})
+
+
+class Payments(LoopbackServer):
+    """A payment service: ``POST /charge`` charges a card and ``POST /notify`` sends the
+    receipt, each counted under the request's Idempotency-Key and never deduplicated (a second
+    charge under one key must show as two); ``GET /charges/{key}`` is what a person or a
+    confirmer asks: how many charges arrived under that key. ``declines`` makes ``/charge``
+    answer 402 without charging, ``refuses_receipts`` makes ``/notify`` answer 422 without
+    sending: definite refusals that changed nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charges: Counter[str] = Counter()
+        self.receipts: Counter[str] = Counter()
+        self.declines = False
+        self.refuses_receipts = False
+
+    def respond(self, received: Received) -> Answer:
+        key = received.headers.get("idempotency-key", "")
+        if received.method == "POST" and received.path == "/charge":
+            if self.declines:
+                return Answer(402, {"error": "card declined"})
+            self.charges[key] += 1
+            return Answer(201, {"charged": True})
+        if received.method == "POST" and received.path == "/notify":
+            if self.refuses_receipts:
+                return Answer(422, {"error": "no such address"})
+            self.receipts[key] += 1
+            return Answer(201, {"sent": True})
+        if received.method == "GET" and received.path.startswith("/charges/"):
+            asked = unquote(received.path.removeprefix("/charges/"))
+            return Answer(200, {"key": asked, "charges": self.charges[asked]})
+        return Answer(404, {"error": "no route"})

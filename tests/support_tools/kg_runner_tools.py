@@ -84,3 +84,20 @@ def careful_pay(args: dict[str, Any], *, idempotency_key: str | None) -> dict[st
     deadline.check()  # raises DeadlinePassed: nothing is sent
     _record({"tool": "pay", "args": args, "key": idempotency_key})
     return {"paid": args["amount"]}
+
+
+def composite_pay(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE of two requests through Keelgate's HTTP tool: charge the card, then send the
+    receipt, at the payment service KG_PAYMENTS_URL. The ``mid_tool`` failpoint lies between
+    the two."""
+    from keelgate.adapters.tools.http import HttpTool
+    from keelgate.core.types import SideEffect
+    from keelgate.testing import failpoint
+
+    base = os.environ["KG_PAYMENTS_URL"]
+    for path in ("charge", "notify"):
+        tool = HttpTool(path, url=f"{base}/{path}", method="POST", side_effect=SideEffect.WRITE)
+        tool.invoke(args, idempotency_key=idempotency_key)
+        if path == "charge":
+            failpoint("mid_tool")
+    return {"paid": args["cents"]}

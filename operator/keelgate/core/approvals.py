@@ -81,7 +81,9 @@ class ApprovalGate:
         record = once_not_in_flight(
             lambda: self.keys.get(state.tenant, action.key),
             wait=self.busy_wait,
-            busy=lambda: in_flight_elsewhere(state.tenant, state.run, tool, action),
+            busy=lambda record: in_flight_elsewhere(
+                state.tenant, state.run, tool, action, here=record.here
+            ),
         )
         return record is not None
 

@@ -4,10 +4,11 @@ It enforces the side-effect class a loop allows (``side_effect_not_permitted`` o
 the tool list grants), and makes every PROPOSE and WRITE durable-idempotent: a key is claimed
 in flight before the call, with a write deadline (``keelgate.core.fence``) past which the call is
 never sent, completed after it, replayed if already completed, and read as an unknown outcome if
-its owner died. A key on record decides before anything the spec says now: an edited tool list,
-side-effect class or approval rule never turns a call that may have run into "refused". It never
-retries a call whose outcome it does not know, and never accepts the model's or the tool's word
-that an unknown call happened.
+its owner died. A call is one unit of knowledge: once any request of it may have left
+(``fence.Invocation``), no error of it reads as "nothing happened". A key on record decides
+before anything the spec says now: an edited tool list, side-effect class or approval rule never
+turns a call that may have run into "refused". It never retries a call whose outcome it does not
+know, and never accepts the model's or the tool's word that an unknown call happened.
 
 Why one module a little past 500 lines: a call's whole life (refused, claimed, sent, completed,
 replayed, unknown) is one sequence of compare-and-sets, read in one place.
@@ -168,7 +169,9 @@ class Gateway:
         record = once_not_in_flight(
             lambda: self.keys.get(self.tenant, action.key),
             wait=self.busy_wait,
-            busy=lambda: busy_elsewhere(self.tenant, self.run, action.tool, action.id),
+            busy=lambda record: busy_elsewhere(
+                self.tenant, self.run, action.tool, action.id, here=record.here
+            ),
         )
         return None if record is None else self._existing(action, record)
 
@@ -229,14 +232,24 @@ class Gateway:
 
     def _send(self, tool: Tool, action: Action, deadline: fence.WriteDeadline) -> ActionResult:
         """Call the tool under its claimed key, within its deadline, and take what came of it.
-        Raises ``DeadlinePassed`` if the deadline passed before the call could be sent."""
+        Raises ``DeadlinePassed`` if the deadline passed before anything of the call was sent.
+
+        The call is one unit of knowledge: once any request of it may have left (a fenced HTTP
+        or MCP request, or a Python tool's ``about_to_send``), no error of it reads as "nothing
+        happened", a ``ToolError`` or a passed deadline included. A composite tool whose second
+        request fails after its first was sent has an unknown outcome, never a refusal."""
+        call = fence.Invocation(deadline)
         try:
-            with fence.fenced(deadline):
+            with fence.invoking(call):
                 deadline.check()  # a tool that sends without checking is still checked here
                 output = tool.invoke(action.args, idempotency_key=action.key)
-        except fence.DeadlinePassed:
-            raise
         except ToolError as error:
+            if call.end():
+                # Something of the call may have left before this error: it may have run.
+                self._leave_unknown(tool, action, call, error)
+                raise UnknownOutcomeStop(self._unknown_action(action)) from None
+            if isinstance(error, fence.DeadlinePassed):
+                raise  # nothing of the call was sent: the caller claims afresh
             # A definite refusal: nothing happened, so the key is dropped and the same call may
             # be made again (a crash before the drop leaves it unknown: the safe side).
             failpoints.hit("after_gateway_call")
@@ -244,20 +257,11 @@ class Gateway:
             return ActionResult(action.id, ResultStatus.ERROR, error=error.message)
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
-            log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
-            running = getattr(error, "still_running", None)
-            if running is not None:
-                # The call goes on in this process: the key stays ours (a resume meanwhile sees
-                # it live and waits; a reconcile is refused as still in flight) until the call
-                # ends and its end is recorded. Closing the store meanwhile must not release
-                # the owner, so the store is held until then.
-                release = self.keys.hold()
-                running.when_done(functools.partial(self._ended_late, tool, action, release))
-            else:
-                self.keys.release(self.tenant, action.key)
+            self._leave_unknown(tool, action, call, error)
             # No confirmer now: the call may still be running (a timed-out worker, a request in
             # flight), so "not found downstream" would be premature. A later resume asks it.
             raise UnknownOutcomeStop(self._unknown_action(action)) from None
+        call.end()  # a thread the tool left behind sends nothing more under this key
         failpoints.hit("after_gateway_call")
         result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
         if self.deferred_completion:
@@ -267,6 +271,24 @@ class Gateway:
             self.emit(draft)
             self.late.append(late)
         return result
+
+    def _leave_unknown(
+        self, tool: Tool, action: Action, call: fence.Invocation, error: Exception
+    ) -> None:
+        """The call may or may not have run: its key is left for a person or the confirmer
+        (the caller then stops the run with ``UnknownOutcomeStop``)."""
+        log.warning("%s %s: outcome unknown (%s)", self.run, action.id, type(error).__name__)
+        running = getattr(error, "still_running", None)
+        if running is not None:
+            # The call goes on in this process: the key stays ours (a resume meanwhile sees
+            # it live and waits; a reconcile is refused as still in flight) until the call
+            # ends and its end is recorded. Closing the store meanwhile must not release
+            # the owner, so the store is held until then.
+            release = self.keys.hold()
+            running.when_done(functools.partial(self._ended_late, tool, action, call, release))
+        else:
+            call.end()
+            self.keys.release(self.tenant, action.key)
 
     def completions(self) -> tuple[Completion, ...]:
         """The completions of the WRITEs that ran since the last checkpoint, for the next one to
@@ -329,6 +351,7 @@ class Gateway:
         self,
         tool: Tool,
         action: Action,
+        call: fence.Invocation,
         release: Callable[[], None],
         output: Any,
         error: BaseException | None,
@@ -337,12 +360,13 @@ class Gateway:
         the store's owner go (which closes the store if its runner has closed it meanwhile). If
         someone settled its key meanwhile, the run's checkpoint remembers it too."""
         try:
+            sent = call.end()
             if error is None:
                 result = ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
                 # False if someone settled it meanwhile: their record stands (below).
                 self.keys.complete(self.tenant, action.key, result.to_json())
                 status = "ok"
-            elif isinstance(error, ToolError):
+            elif isinstance(error, ToolError) and not sent:
                 self.keys.forget(self.tenant, action.key)  # refused after all: nothing happened
                 status = "refused"
             else:
@@ -377,7 +401,9 @@ class Gateway:
                 deadline_in=deadline_in,
             ),
             wait=self.busy_wait,
-            busy=lambda: in_flight_elsewhere(self.tenant, self.run, tool, action),
+            busy=lambda record: in_flight_elsewhere(
+                self.tenant, self.run, tool, action, here=record.here
+            ),
         )
 
     def _existing(self, action: Action, record: KeyRecord) -> ActionResult:
@@ -438,7 +464,9 @@ class Gateway:
             if current is None or current.state is KeyState.OUTCOME_UNKNOWN:
                 raise
             if current.state is KeyState.IN_FLIGHT:
-                raise busy_elsewhere(self.tenant, self.run, action.tool, action.id) from None
+                raise busy_elsewhere(
+                    self.tenant, self.run, action.tool, action.id, here=current.here
+                ) from None
             return self._existing(action, current)
         # The event rides with the next checkpoint; a death before it leaves the key settled
         # without it, and the next resume writes it from the key's record (_existing).
@@ -465,10 +493,10 @@ class Gateway:
 
 
 def once_not_in_flight(
-    read: Callable[[], KeyRecord | None], *, wait: float, busy: Callable[[], RunBusy]
+    read: Callable[[], KeyRecord | None], *, wait: float, busy: Callable[[KeyRecord], RunBusy]
 ) -> KeyRecord | None:
     """``read()`` (a claim, a look-up) again until its key is not in flight in a live process,
-    for at most ``wait`` seconds; past that, ``busy()`` is raised.
+    for at most ``wait`` seconds; past that, ``busy(record)`` is raised.
 
     A key in flight in a live process means another runner of the run is at it. A dying owner
     may take a moment to be seen as gone (a server ends a session asynchronously), so a moment
@@ -480,15 +508,21 @@ def once_not_in_flight(
         if record is None or record.state is not KeyState.IN_FLIGHT:
             return record
         if time.monotonic() >= deadline:
-            raise busy()
+            raise busy(record)
         time.sleep(0.05)
 
 
-def in_flight_elsewhere(tenant: str, run: str, tool: Tool, action: Action) -> RunBusy:
-    return busy_elsewhere(tenant, run, tool.name, action.id)
+def in_flight_elsewhere(
+    tenant: str, run: str, tool: Tool, action: Action, *, here: bool = False
+) -> RunBusy:
+    return busy_elsewhere(tenant, run, tool.name, action.id, here=here)
 
 
-def busy_elsewhere(tenant: str, run: str, tool: str, action: str) -> RunBusy:
+def busy_elsewhere(tenant: str, run: str, tool: str, action: str, *, here: bool = False) -> RunBusy:
+    """The run is busy: a call of it is in flight in a live process. ``here``: this very
+    process, whose call (a timed-out one still running, another thread's) has not ended yet."""
+    if here:
+        return RunBusy(tenant, run, f"{tool} ({action}) is still running in this process")
     return RunBusy(tenant, run, f"{tool} ({action}) is in flight in another live process")
 
 

@@ -272,6 +272,9 @@ class KeyRecord:
     # sent by a process that was held up, so the key cannot be settled as not executed.
     deadline: float | None = None
     deadline_in: float | None = None
+    # In flight, claimed by the very store that read it: its call runs in this process (a
+    # timed-out call still running, another thread's), not in another one.
+    here: bool = False
 
     @property
     def sendable(self) -> bool:

@@ -27,6 +27,9 @@ checkpoint, a key and an event would be read in three places.
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,12 +45,22 @@ from keelgate.errors import (
     SettleTooEarly,
     StaleCheckpoint,
     StoreError,
+    StoreUnavailable,
     UnreadableEvent,
 )
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
 from keelgate.stores._json import dumps, loads
 
 T = TypeVar("T")
+
+log = logging.getLogger("keelgate.stores")
+
+#: Seconds a store keeps repeating an operation while it cannot be reached or written (a server
+#: restart, a failover, a full disk, a file locked past its busy timeout) before it gives up with
+#: StoreUnavailable: every operation of a PostgreSQL store, and on every backend the commit that
+#: records a WRITE's result (``SQLStore.result_patience``). The first repeat comes at once, then
+#: after 0.1 s, doubling to at most 2 s between tries.
+PATIENCE = 60.0
 
 
 class Cursor(Protocol):
@@ -486,12 +499,26 @@ class SQLStore(HoldsOwner, ABC):
         if "dialect" in cls.__dict__:
             cls.sql = Statements(cls.dialect)
 
+    #: Seconds any operation is repeated while the store cannot be reached (``_durably``); 0:
+    #: it is tried once, and a failure is the caller's (the CLI's exit 5, nothing written).
+    patience: float = 0.0
+    #: Seconds the commit that records a WRITE's result (``complete``, ``save_completing``) is
+    #: repeated, whatever ``patience`` is: it is the one commit whose loss pages a person, for a
+    #: WRITE this process knows succeeded.
+    result_patience: float = PATIENCE
+
     def __init__(self) -> None:
         self._holds = OwnerHolds()
         # The last event this store committed on each run's chain, so an append need not read
         # it back. Another writer may have moved on since: the chain's primary key then refuses
         # our insert, and the head is read afresh (see _append).
         self._heads: dict[tuple[str, str], AuditEvent | None] = {}
+        # Keys this store claimed, whose end (completion, release, drop) it failed to record
+        # and gave up on: nothing of this process drives them any more, so they read unknown
+        # here at once (never "in flight in another live process"), and are released for every
+        # other reader at this store's next operation that can write (``_let_go_now``).
+        self._given_up: set[tuple[str, str]] = set()
+        self._given_up_lock = threading.Lock()
 
     # Backend hooks
 
@@ -527,17 +554,68 @@ class SQLStore(HoldsOwner, ABC):
         """Whether an in-flight key's ``owner`` lives; ``judged`` is the dialect's liveness
         column. Must never say False for a live owner."""
 
-    def _durably(self, attempt: Callable[[bool], T]) -> T:
-        """Run ``attempt(again=False)``. A backend whose server can go away mid-statement (a
-        restart, a failover, a session it ended) runs it again (``again=True``) for as long as
-        its patience lasts, while the store cannot be reached (``StoreUnavailable``).
+    def _may_repeat(self) -> bool:
+        """Whether a failed operation may still be repeated (a closed store's may not)."""
+        return True
+
+    def _mine(self, owner: Any) -> bool:
+        """Whether ``owner`` is one of this store's own owner ids."""
+        owned = self._owned()
+        return bool(owner in owned) if isinstance(owned, list) else bool(owner == owned)
+
+    def _durably(self, attempt: Callable[[bool], T], *, result: bool = False) -> T:
+        """Run ``attempt(again=False)``, and again (``again=True``) while the store cannot be
+        reached or written (``StoreUnavailable``: a server restart, a failover, an ended
+        session, a full disk, a file locked past its busy timeout), for ``patience`` seconds,
+        or ``result_patience`` for the commit of a WRITE's result (``result``).
 
         Every operation here is safe to repeat: reads, and writes that are compare-and-sets. A
         write whose acknowledgement was lost may have landed: ``again`` tells the attempt to
         recognise its own earlier write (a checkpoint already holding exactly this state, a
         key already completed with this result) instead of reading it as someone else's.
         """
-        return attempt(False)
+        if self._given_up:
+            self._let_go_now()
+        patience = max(self.patience, self.result_patience) if result else self.patience
+        if patience <= 0:
+            return attempt(False)
+        give_up = time.monotonic() + patience
+        pause, again = 0.0, False
+        while True:
+            try:
+                return attempt(again)
+            except StoreUnavailable as error:
+                if not self._may_repeat() or time.monotonic() + pause > give_up:
+                    raise
+                log.warning("%s; trying again", error.message)
+            time.sleep(pause)
+            pause, again = min(max(pause * 2, 0.1), 2.0), True
+
+    def _ending(self, keys: Sequence[tuple[str, str]], end: Callable[[], T]) -> T:
+        """``end()``, which records how the calls of ``keys`` (claimed by this store) ended; if
+        it fails for good, this store gives them up (``_given_up``)."""
+        try:
+            return end()
+        except StaleCheckpoint:
+            raise  # the calls' keys were completed all the same (``_completing_once``)
+        except StoreError:
+            with self._given_up_lock:
+                self._given_up.update(keys)
+            raise
+
+    def _let_go_now(self) -> None:
+        """Release the keys this store gave up on (one try each; those it cannot release yet
+        wait for its next operation): from then on they read unknown for every reader, who may
+        settle them."""
+        with self._given_up_lock:
+            keys = sorted(self._given_up)
+        for tenant, key in keys:
+            try:
+                self._write(self.sql.release, (tenant, key, self._owned()))
+            except StoreError:
+                return
+            with self._given_up_lock:
+                self._given_up.discard((tenant, key))
 
     def _landed(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> bool:
         """Whether the checkpoint ``seq`` of the run holds exactly ``text``: an earlier attempt
@@ -640,7 +718,8 @@ class SQLStore(HoldsOwner, ABC):
                     )
                 raise
 
-        return self._durably(attempt)
+        keys = [(tenant, completion.key) for completion in completions]
+        return self._ending(keys, lambda: self._durably(attempt, result=True))
 
     def _completing_once(
         self,
@@ -798,8 +877,17 @@ class SQLStore(HoldsOwner, ABC):
         (tenant, key, run, action, tool, state, owner, result, settled_by, source) = row[:10]
         deadline, deadline_in, judged = row[10:]
         key_state = KeyState(state)
-        if key_state is KeyState.IN_FLIGHT and not self._alive(owner, judged):
-            key_state = KeyState.OUTCOME_UNKNOWN
+        here = False
+        if key_state is KeyState.IN_FLIGHT:
+            if not self._alive(owner, judged):
+                key_state = KeyState.OUTCOME_UNKNOWN
+            elif self._mine(owner):
+                # Our own claim: its call runs in this process, unless we gave it up (its end
+                # could not be recorded), which then no process drives any more.
+                with self._given_up_lock:
+                    here = (tenant, key) not in self._given_up
+                if not here:
+                    key_state = KeyState.OUTCOME_UNKNOWN
         return KeyRecord(
             tenant,
             key,
@@ -812,6 +900,7 @@ class SQLStore(HoldsOwner, ABC):
             source,
             None if deadline is None else float(deadline),
             None if deadline_in is None else float(deadline_in),
+            here=here,
         )
 
     def claim(
@@ -900,13 +989,24 @@ class SQLStore(HoldsOwner, ABC):
                     return True
             return again and self._completed_as(tenant, key, result)
 
-        return self._durably(attempt)
+        return self._ending([(tenant, key)], lambda: self._durably(attempt, result=True))
 
     def release(self, tenant: str, key: str) -> None:
-        self._durably(lambda again: self._write(self.sql.release, (tenant, key, self._owned())))
+        self._ending(
+            [(tenant, key)],
+            lambda: self._durably(
+                lambda again: self._write(self.sql.release, (tenant, key, self._owned()))
+            ),
+        )
 
     def forget(self, tenant: str, key: str) -> None:
-        self._durably(lambda again: self._write(self.sql.forget, (tenant, key, self._owned())))
+        # Not dropped, the key reads unknown: the safe side of a refusal that was not recorded.
+        self._ending(
+            [(tenant, key)],
+            lambda: self._durably(
+                lambda again: self._write(self.sql.forget, (tenant, key, self._owned()))
+            ),
+        )
 
     def _write(self, sql: str, params: Sequence[Any]) -> int:
         """One autocommit write; the rows it changed."""

@@ -40,11 +40,9 @@ error message. (About 500 lines: the connections and the liveness argument above
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 import select
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,14 +52,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from keelgate.errors import InputError, StoreError, StoreUnavailable
 from keelgate.stores import _sql
-from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
+from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
-
-log = logging.getLogger("keelgate.stores")
 
 # Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
 # application's single-bigint locks in the same database. 0x4B47 is "KG".
@@ -74,11 +70,6 @@ _MANY = -1
 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
-
-#: Seconds a store keeps trying an operation while the server cannot be reached (a restart, a
-#: failover, a session it ended) before it gives up with StoreUnavailable; the first retry comes
-#: at once, then after 0.1 s, doubling to at most 2 s between tries.
-PATIENCE = 60.0
 
 POSTGRES = Dialect(
     name="postgresql",
@@ -380,7 +371,8 @@ class PostgresStore(SQLStore):
     ) -> None:
         super().__init__()
         self.url = url
-        self.patience = patience
+        # Every operation rides out a restart, a failover or an ended session (``_durably``).
+        self.patience = self.result_patience = patience
         self.target, params = _safe_target(url)
         self._secret = str(params.get("password") or "")
         # Detect a dead server or a vanished network from our side too; the user's URL wins.
@@ -570,21 +562,8 @@ class PostgresStore(SQLStore):
                     self._owner_conn = None
                 raise self._error(error) from None
 
-    def _durably(self, attempt: Callable[[bool], T]) -> T:
-        """``attempt``, again and again while the server cannot be reached, for at most
-        ``patience`` seconds: a restart, a failover or an ended session is ridden out, never
-        passed on as a failure of the run (see ``SQLStore._durably``)."""
-        give_up = time.monotonic() + self.patience
-        pause, again = 0.0, False
-        while True:
-            try:
-                return attempt(again)
-            except StoreUnavailable as error:
-                if not self._open or time.monotonic() + pause > give_up:
-                    raise
-                log.warning("%s; trying again", error.message)
-            time.sleep(pause)
-            pause, again = min(max(pause * 2, 0.1), 2.0), True
+    def _may_repeat(self) -> bool:
+        return self._open
 
     def _one_statement(self, conn: Connection, sql: str, params: Sequence[Any]) -> Any:
         try:

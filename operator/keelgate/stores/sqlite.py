@@ -180,6 +180,9 @@ class SQLiteStore(SQLiteConnected):
             with suppress(FileNotFoundError):
                 (self._owners / f"{self.owner}.lock").unlink()
 
+    def _may_repeat(self) -> bool:
+        return getattr(self, "_db", None) is not None
+
     # RunLock
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:

@@ -5,11 +5,16 @@ a settlement "not executed" is refused until it has passed. A test that settles 
 after a simulated death would have to sleep through the tool's time limit; ``pass_deadlines``
 moves the deadlines into the past instead, exactly as the store's clock would have moved past
 them. It touches nothing else (owners, states, results), and it must never be used outside tests.
+``within_a_call`` runs a tool directly as the gateway runs it, under a write deadline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from keelgate.core.fence import Invocation, WriteDeadline, invoking
 
 
 def pass_deadlines(store: Any, tenant: str | None = None) -> int:
@@ -29,3 +34,14 @@ def pass_deadlines(store: Any, tenant: str | None = None) -> int:
     ).replace("?", dialect.placeholder)
     with target._statement() as conn:
         return int(conn.execute(sql, (tenant, tenant)).rowcount)
+
+
+@contextmanager
+def within_a_call(key: str, seconds: float = 30.0) -> Iterator[Invocation]:
+    """Run the block as the gateway runs a WRITE's or PROPOSE's tool: under the call's write
+    deadline ``seconds`` from now, its requests recorded as the call's (``Invocation.sent``).
+    For tests that call a tool directly, as the gateway would."""
+    call = Invocation(WriteDeadline.starting_now(key, seconds))
+    with invoking(call):
+        yield call
+    call.end()

@@ -7,8 +7,10 @@ never retries; only a failure that provably sent nothing (connection refused) or
 definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
 service can deduplicate, waits no longer than its write deadline, and checks that deadline right
 before the request's first byte is written (httpcore's ``trace`` extension), so a process held up
-past it sends nothing (``keelgate.core.fence``). It must never put argument values or header
-values into an error.
+past it sends nothing (``keelgate.core.fence``); the same moment records that its call may have
+sent something. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
+composite tool started without ``keelgate.fenced``), it refuses. It must never put argument
+values or header values into an error.
 """
 
 from __future__ import annotations
@@ -126,15 +128,20 @@ class HttpTool:
             request["json"] = rest
         elif rest:
             request["params"] = _query(rest)
-        deadline = fence.current()
-        if deadline is not None:
-            request["timeout"] = min(self.timeout_seconds, deadline.remaining())
-            request["extensions"] = {"trace": _checks_before_sending(deadline)}
+        # A request for a WRITE or PROPOSE with no call in reach is refused here, unsent.
+        call = fence.for_sending(
+            self.name, idempotency_key=idempotency_key, changes_things=self.changes_things
+        )
+        sends: list[fence.Send] = []  # what this request recorded as sent (a proxy's CONNECT too)
+        if call is not None:
+            request["timeout"] = min(self.timeout_seconds, call.deadline.remaining())
+            request["extensions"] = {"trace": _checks_before_sending(call, sends)}
         try:
             response = self.client.request(self.method, url, **request)
-        except fence.DeadlinePassed:
-            raise  # nothing was sent
+        except ToolError:
+            raise  # the fence refused the request (its deadline passed): it was not sent
         except _NOTHING_SENT as error:
+            _took_no_effect(sends)
             raise ToolError(
                 f"{self.name}: {self.where} failed before anything was sent "
                 f"({type(error).__name__})"
@@ -143,6 +150,8 @@ class HttpTool:
             self._unsure(f"no answer within {self.timeout_seconds}s ({type(error).__name__})")
         except Exception as error:  # reset, protocol error, anything mid-exchange
             self._unsure(f"the exchange broke off ({type(error).__name__})")
+        if 400 <= response.status_code < 500:
+            _took_no_effect(sends)  # a definite refusal: this request changed nothing
         return self._result(response)
 
     def close(self) -> None:
@@ -175,15 +184,23 @@ class HttpTool:
         return self.url.format_map(values), rest
 
 
-def _checks_before_sending(deadline: fence.WriteDeadline) -> Any:
+def _checks_before_sending(call: fence.Invocation, sends: list[fence.Send]) -> Any:
     """An httpcore ``trace`` callback that checks the write deadline right before the request's
-    headers are written: after the connection is made, before any byte of the request leaves."""
+    headers are written (after the connection is made, before any byte of the request leaves)
+    and records in ``sends`` that the call may have sent something from then on."""
 
     def trace(event: str, info: Mapping[str, Any]) -> None:
         if event.endswith(".send_request_headers.started"):
-            deadline.check()
+            sends.append(call.sending())
 
     return trace
+
+
+def _took_no_effect(sends: list[fence.Send]) -> None:
+    """The request's answer says it changed nothing (a 4xx, or a failure that sent nothing):
+    it no longer counts as something its call may have done."""
+    for send in sends:
+        send.refused()
 
 
 def _placeholders(url: str, *, field: str) -> tuple[str, ...]:

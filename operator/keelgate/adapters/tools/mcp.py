@@ -11,8 +11,11 @@ synchronous and a model call dwarfs a local handshake, while a per-call session 
 between calls: no background thread or loop to stop, nothing half-open after a crash or a fork,
 and a call cannot be confused with another's. A failure before the ``tools/call`` request was
 sent (connection refused, handshake failed) is a definite ToolError; after it, a WRITE or PROPOSE
-whose answer did not arrive is OutcomeUncertain and is never retried. It must never put argument
-values or header values into an error.
+whose answer did not arrive is OutcomeUncertain and is never retried. The write deadline is checked
+where the HTTP tool checks it: on the ``tools/call`` request itself, after its connection is made
+and before its headers are written (an httpx2 request hook and httpcore's ``trace``), which also
+records that the call may have sent something (``keelgate.core.fence``). It must never put
+argument values or header values into an error.
 """
 
 from __future__ import annotations
@@ -128,51 +131,49 @@ class McpTool:
             if self.key_argument:
                 arguments[self.key_argument] = idempotency_key
         meta = cast(RequestParamsMeta, meta_fields) if meta_fields else None
-        deadline = fence.current()  # read here: the call may run on a helper thread
-        return run_sync(lambda: self._call(arguments, meta, deadline))
+        # Read here, not on the event loop: the call may run on a helper thread (run_sync). A
+        # WRITE or PROPOSE with no call in reach is refused here, unsent.
+        call = fence.for_sending(
+            self.name,
+            idempotency_key=idempotency_key,
+            changes_things=self.side_effect is not SideEffect.READ,
+        )
+        return run_sync(lambda: self._call(arguments, meta, call))
 
     async def _call(
         self,
         arguments: dict[str, Any],
         meta: RequestParamsMeta | None,
-        deadline: fence.WriteDeadline | None,
+        call: fence.Invocation | None,
     ) -> Any:
-        sent = False
+        guard = _CallGuard(call)
         result: CallToolResult | None = None
         timeout = self.timeout_seconds
-        if deadline is not None:
-            timeout = min(timeout, deadline.remaining())
-        late: fence.DeadlinePassed | None = None
+        if call is not None:
+            timeout = min(timeout, call.deadline.remaining())
         try:
-            async with _session(self.server, timeout) as client:
-                try:
-                    # The session is open; the call is the next request sent on it. Raised
-                    # outside the session, which a task group would wrap in an exception group.
-                    if deadline is not None:
-                        deadline.check()
-                except fence.DeadlinePassed as passed:
-                    late = passed
-                else:
-                    sent = True  # from here on the server may have received the call
-                    result = await client.call_tool(self.remote_name, arguments, meta=meta)
+            async with _session(self.server, timeout, guard) as client:
+                result = await client.call_tool(self.remote_name, arguments, meta=meta)
         except Exception as error:
-            if result is None and late is None:
-                self._failed(error, sent=sent)
-            # The answer arrived (or nothing was sent); only closing the session failed.
-        if late is not None:
-            raise late  # nothing of the call was sent
+            if result is None and guard.refused is None:
+                self._failed(error, guard)
+            # The answer arrived (or the fence refused the call); only closing the session, or
+            # the SDK's handling of the refusal, failed.
+        if guard.refused is not None:
+            raise guard.refused  # the tools/call request was not sent
         assert result is not None
         return self._result(result)
 
-    def _failed(self, error: Exception, *, sent: bool) -> NoReturn:
+    def _failed(self, error: Exception, guard: _CallGuard) -> NoReturn:
         leaf = _leaf(error)
         kind = type(leaf).__name__
-        if not sent:
+        if not guard.sent:
             raise ToolError(
                 f"{self.name}: could not open a session with the MCP server "
                 f"{self.server.url} ({kind}); nothing was sent"
             )
         if isinstance(leaf, MCPError) and leaf.code in _REFUSED_CODES:
+            guard.took_no_effect()
             raise ToolError(f"{self.name}: the server refused the call: {_cap(leaf.error.message)}")
         why = f"{self.name}: no answer from the MCP server ({kind})"
         if self.side_effect is SideEffect.READ:
@@ -317,12 +318,66 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
         return pool.submit(asyncio.run, main()).result()
 
 
-class _session:
-    """An open MCP client session over streamable HTTP, closed with its HTTP client."""
+class _CallGuard:
+    """Watches a session's HTTP requests for the ``tools/call`` one and, right before its
+    headers are written (after its connection is made, as the HTTP tool does), checks the
+    write deadline and records the send (``Invocation.sending``). ``sent``: whether the call's
+    request may have left; ``refused``: the fence's refusal, if it refused it (unsent).
 
-    def __init__(self, server: McpServerRef, timeout: float) -> None:
+    The SDK opens the request's connection when it sends it, which may be long after the
+    session opened: a check before ``call_tool`` would leave that connect inside the window.
+    """
+
+    def __init__(self, call: fence.Invocation | None) -> None:
+        self.call = call
+        self.sent = False
+        self.sends: list[fence.Send] = []
+        self.refused: ToolError | None = None
+
+    async def on_request(self, request: httpx2.Request) -> None:
+        """An httpx2 ``request`` event hook: it runs for every request of the session,
+        redirects included, before its connection is taken."""
+        if request.method == "POST" and _is_tool_call(request.content):
+            request.extensions = {**request.extensions, "trace": self._before_sending}
+
+    async def _before_sending(self, event: str, info: Mapping[str, Any]) -> None:
+        if not event.endswith(".send_request_headers.started"):
+            return
+        if self.call is not None:
+            try:
+                self.sends.append(self.call.sending())
+            except ToolError as refused:
+                self.refused = refused
+                raise
+        self.sent = True
+
+    def took_no_effect(self) -> None:
+        """The server answered the call with a definite refusal: it changed nothing."""
+        for send in self.sends:
+            send.refused()
+
+
+def _is_tool_call(body: bytes) -> bool:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "tools/call"
+
+
+class _session:
+    """An open MCP client session over streamable HTTP, closed with its HTTP client. With a
+    ``guard``, its ``tools/call`` request is checked against the write deadline."""
+
+    def __init__(
+        self, server: McpServerRef, timeout: float, guard: _CallGuard | None = None
+    ) -> None:
+        hooks = {"request": [guard.on_request]} if guard is not None else {}
         self.http = httpx2.AsyncClient(
-            headers=dict(server.headers), timeout=httpx2.Timeout(timeout), follow_redirects=False
+            headers=dict(server.headers),
+            timeout=httpx2.Timeout(timeout),
+            follow_redirects=False,
+            event_hooks=hooks,
         )
         self.client = Client(
             streamable_http_client(server.url, http_client=self.http),

@@ -3,9 +3,12 @@
 A WRITE or PROPOSE gets its idempotency key as a keyword argument so the function can pass it to
 the system it changes. A timeout, when set, is enforced from a watcher thread: the call's outcome
 is then unknown (the function may still be running), never retried. A WRITE or PROPOSE is always
-bounded: by the timeout, or else by its write deadline (``keelgate.core.fence``), which the
-function may also check right before it sends (``keelgate.write_deadline()``). The function
-signals a definite failure by raising ``keelgate.ToolError``.
+bounded: by the timeout, or else by its write deadline (``keelgate.core.fence``). A function that
+sends by itself calls ``keelgate.about_to_send(idempotency_key)`` right before each request (it
+checks the deadline and records the send); threads it starts run ``keelgate.fenced(...)``
+functions to stay inside the call. The function signals a definite failure by raising
+``keelgate.ToolError``, which is read as "nothing happened" only if nothing of the call was
+reported sent.
 """
 
 from __future__ import annotations

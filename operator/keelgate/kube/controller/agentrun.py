@@ -71,7 +71,12 @@ class AgentRunReconciler:
         try:
             spec = spec_from_manifest(run.get("spec"))
         except InputError as error:
-            return self._status.write_stalled(run, str(error))
+            # No step may run until the spec changes, but what the store holds still shows:
+            # an unknown outcome stays asked for and shown, whatever the spec now says.
+            state = context.run_state(namespace, name)
+            unknown = self._asks.unknown_now(namespace, state)
+            self._asks.ask_to_settle(run, unknown)
+            return self._status.write_stalled(run, str(error), state=state, unknown=unknown)
         if spec.loop is LoopKind.MONITOR and not resources.is_tick(run):
             return self._monitors.reconcile(run, spec)
         return self._drive(key, run, spec)
@@ -99,7 +104,7 @@ class AgentRunReconciler:
         if step.get("state") == "Stalled":
             if int(step.get("generation") or 0) == generation:
                 why = str(current.get("message") or step.get("lastExit") or "stalled")
-                return write(run, step, suspended=spec.suspend, stepping=False, stalled=why)
+                return self._write_at_rest(run, step, spec, stalled=why)
             step = {**step, "state": "Ended", "crashes": 0}  # the spec changed: try again
 
         ended: PodEnd | None = None
@@ -108,9 +113,7 @@ class AgentRunReconciler:
             pod_name = str(step.get("pod", ""))
             pod = context.cache.get("Pod", namespace, pod_name)
             if pod is not None and not resources.owned_by(pod, uid):
-                return write(
-                    run, step, suspended=spec.suspend, stepping=False, stalled=foreign_pod(pod_name)
-                )
+                return self._write_at_rest(run, step, spec, stalled=foreign_pod(pod_name))
             if pod is None:
                 gone = context.cache.tombstone(namespace, pod_name)
                 if gone is None or not resources.owned_by(gone, uid):
@@ -148,17 +151,10 @@ class AgentRunReconciler:
             if state is not None and state.stop is not None:
                 sign_head(context, key)  # at rest: its chain head, signed (if asked for)
             step = {**step, "state": "Ended"} if step else step
-            return write(run, step, suspended=spec.suspend, stepping=False, state=state)
+            return self._write_at_rest(run, step, spec, state=state)
         if isinstance(needed, Stall):
             stalled = {**step, "state": "Stalled", "generation": generation}
-            return write(
-                run,
-                stalled,
-                suspended=spec.suspend,
-                stepping=False,
-                state=state,
-                stalled=needed.reason,
-            )
+            return self._write_at_rest(run, stalled, spec, state=state, stalled=needed.reason)
         # A step is needed: record the intent (status.step) before creating the pod.
         intended, seen = self._intend(run, step, ended)
         written = write(
@@ -168,6 +164,36 @@ class AgentRunReconciler:
             return Requeue(0.5)  # the status patch lost a race: look again
         fresh = context.cache.get("AgentRun", namespace, name) or run
         return self._pods.start(key, fresh, spec, intended)
+
+    def _write_at_rest(
+        self,
+        run: JSON,
+        step: Mapping[str, Any],
+        spec: AgentRunSpec,
+        *,
+        state: RunState | None = None,
+        stalled: str = "",
+    ) -> Result:
+        """The status of a run no step pod drives now (at rest, suspended or stalled): its
+        unknown outcomes as the store holds them, each with its Reconciliation, shown beside
+        whatever holds the run, so that no spec edit, stall or suspension hides one."""
+        meta = run["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if state is None:
+            state = self._context.run_state(namespace, name)
+        unknown = self._asks.unknown_now(namespace, state)
+        if stalled or spec.suspend:
+            # No step will record these until the spec changes: ask for them here.
+            self._asks.ask_to_settle(run, unknown)
+        return self._status.write_run_status(
+            run,
+            step,
+            suspended=spec.suspend,
+            stepping=False,
+            state=state,
+            stalled=stalled,
+            unknown=unknown,
+        )
 
     def _account(self, key: Key, run: JSON, step: Mapping[str, Any], ended: PodEnd) -> JSON:
         """Record a step pod's end in the step record (once: the record then says Ended)."""
@@ -220,7 +246,7 @@ class AgentRunReconciler:
         if stop.reason is StopReason.GOAL_MET:
             return REST
         if stop.reason is StopReason.OUTCOME_UNKNOWN:
-            if self._asks.ask_to_settle(run, state):
+            if self._asks.ask_to_settle(run, state.unknown):
                 return STEP
         elif stop.reason is StopReason.AWAITING_APPROVAL:
             self._asks.ask_to_approve(run, state)

@@ -29,13 +29,38 @@ class DecisionObjects:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
 
-    def ask_to_settle(self, run: JSON, state: RunState) -> bool:
+    def unknown_now(self, namespace: str, state: RunState | None) -> tuple[UnknownAction, ...]:
+        """Every call of the run whose outcome the store holds unknown now, whatever the spec
+        says: the calls the checkpoint's stop lists and the store has not seen settled, and the
+        calls of its plan with no result whose keys read unknown, which only the store knows of
+        when a step died mid-call and none has run since to record its stop (the spec now
+        fails to load, or the run stalls, or it is suspended)."""
+        if state is None:
+            return ()
+        keys = self._context.stores.idempotency
+        listed = {u.action: u for u in state.unknown}
+        found: list[UnknownAction] = []
+        for unknown in state.unknown:
+            record = keys.get(namespace, unknown.idempotency_key)
+            if record is None or record.state not in _SETTLED:
+                found.append(unknown)
+        for action in state.plan.actions if state.plan is not None else ():
+            if action.id in listed or state.result_of(action.id) is not None:
+                continue
+            record = keys.get(namespace, action.key)
+            if record is not None and record.state is KeyState.OUTCOME_UNKNOWN:
+                found.append(
+                    UnknownAction(action.id, action.tool, action.key, record.not_executed_after)
+                )
+        return tuple(found)
+
+    def ask_to_settle(self, run: JSON, unknowns: tuple[UnknownAction, ...]) -> bool:
         """Make sure each unknown action has its Reconciliation; True when all are settled
         (in the store: a person may have settled one there, mirrored into its object next)."""
         context = self._context
         namespace = run["metadata"]["namespace"]
         settled = True
-        for unknown in state.unknown:
+        for unknown in unknowns:
             record = context.stores.idempotency.get(namespace, unknown.idempotency_key)
             done = record is not None and record.state in _SETTLED
             settled = settled and done

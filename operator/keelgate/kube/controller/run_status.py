@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from keelgate.core.state import RunState
+from keelgate.core.types import UnknownAction
 from keelgate.kube import status
 from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.context import ControllerContext
@@ -52,12 +53,14 @@ class RunStatusWriter:
         stalled_reason: str = "StepsFailing",
         read_store: bool = True,
         failpoints_seen: str | None = None,
+        unknown: tuple[UnknownAction, ...] | None = None,
     ) -> Result:
         """Write the status ``run`` should show with ``step`` as its ``status.step`` (only if
         it differs). ``stepping``: a step pod is intended or running; ``stalled``: why no step
         may run until the spec changes (or until the cause ``stalled_reason`` names goes);
         ``read_store`` false: a pod runs, the checkpoint is not
-        read (status keeps its last mirror)."""
+        read (status keeps its last mirror); ``unknown``: the run's unknown outcomes as the
+        store holds them (``DecisionObjects.unknown_now``), shown whatever the checkpoint says."""
         context = self._context
         meta = run["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -83,29 +86,46 @@ class RunStatusWriter:
             waiting=waiting,
             reconciliations={
                 u.action: action_object_name(name, u.action, u.tool)
-                for u in (state.unknown if state is not None else ())
+                for u in (
+                    unknown if unknown is not None else state.unknown if state is not None else ()
+                )
             },
             approvals={
                 p.action: action_object_name(name, p.action, p.tool)
                 for p in (state.pending if state is not None else ())
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,
+            unknown=unknown,
         )
         if not read_store and state is None:
             return self._write_running(run, view)
         return self.patch(run, status.desired_status(view, old=current, now=now()))
 
-    def write_stalled(self, run: JSON, why: str) -> Result:
-        """The run cannot go on until its spec changes (a spec the models refuse)."""
+    def write_stalled(
+        self,
+        run: JSON,
+        why: str,
+        *,
+        state: RunState | None = None,
+        unknown: tuple[UnknownAction, ...] = (),
+    ) -> Result:
+        """The run cannot go on until its spec changes (a spec the models refuse). What the
+        store holds still shows: the run's checkpoint, and its unknown outcomes (``unknown``),
+        which no spec may hide."""
         meta = run["metadata"]
         generation = int(meta.get("generation") or 1)
         step = dict((run.get("status") or {}).get("step") or {})
         view = status.RunView(
             generation=generation,
-            outcome=None,
+            outcome=None if state is None else state.outcome(),
             step={**step, "state": "Stalled", "generation": generation},
             stepping=False,
             stalled=why,
+            stalled_reason="SpecInvalid",
+            reconciliations={
+                u.action: action_object_name(meta["name"], u.action, u.tool) for u in unknown
+            },
+            unknown=unknown,
         )
         return self.patch(run, status.desired_status(view, old=run.get("status") or {}, now=now()))
 
