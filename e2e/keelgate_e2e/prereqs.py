@@ -41,7 +41,7 @@ from keelgate_e2e.testing import find_kubectl
 
 #: Debian's packages of Chromium and its driver.
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
-_VERSION = re.compile(r"(\d+)\.\d+\.\d+")
+_VERSION = re.compile(r"\d+(?:\.\d+){2,3}")
 
 
 class Missing(Exception):
@@ -135,10 +135,13 @@ def browser(*, install: Callable[[], None] = install_browser) -> Found:
         except NoBrowser:
             raise Missing(f"{what}, installed but not on PATH: {BROWSER_HELP}") from None
     versions = [_version(p) for p in paths]
-    if "" in versions or len({v.split(".")[0] for v in versions}) != 1:
+    for path, version in zip(paths, versions, strict=True):
+        if not version:
+            raise Missing(f"{what}: `{path} --version` tells no version: {BROWSER_HELP}")
+    if len({v.split(".")[0] for v in versions}) != 1:
         raise Missing(
-            f"{what} of one major version, not Chromium {versions[0] or '?'} ({paths[0]}) and "
-            f"chromedriver {versions[1] or '?'} ({paths[1]}): {BROWSER_HELP}"
+            f"{what} of one major version, not Chromium {versions[0]} ({paths[0]}) and "
+            f"chromedriver {versions[1]} ({paths[1]}): {BROWSER_HELP}"
         )
     return Found("Chromium and chromedriver", f"{versions[0]}, {paths[0]} and {paths[1]}")
 
