@@ -15,7 +15,7 @@ STAMP      := $(VENV)/.installed-stamp
 UP_STAMP   := $(VENV)/.installed-up
 BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: venv demo demo-local krew test prereqs lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -48,9 +48,15 @@ demo: up
 demo-local: $(BASE_STAMP)
 	$(PY) examples/restock/demo.py
 
-# The control plane's build and `make up` run on the venv's Python: `make up` with only what the
-# cluster runs, the e2e suite's build with everything.
-up-build up: $(UP_STAMP)
+# `make up` (and so `make demo`) on a fresh machine: the Go build of what it runs (CPU-bound) and
+# the install of what its venv needs (mostly waiting on the network) run side by side. The build
+# needs only the standard library, so it runs on $(PYTHON), before the venv exists.
+BUILD_PY := $(PYTHON)
+UP_DEPS  := up-prepare
+up-prepare: check-python
+	@$(MAKE) --no-print-directory -j2 up-build $(UP_STAMP)
+up-build: | check-python
+up: $(UP_STAMP)
 e2e-build: venv
 
 lint: venv e2e-lint

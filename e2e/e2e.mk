@@ -2,12 +2,17 @@
 # Makefile. Targets: e2e-build, up-build, up, down, e2e-test, e2e-lint. See docs/control-plane.md.
 #
 #   PY       the project's venv python (the top-level Makefile sets it; default .venv/bin/python)
+#   BUILD_PY the Python of the build, which needs only the standard library (default: PY)
+#   UP_DEPS  what `up` needs first (default: up-build; the top-level Makefile builds and installs
+#            the venv side by side)
 #   DEV_DIR  run directory of `make up` (kubeconfig, logs, state); default .dev
 #   GO       Go toolchain (default: `go` on PATH, else /usr/local/go/bin/go)
 #   KUBECTL  kubectl for the tests (default: `kubectl` on PATH)
 #   KUBEBUILDER_ASSETS  a directory with kube-apiserver/etcd/... to use instead of building
 
 PY ?= .venv/bin/python
+BUILD_PY ?= $(PY)
+UP_DEPS ?= up-build
 DEV_DIR ?= .dev
 E2E_PY = PYTHONPATH=e2e$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY)
 E2E_PYTEST_ARGS ?=
@@ -22,12 +27,12 @@ e2e-build:
 
 ## up-build: only what `make up` runs: the cluster's four programs and helm
 up-build:
-	$(E2E_PY) -m keelgate_e2e.build --for up
+	PYTHONPATH=e2e $(BUILD_PY) -m keelgate_e2e.build --for up
 
 ## up: start etcd, the API server, controller-manager, scheduler, node agent and PostgreSQL in
 ## the background, and install Keelgate's chart; writes $(DEV_DIR)/kubeconfig (contexts admin
 ## [default], alice, bob)
-up: up-build
+up: $(UP_DEPS)
 	$(E2E_PY) -m keelgate_e2e --dir $(DEV_DIR) up
 
 ## down: stop everything `make up` started; fails if any process is left
