@@ -3,16 +3,17 @@ helm, jaeger (the trace collector of the tracing tests), and krew with its manif
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
 modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
-e2e/tools/krew, into the
-git-ignored folder
-e2e/bin, with the version ldflags an official build sets. Binaries on KUBEBUILDER_ASSETS
-(envtest's convention) or PATH are used instead when they are new enough. Builds reuse Go's build
-and module caches, so only the first build on a machine is slow.
+e2e/tools/krew, into the git-ignored folder e2e/bin, with the version ldflags an official build
+sets. Callers name the programs they run (`--for up` is what `make up` runs), so a cold `make up`
+never builds the tracing collector or krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention)
+or PATH are used instead when they are new enough. Builds reuse Go's build and module caches, so
+only the first build on a machine is slow.
 
 It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
 release tarballs), and never write outside e2e/bin and Go's own caches.
 
-Run as `python -m keelgate_e2e.build` (add `--force` to rebuild, `--print` to show what is used).
+Run as `python -m keelgate_e2e.build --for up|e2e` (`--force` rebuilds, `--print` only shows what
+is used).
 """
 
 from __future__ import annotations
@@ -216,11 +217,6 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
     cmd = ["nice", "-n", "10", str(go), "build", "-v", "-trimpath", "-ldflags", ldflags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]
     print("+ (cd {} && {})".format(module, " ".join(cmd)), flush=True)
-    print(
-        "  a cold build takes about 9 minutes on 2 cores (later builds: seconds); "
-        "progress every 15 s",
-        flush=True,
-    )
     # `go build -v` names each package as it is compiled: count them as progress, and keep the
     # last lines for an error message.
     proc = subprocess.Popen(
@@ -243,6 +239,11 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
 def build(names: Sequence[str], go: Path | None = None) -> None:
     """Build `names` into e2e/bin at the pinned versions (one `go build` per tools module)."""
     go = find_go() if go is None else go
+    print(
+        f"building {', '.join(names)}: with Go's caches empty this takes minutes (what `make up` "
+        "runs: about 12 CPU-minutes, docs/control-plane.md), later seconds; progress every 15 s",
+        flush=True,
+    )
     staging = BIN_DIR / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     kube = [n for n in names if n in KUBE_PROGRAMS]
