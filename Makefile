@@ -21,9 +21,10 @@ check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
 	  { echo "Keelgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11"; exit 1; }
 
-# install(EXTRAS, STAMPS): the venv (made once, with a current pip), the project with EXTRAS in it.
+# install(EXTRAS, STAMPS): the venv (made once), the project with EXTRAS in it. The pip that Python
+# 3.11+ brings (22.3 or newer, editable installs came in 21.3) does: upgrading it only cost time.
 define install
-	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet --upgrade pip; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.$(if $(1),[$(1)])'
 	touch $(2)
 endef
