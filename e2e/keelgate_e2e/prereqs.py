@@ -116,20 +116,22 @@ def install_browser() -> None:
             raise Missing(f"Chromium: `{' '.join(cmd)}` failed (exit {done.returncode}): {tail}")
 
 
-def browser(*, install: Callable[[], None] = install_browser) -> Found:
+def browser(*, may_install: bool = True) -> Found:
     """Chromium and chromedriver of one major version, installed first when they are missing,
-    installable, and not named by the user."""
+    installable, not named by the user, and `may_install`."""
     what = "Chromium and chromedriver (the decision inbox's browser tests)"
     try:
         paths = find_browser()
     except NoBrowser:
         if os.environ.get("KEELGATE_CHROMIUM") or os.environ.get("CHROMEDRIVER"):
             why = "KEELGATE_CHROMIUM or CHROMEDRIVER is set, so nothing is installed"
+        elif not may_install:
+            why = "not installed while a prerequisite above is missing"
         else:
             why = can_install()
         if why:
             raise Missing(f"{what}, not installed here ({why}): {BROWSER_HELP}") from None
-        install()
+        install_browser()
         try:
             paths = find_browser()
         except NoBrowser:
@@ -146,8 +148,8 @@ def browser(*, install: Callable[[], None] = install_browser) -> Found:
     return Found("Chromium and chromedriver", f"{versions[0]}, {paths[0]} and {paths[1]}")
 
 
-#: What `make test` needs, in the order they are checked (the browser last: it may install).
-CHECKS: tuple[Callable[[], Found], ...] = (go, kubectl, postgres, browser)
+#: What the user brings (README.md), checked first: while one is missing nothing is installed.
+USERS: tuple[Callable[[], Found], ...] = (go, kubectl, postgres)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keelgate_e2e.prereqs", description=__doc__)
     parser.parse_args(argv)
     missing: list[str] = []
-    for check in CHECKS:
+    checks: list[Callable[[], Found]] = [*USERS, lambda: browser(may_install=not missing)]
+    for check in checks:
         try:
             found = check()
         except Missing as exc:
