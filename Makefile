@@ -6,20 +6,37 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
-EXTRAS := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
+# What goes into .venv (pyproject.toml's extras): `make demo-local` needs the base alone, `make up`
+# and `make demo` what the cluster runs (the operator, and the PostgreSQL driver of `keelgate tenant
+# add` and the step pods), the checks and tests every extra. A larger set satisfies a smaller one.
+EXTRAS     := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
+UP_EXTRAS  := operator,postgres
+STAMP      := $(VENV)/.installed-stamp
+UP_STAMP   := $(VENV)/.installed-up
+BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: venv demo demo-local krew test lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
 	  { echo "Keelgate needs Python 3.11 or newer: set PYTHON=/path/to/python3.11"; exit 1; }
 
-$(STAMP): pyproject.toml | check-python
+# install(EXTRAS, STAMPS): the venv (made once), the project with EXTRAS in it. The pip that Python
+# 3.11+ brings (22.3 or newer, editable installs came in 21.3) does: upgrading it only cost time.
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.$(if $(1),[$(1)])'
+	touch $(2)
+endef
+
+$(BASE_STAMP): pyproject.toml | check-python
+	$(call install,,$(BASE_STAMP))
+
+$(UP_STAMP): pyproject.toml | check-python
+	$(call install,$(UP_EXTRAS),$(UP_STAMP) $(BASE_STAMP))
+
+$(STAMP): pyproject.toml | check-python
+	$(call install,$(EXTRAS),$(STAMP) $(UP_STAMP) $(BASE_STAMP))
 
 venv: $(STAMP)
 
@@ -29,11 +46,19 @@ demo: up
 	$(E2E_PY) examples/restock/cluster_demo.py --dir $(DEV_DIR)
 
 ## demo-local: the same story in-process, on the embedded SQLite store (no cluster)
-demo-local: venv
+demo-local: $(BASE_STAMP)
 	$(PY) examples/restock/demo.py
 
-# The control plane's build and `make up` run on the venv's Python.
-e2e-build up: venv
+# `make up` (and so `make demo`) on a fresh machine: the Go build of what it runs (CPU-bound) and
+# the install of what its venv needs (mostly waiting on the network) run side by side. The build
+# needs only the standard library, so it runs on $(PYTHON), before the venv exists.
+BUILD_PY := $(PYTHON)
+UP_DEPS  := up-prepare
+up-prepare: check-python
+	@$(MAKE) --no-print-directory -j2 up-build $(UP_STAMP)
+up-build: | check-python
+up: $(UP_STAMP)
+e2e-build: venv
 
 lint: venv e2e-lint
 	$(VENV)/bin/ruff check operator tests bench examples deploy
@@ -102,9 +127,20 @@ SEEDS ?= 1000
 sim: venv
 	$(PY) -m keelgate.testing.sim $(if $(SECONDS),--seconds $(SECONDS),--seeds $(SEEDS))
 
-# The control-plane binaries are built (or found) before pytest starts: a cold build inside a
-# test fixture would outlast any test timeout.
-test: lint typecheck unit e2e-test
+## prereqs: `make test`'s first step, and so CI's: finds Go, kubectl, PostgreSQL, Chromium and
+## chromedriver, and installs the last two (Debian's packages, as root) when they are missing;
+## else one line for each missing program says what to run
+prereqs: venv
+	$(E2E_PY) -m keelgate_e2e.prereqs
+
+# Nothing starts before the prerequisite step has passed (under -j too), and the control-plane
+# binaries are built (or found) before pytest starts: a cold build inside a test fixture would
+# outlast any test timeout.
+test: prereqs lint typecheck unit e2e-test
+e2e-test: prereqs
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+lint e2e-lint typecheck unit e2e-build: | prereqs
+endif
 
 clean:
 	rm -rf $(VENV) .keelgate .mypy_cache .ruff_cache .pytest_cache

@@ -1,27 +1,38 @@
 # e2e.mk: the local Kubernetes control plane and node agent (e2e/), included by the top-level
-# Makefile. Targets: e2e-build, up, down, e2e-test, e2e-lint. See docs/control-plane.md.
+# Makefile. Targets: e2e-build, up-build, up, down, e2e-test, e2e-lint. See docs/control-plane.md.
 #
 #   PY       the project's venv python (the top-level Makefile sets it; default .venv/bin/python)
+#   BUILD_PY the Python of the build, which needs only the standard library (default: PY)
+#   UP_DEPS  what `up` needs first (default: up-build; the top-level Makefile builds and installs
+#            the venv side by side)
 #   DEV_DIR  run directory of `make up` (kubeconfig, logs, state); default .dev
 #   GO       Go toolchain (default: `go` on PATH, else /usr/local/go/bin/go)
 #   KUBECTL  kubectl for the tests (default: `kubectl` on PATH)
 #   KUBEBUILDER_ASSETS  a directory with kube-apiserver/etcd/... to use instead of building
 
 PY ?= .venv/bin/python
+BUILD_PY ?= $(PY)
+UP_DEPS ?= up-build
 DEV_DIR ?= .dev
 E2E_PY = PYTHONPATH=e2e$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY)
 E2E_PYTEST_ARGS ?=
 
-.PHONY: e2e-build up down e2e-test e2e-lint
+.PHONY: e2e-build up-build up down e2e-test e2e-lint
 
-## e2e-build: build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and helm into
-## e2e/bin (only what is missing or not at the pinned version)
+## e2e-build: build every program the e2e suite runs into e2e/bin: kube-apiserver,
+## kube-controller-manager, kube-scheduler, etcd, helm, jaeger and krew (only what is missing or
+## not at the pinned version)
 e2e-build:
-	$(E2E_PY) -m keelgate_e2e.build
+	$(E2E_PY) -m keelgate_e2e.build --for e2e
+
+## up-build: only what `make up` runs: the cluster's four programs and helm
+up-build:
+	PYTHONPATH=e2e $(BUILD_PY) -m keelgate_e2e.build --for up
 
 ## up: start etcd, the API server, controller-manager, scheduler, node agent and PostgreSQL in
-## the background; writes $(DEV_DIR)/kubeconfig (contexts admin [default], alice, bob)
-up: e2e-build
+## the background, and install Keelgate's chart; writes $(DEV_DIR)/kubeconfig (contexts admin
+## [default], alice, bob)
+up: $(UP_DEPS)
 	$(E2E_PY) -m keelgate_e2e --dir $(DEV_DIR) up
 
 ## down: stop everything `make up` started; fails if any process is left

@@ -247,6 +247,23 @@ def base_venv(wheel: Path) -> Path:
     return image_venv(wheel, "")
 
 
+def test_make_demo_local_runs_on_the_base_install_it_makes(base_venv: Path, tmp_path: Path) -> None:
+    """`make demo-local` installs keelgate with no extra, and its demo needs no more: run on the
+    base install alone, the process is killed after the order, the run stops outcome_unknown, is
+    settled and resumed, and the shop has one order."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ndemo-local: $(BASE_STAMP)\n" in makefile
+    assert "$(BASE_STAMP): pyproject.toml | check-python\n\t$(call install,," in makefile
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "examples" / "restock", checkout / "examples" / "restock")
+    home = _home(tmp_path)
+    done = run_in_image(base_venv, ["python", str(checkout / "examples/restock/demo.py")], home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "outcome_unknown" in done.stdout
+    book = checkout / ".keelgate" / "demo" / "shop" / "orders.jsonl"
+    assert len(book.read_text().splitlines()) == 1
+
+
 def test_the_base_install_is_the_plugin_without_the_operator_or_providers(
     base_venv: Path, tmp_path: Path
 ) -> None:

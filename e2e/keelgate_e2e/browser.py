@@ -1,9 +1,10 @@
 """A real browser for the decision inbox's tests: headless Chromium driven through Selenium.
 
-Why it exists: the inbox is for people in a browser, so its tests click in one. The browser is a
-test prerequisite found like the others: KEELGATE_CHROMIUM (the browser) and CHROMEDRIVER (its
-driver), else `chromium` / `chromedriver` on PATH (Debian's `chromium` and `chromium-driver`,
-which .ci/run installs). It must never download a browser or a driver.
+Why it exists: the inbox is for people in a browser, so its tests click in one. The browser is
+found like the other programs: KEELGATE_CHROMIUM (the browser) and CHROMEDRIVER (its driver), else
+`chromium` / `chromedriver` on PATH (Debian's `chromium` and `chromium-driver`, which `make test`'s
+prerequisite step, keelgate_e2e.prereqs, installs before any test starts). It must never download
+a browser or a driver itself.
 
 It also starts `kubectl keelgate ui` as a user runs it, and reads the address it prints.
 """
@@ -27,6 +28,14 @@ VENV_BIN = Path(sys.executable).parent
 _URL = re.compile(r"(http://127\.0\.0\.1:\d+/\?token=[\w-]+)")
 
 
+#: What to run when Chromium or its driver is missing (keelgate_e2e.prereqs says it too).
+BROWSER_HELP = (
+    "install Chromium and its chromedriver (Debian, as root: `apt-get install chromium "
+    "chromium-driver`, which `make test` runs itself where it can), or set "
+    "KEELGATE_CHROMIUM=/path/to/chromium and CHROMEDRIVER=/path/to/chromedriver"
+)
+
+
 class NoBrowser(RuntimeError):
     """Chromium or its driver cannot be found."""
 
@@ -39,11 +48,7 @@ def find_browser() -> tuple[str, str]:
     )
     driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or ""
     if not browser or not driver:
-        raise NoBrowser(
-            "the inbox tests need Chromium and its driver: apt-get install chromium "
-            "chromium-driver, or set KEELGATE_CHROMIUM=/path/to/chromium and "
-            "CHROMEDRIVER=/path/to/chromedriver"
-        )
+        raise NoBrowser(f"the inbox tests need Chromium and its driver: {BROWSER_HELP}")
     return browser, driver
 
 

@@ -3,16 +3,17 @@ helm, jaeger (the trace collector of the tracing tests), and krew with its manif
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
 modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
-e2e/tools/krew, into the
-git-ignored folder
-e2e/bin, with the version ldflags an official build sets. Binaries on KUBEBUILDER_ASSETS
-(envtest's convention) or PATH are used instead when they are new enough. Builds reuse Go's build
-and module caches, so only the first build on a machine is slow.
+e2e/tools/krew, into the git-ignored folder e2e/bin, with the version ldflags an official build
+sets. Callers name the programs they run (`--for up` is what `make up` runs), so a cold `make up`
+never builds the tracing collector or krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention)
+or PATH are used instead when they are new enough. Builds reuse Go's build and module caches, so
+only the first build on a machine is slow.
 
 It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
 release tarballs), and never write outside e2e/bin and Go's own caches.
 
-Run as `python -m keelgate_e2e.build` (add `--force` to rebuild, `--print` to show what is used).
+Run as `python -m keelgate_e2e.build --for up|e2e` (`--force` rebuilds, `--print` only shows what
+is used).
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ KREW_TOOLS = E2E_DIR / "tools" / "krew"
 
 KUBE_PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 KREW_PROGRAMS = ("kubectl-krew", "validate-krew-manifest")
-ALL_PROGRAMS = (*KUBE_PROGRAMS, "etcd", "helm", "jaeger", *KREW_PROGRAMS)
+#: What a cluster's start needs (`Cluster.start`).
+CLUSTER_PROGRAMS = (*KUBE_PROGRAMS, "etcd")
+#: What `make up` runs: the cluster, and helm to install Keelgate's chart. Not jaeger (the tracing
+#: tests' collector) nor krew (the plugin's packaging tests): a cold build of those would add
+#: minutes to `make demo` for programs it never starts.
+UP_PROGRAMS = (*CLUSTER_PROGRAMS, "helm")
+ALL_PROGRAMS = (*UP_PROGRAMS, "jaeger", *KREW_PROGRAMS)
+#: The sets `python -m keelgate_e2e.build --for` names: `make up` builds `up`, the e2e suite `e2e`.
+PROGRAM_SETS = {"up": UP_PROGRAMS, "e2e": ALL_PROGRAMS}
 
 #: Oldest releases accepted from KUBEBUILDER_ASSETS or PATH.
 MIN_KUBE = (1, 36, 0)
@@ -208,11 +217,6 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
     cmd = ["nice", "-n", "10", str(go), "build", "-v", "-trimpath", "-ldflags", ldflags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]
     print("+ (cd {} && {})".format(module, " ".join(cmd)), flush=True)
-    print(
-        "  a cold build takes about 9 minutes on 2 cores (later builds: seconds); "
-        "progress every 15 s",
-        flush=True,
-    )
     # `go build -v` names each package as it is compiled: count them as progress, and keep the
     # last lines for an error message.
     proc = subprocess.Popen(
@@ -235,6 +239,11 @@ def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out
 def build(names: Sequence[str], go: Path | None = None) -> None:
     """Build `names` into e2e/bin at the pinned versions (one `go build` per tools module)."""
     go = find_go() if go is None else go
+    print(
+        f"building {', '.join(names)}: with Go's caches empty this takes minutes (what `make up` "
+        "runs: about 12 CPU-minutes, docs/control-plane.md), later seconds; progress every 15 s",
+        flush=True,
+    )
     staging = BIN_DIR / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     kube = [n for n in names if n in KUBE_PROGRAMS]
@@ -271,23 +280,31 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def ensure(force: bool = False) -> dict[str, Binary]:
-    """Return every program, building the missing ones (or all of them when `force`)."""
-    missing = list(ALL_PROGRAMS) if force else [n for n in ALL_PROGRAMS if find(n) is None]
+def ensure(names: Sequence[str] = ALL_PROGRAMS, *, force: bool = False) -> dict[str, Binary]:
+    """Return programs `names` (default: every one), building those missing (all when `force`).
+
+    Callers ask for what they start, so a cluster's start never builds the tracing collector."""
+    unknown = sorted(set(names) - set(ALL_PROGRAMS))
+    if unknown:
+        raise BuildError(
+            f"unknown program(s) {', '.join(unknown)}: one of {', '.join(ALL_PROGRAMS)}"
+        )
+    wanted = [n for n in ALL_PROGRAMS if n in names]  # the build order, whatever the callers' order
+    missing = list(wanted) if force else [n for n in wanted if find(n) is None]
     if missing:
         BIN_DIR.mkdir(parents=True, exist_ok=True)
         with (BIN_DIR / ".lock").open("w") as lock:
             # Concurrent runs (two test sessions) wait for one build instead of racing.
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not force:
-                missing = [n for n in ALL_PROGRAMS if find(n) is None]
+                missing = [n for n in wanted if find(n) is None]
             if missing:
                 started = time.monotonic()
                 build(missing)
                 took = time.monotonic() - started
                 print(f"built {', '.join(missing)} in {took:.0f}s", flush=True)
     resolved: dict[str, Binary] = {}
-    for name in ALL_PROGRAMS:
+    for name in wanted:
         found = find(name)
         if found is None:
             raise BuildError(f"{name} still not usable after building it")
@@ -300,16 +317,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keelgate_e2e.build", description=__doc__)
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--print", action="store_true", help="only show what is found")
+    parser.add_argument(
+        "--for",
+        dest="purpose",
+        choices=sorted(PROGRAM_SETS),
+        default="e2e",
+        help="up: only what `make up` runs; e2e (default): every program the e2e suite uses",
+    )
     args = parser.parse_args(argv)
+    names = PROGRAM_SETS[args.purpose]
     try:
         if args.print:
-            resolved = {n: b for n in ALL_PROGRAMS if (b := find(n)) is not None}
+            resolved = {n: b for n in names if (b := find(n)) is not None}
         else:
-            resolved = ensure(force=args.force)
+            resolved = ensure(names, force=args.force)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for name in ALL_PROGRAMS:
+    for name in names:
         b = resolved.get(name)
         if b is None:
             print(f"{name:24} missing")

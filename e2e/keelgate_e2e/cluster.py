@@ -146,7 +146,7 @@ class Cluster:
         """Start every component; on failure stop what was started and re-raise."""
         if (self.run_dir / "state.json").exists():
             Cluster.load(self.run_dir).stop()  # a previous run here was not stopped
-        binaries = build.ensure()
+        binaries = build.ensure(build.CLUSTER_PROGRAMS)
         for sub in ("etcd", "pki", "node", "logs", "certs", "postgres"):
             shutil.rmtree(self.run_dir / sub, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ class Jaeger:
         return f"http://{LOOPBACK}:{self.ports['query']}"
 
     def start(self) -> Jaeger:
-        binary = build.ensure()["jaeger"].path
+        binary = build.ensure(("jaeger",))["jaeger"].path
         self.ports = {name: procs.free_port() for name in ("otlp", "query", "grpc")}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = self.run_dir / "jaeger.yaml"

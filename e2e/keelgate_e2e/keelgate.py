@@ -311,7 +311,7 @@ class OperatorPod:
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         from keelgate_e2e import build
 
-        binary = build.ensure()["helm"].path
+        binary = build.ensure(("helm",))["helm"].path
         done = subprocess.run(
             [str(binary), f"--kubeconfig={self.cluster.kubeconfig}", *args],
             capture_output=True,

@@ -419,7 +419,7 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_hosts_they_name(
     refused by RBAC before any of it."""
     from keelgate_e2e import build
 
-    helm = build.ensure()["helm"].path
+    helm = build.ensure(("helm",))["helm"].path
     chart = Path(__file__).resolve().parents[2] / "charts" / "keelgate"
     allowed = '{"stepImages": ["ghcr.io/keelgate/", "registry.example/agent"], '
     allowed += '"hosts": ["api.openai.com", "mcp.example"]}'

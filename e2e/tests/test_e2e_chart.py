@@ -31,7 +31,7 @@ DEPLOY = ROOT / "deploy"
 @pytest.fixture(scope="module")
 def helm() -> Path:
     """The pinned helm (or a new enough one on PATH)."""
-    return build.ensure()["helm"].path
+    return build.ensure(("helm",))["helm"].path
 
 
 def run_helm(helm: Path, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -57,7 +57,7 @@ def values_of(words: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    return build.ensure()["helm"].path
+    return build.ensure(("helm",))["helm"].path
 
 
 def render(helm: Path, cluster: Cluster, release: str, namespace: str, sets: list[str]) -> JSON:
@@ -201,7 +201,7 @@ def test_the_production_values_install_and_elect_a_leader(
         values=(f"operator.watchNamespaces[0]={namespace}",),
         store=operator_process.store_url,
     )
-    helm = build.ensure()["helm"].path
+    helm = build.ensure(("helm",))["helm"].path
     try:
         done = subprocess.run(
             [

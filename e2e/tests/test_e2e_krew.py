@@ -74,7 +74,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def krew_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding `kubectl-krew` (so `kubectl krew` works) and the validator."""
-    programs = build.ensure()
+    programs = build.ensure(build.KREW_PROGRAMS)
     folder = tmp_path_factory.mktemp("krew-bin")
     for name in build.KREW_PROGRAMS:
         (folder / name).symlink_to(programs[name].path)

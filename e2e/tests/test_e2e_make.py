@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -207,19 +208,40 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     assert not (run_dir / "state.json").exists()
 
 
+def up_venv(tmp_path: Path) -> Path:
+    """A venv holding keelgate with only the extras `make up` installs (the Makefile's
+    UP_EXTRAS), installed from the wheel the image's build makes (tests/support/image.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.image import DOCKERFILE, build_wheel, image_venv, parse_dockerfile, stage_context
+
+    extras = re.search(r"^UP_EXTRAS\s*:=\s*(\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert extras is not None, "the Makefile names no UP_EXTRAS"
+    context = stage_context(parse_dockerfile(DOCKERFILE.read_text()), tmp_path / "src")
+    return image_venv(build_wheel(context, tmp_path / "dist"), extras.group(1))
+
+
 def test_make_demo_tells_the_cluster_story_with_one_order(tmp_path: Path) -> None:
-    """`make demo` on a private run directory: the cluster and the operator come up, the
+    """`make demo` on a private run directory, on a venv holding only the extras `make up`
+    installs: the cluster and the operator come up, the
     restock run's step pod is killed right after the shop took the order, the run stops
     OutcomeUnknown, alice settles the Reconciliation with kubectl, the run Succeeds with
     exactly one order, and the audit trail verifies; `make down` leaves nothing behind."""
     run_dir = tmp_path / "dev"
+    venv = up_venv(tmp_path)
+    # make's own venv is a folder holding only its stamp: make takes it as installed and runs
+    # everything on the venv above (kept unwritten, so the next run may reuse it).
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    (stamps / ".installed-up").touch()
+    python = venv / "bin" / "python"
     demo = subprocess.run(
         [
             "make",
             "--no-print-directory",
             "demo",
             f"DEV_DIR={run_dir}",
-            f"PY={sys.executable}",
+            f"VENV={stamps}",
+            f"PY={python}",
         ],
         cwd=REPO,
         capture_output=True,

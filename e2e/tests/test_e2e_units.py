@@ -8,6 +8,7 @@ They must never build or start anything: they run in a second.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ from keelgate_e2e.node.volumes import (
     token_needs_refresh,
     write_payload,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_binary(directory: Path, name: str, version_line: str) -> Path:
@@ -63,6 +66,24 @@ def test_kubebuilder_assets_and_path_used_only_when_new_enough(tmp_path: Path) -
     fake_binary(bin_dir, "etcd", f"etcd Version: {ETCD_VERSION.lstrip('v')}")
     pinned = build.find("etcd", {"PATH": ""}, bin_dir)
     assert pinned is not None and pinned.source == "e2e/bin"
+
+
+def test_make_up_builds_only_what_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make up` (its dry run) builds `--for up`, never the e2e suite's whole set, and that set is
+    the cluster's four programs and helm: no jaeger, no krew, whose cold builds a first
+    `make demo` would wait for without ever running them."""
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "up", "DEV_DIR=/nonexistent"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "keelgate_e2e.build --for up" in dry and "--for e2e" not in dry, dry
+    assert build.main(["--for", "up", "--print"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert listed == {"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "helm"}
 
 
 def test_kube_ldflags_set_version_for_both_version_packages() -> None:
