@@ -33,7 +33,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
 from keelgate.stores import _sql, open_stores
-from keelgate.stores.postgres import OWNER_SPACE, PRIVILEGES, PostgresStore
+from keelgate.stores.postgres import PRIVILEGES, PostgresStore
 from keelgate.stores.tenancy import TenantStore, scram_verifier
 from keelgate.testing.isolation import NOTHING, REFUSED, attack
 from keelgate.testing.pgserver import PgServer, start_postgres
@@ -260,21 +260,46 @@ def test_bs_runs_finish_with_each_write_once_and_a_verified_trail_after_the_atta
 
 
 def test_a_tenant_cannot_forge_who_it_is(shared: Shared, tmp_path: Path) -> None:
-    """What a session may set for itself changes nothing: a setting named like a tenant, and
-    a temporary table shadowing the role lookup (the policies were bound to the real table
-    when made) leave A seeing its own rows only; its own row in the lookup is all it reads."""
+    """What a session may set for itself changes nothing, even where the administrator lets
+    it create temporary tables: a setting named like a tenant, and a temporary table shadowing
+    the role lookup (the policies were bound to the real table when made; Keelgate's functions
+    and the audit trigger read it through a fixed search_path) leave A seeing its own rows
+    only, driving no run of B's, and recorded as the tenant role it is on every audit event it
+    writes: naming itself the operator is refused."""
     _stop_bs_runs(shared, tmp_path)
+    _a_runs_its_own(shared, tmp_path)
     a, b = shared.ns_a, shared.ns_b
+    with _connect(shared.admin) as admin:
+        database = shared.admin.rsplit("/", 1)[1]
+        admin.execute(f'GRANT TEMPORARY ON DATABASE "{database}" TO "keelgate-{a}"')
     with _connect(shared.a) as conn:
         conn.execute("SELECT set_config('keelgate.tenant', %s, false)", (b,))
         conn.execute("CREATE TEMP TABLE keelgate_tenants (role text, tenant text, kind text)")
         conn.execute("INSERT INTO keelgate_tenants VALUES (current_user, %s, 'operator')", (b,))
-        assert conn.execute("SELECT count(*) FROM keelgate_keys").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM keelgate_checkpoints").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM keelgate_keys WHERE tenant = %s", (b,)
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM keelgate_checkpoints WHERE tenant = %s", (b,)
+        ).fetchone() == (0,)
         own = conn.execute("SELECT tenant, kind FROM public.keelgate_tenants").fetchall()
         assert own == [(a, "tenant")]
         spec = f"INSERT INTO keelgate_specs VALUES ('{a}', 'mine', 'self', 1, '{{}}')"
         assert _refused_or_nothing(conn, spec) == REFUSED  # specs are the operator's to write
+        with pytest.raises(errors.InsufficientPrivilege, match="may not drive runs"):
+            conn.execute("SELECT keelgate_lock_run(%s, 'restock')", (b,))
+        forged = (
+            "INSERT INTO keelgate_audit VALUES (%s, 'mine', 999, 'loop.reconciled', 'alice', "
+            "'2026-01-01T00:00:00Z', '{}', NULL, '', 'x', current_user, %s)"
+        )
+        with pytest.raises(errors.InsufficientPrivilege, match="names its writer"):
+            conn.execute(forged, (a, "operator"))
+        conn.execute(forged.replace("current_user, %s", "NULL, NULL"), (a,))
+        writer = conn.execute(
+            "SELECT writer, writer_kind FROM public.keelgate_audit WHERE tenant = %s AND seq = 999",
+            (a,),
+        ).fetchone()
+        assert writer == (f"keelgate-{a}", "tenant")
     verified = _keelgate("audit", "restock", "-n", b, "--verify", store=shared.b)
     assert verified.returncode == 0 and "chain verified" in verified.stdout
 
@@ -429,17 +454,19 @@ def test_a_step_process_of_a_tenant_dies_mid_write_and_the_run_still_orders_once
 def test_an_owner_id_another_session_holds_is_passed_over_not_waited_for(
     shared: Shared,
 ) -> None:
-    """Advisory locks have no owner: tenant A can take the lock of an owner id nobody has
-    drawn yet. B's store then skips that id (it opens at once, with a later one) instead of
-    hanging on it, and its keys are judged by its own id."""
+    """A session that may call the advisory-lock functions (here the administrator's, as
+    another application's in the same database could) can take the lock of an owner id nobody
+    has drawn yet. B's store then skips that id (it opens at once, with a later one) instead of
+    hanging on it, and its keys are judged by its own id. A tenant's role cannot do this: it
+    may call no advisory-lock function (tests/test_tenant_contention.py)."""
     with _connect(shared.admin) as admin:
         nxt = admin.execute(
             "SELECT last_value + CAST(is_called AS integer) FROM keelgate_owner_seq"
         ).fetchone()
         assert nxt is not None
-    with _connect(shared.a) as squatter:
+    with _connect(shared.admin) as squatter:
         for owner in range(int(nxt[0]), int(nxt[0]) + 3):
-            squatter.execute("SELECT pg_advisory_lock(%s, %s)", (OWNER_SPACE, owner))
+            squatter.execute("SELECT pg_advisory_lock(CAST(%s AS bigint))", (owner,))
         store = PostgresStore(shared.b, pooled=False, connect_timeout=5)
         try:
             assert store.owner >= int(nxt[0]) + 3

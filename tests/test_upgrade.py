@@ -26,6 +26,7 @@ import pytest
 
 from crashkit import Journal, Rig, World, drive, url_opener
 from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.core.loop import Loop
 from keelgate.core.model import ModelReply, ModelRequest
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import UPGRADES, VERSION, RunState
@@ -164,9 +165,11 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
     release: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A database every tenant shared through one URL is migrated by its administrator, who
-    then gives the shop its own role (``keelgate tenant add``): the rows the old release wrote
-    are the shop's (its role lists its three runs, and another tenant's role sees none), and
-    the shop's role finishes every run with each WRITE once and a chain that verifies."""
+    then gives the shop its own role (``keelgate tenant add``) and the operator its: the rows
+    the old release wrote are the shop's (its role lists its three runs, and another tenant's
+    role sees none), and the shop's role finishes every run, the operator's role settling the
+    unknown outcome as it does from a Reconciliation, with each WRITE once and a chain that
+    verifies (its old events, which name no writer, and the new ones, which do)."""
     from keelgate.stores.tenancy import TenantStore
 
     url = _load(release, "postgres", tmp_path, request)
@@ -177,6 +180,9 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
     with TenantStore(url) as admin:  # the administrator's first open migrates
         shop = admin.add(TENANT, role=f"keelgate-shop-{suffix}").url
         other = admin.add("other", role=f"keelgate-other-{suffix}").url
+        operator = admin.add(
+            "keelgate-system", kind="operator", role=f"keelgate-operator-{suffix}"
+        ).url
     stores = open_stores(other)
     try:
         assert stores.checkpoints.runs() == [] and stores.audit.events(TENANT, "unknown") == []
@@ -187,17 +193,27 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
         assert [r.run for r in stores.checkpoints.runs()] == sorted(RESUMES)
     finally:
         stores.close()
-    for run, (budget, script, ordered) in sorted(RESUMES.items()):
-        rig = Rig(url_opener(shop), world, script)
-        try:
-            outcomes, _ = drive(rig, _spec(run, budget))
-            assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
-            assert world.happened(idempotency_key(TENANT, run, "place_order", ordered)) == 1
-            report = rig.loop.verify_audit(TENANT, run)
-            assert report.ok, report.problems
-        finally:
-            rig.die()
+    settler = open_stores(operator)
+    try:
+        for run, (budget, script, ordered) in sorted(RESUMES.items()):
+            rig = Rig(url_opener(shop), world, script)
+            try:
+                outcomes, _ = drive(rig, _spec(run, budget), settler=Loop(stores=settler))
+                assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
+                assert world.happened(idempotency_key(TENANT, run, "place_order", ordered)) == 1
+                report = rig.loop.verify_audit(TENANT, run)
+                assert report.ok, report.problems
+                events = rig.loop.audit(TENANT, run)
+                assert events[0].writer is None and events[-1].writer == _role_of(shop)
+            finally:
+                rig.die()
+    finally:
+        settler.close()
     assert all(count == 1 for count in world.effects().values())
+
+
+def _role_of(url: str) -> str:
+    return url.split("://", 1)[1].split(":", 1)[0]
 
 
 def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
