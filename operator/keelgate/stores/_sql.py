@@ -271,8 +271,12 @@ DEFAULT_LOCK_LIMIT = 64  # runs a tenant's sessions may drive at once, unless se
 #   exhaust them, and none can lock one before it is drawn once the raw advisory-lock functions
 #   are revoked from PUBLIC (``keelgate tenant add``, as a superuser). Ids drawn before stay
 #   judged by their old (two-int4) locks, so processes of the release before keep theirs.
-# - ``keelgate_owner_alive(id)`` judges an owner by the lock table, which a tenant's role need
-#   not read (it may be revoked from PUBLIC with the rest: owner ids and sessions out of view).
+# - ``keelgate_owner_alive(id)`` judges an owner without reading the lock table (which a
+#   tenant's role need not see, and whose every read costs time in proportion to all the locks
+#   on the server, another tenant's included): a shared lock on the id is granted at once
+#   unless the owner's session holds it, and is given back at once. The owner's own session,
+#   where it would be granted as well, knows its id (a setting the take makes: a session that
+#   changes it misjudges only what it reads itself).
 # - ``keelgate_lock_run(tenant, run)`` takes a run's driver lock only for the caller's own tenant
 #   (a tenant's role; the administrator for any), in that tenant's own space, and refuses once
 #   the tenant's sessions hold ``lock_limit`` run locks. A tenant without a role keeps the old
@@ -303,6 +307,7 @@ BEGIN
     FOR attempt IN 1..100 LOOP
         drawn := nextval('keelgate_owner_seq');
         IF pg_try_advisory_lock(drawn) THEN
+            PERFORM set_config('keelgate.owner', drawn::text, false);
             RETURN drawn;
         END IF;
     END LOOP;
@@ -310,14 +315,26 @@ BEGIN
         USING ERRCODE = 'lock_not_available';
 END
 $$""",
-    f"""CREATE FUNCTION keelgate_owner_alive(owner bigint) RETURNS boolean LANGUAGE sql
+    f"""CREATE FUNCTION keelgate_owner_alive(owner bigint) RETURNS boolean LANGUAGE plpgsql
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND objid = (owner & 4294967295)::oid
-        AND ((objsubid = 1 AND classid = (owner >> 32)::oid)
-          OR (objsubid = 2 AND classid = {LEGACY_OWNER_SPACE}::bigint::oid
-              AND owner < 2147483648)))
+DECLARE
+    free boolean;
+BEGIN
+    IF owner = NULLIF(current_setting('keelgate.owner', true), '')::bigint THEN
+        RETURN true;  -- this session's own id (``keelgate_owner_take`` noted it)
+    ELSIF owner < 2147483648 THEN  -- drawn before migration 4: locked as two int4 keys
+        free := pg_try_advisory_lock_shared({LEGACY_OWNER_SPACE}, owner::integer);
+        IF free THEN
+            PERFORM pg_advisory_unlock_shared({LEGACY_OWNER_SPACE}, owner::integer);
+        END IF;
+    ELSE
+        free := pg_try_advisory_lock_shared(owner);
+        IF free THEN
+            PERFORM pg_advisory_unlock_shared(owner);
+        END IF;
+    END IF;
+    RETURN NOT free;
+END
 $$""",
     f"""CREATE FUNCTION keelgate_lock_run(p_tenant text, p_run text) RETURNS integer[]
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {{schema}}, pg_temp AS $$

@@ -51,6 +51,9 @@ DEFAULT_CONNECTION_LIMITS = {"tenant": 20, "operator": 32}
 #: Runs a tenant's sessions may drive at once (its run locks), unless told otherwise.
 LOCK_LIMIT = DEFAULT_LOCK_LIMIT
 LIMIT_MAX = 10_000
+#: Locks a session holds beside those on relations: its owner id, its virtual transaction id,
+#: its transaction id, and a margin.
+SESSION_LOCKS = 8
 
 # The pg_catalog functions through which a session takes, or looks at, what every database role
 # shares: the advisory-lock family (each overload its own function) and what shows other
@@ -560,7 +563,49 @@ class TenantStore:
                 f"{room} the server has for them (max_connections): together they can crowd "
                 "each other out; lower their --connection-limit or raise max_connections"
             )
+        if not unlimited:
+            held, slots, per_transaction = self.lock_budget()
+            if held > slots:
+                ways.append(
+                    f"the tenants' sessions may hold {held} locks together, more than the "
+                    f"server's lock table ({slots}): set max_locks_per_transaction to at least "
+                    f"{per_transaction}, or lower their --connection-limit"
+                )
         return ways
+
+    def lock_bound(self, role: str) -> int:
+        """The most locks ``role``'s sessions can hold at once in the server's shared lock
+        table: per session, one on each relation it may read (with their indexes and TOAST
+        tables), its owner id and a few of its own; and its run locks (its lock limit)."""
+        rows = self._rows(
+            "SELECT r.rolconnlimit, COALESCE(t.lock_limit, 0), "
+            "(SELECT count(*) FROM pg_class c WHERE has_table_privilege(r.rolname, c.oid, "
+            "'SELECT')) + (SELECT count(*) FROM pg_index i WHERE has_table_privilege(r.rolname, "
+            "i.indrelid, 'SELECT')) + (SELECT count(*) FROM pg_class c WHERE c.reltoastrelid <> 0 "
+            "AND has_table_privilege(r.rolname, c.oid, 'SELECT')) "
+            "FROM pg_roles r LEFT JOIN keelgate_tenants t ON t.role = r.rolname "
+            "AND t.kind = 'tenant' WHERE r.rolname = %s",
+            (role,),
+        )
+        if not rows:
+            return 0
+        connections, runs, relations = (int(v) for v in rows[0])
+        return max(connections, 0) * (relations + SESSION_LOCKS) + runs
+
+    def lock_budget(self) -> tuple[int, int, int]:
+        """What the tenants' roles' sessions may hold in the shared lock table together
+        (``lock_bound`` of each: what their code could take if it tried), its size, and the
+        ``max_locks_per_transaction`` that would make it large enough. The operator's role
+        runs Keelgate's own code, and is not counted at its worst."""
+        roles = [t.role for t in self.tenants() if t.kind == "tenant" and t.connection_limit >= 0]
+        held = sum(self.lock_bound(role) for role in roles)
+        row = self._rows(
+            "SELECT current_setting('max_locks_per_transaction')::integer, "
+            "current_setting('max_connections')::integer "
+            "+ current_setting('max_prepared_transactions')::integer"
+        )[0]
+        per_transaction, backends = int(row[0]), int(row[1])
+        return held, per_transaction * backends, max(per_transaction, -(-held // backends))
 
     def remove(self, tenant: str) -> list[Removed]:
         """Take away every role registered for ``tenant``: its row in the lookup, its rights
