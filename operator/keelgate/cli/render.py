@@ -194,24 +194,19 @@ class Trail:
         )
 
     def lines(self) -> Iterator[str]:
-        """The header and one line per event, columns aligned to their widest cell."""
+        """The header and one line per event, columns aligned to their widest cell. The
+        writer's column is shown only where the store records writers (PostgreSQL)."""
+        named = any(row[4] != "-" for row in self.rows)
         widths = [len(h) for h in _HEADER[:5]]
         for row in self.rows:
             for i in range(5):
                 widths[i] = max(widths[i], len(row[i]))
         w0, w1, w2, w3, w4 = widths
         for seq, at, kind, actor, writer, details in (_HEADER, *self.rows):
-            line = "  ".join(
-                (
-                    seq.rjust(w0),
-                    at.ljust(w1),
-                    kind.ljust(w2),
-                    actor.ljust(w3),
-                    writer.ljust(w4),
-                    details,
-                )
-            )
-            yield line.rstrip() + "\n"
+            cells = [seq.rjust(w0), at.ljust(w1), kind.ljust(w2), actor.ljust(w3)]
+            if named:
+                cells.append(writer.ljust(w4))
+            yield "  ".join((*cells, details)).rstrip() + "\n"
 
 
 # C0 and C1 control characters (and DEL) shown as escapes, never written to a terminal as is.

@@ -204,8 +204,9 @@ class Loop:
             raise SettleError(
                 run, action, "has no unknown outcome to settle (no call of it is on record)"
             ) from None
-        # A death here leaves the key settled without its event: the next resume meets the
-        # settled key in the gateway, which writes the event from the key's record.
+        # With stores that settle with the event it is on the chain already. Otherwise a death
+        # here leaves the key settled without its event: the next resume meets the settled key
+        # in the gateway, which writes the event from the key's record.
         failpoints.hit("after_settle")
         if together is None:
             self.stores.audit.append(tenant, run, [draft])
