@@ -9,9 +9,10 @@ events, tries to settle the victim's unknown outcome and decide its approval thr
 own loop, to move its own rows into the victim's, to rewrite its own audit history, to change
 the rules themselves, and to take or see what the server shares (the victim's run lock, any
 advisory lock, owner ids, other sessions, the lock table, temporary tables: what
-``keelgate tenant add`` closes where its URL may); it returns what happened to each. ``probe`` is the same as a
-Python tool (``keelgate.testing.isolation:probe``) for an AgentRun, so it runs where a tenant's
-code runs: in its step pod, with the store URL the pod holds. Keelgate's tests run both.
+``keelgate tenant add`` closes where its URL may); it returns what happened to each. ``probe``
+is the same as a Python tool (``keelgate.testing.isolation:probe``) for an AgentRun, so it runs
+where a tenant's code runs: in its step pod, with the store URL the pod holds. Keelgate's tests
+run both.
 
 It must never succeed quietly: a statement that saw or changed a row is reported as a breach,
 never hidden. It needs the ``postgres`` extra; it writes nothing anywhere unless the store lets
