@@ -490,7 +490,6 @@ def _b_under(shared: Shared, tmp_path: Path, ways: Ways) -> tuple[float, float, 
 
 
 def _assert_no_slower(alone: float, attacked: float) -> None:
-    print(f"TIMING alone={alone:.3f} attacked={attacked:.3f} ratio={attacked / alone:.2f}")
     assert attacked <= SLOWDOWN_MOST * alone, (
         f"B's cycle took {attacked:.3f} s with A attacking, {alone:.3f} s without"
     )

@@ -540,8 +540,9 @@ class TenantStore:
         if databases:
             ways.append(
                 f"role {role} may connect to database(s) {', '.join(databases)}, where it can "
-                "fill the lock table every database shares: `REVOKE CONNECT ON DATABASE ... "
-                "FROM PUBLIC` there as a superuser, or refuse it in pg_hba.conf"
+                "fill the lock table every database shares (unless `keelgate tenant add` secured "
+                "it too): `REVOKE CONNECT ON DATABASE ... FROM PUBLIC` there as a superuser, or "
+                "refuse it in pg_hba.conf"
             )
         if int(connections) < 0:
             ways.append(f"role {role} has no connection limit: give it --connection-limit")
