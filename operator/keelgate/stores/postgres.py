@@ -7,18 +7,23 @@ SQLite. This module keeps the connections (the owner session, and a pool for the
 threads that find it busy), the schema lock (a transaction-level advisory lock, so many
 processes may open a fresh database at once) and owner liveness.
 
-Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id from the
-sequence ``keelgate_owner_seq`` and holds a session-level advisory lock on it, on a dedicated
-connection outside the pool, for as long as it is open. Keys are claimed on that same connection
-and record the owner id. A store judges an in-flight key's owner gone if and only if the server's
-lock table (``pg_locks``) shows no session holding that id's lock. It asks in the key's own
-SELECT, the same on any session, the owner's own included. Why this is sound:
+Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id with
+``keelgate_owner_take()`` (schema migration 4: a function of the tables' owner that draws a fresh
+id from ``keelgate_owner_seq`` and holds a session-level advisory lock on it in the caller's
+session), on a dedicated connection outside the pool, for as long as it is open. Keys are claimed
+on that same connection and record the owner id. A store judges an in-flight key's owner gone if
+and only if ``keelgate_owner_alive(id)``, asked in the key's own SELECT, says no session holds
+that id's lock: a shared lock on it is tried and, if granted, given back at once (the owner's own
+session, where it would be granted too, knows its id). It reads no lock table, whose every read
+copies every lock on the server. Why this is sound:
 
 - A live owner is never read as gone. The lock is taken before the first claim, and every claim
   runs on the session holding it, so a key can only exist while its owner's lock is held. A
   session advisory lock is released only by the end of that session or by an explicit unlock,
-  which only ``close`` issues, and owner ids come from a sequence, so no other session ever
-  holds one (a judgement only reads the lock table).
+  which only ``close`` issues; while it is held no other session is granted a shared lock on it.
+  Owner ids come from a sequence no role may draw from but through the take, which locks only
+  the id it draws, so (once the raw advisory-lock functions are revoked from PUBLIC, as
+  ``keelgate tenant add`` does with a superuser's URL) no other session ever holds one.
 - A dead owner is read as gone. A process that dies (``os._exit``, SIGKILL, OOM) has its socket
   closed by its kernel; the server ends the session and releases the lock at once. A host that
   vanishes sends nothing: TCP keepalives set on the owner session (both on the server side and in
@@ -30,6 +35,11 @@ SELECT, the same on any session, the owner's own included. Why this is sound:
   next claim needs a new owner session), and the WRITE it is running finishes through
   ``complete``, a compare-and-set on owner and state: it lands if nobody settled the key meanwhile
   and changes nothing if somebody did. No WRITE runs twice either way.
+
+Tenants sharing the database cannot delay each other through these locks: every lock is taken
+through the owner's functions, which scope it (a run lock only for the caller's own tenant, in
+that tenant's key space, up to its lock limit), and a tenant's role may call no advisory-lock
+function itself.
 
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.

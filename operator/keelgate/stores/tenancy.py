@@ -6,7 +6,10 @@ runs. PostgreSQL enforces that, not Keelgate: migration 3 (``_sql.py``) puts row
 on every table, keyed by the role a session logged in as, through ``keelgate_tenants``; this
 module writes that table, creates the roles and makes their grants (``postgres.PRIVILEGES``).
 ``keelgate tenant add|remove|list`` is its command line, which also writes the namespace's
-Secret.
+Secret. Tenants must not delay or deny each other either, through what the server shares: ``add``
+gives each role a connection limit and a lock limit, and closes in the database what its URL may
+(``secure``: the raw advisory-lock functions, the views of other sessions and temporary tables,
+revoked from PUBLIC); ``open_ways`` says, one line each, what is left open.
 
 A role's password is generated here, sent to the server only as a SCRAM-SHA-256 verifier (so no
 server log can hold it), and handed back once, inside the URL the caller puts in the Secret.
