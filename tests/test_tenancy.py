@@ -660,3 +660,61 @@ def test_tenant_errors_are_one_line_naming_the_field(
     assert done.stderr.startswith(f"keelgate: error: {field}"), done.stderr
     assert done.stderr.count("\n") == 1 and done.stdout == ""
     assert ADMIN_PASSWORD not in done.stderr and "Pw-9q" not in done.stderr
+
+
+def test_tenant_add_sets_the_roles_limits_and_warns_of_what_it_could_not_close(
+    admin_url: str, checked_server: PgServer
+) -> None:
+    """`keelgate tenant add NS --connection-limit N --lock-limit M` gives the role those limits
+    (PostgreSQL's connection limit, and the runs its sessions may drive at once); run again
+    without them, it keeps them; a limit out of range is bad input naming its flag. It warns,
+    one line each, of what it could not close: here the server's other databases, open to
+    PUBLIC. An administrator that is not a superuser cannot revoke the advisory-lock functions
+    or the views of other sessions, and is told so; the role works all the same."""
+    ns = _unique("shop")
+    role = f"keelgate-{ns}"
+    first = _keelgate(
+        "tenant", "add", ns, "--print", "--connection-limit", "5", "--lock-limit", "7",
+        store=admin_url,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert "at most 5 session(s) and 7 run(s) at once" in first.stderr
+    warnings = [line for line in first.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "database(s) postgres, template1" in warnings[0], warnings
+    again = _keelgate("tenant", "add", ns, "--print", "--rotate", store=admin_url)
+    assert again.returncode == 0, again.stderr
+    with _connect(admin_url) as conn:
+        limits = conn.execute(
+            "SELECT r.rolconnlimit, t.lock_limit FROM pg_roles r JOIN keelgate_tenants t "
+            "ON t.role = r.rolname WHERE r.rolname = %s",
+            (role,),
+        ).fetchone()
+    assert limits == (5, 7)
+    for flag in ("--connection-limit", "--lock-limit"):
+        bad = _keelgate("tenant", "add", ns, "--print", flag, "0", store=admin_url)
+        assert bad.returncode == 2 and bad.stderr.startswith(f"keelgate: error: {flag}")
+    # An administrator that owns its database and may create roles, but is no superuser.
+    keeper = _unique("kg-admin")
+    database = _unique("kg_plain").replace("-", "_")
+    with _connect(checked_server.url) as conn:
+        conn.execute(
+            f"CREATE ROLE \"{keeper}\" LOGIN CREATEROLE PASSWORD '{scram_verifier('pw-2')}'"
+        )
+        conn.execute(f'CREATE DATABASE {database} OWNER "{keeper}"')
+    try:
+        host = admin_url.rsplit("@", 1)[1].rsplit("/", 1)[0]
+        plain = _keelgate(
+            "tenant", "add", ns, "--print", "--rotate",
+            store=f"postgresql://{keeper}:pw-2@{host}/{database}",
+        )  # fmt: skip
+        assert plain.returncode == 0, plain.stderr
+        assert "may call the advisory-lock functions (pg_advisory_lock" in plain.stderr
+        assert "sees every session and lock on the server" in plain.stderr
+        url = plain.stdout.strip()
+        stores = open_stores(url)
+        try:
+            assert stores.checkpoints.runs() == []
+        finally:
+            stores.close()
+    finally:
+        checked_server.drop_database(database)
