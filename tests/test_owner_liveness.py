@@ -245,10 +245,12 @@ def test_a_postgres_owner_whose_session_is_cut_never_lands_a_write_twice(pg_url:
         assert owner.claim("acme", "kg-settled", run="r", action="a1", tool="ship") is None
         assert owner.claim("acme", "kg-finished", run="r", action="a2", tool="ship") is None
         with psycopg.connect(pg_url, autocommit=True) as admin:
+            # The session holding the owner id's lock (a bigint advisory lock, migration 4).
             cut = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                (f"keelgate-{first_id}",),
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND objsubid = 1 AND classid = (CAST(%s AS bigint) >> 32)::oid "
+                "AND objid = (CAST(%s AS bigint) & 4294967295)::oid",
+                (first_id, first_id),
             ).fetchall()
         assert cut == [(True,)]
 

@@ -48,6 +48,7 @@ KEYED_CHECKS = contract.checks(
     "checkpoint_with_events",
     "claim_with_event",
     "checkpoint_with_completion",
+    "settle_with_event",
 )
 
 
@@ -222,19 +223,25 @@ def test_many_processes_may_open_a_fresh_postgres_database_at_once(pg_url: str) 
 
 def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Path) -> None:
     """open_stores declares each backend's promises: one SQL or memory backend commits a
-    checkpoint with its events and a claim with its start event; a LangGraph saver commits
-    alone, so only its companion's claim carries an event. One object in every role promises
+    checkpoint with its events, a claim with its start event and a settlement with its event;
+    a LangGraph saver commits alone, so only its companion's claims and settlements carry an
+    event. One object in every role promises
     nothing unless it is declared, and a promise the checkpoint store cannot keep is refused."""
     from keelgate.core.protocols import Capabilities, Stores
     from keelgate.stores.sqlite import SQLiteStore
 
     both = Capabilities(
-        checkpoint_with_events=True, claim_with_event=True, checkpoint_with_completion=True
+        checkpoint_with_events=True,
+        claim_with_event=True,
+        checkpoint_with_completion=True,
+        settle_with_event=True,
     )
     expected = {
         "memory://": both,
         f"sqlite:///{tmp_path}/a.db": both,
-        f"langgraph+sqlite:///{tmp_path}/b.db": Capabilities(claim_with_event=True),
+        f"langgraph+sqlite:///{tmp_path}/b.db": Capabilities(
+            claim_with_event=True, settle_with_event=True
+        ),
     }
     for url, capabilities in expected.items():
         stores = open_stores(url)

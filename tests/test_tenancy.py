@@ -33,7 +33,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
 from keelgate.stores import _sql, open_stores
-from keelgate.stores.postgres import OWNER_SPACE, PRIVILEGES, PostgresStore
+from keelgate.stores.postgres import PRIVILEGES, PostgresStore
 from keelgate.stores.tenancy import TenantStore, scram_verifier
 from keelgate.testing.isolation import NOTHING, REFUSED, attack
 from keelgate.testing.pgserver import PgServer, start_postgres
@@ -260,21 +260,46 @@ def test_bs_runs_finish_with_each_write_once_and_a_verified_trail_after_the_atta
 
 
 def test_a_tenant_cannot_forge_who_it_is(shared: Shared, tmp_path: Path) -> None:
-    """What a session may set for itself changes nothing: a setting named like a tenant, and
-    a temporary table shadowing the role lookup (the policies were bound to the real table
-    when made) leave A seeing its own rows only; its own row in the lookup is all it reads."""
+    """What a session may set for itself changes nothing, even where the administrator lets
+    it create temporary tables: a setting named like a tenant, and a temporary table shadowing
+    the role lookup (the policies were bound to the real table when made; Keelgate's functions
+    and the audit trigger read it through a fixed search_path) leave A seeing its own rows
+    only, driving no run of B's, and recorded as the tenant role it is on every audit event it
+    writes: naming itself the operator is refused."""
     _stop_bs_runs(shared, tmp_path)
+    _a_runs_its_own(shared, tmp_path)
     a, b = shared.ns_a, shared.ns_b
+    with _connect(shared.admin) as admin:
+        database = shared.admin.rsplit("/", 1)[1]
+        admin.execute(f'GRANT TEMPORARY ON DATABASE "{database}" TO "keelgate-{a}"')
     with _connect(shared.a) as conn:
         conn.execute("SELECT set_config('keelgate.tenant', %s, false)", (b,))
         conn.execute("CREATE TEMP TABLE keelgate_tenants (role text, tenant text, kind text)")
         conn.execute("INSERT INTO keelgate_tenants VALUES (current_user, %s, 'operator')", (b,))
-        assert conn.execute("SELECT count(*) FROM keelgate_keys").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM keelgate_checkpoints").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM keelgate_keys WHERE tenant = %s", (b,)
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM keelgate_checkpoints WHERE tenant = %s", (b,)
+        ).fetchone() == (0,)
         own = conn.execute("SELECT tenant, kind FROM public.keelgate_tenants").fetchall()
         assert own == [(a, "tenant")]
         spec = f"INSERT INTO keelgate_specs VALUES ('{a}', 'mine', 'self', 1, '{{}}')"
         assert _refused_or_nothing(conn, spec) == REFUSED  # specs are the operator's to write
+        with pytest.raises(errors.InsufficientPrivilege, match="may not drive runs"):
+            conn.execute("SELECT keelgate_lock_run(%s, 'restock')", (b,))
+        forged = (
+            "INSERT INTO keelgate_audit VALUES (%s, 'mine', 999, 'loop.reconciled', 'alice', "
+            "'2026-01-01T00:00:00Z', '{}', NULL, '', 'x', current_user, %s)"
+        )
+        with pytest.raises(errors.InsufficientPrivilege, match="names its writer"):
+            conn.execute(forged, (a, "operator"))
+        conn.execute(forged.replace("current_user, %s", "NULL, NULL"), (a,))
+        writer = conn.execute(
+            "SELECT writer, writer_kind FROM public.keelgate_audit WHERE tenant = %s AND seq = 999",
+            (a,),
+        ).fetchone()
+        assert writer == (f"keelgate-{a}", "tenant")
     verified = _keelgate("audit", "restock", "-n", b, "--verify", store=shared.b)
     assert verified.returncode == 0 and "chain verified" in verified.stdout
 
@@ -429,17 +454,19 @@ def test_a_step_process_of_a_tenant_dies_mid_write_and_the_run_still_orders_once
 def test_an_owner_id_another_session_holds_is_passed_over_not_waited_for(
     shared: Shared,
 ) -> None:
-    """Advisory locks have no owner: tenant A can take the lock of an owner id nobody has
-    drawn yet. B's store then skips that id (it opens at once, with a later one) instead of
-    hanging on it, and its keys are judged by its own id."""
+    """A session that may call the advisory-lock functions (here the administrator's, as
+    another application's in the same database could) can take the lock of an owner id nobody
+    has drawn yet. B's store then skips that id (it opens at once, with a later one) instead of
+    hanging on it, and its keys are judged by its own id. A tenant's role cannot do this: it
+    may call no advisory-lock function (tests/test_tenant_contention.py)."""
     with _connect(shared.admin) as admin:
         nxt = admin.execute(
             "SELECT last_value + CAST(is_called AS integer) FROM keelgate_owner_seq"
         ).fetchone()
         assert nxt is not None
-    with _connect(shared.a) as squatter:
+    with _connect(shared.admin) as squatter:
         for owner in range(int(nxt[0]), int(nxt[0]) + 3):
-            squatter.execute("SELECT pg_advisory_lock(%s, %s)", (OWNER_SPACE, owner))
+            squatter.execute("SELECT pg_advisory_lock(CAST(%s AS bigint))", (owner,))
         store = PostgresStore(shared.b, pooled=False, connect_timeout=5)
         try:
             assert store.owner >= int(nxt[0]) + 3
@@ -633,3 +660,61 @@ def test_tenant_errors_are_one_line_naming_the_field(
     assert done.stderr.startswith(f"keelgate: error: {field}"), done.stderr
     assert done.stderr.count("\n") == 1 and done.stdout == ""
     assert ADMIN_PASSWORD not in done.stderr and "Pw-9q" not in done.stderr
+
+
+def test_tenant_add_sets_the_roles_limits_and_warns_of_what_it_could_not_close(
+    admin_url: str, checked_server: PgServer
+) -> None:
+    """`keelgate tenant add NS --connection-limit N --lock-limit M` gives the role those limits
+    (PostgreSQL's connection limit, and the runs its sessions may drive at once); run again
+    without them, it keeps them; a limit out of range is bad input naming its flag. It warns,
+    one line each, of what it could not close: here the server's other databases, open to
+    PUBLIC. An administrator that is not a superuser cannot revoke the advisory-lock functions
+    or the views of other sessions, and is told so; the role works all the same."""
+    ns = _unique("shop")
+    role = f"keelgate-{ns}"
+    first = _keelgate(
+        "tenant", "add", ns, "--print", "--connection-limit", "5", "--lock-limit", "7",
+        store=admin_url,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert "at most 5 session(s) and 7 run(s) at once" in first.stderr
+    warnings = [line for line in first.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "database(s) postgres, template1" in warnings[0], warnings
+    again = _keelgate("tenant", "add", ns, "--print", "--rotate", store=admin_url)
+    assert again.returncode == 0, again.stderr
+    with _connect(admin_url) as conn:
+        limits = conn.execute(
+            "SELECT r.rolconnlimit, t.lock_limit FROM pg_roles r JOIN keelgate_tenants t "
+            "ON t.role = r.rolname WHERE r.rolname = %s",
+            (role,),
+        ).fetchone()
+    assert limits == (5, 7)
+    for flag in ("--connection-limit", "--lock-limit"):
+        bad = _keelgate("tenant", "add", ns, "--print", flag, "0", store=admin_url)
+        assert bad.returncode == 2 and bad.stderr.startswith(f"keelgate: error: {flag}")
+    # An administrator that owns its database and may create roles, but is no superuser.
+    keeper = _unique("kg-admin")
+    database = _unique("kg_plain").replace("-", "_")
+    with _connect(checked_server.url) as conn:
+        conn.execute(
+            f"CREATE ROLE \"{keeper}\" LOGIN CREATEROLE PASSWORD '{scram_verifier('pw-2')}'"
+        )
+        conn.execute(f'CREATE DATABASE {database} OWNER "{keeper}"')
+    try:
+        host = admin_url.rsplit("@", 1)[1].rsplit("/", 1)[0]
+        plain = _keelgate(
+            "tenant", "add", ns, "--print", "--rotate",
+            store=f"postgresql://{keeper}:pw-2@{host}/{database}",
+        )  # fmt: skip
+        assert plain.returncode == 0, plain.stderr
+        assert "may call the advisory-lock functions (pg_advisory_lock" in plain.stderr
+        assert "sees every session and lock on the server" in plain.stderr
+        url = plain.stdout.strip()
+        stores = open_stores(url)
+        try:
+            assert stores.checkpoints.runs() == []
+        finally:
+            stores.close()
+    finally:
+        checked_server.drop_database(database)

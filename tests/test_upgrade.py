@@ -6,9 +6,11 @@ The fixtures in ``data/release-*/`` were written by those releases' own code (ea
 mid-way (an unknown outcome, a budget stop with its plan saved, a max_iterations stop), the
 shop's journal of what really happened, and (8b37f73) one checkpoint document. 8b37f73 is the
 last release before schema versions; 1e7a642 the last before row-level security (migration 3),
-after which the shop's runs are finished by a database role of the shop's own. Every test works
-on copies. Also here: numbered migrations run once, in order, atomically and under a lock, and
-a store or a checkpoint newer than this code is refused in one line.
+after which the shop's runs are finished by a database role of the shop's own; 7071ff6 the last
+before migrations 4 to 6 (lock functions, bigint owner ids, audit writers), whose dead owner's
+integer id must still read unknown and whose chains, which name no writer, must still verify.
+Every test works on copies. Also here: numbered migrations run once, in order, atomically and
+under a lock, and a store or a checkpoint newer than this code is refused in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 
 from crashkit import Journal, Rig, World, drive, url_opener
 from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.core.loop import Loop
 from keelgate.core.model import ModelReply, ModelRequest
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import UPGRADES, VERSION, RunState
@@ -38,8 +41,8 @@ from support.stores import backend_params
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "release-8b37f73"
 #: Each the last release before a schema change it proves: versions (8b37f73), row-level
-#: security (1e7a642).
-RELEASES = ("release-8b37f73", "release-1e7a642")
+#: security (1e7a642), scoped lock functions with bigint owner ids and audit writers (7071ff6).
+RELEASES = ("release-8b37f73", "release-1e7a642", "release-7071ff6")
 TENANT = "shop"
 PASSWORD = "s3cret-pw"  # in the store URL the release's Postgres checkpoints carried
 
@@ -164,9 +167,11 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
     release: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A database every tenant shared through one URL is migrated by its administrator, who
-    then gives the shop its own role (``keelgate tenant add``): the rows the old release wrote
-    are the shop's (its role lists its three runs, and another tenant's role sees none), and
-    the shop's role finishes every run with each WRITE once and a chain that verifies."""
+    then gives the shop its own role (``keelgate tenant add``) and the operator its: the rows
+    the old release wrote are the shop's (its role lists its three runs, and another tenant's
+    role sees none), and the shop's role finishes every run, the operator's role settling the
+    unknown outcome as it does from a Reconciliation, with each WRITE once and a chain that
+    verifies (its old events, which name no writer, and the new ones, which do)."""
     from keelgate.stores.tenancy import TenantStore
 
     url = _load(release, "postgres", tmp_path, request)
@@ -177,6 +182,9 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
     with TenantStore(url) as admin:  # the administrator's first open migrates
         shop = admin.add(TENANT, role=f"keelgate-shop-{suffix}").url
         other = admin.add("other", role=f"keelgate-other-{suffix}").url
+        operator = admin.add(
+            "keelgate-system", kind="operator", role=f"keelgate-operator-{suffix}"
+        ).url
     stores = open_stores(other)
     try:
         assert stores.checkpoints.runs() == [] and stores.audit.events(TENANT, "unknown") == []
@@ -187,17 +195,27 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
         assert [r.run for r in stores.checkpoints.runs()] == sorted(RESUMES)
     finally:
         stores.close()
-    for run, (budget, script, ordered) in sorted(RESUMES.items()):
-        rig = Rig(url_opener(shop), world, script)
-        try:
-            outcomes, _ = drive(rig, _spec(run, budget))
-            assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
-            assert world.happened(idempotency_key(TENANT, run, "place_order", ordered)) == 1
-            report = rig.loop.verify_audit(TENANT, run)
-            assert report.ok, report.problems
-        finally:
-            rig.die()
+    settler = open_stores(operator)
+    try:
+        for run, (budget, script, ordered) in sorted(RESUMES.items()):
+            rig = Rig(url_opener(shop), world, script)
+            try:
+                outcomes, _ = drive(rig, _spec(run, budget), settler=Loop(stores=settler))
+                assert outcomes[-1].stop.reason is StopReason.GOAL_MET, outcomes[-1].to_json()
+                assert world.happened(idempotency_key(TENANT, run, "place_order", ordered)) == 1
+                report = rig.loop.verify_audit(TENANT, run)
+                assert report.ok, report.problems
+                events = rig.loop.audit(TENANT, run)
+                assert events[0].writer is None and events[-1].writer == _role_of(shop)
+            finally:
+                rig.die()
+    finally:
+        settler.close()
     assert all(count == 1 for count in world.effects().values())
+
+
+def _role_of(url: str) -> str:
+    return url.split("://", 1)[1].split(":", 1)[0]
 
 
 def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
@@ -414,3 +432,71 @@ def test_a_checkpoint_newer_than_this_code_or_without_a_version_is_refused_in_on
         assert "\n" not in message and "'unknown'" in message, message
         if version == VERSION + 1:
             assert f"format {VERSION + 1}" in message and f"({VERSION})" in message
+
+
+# Migrations 4 to 6 on what the release before left
+
+
+@pytest.mark.postgres
+def test_registered_tenants_get_their_own_lock_space_and_keep_their_rights(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Release 7071ff6's database (schema 3), with a tenant and the operator registered as its
+    `keelgate tenant add` left them, migrates: the tenant gets a run-lock space of its own and
+    the default lock limit, both roles are granted the lock functions in the migration's
+    transaction, and the tenant's role drives its run (and only its own tenant's) at once."""
+    from keelgate.stores.tenancy import scram_verifier
+
+    pg_url = _load("release-7071ff6", "postgres", tmp_path, request)
+    suffix = secrets.token_hex(3)
+    shop, operator = f"keelgate-shop-{suffix}", f"keelgate-operator-{suffix}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for role, tenant, kind in ((shop, TENANT, "tenant"), (operator, "system", "operator")):
+            conn.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{scram_verifier('pw-1')}'")  # type: ignore[arg-type]
+            conn.execute(
+                "INSERT INTO keelgate_tenants VALUES (%s, %s, %s, '2026-11-01T00:00:00Z')",
+                (role, tenant, kind),
+            )
+            conn.execute(f'GRANT SELECT ON keelgate_tenants TO "{role}"')  # type: ignore[arg-type]
+    open_stores(pg_url).close()  # the owner's open migrates (4, 5, 6)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT role, space, lock_limit FROM keelgate_tenants ORDER BY kind DESC"
+        ).fetchall()
+    assert rows == [(shop, _sql.TENANT_SPACES + 1, 64), (operator, None, 64)]
+    host = pg_url.rsplit("@", 1)[1]
+    stores = open_stores(f"postgresql://{shop}:pw-1@{host}")
+    try:
+        loop = Loop(stores=stores)
+        assert loop.run_or_resume(_spec("mine", Budget(max_iterations=1))) is not None
+        with pytest.raises(StoreError, match="may not drive runs of tenant other"):
+            stores.idempotency.lock_run("other", "theirs")  # type: ignore[attr-defined]
+    finally:
+        stores.close()
+
+
+@pytest.mark.postgres
+def test_a_key_of_a_process_of_the_release_before_is_judged_by_its_old_lock(
+    pg_url: str,
+) -> None:
+    """A process of the release before, still running through the upgrade, holds its integer
+    owner id's lock as two int4 keys: its in-flight key reads in flight; once it lets go (it
+    closes its store, or dies), unknown. New owner ids are drawn far above every old one."""
+    from keelgate.stores.postgres import OWNER_BASE, OWNER_SPACE, PostgresStore
+
+    store = PostgresStore(pg_url)
+    try:
+        assert store.owner >= OWNER_BASE
+        with psycopg.connect(pg_url, autocommit=True) as old:
+            old.execute("SELECT pg_advisory_lock(%s, 77)", (OWNER_SPACE,))
+            old.execute(
+                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                "VALUES ('shop', 'kg-old', 'r', '1:0', 'ship', 'in_flight', 77)"
+            )
+            record = store.get("shop", "kg-old")
+            assert record is not None and record.state is KeyState.IN_FLIGHT
+            old.execute("SELECT pg_advisory_unlock_all()")  # its store closes (or it dies)
+        record = store.get("shop", "kg-old")
+        assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
+    finally:
+        store.close()

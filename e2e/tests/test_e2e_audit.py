@@ -97,17 +97,17 @@ def test_a_rewrite_of_the_store_is_found_against_the_heads_the_operator_signed(
     assert verified.returncode == 0, verified.stdout + verified.stderr
     with psycopg.connect(cluster.dsn) as conn:
         rows = conn.execute(
-            "SELECT seq, type, actor, at, data, key, prev FROM keelgate_audit "
-            "WHERE tenant = %s AND run = %s ORDER BY seq",
+            "SELECT seq, type, actor, at, data, key, prev, writer, writer_kind "
+            "FROM keelgate_audit WHERE tenant = %s AND run = %s ORDER BY seq",
             (tenant, "signed"),
         ).fetchall()
         prev = None
-        for seq, type_, actor, at, data, key, old_prev in rows:
+        for seq, type_, actor, at, data, key, old_prev, writer, kind in rows:
             if seq == 2:
                 actor = "mallory"
             if seq >= 2:
                 event = AuditEvent(
-                    seq, type_, actor, at, json.loads(data), key, prev or old_prev, ""
+                    seq, type_, actor, at, json.loads(data), key, prev or old_prev, "", writer, kind
                 )
                 digest = event_hash(tenant, "signed", event)
                 conn.execute(

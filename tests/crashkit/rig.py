@@ -172,9 +172,10 @@ def wait_for_the_deadline(loop: Loop, tenant: str, run: str, action: str, *, by:
 
 
 def drive(
-    rig: Rig, spec: LoopSpec, *, rounds: int = 10
+    rig: Rig, spec: LoopSpec, *, rounds: int = 10, settler: Loop | None = None
 ) -> tuple[list[Outcome], list[tuple[str, bool]]]:
-    """Resume until the run stops for good, settling every unknown outcome truthfully."""
+    """Resume until the run stops for good, settling every unknown outcome truthfully (with
+    ``settler``'s stores, as the operator settles a tenant's, if given; else the run's own)."""
     outcomes: list[Outcome] = []
     settled: list[tuple[str, bool]] = []
     for _ in range(rounds):
@@ -182,7 +183,7 @@ def drive(
         outcomes.append(outcome)
         if outcome.stop.reason is not StopReason.OUTCOME_UNKNOWN:
             return outcomes, settled
-        settled += settle_truthfully(rig.loop, outcome, rig.world)
+        settled += settle_truthfully(settler or rig.loop, outcome, rig.world)
     raise AssertionError(f"the run did not settle in {rounds} rounds: {outcomes[-1].to_json()}")
 
 

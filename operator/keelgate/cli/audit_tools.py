@@ -22,7 +22,7 @@ import typer
 
 from keelgate.cli.commands import NamespaceOption, OutputFormat, OutputOption, StoreOption, _opened
 from keelgate.cli.render import Console
-from keelgate.core.attestation import PREDICATE_TYPE, check_statement, spec_digest, statement
+from keelgate.core.attestation import check_statement, spec_digest, statement
 from keelgate.core.audit import AuditEvent, utc_now
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL
@@ -82,7 +82,8 @@ def export_run(run: str, pem: bytes, out: str, namespace: str | None, store: str
             Path(out).write_text(envelope)
         except OSError as error:
             raise InputError("--output-file", f"{out}: {error.strerror or error}") from None
-        print(f"{name}: {len(events)} events exported to {out}, signed ({PREDICATE_TYPE})")
+        kind = document["predicateType"]
+        print(f"{name}: {len(events)} events exported to {out}, signed ({kind})")
     return 0
 
 

@@ -167,7 +167,7 @@ class Console:
                     self.out.print(line + Text(f"run {run!r}: {_printable(problem)}"))
 
 
-_HEADER = ("#", "time (UTC)", "event", "actor", "details")
+_HEADER = ("#", "time (UTC)", "event", "actor", "written by", "details")
 
 
 class Trail:
@@ -178,7 +178,7 @@ class Trail:
     """
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str, str, str]] = []
+        self.rows: list[tuple[str, str, str, str, str, str]] = []
 
     def add(self, event: AuditEvent) -> None:
         self.rows.append(
@@ -187,22 +187,26 @@ class Trail:
                 _printable(event.at[:23].replace("T", " ")),  # 2026-10-05 12:00:00.000: the date
                 _printable(event.type.removeprefix("loop.")),
                 _printable(event.actor),
+                # The database role that wrote it (PostgreSQL); "-" where none is recorded.
+                _printable(event.writer) if event.writer else "-",
                 _printable(_details(event)),
             )
         )
 
     def lines(self) -> Iterator[str]:
-        """The header and one line per event, columns aligned to their widest cell."""
-        widths = [len(h) for h in _HEADER[:4]]
+        """The header and one line per event, columns aligned to their widest cell. The
+        writer's column is shown only where the store records writers (PostgreSQL)."""
+        named = any(row[4] != "-" for row in self.rows)
+        widths = [len(h) for h in _HEADER[:5]]
         for row in self.rows:
-            for i in range(4):
+            for i in range(5):
                 widths[i] = max(widths[i], len(row[i]))
-        w0, w1, w2, w3 = widths
-        for seq, at, kind, actor, details in (_HEADER, *self.rows):
-            line = "  ".join(
-                (seq.rjust(w0), at.ljust(w1), kind.ljust(w2), actor.ljust(w3), details)
-            )
-            yield line.rstrip() + "\n"
+        w0, w1, w2, w3, w4 = widths
+        for seq, at, kind, actor, writer, details in (_HEADER, *self.rows):
+            cells = [seq.rjust(w0), at.ljust(w1), kind.ljust(w2), actor.ljust(w3)]
+            if named:
+                cells.append(writer.ljust(w4))
+            yield "  ".join((*cells, details)).rstrip() + "\n"
 
 
 # C0 and C1 control characters (and DEL) shown as escapes, never written to a terminal as is.

@@ -165,14 +165,35 @@ def add_command(
             "the administrator URL's).",
         ),
     ] = "",
+    connection_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--connection-limit",
+            help="Sessions the role may hold at once on the server (default 20 for a tenant, 32 "
+            "for the operator; a role that has a limit keeps it).",
+            show_default=False,
+        ),
+    ] = None,
+    lock_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--lock-limit",
+            help="Runs the tenant's sessions may drive at once (default 64; a registered role "
+            "keeps its own).",
+            show_default=False,
+        ),
+    ] = None,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Give NAMESPACE its own database role (created with a generated password, granted only
-    its rows) and write the URL into its Secret. Run again, it changes nothing that works."""
+    its rows, with connection and lock limits) and write the URL into its Secret. Run again, it
+    changes nothing that works. It also closes what it may of the ways one tenant could delay
+    another through what the server shares, and warns of what is left."""
     from keelgate.stores.tenancy import (
         check_host,
+        check_limit,
         check_namespace,
         check_role,
         default_role,
@@ -184,6 +205,8 @@ def add_command(
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
     check_host(host)
+    check_limit(connection_limit, "--connection-limit")
+    check_limit(lock_limit, "--lock-limit")
     cluster = None
     working = current_url = ""
     exists = False
@@ -211,6 +234,8 @@ def add_command(
             rotate=rotate,
             host=host,
             new_url=print_url,
+            connection_limit=connection_limit,
+            lock_limit=lock_limit,
         )
     role = added.tenant.role
     made = "created" if added.created else "kept"
@@ -225,7 +250,13 @@ def add_command(
         else:
             where = f"; Secret {namespace}/{secret} unchanged"
     kind_words = "operator" if operator else f"tenant {namespace}"
-    line = f"{kind_words}: role {role} {made}, with {password}{where}"
+    limits = f"at most {added.tenant.connection_limit} session(s)"
+    if kind == "tenant":
+        limits += f" and {added.tenant.lock_limit} run(s) at once"
+    line = f"{kind_words}: role {role} {made}, with {password}, {limits}{where}"
+    for way in added.open:
+        # What this URL could not close: a warning, not a failure (the role works).
+        Console().warn(way)
     if print_url:
         Console().err.print(line, markup=False, highlight=False)
         Console().say(added.url)
@@ -240,6 +271,9 @@ def add_command(
                 "created": added.created,
                 "passwordSet": added.password,
                 "secret": f"{namespace}/{secret}",
+                "connectionLimit": added.tenant.connection_limit,
+                "lockLimit": added.tenant.lock_limit,
+                "open": list(added.open),
             },
         ),
         output,
@@ -321,6 +355,8 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
         unregistered = admin.unregistered()
         runs = {t.tenant: admin.kept(t.tenant).runs for t in tenants}
         runs.update({name: admin.kept(name).runs for name in unregistered})
+        # Ways a role could still delay another, one line each, once each.
+        open_ways = list(dict.fromkeys(w for t in tenants for w in admin.open_ways(t.role)))
     console = Console()
     if output is OutputFormat.json:
         console.json(
@@ -332,19 +368,41 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
                         "kind": t.kind,
                         "addedAt": t.added_at,
                         "runs": runs[t.tenant],
+                        "connectionLimit": t.connection_limit,
+                        "lockLimit": t.lock_limit if t.kind == "tenant" else None,
                     }
                     for t in tenants
                 ],
                 "withoutRole": unregistered,
+                "open": open_ways,
             }
         )
         return 0
     if not tenants and not unregistered:
         console.say("no tenants in this store")
         return 0
-    rows = [("NAMESPACE", "ROLE", "KIND", "RUNS", "ADDED")]
-    rows += [(t.tenant, t.role, t.kind, str(runs[t.tenant]), t.added_at) for t in tenants]
-    rows += [(name, "-", "none (shared URL)", str(runs[name]), "-") for name in unregistered]
+    for way in open_ways:
+        console.warn(way)
+
+    def limit(value: int) -> str:
+        return "none" if value < 0 else str(value)
+
+    rows = [("NAMESPACE", "ROLE", "KIND", "RUNS", "SESSIONS", "LOCKS", "ADDED")]
+    rows += [
+        (
+            t.tenant,
+            t.role,
+            t.kind,
+            str(runs[t.tenant]),
+            limit(t.connection_limit),
+            limit(t.lock_limit) if t.kind == "tenant" else "-",
+            t.added_at,
+        )
+        for t in tenants
+    ]
+    rows += [
+        (name, "-", "none (shared URL)", str(runs[name]), "-", "-", "-") for name in unregistered
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         console.say(

@@ -18,11 +18,18 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from keelgate.core.audit import GENESIS, AuditEvent, event_hash
+from keelgate.core.audit import GENESIS, AuditEvent, decision_refused, hash_holds
 from keelgate.core.types import canonical_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://keelgate.dev/audit-chain/v1"
+#: A chain whose events name their writers (PostgreSQL from migration 6): each event carries
+#: ``writer`` and ``writerKind``, and its hash covers them (``keelgate.core.audit``). A verifier
+#: of version 1 would read those hashes as altered events, hence the new version.
+PREDICATE_TYPE = "https://keelgate.dev/audit-chain/v2"
+#: A chain whose store records no writer (SQLite, memory, older events): the first shape, as
+#: every release before wrote it.
+PREDICATE_TYPE_V1 = "https://keelgate.dev/audit-chain/v1"
+PREDICATE_TYPES = (PREDICATE_TYPE, PREDICATE_TYPE_V1)
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 #: The first event of every run's chain.
 FIRST_EVENT = "loop.started"
@@ -44,10 +51,11 @@ def statement(
     """The in-toto Statement of a run's whole chain: its subject is the run, named by its head
     event's hash; its predicate holds every event as the store keeps it."""
     head = events[-1].hash if events else GENESIS
+    named = any(event.writer is not None for event in events)
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": f"{tenant}/{run}", "digest": {"sha256": head}}],
-        "predicateType": PREDICATE_TYPE,
+        "predicateType": PREDICATE_TYPE if named else PREDICATE_TYPE_V1,
         "predicate": {
             "tenant": tenant,
             "run": run,
@@ -75,7 +83,7 @@ def check_statement(document: Any) -> list[str]:
         return ["the payload is not a JSON object"]
     if document.get("_type") != STATEMENT_TYPE:
         return [f"the payload is not an in-toto Statement ({STATEMENT_TYPE})"]
-    if document.get("predicateType") != PREDICATE_TYPE:
+    if document.get("predicateType") not in PREDICATE_TYPES:
         return [f"the predicate type is {document.get('predicateType')!r}, not {PREDICATE_TYPE}"]
     predicate = document.get("predicate")
     if not isinstance(predicate, Mapping):
@@ -121,6 +129,8 @@ def _events(raw: Iterable[Any], problems: list[str]) -> Iterable[AuditEvent]:
                 key=None if item.get("key") is None else str(item["key"]),
                 prev=str(item["prev"]),
                 hash=str(item["hash"]),
+                writer=None if item.get("writer") is None else str(item["writer"]),
+                writer_kind=None if item.get("writerKind") is None else str(item["writerKind"]),
             )
         except (KeyError, TypeError, ValueError):
             problems.append(f"event #{index} of the file is not an audit event")
@@ -136,8 +146,11 @@ def _links(tenant: str, run: str, events: Sequence[AuditEvent]) -> Iterable[str]
             yield f"{where}: the chain does not start with {FIRST_EVENT}: its start was cut off"
         if event.prev != prev:
             yield f"{where}: does not follow the event before it (prev {event.prev[:12]})"
-        if event_hash(tenant, run, event) != event.hash:
+        if not hash_holds(tenant, run, event):
             yield f"{where}: its content does not match its hash (changed after it was written)"
+        refused = decision_refused(event)
+        if refused is not None:
+            yield refused
         prev = event.hash
 
 

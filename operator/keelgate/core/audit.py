@@ -11,11 +11,11 @@ import hashlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from keelgate.core import clocks
 from keelgate.core.types import canonical_json
-from keelgate.core.values import JsonValue
+from keelgate.core.values import OMIT_NONE, JsonValue
 
 GENESIS = "0" * 64
 
@@ -38,7 +38,10 @@ class AuditDraft(JsonValue):
 
 @dataclass(frozen=True)
 class AuditEvent(JsonValue):
-    """An event on the chain."""
+    """An event on the chain. ``writer`` is the database role that wrote it and
+    ``writer_kind`` what that role is (``tenant``, ``operator`` or ``administrator``), as the
+    database recorded them (PostgreSQL, from migration 6); None where the store records no
+    writer (SQLite and memory, which have one writer identity, and older events)."""
 
     seq: int
     type: str
@@ -48,6 +51,8 @@ class AuditEvent(JsonValue):
     key: str | None
     prev: str
     hash: str
+    writer: Annotated[str | None, OMIT_NONE] = None
+    writer_kind: Annotated[str | None, OMIT_NONE] = None
 
 
 def stored_event(
@@ -59,6 +64,8 @@ def stored_event(
     key: str | None,
     prev: str,
     hash: str,
+    writer: str | None = None,
+    writer_kind: str | None = None,
 ) -> AuditEvent:
     """An event as a store reads it back, equal to ``AuditEvent(...)`` of the same fields.
 
@@ -68,13 +75,18 @@ def stored_event(
     """
     event = object.__new__(AuditEvent)
     event.__dict__.update(
-        seq=seq, type=type, actor=actor, at=at, data=data, key=key, prev=prev, hash=hash
+        seq=seq,
+        type=type,
+        actor=actor,
+        at=at,
+        data=data,
+        key=key,
+        prev=prev,
+        hash=hash,
+        writer=writer,
+        writer_kind=writer_kind,
     )
     return event
-
-
-def _digest(tenant: str, run: str, seq: int, prev: str, draft: AuditDraft) -> str:
-    return _hash(tenant, run, seq, prev, draft.type, draft.actor, draft.at, draft.data, draft.key)
 
 
 def _hash(
@@ -87,22 +99,50 @@ def _hash(
     at: str,
     data: Mapping[str, Any],
     key: str | None,
+    writer: tuple[str, str] | None = None,
 ) -> str:
-    body = canonical_json([tenant, run, seq, prev, type, actor, at, dict(data), key])
-    return hashlib.sha256(body.encode()).hexdigest()
+    """The event's hash. An event sealed with its writer (the role and its kind, which the
+    database then holds it to) covers them too, so a signed head pins who wrote each event as
+    well as what it says; an event without one hashes exactly as every event did before."""
+    fields: list[Any] = [tenant, run, seq, prev, type, actor, at, dict(data), key]
+    if writer is not None:
+        fields.extend(writer)
+    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
 
 
 def event_hash(tenant: str, run: str, event: AuditEvent) -> str:
     """What ``event``'s hash must be, from its fields and its place on ``tenant/run``'s chain."""
-    return _hash(
-        tenant, run, event.seq, event.prev, event.type, event.actor, event.at, event.data, event.key
-    )
+    e = event
+    writer = None if e.writer is None else (e.writer, e.writer_kind or "")
+    return _hash(tenant, run, e.seq, e.prev, e.type, e.actor, e.at, e.data, e.key, writer)
 
 
-def seal(tenant: str, run: str, head: AuditEvent | None, draft: AuditDraft) -> AuditEvent:
-    """Put ``draft`` on the chain after ``head`` (None for the first event of a run)."""
+def hash_holds(tenant: str, run: str, event: AuditEvent) -> bool:
+    """Whether ``event``'s hash is what its fields give: with its writer, or (an event a client
+    of the release before wrote, which the database gave its writer) without it."""
+    if event_hash(tenant, run, event) == event.hash:
+        return True
+    if event.writer is None:
+        return False
+    e = event
+    return _hash(tenant, run, e.seq, e.prev, e.type, e.actor, e.at, e.data, e.key) == e.hash
+
+
+def seal(
+    tenant: str,
+    run: str,
+    head: AuditEvent | None,
+    draft: AuditDraft,
+    *,
+    writer: tuple[str, str] | None = None,
+) -> AuditEvent:
+    """Put ``draft`` on the chain after ``head`` (None for the first event of a run), written
+    by ``writer`` (the role and its kind, where the store records who writes)."""
     seq = 1 if head is None else head.seq + 1
     prev = GENESIS if head is None else head.hash
+    digest = _hash(
+        tenant, run, seq, prev, draft.type, draft.actor, draft.at, draft.data, draft.key, writer
+    )
     return AuditEvent(
         seq,
         draft.type,
@@ -111,7 +151,41 @@ def seal(tenant: str, run: str, head: AuditEvent | None, draft: AuditDraft) -> A
         dict(draft.data),
         draft.key,
         prev,
-        _digest(tenant, run, seq, prev, draft),
+        digest,
+        None if writer is None else writer[0],
+        None if writer is None else writer[1],
+    )
+
+
+#: The kinds of writer that may record a person's decision: the operator's role (a decision
+#: made through Kubernetes, as a Reconciliation or an Approval) and an administrator (a role
+#: that owns the store). A tenant's role is also its step pods', which run the tenant's own
+#: code: a decision it records cannot be told from one that code made up.
+DECIDERS = frozenset({"operator", "administrator"})
+
+
+def decision_refused(event: AuditEvent) -> str | None:
+    """Why ``event`` is a decision its writer may not record, or None: a settlement by a person
+    (``loop.reconciled`` not from a confirmer), an approval or denial, or a signed head,
+    written by a role of a kind not in ``DECIDERS``. A settlement by a confirmer is the
+    tenant's own code's word (a confirmer runs in its step pod), and may be written by its
+    role. An event whose store recorded no writer is not judged (SQLite, memory, older ones)."""
+    kind = event.writer_kind
+    if event.writer is None or kind in DECIDERS:
+        return None
+    if event.type == "loop.reconciled":
+        if event.data.get("source") == "confirmer":
+            return None
+        what = "a person's settlement"
+    elif event.type in ("loop.approved", "loop.denied"):
+        what = "a person's approval or denial"
+    elif event.type == "audit.head_signed":
+        what = "a signed head"
+    else:
+        return None
+    return (
+        f"event {event.seq} ({event.type}) was written by role {event.writer} "
+        f"(a {kind or 'unknown'} role), which may not record {what}"
     )
 
 
@@ -168,10 +242,11 @@ class ChainCheck:
             return
         if event.prev != self._prev:
             self.problems.append(f"event {event.seq} does not follow event {event.seq - 1}")
-        e = event
-        digest = _hash(self.tenant, self.run, e.seq, e.prev, e.type, e.actor, e.at, e.data, e.key)
-        if digest != event.hash:
+        if not hash_holds(self.tenant, self.run, event):
             self.problems.append(f"event {event.seq} ({event.type}) was altered")
+        refused = decision_refused(event)
+        if refused is not None:
+            self.problems.append(refused)
         self._prev = event.hash
 
     def unreadable(self, seq: int, type: str, key: str | None, hash: str) -> None:

@@ -27,8 +27,9 @@ NAMES = (
     "after_observe",
     "after_verify",
     "mid_tool",
-    # A person's reconcile or the confirmer settled an unknown outcome's key; its
-    # loop.reconciled event is not written yet (the next resume writes it from the key).
+    # A person's reconcile or the confirmer settled an unknown outcome's key; the confirmer's
+    # loop.reconciled event is not written yet (the next resume writes it from the key), nor a
+    # person's where the stores cannot settle with the event (``settle_with_event``).
     "after_settle",
 )
 

@@ -182,10 +182,20 @@ class Loop:
                 action,
                 "is awaiting approval, not an unknown outcome: approve or deny it instead",
             )
+        settlement = Settlement(executed, by, "human")
+        draft = settlement.draft(planned.id, planned.tool, planned.key)
+        together = self.stores.settling
         try:
-            record = self.stores.idempotency.settle(
-                tenant, planned.key, executed=executed, by=by, source="human"
-            )
+            if together is not None:
+                # One transaction: the decision's event is written by whoever decides (the
+                # operator's role), never later by a step pod that finds the key settled.
+                record = together.settle(
+                    tenant, planned.key, executed=executed, by=by, source="human", event=draft
+                )
+            else:
+                record = self.stores.idempotency.settle(
+                    tenant, planned.key, executed=executed, by=by, source="human"
+                )
         except SettleError as error:
             if error.run:
                 raise
@@ -194,13 +204,12 @@ class Loop:
             raise SettleError(
                 run, action, "has no unknown outcome to settle (no call of it is on record)"
             ) from None
-        # A death here leaves the key settled without its event: the next resume meets the
-        # settled key in the gateway, which writes the event from the key's record.
+        # With stores that settle with the event it is on the chain already. Otherwise a death
+        # here leaves the key settled without its event: the next resume meets the settled key
+        # in the gateway, which writes the event from the key's record.
         failpoints.hit("after_settle")
-        settlement = Settlement(executed, by, "human")
-        self.stores.audit.append(
-            tenant, run, [settlement.draft(planned.id, planned.tool, planned.key)]
-        )
+        if together is None:
+            self.stores.audit.append(tenant, run, [draft])
         self._tell_decision(
             state,
             f"settle {planned.tool}",

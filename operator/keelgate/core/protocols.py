@@ -240,6 +240,27 @@ class CompletingLog(CheckpointLog, Protocol):
         ...
 
 
+@runtime_checkable
+class SettlingLog(Protocol):
+    """A key store that also holds the audit chain can settle a key and append the decision's
+    event in one transaction: the decision is on the chain, written by whoever made it, the
+    moment it takes effect."""
+
+    def settle(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        executed: bool,
+        by: str,
+        source: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord:
+        """``IdempotencyStore.settle``, and ``event`` appended to the key's run's chain (unless
+        its key is on it already) in the same transaction."""
+        ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a set of stores can do beyond the protocols, declared by whoever assembles them
@@ -260,6 +281,10 @@ class Capabilities:
     # (the keys live in the same database): a WRITE's completion rides with the checkpoint that
     # records its result. Needs ``checkpoint_with_events``.
     checkpoint_with_completion: bool = False
+    # ``idempotency.settle(event=...)`` appends the event (the decision's ``loop.reconciled``) to
+    # ``audit``'s chain in the settlement's own transaction: the decision is recorded by whoever
+    # made it, never left for a later process (a tenant's step pod) to write from the key.
+    settle_with_event: bool = False
 
 
 class Backend(CheckpointStore, IdempotencyStore, AuditLog, SpecStore, Protocol):
@@ -307,6 +332,14 @@ class Stores:
         if self.capabilities.checkpoint_with_events:
             assert isinstance(self.checkpoints, CheckpointLog)  # checked when constructed
             return self.checkpoints
+        return None
+
+    @property
+    def settling(self) -> SettlingLog | None:
+        """The key store that settles a key with its event, if one is declared."""
+        if self.capabilities.settle_with_event:
+            assert isinstance(self.idempotency, SettlingLog)
+            return self.idempotency
         return None
 
     @property

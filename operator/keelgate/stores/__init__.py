@@ -158,7 +158,10 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
             companion.close()
             raise
         # The saver commits alone; the companion holds keys and audit in one transaction.
-        together = Capabilities(claim_with_event=companion.capabilities.claim_with_event)
+        together = Capabilities(
+            claim_with_event=companion.capabilities.claim_with_event,
+            settle_with_event=companion.capabilities.settle_with_event,
+        )
         return Stores(checkpoints, companion, companion, companion, together)
     raise AssertionError(f"unhandled store kind {scheme}")  # _parse knows only SCHEMES
 

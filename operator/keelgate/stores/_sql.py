@@ -104,6 +104,9 @@ class Dialect:
     # The last column of a key's SELECT: the server's judgement of the owner's liveness, or
     # NULL where the backend judges it in Python (``SQLStore._alive``).
     liveness: str = "NULL"
+    # The schema Keelgate's tables are in, as a quoted name (a migration's ``{schema}``), read
+    # once the version table exists; SQLite has none.
+    schema_name: str = ""
     schema_table_exists: str = (
         "SELECT EXISTS (SELECT 1 FROM sqlite_master "
         "WHERE type = 'table' AND name = 'keelgate_schema')"
@@ -214,24 +217,30 @@ CREATE POLICY keelgate_specs_update ON keelgate_specs FOR UPDATE
 
 @dataclass(frozen=True)
 class Migration:
-    """One numbered schema step: ``ddl`` is ``;``-separated statements with ``{bigint}``,
-    ``{owner}``, ``{owner_setup}`` and ``{real}`` taken from the dialect. ``backends``
-    (dialect names) limits it to those backends; empty, it applies to every one."""
+    """One numbered schema step: ``ddl`` is ``;``-separated statements, or a tuple of whole
+    statements (a function's body holds semicolons of its own), with ``{bigint}``, ``{owner}``,
+    ``{owner_setup}`` and ``{real}`` taken from the dialect and ``{schema}`` the schema
+    Keelgate's tables are in (a quoted name). ``backends`` (dialect names) limits it to those
+    backends; empty, it applies to every one."""
 
     version: int
     description: str
-    ddl: str
+    ddl: str | tuple[str, ...]
     backends: tuple[str, ...] = ()
 
-    def statements(self, dialect: Dialect) -> list[str]:
+    def statements(self, dialect: Dialect, *, schema: str = "public") -> list[str]:
         if self.backends and dialect.name not in self.backends:
             return []  # recorded as applied: the step has nothing to do on this backend
-        text = self.ddl.format(
-            bigint=dialect.bigint,
-            owner=dialect.owner_type,
-            owner_setup=dialect.owner_setup,
-            real=dialect.real,
-        )
+        values = {
+            "bigint": dialect.bigint,
+            "owner": dialect.owner_type,
+            "owner_setup": dialect.owner_setup,
+            "real": dialect.real,
+            "schema": schema,
+        }
+        if isinstance(self.ddl, tuple):
+            return [s.format(**values).strip() for s in self.ddl]
+        text = self.ddl.format(**values)
         return [s.strip() for s in text.split(";") if s.strip()]
 
 
@@ -243,6 +252,173 @@ ALTER TABLE keelgate_keys ADD COLUMN deadline {real};
 ALTER TABLE keelgate_keys ADD COLUMN claim_id TEXT
 """
 
+# PostgreSQL advisory-lock keys. The two-int4 form (space, key) and the one-bigint form never
+# meet (pg_locks tells them apart by objsubid: 2 and 1).
+LEGACY_OWNER_SPACE = 0x4B470001  # (space, id): owner ids drawn before migration 4 ("KG")
+SCHEMA_SPACE = 0x4B470003  # (space, 0): migrations, one database at a time
+DRIVER_SPACE = 0x4B470004  # (space, digest): a run of a tenant without a role of its own
+TENANT_SPACES = 0x4B480000  # (TENANT_SPACES + n, digest): the runs of registered tenant n
+OWNER_BASE = 0x4B47 << 48  # the first owner id from migration 4 on, a bigint key of its own
+DEFAULT_LOCK_LIMIT = 64  # runs a tenant's sessions may drive at once, unless set otherwise
+
+# Migration 4: tenants sharing a PostgreSQL database cannot delay or deny each other through
+# what the database shares. Advisory locks belong to no one in PostgreSQL, so every lock
+# Keelgate takes goes through a function owned by the tables' owner (SECURITY DEFINER, its
+# search_path fixed so a caller's objects cannot stand in for Keelgate's) that scopes it:
+#
+# - ``keelgate_owner_take()`` draws a fresh owner id and locks it in the caller's session, one
+#   at a time per session. Ids are bigints from OWNER_BASE (about 3.8e18 of them): no tenant can
+#   exhaust them, and none can lock one before it is drawn once the raw advisory-lock functions
+#   are revoked from PUBLIC (``keelgate tenant add``, as a superuser). Ids drawn before stay
+#   judged by their old (two-int4) locks, so processes of the release before keep theirs.
+# - ``keelgate_owner_alive(id)`` judges an owner without reading the lock table (which a
+#   tenant's role need not see, and whose every read costs time in proportion to all the locks
+#   on the server, another tenant's included): a shared lock on the id is granted at once
+#   unless the owner's session holds it, and is given back at once. The owner's own session,
+#   where it would be granted as well, knows its id (a setting the take makes: a session that
+#   changes it misjudges only what it reads itself).
+# - ``keelgate_lock_run(tenant, run)`` takes a run's driver lock only for the caller's own tenant
+#   (a tenant's role; the administrator for any), in that tenant's own space, and refuses once
+#   the tenant's sessions hold ``lock_limit`` run locks. A tenant without a role keeps the old
+#   space, so a run driven through a shared URL is locked as before.
+#
+# The owner sequence is no longer usable by any role but its owner.
+_OWNER_ID_FUNCTIONS_4 = (
+    "ALTER SEQUENCE keelgate_owner_seq AS bigint",
+    f"ALTER SEQUENCE keelgate_owner_seq RESTART WITH {OWNER_BASE}",
+    "REVOKE ALL ON SEQUENCE keelgate_owner_seq FROM PUBLIC",
+    "ALTER TABLE keelgate_keys ALTER COLUMN owner TYPE bigint",
+    "ALTER TABLE keelgate_tenants ADD COLUMN space integer UNIQUE",
+    "ALTER TABLE keelgate_tenants ADD COLUMN lock_limit integer NOT NULL "
+    f"DEFAULT {DEFAULT_LOCK_LIMIT} CHECK (lock_limit > 0)",
+    f"""UPDATE keelgate_tenants t SET space = {TENANT_SPACES} + n.n FROM (
+        SELECT role, row_number() OVER (ORDER BY role COLLATE "C") AS n FROM keelgate_tenants
+        WHERE kind = 'tenant') n WHERE t.role = n.role""",
+    f"""CREATE FUNCTION keelgate_owner_take() RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, {{schema}}, pg_temp AS $$
+DECLARE
+    drawn bigint;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'
+               AND objsubid = 1 AND classid >= {OWNER_BASE >> 32}::bigint::oid) THEN
+        RAISE EXCEPTION 'this session holds an owner id already'
+            USING ERRCODE = 'lock_not_available';
+    END IF;
+    FOR attempt IN 1..100 LOOP
+        drawn := nextval('keelgate_owner_seq');
+        IF pg_try_advisory_lock(drawn) THEN
+            PERFORM set_config('keelgate.owner', drawn::text, false);
+            RETURN drawn;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'no free owner id after 100 tries: other sessions hold their locks'
+        USING ERRCODE = 'lock_not_available';
+END
+$$""",
+    f"""CREATE FUNCTION keelgate_owner_alive(owner bigint) RETURNS boolean LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    free boolean;
+BEGIN
+    IF owner = NULLIF(current_setting('keelgate.owner', true), '')::bigint THEN
+        RETURN true;  -- this session's own id (``keelgate_owner_take`` noted it)
+    ELSIF owner < 2147483648 THEN  -- drawn before migration 4: locked as two int4 keys
+        free := pg_try_advisory_lock_shared({LEGACY_OWNER_SPACE}, owner::integer);
+        IF free THEN
+            PERFORM pg_advisory_unlock_shared({LEGACY_OWNER_SPACE}, owner::integer);
+        END IF;
+    ELSE
+        free := pg_try_advisory_lock_shared(owner);
+        IF free THEN
+            PERFORM pg_advisory_unlock_shared(owner);
+        END IF;
+    END IF;
+    RETURN NOT free;
+END
+$$""",
+    f"""CREATE FUNCTION keelgate_lock_run(p_tenant text, p_run text) RETURNS integer[]
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, {{schema}}, pg_temp AS $$
+DECLARE
+    caller_kind text;
+    caller_tenant text;
+    v_space integer;
+    most integer;
+    digest integer := ('x' || encode(substr(sha256(convert_to(p_tenant, 'UTF8')
+        || '\\x00'::bytea || convert_to(p_run, 'UTF8')), 1, 4), 'hex'))::bit(32)::integer;
+BEGIN
+    SELECT t.kind, t.tenant INTO caller_kind, caller_tenant FROM keelgate_tenants t
+        WHERE t.role = session_user;
+    IF FOUND AND (caller_kind <> 'tenant' OR caller_tenant <> p_tenant) THEN
+        RAISE EXCEPTION 'role % may not drive runs of tenant %', session_user, p_tenant
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT t.space, t.lock_limit INTO v_space, most FROM keelgate_tenants t
+        WHERE t.tenant = p_tenant AND t.kind = 'tenant';
+    IF v_space IS NULL THEN
+        v_space := {DRIVER_SPACE};
+    ELSIF (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+           AND objsubid = 2 AND classid = v_space::bigint::oid
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+          >= most THEN
+        RAISE EXCEPTION 'tenant % drives % runs at once, its lock limit', p_tenant, most
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    IF pg_try_advisory_lock(v_space, digest) THEN
+        RETURN ARRAY[v_space, digest];
+    END IF;
+    RETURN NULL;
+END
+$$""",
+    """CREATE FUNCTION keelgate_unlock_run(p_space integer, p_key integer) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_advisory_unlock(p_space, p_key)
+$$""",
+    """CREATE FUNCTION keelgate_unlock_all() RETURNS void LANGUAGE sql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_advisory_unlock_all()
+$$""",
+    "REVOKE ALL ON FUNCTION keelgate_owner_take(), keelgate_owner_alive(bigint), "
+    "keelgate_lock_run(text, text), keelgate_unlock_run(integer, integer), keelgate_unlock_all() "
+    "FROM PUBLIC",
+)
+
+# Migration 5: who wrote each audit event, as the database saw it. ``writer`` is the role and
+# ``writer_kind`` what it is (``tenant``, ``operator``, or ``administrator`` for a role the lookup
+# does not name: the tables' owner or a superuser). On PostgreSQL the database sets them
+# (migration 6); a SQLite or memory store has one writer identity and records none (NULL).
+_AUDIT_WRITER_5 = """
+ALTER TABLE keelgate_audit ADD COLUMN writer TEXT;
+ALTER TABLE keelgate_audit ADD COLUMN writer_kind TEXT
+"""
+
+# Migration 6: on PostgreSQL the writer is the database's word. A trigger (which a role that does
+# not own the table cannot disable) compares what an insert names with ``current_user`` and its
+# kind in the lookup, and refuses an insert that names anyone else; an insert that names nobody
+# (a client of the release before, which seals events without it) is given the truth. The
+# function reads the lookup as the writer (its own row), through a fixed search_path.
+_AUDIT_WRITER_6 = (
+    """CREATE FUNCTION keelgate_audit_writer() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, {schema}, pg_temp AS $$
+DECLARE
+    kind text := COALESCE((SELECT t.kind FROM keelgate_tenants t WHERE t.role = current_user),
+                          'administrator');
+BEGIN
+    IF NEW.writer IS NULL AND NEW.writer_kind IS NULL THEN
+        NEW.writer := current_user;
+        NEW.writer_kind := kind;
+    ELSIF NEW.writer IS DISTINCT FROM current_user::text
+          OR NEW.writer_kind IS DISTINCT FROM kind THEN
+        RAISE EXCEPTION 'an audit event names its writer: role % (%), not % (%)',
+            current_user, kind, NEW.writer, NEW.writer_kind
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+$$""",
+    "CREATE TRIGGER keelgate_audit_writer BEFORE INSERT ON keelgate_audit FOR EACH ROW "
+    "EXECUTE FUNCTION keelgate_audit_writer()",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
     Migration(2, "write deadlines and claim ids of claimed keys", _SCHEMA_2),
@@ -252,15 +428,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         _ROW_SECURITY_3,
         backends=("postgresql",),
     ),
+    Migration(
+        4,
+        "tenants cannot delay each other: scoped lock functions, bigint owner ids",
+        _OWNER_ID_FUNCTIONS_4,
+        backends=("postgresql",),
+    ),
+    Migration(5, "audit events record the role that wrote them", _AUDIT_WRITER_5),
+    Migration(
+        6,
+        "the database sets each audit event's writer",
+        _AUDIT_WRITER_6,
+        backends=("postgresql",),
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)  # the newest schema this code knows
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 
 
-def schema_ddl(dialect: Dialect) -> str:
+def schema_ddl(dialect: Dialect, *, schema: str = "public") -> str:
     """Every migration's DDL, as a script: the tables a fresh database ends up with (for tools
     that build look-alike tables, such as the benchmark's baseline)."""
-    return "".join(f"{s};\n" for m in MIGRATIONS for s in m.statements(dialect))
+    return "".join(f"{s};\n" for m in MIGRATIONS for s in m.statements(dialect, schema=schema))
 
 
 def migrate(
@@ -296,8 +485,9 @@ def migrate(
         if found > newest:
             raise _too_new(where, found, newest)
         insert = "INSERT INTO keelgate_schema (version, description, applied_at) VALUES (?, ?, ?)"
+        schema = locked.execute(dialect.schema_name).fetchone()[0] if dialect.schema_name else ""
         for migration in migrations[found:]:
-            for statement in migration.statements(dialect):
+            for statement in migration.statements(dialect, schema=schema):
                 locked.execute(statement)
             locked.execute(
                 insert.replace("?", dialect.placeholder),
@@ -335,7 +525,7 @@ class Statements:
             return text.replace("?", d.placeholder)
 
         keys = "tenant, key, run, action, tool, state, owner, result, settled_by, source"
-        self.event_columns = "seq, type, actor, at, data, key, prev, hash"
+        self.event_columns = "seq, type, actor, at, data, key, prev, hash, writer, writer_kind"
         # CheckpointStore: the stale-writer check and the write are one statement.
         self.save = q(
             "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
@@ -406,7 +596,7 @@ class Statements:
         # AuditLog
         self.append = q(
             f"INSERT INTO keelgate_audit (tenant, run, {self.event_columns}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
         )
         self.on_chain = q("SELECT 1 FROM keelgate_audit WHERE tenant = ? AND run = ? AND key = ?")
         self.head = q(
@@ -448,7 +638,7 @@ class Statements:
         base = self.save if first == "save" else self.claim
         parts.append(f"wrote AS ({base} RETURNING 1)")
         if events:
-            rows = ", ".join(["(?, ?, CAST(? AS {b}), ?, ?, ?, ?, ?, ?, ?)"] * events)
+            rows = ", ".join(["(?, ?, CAST(? AS {b}), ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * events)
             parts.append(
                 f"appended AS (INSERT INTO keelgate_audit (tenant, run, {self.event_columns}) "
                 f"SELECT event.* FROM (VALUES {rows.format(b=self._d.bigint)}) AS event, wrote "
@@ -491,7 +681,10 @@ class SQLStore(HoldsOwner, ABC):
     sql: ClassVar[Statements]
     # Every role in one transaction: see keelgate.core.protocols.Capabilities.
     capabilities = Capabilities(
-        checkpoint_with_events=True, claim_with_event=True, checkpoint_with_completion=True
+        checkpoint_with_events=True,
+        claim_with_event=True,
+        checkpoint_with_completion=True,
+        settle_with_event=True,
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -519,6 +712,10 @@ class SQLStore(HoldsOwner, ABC):
         # other reader at this store's next operation that can write (``_let_go_now``).
         self._given_up: set[tuple[str, str]] = set()
         self._given_up_lock = threading.Lock()
+        # Who the store records as the writer of the events it appends (the role and its kind),
+        # where the database records one and holds each insert to it (PostgreSQL); None where
+        # the store has one writer identity (SQLite, memory).
+        self._writer: tuple[str, str] | None = None
 
     # Backend hooks
 
@@ -1013,10 +1210,27 @@ class SQLStore(HoldsOwner, ABC):
         with self._statement() as conn:
             return int(conn.execute(sql, params).rowcount)
 
-    def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
+    def settle(
+        self,
+        tenant: str,
+        key: str,
+        *,
+        executed: bool,
+        by: str,
+        source: str,
+        event: AuditDraft | None = None,
+    ) -> KeyRecord:
+        """``event``, when given, is appended to the key's run's chain in the settlement's own
+        transaction (``Capabilities.settle_with_event``): whoever settles records the decision,
+        never a later process that finds the key settled without it."""
+
         def attempt(again: bool) -> KeyRecord:
+            if again:
+                self._heads.clear()  # what committed is read afresh
             try:
-                return self._settle_once(tenant, key, executed=executed, by=by, source=source)
+                return self._settle_once(
+                    tenant, key, executed=executed, by=by, source=source, event=event
+                )
             except SettleError:
                 if again:
                     # An earlier attempt may have landed, its acknowledgement lost: the very
@@ -1034,9 +1248,17 @@ class SQLStore(HoldsOwner, ABC):
         return self._durably(attempt)
 
     def _settle_once(
-        self, tenant: str, key: str, *, executed: bool, by: str, source: str
+        self,
+        tenant: str,
+        key: str,
+        *,
+        executed: bool,
+        by: str,
+        source: str,
+        event: AuditDraft | None,
     ) -> KeyRecord:
-        with self._statement() as conn:
+        head: Any = _UNKNOWN
+        with self._transaction() if event is not None else self._statement() as conn:
             row = conn.execute(self.sql.key, (tenant, key)).fetchone()
             if row is None:
                 raise SettleError("", key, "no such idempotency key")
@@ -1056,7 +1278,11 @@ class SQLStore(HoldsOwner, ABC):
                         retry_after=float(now.deadline_in or 0.0),
                     )
                 raise SettleError(current.run, current.action, "settled by someone else first")
+            if event is not None:
+                head = self._append(conn, tenant, current.run, [event])
             settled = conn.execute(self.sql.key, (tenant, key)).fetchone()
+        if head is not _UNKNOWN:
+            self._heads[(tenant, current.run)] = head
         return self._record(settled)
 
     def get(self, tenant: str, key: str) -> KeyRecord | None:
@@ -1090,7 +1316,7 @@ class SQLStore(HoldsOwner, ABC):
             return None
         params: list[Any] = []
         for draft in drafts:
-            head = seal(tenant, run, head, draft)
+            head = seal(tenant, run, head, draft, writer=self._writer)
             params.extend(_event_row(tenant, run, head))
         return tuple(params), head
 
@@ -1111,7 +1337,7 @@ class SQLStore(HoldsOwner, ABC):
         )
         for draft in drafts:
             for _ in range(APPEND_ATTEMPTS):
-                event = seal(tenant, run, head, draft)
+                event = seal(tenant, run, head, draft, writer=self._writer)
                 row = _event_row(tenant, run, event)
                 if conn.execute(self.sql.append, row).rowcount == 1:
                     head = event
@@ -1172,15 +1398,17 @@ def _event_row(tenant: str, run: str, event: AuditEvent) -> tuple[Any, ...]:
         event.key,
         event.prev,
         event.hash,
+        event.writer,
+        event.writer_kind,
     )
 
 
 def _event(tenant: str, run: str, row: Sequence[Any]) -> AuditEvent:
-    seq, type_, actor, at, data, key, prev, hash_ = row
+    seq, type_, actor, at, data, key, prev, hash_, writer, writer_kind = row
     try:
         decoded = loads(data)
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):
         raise UnreadableEvent(tenant, run, int(seq), str(type_), key, str(hash_))
-    return stored_event(int(seq), type_, actor, at, decoded, key, prev, hash_)
+    return stored_event(int(seq), type_, actor, at, decoded, key, prev, hash_, writer, writer_kind)

@@ -7,18 +7,23 @@ SQLite. This module keeps the connections (the owner session, and a pool for the
 threads that find it busy), the schema lock (a transaction-level advisory lock, so many
 processes may open a fresh database at once) and owner liveness.
 
-Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id from the
-sequence ``keelgate_owner_seq`` and holds a session-level advisory lock on it, on a dedicated
-connection outside the pool, for as long as it is open. Keys are claimed on that same connection
-and record the owner id. A store judges an in-flight key's owner gone if and only if the server's
-lock table (``pg_locks``) shows no session holding that id's lock. It asks in the key's own
-SELECT, the same on any session, the owner's own included. Why this is sound:
+Owner liveness, the heart of OUTCOME_UNKNOWN. Each store instance takes an owner id with
+``keelgate_owner_take()`` (schema migration 4: a function of the tables' owner that draws a fresh
+id from ``keelgate_owner_seq`` and holds a session-level advisory lock on it in the caller's
+session), on a dedicated connection outside the pool, for as long as it is open. Keys are claimed
+on that same connection and record the owner id. A store judges an in-flight key's owner gone if
+and only if ``keelgate_owner_alive(id)``, asked in the key's own SELECT, says no session holds
+that id's lock: a shared lock on it is tried and, if granted, given back at once (the owner's own
+session, where it would be granted too, knows its id). It reads no lock table, whose every read
+copies every lock on the server. Why this is sound:
 
 - A live owner is never read as gone. The lock is taken before the first claim, and every claim
   runs on the session holding it, so a key can only exist while its owner's lock is held. A
   session advisory lock is released only by the end of that session or by an explicit unlock,
-  which only ``close`` issues, and owner ids come from a sequence, so no other session ever
-  holds one (a judgement only reads the lock table).
+  which only ``close`` issues; while it is held no other session is granted a shared lock on it.
+  Owner ids come from a sequence no role may draw from but through the take, which locks only
+  the id it draws, so (once the raw advisory-lock functions are revoked from PUBLIC, as
+  ``keelgate tenant add`` does with a superuser's URL) no other session ever holds one.
 - A dead owner is read as gone. A process that dies (``os._exit``, SIGKILL, OOM) has its socket
   closed by its kernel; the server ends the session and releases the lock at once. A host that
   vanishes sends nothing: TCP keepalives set on the owner session (both on the server side and in
@@ -31,6 +36,11 @@ SELECT, the same on any session, the owner's own included. Why this is sound:
   ``complete``, a compare-and-set on owner and state: it lands if nobody settled the key meanwhile
   and changes nothing if somebody did. No WRITE runs twice either way.
 
+Tenants sharing the database cannot delay each other through these locks: every lock is taken
+through the owner's functions, which scope it (a run lock only for the caller's own tenant, in
+that tenant's key space, up to its lock limit), and a tenant's role may call no advisory-lock
+function itself.
+
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
@@ -39,7 +49,6 @@ error message. (About 500 lines: the connections and the liveness argument above
 
 from __future__ import annotations
 
-import hashlib
 import re
 import select
 import threading
@@ -50,7 +59,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from keelgate.errors import InputError, StoreError, StoreUnavailable
+from keelgate.errors import InputError, RunBusy, StoreError, StoreUnavailable
 from keelgate.stores import _sql
 from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
 
@@ -59,11 +68,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Advisory-lock namespaces (the two-int4 key form), so Keelgate's locks cannot meet another
-# application's single-bigint locks in the same database. 0x4B47 is "KG".
-OWNER_SPACE = 0x4B470001
-SCHEMA_SPACE = 0x4B470003
-DRIVER_SPACE = 0x4B470004  # a run's driver (RunLock), keyed by a 32-bit digest of the run
+# Advisory-lock keys (``_sql``: the migration that makes the lock functions names them too).
+# The two-int4 form keeps Keelgate's locks apart from another application's single-bigint ones;
+# owner ids are single bigints from OWNER_BASE on, far above any such application's numbers.
+OWNER_SPACE = _sql.LEGACY_OWNER_SPACE  # owner ids drawn before migration 4: (space, id)
+SCHEMA_SPACE = _sql.SCHEMA_SPACE
+DRIVER_SPACE = _sql.DRIVER_SPACE  # a run's driver (RunLock), for a tenant without a role
+OWNER_BASE = _sql.OWNER_BASE
 
 # ``PostgresStore._claimer`` once two threads have claimed: no thread id is ever this.
 _MANY = -1
@@ -85,14 +96,15 @@ POSTGRES = Dialect(
     same="IS NOT DISTINCT FROM",
     byte_order=' COLLATE "C"',  # as SQLite and Python sort, whatever the database's collation
     # In the key's own SELECT: whether an in-flight key's owner session still lives, read from
-    # the lock table (a two-int4 advisory lock shows its keys as classid and objid, objsubid 2).
-    # It takes no lock, so it says the same on every session, the owner's own included.
+    # the lock table by a function of the tables' owner (a tenant's role need not read it). It
+    # takes no lock, so it says the same on every session, the owner's own included.
     liveness=(
         "CASE WHEN state <> 'in_flight' OR owner IS NULL THEN false "
-        "ELSE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND database = "
-        "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-        f"AND classid = {OWNER_SPACE}::bigint::oid AND objid = owner::bigint::oid "
-        "AND objsubid = 2 AND granted) END"
+        "ELSE keelgate_owner_alive(owner) END"
+    ),
+    schema_name=(
+        "SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE c.oid = 'keelgate_schema'::regclass"
     ),
     schema_table_exists="SELECT to_regclass('keelgate_schema') IS NOT NULL",
     one_statement_writes=True,
@@ -131,7 +143,27 @@ PRIVILEGES: dict[str, dict[str, str]] = {
 KINDS = tuple(PRIVILEGES)
 TABLES = tuple(PRIVILEGES["tenant"])
 assert all(tuple(tables) == TABLES for tables in PRIVILEGES.values())
-OWNER_SEQUENCE = "keelgate_owner_seq"  # every kind draws owner ids from it (USAGE)
+# Nobody but its owner uses the owner sequence (migration 4): ids are drawn by
+# ``keelgate_owner_take``, one at a time per session, never by a role itself.
+OWNER_SEQUENCE = "keelgate_owner_seq"
+# The lock functions (migration 4) each kind may call, and no raw advisory-lock function: a
+# tenant's role takes an owner id, judges owners and drives its own tenant's runs; the
+# operator's role takes an owner id and judges owners (it drives no run).
+LOCK_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "tenant": (
+        "keelgate_owner_take()",
+        "keelgate_owner_alive(bigint)",
+        "keelgate_lock_run(text, text)",
+        "keelgate_unlock_run(integer, integer)",
+        "keelgate_unlock_all()",
+    ),
+    "operator": (
+        "keelgate_owner_take()",
+        "keelgate_owner_alive(bigint)",
+        "keelgate_unlock_all()",
+    ),
+}
+FUNCTIONS = LOCK_FUNCTIONS["tenant"]
 
 
 def grant(conn: Connection, role: str, kind: str) -> None:
@@ -142,12 +174,16 @@ def grant(conn: Connection, role: str, kind: str) -> None:
     who = sql.Identifier(role)
     schema, database = _schema_and_database(conn)
     tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
+    functions = sql.SQL(", ").join(sql.SQL(f) for f in FUNCTIONS)  # constants, never input
     statements = [
         sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, who),
         sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(sql.Identifier(OWNER_SEQUENCE), who),
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), who),
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), who),
-        sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(OWNER_SEQUENCE), who),
+        sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(functions, who),
+        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+            sql.SQL(", ").join(sql.SQL(f) for f in LOCK_FUNCTIONS[kind]), who
+        ),
     ]
     for table, privileges in PRIVILEGES[kind].items():
         # The privilege lists are this module's constants, never input.
@@ -165,9 +201,11 @@ def revoke(conn: Connection, role: str) -> None:
     who = sql.Identifier(role)
     schema, database = _schema_and_database(conn)
     tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES)
+    functions = sql.SQL(", ").join(sql.SQL(f) for f in FUNCTIONS)
     for statement in (
         sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, who),
         sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(sql.Identifier(OWNER_SEQUENCE), who),
+        sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(functions, who),
         sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(sql.Identifier(schema), who),
         sql.SQL("REVOKE CONNECT ON DATABASE {} FROM {}").format(sql.Identifier(database), who),
     ):
@@ -447,7 +485,9 @@ class PostgresStore(SQLStore):
             if conn.info.server_version >= 140000:
                 conn.execute("SET idle_session_timeout = 0")
             owner = _take_owner_id(conn)
-            conn.execute("SELECT set_config('application_name', %s, false)", (f"keelgate-{owner}",))
+            # Every role sees every session's application_name: it names no owner id.
+            conn.execute("SET application_name = keelgate")
+            self._writer = _writer(conn)
         except BaseException:
             conn.close()
             raise
@@ -464,7 +504,7 @@ class PostgresStore(SQLStore):
                 # Unlock first: ending a session is asynchronous on the server, and a closed
                 # store's keys must read unknown from the moment close() returns.
                 with suppress(psycopg.Error):
-                    self._owner_conn.execute("SELECT pg_advisory_unlock_all()")
+                    self._owner_conn.execute("SELECT keelgate_unlock_all()")
                 self._owner_conn.close()
                 self._owner_conn = None
 
@@ -577,34 +617,37 @@ class PostgresStore(SQLStore):
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
         """A session advisory lock on the run, taken on the owner session and held by the driver.
 
+        The lock is taken by ``keelgate_lock_run`` (migration 4), which locks only runs of the
+        caller's own tenant, in that tenant's own key space: no other tenant's role can hold it.
         The server drops it when that session ends, so a dead driver's run is free again as
-        soon as its owner keys read unknown. Two runs whose 32-bit digests collide cannot be
-        driven at the same moment: a RunBusy, never a second driver. Session locks are
-        re-entrant, so this store refuses a second driver of its own as well.
+        soon as its owner keys read unknown. Two runs of one tenant whose 32-bit digests collide
+        cannot be driven at the same moment: a RunBusy, never a second driver. Session locks are
+        re-entrant, so this store refuses a second driver of its own as well. A tenant whose
+        sessions already drive its lock limit of runs is refused with RunBusy saying so.
         """
-        digest = hashlib.sha256(f"{tenant}\0{run}".encode()).digest()
-        key = int.from_bytes(digest[:4], "big", signed=True)
 
-        def attempt(again: bool) -> Conn | None:
+        def attempt(again: bool) -> tuple[Conn, int, int] | None:
             with self._owner_lock:
                 self._note_claimer()  # the driver: its statements join its claims
                 if (tenant, run) in self._driven:
                     return None
                 try:
                     conn = self._live_owner_session()
-                    row = conn.execute(
-                        "SELECT pg_try_advisory_lock(%s, %s)", (DRIVER_SPACE, key)
-                    ).fetchone()
+                    row = conn.execute("SELECT keelgate_lock_run(%s, %s)", (tenant, run)).fetchone()
+                except psycopg.errors.ProgramLimitExceeded as error:
+                    raise RunBusy(tenant, run, _one_line(error, self._secret)) from None
                 except psycopg.Error as error:
                     raise self._error(error) from None
-                if row is None or not row[0]:
+                if row is None or row[0] is None:
                     return None
                 self._driven.add((tenant, run))
-                return conn
+                space, key = row[0]
+                return conn, int(space), int(key)
 
-        conn = self._durably(attempt)
-        if conn is None:
+        held = self._durably(attempt)
+        if held is None:
             return None
+        conn, space, key = held
 
         def release() -> None:
             with self._owner_lock:
@@ -612,7 +655,7 @@ class PostgresStore(SQLStore):
                 # On a session lost meanwhile the lock went with it: nothing to release.
                 if self._owner_conn is conn and not conn.closed:
                     with suppress(psycopg.Error):
-                        conn.execute("SELECT pg_advisory_unlock(%s, %s)", (DRIVER_SPACE, key))
+                        conn.execute("SELECT keelgate_unlock_run(%s, %s)", (space, key))
 
         return release
 
@@ -628,29 +671,29 @@ class PostgresStore(SQLStore):
         return bool(judged)  # judged by the server in the key's own SELECT (Dialect.liveness)
 
 
-# How many owner ids a store draws before it gives up finding one nobody holds.
-OWNER_ID_TRIES = 100
-
-
 def _take_owner_id(conn: Conn) -> int:
     """A fresh owner id, its session advisory lock held on ``conn``.
 
-    An id from the sequence is new, but advisory locks have no owner in PostgreSQL: any session
-    of the database (another tenant's included) may take any key, an id not drawn yet as well.
-    So the lock is tried, never waited for: an id someone already holds is passed over for the
-    next one, and a store never hangs on opening behind a lock it cannot see the end of."""
-    for _ in range(OWNER_ID_TRIES):
-        row = conn.execute(
-            "SELECT id, pg_try_advisory_lock(CAST(%s AS integer), id) "
-            "FROM CAST(nextval('keelgate_owner_seq') AS integer) AS id",
-            (OWNER_SPACE,),
-        ).fetchone()
-        assert row is not None
-        if row[1]:
-            return int(row[0])
-    raise StoreError(
-        f"no free owner id after {OWNER_ID_TRIES} tries: other sessions hold their advisory locks"
-    )
+    ``keelgate_owner_take`` (migration 4) draws it and locks it in this session: a bigint from
+    a sequence no role but its owner may use, so no tenant can exhaust the ids, nor (once the
+    raw advisory-lock functions are revoked from PUBLIC) hold one before it is drawn. It tries
+    the lock, never waits for it: an id someone holds anyway is passed over (up to 100), so a
+    store never hangs on opening behind a lock it cannot see the end of."""
+    row = conn.execute("SELECT keelgate_owner_take()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _writer(conn: Conn) -> tuple[str, str]:
+    """Who the database records as the writer of this store's audit events (migration 6): the
+    role, and its kind in the lookup (``administrator`` for a role it does not name). Sealed
+    into each event's hash, so an event's writer is as fixed as the rest of it."""
+    row = conn.execute(
+        "SELECT current_user, COALESCE((SELECT kind FROM keelgate_tenants "
+        "WHERE role = current_user), 'administrator')"
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
 
 
 def _durable_commits(conn: Conn) -> None:

@@ -6,7 +6,10 @@ runs. PostgreSQL enforces that, not Keelgate: migration 3 (``_sql.py``) puts row
 on every table, keyed by the role a session logged in as, through ``keelgate_tenants``; this
 module writes that table, creates the roles and makes their grants (``postgres.PRIVILEGES``).
 ``keelgate tenant add|remove|list`` is its command line, which also writes the namespace's
-Secret.
+Secret. Tenants must not delay or deny each other either, through what the server shares: ``add``
+gives each role a connection limit and a lock limit, and closes in the database what its URL may
+(``secure``: the raw advisory-lock functions, the views of other sessions and temporary tables,
+revoked from PUBLIC); ``open_ways`` says, one line each, what is left open.
 
 A role's password is generated here, sent to the server only as a SCRAM-SHA-256 verifier (so no
 server log can hold it), and handed back once, inside the URL the caller puts in the Secret.
@@ -33,6 +36,7 @@ from psycopg import sql
 
 from keelgate.core.audit import utc_now
 from keelgate.errors import InputError, StoreError, StoreUnavailable
+from keelgate.stores._sql import DEFAULT_LOCK_LIMIT, TENANT_SPACES
 from keelgate.stores.postgres import KINDS, _one_line, _safe_target, grant, migrated, revoke
 
 # A namespace's name, as Kubernetes allows it (an RFC 1123 label).
@@ -43,17 +47,47 @@ ROLE_PREFIX = "keelgate-"
 OPERATOR_ROLE = "keelgate-operator"
 # URL settings that would put another user or password beside the role's own.
 _CREDENTIAL_SETTINGS = frozenset({"user", "password", "passfile"})
+#: Sessions a role may hold at once on the server (``ALTER ROLE ... CONNECTION LIMIT``), unless
+#: ``add`` is told otherwise: a tenant's step pods hold one each (the operator's --max-step-pods
+#: is 20 by default); the operator holds a pool of up to 9 per replica.
+DEFAULT_CONNECTION_LIMITS = {"tenant": 20, "operator": 32}
+#: Runs a tenant's sessions may drive at once (its run locks), unless told otherwise.
+LOCK_LIMIT = DEFAULT_LOCK_LIMIT
+LIMIT_MAX = 10_000
+#: Locks a session holds beside those on relations: its owner id, its virtual transaction id,
+#: its transaction id, and a margin.
+SESSION_LOCKS = 8
+
+# The pg_catalog functions through which a session takes, or looks at, what every database role
+# shares: the advisory-lock family (each overload its own function) and what shows other
+# sessions and the locks they hold (pg_stat_activity and pg_locks are views over them). The
+# administrator revokes them from PUBLIC in this database (a superuser's right: they belong to
+# the bootstrap superuser), and grants them back to the tables' owner, whose functions
+# (migration 4) take and judge Keelgate's locks on every role's behalf.
+_LOCK_FUNCTIONS = "p.proname ~ '^pg_(try_)?advisory_'"
+_SESSION_FUNCTIONS = (
+    "p.proname IN ('pg_stat_get_activity', 'pg_lock_status', 'pg_blocking_pids', "
+    "'pg_safe_snapshot_blocking_pids', 'pg_stat_get_progress_info') "
+    "OR p.proname ~ '^pg_stat_get_backend_'"
+)
+_CATALOG_FUNCTIONS = (
+    "SELECT p.oid::regprocedure::text FROM pg_proc p "
+    "WHERE p.pronamespace = 'pg_catalog'::regnamespace AND ({which}) ORDER BY 1"
+)
 
 
 @dataclass(frozen=True)
 class Tenant:
     """One registered role: which tenant it is (for the operator, the namespace its Secret is
-    in), its kind (``tenant`` or ``operator``), and when it was added."""
+    in), its kind (``tenant`` or ``operator``), when it was added, the sessions it may hold at
+    once (-1: no limit) and the runs it may drive at once."""
 
     role: str
     tenant: str
     kind: str
     added_at: str
+    connection_limit: int = -1
+    lock_limit: int = LOCK_LIMIT
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,9 @@ class Added:
     created: bool  # the role was created (False: it existed)
     password: bool  # a new password was set, and ``url`` carries it
     url: str
+    # Ways the role could still delay or deny another tenant here, one line each (what the
+    # administrator could not close with this URL, or must close on the server itself).
+    open: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +188,12 @@ def role_url(admin_url: str, role: str, password: str, *, host: str = "") -> str
     query = [(k, v) for k, v in parse_qsl(parts.query) if k not in _CREDENTIAL_SETTINGS]
     userinfo = f"{quote(role, safe='')}:{quote(password, safe='')}"
     return urlunsplit((parts.scheme, f"{userinfo}@{where}", parts.path, urlencode(query), ""))
+
+
+def check_limit(value: int | None, field: str) -> None:
+    """``--connection-limit`` and ``--lock-limit``: a count from 1 to LIMIT_MAX."""
+    if value is not None and not 1 <= value <= LIMIT_MAX:
+        raise InputError(field, f"must be a number from 1 to {LIMIT_MAX}")
 
 
 def check_host(host: str) -> None:
@@ -241,10 +284,11 @@ class TenantStore:
     def tenants(self) -> list[Tenant]:
         """Every registered role, by tenant then role."""
         rows = self._rows(
-            "SELECT role, tenant, kind, added_at FROM keelgate_tenants "
-            'ORDER BY tenant COLLATE "C", role COLLATE "C"'
+            f"SELECT {_TENANT_COLUMNS} FROM keelgate_tenants t "
+            "LEFT JOIN pg_roles r ON r.rolname = t.role "
+            'ORDER BY t.tenant COLLATE "C", t.role COLLATE "C"'
         )
-        return [Tenant(*(str(v) for v in row)) for row in rows]
+        return [_tenant(row) for row in rows]
 
     def unregistered(self) -> list[str]:
         """Tenants with runs in the store but no role: reachable only through a shared URL."""
@@ -297,19 +341,29 @@ class TenantStore:
         rotate: bool = False,
         host: str = "",
         new_url: bool = False,
+        connection_limit: int | None = None,
+        lock_limit: int | None = None,
     ) -> Added:
         """Make ``role`` (default ``default_role``) the role of ``tenant``, with exactly its
         kind's rights. Idempotent: an existing role keeps its password when
         ``working_password`` logs in as it (the URL the caller already holds) and ``rotate``
         is not asked; otherwise it gets a new one, and the result's URL carries it.
         ``new_url`` asks for a URL with a password (``--print``): for a role that exists, that
-        needs ``rotate``, since its password cannot be read back."""
+        needs ``rotate``, since its password cannot be read back.
+
+        ``connection_limit`` (sessions at once, on the whole server) and ``lock_limit`` (runs
+        driven at once) bound what the role can take; left out, a role keeps the limits it has
+        (a new one, or one without a connection limit, gets the defaults). Every ``add`` also
+        closes, as far as this URL may, the ways one role could delay another through what the
+        server shares (``secure``); ``Added.open`` says what it could not close."""
         check_namespace(tenant)
         if kind not in KINDS:
             raise InputError("--kind", f"must be one of {', '.join(KINDS)}")
         role = role or default_role(tenant, kind)
         check_role(role)
         check_host(host)
+        check_limit(connection_limit, "--connection-limit")
+        check_limit(lock_limit, "--lock-limit")
         with self._transaction() as conn:
             # One administrator at a time: two adds of one tenant must not both create.
             conn.execute("LOCK TABLE keelgate_tenants IN SHARE ROW EXCLUSIVE MODE")
@@ -358,14 +412,204 @@ class TenantStore:
                     sql.SQL("ALTER ROLE {} PASSWORD {}").format(who, verifier).as_string(conn)
                 )
             added_at = registered.added_at if registered is not None else utc_now()
+            connections = connection_limit
+            if connections is None:
+                current = self._rows(
+                    "SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)
+                )
+                kept = int(current[0][0]) if current else -1
+                connections = kept if kept > 0 else DEFAULT_CONNECTION_LIMITS[kind]
             conn.execute(
-                "INSERT INTO keelgate_tenants (role, tenant, kind, added_at) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (role) DO NOTHING",
-                (role, tenant, kind, added_at),
+                sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}")
+                .format(who, sql.Literal(connections))
+                .as_string(conn)
+            )
+            locks = lock_limit or (registered.lock_limit if registered is not None else LOCK_LIMIT)
+            # A tenant's run locks are taken in a key space of its own (migration 4).
+            conn.execute(
+                "INSERT INTO keelgate_tenants (role, tenant, kind, added_at, space, lock_limit) "
+                "SELECT %s, %s, %s, %s, CASE WHEN %s = 'tenant' THEN "
+                "COALESCE((SELECT max(space) FROM keelgate_tenants), %s) + 1 END, %s "
+                "ON CONFLICT (role) DO UPDATE SET lock_limit = excluded.lock_limit",
+                (role, tenant, kind, added_at, kind, TENANT_SPACES, locks),
             )
             grant(conn, role, kind)
+            self.secure(conn)
         url = role_url(self.url, role, password, host=host) if password else ""
-        return Added(Tenant(role, tenant, kind, added_at), not exists, bool(password), url)
+        registered = self._registered(role)
+        assert registered is not None
+        return Added(registered, not exists, bool(password), url, tuple(self.open_ways(role)))
+
+    # What the server shares
+
+    def _superuser(self) -> bool:
+        row = self._rows("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        return bool(row and row[0][0])
+
+    def secure(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        """Close, in this database, what this administrator may of the ways one role could
+        delay or deny another through what every role shares (idempotent):
+
+        - the raw advisory-lock functions and the views of other sessions and their locks are
+          revoked from PUBLIC, and granted to the tables' owner, whose functions take and judge
+          Keelgate's locks (a superuser's right: they belong to the bootstrap superuser);
+        - temporary tables are refused to PUBLIC (each holds a lock in the server's shared lock
+          table until its transaction ends; the database's owner or a superuser may).
+
+        What it cannot do is reported by ``open_ways``."""
+        owner = self._rows(
+            "SELECT c.relowner::regrole::text, r.rolsuper FROM pg_class c "
+            "JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = 'keelgate_tenants'::regclass"
+        )[0]
+        owner_role, owner_is_superuser = str(owner[0]), bool(owner[1])
+        if self._superuser():
+            which = f"{_LOCK_FUNCTIONS} OR {_SESSION_FUNCTIONS}"
+            for (function,) in self._rows(_CATALOG_FUNCTIONS.format(which=which)):
+                # A regprocedure's text is a quoted, qualified signature: never input.
+                conn.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
+                if not owner_is_superuser:
+                    conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {owner_role}")
+        may = self._rows(
+            "SELECT r.rolsuper OR pg_has_role(d.datdba, 'USAGE') FROM pg_roles r, pg_database d "
+            "WHERE r.rolname = current_user AND d.datname = current_database()"
+        )
+        if may and may[0][0]:
+            database = sql.Identifier(self.conn.info.dbname)
+            conn.execute(
+                sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC")
+                .format(database)
+                .as_string(conn)
+            )
+
+    def open_ways(self, role: str) -> list[str]:
+        """The ways ``role`` could still delay or deny another tenant through what the server
+        shares, one line each; [] when none is left that Keelgate can see."""
+        ways: list[str] = []
+
+        def functions(which: str) -> list[str]:
+            query = _CATALOG_FUNCTIONS.format(
+                which=f"({which}) AND has_function_privilege(%s, p.oid, 'EXECUTE')"
+            )
+            return [str(row[0]).split("(", 1)[0] for row in self._rows(query, (role,))]
+
+        locks = sorted(set(functions(_LOCK_FUNCTIONS)))
+        if locks:
+            ways.append(
+                f"role {role} may call the advisory-lock functions ({', '.join(locks)}): it can "
+                "hold another tenant's locks; revoke them from PUBLIC with a superuser's URL "
+                "(`keelgate tenant add` does)"
+            )
+        if functions(_SESSION_FUNCTIONS):
+            ways.append(
+                f"role {role} sees every session and lock on the server (pg_stat_activity, "
+                "pg_locks); revoke them from PUBLIC with a superuser's URL (`keelgate tenant "
+                "add` does)"
+            )
+        facts = self._rows(
+            "SELECT has_database_privilege(%s, current_database(), 'TEMPORARY'), r.rolconnlimit, "
+            "current_setting('max_prepared_transactions')::integer FROM pg_roles r "
+            "WHERE r.rolname = %s",
+            (role, role),
+        )
+        temporary, connections, prepared = facts[0] if facts else (False, -1, 0)
+        if temporary:
+            ways.append(
+                f"role {role} may create temporary tables here, each a lock in the server's "
+                "shared lock table: `REVOKE TEMPORARY ON DATABASE ... FROM PUBLIC` as the "
+                "database's owner (`keelgate tenant add` does)"
+            )
+        schemas = [
+            str(row[0])
+            for row in self._rows(
+                "SELECT nspname FROM pg_namespace WHERE has_schema_privilege(%s, oid, 'CREATE') "
+                "ORDER BY 1",
+                (role,),
+            )
+        ]
+        if schemas:
+            ways.append(
+                f"role {role} may create objects in schema {', '.join(schemas)}: revoke CREATE "
+                "there from PUBLIC"
+            )
+        databases = [
+            str(row[0])
+            for row in self._rows(
+                "SELECT datname FROM pg_database WHERE datallowconn "
+                "AND datname <> current_database() "
+                "AND has_database_privilege(%s, datname, 'CONNECT') ORDER BY 1",
+                (role,),
+            )
+        ]
+        if databases:
+            ways.append(
+                f"role {role} may connect to database(s) {', '.join(databases)}, where it can "
+                "fill the lock table every database shares (unless `keelgate tenant add` secured "
+                "it too): `REVOKE CONNECT ON DATABASE ... FROM PUBLIC` there as a superuser, or "
+                "refuse it in pg_hba.conf"
+            )
+        if int(connections) < 0:
+            ways.append(f"role {role} has no connection limit: give it --connection-limit")
+        if int(prepared) > 0:
+            ways.append(
+                f"the server allows prepared transactions (max_prepared_transactions = "
+                f"{prepared}): a role can keep locks after its sessions end; set it to 0"
+            )
+        sums = self._rows(
+            "SELECT COALESCE(sum(r.rolconnlimit), 0), bool_or(r.rolconnlimit < 0), "
+            "current_setting('max_connections')::integer "
+            "- current_setting('superuser_reserved_connections')::integer "
+            "FROM keelgate_tenants t JOIN pg_roles r ON r.rolname = t.role"
+        )
+        total, unlimited, room = sums[0]
+        if not unlimited and int(total) > int(room):
+            ways.append(
+                f"the registered roles may hold {total} sessions together, more than the "
+                f"{room} the server has for them (max_connections): together they can crowd "
+                "each other out; lower their --connection-limit or raise max_connections"
+            )
+        if not unlimited:
+            held, slots, per_transaction = self.lock_budget()
+            if held > slots:
+                ways.append(
+                    f"the tenants' sessions may hold {held} locks together, more than the "
+                    f"server's lock table ({slots}): set max_locks_per_transaction to at least "
+                    f"{per_transaction}, or lower their --connection-limit"
+                )
+        return ways
+
+    def lock_bound(self, role: str) -> int:
+        """The most locks ``role``'s sessions can hold at once in the server's shared lock
+        table: per session, one on each relation it may read (with their indexes and TOAST
+        tables), its owner id and a few of its own; and its run locks (its lock limit)."""
+        rows = self._rows(
+            "SELECT r.rolconnlimit, COALESCE(t.lock_limit, 0), "
+            "(SELECT count(*) FROM pg_class c WHERE has_table_privilege(r.rolname, c.oid, "
+            "'SELECT')) + (SELECT count(*) FROM pg_index i WHERE has_table_privilege(r.rolname, "
+            "i.indrelid, 'SELECT')) + (SELECT count(*) FROM pg_class c WHERE c.reltoastrelid <> 0 "
+            "AND has_table_privilege(r.rolname, c.oid, 'SELECT')) "
+            "FROM pg_roles r LEFT JOIN keelgate_tenants t ON t.role = r.rolname "
+            "AND t.kind = 'tenant' WHERE r.rolname = %s",
+            (role,),
+        )
+        if not rows:
+            return 0
+        connections, runs, relations = (int(v) for v in rows[0])
+        return max(connections, 0) * (relations + SESSION_LOCKS) + runs
+
+    def lock_budget(self) -> tuple[int, int, int]:
+        """What the tenants' roles' sessions may hold in the shared lock table together
+        (``lock_bound`` of each: what their code could take if it tried), its size, and the
+        ``max_locks_per_transaction`` that would make it large enough. The operator's role
+        runs Keelgate's own code, and is not counted at its worst."""
+        roles = [t.role for t in self.tenants() if t.kind == "tenant" and t.connection_limit >= 0]
+        held = sum(self.lock_bound(role) for role in roles)
+        row = self._rows(
+            "SELECT current_setting('max_locks_per_transaction')::integer, "
+            "current_setting('max_connections')::integer "
+            "+ current_setting('max_prepared_transactions')::integer"
+        )[0]
+        per_transaction, backends = int(row[0]), int(row[1])
+        return held, per_transaction * backends, max(per_transaction, -(-held // backends))
 
     def remove(self, tenant: str) -> list[Removed]:
         """Take away every role registered for ``tenant``: its row in the lookup, its rights
@@ -391,9 +635,11 @@ class TenantStore:
 
     def _registered(self, role: str) -> Tenant | None:
         rows = self._rows(
-            "SELECT role, tenant, kind, added_at FROM keelgate_tenants WHERE role = %s", (role,)
+            f"SELECT {_TENANT_COLUMNS} FROM keelgate_tenants t "
+            "LEFT JOIN pg_roles r ON r.rolname = t.role WHERE t.role = %s",
+            (role,),
         )
-        return Tenant(*(str(v) for v in rows[0])) if rows else None
+        return _tenant(rows[0]) if rows else None
 
     def _role_of(self, tenant: str) -> str | None:
         rows = self._rows(
@@ -459,6 +705,14 @@ class TenantStore:
         except psycopg.Error as error:
             raise StoreError(self._words(error)) from None
         return True
+
+
+_TENANT_COLUMNS = "t.role, t.tenant, t.kind, t.added_at, COALESCE(r.rolconnlimit, -1), t.lock_limit"
+
+
+def _tenant(row: Any) -> Tenant:
+    role, tenant, kind, added_at, connections, locks = row
+    return Tenant(str(role), str(tenant), str(kind), str(added_at), int(connections), int(locks))
 
 
 def _kind_words(tenant: Tenant) -> str:

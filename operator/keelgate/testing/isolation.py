@@ -6,10 +6,13 @@ security, ``keelgate tenant add``), and the one way to know that holds in a depl
 try. ``attack(url, victim=..., own=...)`` makes every read, insert, upsert, update and delete of
 the victim's checkpoints (their plans and approvals), idempotency keys, recorded specs and audit
 events, tries to settle the victim's unknown outcome and decide its approval through Keelgate's
-own loop, to move its own rows into the victim's, to rewrite its own audit history, and to
-change the rules themselves; it returns what happened to each. ``probe`` is the same as a
-Python tool (``keelgate.testing.isolation:probe``) for an AgentRun, so it runs where a tenant's
-code runs: in its step pod, with the store URL the pod holds. Keelgate's tests run both.
+own loop, to move its own rows into the victim's, to rewrite its own audit history, to change
+the rules themselves, and to take or see what the server shares (the victim's run lock, any
+advisory lock, owner ids, other sessions, the lock table, temporary tables: what
+``keelgate tenant add`` closes where its URL may); it returns what happened to each. ``probe``
+is the same as a Python tool (``keelgate.testing.isolation:probe``) for an AgentRun, so it runs
+where a tenant's code runs: in its step pod, with the store URL the pod holds. Keelgate's tests
+run both.
 
 It must never succeed quietly: a statement that saw or changed a row is reported as a breach,
 never hidden. It needs the ``postgres`` extra; it writes nothing anywhere unless the store lets
@@ -145,6 +148,15 @@ ATTACKS: tuple[tuple[str, str, str], ...] = (
     ),
     ("become a superuser", "SET SESSION AUTHORIZATION {superuser}", REFUSED),
     ("become a superuser's role", "SET ROLE {superuser}", REFUSED),
+    # what the server shares: locks, owner ids, sessions (a delay, or a view of the others)
+    ("hold the victim's run lock", "SELECT keelgate_lock_run({victim}, 'restock')", REFUSED),
+    ("take an advisory lock", "SELECT pg_try_advisory_lock(1)", REFUSED),
+    ("take an advisory lock (int, int)", "SELECT pg_try_advisory_lock(1, 2)", REFUSED),
+    ("take a shared advisory lock", "SELECT pg_try_advisory_lock_shared(1)", REFUSED),
+    ("draw owner ids", "SELECT nextval('keelgate_owner_seq')", REFUSED),
+    ("see other sessions", "SELECT usename, application_name FROM pg_stat_activity", REFUSED),
+    ("see the lock table", "SELECT objid FROM pg_locks", REFUSED),
+    ("create a temporary table", "CREATE TEMP TABLE keelgate_probe (a int)", REFUSED),
 )
 
 #: What Keelgate's own loop must refuse with the attacker's stores (the error class's name).

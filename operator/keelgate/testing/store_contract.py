@@ -22,8 +22,8 @@ With pytest, in your store's test file::
 as a saver-backed one), ``"specs"``, ``"keys"``, ``"audit"``, ``"run_lock"`` (a key store that is
 a ``RunLock``), ``"revisions"`` (a checkpoint store that is ``RunRevisions``), and one name per
 promise a backend may declare in ``Capabilities`` (``"checkpoint_with_events"``,
-``"claim_with_event"``); with no names, every check, and ``run``
-then passes over what the stores do not have or declare.
+``"claim_with_event"``, ``"checkpoint_with_completion"``, ``"settle_with_event"``); with no
+names, every check, and ``run`` then passes over what the stores do not have or declare.
 
 This module must never import pytest or a store backend, and never weaken a check to suit a
 backend: a store that fails one does not keep Keelgate's promise. It is one long module on
@@ -822,6 +822,31 @@ def a_claim_puts_its_event_on_the_chain_only_when_it_wins(factory: Opener) -> No
     assert lost is not None and lost.state is KeyState.IN_FLIGHT
     events = factory().audit.events("acme", "r")
     assert [(e.type, e.key) for e in events] == [("loop.action_started", "started:1")]
+    assert verify("acme", "r", events).ok
+
+
+@_check("settle_with_event")
+def a_settlement_puts_its_event_on_the_chain_with_it(factory: Opener) -> None:
+    """settle(event=...) appends the decision's event in the settlement's own transaction: a
+    settlement that lands has its event on the chain (a new process reads it, once, after
+    what another process appended meanwhile); one that is refused (the key is not unknown)
+    adds nothing; and the chain verifies."""
+    owner, judge = factory(), factory()
+    settling = judge.settling
+    assert settling is not None
+    draft = AuditDraft("loop.reconciled", {"verdict": "executed"}, actor="ann", key="settled:1")
+    assert claim(owner.idempotency) is None
+    with raises(SettleError):
+        settling.settle("acme", "kg-1", executed=True, by="ann", source="human", event=draft)
+    owner.idempotency.release("acme", "kg-1")
+    _moved_on(factory, "r")
+    settled = settling.settle("acme", "kg-1", executed=True, by="ann", source="human", event=draft)
+    assert settled.state is KeyState.COMPLETED
+    events = factory().audit.events("acme", "r")
+    assert [(e.type, e.key) for e in events] == [
+        ("elsewhere", None),
+        ("loop.reconciled", "settled:1"),
+    ]
     assert verify("acme", "r", events).ok
 
 

@@ -366,14 +366,25 @@ def _trail(page: RunPage) -> str:
     rows = "".join(
         f"<tr><td>{e(ev.get('seq', ''))}</td><td>{e(ev.get('at', ''))}</td>"
         f"<td>{e(ev.get('type', ''))}</td><td>{e(ev.get('actor', ''))}</td>"
+        f"<td>{e(_writer(ev))}</td>"
         f"<td><code>{e(str(ev.get('hash', ''))[:12])}</code></td></tr>"
         for ev in recorded.events
     )
     return (
         f"<h2>Audit trail</h2>{verdict}<table class=trail><thead><tr><th scope=col>#</th>"
         "<th scope=col>At</th><th scope=col>Event</th><th scope=col>Actor</th>"
+        "<th scope=col>Written by</th>"
         f"<th scope=col>Hash</th></tr></thead><tbody>{rows}</tbody></table>"
     )
+
+
+def _writer(event: Mapping[str, Any]) -> str:
+    """The database role that wrote an event and what it is, as the store recorded them; a
+    dash where the store records no writer (SQLite, memory, older events)."""
+    writer = event.get("writer")
+    if not writer:
+        return "-"
+    return f"{writer} ({event.get('writerKind') or '?'})"
 
 
 def _label(pod: Mapping[str, Any], key: str) -> str:
