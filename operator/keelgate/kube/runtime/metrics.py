@@ -3,8 +3,8 @@
 What an operator of Keelgate watches: runs by phase, steps started and ended (by how they
 ended), how long steps take, the hand-off from one step pod's end to the next one's creation,
 unknown outcomes and approvals waiting for a person, API writes, and the CloudEvents sent to
-sinks. Labels carry no run names (unbounded cardinality) and never anything from a run's spec. This module must never import
-kopf or the Kubernetes client: it only counts.
+sinks. Labels carry no run names (unbounded cardinality) and never anything from a run's spec.
+This module must never import kopf or the Kubernetes client: it only counts.
 """
 
 from __future__ import annotations
