@@ -25,7 +25,7 @@ from fakes.event_receiver import EventReceiver, Got
 from fakes.loopback import Answer
 from keelgate.cli import main
 from keelgate.kube.notices import approval_expired, notices_of
-from keelgate.kube.runtime.notify import CLOCK_MARGIN
+from keelgate.kube.runtime import notify
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from keelgate.testing.deadlines import pass_deadlines
@@ -57,7 +57,9 @@ def receiver() -> Iterator[EventReceiver]:
 
 
 def settings(*sinks: Sink, state: str = STATE, queue_size: int = 100) -> NotifySettings:
-    return NotifySettings(source="keelgate-system/keelgate", state=state, queue_size=queue_size, sinks=list(sinks))
+    return NotifySettings(
+        source="keelgate-system/keelgate", state=state, queue_size=queue_size, sinks=list(sinks)
+    )
 
 
 def sink(url: str, name: str = "chat", **extra: Any) -> Sink:
@@ -67,9 +69,7 @@ def sink(url: str, name: str = "chat", **extra: Any) -> Sink:
 @pytest.fixture
 def told(tmp_path: Path, receiver: EventReceiver) -> Iterator[Operator]:
     """An operator with one sink: the receiver, structured mode."""
-    operator = Operator(
-        tmp_path, notify=settings(sink(receiver.url)), notify_sleep=quick
-    )
+    operator = Operator(tmp_path, notify=settings(sink(receiver.url)), notify_sleep=quick)
     yield operator
     operator.close()
 
@@ -224,7 +224,9 @@ def test_a_receiver_that_fails_then_recovers_gets_the_event_once(
     assert [g.type for g in receiver.accepted] == [types.RUN_SUCCEEDED]
     assert len(receiver.received) == 4
     assert told.sample("keelgate_notifications_failed_total", sink="chat") == 3
-    assert told.sample("keelgate_notifications_sent_total", sink="chat", type=types.RUN_SUCCEEDED) == 1
+    assert (
+        told.sample("keelgate_notifications_sent_total", sink="chat", type=types.RUN_SUCCEEDED) == 1
+    )
     assert told.sample("keelgate_notifications_dropped_total", sink="chat", reason="gave_up") == 0
     assert told.sample("keelgate_notifications_queued", sink="chat") == 0
     _no_arguments_nor_secrets(got)
@@ -245,12 +247,26 @@ def test_a_refusal_is_not_asked_again_and_a_receiver_that_stays_down_is_given_up
         receiver.failures = [Answer(status=400)]
         operator.apply("one", _spec())
         operator.drive("one")
-        wait_until(lambda: operator.sample("keelgate_notifications_dropped_total", sink="chat", reason="refused") == 1)
+        wait_until(
+            lambda: (
+                operator.sample(
+                    "keelgate_notifications_dropped_total", sink="chat", reason="refused"
+                )
+                == 1
+            )
+        )
         assert len(receiver.received) == 1 and not receiver.accepted
         receiver.down = Answer(status=503)
         operator.apply("two", _spec())
         operator.drive("two")
-        wait_until(lambda: operator.sample("keelgate_notifications_dropped_total", sink="chat", reason="gave_up") == 1)
+        wait_until(
+            lambda: (
+                operator.sample(
+                    "keelgate_notifications_dropped_total", sink="chat", reason="gave_up"
+                )
+                == 1
+            )
+        )
         # Tried at once, then after waits of 1 s and 2 s (asked for, cut short here): the next
         # wait, 4 s, would pass the 2.5 s the sink allows.
         assert len(receiver.received) == 1 + 3
@@ -283,7 +299,12 @@ def test_a_sink_that_hangs_never_holds_up_reconciling_and_a_full_queue_drops_the
             assert operator.status(name)["phase"] == "Succeeded"
         took = time.monotonic() - started
         assert took < 3.0, took
-        assert operator.sample("keelgate_notifications_dropped_total", sink="chat", reason="queue_full") >= 1
+        assert (
+            operator.sample(
+                "keelgate_notifications_dropped_total", sink="chat", reason="queue_full"
+            )
+            >= 1
+        )
     finally:
         receiver.down = None
         operator.close()
@@ -295,3 +316,222 @@ def wait_until(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("not within the time")
         time.sleep(0.02)
+
+
+def test_a_restart_sends_again_what_the_last_leader_had_not_delivered_and_nothing_older(
+    tmp_path: Path, receiver: EventReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operator A tells run one's success, then its receiver goes down: run two stops awaiting
+    approval and neither of its notices gets through. A keeps how far it delivered (as it does
+    every few seconds), then dies without a word. Operator B starts on the same cluster and
+    store, the receiver back: it sends run two's two notices again, with the ids A had given
+    them, and not run one's, which was delivered."""
+    monkeypatch.setattr(notify, "CLOCK_MARGIN", 1.0)  # the least it may be: a test's seconds
+    first = Operator(tmp_path, notify=settings(sink(receiver.url)), notify_sleep=quick)
+    first.apply("one", _spec())
+    first.drive("one")
+    receiver.wait_for(1)
+    time.sleep(1.1)  # as the periodic save finds it, a moment later
+    first.notifier.save_state()  # type: ignore[union-attr]
+    kept = first.api.read_config_map(*STATE.split("/"))
+    assert kept is not None and kept["data"]["through"]
+    receiver.down = Answer(status=503)
+    first.apply("two", _spec(approval=True))
+    first.drive("two")
+    wait_until(lambda: len(receiver.received) >= 3)
+    pending = {n.id: n.type for n in first.notifier.senders[0].pending()}  # type: ignore[union-attr]
+    assert sorted(pending.values()) == [types.APPROVAL_REQUESTED, types.RUN_STOPPED]
+    first.notifier.save_state()  # type: ignore[union-attr]
+    for sender in first.notifier.senders:  # type: ignore[union-attr]
+        sender.stop(timeout=1)  # dies: nothing more sent, nothing more kept
+    first.stores.close()
+    receiver.down = None
+    accepted = len(receiver.accepted)
+
+    second = Operator(
+        tmp_path, api=first.api, notify=settings(sink(receiver.url)), notify_sleep=quick
+    )
+    try:
+        second.relist("AgentRun", "Pod", "Reconciliation", "Approval")
+        got = receiver.wait_for(accepted + 2)[accepted:]
+        time.sleep(0.3)
+        assert len(receiver.accepted) == accepted + 2
+        assert {g.id: g.type for g in got} == pending
+        assert {g.data["run"] for g in got} == {"two"}
+    finally:
+        second.close()
+
+
+def test_with_nothing_kept_a_first_start_tells_nothing_of_the_past(
+    tmp_path: Path, receiver: EventReceiver
+) -> None:
+    """Notifications turned on for a cluster that already has finished runs (no state kept
+    yet): the new operator lists them and tells none of them; a run that stops afterwards is
+    told."""
+    before = Operator(tmp_path)
+    before.apply("old", _spec())
+    before.drive("old")
+    before.stores.close()
+    after = Operator(
+        tmp_path, api=before.api, notify=settings(sink(receiver.url)), notify_sleep=quick
+    )
+    try:
+        after.relist("AgentRun", "Pod", "Reconciliation", "Approval")
+        after.apply("new", _spec())
+        after.drive("new")
+        got = receiver.wait_for(1)
+        time.sleep(0.2)
+        assert [g.data["run"] for g in receiver.accepted] == ["new"]
+        assert got[0].type == types.RUN_SUCCEEDED
+    finally:
+        after.close()
+
+
+def test_include_arguments_adds_the_redacted_arguments_for_that_sink_only(
+    tmp_path: Path, receiver: EventReceiver
+) -> None:
+    """A sink with includeArguments gets the arguments of the action the approval is about,
+    through the redactor (the token hidden); another sink on the same events gets none."""
+    wants = sink(receiver.url + "/wants", name="wants", includeArguments=True)
+    plain = sink(receiver.url + "/plain", name="plain", types=[types.APPROVAL_REQUESTED])
+    operator = Operator(tmp_path, notify=settings(wants, plain), notify_sleep=quick)
+    try:
+        operator.apply("restock", _spec(approval=True))
+        operator.drive("restock")
+        receiver.wait_for(3)
+        time.sleep(0.2)
+    finally:
+        operator.close()
+    asked = {g.request.path: g for g in receiver.accepted if g.type == types.APPROVAL_REQUESTED}
+    assert asked["/wants"].data["arguments"] == {
+        "sku": "WIDGET-77",
+        "qty": 3,
+        "api_token": "[redacted]",
+    }
+    assert "arguments" not in asked["/plain"].data
+    assert asked["/wants"].id == asked["/plain"].id
+    stopped = [g for g in receiver.accepted if g.type == types.RUN_STOPPED]
+    assert [g.request.path for g in stopped] == ["/wants"]
+    assert "arguments" not in stopped[0].data  # a run's stop is about no one action
+    for got in receiver.accepted:
+        assert SECRET not in got.request.body.decode()
+    _no_arguments_nor_secrets([g for g in receiver.accepted if g.request.path == "/plain"])
+
+
+def test_an_expired_approval_is_told_once_under_an_id_its_record_gives(
+    told: Operator, receiver: EventReceiver
+) -> None:
+    """What the approvals work calls when an approval was too old to run on and is asked for
+    again (``context.tell(approval_expired(...))``): told once however often it is called, with
+    the id the approval's record gives (the same in another process), and a later expiry of a
+    later approval is another event."""
+    told.apply("restock", _spec(approval=True))
+    told.drive("restock")
+    receiver.wait_for(2)
+    approval = told.api.get("Approval", NAMESPACE, APPROVE)
+    assert approval is not None
+
+    def expired(at: str) -> Any:
+        return approval_expired(
+            approval,
+            approved_by=("carol", "dave"),
+            approved_at=at,
+            expired_at="2026-12-05T12:00:00Z",
+            expires_after_seconds=3600,
+        )
+
+    tell = told.controller.context.tell
+    tell(expired("2026-12-05T10:00:00Z"))
+    tell(expired("2026-12-05T10:00:00Z"))
+    tell(expired("2026-12-05T11:30:00Z"))
+    got = receiver.wait_for(4)[2:]
+    time.sleep(0.2)
+    assert len(receiver.accepted) == 4
+    assert [g.type for g in got] == [types.APPROVAL_EXPIRED] * 2
+    assert got[0].id == expired("2026-12-05T10:00:00Z").id != got[1].id
+    assert got[0].data["approvedBy"] == ["carol", "dave"]
+    assert got[0].event.get_subject() == f"approvals/{APPROVE}"
+
+
+def test_the_same_transition_has_the_same_id_whoever_derives_it(
+    told: Operator, receiver: EventReceiver
+) -> None:
+    """The ids are derived from the objects' durable records: the notices of each object as
+    the cluster holds it, derived again (as another leader would), carry the ids the receiver
+    got."""
+    told.apply("restock", _spec(approval=True))
+    told.drive("restock")
+    got = receiver.wait_for(2)
+    again = {
+        n.id
+        for kind in ("AgentRun", "Approval")
+        for body in told.api.of_kind(kind)
+        for n in notices_of(kind, body)
+    }
+    assert {g.id for g in got} == again
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (
+            ["--notify-sink", "ftp://chat.example/x"],
+            "--notify-sink: 'ftp://chat.example/x': must be an http",
+        ),
+        (["--notify-state", "no-slash"], "--notify-state"),
+    ],
+)
+def test_bad_notify_flags_are_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], args: list[str], problem: str
+) -> None:
+    """`keelgate operator` with a sink it cannot use: exit 2, one line naming the flag, before
+    anything connects."""
+    code = main(
+        [
+            "operator",
+            "--store",
+            "postgresql://kg@127.0.0.1:1/kg",
+            "--notify-sink",
+            "http://a.example/",
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert problem in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "sinks: [{name: chat, url: 'http://x/', types: [dev.keelgate.run.stoped]}]\n",
+            "sinks[0].types[0]: 'dev.keelgate.run.stoped' is not an event type",
+        ),
+        (
+            "sinks: [{name: chat, url: 'http://x/', timeout: 3}]\n",
+            "sinks[0].timeout: unknown field",
+        ),
+        (
+            "sinks: [{name: chat, url: 'http://x/', headersDir: /nowhere}]\n",
+            "sinks.chat.headersDir: /nowhere: no such folder",
+        ),
+        ("sinks: [{name: Chat, url: 'http://x/'}]\n", "sinks[0].name"),
+    ],
+)
+def test_a_bad_notify_config_is_one_line_naming_the_file_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, problem: str
+) -> None:
+    """`keelgate operator --notify-config FILE` (what the chart renders from its values) with
+    a wrong field, an event type not in the catalogue or a headers folder that is not there:
+    exit 2, one line naming the field."""
+    config = tmp_path / "notify.yaml"
+    config.write_text(text)
+    code = main(
+        ["operator", "--store", "postgresql://kg@127.0.0.1:1/kg", "--notify-config", str(config)]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert problem in err and "Traceback" not in err, err

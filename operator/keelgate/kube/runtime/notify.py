@@ -48,8 +48,10 @@ from keelgate.manifest.notifications import NotifySettings, Sink
 
 log = logging.getLogger("keelgate.operator")
 
-#: Clocks further apart than this (the API server's and the operator's, or two leaders') may
-#: lose a notice across a restart; notices this close to ``through`` are sent again instead.
+#: How far ``through`` stays behind the operator's clock, and how much earlier than it a record
+#: on the API server's clock is still sent again after a restart: records are in whole seconds,
+#: and clocks further apart than this (the API server's and the operator's, or two leaders')
+#: may lose a notice across a restart. At least 1 s (a record's time is truncated).
 CLOCK_MARGIN = 5.0
 FIRST_RETRY = 1.0
 MAX_RETRY = 60.0
@@ -331,7 +333,7 @@ class Notifier:
         self._boundary: float | None = None  # while listing: notices up to it are told already
         self._listing = False
         self._outstanding: dict[str, tuple[Notice, int]] = {}  # id -> (notice, sinks to go)
-        self._moved = False  # notices seen since ``through`` was last saved
+        self._latest: float | None = None  # the newest record among the notices seen
         self._saved: float | None = None
         self.senders = [
             SinkSender(
@@ -412,7 +414,7 @@ class Notifier:
             fresh = [n for n in found if n.id not in told[1]]
             for notice in fresh:
                 told[1].add(notice.id)
-            self._moved = self._moved or bool(fresh)
+                self._seen(notice)
             quiet = self._listing
             boundary = self._boundary
         for notice in fresh:
@@ -431,8 +433,13 @@ class Notifier:
             if notice.id in told[1]:
                 return
             told[1].add(notice.id)
-            self._moved = True
+            self._seen(notice)
         self._queue(notice)
+
+    def _seen(self, notice: Notice) -> None:
+        """The caller holds the lock."""
+        if self._latest is None or notice.time > self._latest:
+            self._latest = notice.time
 
     def _queue(self, notice: Notice) -> None:
         wanting = [s for s in self.senders if s.sink.wants(notice.type)]
@@ -466,30 +473,28 @@ class Notifier:
         return bound if oldest is None else min(bound, oldest - 0.001)
 
     def save_state(self) -> None:
-        """Keep ``through`` for the next leader, if notices were seen since it was last kept
-        (an idle operator writes nothing). A failure is told and tried at the next save."""
+        """Keep ``through`` for the next leader while it has not yet passed the newest notice
+        seen (an idle operator writes nothing: after a burst of notices, a few saves, the last
+        about CLOCK_MARGIN later). A failure is told and tried at the next save."""
         if self._state is None:
             return
         with self._lock:
-            if not self._moved:
-                return
-            self._moved = False
-        through = self.through()
-        if self._saved is not None and through <= self._saved:
-            with self._lock:
-                self._moved = True  # still behind what is kept: look again later
+            latest, saved = self._latest, self._saved
+        if latest is None or (saved is not None and saved >= latest):
             return
+        through = self.through()
+        if saved is not None and through <= saved:
+            return  # held back by an undelivered notice: nothing new to keep
         try:
             self._state.save(through)
         except Exception as error:
-            with self._lock:
-                self._moved = True
             log.warning(
                 "notify: cannot keep the delivery state (%s)",
                 redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
             )
             return
-        self._saved = through
+        with self._lock:
+            self._saved = through
 
 
 def _after(notice: Notice, through: float) -> bool:
