@@ -13,7 +13,6 @@ secret in a chat channel, an operator that stops reconciling because a webhook i
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
