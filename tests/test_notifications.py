@@ -126,7 +126,8 @@ def test_a_run_that_waits_for_approval_tells_each_step_of_the_decision_once(
     approved = got[2]
     assert (approved.data["verdict"], approved.data["by"]) == ("approved", "carol")
     assert approved.event.get_subject() == f"approvals/{APPROVE}"
-    assert got[3].data["phase"] == "Succeeded" and got[3].data["message"] == "ordered"
+    assert got[3].data["phase"] == "Succeeded"
+    assert got[3].data["message"] == ""  # the model's answer stays in the run's status
     assert len({g.id for g in got}) == 4
     time.sleep(0.2)
     assert len(receiver.accepted) == 4  # nothing told twice (the run was written again)
@@ -534,3 +535,46 @@ def test_a_bad_notify_config_is_one_line_naming_the_file_and_field(
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert problem in err and "Traceback" not in err, err
+
+
+def _reconciliation(status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "Reconciliation",
+        "metadata": {
+            "name": SETTLE,
+            "namespace": NAMESPACE,
+            "uid": "u-1",
+            "creationTimestamp": "2026-12-05T10:00:00Z",
+        },
+        "spec": {
+            "runName": "restock",
+            "action": "1:0",
+            "tool": "lost_write",
+            "idempotencyKey": "k",
+        },
+        "status": status,
+    }
+
+
+def test_what_an_objects_record_tells_and_what_it_does_not() -> None:
+    """A Reconciliation just created (no status yet) tells nothing; shown Pending, that it is
+    asked for; one a step pod's confirmer settled tells only its settlement (nobody was asked);
+    the same object settled at another moment (asked again) is another event."""
+    assert notices_of("Reconciliation", _reconciliation({})) == []
+    pending = notices_of("Reconciliation", _reconciliation({"phase": "Pending"}))
+    assert [n.type for n in pending] == [types.RECONCILIATION_REQUESTED]
+    settled = {"phase": "Settled", "verdict": "executed", "settledBy": "order-book"}
+    by_confirmer = notices_of(
+        "Reconciliation",
+        _reconciliation({**settled, "source": "confirmer", "settledAt": "2026-12-05T10:00:01Z"}),
+    )
+    assert [n.type for n in by_confirmer] == [types.RECONCILIATION_SETTLED]
+    assert by_confirmer[0].data["source"] == "confirmer"
+    first, later = (
+        notices_of(
+            "Reconciliation", _reconciliation({**settled, "source": "human", "settledAt": at})
+        )
+        for at in ("2026-12-05T10:00:01Z", "2026-12-05T11:00:00Z")
+    )
+    assert [n.type for n in first] == [types.RECONCILIATION_REQUESTED, types.RECONCILIATION_SETTLED]
+    assert first[0].id == later[0].id and first[1].id != later[1].id

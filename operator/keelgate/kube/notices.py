@@ -138,7 +138,9 @@ def _run_notices(body: Mapping[str, Any]) -> list[Notice]:
         "phase": phase,
         "stopReason": stop_reason,
         "resumable": bool(status.get("resumable")),
-        "message": redact_text(str(status.get("message") or "")),
+        # A success's message is the model's answer, which may quote anything the run saw: it
+        # stays in the run's status. A stop's is the operator's or the loop's words, redacted.
+        "message": "" if phase == "Succeeded" else redact_text(str(status.get("message") or "")),
         "iteration": int(status.get("iteration") or 0),
         "usage": {k: usage[k] for k in ("inputTokens", "outputTokens", "dollars") if k in usage},
         "waitingFor": waiting,
@@ -226,7 +228,20 @@ def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
             event_type = types.RECONCILIATION_SETTLED
         else:
             event_type = types.APPROVAL_APPROVED if verdict == "approved" else types.APPROVAL_DENIED
-        found.append(notice(event_type, at, OPERATOR_CLOCK, decided, "decided", verdict, by))
+        # settledAt is written once per decision: a later decision of the same object (asked
+        # again) is another notice.
+        found.append(
+            notice(
+                event_type,
+                at,
+                OPERATOR_CLOCK,
+                decided,
+                "decided",
+                verdict,
+                by,
+                status.get("settledAt", ""),
+            )
+        )
     return found
 
 
