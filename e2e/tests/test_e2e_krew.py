@@ -180,7 +180,13 @@ def test_krew_installs_a_plugin_that_lists_runs_and_carries_no_operator(
     dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
     assert "keelgate" in dists
     assert not dists & {
-        "kopf", "openai", "anthropic", "mcp", "prometheus_client", "cloudevents", "psycopg"
+        "kopf",
+        "openai",
+        "anthropic",
+        "mcp",
+        "prometheus_client",
+        "cloudevents",
+        "psycopg",
     }
 
     # `list` and `uninstall` want a local index (what `kubectl krew update` clones from
