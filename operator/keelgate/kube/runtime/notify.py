@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -147,10 +148,10 @@ class _Queued:
     tries: int = 0
 
 
-class _Outcome:
+class _Outcome(StrEnum):
     SENT = "sent"
-    RETRY = "retry"
-    REFUSED = "refused"
+    RETRY = "retry"  # worth asking again
+    REFUSED = "refused"  # an answer asking again will not change
 
 
 class SinkSender:
@@ -229,11 +230,11 @@ class SinkSender:
                 if self._stopping.is_set():
                     return
                 head = self._queue[0]
-            wait = self.attempt(head)
+            wait = self._attempt(head)
             if wait is not None and self._sleep(wait):
                 return  # stopping: the notice stays undelivered (the next leader sends it)
 
-    def attempt(self, head: _Queued) -> float | None:
+    def _attempt(self, head: _Queued) -> float | None:
         """Try to deliver the queue's head once; the seconds to wait before trying it again, or
         None when it is done with (sent, refused or given up)."""
         now = time.monotonic()
@@ -277,7 +278,7 @@ class SinkSender:
             self._metrics.notifications_queued.labels(self.sink.name).set(len(self._queue))
         self._done(head.notice)
 
-    def _send(self, notice: Notice) -> tuple[str, str]:
+    def _send(self, notice: Notice) -> tuple[_Outcome, str]:
         arguments = None
         if self.sink.include_arguments and notice.action and self._arguments is not None:
             try:
