@@ -25,6 +25,8 @@ from fakes.loopback import Answer
 from keelgate.cli import main
 from keelgate.kube.notices import approval_expired, notices_of
 from keelgate.kube.runtime import notify
+from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.notify import Notifier
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from keelgate.testing.deadlines import pass_deadlines
@@ -578,3 +580,52 @@ def test_what_an_objects_record_tells_and_what_it_does_not() -> None:
     )
     assert [n.type for n in first] == [types.RECONCILIATION_REQUESTED, types.RECONCILIATION_SETTLED]
     assert first[0].id == later[0].id and first[1].id != later[1].id
+
+
+def test_an_object_made_again_is_asked_again_and_an_old_ones_expiry_repeats_nothing(
+    receiver: EventReceiver,
+) -> None:
+    """An Approval deleted and made again under its name (a new uid) is a new ask, told; the
+    expiry of the old one, told after, is told once and makes the new one's ask not told twice
+    when the new object is seen again."""
+    notifier = Notifier(settings(sink(receiver.url), state=""), metrics=Metrics(), sleep=quick)
+    notifier.begin()
+    notifier.live()
+    notifier.start()
+    try:
+
+        def approval(uid: str) -> dict[str, Any]:
+            return {
+                "kind": "Approval",
+                "metadata": {
+                    "name": APPROVE,
+                    "namespace": NAMESPACE,
+                    "uid": uid,
+                    "creationTimestamp": "2026-12-05T10:00:00Z",
+                },
+                "spec": {"runName": "restock", "action": "1:0", "tool": "place_order"},
+                "status": {"phase": "Pending"},
+            }
+
+        notifier.observe("Approval", approval("u-1"), False)
+        notifier.observe("Approval", approval("u-1"), True)
+        notifier.observe("Approval", approval("u-2"), False)
+        notifier.tell(
+            approval_expired(
+                approval("u-1"),
+                approved_by=("carol",),
+                approved_at="2026-12-05T10:01:00Z",
+                expired_at="2026-12-05T11:01:00Z",
+                expires_after_seconds=3600,
+            )
+        )
+        notifier.observe("Approval", approval("u-2"), False)
+        receiver.wait_for(3)
+        time.sleep(0.2)
+        assert receiver.types() == [
+            types.APPROVAL_REQUESTED,
+            types.APPROVAL_REQUESTED,
+            types.APPROVAL_EXPIRED,
+        ]
+    finally:
+        notifier.stop()

@@ -329,8 +329,8 @@ class Notifier:
         self._state = state
         self._clock = clock
         self._lock = threading.Lock()
-        # What this process has told (or taken as told), per object: its uid and notice ids.
-        self._told: dict[tuple[str, str, str], tuple[str, set[str]]] = {}
+        # What this process has told (or taken as told), per object (by uid): notice ids.
+        self._told: dict[str, set[str]] = {}
         self._boundary: float | None = None  # while listing: notices up to it are told already
         self._listing = False
         self._outstanding: dict[str, tuple[Notice, int]] = {}  # id -> (notice, sinks to go)
@@ -398,59 +398,58 @@ class Notifier:
         this process has not told. Called with every body: cheap for one that holds none."""
         if kind not in KINDS:
             return
-        meta = body.get("metadata") or {}
-        where = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+        uid = str((body.get("metadata") or {}).get("uid", ""))
         if deleted:
             with self._lock:
-                self._told.pop(where, None)
+                self._told.pop(uid, None)
             return
         found = notices_of(kind, body)
         if not found:
             return
-        uid = str(meta.get("uid", ""))
         with self._lock:
-            told = self._told.get(where)
-            if told is None or told[0] != uid:
-                told = self._told[where] = (uid, set())
-            fresh = [n for n in found if n.id not in told[1]]
-            for notice in fresh:
-                told[1].add(notice.id)
-                self._seen(notice)
-            quiet = self._listing
-            boundary = self._boundary
-        for notice in fresh:
-            if quiet and (boundary is None or not _after(notice, boundary)):
-                continue  # told before this process began
-            self._queue(notice)
+            told = self._told.setdefault(uid, set())
+            fresh = [n for n in found if n.id not in told]
+            if self._listing:
+                # Told before this process began, unless recorded after the kept state.
+                boundary = self._boundary
+                for notice in fresh:
+                    if boundary is None or not _after(notice, boundary):
+                        told.add(notice.id)
+                        self._seen(notice)
+                fresh = [n for n in fresh if n.id not in told]
+            sending = self._take(told, fresh)
+        self._offer(sending)
 
     def tell(self, notice: Notice) -> None:
         """Tell a notice that no object's body holds (an approval found expired), once."""
-        kind, namespace, name, uid = notice.about
-        where = (kind, namespace, name)
         with self._lock:
-            told = self._told.get(where)
-            if told is None or told[0] != uid:
-                told = self._told[where] = (uid, set())
-            if notice.id in told[1]:
-                return
-            told[1].add(notice.id)
+            told = self._told.setdefault(notice.about[3], set())
+            sending = self._take(told, [notice] if notice.id not in told else [])
+        self._offer(sending)
+
+    def _take(self, told: set[str], fresh: list[Notice]) -> list[tuple[Notice, list[SinkSender]]]:
+        """Mark ``fresh`` told and outstanding for the sinks that want each (under the lock,
+        so that ``through`` never passes a notice about to be queued)."""
+        sending = []
+        for notice in fresh:
+            told.add(notice.id)
             self._seen(notice)
-        self._queue(notice)
+            wanting = [s for s in self.senders if s.sink.wants(notice.type)]
+            if wanting:
+                self._outstanding[notice.id] = (notice, len(wanting))
+                sending.append((notice, wanting))
+        return sending
 
     def _seen(self, notice: Notice) -> None:
         """The caller holds the lock."""
         if self._latest is None or notice.time > self._latest:
             self._latest = notice.time
 
-    def _queue(self, notice: Notice) -> None:
-        wanting = [s for s in self.senders if s.sink.wants(notice.type)]
-        if not wanting:
-            return
-        with self._lock:
-            self._outstanding[notice.id] = (notice, len(wanting))
-        for sender in wanting:
-            if not sender.offer(notice):
-                self._delivered(notice)
+    def _offer(self, sending: list[tuple[Notice, list[SinkSender]]]) -> None:
+        for notice, wanting in sending:
+            for sender in wanting:
+                if not sender.offer(notice):
+                    self._delivered(notice)
 
     def _delivered(self, notice: Notice) -> None:
         """One sink is done with ``notice`` (sent, or dropped)."""
