@@ -273,7 +273,7 @@ def test_the_base_install_is_the_plugin_without_the_operator_or_providers(
     site = next((base_venv / "lib").glob("python3.*/site-packages"))
     dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
     assert {"keelgate", "kubernetes", "pydantic", "typer"} <= dists
-    heavy = {"kopf", "prometheus_client", "openai", "anthropic", "mcp", "psycopg"}
+    heavy = {"kopf", "prometheus_client", "cloudevents", "openai", "anthropic", "mcp", "psycopg"}
     assert not dists & heavy, dists & heavy
     home = _home(tmp_path)
 

@@ -533,3 +533,87 @@ def test_the_crds_can_be_left_out_or_not_kept(helm: Path, cluster: Cluster) -> N
     unkept = rendered(helm, cluster, *base, "--set", "crds.keep=false")
     crds = [d for d in unkept if d["kind"] == "CustomResourceDefinition"]
     assert len(crds) == 3 and all("annotations" not in d["metadata"] for d in crds)
+
+
+def test_notification_sinks_reach_the_operator_with_their_headers_secret_and_a_role(
+    helm: Path, cluster: Cluster
+) -> None:
+    """`notifications.sinks` reach the operator as the file --notify-config reads (its source
+    and state ConfigMap named after the release, each sink's defaults filled in, the headers
+    folder of a sink with a headersSecret), that Secret mounted read-only there and only
+    there, a checksum that rolls the operator when the sinks change, and a Role to create the
+    state ConfigMap and get and patch it by name only. Without sinks: none of it. Two sinks of
+    one name, or an event type not in the catalogue, fail at `helm template` naming the value."""
+    base = ("--set", "store.existingSecret.name=pg")
+    sinks = (
+        '[{"name":"chat","url":"https://bridge.example/k","headersSecret":"chat-token",'
+        '"types":["dev.keelgate.approval.requested"]},'
+        '{"name":"flows","url":"http://broker.example/","mode":"binary","retryForSeconds":0}]'
+    )
+    docs = rendered(helm, cluster, *base, "--set-json", f"notifications.sinks={sinks}")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--notify-config=/etc/keelgate-notify/config/notify.yaml" in container["args"]
+    (config,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kg-notify"
+    ]
+    notify = yaml.safe_load(config["data"]["notify.yaml"])
+    assert notify["source"] == "keelgate-system/kg"
+    assert notify["state"] == "keelgate-system/kg-notify-state"
+    chat, flows = notify["sinks"]
+    assert chat["headersDir"] == "/etc/keelgate-notify/headers/chat"
+    assert (chat["mode"], chat["timeoutSeconds"], chat["retryForSeconds"]) == ("structured", 5, 600)
+    assert (flows["mode"], flows["retryForSeconds"], flows["types"]) == ("binary", 0, [])
+    assert "headersDir" not in flows
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["notify-headers-0"]["secret"] == {"secretName": "chat-token"}
+    assert "notify-headers-1" not in volumes
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/keelgate-notify/headers/chat"]["readOnly"] is True
+    assert "checksum/notifications" in deployment["spec"]["template"]["metadata"]["annotations"]
+    (role,) = [
+        d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "kg-operator-notify"
+    ]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["kg-notify-state"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    plain = rendered(helm, cluster, *base)
+    assert not [d for d in plain if "notify" in d["metadata"]["name"]]
+    (unsent,) = [d for d in plain if d["kind"] == "Deployment"]
+    assert not [
+        a for a in unsent["spec"]["template"]["spec"]["containers"][0]["args"] if "notify" in a
+    ]
+    twice = '[{"name":"chat","url":"http://a/"},{"name":"chat","url":"http://b/"}]'
+    out = run_helm(
+        helm,
+        cluster,
+        "template",
+        "kg",
+        str(CHART),
+        *base,
+        "--set-json",
+        f"notifications.sinks={twice}",
+    )
+    assert (
+        out.returncode != 0
+        and "notifications.sinks: each sink needs a name of its own" in out.stderr
+    )
+    typo = '[{"name":"chat","url":"http://a/","types":["dev.keelgate.run.stoped"]}]'
+    out = run_helm(
+        helm,
+        cluster,
+        "template",
+        "kg",
+        str(CHART),
+        *base,
+        "--set-json",
+        f"notifications.sinks={typo}",
+    )
+    assert out.returncode != 0 and "/notifications/sinks/0/types/0" in out.stderr, out.stderr

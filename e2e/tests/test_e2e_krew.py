@@ -179,7 +179,15 @@ def test_krew_installs_a_plugin_that_lists_runs_and_carries_no_operator(
     site = next(environment.glob("lib/python3.*/site-packages"))
     dists = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
     assert "keelgate" in dists
-    assert not dists & {"kopf", "openai", "anthropic", "mcp", "prometheus_client", "psycopg"}
+    assert not dists & {
+        "kopf",
+        "openai",
+        "anthropic",
+        "mcp",
+        "prometheus_client",
+        "cloudevents",
+        "psycopg",
+    }
 
     # `list` and `uninstall` want a local index (what `kubectl krew update` clones from
     # krew-index): an empty git repository stands for it, as krew cannot reach GitHub here.

@@ -182,6 +182,30 @@ class FakeApiServer(ApiServer):
                 )
             )
 
+    def read_config_map(self, namespace: str, name: str) -> JSON | None:
+        with self._lock:
+            self._refused("read_config_map")
+            found = self.objects.get(("ConfigMap", namespace, name))
+            return None if found is None else copy.deepcopy(found)
+
+    def write_config_map(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """A merge patch of the ConfigMap's data, or its creation (as ClusterApi's). No watch
+        is told: the operator does not watch ConfigMaps."""
+        with self._lock:
+            self._refused("write_config_map")
+            self.writes.append(f"patch ConfigMap {name}")
+            found = self.objects.get(("ConfigMap", namespace, name))
+            if found is None:
+                found = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
+                    "data": {},
+                }
+                self.objects[("ConfigMap", namespace, name)] = found
+            found["data"] = {**found.get("data", {}), **dict(data)}
+            self._bump(found)
+
     # What the rest of the cluster does
 
     def finish_pod(self, namespace: str, name: str, exit_code: int, *, message: str = "") -> JSON:

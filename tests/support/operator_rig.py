@@ -23,12 +23,14 @@ from keelgate.cli.step import main as step_main
 from keelgate.core.failpoints import armed, parse
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import SimulatedCrash
-from keelgate.kube.controller.context import ControllerSettings
+from keelgate.kube.controller.context import ControllerSettings, tell_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
 from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.notify import ConfigMapState, Notifier, plan_arguments
+from keelgate.manifest.notifications import NotifySettings
 from keelgate.stores import open_stores
 
 JSON = dict[str, Any]
@@ -79,15 +81,33 @@ class Operator:
         clock: Callable[[], float] = time.time,
         api: FakeApiServer | None = None,
         tracer: Tracer = NO_TRACING,
+        notify: NotifySettings | None = None,
+        notify_sleep: Callable[[float], bool] | None = None,
     ) -> None:
         """``api``: the cluster of an operator before this one (a restart); its watches then
-        report to this operator's cache, which knows nothing until ``relist``."""
-        self.cache = Cache()
+        report to this operator's cache, which knows nothing until ``relist``. ``notify``: the
+        sinks its notifier (the runtime's own, over the fake API server's ConfigMaps) sends to,
+        waiting ``notify_sleep`` between tries (default: the real back-off)."""
         self.api = api if api is not None else FakeApiServer()
-        self.api.watch = self.cache
         self.store_url = f"sqlite:///{folder / 'keelgate.db'}"
         self.stores = open_stores(self.store_url)
         self.metrics = Metrics()
+        self.notifier: Notifier | None = None
+        if notify is not None:
+            self.notifier = Notifier(
+                notify,
+                metrics=self.metrics,
+                state=ConfigMapState(self.api, notify.state) if notify.state else None,
+                arguments=self._arguments,
+                sleep=notify_sleep,
+            )
+            # As the operator's start: the kept state read before the listing (``relist``).
+            self.notifier.begin()
+            self.notifier.start()
+            if api is None:
+                self.notifier.live()  # a new cluster: nothing to list
+        self.cache = Cache(observer=None if self.notifier is None else self.notifier.observe)
+        self.api.watch = self.cache
         self.queued: list[tuple[Key, float]] = []
         self.controller = Controller(
             api=self.api,
@@ -98,11 +118,18 @@ class Operator:
             enqueue=lambda key, after: self.queued.append((key, after)),
             clock=clock,
             tracer=tracer,
+            tell=tell_nobody if self.notifier is None else self.notifier.tell,
         )
         self.termination_log = folder / "termination-log"
 
     def close(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
         self.stores.close()
+
+    def _arguments(self, namespace: str, run: str, action: str) -> Any:
+        checkpoint = self.stores.checkpoints.load(namespace, run)
+        return None if checkpoint is None else plan_arguments(checkpoint.state, action)
 
     # The cluster, as a user and the kubelet change it
 
@@ -155,6 +182,8 @@ class Operator:
         for kind in kinds:
             for body in self.api.of_kind(kind):
                 self.cache.put(kind, body)
+        if self.notifier is not None:
+            self.notifier.live()
 
     def reconcile(self, name: str, *, kind: str = "AgentRun") -> Result:
         return self.controller.reconcile((kind, NAMESPACE, name))

@@ -79,3 +79,26 @@ object.spec.?step == oldObject.spec.?step
           values: {{ toJson . }}
 {{- end }}
 {{- end -}}
+
+{{/* The operator's sinks, as --notify-config reads them (docs/notifications.md): its name at
+     the head of every event's source, the ConfigMap that keeps how far delivery has come, and
+     each sink with its headers Secret's mount. */}}
+{{- define "keelgate.notifyConfig" -}}
+{{- $fullname := include "keelgate.fullname" . -}}
+source: {{ printf "%s/%s" .Release.Namespace $fullname | quote }}
+state: {{ printf "%s/%s-notify-state" .Release.Namespace $fullname | quote }}
+queueSize: {{ .Values.notifications.queueSize }}
+sinks:
+{{- range .Values.notifications.sinks }}
+  - name: {{ .name | quote }}
+    url: {{ .url | quote }}
+    types: {{ toJson (default (list) .types) }}
+    mode: {{ default "structured" .mode | quote }}
+    timeoutSeconds: {{ hasKey . "timeoutSeconds" | ternary .timeoutSeconds 5 }}
+    retryForSeconds: {{ hasKey . "retryForSeconds" | ternary .retryForSeconds 600 }}
+    includeArguments: {{ default false .includeArguments }}
+    {{- if .headersSecret }}
+    headersDir: {{ printf "/etc/keelgate-notify/headers/%s" .name | quote }}
+    {{- end }}
+{{- end }}
+{{- end -}}

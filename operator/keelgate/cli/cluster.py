@@ -22,9 +22,10 @@ from keelgate.stores import check_store_url, redacted
 
 if TYPE_CHECKING:
     from keelgate.kube.runtime.leadership import LeaseSettings
+    from keelgate.manifest.notifications import NotifySettings
 
 #: What the operator extra brings: without them `keelgate operator` says which extra to install.
-_OPERATOR_EXTRA = ("kopf", "prometheus_client", "aiohttp")
+_OPERATOR_EXTRA = ("kopf", "prometheus_client", "aiohttp", "cloudevents")
 
 
 @app.command(
@@ -110,6 +111,40 @@ def operator_command(
             envvar="KEELGATE_AUDIT_SIGN_KEY",
             help="A PEM private key (Ed25519 or ECDSA P-256): sign each stopped run's audit "
             "chain head with it (docs/audit.md).",
+        ),
+    ] = "",
+    notify_config: Annotated[
+        str,
+        typer.Option(
+            "--notify-config",
+            envvar="KEELGATE_NOTIFY_CONFIG",
+            help="A YAML file of the sinks the operator sends CloudEvents to (the chart's "
+            "notifications values; docs/notifications.md).",
+        ),
+    ] = "",
+    notify_sink: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--notify-sink",
+            help="A URL to POST every CloudEvent to (repeat for more; structured mode, the "
+            "defaults of docs/notifications.md).",
+        ),
+    ] = None,
+    notify_source: Annotated[
+        str,
+        typer.Option(
+            "--notify-source",
+            help="The operator's name at the head of each event's source (default: the "
+            "--notify-config's, else 'keelgate').",
+        ),
+    ] = "",
+    notify_state: Annotated[
+        str,
+        typer.Option(
+            "--notify-state",
+            help="NAMESPACE/NAME of the ConfigMap that keeps how far events are delivered, so "
+            "that a restart or a new leader sends again what was not (default: the "
+            "--notify-config's, else none).",
         ),
     ] = "",
     max_crashes: Annotated[
@@ -212,6 +247,7 @@ def operator_command(
                 read_key_file(audit_sign_key, "--audit-sign-key"), field="--audit-sign-key"
             ),
         )
+    notify = _notify_settings(notify_config, notify_sink or [], notify_source, notify_state)
     lease = None
     if leader_elect:
         lease = _lease(
@@ -246,6 +282,7 @@ def operator_command(
         workers=workers,
         resync_seconds=resync,
         lease=lease,
+        notify=notify,
     )
     stores = open_stores(store)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
@@ -258,6 +295,39 @@ def operator_command(
     if code:
         print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
     return code
+
+
+def _notify_settings(
+    config: str, urls: list[str], source: str, state: str
+) -> NotifySettings | None:
+    """The sinks of --notify-config and --notify-sink (None: no sinks), checked now: a wrong
+    field, event type or headers folder is one line at start, not an event lost later."""
+    from keelgate.kube.runtime.notify import read_headers
+    from keelgate.manifest.notifications import (
+        NotifySettings,
+        load_notify_settings,
+        sink_from_url,
+    )
+
+    settings = load_notify_settings(config) if config else NotifySettings()
+    sinks = [*settings.sinks, *(sink_from_url(url, index=i) for i, url in enumerate(urls))]
+    if len({sink.name for sink in sinks}) != len(sinks):
+        raise InputError("--notify-sink", "a sink of --notify-config is already named sink-N")
+    changes: dict[str, object] = {"sinks": sinks}
+    if source:
+        changes["source"] = source
+    if state:
+        changes["state"] = state
+    try:
+        settings = NotifySettings.model_validate(
+            {**settings.model_dump(by_alias=False), **changes}, by_alias=False, by_name=True
+        )
+    except ValueError as error:
+        field = "--notify-state" if state else "--notify-source"
+        raise InputError(field, str(error).splitlines()[-1].strip()) from None
+    for sink in settings.sinks:
+        read_headers(sink.headers_dir, field=f"sinks.{sink.name}.headersDir")
+    return settings if settings.sinks else None
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

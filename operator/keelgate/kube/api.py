@@ -158,6 +158,7 @@ class ClusterApi:
         body: Mapping[str, Any] | None = None,
         query: list[tuple[str, str]] | None = None,
         timeout: float | None = None,
+        content_type: str = "application/json",
     ) -> JSON:
         """One request through the client's ``ApiClient`` (its credentials, TLS and connection
         pool) with a JSON body and a JSON answer, without the client's generated models: the
@@ -167,7 +168,7 @@ class ClusterApi:
             method=method,
             resource_path=path,
             query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             body=None if body is None else dict(body),
             auth_settings=["BearerToken"],
         )
@@ -267,6 +268,40 @@ class ClusterApi:
                 f"delete Pod {namespace}/{name}",
                 body=options,
             )
+
+    # ConfigMaps (the notifier's delivery state)
+
+    def read_config_map(self, namespace: str, name: str) -> JSON | None:
+        """The ConfigMap, or None if there is none."""
+        try:
+            return self._core(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                f"read ConfigMap {namespace}/{name}",
+            )
+        except Gone:
+            return None
+
+    def write_config_map(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Merge ``data`` into the ConfigMap's, creating it when there is none."""
+        what = f"write ConfigMap {namespace}/{name}"
+        self._count("patch ConfigMap")
+        try:
+            self._core(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                what,
+                body={"data": dict(data)},
+                content_type="application/merge-patch+json",
+            )
+        except Gone:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace},
+                "data": dict(data),
+            }
+            self._core("POST", f"/api/v1/namespaces/{namespace}/configmaps", what, body=body)
 
     # Events
 

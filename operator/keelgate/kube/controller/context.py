@@ -22,7 +22,12 @@ from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
 from keelgate.kube.controller.slots import StepSlots
+from keelgate.kube.notices import Notice
 from keelgate.kube.resources import StepPodSettings
+
+
+def tell_nobody(notice: Notice) -> None:
+    """No sink is configured: a notice goes nowhere."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ class ControllerContext:
     enqueue: Enqueue
     clock: Callable[[], float]
     tracer: Tracer = NO_TRACING  # where step pods' spans go (kube.controller.traces)
+    #: Tell a notice no object's body holds (``kube.notices.approval_expired``) to the sinks,
+    #: once; never blocks (``kube.runtime.notify``). Every other notice is derived by the
+    #: runtime from the objects the controller writes: the controller tells nothing else.
+    tell: Callable[[Notice], None] = tell_nobody
 
     def run_state(self, namespace: str, name: str) -> RunState | None:
         """The run's checkpoint, as the store has it now (None: no step has saved one)."""

@@ -18,13 +18,14 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
-from keelgate.kube.controller.context import ControllerContext, ControllerSettings
+from keelgate.kube.controller.context import ControllerContext, ControllerSettings, tell_nobody
 from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, DecisionReconciler
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
 from keelgate.kube.controller.slots import StepSlots
+from keelgate.kube.notices import Notice
 
 
 class Reconciler(Protocol):
@@ -45,6 +46,7 @@ class Controller:
         enqueue: Enqueue,
         clock: Callable[[], float] = time.time,
         tracer: Tracer = NO_TRACING,
+        tell: Callable[[Notice], None] = tell_nobody,
     ) -> None:
         self.context = ControllerContext(
             api=api,
@@ -60,6 +62,7 @@ class Controller:
             enqueue=enqueue,
             clock=clock,
             tracer=tracer,
+            tell=tell,
         )
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context),

@@ -26,6 +26,8 @@ from keelgate.kube.resources import is_active_step_pod
 
 JSON = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
+#: Told of each body the cache takes in (kind, body, False) and each deletion (kind, body, True).
+Observer = Callable[[str, JSON, bool], None]
 T = TypeVar("T")
 
 # How long a deleted object's identity is remembered, so that an API response sent before the
@@ -90,9 +92,17 @@ class Cache:
     cap, the gauges) over every object of a kind.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observer: Observer | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
+        # Told of every body taken in and every deletion, after the cache holds it (outside
+        # the lock): the notifier derives its notices from them.
+        self._observer = observer
         # Objects deleted lately, per kind, in the order seen: by uid (a uid is never reused),
         # or by name for a body without one; with the deletion's resourceVersion, and when.
         self._gone: dict[str, dict[str | tuple[str, str], tuple[int | None, float]]] = {}
@@ -108,15 +118,19 @@ class Cache:
 
     def put(self, kind: str, body: JSON) -> None:
         """Remember ``body`` unless a newer version of it is already known, or it was deleted."""
+        if self._put(kind, body) and self._observer is not None:
+            self._observer(kind, body, False)
+
+    def _put(self, kind: str, body: JSON) -> bool:
         _, namespace, name = key_of(kind, body)
         with self._lock:
             objects = self._objects.setdefault(kind, {})
             known = objects.get((namespace, name))
             new, old = _version(body), None if known is None else _version(known)
             if known is not None and new is not None and old is not None and new < old:
-                return
+                return False
             if known is None and self._deleted_already(kind, (namespace, name), body):
-                return
+                return False
             objects[(namespace, name)] = _slim(body)
             if kind == "Pod":
                 self._tombstones.pop((namespace, name), None)
@@ -124,6 +138,7 @@ class Cache:
                     self._active_steps.add((namespace, name))
                 else:
                     self._active_steps.discard((namespace, name))
+            return True
 
     def drop(self, kind: str, body: JSON) -> None:
         """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
@@ -131,6 +146,8 @@ class Cache:
         late view of it is not taken for it."""
         with self._lock:
             self._drop(kind, body)
+        if self._observer is not None:
+            self._observer(kind, body, True)
 
     def forget_vanished(self, kind: str, namespace: str, name: str, uid: str) -> JSON | None:
         """The API server no longer has this object, though no watch said it was deleted (a
@@ -143,7 +160,10 @@ class Cache:
             if body is None or _uid(body) != uid:
                 return None
             self._drop(kind, body)
-            return copy_json(body)
+            gone = copy_json(body)
+        if self._observer is not None:
+            self._observer(kind, gone, True)
+        return gone
 
     def _drop(self, kind: str, body: JSON) -> None:
         """``drop``, the caller holding the lock."""

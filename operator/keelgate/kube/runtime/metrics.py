@@ -2,9 +2,9 @@
 
 What an operator of Keelgate watches: runs by phase, steps started and ended (by how they
 ended), how long steps take, the hand-off from one step pod's end to the next one's creation,
-unknown outcomes and approvals waiting for a person, and API writes. Labels carry no run names
-(unbounded cardinality) and never anything from a run's spec. This module must never import
-kopf or the Kubernetes client: it only counts.
+unknown outcomes and approvals waiting for a person, API writes, and the CloudEvents sent to
+sinks. Labels carry no run names (unbounded cardinality) and never anything from a run's spec.
+This module must never import kopf or the Kubernetes client: it only counts.
 """
 
 from __future__ import annotations
@@ -90,6 +90,34 @@ class Metrics:
             "keelgate_reconcile_errors",
             "Reconciles that failed and were retried.",
             ["kind"],
+            registry=self.registry,
+        )
+
+        # CloudEvents to the sinks (keelgate.kube.runtime.notify): the sink label is a name the
+        # chart's values give, the type one of the catalogue's: both bounded.
+        self.notifications_sent = Counter(
+            "keelgate_notifications_sent",
+            "CloudEvents a sink accepted (2xx), by sink and event type.",
+            ["sink", "type"],
+            registry=self.registry,
+        )
+        self.notifications_failed = Counter(
+            "keelgate_notifications_failed",
+            "Delivery attempts that failed (an error, a timeout, a non-2xx answer), by sink.",
+            ["sink"],
+            registry=self.registry,
+        )
+        self.notifications_dropped = Counter(
+            "keelgate_notifications_dropped",
+            "CloudEvents given up, by sink and why: queue_full, refused (a 4xx that asking "
+            "again will not change), gave_up (still failing after the sink's retryForSeconds).",
+            ["sink", "reason"],
+            registry=self.registry,
+        )
+        self.notifications_queued = Gauge(
+            "keelgate_notifications_queued",
+            "CloudEvents waiting for a sink (the one being tried included).",
+            ["sink"],
             registry=self.registry,
         )
 

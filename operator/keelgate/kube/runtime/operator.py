@@ -35,7 +35,7 @@ import kopf
 from keelgate.core.protocols import RunRevisions, Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
-from keelgate.kube.controller.context import ControllerSettings
+from keelgate.kube.controller.context import ControllerSettings, tell_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
@@ -44,14 +44,18 @@ from keelgate.kube.runtime.cache import Cache, copy_json, key_of
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.notify import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
+from keelgate.manifest.notifications import NotifySettings
 
 log = logging.getLogger("keelgate.operator")
 
 #: How many of the runs waiting for a step slot one freed slot wakes.
 WAKE_ON_SLOT = 8
+#: How often the notifier's delivery state is kept (only while notices flow).
+NOTIFY_STATE_EVERY = 2.0
 #: The kinds the operator watches, listed once before any worker runs.
 WATCHED = ("AgentRun", "Pod", "Reconciliation", "Approval")
 
@@ -65,6 +69,7 @@ class OperatorOptions:
     workers: int = 4
     resync_seconds: float = 30.0
     lease: LeaseSettings | None = None  # None: no election, this process leads alone
+    notify: NotifySettings | None = None  # None: no sinks, no CloudEvents
 
 
 class Operator:
@@ -80,8 +85,17 @@ class Operator:
         self.stores = stores
         self.api = api
         self.tracer = tracer
-        self.cache = Cache()
         self.metrics = Metrics()
+        self.notifier: Notifier | None = None
+        if options.notify is not None and options.notify.sinks:
+            settings = options.notify
+            self.notifier = Notifier(
+                settings,
+                metrics=self.metrics,
+                state=ConfigMapState(api, settings.state) if settings.state else None,
+                arguments=self._arguments,
+            )
+        self.cache = Cache(observer=None if self.notifier is None else self.notifier.observe)
         self.queue: WorkQueue[Key] | None = None  # made on the operator's event loop
         self.controller: Controller | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -208,7 +222,18 @@ class Operator:
     # Lifecycle
 
     async def _start(self) -> None:
+        notifier = self.notifier
+        if notifier is not None:
+            # How far the last leader delivered, read before the listing: what the listing
+            # holds after that is sent (again).
+            await asyncio.to_thread(notifier.begin)
+            notifier.start()
         await asyncio.to_thread(self._list_everything)
+        if notifier is not None:
+            notifier.live()
+            self._tasks.append(
+                asyncio.create_task(self._keep_notify_state(notifier), name="keelgate-notify")
+            )
         queue = self.queue = WorkQueue[Key]()
         self.controller = Controller(
             api=self.api,
@@ -218,6 +243,7 @@ class Operator:
             meter=self.metrics,
             enqueue=queue.add_threadsafe,
             tracer=self.tracer,
+            tell=tell_nobody if notifier is None else notifier.tell,
         )
         workers = Workers(queue, self.controller.reconcile, self.metrics)
         for number in range(self.options.workers):
@@ -279,6 +305,21 @@ class Operator:
         self._tasks.clear()
         if self.queue is not None:
             self.queue.close()
+        if self.notifier is not None:
+            # Undelivered notices stay after ``through``: the next leader sends them.
+            await asyncio.to_thread(self.notifier.stop)
+
+    async def _keep_notify_state(self, notifier: Notifier) -> None:
+        """Keep how far delivery has come, every few seconds while notices flow."""
+        while True:
+            await asyncio.sleep(NOTIFY_STATE_EVERY)
+            await asyncio.to_thread(notifier.save_state)
+
+    def _arguments(self, namespace: str, run: str, action: str) -> Any:
+        """An action's recorded arguments, for a sink with includeArguments (None: not in the
+        run's latest checkpoint, e.g. the run has gone on to a later plan)."""
+        checkpoint = self.stores.checkpoints.load(namespace, run)
+        return None if checkpoint is None else plan_arguments(checkpoint.state, action)
 
     # Running
 
