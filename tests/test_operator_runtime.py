@@ -81,6 +81,33 @@ def test_a_key_is_never_handed_out_twice_at_once_and_goes_again_if_it_changed() 
     asyncio.run(scenario())
 
 
+def test_keys_a_resync_queued_wait_behind_every_key_an_event_queued() -> None:
+    """A resync's keys (added low) go after every key a watch event or a reconcile added, even
+    ones added later, so a step pod's end is acted on at once behind thousands of resync keys;
+    a key waiting low that an event adds again goes ahead; each key is still handed out once."""
+    C, D = ("AgentRun", "ns", "c"), ("AgentRun", "ns", "d")
+
+    async def scenario() -> None:
+        queue: WorkQueue[Any] = WorkQueue()
+        queue.add(A, low=True)
+        queue.add(B, low=True)
+        queue.add(C, low=True)
+        queue.add(D)  # an event, after the resync's three
+        queue.add(C)  # an event about one the resync queued: ahead now
+        queue.add(D, low=True)  # the resync again: D stays ahead
+        assert len(queue) == 4
+        assert [await next_key(queue) for _ in range(4)] == [D, C, A, B]
+        assert await nothing_within(queue, 0.05)
+        for key in (B, C, D):
+            queue.done(key)
+        queue.add(A, low=True)  # while A is reconciled: back, low, once done
+        queue.add(B)
+        queue.done(A)
+        assert [await next_key(queue), await next_key(queue)] == [B, A]
+
+    asyncio.run(scenario())
+
+
 def test_a_delayed_add_fires_after_its_delay_and_the_earliest_wins() -> None:
     """add_after brings the key back after the delay; a later delay does not postpone an
     earlier one, an earlier one replaces a later one; a delay of 0 or less adds at once."""

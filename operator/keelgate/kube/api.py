@@ -34,6 +34,8 @@ log = logging.getLogger("keelgate.kube.api")
 JSON = dict[str, Any]
 __all__ = ["PLURALS", "ApiFailure", "ClusterApi", "Conflict", "Gone", "now"]
 
+#: Asks a list for its items' metadata only (``PartialObjectMetadataList``), else whole objects.
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 PLURALS = {"AgentRun": "agentruns", "Reconciliation": "reconciliations", "Approval": "approvals"}
 
 
@@ -158,6 +160,7 @@ class ClusterApi:
         body: Mapping[str, Any] | None = None,
         query: list[tuple[str, str]] | None = None,
         timeout: float | None = None,
+        accept: str = "application/json",
     ) -> JSON:
         """One request through the client's ``ApiClient`` (its credentials, TLS and connection
         pool) with a JSON body and a JSON answer, without the client's generated models: the
@@ -167,7 +170,7 @@ class ClusterApi:
             method=method,
             resource_path=path,
             query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": accept, "Content-Type": "application/json"},
             body=None if body is None else dict(body),
             auth_settings=["BearerToken"],
         )
@@ -240,7 +243,9 @@ class ClusterApi:
         self, namespace: str | None = None, *, timeout: float | None = None
     ) -> list[JSON]:
         """The step pods neither succeeded nor failed, in ``namespace`` (None: every one), as
-        the API server has them now: one list request, whatever the number of runs."""
+        the API server has them now: one list request, whatever the number of runs. Their
+        metadata only (what a resync compares): 10,000 running pods are about 40 MB as whole
+        objects, which the API server would encode and this process decode at every resync."""
         path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
         query = [
             ("labelSelector", f"{STEP_POD_LABEL}={STEP_POD_NAME}"),
@@ -250,7 +255,14 @@ class ClusterApi:
             ("resourceVersion", "0"),
         ]
         where = "every namespace" if namespace is None else namespace
-        listed = self._core("GET", path, f"list step pods in {where}", query=query, timeout=timeout)
+        listed = self._core(
+            "GET",
+            path,
+            f"list step pods in {where}",
+            query=query,
+            timeout=timeout,
+            accept=METADATA_ONLY,
+        )
         items: list[JSON] = listed.get("items") or []
         return items
 

@@ -177,6 +177,11 @@ class Operator:
         if self.queue is not None:
             self.queue.add(key)
 
+    def _add_low(self, key: Key) -> None:
+        """Queued behind every key an event or a reconcile queued (the resync's)."""
+        if self.queue is not None:
+            self.queue.add(key, low=True)
+
     def _pod_ended(self, namespace: str, name: str) -> None:
         """A step pod ended or went (told once per pod): its slot may be free, and the runs
         waiting longest for one go first."""
@@ -230,6 +235,7 @@ class Operator:
             api=self.api,
             clusterwide=not self.options.namespaces,
             add=self._add,
+            add_low=self._add_low,
             pod_ended=self._pod_ended,
             refresh_gauges=self._refresh_gauges,
             waiting=(
