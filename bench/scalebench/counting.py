@@ -174,11 +174,14 @@ def parent_of(stat_line: str) -> int:
 
 
 def collapsed_top(lines: Iterable[str], *, top: int = 15) -> dict[str, list[tuple[str, float]]]:
-    """py-spy's collapsed stacks ("frame;frame;... count" lines) summed two ways: by the
-    innermost frame (where the CPU was spent: ``self``) and by every frame a stack passes
-    (``total``, a frame counted once per stack); each as a share of all samples, top first."""
+    """py-spy's collapsed stacks ("frame;frame;... count" lines) summed three ways: by the
+    innermost frame (where the CPU was spent: ``self``), by every frame a stack passes
+    (``total``, a frame counted once per stack), and by the innermost frame of Keelgate's own
+    code (``keelgate``: which of its functions the time is spent under); each as a share of all
+    samples, top first."""
     own: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
     samples = 0
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
@@ -190,9 +193,12 @@ def collapsed_top(lines: Iterable[str], *, top: int = 15) -> dict[str, list[tupl
         own[frames[-1]] += n
         for frame in set(frames):
             total[frame] += n
+        inner = [f for f in frames if "keelgate/" in f]
+        ours[inner[-1] if inner else "(outside keelgate: kopf, asyncio, the client)"] += n
     if not samples:
-        return {"self": [], "total": []}
+        return {"self": [], "total": [], "keelgate": []}
     return {
         "self": [(f, round(n / samples, 3)) for f, n in own.most_common(top)],
         "total": [(f, round(n / samples, 3)) for f, n in total.most_common(top)],
+        "keelgate": [(f, round(n / samples, 3)) for f, n in ours.most_common(top)],
     }

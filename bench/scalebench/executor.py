@@ -14,8 +14,11 @@ tail when the step failed and wrote none, as ``FallbackToLogsOnError`` says).
 Only the container is hollow: each step runs in a process forked from one that has imported
 Keelgate already (multiprocessing's forkserver), so the bench does not pay a Python start per
 step, which a real node pays on its own cores, not the control plane's. At most ``parallel``
-steps run at once; pods wait their turn in the order kwok made them Running. A pod deleted
-while its step runs has its process killed (SIGKILL), as a node lost would.
+steps run at once; the others wait as Running pods, and the next to run is drawn at random
+among them: steps of real runs take varied times (a model's answer, a tool), so runs drift
+apart and the cluster holds a mix of first, middle and last steps rather than every run moving
+in lockstep. A pod deleted while its step runs has its process killed (SIGKILL), as a node lost
+would.
 
 Run as ``python -m scalebench.executor --kubeconfig K --work DIR --parallel N``; SIGTERM stops
 it (steps under way are killed) and it writes its counts to ``DIR/executor.json``. It must never
@@ -32,6 +35,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import random
 import signal
 import sys
 import threading
@@ -118,7 +122,8 @@ class Executor:
         self.context = context
         self.counts = Counts()
         self.lock = threading.Lock()
-        self.ready: collections.deque[Step] = collections.deque()
+        self.ready: list[Step] = []
+        self.draw = random.Random(40)
         self.running: dict[str, Step] = {}  # uid -> step
         self.known: set[str] = set()  # uids taken (run, running or done): each once
         self.deleted: set[str] = set()
@@ -228,7 +233,9 @@ class Executor:
         while not self.stop.is_set():
             with self.lock:
                 while self.ready and len(self.running) < self.parallel:
-                    step = self.ready.popleft()
+                    index = self.draw.randrange(len(self.ready))
+                    self.ready[index], self.ready[-1] = self.ready[-1], self.ready[index]
+                    step = self.ready.pop()
                     if step.uid in self.deleted:
                         continue
                     log = self.work / "logs" / f"{step.uid}.log"

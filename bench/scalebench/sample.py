@@ -165,7 +165,7 @@ def profile(pid: int, seconds: int, out: Path, py_spy: str) -> Path | None:
             "50",
             "-f",
             "raw",
-            "--nonblocking",
+            "--gil",
             "-o",
             str(out),
         ],

@@ -120,6 +120,14 @@ def operator_command(
             help="Step pods in a row that die without recording a stop before the run stalls.",
         ),
     ] = 5,
+    step_events: Annotated[
+        str,
+        typer.Option(
+            "--step-events",
+            help="Which step starts an Event tells: 'notable' (a run's first step, a retry, "
+            "failpoints armed; the status tells the rest) or 'every'.",
+        ),
+    ] = "notable",
     port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 8080,
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
@@ -161,6 +169,8 @@ def operator_command(
     ] = 2,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
+    if step_events not in ("notable", "every"):
+        raise InputError("--step-events", f"{step_events!r}: give 'notable' or 'every'")
     if not store:
         raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
     check_store_url(store)
@@ -240,6 +250,7 @@ def operator_command(
             max_step_pods=max_step_pods,
             max_crashes=max_crashes,
             sign_head=sign_head,
+            every_step_event=step_events == "every",
         ),
         port=port,
         bind=bind,

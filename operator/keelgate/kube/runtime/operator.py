@@ -39,7 +39,7 @@ from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
-from keelgate.kube.resources import controller_name, is_tick, pod_finished
+from keelgate.kube.resources import controller_name, is_tick, pod_change_matters, pod_finished
 from keelgate.kube.runtime.cache import Cache, copy_json, key_of
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
@@ -128,7 +128,7 @@ class Operator:
             self._observe("Pod", event, body)
             namespace, name = key_of("Pod", body)[1:]
             run = controller_name(body)
-            if run:
+            if run and pod_change_matters(str(event.get("type") or ""), body):
                 self._add(("AgentRun", namespace, run))
             deleted = event.get("type") == "DELETED"
             if pod_finished(body) or deleted:
