@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def main(argv: list[str], env: dict[str, str], log: str) -> None:
@@ -23,7 +24,20 @@ def main(argv: list[str], env: dict[str, str], log: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     from keelgate.cli import step
 
-    code = step.main(argv)
+    before = set(sys.modules) if os.environ.get("SCALEBENCH_IMPORTS") else set()
+    started = time.process_time()
+    if os.environ.get("SCALEBENCH_CPROFILE"):
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        code = profiler.runcall(step.main, argv)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(35)
+    else:
+        code = step.main(argv)
+    if before:  # what the forkserver had not imported yet (a preload candidate), and the CPU
+        print(f"scalebench: imported {sorted(set(sys.modules) - before)}", file=sys.stderr)
+        print(f"scalebench: cpu {time.process_time() - started:.3f}s", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
