@@ -277,6 +277,13 @@ class Cache:
             names = self._pods_of_run.get((namespace, run_label), ())
             return [copy_json(pods[(namespace, name)]) for name in names]
 
+    def count_step_pods(self, namespace: str, run_label: str, where: Callable[[JSON], bool]) -> int:
+        """How many of the pods labelled ``run_label`` ``where`` accepts, copying none."""
+        with self._lock:
+            pods = self._objects.get("Pod", {})
+            names = self._pods_of_run.get((namespace, run_label), ())
+            return sum(1 for name in names if where(pods[(namespace, name)]))
+
     def active_step_pod_keys(self) -> list[tuple[str, str, str]]:
         """(namespace, name, uid) of each step pod holding a step slot, copying no body."""
         with self._lock:
