@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import httpx
+import pytest
 
 from keelgate.kube.api_failures import ApiFailure
 from keelgate.kube.controller.context import ControllerSettings
@@ -283,3 +284,27 @@ def test_no_worker_runs_before_every_kind_is_listed_and_readyz_says_so(kube: Ope
     assert restarted.controller is not None
     restarted.controller.reconcile(("AgentRun", NAMESPACE, "second"))
     assert len(kube.api.running_step_pods(NAMESPACE)) == 1
+
+
+def test_the_client_rate_limit_lets_a_burst_through_then_paces_requests_at_qps() -> None:
+    """--kube-burst requests go at once; beyond them each waits its turn at --kube-qps, in the
+    order they came (a debt is never skipped); an idle spell refills the bucket up to the burst,
+    never beyond; a qps of 0 never waits. The waits are what keelgate_api_throttled_seconds
+    counts."""
+    from keelgate.kube.api import RateLimit
+
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    limit = RateLimit(2.0, 3, clock=lambda: now[0], sleep=sleep)
+    waits = [limit.wait() for _ in range(5)]
+    assert waits == [0.0, 0.0, 0.0, 0.5, 1.0] and slept == [0.5, 1.0]
+    now[0] += 60.0  # idle for a minute: the bucket holds the burst again, not 120
+    assert [limit.wait() for _ in range(4)] == [0.0, 0.0, 0.0, 0.5]
+    unlimited = RateLimit(0, 0, clock=lambda: now[0], sleep=sleep)
+    assert {unlimited.wait() for _ in range(1000)} == {0.0}
+    with pytest.raises(ValueError):
+        RateLimit(-1, 3)

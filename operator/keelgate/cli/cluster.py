@@ -128,6 +128,18 @@ def operator_command(
             "failpoints armed; the status tells the rest) or 'every'.",
         ),
     ] = "notable",
+    kube_qps: Annotated[
+        float,
+        typer.Option(
+            "--kube-qps",
+            min=0,
+            help="The operator's API requests a second, sustained (0: no limit).",
+        ),
+    ] = 50.0,
+    kube_burst: Annotated[
+        int,
+        typer.Option("--kube-burst", min=1, help="API requests at once beyond --kube-qps."),
+    ] = 100,
     port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 8080,
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
@@ -189,7 +201,7 @@ def operator_command(
 
     from keelgate.adapters.tracing import configured
     from keelgate.core.redaction import log_to_stderr
-    from keelgate.kube.api import ClusterApi
+    from keelgate.kube.api import ClusterApi, RateLimit
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
 
@@ -261,7 +273,8 @@ def operator_command(
     stores = open_stores(store)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     try:
-        operator = Operator(options, stores=stores, api=ClusterApi(), tracer=tracer)
+        api = ClusterApi(limit=RateLimit(kube_qps, kube_burst))
+        operator = Operator(options, stores=stores, api=api, tracer=tracer)
         code = asyncio.run(operator.run())
     finally:
         stores.close()

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -75,10 +76,52 @@ def _named(body: Any) -> str:
         return ""
 
 
+class RateLimit:
+    """A token bucket over the operator's own requests (``--kube-qps``, ``--kube-burst``): at
+    most ``burst`` at once, then ``qps`` a second; a request beyond waits, in its worker's
+    thread, for its token. It bounds what a burst of work (10,000 runs applied at once, a
+    restart) asks of the API server, as client-go's limiter does for Go controllers; the API
+    server's own Priority and Fairness still applies. ``qps`` 0: no limit."""
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if qps < 0 or burst < 0:
+            raise ValueError("qps and burst must not be negative")
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = float(self.burst)
+        self._at = clock()
+
+    def wait(self) -> float:
+        """Take a token, waiting for one if none is left; the seconds waited."""
+        if not self.qps:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            self._tokens -= 1.0  # taken now; a debt is paid by waiting, in arrival order
+            owed = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if owed > 0:
+            self._sleep(owed)
+        return owed
+
+
 class ClusterApi:
     """Writes through the official client; counts them (a benchmark reads ``writes``)."""
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+    def __init__(
+        self, api_client: client.ApiClient | None = None, *, limit: RateLimit | None = None
+    ) -> None:
         # The client's models are loosely typed; dict bodies are what it sends anyway.
         loader = cast(Any, config)
         if api_client is None:
@@ -92,6 +135,14 @@ class ClusterApi:
         self._lock = threading.Lock()
         self.writes: dict[str, int] = {}
         self.on_write: Callable[[str], None] | None = None
+        self.limit = limit or RateLimit(0, 0)
+        #: Told the seconds a request waited for the rate limit (the metrics count them).
+        self.on_throttle: Callable[[float], None] | None = None
+
+    def _wait_turn(self) -> None:
+        waited = self.limit.wait()
+        if waited and self.on_throttle is not None:
+            self.on_throttle(waited)
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -103,6 +154,7 @@ class ClusterApi:
 
     def create_object(self, kind: str, namespace: str, body: Mapping[str, Any]) -> JSON:
         self._count(f"create {kind}")
+        self._wait_turn()
         try:
             created: JSON = self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURALS[kind], dict(body)
@@ -126,6 +178,7 @@ class ClusterApi:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         self._count(f"patch {kind}/status")
+        self._wait_turn()
         try:
             patched: JSON = self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURALS[kind], name, body
@@ -136,6 +189,7 @@ class ClusterApi:
 
     def delete_object(self, kind: str, namespace: str, name: str, *, uid: str = "") -> None:
         self._count(f"delete {kind}")
+        self._wait_turn()
         options = client.V1DeleteOptions(
             propagation_policy="Background",
             preconditions=client.V1Preconditions(uid=uid) if uid else None,
@@ -166,6 +220,7 @@ class ClusterApi:
         pool) with a JSON body and a JSON answer, without the client's generated models: the
         generated methods turn a body into a ``V1Pod`` and the answer into another, a few
         milliseconds of CPU per step pod for documents that are JSON at both ends."""
+        self._wait_turn()
         request = self.client.param_serialize(
             method=method,
             resource_path=path,

@@ -95,6 +95,7 @@ class Operator:
         self.lost_lease = False
         self.metrics.step_pod_cap.set(options.controller.max_step_pods)
         api.on_write = lambda what: self.metrics.api_writes.labels(what).inc()
+        api.on_throttle = self.metrics.api_throttled.inc
 
     # kopf wiring
 
