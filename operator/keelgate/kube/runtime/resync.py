@@ -20,7 +20,7 @@ from keelgate.kube.api import ClusterApi
 from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.resources import controller_name, is_settled
-from keelgate.kube.runtime.cache import Cache, key_of
+from keelgate.kube.runtime.cache import Cache
 
 log = logging.getLogger("keelgate.operator")
 
@@ -113,17 +113,18 @@ def vanished_step_pods(
     cached = cache.active_step_pod_keys()  # no copies: thousands of pods may be running
     if not cached:
         return []
-    scopes: list[str | None] = [None]
-    if not clusterwide:
-        scopes = [*sorted({namespace for namespace, _, _ in cached})]
-    listed = {
-        key_of("Pod", pod)[1:]
-        for scope in scopes
-        for pod in api.running_step_pods(scope, timeout=CHECK_TIMEOUT)
-    }
+    # Listed by name: a pod named in the list is there (in any namespace, for the cluster-wide
+    # list, which names no namespace: at worst one vanished pod waits for the next resync);
+    # one not named is read before it is taken for gone.
+    listed: dict[str | None, set[str]] = {}
+    if clusterwide:
+        listed[None] = set(api.running_step_pods(None, timeout=CHECK_TIMEOUT))
+    else:
+        for scope in sorted({namespace for namespace, _, _ in cached}):
+            listed[scope] = set(api.running_step_pods(scope, timeout=CHECK_TIMEOUT))
     gone = []
     for namespace, name, uid in cached:
-        if (namespace, name) in listed:
+        if name in listed.get(None if clusterwide else namespace, set()):
             continue
         try:
             found = api.read_pod(namespace, name, timeout=CHECK_TIMEOUT)
