@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -267,6 +268,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and profiles go")
     parser.add_argument("--plot", type=Path, default=None, help="write the PNG plot here")
     args = parser.parse_args()
+    # Stopped by a signal, it still stops everything it started (a background job's SIGINT is
+    # ignored by the shell that started it: SIGTERM is the way to stop one).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sizes = [int(x) for x in args.runs.split(",") if x.strip()]
     cap = args.cap or max(sizes) + 1000
     work = Path(tempfile.mkdtemp(prefix="keelgate-scale-"))
