@@ -62,8 +62,19 @@ def plot(phases: Sequence[dict[str, Any]], out: Path, *, title: str) -> Path:
         color="tab:orange",
         label="step pods / s",
     )
+    for phase in phases:
+        if phase.get("label"):  # which code a point was measured on, say
+            right.annotate(
+                str(phase["label"]),
+                (phase["runs"], phase["step_pods_per_second"]),
+                textcoords="offset points",
+                xytext=(0, 8),
+                ha="center",
+                fontsize=7,
+                color="tab:orange",
+            )
     right.axhline(10.0, color="tab:orange", alpha=0.3, linewidth=1)
-    right.set_ylabel("step pods a second (10-minute window)", color="tab:orange")
+    right.set_ylabel("step pods done a second (measured window)", color="tab:orange")
     right.set_ylim(bottom=0)
     left.set_ylim(bottom=0)
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
