@@ -308,3 +308,18 @@ def test_the_client_rate_limit_lets_a_burst_through_then_paces_requests_at_qps()
     assert {unlimited.wait() for _ in range(1000)} == {0.0}
     with pytest.raises(ValueError):
         RateLimit(-1, 3)
+
+
+def test_a_new_run_waits_behind_the_runs_under_way_but_any_other_change_does_not() -> None:
+    """A run created and never looked at (no status) is queued behind the runs under way, so a
+    flood of new runs delays no hand-off; a run with a status, an edit, a deletion, or a new run
+    already being deleted are queued as before."""
+    from keelgate.kube.runtime.operator import is_new_run
+
+    new = {"metadata": {"name": "r", "namespace": "ns"}, "spec": {}}
+    assert is_new_run({"type": "ADDED", "object": new})
+    assert not is_new_run({"type": "MODIFIED", "object": new})
+    assert not is_new_run({"type": "ADDED", "object": {**new, "status": {"phase": "Running"}}})
+    leaving = {**new, "metadata": {**new["metadata"], "deletionTimestamp": "2026-12-05T10:00:00Z"}}
+    assert not is_new_run({"type": "ADDED", "object": leaving})
+    assert not is_new_run({"type": "DELETED", "object": new})

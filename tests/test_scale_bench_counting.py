@@ -151,3 +151,16 @@ def test_a_profile_is_summed_by_innermost_frame_by_every_frame_and_by_keelgate_f
     assert ("main (a.py:1)", 1.0) in top["total"]
     assert top["keelgate"][0] == ("work (keelgate/x.py:2)", 0.8)
     assert top["keelgate"][1][1] == 0.2
+
+
+def test_hand_offs_still_to_make_are_runs_whose_newest_pod_ended_before_their_last_step() -> None:
+    created = {
+        "a-s1-a1": 1.0,  # ended, no next pod yet: waiting
+        "b-s1-a1": 1.0,
+        "b-s2-a1": 2.0,  # b's newest runs: not waiting
+        "c-s3-a1": 3.0,  # c's last step ended: the run is done, nothing to make
+        "d-s2-a1": 1.0,
+        "d-s2-a2": 4.0,  # a retry ended: waiting
+    }
+    ended = {"a-s1-a1": 2.0, "b-s1-a1": 1.5, "c-s3-a1": 4.0, "d-s2-a1": 3.0, "d-s2-a2": 5.0}
+    assert counting.waiting_handoffs(created, ended) == 2

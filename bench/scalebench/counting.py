@@ -58,6 +58,22 @@ def handoffs(
     return out
 
 
+def waiting_handoffs(created: Mapping[str, float], ended: Mapping[str, float]) -> int:
+    """How many runs have their newest step pod ended with no next pod yet, a last step (a
+    run's third, which ends it) not counted: the hand-offs still to make."""
+    waiting = 0
+    for pods in step_pods_by_run(created).values():
+        newest = pods[-1]
+        match = POD_NAME.match(newest)
+        if newest in ended and match is not None and int(match["step"]) < LAST_STEP:
+            waiting += 1
+    return waiting
+
+
+#: The step that ends a bench run (read, order, done).
+LAST_STEP = 3
+
+
 def first_pods(
     runs_created: Mapping[str, float], created: Mapping[str, float], start: float, end: float
 ) -> list[float]:

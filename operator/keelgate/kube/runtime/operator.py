@@ -119,7 +119,10 @@ class Operator:
         async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
             self._observe("AgentRun", event, body)
             key = key_of("AgentRun", body)
-            self._add(key)
+            if is_new_run(event):
+                self._add_low(key)
+            else:
+                self._add(key)
             parent = controller_name(body)
             if parent and is_tick(body):
                 self._add(("AgentRun", key[1], parent))
@@ -323,6 +326,20 @@ class Operator:
                 await asyncio.to_thread(self.leadership.release)
             await self._health.stop()
         return 1 if self.lost_lease else 0
+
+
+def is_new_run(event: Mapping[str, Any]) -> bool:
+    """A watch event of an AgentRun no operator has looked at yet (created, no status): it waits
+    behind the runs under way in the work queue, so that a flood of new runs (10,000 applied at
+    once) delays no step pod's hand-off of a run already going; the new runs start as the
+    queue allows, in the order they came."""
+    body = event.get("object")
+    return (
+        event.get("type") == "ADDED"
+        and isinstance(body, Mapping)
+        and not body.get("status")
+        and not (body.get("metadata") or {}).get("deletionTimestamp")
+    )
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
