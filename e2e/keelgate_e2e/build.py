@@ -4,11 +4,12 @@ and, only when asked (`ensure_optional`), kwok for the scale bench.
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
 modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
-e2e/tools/krew (and e2e/tools/kwok, for the scale bench only), into the git-ignored folder e2e/bin, with the version ldflags an official build
-sets. Callers name the programs they run (`--for up` is what `make up` runs), so a cold `make up`
-never builds the tracing collector or krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention)
-or PATH are used instead when they are new enough. Builds reuse Go's build and module caches, so
-only the first build on a machine is slow.
+e2e/tools/krew (and e2e/tools/kwok, for the scale bench only), into the git-ignored folder
+e2e/bin, with the version ldflags an official build sets. Callers name the programs they run
+(`--for up` is what `make up` runs), so a cold `make up` never builds the tracing collector or
+krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention) or PATH are used instead when they
+are new enough. Builds reuse Go's build and module caches, so only the first build on a machine
+is slow.
 
 It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
 release tarballs), and never write outside e2e/bin and Go's own caches.
