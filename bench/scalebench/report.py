@@ -76,7 +76,9 @@ def plot(phases: Sequence[dict[str, Any]], out: Path, *, title: str) -> Path:
     right.axhline(10.0, color="tab:orange", alpha=0.3, linewidth=1)
     right.set_ylabel("step pods done a second (measured window)", color="tab:orange")
     right.set_ylim(bottom=0)
-    left.set_ylim(bottom=0)
+    # Hand-offs span milliseconds to minutes (a backlog): a log scale shows both, and the 1 s line.
+    left.set_yscale("log")
+    left.set_ylim(0.01, max(10.0, 2 * max(p["handoff_p99_s"] for p in phases)))
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     labels = left.get_legend_handles_labels()[1] + right.get_legend_handles_labels()[1]
     left.legend(handles, labels, loc="upper left", fontsize=8)
