@@ -15,7 +15,7 @@ STAMP      := $(VENV)/.installed-stamp
 UP_STAMP   := $(VENV)/.installed-up
 BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: venv demo demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-scale bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -111,6 +111,15 @@ bench-step: venv
 ## step, operator memory (figures: docs/performance.md)
 bench-cluster: venv e2e-build
 	$(PY) bench/cluster_steps.py
+
+## bench-scale: one operator against 1,000, 5,000 and 10,000 runs under way, on kwok's fake
+## nodes (built from its Go module here, only for this bench) with a hollow step executor
+## running each step's real work (about 50 minutes; figures and plot: docs/performance.md);
+## installs the bench-scale extra (matplotlib, py-spy)
+bench-scale: venv e2e-build
+	$(PY) -c 'import matplotlib, shutil; assert shutil.which("py-spy", path="$(VENV)/bin")' 2>/dev/null || \
+	  $(PY) -m pip install --quiet -e '.[bench-scale]'
+	$(PY) bench/scale.py --plot docs/images/scale-kwok.png $(SCALE_ARGS)
 
 # The second run holds the operator's unit-test fake and rig to the seams the real classes fit.
 typecheck: venv

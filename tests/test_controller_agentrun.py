@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("orders")
 
 def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> None:
     """Each step gets one pod, named by run, step and attempt; the run ends Succeeded with its
-    answer, its one WRITE done once, and the Events tell each step and the end."""
+    answer, its one WRITE done once, and the Events tell the run's start and its end (with the
+    last step's end): a routine next step after a clean end is told by the status alone."""
     kube.apply("restock", agentrun_spec())
     assert kube.drive("restock") == [0, 0]
     assert kube.pods() == ["restock-s1-a1", "restock-s2-a1"]
@@ -42,15 +43,30 @@ def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> N
     assert kube.condition("restock", "Succeeded")["status"] == "True"
     assert status["step"]["state"] == "Ended" and status["step"]["number"] == 2
     assert len(operator_tools.ORDERS) == 1
-    assert kube.api.reasons() == ["StepStarted", "StepStarted", "Succeeded"]
-    # A clean end is told with what comes next: one Event for both.
-    second, done = kube.api.events[1], kube.api.events[2]
-    assert "(step 1 (pod restock-s1-a1) ended: exit code 0 (Completed))" in second.message
+    assert kube.api.reasons() == ["StepStarted", "Succeeded"]
+    assert "step 1 attempt 1: pod restock-s1-a1" in kube.api.events[0].message
+    # The last clean end is told with the run's stop: one Event for both.
+    done = kube.api.events[1]
     assert done.message == "ordered (step 2 (pod restock-s2-a1) ended: exit code 0 (Completed))"
     assert kube.sample("keelgate_steps_started_total") == 2
     assert kube.sample("keelgate_steps_ended_total", result="clean") == 2
     assert kube.reconcile("restock") == REST  # finished: nothing more to do
     assert len(kube.pods()) == 2
+
+
+def test_every_step_is_told_in_an_event_when_the_platform_asks(tmp_path: Path) -> None:
+    """With ``--step-events=every`` each step's start is an Event, a clean end told with what
+    comes next (one Event for both), as before the default became the notable starts only."""
+    kube = Operator(tmp_path, settings=ControllerSettings(every_step_event=True))
+    try:
+        kube.apply("restock", agentrun_spec())
+        assert kube.drive("restock") == [0, 0]
+        assert kube.api.reasons() == ["StepStarted", "StepStarted", "Succeeded"]
+        second, done = kube.api.events[1], kube.api.events[2]
+        assert "(step 1 (pod restock-s1-a1) ended: exit code 0 (Completed))" in second.message
+        assert done.message == "ordered (step 2 (pod restock-s2-a1) ended: exit code 0 (Completed))"
+    finally:
+        kube.close()
 
 
 def test_the_intent_is_in_status_before_its_pod_is_created(kube: Operator) -> None:

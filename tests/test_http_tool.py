@@ -83,6 +83,31 @@ def test_a_read_fills_the_url_from_the_arguments_escaped(shop: Shop) -> None:
     assert "idempotency-key" not in sent.headers
 
 
+def test_a_plain_http_tool_loads_no_certificate_authorities_an_https_one_does(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step pod pays for what its tools use: a tool on a plain http URL (redirects are never
+    followed, so no TLS connection can follow) does not load the system's certificate
+    authorities, a few tens of milliseconds of every step's CPU; its context would refuse any
+    certificate. A tool on an https URL verifies as before."""
+    import ssl
+
+    loaded: list[str] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        loaded.append("default context")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    assert _inventory(shop).invoke({"sku": "A1"}, idempotency_key=None) == {"sku": "A1", "count": 3}
+    assert loaded == []
+    plain = _inventory(shop).client._transport._pool._ssl_context  # type: ignore[attr-defined]
+    assert plain.verify_mode is ssl.CERT_REQUIRED and plain.cert_store_stats()["x509_ca"] == 0
+    secure = HttpTool("get_inventory", url="https://shop.example/items/{sku}", timeout_seconds=5)
+    assert secure.client is not None and loaded == ["default context"]
+
+
 def test_a_read_sends_the_other_arguments_as_the_query(shop: Shop) -> None:
     """For GET, arguments that are not in the URL template become the query string."""
     tool = HttpTool("get_inventory", url=f"{shop.url}/items/{{sku}}")

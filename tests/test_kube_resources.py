@@ -296,3 +296,20 @@ def test_the_charts_step_pod_values_are_the_operators_settings() -> None:
     schema = json.loads((chart / "values.schema.json").read_text())["properties"]["stepPods"]
     fields = {info.alias or name for name, info in StepPodDefaults.model_fields.items()}
     assert set(schema["properties"]) == fields == set(values)
+
+
+def test_only_a_step_pods_changes_that_matter_to_its_run_look_at_the_run_again() -> None:
+    """A pod's end, its deletion (begun or done) and its first sighting queue its run; a pod
+    pending or running that was only scheduled or started does not (nothing the run acts on
+    changed), which saves two of a step's reconciles."""
+    from keelgate.kube.resources import pod_change_matters
+
+    running: dict[str, Any] = {"metadata": {"name": "r-s1-a1"}, "status": {"phase": "Running"}}
+    assert not pod_change_matters("MODIFIED", running)
+    assert not pod_change_matters("MODIFIED", {**running, "status": {"phase": "Pending"}})
+    assert pod_change_matters("ADDED", running)
+    assert pod_change_matters("DELETED", running)
+    assert pod_change_matters("MODIFIED", {**running, "status": {"phase": "Succeeded"}})
+    assert pod_change_matters("MODIFIED", {**running, "status": {"phase": "Failed"}})
+    leaving = {"metadata": {"name": "r-s1-a1", "deletionTimestamp": "2026-12-05T10:00:00Z"}}
+    assert pod_change_matters("MODIFIED", {**running, **leaving})

@@ -334,3 +334,68 @@ def test_the_oldest_waiting_decision_is_a_gauge_per_kind() -> None:
     waited = sample("keelgate_decision_oldest_waiting_seconds", {"kind": "Reconciliation"})
     assert waited is not None and 55 <= waited <= 120
     assert sample("keelgate_decision_oldest_waiting_seconds", {"kind": "Approval"}) == 0.0
+
+
+def labelled(name: str, run_label: str, *, version: int, phase: str = "Running") -> JSON:
+    body = pod(name, version=version, phase=phase)
+    body["metadata"]["labels"]["keelgate.dev/run"] = run_label
+    body["metadata"]["uid"] = f"uid-{name}"
+    return body
+
+
+def test_a_runs_step_pods_are_its_own_through_every_change_and_deletion() -> None:
+    """A reconcile asks for its run's pods at every look (finished ones to collect, active ones
+    to stop on deletion); the cache answers from an index kept as pods come and go, so it must
+    give exactly the run's pods after updates, a deletion seen by the watch, a deletion found by
+    the resync, and never another run's or a pod of that name in another namespace."""
+    cache = Cache()
+    cache.put("Pod", labelled("a-s1-a1", "a", version=1, phase="Succeeded"))
+    cache.put("Pod", labelled("a-s2-a1", "a", version=2))
+    cache.put("Pod", labelled("b-s1-a1", "b", version=3))
+    other = labelled("a-s9-a1", "a", version=4)
+    other["metadata"]["namespace"] = "elsewhere"
+    cache.put("Pod", other)
+
+    def names(label: str, namespace: str = "shop") -> set[str]:
+        return {p["metadata"]["name"] for p in cache.step_pods(namespace, label)}
+
+    assert names("a") == {"a-s1-a1", "a-s2-a1"} and names("b") == {"b-s1-a1"}
+    assert names("a", "elsewhere") == {"a-s9-a1"}
+    cache.put("Pod", labelled("a-s2-a1", "a", version=5, phase="Succeeded"))
+    assert [p["status"]["phase"] for p in cache.step_pods("shop", "a")] == ["Succeeded"] * 2
+    cache.drop("Pod", labelled("a-s1-a1", "a", version=6))
+    assert names("a") == {"a-s2-a1"}
+    assert cache.forget_vanished("Pod", "shop", "b-s1-a1", "uid-b-s1-a1") is not None
+    assert names("b") == set() and names("nobody") == set()
+    copied = cache.step_pods("shop", "a")[0]
+    copied["status"]["phase"] = "Running"  # a copy: the cache's own body is untouched
+    assert cache.step_pods("shop", "a")[0]["status"]["phase"] == "Succeeded"
+
+
+def test_a_run_whose_step_pod_runs_is_resynced_once_in_ten_rounds() -> None:
+    """Thousands of runs under way each have a pod running; their pods' watch events bring every
+    change, so each periodic resync looks at a tenth of them (by name), and every one of them
+    within ten resyncs. A run whose pod ended, or that waits for a pod, is looked at in every
+    resync as before."""
+    cache = Cache()
+    for n in range(200):
+        body = run(f"r{n}", phase="Running")
+        body["status"]["step"] = {"state": "Pending", "pod": f"r{n}-s1-a1"}
+        cache.put("AgentRun", body)
+        cache.put("Pod", labelled(f"r{n}-s1-a1", f"r{n}", version=n + 1))
+    ended = run("ended", phase="Running")
+    ended["status"]["step"] = {"state": "Pending", "pod": "ended-s1-a1"}
+    cache.put("AgentRun", ended)
+    cache.put("Pod", labelled("ended-s1-a1", "ended", version=900, phase="Succeeded"))
+    cache.put("AgentRun", run("new", phase=""))
+    seen: list[set[str]] = [
+        {name for _, _, name in due_for_resync(cache, round_=r)} for r in range(10)
+    ]
+    for names in seen:
+        assert {"ended", "new"} <= names
+        assert 0 < len(names - {"ended", "new"}) < 60  # about a tenth of 200
+    union = set().union(*seen)
+    assert union == {f"r{n}" for n in range(200)} | {"ended", "new"}
+    assert sum(len(names) for names in seen) == 200 + 2 * 10  # each running one once
+    waiting = WaitingRuns(lambda runs: {})
+    assert {name for _, _, name in waiting.due(cache, round_=3)} == seen[3]

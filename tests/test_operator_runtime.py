@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import httpx
+import pytest
 
 from keelgate.kube.api_failures import ApiFailure
 from keelgate.kube.controller.context import ControllerSettings
@@ -77,6 +78,33 @@ def test_a_key_is_never_handed_out_twice_at_once_and_goes_again_if_it_changed() 
         queue.done(A)
         queue.done(B)
         assert await nothing_within(queue, 0.05)
+
+    asyncio.run(scenario())
+
+
+def test_keys_a_resync_queued_wait_behind_every_key_an_event_queued() -> None:
+    """A resync's keys (added low) go after every key a watch event or a reconcile added, even
+    ones added later, so a step pod's end is acted on at once behind thousands of resync keys;
+    a key waiting low that an event adds again goes ahead; each key is still handed out once."""
+    C, D = ("AgentRun", "ns", "c"), ("AgentRun", "ns", "d")
+
+    async def scenario() -> None:
+        queue: WorkQueue[Any] = WorkQueue()
+        queue.add(A, low=True)
+        queue.add(B, low=True)
+        queue.add(C, low=True)
+        queue.add(D)  # an event, after the resync's three
+        queue.add(C)  # an event about one the resync queued: ahead now
+        queue.add(D, low=True)  # the resync again: D stays ahead
+        assert len(queue) == 4
+        assert [await next_key(queue) for _ in range(4)] == [D, C, A, B]
+        assert await nothing_within(queue, 0.05)
+        for key in (B, C, D):
+            queue.done(key)
+        queue.add(A, low=True)  # while A is reconciled: back, low, once done
+        queue.add(B)
+        queue.done(A)
+        assert [await next_key(queue), await next_key(queue)] == [B, A]
 
     asyncio.run(scenario())
 
@@ -256,3 +284,42 @@ def test_no_worker_runs_before_every_kind_is_listed_and_readyz_says_so(kube: Ope
     assert restarted.controller is not None
     restarted.controller.reconcile(("AgentRun", NAMESPACE, "second"))
     assert len(kube.api.running_step_pods(NAMESPACE)) == 1
+
+
+def test_the_client_rate_limit_lets_a_burst_through_then_paces_requests_at_qps() -> None:
+    """--kube-burst requests go at once; beyond them each waits its turn at --kube-qps, in the
+    order they came (a debt is never skipped); an idle spell refills the bucket up to the burst,
+    never beyond; a qps of 0 never waits. The waits are what keelgate_api_throttled_seconds
+    counts."""
+    from keelgate.kube.api import RateLimit
+
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    limit = RateLimit(2.0, 3, clock=lambda: now[0], sleep=sleep)
+    waits = [limit.wait() for _ in range(5)]
+    assert waits == [0.0, 0.0, 0.0, 0.5, 1.0] and slept == [0.5, 1.0]
+    now[0] += 60.0  # idle for a minute: the bucket holds the burst again, not 120
+    assert [limit.wait() for _ in range(4)] == [0.0, 0.0, 0.0, 0.5]
+    unlimited = RateLimit(0, 0, clock=lambda: now[0], sleep=sleep)
+    assert {unlimited.wait() for _ in range(1000)} == {0.0}
+    with pytest.raises(ValueError):
+        RateLimit(-1, 3)
+
+
+def test_a_new_run_waits_behind_the_runs_under_way_but_any_other_change_does_not() -> None:
+    """A run created and never looked at (no status) is queued behind the runs under way, so a
+    flood of new runs delays no hand-off; a run with a status, an edit, a deletion, or a new run
+    already being deleted are queued as before."""
+    from keelgate.kube.runtime.operator import is_new_run
+
+    new = {"metadata": {"name": "r", "namespace": "ns"}, "spec": {}}
+    assert is_new_run({"type": "ADDED", "object": new})
+    assert not is_new_run({"type": "MODIFIED", "object": new})
+    assert not is_new_run({"type": "ADDED", "object": {**new, "status": {"phase": "Running"}}})
+    leaving = {**new, "metadata": {**new["metadata"], "deletionTimestamp": "2026-12-05T10:00:00Z"}}
+    assert not is_new_run({"type": "ADDED", "object": leaving})
+    assert not is_new_run({"type": "DELETED", "object": new})

@@ -9,7 +9,14 @@ under `operator/` may import it, and it must never bind anything but 127.0.0.1.
 
 from __future__ import annotations
 
-__all__ = ["ETCD_VERSION", "HELM_VERSION", "JAEGER_VERSION", "KREW_VERSION", "KUBE_VERSION"]
+__all__ = [
+    "ETCD_VERSION",
+    "HELM_VERSION",
+    "JAEGER_VERSION",
+    "KREW_VERSION",
+    "KUBE_VERSION",
+    "KWOK_VERSION",
+]
 
 #: The Kubernetes release pinned by e2e/tools/kube/go.mod.
 KUBE_VERSION = "v1.36.3"
@@ -23,3 +30,6 @@ JAEGER_VERSION = "v1.75.0"
 #: The krew release pinned by e2e/tools/krew/go.mod: `kubectl krew` and its manifest validator,
 #: which check and install the plugin's krew manifest (.krew.yaml).
 KREW_VERSION = "v0.4.3"
+#: The kwok release pinned by e2e/tools/kwok/go.mod: fake nodes for the scale bench
+#: (`make bench-scale`); built only when that bench asks for it, never by `make up` or the tests.
+KWOK_VERSION = "v0.8.0"

@@ -1,13 +1,15 @@
 """Find or build the control-plane binaries (kube-apiserver, controller-manager, scheduler, etcd),
-helm, jaeger (the trace collector of the tracing tests), and krew with its manifest validator.
+helm, jaeger (the trace collector of the tracing tests), and krew with its manifest validator;
+and, only when asked (`ensure_optional`), kwok for the scale bench.
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
 modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
-e2e/tools/krew, into the git-ignored folder e2e/bin, with the version ldflags an official build
-sets. Callers name the programs they run (`--for up` is what `make up` runs), so a cold `make up`
-never builds the tracing collector or krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention)
-or PATH are used instead when they are new enough. Builds reuse Go's build and module caches, so
-only the first build on a machine is slow.
+e2e/tools/krew (and e2e/tools/kwok, for the scale bench only), into the git-ignored folder
+e2e/bin, with the version ldflags an official build sets. Callers name the programs they run
+(`--for up` is what `make up` runs), so a cold `make up` never builds the tracing collector or
+krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention) or PATH are used instead when they
+are new enough. Builds reuse Go's build and module caches, so only the first build on a machine
+is slow.
 
 It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
 release tarballs), and never write outside e2e/bin and Go's own caches.
@@ -30,7 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelgate_e2e import ETCD_VERSION, HELM_VERSION, JAEGER_VERSION, KREW_VERSION, KUBE_VERSION
+from keelgate_e2e import (
+    ETCD_VERSION,
+    HELM_VERSION,
+    JAEGER_VERSION,
+    KREW_VERSION,
+    KUBE_VERSION,
+    KWOK_VERSION,
+)
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 BIN_DIR = E2E_DIR / "bin"
@@ -39,6 +48,7 @@ ETCD_TOOLS = E2E_DIR / "tools" / "etcd"
 HELM_TOOLS = E2E_DIR / "tools" / "helm"
 JAEGER_TOOLS = E2E_DIR / "tools" / "jaeger"
 KREW_TOOLS = E2E_DIR / "tools" / "krew"
+KWOK_TOOLS = E2E_DIR / "tools" / "kwok"
 
 KUBE_PROGRAMS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 KREW_PROGRAMS = ("kubectl-krew", "validate-krew-manifest")
@@ -51,6 +61,8 @@ UP_PROGRAMS = (*CLUSTER_PROGRAMS, "helm")
 ALL_PROGRAMS = (*UP_PROGRAMS, "jaeger", *KREW_PROGRAMS)
 #: The sets `python -m keelgate_e2e.build --for` names: `make up` builds `up`, the e2e suite `e2e`.
 PROGRAM_SETS = {"up": UP_PROGRAMS, "e2e": ALL_PROGRAMS}
+#: Built only by `ensure_optional` (the scale bench): never by `ensure`, `make up` or the tests.
+OPTIONAL_PROGRAMS = ("kwok",)
 
 #: Oldest releases accepted from KUBEBUILDER_ASSETS or PATH.
 MIN_KUBE = (1, 36, 0)
@@ -58,6 +70,7 @@ MIN_ETCD = (3, 6, 0)
 MIN_HELM = (4, 2, 0)
 MIN_JAEGER = (1, 75, 0)
 MIN_KREW = (0, 4, 3)
+MIN_KWOK = (0, 8, 0)
 #: Oldest Go that can build the pinned modules (their go.mod says `go 1.26.0`).
 MIN_GO = (1, 26, 0)
 
@@ -89,6 +102,7 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 def pinned(name: str) -> tuple[int, int, int]:
     """The version e2e/tools pins for program `name`."""
     versions = {"etcd": ETCD_VERSION, "helm": HELM_VERSION, "jaeger": JAEGER_VERSION}
+    versions["kwok"] = KWOK_VERSION
     versions.update(dict.fromkeys(KREW_PROGRAMS, KREW_VERSION))
     text = versions.get(name, KUBE_VERSION)
     version = parse_version(text)
@@ -98,7 +112,7 @@ def pinned(name: str) -> tuple[int, int, int]:
 
 def minimum(name: str) -> tuple[int, int, int]:
     """The oldest version of program `name` accepted from outside e2e/bin."""
-    oldest = {"etcd": MIN_ETCD, "helm": MIN_HELM, "jaeger": MIN_JAEGER}
+    oldest = {"etcd": MIN_ETCD, "helm": MIN_HELM, "jaeger": MIN_JAEGER, "kwok": MIN_KWOK}
     oldest.update(dict.fromkeys(KREW_PROGRAMS, MIN_KREW))
     return oldest.get(name, MIN_KUBE)
 
@@ -208,6 +222,12 @@ def krew_ldflags(version: str = KREW_VERSION) -> str:
     return f"-s -w -X sigs.k8s.io/krew/internal/version.gitTag={version}"
 
 
+def kwok_ldflags(version: str = KWOK_VERSION) -> str:
+    """The -ldflags for kwok: stripped, with the version `kwok --version` reports (as its
+    release script sets it)."""
+    return f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version}"
+
+
 def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
@@ -265,6 +285,8 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
         _go_build(go, KREW_TOOLS, pkgs, krew_ldflags(), staging)
         (staging / "krew").rename(staging / "kubectl-krew")  # what kubectl finds as `kubectl krew`
         (staging / ".validate-krew-manifest.version").write_text(KREW_VERSION)
+    if "kwok" in names:
+        _go_build(go, KWOK_TOOLS, ["sigs.k8s.io/kwok/cmd/kwok"], kwok_ldflags(), staging)
     if "etcd" in names:
         _go_build(go, ETCD_TOOLS, ["go.etcd.io/etcd/server/v3"], etcd_ldflags(), staging)
         # go names a binary after the path element before a major-version suffix: "server".
@@ -310,6 +332,25 @@ def ensure(names: Sequence[str] = ALL_PROGRAMS, *, force: bool = False) -> dict[
             raise BuildError(f"{name} still not usable after building it")
         resolved[name] = found
     return resolved
+
+
+def ensure_optional(name: str) -> Binary:
+    """Return optional program ``name`` (one of OPTIONAL_PROGRAMS), building it when missing."""
+    if name not in OPTIONAL_PROGRAMS:
+        raise BuildError(f"{name} is not an optional program")
+    found = find(name)
+    if found is None:
+        BIN_DIR.mkdir(parents=True, exist_ok=True)
+        with (BIN_DIR / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if find(name) is None:
+                started = time.monotonic()
+                build([name])
+                print(f"built {name} in {time.monotonic() - started:.0f}s", flush=True)
+        found = find(name)
+    if found is None:
+        raise BuildError(f"{name} still not usable after building it")
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

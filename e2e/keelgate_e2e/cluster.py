@@ -92,6 +92,10 @@ class Cluster:
     node: bool = True
     postgres: bool = False
     backoff_base: float = 10.0
+    #: More flags for kube-apiserver and kube-controller-manager, after the usual ones (a
+    #: repeated flag's last value wins): the scale bench's audit log and node-health timings.
+    apiserver_args: tuple[str, ...] = ()
+    controller_manager_args: tuple[str, ...] = ()
     procs: list[Proc] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -336,6 +340,7 @@ class Cluster:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         kubeconfig = d / "probe.kubeconfig"
@@ -390,6 +395,7 @@ class Cluster:
                 "--node-monitor-grace-period=12s",
                 "--profiling=false",
                 "--v=1",
+                *self.controller_manager_args,
             ],
         )
         self.timings["kube-controller-manager"] = self._secure_health(proc, port)

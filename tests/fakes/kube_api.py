@@ -133,11 +133,12 @@ class FakeApiServer(ApiServer):
 
     def running_step_pods(
         self, namespace: str | None = None, *, timeout: float | None = None
-    ) -> list[JSON]:
-        """The step pods neither succeeded nor failed (one list request, as ClusterApi's)."""
+    ) -> list[str]:
+        """The names of the step pods neither succeeded nor failed (one list request, as
+        ClusterApi's)."""
         with self._lock:
             return [
-                copy.deepcopy(pod)
+                str(pod["metadata"]["name"])
                 for (kind, ns, _), pod in sorted(self.objects.items())
                 if kind == "Pod"
                 and (namespace is None or ns == namespace)

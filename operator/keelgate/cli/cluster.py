@@ -155,6 +155,26 @@ def operator_command(
             help="Step pods in a row that die without recording a stop before the run stalls.",
         ),
     ] = 5,
+    step_events: Annotated[
+        str,
+        typer.Option(
+            "--step-events",
+            help="Which step starts an Event tells: 'notable' (a run's first step, a retry, "
+            "failpoints armed; the status tells the rest) or 'every'.",
+        ),
+    ] = "notable",
+    kube_qps: Annotated[
+        float,
+        typer.Option(
+            "--kube-qps",
+            min=0,
+            help="The operator's API requests a second, sustained (0: no limit).",
+        ),
+    ] = 50.0,
+    kube_burst: Annotated[
+        int,
+        typer.Option("--kube-burst", min=1, help="API requests at once beyond --kube-qps."),
+    ] = 100,
     port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 8080,
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
@@ -196,6 +216,8 @@ def operator_command(
     ] = 2,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
+    if step_events not in ("notable", "every"):
+        raise InputError("--step-events", f"{step_events!r}: give 'notable' or 'every'")
     if not store:
         raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
     check_store_url(store)
@@ -214,7 +236,7 @@ def operator_command(
 
     from keelgate.adapters.tracing import configured
     from keelgate.core.redaction import log_to_stderr
-    from keelgate.kube.api import ClusterApi
+    from keelgate.kube.api import ClusterApi, RateLimit
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
 
@@ -276,6 +298,7 @@ def operator_command(
             max_step_pods=max_step_pods,
             max_crashes=max_crashes,
             sign_head=sign_head,
+            every_step_event=step_events == "every",
         ),
         port=port,
         bind=bind,
@@ -287,7 +310,8 @@ def operator_command(
     stores = open_stores(store)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     try:
-        operator = Operator(options, stores=stores, api=ClusterApi(), tracer=tracer)
+        api = ClusterApi(limit=RateLimit(kube_qps, kube_burst))
+        operator = Operator(options, stores=stores, api=api, tracer=tracer)
         code = asyncio.run(operator.run())
     finally:
         stores.close()

@@ -92,6 +92,18 @@ def pod_active(pod: Mapping[str, Any]) -> bool:
     return not pod_finished(pod)
 
 
+def pod_change_matters(event_type: str, pod: Mapping[str, Any]) -> bool:
+    """Whether a step pod's watch event can change what its run needs: the pod seen first
+    (``ADDED``: after a restart, the listing), ended, being deleted, or deleted. A pending or
+    running pod that only moved on (scheduled, started) changes nothing a run acts on, and
+    looking at its run for each of those was two of every step's six reconciles."""
+    return (
+        event_type in ("ADDED", "DELETED")
+        or pod_finished(pod)
+        or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    )
+
+
 #: Seconds past a pod's deletion deadline (its deletionTimestamp: the end of its grace period)
 #: after which a pod that never ended is taken as lost: no kubelet is there to end it.
 LOST_AFTER = 10.0

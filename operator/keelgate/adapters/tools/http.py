@@ -16,6 +16,7 @@ values or header values into an error.
 from __future__ import annotations
 
 import json
+import ssl
 import string
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -45,6 +46,14 @@ _NOTHING_SENT: tuple[type[Exception], ...] = (
     httpx.LocalProtocolError,
     httpx.InvalidURL,
 )
+
+
+def _no_tls() -> ssl.SSLContext:
+    """The TLS context of a tool whose URL is plain http: no certificate authority loaded, so
+    the certificate of any TLS connection made with it fails verification. None is ever made
+    (the URL's scheme and host are fixed, redirects are not followed); loading the system's
+    authorities for it was a quarter of a step pod's CPU at the call (docs/performance.md)."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 class HttpTool:
@@ -81,6 +90,7 @@ class HttpTool:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise InputError(f"{where}.http.url", "must be an absolute http(s) URL")
         self.where = f"{self.method} {parts.scheme}://{parts.netloc}"
+        self._tls = parts.scheme == "https"
         self.side_effect = side_effect
         self.requires_approval = requires_approval
         self.description = description or f"{self.method} {url}"
@@ -106,6 +116,7 @@ class HttpTool:
                 timeout=self.timeout_seconds,
                 follow_redirects=False,
                 limits=httpx.Limits(max_keepalive_connections=0),
+                verify=True if self._tls else _no_tls(),
             )
         return self._client
 

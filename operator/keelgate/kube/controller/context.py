@@ -39,6 +39,9 @@ class ControllerSettings:
     crash_backoff: float = 1.0  # seconds before the 3rd attempt (the 2nd: at once); doubles
     max_backoff: float = 60.0
     busy_retry: float = 5.0
+    #: Tell every step's start in an Event (``--step-events=every``); by default only those a
+    #: status does not tell (a run's first step, a retry, failpoints armed).
+    every_step_event: bool = False
     #: Signs a payload into a DSSE envelope (``--audit-sign-key``): the operator then signs each
     #: stopped run's chain head (``kube.controller.signed_heads``). None: it signs nothing.
     sign_head: Callable[[bytes], Mapping[str, Any]] | None = None

@@ -49,16 +49,20 @@ def collect_finished_pods(
     meta = run["metadata"]
     namespace, run_uid = meta["namespace"], meta["uid"]
     current = str(step.get("pod", ""))
-    mine = [
-        pod
-        for pod in context.cache.step_pods(namespace, label_value(meta["name"]))
-        if resources.owned_by(pod, run_uid)
-        and resources.pod_finished(pod)
-        and not pod["metadata"].get("deletionTimestamp")
-    ]
+
+    def collectable(pod: JSON) -> bool:
+        return (
+            resources.owned_by(pod, run_uid)
+            and resources.pod_finished(pod)
+            and not pod["metadata"].get("deletionTimestamp")
+        )
+
     keep = keep_finished_pods(context, spec)
-    if len(mine) <= keep:
+    label = label_value(meta["name"])
+    # Counted first, copying nothing: at almost every look there is nothing to collect.
+    if context.cache.count_step_pods(namespace, label, collectable) <= keep:
         return 0
+    mine = [pod for pod in context.cache.step_pods(namespace, label) if collectable(pod)]
     # Only pods of steps (or attempts) before the one the status names: their ends are
     # accounted.
     before = (int(step.get("number") or 0), int(step.get("attempt") or 0))

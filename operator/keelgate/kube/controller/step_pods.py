@@ -150,11 +150,24 @@ class StepPodStarter:
             context.memory.remember_spec(key, recorded)
 
     def _tell_started(self, key: Key, run: JSON, step: Mapping[str, Any]) -> None:
+        """Count the step, and tell its start in a ``StepStarted`` Event when it says something
+        the run's status does not: the run's first step, an attempt after a pod that did not
+        end cleanly, failpoints armed. The routine next step after a clean end is told by the
+        status alone (``status.step``), and that clean end with what comes after it (the run's
+        stop, or a step that is told), unless ``--step-events=every``: an Event is an API
+        write, a third of what a step costs the API server."""
         context = self._context
         context.meter.step_started()
         ended = context.memory.take_ended_at(key)
         if ended is not None:
             context.meter.handoff(max(0.0, context.clock() - ended))
+        routine = (
+            int(step.get("number") or 0) > 1
+            and int(step.get("attempt") or 0) == 1
+            and not step.get("failpoints")
+        )
+        if routine and not context.settings.every_step_event:
+            return  # the clean end before it stays untold, for the next Event to tell
         armed = f" with failpoints {step['failpoints']}" if step.get("failpoints") else ""
         untold = context.memory.take_untold(key)
         if untold is not None:

@@ -115,6 +115,11 @@ class Cache:
         # The step-pod cap asks at every step (and for every run waiting for a slot): a count
         # kept as pods come and go, not a pass over every pod the runs ever had.
         self._active_steps: set[tuple[str, str]] = set()
+        # Each run's pods by its label, as pods come and go: a reconcile asks for its run's pods
+        # at every look, and a pass over every pod of a namespace at each of them grows with
+        # the runs under way (10,000 runs: 10,000 pods walked per look, thousands of looks a
+        # minute).
+        self._pods_of_run: dict[tuple[str, str], set[str]] = {}
 
     def put(self, kind: str, body: JSON) -> None:
         """Remember ``body`` unless a newer version of it is already known, or it was deleted."""
@@ -133,6 +138,11 @@ class Cache:
                 return False
             objects[(namespace, name)] = _slim(body)
             if kind == "Pod":
+                if known is not None:
+                    self._unindex(namespace, name, known)
+                label = _run_label(body)
+                if label is not None:
+                    self._pods_of_run.setdefault((namespace, label), set()).add(name)
                 self._tombstones.pop((namespace, name), None)
                 if is_active_step_pod(body):
                     self._active_steps.add((namespace, name))
@@ -183,6 +193,8 @@ class Cache:
                 break
             del gone[oldest]
         if kind == "Pod":
+            if last is not None:
+                self._unindex(namespace, name, last)
             if not again:
                 self._tombstones.pop((namespace, name), None)
                 self._tombstones[(namespace, name)] = (body if last is None else last, now)
@@ -279,8 +291,45 @@ class Cache:
         return counts
 
     def step_pods(self, namespace: str, run_label: str) -> list[JSON]:
-        return self.select(
-            "Pod",
-            namespace,
-            lambda pod: pod.get("metadata", {}).get("labels", {}).get(RUN_LABEL) == run_label,
-        )
+        """The pods labelled with ``run_label`` in ``namespace`` (copies), from the index."""
+        with self._lock:
+            pods = self._objects.get("Pod", {})
+            names = self._pods_of_run.get((namespace, run_label), ())
+            return [copy_json(pods[(namespace, name)]) for name in names]
+
+    def count_step_pods(self, namespace: str, run_label: str, where: Callable[[JSON], bool]) -> int:
+        """How many of the pods labelled ``run_label`` ``where`` accepts, copying none."""
+        with self._lock:
+            pods = self._objects.get("Pod", {})
+            names = self._pods_of_run.get((namespace, run_label), ())
+            return sum(1 for name in names if where(pods[(namespace, name)]))
+
+    def active_step_pod_keys(self) -> list[tuple[str, str, str]]:
+        """(namespace, name, uid) of each step pod holding a step slot, copying no body."""
+        with self._lock:
+            pods = self._objects.get("Pod", {})
+            return [
+                (ns, name, str(_uid(pods[(ns, name)]) or "")) for ns, name in self._active_steps
+            ]
+
+    def is_active_step_pod(self, namespace: str, name: str) -> bool:
+        """Whether the pod ``namespace/name`` holds a step slot now."""
+        with self._lock:
+            return (namespace, name) in self._active_steps
+
+    def _unindex(self, namespace: str, name: str, body: JSON) -> None:
+        """Forget ``body``'s pod in the run index (the caller holds the lock)."""
+        label = _run_label(body)
+        if label is None:
+            return
+        names = self._pods_of_run.get((namespace, label))
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._pods_of_run[(namespace, label)]
+
+
+def _run_label(body: JSON) -> str | None:
+    labels = body.get("metadata", {}).get("labels") or {}
+    value = labels.get(RUN_LABEL)
+    return None if value is None else str(value)

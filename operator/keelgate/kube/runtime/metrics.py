@@ -76,6 +76,12 @@ class Metrics:
             ["what"],
             registry=self.registry,
         )
+        self.api_throttled = Counter(
+            "keelgate_api_throttled_seconds",
+            "Seconds the operator's API requests waited for its client rate limit "
+            "(--kube-qps, --kube-burst); growing steadily: the limit binds.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "keelgate_leader",
             "1 on the replica that leads (drives runs), 0 on a standby.",

@@ -39,7 +39,7 @@ from keelgate.kube.controller.context import ControllerSettings, tell_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
-from keelgate.kube.resources import controller_name, is_tick, pod_finished
+from keelgate.kube.resources import controller_name, is_tick, pod_change_matters, pod_finished
 from keelgate.kube.runtime.cache import Cache, copy_json, key_of
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
@@ -109,6 +109,7 @@ class Operator:
         self.lost_lease = False
         self.metrics.step_pod_cap.set(options.controller.max_step_pods)
         api.on_write = lambda what: self.metrics.api_writes.labels(what).inc()
+        api.on_throttle = self.metrics.api_throttled.inc
 
     # kopf wiring
 
@@ -132,7 +133,10 @@ class Operator:
         async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
             self._observe("AgentRun", event, body)
             key = key_of("AgentRun", body)
-            self._add(key)
+            if is_new_run(event):
+                self._add_low(key)
+            else:
+                self._add(key)
             parent = controller_name(body)
             if parent and is_tick(body):
                 self._add(("AgentRun", key[1], parent))
@@ -142,7 +146,7 @@ class Operator:
             self._observe("Pod", event, body)
             namespace, name = key_of("Pod", body)[1:]
             run = controller_name(body)
-            if run:
+            if run and pod_change_matters(str(event.get("type") or ""), body):
                 self._add(("AgentRun", namespace, run))
             deleted = event.get("type") == "DELETED"
             if pod_finished(body) or deleted:
@@ -190,6 +194,11 @@ class Operator:
     def _add(self, key: Key) -> None:
         if self.queue is not None:
             self.queue.add(key)
+
+    def _add_low(self, key: Key) -> None:
+        """Queued behind every key an event or a reconcile queued (the resync's)."""
+        if self.queue is not None:
+            self.queue.add(key, low=True)
 
     def _pod_ended(self, namespace: str, name: str) -> None:
         """A step pod ended or went (told once per pod): its slot may be free, and the runs
@@ -256,6 +265,7 @@ class Operator:
             api=self.api,
             clusterwide=not self.options.namespaces,
             add=self._add,
+            add_low=self._add_low,
             pod_ended=self._pod_ended,
             refresh_gauges=self._refresh_gauges,
             waiting=(
@@ -357,6 +367,20 @@ class Operator:
                 await asyncio.to_thread(self.leadership.release)
             await self._health.stop()
         return 1 if self.lost_lease else 0
+
+
+def is_new_run(event: Mapping[str, Any]) -> bool:
+    """A watch event of an AgentRun no operator has looked at yet (created, no status): it waits
+    behind the runs under way in the work queue, so that a flood of new runs (10,000 applied at
+    once) delays no step pod's hand-off of a run already going; the new runs start as the
+    queue allows, in the order they came."""
+    body = event.get("object")
+    return (
+        event.get("type") == "ADDED"
+        and isinstance(body, Mapping)
+        and not body.get("status")
+        and not (body.get("metadata") or {}).get("deletionTimestamp")
+    )
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):

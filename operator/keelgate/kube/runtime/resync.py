@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.resources import controller_name, is_active_step_pod, is_settled
-from keelgate.kube.runtime.cache import Cache, key_of
+from keelgate.kube.resources import controller_name, is_settled
+from keelgate.kube.runtime.cache import Cache
 
 log = logging.getLogger("keelgate.operator")
 
 # A resync's look at the running step pods gives up after this long (an API server that
 # accepts connections and answers nothing must not hold the resync up for good).
 CHECK_TIMEOUT = 10.0
+#: A run whose step pod is pending or running is looked at by one resync in this many (a tenth
+#: of them at each resync, by name): its pod's watch events bring every change to it, and the
+#: resync is only the net under the watch. Looking at 10,000 such runs at every resync cost the
+#: operator more CPU than the steps themselves (docs/performance.md, "Ten thousand runs").
+ACTIVE_SLICES = 10
 
 
 class Resync:
@@ -38,6 +44,7 @@ class Resync:
         clusterwide: bool,
         add: Callable[[Key], None],
         pod_ended: Callable[[str, str], None],
+        add_low: Callable[[Key], None] | None = None,
         refresh_gauges: Callable[[], None],
         waiting: WaitingRuns | None = None,
     ) -> None:
@@ -46,7 +53,11 @@ class Resync:
         self._api = api
         self._clusterwide = clusterwide
         self._add = add
+        # What the resync queues goes behind what the watches queue (a pod's end waits for no
+        # resync); a run whose step pod vanished unseen goes ahead, as an event would.
+        self._add_low = add if add_low is None else add_low
         self._pod_ended = pod_ended
+        self._round = 0
         self._refresh_gauges = refresh_gauges
         self._waiting = waiting
 
@@ -54,12 +65,13 @@ class Resync:
         """Resync every ``every`` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self._every)
+            self._round += 1
             if self._waiting is None:
-                due = due_for_resync(self._cache)
+                due = due_for_resync(self._cache, round_=self._round)
             else:
-                due = await asyncio.to_thread(self._waiting.due, self._cache)
+                due = await asyncio.to_thread(self._waiting.due, self._cache, round_=self._round)
             for key in due:
-                self._add(key)
+                self._add_low(key)
             self._refresh_gauges()
             await self._forget_vanished_step_pods()
 
@@ -98,26 +110,26 @@ def vanished_step_pods(
     (namespace, name, uid): one list of the running step pods (of every namespace, or of each
     namespace the cache has one in), then a read of each pod the list did not name, since a pod
     may be missing from it only because it ended, or was created after the list was made."""
-    cached = cache.select("Pod", where=is_active_step_pod)
+    cached = cache.active_step_pod_keys()  # no copies: thousands of pods may be running
     if not cached:
         return []
-    scopes: list[str | None] = [None]
-    if not clusterwide:
-        scopes = [*sorted({str(pod["metadata"]["namespace"]) for pod in cached})]
-    listed = {
-        key_of("Pod", pod)[1:]
-        for scope in scopes
-        for pod in api.running_step_pods(scope, timeout=CHECK_TIMEOUT)
-    }
+    # Listed by name: a pod named in the list is there (in any namespace, for the cluster-wide
+    # list, which names no namespace: at worst one vanished pod waits for the next resync);
+    # one not named is read before it is taken for gone.
+    listed: dict[str | None, set[str]] = {}
+    if clusterwide:
+        listed[None] = set(api.running_step_pods(None, timeout=CHECK_TIMEOUT))
+    else:
+        for scope in sorted({namespace for namespace, _, _ in cached}):
+            listed[scope] = set(api.running_step_pods(scope, timeout=CHECK_TIMEOUT))
     gone = []
-    for pod in cached:
-        _, namespace, name = key_of("Pod", pod)
-        if (namespace, name) in listed:
+    for namespace, name, uid in cached:
+        if name in listed.get(None if clusterwide else namespace, set()):
             continue
         try:
             found = api.read_pod(namespace, name, timeout=CHECK_TIMEOUT)
         except Gone:
-            gone.append((namespace, name, str(pod["metadata"].get("uid", ""))))
+            gone.append((namespace, name, uid))
             continue
         cache.put("Pod", found)  # it ended, or is newer than the list: the cache catches up
     return gone
@@ -141,16 +153,19 @@ class WaitingRuns:
         self._revisions = revisions
         self._seen: dict[RunName, Revision] = {}
 
-    def due(self, cache: Cache) -> list[Key]:
-        """The keys a resync queues: every run under way, and each run at rest (with its
-        unsettled Reconciliations and Approvals) whose store records moved. If the store cannot
-        be asked, every key (as without this filter)."""
+    def due(self, cache: Cache, *, round_: int = 0) -> list[Key]:
+        """The keys resync number ``round_`` queues: every run under way (one whose step pod
+        runs in its slice's rounds only), and each run at rest (with its unsettled
+        Reconciliations and Approvals) whose store records moved. If the store cannot be asked,
+        every key (as without this filter)."""
         runs = cache.keys_with("AgentRun", _resting, lambda body: not _finished(body))
         decisions = [
             *cache.keys_with("Reconciliation", _run_name, lambda body: not is_settled(body)),
             *cache.keys_with("Approval", _run_name, lambda body: not is_settled(body)),
         ]
-        due: list[Key] = [key for key, resting in runs if not resting]
+        due: list[Key] = _thinned(
+            cache, [key for key, resting in runs if not resting], round_=round_
+        )
         waiting: dict[RunName, list[Key]] = {}
         for key, resting in runs:
             if resting:
@@ -196,14 +211,39 @@ def _run_name(decision: Mapping[str, Any]) -> str:
     return str((decision.get("spec") or {}).get("runName", ""))
 
 
-def due_for_resync(cache: Cache) -> list[Key]:
-    """What a periodic resync looks at again: every run, Reconciliation and Approval but those
-    that only an edit can change (a finished run, a settled decision), since the edit's watch
-    event brings them anyway. Finished runs pile up, and each look reads the store. An unsettled
-    decision is looked at again because it may have been decided in the store (``keelgate
-    reconcile``, ``keelgate approve``, a confirmer), which no watch reports: so it is mirrored."""
+def _thinned(cache: Cache, keys: list[Key], *, round_: int) -> list[Key]:
+    """``keys`` less the runs whose step pod is pending or running, but for those whose slice
+    (their name's) is this round's: each is looked at once in ``ACTIVE_SLICES`` resyncs."""
+    stepping = dict(cache.keys_with("AgentRun", _stepping_pod))
+    out = []
+    for key in keys:
+        pod = stepping.get(key, "")
+        if (
+            pod
+            and cache.is_active_step_pod(key[1], pod)
+            and zlib.crc32(key[2].encode()) % ACTIVE_SLICES != round_ % ACTIVE_SLICES
+        ):
+            continue
+        out.append(key)
+    return out
+
+
+def _stepping_pod(run: Mapping[str, Any]) -> str:
+    """The step pod a run's status says is pending or running ("" when none is)."""
+    step = (run.get("status") or {}).get("step") or {}
+    return str(step.get("pod") or "") if step.get("state") == "Pending" else ""
+
+
+def due_for_resync(cache: Cache, *, round_: int = 0) -> list[Key]:
+    """What periodic resync number ``round_`` looks at again: every run, Reconciliation and
+    Approval but those that only an edit can change (a finished run, a settled decision), since
+    the edit's watch event brings them anyway, and those whose step pod runs, in all but one
+    round of ``ACTIVE_SLICES`` (the pod's events bring them). Finished runs pile up, and each
+    look reads the store. An unsettled decision is looked at again because it may have been
+    decided in the store (``keelgate reconcile``, ``keelgate approve``, a confirmer), which no
+    watch reports: so it is mirrored."""
     return [
-        *cache.keys("AgentRun", lambda body: not _finished(body)),
+        *_thinned(cache, cache.keys("AgentRun", lambda body: not _finished(body)), round_=round_),
         *cache.keys("Reconciliation", lambda body: not is_settled(body)),
         *cache.keys("Approval", lambda body: not is_settled(body)),
     ]

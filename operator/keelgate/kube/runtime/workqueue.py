@@ -6,11 +6,17 @@ key at once (so two decisions about one run cannot interleave), and re-runs a ke
 while it was being reconciled. Delayed adds carry back-offs and schedules. The queue lives on the
 operator's event loop; ``add_threadsafe`` is for reconciles running in worker threads. It holds
 keys only, never state: losing it (a restart) loses nothing, since every object is listed again.
+
+Two priorities: a key added ``low`` (by the periodic resync, thousands at a time) waits behind
+every key added normally (by a watch event, a reconcile's own request), as controller-runtime's
+priority queue puts its resyncs behind events; a key added normally while it waits low goes
+ahead. So a step pod's end is acted on at once even while a resync of 10,000 runs is queued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -19,19 +25,29 @@ K = TypeVar("K", bound=Hashable)
 
 class WorkQueue(Generic[K]):
     def __init__(self) -> None:
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
-        self._dirty: set[K] = set()
+        # Keys in order, per priority; an entry whose key is no longer dirty (taken already
+        # through the other list) is skipped when reached.
+        self._high: collections.deque[K] = collections.deque()
+        self._low: collections.deque[K] = collections.deque()
+        self._dirty: dict[K, bool] = {}  # key -> whether it waits low
         self._processing: set[K] = set()
         self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._loop = asyncio.get_running_loop()
 
-    def add(self, key: K) -> None:
-        """Reconcile ``key`` soon (once, however often it is added before that)."""
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
+    def add(self, key: K, *, low: bool = False) -> None:
+        """Reconcile ``key`` soon (once, however often it is added before that); ``low``: after
+        every key added without it."""
+        waiting_low = self._dirty.get(key)
+        if waiting_low is not None:
+            if low or not waiting_low:
+                return
+            self._dirty[key] = False  # waits no longer behind the low ones
+        else:
+            self._dirty[key] = low
         if key not in self._processing:
-            self._ready.put_nowait(key)
+            (self._low if low else self._high).append(key)
+            self._wake()
 
     def add_after(self, key: K, delay: float) -> None:
         """Reconcile ``key`` after ``delay`` seconds (an earlier pending delay wins)."""
@@ -55,19 +71,47 @@ class WorkQueue(Generic[K]):
         self._loop.call_soon_threadsafe(self.add_after, key, delay)
 
     async def get(self) -> K:
-        key = await self._ready.get()
-        self._dirty.discard(key)
+        while True:
+            key = self._next()
+            if key is not None:
+                break
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: another getter takes the key
+                raise
+        del self._dirty[key]
         self._processing.add(key)
         return key
+
+    def _next(self) -> K | None:
+        for ready in (self._high, self._low):
+            while ready:
+                key = ready.popleft()
+                if key in self._dirty and key not in self._processing:
+                    return key
+        return None
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def done(self, key: K) -> None:
         """``key``'s reconcile ended; if it was added meanwhile, it goes round again."""
         self._processing.discard(key)
-        if key in self._dirty:
-            self._ready.put_nowait(key)
+        low = self._dirty.get(key)
+        if low is not None:
+            (self._low if low else self._high).append(key)
+            self._wake()
 
     def __len__(self) -> int:
-        return self._ready.qsize()
+        return sum(1 for key in self._dirty if key not in self._processing)
 
     def close(self) -> None:
         for timer in self._timers.values():
