@@ -21,17 +21,16 @@ from typing import Annotated
 import typer
 
 from keelgate.cli.commands import NamespaceOption, OutputFormat, OutputOption, StoreOption, _opened
+from keelgate.cli.help import App
 from keelgate.cli.render import Console
 from keelgate.core.attestation import check_statement, spec_digest, statement
 from keelgate.core.audit import AuditEvent, utc_now
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL
 
-app = typer.Typer(
+app = App(
     name="audit",
     help="A run's audit chain as a signed file (export), and its offline check (verify).",
-    no_args_is_help=True,
-    add_completion=False,
 )
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from keelgate.cli.help import App
 from keelgate.cli.render import Console, Trail
 from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.loop import Loop, check_actor
@@ -39,7 +40,7 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-app = typer.Typer(
+app = App(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
     epilog=(
@@ -47,9 +48,6 @@ app = typer.Typer(
         "1 failed; 2 bad input; 4 the run is busy in another process; "
         "5 the store cannot be opened or reached; 130 interrupted; 143 terminated (SIGTERM)."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 

@@ -33,6 +33,7 @@ from keelgate.cli.commands import (
     app,
     check_manifest_file,
 )
+from keelgate.cli.help import App
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
@@ -42,13 +43,10 @@ from keelgate.stores import DEFAULT_URL, redacted
 #: How a run driven through Temporal is continued (shown in the hints under an outcome).
 COMMAND = "keelgate temporal"
 
-temporal_app = typer.Typer(
+temporal_app = App(
     name="temporal",
     help="Drive runs through Temporal workflows (extra keelgate\\[temporal]); workers run them "
     "with `keelgate temporal-worker`.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 app.add_typer(temporal_app, name="temporal")
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from keelgate.cli.commands import OutputFormat, OutputOption, app
+from keelgate.cli.help import App
 from keelgate.cli.render import Console
 from keelgate.errors import InputError
 from keelgate.stores import check_store_url, redacted
@@ -25,13 +26,12 @@ if TYPE_CHECKING:
     from keelgate.cli.secrets import StoreSecrets
     from keelgate.stores.tenancy import TenantStore
 
-tenant_app = typer.Typer(
+tenant_app = App(
     name="tenant",
     help=(
         "The database roles of tenants (namespaces) in a shared PostgreSQL store: each sees and "
         "changes only its own runs. Needs the store's administrator URL."
     ),
-    no_args_is_help=True,
 )
 app.add_typer(tenant_app, name="tenant")
 

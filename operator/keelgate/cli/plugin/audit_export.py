@@ -17,6 +17,7 @@ import typer
 
 from keelgate.cli import audit_tools
 from keelgate.cli.commands import OutputFormat, OutputOption
+from keelgate.cli.help import App
 from keelgate.cli.plugin.client import SecretReader
 from keelgate.cli.plugin.commands import (
     ContextOption,
@@ -27,12 +28,9 @@ from keelgate.cli.plugin.commands import (
 from keelgate.cli.plugin.target import namespace_only, resolve
 from keelgate.errors import InputError
 
-app = typer.Typer(
+app = App(
     name="audit",
     help="A run's audit chain as a signed file (export), and its offline check (verify).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 

@@ -25,6 +25,7 @@ import typer
 
 from keelgate.cli import commands as keelgate_commands
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
+from keelgate.cli.help import App
 from keelgate.cli.plugin import view
 from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
@@ -47,7 +48,7 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-app = typer.Typer(
+app = App(
     name="kubectl keelgate",
     help="Keelgate runs in a cluster: see where a run stands, settle its decisions, raise its "
     "budgets, read its step pods' logs and its audit trail.",
@@ -58,9 +59,6 @@ app = typer.Typer(
         "1 failed or refused; 2 bad input; 5 the API server (or the store, for audit) cannot "
         "be reached; 130 interrupted."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 
