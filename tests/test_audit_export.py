@@ -93,7 +93,17 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _export(store: str, sign: Path, out: Path) -> int:
     return main(
-        ["audit", "export", "restock", "--sign-key", str(sign), "-o", str(out), "--store", store]
+        [
+            "audit",
+            "export",
+            "restock",
+            "--sign-key",
+            str(sign),
+            "--output-file",
+            str(out),
+            "--store",
+            store,
+        ]
     )
 
 

@@ -56,13 +56,20 @@ def _interrupted(run: str, *, terminated: bool = False) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keelgate`` executable; returns the exit code."""
+    from keelgate.cli.pipes import closed_pipes_are_quiet
+
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
-    if args[0] == "step":
+    with closed_pipes_are_quiet():
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
+    if args[0] == "step" and not os.environ.get(COMPLETE_VAR):
         # A step pod's start-up: its own parser, no typer or rich (see keelgate.cli.step).
         from keelgate.cli.step import main as step_main
 
         return step_main(args[1:])
-    if args[:2] in (["audit", "export"], ["audit", "verify"]):
+    if args[:2] in (["audit", "export"], ["audit", "verify"]) and not os.environ.get(COMPLETE_VAR):
         # `audit RUN` shows a run's chain; these two are commands of their own under its name.
         from keelgate.cli import audit_tools
 
@@ -77,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
 
 
+#: The variable a shell's completion script sets when it asks ``keelgate`` for completions.
+COMPLETE_VAR = "_KEELGATE_COMPLETE"
+
+
 def dispatch(
     app: typer.Typer,
     args: Sequence[str],
@@ -89,15 +100,17 @@ def dispatch(
     Shared by ``keelgate`` and ``kubectl-keelgate`` so both speak the same exit codes."""
     import typer
 
-    from keelgate.cli import commands
+    from keelgate.cli import commands, pipes
     from keelgate.cli.render import Console
     from keelgate.core import failpoints
     from keelgate.core.redaction import log_to_stderr, redact_text
 
+    # Errors and warnings name the program the user typed: `kubectl keelgate: error: ...`.
+    Console.program = "kubectl keelgate" if prog_name.startswith("kubectl") else "keelgate"
     console = Console()
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
-    log_to_stderr(logging.WARNING, "keelgate: warning: %(message)s")
+    log_to_stderr(logging.WARNING, f"{Console.program}: warning: %(message)s")
     args = list(args) or ["--help"]
     as_json = _wants_json(args)
 
@@ -123,6 +136,11 @@ def dispatch(
         return fail(code, _interrupted(stopped.run, terminated=stopped.terminated))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
+    except BrokenPipeError:
+        # Help or a listing written past the guard into a pipe whose reader has gone (`| head`):
+        # the reader has what it wanted, and that is no failure.
+        pipes.reader_gone()
+        return EXIT_OK
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
         return fail(EXIT_BAD_INPUT, _usage_line(error))
     except KeelgateError as error:

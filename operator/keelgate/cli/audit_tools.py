@@ -34,26 +34,73 @@ app = App(
 )
 
 
+OutputFileOption = Annotated[
+    str,
+    typer.Option(
+        "--output-file",
+        metavar="FILE",
+        help="Where to write the signed envelope ('-', the default: stdout).",
+    ),
+]
+ExportOutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="text|json",
+        help="What is said once the file is written: text, or json (one object, last line).",
+    ),
+]
+
+
 @app.command("export")
 def export_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
     sign_key: Annotated[
         str,
-        typer.Option("--sign-key", help="A PEM private key, Ed25519 or ECDSA P-256, to sign with."),
+        typer.Option(
+            "--sign-key",
+            metavar="FILE",
+            help="A PEM private key, Ed25519 or ECDSA P-256, to sign with.",
+        ),
     ],
-    out: Annotated[
-        str, typer.Option("--output-file", "-o", help="Where to write the envelope ('-': stdout).")
-    ] = "-",
+    out: OutputFileOption = "-",
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
+    output: ExportOutputOption = "text",
 ) -> int:
     """Write the run's chain as an in-toto Statement in a DSSE envelope signed with --sign-key."""
     from keelgate.adapters.signing import read_key_file
 
-    return export_run(run, read_key_file(sign_key, "--sign-key"), out, namespace, store)
+    shown = export_format(output)
+    return export_run(
+        run, read_key_file(sign_key, "--sign-key"), out, namespace, store, output=shown
+    )
 
 
-def export_run(run: str, pem: bytes, out: str, namespace: str | None, store: str) -> int:
+def export_format(output: str) -> OutputFormat:
+    """``-o`` of ``audit export``: the format, as for every command. It used to name the file,
+    so a file name given to it is refused with the flag that writes a file now (never taken as
+    a format, nor written to a file named ``json``)."""
+    try:
+        return OutputFormat(output)
+    except ValueError:
+        raise InputError(
+            "--output",
+            f"{output!r} is not a format (text or json): -o is the output format of every "
+            f"command; write the envelope to a file with --output-file {output}",
+        ) from None
+
+
+def export_run(
+    run: str,
+    pem: bytes,
+    out: str,
+    namespace: str | None,
+    store: str,
+    *,
+    output: OutputFormat = OutputFormat.text,
+) -> int:
     """Export ``run``'s chain signed with the PEM private key ``pem`` (``keelgate audit export``
     and ``kubectl keelgate audit export``, whose key may come from a Secret)."""
     from keelgate.adapters.signing import load_private_key, sign_envelope
@@ -63,12 +110,10 @@ def export_run(run: str, pem: bytes, out: str, namespace: str | None, store: str
         events: list[AuditEvent] = []
         report = loop.verify_audit(tenant, name, each=events.append)
         if not report.ok:
+            console = Console()
             for problem in report.problems:
-                print(f"keelgate: {problem}", file=sys.stderr)
-            print(
-                f"keelgate: the chain of {name} does not verify in its store: not signed",
-                file=sys.stderr,
-            )
+                console.error(problem)
+            console.error(f"the chain of {name} does not verify in its store: not signed")
             return 1
         spec = loop.state(tenant, name).spec.to_json()
     document = statement(tenant, name, events, spec_sha256=spec_digest(spec), exported_at=utc_now())
@@ -76,12 +121,23 @@ def export_run(run: str, pem: bytes, out: str, namespace: str | None, store: str
     envelope = json.dumps(sign_envelope(payload, key), indent=2) + "\n"
     if out == "-":
         sys.stdout.write(envelope)
+        return 0
+    try:
+        Path(out).write_text(envelope)
+    except OSError as error:
+        raise InputError("--output-file", f"{out}: {error.strerror or error}") from None
+    kind = document["predicateType"]
+    if output is OutputFormat.json:
+        Console().json(
+            {
+                "run": name,
+                "namespace": tenant,
+                "events": len(events),
+                "file": out,
+                "predicateType": kind,
+            }
+        )
     else:
-        try:
-            Path(out).write_text(envelope)
-        except OSError as error:
-            raise InputError("--output-file", f"{out}: {error.strerror or error}") from None
-        kind = document["predicateType"]
         print(f"{name}: {len(events)} events exported to {out}, signed ({kind})")
     return 0
 

@@ -15,11 +15,12 @@ from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from keelgate.cli.help import App
+from keelgate.cli.pipes import tool_output_to_stderr
 from keelgate.cli.render import Console, Trail
 from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.loop import Loop, check_actor
@@ -30,6 +31,9 @@ from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
+
+if TYPE_CHECKING:
+    from keelgate.manifest import AgentRun
 
 
 def _version(value: bool) -> None:
@@ -210,7 +214,7 @@ def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) 
         tracer=tracer,
     )
     try:
-        with _terminable():
+        with _terminable(), tool_output_to_stderr():
             if new_tick and spec.kind is LoopKind.MONITOR:
                 return runner.tick(spec)
             return runner.run(spec)
@@ -223,20 +227,57 @@ def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) 
 
 @app.command("run")
 def run_command(
-    file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
+    file: Annotated[
+        Path,
+        typer.Option("--file", "-f", metavar="FILE", help="AgentRun manifest (YAML; '-': stdin)."),
+    ],
     store: StoreOption = DEFAULT_URL,
     pricing: PricingOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
+    agentrun, folder = read_manifest(file)
+    _usable(store)  # before anything runs; the runner builds all before opening the store
+    spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
+    _python_path(folder)
+    return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
+
+
+#: The most a manifest may weigh: what the API server takes in one object (etcd's default
+#: request limit, 1.5 MiB). A bigger one could never run in a cluster, and reading it would only
+#: cost time and memory, so it is refused before it is read.
+MAX_MANIFEST_BYTES = 1536 * 1024
+
+
+def read_manifest(file: Path) -> tuple[AgentRun, Path]:
+    """The manifest ``--file`` names (``-``: standard input), and the folder its Python code is
+    imported from (the file's, or the current directory for stdin). Refused in one line naming
+    ``--file``: a path that is no regular file, a manifest over ``MAX_MANIFEST_BYTES``."""
     from keelgate.manifest import load_agentrun
 
+    if str(file) == "-":
+        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        _check_size("standard input", len(data), more=len(data) > MAX_MANIFEST_BYTES)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("--file", "standard input is not UTF-8 text") from None
+        # A newline makes it text to the loader, never a path, however short it is.
+        text = text if "\n" in text else text + "\n"
+        return load_agentrun(text, source="--file (standard input)"), Path.cwd()
     check_manifest_file(file)
-    agentrun = load_agentrun(file)
-    _usable(store)  # before anything runs; the runner builds all before opening the store
-    spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
-    _python_path(file.parent)
-    return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
+    _check_size(str(file), file.stat().st_size)
+    return load_agentrun(file), file.parent.resolve()
+
+
+def _check_size(name: str, size: int, *, more: bool = False) -> None:
+    if size > MAX_MANIFEST_BYTES:
+        weight = f"more than {size / 1048576:.1f} MiB" if more else f"{size / 1048576:.1f} MiB"
+        raise InputError(
+            "--file",
+            f"{name} is {weight}: the API server takes at most 1.5 MiB in one object, so no "
+            "cluster could run it; keep large data out of the manifest (a tool reads it)",
+        )
 
 
 def check_manifest_file(file: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console as RichConsole
 from rich.table import Table
@@ -29,15 +29,18 @@ _STYLE = {
 
 
 class Console:
+    #: The program the user typed, which every error and warning line starts with.
+    program: ClassVar[str] = "keelgate"
+
     def __init__(self) -> None:
         self.out = RichConsole(highlight=False, soft_wrap=True)
         self.err = RichConsole(stderr=True, highlight=False, soft_wrap=True)
 
     def error(self, message: str) -> None:
-        self.err.print(Text("keelgate: error: ", style="bold red") + Text(message))
+        self.err.print(Text(f"{self.program}: error: ", style="bold red") + Text(message))
 
     def warn(self, message: str) -> None:
-        self.err.print(Text("keelgate: warning: ", style="bold yellow") + Text(message))
+        self.err.print(Text(f"{self.program}: warning: ", style="bold yellow") + Text(message))
 
     def say(self, message: str, *, style: str = "") -> None:
         self.out.print(Text(message, style=style))

@@ -31,7 +31,7 @@ from keelgate.cli.commands import (
     _show,
     _usable,
     app,
-    check_manifest_file,
+    read_manifest,
 )
 from keelgate.cli.help import App
 from keelgate.cli.render import Console
@@ -175,7 +175,10 @@ def worker_command(
 
 @temporal_app.command("run")
 def run_command(
-    file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
+    file: Annotated[
+        Path,
+        typer.Option("--file", "-f", metavar="FILE", help="AgentRun manifest (YAML; '-': stdin)."),
+    ],
     task_queue: Annotated[
         str, typer.Option("--task-queue", help="The task queue its workers poll.")
     ],
@@ -200,12 +203,9 @@ def run_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Start the run's workflow (or find the one driving it) and show the run's next stop."""
-    from keelgate.manifest import load_agentrun
-
-    check_manifest_file(file)
-    agentrun = load_agentrun(file)
-    spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
-    _python_path(file.parent)
+    agentrun, folder = read_manifest(file)
+    spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
+    _python_path(folder)
     module = _sdk("keelgate temporal run")
     settings = module.Settings(heartbeat_timeout=heartbeat_timeout, max_attempts=max_attempts)
     runner = _runner(

@@ -64,16 +64,16 @@ def export_command(
     secret_key: Annotated[
         str, typer.Option("--secret-key", help="The Secret's key holding the PEM.")
     ] = "key.pem",
-    out: Annotated[
-        str, typer.Option("--output-file", "-o", help="Where to write the envelope ('-': stdout).")
-    ] = "-",
+    out: audit_tools.OutputFileOption = "-",
     store: StoreOption = None,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,
+    output: audit_tools.ExportOutputOption = "text",
 ) -> int:
     """Write the run's chain as an in-toto Statement in a DSSE envelope, signed with the key
     of --sign-key or --sign-key-secret; the chain comes from the operator's store (--store)."""
+    shown = audit_tools.export_format(output)
     if (sign_key is None) == (sign_key_secret is None):
         raise InputError("--sign-key", "give --sign-key FILE or --sign-key-secret NAME (one)")
     if not store:
@@ -92,7 +92,7 @@ def export_command(
         target = resolve(kubeconfig, context, namespace)
         pem = SigningKeySecret(target).key(sign_key_secret, secret_key)
         tenant = target.namespace
-    return audit_tools.export_run(run, pem, out, tenant, store)
+    return audit_tools.export_run(run, pem, out, tenant, store, output=shown)
 
 
 @app.command("verify")
