@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
@@ -20,16 +20,25 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from keelgate.cli.help import App
+from keelgate.cli.listing import (
+    GROUP,
+    AllNamespacesOption,
+    ListOutput,
+    ListOutputOption,
+    against,
+    age,
+    emit,
+)
 from keelgate.cli.pipes import tool_output_to_stderr
 from keelgate.cli.render import Console, Trail
 from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
-from keelgate.core.protocols import Stores
-from keelgate.core.spec import LoopSpec
+from keelgate.core.protocols import RunLock, Stores
+from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError
+from keelgate.errors import InputError, KeelgateError, RunBusy
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
 if TYPE_CHECKING:
@@ -132,14 +141,20 @@ def _usable(store: str) -> None:
         raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
 
 
-def _existing(store: str) -> Stores:
-    """Open a store that must already hold runs: a mistyped path is an error, not a new file."""
+def _existing(store: str, *, read_only: bool = False) -> Stores:
+    """Open a store that must already hold runs: a mistyped path is an error, not a new file.
+    ``read_only``: the command only reads, so a store on read-only media is read there."""
     _usable(store)
-    return open_existing(store)
+    return open_existing(store, read_only=read_only)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
-    """(tenant, run) for a run name; a monitor's own name means its latest tick."""
+    """(tenant, run) for a run name; a monitor's own name means its latest tick. kubectl's
+    spellings of an AgentRun (``agentrun/NAME``, ``agentrun.keelgate.dev/NAME``: what
+    ``keelgate runs -o name`` prints) name it too."""
+    kind, slash, name = run.partition("/")
+    if slash and kind.lower() in ("agentrun", "agentruns", f"agentrun.{GROUP}"):
+        run = name
     refs = stores.checkpoints.runs(namespace)
     exact = sorted({ref.tenant for ref in refs if ref.run == run})
     if not exact:
@@ -155,11 +170,14 @@ def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tup
 
 
 @contextmanager
-def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop, str, str]]:
-    """(a loop over the store, tenant, run) for a run that must exist; closed afterwards."""
+def _opened(
+    store: str, run: str, namespace: str | None, *, read_only: bool = False
+) -> Iterator[tuple[Loop, str, str]]:
+    """(a loop over the store, tenant, run) for a run that must exist; closed afterwards.
+    ``read_only``: the command only reads (see ``_existing``)."""
     from keelgate.adapters.tracing import configured
 
-    stores = _existing(store)
+    stores = _existing(store, read_only=read_only)
     tracer = configured()  # a settlement or approval shows in the run's trace, if traced
     try:
         tenant, name = _find(stores, run, namespace, store=store)
@@ -212,6 +230,7 @@ def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) 
         store=store,
         pricing=None if pricing is None else load_pricing(pricing),
         tracer=tracer,
+        busy_wait=CLI_BUSY_WAIT,
     )
     try:
         with _terminable(), tool_output_to_stderr():
@@ -532,33 +551,125 @@ def audit_command(
 @app.command("runs")
 def runs_command(
     namespace: NamespaceOption = None,
+    all_namespaces: AllNamespacesOption = False,
     store: StoreOption = DEFAULT_URL,
-    output: OutputOption = OutputFormat.text,
+    output: ListOutputOption = ListOutput.text,
 ) -> int:
-    """List the runs in the store and where each stands (like `kubectl get`)."""
-    stores = _existing(store)
+    """List the runs in the store and where each stands, as `kubectl get` lists things.
+
+    Every namespace unless -n names one (-A: every namespace, whatever -n says). A run with no
+    stop yet says whether a process drives it now (in progress) or its process is gone.
+    """
+    import datetime as dt
+
+    if all_namespaces:
+        namespace = None
+    stores = _existing(store, read_only=True)
     try:
         loop = Loop(stores=stores)
-        outcomes = [loop.outcome(r.tenant, r.run) for r in stores.checkpoints.runs(namespace)]
+        listed = [_listed(loop, ref.tenant, ref.run) for ref in stores.checkpoints.runs(namespace)]
         elsewhere = (
             sorted({r.tenant for r in stores.checkpoints.runs()})
-            if namespace and not outcomes
+            if namespace and not listed
             else []
         )
     finally:
         stores.close()
-    console = Console()
-    if output is OutputFormat.json:
-        console.json({"runs": [{"namespace": o.tenant, **o.to_json()} for o in outcomes]})
-    elif outcomes:
-        console.runs(outcomes)
-    elif namespace:
+    if output is ListOutput.text and not listed and namespace:
         # Like kubectl: empty here is not empty everywhere, so say where the runs are.
         there = f" (namespaces with runs: {', '.join(elsewhere)})" if elsewhere else ""
-        console.say(f"no runs in namespace {namespace!r} in this store{there}")
+        Console().say(f"no runs in namespace {namespace!r} in this store{there}")
+        return 0
+    now = dt.datetime.now(dt.UTC)
+    header = ["NAME", "PHASE", "REASON", "ITERATION", "AGE"]
+    if output is ListOutput.wide:
+        header += ["TOKENS", "DOLLARS", "ACTIVE", "WAITING"]
+    if namespace is None:
+        header.insert(0, "NAMESPACE")
+    wide, tenant = output is ListOutput.wide, namespace is None
+    rows = [_run_row(run, now, wide=wide, tenant=tenant) for run in listed]
+    document = {"runs": [run.to_json() for run in listed]}
+    names = [f"agentrun.{GROUP}/{run.outcome.run}" for run in listed]
+    if output is ListOutput.json:  # one object on the last line, as every command's
+        Console().json(document)
     else:
-        console.say("no runs in this store")
+        emit(output, document, names, header, rows, "no runs in this store")
     return 0
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A run as ``keelgate runs`` lists it: where it stands, its budget, when it started and,
+    with no stop yet, whether a process drives it now."""
+
+    outcome: Outcome
+    budget: Budget
+    started: str | None
+    driven: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"namespace": self.outcome.tenant, **self.outcome.to_json()}
+        document["startedAt"] = self.started
+        if self.outcome.phase is RunPhase.RUNNING:
+            document["drivenNow"] = self.driven
+        return document
+
+
+def _listed(loop: Loop, tenant: str, run: str) -> _Listed:
+    state = loop.state(tenant, run)
+    outcome = state.outcome()
+    first = next(iter(loop.stores.audit.iter_events(tenant, run, page=1)), None)
+    driven = driven_now(loop.stores, tenant, run) if outcome.phase is RunPhase.RUNNING else None
+    return _Listed(outcome, state.spec.budget, first.at if first else None, driven)
+
+
+def _run_row(run: _Listed, now: Any, *, wide: bool, tenant: bool) -> list[str]:
+    o = run.outcome
+    if o.phase is RunPhase.RUNNING:
+        reason = "" if run.driven is None else "in progress" if run.driven else "process gone"
+    else:
+        reason = o.stop.reason.value
+    row = [o.run, o.phase.value, reason, str(o.iteration), age(run.started, now)]
+    if wide:
+        budget, usage = run.budget, o.usage
+        row += [
+            against(usage.tokens, budget.tokens),
+            against(usage.dollars, budget.dollars),
+            against(
+                f"{usage.active_seconds:.0f}s",
+                None if budget.timeout_seconds is None else f"{budget.timeout_seconds:g}",
+            ),
+            str(len(o.unknown_actions) + len(o.pending_approvals)),
+        ]
+    if tenant:
+        row.insert(0, o.tenant)
+    return row
+
+
+def driven_now(stores: Stores, tenant: str, run: str) -> bool | None:
+    """Whether a process drives the run now (it holds the run's lock: see ``RunLock``), for a
+    run with no stop recorded: True, another process is at work on it; False, none is (the one
+    that drove it ended first: a crash, Ctrl-C, a model server that could not be reached); None
+    when the store cannot tell (it locks no runs, or it is on read-only media). The lock is
+    taken and let go at once: a driver starting that instant waits for it (``CLI_BUSY_WAIT``)."""
+    locks: object = stores.idempotency
+    if not isinstance(locks, RunLock):
+        return None
+    try:
+        release = locks.lock_run(tenant, run)
+    except KeelgateError:
+        return None
+    if release is None:
+        return True
+    release()
+    return False
+
+
+#: How long a command that drives a run waits for the run's lock before saying it is busy: a
+#: driver that has just died is seen gone at once (the kernel drops a SQLite flock with the
+#: process; a PostgreSQL server ends a dead client's session within milliseconds), and a
+#: ``status`` looking holds the lock only for an instant.
+CLI_BUSY_WAIT = 0.5
 
 
 @app.command("status")
@@ -568,7 +679,23 @@ def status_command(
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
 ) -> int:
-    """Show where a run stands, without running it."""
-    with _opened(store, run, namespace) as (loop, tenant, run):
-        outcome = loop.outcome(tenant, run)
-    return _show(outcome, output)
+    """Show where a run stands, without running it.
+
+    A run with no stop recorded says whether another process drives it now (exit 4: leave it
+    be) or none does (exit 3: resume continues it).
+    """
+    with _opened(store, run, namespace, read_only=True) as (loop, tenant, name):
+        outcome = loop.outcome(tenant, name)
+        driven = (
+            driven_now(loop.stores, tenant, name) if outcome.phase is RunPhase.RUNNING else None
+        )
+    console = Console()
+    if output is OutputFormat.json:
+        document = outcome.to_json()
+        if outcome.phase is RunPhase.RUNNING:
+            document["drivenNow"] = driven
+        console.json(document)
+    else:
+        console.outcome(outcome, driven=driven)
+    # Driven elsewhere now: exit 4, the table's "busy in another process".
+    return RunBusy.exit_code if driven else exit_code(outcome)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from rich.console import Console as RichConsole
-from rich.table import Table
 from rich.text import Text
 
 from keelgate.core.audit import AuditEvent, ChainReport
@@ -49,19 +48,42 @@ class Console:
         sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
-    def outcome(self, outcome: Outcome, *, command: str = "keelgate", scope: str = "") -> None:
+    def outcome(
+        self,
+        outcome: Outcome,
+        *,
+        command: str = "keelgate",
+        scope: str = "",
+        driven: bool | None = None,
+    ) -> None:
         """Where a run stands, with the next commands to type; ``command`` is the program that
         drives it (``keelgate temporal`` for a run in a Temporal workflow) and ``scope`` what
-        those commands need after the run's name to find it (e.g. `` -n shop``)."""
+        those commands need after the run's name to find it (e.g. `` -n shop``). ``driven``,
+        for a run with no stop: whether a process drives it now (None: not known)."""
         stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
         if outcome.phase is RunPhase.RUNNING:
+            resume = f"`{command} resume {outcome.run}{scope}`"
+            if driven:
+                said = (
+                    "  no stop yet: another process is driving it now; leave it be (a second "
+                    f"driver is refused), and ask again with `{command} status {outcome.run}"
+                    f"{scope}`"
+                )
+            elif driven is False:
+                said = (
+                    "  no stop recorded, and no process drives it: the one that did ended before "
+                    "the run stopped (a crash, Ctrl-C, a model server that could not be reached); "
+                    f"{resume} continues it from its last checkpoint"
+                )
+            else:
+                said = (
+                    "  no stop recorded: running in another process now, or its process died; "
+                    f"{resume} continues it from its last checkpoint"
+                )
             self.out.print(title)
-            self.out.print(
-                f"  no stop recorded: running in another process now, or its process died; "
-                f"`{command} resume {outcome.run}{scope}` continues it from its last checkpoint"
-            )
+            self.out.print(said)
             return
         title += Text(f"  {stop.reason.value}")
         title += Text(" (resumable)" if outcome.resumable else "", style="dim")
@@ -131,22 +153,6 @@ class Console:
                 "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",
                 style="dim",
             )
-
-    def runs(self, outcomes: Sequence[Outcome]) -> None:
-        table = Table(box=None, pad_edge=False)
-        for column in ("NAMESPACE", "NAME", "PHASE", "REASON", "ITERATION", "TOKENS"):
-            table.add_column(column, no_wrap=True)
-        for o in outcomes:
-            reason = "" if o.phase is RunPhase.RUNNING else o.stop.reason.value
-            table.add_row(
-                o.tenant,
-                o.run,
-                Text(o.phase.value, style=_STYLE[o.phase]),
-                reason,
-                str(o.iteration),
-                str(o.usage.tokens),
-            )
-        self.out.print(table)
 
     def audit(self, run: str, trail: Trail, report: ChainReport | None) -> None:
         # A plain table, written straight out: rich's Table measures and wraps every cell,

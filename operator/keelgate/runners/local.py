@@ -41,8 +41,11 @@ class LocalRunner:
         pricing: Mapping[str, Price] | None = None,
         callables: CallableLoader | None = None,
         tracer: Tracer = NO_TRACING,
+        busy_wait: float = 5.0,
     ) -> None:
         self.store = store
+        #: How long a run another driver holds is waited for before it is busy (see Loop).
+        self.busy_wait = busy_wait
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
         self.tracer = tracer
@@ -115,6 +118,7 @@ class LocalRunner:
             parts=parts,
             pricing=self.pricing,
             tracer=self.tracer,
+            busy_wait=self.busy_wait,
         )
 
 
