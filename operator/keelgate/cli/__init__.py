@@ -34,6 +34,8 @@ from keelgate.errors import (
 if TYPE_CHECKING:
     import typer
 
+    from keelgate.cli.driving import Interrupted
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -46,10 +48,16 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that signal
 _INTERRUPTED = "interrupted: nothing saved was lost"
 
 
-def _interrupted(run: str, *, terminated: bool = False) -> str:
-    stopped = "terminated (SIGTERM): nothing saved was lost" if terminated else _INTERRUPTED
+def _interrupted(stopped: Interrupted) -> str:
+    name = "SIGTERM" if stopped.terminated else "Ctrl-C"
+    if stopped.finished:
+        return (
+            f"stopped ({name}) at a checkpoint, after the WRITE being sent ended and was "
+            f"recorded: nothing is unknown; `keelgate resume {stopped.run}` goes on from there"
+        )
+    said = "terminated (SIGTERM): nothing saved was lost" if stopped.terminated else _INTERRUPTED
     return (
-        f"{stopped}; `keelgate resume {run}` continues from the last checkpoint "
+        f"{said}; `keelgate resume {stopped.run}` continues from the last checkpoint "
         "(a WRITE cut off mid-call becomes an unknown outcome to settle)"
     )
 
@@ -100,7 +108,8 @@ def dispatch(
     Shared by ``keelgate`` and ``kubectl-keelgate`` so both speak the same exit codes."""
     import typer
 
-    from keelgate.cli import commands, pipes
+    from keelgate.cli import pipes
+    from keelgate.cli.driving import Interrupted
     from keelgate.cli.render import Console
     from keelgate.core import failpoints
     from keelgate.core.redaction import log_to_stderr, redact_text
@@ -131,9 +140,9 @@ def dispatch(
         result = command.main(args, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
-    except commands.Interrupted as stopped:
+    except Interrupted as stopped:
         code = EXIT_TERMINATED if stopped.terminated else EXIT_INTERRUPTED
-        return fail(code, _interrupted(stopped.run, terminated=stopped.terminated))
+        return fail(code, _interrupted(stopped))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
     except BrokenPipeError:

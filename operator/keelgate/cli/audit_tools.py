@@ -106,7 +106,7 @@ def export_run(
     from keelgate.adapters.signing import load_private_key, sign_envelope
 
     key = load_private_key(pem)
-    with _opened(store, run, namespace) as (loop, tenant, name):
+    with _opened(store, run, namespace, read_only=True) as (loop, tenant, name):
         events: list[AuditEvent] = []
         report = loop.verify_audit(tenant, name, each=events.append)
         if not report.ok:

@@ -6,9 +6,7 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -19,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from keelgate.cli.driving import drive, driven_now
 from keelgate.cli.help import App
 from keelgate.cli.listing import (
     GROUP,
@@ -29,16 +28,15 @@ from keelgate.cli.listing import (
     age,
     emit,
 )
-from keelgate.cli.pipes import tool_output_to_stderr
 from keelgate.cli.render import Console, Trail
 from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
-from keelgate.core.protocols import RunLock, Stores
-from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import LoopKind, Outcome, RunPhase
+from keelgate.core.protocols import Stores
+from keelgate.core.spec import Budget
+from keelgate.core.types import Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError, KeelgateError, RunBusy
+from keelgate.errors import InputError, RunBusy
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
 
 if TYPE_CHECKING:
@@ -187,63 +185,6 @@ def _opened(
         tracer.close()
 
 
-class Interrupted(Exception):
-    """Ctrl-C (or SIGTERM) while a run was being driven: the CLI says how to continue that very
-    run."""
-
-    def __init__(self, run: str, *, terminated: bool = False) -> None:
-        super().__init__(run)
-        self.run = run
-        self.terminated = terminated
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM while a run is driven here: ``timeout``, a service manager, ``kill``."""
-
-
-@contextmanager
-def _terminable() -> Iterator[None]:
-    """While a run is driven in this process, SIGTERM stops it as Ctrl-C does (one line naming
-    the resume command; with --output json, the error object) instead of killing it without a
-    word. What a stop mid-call leaves is the same either way: an unknown outcome to settle."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
-    from keelgate.adapters.tracing import configured
-    from keelgate.manifest import load_pricing
-    from keelgate.runners.local import LocalRunner
-
-    tracer = configured()  # the OTEL_* variables: nothing is traced without an endpoint
-    runner = LocalRunner(
-        store=store,
-        pricing=None if pricing is None else load_pricing(pricing),
-        tracer=tracer,
-        busy_wait=CLI_BUSY_WAIT,
-    )
-    try:
-        with _terminable(), tool_output_to_stderr():
-            if new_tick and spec.kind is LoopKind.MONITOR:
-                return runner.tick(spec)
-            return runner.run(spec)
-    except KeyboardInterrupt as stop:
-        # A monitor's own name resumes its latest tick, so the name given is the one to show.
-        raise Interrupted(spec.run, terminated=isinstance(stop, Terminated)) from None
-    finally:
-        tracer.close()
-
-
 @app.command("run")
 def run_command(
     file: Annotated[
@@ -259,7 +200,7 @@ def run_command(
     _usable(store)  # before anything runs; the runner builds all before opening the store
     spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
     _python_path(folder)
-    return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
+    return _show(drive(spec, store=store, new_tick=True, pricing=pricing), output)
 
 
 #: The most a manifest may weigh: what the API server takes in one object (etcd's default
@@ -359,7 +300,7 @@ def resume_command(
     saved, spec = state.spec, resumed.spec
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
-    return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)
+    return _show(drive(spec, store=store, new_tick=False, pricing=pricing), output)
 
 
 def _decimal(field: str, text: str | None) -> Decimal | None:
@@ -525,7 +466,7 @@ def audit_command(
     if key and not check:
         raise InputError("--key", "checks signed heads: give it with --verify")
     heads = SignedHeads(key) if key else None
-    with _opened(store, run, namespace) as (loop, tenant, run):
+    with _opened(store, run, namespace, read_only=True) as (loop, tenant, run):
         if check:
             each = keep if heads is None else heads.watching(keep)
             report = loop.verify_audit(tenant, run, each=each)
@@ -644,32 +585,6 @@ def _run_row(run: _Listed, now: Any, *, wide: bool, tenant: bool) -> list[str]:
     if tenant:
         row.insert(0, o.tenant)
     return row
-
-
-def driven_now(stores: Stores, tenant: str, run: str) -> bool | None:
-    """Whether a process drives the run now (it holds the run's lock: see ``RunLock``), for a
-    run with no stop recorded: True, another process is at work on it; False, none is (the one
-    that drove it ended first: a crash, Ctrl-C, a model server that could not be reached); None
-    when the store cannot tell (it locks no runs, or it is on read-only media). The lock is
-    taken and let go at once: a driver starting that instant waits for it (``CLI_BUSY_WAIT``)."""
-    locks: object = stores.idempotency
-    if not isinstance(locks, RunLock):
-        return None
-    try:
-        release = locks.lock_run(tenant, run)
-    except KeelgateError:
-        return None
-    if release is None:
-        return True
-    release()
-    return False
-
-
-#: How long a command that drives a run waits for the run's lock before saying it is busy: a
-#: driver that has just died is seen gone at once (the kernel drops a SQLite flock with the
-#: process; a PostgreSQL server ends a dead client's session within milliseconds), and a
-#: ``status`` looking holds the lock only for an instant.
-CLI_BUSY_WAIT = 0.5
 
 
 @app.command("status")
