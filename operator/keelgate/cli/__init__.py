@@ -88,6 +88,12 @@ def _main(args: list[str]) -> int:
     from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands
     from keelgate.cli import tenant as _tenant  # noqa: F401 - registers tenant add|remove|list
 
+    if os.environ.get(COMPLETE_VAR):
+        # A shell asking for completions (`keelgate completion SHELL` wrote its script): the
+        # shells' protocols are typer's, registered here for this one question.
+        from typer._completion_classes import completion_init
+
+        completion_init()
     started()
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
 

@@ -6,6 +6,7 @@ loop, prints, and returns the exit code. Bad input is refused before any store i
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from keelgate.cli.driving import drive, driven_now
+from keelgate.cli.examples import EXIT_CODES
 from keelgate.cli.help import App
 from keelgate.cli.listing import (
     GROUP,
@@ -54,11 +56,7 @@ def _version(value: bool) -> None:
 app = App(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
-    epilog=(
-        "Exit codes: 0 goal met; 3 resumable stop (budget, outcome unknown, approval); "
-        "1 failed; 2 bad input; 4 the run is busy in another process; "
-        "5 the store cannot be opened or reached; 130 interrupted; 143 terminated (SIGTERM)."
-    ),
+    epilog=EXIT_CODES,
 )
 
 
@@ -100,6 +98,40 @@ PricingOption = Annotated[
         "--pricing",
         envvar="KEELGATE_PRICING",
         help="Pricing file: prices by model name, for manifests without spec.pricing.",
+    ),
+]
+
+
+def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The runs of the store the command line names so far, for a shell's TAB: nothing at all
+    (never an error) if there is no store there, or it cannot be read."""
+    try:
+        store = ctx.params.get("store") or os.environ.get("KEELGATE_STORE") or DEFAULT_URL
+        stores = open_existing(store, read_only=True)
+        try:
+            namespace = ctx.params.get("namespace")
+            names = sorted({ref.run for ref in stores.checkpoints.runs(namespace)})
+        finally:
+            stores.close()
+    except Exception:  # completion must never break the shell
+        return []
+    return [name for name in names if name.startswith(incomplete)]
+
+
+def _complete_audit_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    commands = [word for word in ("export", "verify") if word.startswith(incomplete)]
+    return commands + complete_run(ctx, incomplete)
+
+
+RunArgument = Annotated[
+    str, typer.Argument(help="The run's name.", autocompletion=complete_run, show_default=False)
+]
+AuditRunArgument = Annotated[
+    str,
+    typer.Argument(
+        help="The run's name (`export` and `verify` are commands: see below).",
+        autocompletion=_complete_audit_run,
+        show_default=False,
     ),
 ]
 OutputOption = Annotated[
@@ -253,7 +285,7 @@ def check_manifest_file(file: Path) -> None:
 
 @app.command("resume")
 def resume_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     tokens: Annotated[
         int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
     ] = None,
@@ -327,7 +359,7 @@ def _decision(yes: bool, no: bool, yes_flag: str, no_flag: str, question: str) -
 
 @app.command("reconcile")
 def reconcile_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     did: Annotated[
@@ -368,7 +400,7 @@ def _decided(
 
 @app.command("approve")
 def approve_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
@@ -436,7 +468,7 @@ class SignedHeads:
 
 @app.command("audit")
 def audit_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: AuditRunArgument,
     check: Annotated[
         bool, typer.Option("--verify", help="Check every link; exit 1 if the chain is broken.")
     ] = False,
@@ -589,7 +621,7 @@ def _run_row(run: _Listed, now: Any, *, wide: bool, tenant: bool) -> list[str]:
 
 @app.command("status")
 def status_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
@@ -614,3 +646,27 @@ def status_command(
         console.outcome(outcome, driven=driven)
     # Driven elsewhere now: exit 4, the table's "busy in another process".
     return RunBusy.exit_code if driven else exit_code(outcome)
+
+
+class Shell(StrEnum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command("completion")
+def completion_command(
+    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.", show_default=False)],
+) -> int:
+    """Print the shell completion script: commands, flags, and the store's run names.
+
+    As `kubectl completion`: source it in the shell (see the examples). It asks `keelgate`
+    itself for the words, so it stays right as keelgate changes.
+    """
+    from typer._completion_shared import get_completion_script
+
+    from keelgate.cli import COMPLETE_VAR
+
+    script = get_completion_script(prog_name="keelgate", complete_var=COMPLETE_VAR, shell=shell)
+    sys.stdout.write(script.rstrip("\n") + "\n")
+    return 0

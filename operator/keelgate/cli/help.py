@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 from typer.models import CommandFunctionType
 
+from keelgate.cli.examples import EXAMPLES
 from keelgate.cli.helptext import Flag, Page, render
 
 #: How kubectl names a value nobody named: the type, in words.
@@ -88,7 +89,9 @@ def page(command: Any, ctx: Any) -> Page:
         arguments=tuple(arguments),
         commands=tuple(commands),
         flags=tuple(flags),
-        epilog=command.epilog or "",
+        epilog="\n\n".join(
+            part for part in (EXAMPLES.get(ctx.command_path, ""), command.epilog or "") if part
+        ),
     )
 
 

@@ -90,10 +90,17 @@ def _paragraphs(text: str) -> list[str]:
 
 
 def _split_epilog(epilog: str) -> tuple[str, str]:
-    """(the ``Examples:`` section, every other section) of an epilog."""
-    sections = textwrap.dedent(epilog).strip("\n").split("\n\n") if epilog.strip() else []
-    examples = [s for s in sections if s.startswith("Examples:")]
-    rest = [s for s in sections if not s.startswith("Examples:")]
+    """(the ``Examples:`` section, every other section) of an epilog. A section starts at a
+    line that is not indented (its header) and holds the indented and blank lines after it."""
+    sections: list[list[str]] = []
+    for line in textwrap.dedent(epilog).splitlines():
+        if line.strip() and not line[0].isspace():
+            sections.append([line])
+        elif sections:
+            sections[-1].append(line)
+    texts = ["\n".join(lines).strip("\n") for lines in sections]
+    examples = [s for s in texts if s.startswith("Examples:")]
+    rest = [s for s in texts if not s.startswith("Examples:")]
     return "\n\n".join(examples), "\n\n".join(rest)
 
 

@@ -146,9 +146,12 @@ class SQLiteStore(SQLiteConnected):
             raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
         # Held until close: while this descriptor is open, our in-flight keys read as live.
-        self._owner_fd: int | None = os.open(
-            self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
-        )
+        try:
+            self._owner_fd: int | None = os.open(
+                self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
+            )
+        except OSError as error:  # read-only media, a full disk, a folder not ours
+            raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._lock = threading.Lock()
         try:
