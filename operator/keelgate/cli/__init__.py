@@ -1,8 +1,9 @@
 """The ``keelgate`` command line: run, resume, reconcile, approve and audit runs in-process.
 
 It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
-part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
-the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
+part of the contract: 0 goal met, 3 resumable (a stop to act on, or a model server that could
+not be reached: run again), 1 a failure, 2 bad input (one line naming the field, the user's own
+code included), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
 script can tell "try again when the database is back" from a failed run), 130 interrupted,
 143 terminated (SIGTERM while a run is driven).
 ``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
@@ -187,7 +188,8 @@ _WORDING: dict[type[KeelgateError], Callable[[KeelgateError], str]] = {
     StaleCheckpoint: _busy,
     StoreUnavailable: lambda error: f"--store: {error}",
     ModelUnavailable: lambda error: (
-        f"{error}; nothing was saved: run the same command again to retry"
+        f"{error}: the run is where it was, nothing lost (no stop recorded); run the same "
+        "command again once the model server answers"
     ),
 }
 
