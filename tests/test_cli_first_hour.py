@@ -494,3 +494,99 @@ def test_read_only_commands_read_a_store_on_read_only_media(folder: Path) -> Non
     settle = _read_only(folder, "reconcile", "restock", "2:0", "--executed", "--by", "al")
     assert settle.returncode == 5 and "Traceback" not in settle.stderr, settle.stderr
     assert sorted(p.name for p in (folder / ".keelgate").iterdir()) == before
+
+
+# keelgate tenant add
+
+
+class _SecretsRefusedOnWrite:
+    """A loopback API server (Kubernetes' wire format) where the Secret does not exist, a dry
+    run of its creation is accepted, and the real creation is refused (403): what a dry run
+    cannot foresee (a quota, a webhook that skips dry runs, a token that expired between)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, code: int, body: dict[str, object]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                outer.requests.append(f"GET {self.path}")
+                self._answer(404, _status(404, "NotFound", 'secrets "keelgate-store" not found'))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                outer.requests.append(f"POST {self.path}")
+                if "dryRun=All" in self.path:
+                    self._answer(201, body)
+                else:
+                    self._answer(403, _status(403, "Forbidden", "secrets is forbidden: quota"))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def kubeconfig(self, path: Path) -> Path:
+        port = self.server.server_address[1]
+        path.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u, namespace: shop}}]\n"
+        )
+        return path
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, object]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def test_tenant_add_leaves_no_role_behind_when_its_secret_cannot_be_written(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """`keelgate tenant add` checks the cluster first (a dry run of the Secret's write); when
+    the real write is refused all the same, the role it had just created is taken away again,
+    and the one line says so: no role with a password stored nowhere is left."""
+    cluster = _SecretsRefusedOnWrite()
+    try:
+        kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+        done = keelgate(
+            tmp_path, "tenant", "add", "shop", "--store", pg_url, "--kubeconfig", str(kubeconfig)
+        )
+    finally:
+        cluster.stop()
+    assert [r.split("?")[0] for r in cluster.requests] == [
+        "GET /api/v1/namespaces/shop/secrets/keelgate-store",
+        "POST /api/v1/namespaces/shop/secrets",
+        "POST /api/v1/namespaces/shop/secrets",
+    ]
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "forbidden" in line and "removed again: nothing changed" in line
+    listed = keelgate(tmp_path, "tenant", "list", "--store", pg_url, "-o", "json")
+    assert json.loads(listed.stdout)["tenants"] == []
