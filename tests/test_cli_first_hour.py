@@ -590,3 +590,138 @@ def test_tenant_add_leaves_no_role_behind_when_its_secret_cannot_be_written(
     assert "forbidden" in line and "removed again: nothing changed" in line
     listed = keelgate(tmp_path, "tenant", "list", "--store", pg_url, "-o", "json")
     assert json.loads(listed.stdout)["tenants"] == []
+
+
+# What it tells the user
+
+
+def test_a_syntax_error_in_the_users_tool_module_is_bad_input_naming_file_and_line(
+    folder: Path,
+) -> None:
+    """A tool module that does not compile is the user's input: exit 2, one line with the
+    file and the line, before any store is made; one that raises as it is imported says what
+    and where, exit 2 too."""
+    (folder / "kgtools.py").write_text(TOOLS + "\ndef broken(:\n")
+    done = keelgate(folder, "run", "-f", "run.yaml")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert f"{folder / 'kgtools.py'}, line " in line and "invalid syntax" in line
+    assert "internal error" not in line and not (folder / ".keelgate").exists()
+    (folder / "kgtools.py").write_text('raise RuntimeError("no config")\n' + TOOLS)
+    done = keelgate(folder, "run", "-f", "run.yaml")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "RuntimeError: no config" in line and f"{folder / 'kgtools.py'}, line 1" in line
+
+
+def test_a_tool_module_that_cannot_be_found_says_where_it_was_looked_for(
+    folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A module in no folder searched: the line names each folder (the manifest's, the
+    current one, PYTHONPATH's), so the user sees which one to fix."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (folder / "kgtools.py").rename(folder / "tools_elsewhere.py")
+    done = keelgate(elsewhere, "run", "-f", str(folder / "run.yaml"), PYTHONPATH="/opt")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "no module 'kgtools' in " in line
+    for place in (str(folder), str(elsewhere), "/opt"):
+        assert place in line, place
+
+
+def test_a_model_server_that_cannot_be_reached_is_resumable_and_the_run_goes_on_later(
+    folder: Path,
+) -> None:
+    """A model server that answers only "503 overloaded": after its retries `run` exits 3
+    (resumable: running again is the fix), one line saying the run is where it was; status
+    says no process drives it (exit 3); once the server answers, the same command finishes."""
+    from fakes.llm import LlmFake, openai_reply
+    from fakes.loopback import Answer
+
+    server = LlmFake("openai").start()
+    try:
+        overloaded = Answer(503, {"error": {"message": "overloaded", "type": "server_error"}})
+        server.add(*[overloaded] * 5)
+        model = f"  model: {{provider: openai, name: demo, baseURL: '{server.base_url}'}}\n"
+        text = re.sub(r"  model:\n.*?(?=  tools:)", model, manifest(), flags=re.DOTALL)
+        (folder / "run.yaml").write_text(text)
+        done = keelgate(folder, "run", "-f", "run.yaml")
+        assert done.returncode == 3, done.stderr
+        (line,) = [x for x in done.stderr.splitlines() if "error:" in x]
+        assert "the run is where it was" in line and "run the same command again" in line
+        assert keelgate(folder, "status", "restock").returncode == 3
+        accept = ("keelgate_verdict", {"verdict": "accept", "reason": "ok"})
+        server.add(openai_reply(text="nothing to order"), openai_reply(calls=[accept]))
+        again = keelgate(folder, "run", "-f", "run.yaml", "-o", "json")
+    finally:
+        server.stop()
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["stopReason"] == "goal_met"
+
+
+def test_keelgate_operator_with_no_cluster_to_talk_to_is_one_line(tmp_path: Path) -> None:
+    """`keelgate operator` outside a pod, with no kubeconfig: one line saying there is no API
+    server to talk to and how to give one (exit 2), not the client's ConfigException."""
+    done = subprocess.run(
+        [KEELGATE, "operator", "--store", "postgresql://keelgate@127.0.0.1:1/keelgate"],
+        cwd=tmp_path,
+        env={**user_env(HOME=str(tmp_path)), "KUBECONFIG": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "no Kubernetes API server to talk to" in line and "KUBECONFIG" in line
+
+
+def test_an_unreachable_temporal_server_is_one_line_with_its_reason(tmp_path: Path) -> None:
+    """`keelgate temporal status` with nobody at --address: exit 5, one line ending in the
+    reason a person reads (connection refused), not the Rust client's debug dump."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = keelgate(tmp_path, "temporal", "status", "restock", "--address", f"127.0.0.1:{port}")
+    assert done.returncode == 5
+    (line,) = done.stderr.splitlines()
+    assert "cannot be reached: connection refused" in line
+    assert "tonic" not in line and "Os {" not in line
+
+
+def test_a_rerun_with_an_edited_manifest_of_a_finished_run_says_the_edit_was_not_used(
+    folder: Path,
+) -> None:
+    """Run to its goal, edit the manifest, run again: one warning saying the run has finished,
+    the change is not used, and what would run it (another metadata.name)."""
+    assert keelgate(folder, "run", "-f", "run.yaml").returncode == 0
+    (folder / "run.yaml").write_text(manifest().replace("goal: restock", "goal: restock more"))
+    again = keelgate(folder, "run", "-f", "run.yaml")
+    assert again.returncode == 0
+    (line,) = [x for x in again.stderr.splitlines() if x.startswith("keelgate: warning:")]
+    assert "the change is not used" in line and "metadata.name" in line
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("budget: {maxIterations: 10000, tokens: 50000}", "spec.budget.timeoutSeconds"),
+        ("    name: demo\n", "spec.model.maxOutputTokens"),
+    ],
+)
+def test_manifest_errors_are_worded_by_keelgate_not_by_its_validation_library(
+    folder: Path, change: str, field: str
+) -> None:
+    """Values the validation library words itself (a number that is not finite, a number
+    below its least) read as the rest: the field, then "must ..."."""
+    replaced = {
+        "spec.budget.timeoutSeconds": "budget: {timeoutSeconds: .inf}",
+        "spec.model.maxOutputTokens": "    name: demo\n    maxOutputTokens: 0\n",
+    }[field]
+    (folder / "run.yaml").write_text(manifest().replace(change, replaced))
+    done = keelgate(folder, "run", "-f", "run.yaml")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"keelgate: error: {field}: must ")
+    assert "Input should" not in line and "Value error" not in line

@@ -431,6 +431,15 @@ class SignedHeads:
         self._hashes: dict[int, str] = {}
         self._heads: list[AuditEvent] = []
 
+    #: What a chain with no signed head is (not a broken link): heads are signed only by an
+    #: operator started with --audit-sign-key, as a run stops; a run driven from the command
+    #: line has none, and a chain that should have some may have had them removed.
+    unsigned = (
+        "no signed head on the chain, so --key has nothing to check: heads are signed only by "
+        "an operator started with --audit-sign-key, when a run stops (a run driven by "
+        "`keelgate run` has none), or they were removed"
+    )
+
     def watching(self, each: Callable[[AuditEvent], None]) -> Callable[[AuditEvent], None]:
         from keelgate.core.attestation import HEAD_EVENT
 
@@ -450,10 +459,7 @@ class SignedHeads:
 
         problems = list(chain.problems)
         if not self._heads:
-            problems.append(
-                "no signed head on the chain: the operator signed none (no --audit-sign-key "
-                "while the run stopped), or they were removed"
-            )
+            problems.append(self.unsigned)
         for event in self._heads:
             envelope = event.data.get("envelope")
             try:
@@ -517,7 +523,7 @@ def audit_command(
             }
         )
     else:
-        console.audit(run, trail, report)
+        console.audit(run, trail, report, unsigned=SignedHeads.unsigned)
     return 1 if report is not None and not report.ok else 0
 
 
