@@ -725,3 +725,26 @@ def test_manifest_errors_are_worded_by_keelgate_not_by_its_validation_library(
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"keelgate: error: {field}: must ")
     assert "Input should" not in line and "Value error" not in line
+
+
+def test_every_environment_variable_the_package_reads_is_documented() -> None:
+    """docs/environment.md names every variable the package reads: those it asks the
+    environment for by name, the flags' variables, and the names kept in constants."""
+    package = Path(__file__).resolve().parents[1] / "operator" / "keelgate"
+    patterns = [
+        r"environ(?:\.get)?\(\s*\"([A-Z][A-Z0-9_]+)\"",
+        r"environ\[\"([A-Z][A-Z0-9_]+)\"\]",
+        r"getenv\(\"([A-Z][A-Z0-9_]+)\"",
+        r"envvar=\"([A-Z][A-Z0-9_]+)\"",
+        r"^[A-Z_]*ENV[A-Z_]* = \"([A-Z][A-Z0-9_]+)\"",
+        r"^COMPLETE_VAR = \"([A-Z_][A-Z0-9_]+)\"",
+        r"\"((?:OPENAI|ANTHROPIC)_API_KEY)\"",
+    ]
+    read: set[str] = set()
+    for source in package.rglob("*.py"):
+        text = source.read_text()
+        for pattern in patterns:
+            read.update(re.findall(pattern, text, re.MULTILINE))
+    assert {"KEELGATE_STORE", "KEELGATE_DEBUG", "KEELGATE_PRICING", "OPENAI_API_KEY"} <= read
+    documented = (package.parents[1] / "docs" / "environment.md").read_text()
+    assert sorted(name for name in read if f"`{name}`" not in documented) == []
