@@ -84,6 +84,7 @@ def _main(args: list[str]) -> int:
 
         started()
         return dispatch(audit_tools.app, args[1:], prog_name="keelgate audit")
+    from keelgate.cli import audit_tools as _audit  # noqa: F401 - registers audit RUN
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
     from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands

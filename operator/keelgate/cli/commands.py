@@ -1,14 +1,17 @@
-"""The subcommands of ``keelgate`` (contract section 4).
+"""The subcommands of ``keelgate`` (contract section 4), and the options they share.
 
 Each command opens the stores named by ``--store``, does one thing through the runner or the
-loop, prints, and returns the exit code. Bad input is refused before any store is written.
+loop, prints, and returns the exit code. Bad input is refused before any store is written. It is
+one module a little past 500 lines because it is the typer app's command list with the options
+every group shares (``audit``, ``tenant``, ``temporal`` and the operator's commands are in their
+own modules): each command is a thin shell, and the shells read best side by side.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -30,8 +33,7 @@ from keelgate.cli.listing import (
     age,
     emit,
 )
-from keelgate.cli.render import Console, Trail
-from keelgate.core.audit import AuditEvent, ChainReport
+from keelgate.cli.render import Console
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
@@ -118,21 +120,8 @@ def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     return [name for name in names if name.startswith(incomplete)]
 
 
-def _complete_audit_run(ctx: typer.Context, incomplete: str) -> list[str]:
-    commands = [word for word in ("export", "verify") if word.startswith(incomplete)]
-    return commands + complete_run(ctx, incomplete)
-
-
 RunArgument = Annotated[
     str, typer.Argument(help="The run's name.", autocompletion=complete_run, show_default=False)
-]
-AuditRunArgument = Annotated[
-    str,
-    typer.Argument(
-        help="The run's name (`export` and `verify` are commands: see below).",
-        autocompletion=_complete_audit_run,
-        show_default=False,
-    ),
 ]
 OutputOption = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="text, or json (one object, last line)")
@@ -417,114 +406,6 @@ def approve_command(
         loop.approve(tenant, run, action, approved=approve, by=by)
     verdict = "approved" if approve else "denied"
     return _decided(run, action, waiting.get(action, ""), verdict, by, output)
-
-
-class SignedHeads:
-    """``audit --verify --key``: the chain's hashes and the operator's signed heads, seen as the
-    chain is read once, then each head checked (its signature under the key, and that the chain
-    still leads to it)."""
-
-    def __init__(self, key_file: str) -> None:
-        from keelgate.adapters.signing import load_public_key, read_key_file
-
-        self._key = load_public_key(read_key_file(key_file, "--key"))
-        self._hashes: dict[int, str] = {}
-        self._heads: list[AuditEvent] = []
-
-    #: What a chain with no signed head is (not a broken link): heads are signed only by an
-    #: operator started with --audit-sign-key, as a run stops; a run driven from the command
-    #: line has none, and a chain that should have some may have had them removed.
-    unsigned = (
-        "no signed head on the chain, so --key has nothing to check: heads are signed only by "
-        "an operator started with --audit-sign-key, when a run stops (a run driven by "
-        "`keelgate run` has none), or they were removed"
-    )
-
-    def watching(self, each: Callable[[AuditEvent], None]) -> Callable[[AuditEvent], None]:
-        from keelgate.core.attestation import HEAD_EVENT
-
-        def seen(event: AuditEvent) -> None:
-            self._hashes[event.seq] = event.hash
-            if event.type == HEAD_EVENT:
-                self._heads.append(event)
-            each(event)
-
-        return seen
-
-    def report(self, tenant: str, run: str, chain: ChainReport) -> ChainReport:
-        import json
-
-        from keelgate.adapters.signing import EnvelopeError, open_envelope
-        from keelgate.core.attestation import check_signed_head
-
-        problems = list(chain.problems)
-        if not self._heads:
-            problems.append(self.unsigned)
-        for event in self._heads:
-            envelope = event.data.get("envelope")
-            try:
-                opened = open_envelope(json.dumps(envelope).encode(), self._key)
-                signed = json.loads(opened.payload)
-            except (EnvelopeError, ValueError) as error:
-                problems.append(f"event {event.seq} (signed head): {error}")
-                continue
-            problems.extend(check_signed_head(tenant, run, signed, self._hashes))
-        return ChainReport(not problems, chain.events, tuple(problems))
-
-
-@app.command("audit")
-def audit_command(
-    run: AuditRunArgument,
-    check: Annotated[
-        bool, typer.Option("--verify", help="Check every link; exit 1 if the chain is broken.")
-    ] = False,
-    namespace: NamespaceOption = None,
-    store: StoreOption = DEFAULT_URL,
-    output: OutputOption = OutputFormat.text,
-    key: Annotated[
-        str,
-        typer.Option(
-            "--key",
-            help="With --verify: a PEM public key; check the chain against the heads the "
-            "operator signed with its private key (docs/audit.md).",
-        ),
-    ] = "",
-) -> int:
-    """Show the run's hash-chained audit trail. `keelgate audit export RUN --sign-key KEY`
-    writes it as a signed file; `keelgate audit verify FILE --key PUB` checks one offline."""
-    # The chain is read once, a page at a time, and each event is kept only as what is shown
-    # of it, so a run of any length is shown (and verified) in time linear in its events.
-    json_out = output is OutputFormat.json
-    documents: list[dict[str, Any]] = []
-    trail = Trail()
-    keep: Callable[[AuditEvent], None] = (
-        (lambda event: documents.append(event.to_json())) if json_out else trail.add
-    )
-    report = None
-    if key and not check:
-        raise InputError("--key", "checks signed heads: give it with --verify")
-    heads = SignedHeads(key) if key else None
-    with _opened(store, run, namespace, read_only=True) as (loop, tenant, run):
-        if check:
-            each = keep if heads is None else heads.watching(keep)
-            report = loop.verify_audit(tenant, run, each=each)
-            if heads is not None:
-                report = heads.report(tenant, run, report)
-        else:
-            for event in loop.stores.audit.iter_events(tenant, run):
-                keep(event)
-    console = Console()
-    if json_out:
-        console.json(
-            {
-                "run": run,
-                "events": documents,
-                **({"verified": report.ok, "problems": list(report.problems)} if report else {}),
-            }
-        )
-    else:
-        console.audit(run, trail, report, unsigned=SignedHeads.unsigned)
-    return 1 if report is not None and not report.ok else 0
 
 
 @app.command("runs")

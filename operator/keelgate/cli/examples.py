@@ -17,7 +17,8 @@ Exit codes:
   3    resumable: a stop to act on (budget, outcome unknown, approval), or a run
        with no stop whose process is gone (resume continues it)
   4    busy: another process drives the run now
-  5    the store (or the model, Temporal or API server) cannot be reached
+  5    the store cannot be opened or reached (keelgate temporal: the Temporal
+       server): nothing was read or written, run the same command again
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): nothing saved is lost"""
 
 _KEELGATE = {

@@ -23,7 +23,6 @@ from typing import Annotated, Any
 
 import typer
 
-from keelgate.cli import commands as keelgate_commands
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
 from keelgate.cli.help import App
 from keelgate.cli.plugin import view
@@ -581,4 +580,6 @@ def audit_command(
         )
     flags = _flags(ctx, kubeconfig, context, namespace)
     tenant = namespace_only(flags.kubeconfig, flags.context, flags.namespace)
-    return int(keelgate_commands.audit_command(run, check, tenant, store, output, key))
+    from keelgate.cli.audit_tools import audit_command as keelgate_audit
+
+    return int(keelgate_audit(run, check, tenant, store, output, key))
