@@ -42,7 +42,7 @@ def _one_line_error(result: object) -> str:
     stderr = str(getattr(result, "stderr", ""))
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr and lines[0].startswith("keelgate: error: ")
+    assert "Traceback" not in stderr and lines[0].startswith("kubectl keelgate: error: ")
     return lines[0]
 
 
