@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -748,3 +749,36 @@ def test_every_environment_variable_the_package_reads_is_documented() -> None:
     assert {"KEELGATE_STORE", "KEELGATE_DEBUG", "KEELGATE_PRICING", "OPENAI_API_KEY"} <= read
     documented = (package.parents[1] / "docs" / "environment.md").read_text()
     assert sorted(name for name in read if f"`{name}`" not in documented) == []
+
+
+def test_shell_completion_offers_commands_flags_formats_and_the_stores_runs(
+    folder: Path,
+) -> None:
+    """`source <(keelgate completion bash)`, then TAB: `keelgate ru` offers run and runs,
+    `keelgate status ` the runs in the store, `keelgate audit ` export, verify and the runs,
+    `keelgate runs -o ` the formats (zsh and fish get their own scripts)."""
+    assert keelgate(folder, "run", "-f", "run.yaml").returncode == 0
+    script = textwrap.dedent("""\
+        source <(keelgate completion bash)
+        words() {
+            COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 ))
+            _keelgate_completion keelgate
+            echo "${COMPREPLY[*]}"
+        }
+        words keelgate ru
+        words keelgate status ""
+        words keelgate audit ""
+        words keelgate runs -o ""
+        """)
+    env = user_env(PATH=f"{Path(KEELGATE).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == [
+        "run runs",
+        "restock",
+        "export verify restock",
+        "text wide json yaml name",
+    ], done.stderr
+    for shell in ("zsh", "fish"):
+        assert "_KEELGATE_COMPLETE" in keelgate(folder, "completion", shell).stdout

@@ -106,9 +106,12 @@ PricingOption = Annotated[
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     """The runs of the store the command line names so far, for a shell's TAB: nothing at all
-    (never an error) if there is no store there, or it cannot be read."""
+    (never an error) if there is no store there, or it cannot be read. A SQLite store only: a
+    TAB must never wait on a database server."""
     try:
         store = ctx.params.get("store") or os.environ.get("KEELGATE_STORE") or DEFAULT_URL
+        if not store.startswith("sqlite:"):
+            return []
         stores = open_existing(store, read_only=True)
         try:
             namespace = ctx.params.get("namespace")
