@@ -93,7 +93,17 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _export(store: str, sign: Path, out: Path) -> int:
     return main(
-        ["audit", "export", "restock", "--sign-key", str(sign), "-o", str(out), "--store", store]
+        [
+            "audit",
+            "export",
+            "restock",
+            "--sign-key",
+            str(sign),
+            "--output-file",
+            str(out),
+            "--store",
+            store,
+        ]
     )
 
 
@@ -377,11 +387,14 @@ def test_verify_with_a_key_on_a_chain_nobody_signed_says_so(
     store: str, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--verify --key` on a run whose chain has no signed head (run without an operator
-    signing, or its signed heads deleted): exit 1, saying no head was signed; --key without
-    --verify is refused naming --key."""
+    signing, or its signed heads deleted): exit 1, saying what it is (its links intact, no head
+    signed, who signs heads), never "chain BROKEN"; --key without --verify is refused naming
+    --key."""
     _, pub = keys
     capsys.readouterr()
     assert main(["audit", "restock", "--verify", "--key", str(pub), "--store", store]) == 1
-    assert "no signed head on the chain" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no signed head on the chain" in out and "--audit-sign-key" in out
+    assert "every link intact" in out and "BROKEN" not in out
     assert main(["audit", "restock", "--key", str(pub), "--store", store]) == 2
     assert "--key" in capsys.readouterr().err

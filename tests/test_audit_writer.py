@@ -209,7 +209,7 @@ def test_each_event_names_the_role_that_wrote_it_and_the_operators_decisions_ver
     out = tmp_path / "restock.dsse.json"
     exported = _keelgate(
         "audit", "export", "restock", "-n", store.ns, "--sign-key", str(tmp_path / "sign.pem"),
-        "-o", str(out), store=store.b,
+        "--output-file", str(out), store=store.b,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     payload = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
@@ -272,7 +272,7 @@ def test_a_decision_a_step_pod_writes_after_the_last_signed_head_fails_verificat
     (tmp_path / "sign.pem").write_bytes(pem)
     exported = _keelgate(
         "audit", "export", "restock", "-n", store.ns, "--sign-key", str(tmp_path / "sign.pem"),
-        "-o", str(tmp_path / "out.json"), store=store.b,
+        "--output-file", str(tmp_path / "out.json"), store=store.b,
     )  # fmt: skip
     assert exported.returncode == 1 and "not signed" in exported.stderr
     assert not (tmp_path / "out.json").exists()

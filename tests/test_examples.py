@@ -114,12 +114,6 @@ NOT_RUN = {
     "PYTHONPATH=examples/restock keelgate run -f examples/ollama/agentrun.yaml": (
         "needs an Ollama server: the manifest is run against a stand-in above"
     ),
-    "keelgate audit export restock --sign-key key.pem -o restock.dsse.json": (
-        "needs a signing key: tests/test_audit_export.py exports and verifies with keys it makes"
-    ),
-    "keelgate audit verify restock.dsse.json --key key.pub": (
-        "needs the export above: tests/test_audit_export.py verifies exports, and tampered ones"
-    ),
     "kubectl apply -f examples/kind/agentrun.yaml": (
         "needs a cluster: tests/test_install_docs.py runs the manifest on the local runner"
     ),
@@ -152,17 +146,22 @@ def doc_commands(path: Path) -> list[tuple[str, int | None]]:
 
 
 def fresh_folder(tmp_path: Path) -> Path:
-    """A folder holding what a fresh clone holds for the examples, and nothing run yet."""
+    """A folder holding what a fresh clone holds for the examples, after `make venv` (its
+    `.venv` is this test's interpreter's), and nothing run yet."""
     folder = tmp_path / "clone"
     shutil.copytree(ROOT / "examples", folder / "examples")
+    (folder / ".venv").symlink_to(sys.prefix)
     return folder
 
 
 def user_env() -> dict[str, str]:
-    """A user's shell: `keelgate` on PATH, and no Keelgate or Python settings of ours."""
+    """A user's shell: no Keelgate or Python settings of ours, and `keelgate` not on PATH until
+    the venv is activated (the README's first line does it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KEELGATE_", "PYTHON"))}
     env.pop("SHOP_DIR", None)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("VIRTUAL_ENV", None)
+    venv = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv)
     return env
 
 
@@ -176,28 +175,79 @@ def test_every_documented_command_states_its_exit_code_or_why_it_is_not_run() ->
     assert set(NOT_RUN) <= set(shown)
 
 
-RUNNABLE = [path for path in DOCS if any(claimed is not None for _, claimed in doc_commands(path))]
+def use_it_block() -> str:
+    """The README's "Use it" session: the first ```sh block under that heading."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use it\n") :]
+    found = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert found is not None
+    return found.group(1)
 
 
-@pytest.mark.parametrize("doc", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_documented_commands_run_as_written_with_the_exit_codes_claimed(
-    doc: Path, tmp_path: Path
-) -> None:
-    """Each doc's commands, pasted in order into a shell in a fresh folder, give exactly the
-    exit codes the doc claims (a crash on purpose included)."""
-    steps = [(c, claimed) for c, claimed in doc_commands(doc) if claimed is not None]
-    folder = fresh_folder(tmp_path)
-    codes = tmp_path / "codes"
-    script = "".join(f'{command}\nprintf "%s\\n" "$?" >> "{codes}"\n' for command, _ in steps)
-    done = subprocess.run(
-        ["bash", "-c", script],
+def paste(block: str, folder: Path, codes: Path) -> subprocess.CompletedProcess[str]:
+    """``block`` pasted into an interactive bash in ``folder``, as a user's terminal would take
+    it, line by line; after each line the shell writes that line's exit code to ``codes``
+    (PROMPT_COMMAND runs before each prompt: once before the first line, then after each)."""
+    env = {**user_env(), "PROMPT_COMMAND": f'printf "%s\\n" "$?" >> "{codes}"', "PS1": ""}
+    return subprocess.run(
+        ["bash", "--norc", "--noprofile", "-i"],
+        input=block,
         cwd=folder,
-        env=user_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    got = [int(code) for code in codes.read_text().split()]
+
+
+def test_the_readme_session_pastes_and_runs_as_written(tmp_path: Path) -> None:
+    """The README's "Use it" block, pasted whole into bash in a fresh folder after `make venv`:
+    every line states its exit code and gives exactly it (a crash on purpose included), with
+    nothing to set up by hand (the block activates the venv and makes its signing keys). Then
+    docs/audit.md's export session, pasted into the same shell as it says: each command exits 0
+    and prints what its comment says."""
+    block = use_it_block()
+    lines = [line for line in block.splitlines() if line.strip()]
+    claimed = []
+    for line in lines:
+        found = re.search(r"  #\s*exit (\d+)\b", line)
+        assert found is not None, f"states no exit code: {line}"
+        claimed.append(int(found.group(1)))
+    audit_md = (ROOT / "docs/audit.md").read_text()
+    section = audit_md[audit_md.index("## `keelgate audit export` and `keelgate audit verify`") :]
+    found = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert found is not None
+    audit = [x for x in found.group(1).splitlines() if x.strip() and not x.startswith("#")]
+    said = [x[2:] for x in found.group(1).splitlines() if x.startswith("# ") and ": " in x]
+    folder = fresh_folder(tmp_path)
+    codes = tmp_path / "codes"
+    done = paste(block + "\n".join(audit) + "\n", folder, codes)
+    got = [int(code) for code in codes.read_text().split()][1:]  # the first: before line one
+    assert list(zip(lines + audit, got, strict=True)) == list(
+        zip(lines + audit, claimed + [0] * len(audit), strict=True)
+    ), done.stdout + done.stderr
+    assert (folder / "restock.dsse.json").exists()
+    for line in said[1:]:  # the first comment says who signs
+        assert line in done.stdout.splitlines(), (line, done.stdout)
+
+
+HEADERS = [
+    path for path in MANIFESTS if any(claimed is not None for _, claimed in doc_commands(path))
+]
+
+
+@pytest.mark.parametrize("doc", HEADERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_example_headers_run_as_written_with_the_exit_codes_claimed(
+    doc: Path, tmp_path: Path
+) -> None:
+    """Each example's commands, pasted in order into bash in a fresh folder with the venv
+    activated (as the README's session does first), give exactly the exit codes claimed."""
+    steps = [(c, claimed) for c, claimed in doc_commands(doc) if claimed is not None]
+    folder = fresh_folder(tmp_path)
+    codes = tmp_path / "codes"
+    block = "source .venv/bin/activate\n" + "".join(f"{command}\n" for command, _ in steps)
+    done = paste(block, folder, codes)
+    got = [int(code) for code in codes.read_text().split()][2:]
     assert list(zip([c for c, _ in steps], got, strict=True)) == [
         (command, claimed) for command, claimed in steps
     ], done.stdout + done.stderr

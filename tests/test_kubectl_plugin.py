@@ -779,7 +779,7 @@ def test_audit_needs_a_store_and_a_store_that_cannot_be_reached_is_exit_5(
     assert code == 2 and "--store" in one_line(err) and "not in the cluster" in err
     url = f"postgresql://keelgate:{STORE_PASSWORD}@127.0.0.1:{_closed_port()}/keelgate"
     code, out, err = plugin(capsys, "audit", "restock", "-n", "shop", "--store", url)
-    assert code == 5 and one_line(err).startswith("keelgate: error: --store:")
+    assert code == 5 and one_line(err).startswith("kubectl keelgate: error: --store:")
     assert STORE_PASSWORD not in out + err
 
 

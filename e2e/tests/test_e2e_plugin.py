@@ -42,7 +42,7 @@ def _one_line_error(result: object) -> str:
     stderr = str(getattr(result, "stderr", ""))
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr and lines[0].startswith("keelgate: error: ")
+    assert "Traceback" not in stderr and lines[0].startswith("kubectl keelgate: error: ")
     return lines[0]
 
 
@@ -403,7 +403,7 @@ def test_audit_export_signs_with_a_key_from_a_secret_and_verify_needs_only_the_f
     with_store = plugin.with_env(KEELGATE_STORE=store_url(admin, tenant))
     out = tmp_path / "signed.dsse.json"
     exported = with_store(
-        "audit", "export", "signed", "--sign-key-secret", "audit-key", "-o", str(out)
+        "audit", "export", "signed", "--sign-key-secret", "audit-key", "--output-file", str(out)
     )
     assert exported.returncode == 0, exported.stderr
     assert "events exported" in exported.stdout
@@ -415,5 +415,5 @@ def test_audit_export_signs_with_a_key_from_a_secret_and_verify_needs_only_the_f
     for result in (exported, verified):
         assert pem.decode() not in result.stdout + result.stderr
     bob = plugin.as_user("bob").with_env(KEELGATE_STORE=store_url(admin, tenant))
-    refused = bob("audit", "export", "signed", "--sign-key-secret", "audit-key", "-o", "-")
+    refused = bob("audit", "export", "signed", "--sign-key-secret", "audit-key")
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()

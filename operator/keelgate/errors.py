@@ -24,8 +24,9 @@ def _unpickled(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException
 class KeelgateError(Exception):
     """Base of every error Keelgate raises on purpose."""
 
-    #: Exit code of a command that ends with this error: 1 failed, 2 bad input, 4 busy (another
-    #: live process drives the run), 5 the store cannot be reached.
+    #: Exit code of a command that ends with this error: 1 failed, 2 bad input, 3 resumable (the
+    #: model server could not be reached: run again), 4 busy (another live process drives the
+    #: run), 5 the store cannot be reached.
     exit_code: ClassVar[int] = 1
     #: True if the same call, unchanged, may succeed later (a store back up, a driver gone).
     retryable: ClassVar[bool] = False
@@ -247,9 +248,12 @@ class ModelUnavailable(ModelError):
     """The provider stayed unreachable or overloaded through every retry.
 
     Not a stop: nothing about the call was saved, so the run is exactly where it was and the
-    same command (or the operator's next attempt) tries again.
+    same command (or the operator's next attempt) tries again. Hence exit code 3, resumable
+    (running again is the fix), not 1: a script must not give up on the run; a step pod's 3
+    is a step that ended with the run where it stands, as the operator reads it.
     """
 
+    exit_code = 3
     retryable = True
 
 

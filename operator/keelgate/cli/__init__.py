@@ -1,8 +1,9 @@
 """The ``keelgate`` command line: run, resume, reconcile, approve and audit runs in-process.
 
 It is a thin shell over the runners and the loop: it parses, calls, and prints. Exit codes are
-part of the contract: 0 goal met, 3 a resumable stop, 1 a failure, 2 bad input (one line naming
-the field), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
+part of the contract: 0 goal met, 3 resumable (a stop to act on, or a model server that could
+not be reached: run again), 1 a failure, 2 bad input (one line naming the field, the user's own
+code included), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
 script can tell "try again when the database is back" from a failed run), 130 interrupted,
 143 terminated (SIGTERM while a run is driven).
 ``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
@@ -34,6 +35,8 @@ from keelgate.errors import (
 if TYPE_CHECKING:
     import typer
 
+    from keelgate.cli.driving import Interrupted
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -46,35 +49,59 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that signal
 _INTERRUPTED = "interrupted: nothing saved was lost"
 
 
-def _interrupted(run: str, *, terminated: bool = False) -> str:
-    stopped = "terminated (SIGTERM): nothing saved was lost" if terminated else _INTERRUPTED
+def _interrupted(stopped: Interrupted) -> str:
+    name = "SIGTERM" if stopped.terminated else "Ctrl-C"
+    if stopped.finished:
+        return (
+            f"stopped ({name}) at a checkpoint, after the WRITE being sent ended and was "
+            f"recorded: nothing is unknown; `keelgate resume {stopped.run}` goes on from there"
+        )
+    said = "terminated (SIGTERM): nothing saved was lost" if stopped.terminated else _INTERRUPTED
     return (
-        f"{stopped}; `keelgate resume {run}` continues from the last checkpoint "
+        f"{said}; `keelgate resume {stopped.run}` continues from the last checkpoint "
         "(a WRITE cut off mid-call becomes an unknown outcome to settle)"
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keelgate`` executable; returns the exit code."""
+    from keelgate.cli.pipes import closed_pipes_are_quiet
+
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
-    if args[0] == "step":
+    with closed_pipes_are_quiet():
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
+    if args[0] == "step" and not os.environ.get(COMPLETE_VAR):
         # A step pod's start-up: its own parser, no typer or rich (see keelgate.cli.step).
         from keelgate.cli.step import main as step_main
 
         return step_main(args[1:])
-    if args[:2] in (["audit", "export"], ["audit", "verify"]):
+    if args[:2] in (["audit", "export"], ["audit", "verify"]) and not os.environ.get(COMPLETE_VAR):
         # `audit RUN` shows a run's chain; these two are commands of their own under its name.
         from keelgate.cli import audit_tools
 
         started()
         return dispatch(audit_tools.app, args[1:], prog_name="keelgate audit")
+    from keelgate.cli import audit_tools as _audit  # noqa: F401 - registers audit RUN
     from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
     from keelgate.cli import commands
     from keelgate.cli import temporal as _temporal  # noqa: F401 - registers temporal commands
     from keelgate.cli import tenant as _tenant  # noqa: F401 - registers tenant add|remove|list
 
+    if os.environ.get(COMPLETE_VAR):
+        # A shell asking for completions (`keelgate completion SHELL` wrote its script): the
+        # shells' protocols are typer's, registered here for this one question.
+        from typer._completion_classes import completion_init
+
+        completion_init()
     started()
     return dispatch(commands.app, args, prog_name="keelgate", check_failpoints=True)
+
+
+#: The variable a shell's completion script sets when it asks ``keelgate`` for completions.
+COMPLETE_VAR = "_KEELGATE_COMPLETE"
 
 
 def dispatch(
@@ -89,15 +116,18 @@ def dispatch(
     Shared by ``keelgate`` and ``kubectl-keelgate`` so both speak the same exit codes."""
     import typer
 
-    from keelgate.cli import commands
+    from keelgate.cli import pipes
+    from keelgate.cli.driving import Interrupted
     from keelgate.cli.render import Console
     from keelgate.core import failpoints
     from keelgate.core.redaction import log_to_stderr, redact_text
 
+    # Errors and warnings name the program the user typed: `kubectl keelgate: error: ...`.
+    Console.program = "kubectl keelgate" if prog_name.startswith("kubectl") else "keelgate"
     console = Console()
     # Warnings (an unknown outcome, a tool hint that disagrees with the manifest) go to stderr
     # as one line each; they never carry tool arguments or secrets.
-    log_to_stderr(logging.WARNING, "keelgate: warning: %(message)s")
+    log_to_stderr(logging.WARNING, f"{Console.program}: warning: %(message)s")
     args = list(args) or ["--help"]
     as_json = _wants_json(args)
 
@@ -118,11 +148,16 @@ def dispatch(
         result = command.main(args, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
-    except commands.Interrupted as stopped:
+    except Interrupted as stopped:
         code = EXIT_TERMINATED if stopped.terminated else EXIT_INTERRUPTED
-        return fail(code, _interrupted(stopped.run, terminated=stopped.terminated))
+        return fail(code, _interrupted(stopped))
     except (typer.Abort, KeyboardInterrupt):
         return fail(EXIT_INTERRUPTED, _INTERRUPTED)
+    except BrokenPipeError:
+        # Help or a listing written past the guard into a pipe whose reader has gone (`| head`):
+        # the reader has what it wanted, and that is no failure.
+        pipes.reader_gone()
+        return EXIT_OK
     except typer.TyperException as error:  # a usage error: bad or missing flag or argument
         return fail(EXIT_BAD_INPUT, _usage_line(error))
     except KeelgateError as error:
@@ -154,7 +189,8 @@ _WORDING: dict[type[KeelgateError], Callable[[KeelgateError], str]] = {
     StaleCheckpoint: _busy,
     StoreUnavailable: lambda error: f"--store: {error}",
     ModelUnavailable: lambda error: (
-        f"{error}; nothing was saved: run the same command again to retry"
+        f"{error}: the run is where it was, nothing lost (no stop recorded); run the same "
+        "command again once the model server answers"
     ),
 }
 

@@ -10,8 +10,8 @@ This module must never print a secret (the store URL is shown redacted, if at al
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -23,6 +23,8 @@ from keelgate.stores import check_store_url, redacted
 if TYPE_CHECKING:
     from keelgate.kube.runtime.leadership import LeaseSettings
     from keelgate.manifest.notifications import NotifySettings
+
+T = TypeVar("T")
 
 #: What the operator extra brings: without them `keelgate operator` says which extra to install.
 _OPERATOR_EXTRA = ("kopf", "prometheus_client", "aiohttp", "cloudevents")
@@ -307,10 +309,10 @@ def operator_command(
         lease=lease,
         notify=notify,
     )
+    api = _cluster_api(lambda: ClusterApi(limit=RateLimit(kube_qps, kube_burst)))
     stores = open_stores(store)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     try:
-        api = ClusterApi(limit=RateLimit(kube_qps, kube_burst))
         operator = Operator(options, stores=stores, api=api, tracer=tracer)
         code = asyncio.run(operator.run())
     finally:
@@ -352,6 +354,21 @@ def _notify_settings(
     for sink in settings.sinks:
         read_headers(sink.headers_dir, field=f"sinks.{sink.name}.headersDir")
     return settings if settings.sinks else None
+
+
+def _cluster_api(make: Callable[[], T]) -> T:
+    """The operator's client of the API server, or one line saying there is none to talk to:
+    outside a pod with no kubeconfig, the client's ConfigException was an internal error."""
+    from kubernetes.config import ConfigException
+
+    try:
+        return make()
+    except ConfigException:
+        raise InputError(
+            "operator",
+            "no Kubernetes API server to talk to: not in a pod (no service account) and no "
+            "kubeconfig (KUBECONFIG, ~/.kube/config); run it in a cluster, or set KUBECONFIG",
+        ) from None
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

@@ -1,34 +1,50 @@
-"""The subcommands of ``keelgate`` (contract section 4).
+"""The subcommands of ``keelgate`` (contract section 4), and the options they share.
 
 Each command opens the stores named by ``--store``, does one thing through the runner or the
-loop, prints, and returns the exit code. Bad input is refused before any store is written.
+loop, prints, and returns the exit code. Bad input is refused before any store is written. It is
+one module a little past 500 lines because it is the typer app's command list with the options
+every group shares (``audit``, ``tenant``, ``temporal`` and the operator's commands are in their
+own modules): each command is a thin shell, and the shells read best side by side.
 """
 
 from __future__ import annotations
 
-import signal
+import os
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from keelgate.cli.render import Console, Trail
-from keelgate.core.audit import AuditEvent, ChainReport
+from keelgate.cli.driving import drive, driven_now
+from keelgate.cli.examples import EXIT_CODES
+from keelgate.cli.help import App
+from keelgate.cli.listing import (
+    GROUP,
+    AllNamespacesOption,
+    ListOutput,
+    ListOutputOption,
+    against,
+    age,
+    emit,
+)
+from keelgate.cli.render import Console
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
-from keelgate.core.spec import LoopSpec
-from keelgate.core.types import LoopKind, Outcome, RunPhase
+from keelgate.core.spec import Budget
+from keelgate.core.types import Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError
+from keelgate.errors import InputError, RunBusy
 from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
+
+if TYPE_CHECKING:
+    from keelgate.manifest import AgentRun
 
 
 def _version(value: bool) -> None:
@@ -39,17 +55,10 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-app = typer.Typer(
+app = App(
     name="keelgate",
     help="Run AI agent loops durably: a WRITE never runs twice and never runs unapproved.",
-    epilog=(
-        "Exit codes: 0 goal met; 3 resumable stop (budget, outcome unknown, approval); "
-        "1 failed; 2 bad input; 4 the run is busy in another process; "
-        "5 the store cannot be opened or reached; 130 interrupted; 143 terminated (SIGTERM)."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+    epilog=EXIT_CODES,
 )
 
 
@@ -93,6 +102,30 @@ PricingOption = Annotated[
         help="Pricing file: prices by model name, for manifests without spec.pricing.",
     ),
 ]
+
+
+def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The runs of the store the command line names so far, for a shell's TAB: nothing at all
+    (never an error) if there is no store there, or it cannot be read. A SQLite store only: a
+    TAB must never wait on a database server."""
+    try:
+        store = ctx.params.get("store") or os.environ.get("KEELGATE_STORE") or DEFAULT_URL
+        if not store.startswith("sqlite:"):
+            return []
+        stores = open_existing(store, read_only=True)
+        try:
+            namespace = ctx.params.get("namespace")
+            names = sorted({ref.run for ref in stores.checkpoints.runs(namespace)})
+        finally:
+            stores.close()
+    except Exception:  # completion must never break the shell
+        return []
+    return [name for name in names if name.startswith(incomplete)]
+
+
+RunArgument = Annotated[
+    str, typer.Argument(help="The run's name.", autocompletion=complete_run, show_default=False)
+]
 OutputOption = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="text, or json (one object, last line)")
 ]
@@ -130,14 +163,20 @@ def _usable(store: str) -> None:
         raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
 
 
-def _existing(store: str) -> Stores:
-    """Open a store that must already hold runs: a mistyped path is an error, not a new file."""
+def _existing(store: str, *, read_only: bool = False) -> Stores:
+    """Open a store that must already hold runs: a mistyped path is an error, not a new file.
+    ``read_only``: the command only reads, so a store on read-only media is read there."""
     _usable(store)
-    return open_existing(store)
+    return open_existing(store, read_only=read_only)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
-    """(tenant, run) for a run name; a monitor's own name means its latest tick."""
+    """(tenant, run) for a run name; a monitor's own name means its latest tick. kubectl's
+    spellings of an AgentRun (``agentrun/NAME``, ``agentrun.keelgate.dev/NAME``: what
+    ``keelgate runs -o name`` prints) name it too."""
+    kind, slash, name = run.partition("/")
+    if slash and kind.lower() in ("agentrun", "agentruns", f"agentrun.{GROUP}"):
+        run = name
     refs = stores.checkpoints.runs(namespace)
     exact = sorted({ref.tenant for ref in refs if ref.run == run})
     if not exact:
@@ -153,11 +192,14 @@ def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tup
 
 
 @contextmanager
-def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop, str, str]]:
-    """(a loop over the store, tenant, run) for a run that must exist; closed afterwards."""
+def _opened(
+    store: str, run: str, namespace: str | None, *, read_only: bool = False
+) -> Iterator[tuple[Loop, str, str]]:
+    """(a loop over the store, tenant, run) for a run that must exist; closed afterwards.
+    ``read_only``: the command only reads (see ``_existing``)."""
     from keelgate.adapters.tracing import configured
 
-    stores = _existing(store)
+    stores = _existing(store, read_only=read_only)
     tracer = configured()  # a settlement or approval shows in the run's trace, if traced
     try:
         tenant, name = _find(stores, run, namespace, store=store)
@@ -167,78 +209,59 @@ def _opened(store: str, run: str, namespace: str | None) -> Iterator[tuple[Loop,
         tracer.close()
 
 
-class Interrupted(Exception):
-    """Ctrl-C (or SIGTERM) while a run was being driven: the CLI says how to continue that very
-    run."""
-
-    def __init__(self, run: str, *, terminated: bool = False) -> None:
-        super().__init__(run)
-        self.run = run
-        self.terminated = terminated
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM while a run is driven here: ``timeout``, a service manager, ``kill``."""
-
-
-@contextmanager
-def _terminable() -> Iterator[None]:
-    """While a run is driven in this process, SIGTERM stops it as Ctrl-C does (one line naming
-    the resume command; with --output json, the error object) instead of killing it without a
-    word. What a stop mid-call leaves is the same either way: an unknown outcome to settle."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
-    from keelgate.adapters.tracing import configured
-    from keelgate.manifest import load_pricing
-    from keelgate.runners.local import LocalRunner
-
-    tracer = configured()  # the OTEL_* variables: nothing is traced without an endpoint
-    runner = LocalRunner(
-        store=store,
-        pricing=None if pricing is None else load_pricing(pricing),
-        tracer=tracer,
-    )
-    try:
-        with _terminable():
-            if new_tick and spec.kind is LoopKind.MONITOR:
-                return runner.tick(spec)
-            return runner.run(spec)
-    except KeyboardInterrupt as stop:
-        # A monitor's own name resumes its latest tick, so the name given is the one to show.
-        raise Interrupted(spec.run, terminated=isinstance(stop, Terminated)) from None
-    finally:
-        tracer.close()
-
-
 @app.command("run")
 def run_command(
-    file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
+    file: Annotated[
+        Path,
+        typer.Option("--file", "-f", metavar="FILE", help="AgentRun manifest (YAML; '-': stdin)."),
+    ],
     store: StoreOption = DEFAULT_URL,
     pricing: PricingOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
+    agentrun, folder = read_manifest(file)
+    _usable(store)  # before anything runs; the runner builds all before opening the store
+    spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
+    _python_path(folder)
+    return _show(drive(spec, store=store, new_tick=True, pricing=pricing), output)
+
+
+#: The most a manifest may weigh: what the API server takes in one object (etcd's default
+#: request limit, 1.5 MiB). A bigger one could never run in a cluster, and reading it would only
+#: cost time and memory, so it is refused before it is read.
+MAX_MANIFEST_BYTES = 1536 * 1024
+
+
+def read_manifest(file: Path) -> tuple[AgentRun, Path]:
+    """The manifest ``--file`` names (``-``: standard input), and the folder its Python code is
+    imported from (the file's, or the current directory for stdin). Refused in one line naming
+    ``--file``: a path that is no regular file, a manifest over ``MAX_MANIFEST_BYTES``."""
     from keelgate.manifest import load_agentrun
 
+    if str(file) == "-":
+        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        _check_size("standard input", len(data), more=len(data) > MAX_MANIFEST_BYTES)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("--file", "standard input is not UTF-8 text") from None
+        # A newline makes it text to the loader, never a path, however short it is.
+        text = text if "\n" in text else text + "\n"
+        return load_agentrun(text, source="--file (standard input)"), Path.cwd()
     check_manifest_file(file)
-    agentrun = load_agentrun(file)
-    _usable(store)  # before anything runs; the runner builds all before opening the store
-    spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
-    _python_path(file.parent)
-    return _show(_drive(spec, store=store, new_tick=True, pricing=pricing), output)
+    _check_size(str(file), file.stat().st_size)
+    return load_agentrun(file), file.parent.resolve()
+
+
+def _check_size(name: str, size: int, *, more: bool = False) -> None:
+    if size > MAX_MANIFEST_BYTES:
+        weight = f"more than {size / 1048576:.1f} MiB" if more else f"{size / 1048576:.1f} MiB"
+        raise InputError(
+            "--file",
+            f"{name} is {weight}: the API server takes at most 1.5 MiB in one object, so no "
+            "cluster could run it; keep large data out of the manifest (a tool reads it)",
+        )
 
 
 def check_manifest_file(file: Path) -> None:
@@ -254,7 +277,7 @@ def check_manifest_file(file: Path) -> None:
 
 @app.command("resume")
 def resume_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     tokens: Annotated[
         int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
     ] = None,
@@ -301,7 +324,7 @@ def resume_command(
     saved, spec = state.spec, resumed.spec
     _python_path(*([Path(saved.source_dir)] if saved.source_dir else []))
     # A monitor tick is a run of its own: resuming it continues that tick, not a new one.
-    return _show(_drive(spec, store=store, new_tick=False, pricing=pricing), output)
+    return _show(drive(spec, store=store, new_tick=False, pricing=pricing), output)
 
 
 def _decimal(field: str, text: str | None) -> Decimal | None:
@@ -328,7 +351,7 @@ def _decision(yes: bool, no: bool, yes_flag: str, no_flag: str, question: str) -
 
 @app.command("reconcile")
 def reconcile_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 3:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     did: Annotated[
@@ -369,7 +392,7 @@ def _decided(
 
 @app.command("approve")
 def approve_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     action: Annotated[str, typer.Argument(help="The action's id, e.g. 2:0.")],
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
@@ -388,148 +411,152 @@ def approve_command(
     return _decided(run, action, waiting.get(action, ""), verdict, by, output)
 
 
-class SignedHeads:
-    """``audit --verify --key``: the chain's hashes and the operator's signed heads, seen as the
-    chain is read once, then each head checked (its signature under the key, and that the chain
-    still leads to it)."""
-
-    def __init__(self, key_file: str) -> None:
-        from keelgate.adapters.signing import load_public_key, read_key_file
-
-        self._key = load_public_key(read_key_file(key_file, "--key"))
-        self._hashes: dict[int, str] = {}
-        self._heads: list[AuditEvent] = []
-
-    def watching(self, each: Callable[[AuditEvent], None]) -> Callable[[AuditEvent], None]:
-        from keelgate.core.attestation import HEAD_EVENT
-
-        def seen(event: AuditEvent) -> None:
-            self._hashes[event.seq] = event.hash
-            if event.type == HEAD_EVENT:
-                self._heads.append(event)
-            each(event)
-
-        return seen
-
-    def report(self, tenant: str, run: str, chain: ChainReport) -> ChainReport:
-        import json
-
-        from keelgate.adapters.signing import EnvelopeError, open_envelope
-        from keelgate.core.attestation import check_signed_head
-
-        problems = list(chain.problems)
-        if not self._heads:
-            problems.append(
-                "no signed head on the chain: the operator signed none (no --audit-sign-key "
-                "while the run stopped), or they were removed"
-            )
-        for event in self._heads:
-            envelope = event.data.get("envelope")
-            try:
-                opened = open_envelope(json.dumps(envelope).encode(), self._key)
-                signed = json.loads(opened.payload)
-            except (EnvelopeError, ValueError) as error:
-                problems.append(f"event {event.seq} (signed head): {error}")
-                continue
-            problems.extend(check_signed_head(tenant, run, signed, self._hashes))
-        return ChainReport(not problems, chain.events, tuple(problems))
-
-
-@app.command("audit")
-def audit_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
-    check: Annotated[
-        bool, typer.Option("--verify", help="Check every link; exit 1 if the chain is broken.")
-    ] = False,
-    namespace: NamespaceOption = None,
-    store: StoreOption = DEFAULT_URL,
-    output: OutputOption = OutputFormat.text,
-    key: Annotated[
-        str,
-        typer.Option(
-            "--key",
-            help="With --verify: a PEM public key; check the chain against the heads the "
-            "operator signed with its private key (docs/audit.md).",
-        ),
-    ] = "",
-) -> int:
-    """Show the run's hash-chained audit trail. `keelgate audit export RUN --sign-key KEY`
-    writes it as a signed file; `keelgate audit verify FILE --key PUB` checks one offline."""
-    # The chain is read once, a page at a time, and each event is kept only as what is shown
-    # of it, so a run of any length is shown (and verified) in time linear in its events.
-    json_out = output is OutputFormat.json
-    documents: list[dict[str, Any]] = []
-    trail = Trail()
-    keep: Callable[[AuditEvent], None] = (
-        (lambda event: documents.append(event.to_json())) if json_out else trail.add
-    )
-    report = None
-    if key and not check:
-        raise InputError("--key", "checks signed heads: give it with --verify")
-    heads = SignedHeads(key) if key else None
-    with _opened(store, run, namespace) as (loop, tenant, run):
-        if check:
-            each = keep if heads is None else heads.watching(keep)
-            report = loop.verify_audit(tenant, run, each=each)
-            if heads is not None:
-                report = heads.report(tenant, run, report)
-        else:
-            for event in loop.stores.audit.iter_events(tenant, run):
-                keep(event)
-    console = Console()
-    if json_out:
-        console.json(
-            {
-                "run": run,
-                "events": documents,
-                **({"verified": report.ok, "problems": list(report.problems)} if report else {}),
-            }
-        )
-    else:
-        console.audit(run, trail, report)
-    return 1 if report is not None and not report.ok else 0
-
-
 @app.command("runs")
 def runs_command(
     namespace: NamespaceOption = None,
+    all_namespaces: AllNamespacesOption = False,
     store: StoreOption = DEFAULT_URL,
-    output: OutputOption = OutputFormat.text,
+    output: ListOutputOption = ListOutput.text,
 ) -> int:
-    """List the runs in the store and where each stands (like `kubectl get`)."""
-    stores = _existing(store)
+    """List the runs in the store and where each stands, as `kubectl get` lists things.
+
+    Every namespace unless -n names one (-A: every namespace, whatever -n says). A run with no
+    stop yet says whether a process drives it now (in progress) or its process is gone.
+    """
+    import datetime as dt
+
+    if all_namespaces:
+        namespace = None
+    stores = _existing(store, read_only=True)
     try:
         loop = Loop(stores=stores)
-        outcomes = [loop.outcome(r.tenant, r.run) for r in stores.checkpoints.runs(namespace)]
+        listed = [_listed(loop, ref.tenant, ref.run) for ref in stores.checkpoints.runs(namespace)]
         elsewhere = (
             sorted({r.tenant for r in stores.checkpoints.runs()})
-            if namespace and not outcomes
+            if namespace and not listed
             else []
         )
     finally:
         stores.close()
-    console = Console()
-    if output is OutputFormat.json:
-        console.json({"runs": [{"namespace": o.tenant, **o.to_json()} for o in outcomes]})
-    elif outcomes:
-        console.runs(outcomes)
-    elif namespace:
+    if output is ListOutput.text and not listed and namespace:
         # Like kubectl: empty here is not empty everywhere, so say where the runs are.
         there = f" (namespaces with runs: {', '.join(elsewhere)})" if elsewhere else ""
-        console.say(f"no runs in namespace {namespace!r} in this store{there}")
+        Console().say(f"no runs in namespace {namespace!r} in this store{there}")
+        return 0
+    now = dt.datetime.now(dt.UTC)
+    header = ["NAME", "PHASE", "REASON", "ITERATION", "AGE"]
+    if output is ListOutput.wide:
+        header += ["TOKENS", "DOLLARS", "ACTIVE", "WAITING"]
+    if namespace is None:
+        header.insert(0, "NAMESPACE")
+    wide, tenant = output is ListOutput.wide, namespace is None
+    rows = [_run_row(run, now, wide=wide, tenant=tenant) for run in listed]
+    document = {"runs": [run.to_json() for run in listed]}
+    names = [f"agentrun.{GROUP}/{run.outcome.run}" for run in listed]
+    if output is ListOutput.json:  # one object on the last line, as every command's
+        Console().json(document)
     else:
-        console.say("no runs in this store")
+        emit(output, document, names, header, rows, "no runs in this store")
     return 0
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A run as ``keelgate runs`` lists it: where it stands, its budget, when it started and,
+    with no stop yet, whether a process drives it now."""
+
+    outcome: Outcome
+    budget: Budget
+    started: str | None
+    driven: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"namespace": self.outcome.tenant, **self.outcome.to_json()}
+        document["startedAt"] = self.started
+        if self.outcome.phase is RunPhase.RUNNING:
+            document["drivenNow"] = self.driven
+        return document
+
+
+def _listed(loop: Loop, tenant: str, run: str) -> _Listed:
+    state = loop.state(tenant, run)
+    outcome = state.outcome()
+    first = next(iter(loop.stores.audit.iter_events(tenant, run, page=1)), None)
+    driven = driven_now(loop.stores, tenant, run) if outcome.phase is RunPhase.RUNNING else None
+    return _Listed(outcome, state.spec.budget, first.at if first else None, driven)
+
+
+def _run_row(run: _Listed, now: Any, *, wide: bool, tenant: bool) -> list[str]:
+    o = run.outcome
+    if o.phase is RunPhase.RUNNING:
+        reason = "" if run.driven is None else "in progress" if run.driven else "process gone"
+    else:
+        reason = o.stop.reason.value
+    row = [o.run, o.phase.value, reason, str(o.iteration), age(run.started, now)]
+    if wide:
+        budget, usage = run.budget, o.usage
+        row += [
+            against(usage.tokens, budget.tokens),
+            against(usage.dollars, budget.dollars),
+            against(
+                f"{usage.active_seconds:.0f}s",
+                None if budget.timeout_seconds is None else f"{budget.timeout_seconds:g}",
+            ),
+            str(len(o.unknown_actions) + len(o.pending_approvals)),
+        ]
+    if tenant:
+        row.insert(0, o.tenant)
+    return row
 
 
 @app.command("status")
 def status_command(
-    run: Annotated[str, typer.Argument(help="The run's name.")],
+    run: RunArgument,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
 ) -> int:
-    """Show where a run stands, without running it."""
-    with _opened(store, run, namespace) as (loop, tenant, run):
-        outcome = loop.outcome(tenant, run)
-    return _show(outcome, output)
+    """Show where a run stands, without running it.
+
+    A run with no stop recorded says whether another process drives it now (exit 4: leave it
+    be) or none does (exit 3: resume continues it).
+    """
+    with _opened(store, run, namespace, read_only=True) as (loop, tenant, name):
+        outcome = loop.outcome(tenant, name)
+        driven = (
+            driven_now(loop.stores, tenant, name) if outcome.phase is RunPhase.RUNNING else None
+        )
+    console = Console()
+    if output is OutputFormat.json:
+        document = outcome.to_json()
+        if outcome.phase is RunPhase.RUNNING:
+            document["drivenNow"] = driven
+        console.json(document)
+    else:
+        console.outcome(outcome, driven=driven)
+    # Driven elsewhere now: exit 4, the table's "busy in another process".
+    return RunBusy.exit_code if driven else exit_code(outcome)
+
+
+class Shell(StrEnum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command("completion")
+def completion_command(
+    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.", show_default=False)],
+) -> int:
+    """Print the shell completion script: commands, flags, and the store's run names.
+
+    As `kubectl completion`: source it in the shell (see the examples). It asks `keelgate`
+    itself for the words, so it stays right as keelgate changes.
+    """
+    from typer._completion_shared import get_completion_script
+
+    from keelgate.cli import COMPLETE_VAR
+
+    script = get_completion_script(prog_name="keelgate", complete_var=COMPLETE_VAR, shell=shell)
+    sys.stdout.write(script.rstrip("\n") + "\n")
+    return 0

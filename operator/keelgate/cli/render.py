@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from rich.console import Console as RichConsole
-from rich.table import Table
 from rich.text import Text
 
 from keelgate.core.audit import AuditEvent, ChainReport
@@ -29,15 +28,18 @@ _STYLE = {
 
 
 class Console:
+    #: The program the user typed, which every error and warning line starts with.
+    program: ClassVar[str] = "keelgate"
+
     def __init__(self) -> None:
         self.out = RichConsole(highlight=False, soft_wrap=True)
         self.err = RichConsole(stderr=True, highlight=False, soft_wrap=True)
 
     def error(self, message: str) -> None:
-        self.err.print(Text("keelgate: error: ", style="bold red") + Text(message))
+        self.err.print(Text(f"{self.program}: error: ", style="bold red") + Text(message))
 
     def warn(self, message: str) -> None:
-        self.err.print(Text("keelgate: warning: ", style="bold yellow") + Text(message))
+        self.err.print(Text(f"{self.program}: warning: ", style="bold yellow") + Text(message))
 
     def say(self, message: str, *, style: str = "") -> None:
         self.out.print(Text(message, style=style))
@@ -46,19 +48,42 @@ class Console:
         sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
         sys.stdout.flush()
 
-    def outcome(self, outcome: Outcome, *, command: str = "keelgate", scope: str = "") -> None:
+    def outcome(
+        self,
+        outcome: Outcome,
+        *,
+        command: str = "keelgate",
+        scope: str = "",
+        driven: bool | None = None,
+    ) -> None:
         """Where a run stands, with the next commands to type; ``command`` is the program that
         drives it (``keelgate temporal`` for a run in a Temporal workflow) and ``scope`` what
-        those commands need after the run's name to find it (e.g. `` -n shop``)."""
+        those commands need after the run's name to find it (e.g. `` -n shop``). ``driven``,
+        for a run with no stop: whether a process drives it now (None: not known)."""
         stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
         if outcome.phase is RunPhase.RUNNING:
+            resume = f"`{command} resume {outcome.run}{scope}`"
+            if driven:
+                said = (
+                    "  no stop yet: another process is driving it now; leave it be (a second "
+                    f"driver is refused), and ask again with `{command} status {outcome.run}"
+                    f"{scope}`"
+                )
+            elif driven is False:
+                said = (
+                    "  no stop recorded, and no process drives it: the one that did ended before "
+                    "the run stopped (a crash, Ctrl-C, a model server that could not be reached); "
+                    f"{resume} continues it from its last checkpoint"
+                )
+            else:
+                said = (
+                    "  no stop recorded: running in another process now, or its process died; "
+                    f"{resume} continues it from its last checkpoint"
+                )
             self.out.print(title)
-            self.out.print(
-                f"  no stop recorded: running in another process now, or its process died; "
-                f"`{command} resume {outcome.run}{scope}` continues it from its last checkpoint"
-            )
+            self.out.print(said)
             return
         title += Text(f"  {stop.reason.value}")
         title += Text(" (resumable)" if outcome.resumable else "", style="dim")
@@ -129,23 +154,12 @@ class Console:
                 style="dim",
             )
 
-    def runs(self, outcomes: Sequence[Outcome]) -> None:
-        table = Table(box=None, pad_edge=False)
-        for column in ("NAMESPACE", "NAME", "PHASE", "REASON", "ITERATION", "TOKENS"):
-            table.add_column(column, no_wrap=True)
-        for o in outcomes:
-            reason = "" if o.phase is RunPhase.RUNNING else o.stop.reason.value
-            table.add_row(
-                o.tenant,
-                o.run,
-                Text(o.phase.value, style=_STYLE[o.phase]),
-                reason,
-                str(o.iteration),
-                str(o.usage.tokens),
-            )
-        self.out.print(table)
-
-    def audit(self, run: str, trail: Trail, report: ChainReport | None) -> None:
+    def audit(
+        self, run: str, trail: Trail, report: ChainReport | None, *, unsigned: str = ""
+    ) -> None:
+        """The trail, then what ``--verify`` found: every link intact, or one line per broken
+        link. ``unsigned`` is the problem that says the chain has no signed head: not a broken
+        link, so said as what it is."""
         # A plain table, written straight out: rich's Table measures and wraps every cell,
         # which took tens of seconds for a run of 10,000 iterations (40,000 rows).
         out = self.out.file
@@ -153,18 +167,21 @@ class Console:
         out.writelines(trail.lines())
         out.flush()
         if report is not None:
-            if report.ok:
+            broken = [problem for problem in report.problems if problem != unsigned]
+            if not broken:
                 self.out.print(
                     Text(
                         f"chain verified: {report.events} events, every link intact",
                         style="bold green",
                     )
                 )
-            else:
-                # One line per problem, each naming the run, so a line alone says it all.
-                for problem in report.problems:
-                    line = Text("chain BROKEN: ", style="bold red")
-                    self.out.print(line + Text(f"run {run!r}: {_printable(problem)}"))
+            # One line per problem, each naming the run, so a line alone says it all.
+            for problem in broken:
+                line = Text("chain BROKEN: ", style="bold red")
+                self.out.print(line + Text(f"run {run!r}: {_printable(problem)}"))
+            if unsigned and unsigned in report.problems:
+                line = Text("not verified with --key: ", style="bold yellow")
+                self.out.print(line + Text(f"run {run!r}: {unsigned}"))
 
 
 _HEADER = ("#", "time (UTC)", "event", "actor", "written by", "details")

@@ -48,33 +48,66 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own: exit 2 with one line, no usage
         raise InputError("keelgate step", message)
 
+    def format_help(self) -> str:
+        """The page in the layout of every other keelgate command (``keelgate.cli.helptext``)."""
+        from keelgate.cli.examples import EXAMPLES
+        from keelgate.cli.helptext import Flag, Page, render
+
+        flags = tuple(
+            Flag(
+                tuple(sorted(action.option_strings, key=lambda n: (n.startswith("--"), n))),
+                "" if action.nargs == 0 else str(action.metavar or action.dest).upper(),
+                (action.help or "") + (" (required)" if action.required else ""),
+            )
+            for action in self._actions
+            if action.option_strings
+        )
+        return render(
+            Page(
+                about=self.description or "",
+                usage=(f"{self.prog} -n NS --run RUN [flags]",),
+                flags=flags,
+                epilog=EXAMPLES.get(self.prog, ""),
+            )
+        )
+
 
 def parser() -> argparse.ArgumentParser:
-    parse = _Parser(prog="keelgate step", description=DESCRIPTION)
-    parse.add_argument("--namespace", "-n", required=True, help="The run's namespace (tenant).")
-    parse.add_argument("--run", required=True, help="The run's name.")
+    parse = _Parser(prog="keelgate step", description=DESCRIPTION, add_help=False)
+    parse.add_argument("-h", "--help", action="help", help="Show this message and exit.")
+    parse.add_argument(
+        "--namespace", "-n", metavar="NS", required=True, help="The run's namespace (tenant)."
+    )
+    parse.add_argument("--run", metavar="RUN", required=True, help="The run's name.")
     parse.add_argument(
         "--store",
+        metavar="URL",
         default=os.environ.get("KEELGATE_STORE", ""),
         help="Store URL (env KEELGATE_STORE): postgresql://... in a cluster.",
     )
     parse.add_argument(
-        "--confirmer", default="", help="Trusted code asking the system of record: 'pkg.mod:obj'."
+        "--confirmer",
+        metavar="REF",
+        default="",
+        help="Trusted code asking the system of record: 'pkg.mod:obj'.",
     )
     parse.add_argument(
         "--confirmer-url",
+        metavar="URL",
         default="",
         help="Ask the system of record: GET this URL ({idempotencyKey}, {tool}, {action}, {run}, "
         "{tenant} filled in) answering JSON {executed: true|false}.",
     )
     parse.add_argument(
         "--late-call-grace",
+        metavar="SECONDS",
         type=float,
         default=30.0,
         help="Seconds to wait, before exiting, for a timed-out call still running (default 30).",
     )
     parse.add_argument(
         "--termination-log",
+        metavar="FILE",
         type=Path,
         default=Path("/dev/termination-log"),
         help="Where the kubelet reads the termination message.",

@@ -31,8 +31,9 @@ from keelgate.cli.commands import (
     _show,
     _usable,
     app,
-    check_manifest_file,
+    read_manifest,
 )
+from keelgate.cli.help import App
 from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
@@ -42,13 +43,10 @@ from keelgate.stores import DEFAULT_URL, redacted
 #: How a run driven through Temporal is continued (shown in the hints under an outcome).
 COMMAND = "keelgate temporal"
 
-temporal_app = typer.Typer(
+temporal_app = App(
     name="temporal",
     help="Drive runs through Temporal workflows (extra keelgate\\[temporal]); workers run them "
     "with `keelgate temporal-worker`.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 app.add_typer(temporal_app, name="temporal")
 
@@ -177,7 +175,10 @@ def worker_command(
 
 @temporal_app.command("run")
 def run_command(
-    file: Annotated[Path, typer.Option("--file", "-f", help="AgentRun manifest (YAML).")],
+    file: Annotated[
+        Path,
+        typer.Option("--file", "-f", metavar="FILE", help="AgentRun manifest (YAML; '-': stdin)."),
+    ],
     task_queue: Annotated[
         str, typer.Option("--task-queue", help="The task queue its workers poll.")
     ],
@@ -202,12 +203,9 @@ def run_command(
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Start the run's workflow (or find the one driving it) and show the run's next stop."""
-    from keelgate.manifest import load_agentrun
-
-    check_manifest_file(file)
-    agentrun = load_agentrun(file)
-    spec = replace(agentrun.to_loop_spec(), source_dir=str(file.parent.resolve()))
-    _python_path(file.parent)
+    agentrun, folder = read_manifest(file)
+    spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
+    _python_path(folder)
     module = _sdk("keelgate temporal run")
     settings = module.Settings(heartbeat_timeout=heartbeat_timeout, max_attempts=max_attempts)
     runner = _runner(

@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from keelgate.cli.commands import OutputFormat, OutputOption, app
+from keelgate.cli.help import App
 from keelgate.cli.render import Console
-from keelgate.errors import InputError
+from keelgate.errors import InputError, KeelgateError
 from keelgate.stores import check_store_url, redacted
 
 if TYPE_CHECKING:
     from keelgate.cli.secrets import StoreSecrets
-    from keelgate.stores.tenancy import TenantStore
+    from keelgate.stores.tenancy import Added, TenantStore
 
-tenant_app = typer.Typer(
+tenant_app = App(
     name="tenant",
     help=(
         "The database roles of tenants (namespaces) in a shared PostgreSQL store: each sees and "
         "changes only its own runs. Needs the store's administrator URL."
     ),
-    no_args_is_help=True,
 )
 app.add_typer(tenant_app, name="tenant")
 
@@ -225,6 +225,7 @@ def add_command(
         cluster.write(
             secret, role_url(store, chosen, "x", host=host), chosen, exists=exists, dry_run=True
         )
+    where = ""
     with _admin(store) as admin:
         added = admin.add(
             namespace,
@@ -237,18 +238,21 @@ def add_command(
             connection_limit=connection_limit,
             lock_limit=lock_limit,
         )
-    role = added.tenant.role
+        role = added.tenant.role
+        if cluster is not None:
+            # A password that works is kept; the URL around it is written as asked (--host).
+            url = added.url or role_url(store, role, working, host=host)
+            if url != current_url:
+                try:
+                    cluster.write(secret, url, role, exists=exists)
+                except KeelgateError as error:
+                    raise _not_written(error, admin, added, f"{namespace}/{secret}") from None
+                done = "updated" if exists else "written"
+                where = f"; Secret {namespace}/{secret} {done} (key url)"
+            else:
+                where = f"; Secret {namespace}/{secret} unchanged"
     made = "created" if added.created else "kept"
     password = "a new password" if added.password else "its password unchanged"
-    where = ""
-    if cluster is not None:
-        # A password that works is kept; the URL around it is written as asked (a new --host).
-        url = added.url or role_url(store, role, working, host=host)
-        if url != current_url:
-            cluster.write(secret, url, role, exists=exists)
-            where = f"; Secret {namespace}/{secret} {'updated' if exists else 'written'} (key url)"
-        else:
-            where = f"; Secret {namespace}/{secret} unchanged"
     kind_words = "operator" if operator else f"tenant {namespace}"
     limits = f"at most {added.tenant.connection_limit} session(s)"
     if kind == "tenant":
@@ -279,6 +283,28 @@ def add_command(
         output,
     )
     return 0
+
+
+def _not_written(
+    error: KeelgateError, admin: TenantStore, added: Added, secret: str
+) -> KeelgateError:
+    """The Secret could not be written after all (the dry run passed, the write did not): a
+    role this command created is taken away again, so no password is left stored nowhere; the
+    error keeps its class (and exit code) and says what is left."""
+    role = added.tenant.role
+    if added.created:
+        admin.remove(added.tenant.tenant)
+        left = f"role {role}, created for it, was removed again: nothing changed"
+    elif added.password:
+        left = (
+            f"role {role} now has a new password stored nowhere (its old one is gone): run the "
+            "same command again once the Secret can be written, and it sets another"
+        )
+    else:
+        left = f"role {role} is as it was"
+    error.message = f"{error.message}; Secret {secret} not written, so {left}"
+    error.args = (error.message,)
+    return error
 
 
 @tenant_app.command("remove")

@@ -172,13 +172,27 @@ class Session:
             # The spec given now wins (a raised budget, an edited manifest), on the record: the
             # chain says which parts changed, never their values. A saved plan keeps its actions
             # and the side-effect class and approval rule they were planned under.
-            log.log(
-                level,
-                "%s/%s: the run's spec changed (%s)",
-                state.tenant,
-                state.run,
-                ", ".join(changed),
-            )
+            if state.stop is not None and not state.continues_under(self.spec.budget):
+                # Nothing will run: the edit is neither used nor recorded, and the user who
+                # edited the manifest must hear that plainly, with what would run it.
+                log.warning(
+                    "%s/%s: the run's spec changed (%s), but the run has finished (%s): the "
+                    "change is not used; to run the edited manifest, give it another "
+                    "metadata.name",
+                    state.tenant,
+                    state.run,
+                    ", ".join(changed),
+                    state.stop.reason.value,
+                )
+            else:
+                log.log(
+                    level,
+                    "%s/%s: the run's spec changed (%s): it goes on under the new one from its "
+                    "last checkpoint (a plan saved before keeps its actions)",
+                    state.tenant,
+                    state.run,
+                    ", ".join(changed),
+                )
             self.checkpoints.pending.append(
                 AuditDraft(
                     "loop.spec_changed",

@@ -287,6 +287,20 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
         "datetime_type": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
         "datetime_parsing": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
         "datetime_from_date_parsing": "must be an RFC 3339 time such as '2026-01-31T12:00:00Z'",
+        "finite_number": "must be a finite number",
+        "int_from_float": "must be a whole number",
+        "decimal_type": "must be a decimal number",
+        "decimal_parsing": "must be a decimal number",
+        "mapping_type": "must be a mapping (key: value)",
+        "iterable_type": "must be a list",
+        "tuple_type": "must be a list",
+        "set_type": "must be a list",
+        "string_unicode": "must be text (UTF-8)",
+        "url_type": "must be a URL",
+        "url_parsing": "must be a URL",
+        "url_scheme": "must be an http:// or https:// URL",
+        "json_invalid": "must be valid JSON",
+        "none_required": "must be left out",
     }
     if kind in simple:
         return simple[kind]
@@ -296,6 +310,17 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
         return f"must be at least {ctx.get('ge')}"
     if kind == "less_than_equal":
         return f"must be at most {ctx.get('le')}"
+    if kind == "less_than":
+        return f"must be less than {ctx.get('lt')}"
+    if kind == "multiple_of":
+        return f"must be a multiple of {ctx.get('multiple_of')}"
+    if kind in ("decimal_max_digits", "decimal_whole_digits"):
+        return f"must have at most {ctx.get('whole_digits', ctx.get('max_digits'))} digits"
+    if kind == "decimal_max_places":
+        return f"must have at most {ctx.get('decimal_places')} decimal places"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        expected = str(ctx.get("expected_tags", "")).replace("'", "")
+        return f"must name one of {expected}" if expected else "is not one of the known kinds"
     if kind == "string_too_short":
         least = ctx.get("min_length", 1)
         return "must not be empty" if least == 1 else f"must be at least {least} characters"
@@ -305,8 +330,18 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
         return f"must have at least {ctx.get('min_length')} item(s)"
     if kind == "too_long":
         return f"must have at most {ctx.get('max_length')} item(s)"
-    message = str(error["msg"])
-    message = message.removeprefix("Value error, ")
+    # A kind not worded above: pydantic's words, turned into this module's ("must ...").
+    message = str(error["msg"]).removeprefix("Value error, ")
+    for theirs, ours in (
+        ("Input should be ", "must be "),
+        ("Input should have ", "must have "),
+        ("Input should ", "must "),
+        ("Value should have ", "must have "),
+        ("Value should be ", "must be "),
+    ):
+        if message.startswith(theirs):
+            message = ours + message.removeprefix(theirs)
+            break
     return message[:1].lower() + message[1:]
 
 

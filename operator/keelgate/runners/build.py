@@ -89,11 +89,13 @@ def build_loop(
     parts: Parts | None = None,
     pricing: Mapping[str, Price] | None = None,
     tracer: Tracer = NO_TRACING,
+    busy_wait: float = 5.0,
 ) -> Loop:
     """A Loop over ``stores`` with the model and tools ``spec``'s manifest names.
 
     ``pricing`` is a table by model name (a pricing file); the manifest's own ``spec.pricing``
-    wins for its model.
+    wins for its model. ``busy_wait`` is the Loop's: how long a run (or a key) held by another
+    driver is waited for before the run is busy.
     """
     built = parts if parts is not None else build_parts(spec)
     return Loop(
@@ -105,6 +107,7 @@ def build_loop(
         price_model=built.price_model,
         max_output_tokens=built.max_output_tokens,
         tracer=tracer,
+        busy_wait=busy_wait,
     )
 
 

@@ -8,12 +8,14 @@ state. It must never keep state between calls: each call rebuilds everything fro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import Any
 
 from keelgate.adapters.loading import FROM_SYS_PATH, CallableLoader
 from keelgate.core.loop import Loop
+from keelgate.core.model import Model, ModelReply, ModelRequest
 from keelgate.core.monitor import is_tick, latest_tick, tick_run_name
 from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
@@ -41,31 +43,41 @@ class LocalRunner:
         pricing: Mapping[str, Price] | None = None,
         callables: CallableLoader | None = None,
         tracer: Tracer = NO_TRACING,
+        busy_wait: float = 5.0,
+        model_calls: Callable[[ModelRequest], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told of every model call before it is made (its iteration and phase): a command's
+        #: progress line. It must not raise, and it sees no tool argument.
+        self.model_calls = model_calls
+        #: How long a run another driver holds is waited for before it is busy (see Loop).
+        self.busy_wait = busy_wait
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
         self.tracer = tracer
         #: Where a manifest's python models and tools are imported from (default: sys.path).
         self.callables = callables or FROM_SYS_PATH
 
-    def run(self, spec: LoopSpec) -> Outcome:
+    def run(self, spec: LoopSpec, *, asked_to_stop: Callable[[], bool] | None = None) -> Outcome:
         """Start or resume ``spec``'s run to its next stop.
 
         For a monitor named by its base name this runs a tick (see ``tick``); a monitor spec
-        already naming a tick (``<name>.tick-<n>``) resumes that tick.
+        already naming a tick (``<name>.tick-<n>``) resumes that tick. ``asked_to_stop`` is the
+        loop's: once it says so, the call under way ends and is recorded, and the run is left at
+        its next checkpoint (no stop recorded) for a resume to go on from.
         """
         manifest = self._checked(spec)
         if spec.kind is LoopKind.MONITOR and not is_tick(spec.run):
-            return self._tick(spec, self._parts(spec, manifest))
+            return self._tick(spec, self._parts(spec, manifest), asked_to_stop)
         parts = self._parts(spec, manifest)
         stores = self._open(spec)
         try:
-            return self._loop(spec, stores, parts).run_or_resume(spec)
+            loop = self._loop(spec, stores, parts)
+            return loop.run_or_resume(spec, asked_to_stop=asked_to_stop)
         finally:
             stores.close()
 
-    def tick(self, spec: LoopSpec) -> Outcome:
+    def tick(self, spec: LoopSpec, *, asked_to_stop: Callable[[], bool] | None = None) -> Outcome:
         """Run the monitor's next tick, ``<name>.tick-<n>`` with n one past the highest stored.
 
         Each tick is a run of its own (checkpoint, keys, audit chain). A latest tick that never
@@ -78,12 +90,17 @@ class LocalRunner:
         if is_tick(spec.run):
             raise InputError("run", f"{spec.run!r} is a tick; name the monitor itself")
         manifest = self._checked(spec)
-        return self._tick(spec, self._parts(spec, manifest))
+        return self._tick(spec, self._parts(spec, manifest), asked_to_stop)
 
     def _parts(self, spec: LoopSpec, manifest: AgentRunSpec) -> Parts:
-        return build_parts(spec, manifest=manifest, callables=self.callables)
+        parts = build_parts(spec, manifest=manifest, callables=self.callables)
+        if self.model_calls is None:
+            return parts
+        return replace(parts, model=_Watched(parts.model, self.model_calls))
 
-    def _tick(self, spec: LoopSpec, parts: Parts) -> Outcome:
+    def _tick(
+        self, spec: LoopSpec, parts: Parts, asked_to_stop: Callable[[], bool] | None = None
+    ) -> Outcome:
         stores = self._open(spec)
         try:
             loop = self._loop(spec, stores, parts)
@@ -93,8 +110,9 @@ class LocalRunner:
                 name = tick_run_name(spec.run, latest)
                 stop = loop.state(spec.tenant, name).stop
                 if stop is None or stop.reason in _WAITING:
-                    return loop.run_or_resume(replace(spec, run=name))
-            return loop.run_or_resume(replace(spec, run=tick_run_name(spec.run, latest + 1)))
+                    return loop.run_or_resume(replace(spec, run=name), asked_to_stop=asked_to_stop)
+            following = replace(spec, run=tick_run_name(spec.run, latest + 1))
+            return loop.run_or_resume(following, asked_to_stop=asked_to_stop)
         finally:
             stores.close()
 
@@ -115,7 +133,25 @@ class LocalRunner:
             parts=parts,
             pricing=self.pricing,
             tracer=self.tracer,
+            busy_wait=self.busy_wait,
         )
+
+
+class _Watched:
+    """A model whose every call is first told to ``seen`` (a progress line); the rest of it is
+    the model's own."""
+
+    def __init__(self, model: Model, seen: Callable[[ModelRequest], None]) -> None:
+        self._model = model
+        self._seen = seen
+        self.name = model.name
+
+    def call(self, request: ModelRequest) -> ModelReply:
+        self._seen(request)
+        return self._model.call(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ here quotes a URL as given: a URL is shown only rebuilt from parts that hold no 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,16 +167,25 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
     raise AssertionError(f"unhandled store kind {scheme}")  # _parse knows only SCHEMES
 
 
-def open_existing(url: str) -> Stores:
+def open_existing(url: str, *, read_only: bool = False) -> Stores:
     """Open a store that must exist already, creating nothing on the way: every command but a
     run reads or settles saved runs, so a mistyped path or database is an ``InputError`` for
-    ``--store`` ("no store at ..."), not a new empty store, a new file or new tables."""
+    ``--store`` ("no store at ..."), not a new empty store, a new file or new tables.
+
+    ``read_only``: the caller only reads (``status``, ``runs``, ``audit``), so a SQLite store on
+    media that cannot be written is opened to be read (``ReadOnlySQLiteStore``) rather than
+    refused; one that can be written is opened as always."""
     parsed = _parse(url)
     if parsed.kind in _SQLITE_KINDS:
         path = Path(parsed.rest[1:])
         _probe_sqlite(path, "keelgate_checkpoints" if parsed.kind == "sqlite" else "keelgate_keys")
         if parsed.kind == "langgraph+sqlite":
             _probe_sqlite(Path(f"{path}.langgraph"), "checkpoints")
+        elif read_only:
+            from keelgate.stores.sqlite import ReadOnlySQLiteStore, writable
+
+            if not writable(path):
+                return Stores.of(ReadOnlySQLiteStore(path))
     elif parsed.kind in _POSTGRES_KINDS:
         try:
             from keelgate.stores.postgres import holds_store
@@ -193,8 +203,13 @@ def _probe_sqlite(path: Path, table: str) -> None:
     import sqlite3  # here, not at the top: a PostgreSQL step pod never loads the SQLite library
 
     try:
-        # mode=rw: open, never create; only the schema is read.
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+            # mode=rw: open, never create; only the schema is read.
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        else:  # read-only media: as the store itself will be read there
+            from keelgate.stores.sqlite import connect_read_only
+
+            db = connect_read_only(path.resolve())
         try:
             found = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)

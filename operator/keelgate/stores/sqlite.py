@@ -146,9 +146,12 @@ class SQLiteStore(SQLiteConnected):
             raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         self.owner = uuid.uuid4().hex
         # Held until close: while this descriptor is open, our in-flight keys read as live.
-        self._owner_fd: int | None = os.open(
-            self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
-        )
+        try:
+            self._owner_fd: int | None = os.open(
+                self._owners / f"{self.owner}.lock", os.O_CREAT | os.O_RDWR, 0o600
+            )
+        except OSError as error:  # read-only media, a full disk, a folder not ours
+            raise StoreUnavailable(f"cannot use {self.path}: {error.strerror}") from None
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._lock = threading.Lock()
         try:
@@ -246,3 +249,75 @@ class SQLiteStore(SQLiteConnected):
             return False
         finally:
             os.close(fd)
+
+
+class ReadOnlySQLiteStore(SQLiteConnected):
+    """A store on media that cannot be written (a read-only mount, a backup disc), opened only to
+    be read: ``keelgate status``, ``runs`` and ``audit`` there. It takes no owner (that is a lock
+    file beside the database) and changes nothing; a write is refused as the file that cannot be
+    written it is (``StoreUnavailable``). A database older than this code's schema cannot be
+    migrated here, and is refused as such."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = Path(path).resolve()
+        self.owner = "read-only"
+        self._lock = threading.Lock()
+        self._db = connect_read_only(self.path)
+        try:
+            migrate(self._db, SQLITE, self._transaction, where=f"SQLite store {self.path}")
+        except StoreUnavailable:
+            self._db.close()
+            raise StoreUnavailable(
+                f"SQLite store {self.path} cannot be written, and its schema is older than this "
+                "keelgate's: open it once where it can be written, then read it here"
+            ) from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _close_now(self) -> None:
+        self._db.close()
+
+    def _alive(self, owner: Any, judged: Any) -> bool:
+        # Nothing runs on media nobody can write: a key in flight there is judged unknown.
+        return False
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can only read ``path``, on media that cannot be written too.
+
+    ``mode=ro`` first: it sees the write-ahead log's commits too. A database in WAL mode needs
+    its ``-shm`` file beside it, which nobody can create on read-only media; when it is not there,
+    SQLite's ``immutable`` switch reads the file alone. That is sound only if no commit waits in
+    a ``-wal`` file beside it (a database closed cleanly has none): if one does, the store is
+    refused rather than shown without its last commits."""
+    try:
+        db = sqlite3.connect(
+            f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+        db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return db
+    except sqlite3.Error:
+        with suppress(UnboundLocalError, sqlite3.Error):
+            db.close()
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreUnavailable(
+            f"cannot read SQLite store {path}: it cannot be written, and commits wait in "
+            f"{wal.name} that only a writable copy can read"
+        )
+    try:
+        db = sqlite3.connect(
+            f"{path.as_uri()}?immutable=1", uri=True, isolation_level=None, check_same_thread=False
+        )
+        db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.Error as error:
+        raise StoreUnavailable(f"cannot open SQLite store {path}: {error}") from None
+    return db
+
+
+def writable(path: Path) -> bool:
+    """Whether a store at ``path`` can be opened for writing: the file and its folder (where the
+    owner locks and SQLite's own files go) take writes. False on read-only media, root or not."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)

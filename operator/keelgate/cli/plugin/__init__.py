@@ -24,12 +24,19 @@ from keelgate.errors import KeelgateError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kubectl-keelgate`` executable; returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    from keelgate.cli.pipes import closed_pipes_are_quiet
+
+    with closed_pipes_are_quiet():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(args: list[str]) -> int:
     try:
         args, impersonation = Impersonation.taken_from(args)
     except KeelgateError as error:
         from keelgate.cli.render import Console
 
+        Console.program = "kubectl keelgate"
         Console().error(_error_line(error))
         return _exit_code(error)
     impersonate(impersonation)

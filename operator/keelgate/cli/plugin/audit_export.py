@@ -17,6 +17,7 @@ import typer
 
 from keelgate.cli import audit_tools
 from keelgate.cli.commands import OutputFormat, OutputOption
+from keelgate.cli.help import App
 from keelgate.cli.plugin.client import SecretReader
 from keelgate.cli.plugin.commands import (
     ContextOption,
@@ -27,12 +28,9 @@ from keelgate.cli.plugin.commands import (
 from keelgate.cli.plugin.target import namespace_only, resolve
 from keelgate.errors import InputError
 
-app = typer.Typer(
+app = App(
     name="audit",
     help="A run's audit chain as a signed file (export), and its offline check (verify).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 
@@ -66,16 +64,16 @@ def export_command(
     secret_key: Annotated[
         str, typer.Option("--secret-key", help="The Secret's key holding the PEM.")
     ] = "key.pem",
-    out: Annotated[
-        str, typer.Option("--output-file", "-o", help="Where to write the envelope ('-': stdout).")
-    ] = "-",
+    out: audit_tools.OutputFileOption = "-",
     store: StoreOption = None,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,
+    output: audit_tools.ExportOutputOption = "text",
 ) -> int:
     """Write the run's chain as an in-toto Statement in a DSSE envelope, signed with the key
     of --sign-key or --sign-key-secret; the chain comes from the operator's store (--store)."""
+    shown = audit_tools.export_format(output)
     if (sign_key is None) == (sign_key_secret is None):
         raise InputError("--sign-key", "give --sign-key FILE or --sign-key-secret NAME (one)")
     if not store:
@@ -94,7 +92,7 @@ def export_command(
         target = resolve(kubeconfig, context, namespace)
         pem = SigningKeySecret(target).key(sign_key_secret, secret_key)
         tenant = target.namespace
-    return audit_tools.export_run(run, pem, out, tenant, store)
+    return audit_tools.export_run(run, pem, out, tenant, store, output=shown)
 
 
 @app.command("verify")

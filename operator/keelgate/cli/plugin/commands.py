@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 import typer
 
-from keelgate.cli import commands as keelgate_commands
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
+from keelgate.cli.help import App
 from keelgate.cli.plugin import view
 from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
@@ -47,7 +47,7 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-app = typer.Typer(
+app = App(
     name="kubectl keelgate",
     help="Keelgate runs in a cluster: see where a run stands, settle its decisions, raise its "
     "budgets, read its step pods' logs and its audit trail.",
@@ -58,9 +58,6 @@ app = typer.Typer(
         "1 failed or refused; 2 bad input; 5 the API server (or the store, for audit) cannot "
         "be reached; 130 interrupted."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 
@@ -583,4 +580,6 @@ def audit_command(
         )
     flags = _flags(ctx, kubeconfig, context, namespace)
     tenant = namespace_only(flags.kubeconfig, flags.context, flags.namespace)
-    return int(keelgate_commands.audit_command(run, check, tenant, store, output, key))
+    from keelgate.cli.audit_tools import audit_command as keelgate_audit
+
+    return int(keelgate_audit(run, check, tenant, store, output, key))

@@ -12,14 +12,20 @@ write, and never show a tool's argument (the objects hold none).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shlex
 from collections.abc import Mapping, Sequence
-from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
+from keelgate.cli.listing import (
+    AllNamespacesOption,
+    ListOutput,
+    ListOutputOption,
+    against,
+    age,
+    emit,
+)
 from keelgate.cli.plugin.commands import (
     ContextOption,
     KubeconfigOption,
@@ -28,71 +34,11 @@ from keelgate.cli.plugin.commands import (
     app,
 )
 from keelgate.kube.naming import GROUP
-from keelgate.kube.times import parse_time
 
 JSON = dict[str, Any]
 
-
-class ListOutput(StrEnum):
-    text = "text"
-    wide = "wide"
-    json = "json"
-    yaml = "yaml"
-    name = "name"
-
-
-ListOutputOption = Annotated[
-    ListOutput, typer.Option("--output", "-o", help="text, wide, json, yaml or name (as kubectl).")
-]
-AllNamespacesOption = Annotated[
-    bool,
-    typer.Option("--all-namespaces", "-A", help="Every namespace you may list, not just one."),
-]
-
-
-def age(created: str | None, now: dt.datetime) -> str:
-    """kubectl's age: 45s, 12m, 3h, 2d."""
-    when = parse_time(created)
-    if when is None:
-        return "<unknown>"
-    seconds = max(0, int((now - when).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
-    )
-
-
-def _emit(
-    output: ListOutput,
-    items: Sequence[JSON],
-    header: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    empty: str,
-) -> None:
-    if output is ListOutput.json or output is ListOutput.yaml:
-        document = {"apiVersion": "v1", "kind": "List", "items": list(items)}
-        if output is ListOutput.json:
-            print(json.dumps(document, indent=2))
-        else:
-            import yaml
-
-            print(yaml.safe_dump(document, sort_keys=False), end="")
-        return
-    if output is ListOutput.name:
-        for item in items:
-            print(f"{item['kind'].lower()}.{GROUP}/{item['metadata']['name']}")
-        return
-    if not rows:
-        print(empty)
-        return
-    print(_table([list(header), *rows]))
+#: ``age`` is the inbox's too (keelgate.cli.plugin.ui).
+__all__ = ["age", "budget_use", "decided", "list_command", "pending_command", "waiting_count"]
 
 
 @app.command("list")
@@ -132,21 +78,17 @@ def list_command(
                 run
             )
             row += [
-                _against(tokens, most_tokens),
-                _against(dollars, most_dollars),
-                _against(f"{active}s", longest),
+                against(tokens, most_tokens),
+                against(dollars, most_dollars),
+                against(f"{active}s", longest),
                 str(waiting_count(run)),
             ]
         if all_namespaces:
             row.insert(0, run["metadata"].get("namespace", ""))
         rows.append(row)
     where = "any namespace" if all_namespaces else f"namespace {api.target.namespace}"
-    _emit(output, runs, header, rows, f"No runs in {where}.")
+    emit(output, _list(runs), _names(runs), header, rows, f"No runs in {where}.")
     return 0
-
-
-def _against(used: Any, limit: Any) -> str:
-    return f"{used}/{limit}" if limit not in (None, "") else str(used)
 
 
 def budget_use(run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -233,8 +175,25 @@ def pending_command(
             row.insert(0, meta.get("namespace", ""))
         rows.append(row)
     where = "any namespace you may list" if all_namespaces else f"namespace {api.target.namespace}"
-    _emit(output, waiting, header, rows, f"Nothing waits for a person in {where}.")
+    emit(
+        output,
+        _list(waiting),
+        _names(waiting),
+        header,
+        rows,
+        f"Nothing waits for a person in {where}.",
+    )
     return 0
+
+
+def _list(items: Sequence[JSON]) -> JSON:
+    """The objects as kubectl prints a list of them in json and yaml."""
+    return {"apiVersion": "v1", "kind": "List", "items": list(items)}
+
+
+def _names(items: Sequence[JSON]) -> list[str]:
+    """``kind.group/name`` of each object, as ``kubectl get -o name`` prints them."""
+    return [f"{item['kind'].lower()}.{GROUP}/{item['metadata']['name']}" for item in items]
 
 
 def decided(item: Mapping[str, Any]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
@@ -230,9 +231,7 @@ class TemporalRunner:
         try:
             return await Client.connect(self.address, namespace=self.namespace)
         except Exception as error:
-            raise TemporalUnavailable(
-                f"--address: the Temporal server at {self.address} cannot be reached ({error})"
-            ) from None
+            raise unreachable(self.address, error) from None
 
 
 def run_sync(work: Coroutine[Any, Any, T]) -> T:
@@ -339,3 +338,24 @@ def stop_outcome(stopped: Stopped) -> Outcome:
     if stopped.outcome is None:
         raise RemoteError("KeelgateError", "the workflow has no stop to show yet")
     return stopped.outcome
+
+
+def unreachable(address: str, error: BaseException) -> TemporalUnavailable:
+    """The Temporal server at ``address`` cannot be reached, in one line: the reason as a
+    person says it, not the Rust client's debug dump of its transport error."""
+    text = str(error)
+    said = re.search(r'message: "([^"]+)"', text)
+    if said:
+        reason = said.group(1).lower()  # "connection refused"
+    elif "dns error" in text.lower() or "failed to lookup" in text.lower():
+        reason = "its host name does not resolve"
+    elif "timed out" in text.lower() or "deadline" in text.lower():
+        reason = "it did not answer in time"
+    elif "tls" in text.lower() or "certificate" in text.lower():
+        reason = "the TLS handshake failed"
+    else:
+        reason = text.split(": ", 1)[0].strip() or type(error).__name__
+    return TemporalUnavailable(
+        f"--address: the Temporal server at {address} cannot be reached: {reason}; run the "
+        "same command again once it answers"
+    )

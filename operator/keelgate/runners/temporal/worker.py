@@ -18,9 +18,8 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from keelgate.core.protocols import Confirmer
-    from keelgate.errors import TemporalUnavailable
     from keelgate.runners.temporal.activities import Activities
-    from keelgate.runners.temporal.client import run_sync
+    from keelgate.runners.temporal.client import run_sync, unreachable
     from keelgate.runners.temporal.workflow import RunWorkflow
 
 
@@ -45,9 +44,7 @@ async def serve(
     try:
         client = await Client.connect(address, namespace=namespace)
     except Exception as error:
-        raise TemporalUnavailable(
-            f"--address: the Temporal server at {address} cannot be reached ({error})"
-        ) from None
+        raise unreachable(address, error) from None
     activities = Activities(store=store, confirmer=confirmer, threads=max_concurrent)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
