@@ -209,7 +209,8 @@ def _every_command() -> list[tuple[str, tuple[str, ...]]]:
 def test_every_help_page_fits_80_columns_and_reads_as_kubectls(tmp_path: Path) -> None:
     """`-h` works on every command of both programs (`keelgate step` too); each page fits 80
     columns even on a wide terminal, names values as kubectl does (no `<bool>`, no `{RUN}`),
-    has a Usage section and, for every command that does something, Examples."""
+    shows no markup escape (`keelgate\\[temporal]`), has a Usage section and, for every
+    command that does something, Examples."""
     pages = _every_command()
     assert len(pages) > 30
     for program, path in pages:
@@ -227,6 +228,7 @@ def test_every_help_page_fits_80_columns_and_reads_as_kubectls(tmp_path: Path) -
         assert max(len(line) for line in lines) <= 80, name
         assert "Usage:" in lines, name
         assert not re.search(r"<[a-z][a-z \[\]|]*>", done.stdout), name  # no <bool>, <str>
+        assert "\\[" not in done.stdout, name  # no rich markup escape shown as typed
         usage = lines[lines.index("Usage:") + 1]
         assert "{" not in usage and "<" not in usage, name  # no {RUN}
         assert "-h, --help" in done.stdout, name
