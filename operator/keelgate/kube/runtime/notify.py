@@ -288,7 +288,7 @@ class SinkSender:
                     "notify %s: the arguments of %s could not be read (%s)",
                     self.sink.name,
                     notice.subject,
-                    redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                    _said(error),
                 )
                 found = None
             arguments = None if found is None else redact_value(found)
@@ -364,7 +364,7 @@ class Notifier:
                 log.warning(
                     "notify: cannot read the delivery state (%s); what the listing holds is "
                     "taken as told",
-                    redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                    _said(error),
                 )
         with self._lock:
             self._listing = True
@@ -490,11 +490,17 @@ class Notifier:
         except Exception as error:
             log.warning(
                 "notify: cannot keep the delivery state (%s)",
-                redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                _said(error),
             )
             return
         with self._lock:
             self._saved = through
+
+
+def _said(error: BaseException) -> str:
+    """An error's first line, redacted (its class's name when it says nothing), for a log."""
+    text = redact_text(str(error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _after(notice: Notice, through: float) -> bool:
