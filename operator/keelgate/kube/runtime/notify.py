@@ -41,6 +41,7 @@ from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 
 from keelgate.core.redaction import redact_text, redact_value
+from keelgate.core.state import planned_arguments
 from keelgate.errors import InputError
 from keelgate.kube.notices import KINDS, SERVER_CLOCK, Notice, notices_of
 from keelgate.kube.runtime.metrics import Metrics
@@ -512,8 +513,4 @@ def _after(notice: Notice, through: float) -> bool:
 
 def plan_arguments(checkpoint_state: Mapping[str, Any], action: str) -> Any:
     """The recorded arguments of ``action`` in a checkpoint document (its plan), or None."""
-    plan = checkpoint_state.get("plan") or {}
-    for planned in plan.get("actions") or []:
-        if isinstance(planned, Mapping) and planned.get("id") == action:
-            return planned.get("args")
-    return None
+    return planned_arguments(checkpoint_state).get(action)
