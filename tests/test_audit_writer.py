@@ -40,6 +40,7 @@ from keelgate.core.types import StopReason
 from keelgate.stores import open_stores
 from keelgate.stores.tenancy import TenantStore
 from keelgate.testing.pgserver import PgServer, start_postgres
+from test_kubectl_plugin import kubeconfig
 
 pytestmark = pytest.mark.postgres
 
@@ -276,8 +277,7 @@ def test_a_decision_a_step_pod_writes_after_the_last_signed_head_fails_verificat
     )  # fmt: skip
     assert exported.returncode == 1 and "not signed" in exported.stderr
     assert not (tmp_path / "out.json").exists()
-    config = tmp_path / "kubeconfig"
-    config.write_text(KUBECONFIG)
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
     recorded = Views(Target(str(config), "me", store.ns), store=store.b).recorded(
         store.ns, "restock", trail=True
     )
@@ -384,12 +384,3 @@ def test_a_signed_export_whose_decision_a_tenant_wrote_fails_offline(
     assert checked.returncode == 1
     assert f"written by role {store.role_b}" in checked.stderr
     assert checked.stderr.count("\n") == 1
-
-
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: me, context: {cluster: c, user: u, namespace: shop}}]
-current-context: me
-"""

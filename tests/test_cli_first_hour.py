@@ -209,7 +209,8 @@ def _every_command() -> list[tuple[str, tuple[str, ...]]]:
 def test_every_help_page_fits_80_columns_and_reads_as_kubectls(tmp_path: Path) -> None:
     """`-h` works on every command of both programs (`keelgate step` too); each page fits 80
     columns even on a wide terminal, names values as kubectl does (no `<bool>`, no `{RUN}`),
-    has a Usage section and, for every command that does something, Examples."""
+    shows no markup escape (`keelgate\\[temporal]`), has a Usage section and, for every
+    command that does something, Examples."""
     pages = _every_command()
     assert len(pages) > 30
     for program, path in pages:
@@ -227,6 +228,7 @@ def test_every_help_page_fits_80_columns_and_reads_as_kubectls(tmp_path: Path) -
         assert max(len(line) for line in lines) <= 80, name
         assert "Usage:" in lines, name
         assert not re.search(r"<[a-z][a-z \[\]|]*>", done.stdout), name  # no <bool>, <str>
+        assert "\\[" not in done.stdout, name  # no rich markup escape shown as typed
         usage = lines[lines.index("Usage:") + 1]
         assert "{" not in usage and "<" not in usage, name  # no {RUN}
         assert "-h, --help" in done.stdout, name
@@ -239,6 +241,29 @@ def test_audit_help_lists_its_export_and_verify_commands(tmp_path: Path) -> None
     done = keelgate(tmp_path, "audit", "-h")
     assert "keelgate audit export RUN" in done.stdout
     assert "keelgate audit verify FILE" in done.stdout
+
+
+def test_help_and_readme_list_every_exit_code_keelgate_exits_with(tmp_path: Path) -> None:
+    """`keelgate -h` and README.md's table list the same exit codes, and each of them names
+    every code the command line and its errors exit with (a step pod's own 75 aside: the
+    operator reads that one), so a script written from either meets no code neither names."""
+    from keelgate import cli
+    from keelgate.errors import KeelgateError, Preempted
+
+    def codes_of(kind: type[KeelgateError]) -> set[int]:
+        return {kind.exit_code}.union(*(codes_of(sub) for sub in kind.__subclasses__()))
+
+    exits = codes_of(KeelgateError) - {Preempted.exit_code}
+    exits |= {code for name, code in vars(cli).items() if name.startswith("EXIT_")}
+    shown = keelgate(tmp_path, "-h").stdout
+    table = shown[shown.index("Exit codes:") :]
+    found = re.findall(r"(?m)^  (\d+) |; (\d+) terminated", table)
+    in_help = {int(code) for pair in found for code in pair if code}
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table_at = readme.index("| code |", readme.index("Exit codes, the same"))
+    rows = re.findall(r"(?m)^\| ([0-9, ]+) \|", readme[table_at : readme.index("\n\n", table_at)])
+    in_readme = {int(code) for row in rows for code in row.split(",")}
+    assert in_help == in_readme == exits
 
 
 def test_a_plugin_error_names_the_plugin(tmp_path: Path) -> None:

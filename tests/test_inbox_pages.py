@@ -21,6 +21,7 @@ from keelgate.cli.plugin.ui import pages
 from keelgate.cli.plugin.ui import views as views_module
 from keelgate.cli.plugin.ui.views import Views, Waiting, _plan_args
 from keelgate.core.redaction import REDACTED
+from test_kubectl_plugin import kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,8 +135,7 @@ def test_a_runs_trail_is_walked_again_only_for_a_new_checkpoint_or_when_it_is_ol
     url = f"sqlite:///{tmp_path / 'kg.db'}"
     monkeypatch.chdir(tmp_path)
     assert main(["run", "-f", "agentrun.yaml", "--store", url]) == 0
-    config = tmp_path / "kubeconfig"
-    config.write_text(KUBECONFIG)
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
     views = Views(Target(str(config), "me", "shop"), store=url)
 
     first = views.recorded("shop", "restock", trail=True)
@@ -147,12 +147,3 @@ def test_a_runs_trail_is_walked_again_only_for_a_new_checkpoint_or_when_it_is_ol
     monkeypatch.setattr(views_module, "TRAIL_TTL", 0.0)
     again = views.recorded("shop", "restock", trail=True)
     assert again.verified is False and again.problems
-
-
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: me, context: {cluster: c, user: u, namespace: shop}}]
-current-context: me
-"""

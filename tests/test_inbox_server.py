@@ -18,12 +18,14 @@ import re
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import pytest
 
@@ -32,15 +34,8 @@ from keelgate.cli.plugin.target import Target
 from keelgate.cli.plugin.ui.server import COOKIE, InboxServer
 from keelgate.cli.plugin.ui.views import Views, Waiting
 from keelgate.errors import InputError
-from test_kubectl_plugin import FakeCluster, decision, run_body
+from test_kubectl_plugin import FakeCluster, decision, kubeconfig, run_body
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: me, context: {cluster: c, user: u, namespace: shop}}]
-current-context: me
-"""
 TOOL = "place_order_7f3"  # what a page that was read shows
 
 
@@ -145,8 +140,7 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
 
 
 def _inbox(tmp_path: Path, **options: Any) -> Iterator[Inbox]:
-    config = tmp_path / "kubeconfig"
-    config.write_text(KUBECONFIG)
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
     cluster = FakeCluster(target=Target(str(config), "me", "shop"))
     cluster.runs["restock"] = run_body("restock")
     cluster.objects["Approval"].append(decision("Approval", "restock", "1:0"))
@@ -298,6 +292,56 @@ def test_a_form_without_its_token_or_from_another_origin_decides_nothing(inbox: 
         status, _, _ = inbox.request("POST", f"/k/{key}/decide", headers=headers, body=body)
         assert status == 403
     assert inbox.cluster.patches == []
+
+
+class _DecisionForm(HTMLParser):
+    """The first decision form of a page, as a browser reads it: where it posts, and its
+    hidden fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action = ""
+        self.fields: dict[str, str] = {}
+        self._inside = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        given = {k: v or "" for k, v in attrs}
+        if tag == "form" and "decide" in given.get("class", "") and not self.action:
+            self.action, self._inside = given.get("action", ""), True
+        elif tag == "input" and self._inside and given.get("type") == "hidden":
+            self.fields[given["name"]] = given.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._inside = False
+
+
+def test_the_pages_own_form_without_its_csrf_field_decides_nothing(inbox: Inbox) -> None:
+    """A browser without JavaScript (a cookie jar following the sign-in address and its
+    redirects) posts the page's own decision form, every hidden field as the page gave it but
+    the CSRF field left out altogether: 403, and nothing is patched. The same form with the
+    field is carried out (one patch, the approval in alice's name), so the refusal is the
+    missing field's doing."""
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with browser.open(inbox.server.url, timeout=10) as signed_in:
+        page, at = signed_in.read().decode(), signed_in.geturl()
+    assert len(jar) == 1  # the session cookie
+    form = _DecisionForm()
+    form.feed(page)
+    assert form.action and "csrf" in form.fields, page[:400]
+    target = urljoin(at, form.action)
+    choice = {"choice": "approve", "note": "ok"}
+    without = {k: v for k, v in form.fields.items() if k != "csrf"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        browser.open(target, data=urlencode({**without, **choice}).encode(), timeout=10)
+    assert refused.value.code == 403
+    assert inbox.cluster.patches == []
+    with browser.open(target, data=urlencode({**form.fields, **choice}).encode(), timeout=10):
+        pass
+    assert [(kind, spec["approved"], spec["by"]) for kind, _, spec in inbox.cluster.patches] == [
+        ("Approval", True, "alice")
+    ]
 
 
 def test_the_sign_in_address_works_once_and_the_next_is_printed(inbox: Inbox) -> None:

@@ -9,7 +9,8 @@ the docs ask of it, and the story of install.md (a first run, then a run killed 
 order, OutcomeUnknown, checked against the shop by the key, settled as executed, finished with
 one order per run, and the audit's ``loop.reconciled`` event) plays out on the local runner
 against that very shop. e2e/tests/test_e2e_install_docs.py renders the helm commands with the
-real helm and dry-runs the manifests on the real API server.
+real helm and dry-runs the manifests on the real API server. docs/operator.md's list of Events
+names every reason the controller posts one with.
 """
 
 from __future__ import annotations
@@ -328,3 +329,19 @@ def test_the_install_story_plays_out_against_the_shop(
     assert reconciled["data"]["source"] == "human"
     assert reconciled["data"]["verdict"] == "executed"
     assert reconciled["data"]["idempotencyKey"] == key
+
+
+def test_operator_docs_name_every_event_the_controller_posts() -> None:
+    """docs/operator.md's list of Events names every reason the controller posts an Event with
+    (each literal one in keelgate.kube.controller), so `kubectl describe` shows no reason a user
+    cannot look up."""
+    source = "\n".join(
+        path.read_text()
+        for path in (ROOT / "operator" / "keelgate" / "kube" / "controller").glob("*.py")
+    )
+    posted = set(re.findall(r"events\.(?:normal|warning)\(\s*\w+,\s*\"([A-Za-z]+)\"", source))
+    assert {"StepStarted", "FailedCreate", "TickCreated"} <= posted  # the pattern still finds them
+    text = (ROOT / "docs" / "operator.md").read_text()
+    listed = re.search(r"Events: (`.*?) `StepStarted` tells", text, re.DOTALL)
+    assert listed is not None
+    assert posted <= set(re.findall(r"`([A-Za-z]+)`", listed.group(1)))

@@ -29,6 +29,10 @@ from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.ports import ApiServer
 from keelgate.kube.naming import RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 
+# RFC 7386 JSON merge patch (what ``patch_status`` sends as application/merge-patch+json): the
+# simulator's API server applies it too.
+from keelgate.testing.sim.cluster import merge_patch
+
 JSON = dict[str, Any]
 
 
@@ -51,19 +55,6 @@ class PostedEvent:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (what ``patch_status`` sends as application/merge-patch+json)."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    merged = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = merge_patch(merged.get(key), value)
-    return merged
 
 
 class FakeApiServer(ApiServer):

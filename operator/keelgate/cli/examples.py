@@ -8,15 +8,19 @@ own parser) right after the usage. Pure data: a step pod imports it without type
 
 from __future__ import annotations
 
-#: Exit codes, as ``keelgate --help`` lists them (the table of ``keelgate.errors``).
+#: Exit codes, as ``keelgate --help`` lists them: the codes of ``keelgate.errors``, in the words
+#: of README.md's table (tests/test_cli_first_hour.py holds the three to one list).
 EXIT_CODES = """\
 Exit codes:
   0    goal met (status: succeeded)
   1    failed (audit: the chain does not verify)
-  2    bad input: one line naming the field or flag
-  3    resumable: a stop to act on (budget, outcome unknown, approval), or a run
+  2    bad input: one line naming the field or flag (your own tool code that
+       will not import: its file and line)
+  3    resumable: a stop to act on (budget, outcome unknown, approval); a model
+       server that could not be reached (run the same command again); a run
        with no stop whose process is gone (resume continues it)
-  4    busy: another process drives the run now
+  4    busy: another process drives the run now, or --not-executed came before
+       the call's write deadline
   5    the store cannot be opened or reached (keelgate temporal: the Temporal
        server): nothing was read or written, run the same command again
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): nothing saved is lost"""

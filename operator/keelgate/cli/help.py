@@ -84,7 +84,7 @@ def page(command: Any, ctx: Any) -> Page:
         usage.append("COMMAND")
     usage.append("[flags]")
     return Page(
-        about=(command.help or "").replace("\\[", "["),
+        about=command.help or "",
         usage=(" ".join(usage),),
         arguments=tuple(arguments),
         commands=tuple(commands),

@@ -47,11 +47,7 @@ class _Guarded:
         """Point the stream's descriptor at /dev/null: what is still buffered, and every later
         write (Python's own flush at exit included), lands there without an error."""
         self.reader_gone = True
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            descriptor = self._stream.fileno()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, descriptor)
-            os.close(devnull)
+        _to_devnull(self._stream)
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):
             self._stream.flush()
 
@@ -79,10 +75,16 @@ def reader_gone() -> None:
     stream = sys.stdout
     if isinstance(stream, _Guarded):
         stream._gone()
-        return
+    else:
+        _to_devnull(stream)
+
+
+def _to_devnull(stream: Any) -> None:
+    """Point ``stream``'s descriptor at /dev/null (nothing, for a stream with none)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
+        descriptor = stream.fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
+        os.dup2(devnull, descriptor)
         os.close(devnull)
 
 

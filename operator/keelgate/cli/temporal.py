@@ -45,7 +45,7 @@ COMMAND = "keelgate temporal"
 
 temporal_app = App(
     name="temporal",
-    help="Drive runs through Temporal workflows (extra keelgate\\[temporal]); workers run them "
+    help="Drive runs through Temporal workflows (extra keelgate[temporal]); workers run them "
     "with `keelgate temporal-worker`.",
 )
 app.add_typer(temporal_app, name="temporal")

@@ -231,3 +231,17 @@ def upgraded(data: Mapping[str, Any]) -> Mapping[str, Any]:
         data = {**UPGRADES[version](dict(data)), "version": version + 1}
         version += 1
     return data
+
+
+def planned_arguments(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Action id -> recorded arguments, for the actions of the current plan in a checkpoint
+    document (a ``RunState``'s JSON), read as they are, without validating the rest: for the
+    readers that show or send them (the inbox, the notifier), which redact them first."""
+    plan = document.get("plan") or {}
+    iteration = plan.get("iteration")
+    found: dict[str, Any] = {}
+    for index, action in enumerate(plan.get("actions") or ()):
+        if isinstance(action, Mapping):
+            ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
+            found[ident] = action.get("args") or {}
+    return found

@@ -41,6 +41,7 @@ from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 
 from keelgate.core.redaction import redact_text, redact_value
+from keelgate.core.state import planned_arguments
 from keelgate.errors import InputError
 from keelgate.kube.notices import KINDS, SERVER_CLOCK, Notice, notices_of
 from keelgate.kube.runtime.metrics import Metrics
@@ -288,7 +289,7 @@ class SinkSender:
                     "notify %s: the arguments of %s could not be read (%s)",
                     self.sink.name,
                     notice.subject,
-                    redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                    _said(error),
                 )
                 found = None
             arguments = None if found is None else redact_value(found)
@@ -364,7 +365,7 @@ class Notifier:
                 log.warning(
                     "notify: cannot read the delivery state (%s); what the listing holds is "
                     "taken as told",
-                    redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                    _said(error),
                 )
         with self._lock:
             self._listing = True
@@ -490,11 +491,17 @@ class Notifier:
         except Exception as error:
             log.warning(
                 "notify: cannot keep the delivery state (%s)",
-                redact_text(str(error)).splitlines()[0] if str(error) else type(error).__name__,
+                _said(error),
             )
             return
         with self._lock:
             self._saved = through
+
+
+def _said(error: BaseException) -> str:
+    """An error's first line, redacted (its class's name when it says nothing), for a log."""
+    text = redact_text(str(error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _after(notice: Notice, through: float) -> bool:
@@ -506,8 +513,4 @@ def _after(notice: Notice, through: float) -> bool:
 
 def plan_arguments(checkpoint_state: Mapping[str, Any], action: str) -> Any:
     """The recorded arguments of ``action`` in a checkpoint document (its plan), or None."""
-    plan = checkpoint_state.get("plan") or {}
-    for planned in plan.get("actions") or []:
-        if isinstance(planned, Mapping) and planned.get("id") == action:
-            return planned.get("args")
-    return None
+    return planned_arguments(checkpoint_state).get(action)

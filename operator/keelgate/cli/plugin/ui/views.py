@@ -27,6 +27,7 @@ from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
 from keelgate.cli.plugin.target import Target
 from keelgate.core.redaction import redact_text, redact_value
+from keelgate.core.state import planned_arguments
 from keelgate.errors import KeelgateError
 from keelgate.kube.times import parse_time
 
@@ -343,15 +344,7 @@ class _NoStore(Exception):
 
 def _plan_args(state: Mapping[str, Any]) -> dict[str, Any]:
     """Action id -> redacted arguments, for the actions of the run's current plan."""
-    plan = state.get("plan") or {}
-    iteration = plan.get("iteration")
-    found: dict[str, Any] = {}
-    for index, action in enumerate(plan.get("actions") or ()):
-        if not isinstance(action, Mapping):
-            continue
-        ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
-        found[ident] = redact_value(action.get("args") or {})
-    return found
+    return {ident: redact_value(args) for ident, args in planned_arguments(state).items()}
 
 
 def _side_effect(run: Mapping[str, Any], tool: str) -> str:
