@@ -1,5 +1,5 @@
-"""The decision reconciler (Reconciliations and Approvals, one reconciler parametrised by kind),
-without a cluster: a person's edit recorded in the store, shown Settled, the run woken and
+"""The decision reconcilers (Reconciliations, and the one-decision form of Approvals), without
+a cluster: a person's edit recorded in the store, shown Settled, the run woken and
 continued (tests/support/operator_rig.py: a fake API server, the real cache, SQLite and real
 ``keelgate step`` runs).
 
@@ -18,7 +18,7 @@ import pytest
 
 from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
-from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, Decided
+from keelgate.kube.controller.decisions import RECONCILIATION, Decided
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
@@ -298,15 +298,13 @@ def test_a_decision_object_that_is_gone_is_nothing_to_do(kube: Operator) -> None
     assert kube.api.writes == []
 
 
-def test_the_two_kinds_differ_only_in_what_their_kind_says() -> None:
-    """The verdicts and the status each kind shows for a decision."""
+def test_a_settlement_shows_its_verdict_and_its_source() -> None:
+    """The verdicts and the source a Reconciliation shows for a settlement."""
     yes, no = Decided(True, "alice", "confirmer"), Decided(False, "bob")
     assert (RECONCILIATION.verdict(yes), RECONCILIATION.verdict(no)) == ("executed", "abandoned")
-    assert (APPROVAL.verdict(yes), APPROVAL.verdict(no)) == ("approved", "denied")
     assert RECONCILIATION.status(yes, {})["source"] == "confirmer"
     assert RECONCILIATION.status(no, {})["source"] == "human"
-    assert "source" not in APPROVAL.status(yes, {})
-    assert (RECONCILIATION.field, APPROVAL.field) == ("executed", "approved")
+    assert RECONCILIATION.field == "executed"
 
 
 def test_a_second_unknown_outcome_gets_its_own_reconciliation_and_is_settled_too(

@@ -499,7 +499,7 @@ def test_every_printer_column_shows_a_field_of_the_schema(kind: Kind) -> None:
     expected = {
         "AgentRun": ["Phase", "Reason", "Iteration", "Age"],
         "Reconciliation": ["Run", "Action", "Tool", "Phase", "Verdict", "Age"],
-        "Approval": ["Run", "Action", "Tool", "Phase", "Verdict", "Age"],
+        "Approval": ["Run", "Action", "Tool", "Phase", "Approvals", "Verdict", "Age"],
     }
     assert names == expected[kind.kind]
     assert doc["spec"]["names"]["categories"] == ["keelgate"]

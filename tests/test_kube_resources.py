@@ -234,8 +234,9 @@ def test_the_same_inputs_build_the_same_pod() -> None:
 
 
 def test_reconciliations_and_approvals_carry_no_arguments() -> None:
-    """What a person edits names the run, the action, the tool and (to settle) the key; no
-    tool argument, since everyone with view rights reads it."""
+    """What a person edits names the run, the action, the tool and the key of the call; no
+    tool argument, since everyone with view rights reads it. An Approval starts with an empty
+    list of decisions, for people to append to."""
     unknown = UnknownAction("3:1", "Place_Order", "kg-abc")
     settle = resources.reconciliation(RUN, unknown)
     assert settle["metadata"]["name"] == "restock-3-1-place-order"
@@ -245,9 +246,15 @@ def test_reconciliations_and_approvals_carry_no_arguments() -> None:
         "tool": "Place_Order",
         "idempotencyKey": "kg-abc",
     }
-    approve = resources.approval(RUN, PendingApproval("2:0", "refund"))
+    approve = resources.approval(RUN, PendingApproval("2:0", "refund"), "kg-def")
     assert approve["metadata"]["name"] == "restock-2-refund"
-    assert approve["spec"] == {"runName": "restock", "action": "2:0", "tool": "refund"}
+    assert approve["spec"] == {
+        "runName": "restock",
+        "action": "2:0",
+        "tool": "refund",
+        "idempotencyKey": "kg-def",
+        "decisions": [],
+    }
     for body in (settle, approve):
         assert body["metadata"]["labels"]["keelgate.dev/run"] == "restock"
         assert resources.owned_by(body, "u-1")

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keelgate.core
-from keelgate.core.state import RunState
+from keelgate.core.state import RunState, upgraded
 from keelgate.core.types import RunStatus, StopReason, StopReasonName
 from keelgate.core.values import ACTION_ID, JsonValue, _adapter
 
@@ -68,18 +68,25 @@ def strategy(kind: Any) -> st.SearchStrategy[Any]:
         kind, metadata = typing.get_args(kind)[0], kind.__metadata__
     patterns = [getattr(m, "pattern", None) for m in metadata]
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    # The bounds a field declares (pydantic keeps them as annotated-types in its metadata).
+    bounds = [b for m in metadata for b in (*getattr(m, "metadata", ()), m)]
+    low = max((getattr(b, "ge", None) or getattr(b, "gt", None) or 0 for b in bounds), default=0)
+    high = min((getattr(b, "le", None) or 10**9 for b in bounds), default=10**9)
+    shortest = max((getattr(b, "min_length", None) or 0 for b in bounds), default=0)
     if ACTION_ID in patterns:
         return st.from_regex(ACTION_ID, fullmatch=True)
     if kind is Any:
         return JSON_DATA
     if kind is str:
-        return st.text(max_size=8)
+        return st.text(min_size=shortest, max_size=max(8, shortest))
     if kind is bool:
         return st.booleans()
     if kind is int:
-        return st.integers(0, 10**9)
+        return st.integers(max(low, 0), min(high, 10**9))
     if kind is float:
-        return st.floats(0, 1e6, allow_nan=False)
+        return st.floats(
+            max(low, 0.001 if low == 0 and bounds else 0), min(high, 1e6), allow_nan=False
+        )
     if kind is Decimal:
         return st.decimals(min_value=0, max_value=10**6, places=4)
     if isinstance(kind, type) and issubclass(kind, Enum):
@@ -136,10 +143,14 @@ def test_every_value_is_written_as_pydantic_writes_it_and_reads_back_the_same(
 def test_a_checkpoint_the_previous_code_stored_is_written_back_byte_for_byte(path: Path) -> None:
     """Checkpoints of format 2 as the code with hand-written JSON stored them (approval,
     unknown outcome, dollar budget, goal met with an outbox): read and written again, each is
-    the same text."""
+    the text its format's upgrade makes of it (format 3 keeps every decision on an action, so
+    an action's one decision becomes a list of one), and nothing else changes."""
     text = path.read_text(encoding="utf-8")
     state = RunState.from_json(orjson.loads(text))
-    assert orjson.dumps(state.to_json()).decode() == text
+    assert (
+        orjson.dumps(state.to_json()).decode()
+        == orjson.dumps(dict(upgraded(orjson.loads(text)))).decode()
+    )
 
 
 def test_the_stop_reasons_a_status_may_hold_are_the_cores() -> None:

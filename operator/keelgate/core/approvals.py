@@ -1,33 +1,134 @@
-"""Approvals: which planned actions wait for a person, and what a person decided.
+"""Approvals: which planned actions wait for people, and what each person decided.
 
-Why it exists: a tool with ``requiresApproval`` stops the run before its call
-(``awaiting_approval``), and the call runs only once a named person said yes; a no is final and
-the model is told. The rule travels with the saved action (``Action.requires_approval``), so an
-edited manifest can add a question, never remove one. This module must never let such a call
-run unapproved, never ask a person about a call that may already have run (its outcome is
-settled first), and never let a decision change once recorded.
+Why it exists: a tool with an approval rule stops the run before its call
+(``awaiting_approval``), and the call runs only once the rule is met: enough people, each a
+different one, from the groups it names, not the run's creator if it says so, each approval
+young enough when the call would run. Any no denies it for good, and the model is told. The rule
+travels with the saved action (``Action.approval_rule``) and is combined with the rule in force
+when the call would run, so an edited manifest can add a question, never remove one or lower a
+count. This module must never let such a call run with fewer approvals than the rule asks, never
+ask a person about a call that may already have run (its outcome is settled first), and never
+let a decision change, or a person count twice, once recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
+from keelgate.core import clocks
 from keelgate.core.audit import AuditDraft, utc_now
 from keelgate.core.gateway import in_flight_elsewhere, once_not_in_flight
 from keelgate.core.persistence import persist
 from keelgate.core.protocols import IdempotencyStore, Stores, Tool
-from keelgate.core.state import HISTORY_WINDOW, Approval, RunState
+from keelgate.core.state import HISTORY_WINDOW, Decision, RunState
 from keelgate.core.types import (
     Action,
     ActionResult,
+    ApprovalRule,
     PendingApproval,
     ResultStatus,
     SideEffect,
     Stop,
     StopReason,
     stricter,
+    utc_iso,
 )
-from keelgate.errors import SettleError
+from keelgate.core.values import MAX_APPROVERS
+from keelgate.errors import InputError, SettleError
+
+#: The most groups a decision may name (the API server's list for one person; a checkpoint
+#: keeps them with the decision).
+MAX_GROUPS = 64
+
+
+def rule_of(tool: Tool) -> ApprovalRule | None:
+    """The approval rule a tool asks for now: its ``approval`` (a tool may carry one), else one
+    approval if it ``requires_approval``, else none. A tool written before rules has no
+    ``approval`` attribute and means what it always meant."""
+    rule = getattr(tool, "approval", None)
+    if isinstance(rule, ApprovalRule):
+        return rule
+    return ApprovalRule() if tool.requires_approval else None
+
+
+def in_force(action: Action, tool: Tool | None) -> ApprovalRule | None:
+    """The rule an action must meet before its call: the one it was planned under, made
+    stricter by the tool's now (None: nobody needs to be asked)."""
+    planned = action.approval_rule()
+    now = None if tool is None else rule_of(tool)
+    if planned is None:
+        return now
+    return planned.stricter(now)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """An action's decisions, counted against its rule at one moment."""
+
+    rule: ApprovalRule
+    counted: tuple[Decision, ...]  # the approvals that count, one per person, oldest first
+    denied: Decision | None  # the first no, if any (it decides)
+    expires_at: float | None  # when the first approval that counts stops counting
+    expired: tuple[Decision, ...]  # approvals that no longer count because they are too old
+
+    @property
+    def met(self) -> bool:
+        return self.denied is None and len(self.counted) >= self.rule.required
+
+    @property
+    def count(self) -> str:
+        """ "1 of 2"."""
+        return f"{len(self.counted)} of {self.rule.required}"
+
+    def pending(self, action: str, tool: str) -> PendingApproval:
+        """The action as a person waiting for it sees it: what it needs and what it has."""
+        plain = self.rule == ApprovalRule()
+        return PendingApproval(
+            action,
+            tool,
+            rule=None if plain else self.rule,
+            approvals=len(self.counted),
+            approved_by=tuple(d.by for d in self.counted),
+            expires_at="" if self.expires_at is None else utc_iso(self.expires_at),
+        )
+
+
+def tally(decisions: Sequence[Decision], rule: ApprovalRule, *, creator: str, now: float) -> Tally:
+    """Count ``decisions`` against ``rule`` at ``now`` (seconds since the epoch).
+
+    Any no denies. A yes counts if its person is in the rule's groups, is not the run's
+    ``creator`` when the rule says so (with no creator on record no yes counts then: who it is
+    cannot be known, and not knowing is a reason to stop), and was given at most
+    ``expires_after`` seconds before ``now``; each person counts once, with their newest yes.
+    """
+    denied = next((d for d in decisions if not d.approved), None)
+    newest: dict[str, Decision] = {}
+    for decision in decisions:
+        if decision.approved:
+            newest[decision.by] = decision
+    counted: list[Decision] = []
+    expired: list[Decision] = []
+    for decision in newest.values():
+        if not rule.admits(decision.groups):
+            continue
+        if rule.not_creator and (not creator or decision.by == creator):
+            continue
+        if rule.expires_after is not None and now - seconds(decision.at) > rule.expires_after:
+            expired.append(decision)
+            continue
+        counted.append(decision)
+    counted.sort(key=lambda d: d.at)
+    expires_at = None
+    if rule.expires_after is not None and counted:
+        expires_at = seconds(counted[0].at) + rule.expires_after
+    return Tally(rule, tuple(counted), denied, expires_at, tuple(expired))
+
+
+def seconds(at: str) -> float:
+    """A decision's moment (UTC ISO 8601, as ``utc_now`` writes it) in seconds since the epoch."""
+    return dt.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 class ApprovalGate:
@@ -40,35 +141,44 @@ class ApprovalGate:
         *,
         allowed: frozenset[SideEffect],
         busy_wait: float,
+        creator: str = "",
     ) -> None:
         self.tools = tools
         self.keys = keys
         self.allowed = allowed
         self.busy_wait = busy_wait
+        self.creator = creator
 
     def check(self, state: RunState, action: Action) -> ActionResult | PendingApproval | None:
         """What stands between ``action`` and the gateway: nothing (None), a decision that it
-        does not run (its result: denied), or a person to ask first (the run stops)."""
-        # A person's recorded decision stands, whatever the manifest says now.
-        approval = state.approvals.get(action.id)
-        if approval is not None:
-            if approval.approved:
-                return None
-            return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {approval.by}")
+        does not run (its result: denied), or people to ask first (the run stops).
+
+        Asked when the call would run: the approvals are counted now, so one given longer ago
+        than the rule's ``expiresAfter`` (a budget stop in between, say) is asked for again;
+        the old decision stays on record."""
+        decisions = state.approvals.get(action.id, ())
+        # A recorded no stands, whatever the manifest says now.
+        denied = next((d for d in decisions if not d.approved), None)
+        if denied is not None:
+            return ActionResult(action.id, ResultStatus.DENIED, error=f"denied by {denied.by}")
         tool = self.tools.get(action.tool)
         if tool is None:
             return None  # the gateway reports the unknown tool; nothing runs
-        if not (action.requires_approval or tool.requires_approval):
+        rule = in_force(action, tool)
+        if rule is None:
             return None
         side_effect = stricter(tool.side_effect, action.side_effect)
         if side_effect not in self.allowed:
             return None  # the gateway refuses it; no person needs to be asked
+        counted = tally(decisions, rule, creator=self.creator, now=clocks.wall())
+        if counted.met:
+            return None
         if side_effect is not SideEffect.READ and self._begun(state, tool, action):
             # Its call was made before (the manifest asked no approval then): what it came to
-            # is settled first, by the gateway. An approver asked now would be asked about a
+            # is settled first, by the gateway. A person asked now would be asked about a
             # call that may already have run, and asked again once it is settled.
             return None
-        return PendingApproval(action.id, tool.name)
+        return counted.pending(action.id, tool.name)
 
     def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
         """Whether the action's key is on record, settled or unknown: its call was made.
@@ -88,7 +198,9 @@ class ApprovalGate:
         return record is not None
 
 
-def recent(approvals: Mapping[str, Approval], iteration: int) -> Mapping[str, Approval]:
+def recent(
+    approvals: Mapping[str, tuple[Decision, ...]], iteration: int
+) -> Mapping[str, tuple[Decision, ...]]:
     """The recorded decisions a run still keeps when it plans ``iteration``: those of actions
     planned in the last ``HISTORY_WINDOW`` iterations, so a run that asks a person at every
     WRITE does not carry every decision ever made in each checkpoint.
@@ -112,35 +224,146 @@ def _planned_in(action: str) -> int:
     return int(head) if head.isascii() and head.isdigit() else 1 << 62
 
 
-def decide(stores: Stores, state: RunState, action: str, *, approved: bool, by: str) -> RunState:
+def check_groups(groups: Collection[str], *, field: str = "groups") -> tuple[str, ...]:
+    """The groups a decision names, sorted and each once: a name on one line each, at most
+    ``MAX_GROUPS`` of them (they go on the record with the decision)."""
+    found = tuple(sorted(set(groups)))
+    if len(found) > MAX_GROUPS:
+        raise InputError(field, f"names {len(found)} groups, at most {MAX_GROUPS}")
+    for group in found:
+        if (
+            not group.strip()
+            or len(group) > 253
+            or any(ord(c) < 32 or ord(c) == 127 for c in group)
+        ):
+            raise InputError(field, f"{group!r} is not a group name (one line, 1-253 characters)")
+    return found
+
+
+def decide(
+    stores: Stores,
+    state: RunState,
+    action: str,
+    *,
+    approved: bool,
+    by: str,
+    groups: Collection[str] = (),
+    key: str = "",
+    ref: str = "",
+) -> RunState:
     """Record a person's decision on an action the run awaits (``by`` already checked): the
-    checkpoint and its ``loop.approved`` or ``loop.denied`` event, together."""
-    if action in state.approvals:
-        decided = state.approvals[action]
-        verdict = "approved" if decided.approved else "denied"
-        raise SettleError(state.run, action, f"already {verdict} by {decided.by}")
+    checkpoint and its ``loop.approved`` or ``loop.denied`` event, together.
+
+    ``groups`` are those the person was authenticated in (admission checked them in a cluster);
+    ``key``, when given, is the idempotency key of the call the person was shown, and must be
+    the action's (a digest of its tool and arguments: a decision on other arguments is
+    refused); ``ref`` names the entry of an Approval object the decision comes from: a second
+    call with the same ``ref`` records nothing and returns the state as it is.
+    """
+    decisions = state.approvals.get(action, ())
+    if ref and any(d.ref == ref for d in decisions):
+        return state  # this very entry is on record (an operator looking again)
+    denied = next((d for d in decisions if not d.approved), None)
+    if denied is not None:
+        raise SettleError(state.run, action, f"already denied by {denied.by}")
     if state.stop is None or state.stop.reason is not StopReason.AWAITING_APPROVAL:
+        if decisions:
+            who = ", ".join(dict.fromkeys(d.by for d in decisions))
+            raise SettleError(state.run, action, f"already approved by {who}")
         raise SettleError(state.run, action, "the run is not awaiting an approval")
     pending = {p.action: p for p in state.pending}
     if action not in pending:
-        waiting = ", ".join(pending) or "none"
-        raise SettleError(state.run, action, f"not awaiting approval (awaiting: {waiting})")
+        if decisions:
+            who = ", ".join(dict.fromkeys(d.by for d in decisions))
+            raise SettleError(state.run, action, f"already approved by {who}")
+        awaited = ", ".join(pending) or "none"
+        raise SettleError(state.run, action, f"not awaiting approval (awaiting: {awaited})")
+    asked = pending[action]
+    if key:
+        planned = _planned(state, action)
+        if planned is not None and planned.key != key:
+            raise SettleError(
+                state.run,
+                action,
+                f"was shown as the call with Idempotency-Key {key}, but the run's action is "
+                f"{planned.key}: its arguments are not the ones shown; look again",
+            )
+    rule = asked.rule or ApprovalRule()
+    groups = check_groups(groups)
+    if not rule.admits(groups):
+        raise SettleError(
+            state.run, action, f"{by} may not decide it: the rule asks {rule.describe()}"
+        )
+    creator = state.spec.creator
+    now = clocks.wall()
+    before = tally(decisions, rule, creator=creator, now=now)
+    if approved:
+        if rule.not_creator and not creator:
+            raise SettleError(
+                state.run,
+                action,
+                "its rule says not the run's creator, and the run's creator is not on record "
+                "(annotation keelgate.dev/created-by): no approval can count; deny it, or "
+                "recreate the run with its creator recorded",
+            )
+        if rule.not_creator and by == creator:
+            raise SettleError(
+                state.run,
+                action,
+                f"{by} created the run, and its rule asks for someone else ({rule.describe()})",
+            )
+        if any(d.by == by for d in before.counted):
+            raise SettleError(
+                state.run,
+                action,
+                f"{by} approved it already ({before.count}): a person counts once",
+            )
+    if len(decisions) >= 4 * MAX_APPROVERS:
+        raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
+    decision = Decision(approved, by, utc_now(), groups, ref)
+    after = tally((*decisions, decision), rule, creator=creator, now=now)
     verdict = "approved" if approved else "denied"
+    data: dict[str, object] = {"action": action, "tool": asked.tool, "verdict": verdict}
+    if approved and rule != ApprovalRule():
+        data["approvals"] = len(after.counted)
+        data["required"] = rule.required
+    named = sorted({g for each in rule.group_lists() for g in each} & set(groups))
+    if named:
+        data["groups"] = named
     draft = AuditDraft(
         f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
-        {"action": action, "tool": pending[action].tool, "verdict": verdict},
+        data,
         actor=by,
-        key=f"decided:{action}",
+        # The first decision keeps the key a single decision always had.
+        key=f"decided:{action}" if not decisions else f"decided:{action}:{len(decisions)}",
     )
+    if after.met or not approved:
+        waiting = tuple(p for p in state.pending if p.action != action)
+        who = ", ".join(d.by for d in after.counted) if approved else by
+        tail = f" ({after.count})" if approved and rule.required > 1 else ""
+        message = f"{asked.tool} ({action}) {verdict} by {who}{tail}; resume to continue"
+    else:
+        waiting = tuple(
+            after.pending(action, asked.tool) if p.action == action else p for p in state.pending
+        )
+        left = rule.required - len(after.counted)
+        message = (
+            f"{asked.tool} ({action}) approved by {by} ({after.count}); waiting for {left} "
+            f"more ({rule.describe()})"
+        )
     state = state.but(
         seq=state.seq + 1,
-        approvals={**state.approvals, action: Approval(approved, by, utc_now())},
-        pending=tuple(p for p in state.pending if p.action != action),
-        stop=Stop(
-            StopReason.AWAITING_APPROVAL,
-            f"{pending[action].tool} ({action}) {verdict} by {by}; resume to continue",
-            True,
-        ),
+        approvals={**state.approvals, action: (*decisions, decision)},
+        pending=waiting,
+        stop=Stop(StopReason.AWAITING_APPROVAL, message, True),
     )
     # No active time passes while a person decides: this save adds none.
     return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
+
+
+def _planned(state: RunState, action: str) -> Action | None:
+    if state.plan is not None:
+        for planned in state.plan.actions:
+            if planned.id == action:
+                return planned
+    return None

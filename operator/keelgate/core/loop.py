@@ -13,7 +13,7 @@ allow, and never put tool arguments into the audit chain or logs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from keelgate.core import failpoints
@@ -224,11 +224,39 @@ class Loop:
         )
         return record
 
-    def approve(self, tenant: str, run: str, action: str, *, approved: bool, by: str) -> Outcome:
-        """Settle an ``awaiting_approval`` stop. A denied action never runs; the model sees it."""
+    def approve(
+        self,
+        tenant: str,
+        run: str,
+        action: str,
+        *,
+        approved: bool,
+        by: str,
+        groups: Collection[str] = (),
+        key: str = "",
+        ref: str = "",
+    ) -> Outcome:
+        """Record one person's decision on an action that awaits approval. Any no denies it
+        (it never runs; the model sees it); it runs once its rule's approvals are recorded,
+        each by a different person in the rule's groups (``groups``: those the person was
+        authenticated in). ``key``, when given, must be the action's idempotency key (the call
+        the person was shown); ``ref`` makes recording an Approval object's entry idempotent
+        (``keelgate.core.approvals.decide``)."""
         check_actor(by)
         state = self.state(tenant, run)
-        outcome = decide(self.stores, state, action, approved=approved, by=by).outcome()
+        decided = decide(
+            self.stores,
+            state,
+            action,
+            approved=approved,
+            by=by,
+            groups=groups,
+            key=key,
+            ref=ref,
+        )
+        outcome = decided.outcome()
+        if decided is state:
+            return outcome  # this entry was on record already: nothing new to tell
         self._tell_decision(
             state,
             f"approve {action}",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keelgate.core import failpoints, telemetry
-from keelgate.core.approvals import ApprovalGate, recent
+from keelgate.core.approvals import ApprovalGate, recent, rule_of
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
 from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
@@ -35,6 +35,7 @@ from keelgate.core.tracing import NO_TRACING, RunTrace, Tracer, TraceRef
 from keelgate.core.types import (
     Action,
     ActionResult,
+    ApprovalRule,
     Outcome,
     PendingApproval,
     ResultStatus,
@@ -110,7 +111,11 @@ class Session:
             price_model=loop.price_model,
         )
         self.approvals = ApprovalGate(
-            loop.tools, loop.stores.idempotency, allowed=spec.side_effects, busy_wait=loop.busy_wait
+            loop.tools,
+            loop.stores.idempotency,
+            allowed=spec.side_effects,
+            busy_wait=loop.busy_wait,
+            creator=spec.creator,
         )
         self.gateway = Gateway(
             loop.tools,
@@ -293,7 +298,7 @@ class Session:
                     dict(call.args),
                     idempotency_key(state.tenant, state.run, call.tool, call.args),
                     self._side_effect_of(call.tool),
-                    self._needs_approval(call.tool),
+                    *self._approval_of(call.tool),
                 )
                 for index, call in enumerate(reply.actions)
             )
@@ -428,9 +433,7 @@ class Session:
         checked = self.approvals.check(state, action)
         if isinstance(checked, PendingApproval):
             return Held(
-                StopReason.AWAITING_APPROVAL,
-                f"{checked.tool} ({action.id}) needs approval",
-                pending=(checked,),
+                StopReason.AWAITING_APPROVAL, _needs(checked, state, action), pending=(checked,)
             )
         return checked if checked is not None else self.gateway.call(action)
 
@@ -562,9 +565,14 @@ class Session:
         tool = self.loop.tools.get(name)
         return None if tool is None else tool.side_effect
 
-    def _needs_approval(self, name: str) -> bool:
+    def _approval_of(self, name: str) -> tuple[bool, ApprovalRule | None]:
+        """What a planned action saves of its tool's approval rule: whether it needs one, and
+        the rule itself when it asks more than one approval by anyone."""
         tool = self.loop.tools.get(name)
-        return tool is not None and tool.requires_approval
+        rule = None if tool is None else rule_of(tool)
+        if rule is None:
+            return False, None
+        return True, None if rule == ApprovalRule() else rule
 
 
 @dataclass(frozen=True)
@@ -574,6 +582,23 @@ class Held:
     reason: StopReason
     message: str
     pending: tuple[PendingApproval, ...] = ()
+
+
+def _needs(pending: PendingApproval, state: RunState, action: Action) -> str:
+    """The stop's words for an action that waits for approval: what it needs, what it has, and
+    whose approval stopped counting, if any did."""
+    said = f"{pending.tool} ({action.id}) needs approval"
+    if pending.rule is None and not state.approvals.get(action.id):
+        return said
+    said += f" ({pending.tally()}"
+    if pending.rule is not None:
+        said += f"; {pending.rule.describe()}"
+    said += ")"
+    had = {d.by for d in state.approvals.get(action.id, ()) if d.approved}
+    gone = sorted(had - set(pending.approved_by))
+    if gone:
+        said += f": asked again, as the approval of {', '.join(gone)} no longer counts"
+    return said
 
 
 def _never() -> bool:

@@ -75,6 +75,10 @@ class LoopSpec(JsonValue):
     manifest: Mapping[str, Any] | None = None
     # Where a manifest's Python code imports from (the CLI's `run -f`); only written when set.
     source_dir: Annotated[str, OMIT_EMPTY] = ""
+    # Who created the run, as its manifest's annotation keelgate.dev/created-by says (in a
+    # cluster, the admission policy makes it the creating user's own name and keeps it): an
+    # approval rule with notCreator does not count their yes. Only written when known.
+    creator: Annotated[str, OMIT_EMPTY] = ""
 
     @property
     def side_effects(self) -> frozenset[SideEffect]:

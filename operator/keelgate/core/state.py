@@ -39,7 +39,7 @@ from keelgate.core.types import (
 from keelgate.core.values import OMIT_EMPTY, OMIT_NONE, JsonValue
 from keelgate.errors import StoreError
 
-VERSION = 2  # the checkpoint format this code writes
+VERSION = 3  # the checkpoint format this code writes
 HISTORY_WINDOW = 20
 OUTPUT_CAP = 4096
 
@@ -66,10 +66,18 @@ class Plan(JsonValue):
 
 
 @dataclass(frozen=True)
-class Approval(JsonValue):
+class Decision(JsonValue):
+    """One person's yes or no on an action that needs approval. An action keeps each decision
+    made on it, in order: any no denies it; the yeses are counted against its rule."""
+
     approved: bool
     by: str
-    at: str
+    at: str  # when it was recorded (UTC ISO 8601): an approval's age is counted from here
+    # The groups the API server authenticated the person in (as the decision said, admission
+    # checked); and, for a decision recorded from an Approval object, which entry of it (so
+    # the operator records each entry once, whatever happens in between).
+    groups: Annotated[tuple[str, ...], OMIT_EMPTY] = ()
+    ref: Annotated[str, OMIT_EMPTY] = ""
 
 
 def _spec_json(spec: LoopSpec) -> Mapping[str, Any]:
@@ -104,7 +112,7 @@ class RunState(JsonValue):
     stop: Stop | None = None
     unknown: tuple[UnknownAction, ...] = ()
     pending: tuple[PendingApproval, ...] = ()
-    approvals: Mapping[str, Approval] = field(default_factory=dict)
+    approvals: Mapping[str, tuple[Decision, ...]] = field(default_factory=dict)
     outbox: tuple[AuditDraft, ...] = ()
     answer: str | None = None
     audit_tail: str | None = None  # key of the last event written with a checkpoint
@@ -208,9 +216,17 @@ def _spec_without_store(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "spec": spec}
 
 
+def _decisions_per_action(data: dict[str, Any]) -> dict[str, Any]:
+    """2 -> 3: an action needing approval keeps every decision made on it (several people may
+    have to approve), not the one decision it had."""
+    approvals = data.get("approvals") or {}
+    return {**data, "approvals": {action: [decided] for action, decided in approvals.items()}}
+
+
 # Format N -> N+1 for every N below VERSION, applied in order to an older checkpoint.
 UPGRADES: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _spec_without_store,
+    2: _decisions_per_action,
 }
 assert sorted(UPGRADES) == list(range(1, VERSION))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -31,9 +31,12 @@ from keelgate.core.values import (
     WIRE,
     ActionId,
     Dollars,
+    GroupName,
     JsonValue,
     NonNegativeFloat,
     NonNegativeInt,
+    PositiveCount,
+    PositiveSeconds,
 )
 from keelgate.errors import SettleError
 
@@ -218,6 +221,102 @@ def stricter(a: SideEffect, b: SideEffect | None) -> SideEffect:
 
 
 @dataclass(frozen=True)
+class ApprovalRule(JsonValue):
+    """Who must say yes before an action runs, and for how long a yes holds.
+
+    ``requiresApproval: true`` is the rule with every field at its default: one approval, by
+    anyone who may decide, that never expires. A rule is saved with each planned action, and
+    the rule in force when the action would run is combined with it (``stricter``): an edited
+    manifest can add a question, never remove one or lower a count.
+    """
+
+    required: Annotated[
+        PositiveCount, Field(description="Approvals needed, each by a different person.")
+    ] = 1
+    groups: Annotated[
+        tuple[GroupName, ...],
+        OMIT_EMPTY,
+        Field(
+            description="A person counts only if the API server authenticated them in one of "
+            "these groups (empty: anyone who may decide)."
+        ),
+    ] = ()
+    not_creator: Annotated[
+        bool,
+        OMIT_EMPTY,
+        Field(description="The person who created the run cannot approve it (they may deny)."),
+    ] = False
+    expires_after: Annotated[
+        PositiveSeconds | None,
+        OMIT_NONE,
+        Field(
+            description="Seconds an approval counts for: one given longer ago when the call "
+            "would run is asked for again."
+        ),
+    ] = None
+    also_groups: Annotated[
+        tuple[tuple[GroupName, ...], ...],
+        OMIT_EMPTY,
+        Field(
+            description="Further lists of groups, each of which a person must also be in (a "
+            "rule combined with a stricter one keeps both lists)."
+        ),
+    ] = ()
+
+    def stricter(self, other: ApprovalRule | None) -> ApprovalRule:
+        """The rule asking what both ask: the higher count, the shorter expiry, not the
+        creator if either says so, and each rule's groups."""
+        if other is None or other == self:
+            return self
+        lists: list[tuple[str, ...]] = []
+        for found in (*self.group_lists(), *other.group_lists()):
+            if found not in lists:
+                lists.append(found)
+        expiries = [e for e in (self.expires_after, other.expires_after) if e is not None]
+        return ApprovalRule(
+            required=max(self.required, other.required),
+            groups=lists[0] if lists else (),
+            not_creator=self.not_creator or other.not_creator,
+            expires_after=min(expiries) if expiries else None,
+            also_groups=tuple(lists[1:]),
+        )
+
+    def group_lists(self) -> tuple[tuple[str, ...], ...]:
+        """Every list of groups a person must be in one of (none: anyone)."""
+        lists = (self.groups, *self.also_groups)
+        return tuple(tuple(sorted(set(g))) for g in lists if g)
+
+    def admits(self, groups: Collection[str]) -> bool:
+        """Whether a person the API server authenticated in ``groups`` may decide."""
+        return all(any(g in groups for g in each) for each in self.group_lists())
+
+    def describe(self) -> str:
+        """The rule in words: "2 approvals from payments-approvers, not the run's creator,
+        each counting for 1h"."""
+        count = f"{self.required} approval{'s' if self.required != 1 else ''}"
+        parts = [count]
+        lists = self.group_lists()
+        if lists:
+            parts.append("from " + " and from ".join(" or ".join(each) for each in lists))
+        if self.not_creator:
+            parts.append("not the run's creator")
+        if self.expires_after is not None:
+            each = "each " if self.required != 1 else ""
+            parts.append(f"{each}counting for {format_seconds(self.expires_after)}")
+        return ", ".join(parts)
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration as people write it: 90 -> 1m30s, 3600 -> 1h, 0.5 -> 0.5s."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n)
+
+
+@dataclass(frozen=True)
 class Action(JsonValue):
     """One planned tool call, saved before it runs (write-ahead).
 
@@ -232,6 +331,16 @@ class Action(JsonValue):
     key: str
     side_effect: Annotated[SideEffect | None, OMIT_NONE] = None
     requires_approval: Annotated[bool, OMIT_EMPTY] = False
+    # The tool's approval rule when planned, when it said more than "one approval" (a count,
+    # groups, not the creator, an expiry); ``requires_approval`` is then true too, so a reader
+    # that predates rules still asks for one.
+    approval: Annotated[ApprovalRule | None, OMIT_NONE] = None
+
+    def approval_rule(self) -> ApprovalRule | None:
+        """The approval rule the action was planned under (None: it needed none)."""
+        if self.approval is not None:
+            return self.approval
+        return ApprovalRule() if self.requires_approval else None
 
 
 class ResultStatus(StrEnum):
@@ -359,6 +468,36 @@ class PendingApproval(JsonValue):
 
     action: Annotated[ActionId, Field(description="The action's id within the run.")]
     tool: Annotated[str, Field(description="The tool.")]
+    rule: Annotated[
+        ApprovalRule | None,
+        OMIT_NONE,
+        Field(description="Who must approve, when it asks more than one approval by anyone."),
+    ] = None
+    approvals: Annotated[
+        NonNegativeInt,
+        OMIT_EMPTY,
+        Field(description="Approvals that count now (each by a different person)."),
+    ] = 0
+    approved_by: Annotated[
+        tuple[str, ...], OMIT_EMPTY, Field(description="Who gave the approvals that count.")
+    ] = ()
+    expires_at: Annotated[
+        str,
+        OMIT_EMPTY,
+        Field(
+            description="When the first approval that counts stops counting (UTC), unless the "
+            "call has run by then."
+        ),
+    ] = ""
+
+    @property
+    def required(self) -> int:
+        """How many approvals the action needs (each by a different person)."""
+        return 1 if self.rule is None else self.rule.required
+
+    def tally(self) -> str:
+        """ "1 of 2": the approvals that count, of those needed."""
+        return f"{self.approvals} of {self.required}"
 
 
 def _nothing(value: Any) -> bool:

@@ -79,6 +79,14 @@ OMIT_EMPTY = Field(exclude_if=operator.not_)
 NonNegativeInt = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 NonNegativeFloat = Annotated[StrictFloat, Field(ge=0)]
 ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
+#: How many different people an approval rule may ask for (a rule asking more is a typo).
+MAX_APPROVERS = 16
+PositiveCount = Annotated[StrictInt, Field(ge=1, le=MAX_APPROVERS)]
+#: A group the API server authenticates people in (Kubernetes puts no bound on its spelling;
+#: this one keeps a checkpoint and a status small).
+GroupName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+#: A positive time, in seconds, up to a year (a whole number read as one is kept a float).
+PositiveSeconds = Annotated[float, Field(gt=0, le=SECONDS_MAX, allow_inf_nan=False)]
 
 
 def refuse_numbers(value: Any) -> Any:

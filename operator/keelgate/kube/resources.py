@@ -31,6 +31,7 @@ from keelgate.kube.naming import (
 from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
 from keelgate.manifest.agentrun import Resources
+from keelgate.manifest.base import CREATED_BY_ANNOTATION
 from keelgate.manifest.step_defaults import StepPodDefaults
 
 JSON = dict[str, Any]
@@ -351,26 +352,44 @@ def reconciliation(run: Mapping[str, Any], unknown: UnknownAction) -> JSON:
     }
 
 
-def approval(run: Mapping[str, Any], pending: PendingApproval) -> JSON:
-    """The Approval a person edits to let one action run, or deny it."""
+def approval(run: Mapping[str, Any], pending: PendingApproval, key: str) -> JSON:
+    """The Approval people edit to let one action run, or deny it: for the call whose
+    idempotency key is ``key``, with an empty list of decisions for them to append to."""
     meta = run["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": "Approval",
         "metadata": {
-            "name": action_object_name(meta["name"], pending.action, pending.tool),
+            "name": approval_name(run, pending),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
         },
-        "spec": {"runName": meta["name"], "action": pending.action, "tool": pending.tool},
+        "spec": {
+            "runName": meta["name"],
+            "action": pending.action,
+            "tool": pending.tool,
+            "idempotencyKey": key,
+            "decisions": [],
+        },
     }
+
+
+def approval_name(run: Mapping[str, Any], pending: PendingApproval) -> str:
+    """The name of the Approval for one pending action of a run."""
+    return action_object_name(run["metadata"]["name"], pending.action, pending.tool)
+
+
+def creator_of(run: Mapping[str, Any]) -> str:
+    """Who created an AgentRun, as its annotation keelgate.dev/created-by says ("": unknown)."""
+    annotations = (run.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(CREATED_BY_ANNOTATION, "")).strip()
 
 
 def tick(monitor: Mapping[str, Any], name: str) -> JSON:
     """A monitor's tick: an AgentRun of its own with the monitor's spec, owned by it."""
     meta = monitor["metadata"]
-    return {
+    body: JSON = {
         "apiVersion": API_VERSION,
         "kind": "AgentRun",
         "metadata": {
@@ -381,3 +400,7 @@ def tick(monitor: Mapping[str, Any], name: str) -> JSON:
         },
         "spec": dict(monitor["spec"]),
     }
+    creator = creator_of(monitor)
+    if creator:  # a tick is the monitor's creator's run (an approval rule's notCreator)
+        body["metadata"]["annotations"] = {CREATED_BY_ANNOTATION: creator}
+    return body

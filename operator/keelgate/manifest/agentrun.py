@@ -11,23 +11,26 @@ from __future__ import annotations
 
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from keelgate.core import fence
 from keelgate.core.monitor import validate_schedule
 from keelgate.core.spec import Budget, LoopSpec, Price
-from keelgate.core.types import LoopKind, RunStatus, SideEffect
-from keelgate.core.values import NonNegativeInt
+from keelgate.core.types import ApprovalRule, LoopKind, RunStatus, SideEffect
+from keelgate.core.values import MAX_APPROVERS, SECONDS_MAX, NonNegativeInt
 from keelgate.errors import InputError
 from keelgate.manifest.base import (
+    CREATED_BY_ANNOTATION,
     STATUS_CONFIG,
     CallableRef,
     Condition,
     DecimalString,
     DnsSubdomain,
+    Duration,
     EnvName,
+    GroupName,
     HttpUrl,
     JsonObject,
     KeelgateModel,
@@ -41,6 +44,7 @@ from keelgate.manifest.base import (
     Seconds,
     Timestamp,
     ToolName,
+    duration_seconds,
     rule_error,
 )
 
@@ -184,6 +188,62 @@ class McpToolConfig(KeelgateModel):
     )
 
 
+class ApprovalConfig(KeelgateModel):
+    """Who must approve each call of a tool before it runs, and for how long an approval holds.
+    Setting it makes the tool require approval (requiresApproval: true is this with every field
+    at its default)."""
+
+    required: Annotated[StrictInt, Field(ge=1, le=MAX_APPROVERS)] = Field(
+        default=1,
+        description=f"Approvals needed, each by a different person (1-{MAX_APPROVERS}); any "
+        "deny denies.",
+    )
+    groups: list[GroupName] = Field(
+        default_factory=list,
+        max_length=32,
+        description="A person's decision counts only if the API server authenticated them in "
+        "one of these groups (their Kubernetes groups, as in RBAC). Empty: anyone who may "
+        "patch the Approval.",
+    )
+    not_creator: StrictBool = Field(
+        default=False,
+        description="The person who created the AgentRun cannot approve its calls (they may "
+        "still deny). The creator is the annotation keelgate.dev/created-by, which the "
+        "admission policy sets or checks.",
+    )
+    expires_after: Duration | None = Field(
+        default=None,
+        description="How long an approval counts, e.g. 1h: one given longer ago when the call "
+        "would run (a budget stop in between, say) is asked for again. Default: it does not "
+        "expire.",
+    )
+
+    @field_validator("groups")
+    @classmethod
+    def _each_once(cls, value: list[str]) -> list[str]:
+        for index, group in enumerate(value):
+            if group in value[:index]:
+                raise rule_error((index,), f"{group!r} is listed twice")
+        return value
+
+    @field_validator("expires_after")
+    @classmethod
+    def _a_real_time(cls, value: str | None) -> str | None:
+        if value is not None and not 0 < duration_seconds(value) <= SECONDS_MAX:
+            raise rule_error((), "must be above zero and at most a year (8760h)")
+        return value
+
+    def to_rule(self) -> ApprovalRule:
+        return ApprovalRule(
+            required=self.required,
+            groups=tuple(self.groups),
+            not_creator=self.not_creator,
+            expires_after=None
+            if self.expires_after is None
+            else float(duration_seconds(self.expires_after)),
+        )
+
+
 class ToolConfig(KeelgateModel):
     name: ToolName = Field(description="Unique within the run; what the model calls.")
     description: str = Field(default="", description="What the model is told the tool does.")
@@ -191,7 +251,15 @@ class ToolConfig(KeelgateModel):
         description="READ | PROPOSE | WRITE. The manifest decides; nothing infers it."
     )
     requires_approval: StrictBool = Field(
-        default=False, description="Stop with awaiting_approval before each call."
+        default=False,
+        description="Stop with awaiting_approval before each call until one person approves "
+        "(approval asks for more).",
+    )
+    approval: ApprovalConfig | None = Field(
+        default=None,
+        description="Who must approve each call: how many people, from which groups, not the "
+        "run's creator, for how long. Setting it requires approval, whatever requiresApproval "
+        "says.",
     )
     timeout_seconds: Seconds | None = Field(
         default=None, description="A call running longer is an unknown outcome (for a WRITE)."
@@ -230,6 +298,12 @@ class ToolConfig(KeelgateModel):
         if not isinstance(properties, dict):
             raise rule_error(("properties",), "must be a mapping of argument names to schemas")
         return value
+
+    def approval_rule(self) -> ApprovalRule | None:
+        """The rule the tool's calls must meet (None: no approval needed)."""
+        if self.approval is not None:
+            return self.approval.to_rule()
+        return ApprovalRule() if self.requires_approval else None
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolConfig:
@@ -406,8 +480,9 @@ class AgentRunSpec(KeelgateModel):
         cover it."""
         return max((tool.call_seconds() for tool in self.tools), default=0.0)
 
-    def loop_spec(self, *, tenant: str, run: str) -> LoopSpec:
-        """The serialisable LoopSpec a runner drives; this spec rides along as its manifest."""
+    def loop_spec(self, *, tenant: str, run: str, creator: str = "") -> LoopSpec:
+        """The serialisable LoopSpec a runner drives; this spec rides along as its manifest.
+        ``creator`` is who created the run (its annotation keelgate.dev/created-by)."""
         allowed = self.allowed_side_effects
         return LoopSpec(
             tenant=tenant,
@@ -417,7 +492,15 @@ class AgentRunSpec(KeelgateModel):
             budget=self.budget.to_budget(),
             allowed_side_effects=None if allowed is None else frozenset(allowed),
             manifest=self.manifest(),
+            creator=creator,
         )
+
+    def needs_creator(self) -> int | None:
+        """The index of the first tool whose approval rule says notCreator (None: no tool)."""
+        for index, tool in enumerate(self.tools):
+            if tool.approval is not None and tool.approval.not_creator:
+                return index
+        return None
 
 
 class StepStatus(KeelgateModel):
@@ -492,6 +575,26 @@ class AgentRun(KeelgateModel):
     def tenant(self) -> str:
         return self.metadata.namespace or "default"
 
+    @property
+    def creator(self) -> str:
+        """Who created the run, as its annotation keelgate.dev/created-by says ("": unknown)."""
+        return self.metadata.annotations.get(CREATED_BY_ANNOTATION, "")
+
+    @model_validator(mode="after")
+    def _creator_when_asked_for(self) -> AgentRun:
+        # A rule that does not count the creator's yes needs to know who that is; without the
+        # annotation no approval could ever count, so the manifest is refused instead.
+        index = self.spec.needs_creator()
+        if index is not None and not self.creator.strip():
+            raise rule_error(
+                ("metadata", "annotations", CREATED_BY_ANNOTATION),
+                f"needed by spec.tools[{index}].approval.notCreator: name who creates the run "
+                "(in a cluster the admission policy sets or checks it)",
+            )
+        return self
+
     def to_loop_spec(self) -> LoopSpec:
         """The serialisable LoopSpec a runner drives; the spec rides along as its manifest."""
-        return self.spec.loop_spec(tenant=self.tenant, run=self.metadata.name)
+        return self.spec.loop_spec(
+            tenant=self.tenant, run=self.metadata.name, creator=self.creator.strip()
+        )

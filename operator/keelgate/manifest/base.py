@@ -38,6 +38,10 @@ from keelgate.core.values import (
 )
 
 API_VERSION = "keelgate.dev/v1alpha1"
+#: Who created an AgentRun: in a cluster the admission policy makes it the creating user's own
+#: name (set by a MutatingAdmissionPolicy where the API server has one, else checked) and keeps
+#: it from changing; an approval rule with notCreator does not count that person's yes.
+CREATED_BY_ANNOTATION = "keelgate.dev/created-by"
 
 # Each pattern admits "" because Kubernetes manifests (and the contract's example) spell an
 # unset optional string as "".
@@ -54,6 +58,9 @@ QUANTITY = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([
 CONDITION_TYPE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"  # noqa: E501
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 NOT_BLANK = r"\S"  # at least one character that is not white space
+# A duration as Kubernetes spells one (metav1.Duration): 90s, 30m, 1h, 1h30m, 1.5h.
+DURATION = r"^([0-9]+(\.[0-9]+)?(h|m|s))+$"
+GROUP_NAME = r"^[^\x00-\x1f\x7f]+$"
 
 # How a broken pattern reads to a person: the error message never shows a regular expression.
 PATTERN_MEANINGS: dict[str, str] = {
@@ -74,6 +81,8 @@ PATTERN_MEANINGS: dict[str, str] = {
     CONDITION_TYPE: "must be a condition type such as 'Succeeded'",
     CONDITION_REASON: "must be a CamelCase reason such as 'WriteInFlight'",
     NOT_BLANK: "must not be empty or only white space",
+    DURATION: "must be a duration such as '90s', '30m', '1h' or '1h30m'",
+    GROUP_NAME: "must be a group name on one line",
 }
 
 
@@ -191,6 +200,22 @@ NotBlank = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]
 PositiveInt = Annotated[StrictInt, Field(gt=0, le=INT64_MAX)]
 # A time limit: a finite number of seconds, above zero, at most a year.
 Seconds = Annotated[StrictFloat, Field(gt=0, le=SECONDS_MAX, allow_inf_nan=False)]
+Duration = Annotated[str, StringConstraints(max_length=32, pattern=DURATION)]
+GroupName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=GROUP_NAME)]
+
+
+def duration_seconds(text: str) -> int | float:
+    """The seconds a ``Duration`` (already matched: ``1h30m``, ``90s``, ``1.5h``) says; a whole
+    number of them as an int."""
+    total = 0.0
+    number = ""
+    for char in text:
+        if char.isdigit() or char == ".":
+            number += char
+        else:
+            total += float(number) * {"h": 3600, "m": 60, "s": 1}[char]
+            number = ""
+    return int(total) if total == int(total) else total
 
 
 class ObjectMeta(KeelgateModel):

@@ -8,15 +8,17 @@ describe the objects: they must never settle anything themselves. Immutability o
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, StringConstraints, model_validator
 
-from keelgate.core.values import ActionId
+from keelgate.core.values import ActionId, NonNegativeInt
 from keelgate.manifest.base import (
+    NOT_BLANK,
     STATUS_CONFIG,
     Condition,
     DnsSubdomain,
+    GroupName,
     KeelgateModel,
     NonEmpty,
     ObjectMeta,
@@ -82,14 +84,50 @@ class Reconciliation(KeelgateModel):
     status: ReconciliationStatus | None = Field(default=None, description="Set by the operator.")
 
 
+#: The most decisions one Approval holds (a person may decide again once their approval
+#: expired; a rule asks at most 16 people).
+MAX_DECISIONS = 64
+
+
+class ApprovalDecision(KeelgateModel):
+    """One person's decision, appended to an Approval's decisions: admission checks that by is
+    the requesting user and that each group named is one the API server authenticated them in;
+    once added it never changes (the list is append-only)."""
+
+    by: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=NOT_BLANK)] = Field(
+        description="Who decides: the requesting user's own name."
+    )
+    groups: list[GroupName] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The groups the API server authenticated the person in (each must be the "
+        "requesting user's; kubectl keelgate approve names them all).",
+    )
+    approved: StrictBool = Field(description="true: approve (run it); false: deny it (final).")
+    note: Annotated[str, StringConstraints(max_length=1024)] = Field(
+        default="", description="Why, for the audit trail's readers."
+    )
+
+
 class ApprovalSpec(KeelgateModel):
     run_name: DnsSubdomain = Field(description="The AgentRun (or tick) waiting for approval.")
     action: ActionId = Field(description="The action's id within the run, e.g. '2:0'.")
     tool: ToolName = Field(description="The tool the action would call.")
+    idempotency_key: str = Field(
+        default="",
+        description="The key of the call to approve (a digest of its tool and arguments), set "
+        "by the operator: a decision counts only for the call it was made for.",
+    )
+    decisions: list[ApprovalDecision] = Field(
+        default_factory=list,
+        max_length=MAX_DECISIONS,
+        description="People's decisions, one entry each, appended (never changed or removed). "
+        "Any deny denies; the call runs once the tool's rule has its approvals.",
+    )
     approved: StrictBool | None = Field(
         default=None,
-        description="Set by a person: true (run it) or false (deny it; the model sees the "
-        "denial). Cannot change once set.",
+        description="The one-decision form: true (run it) or false (deny it; the model sees the "
+        "denial), with by; counts as a decision with no groups. Cannot change once set.",
     )
     by: str = Field(default="", description="Who decided; must be the requesting user.")
     note: str = Field(default="", description="Why, for the audit trail's readers.")
@@ -110,7 +148,25 @@ class ApprovalStatus(KeelgateModel):
     verdict: Literal["", "approved", "denied"] = Field(
         default="", description="approved | denied, once settled."
     )
-    settled_by: str = Field(default="", description="The person that decided.")
+    approvals: NonNegativeInt = Field(
+        default=0, description="Approvals recorded that count now, each by a different person."
+    )
+    required: NonNegativeInt = Field(default=0, description="Approvals the call needs.")
+    progress: str = Field(default="", description="Approvals of those needed, e.g. '1 of 2'.")
+    approved_by: list[str] = Field(
+        default_factory=list, description="Who gave the approvals that count."
+    )
+    expires_at: Timestamp = Field(
+        default="",
+        description="When the first approval that counts stops counting (RFC 3339): unless "
+        "the call has run by then, it is asked for again.",
+    )
+    asks: str = Field(default="", description="The rule, in words: who must approve.")
+    decided: NonNegativeInt = Field(
+        default=0,
+        description="Decisions on record in the store for the action (each is told once).",
+    )
+    settled_by: str = Field(default="", description="The person (or people) that decided.")
     settled_at: Timestamp = Field(default="", description="When it was decided (RFC 3339).")
     message: str = Field(default="", description="What the operator is doing with the decision.")
     conditions: list[Condition] = Field(

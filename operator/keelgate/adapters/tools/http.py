@@ -26,7 +26,7 @@ import httpx
 
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
-from keelgate.core.types import SideEffect
+from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -73,6 +73,7 @@ class HttpTool:
         method: str = "GET",
         side_effect: SideEffect = SideEffect.READ,
         requires_approval: bool = False,
+        approval: ApprovalRule | None = None,
         description: str = "",
         input_schema: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
@@ -92,7 +93,8 @@ class HttpTool:
         self.where = f"{self.method} {parts.scheme}://{parts.netloc}"
         self._tls = parts.scheme == "https"
         self.side_effect = side_effect
-        self.requires_approval = requires_approval
+        self.requires_approval = requires_approval or approval is not None
+        self.approval = approval
         self.description = description or f"{self.method} {url}"
         self.input_schema: Mapping[str, Any] = (
             dict(input_schema) if input_schema is not None else _derived_schema(self.placeholders)

@@ -42,7 +42,7 @@ from mcp_types import (
 
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
-from keelgate.core.types import SideEffect
+from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
 KEY_META = "keelgate.dev/idempotency-key"
@@ -74,6 +74,7 @@ class McpToolSpec:
     timeout_seconds: float | None = None
     key_argument: str | None = None
     where: str = ""  # the manifest path errors name, e.g. spec.tools[2]
+    approval: ApprovalRule | None = None
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,15 @@ class McpTool:
         key_argument: str | None = None,
         warnings: Sequence[str] = (),
         where: str = "",
+        approval: ApprovalRule | None = None,
     ) -> None:
         where = where or f"tools[{name}]"
         self.name = name
         self.server = server
         self.remote_name = remote_name or name
         self.side_effect = side_effect
-        self.requires_approval = requires_approval
+        self.requires_approval = requires_approval or approval is not None
+        self.approval = approval
         self.description = description
         self.key_argument = key_argument
         schema = dict(input_schema) if input_schema is not None else {"type": "object"}
@@ -228,6 +231,7 @@ def discover(server: McpServerRef, specs: Sequence[McpToolSpec]) -> list[McpTool
                 side_effect=spec.side_effect,
                 remote_name=found.name,
                 requires_approval=spec.requires_approval,
+                approval=spec.approval,
                 description=spec.description or found.description,
                 input_schema=found.input_schema,
                 timeout_seconds=spec.timeout_seconds,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core import fence
-from keelgate.core.types import SideEffect
+from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.core.values import SECONDS_MAX
 from keelgate.errors import OutcomeUncertain
 
@@ -34,6 +34,7 @@ class PythonTool:
     function: ToolFunction
     side_effect: SideEffect = SideEffect.READ
     requires_approval: bool = False
+    approval: ApprovalRule | None = None  # who must approve (a count, groups ...), if more than one
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
     timeout_seconds: float | None = None

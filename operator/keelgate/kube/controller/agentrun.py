@@ -44,7 +44,7 @@ from keelgate.kube.controller.run_status import RunStatusWriter, failpoints_seen
 from keelgate.kube.controller.signed_heads import sign_head
 from keelgate.kube.controller.step_pods import StepPodStarter, foreign_pod
 from keelgate.kube.naming import FAILPOINTS_ANNOTATION, label_value, step_pod_name
-from keelgate.kube.resources import pod_active, pod_finished
+from keelgate.kube.resources import creator_of, pod_active, pod_finished
 from keelgate.kube.times import stamp
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
 
@@ -146,7 +146,8 @@ class AgentRunReconciler:
             traces.tell_pod_span(context.tracer, ended_pod, step, ended, state)
         if ended is not None and state is not None and context.settings.confirms:
             self._asks.show_confirmer_settlements(run, state)
-        needed = self._next(run, spec.loop_spec(tenant=namespace, run=name), state, step, ended)
+        loop_spec = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run))
+        needed = self._next(run, loop_spec, state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
             if state is not None and state.stop is not None:
                 sign_head(context, key)  # at rest: its chain head, signed (if asked for)

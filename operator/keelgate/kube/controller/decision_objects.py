@@ -18,6 +18,8 @@ from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, UnknownAction
 from keelgate.kube import resources
 from keelgate.kube.api_failures import Conflict, Gone
+from keelgate.kube.controller.approval_news import ApprovalNews
+from keelgate.kube.controller.approvals import shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
 from keelgate.kube.times import now
@@ -84,34 +86,42 @@ class DecisionObjects:
         return settled
 
     def ask_to_approve(self, run: JSON, state: RunState) -> None:
-        """Make sure each pending approval has its Approval; and an Approval whose action the
-        store holds decided (``keelgate approve``, another operator) is looked at again, which
-        mirrors the decision into it."""
+        """Make sure each pending approval has its Approval (this is where an action starts
+        waiting for people); and look again at each Approval whose action the store holds
+        decided or still waiting: that shows a decision made elsewhere (``keelgate approve``,
+        another operator), the count so far, and makes an Approval whose action is asked again
+        (its approvals stopped counting before the call ran) Pending again."""
         context = self._context
         namespace = run["metadata"]["namespace"]
-        if state.approvals:
-            label = run["metadata"]["name"]
+        label = run["metadata"]["name"]
+        waiting = {p.action for p in state.pending}
+        if state.approvals or waiting:
             for body in context.cache.select(
                 "Approval",
                 namespace,
                 lambda b: (
                     (b.get("spec") or {}).get("runName") == label
-                    and (b.get("status") or {}).get("phase") != "Settled"
-                    and (b.get("spec") or {}).get("action") in state.approvals
+                    and (
+                        (b.get("spec") or {}).get("action") in waiting
+                        or (
+                            (b.get("status") or {}).get("phase") != "Settled"
+                            and (b.get("spec") or {}).get("action") in state.approvals
+                        )
+                    )
                 ),
             ):
                 context.enqueue(("Approval", namespace, body["metadata"]["name"]), 0.0)
+        keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
+        news = ApprovalNews(context.events)
         for pending in state.pending:
-            body = resources.approval(run, pending)
-            name = body["metadata"]["name"]
+            name = resources.approval_name(run, pending)
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
-            if self._create_pending("Approval", namespace, body, {"phase": "Pending"}):
-                context.events.normal(
-                    run,
-                    "AwaitingApproval",
-                    f"{pending.tool} ({pending.action}) needs approval: approval {name}",
-                )
+            body = resources.approval(run, pending, keys.get(pending.action, ""))
+            view = shown(state, pending.action, at=context.clock())
+            status = dict(view.status) if view is not None else {"phase": "Pending"}
+            if self._create_pending("Approval", namespace, body, status):
+                news.waiting(run, name, pending, again=False)
 
     def show_confirmer_settlements(self, run: JSON, state: RunState) -> None:
         """A step pod's confirmer may settle an unknown outcome without the run ever stopping

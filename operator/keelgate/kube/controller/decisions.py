@@ -114,17 +114,6 @@ def _settle(loop: Loop, namespace: str, spec: JSON, executed: bool) -> None:
     loop.reconcile(namespace, run, action, executed=executed, by=str(spec.get("by", "")))
 
 
-def _approval(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
-    state = context.run_state(namespace, str(spec.get("runName", "")))
-    recorded = None if state is None else state.approvals.get(str(spec.get("action", "")))
-    return None if recorded is None else Decided(recorded.approved, recorded.by)
-
-
-def _approve(loop: Loop, namespace: str, spec: JSON, approved: bool) -> None:
-    run, action = str(spec.get("runName", "")), str(spec.get("action", ""))
-    loop.approve(namespace, run, action, approved=approved, by=str(spec.get("by", "")))
-
-
 RECONCILIATION = DecisionKind(
     kind="Reconciliation",
     field="executed",
@@ -134,16 +123,6 @@ RECONCILIATION = DecisionKind(
     recorded=_settlement,
     record=_settle,
     tells_decided_elsewhere=True,
-)
-APPROVAL = DecisionKind(
-    kind="Approval",
-    field="approved",
-    yes="approved",
-    no="denied",
-    refused="ApprovalRefused",
-    recorded=_approval,
-    record=_approve,
-    tells_decided_elsewhere=False,
 )
 
 

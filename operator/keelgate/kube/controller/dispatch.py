@@ -18,8 +18,9 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
+from keelgate.kube.controller.approvals import ApprovalReconciler
 from keelgate.kube.controller.context import ControllerContext, ControllerSettings, tell_nobody
-from keelgate.kube.controller.decisions import APPROVAL, RECONCILIATION, DecisionReconciler
+from keelgate.kube.controller.decisions import RECONCILIATION, DecisionReconciler
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.outcomes import REST, Result
@@ -67,7 +68,7 @@ class Controller:
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context),
             "Reconciliation": DecisionReconciler(self.context, RECONCILIATION),
-            "Approval": DecisionReconciler(self.context, APPROVAL),
+            "Approval": ApprovalReconciler(self.context),
         }
 
     def reconcile(self, key: Key) -> Result:

@@ -25,6 +25,7 @@ from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.run_status import RunStatusWriter
+from keelgate.kube.resources import creator_of
 from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
 
@@ -142,7 +143,7 @@ class StepPodStarter:
             raise KeelgateError("the store keeps no recorded specs")
         meta = run["metadata"]
         generation = int(meta.get("generation") or 1)
-        document = spec.loop_spec(tenant=namespace, run=name).to_json()
+        document = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run)).to_json()
         recorded = (meta["uid"], generation, document)
         if not context.memory.spec_recorded(key, recorded) and specs.record_spec(
             namespace, name, document, source=meta["uid"], generation=generation

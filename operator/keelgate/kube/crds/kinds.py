@@ -187,22 +187,43 @@ APPROVAL = Kind(
     kind="Approval",
     plural="approvals",
     short_names=("apr",),
-    description="An action that waits for a person's yes: a person sets spec.approved (true: "
-    "run it; false: deny it) and spec.by. Created by the operator, owned by its AgentRun.",
+    description="An action that waits for people's yes: each person appends a decision to "
+    "spec.decisions (or, for one, sets spec.approved and spec.by); any deny denies. Created "
+    "by the operator, owned by its AgentRun.",
     columns=(
         Column("Run", ".spec.runName", "The AgentRun (or tick) waiting for approval."),
         Column("Action", ".spec.action", "The action's id within the run."),
         Column("Tool", ".spec.tool", "The tool the action would call."),
         Column("Phase", ".status.phase", "Pending or Settled."),
+        Column("Approvals", ".status.progress", "Approvals that count, of those needed."),
         Column("Verdict", ".status.verdict", "approved or denied, once settled."),
-        Column("By", ".spec.by", "Who decided.", priority=1),
+        Column(
+            "Expires", ".status.expiresAt", "When the first approval stops counting.", priority=1
+        ),
+        Column("By", ".status.settledBy", "Who decided.", priority=1),
         AGE,
     ),
     extras={
         ("spec",): {
             "x-kubernetes-validations": [
                 *_settle_rules("approved"),
-                _identity_rule(("runName", "action", "tool")),
+                _identity_rule(("runName", "action", "tool", "idempotencyKey")),
+                cel_rule(
+                    "!has(oldSelf.decisions) || has(self.decisions)",
+                    "decisions are append-only: none can be removed",
+                    field_path=".decisions",
+                ),
+            ]
+        },
+        # People append their decisions; none is ever changed or taken back. (The admission
+        # policy checks that a new entry's by and groups are the requesting user's.)
+        ("spec", "decisions"): {
+            "x-kubernetes-validations": [
+                cel_rule(
+                    "self.size() >= oldSelf.size() && oldSelf.all(d, d in self)",
+                    "decisions are append-only: add yours (a JSON patch 'add' to "
+                    "/spec/decisions/-); none can be changed or removed",
+                ),
             ]
         },
     },

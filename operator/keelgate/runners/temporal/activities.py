@@ -155,11 +155,10 @@ class Activities:
                 )
                 repeated = False
             except SettleError:
-                decided = loop.state(request.tenant, request.run).approvals.get(request.action)
-                if decided is None or (decided.approved, decided.by) != (
-                    request.approved,
-                    request.by,
-                ):
+                decisions = loop.state(request.tenant, request.run).approvals.get(
+                    request.action, ()
+                )
+                if not any((d.approved, d.by) == (request.approved, request.by) for d in decisions):
                     raise
                 repeated = True  # a retried attempt: the same decision is already recorded
         return {

@@ -1,0 +1,64 @@
+"""What the operator tells about approvals, at the three moments it knows them.
+
+Why it exists: people want to be told where they are, not to watch a page: that an action
+starts waiting for approval (or waits again, once approvals stopped counting), that a person
+decided, that an approval expired. The operator learns each moment in one place, and tells it
+from here: ``DecisionObjects.ask_to_approve`` (an Approval made, or asked again),
+``ApprovalReconciler`` (a decision recorded in the store, an approval found expired). Today each
+is a Kubernetes Event on the run; anything else that should hear of them (a notification to a
+chat or a pager) is added here, once, not at each place. It must never put a tool's argument or
+a secret into what it tells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from keelgate.core.state import Decision
+from keelgate.core.types import PendingApproval
+from keelgate.kube.controller.events import EventRecorder
+from keelgate.kube.controller.ports import JSON
+
+
+class ApprovalNews:
+    def __init__(self, events: EventRecorder) -> None:
+        self._events = events
+
+    def waiting(self, run: JSON, name: str, pending: PendingApproval, *, again: bool) -> None:
+        """An action starts waiting for approval (``again``: it was approved, and its
+        approvals stopped counting before the call ran, so it is asked again)."""
+        what = f"{pending.tool} ({pending.action})"
+        needs = "needs approval" if pending.rule is None else f"needs {pending.rule.describe()}"
+        if again:
+            self._events.normal(
+                run,
+                "AwaitingApproval",
+                f"{what} is asked again ({pending.tally()} count now): {needs}: approval {name}",
+            )
+        else:
+            self._events.normal(run, "AwaitingApproval", f"{what} {needs}: approval {name}")
+
+    def decided(
+        self, run: JSON, name: str, tool: str, action: str, decision: Decision, tally: str
+    ) -> None:
+        """A person's decision was recorded in the store (``tally``: "1 of 2" after it)."""
+        verdict = "approved" if decision.approved else "denied"
+        reason = "Approved" if decision.approved else "Denied"
+        counted = f" ({tally})" if decision.approved and tally else ""
+        self._events.normal(
+            run,
+            reason,
+            f"{tool} ({action}) {verdict} by {decision.by}{counted}: approval {name}",
+        )
+
+    def expired(
+        self, run: JSON, name: str, tool: str, action: str, who: Sequence[str], tally: str
+    ) -> None:
+        """Approvals stopped counting (older than the rule's expiresAfter) before the call
+        ran: ``who`` gave them; ``tally`` is what counts now."""
+        self._events.normal(
+            run,
+            "ApprovalExpired",
+            f"{tool} ({action}): the approval of {', '.join(who)} expired ({tally} count now): "
+            f"approval {name}",
+        )
