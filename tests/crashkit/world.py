@@ -21,7 +21,7 @@ from typing import Any, Literal
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.model import Model, ModelReply, ModelRequest
-from keelgate.core.types import SideEffect, UnknownAction
+from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import ToolError
 from keelgate.testing import failpoint
 
@@ -75,6 +75,8 @@ class World:
     journal: Journal
     effect: Placement = "before"
     approval: frozenset[str] = field(default_factory=frozenset)
+    #: Tools with an approval rule of their own (several people, groups, expiry ...).
+    rules: Mapping[str, ApprovalRule] = field(default_factory=dict)
     #: Race tests: the body of ``hold_tool`` journals "holding" and waits until the file
     #: ``hold`` exists, so a second process can be let in while the first is mid-tool.
     hold: str = ""
@@ -91,12 +93,14 @@ class World:
                 self._place_order,
                 self._declared("place_order", SideEffect.WRITE),
                 requires_approval="place_order" in self.approval,
+                approval=self.rules.get("place_order"),
             ),
             PythonTool(
                 "notify",
                 self._notify,
                 self._declared("notify", SideEffect.PROPOSE),
                 requires_approval="notify" in self.approval,
+                approval=self.rules.get("notify"),
             ),
         ]
 

@@ -294,10 +294,10 @@ class ApprovalRule(JsonValue):
         """The rule in words: "2 approvals from payments-approvers, not the run's creator,
         each counting for 1h"."""
         count = f"{self.required} approval{'s' if self.required != 1 else ''}"
-        parts = [count]
         lists = self.group_lists()
         if lists:
-            parts.append("from " + " and from ".join(" or ".join(each) for each in lists))
+            count += " from " + " and from ".join(" or ".join(each) for each in lists)
+        parts = [count]
         if self.not_creator:
             parts.append("not the run's creator")
         if self.expires_after is not None:

@@ -1,0 +1,320 @@
+"""Approval rules: several different people, from given groups, not the run's creator, each
+approval counting only for so long; any no denies.
+
+Why it exists: payments, deletions and production changes need two people. The rule is the
+promise's "never runs unapproved" made stricter, so these tests drive the real loop over real
+SQLite files, count every call downstream, and read the audit chain a person would read: the
+WRITE runs once, and only once the rule's approvals are in the store; a person counts once; a
+person outside the groups, or the creator under notCreator, is refused with a line saying why;
+an approval that is too old when the call would run (a budget stop in between) is asked for
+again and the old one stays on record; the rule travels with the saved action and an edited
+manifest can only make it stricter; a decision on other arguments than the call's is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from crashkit import Journal, World
+from keelgate.core import clocks
+from keelgate.core.approvals import rule_of, tally
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
+from keelgate.core.state import Decision
+from keelgate.core.types import ApprovalRule, StopReason, idempotency_key
+from keelgate.errors import InputError, SettleError
+from support.restock import ORDER, RESTOCK, Recorder, loop_over, only, spec
+
+TWO = ApprovalRule(required=2)
+PAYMENTS = ApprovalRule(required=2, groups=("payments",))
+AUTHENTICATED = ("system:authenticated",)
+
+
+def world_with(tmp_path: Path, rule: ApprovalRule, name: str = "world") -> World:
+    return World(Journal(tmp_path / f"{name}.jsonl"), rules={"place_order": rule})
+
+
+def waiting(stores: Stores, world: World, **options: object) -> Loop:
+    """A loop stopped before its WRITE (2:0), which needs the world's rule."""
+    loop = loop_over(stores, Recorder(RESTOCK), world.tools())
+    stopped = loop.run_or_resume(spec(**options))  # type: ignore[arg-type]
+    assert stopped.stop.reason is StopReason.AWAITING_APPROVAL
+    assert world.effects() == {}
+    return loop
+
+
+@contextmanager
+def wall_clock_at(start: float) -> Iterator[list[float]]:
+    """The wall clock (what decisions are stamped with and counted against) at ``start``,
+    moved by the test through the list it yields."""
+    now = [start]
+    with clocks.simulated(wall=lambda: now[0], boot=time.monotonic):
+        yield now
+
+
+def test_a_write_needing_two_people_runs_once_and_only_after_the_second(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """One approval of two leaves the run waiting however often it is resumed, and nothing
+    runs; the same person approving again is refused (a person counts once); a second person's
+    approval lets the WRITE run, once. The stop says "1 of 2"; each decision is its own audit
+    event, naming who and the count, never an argument."""
+    world = world_with(tmp_path, TWO)
+    loop = waiting(stores, world)
+    first = loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+    assert first.stop.reason is StopReason.AWAITING_APPROVAL
+    (pending,) = first.pending_approvals
+    assert (pending.approvals, pending.required, pending.approved_by) == (1, 2, ("alice",))
+    assert "approved by alice (1 of 2); waiting for 1 more" in first.stop.message
+    for _ in range(2):
+        again = loop.run_or_resume(spec())
+        assert again.stop.reason is StopReason.AWAITING_APPROVAL
+        assert again.pending_approvals[0].tally() == "1 of 2"
+        assert world.effects() == {}
+    with pytest.raises(SettleError, match="alice approved it already \\(1 of 2\\)"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+    loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+    approved = only(stores.audit.events("shop", "restock"), "loop.approved")
+    assert [(e.actor, e.data["approvals"], e.data["required"]) for e in approved] == [
+        ("alice", 1, 2),
+        ("bob", 2, 2),
+    ]
+    assert [e.key for e in approved] == ["decided:2:0", "decided:2:0:1"]
+    assert ORDER["note"] not in str([e.to_json() for e in approved])
+
+
+def test_any_deny_denies_even_after_approvals(stores: Stores, tmp_path: Path) -> None:
+    """Alice approves, bob denies: the action never runs, the model is told who denied it, and
+    no later approval can bring it back."""
+    world = world_with(tmp_path, TWO)
+    loop = waiting(stores, world)
+    loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+    denied = loop.approve("shop", "restock", "2:0", approved=False, by="bob")
+    assert denied.pending_approvals == ()
+    with pytest.raises(SettleError, match="already denied by bob"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="carol")
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert world.effects() == {}
+    assert [e.actor for e in only(stores.audit.events("shop", "restock"), "loop.denied")] == ["bob"]
+
+
+def test_only_people_in_the_rules_groups_decide(stores: Stores, tmp_path: Path) -> None:
+    """A rule naming groups takes decisions only from people authenticated in one of them,
+    approve or deny; the groups that counted are on the decision's audit event."""
+    world = world_with(tmp_path, PAYMENTS)
+    loop = waiting(stores, world)
+    with pytest.raises(SettleError, match="mallory may not decide it: the rule asks 2 approvals "):
+        loop.approve("shop", "restock", "2:0", approved=True, by="mallory", groups=AUTHENTICATED)
+    with pytest.raises(SettleError, match="may not decide it"):
+        loop.approve("shop", "restock", "2:0", approved=False, by="mallory")
+    for person in ("alice", "bob"):
+        loop.approve(
+            "shop", "restock", "2:0", approved=True, by=person, groups=("payments", *AUTHENTICATED)
+        )
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+    events = only(stores.audit.events("shop", "restock"), "loop.approved")
+    assert [e.data["groups"] for e in events] == [["payments"], ["payments"]]
+
+
+def test_the_creator_may_not_approve_under_not_creator_but_may_deny(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """notCreator: the run's creator (as its spec records it) is refused an approval, in words
+    naming why; someone else's counts; and the creator's no denies."""
+    world = world_with(tmp_path, ApprovalRule(not_creator=True))
+    loop = loop_over(stores, Recorder(RESTOCK), world.tools())
+    created = replace(spec(), creator="alice")
+    assert loop.run_or_resume(created).stop.reason is StopReason.AWAITING_APPROVAL
+    with pytest.raises(SettleError, match="alice created the run, and its rule asks for someone"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+    loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+    assert loop.run_or_resume(created).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+    other = world_with(tmp_path, ApprovalRule(not_creator=True), "other")
+    loop = loop_over(stores, Recorder(RESTOCK), other.tools())
+    second = replace(spec("second"), creator="alice")
+    assert loop.run_or_resume(second).stop.reason is StopReason.AWAITING_APPROVAL
+    loop.approve("shop", "second", "2:0", approved=False, by="alice")
+    assert loop.run_or_resume(second).stop.reason is StopReason.GOAL_MET
+    assert other.effects() == {}
+
+
+def test_not_creator_with_no_creator_on_record_counts_nobody(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Who created the run is not known: no approval can be checked against the rule, so none
+    counts and each is refused, naming the annotation that records a creator; a deny works."""
+    world = world_with(tmp_path, ApprovalRule(not_creator=True))
+    loop = waiting(stores, world)
+    with pytest.raises(SettleError, match="keelgate.dev/created-by"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+    loop.approve("shop", "restock", "2:0", approved=False, by="bob")
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert world.effects() == {}
+
+
+def test_an_approval_too_old_when_the_write_would_run_is_asked_for_again(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """expiresAfter 60 s: both approve, a budget stop comes between them and the WRITE, and two
+    minutes pass. Resumed, the run asks again (0 of 2; the stop says whose approvals stopped
+    counting) instead of running it; the old decisions stay in the checkpoint and on the chain;
+    approved afresh, it runs once. The pending approval says when the first approval expires."""
+    world = world_with(tmp_path, ApprovalRule(required=2, expires_after=60.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        first = loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        assert first.pending_approvals[0].expires_at == "2030-03-17T17:47:40Z"
+        now[0] += 10
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+        spent = loop.run_or_resume(spec(tokens=10))  # already past: a budget stop
+        assert spent.stop.reason is StopReason.TOKEN_BUDGET
+        now[0] += 120
+        again = loop.run_or_resume(spec(tokens=100_000))
+        assert again.stop.reason is StopReason.AWAITING_APPROVAL
+        assert again.pending_approvals[0].tally() == "0 of 2"
+        assert "asked again, as the approval of alice, bob no longer counts" in again.stop.message
+        assert world.effects() == {}
+        state = loop.state("shop", "restock")
+        assert [d.by for d in state.approvals["2:0"]] == ["alice", "bob"]
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+        assert loop.run_or_resume(spec(tokens=100_000)).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+    kept = [e.actor for e in only(stores.audit.events("shop", "restock"), "loop.approved")]
+    assert kept == ["alice", "bob", "alice", "bob"]
+
+
+def test_an_approval_that_expires_while_the_second_is_awaited_does_not_count(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Alice approves, bob comes an hour later: alice's approval no longer counts (1 of 2, his),
+    and she may approve again."""
+    world = world_with(tmp_path, ApprovalRule(required=2, expires_after=1800.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        now[0] += 3600
+        late = loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+        assert late.pending_approvals[0].approved_by == ("bob",)
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+
+def test_the_rule_travels_with_the_saved_action_and_an_edit_only_adds(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Planned under "2 from payments", the WRITE keeps needing two after the manifest drops to
+    requiresApproval: true; a manifest raising it to three needs three; and an edit naming
+    other groups needs a person in one of each."""
+    planned = world_with(tmp_path, PAYMENTS)
+    loop = waiting(stores, planned)
+    both = ("payments", "treasury", *AUTHENTICATED)
+    loop.approve("shop", "restock", "2:0", approved=True, by="alice", groups=both)
+
+    looser = World(planned.journal, approval=frozenset({"place_order"}))
+    loop = loop_over(stores, Recorder(RESTOCK), looser.tools())
+    held = loop.run_or_resume(spec())
+    assert held.stop.reason is StopReason.AWAITING_APPROVAL
+    assert held.pending_approvals[0].tally() == "1 of 2"
+
+    stricter = world_with(tmp_path, ApprovalRule(required=3, groups=("treasury",)))
+    loop = loop_over(stores, Recorder(RESTOCK), stricter.tools())
+    held = loop.run_or_resume(spec())
+    (pending,) = held.pending_approvals
+    assert pending.tally() == "1 of 3"
+    assert pending.rule is not None
+    assert pending.rule.describe() == "3 approvals from payments and from treasury"
+    with pytest.raises(SettleError, match="may not decide it"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob", groups=("payments",))
+    loop.approve("shop", "restock", "2:0", approved=True, by="bob", groups=both)
+    loop.approve("shop", "restock", "2:0", approved=True, by="carol", groups=both)
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(planned.effects().values()) == [1]
+
+
+def test_a_decision_on_other_arguments_than_the_calls_is_refused(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """A decision made on the call a person was shown carries its idempotency key (a digest of
+    the tool and its arguments): another key is refused and nothing is recorded; the right one
+    counts."""
+    world = world_with(tmp_path, ApprovalRule())
+    loop = waiting(stores, world)
+    other = idempotency_key("shop", "restock", "place_order", {**ORDER, "qty": 2000})
+    with pytest.raises(SettleError, match="its arguments are not the ones shown"):
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice", key=other)
+    assert loop.state("shop", "restock").approvals == {}
+    right = idempotency_key("shop", "restock", "place_order", ORDER)
+    loop.approve("shop", "restock", "2:0", approved=True, by="alice", key=right)
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+
+def test_an_entry_recorded_twice_under_its_ref_is_one_decision(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """The operator records an Approval object's entry under its ref: recording it again (a
+    retried reconcile) changes nothing and writes no second event."""
+    world = world_with(tmp_path, TWO)
+    loop = waiting(stores, world)
+    for _ in range(3):
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice", ref="x#alice#1")
+    assert len(loop.state("shop", "restock").approvals["2:0"]) == 1
+    assert len(only(stores.audit.events("shop", "restock"), "loop.approved")) == 1
+
+
+@pytest.mark.parametrize("groups", [["a\nb"], ["ok", ""], [f"g{i}" for i in range(65)]])
+def test_groups_a_decision_names_are_checked(
+    stores: Stores, tmp_path: Path, groups: list[str]
+) -> None:
+    """A decision's groups are one printable line each, at most 64: else one line naming
+    them, nothing recorded."""
+    loop = waiting(stores, world_with(tmp_path, TWO))
+    with pytest.raises(InputError) as refused:
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice", groups=groups)
+    assert refused.value.field == "groups"
+    assert loop.state("shop", "restock").approvals == {}
+
+
+def test_rules_combine_to_the_stricter_of_both() -> None:
+    """The higher count, the shorter expiry, not the creator if either says so, each rule's
+    groups; a tool without a rule of its own asks one approval if it requires approval."""
+    a = ApprovalRule(required=2, groups=("payments",), expires_after=3600.0)
+    b = ApprovalRule(required=1, groups=("treasury",), not_creator=True, expires_after=600.0)
+    both = a.stricter(b)
+    assert (both.required, both.not_creator, both.expires_after) == (2, True, 600.0)
+    assert both.group_lists() == (("payments",), ("treasury",))
+    assert both.admits({"payments", "treasury"}) and not both.admits({"payments"})
+    assert a.stricter(None) is a and a.stricter(a) is a
+    assert rule_of(
+        World(Journal(Path("/dev/null")), approval=frozenset({"notify"})).tools()[2]
+    ) == (ApprovalRule())
+    assert both.describe() == (
+        "2 approvals from payments and from treasury, not the run's creator, each counting for 10m"
+    )
+
+
+def test_a_person_counts_once_with_their_newest_approval() -> None:
+    """Two approvals by one person are one; the newer one's age counts; a no anywhere denies."""
+    rule = ApprovalRule(required=2, expires_after=60.0)
+    old = Decision(True, "alice", "2030-01-01T00:00:00.000Z")
+    new = Decision(True, "alice", "2030-01-01T00:02:00.000Z")
+    at = 1_893_456_150.0  # 2030-01-01T00:02:30Z
+    counted = tally([old, new], rule, creator="", now=at)
+    assert [d.at for d in counted.counted] == [new.at] and not counted.met
+    assert counted.expires_at == at - 30 + 60
+    no = Decision(False, "bob", "2030-01-01T00:02:10.000Z")
+    assert tally([old, new, no], rule, creator="", now=at).denied == no
