@@ -157,7 +157,7 @@ def test_not_creator_with_no_creator_on_record_counts_nobody(
     counts and each is refused, naming the annotation that records a creator; a deny works."""
     world = world_with(tmp_path, ApprovalRule(not_creator=True))
     loop = waiting(stores, world)
-    with pytest.raises(SettleError, match="keelgate.dev/created-by"):
+    with pytest.raises(SettleError, match=r"keelgate\.dev/created-by"):
         loop.approve("shop", "restock", "2:0", approved=True, by="bob")
     loop.approve("shop", "restock", "2:0", approved=False, by="bob")
     assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
