@@ -369,6 +369,50 @@ def test_a_denied_approval_never_runs_the_write(
     assert orders(world) == 0
 
 
+def test_two_people_from_a_group_approve_in_process_with_by_and_group(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tool asking two approvals from group payments, not the creator (the manifest's
+    keelgate.dev/created-by): the creator's approval is refused (exit 2, one line saying why),
+    so is someone outside the group; the first approval from the group says "1 of 2" and
+    leaves the run waiting (resume exits 3, nothing ordered); the second lets it order once."""
+    text = manifest(approval=True).replace(
+        "metadata: {name: restock, namespace: shop}",
+        "metadata: {name: restock, namespace: shop, annotations: {keelgate.dev/created-by: ann}}",
+    )
+    text = text.replace(
+        "requiresApproval: true",
+        "approval: {required: 2, groups: [payments], notCreator: true}",
+    )
+    assert main(["run", "-f", str(write(world, text)), "-o", "json"]) == 3
+    stopped = last_json(capsys.readouterr().out)
+    assert stopped["pendingApprovals"] == [
+        {
+            "action": "2:0",
+            "tool": "order",
+            "rule": {"required": 2, "groups": ["payments"], "notCreator": True},
+        }
+    ]
+    assert (
+        main(["approve", "restock", "2:0", "--approve", "--by", "ann", "--group", "payments"]) == 2
+    )
+    assert "ann created the run" in capsys.readouterr().err
+    assert main(["approve", "restock", "2:0", "--approve", "--by", "eve", "--group", "ops"]) == 2
+    assert "eve may not decide it" in capsys.readouterr().err
+    assert (
+        main(["approve", "restock", "2:0", "--approve", "--by", "bob", "--group", "payments"]) == 0
+    )
+    assert "approved (1 of 2; waiting for 1 more) by bob" in capsys.readouterr().out
+    assert main(["resume", "restock", "-o", "json"]) == 3
+    assert orders(world) == 0
+    capsys.readouterr()
+    command = ["approve", "restock", "2:0", "--approve", "--by", "cy", "--group", "payments"]
+    assert main([*command, "-o", "json"]) == 0
+    assert "pending" not in last_json(capsys.readouterr().out)
+    assert main(["resume", "restock", "-o", "json"]) == 0
+    assert orders(world) == 1
+
+
 def test_resume_of_an_unknown_run_is_bad_input(
     world: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -34,6 +34,7 @@ from keelgate.cli.listing import (
     emit,
 )
 from keelgate.cli.render import Console
+from keelgate.core.approvals import check_groups
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
@@ -378,15 +379,34 @@ def reconcile_command(
 
 
 def _decided(
-    run: str, action: str, tool: str, verdict: str, by: str, output: OutputFormat, *, said: str = ""
+    run: str,
+    action: str,
+    tool: str,
+    verdict: str,
+    by: str,
+    output: OutputFormat,
+    *,
+    said: str = "",
+    pending: Mapping[str, Any] | None = None,
 ) -> int:
-    """What a person decided, for them or (--output json) for a script."""
+    """What a person decided, for them or (--output json) for a script; ``pending``: the
+    action still waits for more approvals (its pending approval, as status shows it)."""
     console = Console()
     if output is OutputFormat.json:
-        console.json({"run": run, "action": action, "tool": tool, "verdict": verdict, "by": by})
+        document: dict[str, Any] = {
+            "run": run,
+            "action": action,
+            "tool": tool,
+            "verdict": verdict,
+            "by": by,
+        }
+        if pending is not None:
+            document["pending"] = dict(pending)
+        console.json(document)
         return 0
     console.say(f"{run} {action} ({tool}): {said or verdict} by {by}", style="green")
-    console.say(f"  continue with: keelgate resume {run}", style="dim")
+    if pending is None:
+        console.say(f"  continue with: keelgate resume {run}", style="dim")
     return 0
 
 
@@ -397,18 +417,43 @@ def approve_command(
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
     no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
+    groups: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group",
+            help="A group the person deciding is in (repeat for each): a tool's approval rule "
+            "may count only people of given groups.",
+        ),
+    ] = None,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
 ) -> int:
-    """Settle an awaiting_approval stop; a denied action never runs and the model is told."""
+    """Record one person's decision on an action awaiting approval: --deny never runs it (the
+    model is told); it runs once its tool's rule has its approvals (one, unless the rule asks
+    for more people, from given groups, not the run's creator)."""
     approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
     check_actor(by, field="--by")
+    named = check_groups(groups or (), field="--group")
     with _opened(store, run, namespace) as (loop, tenant, run):
         waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
-        loop.approve(tenant, run, action, approved=approve, by=by)
+        outcome = loop.approve(tenant, run, action, approved=approve, by=by, groups=named)
     verdict = "approved" if approve else "denied"
-    return _decided(run, action, waiting.get(action, ""), verdict, by, output)
+    still = next((p for p in outcome.pending_approvals if p.action == action), None)
+    said = ""
+    if still is not None:
+        left = still.required - still.approvals
+        said = f"approved ({still.tally()}; waiting for {left} more)"
+    return _decided(
+        run,
+        action,
+        waiting.get(action, ""),
+        verdict,
+        by,
+        output,
+        said=said,
+        pending=None if still is None else still.to_json(),
+    )
 
 
 @app.command("runs")

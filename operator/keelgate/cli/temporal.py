@@ -35,6 +35,7 @@ from keelgate.cli.commands import (
 )
 from keelgate.cli.help import App
 from keelgate.cli.render import Console
+from keelgate.core.approvals import check_groups
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError
@@ -305,6 +306,10 @@ def approve_command(
     by: Annotated[str, typer.Option("--by", help="Who decides (recorded in the audit chain).")],
     yes: Annotated[bool, typer.Option("--approve", help="Let the action run.")] = False,
     no: Annotated[bool, typer.Option("--deny", help="Never run it; the model is told.")] = False,
+    groups: Annotated[
+        list[str] | None,
+        typer.Option("--group", help="A group the person deciding is in (repeat for each)."),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Then wait for the run's next stop and show it.")
     ] = False,
@@ -313,11 +318,13 @@ def approve_command(
     temporal_namespace: TemporalNamespaceOption = "default",
     output: OutputOption = OutputFormat.text,
 ) -> int:
-    """Approve or deny an action awaiting approval; the workflow then continues the run."""
+    """Approve or deny an action awaiting approval; the workflow then continues the run (once
+    the tool's rule has its approvals)."""
     approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
     check_actor(by, field="--by")
+    named = check_groups(groups or (), field="--group")
     runner = _runner("keelgate temporal approve", address, temporal_namespace)
-    done = runner.approve(namespace, run, action, approved=approve, by=by)
+    done = runner.approve(namespace, run, action, approved=approve, by=by, groups=named)
     return _decided(runner, namespace, done, wait=wait, output=output)
 
 

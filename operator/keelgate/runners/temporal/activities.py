@@ -152,6 +152,7 @@ class Activities:
                     request.action,
                     approved=request.approved,
                     by=request.by,
+                    groups=request.groups,
                 )
                 repeated = False
             except SettleError:

@@ -13,7 +13,7 @@ import asyncio
 import gc
 import re
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -148,10 +148,18 @@ class TemporalRunner:
         return self._update(tenant, run, "reconcile", ReconcileRequest(action, executed, by))
 
     def approve(
-        self, tenant: str, run: str, action: str, *, approved: bool, by: str
+        self,
+        tenant: str,
+        run: str,
+        action: str,
+        *,
+        approved: bool,
+        by: str,
+        groups: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Approve or deny a pending action through the workflow (``Loop.approve``)."""
-        return self._update(tenant, run, "approve", ApproveRequest(action, approved, by))
+        request = ApproveRequest(action, approved, by, groups=list(groups))
+        return self._update(tenant, run, "approve", request)
 
     def resume(
         self,

@@ -92,6 +92,8 @@ class ApproveRequest:
     by: str
     tenant: str = ""
     run: str = ""
+    # The groups the person deciding is in (an approval rule may count only some groups).
+    groups: list[str] = field(default_factory=list)
 
 
 @dataclass

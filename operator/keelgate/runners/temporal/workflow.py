@@ -201,7 +201,10 @@ class RunWorkflow:
     async def approve(self, request: ApproveRequest) -> dict[str, Any]:
         tenant, run = self._target()
         result = await self._decide(
-            APPROVE, ApproveRequest(request.action, request.approved, request.by, tenant, run)
+            APPROVE,
+            ApproveRequest(
+                request.action, request.approved, request.by, tenant, run, list(request.groups)
+            ),
         )
         self._wanted = True
         return {**result, "stops": self._stops}
