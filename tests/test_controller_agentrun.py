@@ -582,7 +582,12 @@ def test_a_pending_approval_stops_the_run_and_asks_for_an_approval(kube: Operato
     assert kube.drive("restock") == [3]
     assert kube.status("restock")["stopReason"] == "awaiting_approval"
     made = kube.api.get("Approval", NAMESPACE, "restock-1-place-order")
-    assert made is not None and made["status"] == {"phase": "Pending"}
+    assert made is not None
+    assert {k: made["status"][k] for k in ("phase", "progress", "message")} == {
+        "phase": "Pending",
+        "progress": "0 of 1",
+        "message": "waiting for a person to approve or deny it",
+    }
     assert kube.condition("restock", "AwaitingApproval")["status"] == "True"
     assert kube.api.reasons()[-2:] == ["AwaitingApproval", "Stopped"]
     assert operator_tools.ORDERS == []

@@ -45,10 +45,13 @@ def agentrun_spec(
     script: list[Any] | None = None,
     tool: str = "place_order",
     approval: bool = False,
+    rule: Mapping[str, Any] | None = None,
     budget: Mapping[str, Any] | None = None,
     **extra: Any,
 ) -> JSON:
-    """An AgentRun's spec: a scripted model (one order, then done) and one python WRITE."""
+    """An AgentRun's spec: a scripted model (one order, then done) and one python WRITE (its
+    approval ``rule``, when given, is the tool's ``approval``)."""
+    approved = {"approval": dict(rule)} if rule is not None else {}
     return {
         "goal": "Restock SKU A1",
         "model": {
@@ -62,6 +65,7 @@ def agentrun_spec(
                 "name": tool,
                 "sideEffect": "WRITE",
                 "requiresApproval": approval,
+                **approved,
                 "python": {"callable": f"{TOOLS}:{tool}"},
             }
         ],

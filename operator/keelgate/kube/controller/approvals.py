@@ -122,7 +122,9 @@ def shown(state: RunState, action: str, *, at: float) -> Shown | None:
             "expiresAt": "" if counted.expires_at is None else utc_iso(counted.expires_at),
             "asks": rule.describe(),
             "settledBy": "",
-            "message": f"{counted.count} approvals: waiting for {left} more ({rule.describe()})",
+            "message": "waiting for a person to approve or deny it"
+            if rule == ApprovalRule()
+            else f"{counted.count} approvals: waiting for {left} more ({rule.describe()})",
         }
         return Shown(status, False, counted, pending)
     approvals = [d for d in decisions if d.approved]
@@ -199,17 +201,20 @@ class ApprovalReconciler:
             return REST
         self._tell(body, run_name, spec, old, state, view)
         status = dict(view.status)
-        stalled = bool(refused) and not view.settled
-        if stalled:
+        refusing = bool(refused) and not view.settled
+        if refusing:
+            # Shown, not Stalled: the approval still waits for people whose decisions count.
             status["message"] = f"{status.get('message', '')}; not counted: {'; '.join(refused)}"
-        result = self._show(body, run_name, old, status, stalled=stalled, at=at)
+        told_before_now = old.get("message") == status.get("message")
+        result = self._show(body, run_name, old, status, refusing=refusing)
         if result is not None:
             return result
         if view.settled or len(state.approvals.get(action, ())) != told_before:
             # The run goes on (settled), or its status shows the new count.
             context.enqueue(("AgentRun", namespace, run_name), 0.0)
-        if stalled:
-            return self._retry_after(body)
+        if refusing:
+            # A refusal may pass (the run was between stops): tried again, soon the first time.
+            return Requeue(REFUSED_RETRY_MAX if told_before_now else REFUSED_RETRY)
         if view.tally is not None and view.tally.expires_at is not None:
             # Look again when the first approval stops counting: the object then says so.
             return Requeue(max(1.0, view.tally.expires_at - at + 0.5))
@@ -253,17 +258,11 @@ class ApprovalReconciler:
             self._news.waiting(run, name, view.pending, again=True)
 
     def _show(
-        self,
-        body: JSON,
-        run_name: str,
-        old: Mapping[str, Any],
-        status: JSON,
-        *,
-        stalled: bool,
-        at: float,
+        self, body: JSON, run_name: str, old: Mapping[str, Any], status: JSON, *, refusing: bool
     ) -> Result | None:
-        """Patch the object's status to ``status`` if it shows something else; a Result when
-        the reconcile ends here (the object is gone)."""
+        """Patch the object's status to ``status`` if it shows something else (a decision that
+        does not count is told once, in a Warning); a Result when the reconcile ends here (the
+        object is gone)."""
         context = self._context
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         stamp = now()
@@ -271,21 +270,12 @@ class ApprovalReconciler:
         verdict = str(status.get("verdict") or "")
         if settled:
             ready = ("True", "Settled", verdict)
-        elif stalled:
-            ready = ("False", "ApprovalRefused", str(status.get("message") or ""))
         else:
             ready = ("False", "Waiting", str(status.get("progress") or ""))
+        reason = "Settled" if settled else "Waiting"
         conditions = [
             condition(old, "Ready", *ready, generation=0, now=stamp),
-            condition(
-                old,
-                "Stalled",
-                "True" if stalled else "False",
-                "ApprovalRefused" if stalled else ("Settled" if settled else "Waiting"),
-                str(status.get("message") or "") if stalled else "",
-                generation=0,
-                now=stamp,
-            ),
+            condition(old, "Stalled", "False", reason, "", generation=0, now=stamp),
         ]
         generation = int((body.get("metadata") or {}).get("generation") or 1)
         status["conditions"] = [{**c, "observedGeneration": generation} for c in conditions]
@@ -295,7 +285,7 @@ class ApprovalReconciler:
             status["settledAt"] = ""
         if all(old.get(k) == status.get(k) for k in (*_SHOWN, "conditions", "settledAt")):
             return None
-        if stalled and old.get("message") != status.get("message"):
+        if refusing and old.get("message") != status.get("message"):
             self._warn(body, run_name, "ApprovalRefused", str(status.get("message") or ""))
         try:
             patched = context.api.patch_status("Approval", namespace, name, status)

@@ -1,0 +1,268 @@
+"""The Approval reconciler with rules that ask several people, without a cluster
+(tests/support/operator_rig.py: a fake API server, the real cache, SQLite and real
+``keelgate step`` runs in this process).
+
+What a user would notice if these broke: a payment sent after one approval of two, or twice; a
+creator approving their own run; an Approval that does not say "1 of 2" and when the first
+approval stops counting; an approval that expired still counting; a decision on other
+arguments than the call's counting; a decision nobody is told about.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from keelgate.core import clocks
+from keelgate.core.loop import Loop
+from keelgate.kube.controller.outcomes import REST, Requeue
+from support import operator_tools
+from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+
+APPROVE = "restock-1-place-order"
+PAYMENTS = ["payments", "system:authenticated"]
+RULE = {"required": 2, "groups": ["payments"], "notCreator": True}
+
+pytestmark = pytest.mark.usefixtures("orders")
+
+
+def waiting(kube: Operator, rule: dict[str, Any], *, creator: str = "alice") -> dict[str, Any]:
+    """A run whose one WRITE waits for its rule; its Approval, as made."""
+    kube.api.create_object(
+        "AgentRun",
+        NAMESPACE,
+        {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "restock", "annotations": {"keelgate.dev/created-by": creator}},
+            "spec": agentrun_spec(rule=rule),
+        },
+    )
+    assert kube.drive("restock") == [3]
+    made = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert made is not None
+    return made
+
+
+def add(kube: Operator, by: str, approved: bool = True, groups: list[str] | None = None) -> None:
+    """A person appends their decision to the Approval (as admission lets them: their own name
+    and groups)."""
+    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert body is not None
+    entry = {"by": by, "groups": PAYMENTS if groups is None else groups, "approved": approved}
+    decisions = [*body["spec"].get("decisions", []), entry]
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": decisions})
+
+
+def shown(kube: Operator) -> dict[str, Any]:
+    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert body is not None
+    return dict(body["status"])
+
+
+def told(kube: Operator, reason: str) -> list[str]:
+    return [e.message for e in kube.api.events if e.reason == reason]
+
+
+@contextmanager
+def wall_clock_at(start: float) -> Iterator[list[float]]:
+    """The wall clock of the operator, the store's decisions and the step pods, moved by the
+    test through the list it yields."""
+    now = [start]
+    with clocks.simulated(wall=lambda: now[0], boot=time.monotonic):
+        yield now
+
+
+def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operator) -> None:
+    """The Approval is made for the call's key with an empty list of decisions, Pending "0 of
+    2" with the rule in words. The creator's approval is shown as not counted (told once in a
+    Warning); bob's counts (1 of 2, told); the run stays stopped; carol's settles it approved by
+    both, and the run places one order."""
+    made = waiting(kube, RULE)
+    plan = Loop(stores=kube.stores).state(NAMESPACE, "restock").plan
+    assert plan is not None
+    assert made["spec"]["idempotencyKey"] == plan.actions[0].key
+    assert made["spec"]["decisions"] == []
+    status = shown(kube)
+    assert (status["phase"], status["progress"]) == ("Pending", "0 of 2")
+    assert status["asks"] == "2 approvals from payments, not the run's creator"
+    assert told(kube, "AwaitingApproval") == [
+        f"place_order (1:0) needs 2 approvals from payments, not the run's creator: "
+        f"approval {APPROVE}"
+    ]
+
+    add(kube, "alice")
+    assert kube.reconcile(APPROVE, kind="Approval") == Requeue(10.0)
+    status = shown(kube)
+    assert status["progress"] == "0 of 2"
+    assert (
+        "not counted: alice:" in status["message"] and "alice created the run" in status["message"]
+    )
+    assert [c["status"] for c in status["conditions"] if c["type"] == "Stalled"] == ["False"]
+    assert len(told(kube, "ApprovalRefused")) == 1
+
+    add(kube, "bob")
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["progress"], status["approvedBy"]) == ("1 of 2", ["bob"])
+    assert told(kube, "Approved") == [
+        f"place_order (1:0) approved by bob (1 of 2): approval {APPROVE}"
+    ]
+    assert kube.drive("restock") == []  # still waiting: no step pod
+    assert operator_tools.ORDERS == []
+
+    add(kube, "carol")
+    assert kube.reconcile(APPROVE, kind="Approval") == REST
+    status = shown(kube)
+    assert (status["phase"], status["verdict"], status["settledBy"]) == (
+        "Settled",
+        "approved",
+        "bob, carol",
+    )
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1
+    decisions = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"]
+    assert [(d.by, d.groups, d.ref) for d in decisions] == [
+        ("bob", tuple(sorted(PAYMENTS)), f"{APPROVE}#bob#1"),
+        ("carol", tuple(sorted(PAYMENTS)), f"{APPROVE}#carol#1"),
+    ]
+
+
+def test_one_deny_among_approvals_denies(kube: Operator) -> None:
+    """Bob approves, dave denies: Settled denied by dave; the run goes on without the order;
+    the deny is told."""
+    waiting(kube, RULE)
+    add(kube, "bob")
+    add(kube, "dave", approved=False)
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["phase"], status["verdict"], status["settledBy"]) == (
+        "Settled",
+        "denied",
+        "dave",
+    )
+    assert told(kube, "Denied") == [f"place_order (1:0) denied by dave: approval {APPROVE}"]
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert operator_tools.ORDERS == []
+
+
+def test_each_entry_is_recorded_once_however_often_the_object_is_looked_at(
+    kube: Operator,
+) -> None:
+    """Reconciling the same Approval again and again records bob's entry once, tells it once."""
+    waiting(kube, {"required": 2})
+    add(kube, "bob", groups=[])
+    for _ in range(3):
+        kube.reconcile(APPROVE, kind="Approval")
+    assert len(Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"]) == 1
+    assert len(told(kube, "Approved")) == 1
+
+
+def test_a_decision_made_in_the_store_shows_on_the_object(kube: Operator) -> None:
+    """``keelgate approve`` (the store) by bob: the run's next look asks for its Approval,
+    which shows 1 of 2 and tells bob's approval, never edited itself."""
+    waiting(kube, {"required": 2})
+    Loop(stores=kube.stores).approve(NAMESPACE, "restock", "1:0", approved=True, by="bob")
+    kube.queued.clear()
+    kube.reconcile("restock")
+    assert (("Approval", NAMESPACE, APPROVE), 0.0) in kube.queued
+    kube.reconcile(APPROVE, kind="Approval")
+    assert shown(kube)["progress"] == "1 of 2"
+    assert told(kube, "Approved") == [
+        f"place_order (1:0) approved by bob (1 of 2): approval {APPROVE}"
+    ]
+
+
+def test_an_object_pointed_at_another_call_counts_for_nothing(kube: Operator) -> None:
+    """An Approval whose idempotency key is not the action's (the arguments are not those it
+    was made for) counts no decision: each is shown refused, nothing is recorded."""
+    waiting(kube, {"required": 1})
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"idempotencyKey": "kg-other"})
+    add(kube, "bob", groups=[])
+    kube.reconcile(APPROVE, kind="Approval")
+    assert "its arguments are not the ones shown" in shown(kube)["message"]
+    assert Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals == {}
+
+
+def test_an_approval_that_expires_while_waiting_is_shown_told_and_given_again(
+    tmp_path: Any,
+) -> None:
+    """expiresAfter 1m: bob approves; the Approval says when his approval stops counting and
+    asks to be looked at then; a minute later it shows 0 of 2 and ApprovalExpired is told; bob
+    approves again (a second entry of his), carol too, and the order goes out once."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            waiting(kube, {"required": 2, "expiresAfter": "1m"})
+            add(kube, "bob", groups=[])
+            again = kube.reconcile(APPROVE, kind="Approval")
+            assert isinstance(again, Requeue) and 60.0 <= again.after <= 61.0
+            assert shown(kube)["expiresAt"] == "2030-03-17T17:47:40Z"
+            now[0] += 90
+            kube.reconcile(APPROVE, kind="Approval")
+            status = shown(kube)
+            assert (status["progress"], status["approvedBy"], status["expiresAt"]) == (
+                "0 of 2",
+                [],
+                "",
+            )
+            assert told(kube, "ApprovalExpired") == [
+                f"place_order (1:0): the approval of bob expired (0 of 2 count now): "
+                f"approval {APPROVE}"
+            ]
+            add(kube, "bob", groups=[])
+            add(kube, "carol", groups=[])
+            kube.reconcile(APPROVE, kind="Approval")
+            assert shown(kube)["phase"] == "Settled"
+            kube.drive("restock")
+            assert kube.status("restock")["phase"] == "Succeeded"
+            assert len(operator_tools.ORDERS) == 1
+        finally:
+            kube.close()
+
+
+def test_approvals_too_old_when_the_step_runs_make_a_settled_approval_pending_again(
+    tmp_path: Any,
+) -> None:
+    """Both approve (Settled), but the step pod runs two minutes later, past expiresAfter: the
+    run stops awaiting approval again, the Approval turns Pending (0 of 2; "asked again" and
+    ApprovalExpired told), its old decisions stay; approved afresh, the order goes out once."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            waiting(kube, {"required": 2, "expiresAfter": "1m"})
+            add(kube, "bob", groups=[])
+            add(kube, "carol", groups=[])
+            kube.reconcile(APPROVE, kind="Approval")
+            assert shown(kube)["phase"] == "Settled"
+            now[0] += 120
+            assert kube.drive("restock") == [3]
+            assert operator_tools.ORDERS == []
+            kube.reconcile(APPROVE, kind="Approval")
+            status = shown(kube)
+            assert (status["phase"], status["progress"], status["verdict"]) == (
+                "Pending",
+                "0 of 2",
+                "",
+            )
+            assert any("is asked again" in m for m in told(kube, "AwaitingApproval"))
+            assert told(kube, "ApprovalExpired") == [
+                f"place_order (1:0): the approval of bob, carol expired (0 of 2 count now): "
+                f"approval {APPROVE}"
+            ]
+            add(kube, "bob", groups=[])
+            add(kube, "carol", groups=[])
+            kube.reconcile(APPROVE, kind="Approval")
+            kube.drive("restock")
+            assert kube.status("restock")["phase"] == "Succeeded"
+            assert len(operator_tools.ORDERS) == 1
+            decisions = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"]
+            assert [d.by for d in decisions] == ["bob", "carol", "bob", "carol"]
+        finally:
+            kube.close()
