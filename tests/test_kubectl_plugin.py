@@ -20,8 +20,9 @@ import yaml
 
 from keelgate.cli.plugin import commands, main
 from keelgate.cli.plugin.client import NotFound, Refused
+from keelgate.cli.plugin.commands import APPROVAL, decide
 from keelgate.cli.plugin.target import Target, resolve
-from keelgate.errors import InputError
+from keelgate.errors import InputError, SettleError
 
 JSON = dict[str, Any]
 TOKEN = "tok-never-shown-5521"
@@ -109,6 +110,7 @@ class FakeCluster:
 
     target: Target = field(default_factory=lambda: Target("", "alice", "shop"))
     user: str = "alice"
+    groups: tuple[str, ...] = ("system:authenticated",)
     allowed: bool = True
     runs: dict[str, JSON] = field(default_factory=dict)
     objects: dict[str, list[JSON]] = field(
@@ -121,6 +123,18 @@ class FakeCluster:
 
     def whoami(self) -> str:
         return self.user
+
+    def identity(self) -> tuple[str, tuple[str, ...]]:
+        return self.user, self.groups
+
+    def append_decision(self, name: str, entry: Mapping[str, Any], *, first: bool) -> JSON:
+        """A JSON patch adding ``entry`` to the Approval's decisions (``first``: making the
+        list), applied to the object as the API server would."""
+        self.patches.append(("Approval", name, {"decisions+": dict(entry), "first": first}))
+        found = next(o for o in self.objects["Approval"] if o["metadata"]["name"] == name)
+        assert first == ("decisions" not in found["spec"])
+        found["spec"].setdefault("decisions", []).append(dict(entry))
+        return found
 
     def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
         self.asked.append((verb, resource, name))
@@ -399,16 +413,18 @@ def test_not_executed_is_refused_until_the_runs_deadline_for_it_has_passed(
     ]
 
 
-def test_approve_and_deny_patch_spec_approved(
+def test_approve_and_deny_add_a_decision_of_your_own(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:
-    """--deny is spec.approved false (without a note, note is left alone); JSON says so."""
+    """--deny adds {by: you, groups: yours, approved: false} to spec.decisions (without a note,
+    none), making the list on an Approval made before lists were; JSON says so."""
     cluster.user = "bob@example.com"
     cluster.objects["Approval"] = [decision("Approval", "restock", "2:0")]
     code, out, _ = plugin(capsys, "approve", "restock", "2:0", "--deny", "-o", "json")
     assert code == 0
+    entry = {"by": "bob@example.com", "groups": ["system:authenticated"], "approved": False}
     assert cluster.patches == [
-        ("Approval", "restock-2-place-order", {"approved": False, "by": "bob@example.com"})
+        ("Approval", "restock-2-place-order", {"decisions+": entry, "first": True})
     ]
     assert json.loads(out.strip().splitlines()[-1]) == {
         "run": "restock",
@@ -1091,3 +1107,96 @@ def test_logs_follow_streams_the_running_pod_then_stops_when_the_run_rests(
     assert out.index("following") < out.index("ordering") < out.index("done")
     assert "<== restock-s2-a1: exit code 0" in out
     assert out.strip().endswith("restock is Succeeded: nothing more to follow")
+
+
+def _two_person_run(cluster: FakeCluster) -> JSON:
+    """A run alice created whose payment needs two people from payments, not her; its
+    Approval, Pending 0 of 2, with the list the operator makes."""
+    body = run_body("payout", phase="Stopped", stopReason="awaiting_approval")
+    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
+    rule = {"required": 2, "groups": ["payments"], "notCreator": True}
+    body["spec"]["tools"] = [{"name": "send_payment", "approval": rule}]
+    cluster.runs["payout"] = body
+    approval = decision("Approval", "payout", "1:0", "send_payment", decisions=[])
+    approval["status"] = {"phase": "Pending", "progress": "0 of 2", "required": 2, "decided": 0}
+    cluster.objects["Approval"] = [approval]
+    return approval
+
+
+def test_approve_counts_each_person_once_and_refuses_who_the_rule_cannot_count(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """Two approvals from payments, not the creator: alice (who created the run) and dave (not
+    in payments) are refused in one line before anything is written; bob's approval is added
+    with his groups; the same command again is a no-op while the operator records it and
+    while it counts, and adds a fresh one once his approval no longer counts (it expired);
+    carol's deny is added, after which an approval is refused."""
+    approval = _two_person_run(cluster)
+    payments = ("payments", "system:authenticated")
+    for user, groups, words in (
+        ("alice", payments, "alice created the run, and the approval rule of send_payment"),
+        ("dave", ("system:authenticated",), "dave is in none of the groups"),
+    ):
+        cluster.user, cluster.groups = user, groups
+        code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
+        assert code == 2 and words in one_line(err)
+    assert cluster.patches == []
+    cluster.user, cluster.groups = "bob", payments
+    assert plugin(capsys, "approve", "payout", "1:0", "--approve", "--note", "ok")[0] == 0
+    entry = {"by": "bob", "groups": list(payments), "approved": True, "note": "ok"}
+    assert cluster.patches == [
+        ("Approval", "payout-1-send-payment", {"decisions+": entry, "first": False})
+    ]
+    code, out, _ = plugin(capsys, "approve", "payout", "1:0", "--approve")
+    assert code == 0 and "already approved by bob" in out  # the operator has yet to record it
+    approval["status"].update(decided=1, approvedBy=["bob"], progress="1 of 2")
+    assert plugin(capsys, "approve", "payout", "1:0", "--approve")[0] == 0
+    assert len(cluster.patches) == 1
+    approval["status"].update(approvedBy=[], progress="0 of 2")  # his approval expired
+    assert plugin(capsys, "approve", "payout", "1:0", "--approve")[0] == 0
+    assert len(cluster.patches) == 2
+    cluster.user = "carol"
+    assert plugin(capsys, "approve", "payout", "1:0", "--deny")[0] == 0
+    cluster.user = "erin"
+    code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
+    assert code == 2 and "already decided: denied by carol" in one_line(err)
+    assert len(cluster.patches) == 3
+
+
+def test_a_decision_shown_for_another_call_is_refused(cluster: FakeCluster) -> None:
+    """The inbox passes the Idempotency-Key of the call it showed: an Approval for another key
+    (other arguments) is refused, nothing written."""
+    approval = _two_person_run(cluster)
+    approval["spec"]["idempotencyKey"] = "kg-now"
+    cluster.user, cluster.groups = "bob", ("payments",)
+    with pytest.raises(SettleError, match="its arguments are not the ones shown"):
+        decide(cluster, APPROVAL, "payout", "1:0", True, None, key="kg-seen")
+    assert cluster.patches == []
+    done = decide(cluster, APPROVAL, "payout", "1:0", True, None, key="kg-now")
+    assert (done.by, done.already) == ("bob", False)
+
+
+def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """An approval with 1 of 2 still waits for a person: `pending` lists it with "1 of 2" and
+    when bob's approval stops counting; one with two approvals the operator has yet to record
+    waits for the operator, not a person."""
+    approval = _aged(_two_person_run(cluster), 10)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=42, seconds=30)
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(
+        decided=1,
+        progress="1 of 2",
+        approvedBy=["bob"],
+        expiresAt=later.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    code, out, _ = plugin(capsys, "pending")
+    assert code == 0
+    header, row = out.strip().splitlines()
+    assert header.split()[5:7] == ["APPROVALS", "EXPIRES"]
+    assert row.split()[5:9] == ["1", "of", "2", "in"] and row.split()[9] == "42m"
+    assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in row
+    approval["spec"]["decisions"].append({"by": "carol", "approved": True})
+    code, out, _ = plugin(capsys, "pending")
+    assert out.strip() == "Nothing waits for a person in namespace shop."

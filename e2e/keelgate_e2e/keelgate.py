@@ -56,6 +56,10 @@ _PLURALS = {
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (
         "validatingadmissionpolicybindings"
     ),
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "mutatingadmissionpolicies",
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): (
+        "mutatingadmissionpolicybindings"
+    ),
 }
 
 
@@ -67,7 +71,9 @@ def manifests() -> list[JSON]:
     return docs
 
 
-_DEPLOY_FILES = ("rbac.yaml", "user-roles.yaml", "admission.yaml")
+# admission-creator.yaml needs MutatingAdmissionPolicy (Kubernetes 1.36+), as the local
+# control plane has.
+_DEPLOY_FILES = ("rbac.yaml", "user-roles.yaml", "admission.yaml", "admission-creator.yaml")
 
 
 def _path(doc: JSON) -> str:

@@ -64,6 +64,8 @@ class PluginApi(Protocol):
 
     def whoami(self) -> str: ...
 
+    def identity(self) -> tuple[str, tuple[str, ...]]: ...
+
     def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]: ...
 
     def agentrun(self, name: str) -> JSON: ...
@@ -71,6 +73,8 @@ class PluginApi(Protocol):
     def decisions(self, kind: str, run: str) -> list[JSON]: ...
 
     def patch_spec(self, kind: str, name: str, spec: Mapping[str, Any]) -> JSON: ...
+
+    def append_decision(self, name: str, entry: Mapping[str, Any], *, first: bool) -> JSON: ...
 
     def pod(self, name: str) -> JSON | None: ...
 
@@ -129,6 +133,10 @@ class ClusterClient:
         return Refused(f"{what}: {said}" if said else f"{what}: {status}", status=status)
 
     def whoami(self) -> str:
+        return self.identity()[0]
+
+    def identity(self) -> tuple[str, tuple[str, ...]]:
+        """Who the API server says the user is, and the groups it authenticated them in."""
         review = client.V1SelfSubjectReview(
             api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"
         )
@@ -144,7 +152,8 @@ class ClusterClient:
         name = str(info.username or "") if info is not None else ""
         if not name:
             raise Refused("the API server did not say who you are; nothing was changed", status=0)
-        return name
+        groups = tuple(str(g) for g in (info.groups or ())) if info is not None else ()
+        return name, groups
 
     def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
         review = client.V1SelfSubjectAccessReview(
@@ -214,6 +223,29 @@ class ClusterClient:
             {"spec": dict(spec)},
             field_manager=FIELD_MANAGER,
             _content_type="application/merge-patch+json",
+            writes=True,
+        )
+        return patched
+
+    def append_decision(self, name: str, entry: Mapping[str, Any], *, first: bool) -> JSON:
+        """Add one decision to an Approval's spec.decisions, as a JSON patch: an ``add`` to the
+        end of the list is applied to whatever the list holds when the server takes it, so two
+        people deciding at once both land. ``first``: the object has no list yet (an Approval
+        made before lists were), which the patch makes; were another person's made meanwhile,
+        the CRD's append-only rule refuses it, and the command says so."""
+        path = "/spec/decisions" if first else "/spec/decisions/-"
+        value: Any = [dict(entry)] if first else dict(entry)
+        patched: JSON = self._call(
+            f"patch approval {name}",
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            "approvals",
+            name,
+            [{"op": "add", "path": path, "value": value}],
+            field_manager=FIELD_MANAGER,
+            _content_type="application/json-patch+json",
             writes=True,
         )
         return patched

@@ -32,6 +32,7 @@ from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, SettleError, SettleTooEarly
+from keelgate.manifest.base import CREATED_BY_ANNOTATION as CREATED_BY
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -265,16 +266,25 @@ class Decided:
 
 
 def decide(
-    api: PluginApi, kind: _Kind, run: str, action: str, decision: bool, note: str | None
+    api: PluginApi,
+    kind: _Kind,
+    run: str,
+    action: str,
+    decision: bool,
+    note: str | None,
+    *,
+    key: str = "",
 ) -> Decided:
     """Record the user's decision on the run's action, in their own name, once the API server
     says they may: every check of ``kubectl keelgate reconcile|approve``, for any front end
-    (the command line, the decision inbox). Raises the CLI's errors; writes nothing on one."""
+    (the command line, the decision inbox). ``key``: the Idempotency-Key of the call the user
+    was shown (the inbox): an Approval for another call is refused. Raises the CLI's errors;
+    writes nothing on one."""
     if not _ACTION.match(action):
         raise InputError("ACTION", f"{action!r} is not an action id (iteration:index, e.g. 3:0)")
     if note is not None and any(ord(c) < 32 and c not in "\t" for c in note):
         raise InputError("--note", "must be one line")
-    user = api.whoami()
+    user, groups = api.identity()
     check_actor(user, field="your user name")
     objects = api.decisions(kind.name, run)
     found = next((o for o in objects if str(o["spec"].get("action")) == action), None)
@@ -291,6 +301,8 @@ def decide(
     name = str(found["metadata"]["name"])
     tool = str(found["spec"].get("tool", ""))
     verdict = kind.verdict(decision)
+    if kind is APPROVAL:
+        return _approve(api, found, run, action, decision, note, user, groups, key)
     earlier = _decided_already(found, kind, run, action, decision)
     if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
         return Decided(run, action, tool, verdict, earlier, name, already=True)
@@ -309,6 +321,105 @@ def decide(
         patch["note"] = note
     api.patch_spec(kind.name, name, patch)
     return Decided(run, action, tool, verdict, user, name, already=False)
+
+
+def _approve(
+    api: PluginApi,
+    found: Mapping[str, Any],
+    run: str,
+    action: str,
+    decision: bool,
+    note: str | None,
+    user: str,
+    groups: tuple[str, ...],
+    key: str,
+) -> Decided:
+    """Add the user's decision to the Approval's spec.decisions (their name, and the groups the
+    API server authenticated them in, which admission checks again): unless the same decision
+    of theirs is there already and counts, the Approval is decided the other way, or the tool's
+    rule cannot count them (not in its groups; the run's creator under notCreator)."""
+    name = str(found["metadata"]["name"])
+    spec, status = found.get("spec") or {}, found.get("status") or {}
+    tool = str(spec.get("tool", ""))
+    verdict = APPROVAL.verdict(decision)
+    wanted = str(spec.get("idempotencyKey") or "")
+    if key and wanted and key != wanted:
+        raise SettleError(
+            run,
+            action,
+            f"was shown as the call with Idempotency-Key {key}, but approval {name} is for "
+            f"{wanted}: its arguments are not the ones shown; look again",
+        )
+    entries = approval_entries(spec)
+    denier = next((by for by, yes in entries if not yes), "")
+    if status.get("phase") == "Settled" or denier:
+        shown = "denied" if denier else str(status.get("verdict") or "settled")
+        by = denier or str(status.get("settledBy") or "someone")
+        if shown == verdict:
+            return Decided(run, action, tool, verdict, by, name, already=True)
+        raise SettleError(
+            run,
+            action,
+            f"already decided: {shown} by {by} (approval {name}); a decision cannot change",
+        )
+    mine = [yes for by, yes in entries if by == user]
+    if mine and mine[-1] == decision:
+        counted = user in (status.get("approvedBy") or ())
+        catching_up = int(status.get("decided") or 0) < len(entries)
+        if not decision or counted or catching_up:
+            return Decided(run, action, tool, verdict, user, name, already=True)
+    if decision:
+        _refuse_by_rule(api, run, action, tool, user, groups)
+    allowed, reason = api.may("patch", APPROVAL.plural, name)
+    if not allowed:
+        why = f" ({reason})" if reason else ""
+        raise Refused(
+            f"{user} may not patch approval {name} in namespace {api.target.namespace}{why}: "
+            "ask for Keelgate's edit role there; nothing was changed",
+            status=403,
+        )
+    entry: dict[str, Any] = {"by": user, "groups": list(groups), "approved": decision}
+    if note is not None:
+        entry["note"] = note
+    api.append_decision(name, entry, first="decisions" not in spec)
+    return Decided(run, action, tool, verdict, user, name, already=False)
+
+
+def approval_entries(spec: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """(by, approved) of every decision an Approval's spec holds: the one-decision form first,
+    then spec.decisions, in order."""
+    found: list[tuple[str, bool]] = []
+    if spec.get("approved") is not None:
+        found.append((str(spec.get("by") or ""), bool(spec["approved"])))
+    for entry in spec.get("decisions") or ():
+        found.append((str(entry.get("by") or ""), bool(entry.get("approved"))))
+    return found
+
+
+def _refuse_by_rule(
+    api: PluginApi, run: str, action: str, tool: str, user: str, groups: tuple[str, ...]
+) -> None:
+    """Refuse, before anything is written, an approval the tool's rule (as the AgentRun says
+    it now) cannot count: the operator would record it as not counted."""
+    body = api.agentrun(run)
+    tools = (body.get("spec") or {}).get("tools") or ()
+    rule = next((t.get("approval") for t in tools if t.get("name") == tool), None) or {}
+    creator = str(((body.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY, ""))
+    if rule.get("notCreator") and creator == user:
+        raise SettleError(
+            run,
+            action,
+            f"{user} created the run, and the approval rule of {tool} asks for someone else; "
+            "nothing was changed",
+        )
+    named = [str(g) for g in rule.get("groups") or ()]
+    if named and not set(named) & set(groups):
+        raise SettleError(
+            run,
+            action,
+            f"{user} is in none of the groups the approval rule of {tool} names "
+            f"({', '.join(named)}); nothing was changed",
+        )
 
 
 def _decide(

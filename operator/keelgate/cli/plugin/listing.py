@@ -32,6 +32,7 @@ from keelgate.cli.plugin.commands import (
     NamespaceOption,
     _api,
     app,
+    approval_entries,
 )
 from keelgate.kube.naming import GROUP
 
@@ -144,9 +145,9 @@ def pending_command(
         key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
     )
     now = dt.datetime.now(dt.UTC)
-    header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "DECIDE WITH"]
+    header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "APPROVALS", "EXPIRES", "DECIDE WITH"]
     if output is ListOutput.wide:
-        header[5:5] = ["NAME", "KEY", "NOT EXECUTED AFTER"]
+        header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     rows = []
@@ -157,16 +158,19 @@ def pending_command(
             f"kubectl keelgate {verb} {shlex.quote(str(spec.get('runName', '')))} "
             f"{spec.get('action', '')} {choices} -n {meta.get('namespace', '')}"
         )
+        status = item.get("status") or {}
         row = [
             item["kind"].lower(),
             str(spec.get("runName", "")),
             str(spec.get("action", "")),
             str(spec.get("tool", "")),
             age(meta.get("creationTimestamp"), now),
+            str(status.get("progress") or ""),
+            expires_in(str(status.get("expiresAt") or ""), now),
             command,
         ]
         if output is ListOutput.wide:
-            row[5:5] = [
+            row[7:7] = [
                 meta["name"],
                 str(spec.get("idempotencyKey", "")),
                 str((item.get("status") or {}).get("notExecutedAfter", "")),
@@ -198,8 +202,32 @@ def _names(items: Sequence[JSON]) -> list[str]:
 
 def decided(item: Mapping[str, Any]) -> bool:
     """Settled, or decided in spec and not yet carried out (then it waits for the operator,
-    not for a person)."""
-    if (item.get("status") or {}).get("phase") == "Settled":
+    not for a person). An Approval is decided in spec by any deny, the one-decision form, or
+    as many different people's approvals as it needs that the operator has yet to record; one
+    with "1 of 2" still waits for a person."""
+    status = item.get("status") or {}
+    if status.get("phase") == "Settled":
         return True
     spec = item.get("spec") or {}
-    return "executed" in spec or "approved" in spec
+    if item.get("kind") != "Approval":
+        return "executed" in spec
+    entries = approval_entries(spec)
+    if spec.get("approved") is not None or any(not yes for _, yes in entries):
+        return True
+    people = {by for by, yes in entries if yes}
+    caught_up = int(status.get("decided") or 0) >= len(entries)
+    return not caught_up and len(people) >= max(1, int(status.get("required") or 1))
+
+
+def expires_in(when: str, now: dt.datetime) -> str:
+    """When the first approval that counts stops counting, as "in 42m" ("" if never)."""
+    moment = parse_time(when)
+    if moment is None:
+        return ""
+    seconds = int((moment - now).total_seconds())
+    if seconds <= 0:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"in {seconds // size}{unit}"
+    return f"in {seconds}s"

@@ -220,6 +220,10 @@ def _actions(
                     "verdict": str(status.get("verdict") or ""),
                     "by": str(status.get("settledBy") or spec.get("by") or ""),
                     "source": str(status.get("source") or ""),
+                    # An approval's count so far ("1 of 2"), who counts, when the first expires.
+                    "progress": str(status.get("progress") or ""),
+                    "approvedBy": [str(b) for b in status.get("approvedBy") or ()],
+                    "expiresAt": str(status.get("expiresAt") or ""),
                 }
             )
     rows.sort(key=lambda r: (_iteration(r["action"]), r["action"], r["kind"]))
@@ -377,7 +381,7 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
             extra = f" (Idempotency-Key {key})" if key else ""
         elif row["kind"] == "approval" and row["action"] in pending and not row["verdict"]:
             head += Text("awaiting approval", style="bold yellow")
-            extra = ""
+            extra = _count(row)
         elif row["verdict"]:
             head += Text(row["verdict"], style="green" if row["verdict"] != "denied" else "")
             source = f", {row['source']}" if row.get("source") == "confirmer" else ""
@@ -386,6 +390,21 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
             head += Text("decided, not yet applied by the operator", style="dim")
             extra = f" by {row['by']}" if row["by"] else ""
         node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+
+
+def _count(row: Mapping[str, Any]) -> str:
+    """ " (1 of 2: bob; the first expires at ...)" for an approval that needs more than one,
+    or whose approvals expire; "" for one that waits for its one approval."""
+    progress = str(row.get("progress") or "")
+    expires = str(row.get("expiresAt") or "")
+    if not progress or (progress.endswith(" of 1") and not expires):
+        return ""
+    said = progress
+    if row.get("approvedBy"):
+        said += f": {', '.join(row['approvedBy'])}"
+    if expires:
+        said += f"; the first expires at {expires}"
+    return f" ({said})"
 
 
 def _undecided(action: str, tool: str, kind: str, name: str) -> JSON:
