@@ -50,7 +50,8 @@ def _waiting(**changes: object) -> Waiting:
 
 
 def test_the_current_plans_arguments_are_found_by_action_id_and_redacted() -> None:
-    """The write-ahead plan in a checkpoint gives each action's arguments, redacted."""
+    """The write-ahead plan in a checkpoint gives each action's arguments, redacted, and the
+    Idempotency-Key of each call (what a decision on them is bound to)."""
     state = {
         "plan": {
             "iteration": 2,
@@ -60,8 +61,11 @@ def test_the_current_plans_arguments_are_found_by_action_id_and_redacted() -> No
             ],
         }
     }
-    assert _plan_args(state) == {"2:0": {"amount": 5, "token": REDACTED}, "2:1": {}}
-    assert _plan_args({}) == {}
+    assert _plan_args(state) == (
+        {"2:0": {"amount": 5, "token": REDACTED}, "2:1": {}},
+        {"2:0": "k", "2:1": "k2"},
+    )
+    assert _plan_args({}) == ({}, {})
 
 
 def test_every_value_is_escaped() -> None:
@@ -147,3 +151,54 @@ def test_a_runs_trail_is_walked_again_only_for_a_new_checkpoint_or_when_it_is_ol
     monkeypatch.setattr(views_module, "TRAIL_TTL", 0.0)
     again = views.recorded("shop", "restock", trail=True)
     assert again.verified is False and again.problems
+
+
+def test_an_approval_shows_its_count_its_rule_and_when_its_first_approval_expires() -> None:
+    """An approval needing two shows what it needs, "1 of 2" with who, when the first approval
+    stops counting, and the Idempotency-Key of the call its arguments belong to."""
+    html = pages.inbox(
+        [
+            _waiting(
+                kind="Approval",
+                key="kg-77",
+                progress="1 of 2",
+                approved_by=("bob",),
+                expires_at="2030-03-17T17:47:40Z",
+                asks="2 approvals from payments, not the run's creator",
+            )
+        ],
+        csrf="c",
+        scope="s",
+    )
+    for shown in (
+        "<dt>Needs</dt><dd>2 approvals from payments, not the run&#x27;s creator</dd>",
+        "<dt>Approvals so far</dt><dd>1 of 2 (bob)</dd>",
+        "at 2030-03-17T17:47:40Z (it is asked for again unless the call has run)",
+        "<code>kg-77</code>",
+    ):
+        assert shown in html, shown
+
+
+def test_approvals_you_may_decide_can_be_ticked_for_one_batch_each_with_its_call() -> None:
+    """A batch form (its own CSRF token, a labelled note, approve and deny) appears when an
+    approval may be decided; each such approval has a labelled checkbox tied to it, carrying
+    the approval and the key of the call it shows; an unknown outcome, or an approval you may
+    not decide, has none; with none to tick there is no batch form."""
+    items = [
+        _waiting(kind="Approval", name="a-1-pay", run="a", key="kg-a"),
+        _waiting(kind="Approval", name="b-1-pay", run="b", key="kg-b", may=False, why_not="x"),
+        _waiting(kind="Reconciliation", name="c-1-pay", run="c", key="kg-c"),
+    ]
+    html = pages.inbox(items, csrf="tok", scope="s")
+    batch = re.search(r'<form method="post" action="/decide-many" id="batch".*?</form>', html)
+    assert batch, html
+    assert '<input type="hidden" name="csrf" value="tok">' in batch.group(0)
+    assert 'value="approve"' in batch.group(0) and 'value="deny"' in batch.group(0)
+    assert '<label for="batch-note">' in batch.group(0)
+    boxes = re.findall(
+        r'<input type="checkbox" form="batch" name="pick" id="([^"]+)" value="([^"]+)">', html
+    )
+    assert boxes == [("approval-shop-a-1-pay-pick", "shop|a|1:0|kg-a")]
+    assert '<label for="approval-shop-a-1-pay-pick">' in html
+    alone = pages.inbox(items[1:], csrf="tok", scope="s")
+    assert "decide-many" not in alone and 'type="checkbox"' not in alone

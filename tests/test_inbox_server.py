@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import pytest
 from keelgate.cli.plugin import main as plugin_main
 from keelgate.cli.plugin.target import Target
 from keelgate.cli.plugin.ui.server import COOKIE, InboxServer
-from keelgate.cli.plugin.ui.views import Views, Waiting
+from keelgate.cli.plugin.ui.views import Recorded, Views, Waiting
 from keelgate.errors import InputError
 from test_kubectl_plugin import FakeCluster, decision, kubeconfig, run_body
 
@@ -247,8 +247,9 @@ def test_a_cookie_replayed_from_another_port_reads_no_page_and_decides_nothing(
         "POST", "/decide", headers=cookie, body=_form(_form_token(fragment))
     )
     assert status == 303 and "approved+by+alice" in headers["location"]
+    entry = {"by": "alice", "groups": ["system:authenticated"], "approved": True}
     assert inbox.cluster.patches == [
-        ("Approval", "restock-1-place-order", {"approved": True, "by": "alice"})
+        ("Approval", "restock-1-place-order", {"decisions+": entry, "first": True})
     ]
 
 
@@ -339,9 +340,10 @@ def test_the_pages_own_form_without_its_csrf_field_decides_nothing(inbox: Inbox)
     assert inbox.cluster.patches == []
     with browser.open(target, data=urlencode({**form.fields, **choice}).encode(), timeout=10):
         pass
-    assert [(kind, spec["approved"], spec["by"]) for kind, _, spec in inbox.cluster.patches] == [
-        ("Approval", True, "alice")
-    ]
+    assert [
+        (kind, spec["decisions+"]["approved"], spec["decisions+"]["by"])
+        for kind, _, spec in inbox.cluster.patches
+    ] == [("Approval", True, "alice")]
 
 
 def test_the_sign_in_address_works_once_and_the_next_is_printed(inbox: Inbox) -> None:
@@ -539,3 +541,154 @@ def test_session_flags_refuse_a_duration_that_is_not_one(
         assert plugin_main(["ui", flag, "soon"]) == 2
         err = capsys.readouterr().err
         assert f"{flag}: 'soon': give a duration" in err and len(err.strip().splitlines()) == 1
+
+
+class BatchViews(ShopViews):
+    """Three approvals in shop, each for its call (their keys); the store's plan says each
+    call's key as ``plan`` holds it."""
+
+    def __init__(self, config: Path, cluster: FakeCluster) -> None:
+        super().__init__(config, cluster)
+        self.plan = {"a": "kg-a", "b": "kg-b", "c": "kg-c"}
+
+    def inbox(self) -> list[Waiting]:
+        (one,) = super().inbox()
+        return [
+            replace(one, name=f"{run}-1-place-order", run=run, key=key)
+            for run, key in (("a", "kg-a"), ("b", "kg-b"), ("c", "kg-c"))
+        ]
+
+    def recorded(self, namespace: str, run: str, *, trail: bool) -> Recorded:
+        return Recorded(keys={"1:0": self.plan[run]})
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> Iterator[Inbox]:
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
+    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+    for run in ("a", "b", "c"):
+        cluster.runs[run] = run_body(run)
+        cluster.objects["Approval"].append(
+            decision("Approval", run, "1:0", idempotencyKey=f"kg-{run}", decisions=[])
+        )
+    views = BatchViews(config, cluster)
+    server = InboxServer(0, views, clock=Clock(), signed_in=lambda url: None)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield Inbox(server, cluster, Clock())
+    finally:
+        server.shutdown()
+        server.close()
+        thread.join(5)
+
+
+def _batch_form(token: str, choice: str, *picks: str, note: str = "") -> str:
+    fields = [("csrf", token), ("choice", choice), ("note", note)]
+    return urlencode([*fields, *(("pick", p) for p in picks)])
+
+
+def test_ticked_approvals_are_decided_together_each_as_its_own_decision(batch: Inbox) -> None:
+    """Approve selected, for the two ticked of three: each becomes a decision of its own (one
+    patch each, in the user's name, with the note), the third is untouched, and the page says
+    which were done; deny selected works the same way."""
+    cookie, key = batch.sign_in()
+    _, _, page = batch.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+    picks = re.findall(r'name="pick" id="[^"]+" value="([^"]+)"', page)
+    assert picks == ["shop|a|1:0|kg-a", "shop|b|1:0|kg-b", "shop|c|1:0|kg-c"]
+    status, headers, _ = batch.request(
+        "POST",
+        f"/k/{key}/decide-many",
+        headers={"Cookie": cookie},
+        body=_batch_form(_form_token(page), "approve", picks[0], picks[2], note="both fine"),
+    )
+    assert status == 303 and "error=" not in headers["location"]
+    assert [(name, spec["decisions+"]) for _, name, spec in batch.cluster.patches] == [
+        (
+            "a-1-place-order",
+            {
+                "by": "alice",
+                "groups": ["system:authenticated"],
+                "approved": True,
+                "note": "both fine",
+            },
+        ),
+        (
+            "c-1-place-order",
+            {
+                "by": "alice",
+                "groups": ["system:authenticated"],
+                "approved": True,
+                "note": "both fine",
+            },
+        ),
+    ]
+    _, _, after = batch.request("GET", headers["location"], headers={"Cookie": cookie})
+    assert "a 1:0 (place_order) approved; c 1:0 (place_order) approved, by you" in after
+    batch.request(
+        "POST",
+        f"/k/{key}/decide-many",
+        headers={"Cookie": cookie},
+        body=_batch_form(_form_token(page), "deny", picks[1]),
+    )
+    assert batch.cluster.patches[-1][1:] == (
+        "b-1-place-order",
+        {
+            "decisions+": {"by": "alice", "groups": ["system:authenticated"], "approved": False},
+            "first": False,
+        },
+    )
+
+
+def test_a_ticked_approval_whose_call_changed_is_refused_and_the_others_are_done(
+    batch: Inbox,
+) -> None:
+    """A box carries the key of the call it showed: when the run's plan now holds another call
+    for that action (other arguments), or the Approval is for another call, that one is
+    refused, saying so, and the rest of the batch is decided."""
+    cookie, key = batch.sign_in()
+    _, _, page = batch.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+    views = batch.server.views
+    assert isinstance(views, BatchViews)
+    views.plan["a"] = "kg-a2"  # the store's plan changed after the page was read
+    batch.cluster.objects["Approval"][1]["spec"]["idempotencyKey"] = "kg-b2"
+    status, headers, _ = batch.request(
+        "POST",
+        f"/k/{key}/decide-many",
+        headers={"Cookie": cookie},
+        body=_batch_form(
+            _form_token(page), "approve", "shop|a|1:0|kg-a", "shop|b|1:0|kg-b", "shop|c|1:0|kg-c"
+        ),
+    )
+    assert status == 303
+    _, _, after = batch.request("GET", headers["location"], headers={"Cookie": cookie})
+    assert [name for _, name, _ in batch.cluster.patches] == ["c-1-place-order"]
+    assert "its arguments changed since the page showed them" in after
+    assert "its arguments are not the ones shown" in after
+
+
+def test_a_batch_without_the_forms_token_or_with_the_cookie_alone_decides_nothing(
+    batch: Inbox,
+) -> None:
+    """The batch keeps the inbox's session rules: no form token, another's, or a request from
+    another origin is refused (403) and nothing is patched; nothing ticked decides nothing."""
+    cookie, key = batch.sign_in()
+    _, _, page = batch.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+    mine = _form_token(page)
+    pick = "shop|a|1:0|kg-a"
+    for headers, body in (
+        ({"Cookie": cookie}, _batch_form("", "approve", pick)),
+        ({"Cookie": cookie}, _batch_form("x" + mine, "approve", pick)),
+        ({"Cookie": cookie, "Origin": "http://127.0.0.1:1"}, _batch_form(mine, "approve", pick)),
+        ({}, _batch_form(mine, "approve", pick)),
+    ):
+        status, _, _ = batch.request("POST", f"/k/{key}/decide-many", headers=headers, body=body)
+        assert status in (401, 403)
+    status, headers, _ = batch.request(
+        "POST",
+        f"/k/{key}/decide-many",
+        headers={"Cookie": cookie},
+        body=_batch_form(mine, "approve"),
+    )
+    assert status == 303 and "no+approval+was+selected" in headers["location"]
+    assert batch.cluster.patches == []

@@ -261,3 +261,17 @@ def planned_arguments(document: Mapping[str, Any]) -> dict[str, Any]:
             ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
             found[ident] = action.get("args") or {}
     return found
+
+
+def planned_keys(document: Mapping[str, Any]) -> dict[str, str]:
+    """Action id -> Idempotency-Key (a digest of the call's tool and arguments), for the
+    actions of the current plan in a checkpoint document, read as ``planned_arguments`` reads
+    them: what a person's decision on the arguments they were shown is bound to."""
+    plan = document.get("plan") or {}
+    iteration = plan.get("iteration")
+    found: dict[str, str] = {}
+    for index, action in enumerate(plan.get("actions") or ()):
+        if isinstance(action, Mapping):
+            ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
+            found[ident] = str(action.get("key") or "")
+    return found

@@ -35,6 +35,7 @@ from keelgate.cli.plugin.commands import (
     approval_entries,
 )
 from keelgate.kube.naming import GROUP
+from keelgate.kube.times import parse_time
 
 JSON = dict[str, Any]
 

@@ -81,11 +81,12 @@ def shell() -> str:
 
 
 def flash(said: str, error: str) -> str:
-    if error:
-        return f'<p class="flash error" role="alert"><strong>Not done:</strong> {e(error)}</p>'
+    shown = ""
     if said:
-        return f'<p class="flash ok" role="status"><strong>Done:</strong> {e(said)}</p>'
-    return ""
+        shown += f'<p class="flash ok" role="status"><strong>Done:</strong> {e(said)}</p>'
+    if error:
+        shown += f'<p class="flash error" role="alert"><strong>Not done:</strong> {e(error)}</p>'
+    return shown
 
 
 def inbox(
@@ -104,10 +105,35 @@ def inbox(
     )
     if not items:
         return head + '<p class="empty">Nothing waits for a decision.</p>'
-    return head + '<ol class="items">' + "".join(_item(i, csrf, root) for i in items) + "</ol>"
+    batch = _batch_form(items, csrf, root)
+    listed = "".join(_item(i, csrf, root, batch=bool(batch)) for i in items)
+    return head + batch + f'<ol class="items">{listed}</ol>'
 
 
-def _item(item: Waiting, csrf: str, root: str) -> str:
+def _batch_form(items: Sequence[Waiting], csrf: str, root: str) -> str:
+    """Approve or deny several approvals at once: each approval's checkbox (in its item, tied to
+    this form) carries the Idempotency-Key of the call it shows, and each becomes a decision of
+    its own, refused if the call is no longer that one. Only approvals you may decide."""
+    if not any(i.kind == "Approval" and i.may for i in items):
+        return ""
+    return (
+        f'<form method="post" action="{e(root)}/decide-many" id="batch" class="batch" '
+        'aria-label="Decide the selected approvals">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        "<h2>Selected approvals</h2>"
+        '<p class="note">Tick approvals below, then approve or deny them together: each is '
+        "recorded as your own decision on the call it shows.</p>"
+        '<label for="batch-note">Note for each (why, for the audit trail; one line)</label>'
+        '<input type="text" id="batch-note" name="note" maxlength="500" autocomplete="off">'
+        '<div class="buttons">'
+        '<button type="submit" name="choice" value="approve" class="yes">'
+        "Approve selected</button>"
+        '<button type="submit" name="choice" value="deny" class="no">Deny selected</button>'
+        "</div></form>"
+    )
+
+
+def _item(item: Waiting, csrf: str, root: str, *, batch: bool = False) -> str:
     unknown = item.kind == "Reconciliation"
     what = "Unknown outcome" if unknown else "Approval"
     run_href = f"{e(root)}/runs/{e(item.namespace)}/{e(item.run)}"
@@ -118,8 +144,21 @@ def _item(item: Waiting, csrf: str, root: str) -> str:
         ("Side effect", e(item.side_effect or "unknown")),
         ("Waiting for", e(item.waited)),
     ]
-    if unknown:
+    if item.key:
         facts.append(("Idempotency-Key", f"<code>{e(item.key)}</code>"))
+    if not unknown and item.asks:
+        facts.append(("Needs", e(item.asks)))
+    if not unknown and item.progress:
+        who = f" ({', '.join(item.approved_by)})" if item.approved_by else ""
+        facts.append(("Approvals so far", f"{e(item.progress)}{e(who)}"))
+    if not unknown and item.expires_at:
+        facts.append(
+            (
+                "The first approval expires",
+                f"at {e(item.expires_at)} (it is asked for again unless the call has run)",
+            )
+        )
+    if unknown:
         facts.append(
             (
                 "Not executed may be settled",
@@ -136,12 +175,19 @@ def _item(item: Waiting, csrf: str, root: str) -> str:
     facts.append(("Arguments as recorded", args))
     rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     title = f"{what}: {item.tool} in {item.namespace}/{item.run}, action {item.action}"
+    pick = ""
+    if batch and not unknown and item.may:
+        pick = (
+            f'<p class="pick"><input type="checkbox" form="batch" name="pick" '
+            f'id="{e(item.ident)}-pick" value="{e(item.pick)}"> '
+            f'<label for="{e(item.ident)}-pick">Select for the batch ({e(title)})</label></p>'
+        )
     return (
         f'<li class="item {"unknown" if unknown else "approval"}" id="{e(item.ident)}">'
         f'<article aria-labelledby="{e(item.ident)}-t">'
         f'<h2 id="{e(item.ident)}-t"><span class="tag">{e(what)}</span> {e(item.tool)} '
         f'<span class="sub">{e(item.namespace)}/{e(item.run)} · {e(item.action)}</span></h2>'
-        f'<dl class="facts">{rows}</dl>'
+        f'<dl class="facts">{rows}</dl>{pick}'
         f"{_decision_form(item, csrf, title, root)}</article></li>"
     )
 
@@ -188,6 +234,7 @@ def _decision_form(item: Waiting, csrf: str, title: str, root: str) -> str:
             ("namespace", item.namespace),
             ("run", item.run),
             ("action", item.action),
+            ("key", item.key),
         )
     )
     return (

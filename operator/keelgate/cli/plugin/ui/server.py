@@ -559,7 +559,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._same_origin():
             self._text(HTTPStatus.FORBIDDEN, "cross-site request refused")
             return
-        form = {k: v[-1] for k, v in parse_qs(body.decode(errors="replace")).items()}
+        fields = parse_qs(body.decode(errors="replace"))
+        form = {k: v[-1] for k, v in fields.items()}
         if not same(form.get("csrf", ""), session.form):
             self._text(HTTPStatus.FORBIDDEN, "the form's token is not this session's")
             return
@@ -567,11 +568,16 @@ class _Handler(BaseHTTPRequestHandler):
         if in_address and not same(in_address, session.key):
             self._text(HTTPStatus.FORBIDDEN, "this page's key is not this session's")
             return
-        if path != "/decide":
+        if path not in ("/decide", "/decide-many"):
             self._send(HTTPStatus.NOT_FOUND, "")
             return
         self.server.sessions.touch(session)
         root = f"/k/{in_address}" if in_address else ""
+        if path == "/decide-many":
+            said, error = self._decide_many(form, fields.get("pick", []))
+            shown = {k: v for k, v in (("said", said), ("error", error)) if v}
+            self._redirect(f"{root}/?{urlencode(shown)}")
+            return
         try:
             said = self._decide(form)
         except KeelgateError as error:
@@ -620,16 +626,63 @@ class _Handler(BaseHTTPRequestHandler):
         if not namespace:
             raise KeelgateError("the form names no namespace")
         note = form.get("note", "").strip() or None
+        run, action, key = form.get("run", ""), form.get("action", ""), form.get("key", "")
+        self._same_call(namespace, run, action, key)
         done = commands.decide(
-            self.server.views.client(namespace),
-            kind,
-            form.get("run", ""),
-            form.get("action", ""),
-            decision,
-            note,
+            self.server.views.client(namespace), kind, run, action, decision, note, key=key
         )
         already = "already " if done.already else ""
         return (
             f"{done.run} {done.action} ({done.tool}): {already}{done.verdict} by {done.by}; "
             "the operator carries it out"
         )
+
+    def _decide_many(self, form: dict[str, str], picks: list[str]) -> tuple[str, str]:
+        """Several approvals, each its own decision on the call its checkbox showed (its
+        Idempotency-Key rides in the checkbox): what was done, and what was not and why."""
+        decision = {"approve": True, "deny": False}.get(form.get("choice", ""))
+        if decision is None:
+            return "", "the form names no decision this inbox knows"
+        if not picks:
+            return "", "no approval was selected: tick the ones to decide"
+        note = form.get("note", "").strip() or None
+        done: list[str] = []
+        refused: list[str] = []
+        for pick in dict.fromkeys(picks):  # each once, in the page's order
+            namespace, run, action, key = (pick.split("|") + ["", "", "", ""])[:4]
+            try:
+                if not namespace or not key:
+                    raise KeelgateError("the checkbox names no approval and call")
+                self._same_call(namespace, run, action, key)
+                made = commands.decide(
+                    self.server.views.client(namespace),
+                    commands.APPROVAL,
+                    run,
+                    action,
+                    decision,
+                    note,
+                    key=key,
+                )
+            except KeelgateError as error:
+                refused.append(f"{namespace}/{run} {action}: {error}")
+                continue
+            already = "already " if made.already else ""
+            done.append(f"{made.run} {made.action} ({made.tool}) {already}{made.verdict}")
+        said = ""
+        if done:
+            said = f"{'; '.join(done)}, by you; the operator carries each out"
+        return said, "; ".join(refused)
+
+    def _same_call(self, namespace: str, run: str, action: str, key: str) -> None:
+        """Refuse a decision whose page showed another call than the run's action is now: the
+        key the form carries (the Idempotency-Key shown, a digest of the tool and arguments)
+        against the run's plan in the store, when the store can be read (the Approval's own key
+        is checked by the decision itself)."""
+        if not key:
+            return
+        now = self.server.views.recorded(namespace, run, trail=False).keys.get(action)
+        if now is not None and now != key:
+            raise KeelgateError(
+                f"{run} {action}: its arguments changed since the page showed them (the call "
+                f"is now {now}, not {key}): look again"
+            )

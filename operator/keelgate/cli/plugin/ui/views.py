@@ -27,7 +27,7 @@ from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
 from keelgate.cli.plugin.target import Target
 from keelgate.core.redaction import redact_text, redact_value
-from keelgate.core.state import planned_arguments
+from keelgate.core.state import planned_arguments, planned_keys
 from keelgate.errors import KeelgateError
 from keelgate.kube.times import parse_time
 
@@ -47,6 +47,9 @@ class Recorded:
     """A run's facts from the store: the current plan's arguments, and the audit trail."""
 
     args: Mapping[str, Any] = field(default_factory=dict)  # action id -> redacted arguments
+    # action id -> the call's Idempotency-Key (a digest of its tool and real arguments): what a
+    # decision on the arguments shown is bound to.
+    keys: Mapping[str, str] = field(default_factory=dict)
     events: tuple[JSON, ...] = ()
     verified: bool | None = None
     problems: tuple[str, ...] = ()
@@ -73,10 +76,21 @@ class Waiting:
     args_unavailable: str
     may: bool
     why_not: str
+    # An approval's count ("1 of 2"), who counts, when the first stops counting, its rule.
+    progress: str = ""
+    approved_by: tuple[str, ...] = ()
+    expires_at: str = ""
+    asks: str = ""
 
     @property
     def ident(self) -> str:
         return f"{self.kind.lower()}-{self.namespace}-{self.name}"
+
+    @property
+    def pick(self) -> str:
+        """What a checkbox of the batch form carries: the approval and the Idempotency-Key of
+        the call shown (a decision on other arguments is refused)."""
+        return f"{self.namespace}|{self.run}|{self.action}|{self.key}"
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,9 @@ class Views:
             action = str(spec.get("action", ""))
             may, why = self.may_decide(namespace, obj["kind"])
             after = str(status.get("notExecutedAfter") or "") or not_executed_after(run, action)
+            # The key of the call whose arguments are shown (the store's plan), else the
+            # object's own.
+            key = facts.keys.get(action) or str(spec.get("idempotencyKey", ""))
             found.append(
                 Waiting(
                     kind=obj["kind"],
@@ -194,7 +211,7 @@ class Views:
                     action=action,
                     tool=str(spec.get("tool", "")),
                     side_effect=_side_effect(run, str(spec.get("tool", ""))),
-                    key=str(spec.get("idempotencyKey", "")),
+                    key=key,
                     created=str(meta.get("creationTimestamp") or ""),
                     waited=age(meta.get("creationTimestamp"), now),
                     not_executed_after=after,
@@ -209,6 +226,10 @@ class Views:
                         if not may
                         else ""
                     ),
+                    progress=str(status.get("progress") or ""),
+                    approved_by=tuple(str(b) for b in status.get("approvedBy") or ()),
+                    expires_at=str(status.get("expiresAt") or ""),
+                    asks=str(status.get("asks") or ""),
                 )
             )
         return found
@@ -272,10 +293,11 @@ class Views:
 
                 checkpoint = stores.checkpoints.load(namespace, run)
                 args: dict[str, Any] = {}
+                keys: dict[str, str] = {}
                 if checkpoint is not None:
-                    args = _plan_args(checkpoint.state)
+                    args, keys = _plan_args(checkpoint.state)
                 if not trail:
-                    return Recorded(args=args)
+                    return Recorded(args=args, keys=keys)
                 seq = checkpoint.seq if checkpoint is not None else -1
                 now = time.monotonic()
                 with self._lock:
@@ -288,6 +310,7 @@ class Views:
                 )
                 found = Recorded(
                     args=args,
+                    keys=keys,
                     events=tuple(events),
                     verified=report.ok,
                     problems=tuple(report.problems),
@@ -342,9 +365,11 @@ class _NoStore(Exception):
     """The store cannot be reached for this namespace, and why (no URL in it)."""
 
 
-def _plan_args(state: Mapping[str, Any]) -> dict[str, Any]:
-    """Action id -> redacted arguments, for the actions of the run's current plan."""
-    return {ident: redact_value(args) for ident, args in planned_arguments(state).items()}
+def _plan_args(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Action id -> redacted arguments, and action id -> Idempotency-Key (what a decision on
+    those arguments is bound to), for the actions of the run's current plan."""
+    arguments = {ident: redact_value(args) for ident, args in planned_arguments(state).items()}
+    return arguments, planned_keys(state)
 
 
 def _side_effect(run: Mapping[str, Any], tool: str) -> str:

@@ -92,6 +92,16 @@
     return kept;
   }
 
+  // The approvals ticked for the batch, by what each box carries (the approval and the key of
+  // the call it shows): a box whose call changed comes back unticked.
+  function ticked() {
+    var kept = {};
+    main.querySelectorAll("input[type=checkbox]").forEach(function (f) {
+      if (f.checked) kept[f.value] = true;
+    });
+    return kept;
+  }
+
   // kind: "load" when a person opened the page (it counts as their activity), "change" when
   // the page follows the cluster by itself (it does not keep an idle session alive).
   function refresh(kind) {
@@ -100,6 +110,7 @@
     busy = true;
     var focused = document.activeElement && document.activeElement.id;
     var kept = typed();
+    var picked = ticked();
     fetch(location.pathname + location.search, {
       headers: { "X-Keelgate-Fragment": kind, "X-Keelgate-Key": key },
       credentials: "same-origin",
@@ -121,6 +132,9 @@
       Object.keys(kept).forEach(function (id) {
         var f = document.getElementById(id);
         if (f) f.value = kept[id];
+      });
+      main.querySelectorAll("input[type=checkbox]").forEach(function (f) {
+        if (picked[f.value]) f.checked = true;
       });
       if (focused) {
         var f = document.getElementById(focused);
