@@ -18,16 +18,19 @@ from crashkit.scripts import RESTOCK
 from crashkit.world import Journal, World
 from keelgate.core import failpoints
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import Outcome
+from keelgate.core.types import ApprovalRule, Outcome
 from keelgate.errors import RunBusy, StaleCheckpoint
 
 
-def _report(outcome: Outcome) -> dict[str, Any]:
+def _report(outcome: Outcome, keys: dict[str, str]) -> dict[str, Any]:
     data = outcome.to_json()
     return {
         "stopReason": data["stopReason"],
         "unknownActions": data["unknownActions"],
         "answer": data["answer"],
+        "pendingApprovals": [
+            {**p, "idempotencyKey": keys.get(p["action"], "")} for p in data["pendingApprovals"]
+        ],
     }
 
 
@@ -36,11 +39,14 @@ def main(argv: list[str]) -> int:
     if failpoints.environment_error is not None:
         print(failpoints.environment_error, file=sys.stderr)
         return 2
+    required = int(job.get("required", 0))
     world = World(
         Journal(job["journal"]),
         effect=job.get("effect", "before"),
         hold=job.get("hold", ""),
         hold_tool=job.get("hold_tool", ""),
+        # "required": every place_order needs that many people's approval.
+        rules={"place_order": ApprovalRule(required=required)} if required else {},
     )
     spec = LoopSpec(job["tenant"], job["run"], "restock", budget=Budget(max_iterations=10))
     rig = Rig(url_opener(job["store"]), world, RESTOCK, confirm=bool(job.get("confirm")))
@@ -49,15 +55,19 @@ def main(argv: list[str]) -> int:
     try:
         if job["mode"] == "run":
             outcomes = [rig.loop.run_or_resume(spec)]
+        elif job["mode"] == "approve":  # one person's approval, in a process of its own
+            rig.loop.approve(spec.tenant, spec.run, job["action"], approved=True, by=job["by"])
         else:
             outcomes, settled = drive(rig, spec)
+        state = rig.loop.state(spec.tenant, spec.run) if outcomes else None
+        keys = {a.id: a.key for a in state.plan.actions} if state and state.plan else {}
     except (RunBusy, StaleCheckpoint) as lost:
         # Another live process drives this run: this one must stop without acting.
         print(json.dumps({"outcomes": [], "settled": [], "lost": type(lost).__name__}))
         return 0
     finally:
         rig.die()
-    print(json.dumps({"outcomes": [_report(o) for o in outcomes], "settled": settled}))
+    print(json.dumps({"outcomes": [_report(o, keys) for o in outcomes], "settled": settled}))
     return 0
 
 
