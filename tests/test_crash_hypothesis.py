@@ -26,7 +26,7 @@ from crashkit.scripts import MARK
 from crashkit.world import DISCONTINUED, model_calls
 from keelgate.core.failpoints import NAMES
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import KeyState, Outcome, StopReason, idempotency_key
+from keelgate.core.types import ApprovalRule, KeyState, Outcome, StopReason, idempotency_key
 from keelgate.errors import SimulatedCrash
 
 READS = [{"tool": "get_inventory", "args": {"sku": sku}} for sku in ("A1", "B2")]
@@ -84,6 +84,7 @@ crashes = st.lists(st.tuples(st.sampled_from(WINDOWS), st.integers(1, 3)), min_s
     token_step=st.integers(300, 2000),
     restart_after_stop=st.booleans(),
     gated=st.sampled_from(["", "place_order", "notify"]),
+    required=st.sampled_from([1, 2]),
     decisions=st.lists(st.booleans(), min_size=1, max_size=4),
 )
 def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
@@ -97,12 +98,14 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
     token_step: int,
     restart_after_stop: bool,
     gated: str,
+    required: int,
     decisions: list[bool],
 ) -> None:
     """Whatever the sequence of deaths (any window, any pass, several per run, some during
     recovery) and budget, verifier or approval stops, driving the run to its end (raising
     budgets, settling unknown outcomes truthfully by a person or a confirmer, approving or
-    denying) ends goal_met with no side effect downstream happening twice or unapproved, every
+    denying, one person at a time, where a rule may ask two different people) ends goal_met
+    with no side effect downstream happening twice or with fewer approvals than it needs, every
     WRITE and PROPOSE key either completed (it happened once), abandoned (it never happened, and
     only because a tool died before its effect or before its refusal was recorded) or absent
     (denied, or refused downstream), the model asked exactly once per planning call and per
@@ -115,6 +118,7 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
             journal,
             effect="before" if effect == "before" else "after",
             approval=frozenset({gated} - {""}),
+            rules={gated: ApprovalRule(required=2)} if gated and required == 2 else {},
         )
         spec = LoopSpec(
             "shop",
@@ -133,21 +137,34 @@ def test_any_sequence_of_crashes_and_budget_stops_never_runs_a_write_twice(
 
 
 class _People:
-    """Approvers deciding in a fixed rotation; remembers which keys they let through or not."""
+    """Approvers deciding in a fixed rotation, one person per decision (a different one for
+    each approval an action gets); remembers which keys got all the approvals they need (let
+    through) and which were denied."""
+
+    PEOPLE = ("amy", "ben", "cy")
 
     def __init__(self, decisions: list[bool]) -> None:
         self.decisions = itertools.cycle(decisions)
         self.approved: set[str] = set()
         self.denied: set[str] = set()
+        self.approvers: dict[str, list[str]] = {}
 
     def decide(self, rig: Rig, spec: LoopSpec, outcome: Outcome) -> None:
         plan = rig.loop.state(spec.tenant, spec.run).plan
         assert plan is not None
         keys = {a.id: a.key for a in plan.actions}
         for waiting in outcome.pending_approvals:
+            key = keys[waiting.action]
             approved = next(self.decisions)
-            rig.loop.approve(spec.tenant, spec.run, waiting.action, approved=approved, by="amy")
-            (self.approved if approved else self.denied).add(keys[waiting.action])
+            given = self.approvers.setdefault(key, [])
+            by = self.PEOPLE[len(given) % len(self.PEOPLE)]
+            rig.loop.approve(spec.tenant, spec.run, waiting.action, approved=approved, by=by)
+            if not approved:
+                self.denied.add(key)
+            else:
+                given.append(by)
+                if len(set(given)) >= waiting.required:
+                    self.approved.add(key)
             event(f"a person {'approved' if approved else 'denied'} an action")
 
 
