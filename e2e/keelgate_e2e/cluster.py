@@ -39,7 +39,10 @@ NODE_NAME = "keelgate-node"
 #: The API server's client certificate for the kubelet port; the node agent accepts only it.
 KUBELET_CLIENT_CN = "kube-apiserver-kubelet-client"
 SERVICE_CIDR = "10.0.0.0/24"
-USERS = ("admin", "alice", "bob")
+USERS = ("admin", "alice", "bob", "carol")
+#: The group bob and carol are authenticated in (their certificates' organisation): an approval
+#: rule may count only its members.
+APPROVERS = "payments-approvers"
 
 #: Controllers the controller-manager runs (the issue's list plus what Deployments, Jobs,
 #: CronJobs, Services, RBAC aggregation and pod clean-up need).
@@ -127,7 +130,7 @@ class Cluster:
 
     @property
     def kubeconfig(self) -> Path:
-        """The users' kubeconfig: contexts admin (current), alice, bob."""
+        """The users' kubeconfig: contexts admin (current), alice, bob, carol."""
         return self.run_dir / "kubeconfig"
 
     @property
@@ -201,7 +204,8 @@ class Cluster:
         self.users = {
             "admin": ca.issue("admin", "admin", ("system:masters",), client=True),
             "alice": ca.issue("alice", "alice", client=True),
-            "bob": ca.issue("bob", "bob", client=True),
+            "bob": ca.issue("bob", "bob", (APPROVERS,), client=True),
+            "carol": ca.issue("carol", "carol", (APPROVERS,), client=True),
         }
         self.components = {
             "controller-manager": ca.issue(

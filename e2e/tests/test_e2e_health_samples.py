@@ -91,6 +91,8 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
         "rejected", shop, [[look("R1")]], budget={"maxIterations": 5, "maxVerifierRejections": 1}
     )
     rejected["spec"]["model"]["script"][0]["verdict"] = "reject"
+    pair = agentrun("pair", shop, [[order("Q1", 1)]])
+    pair["spec"]["tools"][1]["approval"] = {"required": 2}
     apply(
         kubectl,
         agentrun("restock", shop, [[look("A1")], [order("A1", 2)]]),
@@ -103,6 +105,7 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
         ),
         agentrun("granted", shop, [[order("P1", 1)]], approval=True),
         agentrun("denied", shop, [[order("P2", 1)]], approval=True),
+        pair,
         budget,
         rejected,
         agentrun("held", shop, [[order("H1", 1)]], extra={"suspend": True}),
@@ -164,6 +167,25 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
         get(kubectl, "Approval", granted_name),
         ns,
         "an action waiting for a person's yes or no",
+    )
+
+    wait_phase(admin, ns, "pair", "Stopped", timeout=90)
+    pair_name = wait_for(
+        lambda: _one(runs.approvals(admin, ns), "pair"), what="pair's Approval"
+    )["metadata"]["name"]
+    first = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "alice", "approved": True}}]
+    alice("patch", "approval", pair_name, "--type=json", "-p", json.dumps(first))
+
+    def one_of_two() -> JSON | None:
+        obj = get(kubectl, "Approval", pair_name)
+        return obj if (obj.get("status") or {}).get("progress") == "1 of 2" else None
+
+    keep(
+        "Approval",
+        "partly-approved",
+        wait_for(one_of_two, timeout=60, what="1 of 2"),
+        ns,
+        "a WRITE needing two people's approval (approval.required: 2), approved by alice so far",
     )
 
     stopped = wait_phase(admin, ns, "budget", "Stopped", timeout=90)
@@ -244,7 +266,7 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
             "the operator's create of a Reconciliation, before its status patch (--dry-run=server)",
         )
         granted_run = runs.get_run(admin, ns, "granted")
-        later_apr = resources.approval(granted_run, PendingApproval("2:0", "place_order"))
+        later_apr = resources.approval(granted_run, PendingApproval("2:0", "place_order"), "")
         keep(
             "Approval",
             "no-status",

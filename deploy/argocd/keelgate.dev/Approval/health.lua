@@ -37,6 +37,14 @@ if status.phase == "Pending" and spec.approved ~= nil then
   return hs
 end
 
+-- A rule asking several people: how many approvals count so far, and what it asks.
+if status.phase == "Pending" and status.required ~= nil and status.required > 1 then
+  hs.status = "Suspended"
+  hs.message = "Waiting for people: " .. (status.progress or "?") .. " approvals of " .. what
+    .. " (" .. (status.asks or "?") .. "; each adds a decision to spec.decisions)"
+  return hs
+end
+
 if status.phase == "Pending" then
   hs.status = "Suspended"
   hs.message = "Waiting for a person: approve or deny " .. what
