@@ -114,8 +114,18 @@ BUGS: tuple[Planted, ...] = (
         (
             (
                 "core/approvals.py",
-                "if not (action.requires_approval or tool.requires_approval):",
-                "if not tool.requires_approval:",
+                "        rule = in_force(action, tool)\n",
+                "        rule = rule_of(tool)\n",
+            ),
+        ),
+    ),
+    Planted(
+        "a rule of two people met by one",
+        (
+            (
+                "core/approvals.py",
+                "return self.denied is None and len(self.counted) >= self.rule.required",
+                "return self.denied is None and len(self.counted) >= 1",
             ),
         ),
     ),

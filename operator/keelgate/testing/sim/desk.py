@@ -33,8 +33,8 @@ class Desk:
     scenario: Scenario
     world: World
     versions: list[dict[str, Any]] = field(default_factory=list)
-    #: Tools whose approval rule was on in some version (by generation): for the oracle.
-    approval_rules: list[frozenset[str]] = field(default_factory=list)
+    #: Each version's approval rules (by generation), tool -> people needed: for the oracle.
+    approval_rules: list[dict[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         scenario = self.scenario
@@ -48,6 +48,7 @@ class Desk:
                 "name": name,
                 "sideEffect": side_effect.value,
                 "requiresApproval": name in scenario.approval,
+                **self._rule(name in scenario.approval),
                 "timeoutSeconds": CALL_SECONDS,
                 "python": {"callable": f"keelgate.testing.sim.downstream:{name}"},
             }
@@ -70,11 +71,16 @@ class Desk:
     def generation(self) -> int:
         return len(self.versions)
 
+    def _rule(self, asked: bool) -> dict[str, Any]:
+        """A tool's approval rule when it asks for approval and the scenario wants two people
+        (one person needs no more than requiresApproval)."""
+        if asked and self.scenario.approvers > 1:
+            return {"approval": {"required": self.scenario.approvers}}
+        return {}
+
     def _push(self, manifest: dict[str, Any]) -> None:
         self.versions.append(manifest)
-        self.approval_rules.append(
-            frozenset(t["name"] for t in manifest["tools"] if t.get("requiresApproval"))
-        )
+        self.approval_rules.append({t["name"]: needed(t) for t in manifest["tools"] if needed(t)})
 
     def edit(self, what: str) -> None:
         """One edit a person makes (``EDITS``); each toggles, so a run sees them come and go."""
@@ -84,7 +90,10 @@ class Desk:
         if what.startswith("approval "):
             tool = tools.get(what.split()[1])
             if tool is not None:
-                tool["requiresApproval"] = not tool.get("requiresApproval")
+                asked = not needed(tool)
+                tool["requiresApproval"] = asked
+                tool.pop("approval", None)
+                tool.update(self._rule(asked))
         elif what == "place_order READ":
             tool = tools["place_order"]
             tool["sideEffect"] = "READ" if tool["sideEffect"] == "WRITE" else "WRITE"
@@ -127,3 +136,11 @@ class Desk:
         if any(v is None for v in values):
             return None
         return max(int(v) for v in values)
+
+
+def needed(tool: dict[str, Any]) -> int:
+    """How many people a manifest's tool asks to approve each call (0: none)."""
+    rule = tool.get("approval")
+    if isinstance(rule, dict):
+        return int(rule.get("required", 1))
+    return 1 if tool.get("requiresApproval") else 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core import fence
-from keelgate.core.types import SideEffect, UnknownAction
+from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
 from keelgate.testing.sim.world import World
 
@@ -40,8 +40,8 @@ class Effect:
     key: str
     at: float
     process: str
-    #: Whether the sending process's spec asked for approval of this tool.
-    approval_in_spec: bool
+    #: How many people's approval the sending process's spec asked for this tool (0: none).
+    approval_in_spec: int
 
 
 @dataclass
@@ -67,7 +67,8 @@ class Sender:
         """A moment where the process may be held up or die (the world decides)."""
         raise NotImplementedError
 
-    def approval_in_spec(self, tool: str) -> bool:
+    def approval_in_spec(self, tool: str) -> int:
+        """How many people's approval the process's spec asks for ``tool`` (0: none)."""
         raise NotImplementedError
 
     def late(self, call: LateCall) -> None:
@@ -113,10 +114,12 @@ class SimTool:
         side_effect: SideEffect,
         requires_approval: bool,
         timeout_seconds: float | None,
+        approval: ApprovalRule | None = None,
     ) -> None:
         self.name = name
         self.side_effect = side_effect
         self.requires_approval = requires_approval
+        self.approval = approval
         self.description = f"the shop's {name}"
         self.input_schema: Mapping[str, Any] = {"type": "object"}
         self.timeout_seconds = timeout_seconds

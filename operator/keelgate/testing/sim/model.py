@@ -33,6 +33,8 @@ class Scenario:
     confirmer: bool
     input_tokens: int
     output_tokens: int
+    #: How many different people each of those tools' calls needs (1 or 2).
+    approvers: int = 1
 
     @classmethod
     def drawn(cls, schedule: Schedule) -> Scenario:
@@ -52,15 +54,21 @@ class Scenario:
         limit = schedule.pick(3)
         max_iterations = None if limit == 0 else iterations + len(rejected) - 1 + limit
         tokens = None if not schedule.chance(250) else 1500 + 200 * schedule.pick(10)
+        confirmer = schedule.chance(300)
+        input_tokens = 80 + 10 * schedule.pick(5)
+        output_tokens = 20 + 10 * schedule.pick(4)
         return cls(
             plans=tuple(plans),
             rejected=rejected,
             approval=approval,
             max_iterations=max_iterations,
             tokens=tokens,
-            confirmer=schedule.chance(300),
-            input_tokens=80 + 10 * schedule.pick(5),
-            output_tokens=20 + 10 * schedule.pick(4),
+            confirmer=confirmer,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            # Read from a choice already made (no new draw: every seed keeps its story): two
+            # people for about half the runs that ask for approval.
+            approvers=2 if approval and (output_tokens // 10) % 2 == 1 else 1,
         )
 
 

@@ -302,15 +302,29 @@ class Cluster:
         )
 
     def _approve(self, body: JSON) -> None:
+        """One person decides: with the one-decision form when the rule asks one person (as
+        `kubectl patch` does), else by adding their decision to spec.decisions (as `kubectl
+        keelgate approve` does); calm, it is someone who has not decided yet."""
         spec: dict[str, Any] = body.get("spec") or {}
-        if spec.get("approved") is not None or (body.get("status") or {}).get("phase") == "Settled":
+        status: dict[str, Any] = body.get("status") or {}
+        if spec.get("approved") is not None or status.get("phase") == "Settled":
             return
+        decisions = list(spec.get("decisions") or [])
+        if any(not d.get("approved") for d in decisions):
+            return  # denied: the operator records it
         schedule = self.world.schedule
         if not self.calm and schedule.chance(300):
             return
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        self.world.say(f"{by} patches {body['metadata']['name']} approved: {yes}")
-        self.api.patch_spec(
-            "Approval", self.tenant, body["metadata"]["name"], {"approved": yes, "by": by}
-        )
+        given = {str(d.get("by")) for d in decisions}
+        if self.calm and by in given:
+            by = next((p for p in PEOPLE if p not in given), by)
+        name = body["metadata"]["name"]
+        if int(status.get("required") or 1) <= 1 and not decisions:
+            self.world.say(f"{by} patches {name} approved: {yes}")
+            self.api.patch_spec("Approval", self.tenant, name, {"approved": yes, "by": by})
+            return
+        self.world.say(f"{by} adds to {name}'s decisions approved: {yes}")
+        entry = {"by": by, "groups": [], "approved": yes}
+        self.api.patch_spec("Approval", self.tenant, name, {"decisions": [*decisions, entry]})

@@ -10,7 +10,7 @@ line, named by the rule it breaks (``RULES``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from keelgate.core.audit import AuditEvent
@@ -23,7 +23,7 @@ from keelgate.testing.sim.world import EPOCH
 
 RULES = {
     "twice": "a WRITE's effect happened more than once under one idempotency key",
-    "unapproved": "a WRITE took effect without the approval it needed",
+    "unapproved": "a WRITE took effect without the approvals it needed (that many people)",
     "after-not-executed": "a WRITE took effect after a true 'not executed'",
     "unasked": "an unknown outcome was never put to a person",
     "waiting": "the run was left waiting with nobody asked",
@@ -43,11 +43,12 @@ class Violation:
 
 @dataclass(frozen=True)
 class PlanMade:
-    """A plan the model gave, and the approval rules of the spec it was asked under."""
+    """A plan the model gave, and the approval rules of the spec it was asked under (tool ->
+    how many people)."""
 
     at: float
     iteration: int
-    approval: frozenset[str]
+    approval: Mapping[str, int]
 
 
 @dataclass
@@ -79,9 +80,10 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
             found.append(Violation("twice", f"{key[:12]} took effect {count} times"))
     plans = _plans(events)
     approved = _decided(events, "loop.approved")
-    # Never without the approvals it needs: those of the spec the sending process ran, and
-    # those of the spec the action was planned under (the action is the last one started under
-    # the key before the effect).
+    denied = _decided(events, "loop.denied")
+    # Never without the approvals it needs, each by a different person: as many as the spec
+    # the sending process ran asks, and as the spec the action was planned under asks (the
+    # action is the last one started under the key before the effect); never after a deny.
     started = [
         (str(e.data.get("idempotencyKey")), str(e.data.get("action")), _at(e))
         for e in events
@@ -92,12 +94,16 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
         action = sent[-1] if sent else ""
         needed = effect.approval_in_spec
         for planned, tool, at in plans.get(effect.key, []):
-            if planned == action and tool in _rules_at(truth.plans, action, at):
-                needed = True
-        if needed and not any(a == action and at <= effect.at for a, at in approved):
+            if planned == action:
+                needed = max(needed, _rules_at(truth.plans, action, at).get(tool, 0))
+        people = {by for a, by, at in approved if a == action and at <= effect.at}
+        no = [by for a, by, at in denied if a == action and at <= effect.at]
+        if needed and (len(people) < needed or no):
             found.append(
                 Violation(
-                    "unapproved", f"{effect.tool} {action} {effect.key[:12]} at {effect.at:.1f}"
+                    "unapproved",
+                    f"{effect.tool} {action} {effect.key[:12]} at {effect.at:.1f}: "
+                    f"{len(people)} of {needed} approvals" + (f", denied by {no[0]}" if no else ""),
                 )
             )
     # Never after a "not executed" that was true when given.
@@ -211,12 +217,14 @@ def _planned_keys(events: Sequence[AuditEvent]) -> set[str]:
     return set(_plans(events))
 
 
-def _decided(events: Sequence[AuditEvent], kind: str) -> list[tuple[str, float]]:
-    return [(str(e.data.get("action")), _at(e)) for e in events if e.type == kind]
+def _decided(events: Sequence[AuditEvent], kind: str) -> list[tuple[str, str, float]]:
+    """(action, who, when) of each decision of ``kind`` on the chain."""
+    return [(str(e.data.get("action")), e.actor, _at(e)) for e in events if e.type == kind]
 
 
-def _rules_at(plans: Sequence[PlanMade], action: str, at: float) -> frozenset[str]:
-    """The approval rules of the spec the plan holding ``action`` was made under."""
+def _rules_at(plans: Sequence[PlanMade], action: str, at: float) -> Mapping[str, int]:
+    """The approval rules (tool -> people) of the spec the plan holding ``action`` was made
+    under."""
     iteration = int(action.split(":", 1)[0])
     made = [p for p in plans if p.iteration == iteration and p.at <= at]
-    return made[-1].approval if made else frozenset()
+    return made[-1].approval if made else {}

@@ -76,7 +76,8 @@ class People:
                 if stop.reason is StopReason.AWAITING_APPROVAL:
                     for pending in state.pending:
                         if self.calm or not schedule.chance(300):
-                            self._approve(loop, pending.action, pending.tool)
+                            given = {d.by for d in state.approvals.get(pending.action, ())}
+                            self._approve(loop, pending.action, pending.tool, given)
                 elif stop.reason is StopReason.OUTCOME_UNKNOWN:
                     for unknown in state.unknown:
                         if self.calm or not schedule.chance(300):
@@ -92,10 +93,14 @@ class People:
     def _who(self) -> str:
         return PEOPLE[self.world.schedule.pick(len(PEOPLE))]
 
-    def _approve(self, loop: Loop, action: str, tool: str) -> None:
+    def _approve(self, loop: Loop, action: str, tool: str, given: set[str]) -> None:
+        """One person decides (a rule may need two: each look, one more). Calm, it is someone
+        who has not approved yet; otherwise anyone, and the same person twice is refused."""
         schedule = self.world.schedule
         yes = self.calm or not schedule.chance(200)
         by = self._who()
+        if self.calm and by in given:
+            by = next((p for p in PEOPLE if p not in given), by)
         try:
             with failpoints.observed(self._window):
                 loop.approve(self.tenant, self.run, action, approved=yes, by=by)

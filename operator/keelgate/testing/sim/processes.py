@@ -24,6 +24,7 @@ from keelgate.core.spec import LoopSpec
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.manifest import spec_from_manifest
 from keelgate.runners.step import StepRunner
+from keelgate.testing.sim.desk import needed
 from keelgate.testing.sim.downstream import LateCall, Ledger, Sender, ShopConfirmer, SimTool
 from keelgate.testing.sim.model import Scenario, SimModel
 from keelgate.testing.sim.oracle import PlanMade, Truth
@@ -101,12 +102,12 @@ class StepProcess(Sender):
     def window(self, name: str) -> None:
         self._window(name)
 
-    def approval_in_spec(self, tool: str) -> bool:
+    def approval_in_spec(self, tool: str) -> int:
         spec = self._spec
         if spec is None or spec.manifest is None:
-            return False
+            return 0
         tools = spec.manifest.get("tools") or []
-        return any(t.get("name") == tool and t.get("requiresApproval") for t in tools)
+        return max((needed(t) for t in tools if t.get("name") == tool), default=0)
 
     def late(self, call: LateCall) -> None:
         self._late.append(call)
@@ -197,6 +198,7 @@ class StepProcess(Sender):
                 side_effect=tool.side_effect,
                 requires_approval=tool.requires_approval,
                 timeout_seconds=tool.timeout_seconds,
+                approval=tool.approval_rule(),
             )
             for tool in config.tools
         ]
@@ -210,7 +212,7 @@ class StepProcess(Sender):
         )
 
     def _planned(self, iteration: int) -> None:
-        rules = frozenset(t for t in ("place_order", "notify") if self.approval_in_spec(t))
+        rules = {t: n for t in ("place_order", "notify") if (n := self.approval_in_spec(t))}
         self.truth.plans.append(PlanMade(self.world.now, iteration, rules))
 
     def _window(self, name: str) -> None:

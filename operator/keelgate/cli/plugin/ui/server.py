@@ -649,7 +649,7 @@ class _Handler(BaseHTTPRequestHandler):
         done: list[str] = []
         refused: list[str] = []
         for pick in dict.fromkeys(picks):  # each once, in the page's order
-            namespace, run, action, key = (pick.split("|") + ["", "", "", ""])[:4]
+            namespace, run, action, key = [*pick.split("|"), "", "", "", ""][:4]
             try:
                 if not namespace or not key:
                     raise KeelgateError("the checkbox names no approval and call")
