@@ -170,9 +170,9 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     )
 
     wait_phase(admin, ns, "pair", "Stopped", timeout=90)
-    pair_name = wait_for(
-        lambda: _one(runs.approvals(admin, ns), "pair"), what="pair's Approval"
-    )["metadata"]["name"]
+    pair_name = wait_for(lambda: _one(runs.approvals(admin, ns), "pair"), what="pair's Approval")[
+        "metadata"
+    ]["name"]
     first = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "alice", "approved": True}}]
     alice("patch", "approval", pair_name, "--type=json", "-p", json.dumps(first))
 

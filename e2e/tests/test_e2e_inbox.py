@@ -130,8 +130,67 @@ def test_alice_approves_a_payment_from_the_inbox_with_the_keyboard_and_it_runs_o
         assert "approved by alice" in said.text, said.text
     wait_phase(admin, tenant, "pay", "Succeeded", timeout=120)
     (approval,) = runs.approvals(admin, tenant)
-    assert approval["spec"]["by"] == "alice" and approval["spec"]["note"] == "invoice 7 checked"
+    (decision,) = approval["spec"]["decisions"]
+    assert (decision["by"], decision["note"]) == ("alice", "invoice 7 checked")
     assert sorted(shop.shop.by_key().values()) == [1]
+
+
+def test_alice_ticks_two_of_three_approvals_and_approves_them_at_once(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+    inboxes: list[InboxProcess],
+) -> None:
+    """Three payments wait; alice ticks two (each box labelled, carrying the call it shows),
+    writes one note and presses "Approve selected": the page says both were approved by her,
+    each Approval holds her own decision with the note, those two runs place one order each,
+    and the third still waits, its box unticked after the live update."""
+    apply(
+        kubectl,
+        *(agentrun(f"pay-{x}", shop, [[order(f"B{x}", 1)]], approval=True) for x in "abc"),
+    )
+    wait_for(lambda: len(runs.approvals(admin, tenant)) == 3, timeout=120, what="3 Approvals")
+    inbox = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
+    with chromium() as browser:
+        browser.get(inbox.url)
+        _wait(browser, "form#batch")
+        WebDriverWait(browser, 30).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, "input[name=pick]")) == 3
+        )
+        for run in ("pay-a", "pay-b"):
+            box = browser.find_element(
+                By.CSS_SELECTOR, f"li.item.approval[id$='-{run}-1-place-order'] input[name=pick]"
+            )
+            label = browser.find_element(By.CSS_SELECTOR, f"label[for='{box.get_attribute('id')}']")
+            assert run in label.text
+            box.click()
+        browser.find_element(By.ID, "batch-note").send_keys("both invoices checked")
+        browser.find_element(By.CSS_SELECTOR, "form#batch button[value=approve]").click()
+        said = _wait(browser, ".flash.ok")
+        assert "pay-a 1:0 (place_order) approved" in said.text, said.text
+        assert "pay-b 1:0 (place_order) approved" in said.text, said.text
+        assert not browser.find_elements(By.CSS_SELECTOR, ".flash.error")
+        for run in ("pay-a", "pay-b"):
+            wait_phase(admin, tenant, run, "Succeeded", timeout=120)
+        left = _wait(browser, "li.item.approval[id$='-pay-c-1-place-order'] input[name=pick]")
+        assert not left.is_selected()
+    decided = {
+        a["spec"]["runName"]: a["spec"].get("decisions") for a in runs.approvals(admin, tenant)
+    }
+    assert decided["pay-c"] == []
+    for run in ("pay-a", "pay-b"):
+        (mine,) = decided[run]
+        assert (mine["by"], mine["approved"], mine["note"]) == (
+            "alice",
+            True,
+            "both invoices checked",
+        )
+    assert sorted(o["body"]["sku"] for o in shop.shop.orders) == ["Ba", "Bb"]
+    assert runs.phase(admin, tenant, "pay-c") == "Stopped"
 
 
 def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_working_button(

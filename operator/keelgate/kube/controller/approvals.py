@@ -124,7 +124,7 @@ def shown(state: RunState, action: str, *, at: float) -> Shown | None:
             "settledBy": "",
             "message": "waiting for a person to approve or deny it"
             if rule == ApprovalRule()
-            else f"{counted.count} approvals: waiting for {left} more ({rule.describe()})",
+            else _waiting_for(counted, left),
         }
         return Shown(status, False, counted, pending)
     approvals = [d for d in decisions if d.approved]
@@ -145,6 +145,15 @@ def shown(state: RunState, action: str, *, at: float) -> Shown | None:
             None,
         )
     return None
+
+
+def _waiting_for(counted: Tally, left: int) -> str:
+    """ "1 of 2 approvals (alice): waiting for 1 more; the rule asks 2 approvals from ..." """
+    who = f" ({', '.join(d.by for d in counted.counted)})" if counted.counted else ""
+    said = f"{counted.count} approvals{who}: waiting for {left} more"
+    rule = counted.rule.describe()
+    plain = f"{counted.rule.required} approval{'s' if counted.rule.required != 1 else ''}"
+    return said if rule == plain else f"{said}; the rule asks {rule}"
 
 
 class ApprovalReconciler:
