@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
+from fakes.event_receiver import EventReceiver
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.manifest import notifications as types
+from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
@@ -266,3 +269,46 @@ def test_approvals_too_old_when_the_step_runs_make_a_settled_approval_pending_ag
             assert [d.by for d in decisions] == ["bob", "carol", "bob", "carol"]
         finally:
             kube.close()
+
+
+def test_an_approval_that_expires_is_told_to_a_sink_once_as_a_cloudevent(tmp_path: Any) -> None:
+    """expiresAfter 1m: bob's approval expires while carol's is awaited; the operator's
+    notifier sends dev.keelgate.approval.expired to a receiver on loopback, once however often
+    the Approval is looked at, naming bob, when he approved and when it expired (from the
+    record), and carrying no argument."""
+    receiver = EventReceiver()
+    receiver.start()
+    try:
+        with wall_clock_at(1_900_000_000.0) as now:
+            kube = Operator(
+                tmp_path,
+                clock=lambda: now[0],
+                notify=NotifySettings(
+                    source="keelgate-system/keelgate",
+                    state="",
+                    queue_size=100,
+                    sinks=[Sink.model_validate({"name": "chat", "url": receiver.url})],
+                ),
+                notify_sleep=lambda _: False,
+            )
+            try:
+                waiting(kube, {"required": 2, "expiresAfter": "1m"})
+                add(kube, "bob", groups=[])
+                kube.reconcile(APPROVE, kind="Approval")
+                now[0] += 90
+                for _ in range(3):
+                    kube.reconcile(APPROVE, kind="Approval")
+                expired = [g for g in receiver.wait_for(3) if g.type == types.APPROVAL_EXPIRED]
+                time.sleep(0.3)
+                assert [g.type for g in receiver.accepted].count(types.APPROVAL_EXPIRED) == 1
+                (got,) = expired
+                decision = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"][0]
+                assert got.data["approvedBy"] == ["bob"]
+                assert got.data["approvedAt"] == decision.at
+                assert got.data["expiredAt"] == "2030-03-17T17:47:40Z"
+                assert got.data["expiresAfterSeconds"] == 60.0
+                assert "A1" not in got.request.body.decode()
+            finally:
+                kube.close()
+    finally:
+        receiver.stop()

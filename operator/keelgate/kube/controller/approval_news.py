@@ -14,15 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keelgate.core.approvals import seconds
 from keelgate.core.state import Decision
-from keelgate.core.types import PendingApproval
-from keelgate.kube.controller.events import EventRecorder
+from keelgate.core.types import PendingApproval, utc_iso
+from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
+from keelgate.kube.notices import approval_expired
 
 
 class ApprovalNews:
-    def __init__(self, events: EventRecorder) -> None:
-        self._events = events
+    def __init__(self, context: ControllerContext) -> None:
+        self._events = context.events
+        self._tell = context.tell
 
     def waiting(self, run: JSON, name: str, pending: PendingApproval, *, again: bool) -> None:
         """An action starts waiting for approval (``again``: it was approved, and its
@@ -52,13 +55,37 @@ class ApprovalNews:
         )
 
     def expired(
-        self, run: JSON, name: str, tool: str, action: str, who: Sequence[str], tally: str
+        self,
+        run: JSON,
+        approval: JSON,
+        expired: Sequence[Decision],
+        *,
+        expires_after: float,
+        tally: str,
+        first_time: bool,
     ) -> None:
-        """Approvals stopped counting (older than the rule's expiresAfter) before the call
-        ran: ``who`` gave them; ``tally`` is what counts now."""
-        self._events.normal(
-            run,
-            "ApprovalExpired",
-            f"{tool} ({action}): the approval of {', '.join(who)} expired ({tally} count now): "
-            f"approval {name}",
-        )
+        """Approvals stopped counting (older than the rule's expiresAfter) before the call ran:
+        ``expired`` are those decisions; ``tally`` is what counts now. The CloudEvent of each is
+        told every time (it carries an id from the decision's record, so a sink hears it once,
+        and again after a restart if it was not delivered); the Event on the run only the
+        ``first_time`` this look found them."""
+        spec = approval.get("spec") or {}
+        for decision in expired:
+            at = seconds(decision.at)
+            self._tell(
+                approval_expired(
+                    approval,
+                    approved_by=[decision.by],
+                    approved_at=decision.at,
+                    expired_at=utc_iso(at + expires_after),
+                    expires_after_seconds=expires_after,
+                )
+            )
+        if first_time and expired:
+            who = ", ".join(d.by for d in expired)
+            self._events.normal(
+                run,
+                "ApprovalExpired",
+                f"{spec.get('tool', '')} ({spec.get('action', '')}): the approval of {who} "
+                f"expired ({tally} count now): approval {approval['metadata']['name']}",
+            )

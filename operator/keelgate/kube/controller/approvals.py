@@ -159,7 +159,7 @@ def _waiting_for(counted: Tally, left: int) -> str:
 class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._news = ApprovalNews(context.events)
+        self._news = ApprovalNews(context)
 
     def reconcile(self, key: Key) -> Result:
         """Record the object's new decisions, show what the store holds, wake the run."""
@@ -260,9 +260,16 @@ class ApprovalReconciler:
         if view.tally is None or view.pending is None:
             return
         before = set(old.get("approvedBy") or ())
-        gone = sorted(before & {d.by for d in view.tally.expired})
-        if gone:
-            self._news.expired(run, name, tool, action, gone, view.tally.count)
+        expires_after = view.tally.rule.expires_after
+        if expires_after is not None and view.tally.expired:
+            self._news.expired(
+                run,
+                body,
+                view.tally.expired,
+                expires_after=expires_after,
+                tally=view.tally.count,
+                first_time=bool(before & {d.by for d in view.tally.expired}),
+            )
         if old.get("phase") == "Settled":
             self._news.waiting(run, name, view.pending, again=True)
 

@@ -112,7 +112,7 @@ class DecisionObjects:
             ):
                 context.enqueue(("Approval", namespace, body["metadata"]["name"]), 0.0)
         keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
-        news = ApprovalNews(context.events)
+        news = ApprovalNews(context)
         for pending in state.pending:
             name = resources.approval_name(run, pending)
             if context.cache.get("Approval", namespace, name) is not None:
