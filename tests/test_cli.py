@@ -406,6 +406,11 @@ def test_two_people_from_a_group_approve_in_process_with_by_and_group(
     assert main(["resume", "restock", "-o", "json"]) == 3
     assert orders(world) == 0
     capsys.readouterr()
+    assert main(["status", "restock"]) == 3
+    assert (
+        "awaiting approval: order (action 2:0): 1 of 2 approvals from payments, not the run's "
+        "creator (so far bob)"
+    ) in " ".join(capsys.readouterr().out.split())
     command = ["approve", "restock", "2:0", "--approve", "--by", "cy", "--group", "payments"]
     assert main([*command, "-o", "json"]) == 0
     assert "pending" not in last_json(capsys.readouterr().out)

@@ -204,7 +204,7 @@ def test_the_inbox_shows_none_of_the_secrets_in_a_plans_arguments() -> None:
     for index, (case_args, _) in enumerate(SECRETS.values()):
         args[f"case{index}"] = case_args
     state = {"plan": {"iteration": 1, "actions": [{"id": "1:0", "tool": "pay", "args": args}]}}
-    shown = _plan_args(state)["1:0"]
+    shown = _plan_args(state)[0]["1:0"]
     html = pages.inbox([_waiting(args=shown)], csrf="c", scope="s")
     for _, secrets in SECRETS.values():
         for secret in secrets:

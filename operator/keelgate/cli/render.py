@@ -126,9 +126,16 @@ class Console:
                 )
             )
         for pending in outcome.pending_approvals:
+            needs = ""
+            if pending.rule is not None:
+                needs = f": {pending.approvals} of {pending.rule.describe()}"
+                if pending.approved_by:
+                    needs += f" (so far {', '.join(pending.approved_by)})"
+                if pending.expires_at:
+                    needs += f"; the first expires at {pending.expires_at}"
             self.out.print(
                 Text("  awaiting approval: ", style="bold yellow")
-                + Text(f"{pending.tool} (action {pending.action})")
+                + Text(f"{pending.tool} (action {pending.action}){needs}")
             )
             self.out.print(
                 f"    {command} approve {outcome.run} {pending.action} --approve --by YOU{scope}"
