@@ -187,8 +187,8 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
 ) -> None:
     """With KUBECONFIG naming a file whose current context is alice's, set to the test's
     namespace, `kubectl keelgate approve` needs no flag: `--approve` runs one run's order once,
-    `--deny` never runs the other's, `spec.by` is alice on both, and `--approve --deny` is
-    refused (exit 2)."""
+    `--deny` never runs the other's, each Approval holds alice's decision (by: alice), and
+    `--approve --deny` is refused (exit 2)."""
     apply(
         kubectl,
         agentrun("granted", shop, [[order("P1", 1)]], approval=True),
@@ -222,9 +222,15 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
     wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)
     wait_phase(admin, tenant, "denied", "Succeeded", timeout=90)
     assert [o["body"]["sku"] for o in shop.shop.orders] == ["P1"]
-    decided = {a["spec"]["runName"]: a["spec"] for a in runs.approvals(admin, tenant)}
-    assert decided["granted"]["by"] == decided["denied"]["by"] == "alice"
-    assert decided["granted"]["note"] == "within budget"
+    decided = {a["spec"]["runName"]: a["spec"]["decisions"] for a in runs.approvals(admin, tenant)}
+    ((granted,), (denied,)) = (decided["granted"], decided["denied"])
+    assert (granted["by"], granted["approved"], denied["by"], denied["approved"]) == (
+        "alice",
+        True,
+        "alice",
+        False,
+    )
+    assert granted["note"] == "within budget"
 
 
 def test_resume_raises_the_budget_in_spec_and_the_run_continues_its_saved_plan(
