@@ -150,7 +150,12 @@ def test_a_full_manifest_with_nulls_survives_server_side_apply(
     yaml`` can show them) goes through ``kubectl apply --server-side`` and reads back as the
     same run."""
     run = manifest("full-agentrun.yaml")
-    run["metadata"] = {"name": "full", "labels": {"team": "stores"}}
+    run["metadata"] = {
+        "name": "full",
+        "labels": {"team": "stores"},
+        # Its notify tool's approval rule says notCreator: the run names its creator.
+        "annotations": {"keelgate.dev/created-by": "admin"},
+    }
     run.pop("status")
     run["spec"]["model"]["script"][0]["verdict"] = None
     run["spec"]["tools"][0]["inputSchema"]["properties"]["qty"] = {"type": "integer", "minimum": 1}

@@ -150,6 +150,13 @@ def test_who_created_a_run_is_recorded_by_admission_and_cannot_be_changed(
     assert (creator("forged"), creator("plain")) == ("alice", "alice")
     alice("annotate", "agentrun", "plain", f"{CREATED_BY}=bob", "--overwrite", check=False)
     assert creator("plain") == "alice"
+    # The mutating policy never stands between a broken run and the schema's own words.
+    broken = yaml.safe_load(_suspended("broken"))
+    broken["spec"]["budget"] = {"dollars": 2.5}
+    refused = alice("apply", "-f", "-", stdin=yaml.safe_dump(broken), check=False)
+    assert refused.returncode != 0 and "spec.budget.dollars: Invalid value" in refused.stderr, (
+        refused.stderr
+    )
 
     operator = "system:serviceaccount:keelgate-system:keelgate-operator"
     kubectl("apply", "--as", operator, "-f", "-", stdin=_suspended("tick"))
