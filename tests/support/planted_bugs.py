@@ -156,6 +156,54 @@ BUGS: tuple[Planted, ...] = (
 )
 
 
+#: Bugs of issue 39's own findings (docs/simulation.md, "What it found in the product").
+FOUND: tuple[Planted, ...] = (
+    Planted(
+        "a ToolError after a send read as a refusal (a composite call's second request refused)",
+        (
+            (
+                "core/gateway.py",
+                "            if call.end():\n"
+                "                # Something of the call may have left before this error",
+                "            if call.end() and False:\n"
+                "                # Something of the call may have left before this error",
+            ),
+        ),
+    ),
+    Planted(
+        "a claim by a stale process (not fenced by the checkpoint it was planned from)",
+        (
+            (
+                "core/phases.py",
+                "self.gateway.call(action, after=state.seq)",
+                "self.gateway.call(action)",
+            ),
+        ),
+    ),
+    Planted(
+        "forget deleting a key its owner lost, and the operator waiting on a key that is gone",
+        (
+            (
+                "stores/_sql.py",
+                "            if not self._alive(owner, judged):\n                return False\n",
+                "",
+            ),
+            (
+                "kube/controller/decision_objects.py",
+                "            if record is None:\n"
+                "                if existing is not None:\n"
+                "                    self._nothing_to_settle(run, existing, unknown)\n"
+                "                continue\n"
+                "            done = record.state in _SETTLED\n",
+                "            done = record is not None and record.state in _SETTLED\n",
+            ),
+        ),
+        mode="operator",
+    ),
+)
+BUGS = BUGS + FOUND
+
+
 def planted(bug: Planted, into: Path) -> Path:
     """A copy of the package with ``bug`` in it, under ``into``; the folder to put on the path."""
     root = into / "planted"

@@ -10,6 +10,7 @@ line, named by the rule it breaks (``RULES``).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ RULES = {
     "unapproved": "a WRITE took effect without the approval it needed",
     "after-not-executed": "a WRITE took effect after a true 'not executed'",
     "unasked": "an unknown outcome was never put to a person",
+    "told-not-run": "a WRITE took effect, but its run recorded that its call did not happen",
     "waiting": "the run was left waiting with nobody asked",
     "audit": "the audit chain does not verify, or lacks a decision",
     "budget": "a budget was passed by more than one call",
@@ -71,37 +73,64 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
     loop = Loop(stores=stores, busy_wait=0.0)
     events = stores.audit.events(tenant, run)
     ledger = truth.ledger
-    # At most once per key.
-    keys = {effect.key for effect in ledger.effects}
-    for key in sorted(keys):
-        count = ledger.count(key)
+    # At most once per key (each request of a composite call: its charge once, its receipt
+    # once).
+    requests = {(effect.key, effect.part) for effect in ledger.effects}
+    for key, part in sorted(requests):
+        count = ledger.count(key, part)
         if count > 1:
-            found.append(Violation("twice", f"{key[:12]} took effect {count} times"))
+            what = "" if part == "request" else f" ({part})"
+            found.append(Violation("twice", f"{key[:12]}{what} took effect {count} times"))
     plans = _plans(events)
     approved = _decided(events, "loop.approved")
     # Never without the approvals it needs: those of the spec the sending process ran, and
     # those of the spec the action was planned under (the action is the last one started under
-    # the key before the effect).
+    # the key before the effect). Events are stamped to the millisecond, cut: each effect's
+    # moment is compared as stamped the same way (``_stamped``).
     started = [
         (str(e.data.get("idempotencyKey")), str(e.data.get("action")), _at(e))
         for e in events
         if e.type == "loop.action_started"
     ]
     for effect in ledger.effects:
-        sent = [a for k, a, at in started if k == effect.key and at <= effect.at]
+        effect_at = _stamped(effect.at)
+        sent = [a for k, a, at in started if k == effect.key and at <= effect_at]
         action = sent[-1] if sent else ""
         needed = effect.approval_in_spec
         for planned, tool, at in plans.get(effect.key, []):
             if planned == action and tool in _rules_at(truth.plans, action, at):
                 needed = True
-        if needed and not any(a == action and at <= effect.at for a, at in approved):
+        if needed and not any(a == action and at <= effect_at for a, at in approved):
             found.append(
                 Violation(
                     "unapproved", f"{effect.tool} {action} {effect.key[:12]} at {effect.at:.1f}"
                 )
             )
+    # Never told "it did not happen" of a call that took effect: a refusal, a failure or a
+    # denial the run recorded for the action that sent it (before the effect: a stale process
+    # sent it after the run had moved on; after it: an error of a call that may have sent
+    # something read as "nothing happened"). A person's or a confirmer's "not executed" is
+    # judged above and below, not here.
+    not_run = {
+        str(e.data.get("action"))
+        for e in events
+        if e.type == "loop.action_completed" and e.data.get("status") in _NOT_RUN
+    }
+    for effect in ledger.effects:
+        effect_at = _stamped(effect.at)
+        sent_by = [a for k, a, at in started if k == effect.key and at <= effect_at]
+        if sent_by and sent_by[-1] in not_run:
+            found.append(
+                Violation(
+                    "told-not-run",
+                    f"{effect.tool} {sent_by[-1]} {effect.key[:12]} took effect at "
+                    f"{effect.at:.1f}, recorded as not run",
+                )
+            )
     # Never after a "not executed" that was true when given.
-    settled_not = [(d.key, d.at) for d in truth.decisions if d.kind == "settle" and not d.yes]
+    settled_not = [
+        (d.key, _stamped(d.at)) for d in truth.decisions if d.kind == "settle" and not d.yes
+    ]
     settled_not += [
         (str(e.data.get("idempotencyKey")), _at(e))
         for e in events
@@ -110,8 +139,8 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
         and e.data.get("verdict") == "abandoned"
     ]
     for key, at in settled_not:
-        before = [e for e in ledger.effects if e.key == key and e.at <= at]
-        after = [e for e in ledger.effects if e.key == key and e.at > at]
+        before = [e for e in ledger.effects if e.key == key and _stamped(e.at) <= at]
+        after = [e for e in ledger.effects if e.key == key and _stamped(e.at) > at]
         if not before and after:
             found.append(
                 Violation(
@@ -187,11 +216,21 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
     return found
 
 
-def _at(event: AuditEvent) -> float:
-    import datetime as dt
+#: Results by which the run says, in its own words, that a call did not happen.
+_NOT_RUN = frozenset({"error", "refused", "denied"})
 
+
+def _at(event: AuditEvent) -> float:
     moment = dt.datetime.fromisoformat(event.at.replace("Z", "+00:00"))
     return moment.timestamp() - EPOCH
+
+
+def _stamped(moment: float) -> float:
+    """A moment of the world as an audit event stamped then reads back (``_at``): cut to the
+    millisecond as the product stamps it, so that it compares with events' moments. (Compared
+    unstamped, an event stamped in the very millisecond of an effect could read as after it.)"""
+    text = dt.datetime.fromtimestamp(EPOCH + moment, dt.UTC).isoformat(timespec="milliseconds")
+    return dt.datetime.fromisoformat(text).timestamp() - EPOCH
 
 
 def _plans(events: Sequence[AuditEvent]) -> dict[str, list[tuple[str, str, float]]]:

@@ -24,7 +24,14 @@ from keelgate.core.spec import LoopSpec
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.manifest import spec_from_manifest
 from keelgate.runners.step import StepRunner
-from keelgate.testing.sim.downstream import LateCall, Ledger, Sender, ShopConfirmer, SimTool
+from keelgate.testing.sim.downstream import (
+    CHANGING,
+    LateCall,
+    Ledger,
+    Sender,
+    ShopConfirmer,
+    SimTool,
+)
 from keelgate.testing.sim.model import Scenario, SimModel
 from keelgate.testing.sim.oracle import PlanMade, Truth
 from keelgate.testing.sim.stores import StoreSite
@@ -210,7 +217,7 @@ class StepProcess(Sender):
         )
 
     def _planned(self, iteration: int) -> None:
-        rules = frozenset(t for t in ("place_order", "notify") if self.approval_in_spec(t))
+        rules = frozenset(t for t in CHANGING if self.approval_in_spec(t))
         self.truth.plans.append(PlanMade(self.world.now, iteration, rules))
 
     def _window(self, name: str) -> None:
