@@ -27,6 +27,7 @@ class Planted:
     name: str  # what the bug did, in the words of the issue
     edits: tuple[tuple[str, str, str], ...]  # (file under keelgate/, old text, new text)
     mode: str = "local"  # where the simulator meets it: local (core) or operator
+    store: str = "mix"  # the stores it is looked for on (memory, sqlite or mix)
 
 
 BUGS: tuple[Planted, ...] = (
@@ -57,7 +58,9 @@ BUGS: tuple[Planted, ...] = (
             (
                 "core/gateway.py",
                 "            record = self._claim(\n",
-                "            early = tool.invoke(action.args, idempotency_key=action.key)\n"
+                # Sent within a call's fence, as a tool sends: only the claim comes late.
+                "            with fence.invoking(fence.Invocation(deadline)):\n"
+                "                early = tool.invoke(action.args, idempotency_key=action.key)\n"
                 '            failpoints.hit("after_gateway_call")\n'
                 "            record = self._claim(\n",
             ),
@@ -103,7 +106,9 @@ BUGS: tuple[Planted, ...] = (
                 "        return self._unknown(action, record)\n",
                 "        tool = self.tools.get(action.tool)\n"
                 "        if tool is not None and record.state is KeyState.OUTCOME_UNKNOWN:\n"
-                "            output = tool.invoke(action.args, idempotency_key=action.key)\n"
+                "            again = fence.WriteDeadline.starting_now(action.key, 300.0)\n"
+                "            with fence.invoking(fence.Invocation(again)):\n"
+                "                output = tool.invoke(action.args, idempotency_key=action.key)\n"
                 "            return ActionResult(action.id, ResultStatus.OK, output=output)\n"
                 "        return self._unknown(action, record)\n",
             ),
@@ -179,14 +184,21 @@ FOUND: tuple[Planted, ...] = (
                 "self.gateway.call(action)",
             ),
         ),
+        # Only a server store's session (and its run lock) can be lost while its process lives.
+        store="memory",
     ),
     Planted(
         "forget deleting a key its owner lost, and the operator waiting on a key that is gone",
         (
             (
                 "stores/_sql.py",
-                "            if not self._alive(owner, judged):\n                return False\n",
-                "",
+                "            if state != KeyState.IN_FLIGHT.value or owner != self._owner_id():\n"
+                "                return False\n"
+                "            if not self._alive(owner, judged):\n"
+                "                return False\n",
+                # Any id the store's sessions ever had, alive or not (as before the fix).
+                "            if state != KeyState.IN_FLIGHT.value or not self._mine(owner):\n"
+                "                return False\n",
             ),
             (
                 "kube/controller/decision_objects.py",
@@ -217,7 +229,7 @@ def planted(bug: Planted, into: Path) -> Path:
     return root
 
 
-def find(bug: Planted, into: Path, *, seeds: int, store: str = "mix") -> dict[str, object]:
+def find(bug: Planted, into: Path, *, seeds: int, store: str | None = None) -> dict[str, object]:
     """Run the simulator over a copy with ``bug`` until the first broken promise (at most
     ``seeds`` runs); its JSON summary (``first``: the runs it took, None if not found)."""
     root = planted(bug, into)
@@ -232,7 +244,7 @@ def find(bug: Planted, into: Path, *, seeds: int, store: str = "mix") -> dict[st
             "--mode",
             bug.mode,
             "--store",
-            store,
+            store or bug.store,
             "--first",
             "--no-shrink",
             "--json",
