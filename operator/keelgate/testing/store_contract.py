@@ -850,6 +850,8 @@ def a_settlement_puts_its_event_on_the_chain_with_it(factory: Opener) -> None:
         ("loop.reconciled", "settled:1"),
     ]
     assert verify("acme", "r", events).ok
+
+
 @_check("claim_after_checkpoint")
 def a_claim_lands_only_while_the_checkpoint_it_was_planned_from_stands(factory: Opener) -> None:
     """claim(after=seq) claims a free key while the run's checkpoint is still seq. Once another
