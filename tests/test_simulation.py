@@ -104,25 +104,35 @@ def test_shrinking_finds_the_calm_schedule_that_still_fails() -> None:
 FOUND_SEEDS = (
     (
         "a step held up before its claim, its session lost, thaws after the run moved on",
-        11000102263161935800,
+        12654461848112114043,
+        "local",
         "ends with StaleClaim",
     ),
     (
         "a call refused after its session was lost and the next step stopped on its key",
-        566676145568842674,
+        1619439805625350315,
+        "local",
         '"recorded":"outcome_unknown","settledBy":"","status":"refused"',
+    ),
+    (
+        "a call refused late, after its stop named its key, on the cluster",
+        14529734786864136640,
+        "operator",
+        '"recorded":"forgotten","settledBy":"","status":"refused"',
     ),
 )
 
 
-@pytest.mark.parametrize(("why", "seed", "shown"), FOUND_SEEDS, ids=[f[0] for f in FOUND_SEEDS])
+@pytest.mark.parametrize(
+    ("why", "seed", "mode", "shown"), FOUND_SEEDS, ids=[f[0] for f in FOUND_SEEDS]
+)
 def test_the_seeds_that_found_product_gaps_keep_every_promise(
-    why: str, seed: int, shown: str
+    why: str, seed: int, mode: str, shown: str
 ) -> None:
-    """Each seed that once broke a promise (a stale step's claim sent and never asked about; a
-    key a stop named dropped by a process that lost it) meets the same window again, and the
-    product now keeps every promise there."""
-    outcome = simulate(seed=seed, store="memory", mode="local")
+    """Each seed that met a gap (a stale step's claim sent and never asked about; a key a stop
+    named dropped by a process that had lost it; a run waiting on a key its owner dropped after
+    a late refusal) meets the same window again, and the product keeps every promise there."""
+    outcome = simulate(seed=seed, store="memory", mode=mode)
     assert any(shown in line for line in outcome.lines), f"{why}: the seed no longer meets it"
     assert outcome.ok, "; ".join(map(str, outcome.violations))
 

@@ -188,18 +188,9 @@ FOUND: tuple[Planted, ...] = (
         store="memory",
     ),
     Planted(
-        "forget deleting a key its owner lost, and the operator waiting on a key that is gone",
+        "a key that is gone counted as unsettled: the run waits on a Reconciliation nobody can "
+        "settle",
         (
-            (
-                "stores/_sql.py",
-                "            if state != KeyState.IN_FLIGHT.value or owner != self._owner_id():\n"
-                "                return False\n"
-                "            if not self._alive(owner, judged):\n"
-                "                return False\n",
-                # Any id the store's sessions ever had, alive or not (as before the fix).
-                "            if state != KeyState.IN_FLIGHT.value or not self._mine(owner):\n"
-                "                return False\n",
-            ),
             (
                 "kube/controller/decision_objects.py",
                 "            if record is None:\n"

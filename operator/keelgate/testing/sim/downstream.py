@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.core.fence import about_to_send
+from keelgate.core.fence import Send, about_to_send
 from keelgate.core.types import SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
 from keelgate.testing.sim.world import World
@@ -58,9 +58,12 @@ class Effect:
 
 @dataclass
 class Ledger:
-    """The systems of record: every effect, in order."""
+    """The systems of record: every effect, in order, and every request that reached them
+    (``received``: the effects' and those refused or held; what the network lost or never
+    delivered is not there), each as the ``Effect`` it would have been."""
 
     effects: list[Effect] = field(default_factory=list)
+    received: list[Effect] = field(default_factory=list)
 
     def count(self, key: str, part: str | None = None) -> int:
         """Effects under ``key`` (of one request of the call, if ``part`` is given)."""
@@ -89,13 +92,24 @@ class Sender:
 
 
 class LateCall:
-    """A request the shop holds: it acts later (``when_done`` is told how it ended), as a
-    timed-out call still running on a worker does; the gateway keeps its key meanwhile."""
+    """A request the shop holds: it acts later, or refuses it in the end (a late 4xx: nothing
+    happens, and the request is withdrawn as sent), and ``when_done`` is told how it ended, as a
+    timed-out call still running on a worker is; the gateway keeps its key meanwhile."""
 
-    def __init__(self, world: World, sender: Sender, effect: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        world: World,
+        sender: Sender,
+        effect: Callable[[], Any],
+        *,
+        sent: Send,
+        refused: str = "",
+    ) -> None:
         self._world = world
         self._sender = sender
         self._effect = effect
+        self._sent = sent
+        self._refused = refused  # the refusal it ends with ("": it acts)
         self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
         self.ended = False
 
@@ -103,13 +117,20 @@ class LateCall:
         self._callbacks.append(callback)
 
     def end(self) -> None:
-        """The shop acts now; the process, if it still lives, hears the answer."""
+        """The shop acts (or refuses) now; the process, if it still lives, hears the answer."""
         self.ended = True
-        output = self._effect()
+        output: Any = None
+        error: BaseException | None = None
+        if self._refused:
+            self._world.say(f"{self._sender.name} {self._refused}")
+            self._sent.refused()
+            error = ToolError(self._refused)
+        else:
+            output = self._effect()
         if not self._sender.alive:
             return  # its worker died with the process: the key reads unknown
         for callback in self._callbacks:
-            callback(output, None)
+            callback(output, error)
 
 
 class SimTool:
@@ -164,6 +185,10 @@ class SimTool:
             world.say(f"{self._sender.name} {what} refused by the network (nothing sent)")
             sent.refused()
             raise ToolError(f"{what}: connection refused")
+        if fate not in (1, 3):  # it reaches the shop (the network neither refuses nor loses it)
+            approval = self._sender.approval_in_spec(self.name)
+            request = Effect(self.name, key, world.now, self._sender.name, approval, part)
+            self._ledger.received.append(request)
         if fate == 2:  # the shop refuses it (a 4xx): nothing happens
             world.say(f"{self._sender.name} {what} refused by the shop")
             sent.refused()
@@ -171,9 +196,12 @@ class SimTool:
         if fate == 3:  # sent, lost on the way: nothing happens, but nobody can tell
             world.say(f"{self._sender.name} {what} lost before the shop")
             raise OutcomeUncertain(f"{what}: connection reset")
-        if fate == 4:  # held by the shop, acted on later, within the call's time limit
+        if fate == 4:  # held by the shop, acted on later (or refused), within the time limit
             delay = schedule.between(0.5, (self.timeout_seconds or CALL_SECONDS) * 0.9)
-            call = LateCall(world, self._sender, lambda: self._effect(key, part))
+            refused = f"{what} refused late by the shop" if schedule.chance(250) else ""
+            call = LateCall(
+                world, self._sender, lambda: self._effect(key, part), sent=sent, refused=refused
+            )
             world.say(f"{self._sender.name} {what} held by the shop for {delay:.1f}s")
             world.at(delay, f"late {what}", call.end)
             self._sender.late(call)

@@ -27,7 +27,7 @@ RULES = {
     "unapproved": "a WRITE took effect without the approval it needed",
     "after-not-executed": "a WRITE took effect after a true 'not executed'",
     "unasked": "an unknown outcome was never put to a person",
-    "told-not-run": "a WRITE took effect, but its run recorded that its call did not happen",
+    "told-not-run": "a WRITE took effect, or was sent, while its run recorded that it did not run",
     "waiting": "the run was left waiting with nobody asked",
     "audit": "the audit chain does not verify, or lacks a decision",
     "budget": "a budget was passed by more than one call",
@@ -107,26 +107,31 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
                 )
             )
     # Never told "it did not happen" of a call that took effect: a refusal, a failure or a
-    # denial the run recorded for the action that sent it (before the effect: a stale process
-    # sent it after the run had moved on; after it: an error of a call that may have sent
-    # something read as "nothing happened"). A person's or a confirmer's "not executed" is
-    # judged above and below, not here.
-    not_run = {
-        str(e.data.get("action"))
-        for e in events
-        if e.type == "loop.action_completed" and e.data.get("status") in _NOT_RUN
-    }
-    for effect in ledger.effects:
-        effect_at = _stamped(effect.at)
-        sent_by = [a for k, a, at in started if k == effect.key and at <= effect_at]
-        if sent_by and sent_by[-1] in not_run:
-            found.append(
-                Violation(
-                    "told-not-run",
-                    f"{effect.tool} {sent_by[-1]} {effect.key[:12]} took effect at "
-                    f"{effect.at:.1f}, recorded as not run",
-                )
+    # denial the run recorded for the action that sent it (after the effect: an error of a call
+    # that may have sent something read as "nothing happened"); and never sent after being
+    # recorded so (a stale process sending its old plan's call after the run moved on), even a
+    # request the shop then refused. A person's or a confirmer's "not executed" is judged
+    # below, not here.
+    not_run: dict[str, float] = {}
+    for e in events:
+        if e.type == "loop.action_completed" and e.data.get("status") in _NOT_RUN:
+            not_run.setdefault(str(e.data.get("action")), _at(e))
+    told = [(effect, "took effect") for effect in ledger.effects]
+    told += [(request, "was sent") for request in ledger.received]
+    for request, what in told:
+        request_at = _stamped(request.at)
+        sent_by = [a for k, a, at in started if k == request.key and at <= request_at]
+        if not sent_by or sent_by[-1] not in not_run:
+            continue
+        if what == "was sent" and not_run[sent_by[-1]] >= request_at:
+            continue  # sent before its action's result was recorded: the refusal itself
+        found.append(
+            Violation(
+                "told-not-run",
+                f"{request.tool} {sent_by[-1]} {request.key[:12]} {what} at "
+                f"{request.at:.1f}, recorded as not run",
             )
+        )
     # Never after a "not executed" that was true when given.
     settled_not = [
         (d.key, _stamped(d.at)) for d in truth.decisions if d.kind == "settle" and not d.yes

@@ -49,7 +49,7 @@ class Faults:
     def __init__(self, world: World) -> None:
         schedule = world.schedule
         self.crash = (0, 15, 40, 80)[schedule.pick(4)]
-        self.pause = (0, 15, 40)[schedule.pick(3)]
+        self.pause = (0, 15, 40, 80)[schedule.pick(4)]
         self.drain = (0, 10)[schedule.pick(2)]
         self.calm = False  # the end of a run: no more faults
 
