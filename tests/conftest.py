@@ -104,8 +104,12 @@ def world(tmp_path: Path) -> World:
 def orders() -> Iterator[list[tuple[str | None, dict[str, Any]]]]:
     """The orders this test's in-process step pods placed (support.operator_tools)."""
     operator_tools.ORDERS.clear()
+    operator_tools.CALLS.clear()
+    operator_tools.ANSWER.clear()
     yield operator_tools.ORDERS
+    operator_tools.ANSWER.set()  # a call still held ends
     operator_tools.ORDERS.clear()
+    operator_tools.CALLS.clear()
 
 
 @pytest.fixture

@@ -11,12 +11,14 @@ a real API server (e2e/tests/test_e2e_operator.py).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.context import ControllerSettings
+from keelgate.kube.controller.decision_objects import NOTHING_TO_SETTLE
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.naming import RUN_LABEL, STEP_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 from keelgate.kube.resources import StepPodSettings
@@ -572,6 +574,46 @@ def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Op
     writes = len(kube.api.writes)
     assert kube.reconcile("restock") == REST
     assert len(kube.api.writes) == writes  # made once
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_an_unknown_outcome_refused_late_has_nothing_to_settle_and_the_run_goes_on(
+    kube: Operator,
+) -> None:
+    """A WRITE outlives its time limit: the step stops the run with outcome_unknown and exits
+    while the call still runs, and the operator asks for a Reconciliation. The call is then
+    answered with a refusal (nothing happened) and its owner drops its key. The operator does
+    not wait for a settlement nobody can make: the Reconciliation says there is nothing to
+    settle, a Normal Event tells it, the next step makes the order again and the run
+    finishes, the order placed once."""
+    spec = agentrun_spec(tool="refused_late")
+    spec["tools"][0]["timeoutSeconds"] = 0.2
+    kube.apply("restock", spec)
+    kube.reconcile("restock")
+    assert kube.run_step("restock", late_call_grace=0) == 3
+    kube.reconcile("restock")
+    assert kube.status("restock")["stopReason"] == "outcome_unknown"
+    name = "restock-1-refused-late"
+    made = kube.api.get("Reconciliation", NAMESPACE, name)
+    assert made is not None and made["status"]["phase"] == "Pending"
+    key = made["spec"]["idempotencyKey"]
+    operator_tools.ANSWER.set()  # refused: nothing happened, and its owner drops the key
+    deadline = time.monotonic() + 10
+    while kube.stores.idempotency.get(NAMESPACE, key) is not None:
+        assert time.monotonic() < deadline, "the late refusal never dropped the key"
+        time.sleep(0.02)
+    assert kube.drive("restock") == [0, 0]
+    status = kube.status("restock")
+    assert status["phase"] == "Succeeded", status
+    shown = kube.api.get("Reconciliation", NAMESPACE, name)
+    assert shown is not None and shown["status"]["phase"] == "Pending"
+    assert shown["status"]["message"] == NOTHING_TO_SETTLE
+    told = next(e for e in kube.api.events if e.reason == "NothingToSettle")
+    assert told.message == (
+        "refused_late (1:0) was refused after all (nothing happened): "
+        f"reconciliation {name} has nothing to settle"
+    )
+    assert [key, key] == operator_tools.CALLS
     assert len(operator_tools.ORDERS) == 1
 
 

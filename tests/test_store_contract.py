@@ -49,6 +49,7 @@ KEYED_CHECKS = contract.checks(
     "claim_with_event",
     "checkpoint_with_completion",
     "settle_with_event",
+    "claim_after_checkpoint",
 )
 
 
@@ -223,10 +224,11 @@ def test_many_processes_may_open_a_fresh_postgres_database_at_once(pg_url: str) 
 
 def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Path) -> None:
     """open_stores declares each backend's promises: one SQL or memory backend commits a
-    checkpoint with its events, a claim with its start event and a settlement with its event;
-    a LangGraph saver commits alone, so only its companion's claims and settlements carry an
-    event. One object in every role promises
-    nothing unless it is declared, and a promise the checkpoint store cannot keep is refused."""
+    checkpoint with its events, a claim with its start event and a settlement with its event,
+    and claims only after the checkpoint a call was planned from; a LangGraph saver commits
+    alone, so only its companion's claims and settlements carry an event. One object in every
+    role promises nothing unless it is declared, and a promise the checkpoint store cannot
+    keep is refused."""
     from keelgate.core.protocols import Capabilities, Stores
     from keelgate.stores.sqlite import SQLiteStore
 
@@ -235,6 +237,7 @@ def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Pa
         claim_with_event=True,
         checkpoint_with_completion=True,
         settle_with_event=True,
+        claim_after_checkpoint=True,
     )
     expected = {
         "memory://": both,
@@ -259,6 +262,14 @@ def test_what_stores_promise_together_is_declared_by_who_opens_them(tmp_path: Pa
         try:
             with pytest.raises(TypeError):
                 Stores(langgraph.checkpoints, store, store, None, both)
+            with pytest.raises(TypeError):
+                Stores(
+                    langgraph.checkpoints,
+                    store,
+                    store,
+                    None,
+                    Capabilities(claim_after_checkpoint=True),
+                )
         finally:
             langgraph.close()
     finally:

@@ -121,6 +121,28 @@ class StaleCheckpoint(StoreError):
         self.stored_seq = stored_seq
 
 
+class StaleClaim(StaleCheckpoint):
+    """A WRITE's or PROPOSE's claim was refused because the run's checkpoint has moved on past
+    the one its action was planned from: another process drove the run meanwhile (this one was
+    held up, and its store session, or its run lock, was lost). Nothing was claimed, nothing was
+    sent; like any stale writer, this process must stop, not retry."""
+
+    def __init__(self, tenant: str, run: str, seq: int, stored_seq: int | None) -> None:
+        StoreError.__init__(
+            self,
+            f"a call of run {run!r} planned at checkpoint {seq} was not made: the run has moved "
+            f"on to checkpoint {stored_seq} (another process drove it meanwhile); nothing was sent",
+            tenant=tenant,
+            run=run,
+            seq=seq,
+            stored_seq=stored_seq,
+        )
+        self.tenant = tenant
+        self.run = run
+        self.seq = seq
+        self.stored_seq = stored_seq
+
+
 class UnreadableEvent(StoreError):
     """A stored audit event cannot be read back: its data is not a JSON object. Only an edit
     made outside Keelgate leaves one, so ``audit --verify`` reports it as a broken chain."""

@@ -146,11 +146,20 @@ class Operator:
         }
         return self.api.create_object("AgentRun", NAMESPACE, body)
 
-    def run_step(self, name: str, *, failpoints: Mapping[str, int] | None = None) -> int:
+    def run_step(
+        self,
+        name: str,
+        *,
+        failpoints: Mapping[str, int] | None = None,
+        late_call_grace: float | None = None,
+    ) -> int:
         """The step pod ``name``'s status names runs to its end: its container's command
         (``keelgate step`` and the pod's arguments) in this process over the same store, with the
         failpoints its environment arms, or ``failpoints`` (a death at one exits 137); then the
-        pod ends with that code, as a kubelet reports it."""
+        pod ends with that code, as a kubelet reports it. ``late_call_grace``: how long the
+        step waits for a timed-out call still running before it exits (its own default if
+        None); a call it stops waiting for goes on in this process, as it would on a pod whose
+        process is still there."""
         pod_name = str(self.status(name)["step"]["pod"])
         pod = self.api.start_pod(NAMESPACE, pod_name)
         container = pod["spec"]["containers"][0]
@@ -163,6 +172,8 @@ class Operator:
         saved, on_sigterm = list(sys.path), signal.getsignal(signal.SIGTERM)
         argv = [*container["args"][1:], "--store", self.store_url]
         argv += ["--termination-log", str(self.termination_log)]
+        if late_call_grace is not None:
+            argv += ["--late-call-grace", str(late_call_grace)]
         logs = io.StringIO()
         try:
             with armed(dict(failpoints or {})), redirect_stdout(logs), redirect_stderr(logs):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from keelgate.errors import ToolError
+
 _lock = threading.Lock()
 #: Every order that really went out: (idempotency key, arguments).
 ORDERS: list[tuple[str | None, dict[str, Any]]] = []
@@ -23,6 +25,24 @@ def lost_write(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str
     with _lock:
         ORDERS.append((idempotency_key, dict(args)))
     raise ConnectionResetError("connection reset after the request was sent")
+
+
+#: Set: the order ``refused_late`` holds is answered, with a refusal.
+ANSWER = threading.Event()
+#: Every call ``refused_late`` got, by idempotency key.
+CALLS: list[str | None] = []
+
+
+def refused_late(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE whose first call outlives its time limit and is answered, once ``ANSWER`` is
+    set, with a refusal (nothing happened); every later call takes effect."""
+    with _lock:
+        first = not CALLS
+        CALLS.append(idempotency_key)
+    if first:
+        ANSWER.wait(30)
+        raise ToolError("out of stock")
+    return place_order(args, idempotency_key=idempotency_key)
 
 
 class OrderBook:

@@ -109,6 +109,7 @@ class Gateway:
         busy_wait: float = 5.0,
         durable_start: bool = False,
         deferred_completion: bool = False,
+        claim_after_checkpoint: bool = False,
         audit: AuditLog | None = None,
         remember_late: Callable[[LateResult, AuditDraft], None] | None = None,
     ) -> None:
@@ -128,6 +129,10 @@ class Gateway:
         # after the call, not two). Until then the key stays in flight, so a death in between
         # reads as an unknown outcome, exactly as before the completion's own commit.
         self.deferred_completion = deferred_completion
+        # True when the key store also holds the checkpoints: a claim then lands only while the
+        # run's checkpoint is still the one the action was planned from, so a process held up
+        # before its claim while another drove the run on can never claim, nor send.
+        self.claim_after_checkpoint = claim_after_checkpoint
         self._deferred: dict[str, tuple[Tool, Action, Completion]] = {}
         # Where a call that ends after its run stopped records how it ended, and (when someone
         # settled its key meanwhile) how the run remembers it (``Checkpointer.remember_late``).
@@ -136,7 +141,9 @@ class Gateway:
         # Calls that ended after their keys were settled, for the next checkpoint to remember.
         self.late: list[LateResult] = []
 
-    def call(self, action: Action) -> ActionResult:
+    def call(self, action: Action, *, after: int | None = None) -> ActionResult:
+        """Make ``action``'s call (or meet its record). ``after``: the checkpoint the run stood
+        at when the action was reached; a claim is made only while it still does."""
         tool = self.tools.get(action.tool)
         if tool is None:
             refused = ActionResult(
@@ -154,7 +161,7 @@ class Gateway:
             return self.recorded(action) or refused
         if side_effect is SideEffect.READ:
             return self._read(tool, action)
-        return self._write(tool, action, side_effect)
+        return self._write(tool, action, side_effect, after)
 
     def recorded(self, action: Action) -> ActionResult | None:
         """What the action's key on record decides, if a call of it is on record: its result
@@ -199,7 +206,9 @@ class Gateway:
         failpoints.hit("after_gateway_call")
         return ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
 
-    def _write(self, tool: Tool, action: Action, side_effect: SideEffect) -> ActionResult:
+    def _write(
+        self, tool: Tool, action: Action, side_effect: SideEffect, after: int | None
+    ) -> ActionResult:
         seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
         for _ in range(FENCE_ATTEMPTS):
             started = self._started(tool, action, side_effect)
@@ -210,6 +219,7 @@ class Gateway:
                 action,
                 started if self.durable_start else None,
                 deadline_in=seconds + fence.MARGIN,
+                after=after if self.claim_after_checkpoint else None,
             )
             if record is not None:
                 return self._existing(action, record)
@@ -220,7 +230,8 @@ class Gateway:
             except fence.DeadlinePassed as late:
                 # Held up between the claim and the send: nothing was sent, and a person may
                 # already have settled the key as not executed. Drop our claim (a no-op if it
-                # was settled) and claim afresh, which meets any settlement on record.
+                # was settled, or if our owner session was lost meanwhile: the key then reads
+                # unknown) and claim afresh, which meets any record left.
                 log.warning("%s %s: %s", self.run, action.id, late.message)
                 self.keys.forget(self.tenant, action.key)
         return ActionResult(
@@ -253,7 +264,12 @@ class Gateway:
             # A definite refusal: nothing happened, so the key is dropped and the same call may
             # be made again (a crash before the drop leaves it unknown: the safe side).
             failpoints.hit("after_gateway_call")
-            self.keys.forget(self.tenant, action.key)
+            if not self.keys.forget(self.tenant, action.key):
+                # Our owner session was lost meanwhile: the key has read unknown to everyone
+                # since, another process may have stopped the run on it and a person may be
+                # settling it. It stays theirs; the chain says what really came.
+                self._kept_after_refusal(action)
+                raise UnknownOutcomeStop(self._unknown_action(action)) from None
             return ActionResult(action.id, ResultStatus.ERROR, error=error.message)
         except Exception as error:
             # Timeout, reset after send, or a crash inside the tool: it may or may not have run.
@@ -271,6 +287,17 @@ class Gateway:
             self.emit(draft)
             self.late.append(late)
         return result
+
+    def _kept_after_refusal(self, action: Action) -> None:
+        """A definite refusal whose key could not be dropped (its owner session was lost): the
+        ``loop.late_result`` event (status refused, the key's record as it stands) goes on the
+        chain now, whether or not this process can still record the run's stop."""
+        log.warning("%s %s: refused, but its key is no longer ours to drop", self.run, action.id)
+        draft, _ = self._late(action, "refused")
+        if self.audit is not None:
+            self.audit.append(self.tenant, self.run, [draft])
+        else:
+            self.emit(draft)
 
     def _leave_unknown(
         self, tool: Tool, action: Action, call: fence.Invocation, error: Exception
@@ -388,7 +415,13 @@ class Gateway:
             release()
 
     def _claim(
-        self, tool: Tool, action: Action, event: AuditDraft | None, *, deadline_in: float
+        self,
+        tool: Tool,
+        action: Action,
+        event: AuditDraft | None,
+        *,
+        deadline_in: float,
+        after: int | None,
     ) -> KeyRecord | None:
         return once_not_in_flight(
             lambda: self.keys.claim(
@@ -399,6 +432,7 @@ class Gateway:
                 tool=tool.name,
                 event=event,
                 deadline_in=deadline_in,
+                after=after,
             ),
             wait=self.busy_wait,
             busy=lambda record: in_flight_elsewhere(

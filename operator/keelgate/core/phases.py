@@ -128,6 +128,7 @@ class Session:
             busy_wait=loop.busy_wait,
             durable_start=loop.stores.capabilities.claim_with_event,
             deferred_completion=loop.stores.capabilities.checkpoint_with_completion,
+            claim_after_checkpoint=loop.stores.capabilities.claim_after_checkpoint,
             audit=loop.stores.audit,
             remember_late=self.checkpoints.remember_late,
         )
@@ -435,7 +436,7 @@ class Session:
             return Held(
                 StopReason.AWAITING_APPROVAL, _needs(checked, state, action), pending=(checked,)
             )
-        return checked if checked is not None else self.gateway.call(action)
+        return checked if checked is not None else self.gateway.call(action, after=state.seq)
 
     def _observe(self, state: RunState) -> RunState:
         """A checkpoint saved at ``observe`` by an earlier version (the act phase now observes

@@ -80,6 +80,7 @@ class IdempotencyStore(Protocol):
         tool: str,
         event: AuditDraft | None = None,
         deadline_in: float | None = None,
+        after: int | None = None,
     ) -> KeyRecord | None:
         """``event``, when given (a store that also holds the run's audit chain), is appended
         to the chain in the same transaction, only if this call claims the key: the record of
@@ -87,7 +88,13 @@ class IdempotencyStore(Protocol):
 
         ``deadline_in``, when given, records the claim's write deadline that many seconds after
         the claim on the store's own clock (``KeyRecord.deadline``); ``settle`` refuses "not
-        executed" until it has passed there (``SettleTooEarly``)."""
+        executed" until it has passed there (``SettleTooEarly``).
+
+        ``after``, when given (a store that also holds the run's checkpoints:
+        ``Capabilities.claim_after_checkpoint``), is the checkpoint the action was planned
+        from: the key is claimed only while the run's checkpoint is still that one, in the
+        claim's own transaction; once it has moved on, ``StaleClaim`` is raised (a key already
+        on record is returned as ever)."""
         ...
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
@@ -107,9 +114,12 @@ class IdempotencyStore(Protocol):
         """Give up ownership of a claimed key whose outcome is unknown (a timed-out WRITE)."""
         ...
 
-    def forget(self, tenant: str, key: str) -> None:
+    def forget(self, tenant: str, key: str) -> bool:
         """Drop a claimed key whose call was definitely refused (nothing happened), so the same
-        call may be made again later. Only the claiming owner's in-flight key is dropped."""
+        call may be made again later; True if it was dropped. Only a key in flight under the
+        owner this store holds live now is dropped: once its owner session was lost, the key
+        read unknown to everyone, a stop may name it and a person may be asked about it, so it
+        stays for them (False)."""
         ...
 
     def settle(self, tenant: str, key: str, *, executed: bool, by: str, source: str) -> KeyRecord:
@@ -285,6 +295,10 @@ class Capabilities:
     # ``audit``'s chain in the settlement's own transaction: the decision is recorded by whoever
     # made it, never left for a later process (a tenant's step pod) to write from the key.
     settle_with_event: bool = False
+    # ``idempotency.claim(after=seq)`` claims only while the run's checkpoint in
+    # ``checkpoints`` is still ``seq`` (the keys live in the same database), in the claim's
+    # own transaction: a process that was held up while another drove the run on never claims.
+    claim_after_checkpoint: bool = False
 
 
 class Backend(CheckpointStore, IdempotencyStore, AuditLog, SpecStore, Protocol):
@@ -319,6 +333,12 @@ class Stores:
         ):
             raise TypeError(
                 "checkpoint_with_completion is declared, but checkpoints cannot complete the keys"
+            )
+        if self.capabilities.claim_after_checkpoint and (
+            self.checkpoints is not cast(object, self.idempotency)
+        ):
+            raise TypeError(
+                "claim_after_checkpoint is declared, but the keys are not in the checkpoints' store"
             )
 
     @classmethod

@@ -10,9 +10,10 @@ a session advisory lock). Each backend's docstring argues why its liveness judge
 
 What a WRITE's safety rests on is in the statements below, for every backend alike: ``save`` and
 its stale-writer check are one statement; ``claim`` is one ``INSERT ... ON CONFLICT DO NOTHING`` on
-the owner's session; ``complete``, ``release`` and ``forget`` are compare-and-set on this store's
-own owner; ``settle`` is compare-and-set on the owner judged gone; the audit chain's primary key
-refuses a fork.
+the owner's session, which lands only while the run's checkpoint is the one the action was
+planned from; ``complete`` and ``release`` are compare-and-set on this store's own owner, and
+``forget`` on the one owner this store holds live now; ``settle`` is compare-and-set on the owner
+judged gone; the audit chain's primary key refuses a fork.
 
 This module must never settle, retry or delete a key on its own (only ``settle`` changes an
 unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
@@ -44,6 +45,7 @@ from keelgate.errors import (
     SettleError,
     SettleTooEarly,
     StaleCheckpoint,
+    StaleClaim,
     StoreError,
     StoreUnavailable,
     UnreadableEvent,
@@ -564,11 +566,16 @@ class Statements:
             "FROM keelgate_keys WHERE tenant = ? AND key = ?"
         )
         # The deadline is set on the store's clock: the claim's moment there plus the seconds
-        # given (none: NULL, no deadline).
+        # given (none: NULL, no deadline). The claim lands only while the run's checkpoint is
+        # still the one its action was planned from (the last three parameters: that seq, or
+        # NULL for no such condition), in the same statement: a process held up before its
+        # claim, while another drove the run on, can never claim (``SQLStore.claim``).
         self.claim = q(
             "INSERT INTO keelgate_keys "
             "(tenant, key, run, action, tool, state, owner, deadline, claim_id) "
-            f"VALUES (?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ?) "
+            f"SELECT ?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ? "
+            f"WHERE CAST(? AS {d.bigint}) IS NULL OR EXISTS (SELECT 1 FROM keelgate_checkpoints "
+            "WHERE tenant = ? AND run = ? AND seq = ?) "
             "ON CONFLICT DO NOTHING"
         )
         # A claim repeated after its acknowledgement was lost: if the first one landed, it is
@@ -585,7 +592,12 @@ class Statements:
             f"UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL {mine}"
         )
         self.release = q(f"UPDATE keelgate_keys SET owner = NULL {mine}")
-        self.forget = q(f"DELETE FROM keelgate_keys {mine}")
+        # Only under the one owner this store holds live now (``SQLStore.forget``), never under
+        # an owner id of a session it lost: that key may have been read unknown meanwhile.
+        self.forget = q(
+            "DELETE FROM keelgate_keys WHERE tenant = ? AND key = ? AND state = 'in_flight' "
+            "AND owner = ?"
+        )
         # "Not executed" only once the deadline has passed on the store's clock: before it, a
         # held-up owner may still send the call (the first parameter: whether it executed).
         self.settle = q(
@@ -685,6 +697,7 @@ class SQLStore(HoldsOwner, ABC):
         claim_with_event=True,
         checkpoint_with_completion=True,
         settle_with_event=True,
+        claim_after_checkpoint=True,
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -1110,12 +1123,24 @@ class SQLStore(HoldsOwner, ABC):
         tool: str,
         event: AuditDraft | None = None,
         deadline_in: float | None = None,
+        after: int | None = None,
     ) -> KeyRecord | None:
         claim_id = uuid.uuid4().hex
+        fence = (after, tenant, run, after)  # the checkpoint the claim's action was planned from
 
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
-            values = (tenant, key, run, action, tool, self._owner_id(), deadline_in, claim_id)
+            values = (
+                tenant,
+                key,
+                run,
+                action,
+                tool,
+                self._owner_id(),
+                deadline_in,
+                claim_id,
+                *fence,
+            )
             if conn.execute(self.sql.claim, values).rowcount != 1:
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
@@ -1137,6 +1162,7 @@ class SQLStore(HoldsOwner, ABC):
                 self._owner_id(),
                 deadline_in,
                 claim_id,
+                *fence,
                 *events,
             )
             row = self._one_statement(conn, self.sql.together("claim", 1), values)
@@ -1173,6 +1199,13 @@ class SQLStore(HoldsOwner, ABC):
             row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
             if row is not None:
                 return self._record(row)
+            if after is not None:
+                # No key: the run's checkpoint has moved on past the action's (a seq only grows,
+                # so it never comes back), or the key's live owner just dropped it.
+                stored = self._durably(lambda again: self._one(self.sql.stored_seq, (tenant, run)))
+                stored_seq = None if stored is None else int(stored[0])
+                if stored_seq != after:
+                    raise StaleClaim(tenant, run, after, stored_seq)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
             claim_id = uuid.uuid4().hex
 
@@ -1196,13 +1229,28 @@ class SQLStore(HoldsOwner, ABC):
             ),
         )
 
-    def forget(self, tenant: str, key: str) -> None:
-        # Not dropped, the key reads unknown: the safe side of a refusal that was not recorded.
-        self._ending(
+    def forget(self, tenant: str, key: str) -> bool:
+        """Drop our in-flight key after a definite refusal, only while the owner that claimed it
+        is the one this store holds live now, judged on the owner session itself (a session
+        that ends meanwhile fails the statement, and the repeat runs on a new owner id). A key
+        whose owner session was lost read unknown to everyone since: a stop may name it and a
+        person may be settling it, so it stays for them (False). Not dropped by a failure
+        either: the key then reads unknown, the safe side of a refusal that was not recorded."""
+
+        def drop(conn: Connection) -> bool:
+            row = conn.execute(self.sql.key, (tenant, key)).fetchone()
+            if row is None:
+                return True  # nothing of it on record (a repeat whose first try landed)
+            state, owner, judged = row[5], row[6], row[12]
+            if state != KeyState.IN_FLIGHT.value or owner != self._owner_id():
+                return False
+            if not self._alive(owner, judged):
+                return False
+            return bool(conn.execute(self.sql.forget, (tenant, key, owner)).rowcount == 1)
+
+        return self._ending(
             [(tenant, key)],
-            lambda: self._durably(
-                lambda again: self._write(self.sql.forget, (tenant, key, self._owned()))
-            ),
+            lambda: self._durably(lambda again: self._on_owner_session(drop, atomic=True)),
         )
 
     def _write(self, sql: str, params: Sequence[Any]) -> int:

@@ -22,8 +22,9 @@ With pytest, in your store's test file::
 as a saver-backed one), ``"specs"``, ``"keys"``, ``"audit"``, ``"run_lock"`` (a key store that is
 a ``RunLock``), ``"revisions"`` (a checkpoint store that is ``RunRevisions``), and one name per
 promise a backend may declare in ``Capabilities`` (``"checkpoint_with_events"``,
-``"claim_with_event"``, ``"checkpoint_with_completion"``, ``"settle_with_event"``); with no
-names, every check, and ``run`` then passes over what the stores do not have or declare.
+``"claim_with_event"``, ``"checkpoint_with_completion"``, ``"settle_with_event"``,
+``"claim_after_checkpoint"``); with no names, every check, and ``run`` then passes over what
+the stores do not have or declare.
 
 This module must never import pytest or a store backend, and never weaken a check to suit a
 backend: a store that fails one does not keep Keelgate's promise. It is one long module on
@@ -56,7 +57,7 @@ from keelgate.core.protocols import (
     Stores,
 )
 from keelgate.core.types import KeyState
-from keelgate.errors import SettleError, SettleTooEarly, StaleCheckpoint
+from keelgate.errors import SettleError, SettleTooEarly, StaleCheckpoint, StaleClaim
 
 Opener = Callable[[], Stores]
 E = TypeVar("E", bound=BaseException)
@@ -428,18 +429,19 @@ def release_turns_an_in_flight_key_into_an_unknown_outcome(factory: Opener) -> N
 def forget_drops_only_its_own_in_flight_key_so_the_call_can_be_made_again(
     factory: Opener,
 ) -> None:
-    """A definitely refused call leaves no key: its owner's forget drops it and the same key can
-    be claimed again; another store's forget, or forgetting a completed key, changes nothing."""
+    """A definitely refused call leaves no key: its owner's forget drops it (True) and the same
+    key can be claimed again; another store's forget, or forgetting a completed key, changes
+    nothing (False)."""
     owner, other = keys(factory), keys(factory)
     assert claim(owner) is None
-    other.forget("acme", "kg-1")
+    assert other.forget("acme", "kg-1") is False
     live = other.get("acme", "kg-1")
     assert live is not None and live.state is KeyState.IN_FLIGHT
-    owner.forget("acme", "kg-1")
+    assert owner.forget("acme", "kg-1") is True
     assert other.get("acme", "kg-1") is None
     assert claim(other) is None
     other.complete("acme", "kg-1", {"status": "ok"})
-    other.forget("acme", "kg-1")
+    assert other.forget("acme", "kg-1") is False
     done = owner.get("acme", "kg-1")
     assert done is not None and done.state is KeyState.COMPLETED
 
@@ -848,6 +850,45 @@ def a_settlement_puts_its_event_on_the_chain_with_it(factory: Opener) -> None:
         ("loop.reconciled", "settled:1"),
     ]
     assert verify("acme", "r", events).ok
+
+
+@_check("claim_after_checkpoint")
+def a_claim_lands_only_while_the_checkpoint_it_was_planned_from_stands(factory: Opener) -> None:
+    """claim(after=seq) claims a free key while the run's checkpoint is still seq. Once another
+    process saved the next one, the same claim of a free key (a process held up before its
+    claim, while another drove the run on) is refused with StaleClaim and writes nothing, not
+    even its event; a key on record is returned as it stands; a claim after the new checkpoint
+    lands. A run with no checkpoint has none to claim after."""
+    owner, driver = factory(), factory()
+    events = owner.capabilities.claim_with_event
+
+    def claimed(key: str, after: int) -> Any:
+        event = AuditDraft("loop.action_started", {"action": key}, key=f"started:{key}")
+        return owner.idempotency.claim(
+            "acme",
+            key,
+            run="r",
+            action=key,
+            tool="ship",
+            event=event if events else None,
+            after=after,
+        )
+
+    owner.checkpoints.save("acme", "r", 1, {"s": 1})
+    assert claimed("kg-1", 1) is None
+    driver.checkpoints.save("acme", "r", 2, {"s": 2})
+    with raises(StaleClaim) as stale:
+        claimed("kg-2", 1)
+    assert (stale.value.seq, stale.value.stored_seq) == (1, 2)
+    assert factory().idempotency.get("acme", "kg-2") is None
+    mine = claimed("kg-1", 1)
+    assert mine is not None and mine.state is KeyState.IN_FLIGHT
+    with raises(StaleClaim):
+        owner.idempotency.claim("acme", "kg-9", run="never", action="a", tool="t", after=1)
+    assert claimed("kg-2", 2) is None
+    if events:
+        on_chain = [e.key for e in factory().audit.events("acme", "r")]
+        assert on_chain == ["started:kg-1", "started:kg-2"]
 
 
 def _moved_on(factory: Opener, run: str) -> None:

@@ -1,6 +1,8 @@
 """The Reconciliations and Approvals a run's stop asks people for, made by the AgentRun's
 reconcile: one per unknown outcome, one per pending approval, and one already Settled for each
-outcome a step pod's confirmer settled.
+outcome a step pod's confirmer settled. A key the store no longer holds was dropped by its own
+live owner after a definite refusal (a timed-out call whose late answer was a refusal): nothing
+happened, so nothing is left to settle, nobody is asked and the run goes on.
 
 Why it exists: a person settles or approves by editing an object (``kubectl patch``), so the
 object must exist as soon as the run stops for it, under a name computed from the run and the
@@ -25,6 +27,11 @@ from keelgate.kube.controller.ports import JSON
 from keelgate.kube.times import now
 
 _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
+#: The status message of a Reconciliation whose key its owner dropped after a refusal.
+NOTHING_TO_SETTLE = (
+    "nothing to settle: the call was refused after all and its key dropped (nothing happened); "
+    "the run goes on"
+)
 
 
 class DecisionObjects:
@@ -44,7 +51,8 @@ class DecisionObjects:
         found: list[UnknownAction] = []
         for unknown in state.unknown:
             record = keys.get(namespace, unknown.idempotency_key)
-            if record is None or record.state not in _SETTLED:
+            # No record: dropped after a definite refusal, nothing to settle (``ask_to_settle``).
+            if record is not None and record.state not in _SETTLED:
                 found.append(unknown)
         for action in state.plan.actions if state.plan is not None else ():
             if action.id in listed or state.result_of(action.id) is not None:
@@ -58,17 +66,24 @@ class DecisionObjects:
 
     def ask_to_settle(self, run: JSON, unknowns: tuple[UnknownAction, ...]) -> bool:
         """Make sure each unknown action has its Reconciliation; True when all are settled
-        (in the store: a person may have settled one there, mirrored into its object next)."""
+        (in the store: a person may have settled one there, mirrored into its object next), or
+        no longer on record: its owner dropped the key after a definite refusal (a timed-out
+        call answered late with a refusal), so nothing happened and nobody has anything to
+        settle; a Reconciliation made for it meanwhile says so."""
         context = self._context
         namespace = run["metadata"]["namespace"]
         settled = True
         for unknown in unknowns:
             record = context.stores.idempotency.get(namespace, unknown.idempotency_key)
-            done = record is not None and record.state in _SETTLED
-            settled = settled and done
             body = resources.reconciliation(run, unknown)
             name = body["metadata"]["name"]
             existing = context.cache.get("Reconciliation", namespace, name)
+            if record is None:
+                if existing is not None:
+                    self._nothing_to_settle(run, existing, unknown)
+                continue
+            done = record.state in _SETTLED
+            settled = settled and done
             if existing is None:
                 shown: JSON = {"phase": "Pending"}
                 if unknown.not_executed_after:
@@ -84,6 +99,30 @@ class DecisionObjects:
                 # Settled elsewhere: the Reconciliation's reconcile mirrors it.
                 context.enqueue(("Reconciliation", namespace, name), 0.0)
         return settled
+
+    def _nothing_to_settle(self, run: JSON, existing: JSON, unknown: UnknownAction) -> None:
+        """A Reconciliation whose key its owner dropped after a definite refusal: its status
+        says there is nothing to settle (once, with a Normal Event on the run). It stays
+        Pending: nobody decided anything, and a decision patched into it is refused as having
+        nothing to settle."""
+        status = existing.get("status") or {}
+        if status.get("phase") == "Settled" or status.get("message"):
+            return  # said already (or a decision patched in was refused, saying why)
+        context = self._context
+        meta = existing["metadata"]
+        try:
+            patched = context.api.patch_status(
+                "Reconciliation", meta["namespace"], meta["name"], {"message": NOTHING_TO_SETTLE}
+            )
+        except (Conflict, Gone):
+            return  # looked at again with the run
+        context.cache.put("Reconciliation", patched)
+        context.events.normal(
+            run,
+            "NothingToSettle",
+            f"{unknown.tool} ({unknown.action}) was refused after all (nothing happened): "
+            f"reconciliation {meta['name']} has nothing to settle",
+        )
 
     def ask_to_approve(self, run: JSON, state: RunState) -> None:
         """Make sure each pending approval has its Approval (this is where an action starts

@@ -20,6 +20,7 @@ from keelgate.testing.sim.world import World
 EDITS = (
     "approval place_order",
     "approval notify",
+    "approval pay",
     "place_order READ",
     "drop notify",
     "READ only",

@@ -4,10 +4,15 @@ Why it exists: the promise is about what happens *downstream*: an order placed a
 idempotency key, never after a true "not executed". So the shop here keeps the ground truth the
 oracle judges by (``Ledger``: every effect, when, under which key, sent by which process, and
 never deduplicated: a second order under one key must show as two). A tool call goes out as a
-real tool would send it: it checks its write deadline right before its first byte (as the HTTP
-tool does in its transport), and then the network and the shop do what the schedule says: answer,
-take the request and lose the answer, hold it and act later (the call then goes on in the
-process, as a timed-out call does, and ends on virtual time), refuse it, or never receive it.
+real tool would send it: each request reports itself right before its first byte with
+``keelgate.about_to_send`` (which checks the write deadline, as the HTTP tool does in its
+transport), and then the network and the shop do what the schedule says: answer, take the
+request and lose the answer, hold it and act later (the call then goes on in the process, as a
+timed-out call does, and ends on virtual time), refuse it (the request is withdrawn as sent:
+``Send.refused``), or never receive it. ``pay`` is a composite WRITE: it charges, then sends the
+receipt, two requests of one call, with a window between them where the process may die or be
+held up past its deadline; once the charge may have gone out, no error of the call may read as
+"nothing happened" (docs/design.md, "A tool call is one unit of knowledge").
 A late effect lands within the call's own time limit: a system that acts after the client gave
 up is outside the promise (docs/design.md, "What is left of each window").
 """
@@ -18,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.core import fence
+from keelgate.core.fence import Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
 from keelgate.testing.sim.world import World
@@ -28,7 +33,12 @@ TOOLS: tuple[tuple[str, SideEffect], ...] = (
     ("check_stock", SideEffect.READ),
     ("place_order", SideEffect.WRITE),
     ("notify", SideEffect.PROPOSE),
+    ("pay", SideEffect.WRITE),  # composite: the charge, then the receipt
 )
+#: The tools that change things, which a spec may ask approval for.
+CHANGING = tuple(name for name, side_effect in TOOLS if side_effect is not SideEffect.READ)
+#: The requests of each tool's call, in order (one, but for a composite tool).
+PARTS: dict[str, tuple[str, ...]] = {"pay": ("charge", "receipt")}
 CALL_SECONDS = 30.0
 
 
@@ -42,16 +52,22 @@ class Effect:
     process: str
     #: How many people's approval the sending process's spec asked for this tool (0: none).
     approval_in_spec: int
+    #: Which request of the call made it (a composite tool's charge or receipt).
+    part: str = "request"
 
 
 @dataclass
 class Ledger:
-    """The systems of record: every effect, in order."""
+    """The systems of record: every effect, in order, and every request that reached them
+    (``received``: the effects' and those refused or held; what the network lost or never
+    delivered is not there), each as the ``Effect`` it would have been."""
 
     effects: list[Effect] = field(default_factory=list)
+    received: list[Effect] = field(default_factory=list)
 
-    def count(self, key: str) -> int:
-        return sum(1 for effect in self.effects if effect.key == key)
+    def count(self, key: str, part: str | None = None) -> int:
+        """Effects under ``key`` (of one request of the call, if ``part`` is given)."""
+        return sum(1 for e in self.effects if e.key == key and (part is None or e.part == part))
 
     def first(self, key: str) -> Effect | None:
         return next((e for e in self.effects if e.key == key), None)
@@ -77,13 +93,24 @@ class Sender:
 
 
 class LateCall:
-    """A request the shop holds: it acts later (``when_done`` is told how it ended), as a
-    timed-out call still running on a worker does; the gateway keeps its key meanwhile."""
+    """A request the shop holds: it acts later, or refuses it in the end (a late 4xx: nothing
+    happens, and the request is withdrawn as sent), and ``when_done`` is told how it ended, as a
+    timed-out call still running on a worker is; the gateway keeps its key meanwhile."""
 
-    def __init__(self, world: World, sender: Sender, effect: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        world: World,
+        sender: Sender,
+        effect: Callable[[], Any],
+        *,
+        sent: Send,
+        refused: str = "",
+    ) -> None:
         self._world = world
         self._sender = sender
         self._effect = effect
+        self._sent = sent
+        self._refused = refused  # the refusal it ends with ("": it acts)
         self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
         self.ended = False
 
@@ -91,13 +118,20 @@ class LateCall:
         self._callbacks.append(callback)
 
     def end(self) -> None:
-        """The shop acts now; the process, if it still lives, hears the answer."""
+        """The shop acts (or refuses) now; the process, if it still lives, hears the answer."""
         self.ended = True
-        output = self._effect()
+        output: Any = None
+        error: BaseException | None = None
+        if self._refused:
+            self._world.say(f"{self._sender.name} {self._refused}")
+            self._sent.refused()
+            error = ToolError(self._refused)
+        else:
+            output = self._effect()
         if not self._sender.alive:
             return  # its worker died with the process: the key reads unknown
         for callback in self._callbacks:
-            callback(output, None)
+            callback(output, error)
 
 
 class SimTool:
@@ -128,46 +162,69 @@ class SimTool:
         self._sender = sender
 
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
-        world, schedule = self._world, self._world.schedule
         if idempotency_key is None:  # a READ: nothing changes downstream
             return {"sku": args.get("sku"), "count": 3}
         key = idempotency_key
-        # Held up between the claim and the send (the fence's window), then the deadline is
-        # checked right before the first byte leaves, as the HTTP tool's transport does.
+        # Held up between the claim and the send (the fence's window).
         self._sender.window("before_send")
-        deadline = fence.current()
-        if deadline is not None:
-            deadline.check()
-        fate = schedule.pick(12)
-        if fate == 1:  # never received (the connection was refused): a definite failure
-            world.say(f"{self._sender.name} {self.name} refused by the network (nothing sent)")
-            raise ToolError(f"{self.name}: connection refused")
-        if fate == 2:  # the shop refuses the order: nothing happens
-            world.say(f"{self._sender.name} {self.name} refused by the shop")
-            raise ToolError(f"{self.name}: the shop refused it")
-        if fate == 3:  # sent, lost on the way: nothing happens, but nobody can tell
-            world.say(f"{self._sender.name} {self.name} lost before the shop")
-            raise OutcomeUncertain(f"{self.name}: connection reset")
-        if fate == 4:  # held by the shop, acted on later, within the call's time limit
-            delay = schedule.between(0.5, (self.timeout_seconds or CALL_SECONDS) * 0.9)
-            call = LateCall(world, self._sender, lambda: self._effect(key))
-            world.say(f"{self._sender.name} {self.name} held by the shop for {delay:.1f}s")
-            world.at(delay, f"late {self.name}", call.end)
-            self._sender.late(call)
-            raise OutcomeUncertain(f"{self.name} did not return in time", still_running=call)
-        output = self._effect(key)
-        self._sender.window("mid_tool")
-        if fate == 5:  # taken, answer lost
-            world.say(f"{self._sender.name} {self.name} answer lost")
-            raise OutcomeUncertain(f"{self.name}: connection reset after the request")
+        parts = PARTS.get(self.name, ("request",))
+        output: Any = None
+        for number, part in enumerate(parts):
+            if number:
+                # Between two requests of one call: the process may die here, or be held up
+                # past its deadline (the next request's report then refuses to send it).
+                self._sender.window("mid_tool")
+            output = self._request(key, part, last=number == len(parts) - 1)
         return output
 
-    def _effect(self, key: str) -> Any:
+    def _request(self, key: str, part: str, *, last: bool) -> Any:
+        """One request of the call: reported right before its first byte (the deadline is
+        checked there), then what the network and the shop make of it."""
+        world, schedule = self._world, self._world.schedule
+        sent = about_to_send(key)
+        what = self.name if part == "request" else f"{self.name} {part}"
+        fate = schedule.pick(12)
+        if fate == 1:  # never received (the connection was refused): a definite failure
+            world.say(f"{self._sender.name} {what} refused by the network (nothing sent)")
+            sent.refused()
+            raise ToolError(f"{what}: connection refused")
+        if fate not in (1, 3):  # it reaches the shop (the network neither refuses nor loses it)
+            approval = self._sender.approval_in_spec(self.name)
+            request = Effect(self.name, key, world.now, self._sender.name, approval, part)
+            self._ledger.received.append(request)
+        if fate == 2:  # the shop refuses it (a 4xx): nothing happens
+            world.say(f"{self._sender.name} {what} refused by the shop")
+            sent.refused()
+            raise ToolError(f"{what}: the shop refused it")
+        if fate == 3:  # sent, lost on the way: nothing happens, but nobody can tell
+            world.say(f"{self._sender.name} {what} lost before the shop")
+            raise OutcomeUncertain(f"{what}: connection reset")
+        if fate == 4:  # held by the shop, acted on later (or refused), within the time limit
+            delay = schedule.between(0.5, (self.timeout_seconds or CALL_SECONDS) * 0.9)
+            refused = f"{what} refused late by the shop" if schedule.chance(250) else ""
+            call = LateCall(
+                world, self._sender, lambda: self._effect(key, part), sent=sent, refused=refused
+            )
+            world.say(f"{self._sender.name} {what} held by the shop for {delay:.1f}s")
+            world.at(delay, f"late {what}", call.end)
+            self._sender.late(call)
+            raise OutcomeUncertain(f"{what} did not return in time", still_running=call)
+        output = self._effect(key, part)
+        if last:
+            self._sender.window("mid_tool")
+        if fate == 5:  # taken, answer lost
+            world.say(f"{self._sender.name} {what} answer lost")
+            raise OutcomeUncertain(f"{what}: connection reset after the request")
+        return output
+
+    def _effect(self, key: str, part: str) -> Any:
         world = self._world
         approval = self._sender.approval_in_spec(self.name)
-        self._ledger.effects.append(Effect(self.name, key, world.now, self._sender.name, approval))
-        world.say(f"EFFECT {self.name} {key[:12]} by {self._sender.name}")
-        return {"done": self.name, "n": self._ledger.count(key)}
+        effect = Effect(self.name, key, world.now, self._sender.name, approval, part)
+        self._ledger.effects.append(effect)
+        shown = self.name if part == "request" else f"{self.name} {part}"
+        world.say(f"EFFECT {shown} {key[:12]} by {self._sender.name}")
+        return {"done": self.name, "n": self._ledger.count(key, part)}
 
 
 class ShopConfirmer:

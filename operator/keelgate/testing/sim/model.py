@@ -1,11 +1,11 @@
 """The simulated model and the scenario it follows: what each iteration plans, what it costs.
 
 Why it exists: the loop must be driven by something that plans WRITEs the way a model does:
-several per iteration, the same call again (the same key), a READ between, a verifier that
-sometimes rejects. The scenario is drawn from the schedule before anything runs, so a shrunk
-schedule also shrinks the story (fewer iterations, fewer calls). The model answers from the
-scenario alone (the iteration asked about), so a process that died before its plan was saved
-gets the same plan from the next one.
+several per iteration, the same call again (the same key), a READ between, a composite WRITE
+(``pay``), a verifier that sometimes rejects. The scenario is drawn from the schedule before
+anything runs, so a shrunk schedule also shrinks the story (fewer iterations, fewer calls).
+The model answers from the scenario alone (the iteration asked about), so a process that died
+before its plan was saved gets the same plan from the next one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
 from keelgate.core.types import Usage
+from keelgate.testing.sim.downstream import CHANGING
 from keelgate.testing.sim.world import Schedule
 
 SKUS = ("A1", "B2", "C3")
@@ -43,14 +44,18 @@ class Scenario:
         for _ in range(iterations):
             calls: list[PlannedCall] = []
             for _ in range(1 + schedule.pick(3)):
-                tool = ("place_order", "place_order", "notify", "check_stock")[schedule.pick(4)]
+                tool = ("place_order", "place_order", "notify", "check_stock", "pay")[
+                    schedule.pick(5)
+                ]
                 args: dict[str, Any] = {"sku": SKUS[schedule.pick(len(SKUS))]}
                 if tool == "place_order":
                     args["qty"] = 1 + schedule.pick(2)
+                elif tool == "pay":
+                    args["amount"] = 10 * (1 + schedule.pick(3))
                 calls.append(PlannedCall(tool, args))
             plans.append(tuple(calls))
         rejected = frozenset(i + 1 for i in range(iterations) if schedule.chance(150))
-        approval = frozenset(tool for tool in ("place_order", "notify") if schedule.chance(300))
+        approval = frozenset(tool for tool in CHANGING if schedule.chance(300))
         limit = schedule.pick(3)
         max_iterations = None if limit == 0 else iterations + len(rejected) - 1 + limit
         tokens = None if not schedule.chance(250) else 1500 + 200 * schedule.pick(10)

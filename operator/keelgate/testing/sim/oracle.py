@@ -10,6 +10,7 @@ line, named by the rule it breaks (``RULES``).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ RULES = {
     "unapproved": "a WRITE took effect without the approvals it needed (that many people)",
     "after-not-executed": "a WRITE took effect after a true 'not executed'",
     "unasked": "an unknown outcome was never put to a person",
+    "told-not-run": "a WRITE took effect, or was sent, while its run recorded that it did not run",
     "waiting": "the run was left waiting with nobody asked",
     "audit": "the audit chain does not verify, or lacks a decision",
     "budget": "a budget was passed by more than one call",
@@ -72,32 +74,37 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
     loop = Loop(stores=stores, busy_wait=0.0)
     events = stores.audit.events(tenant, run)
     ledger = truth.ledger
-    # At most once per key.
-    keys = {effect.key for effect in ledger.effects}
-    for key in sorted(keys):
-        count = ledger.count(key)
+    # At most once per key (each request of a composite call: its charge once, its receipt
+    # once).
+    requests = {(effect.key, effect.part) for effect in ledger.effects}
+    for key, part in sorted(requests):
+        count = ledger.count(key, part)
         if count > 1:
-            found.append(Violation("twice", f"{key[:12]} took effect {count} times"))
+            what = "" if part == "request" else f" ({part})"
+            found.append(Violation("twice", f"{key[:12]}{what} took effect {count} times"))
     plans = _plans(events)
     approved = _decided(events, "loop.approved")
     denied = _decided(events, "loop.denied")
     # Never without the approvals it needs, each by a different person: as many as the spec
     # the sending process ran asks, and as the spec the action was planned under asks (the
     # action is the last one started under the key before the effect); never after a deny.
+    # Events are stamped to the millisecond, cut: each effect's moment is compared as stamped
+    # the same way (``_stamped``).
     started = [
         (str(e.data.get("idempotencyKey")), str(e.data.get("action")), _at(e))
         for e in events
         if e.type == "loop.action_started"
     ]
     for effect in ledger.effects:
-        sent = [a for k, a, at in started if k == effect.key and at <= effect.at]
+        effect_at = _stamped(effect.at)
+        sent = [a for k, a, at in started if k == effect.key and at <= effect_at]
         action = sent[-1] if sent else ""
         needed = effect.approval_in_spec
         for planned, tool, at in plans.get(effect.key, []):
             if planned == action:
                 needed = max(needed, _rules_at(truth.plans, action, at).get(tool, 0))
-        people = {by for a, by, at in approved if a == action and at <= effect.at}
-        no = [by for a, by, at in denied if a == action and at <= effect.at]
+        people = {by for a, by, at in approved if a == action and at <= effect_at}
+        no = [by for a, by, at in denied if a == action and at <= effect_at]
         if needed and (len(people) < needed or no):
             found.append(
                 Violation(
@@ -106,8 +113,36 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
                     f"{len(people)} of {needed} approvals" + (f", denied by {no[0]}" if no else ""),
                 )
             )
+    # Never told "it did not happen" of a call that took effect: a refusal, a failure or a
+    # denial the run recorded for the action that sent it (after the effect: an error of a call
+    # that may have sent something read as "nothing happened"); and never sent after being
+    # recorded so (a stale process sending its old plan's call after the run moved on), even a
+    # request the shop then refused. A person's or a confirmer's "not executed" is judged
+    # below, not here.
+    not_run: dict[str, float] = {}
+    for e in events:
+        if e.type == "loop.action_completed" and e.data.get("status") in _NOT_RUN:
+            not_run.setdefault(str(e.data.get("action")), _at(e))
+    told = [(effect, "took effect") for effect in ledger.effects]
+    told += [(request, "was sent") for request in ledger.received]
+    for request, what in told:
+        request_at = _stamped(request.at)
+        sent_by = [a for k, a, at in started if k == request.key and at <= request_at]
+        if not sent_by or sent_by[-1] not in not_run:
+            continue
+        if what == "was sent" and not_run[sent_by[-1]] >= request_at:
+            continue  # sent before its action's result was recorded: the refusal itself
+        found.append(
+            Violation(
+                "told-not-run",
+                f"{request.tool} {sent_by[-1]} {request.key[:12]} {what} at "
+                f"{request.at:.1f}, recorded as not run",
+            )
+        )
     # Never after a "not executed" that was true when given.
-    settled_not = [(d.key, d.at) for d in truth.decisions if d.kind == "settle" and not d.yes]
+    settled_not = [
+        (d.key, _stamped(d.at)) for d in truth.decisions if d.kind == "settle" and not d.yes
+    ]
     settled_not += [
         (str(e.data.get("idempotencyKey")), _at(e))
         for e in events
@@ -116,8 +151,8 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
         and e.data.get("verdict") == "abandoned"
     ]
     for key, at in settled_not:
-        before = [e for e in ledger.effects if e.key == key and e.at <= at]
-        after = [e for e in ledger.effects if e.key == key and e.at > at]
+        before = [e for e in ledger.effects if e.key == key and _stamped(e.at) <= at]
+        after = [e for e in ledger.effects if e.key == key and _stamped(e.at) > at]
         if not before and after:
             found.append(
                 Violation(
@@ -193,11 +228,21 @@ def judge(stores: Stores, tenant: str, run: str, truth: Truth) -> list[Violation
     return found
 
 
-def _at(event: AuditEvent) -> float:
-    import datetime as dt
+#: Results by which the run says, in its own words, that a call did not happen.
+_NOT_RUN = frozenset({"error", "refused", "denied"})
 
+
+def _at(event: AuditEvent) -> float:
     moment = dt.datetime.fromisoformat(event.at.replace("Z", "+00:00"))
     return moment.timestamp() - EPOCH
+
+
+def _stamped(moment: float) -> float:
+    """A moment of the world as an audit event stamped then reads back (``_at``): cut to the
+    millisecond as the product stamps it, so that it compares with events' moments. (Compared
+    unstamped, an event stamped in the very millisecond of an effect could read as after it.)"""
+    text = dt.datetime.fromtimestamp(EPOCH + moment, dt.UTC).isoformat(timespec="milliseconds")
+    return dt.datetime.fromisoformat(text).timestamp() - EPOCH
 
 
 def _plans(events: Sequence[AuditEvent]) -> dict[str, list[tuple[str, str, float]]]:

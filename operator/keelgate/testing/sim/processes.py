@@ -25,7 +25,14 @@ from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.manifest import spec_from_manifest
 from keelgate.runners.step import StepRunner
 from keelgate.testing.sim.desk import needed
-from keelgate.testing.sim.downstream import LateCall, Ledger, Sender, ShopConfirmer, SimTool
+from keelgate.testing.sim.downstream import (
+    CHANGING,
+    LateCall,
+    Ledger,
+    Sender,
+    ShopConfirmer,
+    SimTool,
+)
 from keelgate.testing.sim.model import Scenario, SimModel
 from keelgate.testing.sim.oracle import PlanMade, Truth
 from keelgate.testing.sim.stores import StoreSite
@@ -43,7 +50,7 @@ class Faults:
     def __init__(self, world: World) -> None:
         schedule = world.schedule
         self.crash = (0, 15, 40, 80)[schedule.pick(4)]
-        self.pause = (0, 15, 40)[schedule.pick(3)]
+        self.pause = (0, 15, 40, 80)[schedule.pick(4)]
         self.drain = (0, 10)[schedule.pick(2)]
         self.calm = False  # the end of a run: no more faults
 
@@ -212,7 +219,7 @@ class StepProcess(Sender):
         )
 
     def _planned(self, iteration: int) -> None:
-        rules = {t: n for t in ("place_order", "notify") if (n := self.approval_in_spec(t))}
+        rules = {t: n for t in CHANGING if (n := self.approval_in_spec(t))}
         self.truth.plans.append(PlanMade(self.world.now, iteration, rules))
 
     def _window(self, name: str) -> None:

@@ -134,7 +134,8 @@ def _simulate(world: World, site: sim_stores.StoreSite, *, mode: str, store: str
     finally:
         stores.close()
     for effect in ledger.effects:
-        world.trace.add(effect.at, f"ledger {effect.tool} {effect.key} {effect.process}")
+        part = "" if effect.part == "request" else f" {effect.part}"
+        world.trace.add(effect.at, f"ledger {effect.tool}{part} {effect.key} {effect.process}")
     return Outcome(
         tuple(violations),
         world.trace.digest(),

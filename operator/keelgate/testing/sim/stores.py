@@ -5,41 +5,72 @@ simulation that moves time must move that clock too. The seam is the store's ``D
 subclasses change only its clock expression to a function the world answers, and each process of
 the simulation opens its own store object (its own owner, as a process would). The memory store
 stands for a server store (PostgreSQL): an owner's session can be lost while its process lives
-(``lose_session``); the SQLite store is the real file with the real ``flock`` owners, in a
-temporary folder. Nothing of the stores' logic is copied here.
+(``lose_session``), and as a PostgreSQL store does, it then opens a new session, with a new
+owner id, at its next claim (its keys may carry any id it has had); the SQLite store is the real
+file with the real ``flock`` owners, in a temporary folder. Nothing of the stores' logic is
+copied here.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from keelgate.core.protocols import Stores
-from keelgate.stores._sql import migrate
+from keelgate.stores._sql import Connection, migrate
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 from keelgate.stores.sqlite import SQLITE, SQLiteStore, immediate
 
 #: The SQL function that reads the world's clock.
 CLOCK_FUNCTION = "keelgate_sim_clock"
 _DIALECT = replace(SQLITE, clock=f"{CLOCK_FUNCTION}()")
+# A memory store's keys may carry any owner id it has had, as a PostgreSQL store's (``owner =
+# ANY(?)`` there): the parameter is their list, as JSON.
+_SESSIONS = replace(_DIALECT, mine="owner IN (SELECT value FROM json_each(?))")
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 class SimMemoryStore(MemoryStore):
     """A memory store whose SQL clock is the world's, standing for a server store: the runs it
     drives are held by its session (``RunLock``), and go with it when the session is lost, as a
-    PostgreSQL session's advisory locks do."""
+    PostgreSQL session's advisory locks do; its next claim opens a new session, with a new owner
+    id (``PostgresStore._live_owner_session``)."""
 
-    dialect = _DIALECT
+    dialect = _SESSIONS
 
     def __init__(self, backend: MemoryBackend) -> None:
         super().__init__(backend)
         self.driving: set[tuple[str, str]] = set()
         self.session_lost = False
+        self.owners = [self.owner]  # every owner id it has had, one per session
+
+    def _owned(self) -> str:
+        return json.dumps(self.owners)
+
+    def _mine(self, owner: Any) -> bool:
+        return owner in self.owners
+
+    def _on_owner_session(self, work: Callable[[Connection], T], *, atomic: bool) -> T:
+        if self.session_lost:
+            # A new session: a new owner, alive; the run locks of the lost one are not back.
+            with self.backend.lock:
+                self.owner = uuid.uuid4().hex
+                self.owners.append(self.owner)
+                self.backend.live_owners.add(self.owner)
+                self.session_lost = False
+        return super()._on_owner_session(work, atomic=atomic)
+
+    def _close_now(self) -> None:
+        with self.backend.lock:
+            self.backend.live_owners.difference_update(self.owners)
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
         if self.session_lost:
