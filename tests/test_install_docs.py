@@ -32,6 +32,7 @@ import pytest
 import typer.main
 import yaml
 
+from keelgate.cli import audit_tools as _audit  # noqa: F401 - registers audit RUN
 from keelgate.cli import cluster as _cluster  # noqa: F401 - registers step and operator
 from keelgate.cli import main
 from keelgate.cli import tenant as _tenant  # noqa: F401 - registers tenant add|remove|list
