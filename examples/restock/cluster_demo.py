@@ -124,9 +124,13 @@ def main() -> int:
 
     console.print(Rule("1. A shop on loopback: the system the agent's WRITE changes"))
     port = procs.free_port()
+    # `make up` started a new cluster and database, so the shop starts a new book too: the
+    # orders of an earlier demo are not this run's (a second `make demo` once counted them).
+    book = demo / "orders"
+    book.unlink(missing_ok=True)
     shop = procs.spawn(
         "shop",
-        [sys.executable, "-m", "keelgate_e2e.shop", f"--port={port}", f"--book={demo / 'orders'}"],
+        [sys.executable, "-m", "keelgate_e2e.shop", f"--port={port}", f"--book={book}"],
         run_dir=run_dir,
         log=cluster.logs_dir / "shop.log",
         env={"PYTHONPATH": str(ROOT / "e2e")},
