@@ -10,10 +10,11 @@ and hands out copies; these tests hold it to that with plain bodies as the API s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
-from keelgate.kube.runtime.cache import GONE_FOR, Cache, copy_json, is_active_step_pod
+from keelgate.kube.runtime.cache import GONE_FOR, Cache, copy_json, is_active_step_pod, slim_copy
 from keelgate.kube.runtime.resync import WaitingRuns, due_for_resync
 
 JSON = dict[str, Any]
@@ -69,6 +70,26 @@ def test_the_cache_keeps_no_field_manager_records_nor_kubectls_last_applied_copy
     kept = cache.get("AgentRun", "shop", "r")
     assert kept is not None and "managedFields" not in kept["metadata"]
     assert kept["metadata"]["annotations"] == {"keelgate.dev/failpoints": "after_plan@1"}
+
+
+def test_a_watch_events_object_is_copied_slim_and_left_as_it_came() -> None:
+    """The copy the operator takes of each watch event's object (``slim_copy``) has neither the
+    field managers' records nor kubectl's last-applied copy, and the event's own object keeps
+    both: kopf may still hold it, and nothing it was handed is changed."""
+    body = run("r", phase="Running")
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    body["metadata"]["annotations"] = {
+        "kubectl.kubernetes.io/last-applied-configuration": '{"spec": "a big copy"}',
+        "keelgate.dev/failpoints": "after_plan@1",
+    }
+    before = copy.deepcopy(body)
+    slim = slim_copy(body)
+    assert body == before
+    assert "managedFields" not in slim["metadata"]
+    assert slim["metadata"]["annotations"] == {"keelgate.dev/failpoints": "after_plan@1"}
+    slim["status"]["phase"] = "Failed"  # a deep copy: the event's object does not change
+    assert body["status"]["phase"] == "Running"
+    assert {**slim, "status": body["status"], "metadata": body["metadata"]} == body
 
 
 def test_what_a_reconcile_reads_is_its_own_copy() -> None:

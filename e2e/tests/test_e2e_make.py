@@ -119,7 +119,7 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
         assert ready == "1"
         config = yaml.safe_load((run_dir / "kubeconfig").read_text())
         assert config["current-context"] == "admin"
-        assert {c["name"] for c in config["contexts"]} == {"admin", "alice", "bob"}
+        assert {c["name"] for c in config["contexts"]} == {"admin", "alice", "bob", "carol"}
         kubectl = Kubectl(find_kubectl(), run_dir / "kubeconfig", namespace="default")
         assert "keelgate-node" in kubectl("get", "nodes", "-o", "name").stdout
         pg = subprocess.run(

@@ -96,7 +96,8 @@ def test_gitops_sees_no_drift_after_a_run(
 ) -> None:
     """The operator writes status only: after a full run, applying the same manifest again is
     `unchanged`, `kubectl diff --server-side` shows nothing, and the spec, labels and
-    annotations are exactly what the user applied (generation still 1)."""
+    annotations are exactly what the user applied, besides who created it, which admission
+    records (generation still 1)."""
     run = agentrun("gitops", shop, [[order("G1", 1)]])
     run["metadata"]["labels"] = {"team": "stores"}
     run["metadata"]["annotations"] = {"owner": "alice"}
@@ -110,6 +111,9 @@ def test_gitops_sees_no_drift_after_a_run(
     assert live["metadata"]["labels"] == {"team": "stores"}
     annotations = dict(live["metadata"]["annotations"])
     annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
+    # Who created the run, recorded by the chart's admission policy at creation (for an
+    # approval rule's notCreator): the requester; apply and the server-side diff above ignore it.
+    assert annotations.pop("keelgate.dev/created-by", "admin") == "admin"
     assert annotations == {"owner": "alice"}
     assert not live["metadata"].get("finalizers")
     managers = {m["manager"]: m for m in live["metadata"]["managedFields"]}

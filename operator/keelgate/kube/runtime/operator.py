@@ -40,7 +40,7 @@ from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
 from keelgate.kube.resources import controller_name, is_tick, pod_change_matters, pod_finished
-from keelgate.kube.runtime.cache import Cache, copy_json, key_of
+from keelgate.kube.runtime.cache import Cache, key_of, slim_copy
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
@@ -183,9 +183,10 @@ class Operator:
         return settings
 
     def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> None:
-        # The event's own object is plain data already; the cache keeps a copy of it.
+        # The event's own object is plain data already; the cache keeps a copy of it, without
+        # what it would drop anyway (copied on the event loop, for every event of every pod).
         raw = event.get("object")
-        plain = copy_json(raw) if isinstance(raw, dict) else _plain(body)
+        plain = slim_copy(raw) if isinstance(raw, dict) else _plain(body)
         if event.get("type") == "DELETED":
             self.cache.drop(kind, plain)
         else:
