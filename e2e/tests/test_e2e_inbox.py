@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -240,11 +240,15 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
 
         # Not executed is refused until the write deadline; at that moment the open page
         # offers it, without a reload.
+        # (The item is drawn again when the deadline passes: an element found just before may be
+        # gone by the time it is asked, so each look finds it afresh.)
         later = "li.item.unknown button[value=not-executed]"
-        assert not browser.find_element(By.CSS_SELECTOR, later).is_enabled()
-        WebDriverWait(browser, 60, poll_frequency=0.2).until(
-            lambda b: b.find_element(By.CSS_SELECTOR, later).is_enabled()
-        )
+        assert not WebDriverWait(
+            browser, 10, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(lambda b: ("enabled", b.find_element(By.CSS_SELECTOR, later).is_enabled()))[1]
+        WebDriverWait(
+            browser, 60, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(lambda b: b.find_element(By.CSS_SELECTOR, later).is_enabled())
         assert browser.execute_script("return window.keptAcrossUpdates === true;")
         item = _wait(browser, "li.item.unknown")
         item.find_element(By.CSS_SELECTOR, "input[name=note]").send_keys("the shop has it")
