@@ -115,6 +115,28 @@ def install(kube: Kube) -> None:
         )
 
 
+def wait_admitting(kube: Kube, namespace: str, timeout: float = 60) -> None:
+    """Until the API server admits an AgentRun (a dry run): right after its CRD is established,
+    the chart's mutating admission policy (created-by) refuses one with 503 "Resource kind ...
+    not found" for a few seconds, until the CRD's schema reaches the policy's type resolver."""
+    path = f"/apis/keelgate.dev/v1alpha1/namespaces/{namespace}/agentruns"
+    probe = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "admission-probe"},
+        "spec": {},
+    }
+
+    def admitted() -> bool:
+        try:
+            kube.request("POST", path, body=probe, params={"dryRun": "All"})
+        except ApiError as error:
+            return error.status != 503  # refused for what it says (an empty spec): admitted
+        return True
+
+    wait_for(admitted, timeout=timeout, interval=0.5, what="AgentRuns admitted")
+
+
 def _established(kube: Kube, name: str) -> bool:
     crd = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
     conditions = crd.get("status", {}).get("conditions") or []
@@ -379,6 +401,11 @@ class OperatorPod:
             *self.chart_values(*extra),
         )
         self.wait_healthy()
+        kube = self.cluster.client()
+        try:
+            wait_admitting(kube, self.namespace)
+        finally:
+            kube.close()
 
     @property
     def kubeconfig(self) -> Path:
