@@ -120,6 +120,12 @@ FOUND_SEEDS = (
         "operator",
         '"recorded":"forgotten","settledBy":"","status":"refused"',
     ),
+    (
+        "a confirmer's settlement whose writer died, the key's own step ending the call late",
+        619132472565534397,
+        "local",
+        "died at after_settle",
+    ),
 )
 
 
@@ -131,7 +137,8 @@ def test_the_seeds_that_found_product_gaps_keep_every_promise(
 ) -> None:
     """Each seed that met a gap (a stale step's claim sent and never asked about; a key a stop
     named dropped by a process that had lost it; a run waiting on a key its owner dropped after
-    a late refusal) meets the same window again, and the product keeps every promise there."""
+    a late refusal; a confirmer's decision never on the chain) meets the same window again, and
+    the product keeps every promise there."""
     outcome = simulate(seed=seed, store="memory", mode=mode)
     assert any(shown in line for line in outcome.lines), f"{why}: the seed no longer meets it"
     assert outcome.ok, "; ".join(map(str, outcome.violations))

@@ -3,7 +3,7 @@ what it held: it never claims its old plan's call, and never drops a key others 
 
 Why it exists: on a server store a process can lose its session while it lives (a node cut off,
 a network partition, a long pause). Its owner id and its run lock go with the session, so the
-next step drives the run on. The simulator (issue 39) found two gaps there, both reproduced here
+next step drives the run on. The simulator (issue 39) found three gaps there, each reproduced here
 deterministically, on the memory store (whose session is lost as PostgreSQL loses one: the owner
 and its run lock go) and on a real PostgreSQL server (``pg_terminate_backend`` on the process's
 owner session, which it replaces with a new one and a new owner id):
@@ -16,6 +16,10 @@ owner session, which it replaces with a new one and a new owner id):
 - whose call was refused *after* its session was lost, the process used to drop the key that the
   next step had meanwhile stopped the run on as unknown: the stop named a key nobody could settle.
   ``forget`` now drops only a key held by the owner the store holds live now.
+- whose call ended after another process's confirmer had settled its key (that process dying
+  before the decision's event), the process checkpointed the action as done and no later step
+  met the key again, so the decision never reached the chain (sim seed 619132472565534397). The
+  process that ends a call late now writes the decision it finds on the key.
 
 Each test drives both processes in one thread: the first one's failpoint (or its tool) runs the
 second to its end before the first goes on, as the simulator does on virtual time. SQLite is not
@@ -38,8 +42,8 @@ from keelgate.core import failpoints
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
-from keelgate.core.types import KeyState, SideEffect, StopReason, idempotency_key
-from keelgate.errors import OutcomeUncertain, StaleCheckpoint, ToolError
+from keelgate.core.types import KeyState, SideEffect, StopReason, UnknownAction, idempotency_key
+from keelgate.errors import OutcomeUncertain, SimulatedCrash, StaleCheckpoint, ToolError
 from keelgate.stores import open_stores
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 from keelgate.stores.postgres import PostgresStore
@@ -206,6 +210,62 @@ def test_a_refused_call_whose_session_lived_drops_its_key_as_before(
     assert done.stop.reason is StopReason.GOAL_MET
     assert shop.calls == [KEY]
     assert opener().idempotency.get("shop", KEY) is None
+
+
+class ShopConfirmer:
+    """Trusted code that asks the shop: the order is in its book."""
+
+    name = "shop-confirmer"
+
+    def confirm(
+        self, tenant: str, run: str, action: UnknownAction, args: Mapping[str, Any]
+    ) -> bool | None:
+        return True
+
+
+def test_a_confirmers_decision_reaches_the_chain_when_its_writer_died_and_the_call_ends_late(
+    opener: Callable[[], Stores],
+) -> None:
+    """Process A sends its order and is held up before the answer; its session is lost. Process
+    B finds the key's owner gone, its confirmer says the order is in the shop's book, B settles
+    the key so and dies right after, before the decision's event. A's call then ends (the
+    order went through) and A, the last to meet the key, drives the run to its end: the
+    confirmer's decision is on the chain once, before A's ``loop.late_result``, and the chain
+    verifies (sim seed 619132472565534397 found the decision missing)."""
+    first, second = opener(), opener()
+    orders: list[str] = []
+
+    def held_before_the_answer(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        assert idempotency_key is not None
+        orders.append(idempotency_key)
+        lose_session(first)
+        never = PythonTool("place_order", _never_called, SideEffect.WRITE, timeout_seconds=30)
+        other = Loop(
+            stores=second,
+            model=ScriptedModel(SCRIPT),
+            tools=[never],
+            confirmer=ShopConfirmer(),
+            busy_wait=0.0,
+        )
+        with failpoints.armed({"after_settle": 1}), pytest.raises(SimulatedCrash):
+            other.run_or_resume(SPEC)
+        return {"ordered": 2}
+
+    tool = PythonTool("place_order", held_before_the_answer, SideEffect.WRITE, timeout_seconds=30)
+    done = loop(first, tool).run_or_resume(SPEC)
+    assert done.stop.reason is StopReason.GOAL_MET
+    assert orders == [KEY]
+    events = Loop(stores=opener()).audit("shop", "restock")
+    decided = [
+        (e.type, e.data.get("source"), e.data.get("verdict"), e.actor)
+        for e in events
+        if e.type in ("loop.reconciled", "loop.late_result")
+    ]
+    assert decided == [
+        ("loop.reconciled", "confirmer", "executed", "shop-confirmer"),
+        ("loop.late_result", None, None, "keelgate"),
+    ]
+    assert Loop(stores=opener()).verify_audit("shop", "restock").ok
 
 
 def _never_called(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:

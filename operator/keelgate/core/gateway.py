@@ -351,6 +351,16 @@ class Gateway:
         else:
             recorded = current.state.value
         settled_by = "" if current is None else current.settled_by
+        if current is not None and current.source:
+            # Whoever settled it may have died before writing the decision's event, and this
+            # process, which ended the call itself, may be the last to meet the key (its run
+            # moves on past the action): the decision goes on the chain before what came late
+            # (idempotent, as in ``_existing``).
+            decided = _settlement_on_record(action, current)
+            if self.audit is not None:
+                self.audit.append(self.tenant, self.run, [decided])
+            else:
+                self.emit(decided)
         if settled_by:
             log.warning(
                 "%s %s: ended %s, but %s had already settled its key (%s)",
@@ -444,12 +454,7 @@ class Gateway:
         if record.source:
             # Settled by a person or a confirmer: make sure the chain says so, even if the
             # process that settled it died before writing the event (appending is idempotent).
-            executed = record.state is KeyState.COMPLETED
-            self.emit(
-                Settlement(executed, record.settled_by, record.source).draft(
-                    action.id, action.tool, action.key
-                )
-            )
+            self.emit(_settlement_on_record(action, record))
         if record.state is KeyState.COMPLETED:
             return _replay(action, record)
         if record.state is KeyState.ABANDONED:
@@ -524,6 +529,14 @@ class Gateway:
         if verdict is True or verdict is False:
             return Settlement(verdict, self.confirmer.name, "confirmer")
         return None
+
+
+def _settlement_on_record(action: Action, record: KeyRecord) -> AuditDraft:
+    """The event of the decision a settled key records (a person's or a confirmer's)."""
+    executed = record.state is KeyState.COMPLETED
+    return Settlement(executed, record.settled_by, record.source).draft(
+        action.id, action.tool, action.key
+    )
 
 
 def once_not_in_flight(
