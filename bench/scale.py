@@ -57,10 +57,9 @@ from scalebench import counting, report  # noqa: E402
 from scalebench.kwok import CONTROLLER_ARGS, Kwok  # noqa: E402
 from scalebench.load import Load  # noqa: E402
 from scalebench.sample import Peaks, metric_sum, profile, rss_mb, snapshot  # noqa: E402
-from scalebench.watch import PodTimes, RunEnds, Watch  # noqa: E402
+from scalebench.watch import STEP_SELECTOR, PodTimes, RunEnds, Watch  # noqa: E402
 
 OPERATOR_USER = f"system:serviceaccount:{kg.SYSTEM}:{kg.OPERATOR_SA}"
-STEP_SELECTOR = "app.kubernetes.io/name=keelgate-step"
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]

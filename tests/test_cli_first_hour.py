@@ -5,6 +5,7 @@ namespace). Each test names what the user sees."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -317,11 +318,17 @@ def test_runs_lists_as_kubectl_get_does(folder: Path) -> None:
     assert keelgate(folder, "status", names[0]).returncode == 0
 
 
-def test_status_tells_a_run_driven_now_from_one_whose_process_is_gone(folder: Path) -> None:
-    """While `keelgate run` drives a run, `status` says another process is driving it (exit 4,
-    the run is busy) and `runs` says "in progress"; once that process is killed (SIGKILL, no
-    word), `status` says no process drives it and resume continues it (exit 3), and `runs`
-    says "process gone"."""
+def _wait_for_the_write(folder: Path) -> None:
+    """Until the run's WRITE is being sent (the shop's tool marks it), at most a minute."""
+    deadline = time.monotonic() + 60
+    while not (folder / "order-started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (folder / "order-started").exists(), "the run never reached its WRITE"
+
+
+@contextlib.contextmanager
+def _driving(folder: Path) -> Iterator[None]:
+    """`keelgate run` driving the run, held in its minute-long WRITE, killed (SIGKILL) after."""
     driver = subprocess.Popen(
         [KEELGATE, "run", "-f", "run.yaml"],
         cwd=folder,
@@ -330,18 +337,25 @@ def test_status_tells_a_run_driven_now_from_one_whose_process_is_gone(folder: Pa
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (folder / "order-started").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for_the_write(folder)
+        yield
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_status_tells_a_run_driven_now_from_one_whose_process_is_gone(folder: Path) -> None:
+    """While `keelgate run` drives a run, `status` says another process is driving it (exit 4,
+    the run is busy) and `runs` says "in progress"; once that process is killed (SIGKILL, no
+    word), `status` says no process drives it and resume continues it (exit 3), and `runs`
+    says "process gone"."""
+    with _driving(folder):
         now = keelgate(folder, "status", "restock")
         assert now.returncode == 4, now.stdout + now.stderr
         assert "another process is driving it now" in now.stdout
         assert "in progress" in keelgate(folder, "runs").stdout
         shown = json.loads(keelgate(folder, "status", "restock", "-o", "json").stdout)
         assert shown["phase"] == "Running" and shown["drivenNow"] is True
-    finally:
-        driver.kill()
-        driver.wait()
     gone = keelgate(folder, "status", "restock")
     assert gone.returncode == 3
     assert "no process drives it" in gone.stdout and "keelgate resume restock" in gone.stdout
@@ -354,26 +368,13 @@ def test_status_tells_a_run_driven_now_from_one_whose_process_is_gone(folder: Pa
 def test_a_second_run_of_a_busy_run_says_busy_at_once(folder: Path) -> None:
     """A second `keelgate run` of a run another process drives exits 4 with one line about as
     fast as the program starts (it waited 5 s before), and runs nothing."""
-    driver = subprocess.Popen(
-        [KEELGATE, "run", "-f", "run.yaml"],
-        cwd=folder,
-        env=user_env(ORDER_SECONDS="60"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (folder / "order-started").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with _driving(folder):
         started = time.monotonic()
         baseline = keelgate(folder, "--version")
         startup = time.monotonic() - started
         started = time.monotonic()
         second = keelgate(folder, "run", "-f", "run.yaml")
         took = time.monotonic() - started
-    finally:
-        driver.kill()
-        driver.wait()
     assert baseline.returncode == 0
     assert second.returncode == 4
     (line,) = second.stderr.splitlines()
@@ -399,10 +400,7 @@ def _run_and_signal(folder: Path, times: int) -> tuple[int, str]:
         # As from a terminal (a background job would hand it SIGINT ignored).
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.monotonic() + 60
-    while not (folder / "order-started").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert (folder / "order-started").exists(), "the run never reached its WRITE"
+    _wait_for_the_write(folder)
     for _ in range(times):
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)

@@ -14,7 +14,6 @@ the tool).
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,35 +32,21 @@ from crashkit import (
     tool_calls,
     url_opener,
 )
-from crashkit.scripts import RUN_WINDOWS
+from crashkit.scripts import RUN_WINDOWS, crash_cases, fresh_spec
 from keelgate.core import failpoints
-from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.spec import LoopSpec
 from keelgate.core.types import ApprovalRule, KeyState, Outcome, StopReason
 from keelgate.errors import SimulatedCrash
 from test_crash_subprocess import report, run_worker
 
 TWO = ApprovalRule(required=2)
 PEOPLE = ("alice", "bob")
-WINDOWS = [name for name in RUN_WINDOWS if name != "mid_tool"]
-CASES = [
-    *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in WINDOWS for n in (1, 2, 3)],
-    *[
-        pytest.param("mid_tool", n, effect, id=f"mid_tool@{n}-effect-{effect}")
-        for n in (1, 2, 3)
-        for effect in ("before", "after")
-    ],
-]
+CASES = crash_cases()
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
     return opener_for(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
-
-
-def _spec() -> LoopSpec:
-    return LoopSpec(
-        "shop", f"restock-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
-    )
 
 
 class Approvers:
@@ -128,7 +113,7 @@ def test_a_crash_before_or_between_two_approvals_never_runs_a_write_early_or_twi
     every WRITE and PROPOSE done exactly once (never, when a death inside the tool left it
     undone and it was truthfully abandoned), and the trail holds each approval."""
     world = World(Journal(tmp_path / "world.jsonl"), effect=effect, rules={"place_order": TWO})
-    spec = _spec()
+    spec = fresh_spec()
     calls = tool_calls(RESTOCK, spec.tenant, spec.run)
     rig = Rig(opener, world, RESTOCK)
     people = Approvers(world)
@@ -176,7 +161,7 @@ def test_a_crash_before_or_between_two_approvals_never_runs_a_write_early_or_twi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [*WINDOWS, "mid_tool"])
+@pytest.mark.parametrize("window", RUN_WINDOWS)
 def test_a_process_killed_around_two_approvals_never_runs_a_write_early_or_twice(
     tmp_path: Path, window: str
 ) -> None:
@@ -186,7 +171,7 @@ def test_a_process_killed_around_two_approvals_never_runs_a_write_early_or_twice
     with each done once (or truthfully abandoned)."""
     store = f"sqlite:///{tmp_path}/keelgate.db"
     journal = tmp_path / "world.jsonl"
-    spec = _spec()
+    spec = fresh_spec()
     job: dict[str, Any] = {
         "store": store,
         "journal": str(journal),

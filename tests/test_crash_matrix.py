@@ -9,7 +9,6 @@ guessing or look at Keelgate's own records to decide what happened downstream.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,34 +26,17 @@ from crashkit import (
     tool_calls,
     url_opener,
 )
-from crashkit.scripts import RUN_WINDOWS, occurrences
-from keelgate.core.spec import Budget, LoopSpec
+from crashkit.scripts import RUN_WINDOWS, crash_cases, fresh_spec, occurrences
 from keelgate.core.types import StopReason
 from keelgate.errors import SimulatedCrash
 
-WINDOWS = [name for name in RUN_WINDOWS if name != "mid_tool"]
-
-CASES = [
-    *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in WINDOWS for n in (1, 2, 3)],
-    *[
-        pytest.param("mid_tool", n, effect, id=f"mid_tool@{n}-effect-{effect}")
-        for n in (1, 2, 3)
-        for effect in ("before", "after")
-    ],
-]
+CASES = crash_cases()
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
     """Stores to restart over: every call opens a fresh session on the same data."""
     return opener_for(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
-
-
-def _spec() -> LoopSpec:
-    # A fresh run name per case, so cases can share one Postgres database.
-    return LoopSpec(
-        "shop", f"restock-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
-    )
 
 
 @pytest.mark.parametrize(("window", "occurrence", "effect"), CASES)
@@ -69,7 +51,7 @@ def test_a_crash_at_any_window_leaves_every_write_done_exactly_once(
     world = World(
         Journal(tmp_path / "world.jsonl"), effect="before" if effect == "before" else "after"
     )
-    spec = _spec()
+    spec = fresh_spec()
     calls = tool_calls(RESTOCK, spec.tenant, spec.run)
     unknown, happened = expected_crash(calls, window, occurrence, effect)
     rig = Rig(opener, world, RESTOCK)
@@ -116,7 +98,7 @@ def test_the_last_pass_of_each_window_can_crash_and_one_past_it_never_fires(
     assert last >= 3
     for occurrence, fires in ((last, True), (last + 1, False)):
         world = World(Journal(tmp_path / f"world-{occurrence}.jsonl"))
-        spec = _spec()
+        spec = fresh_spec()
         rig = Rig(url_opener(f"sqlite:///{tmp_path}/k-{occurrence}.db"), world, RESTOCK)
         try:
             first = rig.attempt(spec, (window, occurrence))

@@ -39,27 +39,13 @@ from crashkit import (
     url_opener,
 )
 from crashkit.rig import OPERATOR
-from crashkit.scripts import RUN_WINDOWS
+from crashkit.scripts import crash_cases, fresh_spec
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, utc_iso
 
 TESTS = Path(__file__).resolve().parent
-WINDOWS = [name for name in RUN_WINDOWS if name != "mid_tool"]
-
-
-def _cases(occurrences: tuple[int, ...]) -> list[Any]:
-    return [
-        *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in WINDOWS for n in occurrences],
-        *[
-            pytest.param("mid_tool", n, effect, id=f"mid_tool@{n}-effect-{effect}")
-            for n in occurrences
-            for effect in ("before", "after")
-        ],
-    ]
-
-
 #: Every window at its 1st, 2nd and 3rd pass, on each store.
-CASES = _cases((1, 2, 3))
+CASES = crash_cases()
 
 
 def _environment(failpoints: str = "") -> dict[str, str]:
@@ -113,9 +99,7 @@ def crash_and_recover(
     store: str, tmp_path: Path, window: str, occurrence: int, effect: str
 ) -> None:
     journal = tmp_path / "world.jsonl"
-    spec = LoopSpec(
-        "shop", f"restock-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
-    )
+    spec = fresh_spec()
     job = {
         "store": store,
         "journal": str(journal),

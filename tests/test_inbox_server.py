@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -139,16 +139,26 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
     yield from _inbox(tmp_path)
 
 
-def _inbox(tmp_path: Path, **options: Any) -> Iterator[Inbox]:
-    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
-    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+def _one_approval(cluster: FakeCluster) -> None:
     cluster.runs["restock"] = run_body("restock")
     cluster.objects["Approval"].append(decision("Approval", "restock", "1:0"))
+
+
+def _inbox(
+    tmp_path: Path,
+    *,
+    fill: Callable[[FakeCluster], None] = _one_approval,
+    views: Callable[[Path, FakeCluster], Any] = ShopViews,
+    **options: Any,
+) -> Iterator[Inbox]:
+    """An inbox server on loopback over a fake cluster ``fill`` sets up, its clock the one
+    the test moves."""
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
+    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+    fill(cluster)
     clock = Clock()
     told: list[str] = []
-    server = InboxServer(
-        0, ShopViews(config, cluster), clock=clock, signed_in=told.append, **options
-    )
+    server = InboxServer(0, views(config, cluster), clock=clock, signed_in=told.append, **options)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     try:
@@ -576,25 +586,17 @@ class BatchViews(ShopViews):
         return Recorded(keys={"1:0": self.plan[run]})
 
 
-@pytest.fixture
-def batch(tmp_path: Path) -> Iterator[Inbox]:
-    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
-    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+def _three_approvals(cluster: FakeCluster) -> None:
     for run in ("a", "b", "c"):
         cluster.runs[run] = run_body(run)
         cluster.objects["Approval"].append(
             decision("Approval", run, "1:0", idempotencyKey=f"kg-{run}", decisions=[])
         )
-    views = BatchViews(config, cluster)
-    server = InboxServer(0, views, clock=Clock(), signed_in=lambda url: None)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield Inbox(server, cluster, Clock())
-    finally:
-        server.shutdown()
-        server.close()
-        thread.join(5)
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> Iterator[Inbox]:
+    yield from _inbox(tmp_path, fill=_three_approvals, views=BatchViews)
 
 
 def _batch_form(token: str, choice: str, *picks: str, note: str = "") -> str:

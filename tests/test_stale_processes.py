@@ -30,7 +30,7 @@ another process cannot drive the run while it lives.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -44,10 +44,9 @@ from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, SideEffect, StopReason, UnknownAction, idempotency_key
 from keelgate.errors import OutcomeUncertain, SimulatedCrash, StaleCheckpoint, ToolError
-from keelgate.stores import open_stores
-from keelgate.stores.memory import MemoryBackend, MemoryStore
+from keelgate.stores.memory import MemoryStore
 from keelgate.stores.postgres import PostgresStore
-from support.stores import backend_params
+from support.stores import ONE_SESSION, store_fixture
 
 ORDER = {"sku": "A1", "qty": 2}
 SPEC = LoopSpec("shop", "restock", "restock A1", budget=Budget(max_iterations=5))
@@ -58,34 +57,9 @@ SCRIPT = [
 ]
 
 
-@pytest.fixture(params=backend_params(("memory", "postgres")))
-def opener(request: pytest.FixtureRequest) -> Iterator[Callable[[], Stores]]:
-    """Opens a new process's stores over one run's data: memory, or a fresh PostgreSQL
-    database opened as a step pod opens it (one session, no pool)."""
-    opened: list[Stores] = []
-    if request.param == "memory":
-        backend = MemoryBackend()
-
-        def memory() -> Stores:
-            return Stores.of(MemoryStore(backend))
-
-        make = memory
-    else:
-        url = str(request.getfixturevalue("pg_url"))
-
-        def postgres() -> Stores:
-            return open_stores(url, pooled=False)
-
-        make = postgres
-
-    def open_() -> Stores:
-        stores = make()
-        opened.append(stores)
-        return stores
-
-    yield open_
-    for stores in opened:
-        stores.close()
+#: Each test opens a new process's stores over one run's data: memory, or a fresh PostgreSQL
+#: database opened as a step pod opens it (one session, no pool).
+opener = store_fixture("memory", ONE_SESSION)
 
 
 def lose_session(stores: Stores) -> None:

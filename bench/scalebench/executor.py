@@ -50,8 +50,9 @@ from typing import Any
 
 from keelgate_e2e.kube import ApiError, Kube
 
+from scalebench.watch import STEP_SELECTOR, Watch
+
 JSON = dict[str, Any]
-STEP_SELECTOR = "app.kubernetes.io/name=keelgate-step"
 #: What the forkserver imports once, so each step's process starts with them loaded.
 PRELOAD = [
     "keelgate.cli.step",
@@ -144,31 +145,7 @@ class Executor:
         self.wake = threading.Event()
         self.patches = ThreadPoolExecutor(4, thread_name_prefix="patch")
 
-    # Watching the step pods
-
-    def watch(self) -> None:
-        """List, then watch, the step pods of every namespace; relist when the watch breaks."""
-        while not self.stop.is_set():
-            try:
-                listed = self.kube.get("/api/v1/pods", {"labelSelector": STEP_SELECTOR})
-                for pod in listed.get("items") or []:
-                    self.seen(pod, deleted=False)
-                version = listed["metadata"]["resourceVersion"]
-                while not self.stop.is_set():
-                    params = {"labelSelector": STEP_SELECTOR, "resourceVersion": version}
-                    for event in self.kube.watch("/api/v1/pods", params, 120):
-                        kind, pod = event.get("type"), event.get("object") or {}
-                        if kind == "ERROR":
-                            raise ApiError(int(pod.get("code") or 500), json.dumps(pod), "W", "")
-                        version = pod.get("metadata", {}).get("resourceVersion", version)
-                        if kind != "BOOKMARK":
-                            self.seen(pod, deleted=kind == "DELETED")
-                        if self.stop.is_set():
-                            return
-            except Exception as error:  # a broken or expired watch: list again
-                if not self.stop.is_set():
-                    print(f"executor: watch: {type(error).__name__}: {error}", flush=True)
-                    time.sleep(0.5)
+    # The step pods (seen through a ``Watch``)
 
     def seen(self, pod: JSON, *, deleted: bool) -> None:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -370,7 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    threading.Thread(target=executor.watch, daemon=True, name="watch").start()
+    pods = Watch(
+        kube,
+        "/api/v1/pods",
+        {"labelSelector": STEP_SELECTOR},
+        lambda pod, gone: executor.seen(pod, deleted=gone),
+    ).start()
     runner = threading.Thread(target=executor.run, daemon=True, name="run")
     runner.start()
     print(f"executor: started, at most {args.parallel} steps at once", flush=True)
@@ -379,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.work / "executor.json.tmp").write_text(json.dumps(executor.counts.to_json()))
             os.replace(args.work / "executor.json.tmp", args.work / "executor.json")
     finally:
+        pods.stop.set()
         executor.stop.set()
         executor.kill_all()
         runner.join(timeout=10)

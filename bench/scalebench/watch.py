@@ -19,6 +19,9 @@ from keelgate_e2e.kube import ApiError, Kube
 
 JSON = dict[str, Any]
 
+#: The step pods the operator makes (its label on each).
+STEP_SELECTOR = "app.kubernetes.io/name=keelgate-step"
+
 
 class Watch:
     """List, then watch, one collection of every namespace, calling ``seen`` for each object
@@ -53,8 +56,9 @@ class Watch:
                             self.seen(body, kind == "DELETED")
                         if self.stop.is_set():
                             return
-            except Exception:  # expired or broken: list again
+            except Exception as error:  # expired or broken: list again
                 if not self.stop.is_set():
+                    print(f"watch {self.path}: {type(error).__name__}: {error}", flush=True)
                     time.sleep(0.5)
 
 

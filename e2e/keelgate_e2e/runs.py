@@ -124,6 +124,12 @@ def approvals(kube: Kube, namespace: str) -> list[JSON]:
     return list(kube.get(f"{GROUP}/namespaces/{namespace}/approvals")["items"])
 
 
+def decide(alice: Kubectl, name: str, *, approved: bool = True) -> None:
+    """alice's decision on the Approval ``name``, as a person makes it (`kubectl patch`)."""
+    body = {"spec": {"approved": approved, "by": "alice"}}
+    alice("patch", "approval", name, "--type=merge", "-p", json.dumps(body))
+
+
 def settle_truly(alice: Kubectl, admin: Kube, namespace: str, shop: ShopServer) -> int:
     """Settle every pending Reconciliation of the namespace as alice, with what the shop says
     (an order under the key: executed). Returns how many were settled."""

@@ -247,8 +247,7 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
             "alice decided (kubectl patch) while the operator was not running",
         )
         for name, verdict in ((granted_name, True), (denied_name, False)):
-            body = json.dumps({"spec": {"approved": verdict, "by": "alice"}})
-            alice("patch", "approval", name, "--type=merge", "-p", body)
+            runs.decide(alice, name, approved=verdict)
         keep(
             "Approval",
             "decided",

@@ -8,8 +8,6 @@ objects outside its own namespace.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from keelgate_e2e import runs
@@ -62,9 +60,7 @@ def _approve(admin: Kube, alice: Kubectl, namespace: str, run: str) -> None:
                 return str(approval["metadata"]["name"])
         return ""
 
-    name = wait_for(pending, timeout=60, what=f"the approval of {run}")
-    body = json.dumps({"spec": {"approved": True, "by": "alice"}})
-    alice("patch", "approval", name, "--type=merge", "-p", body)
+    runs.decide(alice, wait_for(pending, timeout=60, what=f"the approval of {run}"))
 
 
 def test_a_monitor_ticks_holds_back_behind_a_waiting_tick_and_keeps_its_history(

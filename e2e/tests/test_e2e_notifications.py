@@ -8,7 +8,6 @@ the sink).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -165,15 +164,7 @@ def test_a_run_waiting_for_approval_and_an_unknown_outcome_are_told_to_a_receive
     }
     wait_for(lambda: asked <= kinds(), timeout=60, what=f"the asks told (got {kinds()})")
     for approval in runs.approvals(admin, tenant):
-        body = {"spec": {"approved": True, "by": "alice"}}
-        alice(
-            "patch",
-            "approval",
-            approval["metadata"]["name"],
-            "--type=merge",
-            "-p",
-            json.dumps(body),
-        )
+        runs.decide(alice, approval["metadata"]["name"])
     runs.settle_truly(alice, admin, tenant, shop)
     for name in ("asks", "unsure"):
         wait_phase(admin, tenant, name, "Succeeded", timeout=120)

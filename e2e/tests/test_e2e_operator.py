@@ -112,8 +112,9 @@ def test_gitops_sees_no_drift_after_a_run(
     annotations = dict(live["metadata"]["annotations"])
     annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
     # Who created the run, recorded by the chart's admission policy at creation (for an
-    # approval rule's notCreator): the requester; apply and the server-side diff above ignore it.
-    assert annotations.pop("keelgate.dev/created-by", "admin") == "admin"
+    # approval rule's notCreator; the control plane serves MutatingAdmissionPolicy): the
+    # requester. Apply and the server-side diff above ignore it.
+    assert annotations.pop("keelgate.dev/created-by") == "admin"
     assert annotations == {"owner": "alice"}
     assert not live["metadata"].get("finalizers")
     managers = {m["manager"]: m for m in live["metadata"]["managedFields"]}
@@ -318,15 +319,7 @@ def test_an_approval_granted_runs_the_write_once_and_a_denial_never_runs_it(
     time.sleep(2)  # a person takes a while; none of it is active time
     for approval in runs.approvals(admin, tenant):
         verdict = approval["spec"]["runName"] == "granted"
-        body = {"spec": {"approved": verdict, "by": "alice"}}
-        alice(
-            "patch",
-            "approval",
-            approval["metadata"]["name"],
-            "--type=merge",
-            "-p",
-            json.dumps(body),
-        )
+        runs.decide(alice, approval["metadata"]["name"], approved=verdict)
     granted = wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)
     denied = wait_phase(admin, tenant, "denied", "Succeeded", timeout=90)
     assert [o["body"]["sku"] for o in shop.shop.orders] == ["P1"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keelgate.core.failpoints import NAMES
+from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import SideEffect, idempotency_key
 
 Script = list[dict[str, Any]]
@@ -20,6 +21,36 @@ Script = list[dict[str, Any]]
 #: The failpoints a crash-free run of a script passes. ``after_settle`` is not among them: it is
 #: passed only when an unknown outcome is settled, and has crash tests of its own.
 RUN_WINDOWS = tuple(name for name in NAMES if name != "after_settle")
+
+#: The windows outside the tool's own call (``mid_tool``, whose crash cases also say whether the
+#: effect landed before the death).
+OUTSIDE_TOOL = tuple(name for name in RUN_WINDOWS if name != "mid_tool")
+
+
+def fresh_spec() -> LoopSpec:
+    """The restock run under a fresh name per case, so cases can share one PostgreSQL
+    database."""
+    import uuid
+
+    return LoopSpec(
+        "shop", f"restock-{uuid.uuid4().hex[:8]}", "restock", budget=Budget(max_iterations=10)
+    )
+
+
+def crash_cases(occurrences: Sequence[int] = (1, 2, 3)) -> list[Any]:
+    """The crash matrix's cases, ``(window, occurrence, effect)``: every window at each of
+    ``occurrences``, and ``mid_tool`` with the effect landing before or after the death."""
+    import pytest  # only the tests that build cases need it
+
+    return [
+        *[pytest.param(w, n, "before", id=f"{w}@{n}") for w in OUTSIDE_TOOL for n in occurrences],
+        *[
+            pytest.param("mid_tool", n, effect, id=f"mid_tool@{n}-effect-{effect}")
+            for n in occurrences
+            for effect in ("before", "after")
+        ],
+    ]
+
 
 #: A value that rides in tool arguments and must never appear in the audit chain.
 MARK = "deliver-rear-door-7f3a"
