@@ -289,6 +289,23 @@ def test_groups_a_decision_names_are_checked(
     assert loop.state("shop", "restock").approvals == {}
 
 
+def test_a_group_that_is_not_utf8_text_is_refused_and_nothing_saved(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """A group read from bytes that are not UTF-8 (a lone surrogate, as Python decodes them) is
+    refused as a person's name is, in one line naming the field: the SQLite store would keep
+    it, and the checkpoint would then carry text no other reader can encode."""
+    loop = waiting(stores, world_with(tmp_path, TWO))
+    before = stores.checkpoints.load("shop", "restock")
+    with pytest.raises(InputError) as refused:
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice", groups=["caf\udce9"])
+    assert refused.value.field == "groups"
+    assert str(refused.value) == ("groups: is not valid UTF-8 text (check the terminal's encoding)")
+    assert stores.checkpoints.load("shop", "restock") == before
+    assert loop.state("shop", "restock").approvals == {}
+    assert only(stores.audit.events("shop", "restock"), "loop.approved") == []
+
+
 def test_rules_combine_to_the_stricter_of_both() -> None:
     """The higher count, the shorter expiry, not the creator if either says so, each rule's
     groups; a tool without a rule of its own asks one approval if it requires approval."""

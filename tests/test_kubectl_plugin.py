@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -18,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from keelgate.cli.listing import age, span
 from keelgate.cli.plugin import commands, main
 from keelgate.cli.plugin.client import NotFound, Refused
 from keelgate.cli.plugin.commands import APPROVAL, decide
+from keelgate.cli.plugin.listing import expires_in
 from keelgate.cli.plugin.target import Target, resolve
 from keelgate.errors import InputError, SettleError
 
@@ -220,6 +224,26 @@ def test_the_package_installs_a_kubectl_keelgate_executable() -> None:
     """`[project.scripts]` names kubectl-keelgate, which kubectl finds on PATH as a plugin."""
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts.get("kubectl-keelgate") == "keelgate.cli.plugin:run"
+
+
+def test_help_does_without_the_manifest_models() -> None:
+    """`kubectl keelgate --help` (and so every command that does not approve) never loads
+    keelgate.manifest, whose pydantic models take tens of milliseconds to import: only the
+    approval rule's check needs the run's creator, and it reads it there."""
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from keelgate.cli.plugin import main\n"
+            "code = main(['--help'])\n"
+            "print(code, sorted(m for m in sys.modules if m.startswith('keelgate.manifest')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip().splitlines()[-1] == "0 []", shown.stdout + shown.stderr
 
 
 def test_the_context_and_its_namespace_come_from_kubeconfig_like_kubectl(
@@ -1174,6 +1198,30 @@ def test_a_decision_shown_for_another_call_is_refused(cluster: FakeCluster) -> N
     assert cluster.patches == []
     done = decide(cluster, APPROVAL, "payout", "1:0", True, None, key="kg-now")
     assert (done.by, done.already) == ("bob", False)
+
+
+def test_age_and_expiry_are_in_kubectls_largest_whole_unit() -> None:
+    """AGE and EXPIRES count in the largest whole unit, as kubectl's AGE (45s, 12m, 3h, 2d):
+    an age is never negative and unreadable is <unknown>; an expiry past is "now" and none
+    is empty."""
+    now = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+    def moment(seconds: int) -> str:
+        return (now + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    for seconds, shown in ((0, "0s"), (59, "59s"), (60, "1m"), (3599, "59m"), (3600, "1h")):
+        assert span(seconds) == shown
+        assert age(moment(-seconds), now) == shown
+    assert (span(86399), span(86400), span(10 * 86400 + 5)) == ("23h", "1d", "10d")
+    assert age(moment(30), now) == "0s" and age(None, now) == "<unknown>"
+    assert [expires_in(moment(s), now) for s in (1, 90, 7200, 0, -5)] == [
+        "in 1s",
+        "in 1m",
+        "in 2h",
+        "now",
+        "now",
+    ]
+    assert expires_in("", now) == ""
 
 
 def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(

@@ -55,6 +55,33 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     assert found is not None and found["status"]["phase"] == "Failed"
 
 
+def test_the_observer_is_told_a_body_only_when_it_changed_what_the_cache_held() -> None:
+    """The watch's echo of the operator's own status patch (the same resourceVersion, the same
+    body, told a second time) tells the notifier nothing: it would only derive the same
+    notices again. A changed body is told, with a new resourceVersion or without one; so is
+    each deletion, and a body taken in again after it."""
+    told: list[tuple[str, bool]] = []
+    cache = Cache(
+        observer=lambda _, body, deleted: told.append((str(body["status"]["phase"]), deleted))
+    )
+    cache.put("AgentRun", run("r", phase="Stopped", resourceVersion="7", uid="u"))
+    assert told == [("Stopped", False)]
+    # The echo: the same body, with what the cache drops anyway; and a copy of what it holds.
+    echo = run("r", phase="Stopped", resourceVersion="7", uid="u", managedFields=[{"f": 1}])
+    cache.put("AgentRun", echo)
+    held = cache.get("AgentRun", "shop", "r")
+    assert held is not None
+    cache.put("AgentRun", held)
+    assert told == [("Stopped", False)]
+    cache.put("AgentRun", run("r", phase="Succeeded", resourceVersion="8", uid="u"))
+    cache.put("AgentRun", run("r", phase="Failed", uid="u"))  # no version: compared
+    cache.put("AgentRun", run("r", phase="Failed", uid="u"))
+    assert told[1:] == [("Succeeded", False), ("Failed", False)]
+    cache.drop("AgentRun", run("r", phase="Failed", uid="u"))
+    cache.put("AgentRun", run("r", phase="Pending", resourceVersion="9", uid="u2"))
+    assert told[3:] == [("Failed", True), ("Pending", False)]
+
+
 def test_the_cache_keeps_no_field_manager_records_nor_kubectls_last_applied_copy() -> None:
     """What the operator never reads (managedFields, kubectl's last-applied annotation: often
     more than half of a body) is not kept, so thousands of runs cost less memory; every other

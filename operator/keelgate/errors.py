@@ -109,7 +109,7 @@ class StaleCheckpoint(StoreError):
 
     def __init__(self, tenant: str, run: str, seq: int, stored_seq: int | None) -> None:
         super().__init__(
-            f"checkpoint {seq} of run {run!r} refused: the store already holds {stored_seq}",
+            self.refusal(run, seq, stored_seq),
             tenant=tenant,
             run=run,
             seq=seq,
@@ -119,6 +119,11 @@ class StaleCheckpoint(StoreError):
         self.run = run
         self.seq = seq
         self.stored_seq = stored_seq
+
+    @staticmethod
+    def refusal(run: str, seq: int, stored_seq: int | None) -> str:
+        """The message: what was refused (a subclass refuses something else, with these fields)."""
+        return f"checkpoint {seq} of run {run!r} refused: the store already holds {stored_seq}"
 
 
 class StaleClaim(StaleCheckpoint):
@@ -127,20 +132,12 @@ class StaleClaim(StaleCheckpoint):
     held up, and its store session, or its run lock, was lost). Nothing was claimed, nothing was
     sent; like any stale writer, this process must stop, not retry."""
 
-    def __init__(self, tenant: str, run: str, seq: int, stored_seq: int | None) -> None:
-        StoreError.__init__(
-            self,
+    @staticmethod
+    def refusal(run: str, seq: int, stored_seq: int | None) -> str:
+        return (
             f"a call of run {run!r} planned at checkpoint {seq} was not made: the run has moved "
-            f"on to checkpoint {stored_seq} (another process drove it meanwhile); nothing was sent",
-            tenant=tenant,
-            run=run,
-            seq=seq,
-            stored_seq=stored_seq,
+            f"on to checkpoint {stored_seq} (another process drove it meanwhile); nothing was sent"
         )
-        self.tenant = tenant
-        self.run = run
-        self.seq = seq
-        self.stored_seq = stored_seq
 
 
 class UnreadableEvent(StoreError):

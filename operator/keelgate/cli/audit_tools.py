@@ -88,8 +88,6 @@ class SignedHeads:
         return seen
 
     def report(self, tenant: str, run: str, chain: ChainReport) -> ChainReport:
-        import json
-
         from keelgate.adapters.signing import EnvelopeError, open_envelope
         from keelgate.core.attestation import check_signed_head
 

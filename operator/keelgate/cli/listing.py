@@ -48,7 +48,11 @@ def age(created: str | None, now: dt.datetime) -> str:
     when = parse_time(created)
     if when is None:
         return "<unknown>"
-    seconds = max(0, int((now - when).total_seconds()))
+    return span(max(0, int((now - when).total_seconds())))
+
+
+def span(seconds: int) -> str:
+    """A number of seconds in kubectl's largest whole unit: 45s, 12m, 3h, 2d."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

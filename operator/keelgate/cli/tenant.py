@@ -18,6 +18,7 @@ import typer
 
 from keelgate.cli.commands import OutputFormat, OutputOption, app
 from keelgate.cli.help import App
+from keelgate.cli.listing import table
 from keelgate.cli.render import Console
 from keelgate.errors import InputError, KeelgateError
 from keelgate.stores import check_store_url, redacted
@@ -429,9 +430,5 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
     rows += [
         (name, "-", "none (shared URL)", str(runs[name]), "-", "-", "-") for name in unregistered
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        console.say(
-            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    console.say(table(rows))
     return 0

@@ -35,12 +35,8 @@ from keelgate.core.types import (
     stricter,
     utc_iso,
 )
-from keelgate.core.values import MAX_APPROVERS
+from keelgate.core.values import MAX_DECISIONS, MAX_GROUPS, one_line
 from keelgate.errors import InputError, SettleError
-
-#: The most groups a decision may name (the API server's list for one person; a checkpoint
-#: keeps them with the decision).
-MAX_GROUPS = 64
 
 
 def rule_of(tool: Tool) -> ApprovalRule | None:
@@ -231,12 +227,7 @@ def check_groups(groups: Collection[str], *, field: str = "groups") -> tuple[str
     if len(found) > MAX_GROUPS:
         raise InputError(field, f"names {len(found)} groups, at most {MAX_GROUPS}")
     for group in found:
-        if (
-            not group.strip()
-            or len(group) > 253
-            or any(ord(c) < 32 or ord(c) == 127 for c in group)
-        ):
-            raise InputError(field, f"{group!r} is not a group name (one line, 1-253 characters)")
+        one_line(group, field, "a group")
     return found
 
 
@@ -266,21 +257,19 @@ def decide(
     denied = next((d for d in decisions if not d.approved), None)
     if denied is not None:
         raise SettleError(state.run, action, f"already denied by {denied.by}")
-    if state.stop is None or state.stop.reason is not StopReason.AWAITING_APPROVAL:
-        if decisions:
-            who = ", ".join(dict.fromkeys(d.by for d in decisions))
-            raise SettleError(state.run, action, f"already approved by {who}")
+    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
+    pending = {p.action: p for p in state.pending} if awaiting else {}
+    if action not in pending and decisions:
+        who = ", ".join(dict.fromkeys(d.by for d in decisions))
+        raise SettleError(state.run, action, f"already approved by {who}")
+    if not awaiting:
         raise SettleError(state.run, action, "the run is not awaiting an approval")
-    pending = {p.action: p for p in state.pending}
     if action not in pending:
-        if decisions:
-            who = ", ".join(dict.fromkeys(d.by for d in decisions))
-            raise SettleError(state.run, action, f"already approved by {who}")
         awaited = ", ".join(pending) or "none"
         raise SettleError(state.run, action, f"not awaiting approval (awaiting: {awaited})")
     asked = pending[action]
     if key:
-        planned = _planned(state, action)
+        planned = state.planned(action)
         if planned is not None and planned.key != key:
             raise SettleError(
                 state.run,
@@ -318,7 +307,7 @@ def decide(
                 action,
                 f"{by} approved it already ({before.count}): a person counts once",
             )
-    if len(decisions) >= 4 * MAX_APPROVERS:
+    if len(decisions) >= MAX_DECISIONS:
         raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
     decision = Decision(approved, by, utc_now(), groups, ref)
     after = tally((*decisions, decision), rule, creator=creator, now=now)
@@ -359,11 +348,3 @@ def decide(
     )
     # No active time passes while a person decides: this save adds none.
     return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
-
-
-def _planned(state: RunState, action: str) -> Action | None:
-    if state.plan is not None:
-        for planned in state.plan.actions:
-            if planned.id == action:
-                return planned
-    return None

@@ -27,6 +27,7 @@ from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
 from keelgate.core.tracing import NO_TRACING, Attributes, Tracer
 from keelgate.core.types import Action, KeyRecord, Outcome
+from keelgate.core.values import one_line
 from keelgate.errors import InputError, RunBusy, RunNotFound, SettleError, UnreadableEvent
 
 GoalPredicate = Callable[[Sequence[Mapping[str, Any]]], bool]
@@ -283,21 +284,13 @@ class Loop:
 def check_actor(by: str, *, field: str = "by") -> None:
     """Who decided goes on the audit chain: a name on one line, nothing else. ``field`` is how
     the caller spells it (the CLI's ``--by``)."""
-    if not by.strip():
-        raise InputError(field, "must name the person deciding")
-    if any(ord(c) < 32 or ord(c) == 127 for c in by) or len(by) > 253:
-        raise InputError(field, "must be one line of at most 253 printable characters")
-    if any("\ud800" <= c <= "\udfff" for c in by):
-        # What Python makes of bytes that are not UTF-8 (a terminal in another encoding): they
-        # cannot be stored, so the name would be lost, or the store's write fail, mid-settle.
-        raise InputError(field, "is not valid UTF-8 text (check the terminal's encoding)")
+    one_line(by, field, "the person deciding")
 
 
 def _find_action(state: RunState, action: str) -> Action:
-    if state.plan is not None:
-        for planned in state.plan.actions:
-            if planned.id == action:
-                return planned
+    planned = state.planned(action)
+    if planned is not None:
+        return planned
     unknown = ", ".join(u.action for u in state.unknown) or "none"
     raise SettleError(
         state.run, action, f"no such action in the current plan (unknown outcomes: {unknown})"

@@ -129,6 +129,14 @@ class RunState(JsonValue):
     def run(self) -> str:
         return self.spec.run
 
+    def planned(self, action: str) -> Action | None:
+        """The current plan's action with id ``action`` (None: the plan has none)."""
+        if self.plan is not None:
+            for planned in self.plan.actions:
+                if planned.id == action:
+                    return planned
+        return None
+
     def but(self, **changes: Any) -> RunState:
         """A copy with ``changes``. The loop makes several per phase, so this skips
         ``dataclasses.replace``'s full ``__init__``; unknown field names are still refused."""
@@ -249,29 +257,22 @@ def upgraded(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return data
 
 
-def planned_arguments(document: Mapping[str, Any]) -> dict[str, Any]:
-    """Action id -> recorded arguments, for the actions of the current plan in a checkpoint
+def planned_actions(document: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Action id -> the action's JSON, for the actions of the current plan in a checkpoint
     document (a ``RunState``'s JSON), read as they are, without validating the rest: for the
-    readers that show or send them (the inbox, the notifier), which redact them first."""
+    readers that show or send them (the inbox, the notifier), which redact their arguments
+    first."""
     plan = document.get("plan") or {}
     iteration = plan.get("iteration")
-    found: dict[str, Any] = {}
+    found: dict[str, Mapping[str, Any]] = {}
     for index, action in enumerate(plan.get("actions") or ()):
         if isinstance(action, Mapping):
             ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
-            found[ident] = action.get("args") or {}
+            found[ident] = action
     return found
 
 
-def planned_keys(document: Mapping[str, Any]) -> dict[str, str]:
-    """Action id -> Idempotency-Key (a digest of the call's tool and arguments), for the
-    actions of the current plan in a checkpoint document, read as ``planned_arguments`` reads
-    them: what a person's decision on the arguments they were shown is bound to."""
-    plan = document.get("plan") or {}
-    iteration = plan.get("iteration")
-    found: dict[str, str] = {}
-    for index, action in enumerate(plan.get("actions") or ()):
-        if isinstance(action, Mapping):
-            ident = str(action.get("id") or action.get("action") or f"{iteration}:{index}")
-            found[ident] = str(action.get("key") or "")
-    return found
+def planned_arguments(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Action id -> recorded arguments, for the actions of a checkpoint document's current plan
+    (as ``planned_actions`` reads them)."""
+    return {ident: a.get("args") or {} for ident, a in planned_actions(document).items()}

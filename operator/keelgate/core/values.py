@@ -6,7 +6,7 @@ declared beside the field (``OMIT_NONE``, ``OMIT_EMPTY``, an explicit alias, a
 ``PlainSerializer``). ``JsonValue`` gives every such class the same ``to_json`` and
 ``from_json``, derived from those fields; nothing is written by hand per class. The constrained
 types here are the ones a shape shares with the manifest (which builds on them), so a rule is
-stated once.
+stated once; ``one_line`` is the one check of a name a person gives that a record keeps.
 
 Reading is pydantic's (a ``TypeAdapter`` per class). Writing is a function this module derives
 from the same declarations, the first time a class is written: a checkpoint is written at every
@@ -50,6 +50,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from keelgate.errors import InputError
+
 # The largest integer an API server field holds (int64): manifests and CLI flags stop there.
 INT64_MAX = 2**63 - 1
 # The longest time limit any field or flag takes: a year. No call or run needs longer, and past
@@ -82,11 +84,38 @@ ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
 #: How many different people an approval rule may ask for (a rule asking more is a typo).
 MAX_APPROVERS = 16
 PositiveCount = Annotated[StrictInt, Field(ge=1, le=MAX_APPROVERS)]
-#: A group the API server authenticates people in (Kubernetes puts no bound on its spelling;
-#: this one keeps a checkpoint and a status small).
-GroupName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+#: The most decisions one action takes (a person may decide again once their approval expired;
+#: a rule asks at most ``MAX_APPROVERS`` people): the checkpoint's and the Approval object's bound.
+MAX_DECISIONS = 4 * MAX_APPROVERS
+#: The most groups a decision may name (the API server's list for one person; a checkpoint and
+#: an Approval object keep them with the decision).
+MAX_GROUPS = 64
+#: The longest name a record keeps: who decided, a group (a DNS subdomain's bound; Kubernetes
+#: puts none on a user's or a group's spelling, this one keeps a checkpoint and a status small).
+NAME_MAX = 253
+#: A group the API server authenticates people in.
+GroupName = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)]
 #: A positive time, in seconds, up to a year (a whole number read as one is kept a float).
 PositiveSeconds = Annotated[float, Field(gt=0, le=SECONDS_MAX, allow_inf_nan=False)]
+
+
+def one_line(text: str, field: str, what: str) -> str:
+    """``text`` if a record can keep it as a name (who decided, a group): not blank, one line of
+    at most ``NAME_MAX`` printable characters, valid UTF-8; else an ``InputError`` naming
+    ``field``, in one line. ``what`` is what the text should name ("the person deciding")."""
+    if not text.strip():
+        raise InputError(field, f"must name {what}")
+    if len(text) > NAME_MAX or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        # Shown as Python writes it (one line whatever it holds), cut short if long.
+        shown = repr(text) if len(text) <= 64 else f"{text[:64]!r}..."
+        raise InputError(
+            field, f"must be one line of at most {NAME_MAX} printable characters, not {shown}"
+        )
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        # What Python makes of bytes that are not UTF-8 (a terminal in another encoding): they
+        # cannot be stored, so the name would be lost, or the store's write fail, mid-settle.
+        raise InputError(field, "is not valid UTF-8 text (check the terminal's encoding)")
+    return text
 
 
 def refuse_numbers(value: Any) -> Any:

@@ -213,6 +213,22 @@ def load_pricing(path: str | Path) -> dict[str, Price]:
     return table.to_prices()
 
 
+def load_settings(model: type[M], path: str | Path) -> M:
+    """Read a settings file of the platform's (``--notify-config``, ``--step-pod-defaults``)
+    as ``model``, from YAML or JSON; an empty file is the model's defaults. Any problem is one
+    InputError naming the file and the field."""
+    text, name = read_source(Path(path))
+    data = read_yaml(text, source=name)
+    if data is None:
+        return model()
+    try:
+        return parse(model, data, source=name)
+    except InputError as error:
+        if error.field == name:
+            raise
+        raise InputError(name, f"{error.field}: {error.reason}") from None
+
+
 def parse(model: type[M], data: Any, *, source: str = "manifest", prefix: str = "") -> M:
     """Validate ``data`` (already parsed JSON/YAML) as ``model``, in the manifest's spelling
     only: ``side_effect`` for ``sideEffect`` is an unknown field, as it is to the API server."""

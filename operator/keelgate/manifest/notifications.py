@@ -20,7 +20,7 @@ from pydantic import Field, StringConstraints, field_validator
 
 from keelgate.errors import InputError
 from keelgate.manifest.base import HTTP_URL, KeelgateModel, rule_error
-from keelgate.manifest.load import parse, read_source, read_yaml
+from keelgate.manifest.load import load_settings, parse
 
 #: Every event type's prefix (reverse DNS of the API group, keelgate.dev).
 PREFIX = "dev.keelgate."
@@ -146,16 +146,7 @@ class NotifySettings(KeelgateModel):
 def load_notify_settings(path: str | Path) -> NotifySettings:
     """Read the sinks from a YAML or JSON file (``--notify-config``); an empty file has none.
     Any problem is one InputError naming the file and the field."""
-    text, name = read_source(Path(path))
-    data = read_yaml(text, source=name)
-    if data is None:
-        return NotifySettings()
-    try:
-        return parse(NotifySettings, data, source=name)
-    except InputError as error:
-        if error.field == name:
-            raise
-        raise InputError(name, f"{error.field}: {error.reason}") from None
+    return load_settings(NotifySettings, path)
 
 
 def sink_from_url(url: str, *, index: int) -> Sink:

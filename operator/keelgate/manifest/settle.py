@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StringConstraints, model_validator
 
-from keelgate.core.values import ActionId, NonNegativeInt
+from keelgate.core.values import MAX_DECISIONS, MAX_GROUPS, ActionId, NonNegativeInt
 from keelgate.manifest.base import (
     NOT_BLANK,
     STATUS_CONFIG,
@@ -84,11 +84,6 @@ class Reconciliation(KeelgateModel):
     status: ReconciliationStatus | None = Field(default=None, description="Set by the operator.")
 
 
-#: The most decisions one Approval holds (a person may decide again once their approval
-#: expired; a rule asks at most 16 people).
-MAX_DECISIONS = 64
-
-
 class ApprovalDecision(KeelgateModel):
     """One person's decision, appended to an Approval's decisions: admission checks that by is
     the requesting user and that each group named is one the API server authenticated them in;
@@ -99,7 +94,7 @@ class ApprovalDecision(KeelgateModel):
     )
     groups: list[GroupName] = Field(
         default_factory=list,
-        max_length=64,
+        max_length=MAX_GROUPS,
         description="The groups the API server authenticated the person in (each must be the "
         "requesting user's; kubectl keelgate approve names them all).",
     )

@@ -25,10 +25,9 @@ from pathlib import Path
 from pydantic import Field, PositiveInt
 
 from keelgate.core.values import NonNegativeInt
-from keelgate.errors import InputError
 from keelgate.manifest.agentrun import Resources, Toleration
 from keelgate.manifest.base import DnsSubdomain, KeelgateModel, OptionalDnsSubdomain
-from keelgate.manifest.load import parse, read_source, read_yaml
+from keelgate.manifest.load import load_settings
 
 #: Finished step pods kept per run when nobody says otherwise: the last few steps' logs.
 KEEP_FINISHED_PODS = 3
@@ -69,13 +68,4 @@ class StepPodDefaults(KeelgateModel):
 def load_step_pod_defaults(path: str | Path) -> StepPodDefaults:
     """Read the platform's step-pod settings from a YAML or JSON file; an empty file is the
     defaults. Any problem is one InputError naming the file and the field."""
-    text, name = read_source(Path(path))
-    data = read_yaml(text, source=name)
-    if data is None:
-        return StepPodDefaults()
-    try:
-        return parse(StepPodDefaults, data, source=name)
-    except InputError as error:
-        if error.field == name:
-            raise
-        raise InputError(name, f"{error.field}: {error.reason}") from None
+    return load_settings(StepPodDefaults, path)

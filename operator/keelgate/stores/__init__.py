@@ -10,7 +10,6 @@ here quotes a URL as given: a URL is shown only rebuilt from parts that hold no 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,15 +199,16 @@ def _probe_sqlite(path: Path, table: str) -> None:
     """Refuse a path that holds no Keelgate store, without creating or changing any file."""
     if not path.is_file():
         raise InputError("--store", f"no store at {path} (runs are saved where `run` ran)")
-    import sqlite3  # here, not at the top: a PostgreSQL step pod never loads the SQLite library
+    # Here, not at the top: a PostgreSQL step pod never loads the SQLite library.
+    import sqlite3
+
+    from keelgate.stores.sqlite import connect_read_only, writable
 
     try:
-        if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        if writable(path):
             # mode=rw: open, never create; only the schema is read.
             db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
         else:  # read-only media: as the store itself will be read there
-            from keelgate.stores.sqlite import connect_read_only
-
             db = connect_read_only(path.resolve())
         try:
             found = db.execute(

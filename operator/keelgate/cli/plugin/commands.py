@@ -32,7 +32,6 @@ from keelgate.cli.render import Console
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, SettleError, SettleTooEarly
-from keelgate.manifest.base import CREATED_BY_ANNOTATION as CREATED_BY
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -302,20 +301,26 @@ def decide(
     tool = str(found["spec"].get("tool", ""))
     verdict = kind.verdict(decision)
     if kind is APPROVAL:
-        return _approve(api, found, run, action, decision, note, user, groups, key)
+        return _approve(
+            api,
+            found,
+            run,
+            action,
+            decision,
+            note,
+            user,
+            groups,
+            key,
+            name=name,
+            tool=tool,
+            verdict=verdict,
+        )
     earlier = _decided_already(found, kind, run, action, decision)
     if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
         return Decided(run, action, tool, verdict, earlier, name, already=True)
     if kind is RECONCILIATION and not decision:
         _refuse_before_the_deadline(api, found, run, action)
-    allowed, reason = api.may("patch", kind.plural, name)
-    if not allowed:
-        why = f" ({reason})" if reason else ""
-        raise Refused(
-            f"{user} may not patch {kind.name.lower()} {name} in namespace "
-            f"{api.target.namespace}{why}: ask for Keelgate's edit role there; nothing was changed",
-            status=403,
-        )
+    _may_patch(api, kind, name, user)
     patch: dict[str, Any] = {kind.field: decision, "by": user}
     if note is not None:
         patch["note"] = note
@@ -333,15 +338,18 @@ def _approve(
     user: str,
     groups: tuple[str, ...],
     key: str,
+    *,
+    name: str,
+    tool: str,
+    verdict: str,
 ) -> Decided:
     """Add the user's decision to the Approval's spec.decisions (their name, and the groups the
     API server authenticated them in, which admission checks again): unless the same decision
     of theirs is there already and counts, the Approval is decided the other way, or the tool's
-    rule cannot count them (not in its groups; the run's creator under notCreator)."""
-    name = str(found["metadata"]["name"])
+    rule cannot count them (not in its groups; the run's creator under notCreator). ``name``,
+    ``tool`` and ``verdict`` are the Approval's, the tool's and the decision's, as ``decide``
+    read them from ``found``."""
     spec, status = found.get("spec") or {}, found.get("status") or {}
-    tool = str(spec.get("tool", ""))
-    verdict = APPROVAL.verdict(decision)
     wanted = str(spec.get("idempotencyKey") or "")
     if key and wanted and key != wanted:
         raise SettleError(
@@ -370,19 +378,26 @@ def _approve(
             return Decided(run, action, tool, verdict, user, name, already=True)
     if decision:
         _refuse_by_rule(api, run, action, tool, user, groups)
-    allowed, reason = api.may("patch", APPROVAL.plural, name)
-    if not allowed:
-        why = f" ({reason})" if reason else ""
-        raise Refused(
-            f"{user} may not patch approval {name} in namespace {api.target.namespace}{why}: "
-            "ask for Keelgate's edit role there; nothing was changed",
-            status=403,
-        )
+    _may_patch(api, APPROVAL, name, user)
     entry: dict[str, Any] = {"by": user, "groups": list(groups), "approved": decision}
     if note is not None:
         entry["note"] = note
     api.append_decision(name, entry, first="decisions" not in spec)
     return Decided(run, action, tool, verdict, user, name, already=False)
+
+
+def _may_patch(api: PluginApi, kind: _Kind, name: str, user: str) -> None:
+    """Refuse, before anything is written, a decision the API server would not let the user
+    write (a SelfSubjectAccessReview): one clear line naming the role to ask for, instead of
+    the API server's 403 after the fact."""
+    allowed, reason = api.may("patch", kind.plural, name)
+    if not allowed:
+        why = f" ({reason})" if reason else ""
+        raise Refused(
+            f"{user} may not patch {kind.name.lower()} {name} in namespace "
+            f"{api.target.namespace}{why}: ask for Keelgate's edit role there; nothing was changed",
+            status=403,
+        )
 
 
 def approval_entries(spec: Mapping[str, Any]) -> list[tuple[str, bool]]:
@@ -401,11 +416,14 @@ def _refuse_by_rule(
 ) -> None:
     """Refuse, before anything is written, an approval the tool's rule (as the AgentRun says
     it now) cannot count: the operator would record it as not counted."""
+    # Here, not at the top: keelgate.kube.resources loads the manifest models (pydantic, tens of
+    # milliseconds), which every other command, --help and completion do without.
+    from keelgate.kube.resources import creator_of
+
     body = api.agentrun(run)
     tools = (body.get("spec") or {}).get("tools") or ()
     rule = next((t.get("approval") for t in tools if t.get("name") == tool), None) or {}
-    creator = str(((body.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY, ""))
-    if rule.get("notCreator") and creator == user:
+    if rule.get("notCreator") and creator_of(body) == user:
         raise SettleError(
             run,
             action,

@@ -25,6 +25,7 @@ from keelgate.cli.listing import (
     against,
     age,
     emit,
+    span,
 )
 from keelgate.cli.plugin.commands import (
     ContextOption,
@@ -226,9 +227,4 @@ def expires_in(when: str, now: dt.datetime) -> str:
     if moment is None:
         return ""
     seconds = int((moment - now).total_seconds())
-    if seconds <= 0:
-        return "now"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"in {seconds // size}{unit}"
-    return f"in {seconds}s"
+    return f"in {span(seconds)}" if seconds > 0 else "now"

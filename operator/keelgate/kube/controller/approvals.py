@@ -28,15 +28,18 @@ from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.approval_news import ApprovalNews
 from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.decisions import (
+    REFUSED_RETRY,
+    REFUSED_RETRY_MAX,
+    refuse,
+    warn,
+    with_generation,
+)
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.status import condition
-from keelgate.kube.times import now, parse_time
+from keelgate.kube.times import now
 
-#: How long a refused decision waits before it is tried again: at first, and at most (the wait
-#: grows with how long it has been refused).
-REFUSED_RETRY = 10.0
-REFUSED_RETRY_MAX = 300.0
 #: The status fields this reconciler decides (the rest: conditions, settledAt, are kept).
 _SHOWN = (
     "phase",
@@ -178,8 +181,13 @@ class ApprovalReconciler:
         if state is None:
             if not found:
                 return REST  # waiting for a person (its run has no checkpoint yet)
-            return self._refuse(
-                body, run_name, "RunNotFound", str(RunNotFound(namespace, run_name))
+            return refuse(
+                context,
+                "Approval",
+                body,
+                run_name,
+                "RunNotFound",
+                str(RunNotFound(namespace, run_name)),
             )
         refused: list[str] = []
         told_before = len(state.approvals.get(action, ()))
@@ -206,7 +214,9 @@ class ApprovalReconciler:
         view = shown(state, action, at=at)
         if view is None:
             if refused:
-                return self._refuse(body, run_name, "ApprovalRefused", "; ".join(refused))
+                return refuse(
+                    context, "Approval", body, run_name, "ApprovalRefused", "; ".join(refused)
+                )
             return REST
         self._tell(body, run_name, spec, old, state, view)
         status = dict(view.status)
@@ -243,12 +253,17 @@ class ApprovalReconciler:
         again."""
         context = self._context
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        run = context.cache.get("AgentRun", namespace, run_name) or body
         action, tool = str(spec.get("action", "")), str(spec.get("tool", ""))
         decisions = state.approvals.get(action, ())
         told = int(old.get("decided") or 0)
+        recorded_since = range(min(told, len(decisions)), len(decisions))
+        waiting = view.tally is not None and view.pending is not None
+        expired = view.tally.expired if view.tally is not None and waiting else ()
+        if not recorded_since and not expired and not (waiting and old.get("phase") == "Settled"):
+            return  # most looks find nothing to tell: the run's body is not copied for them
+        run = context.cache.get("AgentRun", namespace, run_name) or body
         rule = view.pending.rule if view.pending is not None else None
-        for index in range(min(told, len(decisions)), len(decisions)):
+        for index in recorded_since:
             so_far = tally(
                 decisions[: index + 1],
                 rule or ApprovalRule(),
@@ -293,8 +308,7 @@ class ApprovalReconciler:
             condition(old, "Ready", *ready, generation=0, now=stamp),
             condition(old, "Stalled", "False", reason, "", generation=0, now=stamp),
         ]
-        generation = int((body.get("metadata") or {}).get("generation") or 1)
-        status["conditions"] = [{**c, "observedGeneration": generation} for c in conditions]
+        status["conditions"] = with_generation(conditions, body)
         if settled:
             status["settledAt"] = old.get("settledAt") if old.get("phase") == "Settled" else stamp
         else:
@@ -302,58 +316,10 @@ class ApprovalReconciler:
         if all(old.get(k) == status.get(k) for k in (*_SHOWN, "conditions", "settledAt")):
             return None
         if refusing and old.get("message") != status.get("message"):
-            self._warn(body, run_name, "ApprovalRefused", str(status.get("message") or ""))
+            warn(context, body, run_name, "ApprovalRefused", str(status.get("message") or ""))
         try:
             patched = context.api.patch_status("Approval", namespace, name, status)
         except Gone:
             return REST
         context.cache.put("Approval", patched)
         return None
-
-    def _retry_after(self, body: JSON) -> Result:
-        """A refused decision is tried again after 10 s, then after as long as it has been
-        refused so far, at most every 5 minutes."""
-        context = self._context
-        fresh = context.cache.get(
-            "Approval", body["metadata"]["namespace"], body["metadata"]["name"]
-        )
-        conditions = ((fresh or body).get("status") or {}).get("conditions") or []
-        stalled: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Stalled"), {})
-        since = parse_time(str(stalled.get("lastTransitionTime") or ""))
-        refused_for = 0.0 if since is None else max(0.0, context.clock() - since.timestamp())
-        return Requeue(min(REFUSED_RETRY_MAX, max(REFUSED_RETRY, refused_for)))
-
-    def _refuse(self, body: JSON, run_name: str, reason: str, message: str) -> Result:
-        """Decisions the store cannot take (their run is not in it, or the loop refused each):
-        shown Pending with the reason, told once per distinct message, tried again later."""
-        context = self._context
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        old = body.get("status") or {}
-        stamp = now()
-        generation = int(meta.get("generation") or 1)
-        shown_status = {
-            "phase": "Pending",
-            "message": message,
-            "conditions": [
-                {**c, "observedGeneration": generation}
-                for c in (
-                    condition(old, "Ready", "False", reason, message, generation=0, now=stamp),
-                    condition(old, "Stalled", "True", reason, message, generation=0, now=stamp),
-                )
-            ],
-        }
-        if old.get("message") != message or old.get("conditions") != shown_status["conditions"]:
-            try:
-                patched = context.api.patch_status("Approval", namespace, name, shown_status)
-            except Gone:
-                return REST
-            context.cache.put("Approval", patched)
-            if old.get("message") != message:
-                self._warn(body, run_name, reason, message)
-        return self._retry_after(body)
-
-    def _warn(self, body: JSON, run_name: str, reason: str, message: str) -> None:
-        namespace = body["metadata"]["namespace"]
-        run = self._context.cache.get("AgentRun", namespace, run_name)
-        self._context.events.warning(run or body, reason, message)

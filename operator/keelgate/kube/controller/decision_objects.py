@@ -37,6 +37,7 @@ NOTHING_TO_SETTLE = (
 class DecisionObjects:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
+        self._news = ApprovalNews(context)
 
     def unknown_now(self, namespace: str, state: RunState | None) -> tuple[UnknownAction, ...]:
         """Every call of the run whose outcome the store holds unknown now, whatever the spec
@@ -135,11 +136,12 @@ class DecisionObjects:
         label = run["metadata"]["name"]
         waiting = {p.action for p in state.pending}
         if state.approvals or waiting:
-            for body in context.cache.select(
+            # Only the names are wanted: no Approval's body is copied to find them.
+            for key in context.cache.keys(
                 "Approval",
-                namespace,
                 lambda b: (
-                    (b.get("spec") or {}).get("runName") == label
+                    (b.get("metadata") or {}).get("namespace") == namespace
+                    and (b.get("spec") or {}).get("runName") == label
                     and (
                         (b.get("spec") or {}).get("action") in waiting
                         or (
@@ -149,9 +151,8 @@ class DecisionObjects:
                     )
                 ),
             ):
-                context.enqueue(("Approval", namespace, body["metadata"]["name"]), 0.0)
+                context.enqueue(key, 0.0)
         keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
-        news = ApprovalNews(context)
         for pending in state.pending:
             name = resources.approval_name(run, pending)
             if context.cache.get("Approval", namespace, name) is not None:
@@ -160,7 +161,7 @@ class DecisionObjects:
             view = shown(state, pending.action, at=context.clock())
             status = dict(view.status) if view is not None else {"phase": "Pending"}
             if self._create_pending("Approval", namespace, body, status):
-                news.waiting(run, name, pending, again=False)
+                self._news.waiting(run, name, pending, again=False)
 
     def show_confirmer_settlements(self, run: JSON, state: RunState) -> None:
         """A step pod's confirmer may settle an unknown outcome without the run ever stopping

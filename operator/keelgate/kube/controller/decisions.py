@@ -1,18 +1,18 @@
-"""The decision reconciler: one for Reconciliations and Approvals, parametrised by kind.
+"""The Reconciliation reconciler, and the refusal handling it shares with the Approval
+reconciler (``approvals``).
 
-A person decides by editing the object (``spec.executed`` or ``spec.approved``, with
+A person settles an unknown outcome by editing the Reconciliation (``spec.executed``, with
 ``spec.by``); this reconciler records that decision in the store through the same ``Loop``
-methods the CLI calls (``reconcile``, ``approve``), then shows it Settled in the object's status
-and wakes the run. A decision already recorded in the store (made with ``keelgate reconcile`` or
-``keelgate approve``, or by a step pod's confirmer) is mirrored instead, and wins: the first
-decision stands. A decision the loop refuses (or one whose run the store does not have) shows in
-the object's status (``message`` and ``Stalled=True``, so kstatus tools and Argo CD see it), is
-told in one Warning Event per distinct reason, and is tried again with a growing back-off;
-"not executed" made before the call's write deadline (until then a held-up process may still
-send it) is held, shown in the object's status, and recorded once the deadline has passed,
-unless the call's own result arrived first.
-The two kinds differ only in what ``DecisionKind`` says. This module must never record a
-decision nobody made, nor change one already recorded.
+method the CLI calls (``reconcile``), then shows it Settled in the object's status and wakes the
+run. A decision already recorded in the store (made with ``keelgate reconcile``, or by a step
+pod's confirmer) is mirrored instead, and wins: the first decision stands. A decision the loop
+refuses (or one whose run the store does not have) shows in the object's status (``message`` and
+``Stalled=True``, so kstatus tools and Argo CD see it), is told in one Warning Event per
+distinct reason, and is tried again with a growing back-off; "not executed" made before the
+call's write deadline (until then a held-up process may still send it) is held, shown in the
+object's status, and recorded once the deadline has passed, unless the call's own result arrived
+first. What is particular to the kind is in ``DecisionKind`` (``RECONCILIATION``). This module
+must never record a decision nobody made, nor change one already recorded.
 """
 
 from __future__ import annotations
@@ -30,23 +30,67 @@ from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
-
-def _generation(conditions: list[JSON], body: JSON) -> list[JSON]:
-    """The conditions, each with the object's generation (the spec they answer)."""
-    generation = int((body.get("metadata") or {}).get("generation") or 1)
-    return [{**c, "observedGeneration": generation} for c in conditions]
-
-
 #: How long a refused decision waits before it is tried again: at first, and at most (the wait
 #: grows with how long it has been refused).
 REFUSED_RETRY = 10.0
 REFUSED_RETRY_MAX = 300.0
 
 
+def with_generation(conditions: list[JSON], body: JSON) -> list[JSON]:
+    """The conditions, each with the object's generation (the spec they answer)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 1)
+    return [{**c, "observedGeneration": generation} for c in conditions]
+
+
+def refuse(
+    context: ControllerContext, kind: str, body: JSON, run_name: str, reason: str, message: str
+) -> Result:
+    """A decision the loop refused, or whose run the store does not have (``body``, a
+    Reconciliation or an Approval, of ``kind``): shown Pending in the object's status
+    (``Stalled=True`` with the reason), told once per distinct message in a Warning, and tried
+    again after a wait that grows with how long it has been refused (10 s, then as long as it
+    has been refused so far, at most 5 minutes)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    old = body.get("status") or {}
+    at = now()
+    stalled = condition(old, "Stalled", "True", reason, message, generation=0, now=at)
+    shown = {
+        "phase": "Pending",
+        "message": message,
+        "conditions": with_generation(
+            [
+                condition(old, "Ready", "False", reason, message, generation=0, now=at),
+                stalled,
+            ],
+            body,
+        ),
+    }
+    if old.get("message") != message or old.get("conditions") != shown["conditions"]:
+        try:
+            patched = context.api.patch_status(kind, namespace, name, shown)
+        except Gone:
+            return REST
+        context.cache.put(kind, patched)
+        if old.get("message") != message:
+            warn(context, body, run_name, reason, message)
+    # The Stalled condition just shown keeps its time while the refusal stands.
+    since = parse_time(stalled["lastTransitionTime"])
+    refused_for = 0.0 if since is None else max(0.0, context.clock() - since.timestamp())
+    return Requeue(min(REFUSED_RETRY_MAX, max(REFUSED_RETRY, refused_for)))
+
+
+def warn(context: ControllerContext, body: JSON, run_name: str, reason: str, message: str) -> None:
+    """A Warning on the run (on the object itself if the run is not in the cache)."""
+    namespace = body["metadata"]["namespace"]
+    run = context.cache.get("AgentRun", namespace, run_name)
+    context.events.warning(run or body, reason, message)
+
+
 @dataclass(frozen=True)
 class Decided:
-    """A decision as the store records it: yes (executed, approved) or no, by whom, and its
-    source (``human`` or ``confirmer``; "" where the kind has none)."""
+    """A decision as the store records it: yes (executed) or no, by whom, and its source
+    (``human`` or ``confirmer``; "" when the store names none)."""
 
     yes: bool
     by: str
@@ -55,7 +99,8 @@ class Decided:
 
 @dataclass(frozen=True)
 class DecisionKind:
-    """What differs between settling an unknown outcome and deciding an approval."""
+    """What the reconciler says and reads of its kind: the words status and Events use, the
+    spec field a person sets, and how the store is read and written."""
 
     kind: str  # the object's kind
     field: str  # the spec field holding the person's decision
@@ -66,40 +111,34 @@ class DecisionKind:
     recorded: Callable[[ControllerContext, str, JSON], Decided | None]
     #: Record a person's decision in the store (raises what the loop raises on a refusal).
     record: Callable[[Loop, str, JSON, bool], None]
-    #: Whether a differing decision in the object is told (``DecidedElsewhere``).
-    tells_decided_elsewhere: bool
 
     def verdict(self, decided: Decided) -> str:
         return self.yes if decided.yes else self.no
 
     def status(self, decided: Decided, old: JSON) -> JSON:
-        body: JSON = {"phase": "Settled", "verdict": self.verdict(decided)}
-        if self.kind == "Reconciliation":
-            body["source"] = decided.source or "human"
         at = now()
         conditions = [
             condition(old, "Ready", "True", "Settled", self.verdict(decided), generation=0, now=at),
             condition(old, "Stalled", "False", "Settled", generation=0, now=at),
         ]
         return {
-            **body,
+            "phase": "Settled",
+            "verdict": self.verdict(decided),
+            "source": decided.source or "human",
             "settledBy": decided.by,
             "settledAt": at,
             "message": "",
-            "conditions": _generation(conditions, old),
+            "conditions": with_generation(conditions, old),
         }
 
     def told(self, decided: Decided, spec: JSON, name: str) -> tuple[str, str]:
         """The Normal Event on the run: its reason and message."""
         what = f"{spec.get('tool')} ({spec.get('action', '')})"
-        if self.kind == "Reconciliation":
-            source = decided.source or "human"
-            return "Settled", (
-                f"{what} settled as {self.verdict(decided)} by {decided.by} ({source}): "
-                f"reconciliation {name}"
-            )
-        reason = "Approved" if decided.yes else "Denied"
-        return reason, f"{what} {self.verdict(decided)} by {decided.by}: approval {name}"
+        source = decided.source or "human"
+        return "Settled", (
+            f"{what} settled as {self.verdict(decided)} by {decided.by} ({source}): "
+            f"reconciliation {name}"
+        )
 
 
 def _settlement(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
@@ -122,7 +161,6 @@ RECONCILIATION = DecisionKind(
     refused="SettleRefused",
     recorded=_settlement,
     record=_settle,
-    tells_decided_elsewhere=True,
 )
 
 
@@ -154,13 +192,14 @@ class DecisionReconciler:
                 decided = kind.recorded(context, namespace, spec)
                 if decided is None:
                     reason = "RunNotFound" if isinstance(error, RunNotFound) else kind.refused
-                    return self._refuse(body, run_name, reason, str(error))
+                    return refuse(context, kind.kind, body, run_name, reason, str(error))
             else:
                 decided = kind.recorded(context, namespace, spec)
         if decided is None:
             return Requeue(1.0)
-        if kind.tells_decided_elsewhere and wanted is not None and bool(wanted) != decided.yes:
-            self._warn(
+        if wanted is not None and bool(wanted) != decided.yes:
+            warn(
+                context,
                 body,
                 run_name,
                 "DecidedElsewhere",
@@ -204,43 +243,3 @@ class DecisionReconciler:
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"
             )
         return Requeue(early.retry_after + 0.5)
-
-    def _refuse(self, body: JSON, run_name: str, reason: str, message: str) -> Result:
-        """A decision the loop refused, or whose run the store does not have: shown in the
-        object's status (``Stalled=True`` with the reason), told once per distinct message in a
-        Warning, and tried again after a wait that grows with how long it has been refused
-        (10 s, then as long as it has been refused so far, at most 5 minutes)."""
-        context = self._context
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        old = body.get("status") or {}
-        at = now()
-        stalled = condition(old, "Stalled", "True", reason, message, generation=0, now=at)
-        shown = {
-            "phase": "Pending",
-            "message": message,
-            "conditions": _generation(
-                [
-                    condition(old, "Ready", "False", reason, message, generation=0, now=at),
-                    stalled,
-                ],
-                body,
-            ),
-        }
-        if old.get("message") != message or old.get("conditions") != shown["conditions"]:
-            try:
-                patched = context.api.patch_status(self._kind.kind, namespace, name, shown)
-            except Gone:
-                return REST
-            context.cache.put(self._kind.kind, patched)
-            if old.get("message") != message:
-                self._warn(body, run_name, reason, message)
-        since = parse_time(stalled["lastTransitionTime"])
-        refused_for = 0.0 if since is None else max(0.0, context.clock() - since.timestamp())
-        return Requeue(min(REFUSED_RETRY_MAX, max(REFUSED_RETRY, refused_for)))
-
-    def _warn(self, body: JSON, run_name: str, reason: str, message: str) -> None:
-        """A Warning on the run (on the object itself if the run is not in the cache)."""
-        namespace = body["metadata"]["namespace"]
-        run = self._context.cache.get("AgentRun", namespace, run_name)
-        self._context.events.warning(run or body, reason, message)

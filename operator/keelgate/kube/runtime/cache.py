@@ -26,7 +26,8 @@ from keelgate.kube.resources import is_active_step_pod
 
 JSON = dict[str, Any]
 Key = tuple[str, str, str]  # (kind, namespace, name)
-#: Told of each body the cache takes in (kind, body, False) and each deletion (kind, body, True).
+#: Told of each body the cache takes in that differs from the one it held (kind, body, False),
+#: and of each deletion (kind, body, True).
 Observer = Callable[[str, JSON, bool], None]
 T = TypeVar("T")
 
@@ -120,8 +121,11 @@ class Cache:
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        # Told of every body taken in and every deletion, after the cache holds it (outside
-        # the lock): the notifier derives its notices from them.
+        # Told of every body taken in that changed what the cache held, and every deletion,
+        # after the cache holds it (outside the lock): the notifier derives its notices from
+        # them. A body equal to the one held (the watch's echo of the operator's own status
+        # patch, a watch's relisting) holds no notice the one before did not: telling it again
+        # would only derive them again, redacting every stopped run's message each time.
         self._observer = observer
         # Objects deleted lately, per kind, in the order seen: by uid (a uid is never reused),
         # or by name for a body without one; with the deletion's resourceVersion, and when.
@@ -147,6 +151,7 @@ class Cache:
             self._observer(kind, body, False)
 
     def _put(self, kind: str, body: JSON) -> bool:
+        """``put``; whether ``body`` was taken and changed what the cache held."""
         _, namespace, name = key_of(kind, body)
         with self._lock:
             objects = self._objects.setdefault(kind, {})
@@ -157,6 +162,8 @@ class Cache:
             if known is None and self._deleted_already(kind, (namespace, name), body):
                 return False
             objects[(namespace, name)] = _slim(body)
+            # Another resourceVersion is another body; the same one (or none) is compared.
+            changed = known is None or new != old or (known is not body and known != body)
             if kind == "Pod":
                 if known is not None:
                     self._unindex(namespace, name, known)
@@ -168,7 +175,7 @@ class Cache:
                     self._active_steps.add((namespace, name))
                 else:
                     self._active_steps.discard((namespace, name))
-            return True
+            return changed
 
     def drop(self, kind: str, body: JSON) -> None:
         """The object was deleted; a pod leaves its last body as a tombstone. Its identity is

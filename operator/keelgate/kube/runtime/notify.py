@@ -1,15 +1,15 @@
 """Sending the operator's notices as CloudEvents over HTTP to the sinks it was given, retried,
 and sent again by the next leader when the last one could not.
 
-Why it exists: people want to be told where they already look. The notices are derived from
-what the operator writes (``keelgate.kube.notices``): every object the cache takes in (a watch
-event, or the answer to the operator's own write) is looked at, and a notice this process has
-not told yet is queued for each sink that wants its type. Each sink has its own bounded queue
-and its own thread: a sink that is slow or down delays only itself, and reconciling never waits
-for any of them (a full queue drops the newest notice, counted in
-``keelgate_notifications_dropped_total``). A delivery that fails (a connection refused, a
-timeout, 408, 429 or 5xx) is tried again after 1 s, 2 s, 4 s ... at most 60 s apart, for
-``retryForSeconds``; any other answer (400, 401, 404 ...) will not change by being asked
+Why it exists: people want to be told where they already look. The notices are derived from what
+the operator writes (``keelgate.kube.notices``): every object the cache takes in (a watch event,
+or the answer to the operator's own write) is looked at when it differs from the one the cache
+held, and a notice this process has not told yet is queued for each sink that wants its type.
+Each sink has its own bounded queue and its own thread: a sink that is slow or down delays only
+itself, and reconciling never waits for any of them (a full queue drops the newest notice,
+counted in ``keelgate_notifications_dropped_total``). A delivery that fails (a connection
+refused, a timeout, 408, 429 or 5xx) is tried again after 1 s, 2 s, 4 s ... at most 60 s apart,
+for ``retryForSeconds``; any other answer (400, 401, 404 ...) will not change by being asked
 again, and drops the notice.
 
 Restarts. How far delivery has come is kept in a ConfigMap (``state``): every notice whose
@@ -396,7 +396,8 @@ class Notifier:
 
     def observe(self, kind: str, body: Mapping[str, Any], deleted: bool) -> None:
         """The cache took ``body`` in (or saw it deleted): queue the notices it holds that
-        this process has not told. Called with every body: cheap for one that holds none."""
+        this process has not told. Called with every body that changed what the cache held (an
+        equal one holds no notice not told already): cheap for one that holds none."""
         if kind not in KINDS:
             return
         uid = str((body.get("metadata") or {}).get("uid", ""))

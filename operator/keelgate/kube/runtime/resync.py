@@ -43,8 +43,8 @@ class Resync:
         api: ClusterApi,
         clusterwide: bool,
         add: Callable[[Key], None],
+        add_low: Callable[[Key], None],
         pod_ended: Callable[[str, str], None],
-        add_low: Callable[[Key], None] | None = None,
         refresh_gauges: Callable[[], None],
         waiting: WaitingRuns | None = None,
     ) -> None:
@@ -55,7 +55,7 @@ class Resync:
         self._add = add
         # What the resync queues goes behind what the watches queue (a pod's end waits for no
         # resync); a run whose step pod vanished unseen goes ahead, as an event would.
-        self._add_low = add if add_low is None else add_low
+        self._add_low = add_low
         self._pod_ended = pod_ended
         self._round = 0
         self._refresh_gauges = refresh_gauges

@@ -27,7 +27,7 @@ from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
 from keelgate.cli.plugin.target import Target
 from keelgate.core.redaction import redact_text, redact_value
-from keelgate.core.state import planned_arguments, planned_keys
+from keelgate.core.state import planned_actions
 from keelgate.errors import KeelgateError
 from keelgate.kube.times import parse_time
 
@@ -368,8 +368,9 @@ class _NoStore(Exception):
 def _plan_args(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Action id -> redacted arguments, and action id -> Idempotency-Key (what a decision on
     those arguments is bound to), for the actions of the run's current plan."""
-    arguments = {ident: redact_value(args) for ident, args in planned_arguments(state).items()}
-    return arguments, planned_keys(state)
+    actions = planned_actions(state)
+    arguments = {ident: redact_value(a.get("args") or {}) for ident, a in actions.items()}
+    return arguments, {ident: str(a.get("key") or "") for ident, a in actions.items()}
 
 
 def _side_effect(run: Mapping[str, Any], tool: str) -> str:
