@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from keelgate.core import clocks
 from keelgate.core.audit import AuditDraft, AuditEvent, seal, stored_event, utc_now
 from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord, KeyState, settled_state
@@ -789,16 +789,16 @@ class SQLStore(HoldsOwner, ABC):
         patience = max(self.patience, self.result_patience) if result else self.patience
         if patience <= 0:
             return attempt(False)
-        give_up = time.monotonic() + patience
+        give_up = clocks.boot() + patience
         pause, again = 0.0, False
         while True:
             try:
                 return attempt(again)
             except StoreUnavailable as error:
-                if not self._may_repeat() or time.monotonic() + pause > give_up:
+                if not self._may_repeat() or clocks.boot() + pause > give_up:
                     raise
                 log.warning("%s; trying again", error.message)
-            time.sleep(pause)
+            clocks.sleep(pause)
             pause, again = min(max(pause * 2, 0.1), 2.0), True
 
     def _ending(self, keys: Sequence[tuple[str, str]], end: Callable[[], T]) -> T:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from keelgate.core import clocks
 from keelgate.core.redaction import REDACTED, redact_text
 from keelgate.errors import ModelError, ModelUnavailable
 
@@ -134,4 +135,4 @@ def call_with_retries(
                 attempt,
                 policy.attempts,
             )
-            (sleep or time.sleep)(wait)
+            (sleep or clocks.sleep)(wait)

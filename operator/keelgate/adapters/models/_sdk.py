@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, ClassVar, Required, TypedDict
 
+from keelgate.adapters import network
 from keelgate.adapters.models import _prompt
 from keelgate.adapters.models._retry import (
     RetryPolicy,
@@ -81,6 +82,16 @@ class SdkModel(ABC):
 
     def close(self) -> None:
         self._client.close()
+
+    def _http_client(self) -> Any:
+        """The httpx client the SDK sends with: None (the SDK's own, the real network), unless
+        a simulation routes the provider's URL elsewhere (``keelgate.adapters.network``)."""
+        routed = network.transport(self.base_url or self.provider, network.HTTPX2)
+        if routed is None:
+            return None
+        import httpx2
+
+        return httpx2.Client(transport=routed, follow_redirects=False)
 
     @abstractmethod
     def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:

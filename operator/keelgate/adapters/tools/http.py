@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from keelgate.adapters import network
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
 from keelgate.core.types import ApprovalRule, SideEffect
@@ -119,6 +120,7 @@ class HttpTool:
                 follow_redirects=False,
                 limits=httpx.Limits(max_keepalive_connections=0),
                 verify=True if self._tls else _no_tls(),
+                transport=network.transport(self.url),  # None: the real network
             )
         return self._client
 

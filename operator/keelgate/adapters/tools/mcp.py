@@ -40,6 +40,7 @@ from mcp_types import (
     ToolAnnotations,
 )
 
+from keelgate.adapters import network
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
 from keelgate.core.types import ApprovalRule, SideEffect
@@ -382,6 +383,7 @@ class _session:
             timeout=httpx2.Timeout(timeout),
             follow_redirects=False,
             event_hooks=hooks,
+            transport=network.transport(server.url, network.HTTPX2_ASYNC),  # None: real
         )
         self.client = Client(
             streamable_http_client(server.url, http_client=self.http),

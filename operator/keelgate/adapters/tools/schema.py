@@ -8,6 +8,8 @@ coercion): what is checked is exactly what is sent and what the idempotency key 
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +33,7 @@ class ArgsSchema:
             self.schema, default=jsonschema.Draft202012Validator
         )
         try:
-            cls.check_schema(self.schema)
+            _checked(cls, json.dumps(self.schema, sort_keys=True, default=str))
         except jsonschema.exceptions.SchemaError as error:
             raise InputError(
                 field, f"not a valid JSON Schema: {_one_line(error.message)}"
@@ -50,6 +52,13 @@ class ArgsSchema:
             f"{tool}: arguments do not match the input schema: "
             f"{'args' + where + ': ' if where else ''}{_one_line(error.message)}"
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(cls: type[jsonschema.protocols.Validator], schema: str) -> None:
+    """Check a schema against its meta-schema (a few milliseconds each: a step builds every
+    tool, and most tools share a schema or two); only a schema that passed is remembered."""
+    cls.check_schema(json.loads(schema))
 
 
 def check_args(tool: str, schema: Mapping[str, Any], args: Mapping[str, Any]) -> None:

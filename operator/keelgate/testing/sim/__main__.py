@@ -15,9 +15,11 @@ import sys
 import time
 from collections.abc import Sequence
 
+from keelgate.testing.sim.operator_mode import MOVES
 from keelgate.testing.sim.simulate import (
     MODES,
     STORES,
+    Options,
     Outcome,
     decode,
     encode,
@@ -41,6 +43,20 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument("--no-shrink", action="store_true", help="Report failures unshrunk.")
     parse.add_argument("--trace", action="store_true", help="Print each failure's trace.")
     parse.add_argument("--json", action="store_true", help="End with a JSON summary line.")
+    parse.add_argument(
+        "--late-shop",
+        action="store_true",
+        help="The shop may act on a held request after its sender gave up (issue 48).",
+    )
+    parse.add_argument(
+        "--moves",
+        nargs="?",
+        const=",".join(MOVES),
+        default="",
+        metavar="NAMES",
+        help="People try issue 46's moves: all, or those named (" + ", ".join(MOVES) + ").",
+    )
+    parse.add_argument("--every-move", action="store_true", help="Both of the above, all moves.")
     return parse
 
 
@@ -56,13 +72,22 @@ def _kind(index: int, choice: str, options: Sequence[str], every: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("keelgate").setLevel(logging.CRITICAL)  # the product's own warnings
+    for noisy in ("httpx", "httpx2", "mcp", "openai", "anthropic"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    moves = frozenset(m for m in args.moves.split(",") if m)
+    unknown = moves - set(MOVES)
+    if unknown:
+        _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(MOVES)})")
+    options = (
+        Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
+    )
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
         mode = args.mode if args.mode != "mix" else MODES[0]
         if args.replay is not None:
-            outcome = simulate(replay=decode(args.replay), store=store, mode=mode)
+            outcome = simulate(replay=decode(args.replay), store=store, mode=mode, options=options)
         else:
-            outcome = simulate(seed=args.seed, store=store, mode=mode)
+            outcome = simulate(seed=args.seed, store=store, mode=mode, options=options)
         print("\n".join(outcome.lines))
         _show(outcome, args.seed, shrunk=None)
         return 0 if outcome.ok else 1
@@ -81,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed = seed_of(index, base)
         store = _kind(index, args.store, STORES, 4)
         mode = _kind(index, args.mode, MODES, 3)
-        outcome = simulate(seed=seed, store=store, mode=mode)
+        outcome = simulate(seed=seed, store=store, mode=mode, options=options)
         runs += 1
         if not outcome.ok:
             failures += 1
@@ -114,7 +139,9 @@ def _shrunk(outcome: Outcome) -> list[int]:
     rules = {v.rule for v in outcome.violations}
 
     def fails(choices: Sequence[int]) -> bool:
-        again = simulate(replay=choices, store=outcome.store, mode=outcome.mode)
+        again = simulate(
+            replay=choices, store=outcome.store, mode=outcome.mode, options=outcome.options
+        )
         return bool(rules & {v.rule for v in again.violations})
 
     return shrink(outcome.choices, fails)
@@ -129,8 +156,10 @@ def _show(
     print(f"BROKEN PROMISE (seed {seed}, {where}):")
     for violation in outcome.violations:
         print(f"  {violation}")
+    flags = outcome.options.flags()
     command = (
         f".venv/bin/python -m keelgate.testing.sim --mode {outcome.mode} --store {outcome.store}"
+        + (f" {flags}" if flags else "")
     )
     if shrunk is not None:
         text = encode(shrunk)

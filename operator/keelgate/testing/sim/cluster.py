@@ -7,7 +7,10 @@ uid and a resourceVersion per change, a generation per spec change, status as a 
 merged as a JSON merge patch, 409 for a taken name or a stale resourceVersion, 404 naming the
 object) and, on virtual time, what goes wrong around it: a watch event delivered late or never
 (until the next relist), a status write refused with a 409, a status write that lands with its
-answer lost. Its kubelet starts a step process for each pod and reports its exit code.
+answer lost. Deleting an object deletes what it owns a moment later (the garbage collector). Its
+kubelet starts a step process for each pod and reports its exit code; the cluster is told of
+each pod deleted (``on_pod_deleted``) and of each status written (``on_status``: what people
+see).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class SimApiServer:
         self.objects: dict[tuple[str, str, str], JSON] = {}
         self.watchers: list[Watcher] = []
         self.on_pod: Callable[[JSON], None] = lambda pod: None
+        self.on_pod_deleted: Callable[[JSON], None] = lambda pod: None
+        self.on_status: Callable[[str, JSON], None] = lambda kind, body: None
         self._version = 1000
         self._uid = 0
         self.faulty = faulty
@@ -81,6 +86,7 @@ class SimApiServer:
         found["status"] = merge_patch(found.get("status") or {}, dict(status))
         self._bump(found)
         answer = copy.deepcopy(found)
+        self.on_status(kind, answer)
         self._tell(kind, answer)
         if self.faulty and schedule.chance(30):  # it landed; the answer did not come back
             raise ApiFailure(f"patch {kind} {namespace}/{name} status: the connection reset")
@@ -94,6 +100,23 @@ class SimApiServer:
             raise Conflict(f"delete {kind} {namespace}/{name}: 409 Conflict", status=409)
         del self.objects[(kind, namespace, name)]
         self._tell(kind, found, deleted=True)
+        owner = found["metadata"]["uid"]
+        self.world.at(
+            self.world.schedule.between(0.5, 5.0),
+            "the garbage collector",
+            lambda: self._collect(namespace, owner),
+        )
+
+    def _collect(self, namespace: str, owner: str) -> None:
+        """Delete what ``owner`` owned (its ownerReferences name it)."""
+        for (kind, space, name), body in sorted(self.objects.items()):
+            refs = body["metadata"].get("ownerReferences") or ()
+            if space != namespace or not any(r.get("uid") == owner for r in refs):
+                continue
+            if kind == "Pod":
+                self.delete_pod(namespace, name)
+            else:
+                self.delete_object(kind, namespace, name)
 
     def create_pod(self, namespace: str, body: Mapping[str, Any]) -> JSON:
         pod = self._create("Pod", namespace, body, status={"phase": "Pending"})
@@ -110,9 +133,15 @@ class SimApiServer:
         found = self.objects.get(("Pod", namespace, name))
         if found is None or (uid and found["metadata"]["uid"] != uid):
             return
-        found["metadata"].setdefault("deletionTimestamp", stamp(self.world.wall()))
+        if found["metadata"].get("deletionTimestamp"):
+            return
+        found["metadata"]["deletionTimestamp"] = stamp(self.world.wall())
         self._bump(found)
         self._tell("Pod", copy.deepcopy(found))
+        if (found.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.remove_pod(namespace, name)  # nothing runs in it: gone at once
+        else:
+            self.on_pod_deleted(copy.deepcopy(found))
 
     def event(self, involved: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
         self.events.append(f"{type_} {reason}")
@@ -135,6 +164,15 @@ class SimApiServer:
         }
         self._bump(pod)
         self._tell("Pod", copy.deepcopy(pod))
+        if pod["metadata"].get("deletionTimestamp"):
+            self.remove_pod(namespace, name)  # its containers stopped: the kubelet removes it
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """The pod object goes: the kubelet's last word on a deleted pod whose containers
+        stopped, or the pod garbage collector's on a pod whose node is gone."""
+        pod = self.objects.pop(("Pod", namespace, name), None)
+        if pod is not None:
+            self._tell("Pod", pod, deleted=True)
 
     def patch_spec(self, kind: str, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
         found = self.objects.get((kind, namespace, name))

@@ -1,68 +1,119 @@
 """The run as its owner keeps it: the manifest (the AgentRun's ``spec``) and its edits.
 
-Why it exists: people edit a run while it runs (add or drop an approval rule, make a tool READ,
-allow only READs, raise or lower a budget), and the oracle must know what was asked of each call
-then. ``Desk`` holds the current manifest and every version of it, numbered as
-``metadata.generation`` numbers them; the local driver records it in the store before each step
-(as the operator does), the operator mode writes it into the AgentRun.
+Why it exists: people edit a run while it runs (add, drop or change an approval rule: its count,
+its groups, notCreator, its expiry; make a tool READ, allow only READs, raise or lower a budget;
+with issue 46's moves, send a tool somewhere else after its call was approved), and the oracle
+must know what was asked of each call then. ``Desk`` holds the current manifest and every version
+of it, numbered as ``metadata.generation`` numbers them, each booked with the moment it came into
+force (``Books.specs``); the local driver records it in the store before each step (as the
+operator does), the operator mode writes it into the AgentRun. The manifest's tools are the
+shop's: ``place_order`` over HTTP or, in some runs, MCP; ``notify`` and ``check_stock`` over HTTP;
+``pay`` a Python function; its model reached in process or over HTTP (OpenAI or Anthropic).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.testing.sim.downstream import CALL_SECONDS, TOOLS
+from keelgate.manifest import spec_from_manifest
+from keelgate.testing.sim.books import Books, SpecVersion, rule_of
+from keelgate.testing.sim.downstream import (
+    CALL_SECONDS,
+    PAY_CALLABLE,
+    SHOP,
+    TOOLS,
+    http_tool,
+    mcp_tool,
+)
 from keelgate.testing.sim.model import Scenario
+from keelgate.testing.sim.modelserver import manifest_model
 from keelgate.testing.sim.world import World
 
 EDITS = (
     "approval place_order",
     "approval notify",
     "approval pay",
+    "rule place_order",
+    "rule pay",
     "place_order READ",
     "drop notify",
     "READ only",
     "raise budget",
     "lower budget",
 )
+#: Edits of a tool's definition (where its call goes), issue 46's: on with ``moves``.
+MOVES = ("place_order url", "place_order method")
+GROUP_CHOICES: tuple[tuple[str, ...], ...] = ((), ("payments-approvers",), ("shop-devs",))
+EXPIRY_CHOICES: tuple[float | None, ...] = (None, 60.0, 300.0, 900.0)
+#: How a run's model is reached: over HTTP through the product's adapters in a quarter of the
+#: runs (an SDK call costs milliseconds; the in-process model, the same planner, microseconds).
+MODEL_FACES = ("in-process",) * 6 + ("openai", "anthropic")
 
 
 @dataclass
 class Desk:
     scenario: Scenario
     world: World
+    books: Books
+    moves: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
-    #: Each version's approval rules (by generation), tool -> people needed: for the oracle.
-    approval_rules: list[dict[str, int]] = field(default_factory=list)
+    _kept: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        scenario = self.scenario
+        scenario, schedule = self.scenario, self.world.schedule
         budget: dict[str, Any] = {}
         if scenario.max_iterations is not None:
             budget["maxIterations"] = scenario.max_iterations
         if scenario.tokens is not None:
             budget["tokens"] = scenario.tokens
-        tools = [
-            {
+        place_order_over_mcp = schedule.chance(250)
+        self.model_face = MODEL_FACES[schedule.pick(len(MODEL_FACES))]
+        tools = []
+        for name, side_effect in TOOLS:
+            tool: dict[str, Any] = {
                 "name": name,
                 "sideEffect": side_effect.value,
-                "requiresApproval": name in scenario.approval,
-                **self._rule(name in scenario.approval),
                 "timeoutSeconds": CALL_SECONDS,
-                "python": {"callable": f"keelgate.testing.sim.downstream:{name}"},
             }
-            for name, side_effect in TOOLS
-        ]
+            if name == "pay":
+                tool["python"] = {"callable": PAY_CALLABLE}
+            elif name == "place_order" and place_order_over_mcp:
+                tool.update(mcp_tool(name))
+            else:
+                tool.update(http_tool(name))
+            if name in scenario.approval:
+                tool.update(self._drawn_rule())
+            tools.append(tool)
         self._push(
             {
                 "goal": "Restock the shelves",
-                "model": {"provider": "scripted", "script": [{"done": True}]},
+                "model": manifest_model(self.model_face),
                 "tools": tools,
                 "budget": budget,
             }
         )
+
+    def _drawn_rule(self) -> dict[str, Any]:
+        """An approval rule: one approval by anyone (``requiresApproval``), or a rule of one or
+        two people, from a group or anyone, maybe not the creator, maybe expiring."""
+        schedule = self.world.schedule
+        required = 1 + schedule.pick(2) if self.scenario.approvers > 1 else 1
+        groups = GROUP_CHOICES[schedule.pick(len(GROUP_CHOICES))]
+        not_creator = schedule.chance(400)
+        expires = EXPIRY_CHOICES[schedule.pick(len(EXPIRY_CHOICES))]
+        if required == 1 and not groups and not not_creator and expires is None:
+            return {"requiresApproval": True}
+        rule: dict[str, Any] = {"required": required}
+        if groups:
+            rule["groups"] = list(groups)
+        if not_creator:
+            rule["notCreator"] = True
+        if expires is not None:
+            rule["expiresAfter"] = f"{int(expires)}s"
+        return {"approval": rule}
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -72,29 +123,45 @@ class Desk:
     def generation(self) -> int:
         return len(self.versions)
 
-    def _rule(self, asked: bool) -> dict[str, Any]:
-        """A tool's approval rule when it asks for approval and the scenario wants two people
-        (one person needs no more than requiresApproval)."""
-        if asked and self.scenario.approvers > 1:
-            return {"approval": {"required": self.scenario.approvers}}
-        return {}
+    def generation_of(self, manifest: Mapping[str, Any] | None) -> int:
+        """The newest generation whose manifest this is, as the product keeps a manifest (its
+        defaults filled in): 0 if it is none of the owner's."""
+        for number in range(len(self.versions), 0, -1):
+            if self._kept[number - 1] == manifest:
+                return number
+        return 0
+
+    def tool(self, name: str) -> dict[str, Any] | None:
+        return next((t for t in self.manifest["tools"] if t["name"] == name), None)
 
     def _push(self, manifest: dict[str, Any]) -> None:
         self.versions.append(manifest)
-        self.approval_rules.append({t["name"]: needed(t) for t in manifest["tools"] if needed(t)})
+        # How the product keeps it (the operator and the local driver record it so): what a
+        # step process is given, to be told apart by.
+        kept = spec_from_manifest(manifest).loop_spec(tenant="", run="").manifest
+        self._kept.append(dict(kept or {}))
+        self.books.specs.append(
+            SpecVersion(len(self.versions), self.world.now, copy.deepcopy(manifest))
+        )
 
     def edit(self, what: str) -> None:
-        """One edit a person makes (``EDITS``); each toggles, so a run sees them come and go."""
+        """One edit a person makes (``EDITS``, ``MOVES``); each toggles, so a run sees them come
+        and go."""
         new = copy.deepcopy(self.manifest)
         tools = {t["name"]: t for t in new["tools"]}
         budget = new.setdefault("budget", {})
         if what.startswith("approval "):
             tool = tools.get(what.split()[1])
             if tool is not None:
-                asked = not needed(tool)
-                tool["requiresApproval"] = asked
+                asked = not rule_of(tool).required
+                tool.pop("requiresApproval", None)
                 tool.pop("approval", None)
-                tool.update(self._rule(asked))
+                if asked:
+                    tool.update(self._drawn_rule())
+        elif what.startswith("rule "):
+            tool = tools.get(what.split()[1])
+            if tool is not None and rule_of(tool).required:
+                self._change_rule(tool)
         elif what == "place_order READ":
             tool = tools["place_order"]
             tool["sideEffect"] = "READ" if tool["sideEffect"] == "WRITE" else "WRITE"
@@ -118,8 +185,40 @@ class Desk:
                 budget["maxIterations"] = max(1, budget["maxIterations"] - 1)
             if "tokens" in budget:
                 budget["tokens"] = max(200, budget["tokens"] - 500)
+        elif what == "place_order url":
+            http = tools["place_order"].get("http")
+            if http is not None:
+                steal = f"{SHOP}/steal"
+                http["url"] = f"{SHOP}/orders" if http["url"] == steal else steal
+        elif what == "place_order method":
+            http = tools["place_order"].get("http")
+            if http is not None:
+                http["method"] = "POST" if http.get("method") == "DELETE" else "DELETE"
         self.world.say(f"spec edited: {what} (generation {self.generation + 1})")
         self._push(new)
+
+    def _change_rule(self, tool: dict[str, Any]) -> None:
+        """One of the rule's fields changes: its count, its groups, notCreator, its expiry."""
+        schedule = self.world.schedule
+        rule = dict(tool.get("approval") or {"required": 1})
+        tool.pop("requiresApproval", None)
+        which = schedule.pick(4)
+        if which == 0:
+            rule["required"] = 2 if int(rule.get("required", 1)) == 1 else 1
+        elif which == 1:
+            groups = GROUP_CHOICES[schedule.pick(len(GROUP_CHOICES))]
+            rule.pop("groups", None)
+            if groups:
+                rule["groups"] = list(groups)
+        elif which == 2:
+            if rule.pop("notCreator", False) is False:
+                rule["notCreator"] = True
+        else:
+            expires = EXPIRY_CHOICES[schedule.pick(len(EXPIRY_CHOICES))]
+            rule.pop("expiresAfter", None)
+            if expires is not None:
+                rule["expiresAfter"] = f"{int(expires)}s"
+        tool["approval"] = rule
 
     def restore_tools(self) -> None:
         """The calm end of a run: the tools and side effects as they were at the start (the
@@ -137,11 +236,3 @@ class Desk:
         if any(v is None for v in values):
             return None
         return max(int(v) for v in values)
-
-
-def needed(tool: dict[str, Any]) -> int:
-    """How many people a manifest's tool asks to approve each call (0: none)."""
-    rule = tool.get("approval")
-    if isinstance(rule, dict):
-        return int(rule.get("required", 1))
-    return 1 if tool.get("requiresApproval") else 0

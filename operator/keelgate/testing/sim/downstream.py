@@ -1,34 +1,41 @@
-"""The systems a run's tools change, and the tools that reach them over a simulated network.
+"""The shop a run's tools change, reached over the simulated network, and the one tool whose
+code is the world's own: ``pay``, a composite Python tool.
 
-Why it exists: the promise is about what happens *downstream*: an order placed at most once per
-idempotency key, never after a true "not executed". So the shop here keeps the ground truth the
-oracle judges by (``Ledger``: every effect, when, under which key, sent by which process, and
-never deduplicated: a second order under one key must show as two). A tool call goes out as a
-real tool would send it: each request reports itself right before its first byte with
-``keelgate.about_to_send`` (which checks the write deadline, as the HTTP tool does in its
-transport), and then the network and the shop do what the schedule says: answer, take the
-request and lose the answer, hold it and act later (the call then goes on in the process, as a
-timed-out call does, and ends on virtual time), refuse it (the request is withdrawn as sent:
-``Send.refused``), or never receive it. ``pay`` is a composite WRITE: it charges, then sends the
-receipt, two requests of one call, with a window between them where the process may die or be
-held up past its deadline; once the charge may have gone out, no error of the call may read as
-"nothing happened" (docs/design.md, "A tool call is one unit of knowledge").
-A late effect lands within the call's own time limit: a system that acts after the client gave
-up is outside the promise (docs/design.md, "What is left of each window").
+Why it exists: the promise is about what happens *downstream*: an order placed at most once,
+never after a true "not executed", never unapproved. So the shop books every effect (``Effect``:
+when, which call by its ``ref``, which request made it) and never deduplicates: a second order of
+one call must show as two. It is a server on the network (``keelgate.testing.sim.network``): the
+product's HTTP tool sends ``place_order`` (``POST /orders``), ``notify`` (``POST /notices``) and
+``check_stock`` (``GET /stock/{sku}``) to it, its MCP tool sends ``place_order`` to ``/mcp``
+in some runs, and what the network makes of each request is drawn there.
+
+``pay`` is a user's Python tool that makes two requests of one call (the charge, then the
+receipt), each reported right before it leaves with ``keelgate.about_to_send``, with a window
+between where the process may die or be held up past its deadline; once the charge may have
+gone out, no error of the call may read as "nothing happened". Keelgate's Python tool runs such a
+function on a worker thread and stops waiting at its time limit (the call then goes on); that
+thread cannot run on virtual time, so ``SimTool`` stands in for the wrapper: it runs the
+function's requests in line, waits for each as the worker's caller would (up to the call's
+limit), and hands a request the shop holds longer to the gateway as a call still running
+(``LateCall``), which ends on virtual time.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from keelgate.core import fence
 from keelgate.core.fence import Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
+from keelgate.testing.sim.books import Books, Decision, Effect, Question
+from keelgate.testing.sim.network import Fate, Network, Reply, Request, Reset, Sender, Silence, Unsent
 from keelgate.testing.sim.world import World
 
-#: The tools every simulated run has: (name, side effect, time limit in seconds).
+SHOP = "http://shop.sim"
+#: The tools every simulated run has: (name, side effect).
 TOOLS: tuple[tuple[str, SideEffect], ...] = (
     ("check_stock", SideEffect.READ),
     ("place_order", SideEffect.WRITE),
@@ -37,111 +44,137 @@ TOOLS: tuple[tuple[str, SideEffect], ...] = (
 )
 #: The tools that change things, which a spec may ask approval for.
 CHANGING = tuple(name for name, side_effect in TOOLS if side_effect is not SideEffect.READ)
-#: The requests of each tool's call, in order (one, but for a composite tool).
-PARTS: dict[str, tuple[str, ...]] = {"pay": ("charge", "receipt")}
+#: The requests of the composite tool's call, in order.
+PAY_PARTS = (("charge", f"{SHOP}/charges"), ("receipt", f"{SHOP}/receipts"))
+#: Every tool's time limit (``timeoutSeconds``).
 CALL_SECONDS = 30.0
+PAY_CALLABLE = "keelgate.testing.sim.downstream:pay"
+MCP_URL = f"{SHOP}/mcp"
 
 
-@dataclass(frozen=True)
-class Effect:
-    """One change a downstream system made."""
-
-    tool: str
-    key: str
-    at: float
-    process: str
-    #: How many people's approval the sending process's spec asked for this tool (0: none).
-    approval_in_spec: int
-    #: Which request of the call made it (a composite tool's charge or receipt).
-    part: str = "request"
+def http_tool(name: str) -> dict[str, Any]:
+    """A tool's manifest entry as an HTTP tool of the shop."""
+    method, path = {
+        "check_stock": ("GET", "/stock/{sku}"),
+        "place_order": ("POST", "/orders"),
+        "notify": ("POST", "/notices"),
+    }[name]
+    return {"http": {"method": method, "url": f"{SHOP}{path}"}}
 
 
-@dataclass
-class Ledger:
-    """The systems of record: every effect, in order, and every request that reached them
-    (``received``: the effects' and those refused or held; what the network lost or never
-    delivered is not there), each as the ``Effect`` it would have been."""
-
-    effects: list[Effect] = field(default_factory=list)
-    received: list[Effect] = field(default_factory=list)
-
-    def count(self, key: str, part: str | None = None) -> int:
-        """Effects under ``key`` (of one request of the call, if ``part`` is given)."""
-        return sum(1 for e in self.effects if e.key == key and (part is None or e.part == part))
-
-    def first(self, key: str) -> Effect | None:
-        return next((e for e in self.effects if e.key == key), None)
+def mcp_tool(name: str) -> dict[str, Any]:
+    """A tool's manifest entry as a tool of the shop's MCP server (its schema given, so the
+    server is not asked for it before the run starts)."""
+    return {"mcp": {"url": MCP_URL, "tool": name}, "inputSchema": {"type": "object"}}
 
 
-class Sender:
-    """What a tool knows of the process it runs in (``processes.StepProcess``)."""
+class Shop:
+    """The shop's systems of record, as a server on the network."""
 
-    name: str
-    alive: bool
+    def __init__(self, world: World, books: Books, *, late_shop: bool = False) -> None:
+        self.world = world
+        self.books = books
+        self.late_shop = late_shop
 
-    def window(self, name: str) -> None:
-        """A moment where the process may be held up or die (the world decides)."""
-        raise NotImplementedError
+    def fate(self, request: Request, limit: float) -> Fate:
+        """What the network and the shop make of one request (drawn)."""
+        schedule = self.world.schedule
+        pick = schedule.pick(16)
+        if pick == 1:
+            return Fate("unreachable")
+        if pick == 2:
+            return Fate("refused")
+        if pick == 3:
+            return Fate("lost", reset=schedule.chance(500))
+        if pick in (4, 5):
+            # Held: acted on (or refused) a while after it came, maybe after its sender gave
+            # up; the network keeps that within the write deadline's margin (``late_shop``:
+            # within the call's own limit only).
+            delay = schedule.between(0.5, CALL_SECONDS * 0.9)
+            return Fate("held", delay=delay, refuses=schedule.chance(250))
+        if pick == 6:
+            return Fate("answer-lost", reset=schedule.chance(500))
+        if pick == 7:
+            return Fate("error", acts=schedule.chance(500))
+        return Fate("ok")
 
-    def approval_in_spec(self, tool: str) -> int:
-        """How many people's approval the process's spec asks for ``tool`` (0: none)."""
-        raise NotImplementedError
-
-    def late(self, call: LateCall) -> None:
-        """A call that goes on after the process stopped waiting for it."""
-        raise NotImplementedError
+    def handle(self, request: Request, sent: int | None) -> Reply:
+        """The shop acts on a request that reached it (a read changes nothing)."""
+        if request.method == "GET":
+            return Reply(200, {"sku": request.args.get("sku"), "count": 3})
+        ref = str(request.args.get("ref", ""))
+        self.books.effects.append(Effect(self.world.now, ref, request.part, sent or 0))
+        what = request.endpoint if request.part == "request" else request.part
+        self.world.say(f"EFFECT {what} {ref} by {self.world.actor or 'the shop'}")
+        done = sum(1 for e in self.books.effects if e.ref == ref and e.part == request.part)
+        return Reply(201, {"done": request.path, "ref": ref, "n": done})
 
 
 class LateCall:
-    """A request the shop holds: it acts later, or refuses it in the end (a late 4xx: nothing
-    happens, and the request is withdrawn as sent), and ``when_done`` is told how it ended, as a
-    timed-out call still running on a worker is; the gateway keeps its key meanwhile."""
+    """A request of ``pay`` the shop holds past the tool's wait: it acts (or refuses) later,
+    and ``when_done`` is told how it ended, as a timed-out call still running on a worker is;
+    the gateway keeps its key meanwhile."""
 
     def __init__(
         self,
         world: World,
+        network: Network,
         sender: Sender,
-        effect: Callable[[], Any],
+        act: Callable[[], Any],
         *,
-        sent: Send,
-        refused: str = "",
+        send: Send,
+        index: int | None,
+        refuses: bool,
+        what: str,
     ) -> None:
         self._world = world
+        self._network = network
         self._sender = sender
-        self._effect = effect
-        self._sent = sent
-        self._refused = refused  # the refusal it ends with ("": it acts)
+        self._act = act
+        self._send = send
+        self._index = index
+        self._refuses = refuses
+        self._what = what
         self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
         self.ended = False
+        self._heard: tuple[Any, BaseException | None] | None = None
 
     def when_done(self, callback: Callable[[Any, BaseException | None], None]) -> None:
-        self._callbacks.append(callback)
+        if self._heard is not None:
+            callback(*self._heard)  # it ended already: told at once, as a worker's call is
+        else:
+            self._callbacks.append(callback)
 
     def end(self) -> None:
         """The shop acts (or refuses) now; the process, if it still lives, hears the answer."""
         self.ended = True
         output: Any = None
         error: BaseException | None = None
-        if self._refused:
-            self._world.say(f"{self._sender.name} {self._refused}")
-            self._sent.refused()
-            error = ToolError(self._refused)
-        else:
-            output = self._effect()
+        with self._world.acting(self._sender.name):
+            if self._refuses:
+                self._world.say(f"{self._sender.name} {self._what} refused late by the shop")
+            else:
+                output = self._act()
         if not self._sender.alive:
             return  # its worker died with the process: the key reads unknown
-        for callback in self._callbacks:
+        self._network.known(self._index, refused=self._refuses)
+        if self._refuses:
+            self._send.refused()
+            error = ToolError(f"{self._what}: the shop refused it")
+        self._heard = (output, error)
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
             callback(output, error)
 
 
 class SimTool:
-    """One tool of one process: the manifest's name, class and approval rule, sending to the
-    simulated shop."""
+    """``pay``, as Keelgate's Python tool runs it: the manifest's name, class and approval rule,
+    the function's requests made in line (see the module's docstring)."""
 
     def __init__(
         self,
         world: World,
-        ledger: Ledger,
+        network: Network,
         sender: Sender,
         *,
         name: str,
@@ -154,92 +187,131 @@ class SimTool:
         self.side_effect = side_effect
         self.requires_approval = requires_approval
         self.approval = approval
-        self.description = f"the shop's {name}"
+        self.description = "charge, then send the receipt"
         self.input_schema: Mapping[str, Any] = {"type": "object"}
         self.timeout_seconds = timeout_seconds
         self._world = world
-        self._ledger = ledger
+        self._network = network
         self._sender = sender
 
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
-        if idempotency_key is None:  # a READ: nothing changes downstream
-            return {"sku": args.get("sku"), "count": 3}
-        key = idempotency_key
-        # Held up between the claim and the send (the fence's window).
-        self._sender.window("before_send")
-        parts = PARTS.get(self.name, ("request",))
+        if idempotency_key is None:
+            raise ToolError(f"{self.name}: called as a READ")
         output: Any = None
-        for number, part in enumerate(parts):
+        for number, (part, url) in enumerate(PAY_PARTS):
             if number:
                 # Between two requests of one call: the process may die here, or be held up
                 # past its deadline (the next request's report then refuses to send it).
                 self._sender.window("mid_tool")
-            output = self._request(key, part, last=number == len(parts) - 1)
+            body = {"amount": args.get("amount"), "ref": args.get("ref")} if number == 0 else {
+                "ref": args.get("ref")
+            }
+            output = self._request(Request("POST", url, body, idempotency_key, part))
+        self._sender.window("mid_tool")
         return output
 
-    def _request(self, key: str, part: str, *, last: bool) -> Any:
-        """One request of the call: reported right before its first byte (the deadline is
-        checked there), then what the network and the shop make of it."""
-        world, schedule = self._world, self._world.schedule
-        sent = about_to_send(key)
-        what = self.name if part == "request" else f"{self.name} {part}"
-        fate = schedule.pick(12)
-        if fate == 1:  # never received (the connection was refused): a definite failure
-            world.say(f"{self._sender.name} {what} refused by the network (nothing sent)")
-            sent.refused()
-            raise ToolError(f"{what}: connection refused")
-        if fate not in (1, 3):  # it reaches the shop (the network neither refuses nor loses it)
-            approval = self._sender.approval_in_spec(self.name)
-            request = Effect(self.name, key, world.now, self._sender.name, approval, part)
-            self._ledger.received.append(request)
-        if fate == 2:  # the shop refuses it (a 4xx): nothing happens
-            world.say(f"{self._sender.name} {what} refused by the shop")
-            sent.refused()
-            raise ToolError(f"{what}: the shop refused it")
-        if fate == 3:  # sent, lost on the way: nothing happens, but nobody can tell
-            world.say(f"{self._sender.name} {what} lost before the shop")
-            raise OutcomeUncertain(f"{what}: connection reset")
-        if fate == 4:  # held by the shop, acted on later (or refused), within the time limit
-            delay = schedule.between(0.5, (self.timeout_seconds or CALL_SECONDS) * 0.9)
-            refused = f"{what} refused late by the shop" if schedule.chance(250) else ""
+    def _limit(self) -> float:
+        """How long the worker's caller waits (``PythonTool.invoke``): the tool's time limit,
+        and never past the call's write deadline."""
+        limit = self.timeout_seconds
+        deadline = fence.current()
+        if deadline is not None:
+            left = deadline.remaining()
+            limit = left if limit is None else min(limit, left)
+        return CALL_SECONDS if limit is None else limit
+
+    def _request(self, request: Request) -> Any:
+        sends: list[Send] = []
+        what = f"{self.name} {request.part}"
+        held: list[LateCall] = []
+
+        def late(fate: Fate, index: int | None) -> None:
             call = LateCall(
-                world, self._sender, lambda: self._effect(key, part), sent=sent, refused=refused
+                self._world,
+                self._network,
+                self._sender,
+                lambda: self._network.servers["shop.sim"].handle(request, index),
+                send=sends[-1],
+                index=index,
+                refuses=fate.refuses,
+                what=what,
             )
-            world.say(f"{self._sender.name} {what} held by the shop for {delay:.1f}s")
-            world.at(delay, f"late {what}", call.end)
+            self._world.at(fate.delay, f"late {what}", call.end)
             self._sender.late(call)
-            raise OutcomeUncertain(f"{what} did not return in time", still_running=call)
-        output = self._effect(key, part)
-        if last:
-            self._sender.window("mid_tool")
-        if fate == 5:  # taken, answer lost
-            world.say(f"{self._sender.name} {what} answer lost")
-            raise OutcomeUncertain(f"{what}: connection reset after the request")
-        return output
+            held.append(call)
 
-    def _effect(self, key: str, part: str) -> Any:
-        world = self._world
-        approval = self._sender.approval_in_spec(self.name)
-        effect = Effect(self.name, key, world.now, self._sender.name, approval, part)
-        self._ledger.effects.append(effect)
-        shown = self.name if part == "request" else f"{self.name} {part}"
-        world.say(f"EFFECT {shown} {key[:12]} by {self._sender.name}")
-        return {"done": self.name, "n": self._ledger.count(key, part)}
+        try:
+            reply = self._network.exchange(
+                request,
+                limit=self._limit(),
+                before_headers=lambda: sends.append(about_to_send(request.key)),
+                late=late,
+            )
+        except Unsent:
+            raise ToolError(f"{what}: connection refused") from None
+        except Silence:
+            if held:
+                raise OutcomeUncertain(f"{what} did not return in time", still_running=held[0])
+            raise OutcomeUncertain(f"{what}: no answer in time") from None
+        except Reset:
+            raise OutcomeUncertain(f"{what}: connection reset after the request") from None
+        if 400 <= reply.status < 500:
+            sends[-1].refused()
+            raise ToolError(f"{what}: the shop refused it")
+        if reply.status >= 500:
+            raise OutcomeUncertain(f"{what}: HTTP {reply.status}")
+        return reply.body
 
 
 class ShopConfirmer:
     """Trusted code that asks the shop whether an unknown call took effect (the ADR's
-    confirmer): True or False from the ledger, or None when the shop does not answer."""
+    confirmer): True or False from the shop's books, or None when the shop does not answer.
+    Its questions and answers go into the world's books, as a person's do."""
 
     name = "shop-confirmer"
 
-    def __init__(self, world: World, ledger: Ledger) -> None:
+    def __init__(self, world: World, books: Books) -> None:
         self._world = world
-        self._ledger = ledger
+        self._books = books
 
     def confirm(
         self, tenant: str, run: str, action: UnknownAction, args: Mapping[str, Any]
     ) -> bool | None:
-        if self._world.schedule.chance(300):
+        world = self._world
+        ref = str(args.get("ref", ""))
+        self._books.questions.append(Question(world.now, self.name, action.action, ref))
+        if world.schedule.chance(300):
             return None
-        return self._ledger.count(action.idempotency_key) > 0
+        happened = self._books.happened(ref, world.now)
+        self._books.decisions.append(
+            Decision(
+                world.now,
+                "settle",
+                self.name,
+                self.name,
+                action.action,
+                ref,
+                happened,
+                source="confirmer",
+            )
+        )
+        return happened
+
+
+def pay(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+    """The manifest's callable for ``pay`` (what a step pod would load; the simulation runs
+    ``SimTool`` in its place)."""
+    raise ToolError("pay runs only in a simulation")
+
+
+def mcp_reply(message: Mapping[str, Any], result: Any) -> dict[str, Any]:
+    """A JSON-RPC answer to an MCP request."""
+    return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+
+
+def tool_result(body: Any) -> dict[str, Any]:
+    return {
+        "content": [{"type": "text", "text": json.dumps(body)}],
+        "structuredContent": body,
+        "isError": False,
+    }

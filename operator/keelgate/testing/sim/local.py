@@ -16,10 +16,10 @@ from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, StopReason
 from keelgate.errors import KeelgateError
 from keelgate.manifest import spec_from_manifest
+from keelgate.testing.sim.books import CREATOR
 from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.downstream import Ledger
-from keelgate.testing.sim.model import Scenario
-from keelgate.testing.sim.oracle import Truth
+from keelgate.testing.sim.model import Planner
+from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.processes import Faults, StepProcess
 from keelgate.testing.sim.stores import StoreSite
 from keelgate.testing.sim.world import World
@@ -34,32 +34,36 @@ class LocalDriver:
         self,
         world: World,
         site: StoreSite,
-        ledger: Ledger,
-        scenario: Scenario,
-        faults: Faults,
+        network: Network,
+        planner: Planner,
         desk: Desk,
-        truth: Truth,
+        faults: Faults,
         *,
         tenant: str,
         run: str,
     ) -> None:
         self.world = world
         self.site = site
-        self.ledger = ledger
-        self.scenario = scenario
+        self.network = network
+        self.planner = planner
         self.faults = faults
         self.desk = desk
-        self.truth = truth
         self.tenant = tenant
         self.run = run
         self.running: StepProcess | None = None
         self.processes: list[StepProcess] = []
         self.finished = False
         self._stopped_under = 0  # the generation a budget stop was met under
+        self._spec: tuple[int, LoopSpec] | None = None
 
     def spec(self) -> LoopSpec:
-        manifest = spec_from_manifest(self.desk.manifest)
-        return manifest.loop_spec(tenant=self.tenant, run=self.run)
+        generation = self.desk.generation
+        if self._spec is None or self._spec[0] != generation:
+            manifest = spec_from_manifest(self.desk.manifest)
+            # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
+            spec = manifest.loop_spec(tenant=self.tenant, run=self.run, creator=CREATOR)
+            self._spec = (generation, spec)
+        return self._spec[1]
 
     def check_later(self, delay: float = 1.0) -> None:
         self.world.at(delay, "the driver looks", self.check)
@@ -122,14 +126,14 @@ class LocalDriver:
         process = StepProcess(
             self.world,
             self.site,
-            self.ledger,
-            self.scenario,
+            self.network,
+            self.planner,
+            self.desk,
             self.faults,
             name=f"step{number}",
             tenant=self.tenant,
             run=self.run,
             on_exit=self._exited,
-            truth=self.truth,
         )
         self.processes.append(process)
         self.running = process

@@ -1,25 +1,31 @@
 """The simulated model and the scenario it follows: what each iteration plans, what it costs.
 
 Why it exists: the loop must be driven by something that plans WRITEs the way a model does:
-several per iteration, the same call again (the same key), a READ between, a composite WRITE
-(``pay``), a verifier that sometimes rejects. The scenario is drawn from the schedule before
-anything runs, so a shrunk schedule also shrinks the story (fewer iterations, fewer calls).
-The model answers from the scenario alone (the iteration asked about), so a process that died
-before its plan was saved gets the same plan from the next one.
+several per iteration, the same call again (the same ``ref``, the same arguments, so the same
+key), a READ between, a composite WRITE (``pay``), a verifier that sometimes rejects, and, asked
+again for an iteration it already answered, now and then a different plan (``Scenario.again``).
+The scenario is drawn from the schedule before anything runs, so a shrunk schedule also shrinks
+the story. The world's model (``Planner``) answers from the scenario and the question alone, and
+books every question and answer (``Books.asks``), with the ref it put into each planned call's
+arguments: the world's own identity of the call. It answers in process (``SimModel``, the
+``Model`` protocol) or over HTTP to the product's own OpenAI and Anthropic adapters
+(``keelgate.testing.sim.modelserver``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
 from keelgate.core.types import Usage
-from keelgate.testing.sim.downstream import CHANGING
-from keelgate.testing.sim.world import Schedule
+from keelgate.testing.sim.books import Ask, Books, Intent
+from keelgate.testing.sim.world import Schedule, World
 
 SKUS = ("A1", "B2", "C3")
+TOOL_CHOICES = ("place_order", "place_order", "notify", "check_stock", "pay")
 
 
 @dataclass(frozen=True)
@@ -36,34 +42,27 @@ class Scenario:
     output_tokens: int
     #: How many different people each of those tools' calls needs (1 or 2).
     approvers: int = 1
+    #: For some plans, the plan the model gives instead when asked for it a second time.
+    again: Mapping[int, tuple[PlannedCall, ...]] = field(default_factory=dict)
 
     @classmethod
     def drawn(cls, schedule: Schedule) -> Scenario:
+        refs: dict[str, str] = {}
         iterations = 1 + schedule.pick(4)
-        plans: list[tuple[PlannedCall, ...]] = []
-        for _ in range(iterations):
-            calls: list[PlannedCall] = []
-            for _ in range(1 + schedule.pick(3)):
-                tool = ("place_order", "place_order", "notify", "check_stock", "pay")[
-                    schedule.pick(5)
-                ]
-                args: dict[str, Any] = {"sku": SKUS[schedule.pick(len(SKUS))]}
-                if tool == "place_order":
-                    args["qty"] = 1 + schedule.pick(2)
-                elif tool == "pay":
-                    args["amount"] = 10 * (1 + schedule.pick(3))
-                calls.append(PlannedCall(tool, args))
-            plans.append(tuple(calls))
+        plans = tuple(_plan(schedule, refs) for _ in range(iterations))
         rejected = frozenset(i + 1 for i in range(iterations) if schedule.chance(150))
-        approval = frozenset(tool for tool in CHANGING if schedule.chance(300))
+        approval = frozenset(
+            tool for tool in ("place_order", "notify", "pay") if schedule.chance(300)
+        )
         limit = schedule.pick(3)
         max_iterations = None if limit == 0 else iterations + len(rejected) - 1 + limit
         tokens = None if not schedule.chance(250) else 1500 + 200 * schedule.pick(10)
         confirmer = schedule.chance(300)
         input_tokens = 80 + 10 * schedule.pick(5)
         output_tokens = 20 + 10 * schedule.pick(4)
+        again = {i: _plan(schedule, refs) for i in range(iterations) if schedule.chance(200)}
         return cls(
-            plans=tuple(plans),
+            plans=plans,
             rejected=rejected,
             approval=approval,
             max_iterations=max_iterations,
@@ -71,41 +70,119 @@ class Scenario:
             confirmer=confirmer,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            # Read from a choice already made (no new draw: every seed keeps its story): two
-            # people for about half the runs that ask for approval.
+            # Read from a choice already made (no new draw): two people for about half the
+            # runs that ask for approval.
             approvers=2 if approval and (output_tokens // 10) % 2 == 1 else 1,
+            again=again,
         )
+
+    @property
+    def call_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _plan(schedule: Schedule, refs: dict[str, str]) -> tuple[PlannedCall, ...]:
+    calls: list[PlannedCall] = []
+    for _ in range(1 + schedule.pick(3)):
+        tool = TOOL_CHOICES[schedule.pick(len(TOOL_CHOICES))]
+        args: dict[str, Any] = {"sku": SKUS[schedule.pick(len(SKUS))]}
+        if tool == "place_order":
+            args["qty"] = 1 + schedule.pick(2)
+        elif tool == "pay":
+            args["amount"] = 10 * (1 + schedule.pick(3))
+        # The world's identity of the call: the same call (tool and arguments) planned again
+        # is the same ref, so the same arguments, so the same key.
+        content = f"{tool}:{sorted(args.items())}"
+        ref = refs.setdefault(content, f"{tool[:1]}{len(refs) + 1}")
+        calls.append(PlannedCall(tool, {**args, "ref": ref}))
+    return tuple(calls)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question to the model, as the world reads it off the request (in process or on the
+    wire): its phase and iteration, how many plans the conversation shows carried out, and
+    whether this iteration was rejected before."""
+
+    phase: str
+    iteration: int
+    acted: int  # plans the history shows (made and carried out), less those rejected
+    rejected_before: bool
+
+
+class Planner:
+    """The world's model: answers from the scenario, books every question and answer."""
+
+    def __init__(self, world: World, scenario: Scenario, books: Books) -> None:
+        self.world = world
+        self.scenario = scenario
+        self.books = books
+        self._asked: Counter[int] = Counter()
+
+    def answer(self, question: Question) -> ModelReply:
+        scenario = self.scenario
+        usage = Usage(input_tokens=scenario.input_tokens, output_tokens=scenario.output_tokens)
+        if question.phase == "verify":
+            reject = question.iteration in scenario.rejected and not question.rejected_before
+            self._book(question, (), done=False, verdict="reject" if reject else "accept")
+            if reject:
+                return ModelReply(verdict="reject", reason="try again", usage=usage)
+            return ModelReply(usage=usage)
+        self._asked[question.iteration] += 1
+        index = max(0, question.acted)
+        if index >= len(scenario.plans):
+            self._book(question, (), done=True)
+            return ModelReply(done=True, answer="restocked", usage=usage)
+        plan = scenario.plans[index]
+        if self._asked[question.iteration] > 1 and index in scenario.again:
+            plan = scenario.again[index]  # asked again, it plans otherwise
+        self._book(question, plan, done=False)
+        return ModelReply(actions=plan, usage=usage)
+
+    def _book(
+        self,
+        question: Question,
+        plan: Sequence[PlannedCall],
+        *,
+        done: bool,
+        verdict: str = "accept",
+    ) -> None:
+        intents = tuple(Intent(str(c.args["ref"]), c.tool, dict(c.args)) for c in plan)
+        self.books.asks.append(
+            Ask(
+                self.world.now,
+                self.world.actor,
+                question.phase,
+                question.iteration,
+                intents,
+                done,
+                verdict,
+                self.scenario.call_tokens,
+                self.books.next_order(),
+            )
+        )
+
+
+def question_of(request: ModelRequest) -> Question:
+    """The question a ``ModelRequest`` asks (what the in-process model reads)."""
+    history = request.history
+    rejected_before = any(
+        entry.get("verdict") == "reject" and entry.get("iteration") == request.iteration
+        for entry in history
+    )
+    acted = sum(1 for entry in history if "actions" in entry) - sum(
+        1 for entry in history if entry.get("verdict") == "reject"
+    )
+    return Question(request.phase, request.iteration, acted, rejected_before)
 
 
 class SimModel:
-    """Plans from the scenario; verifies with "accept" except where it says "reject" once."""
+    """The world's model in process: the ``Model`` protocol over the planner."""
 
     name = "sim-model"
 
-    def __init__(self, scenario: Scenario, *, on_plan: Callable[[int], None] | None = None) -> None:
-        self.scenario = scenario
-        self.on_plan = on_plan  # told of each plan given (its iteration), for the oracle
-        self.calls = 0
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
 
     def call(self, request: ModelRequest) -> ModelReply:
-        self.calls += 1
-        scenario = self.scenario
-        usage = Usage(input_tokens=scenario.input_tokens, output_tokens=scenario.output_tokens)
-        if request.phase == "verify":
-            rejected_before = any(
-                entry.get("verdict") == "reject" and entry.get("iteration") == request.iteration
-                for entry in request.history
-            )
-            if request.iteration in scenario.rejected and not rejected_before:
-                return ModelReply(verdict="reject", reason="try again", usage=usage)
-            return ModelReply(usage=usage)
-        # Iterations rejected by the verifier are planned again: count the accepted ones.
-        done = sum(1 for entry in request.history if "actions" in entry) - sum(
-            1 for entry in request.history if entry.get("verdict") == "reject"
-        )
-        index = max(0, done)
-        if self.on_plan is not None:
-            self.on_plan(request.iteration)
-        if index >= len(scenario.plans):
-            return ModelReply(done=True, answer="restocked", usage=usage)
-        return ModelReply(actions=scenario.plans[index], usage=usage)
+        return self.planner.answer(question_of(request))

@@ -1,37 +1,64 @@
 """Operator mode: the operator's real controller (its AgentRun, Reconciliation and Approval
 reconcilers and status writers) over the simulated API server, its step pods run by a simulated
-kubelet as step processes, people deciding by editing the objects the operator made for them.
+kubelet as step processes, people deciding by editing the objects the operator made for them,
+through what admission lets them do (``keelgate.testing.sim.admission``).
 
 Why it exists: the operator is where a decision travels furthest (a person's patch, a watch
 event, a reconcile, the store, a status write, the next pod), and where the historical bugs of
 ``executed: false`` and of a second unknown outcome lived. The controller is the product's
 (``keelgate.kube.controller.dispatch.Controller``) with the real watch cache; only its work queue
 (virtual time), its metrics (none) and the cluster around it are the simulator's. An operator
-can restart (a new cache, relisted) and a second one can run beside it for a while.
+can restart (a new cache, relisted) and a second one can run beside it for a while. Deleting an
+object deletes what it owns a moment later (the garbage collector), and a deleted pod's process
+is asked to stop, then killed at the end of its grace period (the kubelet).
+
+With ``moves`` (issue 46), alice, who created the run and may edit her namespace, also tries
+what admission lets through: a byte-equal copy of someone's entry appended to an Approval, a
+deny moved to the front of the list, her run deleted and created again under the same name, a
+decision made as a ServiceAccount, and a tool's definition edited after its call was approved.
+Every decision and move is booked as it was made (``Books.decisions``; a move is marked as one,
+never as its entry's author's decision).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from keelgate.core.loop import Loop
+from keelgate.core.state import RunState
 from keelgate.core.types import StopReason
+from keelgate.errors import KeelgateError
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
+from keelgate.testing.sim.admission import User, admitted
+from keelgate.testing.sim.books import (
+    CREATOR,
+    GROUPS,
+    SERVICE_ACCOUNT,
+    Books,
+    Decision,
+    Question,
+    definition,
+)
 from keelgate.testing.sim.cluster import JSON, SimApiServer
-from keelgate.testing.sim.desk import EDITS, Desk
-from keelgate.testing.sim.downstream import Ledger
-from keelgate.testing.sim.model import Scenario
-from keelgate.testing.sim.oracle import Truth
-from keelgate.testing.sim.people import PEOPLE, Decision
+from keelgate.testing.sim.desk import EDITS, MOVES, Desk
+from keelgate.testing.sim.model import Planner
+from keelgate.testing.sim.network import Network
+from keelgate.testing.sim.people import PEOPLE, counts
 from keelgate.testing.sim.processes import Faults, StepProcess
 from keelgate.testing.sim.stores import StoreSite
 from keelgate.testing.sim.world import World
 
 KINDS = ("AgentRun", "Reconciliation", "Approval", "Pod")
+#: issue 46's moves, by name (``Options.moves``).
+MOVES = ("copy", "reorder", "recreate", "service-account", "definition")
 RESYNC = 60.0
+#: The groups the API server puts a ServiceAccount in.
+SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:shop")
 
 
 class _NoMeter:
@@ -112,11 +139,12 @@ class SimOperator:
         if not self.alive or self._due.get(key) != due:
             return
         del self._due[key]
-        try:
-            result: Result = self.controller.reconcile(key)
-        except Exception as error:  # what kopf's workers do: log, back off, try again
-            self.world.say(f"{self.name} {key[0]} {key[2]}: {type(error).__name__}")
-            result = Requeue(2.0)
+        with self.world.acting(self.name):
+            try:
+                result: Result = self.controller.reconcile(key)
+            except Exception as error:  # what kopf's workers do: log, back off, try again
+                self.world.say(f"{self.name} {key[0]} {key[2]}: {type(error).__name__}")
+                result = Requeue(2.0)
         if isinstance(result, Requeue):
             # The work queue's rate limiter (client-go's: 5 ms doubling): a key requeued at
             # once again and again (a lost race against a stale cache) backs off.
@@ -143,48 +171,58 @@ class Cluster:
         self,
         world: World,
         site: StoreSite,
-        ledger: Ledger,
-        scenario: Scenario,
-        faults: Faults,
+        network: Network,
+        planner: Planner,
         desk: Desk,
-        truth: Truth,
+        faults: Faults,
         *,
         tenant: str,
         run: str,
+        moves: frozenset[str] = frozenset(),
     ) -> None:
         self.world = world
         self.site = site
-        self.ledger = ledger
-        self.scenario = scenario
-        self.faults = faults
+        self.network = network
+        self.planner = planner
+        self.books: Books = planner.books
         self.desk = desk
-        self.truth = truth
+        self.faults = faults
         self.tenant = tenant
         self.run = run
+        self.moves = tuple(m for m in MOVES if m in moves)
         self.api = SimApiServer(world, faulty=True)
         self.api.on_pod = self._pod_created
+        self.api.on_pod_deleted = self._pod_deleted
+        self.api.on_status = self._status_written
         self.operators: list[SimOperator] = []
-        self.processes: list[StepProcess] = []
-        self.decisions: list[Decision] = []
+        self.processes: dict[str, StepProcess] = {}
         self.calm = False
         self.count = 0
         self.edits = (0, 100, 400)[world.schedule.pick(3)]
         self.wrong = (0, 30)[world.schedule.pick(2)]
+        self.mischief = (0, 150, 400)[world.schedule.pick(3)] if moves else 0
 
     def start(self) -> None:
+        self._create_run()
+        self._operator()
+        self.world.at(self.world.schedule.between(2.0, 60.0), "people look", self.look)
+        self.world.at(self.world.schedule.between(30.0, 300.0), "operator event", self.chaos)
+
+    def _create_run(self) -> None:
+        # alice creates it: admission records her as its creator (keelgate.dev/created-by).
         self.api.create_object(
             "AgentRun",
             self.tenant,
             {
                 "apiVersion": "keelgate.dev/v1alpha1",
                 "kind": "AgentRun",
-                "metadata": {"name": self.run, "annotations": {}},
-                "spec": self.desk.manifest,
+                "metadata": {
+                    "name": self.run,
+                    "annotations": {"keelgate.dev/created-by": CREATOR},
+                },
+                "spec": copy.deepcopy(self.desk.manifest),
             },
         )
-        self._operator()
-        self.world.at(self.world.schedule.between(2.0, 60.0), "people look", self.look)
-        self.world.at(self.world.schedule.between(30.0, 300.0), "operator event", self.chaos)
 
     def _operator(self) -> SimOperator:
         self.count += 1
@@ -215,7 +253,9 @@ class Cluster:
     def finished(self) -> bool:
         body = self.api.get("AgentRun", self.tenant, self.run)
         phase = ((body or {}).get("status") or {}).get("phase")
-        return phase in ("Succeeded", "Failed") and not any(p.alive for p in self.processes)
+        return phase in ("Succeeded", "Failed") and not any(
+            p.alive for p in self.processes.values()
+        )
 
     # The kubelet
 
@@ -231,20 +271,42 @@ class Cluster:
         pod = self.api.get("Pod", self.tenant, name)
         if pod is None or pod["metadata"].get("deletionTimestamp"):
             return
+        # A run deleted and created again names its pods afresh: the world tells them apart.
+        taken = sum(1 for known in self.books.processes if known.split("#")[0] == name)
         process = StepProcess(
             self.world,
             self.site,
-            self.ledger,
-            self.scenario,
+            self.network,
+            self.planner,
+            self.desk,
             self.faults,
-            name=name,
+            name=name if not taken else f"{name}#{taken + 1}",
             tenant=self.tenant,
             run=self.run,
             on_exit=lambda p, code: self._exited(name, code),
-            truth=self.truth,
         )
-        self.processes.append(process)
+        self.processes[name] = process
         process.start()
+
+    def _pod_deleted(self, pod: JSON) -> None:
+        """A pod being deleted: its process is asked to stop (SIGTERM), and killed at the end
+        of its grace period; one not started yet is removed at once. A lost node's kubelet hears
+        nothing of it: the pod stays until its node is declared gone and the pod garbage
+        collector removes it (its process may still run there)."""
+        name = pod["metadata"]["name"]
+        process = self.processes.get(name)
+        if process is None:
+            self.api.remove_pod(self.tenant, name)
+            return
+        if process.lost:
+            self.world.at(300.0, "the pod garbage collector", lambda: self.api.remove_pod(self.tenant, name))
+            return
+        if not process.alive:
+            self.api.remove_pod(self.tenant, name)
+            return
+        process.drain()
+        grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        self.world.at(grace, f"grace of {process.name} over", process.kill)
 
     def _exited(self, name: str, code: int) -> None:
         if code < 0:
@@ -254,18 +316,49 @@ class Cluster:
             return
         self.api.finish_pod(self.tenant, name, code)
 
+    # What the people are told: a Reconciliation settled as they said
+
+    def _status_written(self, kind: str, body: JSON) -> None:
+        status = body.get("status") or {}
+        if kind != "Reconciliation" or status.get("phase") != "Settled":
+            return
+        action = str((body.get("spec") or {}).get("action", ""))
+        executed = status.get("verdict") == "executed"
+        for decision in self.books.decisions:
+            if (
+                decision.kind == "settle"
+                and decision.source == "human"
+                and decision.action == action
+                and decision.by == status.get("settledBy")
+                and decision.yes == executed
+                and decision.accepted_at is None
+            ):
+                decision.accepted_at, decision.told = self.world.now, True
+                break
+
     # People, through kubectl
 
     def look(self) -> None:
+        with self.world.acting("people"):
+            finished = self._look()
+        if not finished:
+            world = self.world
+            world.at(5.0 if self.calm else world.schedule.between(2.0, 60.0), "people look", self.look)
+
+    def _look(self) -> bool:
         world = self.world
         schedule = world.schedule
         if not self.calm and schedule.chance(self.edits):
             self.desk.edit(EDITS[schedule.pick(len(EDITS))])
             self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
+        state = self._state()
         for body in self.api.of_kind("Reconciliation"):
-            self._settle(body)
+            self._settle(body, state)
         for body in self.api.of_kind("Approval"):
-            self._approve(body)
+            self._approve(body, state)
+        if not self.calm and schedule.chance(self.mischief):
+            # Right after the others decided, before the operator hears of it (issue 46).
+            self._move(state)
         run = self.api.get("AgentRun", self.tenant, self.run) or {}
         status = run.get("status") or {}
         if status.get("stopReason") in (StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS) and (
@@ -273,58 +366,223 @@ class Cluster:
         ):
             self.desk.edit("raise budget")
             self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
-        if status.get("phase") in ("Succeeded", "Failed"):
-            return
-        world.at(5.0 if self.calm else schedule.between(2.0, 60.0), "people look", self.look)
+        return status.get("phase") in ("Succeeded", "Failed")
 
-    def _settle(self, body: JSON) -> None:
-        spec: dict[str, Any] = body.get("spec") or {}
+    def _state(self) -> RunState | None:
+        """The run as ``kubectl keelgate status`` shows it (the actions' arguments)."""
+        stores = self.site.open()
+        try:
+            return Loop(stores=stores, busy_wait=0.0).state(self.tenant, self.run)
+        except KeelgateError:
+            return None
+        finally:
+            stores.close()
+
+    def _patch(self, kind: str, body: JSON, spec: dict[str, Any], user: User) -> bool:
+        """``kubectl patch`` as ``user``: what admission refuses never lands."""
+        name = body["metadata"]["name"]
+        current = self.api.get(kind, self.tenant, name)
+        if current is None:
+            return False
+        old = current.get("spec") or {}
+        refused = admitted(kind, old, spec, user)
+        if refused:
+            self.world.say(f"{user.name} patches {name}: refused ({refused})")
+            return False
+        self.api.replace_spec(kind, self.tenant, name, spec)
+        return True
+
+    def _settle(self, body: JSON, state: RunState | None) -> None:
+        spec: dict[str, Any] = dict(body.get("spec") or {})
         if spec.get("executed") is not None or (body.get("status") or {}).get("phase") == "Settled":
             return
-        schedule = self.world.schedule
+        world, schedule = self.world, self.world.schedule
+        action = str(spec.get("action", ""))
+        ref = _ref(state, action)
+        self.books.questions.append(Question(world.now, "people", action, ref))
         if not self.calm and schedule.chance(300):
             return  # not now
-        key = str(spec.get("idempotencyKey", ""))
-        happened = self.ledger.count(key) > 0
+        happened = self.books.happened(ref, world.now)
         truthful = self.calm or not schedule.chance(self.wrong)
         executed = happened if truthful else not happened
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        self.world.say(f"{by} patches {body['metadata']['name']} executed: {executed}")
-        self.api.patch_spec(
-            "Reconciliation",
-            self.tenant,
-            body["metadata"]["name"],
-            {"executed": executed, "by": by},
-        )
-        action = str(spec.get("action", ""))
-        self.decisions.append(
-            Decision("settle", action, key, executed, by, self.world.now, truthful)
-        )
+        world.say(f"{by} patches {body['metadata']['name']} executed: {executed}")
+        decision = Decision(world.now, "settle", by, by, action, ref, executed, truthful=truthful)
+        self.books.decisions.append(decision)
+        spec.update(executed=executed, by=by)
+        self._patch("Reconciliation", body, spec, User(by, GROUPS[by]))
 
-    def _approve(self, body: JSON) -> None:
+    def _approve(self, body: JSON, state: RunState | None) -> None:
         """One person decides: with the one-decision form when the rule asks one person (as
         `kubectl patch` does), else by adding their decision to spec.decisions (as `kubectl
-        keelgate approve` does); calm, it is someone who has not decided yet."""
-        spec: dict[str, Any] = body.get("spec") or {}
+        keelgate approve` does); calm, it is someone who counts and has not decided yet."""
+        spec: dict[str, Any] = dict(body.get("spec") or {})
         status: dict[str, Any] = body.get("status") or {}
-        if spec.get("approved") is not None or status.get("phase") == "Settled":
+        if status.get("phase") == "Settled" or spec.get("approved") is False:
             return
+        # People go by the status: an entry the operator refused (a deny by someone the rule
+        # does not name) leaves the Approval waiting, and someone who counts decides.
         decisions = list(spec.get("decisions") or [])
-        if any(not d.get("approved") for d in decisions):
-            return  # denied: the operator records it
-        schedule = self.world.schedule
+        world, schedule = self.world, self.world.schedule
         if not self.calm and schedule.chance(300):
             return
+        action = str(spec.get("action", ""))
+        pending = None if state is None else next(
+            (p for p in state.pending if p.action == action), None
+        )
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        given = {str(d.get("by")) for d in decisions}
-        if self.calm and by in given:
-            by = next((p for p in PEOPLE if p not in given), by)
-        name = body["metadata"]["name"]
-        if int(status.get("required") or 1) <= 1 and not decisions:
-            self.world.say(f"{by} patches {name} approved: {yes}")
-            self.api.patch_spec("Approval", self.tenant, name, {"approved": yes, "by": by})
+        given = {str(d.get("by")) for d in decisions} | {str(spec.get("by") or "")}
+        counting = {str(b) for b in status.get("approvedBy") or ()}
+        if by in counting and "copy" not in self.moves:
+            # A second entry of one's own waits in the list until the first stops counting, and
+            # then counts from when the operator reads it (issue 46): with the copy move only.
             return
-        self.world.say(f"{by} adds to {name}'s decisions approved: {yes}")
-        entry = {"by": by, "groups": [], "approved": yes}
-        self.api.patch_spec("Approval", self.tenant, name, {"decisions": [*decisions, entry]})
+        if self.calm:
+            rule = None if pending is None else pending.rule
+            fit = [p for p in PEOPLE if p not in counting and counts(p, rule, CREATOR)]
+            if fit and by not in fit:
+                by = fit[schedule.pick(len(fit))]
+        name = body["metadata"]["name"]
+        decision = Decision(
+            world.now,
+            "approve",
+            by,
+            by,
+            action,
+            _ref(state, action),
+            yes,
+            GROUPS[by],
+            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+        )
+        self.books.decisions.append(decision)
+        rule = None if pending is None else pending.rule
+        one = rule is None or (rule.required <= 1 and not rule.group_lists())
+        if one and not decisions and spec.get("approved") is None:
+            # One person, no groups asked: the one-decision form does (it names no groups).
+            world.say(f"{by} patches {name} approved: {yes}")
+            spec.update(approved=yes, by=by)
+        else:
+            world.say(f"{by} adds to {name}'s decisions approved: {yes}")
+            spec["decisions"] = [*decisions, {"by": by, "groups": list(GROUPS[by]), "approved": yes}]
+        if self._patch("Approval", body, spec, User(by, GROUPS[by])):
+            decision.accepted_at = world.now  # made on an Approval still waiting for it
+
+    # issue 46's moves: what admission lets alice do
+
+    def _move(self, state: RunState | None) -> None:
+        schedule = self.world.schedule
+        which = self.moves[schedule.pick(len(self.moves))]
+        approvals = [b for b in self.api.of_kind("Approval")]
+        if which == "definition":
+            self.desk.edit(MOVES[schedule.pick(len(MOVES))])
+            self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
+        elif which == "recreate":
+            self.world.say(f"{CREATOR} deletes {self.run} and creates it again")
+            self.api.delete_object("AgentRun", self.tenant, self.run)
+            self._create_run()
+        elif approvals:
+            body = approvals[schedule.pick(len(approvals))]
+            if which == "copy":
+                self._copy(body)
+            elif which == "reorder":
+                self._reorder(body, state)
+            else:
+                self._as_service_account(body)
+
+    def _copy(self, body: JSON) -> None:
+        """alice appends a byte-equal copy of someone's entry (admitted: it is in the list); with
+    this move, people also add a second entry of their own while their first still counts."""
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        theirs = [d for d in spec.get("decisions") or () if d.get("by") != CREATOR]
+        if not theirs:
+            return
+        entry = theirs[self.world.schedule.pick(len(theirs))]
+        spec["decisions"] = [*spec["decisions"], copy.deepcopy(entry)]
+        if self._patch("Approval", body, spec, User(CREATOR, GROUPS[CREATOR])):
+            self.world.say(f"{CREATOR} copies {entry.get('by')}'s entry in {body['metadata']['name']}")
+            self._booked_move(body, entry, "copy")
+
+    def _reorder(self, body: JSON, state: RunState | None) -> None:
+        """Someone who approved changes their mind and denies; alice at once moves the deny to
+        the front of the list, before the operator saw it (admitted: nothing removed)."""
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        if (body.get("status") or {}).get("phase") == "Settled":
+            return
+        decisions = list(spec.get("decisions") or ())
+        mine = [d.get("by") for d in decisions]
+        once = [by for by in mine if by != CREATOR and mine.count(by) == 1]
+        if not once:
+            return
+        by = str(once[0])
+        world, action = self.world, str(spec.get("action", ""))
+        deny = {"by": by, "groups": list(GROUPS.get(by, ())), "approved": False}
+        decision = Decision(
+            world.now,
+            "approve",
+            by,
+            by,
+            action,
+            _ref(state, action),
+            False,
+            GROUPS.get(by, ()),
+            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+        )
+        self.books.decisions.append(decision)
+        spec["decisions"] = [*decisions, deny]
+        if not self._patch("Approval", body, spec, User(by, GROUPS.get(by, ()))):
+            return
+        decision.accepted_at = world.now
+        world.say(f"{by} adds to {body['metadata']['name']}'s decisions approved: False")
+        moved = dict(spec)
+        moved["decisions"] = [deny, *decisions]
+        if self._patch("Approval", body, moved, User(CREATOR, GROUPS[CREATOR])):
+            world.say(f"{CREATOR} moves {by}'s deny to the front")
+            self._booked_move(body, deny, "reorder")
+
+    def _as_service_account(self, body: JSON) -> None:
+        """alice approves as the ServiceAccount she may impersonate (``--as``)."""
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        status = body.get("status") or {}
+        if spec.get("approved") is not None or status.get("phase") == "Settled":
+            return
+        user = User(SERVICE_ACCOUNT, SERVICE_ACCOUNT_GROUPS)
+        entry = {"by": user.name, "groups": [], "approved": True}
+        spec["decisions"] = [*(spec.get("decisions") or ()), entry]
+        world = self.world
+        action = str(spec.get("action", ""))
+        decision = Decision(
+            world.now,
+            "approve",
+            user.name,
+            CREATOR,
+            action,
+            _ref(self._state(), action),
+            True,
+            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+        )
+        self.books.decisions.append(decision)
+        if self._patch("Approval", body, spec, user):
+            world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
+            decision.accepted_at = world.now
+
+    def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:
+        action = str((body.get("spec") or {}).get("action", ""))
+        self.books.decisions.append(
+            Decision(
+                self.world.now,
+                "approve",
+                str(entry.get("by")),
+                CREATOR,
+                action,
+                _ref(self._state(), action),
+                bool(entry.get("approved")),
+                tuple(entry.get("groups") or ()),
+                move=move,
+            )
+        )
+
+
+def _ref(state: RunState | None, action: str) -> str:
+    planned = None if state is None else state.planned(action)
+    return "" if planned is None else str(planned.args.get("ref", ""))

@@ -1,56 +1,56 @@
-"""The people around a run: they approve, deny, settle truthfully or wrongly, edit the spec and
-raise budgets, at any moment, through the same calls the CLI makes (``Loop.approve``,
-``Loop.reconcile``) in a process of their own that can die too.
+"""The people around a run in local mode: they approve, deny, settle truthfully or wrongly, edit
+the spec and raise budgets, at any moment, through the calls the CLI makes (``Loop.approve``
+with the groups they are in, ``Loop.reconcile``) in a process of their own that can die too.
 
 Why it exists: half of the historical bugs were found where a person acted at an unlucky moment
 (a spec edit at an unknown outcome, a settlement during a pause). A person here looks at the run
-now and then, decides from the schedule, and the decisions the store accepted are logged for the
-oracle (``Decision``), with whether they were true when given (the shop's ledger says).
+now and then (``keelgate status``: the stop, the actions it waits on and their arguments), and
+decides from the schedule. Each decision goes into the world's books as its maker made it
+(``Books.decisions``): about which call (its ``ref``, read off the arguments the person was
+shown), with which groups, whether it was true when given (the shop's books say), and when the
+product told them it stood; every unknown outcome a person is shown is booked as a question put
+to them. alice created the run; bob and carol approve payments; carol and dave are shop
+developers (``books.GROUPS``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from keelgate.core import failpoints
 from keelgate.core.loop import Loop
-from keelgate.core.types import KeyState, StopReason
+from keelgate.core.state import RunState
+from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
-from keelgate.testing.sim.desk import EDITS, Desk
-from keelgate.testing.sim.downstream import Ledger
+from keelgate.testing.sim.books import GROUPS, Books, Decision, Question, definition
+from keelgate.testing.sim.desk import EDITS, MOVES, Desk
 from keelgate.testing.sim.stores import StoreSite
 from keelgate.testing.sim.world import World
 
-PEOPLE = ("alice", "bob")
+PEOPLE = tuple(GROUPS)
 BUDGET_STOPS = frozenset({StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS})
 
 
-@dataclass(frozen=True)
-class Decision:
-    """A person's decision the store accepted."""
-
-    kind: str  # "settle" or "approve"
-    action: str
-    key: str
-    yes: bool
-    by: str
-    at: float
-    truthful: bool
+def counts(person: str, rule: ApprovalRule | None, creator: str) -> bool:
+    """Whether ``person`` may count under the rule a waiting action shows (who a calm person
+    leaves the decision to)."""
+    if rule is None:
+        return True
+    if rule.not_creator and person == creator:
+        return False
+    return rule.admits(GROUPS.get(person, ()))
 
 
 class People:
     """Everyone who decides about one run (CLI users, in local mode)."""
 
     def __init__(
-        self, world: World, site: StoreSite, ledger: Ledger, desk: Desk, *, tenant: str, run: str
+        self, world: World, site: StoreSite, books: Books, desk: Desk, *, tenant: str, run: str
     ) -> None:
         self.world = world
         self.site = site
-        self.ledger = ledger
+        self.books = books
         self.desk = desk
         self.tenant = tenant
         self.run = run
-        self.decisions: list[Decision] = []
         self.calm = False
         self.edits = (0, 100, 400)[world.schedule.pick(3)]  # spec edits per thousand looks
         self.wrong = (0, 30)[world.schedule.pick(2)]
@@ -60,6 +60,12 @@ class People:
         self.world.at(delay, "a person looks", self.look)
 
     def look(self) -> None:
+        with self.world.acting("people"):
+            finished = self._look()
+        if not finished:
+            self.look_later()
+
+    def _look(self) -> bool:
         world = self.world
         schedule = world.schedule
         if not self.calm and schedule.chance(self.edits):
@@ -71,87 +77,115 @@ class People:
                 state = loop.state(self.tenant, self.run)
             except KeelgateError:
                 state = None
-            if state is not None and state.stop is not None:
-                stop = state.stop
-                if stop.reason is StopReason.AWAITING_APPROVAL:
-                    for pending in state.pending:
-                        if self.calm or not schedule.chance(300):
-                            given = {d.by for d in state.approvals.get(pending.action, ())}
-                            self._approve(loop, pending.action, pending.tool, given)
-                elif stop.reason is StopReason.OUTCOME_UNKNOWN:
-                    for unknown in state.unknown:
-                        if self.calm or not schedule.chance(300):
-                            self._settle(loop, unknown.action, unknown.idempotency_key)
-                elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
-                    self.desk.edit("raise budget")
-                if not stop.is_resumable:
-                    return  # finished: nothing more to decide, nobody looks again
+            if state is None or state.stop is None:
+                return False
+            stop = state.stop
+            if stop.reason is StopReason.AWAITING_APPROVAL:
+                for pending in state.pending:
+                    if self.calm or not schedule.chance(300):
+                        self._approve(loop, state, pending.action, pending.tool, pending.rule)
+                if self.desk.moves and not self.calm and schedule.chance(300):
+                    # The run's owner sends the tool somewhere else once its call is approved,
+                    # before the next step (issue 46).
+                    self.desk.edit(MOVES[schedule.pick(len(MOVES))])
+            elif stop.reason is StopReason.OUTCOME_UNKNOWN:
+                for unknown in state.unknown:
+                    ref = _ref(state, unknown.action)
+                    self.books.questions.append(Question(world.now, "people", unknown.action, ref))
+                    if self.calm or not schedule.chance(300):
+                        self._settle(loop, unknown.action, unknown.idempotency_key, ref)
+            elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
+                self.desk.edit("raise budget")
+            return not stop.is_resumable  # finished: nothing more to decide
         finally:
             stores.close()
-        self.look_later()
 
-    def _who(self) -> str:
-        return PEOPLE[self.world.schedule.pick(len(PEOPLE))]
-
-    def _approve(self, loop: Loop, action: str, tool: str, given: set[str]) -> None:
-        """One person decides (a rule may need two: each look, one more). Calm, it is someone
-        who has not approved yet; otherwise anyone, and the same person twice is refused."""
+    def _who(self, rule: ApprovalRule | None, given: set[str], creator: str) -> str:
+        """Who decides: anyone, in the chaos; calm, someone who counts and has not approved."""
         schedule = self.world.schedule
-        yes = self.calm or not schedule.chance(200)
-        by = self._who()
-        if self.calm and by in given:
-            by = next((p for p in PEOPLE if p not in given), by)
+        by = PEOPLE[schedule.pick(len(PEOPLE))]
+        if self.calm:
+            fit = [p for p in PEOPLE if p not in given and counts(p, rule, creator)]
+            if fit and by not in fit:
+                by = fit[schedule.pick(len(fit))]
+        return by
+
+    def _approve(
+        self, loop: Loop, state: RunState, action: str, tool: str, rule: ApprovalRule | None
+    ) -> None:
+        """One person decides (a rule may need two: each look, one more)."""
+        world = self.world
+        yes = self.calm or not world.schedule.chance(200)
+        given = {d.by for d in state.approvals.get(action, ()) if d.approved}
+        by = self._who(rule, given, state.spec.creator)
+        decision = Decision(
+            world.now,
+            "approve",
+            by,
+            by,
+            action,
+            _ref(state, action),
+            yes,
+            GROUPS[by],
+            shown=definition(self.desk.tool(tool)),
+        )
+        self.books.decisions.append(decision)
         try:
             with failpoints.observed(self._window):
-                loop.approve(self.tenant, self.run, action, approved=yes, by=by)
+                loop.approve(self.tenant, self.run, action, approved=yes, by=by, groups=GROUPS[by])
         except (KeelgateError, SimulatedCrash) as refused:
-            self.world.say(
-                f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}"
-            )
+            world.say(f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}")
             return
-        self.world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
-        self.decisions.append(Decision("approve", action, "", yes, by, self.world.now, True))
+        decision.accepted_at, decision.told = world.now, True
+        world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
 
-    def _settle(self, loop: Loop, action: str, key: str) -> None:
+    def _settle(self, loop: Loop, action: str, key: str, ref: str) -> None:
         world = self.world
         schedule = world.schedule
-        happened = self.ledger.count(key) > 0
+        happened = self.books.happened(ref, world.now)
         truthful = self.calm or not schedule.chance(self.wrong)
         executed = happened if truthful else not happened
         for turn in range(1 + (0 if self.calm else int(schedule.chance(150)))):
-            by = self._who()
+            by = PEOPLE[schedule.pick(len(PEOPLE))]
             if turn:  # a second person, deciding the same thing a moment later
                 executed = not executed if schedule.chance(500) else executed
                 truthful = executed == happened
+            decision = Decision(
+                world.now, "settle", by, by, action, ref, executed, truthful=truthful
+            )
+            self.books.decisions.append(decision)
             try:
                 with failpoints.observed(self._window):
                     loop.reconcile(self.tenant, self.run, action, executed=executed, by=by)
             except SimulatedCrash:
                 world.say(f"{by}'s reconcile of {action} died after settling")
-                self._logged(action, key, executed, by, truthful)
+                self._stood(decision, key)
                 continue
             except KeelgateError as refused:
                 world.say(f"{by} settles {action} {executed}: {type(refused).__name__}")
                 continue
+            decision.accepted_at, decision.told = world.now, True
             world.say(f"{by} settled {action} as {'executed' if executed else 'not executed'}")
-            self._logged(action, key, executed, by, truthful)
 
-    def _logged(self, action: str, key: str, executed: bool, by: str, truthful: bool) -> None:
-        record = None
+    def _stood(self, decision: Decision, key: str) -> None:
+        """A person whose command died looks again (``keelgate status``): did it stand?"""
         stores = self.site.open()
         try:
             record = stores.idempotency.get(self.tenant, key)
         finally:
             stores.close()
-        if record is None or record.state not in (KeyState.COMPLETED, KeyState.ABANDONED):
-            return
-        if record.settled_by != by:
-            return  # someone else's decision stands
-        self.decisions.append(
-            Decision("settle", action, key, executed, by, self.world.now, truthful)
-        )
+        wanted = KeyState.COMPLETED if decision.yes else KeyState.ABANDONED
+        if record is not None and record.state is wanted and record.settled_by == decision.by:
+            decision.accepted_at, decision.told = self.world.now, True
 
     def _window(self, name: str) -> None:
         """A person's own command can die too (after its settlement, before its event)."""
         if name == "after_settle" and not self.calm and self.world.schedule.chance(100):
             raise SimulatedCrash(name, 1)
+
+
+def _ref(state: RunState, action: str) -> str:
+    """The ref of the call a person is shown for ``action`` (its arguments, as ``keelgate
+    status`` shows them)."""
+    planned = state.planned(action)
+    return "" if planned is None else str(planned.args.get("ref", ""))

@@ -1,15 +1,22 @@
-"""Step processes: one step of a run through the product's own step runner, loop, gateway and
-stores, in a process the world can kill at any window, hold up, drain, or lose with its node.
+"""Step processes: one step of a run through the product's own step runner, loop, gateway, tools,
+model adapters and stores, in a process the world can kill at any window, hold up, drain, or lose
+with its node.
 
 Why it exists: a step pod is where the promise is kept or broken. Here each one is the real
 ``StepRunner.step`` over its own store session (its own owner), with the run's spec read from the
-store as a pod reads it, and the loop built from that spec's manifest with the simulated model
-and tools (``StepRunner``'s ``opener`` and ``builder`` seams). At every failpoint the product
-passes (``keelgate.core.failpoints.observed``), and right before a tool's first byte, the world
-decides: go on, die there (``SimulatedCrash``, and the owner goes as a dead process's does), be
-held up for a while (the rest of the world runs meanwhile, on virtual time), have the store
-server end the session meanwhile (the node is lost: its process may still run), or be asked to
-stop (a drain). Its exit code is the step program's (``keelgate.cli.step.exit_code``).
+store as a pod reads it, and its parts built by the product's own builder from that spec's
+manifest (``keelgate.runners.build.build_parts``): the HTTP and MCP tools and the OpenAI and
+Anthropic adapters, whose requests the simulated network carries
+(``keelgate.adapters.network``). Two parts are the world's: ``pay``, whose Python function the
+world runs in line (``downstream.SimTool``: Keelgate's Python tool would run it on a worker
+thread), and, in runs whose model is not reached over HTTP, the world's model in process. At
+every failpoint the product passes (``keelgate.core.failpoints.observed``), and right before a
+request's first byte, the world decides: go on, die there (``SimulatedCrash``, and the owner goes
+as a dead process's does), be held up for a while (the rest of the world runs meanwhile, on
+virtual time; now and then for about a call's time limit plus its margin, where the write
+deadline and a settlement's wait meet), have the store server end the session meanwhile (the
+node is lost: its process may still run), or be asked to stop (a drain). Its exit code is the
+step program's (``keelgate.cli.step.exit_code``).
 """
 
 from __future__ import annotations
@@ -17,24 +24,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keelgate.cli.step import exit_code
-from keelgate.core import failpoints
+from keelgate.core import failpoints, fence
 from keelgate.core.loop import Loop
-from keelgate.core.protocols import Stores
+from keelgate.core.protocols import Stores, Tool
 from keelgate.core.spec import LoopSpec
 from keelgate.errors import KeelgateError, SimulatedCrash
-from keelgate.manifest import spec_from_manifest
+from keelgate.runners.build import build_parts
 from keelgate.runners.step import StepRunner
-from keelgate.testing.sim.desk import needed
-from keelgate.testing.sim.downstream import (
-    CHANGING,
-    LateCall,
-    Ledger,
-    Sender,
-    ShopConfirmer,
-    SimTool,
-)
-from keelgate.testing.sim.model import Scenario, SimModel
-from keelgate.testing.sim.oracle import PlanMade, Truth
+from keelgate.testing.sim.books import Books, ProcessLife
+from keelgate.testing.sim.desk import Desk
+from keelgate.testing.sim.downstream import CALL_SECONDS, LateCall, ShopConfirmer, SimTool
+from keelgate.testing.sim.model import Planner, SimModel
+from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.stores import StoreSite
 from keelgate.testing.sim.world import World
 
@@ -68,53 +69,59 @@ class Faults:
         return ""
 
 
-class StepProcess(Sender):
+def pause_seconds(world: World) -> float:
+    """How long a pause lasts: a moment, a long stall, or about a call's time limit plus its
+    margin (where a deadline checked before a send and a settlement's wait meet)."""
+    schedule = world.schedule
+    kind = schedule.pick(3)
+    if kind == 1:
+        return schedule.between(40.0, 500.0)
+    if kind == 2:
+        return schedule.between(CALL_SECONDS - 2.0, CALL_SECONDS + fence.MARGIN + 2.0)
+    return schedule.between(0.5, 20.0)
+
+
+class StepProcess:
     """One step process (a step pod's container, or a `keelgate step` run by hand)."""
 
     def __init__(
         self,
         world: World,
         site: StoreSite,
-        ledger: Ledger,
-        scenario: Scenario,
+        network: Network,
+        planner: Planner,
+        desk: Desk,
         faults: Faults,
         *,
         name: str,
         tenant: str,
         run: str,
         on_exit: Callable[[StepProcess, int], None],
-        truth: Truth,
     ) -> None:
         self.world = world
         self.site = site
-        self.ledger = ledger
-        self.scenario = scenario
+        self.network = network
+        self.planner = planner
+        self.desk = desk
+        self.books: Books = planner.books
         self.faults = faults
         self.name = name
         self.tenant = tenant
         self.run_name = run
         self.on_exit = on_exit
-        self.truth = truth
         self.alive = True
         self.lost = False  # its node was lost: nobody hears from it, it may still run
         self.asked_to_stop = False
-        self.paused_until: float | None = None
         self.code: int | None = None
         self._stores: Stores | None = None
-        self._spec: LoopSpec | None = None
         self._late: list[LateCall] = []
+        network.senders[name] = self
+        self.books.processes[name] = ProcessLife(world.now, self.books.next_order())
 
-    # Sender: what its tools ask of it
+    # What its tools ask of it
 
     def window(self, name: str) -> None:
         self._window(name)
-
-    def approval_in_spec(self, tool: str) -> int:
-        spec = self._spec
-        if spec is None or spec.manifest is None:
-            return 0
-        tools = spec.manifest.get("tools") or []
-        return max((needed(t) for t in tools if t.get("name") == tool), default=0)
 
     def late(self, call: LateCall) -> None:
         self._late.append(call)
@@ -125,25 +132,27 @@ class StepProcess(Sender):
         """Run the step to its end (or its death), then exit, after waiting for a call still
         running (as ``keelgate step`` waits, up to its grace)."""
         world = self.world
-        world.say(f"{self.name} starts")
-        runner = StepRunner(
-            store="sim://",
-            confirmer=ShopConfirmer(world, self.ledger) if self.scenario.confirmer else None,
-            opener=self._open,
-            builder=self._build,
-        )
-        code: int
-        try:
-            with failpoints.observed(self._window):
-                outcome = runner.step(self.tenant, self.run_name, asked_to_stop=self._asked)
-            code = exit_code(outcome, asked=self.asked_to_stop)
-            world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
-        except SimulatedCrash as crash:
-            self._die(f"died at {crash.failpoint}")
-            return
-        except KeelgateError as error:
-            code = error.exit_code
-            world.say(f"{self.name} ends with {type(error).__name__} (exit {code})")
+        with world.acting(self.name):
+            world.say(f"{self.name} starts")
+            runner = StepRunner(store="sim://", opener=self._open, builder=self._build)
+            code: int
+            try:
+                with failpoints.observed(self._window):
+                    outcome = runner.step(self.tenant, self.run_name, asked_to_stop=self._asked)
+                code = exit_code(outcome, asked=self.asked_to_stop)
+                world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
+            except SimulatedCrash as crash:
+                self._die(f"died at {crash.failpoint}")
+                return
+            except BaseExceptionGroup as group:  # an async tool's task group carried it
+                crash = _crash_in(group)
+                if crash is None:
+                    raise
+                self._die(f"died at {crash.failpoint}")
+                return
+            except KeelgateError as error:
+                code = error.exit_code
+                world.say(f"{self.name} ends with {type(error).__name__} (exit {code})")
         if not self.alive:
             return  # it was lost meanwhile and then killed
         running = [call for call in self._late if not call.ended]
@@ -165,6 +174,7 @@ class StepProcess(Sender):
         if self._stores is not None:
             self.site.kill(self._stores)  # the process is gone: whatever it held goes too
         self.alive = False
+        self._ended(code)
         self.world.say(f"{self.name} exits {code}")
         self.on_exit(self, code)
 
@@ -176,7 +186,12 @@ class StepProcess(Sender):
             self.site.kill(self._stores)
         self.alive = False
         self.code = KILLED
+        self._ended(KILLED)
         self.on_exit(self, KILLED)
+
+    def _ended(self, code: int) -> None:
+        life = self.books.processes[self.name]
+        life.ended, life.code = self.world.now, code
 
     def kill(self) -> None:
         """SIGKILL from outside (a pod deleted past its grace, a node gone for good)."""
@@ -194,33 +209,38 @@ class StepProcess(Sender):
         return self._stores
 
     def _build(self, spec: LoopSpec, stores: Stores) -> Loop:
-        self._spec = spec
-        config = spec_from_manifest(spec.manifest)
-        tools = [
+        """The loop a step pod builds from the spec it read (``build_parts``), over the
+        simulated network; ``pay`` and an in-process model are the world's."""
+        self.books.processes[self.name].generation = self.desk.generation_of(spec.manifest)
+        parts = build_parts(spec)
+        tools: list[Tool] = [
             SimTool(
                 self.world,
-                self.ledger,
+                self.network,
                 self,
                 name=tool.name,
                 side_effect=tool.side_effect,
                 requires_approval=tool.requires_approval,
-                timeout_seconds=tool.timeout_seconds,
-                approval=tool.approval_rule(),
+                timeout_seconds=getattr(tool, "timeout_seconds", None),
+                approval=getattr(tool, "approval", None),
             )
-            for tool in config.tools
+            if tool.name == "pay"
+            else tool
+            for tool in parts.tools
         ]
+        in_process = parts.model.name == "scripted"
+        confirmer = ShopConfirmer(self.world, self.books) if self.desk.scenario.confirmer else None
         return Loop(
             stores=stores,
-            model=SimModel(self.scenario, on_plan=self._planned),
+            model=SimModel(self.planner) if in_process else parts.model,
             tools=tools,
-            confirmer=ShopConfirmer(self.world, self.ledger) if self.scenario.confirmer else None,
+            confirmer=confirmer,
+            pricing=parts.pricing,
+            price_model=parts.price_model,
+            max_output_tokens=parts.max_output_tokens,
             busy_wait=0.0,  # virtual time: a busy run is told at once, never slept on
             clock=self.world.boot,
         )
-
-    def _planned(self, iteration: int) -> None:
-        rules = {t: n for t in CHANGING if (n := self.approval_in_spec(t))}
-        self.truth.plans.append(PlanMade(self.world.now, iteration, rules))
 
     def _window(self, name: str) -> None:
         """The world's say at one window of this process."""
@@ -234,10 +254,7 @@ class StepProcess(Sender):
             world.say(f"{self.name} asked to stop at {name}")
             self.asked_to_stop = True
         elif fault == "pause":
-            long = world.schedule.chance(500)
-            seconds = (
-                world.schedule.between(40.0, 500.0) if long else world.schedule.between(0.5, 20.0)
-            )
+            seconds = pause_seconds(world)
             lost = world.schedule.chance(500)
             world.say(
                 f"{self.name} held up {seconds:.1f}s at {name}{' (node lost)' if lost else ''}"
@@ -247,9 +264,18 @@ class StepProcess(Sender):
                 if self._stores is not None:
                     self.site.lose_session(self._stores)
                 self.on_exit(self, -1)  # whoever drives the run hears nothing more from it
-            self.paused_until = world.now + seconds
             world.advance(seconds)
-            self.paused_until = None
             if not self.alive:
                 raise SimulatedCrash(name, 1)
             world.say(f"{self.name} goes on after {name}")
+
+
+def _crash_in(group: BaseExceptionGroup) -> SimulatedCrash | None:
+    for error in group.exceptions:
+        if isinstance(error, SimulatedCrash):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            found = _crash_in(error)
+            if found is not None:
+                return found
+    return None

@@ -10,6 +10,11 @@ actor that is held up (a paused process) runs the rest of the world from inside 
 
 A choice is a whole number; 0 always means "nothing unusual" (no death, the answer arrives, the
 person is right), so a schedule shrinks towards calm by lowering its numbers or cutting its end.
+Three clocks run on the one virtual time and drift apart, as real machines' do (``Clocks``):
+the process's boot clock (write deadlines), its wall clock (stamps people read) and the store
+server's wall clock (the deadline a settlement waits for); each runs at its own rate, a few
+hundred parts per million apart, and the wall clocks stand a little apart too.
+
 This module must never read the real clock or an unseeded random source.
 """
 
@@ -19,7 +24,8 @@ import hashlib
 import heapq
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 #: Virtual wall time of every simulation's start (2026-12-01T00:00:00Z): stamps read the same in
@@ -65,6 +71,48 @@ class Schedule:
         return low + (high - low) * (self.raw() % 1000) / 999.0
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """How the run's clocks read true (virtual) time: each at its own rate (1 + parts per
+    million), the wall clocks each at their own offset (seconds). 0 everywhere is the calm
+    draw: every clock exact."""
+
+    boot_ppm: float = 0.0
+    wall_ppm: float = 0.0
+    wall_offset: float = 0.0
+    store_ppm: float = 0.0
+    store_offset: float = 0.0
+
+    @classmethod
+    def drawn(cls, schedule: Schedule) -> Clocks:
+        if not schedule.chance(600):
+            return cls()
+        return cls(
+            boot_ppm=schedule.between(-300.0, 300.0),
+            wall_ppm=schedule.between(-300.0, 300.0),
+            wall_offset=schedule.between(-2.0, 2.0),
+            store_ppm=schedule.between(-300.0, 300.0),
+            store_offset=schedule.between(-2.0, 2.0),
+        )
+
+    def boot(self, now: float) -> float:
+        return BOOT + now * (1 + self.boot_ppm * 1e-6)
+
+    def wall(self, now: float) -> float:
+        return EPOCH + self.wall_offset + now * (1 + self.wall_ppm * 1e-6)
+
+    def store(self, now: float) -> float:
+        return EPOCH + self.store_offset + now * (1 + self.store_ppm * 1e-6)
+
+    def true_of_boot(self, boot: float) -> float:
+        """The true moment the boot clock reads ``boot``."""
+        return (boot - BOOT) / (1 + self.boot_ppm * 1e-6)
+
+    def true_of_wall(self, wall: float) -> float:
+        """The true moment a process's wall clock read ``wall`` (it only ever goes forward)."""
+        return (wall - EPOCH - self.wall_offset) / (1 + self.wall_ppm * 1e-6)
+
+
 @dataclass(order=True)
 class _Event:
     at: float
@@ -93,9 +141,13 @@ class Trace:
 class World:
     """Virtual time and the events due in it. ``now`` is seconds since the start."""
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, *, clocks: Clocks | None = None) -> None:
         self.schedule = schedule
+        self.clocks = clocks if clocks is not None else Clocks()
         self.now = 0.0
+        # Who is acting now (a step process, a person, an operator): the innermost is last. A
+        # held-up actor runs the world from inside its own call, so this is a stack.
+        self._actors: list[str] = []
         self.trace = Trace()
         self._queue: list[_Event] = []
         self._order = itertools.count()
@@ -104,10 +156,33 @@ class World:
     # The clocks the product reads (keelgate.core.clocks) and the stores' clock
 
     def wall(self) -> float:
-        return EPOCH + self.now
+        return self.clocks.wall(self.now)
 
     def boot(self) -> float:
-        return BOOT + self.now
+        return self.clocks.boot(self.now)
+
+    def store_clock(self) -> float:
+        """The store server's own wall clock (its SQL ``now``)."""
+        return self.clocks.store(self.now)
+
+    def sleep(self, seconds: float) -> None:
+        """A product's wait (a retry's pause, a grace period): the rest of the world goes on."""
+        self.advance(max(0.0, seconds))
+
+    # Who acts
+
+    @property
+    def actor(self) -> str:
+        return self._actors[-1] if self._actors else ""
+
+    @contextmanager
+    def acting(self, name: str) -> Iterator[None]:
+        """``name`` acts for the block (what it sends, asks and decides is booked as its)."""
+        self._actors.append(name)
+        try:
+            yield
+        finally:
+            self._actors.pop()
 
     # Events
 

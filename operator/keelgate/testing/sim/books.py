@@ -1,0 +1,317 @@
+"""The world's own books: what really happened in one simulated run, kept by the world alone.
+
+Why it exists: a judge that reads the product's records passes a product that lies in them (a
+key that changes, a decision recorded that nobody made, a deny read as a yes). So every actor of
+the world writes down, as it acts, what it did and saw, in the world's own terms, and the oracle
+(``keelgate.testing.sim.checkers``) judges every promise from these books; the product's
+records are only ever compared with them. The world's identity of a call is its ``ref``: the
+model puts one in the arguments of every call it plans (the same ref for the same call planned
+again), the shop reads it from the request it receives, and people read it from the call they
+are shown. The product's idempotency key is written down only as a request carried it on the
+wire, never used to tell two calls apart.
+
+This module must never import the product's logic: it holds facts, and the few questions the
+checkers ask of them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from keelgate.testing.sim.world import Clocks
+
+#: The people of every run: their groups as the API server authenticates them. alice creates
+#: the run; ``ci`` is a ServiceAccount, which only ever acts for someone (``Person.human``).
+GROUPS: Mapping[str, tuple[str, ...]] = {
+    "alice": ("shop-devs",),
+    "bob": ("payments-approvers",),
+    "carol": ("payments-approvers", "shop-devs"),
+    "dave": ("shop-devs",),
+}
+CREATOR = "alice"
+SERVICE_ACCOUNT = "system:serviceaccount:shop:ci"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An approval rule as the world reads a manifest's tool (``required`` 0: none). A person
+    counts only if in one group of each of ``groups`` (no lists: anyone)."""
+
+    required: int = 0
+    groups: tuple[tuple[str, ...], ...] = ()
+    not_creator: bool = False
+    expires_after: float | None = None
+
+    def stricter(self, other: Rule) -> Rule:
+        """Both rules at once (the world's reading of "a saved action keeps its rule")."""
+        if not self.required:
+            return other
+        if not other.required:
+            return self
+        expiries = [e for e in (self.expires_after, other.expires_after) if e is not None]
+        return Rule(
+            max(self.required, other.required),
+            tuple(dict.fromkeys((*self.groups, *other.groups))),
+            self.not_creator or other.not_creator,
+            min(expiries) if expiries else None,
+        )
+
+    def admits(self, person: str) -> bool:
+        """Whether ``person`` (a real person, by the groups they really are in) may count."""
+        if self.not_creator and person == CREATOR:
+            return False
+        return self.may_decide(person)
+
+    def may_decide(self, person: str) -> bool:
+        """Whether ``person`` is one the rule asks at all (its groups): their deny denies."""
+        mine = GROUPS.get(person, ())
+        return all(any(g in mine for g in names) for names in self.groups)
+
+
+def rule_of(tool: Mapping[str, Any]) -> Rule:
+    """The approval rule of a manifest's tool entry, as its owner wrote it."""
+    rule = tool.get("approval")
+    if isinstance(rule, Mapping):
+        expires = rule.get("expiresAfter")
+        groups = tuple(sorted(rule.get("groups") or ()))
+        return Rule(
+            int(rule.get("required", 1)),
+            (groups,) if groups else (),
+            bool(rule.get("notCreator", False)),
+            None if expires is None else float(str(expires).rstrip("s")),  # the desk's "60s"
+        )
+    return Rule(1) if tool.get("requiresApproval") else Rule()
+
+
+def definition(tool: Mapping[str, Any] | None) -> str:
+    """What decides where a tool's call goes, in one line: its HTTP method and URL, its MCP
+    server and tool, its Python callable (an approval is of the call to this)."""
+    if tool is None:
+        return ""
+    if "http" in tool:
+        return f"{tool['http'].get('method', 'GET')} {tool['http']['url']}"
+    if "mcp" in tool:
+        return f"mcp {tool['mcp']['url']} {tool['mcp'].get('tool') or tool['name']}"
+    return f"python {tool.get('python', {}).get('callable', '')}"
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A call the model planned: the world's identity of it is ``ref``."""
+
+    ref: str
+    tool: str
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One question the model was asked, and its answer as it left the model."""
+
+    at: float
+    process: str
+    phase: str  # plan | verify
+    iteration: int
+    intents: tuple[Intent, ...] = ()
+    done: bool = False
+    verdict: str = "accept"
+    tokens: int = 0
+    #: Its place among everything booked (moments can be equal; the order never is).
+    order: int = 0
+
+
+@dataclass
+class Sent:
+    """A request that left a process (its bytes on the wire), and what became of it."""
+
+    at: float
+    process: str
+    ref: str
+    part: str  # request, or a composite call's charge or receipt
+    endpoint: str  # "METHOD URL", as the shop received it (or would have)
+    args: Mapping[str, Any]
+    key: str  # the Idempotency-Key it carried ("" for none)
+    reached: bool = False  # the shop received it
+    #: When its sender learned for sure what it came to: an answer that says it took effect,
+    #: or a definite refusal (None: never; a timeout, a reset, a 5xx, a death say nothing).
+    known_at: float | None = None
+    refused: bool = False  # answered with a definite refusal (nothing happened)
+    order: int = 0  # its place among everything booked
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A change a downstream system made, and the request that made it."""
+
+    at: float
+    ref: str
+    part: str
+    sent: int  # index into ``Books.sent``
+
+
+@dataclass
+class Decision:
+    """A decision as its maker made it: an approval (``approve``) or a settlement (``settle``),
+    by a person, or by the confirmer (``by`` "shop-confirmer")."""
+
+    at: float
+    kind: str  # approve | settle
+    by: str  # the name it was made under
+    human: str  # who really made it (a ServiceAccount acts for a person)
+    action: str  # the label the maker was shown (the run's action id)
+    ref: str  # the call the maker was shown
+    yes: bool  # approved / executed
+    groups: tuple[str, ...] = ()
+    #: The tool's definition as it stood when the decision was made (what was approved).
+    shown: str = ""
+    #: A settlement: whether it was true when made (the shop's ledger says).
+    truthful: bool = True
+    #: When it came to stand: the product told its maker so (local mode), or it was made on
+    #: an object still waiting for it and admitted (operator mode). None: it never did.
+    accepted_at: float | None = None
+    #: Whether the product told its maker it was recorded (then the chain must show it).
+    told: bool = False
+    source: str = "human"  # human | confirmer
+    #: Made by copying, moving or replaying an entry someone else made (issue 46's moves): not
+    #: a decision of ``by`` at all, only what the object now shows.
+    move: str = ""
+
+
+@dataclass(frozen=True)
+class Question:
+    """An unknown outcome put to someone (a person shown it, the confirmer asked)."""
+
+    at: float
+    to: str
+    action: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class SpecVersion:
+    """One version of the run's manifest as its owner kept it, in force from ``at``."""
+
+    generation: int
+    at: float
+    manifest: Mapping[str, Any]
+
+    def tool(self, name: str) -> Mapping[str, Any] | None:
+        return next((t for t in self.manifest.get("tools") or () if t.get("name") == name), None)
+
+    def rule(self, name: str) -> Rule:
+        tool = self.tool(name)
+        return Rule() if tool is None else rule_of(tool)
+
+
+@dataclass
+class ProcessLife:
+    """A step process: when it started, under which version of the spec, how it ended."""
+
+    started: float
+    order: int = 0  # its place among everything booked, when it started
+    generation: int = 0
+    ended: float | None = None
+    code: int | None = None
+
+
+@dataclass
+class Books:
+    """Everything the world knows happened in one run."""
+
+    clocks: Clocks = field(default_factory=Clocks)
+    asks: list[Ask] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    questions: list[Question] = field(default_factory=list)
+    specs: list[SpecVersion] = field(default_factory=list)
+    processes: dict[str, ProcessLife] = field(default_factory=dict)
+    #: The call time limit every WRITE's tool has, and the write deadline's margin: the longest
+    #: a request may leave after the gate let it through.
+    call_seconds: float = 30.0
+    #: The largest budgets ever set (None: unlimited at some point), and one call's tokens.
+    max_iterations: int | None = None
+    max_tokens: int | None = None
+    call_tokens: int = 0
+    #: Whether a ServiceAccount's approval may count (no rule says so yet: issue 46).
+    service_accounts_count: bool = False
+    _booked: int = 0
+
+    def next_order(self) -> int:
+        """The place of the next thing booked (``Ask.order``, ``Sent.order``)."""
+        self._booked += 1
+        return self._booked
+
+    # Questions the checkers ask
+
+    def intent(self, ref: str) -> Intent | None:
+        for ask in self.asks:
+            for intent in ask.intents:
+                if intent.ref == ref:
+                    return intent
+        return None
+
+    def planned_before(self, ref: str, order: int) -> Ask | None:
+        """The newest answer that planned ``ref`` before the thing booked at ``order``."""
+        found = None
+        for ask in self.asks:
+            if ask.order < order and any(i.ref == ref for i in ask.intents):
+                found = ask
+        return found
+
+    def versions_of(self, sent: Sent) -> list[SpecVersion]:
+        """The versions of the spec a request's call was planned under and sent under (the
+        processes' own, as the world gave them)."""
+        plan = self.planned_before(sent.ref, sent.order)
+        found = []
+        for process in (plan.process if plan is not None else "", sent.process):
+            version = self.spec(self.generation_of(process)) if process else None
+            if version is not None:
+                found.append(version)
+        return found
+
+    def changes_things(self, sent: Sent) -> bool:
+        """Whether a request's call is a WRITE or PROPOSE: its tool's class as planned, made
+        stricter by the sender's spec (a READ is the spec owner's word that nothing changes)."""
+        intent = self.intent(sent.ref)
+        if intent is None:
+            return bool(sent.key)
+        classes = [
+            str(tool.get("sideEffect"))
+            for version in self.versions_of(sent)
+            if (tool := version.tool(intent.tool)) is not None
+        ]
+        return not classes or any(c != "READ" for c in classes)
+
+    def spec_at(self, at: float) -> SpecVersion | None:
+        found = None
+        for version in self.specs:
+            if version.at <= at:
+                found = version
+        return found
+
+    def spec(self, generation: int) -> SpecVersion | None:
+        return next((v for v in self.specs if v.generation == generation), None)
+
+    def generation_of(self, process: str) -> int:
+        life = self.processes.get(process)
+        return 0 if life is None else life.generation
+
+    def happened(self, ref: str, before: float) -> bool:
+        """Whether any request of the call ``ref`` took effect at or before ``before``."""
+        return any(e.ref == ref and e.at <= before for e in self.effects)
+
+    def stamp(self, at: float) -> float:
+        """``at`` as a product's audit stamp made then reads back (its wall clock, to the
+        millisecond, cut): what compares with the product's stamps."""
+        text = dt.datetime.fromtimestamp(self.clocks.wall(at), dt.UTC).isoformat(
+            timespec="milliseconds"
+        )
+        return dt.datetime.fromisoformat(text).timestamp()
+
+    def true_of_stamp(self, stamp: float) -> float:
+        """The world moment a product stamp was made at (its wall clock read back)."""
+        return self.clocks.true_of_wall(stamp)

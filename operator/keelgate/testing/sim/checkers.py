@@ -1,0 +1,581 @@
+"""The oracle's checkers: one small function per promise, each judging one simulated run from
+the world's books, and comparing the product's records with them.
+
+Why it exists: the simulator is only as good as its judge, and a judge that reads what the
+product says about itself passes a product that lies (a key that changes between iterations, a
+deny recorded as a yes, a decision on the chain that nobody made). Each checker here is told
+what the world saw (``Books``) and what the product recorded (``Records``), and returns the
+ways its one promise broke; ``CHECKERS`` names them all, and each is tested alone, fed a
+hand-made history that breaks exactly its promise (tests/test_sim_checkers.py), as
+TigerBeetle's simulator keeps one checker per invariant.
+
+Calls are told apart by the world's own ``ref`` (the model's, carried in the request), never by
+the product's idempotency key; the key is read only where a product record must be matched to
+a request it claims (``told_not_run``). This module must never read a store, never import the
+product's logic, and never excuse a broken promise for a reason the books do not show.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from keelgate.testing.sim.books import (
+    SERVICE_ACCOUNT,
+    Books,
+    Decision,
+    Effect,
+    Rule,
+    Sent,
+    definition,
+)
+from keelgate.testing.sim.records import Records
+
+#: Results by which the run says, in its own words, that a call did not happen.
+NOT_RUN = frozenset({"error", "refused", "denied"})
+#: Seconds a product's stamp may read early against the world's moment of the same act (stamps
+#: are cut to the millisecond).
+STAMP_SLACK = 0.002
+#: Seconds of the write deadline's margin beyond a call's time limit (keelgate.core.fence).
+MARGIN = 5.0
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {RULES[self.rule]} ({self.detail})"
+
+
+Checker = Callable[[Books, Records], list[Violation]]
+CHECKERS: dict[str, Checker] = {}
+RULES: dict[str, str] = {}
+
+
+def checker(rule: str, promise: str) -> Callable[[Checker], Checker]:
+    def register(function: Checker) -> Checker:
+        CHECKERS[rule] = function
+        RULES[rule] = promise
+        return function
+
+    return register
+
+
+def judge(books: Books, records: Records) -> list[Violation]:
+    """Every broken promise of one finished run, checker by checker."""
+    found: list[Violation] = []
+    for check in CHECKERS.values():
+        found.extend(check(books, records))
+    return found
+
+
+def _short(ref: str) -> str:
+    return ref[:14]
+
+
+# A WRITE once
+
+
+@checker("twice", "a call took effect more than once (by the world's ref, whatever its key)")
+def twice(books: Books, records: Records) -> list[Violation]:
+    counts = Counter(
+        (e.ref, e.part) for e in books.effects if books.changes_things(books.sent[e.sent])
+    )
+    return [
+        Violation(
+            "twice",
+            f"{_short(ref)}{'' if part == 'request' else f' ({part})'} took effect {n} times",
+        )
+        for (ref, part), n in sorted(counts.items())
+        if n > 1
+    ]
+
+
+@checker("retried", "a call was sent again after a send that was not refused for sure")
+def retried(books: Books, records: Records) -> list[Violation]:
+    """Not knowing is a reason to stop, never to retry: once a request of a call may have taken
+    effect (it left, and no definite refusal came back to its sender), no request of the same
+    call goes out again, whoever sends it (the same call planned again has the same key)."""
+    found: list[Violation] = []
+    earlier: dict[tuple[str, str], Sent] = {}
+    for sent in books.sent:
+        if not sent.ref or not books.changes_things(sent):
+            continue  # a READ may be sent as often as the model likes
+        slot = (sent.ref, sent.part)
+        before = earlier.get(slot)
+        if before is not None:
+            found.append(
+                Violation(
+                    "retried",
+                    f"{_short(sent.ref)} ({sent.part}) sent by {sent.process} at {sent.at:.1f} "
+                    f"after {before.process}'s send at {before.at:.1f}",
+                )
+            )
+            continue
+        if not sent.refused:
+            earlier[slot] = sent
+    return found
+
+
+# Never unapproved
+
+
+@checker("unapproved", "a call took effect without the approvals it needed, as approved")
+def unapproved(books: Books, records: Records) -> list[Violation]:
+    """Each effect of a call whose tool asked approval (by the spec it was planned under, made
+    stricter by the spec of the process that sent it) had, before its request left, enough
+    different people's approvals of that very call, each counting under the rule (in its
+    groups, not the creator if it says so, a person and not a ServiceAccount, young enough),
+    none of it denied, and each made when the tool was the one the request went to."""
+    found: list[Violation] = []
+    for effect in books.effects:
+        sent = books.sent[effect.sent]
+        intent = books.intent(effect.ref)
+        if intent is None:
+            continue  # a call nobody planned: ``altered`` says so
+        rule = _rule_for(books, sent, intent.tool)
+        if not rule.required:
+            continue
+        best, denied = _approvals(books, effect, sent, rule)
+        if denied or best < rule.required:
+            found.append(
+                Violation(
+                    "unapproved",
+                    f"{intent.tool} {_short(effect.ref)} sent by {sent.process} at "
+                    f"{sent.at:.1f} to {sent.endpoint}: {best} of {rule.required} approvals"
+                    + (f", denied by {denied}" if denied else ""),
+                )
+            )
+    return found
+
+
+def _rule_for(books: Books, sent: Sent, tool: str) -> Rule:
+    rule = Rule()
+    for version in books.versions_of(sent):
+        rule = rule.stricter(version.rule(tool))
+    return rule
+
+
+def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[int, str]:
+    """The most approvals that count for ``sent`` under one question about its call (an action
+    the people were shown), and who denied, if every question was denied."""
+    made = [
+        d
+        for d in books.decisions
+        if d.kind == "approve"
+        and d.ref == effect.ref
+        and d.at <= sent.at
+        and not d.move
+        and d.accepted_at is not None
+    ]
+    labels = list(dict.fromkeys(d.action for d in made))
+    best, denied = 0, ""
+    for label in labels:
+        on = [d for d in made if d.action == label]
+        # A deny counts from anyone the rule's groups name (the creator may deny).
+        no = next((d for d in on if not d.yes and rule.may_decide(d.human)), None)
+        if no is not None:
+            denied = denied or no.by
+            continue
+        people = {
+            d.human for d in on if d.yes and _counts(books, d, rule, sent) and d.human == d.by
+        }
+        people |= {
+            d.human
+            for d in on
+            if d.yes and d.by == SERVICE_ACCOUNT and books.service_accounts_count
+            if _counts(books, d, rule, sent)
+        }
+        if len(people) > best:
+            best, denied = len(people), ""
+    return best, denied if best < rule.required else ""
+
+
+def _counts(books: Books, decision: Decision, rule: Rule, sent: Sent) -> bool:
+    if not rule.admits(decision.human):
+        return False
+    if decision.shown and decision.shown != _went_to(books, sent):
+        return False  # approved a call to somewhere else
+    if rule.expires_after is not None:
+        # The gate counts approvals when it lets the call through; the request may leave up to
+        # the call's time limit later (its write deadline), on clocks that drift a little.
+        allowed = rule.expires_after + books.call_seconds + MARGIN + 1.0
+        if sent.at - decision.at > allowed:
+            return False
+    return True
+
+
+def _went_to(books: Books, sent: Sent) -> str:
+    """Where a request went, as a tool's definition says it: its endpoint on the wire, or, for a
+    Python tool (the world's own code, which knows where it sends), its callable as the sender's
+    spec names it."""
+    intent = books.intent(sent.ref)
+    versions = books.versions_of(sent)
+    tool = versions[-1].tool(intent.tool) if intent is not None and versions else None
+    if tool is not None and "python" in tool:
+        return definition(tool)
+    return sent.endpoint
+
+
+# Never after a true "not executed"
+
+
+@checker("after-not-executed", "a call took effect after a true 'not executed' stood")
+def after_not_executed(books: Books, records: Records) -> list[Violation]:
+    found: list[Violation] = []
+    for decision in _settled_not(books, records):
+        at = decision.accepted_at
+        assert at is not None
+        if books.happened(decision.ref, at):
+            continue  # not true when it came to stand: ``told-not-run`` is not about people
+        later = [
+            e
+            for e in books.effects
+            if e.ref == decision.ref and e.at > at and books.changes_things(books.sent[e.sent])
+        ]
+        if later:
+            found.append(
+                Violation(
+                    "after-not-executed",
+                    f"{_short(decision.ref)} settled not executed by {decision.by} "
+                    f"(standing at {at:.1f}), took effect at {later[0].at:.1f}",
+                )
+            )
+    return found
+
+
+def _settled_not(books: Books, records: Records) -> Iterable[Decision]:
+    """The "not executed" decisions that stood: those the product told their maker stood, and
+    the confirmer's, from the moment the chain records them (a confirmer is not told)."""
+    for decision in books.decisions:
+        if decision.kind != "settle" or decision.yes or decision.move:
+            continue
+        if decision.source == "human" and decision.accepted_at is not None:
+            yield decision
+        elif decision.source == "confirmer":
+            event = next(
+                (
+                    e
+                    for e in records.of_type("loop.reconciled")
+                    if e.data.get("source") == "confirmer"
+                    and e.data.get("action") == decision.action
+                    and e.data.get("verdict") == "abandoned"
+                    and e.at + STAMP_SLACK >= decision.at
+                ),
+                None,
+            )
+            if event is not None:
+                yield Decision(
+                    event.at,
+                    "settle",
+                    decision.by,
+                    decision.human,
+                    decision.action,
+                    decision.ref,
+                    False,
+                    accepted_at=event.at,
+                    source="confirmer",
+                )
+
+
+# Never told "it did not happen" of a call that did
+
+
+@checker("told-not-run", "a call took effect, or was sent, while its run recorded that it did not")
+def told_not_run(books: Books, records: Records) -> list[Violation]:
+    """A refusal, a failure or a denial the run recorded for the action that sent a request
+    that took effect (an error of a call that may have sent something, read as "nothing
+    happened"); or a request sent after its action was recorded so (a stale process sending its
+    old plan's call after the run moved on). The request is matched to the action by the key it
+    carried, which the product's ``loop.action_started`` names."""
+    started = [
+        (str(e.data.get("idempotencyKey")), str(e.data.get("action")), e.stamp)
+        for e in records.of_type("loop.action_started")
+    ]
+    not_run: dict[str, float] = {}
+    for e in records.of_type("loop.action_completed"):
+        if e.data.get("status") in NOT_RUN:
+            not_run.setdefault(str(e.data.get("action")), e.stamp)
+    found: list[Violation] = []
+    took = {e.sent for e in books.effects}
+    for index, sent in enumerate(books.sent):
+        if not sent.key:
+            continue
+        when = books.stamp(sent.at)
+        by = [a for k, a, at in started if k == sent.key and at <= when]
+        if not by or by[-1] not in not_run:
+            continue
+        if index not in took and not_run[by[-1]] >= when:
+            continue  # sent before its result was recorded, and refused: the refusal itself
+        what = "took effect" if index in took else "was sent"
+        found.append(
+            Violation(
+                "told-not-run",
+                f"{_short(sent.ref)} ({by[-1]}) {what} at {sent.at:.1f}, recorded as not run",
+            )
+        )
+    return found
+
+
+# Every unknown outcome put to someone; nobody left waiting
+
+
+@checker("unasked", "a call whose outcome its sender could not know was never put to anyone")
+def unasked(books: Books, records: Records) -> list[Violation]:
+    if not records.finished:
+        return []  # ``waiting`` says so
+    found: list[Violation] = []
+    for sent in books.sent:
+        if sent.known_at is not None or not books.changes_things(sent):
+            continue
+        asked = any(q.ref == sent.ref and q.at >= sent.at for q in books.questions)
+        if not asked:
+            found.append(
+                Violation(
+                    "unasked",
+                    f"{_short(sent.ref)} ({sent.part}) sent by {sent.process} at {sent.at:.1f}; "
+                    "nobody was asked what it came to",
+                )
+            )
+    return found
+
+
+@checker("waiting", "the run was left waiting after the calm end")
+def waiting(books: Books, records: Records) -> list[Violation]:
+    if records.finished:
+        return []
+    return [Violation("waiting", f"at the end the run is {records.shown}")]
+
+
+# The audit chain: whole, and true both ways
+
+
+@checker("audit", "the audit chain is broken, lacks a decision, or holds one nobody made")
+def audit(books: Books, records: Records) -> list[Violation]:
+    found = [Violation("audit", problem) for problem in records.chain_problems]
+    found += _settlements_on_chain(records)
+    found += _decisions_missing(books, records)
+    found += _decisions_invented(books, records)
+    return found
+
+
+def _settlements_on_chain(records: Records) -> list[Violation]:
+    """Every settlement the store holds is on the chain, as the store holds it."""
+    found = []
+    reconciled = {
+        str(e.data.get("idempotencyKey")): e for e in records.of_type("loop.reconciled")
+    }
+    for key, view in sorted(records.keys.items()):
+        if not view.source:
+            continue
+        event = reconciled.get(key)
+        verdict = "executed" if view.state == "completed" else "abandoned"
+        if event is None:
+            found.append(Violation("audit", f"the settlement of {key[:12]} is not on the chain"))
+        elif event.actor != view.settled_by or event.data.get("verdict") != verdict:
+            found.append(
+                Violation(
+                    "audit",
+                    f"{key[:12]}: the chain says {event.data.get('verdict')} by {event.actor}, "
+                    f"the store {verdict} by {view.settled_by}",
+                )
+            )
+    return found
+
+
+def _decisions_missing(books: Books, records: Records) -> list[Violation]:
+    """Every decision the product told its maker it recorded is on the chain."""
+    found = []
+    for decision in books.decisions:
+        if not decision.told or decision.move or decision.source != "human":
+            continue
+        if decision.kind == "approve":
+            kind = "loop.approved" if decision.yes else "loop.denied"
+            on = any(
+                e.actor == decision.by and e.data.get("action") == decision.action
+                for e in records.of_type(kind)
+            )
+        else:
+            verdict = "executed" if decision.yes else "abandoned"
+            on = any(
+                e.actor == decision.by
+                and e.data.get("action") == decision.action
+                and e.data.get("verdict") == verdict
+                for e in records.of_type("loop.reconciled")
+            )
+        if not on:
+            what = "approval" if decision.kind == "approve" and decision.yes else decision.kind
+            found.append(
+                Violation(
+                    "audit",
+                    f"{decision.by}'s {what} of {decision.action} at {decision.at:.1f} is "
+                    "missing from the chain",
+                )
+            )
+    return found
+
+
+def _decisions_invented(books: Books, records: Records) -> list[Violation]:
+    """Every decision on the chain was made by the one it names, before it was recorded: as
+    many times as they made it (a copy of someone's entry is not their decision)."""
+    found = []
+    made = [d for d in books.decisions if not d.move]
+    for kind, yes in (("loop.approved", True), ("loop.denied", False)):
+        seen: Counter[tuple[str, str]] = Counter()
+        for event in records.of_type(kind):
+            slot = (event.actor, str(event.data.get("action")))
+            seen[slot] += 1
+            theirs = [
+                d
+                for d in made
+                if d.kind == "approve"
+                and d.by == event.actor
+                and d.action == slot[1]
+                and d.yes == yes
+                and d.at <= event.at + STAMP_SLACK
+            ]
+            if len(theirs) < seen[slot]:
+                word = "approval" if yes else "deny"
+                found.append(
+                    Violation(
+                        "audit",
+                        f"the chain records {event.actor}'s {word} of {slot[1]} at "
+                        f"{event.at:.1f} ({seen[slot]} of them), made {len(theirs)} times",
+                    )
+                )
+    for event in records.of_type("loop.reconciled"):
+        verdict = event.data.get("verdict") == "executed"
+        source = str(event.data.get("source") or "human")
+        theirs = [
+            d
+            for d in made
+            if d.kind == "settle"
+            and d.source == source
+            and d.by == event.actor
+            and d.action == event.data.get("action")
+            and d.yes == verdict
+            and d.at <= event.at + STAMP_SLACK
+        ]
+        if not theirs:
+            found.append(
+                Violation(
+                    "audit",
+                    f"the chain records {event.actor}'s settlement of "
+                    f"{event.data.get('action')} as {event.data.get('verdict')}, never made",
+                )
+            )
+    return found
+
+
+# Budgets
+
+
+@checker("budget", "a budget was passed by more than one call")
+def budget(books: Books, records: Records) -> list[Violation]:
+    found = []
+    limit = books.max_iterations
+    if limit is not None:
+        asked = max((a.iteration for a in books.asks if a.phase == "plan"), default=0)
+        if asked > limit:
+            found.append(
+                Violation("budget", f"the model was asked to plan iteration {asked}, at most {limit}")
+            )
+        if records.iteration > limit:
+            found.append(Violation("budget", f"{records.iteration} iterations, at most {limit}"))
+    if books.max_tokens is not None and records.tokens > books.max_tokens + books.call_tokens:
+        found.append(
+            Violation("budget", f"{records.tokens} tokens, budget at most {books.max_tokens}")
+        )
+    return found
+
+
+# A plan is saved before it runs, and never asked for again
+
+
+@checker("replanned", "the model was asked again for a step whose plan had already been acted on")
+def replanned(books: Books, records: Records) -> list[Violation]:
+    """A plan is saved before any of its calls is sent (write-ahead), and a resume goes on from
+    the saved plan: once a process sent a call of the plan it was given for an iteration, the
+    model is never asked to plan that iteration again (a model asked again may plan otherwise,
+    and its new calls run beside the old)."""
+    found: list[Violation] = []
+    for index, ask in enumerate(books.asks):
+        if ask.phase != "plan":
+            continue
+        for earlier in books.asks[:index]:
+            if earlier.phase != "plan" or earlier.iteration != ask.iteration:
+                continue
+            refs = {i.ref for i in earlier.intents}
+            acted = next(
+                (
+                    s
+                    for s in books.sent
+                    if s.process == earlier.process
+                    and s.ref in refs
+                    and earlier.order < s.order < ask.order
+                ),
+                None,
+            )
+            # A process that started before the plan was acted on may still be asking (a
+            # held-up step retrying its model call): its answer can no longer be saved. One
+            # that started after read the saved plan, and must not ask.
+            started = books.processes[ask.process].order if ask.process in books.processes else 0
+            if acted is not None and (ask.process == earlier.process or started > acted.order):
+                found.append(
+                    Violation(
+                        "replanned",
+                        f"iteration {ask.iteration} asked again by {ask.process} at "
+                        f"{ask.at:.1f}; {earlier.process} had sent {_short(acted.ref)} of its "
+                        f"plan at {acted.at:.1f}",
+                    )
+                )
+                break
+    return found
+
+
+# Nothing but what was planned
+
+
+@checker("altered", "a call went out, or a plan was kept, that the model never planned")
+def altered(books: Books, records: Records) -> list[Violation]:
+    found: list[Violation] = []
+    for sent in books.sent:
+        intent = books.intent(sent.ref) if sent.ref else None
+        if intent is None:
+            found.append(
+                Violation("altered", f"{sent.endpoint} by {sent.process}: no call of it was planned")
+            )
+            continue
+        changed = sorted(k for k, v in sent.args.items() if not _same(intent.args.get(k), v))
+        if changed:
+            found.append(
+                Violation(
+                    "altered",
+                    f"{_short(sent.ref)} sent with {', '.join(changed)} other than planned",
+                )
+            )
+    for action in records.planned:
+        ref = str(action.args.get("ref", ""))
+        intent = books.intent(ref)
+        if intent is None or intent.tool != action.tool or dict(intent.args) != dict(action.args):
+            found.append(
+                Violation(
+                    "altered",
+                    f"the run's plan holds {action.action} ({action.tool}), "
+                    "which the model never planned so",
+                )
+            )
+    return found
+
+
+def _same(planned: object, sent: object) -> bool:
+    """Whether an argument went out as planned (a query string carries it as text)."""
+    if planned == sent:
+        return True
+    if isinstance(sent, str) and not isinstance(planned, str):
+        text = ("true" if planned else "false") if isinstance(planned, bool) else str(planned)
+        return text == sent
+    return False
