@@ -131,10 +131,13 @@ unit: venv
 
 ## sim: seeded simulations of whole runs on virtual time, judged by the promise's oracle
 ## (docs/simulation.md): SEEDS seeds (default 1000), or fresh seeds for SECONDS=N seconds.
-## `make test` runs a fixed budget of them (tests/test_simulation.py).
+## SIM_FLAGS (default: every move of issues 46 and 48, which `make test`'s budget leaves out
+## until their fixes land; SIM_FLAGS= for none). `make test` runs a fixed budget of them
+## (tests/test_simulation.py).
 SEEDS ?= 1000
+SIM_FLAGS ?= --every-move
 sim: venv
-	$(PY) -m keelgate.testing.sim $(if $(SECONDS),--seconds $(SECONDS),--seeds $(SEEDS))
+	$(PY) -m keelgate.testing.sim $(SIM_FLAGS) $(if $(SECONDS),--seconds $(SECONDS),--seeds $(SEEDS))
 
 ## prereqs: `make test`'s first step, and so CI's: finds Go, kubectl, PostgreSQL, Chromium and
 ## chromedriver, and installs the last two (Debian's packages, as root) when they are missing;

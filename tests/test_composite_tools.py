@@ -35,7 +35,7 @@ from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.http import HttpTool
 from keelgate.adapters.tools.mcp import McpServerRef, McpToolSpec, discover
 from keelgate.adapters.tools.python import PythonTool
-from keelgate.core import failpoints, fence
+from keelgate.core import clocks, failpoints, fence
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
@@ -223,6 +223,22 @@ def test_a_composite_write_held_up_between_its_requests_charges_once_whatever_di
         assert record.settled_by == "al"
     finally:
         process.close()
+
+
+def test_every_request_of_a_call_checks_the_deadline_not_only_the_first() -> None:
+    """A composite call asks for a quote (sent in time), is held up past its write deadline, and
+    then would charge: the charge's report refuses it (DeadlinePassed), as the first request's
+    did not. A deadline checked only before a call's first request would let the charge leave
+    after a person may have settled the call as not executed (issue 48)."""
+    now = [1000.0]
+    with clocks.simulated(wall=time.time, boot=lambda: now[0]):
+        call = fence.Invocation(fence.WriteDeadline.starting_now("kg-pay", 30.0))
+        with fence.invoking(call):
+            keelgate.about_to_send("kg-pay")  # the quote leaves in time
+            now[0] += 31.0  # held up between the two requests, past the deadline
+            with pytest.raises(fence.DeadlinePassed):
+                keelgate.about_to_send("kg-pay")  # the charge does not
+        assert call.end()  # the quote may have taken effect: the call's outcome is unknown
 
 
 def test_a_python_tool_that_reported_a_send_is_not_refused_by_its_own_error(

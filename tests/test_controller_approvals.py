@@ -155,6 +155,27 @@ def test_one_deny_among_approvals_denies(kube: Operator) -> None:
     assert operator_tools.ORDERS == []
 
 
+def test_a_one_decision_deny_denies_and_is_never_read_as_an_approval(kube: Operator) -> None:
+    """bob decides a one-approval Approval with the one-decision form, ``approved: false``: it is
+    Settled denied by bob, the chain records his deny and no approval, and the run goes on
+    without the order (issue 48: a deny read as a yes ran the WRITE)."""
+    waiting(kube, {"required": 1})
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": False, "by": "bob"})
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["phase"], status["verdict"], status["settledBy"]) == (
+        "Settled",
+        "denied",
+        "bob",
+    )
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert operator_tools.ORDERS == []
+    events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
+    assert [e.actor for e in events if e.type == "loop.denied"] == ["bob"]
+    assert [e for e in events if e.type == "loop.approved"] == []
+
+
 def test_each_entry_is_recorded_once_however_often_the_object_is_looked_at(
     kube: Operator,
 ) -> None:

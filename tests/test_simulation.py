@@ -1,7 +1,9 @@
-"""The simulator (issue 39): seeded runs through the real loop, gateway and stores on virtual
-time, judged by the oracle. These tests are its part of ``make test``: the same seed replays the
-same trace, a fixed budget of seeds keeps every promise, every planted bug of the project's
-history is found within that budget, and a failure says how to replay it.
+"""The simulator (issues 39 and 48): seeded runs through the real loop, gateway, stores, tools
+and model adapters on virtual time, judged by an oracle that reads the world's own books. These
+tests are its part of ``make test``: the same seed replays the same trace, a fixed budget of
+seeds keeps every promise (with the moves whose fixes are under way left out: ``BUDGET_OPTIONS``),
+every planted bug of the project's history and the fastest-found of the unseen ones are found
+within that budget, each of issue 46's moves is made, and a failure says how to replay it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.testing.sim import decode, encode, shrink, simulate
-from keelgate.testing.sim.simulate import seed_of
+from keelgate.testing.sim.operator_mode import MOVES
+from keelgate.testing.sim.simulate import Options, seed_of
 from support.planted_bugs import BUGS, Planted, find, planted
+from support.unseen_bugs import UNSEEN
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -25,21 +29,39 @@ BUDGET = 300
 OPERATOR_BUDGET = 100
 #: Seeds within which each planted bug must be found (docs/simulation.md has the table).
 BUG_BUDGET = 150
+#: What the budget's runs leave out until the fixes under way land (docs/simulation.md,
+#: "Switched off for now"): issue 46's moves (h/approvals) and the late-acting shop of issue 48
+#: (h/deadline). After those merge, this becomes ``Options.every()``.
+BUDGET_OPTIONS = Options()
+#: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
+#: times, are bench/unseen_bugs.py's).
+UNSEEN_IN_SUITE = (
+    "a key that changes from one iteration to the next",
+    "a resume that asks the model again after a settlement",
+    "a one-decision approved: false read as an approval",
+)
 
 
 def test_the_same_seed_replays_the_same_trace() -> None:
-    """Two runs of one seed give the same events, stamps and audit chain (their hash), on both
-    stores; different seeds give different traces; the recorded choices replay it too."""
+    """Two runs of one seed give the same events, stamps, requests and audit chain (their hash),
+    on both stores and in both modes, with issue 46's moves or without, whatever its model is
+    reached by (in process, OpenAI's or Anthropic's wire); different seeds give different
+    traces; the recorded choices replay it too."""
     digests = []
-    for index in range(12):
+    models = set()
+    for index in range(16):
+        mode = "operator" if index % 4 == 3 else "local"
         store = "sqlite" if index % 4 == 0 else "memory"
-        first = simulate(seed=seed_of(index, 77), store=store)
-        second = simulate(seed=seed_of(index, 77), store=store)
+        options = Options.every() if index % 2 else Options()
+        first = simulate(seed=seed_of(index, 77), store=store, mode=mode, options=options)
+        second = simulate(seed=seed_of(index, 77), store=store, mode=mode, options=options)
         assert first.digest == second.digest, first.lines
-        replayed = simulate(replay=first.choices, store=store)
+        replayed = simulate(replay=first.choices, store=store, mode=mode, options=options)
         assert replayed.digest == first.digest
         digests.append(first.digest)
+        models.add(first.lines[1].split()[2].rstrip(","))
     assert len(set(digests)) == len(digests)
+    assert models == {"in-process", "openai", "anthropic"}
 
 
 def test_a_fixed_budget_of_seeds_keeps_every_promise() -> None:
@@ -49,7 +71,7 @@ def test_a_fixed_budget_of_seeds_keeps_every_promise() -> None:
     for index in range(BUDGET):
         seed = seed_of(index)
         store = "sqlite" if index % 4 == 0 else "memory"
-        outcome = simulate(seed=seed, store=store)
+        outcome = simulate(seed=seed, store=store, options=BUDGET_OPTIONS)
         if not outcome.ok:
             where = f"--store {store} --seed {seed}"
             broken.append(f"{'; '.join(map(str, outcome.violations))} (replay: {where})")
@@ -59,11 +81,12 @@ def test_a_fixed_budget_of_seeds_keeps_every_promise() -> None:
 def test_a_fixed_budget_of_operator_runs_keeps_every_promise() -> None:
     """The same promise with the real operator in between: its reconcilers and status writers
     over an API server that delays and drops watch events, answers 409 and loses status
-    answers, operators restarted or doubled, people deciding by patching the objects."""
+    answers, operators restarted or doubled, people deciding by patching the objects as
+    admission lets them."""
     broken = []
     for index in range(OPERATOR_BUDGET):
         seed = seed_of(index)
-        outcome = simulate(seed=seed, mode="operator")
+        outcome = simulate(seed=seed, mode="operator", options=BUDGET_OPTIONS)
         if not outcome.ok:
             where = f"--mode operator --store memory --seed {seed}"
             broken.append(f"{'; '.join(map(str, outcome.violations))} (replay: {where})")
@@ -145,19 +168,42 @@ def test_the_seeds_that_found_product_gaps_keep_every_promise(
 
 
 def test_an_effect_and_an_event_of_the_same_millisecond_compare_as_stamps() -> None:
-    """The oracle reads an event's moment from its stamp (milliseconds, cut) and an effect's from
-    the world's clock: an effect in the very millisecond its start was stamped is seen after
-    that start, however the clock's last digits fall (an approved WRITE was once judged
-    unapproved for it)."""
+    """The oracle reads an event's moment from its stamp (milliseconds, cut, on a wall clock that
+    drifts) and a world moment as it would be stamped then: an effect in the very millisecond
+    its start was stamped is seen after that start, however the clock's last digits fall and
+    however the wall clock runs (an approved WRITE was once judged unapproved for it)."""
     from keelgate.core.audit import AuditDraft, seal
-    from keelgate.testing.sim.oracle import _at, _stamped
-    from keelgate.testing.sim.world import EPOCH
+    from keelgate.testing.sim.books import Books
+    from keelgate.testing.sim.records import stamp_seconds
+    from keelgate.testing.sim.world import Clocks
 
-    for moment in (39.8999999, 39.9, 39.9000004, 0.0004999, 12.3456789):
-        with clocks.simulated(wall=lambda m=moment: EPOCH + m, boot=lambda: 0.0):
-            event = seal("shop", "r", None, AuditDraft("loop.action_started", {}))
-        assert _at(event) <= _stamped(moment), moment
-        assert _stamped(moment) - _at(event) < 0.001, moment
+    for drift in (Clocks(), Clocks(wall_ppm=250.0, wall_offset=-1.7)):
+        books = Books(clocks=drift)
+        for moment in (39.8999999, 39.9, 39.9000004, 0.0004999, 12.3456789):
+            with clocks.simulated(wall=lambda m=moment, d=drift: d.wall(m), boot=lambda: 0.0):
+                event = seal("shop", "r", None, AuditDraft("loop.action_started", {}))
+            stamp = stamp_seconds(event.at)
+            assert stamp == books.stamp(moment), moment
+            assert abs(books.true_of_stamp(stamp) - moment) < 0.002, moment
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_each_move_of_issue_46_is_made(move: str) -> None:
+    """With a move switched on, the world's people make it within a few operator-mode runs (the
+    oracle then judges what the product made of it: ``make sim`` runs them all)."""
+    shown = {
+        "copy": "copies",
+        "reorder": "deny to the front",
+        "recreate": "creates it again",
+        "service-account": "as system:serviceaccount",
+        "definition": "spec edited: place_order",
+    }[move]
+    options = Options(moves=frozenset({move}))
+    for index in range(40):
+        outcome = simulate(seed=seed_of(index, 46), mode="operator", options=options)
+        if any(shown in line for line in outcome.lines):
+            return
+    raise AssertionError(f"no run made the move {move!r}")
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=[b.name for b in BUGS])
@@ -166,6 +212,17 @@ def test_each_planted_bug_is_found_within_the_budget(bug: Planted, tmp_path: Pat
     one of the first ``BUG_BUDGET`` seeds, or the more its window needs (which the product
     itself passes)."""
     found = find(bug, tmp_path, seeds=bug.seeds or BUG_BUDGET)
+    assert found["first"] is not None, found["output"]
+
+
+@pytest.mark.parametrize("name", UNSEEN_IN_SUITE)
+def test_the_unseen_bugs_issue_48_names_are_found(name: str, tmp_path: Path) -> None:
+    """Bugs written from the product's code alone, which the simulator of issue 39 missed (a key
+    that changes between iterations, a resume that asks the model again, a one-decision deny
+    read as an approval), break a promise within the budget: judged from the world's books, not
+    from what the product recorded."""
+    bug = next(b for b in UNSEEN if b.name == name)
+    found = find(bug, tmp_path, seeds=BUG_BUDGET)
     assert found["first"] is not None, found["output"]
 
 
@@ -187,7 +244,8 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert "BROKEN PROMISE (seed " in out
-    assert "twice: a WRITE's effect happened more than once" in out
+    broken = {line.split(":")[0].strip() for line in out.splitlines() if line.startswith("  ")}
+    assert "retried" in broken, out
     shrunk = next(line for line in out.splitlines() if "shrunk schedule:" in line)
     command = next(line for line in out.splitlines() if "replay:" in line and "--replay" in line)
     text = command.split("--replay ", 1)[1].strip().strip("'")
@@ -201,4 +259,4 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
         check=False,
     )
     assert again.returncode == 1
-    assert "twice:" in again.stdout
+    assert any(f"  {rule}:" in again.stdout for rule in broken), again.stdout

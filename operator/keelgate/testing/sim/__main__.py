@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument("--trace", action="store_true", help="Print each failure's trace.")
     parse.add_argument("--json", action="store_true", help="End with a JSON summary line.")
     parse.add_argument(
+        "--report-each",
+        action="store_true",
+        help="Print a JSON line for each failure as it is found (seed, mode, store, seconds).",
+    )
+    parse.add_argument(
         "--late-shop",
         action="store_true",
         help="The shop may act on a held request after its sender gave up (issue 48).",
@@ -78,9 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = moves - set(MOVES)
     if unknown:
         _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(MOVES)})")
-    options = (
-        Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
-    )
+    options = Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
         mode = args.mode if args.mode != "mix" else MODES[0]
@@ -96,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     runs = failures = 0
     first_failure: int | None = None
+    first_seconds: float | None = None
     rules: list[str] = []
     while True:
         if deadline is not None and time.monotonic() >= deadline:
@@ -111,8 +115,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not outcome.ok:
             failures += 1
             if first_failure is None:
-                first_failure = runs
+                first_failure, first_seconds = runs, time.monotonic() - started
             rules.extend(v.rule for v in outcome.violations)
+            if args.report_each:
+                found = {
+                    "seed": seed,
+                    "mode": mode,
+                    "store": store,
+                    "run": runs,
+                    "seconds": round(time.monotonic() - started, 2),
+                    "rules": sorted({v.rule for v in outcome.violations}),
+                }
+                print(json.dumps({"failure": found}), flush=True)
             shrunk = None if args.no_shrink else _shrunk(outcome)
             _show(outcome, seed, shrunk=shrunk, trace=args.trace)
             if args.first:
@@ -128,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": runs,
             "failures": failures,
             "first": first_failure,
+            "first_seconds": None if first_seconds is None else round(first_seconds, 2),
             "rules": sorted(set(rules)),
             "seconds": round(took, 2),
         }

@@ -161,7 +161,11 @@ def _rule_for(books: Books, sent: Sent, tool: str) -> Rule:
 
 def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[int, str]:
     """The most approvals that count for ``sent`` under one question about its call (an action
-    the people were shown), and who denied, if every question was denied."""
+    the people were shown), and who denied it, if a deny came before its approvals were enough.
+
+    Decisions are taken in the order they were made: a deny by someone the rule asks, made
+    while the approvals were not yet enough, denies for good; once enough people approved, a
+    later deny is too late (the call was approved)."""
     made = [
         d
         for d in books.decisions
@@ -171,26 +175,24 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         and not d.move
         and d.accepted_at is not None
     ]
-    labels = list(dict.fromkeys(d.action for d in made))
     best, denied = 0, ""
-    for label in labels:
-        on = [d for d in made if d.action == label]
-        # A deny counts from anyone the rule's groups name (the creator may deny).
-        no = next((d for d in on if not d.yes and rule.may_decide(d.human)), None)
-        if no is not None:
-            denied = denied or no.by
-            continue
-        people = {
-            d.human for d in on if d.yes and _counts(books, d, rule, sent) and d.human == d.by
-        }
-        people |= {
-            d.human
-            for d in on
-            if d.yes and d.by == SERVICE_ACCOUNT and books.service_accounts_count
-            if _counts(books, d, rule, sent)
-        }
-        if len(people) > best:
-            best, denied = len(people), ""
+    for label in dict.fromkeys(d.action for d in made):
+        people: set[str] = set()
+        no = ""
+        for decision in sorted((d for d in made if d.action == label), key=lambda d: d.at):
+            if not decision.yes:
+                if rule.may_decide(decision.human) and len(people) < rule.required:
+                    no = no or decision.by
+                continue
+            if _counts(books, decision, rule, sent) and (
+                decision.human == decision.by
+                or (decision.by == SERVICE_ACCOUNT and books.service_accounts_count)
+            ):
+                people.add(decision.human)
+        if no:
+            denied = denied or no
+        elif len(people) > best:
+            best = len(people)
     return best, denied if best < rule.required else ""
 
 
@@ -365,9 +367,7 @@ def audit(books: Books, records: Records) -> list[Violation]:
 def _settlements_on_chain(records: Records) -> list[Violation]:
     """Every settlement the store holds is on the chain, as the store holds it."""
     found = []
-    reconciled = {
-        str(e.data.get("idempotencyKey")): e for e in records.of_type("loop.reconciled")
-    }
+    reconciled = {str(e.data.get("idempotencyKey")): e for e in records.of_type("loop.reconciled")}
     for key, view in sorted(records.keys.items()):
         if not view.source:
             continue
@@ -481,7 +481,9 @@ def budget(books: Books, records: Records) -> list[Violation]:
         asked = max((a.iteration for a in books.asks if a.phase == "plan"), default=0)
         if asked > limit:
             found.append(
-                Violation("budget", f"the model was asked to plan iteration {asked}, at most {limit}")
+                Violation(
+                    "budget", f"the model was asked to plan iteration {asked}, at most {limit}"
+                )
             )
         if records.iteration > limit:
             found.append(Violation("budget", f"{records.iteration} iterations, at most {limit}"))
@@ -546,7 +548,9 @@ def altered(books: Books, records: Records) -> list[Violation]:
         intent = books.intent(sent.ref) if sent.ref else None
         if intent is None:
             found.append(
-                Violation("altered", f"{sent.endpoint} by {sent.process}: no call of it was planned")
+                Violation(
+                    "altered", f"{sent.endpoint} by {sent.process}: no call of it was planned"
+                )
             )
             continue
         changed = sorted(k for k, v in sent.args.items() if not _same(intent.args.get(k), v))

@@ -45,7 +45,7 @@ EDITS = (
     "lower budget",
 )
 #: Edits of a tool's definition (where its call goes), issue 46's: on with ``moves``.
-MOVES = ("place_order url", "place_order method")
+DEFINITION_EDITS = ("place_order url", "place_order method")
 GROUP_CHOICES: tuple[tuple[str, ...], ...] = ((), ("payments-approvers",), ("shop-devs",))
 EXPIRY_CHOICES: tuple[float | None, ...] = (None, 60.0, 300.0, 900.0)
 #: How a run's model is reached: over HTTP through the product's adapters in a quarter of the
@@ -145,8 +145,8 @@ class Desk:
         )
 
     def edit(self, what: str) -> None:
-        """One edit a person makes (``EDITS``, ``MOVES``); each toggles, so a run sees them come
-        and go."""
+        """One edit a person makes (``EDITS``, ``DEFINITION_EDITS``); each toggles, so a run
+        sees them come and go."""
         new = copy.deepcopy(self.manifest)
         tools = {t["name"]: t for t in new["tools"]}
         budget = new.setdefault("budget", {})

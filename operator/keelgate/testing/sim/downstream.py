@@ -31,7 +31,16 @@ from keelgate.core.fence import Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
 from keelgate.testing.sim.books import Books, Decision, Effect, Question
-from keelgate.testing.sim.network import Fate, Network, Reply, Request, Reset, Sender, Silence, Unsent
+from keelgate.testing.sim.network import (
+    Fate,
+    Network,
+    Reply,
+    Request,
+    Reset,
+    Sender,
+    Silence,
+    Unsent,
+)
 from keelgate.testing.sim.world import World
 
 SHOP = "http://shop.sim"
@@ -44,8 +53,10 @@ TOOLS: tuple[tuple[str, SideEffect], ...] = (
 )
 #: The tools that change things, which a spec may ask approval for.
 CHANGING = tuple(name for name, side_effect in TOOLS if side_effect is not SideEffect.READ)
-#: The requests of the composite tool's call, in order.
+#: The requests of the composite tool's call, in order (in some runs a quote first: a request
+#: that changes nothing, as composite tools often make before the one that does).
 PAY_PARTS = (("charge", f"{SHOP}/charges"), ("receipt", f"{SHOP}/receipts"))
+QUOTE = ("quote", f"{SHOP}/quotes")
 #: Every tool's time limit (``timeoutSeconds``).
 CALL_SECONDS = 30.0
 PAY_CALLABLE = "keelgate.testing.sim.downstream:pay"
@@ -182,11 +193,13 @@ class SimTool:
         requires_approval: bool,
         timeout_seconds: float | None,
         approval: ApprovalRule | None = None,
+        quote: bool = False,
     ) -> None:
         self.name = name
         self.side_effect = side_effect
         self.requires_approval = requires_approval
         self.approval = approval
+        self.parts = ((QUOTE,) if quote else ()) + PAY_PARTS
         self.description = "charge, then send the receipt"
         self.input_schema: Mapping[str, Any] = {"type": "object"}
         self.timeout_seconds = timeout_seconds
@@ -198,15 +211,16 @@ class SimTool:
         if idempotency_key is None:
             raise ToolError(f"{self.name}: called as a READ")
         output: Any = None
-        for number, (part, url) in enumerate(PAY_PARTS):
+        for number, (part, url) in enumerate(self.parts):
             if number:
                 # Between two requests of one call: the process may die here, or be held up
                 # past its deadline (the next request's report then refuses to send it).
                 self._sender.window("mid_tool")
-            body = {"amount": args.get("amount"), "ref": args.get("ref")} if number == 0 else {
-                "ref": args.get("ref")
-            }
-            output = self._request(Request("POST", url, body, idempotency_key, part))
+            body: dict[str, Any] = {"ref": args.get("ref")}
+            if part in ("quote", "charge"):
+                body["amount"] = args.get("amount")
+            method = "GET" if part == "quote" else "POST"
+            output = self._request(Request(method, url, body, idempotency_key, part))
         self._sender.window("mid_tool")
         return output
 
@@ -251,7 +265,9 @@ class SimTool:
             raise ToolError(f"{what}: connection refused") from None
         except Silence:
             if held:
-                raise OutcomeUncertain(f"{what} did not return in time", still_running=held[0])
+                raise OutcomeUncertain(
+                    f"{what} did not return in time", still_running=held[0]
+                ) from None
             raise OutcomeUncertain(f"{what}: no answer in time") from None
         except Reset:
             raise OutcomeUncertain(f"{what}: connection reset after the request") from None

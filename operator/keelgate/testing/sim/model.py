@@ -77,6 +77,12 @@ class Scenario:
         )
 
     @property
+    def quote(self) -> bool:
+        """Whether ``pay`` asks for a quote before it charges (read from a choice already made:
+        half the runs)."""
+        return (self.input_tokens // 10) % 2 == 0
+
+    @property
     def call_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 

@@ -221,7 +221,9 @@ class Network:
         ends = self.world.clocks.true_of_boot(call.at) + fence.MARGIN - 1.0 - self.world.now
         return max(0.1, min(fate.delay, ends))
 
-    def _answer(self, server: Server, request: Request, index: int | None, *, refused: bool) -> Reply:
+    def _answer(
+        self, server: Server, request: Request, index: int | None, *, refused: bool
+    ) -> Reply:
         if refused:
             self._known(index, refused=True)
             return Reply(409, {"error": "refused"})

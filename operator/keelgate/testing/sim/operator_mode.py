@@ -45,12 +45,12 @@ from keelgate.testing.sim.books import (
     definition,
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
-from keelgate.testing.sim.desk import EDITS, MOVES, Desk
+from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
 from keelgate.testing.sim.model import Planner
 from keelgate.testing.sim.network import Network
-from keelgate.testing.sim.people import PEOPLE, counts
+from keelgate.testing.sim.people import PEOPLE, calm_look, counts
 from keelgate.testing.sim.processes import Faults, StepProcess
-from keelgate.testing.sim.stores import StoreSite
+from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
 
 KINDS = ("AgentRun", "Reconciliation", "Approval", "Pod")
@@ -299,7 +299,9 @@ class Cluster:
             self.api.remove_pod(self.tenant, name)
             return
         if process.lost:
-            self.world.at(300.0, "the pod garbage collector", lambda: self.api.remove_pod(self.tenant, name))
+            self.world.at(
+                300.0, "the pod garbage collector", lambda: self.api.remove_pod(self.tenant, name)
+            )
             return
         if not process.alive:
             self.api.remove_pod(self.tenant, name)
@@ -343,7 +345,8 @@ class Cluster:
             finished = self._look()
         if not finished:
             world = self.world
-            world.at(5.0 if self.calm else world.schedule.between(2.0, 60.0), "people look", self.look)
+            delay = calm_look(world) if self.calm else world.schedule.between(2.0, 60.0)
+            world.at(delay, "people look", self.look)
 
     def _look(self) -> bool:
         world = self.world
@@ -372,7 +375,8 @@ class Cluster:
         """The run as ``kubectl keelgate status`` shows it (the actions' arguments)."""
         stores = self.site.open()
         try:
-            return Loop(stores=stores, busy_wait=0.0).state(self.tenant, self.run)
+            loop = Loop(stores=stores, busy_wait=0.0)
+            return patiently(lambda: loop.state(self.tenant, self.run))
         except KeelgateError:
             return None
         finally:
@@ -427,12 +431,11 @@ class Cluster:
         if not self.calm and schedule.chance(300):
             return
         action = str(spec.get("action", ""))
-        pending = None if state is None else next(
-            (p for p in state.pending if p.action == action), None
+        pending = (
+            None if state is None else next((p for p in state.pending if p.action == action), None)
         )
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        given = {str(d.get("by")) for d in decisions} | {str(spec.get("by") or "")}
         counting = {str(b) for b in status.get("approvedBy") or ()}
         if by in counting and "copy" not in self.moves:
             # A second entry of one's own waits in the list until the first stops counting, and
@@ -464,7 +467,10 @@ class Cluster:
             spec.update(approved=yes, by=by)
         else:
             world.say(f"{by} adds to {name}'s decisions approved: {yes}")
-            spec["decisions"] = [*decisions, {"by": by, "groups": list(GROUPS[by]), "approved": yes}]
+            spec["decisions"] = [
+                *decisions,
+                {"by": by, "groups": list(GROUPS[by]), "approved": yes},
+            ]
         if self._patch("Approval", body, spec, User(by, GROUPS[by])):
             decision.accepted_at = world.now  # made on an Approval still waiting for it
 
@@ -475,7 +481,7 @@ class Cluster:
         which = self.moves[schedule.pick(len(self.moves))]
         approvals = [b for b in self.api.of_kind("Approval")]
         if which == "definition":
-            self.desk.edit(MOVES[schedule.pick(len(MOVES))])
+            self.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
             self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
         elif which == "recreate":
             self.world.say(f"{CREATOR} deletes {self.run} and creates it again")
@@ -492,7 +498,7 @@ class Cluster:
 
     def _copy(self, body: JSON) -> None:
         """alice appends a byte-equal copy of someone's entry (admitted: it is in the list); with
-    this move, people also add a second entry of their own while their first still counts."""
+        this move, people also add a second entry of their own while their first still counts."""
         spec: dict[str, Any] = dict(body.get("spec") or {})
         theirs = [d for d in spec.get("decisions") or () if d.get("by") != CREATOR]
         if not theirs:
@@ -500,7 +506,9 @@ class Cluster:
         entry = theirs[self.world.schedule.pick(len(theirs))]
         spec["decisions"] = [*spec["decisions"], copy.deepcopy(entry)]
         if self._patch("Approval", body, spec, User(CREATOR, GROUPS[CREATOR])):
-            self.world.say(f"{CREATOR} copies {entry.get('by')}'s entry in {body['metadata']['name']}")
+            self.world.say(
+                f"{CREATOR} copies {entry.get('by')}'s entry in {body['metadata']['name']}"
+            )
             self._booked_move(body, entry, "copy")
 
     def _reorder(self, body: JSON, state: RunState | None) -> None:

@@ -21,12 +21,24 @@ from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.testing.sim.books import GROUPS, Books, Decision, Question, definition
-from keelgate.testing.sim.desk import EDITS, MOVES, Desk
-from keelgate.testing.sim.stores import StoreSite
+from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
+from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
 
 PEOPLE = tuple(GROUPS)
+#: When the calm end begins (``simulate.CHAOS``: seconds of chaos).
+CALM_START = 900.0
 BUDGET_STOPS = frozenset({StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS})
+
+
+#: Seconds after the calm end began during which people look every 5 s; every minute after.
+CALM_PROMPT = 600.0
+
+
+def calm_look(world: World) -> float:
+    """How soon a person looks again once all is calm: at once at first, then every minute (a
+    run left waiting for hours is still looked at, without thousands of looks)."""
+    return 5.0 if world.now < CALM_START + CALM_PROMPT else 60.0
 
 
 def counts(person: str, rule: ApprovalRule | None, creator: str) -> bool:
@@ -56,7 +68,7 @@ class People:
         self.wrong = (0, 30)[world.schedule.pick(2)]
 
     def look_later(self) -> None:
-        delay = self.world.schedule.between(2.0, 60.0) if not self.calm else 5.0
+        delay = self.world.schedule.between(2.0, 60.0) if not self.calm else calm_look(self.world)
         self.world.at(delay, "a person looks", self.look)
 
     def look(self) -> None:
@@ -74,7 +86,7 @@ class People:
         try:
             loop = Loop(stores=stores, busy_wait=0.0, clock=world.boot)
             try:
-                state = loop.state(self.tenant, self.run)
+                state = patiently(lambda: loop.state(self.tenant, self.run))
             except KeelgateError:
                 state = None
             if state is None or state.stop is None:
@@ -87,7 +99,7 @@ class People:
                 if self.desk.moves and not self.calm and schedule.chance(300):
                     # The run's owner sends the tool somewhere else once its call is approved,
                     # before the next step (issue 46).
-                    self.desk.edit(MOVES[schedule.pick(len(MOVES))])
+                    self.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
             elif stop.reason is StopReason.OUTCOME_UNKNOWN:
                 for unknown in state.unknown:
                     ref = _ref(state, unknown.action)
@@ -130,11 +142,13 @@ class People:
             shown=definition(self.desk.tool(tool)),
         )
         self.books.decisions.append(decision)
+        before = len(state.approvals.get(action, ()))
         try:
             with failpoints.observed(self._window):
                 loop.approve(self.tenant, self.run, action, approved=yes, by=by, groups=GROUPS[by])
         except (KeelgateError, SimulatedCrash) as refused:
             world.say(f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}")
+            self._approval_stood(decision, before)
             return
         decision.accepted_at, decision.told = world.now, True
         world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
@@ -163,15 +177,30 @@ class People:
                 continue
             except KeelgateError as refused:
                 world.say(f"{by} settles {action} {executed}: {type(refused).__name__}")
+                self._stood(decision, key)  # its answer may have been lost
                 continue
             decision.accepted_at, decision.told = world.now, True
             world.say(f"{by} settled {action} as {'executed' if executed else 'not executed'}")
+
+    def _approval_stood(self, decision: Decision, before: int) -> None:
+        """A person told their decision failed (its answer lost) looks again: is it there?"""
+        stores = self.site.open()
+        try:
+            loop = Loop(stores=stores, busy_wait=0.0)
+            state = patiently(lambda: loop.state(self.tenant, self.run))
+        except KeelgateError:
+            return
+        finally:
+            stores.close()
+        new = state.approvals.get(decision.action, ())[before:]
+        if any(d.by == decision.by and d.approved == decision.yes for d in new):
+            decision.accepted_at, decision.told = self.world.now, True
 
     def _stood(self, decision: Decision, key: str) -> None:
         """A person whose command died looks again (``keelgate status``): did it stand?"""
         stores = self.site.open()
         try:
-            record = stores.idempotency.get(self.tenant, key)
+            record = patiently(lambda: stores.idempotency.get(self.tenant, key))
         finally:
             stores.close()
         wanted = KeyState.COMPLETED if decision.yes else KeyState.ABANDONED

@@ -13,8 +13,8 @@ thread), and, in runs whose model is not reached over HTTP, the world's model in
 every failpoint the product passes (``keelgate.core.failpoints.observed``), and right before a
 request's first byte, the world decides: go on, die there (``SimulatedCrash``, and the owner goes
 as a dead process's does), be held up for a while (the rest of the world runs meanwhile, on
-virtual time; now and then for about a call's time limit plus its margin, where the write
-deadline and a settlement's wait meet), have the store server end the session meanwhile (the
+virtual time; now and then for about a call's time limit, give or take its margin, where the
+write deadline and a settlement's wait meet), have the store server end the session meanwhile (the
 node is lost: its process may still run), or be asked to stop (a drain). Its exit code is the
 step program's (``keelgate.cli.step.exit_code``).
 """
@@ -53,16 +53,24 @@ class Faults:
         self.crash = (0, 15, 40, 80)[schedule.pick(4)]
         self.pause = (0, 15, 40, 80)[schedule.pick(4)]
         self.drain = (0, 10)[schedule.pick(2)]
+        #: Store answers lost, per thousand statements of a server store's session.
+        self.lost_answers = (0, 0, 5, 20)[schedule.pick(4)]
         self.calm = False  # the end of a run: no more faults
+        self._world = world
 
-    def at_window(self, world: World) -> str:
-        """What happens at one window: "" (nothing), "crash", "pause" or "drain"."""
+    def lose_answer(self) -> bool:
+        return not self.calm and self._world.schedule.chance(self.lost_answers)
+
+    def at_window(self, world: World, name: str = "") -> str:
+        """What happens at one window: "" (nothing), "crash", "pause" or "drain". The window
+        right before a request leaves is the write deadline's, and is paused at twice as
+        often."""
         if self.calm:
             return ""
         schedule = world.schedule
         if schedule.chance(self.crash):
             return "crash"
-        if schedule.chance(self.pause):
+        if schedule.chance(self.pause * (2 if name == "before_send" else 1)):
             return "pause"
         if schedule.chance(self.drain):
             return "drain"
@@ -70,14 +78,17 @@ class Faults:
 
 
 def pause_seconds(world: World) -> float:
-    """How long a pause lasts: a moment, a long stall, or about a call's time limit plus its
-    margin (where a deadline checked before a send and a settlement's wait meet)."""
+    """How long a pause lasts: a moment, a long stall, or about a call's time limit, give or
+    take its margin (where a deadline checked before a send, the store's deadline a margin
+    later, and a settlement's wait meet)."""
     schedule = world.schedule
     kind = schedule.pick(3)
     if kind == 1:
         return schedule.between(40.0, 500.0)
     if kind == 2:
-        return schedule.between(CALL_SECONDS - 2.0, CALL_SECONDS + fence.MARGIN + 2.0)
+        return schedule.between(
+            CALL_SECONDS - fence.MARGIN - 1.0, CALL_SECONDS + fence.MARGIN + 2.0
+        )
     return schedule.between(0.5, 20.0)
 
 
@@ -145,10 +156,10 @@ class StepProcess:
                 self._die(f"died at {crash.failpoint}")
                 return
             except BaseExceptionGroup as group:  # an async tool's task group carried it
-                crash = _crash_in(group)
-                if crash is None:
+                carried = _crash_in(group)
+                if carried is None:
                     raise
-                self._die(f"died at {crash.failpoint}")
+                self._die(f"died at {carried.failpoint}")
                 return
             except KeelgateError as error:
                 code = error.exit_code
@@ -223,6 +234,7 @@ class StepProcess:
                 requires_approval=tool.requires_approval,
                 timeout_seconds=getattr(tool, "timeout_seconds", None),
                 approval=getattr(tool, "approval", None),
+                quote=self.desk.scenario.quote,
             )
             if tool.name == "pay"
             else tool
@@ -247,7 +259,7 @@ class StepProcess:
         if not self.alive:
             raise SimulatedCrash(name, 1)  # killed while held up: it never comes back
         world = self.world
-        fault = self.faults.at_window(world)
+        fault = self.faults.at_window(world, name)
         if fault == "crash":
             raise SimulatedCrash(name, 1)
         if fault == "drain":

@@ -116,8 +116,8 @@ def read(stores: Stores, tenant: str, run: str, books: Books) -> Records:
                             str(action.get("id")), str(action.get("tool")), dict(action["args"])
                         )
                     )
-    for event in records.of_type("loop.plan_saved"):
-        for action in event.data.get("actions") or ():
+    for saved in records.of_type("loop.plan_saved"):
+        for action in saved.data.get("actions") or ():
             key = str(action.get("idempotencyKey"))
             if key in records.keys:
                 continue

@@ -34,14 +34,14 @@ from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
 from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import MOVES, Cluster
-from keelgate.testing.sim.people import People
+from keelgate.testing.sim.people import CALM_START, People
 from keelgate.testing.sim.processes import Faults
 from keelgate.testing.sim.world import Clocks, Schedule, World
 
 TENANT = "shop"
 RUN = "restock"
 #: Seconds of chaos, then of calm in which every run must finish.
-CHAOS, LIMIT = 900.0, 6 * 3600.0
+CHAOS, LIMIT = CALM_START, 6 * 3600.0
 MODES = ("local", "operator")
 STORES = ("memory", "sqlite")
 
@@ -161,6 +161,7 @@ def _simulate(
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner)
     faults = Faults(world)
+    site.lose_answer = faults.lose_answer
     desk = Desk(scenario, world, books, moves="definition" in options.moves)
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")

@@ -6,9 +6,11 @@ subclasses change only its clock expression to a function the world answers, and
 the simulation opens its own store object (its own owner, as a process would). The memory store
 stands for a server store (PostgreSQL): an owner's session can be lost while its process lives
 (``lose_session``), and as a PostgreSQL store does, it then opens a new session, with a new
-owner id, at its next claim (its keys may carry any id it has had); the SQLite store is the real
-file with the real ``flock`` owners, in a temporary folder. Nothing of the stores' logic is
-copied here.
+owner id, at its next claim (its keys may carry any id it has had); and, as over a network, a
+statement or a commit may land while its answer is lost (``lose_answer``: the caller meets
+``StoreUnavailable`` after the write took place). The SQLite store is the real file with the
+real ``flock`` owners, in a temporary folder: one host, no answer to lose. Nothing of the stores'
+logic is copied here.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import json
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from keelgate.core.protocols import Stores
+from keelgate.errors import StoreUnavailable
 from keelgate.stores._sql import Connection, migrate
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 from keelgate.stores.sqlite import SQLITE, SQLiteStore, immediate
@@ -46,11 +50,33 @@ class SimMemoryStore(MemoryStore):
 
     dialect = _SESSIONS
 
-    def __init__(self, backend: MemoryBackend) -> None:
+    def __init__(
+        self, backend: MemoryBackend, *, lose_answer: Callable[[], bool] = lambda: False
+    ) -> None:
         super().__init__(backend)
         self.driving: set[tuple[str, str]] = set()
         self.session_lost = False
         self.owners = [self.owner]  # every owner id it has had, one per session
+        self.lose_answer = lose_answer
+
+    # A server store's answers cross a network: a statement, or a commit, may take place and
+    # its answer never come back.
+
+    @contextmanager
+    def _statement(self) -> Iterator[Connection]:
+        with super()._statement() as conn:
+            yield conn
+        self._answer_or_not()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with super()._transaction() as conn:
+            yield conn
+        self._answer_or_not()
+
+    def _answer_or_not(self) -> None:
+        if self.lose_answer():
+            raise StoreUnavailable("the connection to the store was lost before its answer came")
 
     def _owned(self) -> str:
         return json.dumps(self.owners)
@@ -110,6 +136,8 @@ class StoreSite:
     """Where one simulated run's data lives; ``open()`` is one process opening its stores."""
 
     kind: str
+    #: Whether the store's next answer is lost (a server store only; the world sets it).
+    lose_answer: Callable[[], bool] = staticmethod(lambda: False)
 
     def open(self) -> Stores:
         raise NotImplementedError
@@ -138,9 +166,10 @@ class MemorySite(StoreSite):
         db.create_function(CLOCK_FUNCTION, 0, clock)
         migrate(db, SQLITE, lambda: immediate(db), where="simulated memory store")
         self.backend = MemoryBackend(db=db)
+        self.lose_answer: Callable[[], bool] = lambda: False  # the world sets it
 
     def open(self) -> Stores:
-        return Stores.of(SimMemoryStore(self.backend))
+        return Stores.of(SimMemoryStore(self.backend, lose_answer=self.lose_answer))
 
     def lose_session(self, stores: Stores) -> bool:
         store = stores.idempotency
@@ -165,6 +194,16 @@ class SQLiteSite(StoreSite):
 
     def close(self) -> None:
         self._folder.cleanup()
+
+
+def patiently(read: Callable[[], T]) -> T:
+    """A person's read (``keelgate status``), tried again while its answer is lost."""
+    for _ in range(20):
+        try:
+            return read()
+        except StoreUnavailable:
+            continue
+    return read()
 
 
 def site(kind: str, clock: Clock) -> StoreSite:

@@ -1,0 +1,150 @@
+"""What share of single bugs it was not built around the simulator finds, and how fast (issue 48,
+item 4): each bug of ``tests/support/unseen_bugs.py`` is planted into a temporary copy of the
+package, the simulator runs on the copy for ``--seconds`` (120 by default) from a fixed base of
+seeds, and the first broken promise that the clean product does not also break counts as found.
+
+Why it exists: a number beats a claim. A failing seed is replayed on the clean package before it
+counts (a promise the product breaks on main, with a move of issue 46 say, is no finding of the
+bug's); the seeds are numbered from ``--base``, so a run is the same search every time (the
+seconds depend on the machine: read the runs column for the search's length). Prints a
+Markdown table (the one in docs/simulation.md) and, with ``--json``, one JSON line per bug.
+
+    .venv/bin/python bench/unseen_bugs.py                 # every bug, 120 s each
+    .venv/bin/python bench/unseen_bugs.py --seconds 30 key resume   # some, shorter
+
+It must never plant a bug into the tree: copies only, under a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.planted_bugs import Planted, planted  # noqa: E402
+from support.unseen_bugs import UNSEEN  # noqa: E402
+
+SIM = [sys.executable, "-m", "keelgate.testing.sim"]
+
+
+def _env(root: Path | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
+    return env
+
+
+def _main_breaks(failure: dict[str, Any]) -> bool:
+    """Whether the clean product breaks a promise on the same seed (then it is not the bug's)."""
+    done = subprocess.run(
+        [
+            *SIM,
+            "--seed",
+            str(failure["seed"]),
+            "--mode",
+            failure["mode"],
+            "--store",
+            failure["store"],
+        ],
+        env=_env(None),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return done.returncode != 0
+
+
+def measure(bug: Planted, *, seconds: float, base: int) -> dict[str, Any]:
+    """Search ``bug``'s copy for ``seconds``; the first finding main does not share."""
+    with tempfile.TemporaryDirectory(prefix="keelgate-unseen-") as folder:
+        root = planted(bug, Path(folder))
+        started = time.monotonic()
+        search = subprocess.Popen(
+            [
+                *SIM,
+                "--seconds",
+                str(seconds),
+                "--base",
+                str(base),
+                "--no-shrink",
+                "--report-each",
+                "--json",
+            ],
+            env=_env(root),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert search.stdout is not None
+        found: dict[str, Any] | None = None
+        shared: list[int] = []
+        runs = 0
+        for line in search.stdout:
+            if not line.startswith("{"):
+                continue
+            data = json.loads(line)
+            if "failure" in data:
+                failure = data["failure"]
+                if _main_breaks(failure):
+                    shared.append(failure["seed"])
+                    continue
+                found = failure
+                search.kill()
+                break
+            runs = int(data.get("runs", runs))
+        search.wait()
+        return {
+            "bug": bug.name,
+            "found": found is not None,
+            "seconds": None if found is None else found["seconds"],
+            "runs": found["run"] if found is not None else runs,
+            "seed": None if found is None else found["seed"],
+            "mode": None if found is None else found["mode"],
+            "rules": [] if found is None else found["rules"],
+            "main_also": shared,
+            "wall": round(time.monotonic() - started, 1),
+        }
+
+
+def main() -> int:
+    parse = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parse.add_argument("names", nargs="*", help="Only the bugs whose names hold these words.")
+    parse.add_argument("--seconds", type=float, default=120.0)
+    parse.add_argument("--base", type=int, default=48)
+    parse.add_argument("--json", action="store_true")
+    args = parse.parse_args()
+    bugs = [b for b in UNSEEN if not args.names or any(n in b.name for n in args.names)]
+    print("| planted bug | found | seconds | runs | rule broken |")
+    print("| --- | --- | --- | --- | --- |")
+    results = []
+    for bug in bugs:
+        result = measure(bug, seconds=args.seconds, base=args.base)
+        results.append(result)
+        seconds = "" if result["seconds"] is None else f"{result['seconds']:.0f}"
+        rules = ", ".join(f"`{r}`" for r in result["rules"])
+        print(
+            f"| {bug.name} | {'yes' if result['found'] else 'no'} | {seconds} | "
+            f"{result['runs']} | {rules} |",
+            flush=True,
+        )
+        if args.json:
+            print(json.dumps(result), flush=True)
+    share = sum(r["found"] for r in results) / len(results) if results else 0.0
+    print(f"\nfound {sum(r['found'] for r in results)} of {len(results)} ({share:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""The simulator's oracle, one checker at a time (issue 48 item 2, issue 49): each checker is fed
+a hand-made history of the world and of the product's records that breaks exactly its promise,
+and must say so, while every other checker stays quiet; a history that keeps every promise
+passes them all. And the model of the chart's admission policies that operator-mode people
+decide through, pinned case by case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from keelgate.testing.sim.admission import User, admitted
+from keelgate.testing.sim.books import (
+    SERVICE_ACCOUNT,
+    Ask,
+    Books,
+    Decision,
+    Effect,
+    Intent,
+    ProcessLife,
+    Question,
+    Sent,
+    SpecVersion,
+)
+from keelgate.testing.sim.checkers import CHECKERS, judge
+from keelgate.testing.sim.records import Event, KeyView, PlannedAction, Records
+
+ORDERS = "POST http://shop.sim/orders"
+ORDER = {"sku": "A1", "qty": 1, "ref": "p1"}
+
+
+def manifest(approval: Mapping[str, Any] | None = None, **tool: Any) -> dict[str, Any]:
+    place_order: dict[str, Any] = {
+        "name": "place_order",
+        "sideEffect": "WRITE",
+        "http": {"method": "POST", "url": "http://shop.sim/orders"},
+        **tool,
+    }
+    if approval is not None:
+        place_order["approval"] = dict(approval)
+    return {"goal": "g", "tools": [place_order]}
+
+
+class History:
+    """A run as the world saw it and as the product recorded it, written by hand: by default
+    alice's step1 plans one order, sends it once, the shop takes it, and the run finishes."""
+
+    def __init__(self, *, approval: Mapping[str, Any] | None = None) -> None:
+        self.books = Books(max_iterations=5)
+        self.records = Records(finished=True)
+        self.spec(1, 0.0, manifest(approval))
+        self.process("step1", 0.0, generation=1)
+
+    # The world's books
+
+    def spec(self, generation: int, at: float, document: Mapping[str, Any]) -> None:
+        self.books.specs.append(SpecVersion(generation, at, dict(document)))
+
+    def process(self, name: str, at: float, *, generation: int = 1) -> None:
+        self.books.processes[name] = ProcessLife(at, self.books.next_order(), generation)
+
+    def ask(
+        self, process: str = "step1", at: float = 1.0, *, iteration: int = 1, args: Any = ORDER
+    ) -> None:
+        intents = () if args is None else (Intent(str(args["ref"]), "place_order", dict(args)),)
+        self.books.asks.append(
+            Ask(at, process, "plan", iteration, intents, order=self.books.next_order())
+        )
+
+    def send(
+        self,
+        process: str = "step1",
+        at: float = 2.0,
+        *,
+        key: str = "kg-1",
+        known: bool = True,
+        refused: bool = False,
+        args: Mapping[str, Any] = ORDER,
+        endpoint: str = ORDERS,
+        reached: bool = True,
+    ) -> int:
+        self.books.sent.append(
+            Sent(
+                at,
+                process,
+                str(args["ref"]),
+                "request",
+                endpoint,
+                dict(args),
+                key,
+                reached=reached,
+                known_at=at if known else None,
+                refused=refused,
+                order=self.books.next_order(),
+            )
+        )
+        return len(self.books.sent) - 1
+
+    def effect(self, sent: int, at: float | None = None) -> None:
+        where = self.books.sent[sent]
+        self.books.effects.append(
+            Effect(where.at if at is None else at, where.ref, "request", sent)
+        )
+
+    def decide(
+        self,
+        by: str,
+        at: float,
+        *,
+        kind: str = "approve",
+        yes: bool = True,
+        action: str = "1:0",
+        human: str = "",
+        accepted: bool = True,
+        told: bool = True,
+        move: str = "",
+        shown: str = ORDERS,
+        truthful: bool = True,
+    ) -> None:
+        self.books.decisions.append(
+            Decision(
+                at,
+                kind,
+                by,
+                human or by,
+                action,
+                "p1",
+                yes,
+                shown=shown if kind == "approve" else "",
+                truthful=truthful,
+                accepted_at=at if accepted else None,
+                told=told,
+                move=move,
+            )
+        )
+
+    def question(self, at: float, to: str = "alice") -> None:
+        self.books.questions.append(Question(at, to, "1:0", "p1"))
+
+    # The product's records
+
+    def event(self, kind: str, at: float, actor: str = "keelgate", **data: Any) -> None:
+        seq = len(self.records.events) + 1
+        stamp = self.books.stamp(at)
+        self.records.events.append(
+            Event(seq, kind, actor, self.books.true_of_stamp(stamp), stamp, data)
+        )
+
+    def ordinary(self) -> History:
+        """The order planned, sent once, taken, and recorded so."""
+        self.ask()
+        self.effect(self.send())
+        self.event("loop.plan_saved", 1.0, actions=[{"action": "1:0", "idempotencyKey": "kg-1"}])
+        self.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+        self.event("loop.action_completed", 3.0, action="1:0", status="ok")
+        self.records.planned.append(PlannedAction("1:0", "place_order", dict(ORDER)))
+        return self
+
+    def broken(self) -> set[str]:
+        return {v.rule for v in judge(self.books, self.records)}
+
+
+def test_a_run_that_keeps_every_promise_passes_every_checker() -> None:
+    """The ordinary history (one order planned, sent, taken and recorded) and one with an
+    approval, a settlement and a retry after a definite refusal break nothing."""
+    assert History().ordinary().broken() == set()
+    story = History(approval={"required": 2, "groups": ["payments-approvers"]})
+    story.ask()
+    refused = story.send(at=1.5, refused=True, reached=True)
+    assert refused == 0
+    story.decide("bob", 1.6)
+    story.decide("carol", 1.7)
+    story.effect(story.send(at=2.0, known=False))
+    story.question(3.0)
+    story.decide("alice", 4.0, kind="settle", yes=True)
+    story.event("loop.reconciled", 4.0, actor="alice", action="1:0", verdict="executed")
+    story.event("loop.approved", 1.6, actor="bob", action="1:0")
+    story.event("loop.approved", 1.7, actor="carol", action="1:0")
+    assert story.broken() == set()
+
+
+def test_every_promise_has_its_own_checker() -> None:
+    """The checkers the oracle runs, by the promise each keeps."""
+    assert set(CHECKERS) == {
+        "twice",
+        "retried",
+        "unapproved",
+        "after-not-executed",
+        "told-not-run",
+        "unasked",
+        "waiting",
+        "audit",
+        "budget",
+        "replanned",
+        "altered",
+    }
+
+
+def test_twice_sees_one_call_take_effect_twice_whatever_its_keys() -> None:
+    """The shop acting twice on one call breaks "once", told apart by the world's ref: here a
+    request the shop took twice (a duplicated delivery), with no second send to blame."""
+    story = History().ordinary()
+    story.effect(0, at=2.5)
+    assert story.broken() == {"twice"}
+
+
+def test_retried_sees_a_call_sent_again_after_a_send_nobody_knew_the_outcome_of() -> None:
+    """A request lost on the way (no effect, no answer) and the same call sent again under a
+    new key, even though it never took effect twice: not knowing is a reason to stop."""
+    story = History()
+    story.ask()
+    story.send(at=2.0, known=False, reached=False)
+    story.question(2.5)
+    story.effect(story.send(at=3.0, key="kg-2"))
+    assert story.broken() == {"retried"}
+
+
+def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
+    """A 4xx took no effect, and its sender knew it: the same call may be made again."""
+    story = History()
+    story.ask()
+    story.send(at=1.5, refused=True)
+    story.effect(story.send(at=2.0))
+    assert "retried" not in story.broken()
+
+
+@pytest.mark.parametrize(
+    ("rule", "decisions", "why"),
+    [
+        ({"required": 1}, [], "nobody approved"),
+        ({"required": 2}, [("bob", 1.5, {})], "one of two"),
+        ({"required": 2}, [("bob", 1.5, {}), ("bob", 1.6, {})], "the same person twice"),
+        ({"required": 1}, [("bob", 1.5, {"yes": False}), ("carol", 1.6, {})], "a deny"),
+        ({"required": 1, "notCreator": True}, [("alice", 1.5, {})], "the creator"),
+        ({"required": 1, "groups": ["payments-approvers"]}, [("dave", 1.5, {})], "no group"),
+        ({"required": 1, "expiresAfter": "60s"}, [("bob", -100.0, {})], "expired"),
+        (
+            {"required": 1},
+            [("bob", 1.5, {"shown": "POST http://shop.sim/elsewhere"})],
+            "another definition",
+        ),
+        (
+            {"required": 1},
+            [(SERVICE_ACCOUNT, 1.5, {"human": "bob"})],
+            "a ServiceAccount",
+        ),
+        ({"required": 2}, [("bob", 1.5, {}), ("bob", 1.6, {"move": "copy"})], "a copy"),
+        ({"required": 1}, [("bob", 1.5, {"accepted": False})], "a refused approval"),
+    ],
+)
+def test_unapproved_sees_an_effect_without_the_approvals_its_rule_asks(
+    rule: Mapping[str, Any], decisions: list[tuple[str, float, dict[str, Any]]], why: str
+) -> None:
+    """Each way an approval can fall short of the rule in force (nobody, too few, one person
+    twice, a deny, the creator under notCreator, someone outside the groups, one too old, one
+    made when the tool went elsewhere, a ServiceAccount, a copy of someone's entry, one the
+    product refused) leaves the order unapproved."""
+    story = History(approval=rule)
+    for by, at, extra in decisions:
+        story.decide(by, at, told=False, **extra)
+    story.ordinary()
+    assert story.broken() == {"unapproved"}, why
+
+
+def test_a_deny_made_after_the_approvals_were_enough_comes_too_late() -> None:
+    """bob's approval met the rule before carol denied: the call was approved (a deny made while
+    approvals were still missing would have denied it, as the parameters above show)."""
+    story = History(approval={"required": 1})
+    story.decide("bob", 1.5, told=False)
+    story.decide("carol", 1.6, yes=False, told=False)
+    story.ordinary()
+    assert story.broken() == set()
+
+
+def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:
+    """The rule is dropped after the plan: the call still needs what it was planned under."""
+    story = History(approval={"required": 1})
+    story.ask()
+    story.spec(2, 1.5, manifest())
+    story.process("step2", 1.6, generation=2)
+    story.effect(story.send("step2", at=2.0))
+    assert story.broken() == {"unapproved"}
+
+
+def test_after_not_executed_sees_an_effect_after_a_true_not_executed_stood() -> None:
+    """alice says "not executed" while nothing had happened, it stands, and the held request
+    then takes effect."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    story.question(3.0)
+    story.decide("alice", 3.0, kind="settle", yes=False)
+    story.event("loop.reconciled", 3.0, actor="alice", action="1:0", verdict="abandoned")
+    story.effect(sent, at=4.0)
+    assert story.broken() == {"after-not-executed"}
+
+
+def test_told_not_run_sees_an_effect_of_a_call_recorded_as_not_run() -> None:
+    """The run recorded an error for the action whose request took effect."""
+    story = History()
+    story.ask()
+    story.effect(story.send(at=2.0))
+    story.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+    story.event("loop.action_completed", 3.0, action="1:0", status="error")
+    assert story.broken() == {"told-not-run"}
+
+
+def test_unasked_sees_an_unknown_outcome_nobody_was_asked_about() -> None:
+    """A request whose answer never came, and a run that finished without asking anyone."""
+    story = History()
+    story.ask()
+    story.effect(story.send(at=2.0, known=False))
+    assert story.broken() == {"unasked"}
+
+
+def test_waiting_sees_a_run_that_never_finished() -> None:
+    story = History().ordinary()
+    story.records.finished, story.records.shown = False, "Stopped awaiting_approval"
+    assert story.broken() == {"waiting"}
+
+
+def test_audit_sees_a_decision_missing_from_the_chain() -> None:
+    """The product told bob his approval was recorded; the chain has no trace of it."""
+    story = History().ordinary()
+    story.decide("bob", 1.5)
+    assert story.broken() == {"audit"}
+
+
+def test_audit_sees_a_decision_on_the_chain_that_nobody_made() -> None:
+    """The chain records bob's approval twice; bob approved once (the second is a copy of his
+    entry, appended by alice)."""
+    story = History().ordinary()
+    story.decide("bob", 1.5)
+    story.decide("bob", 1.6, move="copy", human="alice", told=False)
+    story.event("loop.approved", 1.5, actor="bob", action="1:0")
+    story.event("loop.approved", 1.7, actor="bob", action="1:0")
+    assert story.broken() == {"audit"}
+
+
+def test_audit_sees_a_settlement_of_the_store_not_on_the_chain_or_a_broken_chain() -> None:
+    story = History().ordinary()
+    story.records.keys["kg-1"] = KeyView("completed", "bob", "human")
+    assert story.broken() == {"audit"}
+    story = History().ordinary()
+    story.records.chain_problems.append("event 3: hash does not match")
+    assert story.broken() == {"audit"}
+
+
+def test_budget_sees_the_model_asked_past_the_iterations_allowed() -> None:
+    story = History().ordinary()
+    story.books.max_iterations = 1
+    story.ask(at=5.0, iteration=2, args=None)
+    assert story.broken() == {"budget"}
+
+
+def test_replanned_sees_a_step_asked_for_again_after_its_plan_was_acted_on() -> None:
+    """step1 planned iteration 1 and sent its order; step2, started after, asks the model for
+    iteration 1 again (a resume that forgot the saved plan)."""
+    story = History().ordinary()
+    story.process("step2", 5.0)
+    story.ask("step2", at=5.0)
+    assert story.broken() == {"replanned"}
+
+
+def test_replanned_lets_a_held_up_process_retry_its_own_model_call() -> None:
+    """A process that started before the plan was acted on may still be asking (its answer can
+    no longer be saved)."""
+    story = History()
+    story.process("step0", 0.0)
+    story.ask("step0", at=0.5)
+    story.ask()
+    story.effect(story.send(at=2.0))
+    story.ask("step0", at=3.0)
+    assert "replanned" not in story.broken()
+
+
+def test_altered_sees_a_call_sent_otherwise_than_planned_or_a_plan_nobody_made() -> None:
+    story = History()
+    story.ask()
+    story.effect(story.send(args={**ORDER, "qty": 9}))
+    assert story.broken() == {"altered"}
+    story = History().ordinary()
+    story.records.planned.append(PlannedAction("1:1", "place_order", {"sku": "Z9", "ref": "x"}))
+    assert story.broken() == {"altered"}
+
+
+# The chart's admission policies, as operator-mode people meet them
+
+ALICE = User("alice", ("shop-devs",))
+BOB = User("bob", ("payments-approvers",))
+ENTRY = {"by": "bob", "groups": ["payments-approvers"], "approved": True}
+BASE = {"runName": "r", "action": "1:0", "tool": "pay", "idempotencyKey": "k"}
+
+
+def test_admission_lets_through_what_the_chart_lets_through() -> None:
+    """A person's own entry with their own groups; a byte-equal copy of someone's entry; an
+    old entry moved to another place (the CRD checks membership, not order); the one-decision
+    form by its own author."""
+    assert admitted("Approval", BASE, {**BASE, "decisions": [ENTRY]}, BOB) == ""
+    copied = {**BASE, "decisions": [ENTRY, dict(ENTRY)]}
+    assert admitted("Approval", {**BASE, "decisions": [ENTRY]}, copied, ALICE) == ""
+    deny = {"by": "bob", "groups": [], "approved": False}
+    old = {**BASE, "decisions": [ENTRY, deny]}
+    assert admitted("Approval", old, {**BASE, "decisions": [deny, ENTRY]}, ALICE) == ""
+    assert admitted("Approval", BASE, {**BASE, "approved": True, "by": "bob"}, BOB) == ""
+
+
+def test_admission_refuses_what_the_chart_refuses() -> None:
+    """An entry in someone else's name or with a group one is not in; an entry removed; the
+    one-decision form in another's name, or changed once set; a Reconciliation decided in
+    another's name, or changed once set."""
+    assert admitted("Approval", BASE, {**BASE, "decisions": [ENTRY]}, ALICE)
+    wrong_group = {"by": "bob", "groups": ["shop-devs"], "approved": True}
+    assert admitted("Approval", BASE, {**BASE, "decisions": [wrong_group]}, BOB)
+    assert admitted("Approval", {**BASE, "decisions": [ENTRY]}, {**BASE, "decisions": []}, BOB)
+    assert admitted("Approval", BASE, {**BASE, "approved": True, "by": "bob"}, ALICE)
+    decided = {**BASE, "approved": True, "by": "bob"}
+    assert admitted("Approval", decided, {**BASE, "approved": False, "by": "bob"}, BOB)
+    settle = {"runName": "r", "action": "1:0", "tool": "pay", "idempotencyKey": "k"}
+    assert admitted("Reconciliation", settle, {**settle, "executed": True, "by": "bob"}, ALICE)
+    done = {**settle, "executed": True, "by": "bob"}
+    assert admitted("Reconciliation", done, {**settle, "executed": False, "by": "bob"}, BOB)
+    assert admitted("Reconciliation", settle, done, BOB) == ""
