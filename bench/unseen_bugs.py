@@ -11,6 +11,7 @@ Markdown table (the one in docs/simulation.md) and, with ``--json``, one JSON li
 
     .venv/bin/python bench/unseen_bugs.py                 # every bug, 120 s each
     .venv/bin/python bench/unseen_bugs.py --seconds 30 key resume   # some, shorter
+    .venv/bin/python bench/unseen_bugs.py --seeds 1500    # a search that ignores the machine's load
 
 It must never plant a bug into the tree: copies only, under a temporary folder.
 """
@@ -65,16 +66,18 @@ def _main_breaks(failure: dict[str, Any]) -> bool:
     return done.returncode != 0
 
 
-def measure(bug: Planted, *, seconds: float, base: int) -> dict[str, Any]:
-    """Search ``bug``'s copy for ``seconds``; the first finding main does not share."""
+def measure(
+    bug: Planted, *, seconds: float | None, base: int, seeds: int | None = None
+) -> dict[str, Any]:
+    """Search ``bug``'s copy for ``seconds`` (or ``seeds`` runs); the first finding main does
+    not share."""
     with tempfile.TemporaryDirectory(prefix="keelgate-unseen-") as folder:
         root = planted(bug, Path(folder))
         started = time.monotonic()
         search = subprocess.Popen(
             [
                 *SIM,
-                "--seconds",
-                str(seconds),
+                *(["--seconds", str(seconds)] if seeds is None else ["--seeds", str(seeds)]),
                 "--base",
                 str(base),
                 "--no-shrink",
@@ -122,6 +125,7 @@ def main() -> int:
     parse = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parse.add_argument("names", nargs="*", help="Only the bugs whose names hold these words.")
     parse.add_argument("--seconds", type=float, default=120.0)
+    parse.add_argument("--seeds", type=int, help="Search this many seeds instead of seconds.")
     parse.add_argument("--base", type=int, default=48)
     parse.add_argument("--json", action="store_true")
     args = parse.parse_args()
@@ -130,7 +134,7 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     results = []
     for bug in bugs:
-        result = measure(bug, seconds=args.seconds, base=args.base)
+        result = measure(bug, seconds=args.seconds, base=args.base, seeds=args.seeds)
         results.append(result)
         seconds = "" if result["seconds"] is None else f"{result['seconds']:.0f}"
         rules = ", ".join(f"`{r}`" for r in result["rules"])

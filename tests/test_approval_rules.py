@@ -21,13 +21,17 @@ from pathlib import Path
 
 import pytest
 
+import keelgate
 from crashkit import Journal, World
+from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.adapters.tools.python import PythonTool
 from keelgate.core import clocks
 from keelgate.core.approvals import rule_of, tally
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
+from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import Decision
-from keelgate.core.types import ApprovalRule, StopReason, idempotency_key
+from keelgate.core.types import ApprovalRule, SideEffect, StopReason, idempotency_key
 from keelgate.errors import InputError, SettleError
 from support.restock import ORDER, RESTOCK, Recorder, loop_over, only, spec
 
@@ -194,6 +198,52 @@ def test_an_approval_too_old_when_the_write_would_run_is_asked_for_again(
     assert list(world.effects().values()) == [1]
     kept = [e.actor for e in only(stores.audit.events("shop", "restock"), "loop.approved")]
     assert kept == ["alice", "bob", "alice", "bob"]
+
+
+def test_a_write_held_up_past_its_deadline_asks_again_once_its_approvals_are_too_old(
+    stores: Stores,
+) -> None:
+    """expiresAfter 60 s: both approve and the step passes the gate, then its process is held up
+    two minutes between the claim and the send. Its deadline has passed, so nothing is sent;
+    its approvals no longer count either, so instead of claiming afresh and sending at once (an
+    order placed on approvals two minutes old: the simulator's seed 12324971751474755569) it
+    stops and asks again. Approved afresh, the order is placed once."""
+    wall, boot = [1_900_000_000.0], [5_000.0]
+    held, sent = [True], []
+
+    def place_order(args: dict[str, object], *, idempotency_key: str | None) -> object:
+        if held[0]:
+            held[0] = False
+            wall[0] += 120.0  # the process is held up two minutes before its request leaves
+            boot[0] += 120.0
+        keelgate.about_to_send(idempotency_key)
+        sent.append(idempotency_key)
+        return {"placed": True}
+
+    rule = ApprovalRule(required=2, expires_after=60.0)
+    tool = PythonTool(
+        "place_order",
+        place_order,
+        side_effect=SideEffect.WRITE,
+        requires_approval=True,
+        approval=rule,
+        timeout_seconds=30.0,
+    )
+    script = [{"actions": [{"tool": "place_order", "args": ORDER}]}, {"done": True, "answer": ""}]
+    held_spec = LoopSpec("shop", "held", "restock", budget=Budget(max_iterations=5))
+    with clocks.simulated(wall=lambda: wall[0], boot=lambda: boot[0]):
+        loop = Loop(stores=stores, model=ScriptedModel(script), tools=[tool])
+        assert loop.run_or_resume(held_spec).stop.reason is StopReason.AWAITING_APPROVAL
+        loop.approve("shop", "held", "1:0", approved=True, by="alice")
+        loop.approve("shop", "held", "1:0", approved=True, by="bob")
+        again = loop.run_or_resume(held_spec)
+        assert again.stop.reason is StopReason.AWAITING_APPROVAL, again.to_json()
+        assert again.pending_approvals[0].tally() == "0 of 2"
+        assert sent == []
+        loop.approve("shop", "held", "1:0", approved=True, by="alice")
+        loop.approve("shop", "held", "1:0", approved=True, by="bob")
+        assert loop.run_or_resume(held_spec).stop.reason is StopReason.GOAL_MET
+    assert sent == [idempotency_key("shop", "held", "place_order", ORDER)]
 
 
 def test_an_approval_that_expires_while_the_second_is_awaited_does_not_count(

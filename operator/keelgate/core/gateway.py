@@ -51,6 +51,21 @@ SIDE_EFFECT_NOT_PERMITTED = "side_effect_not_permitted"
 FENCE_ATTEMPTS = 3
 
 
+class LetThroughNoMore(KeelgateError):
+    """Raised to the session: a call's deadline passed before it could be sent (the process was
+    held up), and what let it through the gate then no longer holds (its approvals grew too
+    old meanwhile). Nothing was sent and its claim is dropped: the session asks the gate
+    again, and the people again if the rule says so."""
+
+    def __init__(self, action: Action) -> None:
+        super().__init__(
+            f"{action.tool} ({action.id}) was held up past its deadline, and its approvals no "
+            "longer count",
+            action=action.id,
+            tool=action.tool,
+        )
+
+
 class UnknownOutcomeStop(KeelgateError):
     """Raised to the loop, which stops the run with ``outcome_unknown``: a WRITE's outcome is
     unknown and nobody trusted could settle it.
@@ -141,9 +156,18 @@ class Gateway:
         # Calls that ended after their keys were settled, for the next checkpoint to remember.
         self.late: list[LateResult] = []
 
-    def call(self, action: Action, *, after: int | None = None) -> ActionResult:
+    def call(
+        self,
+        action: Action,
+        *,
+        after: int | None = None,
+        still_let_through: Callable[[], bool] | None = None,
+    ) -> ActionResult:
         """Make ``action``'s call (or meet its record). ``after``: the checkpoint the run stood
-        at when the action was reached; a claim is made only while it still does."""
+        at when the action was reached; a claim is made only while it still does.
+        ``still_let_through``: asked before a claim made afresh after the deadline of an earlier
+        one passed (the process was held up): whether what let the call through (its
+        approvals) still holds; if not, ``LetThroughNoMore`` is raised and nothing is sent."""
         tool = self.tools.get(action.tool)
         if tool is None:
             refused = ActionResult(
@@ -161,7 +185,7 @@ class Gateway:
             return self.recorded(action) or refused
         if side_effect is SideEffect.READ:
             return self._read(tool, action)
-        return self._write(tool, action, side_effect, after)
+        return self._write(tool, action, side_effect, after, still_let_through)
 
     def recorded(self, action: Action) -> ActionResult | None:
         """What the action's key on record decides, if a call of it is on record: its result
@@ -207,10 +231,19 @@ class Gateway:
         return ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
 
     def _write(
-        self, tool: Tool, action: Action, side_effect: SideEffect, after: int | None
+        self,
+        tool: Tool,
+        action: Action,
+        side_effect: SideEffect,
+        after: int | None,
+        still_let_through: Callable[[], bool] | None,
     ) -> ActionResult:
         seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
-        for _ in range(FENCE_ATTEMPTS):
+        for attempt in range(FENCE_ATTEMPTS):
+            if attempt and still_let_through is not None and not still_let_through():
+                # Held up past the earlier claim's deadline for longer than its approvals
+                # count: the gate is asked again before anything is claimed or sent.
+                raise LetThroughNoMore(action)
             started = self._started(tool, action, side_effect)
             # Taken before the claim is sent, so it falls before the deadline the store records.
             deadline = fence.WriteDeadline.starting_now(action.key, seconds)

@@ -24,7 +24,7 @@ from keelgate.core import failpoints, telemetry
 from keelgate.core.approvals import ApprovalGate, recent, rule_of
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
-from keelgate.core.gateway import Gateway, UnknownOutcomeStop, describe
+from keelgate.core.gateway import Gateway, LetThroughNoMore, UnknownOutcomeStop, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
@@ -432,11 +432,24 @@ class Session:
         if prior is not None:
             return prior
         checked = self.approvals.check(state, action)
+        if checked is None:
+            try:
+                return self.gateway.call(
+                    action,
+                    after=state.seq,
+                    still_let_through=lambda: self.approvals.check(state, action) is None,
+                )
+            except LetThroughNoMore:
+                # Held up so long that its approvals grew too old: nothing was sent, and the
+                # gate's answer now stands (asked again, in most cases).
+                checked = self.approvals.check(state, action)
+                if checked is None:
+                    raise
         if isinstance(checked, PendingApproval):
             return Held(
                 StopReason.AWAITING_APPROVAL, _needs(checked, state, action), pending=(checked,)
             )
-        return checked if checked is not None else self.gateway.call(action, after=state.seq)
+        return checked
 
     def _observe(self, state: RunState) -> RunState:
         """A checkpoint saved at ``observe`` by an earlier version (the act phase now observes

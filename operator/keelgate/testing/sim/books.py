@@ -24,10 +24,12 @@ from typing import Any
 from keelgate.testing.sim.world import Clocks
 
 #: The people of every run: their groups as the API server authenticates them. alice creates
-#: the run; ``ci`` is a ServiceAccount, which only ever acts for someone (``Person.human``).
+#: the run; two people (bob, carol) are in every group a rule may name, so that any rule the
+#: desk draws, however edits combine it, can be met without alice; the ServiceAccount ``ci``
+#: only ever acts for someone (``Decision.human``).
 GROUPS: Mapping[str, tuple[str, ...]] = {
     "alice": ("shop-devs",),
-    "bob": ("payments-approvers",),
+    "bob": ("payments-approvers", "shop-devs"),
     "carol": ("payments-approvers", "shop-devs"),
     "dave": ("shop-devs",),
 }

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from keelgate.core import fence
-from keelgate.core.fence import Send, about_to_send
+from keelgate.core.fence import MARGIN, Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
 from keelgate.testing.sim.books import Books, Decision, Effect, Question
@@ -98,10 +98,10 @@ class Shop:
         if pick == 3:
             return Fate("lost", reset=schedule.chance(500))
         if pick in (4, 5):
-            # Held: acted on (or refused) a while after it came, maybe after its sender gave
-            # up; the network keeps that within the write deadline's margin (``late_shop``:
-            # within the call's own limit only).
-            delay = schedule.between(0.5, CALL_SECONDS * 0.9)
+            # Held: acted on (or refused) a while after it came, often after its sender gave up
+            # waiting; the network keeps that within the write deadline's margin (with
+            # ``late_shop``, anywhere in the call's own limit from the send).
+            delay = schedule.between(0.5, CALL_SECONDS + MARGIN)
             return Fate("held", delay=delay, refuses=schedule.chance(250))
         if pick == 6:
             return Fate("answer-lost", reset=schedule.chance(500))

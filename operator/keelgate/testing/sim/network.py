@@ -214,7 +214,7 @@ class Network:
         its write deadline's margin ends (the store refuses "not executed" until then); with
         ``late_shop``, any time in the call's own time limit (issue 48)."""
         if self.late_shop:
-            return fate.delay
+            return min(fate.delay, fence.NETWORK_CALL_SECONDS * 0.9)
         call = fence.current()
         if call is None:
             return min(fate.delay, limit * 0.9)

@@ -20,6 +20,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
+from keelgate.testing.sim import records
 from keelgate.testing.sim.books import GROUPS, Books, Decision, Question, definition
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
 from keelgate.testing.sim.stores import StoreSite, patiently
@@ -106,11 +107,26 @@ class People:
                     self.books.questions.append(Question(world.now, "people", unknown.action, ref))
                     if self.calm or not schedule.chance(300):
                         self._settle(loop, unknown.action, unknown.idempotency_key, ref)
+                    self._come_back(unknown.not_executed_after)
             elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
                 self.desk.edit("raise budget")
             return not stop.is_resumable  # finished: nothing more to decide
         finally:
             stores.close()
+
+    def _come_back(self, after: str) -> None:
+        """``keelgate status`` says when an unknown outcome may be settled as not executed: a
+        person who found nothing downstream comes back then (as the product invites them to)."""
+        if not after:
+            return
+        when = self.world.clocks.true_of_store(records.stamp_seconds(after)) - self.world.now
+        if 0.0 < when < 600.0:
+            self.world.at(when + 0.5, "a person comes back", self.look_once)
+
+    def look_once(self) -> None:
+        """A look that schedules no other (the person's usual rounds go on anyway)."""
+        with self.world.acting("people"):
+            self._look()
 
     def _who(self, rule: ApprovalRule | None, given: set[str], creator: str) -> str:
         """Who decides: anyone, in the chaos; calm, someone who counts and has not approved."""

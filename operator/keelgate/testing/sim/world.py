@@ -108,6 +108,10 @@ class Clocks:
         """The true moment the boot clock reads ``boot``."""
         return (boot - BOOT) / (1 + self.boot_ppm * 1e-6)
 
+    def true_of_store(self, store: float) -> float:
+        """The true moment the store server's clock reads ``store``."""
+        return (store - EPOCH - self.store_offset) / (1 + self.store_ppm * 1e-6)
+
     def true_of_wall(self, wall: float) -> float:
         """The true moment a process's wall clock read ``wall`` (it only ever goes forward)."""
         return (wall - EPOCH - self.wall_offset) / (1 + self.wall_ppm * 1e-6)
