@@ -153,7 +153,7 @@ FOUND_SEEDS = (
     ),
     (
         "a confirmer's settlement whose writer died, the key's own step ending the call late",
-        619132472565534397,
+        5033047525117275961,
         "local",
         "died at after_settle",
     ),

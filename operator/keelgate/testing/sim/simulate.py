@@ -2,11 +2,14 @@
 that runs many, shrinks a failing one and says how to replay it.
 
 Why it exists: this is what ``make sim`` and the tests call. A run is: a scenario drawn from the
-schedule, a store (memory, standing for a server store, or a real SQLite file), a chaotic first
-part (deaths, pauses, lost nodes, drains, lost and late answers, people deciding at any moment,
-wrongly now and then, and editing the spec) and then a calm end (no more faults, people truthful
-and prompt, the tools as they were), after which every run must have finished. The oracle then
-judges. Everything runs on the world's virtual time (``keelgate.core.clocks.simulated``).
+schedule, a store (memory, standing for a server store, or a real SQLite file), a network with
+the shop and the model on it (every adapter's requests routed there through
+``keelgate.adapters.network``), a chaotic first part (deaths, pauses, lost nodes, drains, lost
+requests and answers, people deciding at any moment, wrongly now and then, editing the spec, and
+the moves ``Options`` switches on) and then a calm end (no more faults, people truthful and
+prompt, the tools as they were), after which every run must have finished. The checkers then
+judge from the world's books, and compare the product's records with them. Everything runs on
+the world's virtual time (``keelgate.core.clocks.simulated``).
 """
 
 from __future__ import annotations
