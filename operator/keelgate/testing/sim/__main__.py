@@ -1,9 +1,10 @@
 """``python -m keelgate.testing.sim``: run simulations, report broken promises (``make sim``).
 
-Seeds are numbered from a base (``--base``; ``--seconds`` takes a fresh one from the clock and
-prints it): the same base and count run the same simulations. A failure prints its seed, the
-broken promise, a shrunk schedule and the one command that replays it; the exit code is 1 if
-any run broke a promise. ``--json`` ends with one JSON line (the planted-bug tests read it).
+Seeds are numbered from a base (``--base``; ``--seconds`` without one takes a fresh one from the
+clock and prints it): the same base runs the same simulations, in the same order. A failure
+prints its seed, the broken promise, a shrunk schedule and the one command that replays it; the
+exit code is 1 if any run broke a promise. ``--json`` ends with one JSON line (the planted-bug
+tests read it); ``--report-each`` prints one as each failure is found (bench/unseen_bugs.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--seconds", type=float, help="Run fresh seeds for this long.")
     what.add_argument("--seed", type=int, help="Run this one seed and show its trace.")
     what.add_argument("--replay", help="Replay this schedule (as a failure printed it).")
-    parse.add_argument("--base", type=int, default=0, help="Where the seed numbering starts.")
+    parse.add_argument(
+        "--base",
+        type=int,
+        help="Where the seed numbering starts (default 0; with --seconds, taken from the clock).",
+    )
     parse.add_argument("--store", choices=(*STORES, "mix"), default="mix")
     parse.add_argument("--mode", choices=(*MODES, "mix"), default="mix")
     parse.add_argument("--first", action="store_true", help="Stop at the first failure.")
@@ -94,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(outcome.lines))
         _show(outcome, args.seed, shrunk=None)
         return 0 if outcome.ok else 1
-    base = args.base if args.seconds is None else int(time.time())
+    fresh = 0 if args.seconds is None else int(time.time())
+    base = args.base if args.base is not None else fresh
     deadline = None if args.seconds is None else time.monotonic() + args.seconds
     started = time.monotonic()
     runs = failures = 0
