@@ -1,24 +1,43 @@
-"""The process's two clocks, read in one place so that a simulation can run them on virtual time.
+"""The process's two clocks, and its one alarm, read in one place so that a simulation can run
+them on virtual time.
 
 Why it exists: Keelgate reads the time for two different reasons. The wall clock (seconds since
 the epoch) only stamps things people read: audit events, status conditions, a decision's time.
 The boot clock (``CLOCK_BOOTTIME``: never goes back, keeps counting while the process is stopped
-or the machine suspended) bounds a WRITE's write deadline (``keelgate.core.fence``). Every
-module that reads either reads it here, so the simulator (``keelgate.testing.sim``) can put a
-whole run, its deaths and its pauses, on one virtual clock with ``simulated``, and a seed replays
-exactly. Nothing else may replace them: a production process runs on the real clocks.
+or the machine suspended) bounds a WRITE's write deadline (``keelgate.core.fence``) and every
+network exchange's time limit (``keelgate.core.cutoff``), whose end an ``alarm`` on the boot
+clock enforces: it closes the exchange's connection whatever the other side is sending. Every
+module that reads either clock, or sets an alarm, does it here, so the simulator
+(``keelgate.testing.sim``) can put a whole run, its deaths, its pauses and its cut exchanges, on
+one virtual clock with ``simulated``, and a seed replays exactly. Nothing else may replace them:
+a production process runs on the real clocks and the real alarm.
 
-This module must never be read for a fence through the wall clock, and never hold anything but
-the two functions.
+This module must never be read for a fence through the wall clock, never run an alarm's action
+before its moment on the boot clock, and never let one action's failure stop the others.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+log = logging.getLogger("keelgate.clocks")
+
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+#: The longest the alarm's thread sleeps before reading the boot clock again: its sleep is
+#: measured on the monotonic clock, which does not count a suspended machine, so a long sleep
+#: alone could ring late by the length of a suspend.
+_NAP = 1.0
+
+#: What ``alarm`` returns: call it to take the alarm back (after its action ran, it does nothing).
+Cancel = Callable[[], None]
+Alarm = Callable[[float, Callable[[], None]], Cancel]
 
 
 def _boot() -> float:
@@ -27,8 +46,67 @@ def _boot() -> float:
     return time.monotonic()
 
 
+class _Alarms:
+    """The real alarm: one daemon thread, started at the first alarm, that runs each action at
+    its moment on the boot clock (read through ``boot``, so a test that simulates the clocks
+    without an alarm of its own still rings on its clock). Actions must be short: they close
+    connections or wake a loop, and they run one after another on this thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._due: list[tuple[float, int, list[Callable[[], None] | None]]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        # A forked child has no alarm thread: its own first alarm starts one.
+        self._lock = threading.Condition()
+        self._due = []
+        self._thread = None
+
+    def set(self, when: float, act: Callable[[], None]) -> Cancel:
+        slot: list[Callable[[], None] | None] = [act]
+        with self._lock:
+            heapq.heappush(self._due, (when, next(self._order), slot))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._ring, name="keelgate-alarm", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+
+        def cancel() -> None:
+            slot[0] = None  # dropped from the heap when its moment comes
+
+        return cancel
+
+    def _ring(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    while self._due and self._due[0][2][0] is None:
+                        heapq.heappop(self._due)
+                    if not self._due:
+                        self._lock.wait()
+                        continue
+                    wait = self._due[0][0] - boot()
+                    if wait <= 0:
+                        break
+                    self._lock.wait(min(wait, _NAP))
+                _, _, slot = heapq.heappop(self._due)
+                act, slot[0] = slot[0], None
+            if act is not None:
+                try:
+                    act()
+                except Exception:  # one action's failure must not silence the others
+                    log.exception("an alarm's action failed")
+
+
+_real_alarms = _Alarms()
 _wall: Callable[[], float] = time.time
 _boot_clock: Callable[[], float] = _boot
+_alarm: Alarm = _real_alarms.set
 
 
 def wall() -> float:
@@ -41,14 +119,25 @@ def boot() -> float:
     return _boot_clock()
 
 
+def alarm(when: float, act: Callable[[], None]) -> Cancel:
+    """Run ``act`` (short, on another thread or the simulation's own loop) once ``boot()``
+    reaches ``when``; the returned function takes it back if it has not run yet."""
+    return _alarm(when, act)
+
+
 @contextmanager
-def simulated(*, wall: Callable[[], float], boot: Callable[[], float]) -> Iterator[None]:
+def simulated(
+    *, wall: Callable[[], float], boot: Callable[[], float], alarm: Alarm | None = None
+) -> Iterator[None]:
     """Read both clocks from ``wall`` and ``boot`` for the block (a simulation's virtual time),
-    then give the real ones back."""
-    global _wall, _boot_clock
-    saved = _wall, _boot_clock
+    and ring alarms with ``alarm`` (a simulation's own events; without one, the real alarm
+    thread rings them on the ``boot`` given), then give the real ones back."""
+    global _wall, _boot_clock, _alarm
+    saved = _wall, _boot_clock, _alarm
     _wall, _boot_clock = wall, boot
+    if alarm is not None:
+        _alarm = alarm
     try:
         yield
     finally:
-        _wall, _boot_clock = saved
+        _wall, _boot_clock, _alarm = saved

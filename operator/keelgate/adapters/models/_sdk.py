@@ -7,6 +7,11 @@ wire form (``payload``), how it calls its SDK (``_create``), and how it reads it
 neutral pieces ``planned_reply`` takes (text, tool calls, cut off, refused, usage). Both SDKs
 name their errors alike (``APITimeoutError``, ``APIConnectionError``, ``APIStatusError``).
 
+Each try of a call ends at ``timeout_seconds`` whatever the server sends (a reply trickled a
+byte at a time included): the SDKs' own timeout bounds each read, so every connection a try
+makes is given to a ``keelgate.core.cutoff.Cutoff`` that shuts it at the limit, and the try is
+then a transient failure like a timeout.
+
 This module must never log or repeat the API key, never retry anything but the model call itself
 (``_retry``), and never act on a reply that was cut off: half a tool call is not a plan.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, ClassVar, Required, TypedDict
 
@@ -26,9 +32,24 @@ from keelgate.adapters.models._retry import (
     one_line,
     retry_after_seconds,
 )
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
 from keelgate.core.types import Usage
 from keelgate.errors import InputError, ModelError
+
+#: The try in progress on this thread (or task): its requests' connections are given to it.
+_TRY: ContextVar[Cutoff | None] = ContextVar("keelgate_model_try", default=None)
+
+
+def _traced(request: Any) -> None:
+    """An SDK client's request hook: the try in progress takes the request's connections."""
+    cutoff = _TRY.get()
+    if cutoff is not None:
+        request.extensions = {**request.extensions, "trace": cutoff.trace}
+
+
+class _Cut(Exception):
+    """The reply was still coming when the try's time limit came."""
 
 
 class SdkOptions(TypedDict, total=False):
@@ -72,6 +93,7 @@ class SdkModel(ABC):
         self.base_url = base_url or None
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
+        self.timeout_seconds = timeout_seconds
         self._sleep = sleep
         self._secret = api_key or ""
         self._client = self._connect(api_key, timeout_seconds)
@@ -84,7 +106,13 @@ class SdkModel(ABC):
 
     @abstractmethod
     def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:
-        """The SDK client, with its own retries off (``call`` retries, by ``_retry``'s policy)."""
+        """The SDK client, with its own retries off (``call`` retries, by ``_retry``'s policy)
+        and its HTTP client from ``_http_client``."""
+
+    def _http_client(self) -> Any:
+        """The SDK's own HTTP client with its defaults, whose requests give their connections
+        to the try in progress (``_try``)."""
+        return self.sdk.DefaultHttpxClient(event_hooks={"request": [_traced]})
 
     @abstractmethod
     def payload(self, request: ModelRequest) -> dict[str, Any]:
@@ -101,7 +129,7 @@ class SdkModel(ABC):
     def call(self, request: ModelRequest) -> ModelReply:
         body = self.payload(request)
         response = call_with_retries(
-            lambda: self._create(body),
+            lambda: self._try(body),
             self._classify,
             policy=self.retry,
             provider=f"{self.provider} at {self.base_url}" if self.base_url else self.provider,
@@ -109,8 +137,23 @@ class SdkModel(ABC):
         )
         return self._reply(request, response, body)
 
+    def _try(self, body: dict[str, Any]) -> Any:
+        """One try of the call, over by ``timeout_seconds`` whatever the server sends."""
+        with Cutoff.after(self.timeout_seconds) as cutoff:
+            token = _TRY.set(cutoff)
+            try:
+                return self._create(body)
+            except Exception:
+                if cutoff.cut:
+                    raise _Cut from None
+                raise
+            finally:
+                _TRY.reset(token)
+
     def _classify(self, error: Exception) -> Transient | ModelError:
         """Transport trouble, a 429 or a 5xx is worth another try; anything else is final."""
+        if isinstance(error, _Cut):
+            return Transient(f"no whole reply within {self.timeout_seconds:g}s")
         if isinstance(error, self.sdk.APITimeoutError):
             return Transient("the request timed out")
         if isinstance(error, self.sdk.APIConnectionError):

@@ -34,7 +34,11 @@ class AnthropicModel(SdkModel):
 
     def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:
         return anthropic.Anthropic(
-            api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout_seconds
+            api_key=api_key,
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=timeout_seconds,
+            http_client=self._http_client(),
         )
 
     # The wire form

@@ -60,6 +60,7 @@ class OpenAIModel(SdkModel):
             base_url=self.base_url,
             max_retries=0,
             timeout=timeout_seconds,
+            http_client=self._http_client(),
         )
 
     # The wire form
