@@ -6,7 +6,8 @@ how many times an order really arrived. Hints are set on purpose: ``stock`` says
 ``place_order`` destructive; ``wipe`` is destructive and always fails; ``place_order_keyed``
 takes the key as a parameter instead. With ``trickle_pace`` set, the answer to every
 ``tools/call`` trickles, a byte every ``trickle_pace`` seconds (the tool has run by then), until
-the client hangs up (noted in ``hangups``, monotonic time).
+the client hangs up (noted in ``hangups``, monotonic time); with ``initialize_delay`` set, a
+session's ``initialize`` is answered that many seconds late.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class McpFake:
         self.seen_meta: list[dict[str, Any]] = []
         self.slow_seconds = 0.0
         self.trickle_pace = 0.0
+        self.initialize_delay = 0.0
         self.hangups: list[float] = []
         server = MCPServer("keelgate-fake")
         fake = self
@@ -99,15 +101,16 @@ Message = dict[str, Any]
 
 class _Trickling:
     """ASGI middleware: the answer to a ``tools/call`` sent a byte at a time when the fake's
-    ``trickle_pace`` is set, stopping when the client hangs up."""
+    ``trickle_pace`` is set, stopping when the client hangs up; ``initialize`` answered
+    ``initialize_delay`` seconds late."""
 
     def __init__(self, app: Any, fake: McpFake) -> None:
         self.app = app
         self.fake = fake
 
     async def __call__(self, scope: Message, receive: Any, send: Any) -> None:
-        pace = self.fake.trickle_pace
-        if scope["type"] != "http" or scope["method"] != "POST" or not pace:
+        pace, delay = self.fake.trickle_pace, self.fake.initialize_delay
+        if scope["type"] != "http" or scope["method"] != "POST" or not (pace or delay):
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
@@ -126,7 +129,9 @@ class _Trickling:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        if b'"tools/call"' not in body:
+        if b'"initialize"' in body:
+            await asyncio.sleep(delay)
+        if b'"tools/call"' not in body or not pace:
             await self.app(scope, replayed, send)
             return
 

@@ -1,0 +1,308 @@
+"""Every exchange ends at its time limit, whatever the server sends (issue 51).
+
+Why it exists: an HTTP client's timeout bounds each connect, read and write, not the exchange.
+A server that sends its answer's headers, or its body, a byte a second, or a body that never
+ends, kept a WRITE's request open for as long as it liked: past its time limit and past its
+write deadline, after which a person may truthfully settle the call "not executed" while the
+downstream is still answering it (and may still act). So every request of a WRITE or PROPOSE
+(the HTTP tool, the MCP tool, a Keelgate tool a Python tool calls on its threads) is cut at the
+call's deadline: the connection is closed, the call reads as an unknown outcome exactly as a
+timeout does, and it is never retried. A model's try and the confirmer's question are cut the
+same way at their own limits, so none of them holds a step past them.
+
+The servers are real, on loopback (tests/fakes/loopback.py's trickling answers, a real MCP
+server whose answers trickle): each notes when the client hung up, so a test sees the cut from
+the server's side too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import keelgate
+from fakes.downstream import Shop
+from fakes.llm import LlmFake, anthropic_reply, openai_reply
+from fakes.loopback import Answer, LoopbackServer, Received
+from fakes.mcp_server import McpFake
+from keelgate.adapters.confirmers import HttpConfirmer
+from keelgate.adapters.models._retry import RetryPolicy
+from keelgate.adapters.models.anthropic import AnthropicModel
+from keelgate.adapters.models.openai import OpenAIModel
+from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.adapters.tools.http import HttpTool
+from keelgate.adapters.tools.mcp import McpServerRef, McpToolSpec, discover
+from keelgate.adapters.tools.python import PythonTool
+from keelgate.core.loop import Loop
+from keelgate.core.model import ModelRequest
+from keelgate.core.protocols import Stores
+from keelgate.core.spec import Budget, LoopSpec
+from keelgate.core.types import KeyState, SideEffect, StopReason, UnknownAction, idempotency_key
+from keelgate.errors import ToolError
+from keelgate.stores.sqlite import SQLiteStore
+
+ORDER = {"sku": "A1", "qty": 20}
+SCRIPT: list[dict[str, Any]] = [
+    {"actions": [{"tool": "place_order", "args": ORDER}]},
+    {"done": True, "answer": "ordered"},
+]
+SPEC = LoopSpec("shop", "restock", "restock A1", budget=Budget(max_iterations=5))
+KEY = idempotency_key("shop", "restock", "place_order", ORDER)
+#: A tool's time limit in these tests, and how much later than it a cut may land.
+LIMIT = 2.0
+SLACK = 0.6
+
+
+@pytest.fixture
+def shop() -> Iterator[Shop]:
+    server = Shop().start()
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+def order_tool(shop: Shop, *, timeout: float = LIMIT) -> HttpTool:
+    return HttpTool(
+        "place_order",
+        url=f"{shop.url}/orders",
+        method="POST",
+        side_effect=SideEffect.WRITE,
+        timeout_seconds=timeout,
+    )
+
+
+def run_once(path: Path, tool: Any) -> tuple[Any, float, float, SQLiteStore]:
+    """One ``run_or_resume`` of the restock run with ``tool``: its outcome, when it started
+    (monotonic), how long it took, and the store (open: the caller closes it)."""
+    store = SQLiteStore(path)
+    loop = Loop(stores=Stores.of(store), model=ScriptedModel(SCRIPT), tools=[tool])
+    started = time.monotonic()
+    outcome = loop.run_or_resume(SPEC)
+    return outcome, started, time.monotonic() - started, store
+
+
+def first_hangup(hangups: list[Any]) -> float:
+    """When the server first saw its client hang up (monotonic): a trickling server finds out
+    at its next piece, so it is waited for a little."""
+    waited = time.monotonic() + 3.0
+    while not hangups and time.monotonic() < waited:
+        time.sleep(0.05)
+    assert hangups, "the server never saw the client hang up"
+    first = hangups[0]
+    return float(getattr(first, "at", first))
+
+
+def assert_stopped_unknown(outcome: Any, store: SQLiteStore, *, tool: str = "place_order") -> None:
+    assert outcome.stop.reason is StopReason.OUTCOME_UNKNOWN, outcome.to_json()
+    assert [u.tool for u in outcome.unknown_actions] == [tool]
+    record = store.get("shop", KEY)
+    assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN  # for a person
+
+
+# The HTTP tool
+
+
+@pytest.mark.parametrize("trickle", ["body", "headers", "endless"])
+def test_an_http_write_whose_answer_trickles_is_cut_at_its_deadline_and_stops_unknown(
+    tmp_path: Path, shop: Shop, trickle: str
+) -> None:
+    """The shop takes the order, then sends its answer a byte a second (the body after its
+    headers, or the headers themselves), or a body that never ends. The call is cut at its
+    time limit (the shop sees the client hang up), the run stops outcome_unknown naming it
+    instead of succeeding, and resuming never sends it again: one order."""
+    shop.trickle = trickle
+    outcome, started, took, store = run_once(tmp_path / "kg.db", order_tool(shop))
+    try:
+        assert LIMIT <= took < LIMIT + SLACK, took
+        assert_stopped_unknown(outcome, store)
+        assert shop.orders == {KEY: 1}
+        assert first_hangup(shop.hangups) - started < LIMIT + shop.pace + SLACK
+        again = Loop(stores=Stores.of(store), model=ScriptedModel(SCRIPT), tools=[order_tool(shop)])
+        assert again.run_or_resume(SPEC).stop.reason is StopReason.OUTCOME_UNKNOWN
+        assert shop.orders == {KEY: 1}
+    finally:
+        store.close()
+
+
+def test_a_read_whose_answer_trickles_is_a_tool_error_at_its_time_limit(shop: Shop) -> None:
+    """A READ has no write deadline, but its time limit still bounds the whole exchange: the
+    model is told the read failed once the limit came."""
+    shop.trickle = "body"
+    tool = HttpTool("orders_of", url=f"{shop.url}/orders", method="POST", timeout_seconds=1.0)
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="no whole answer within its time limit") as refused:
+        tool.invoke({}, idempotency_key=None)
+    assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
+    assert "may or may not" not in refused.value.message
+
+
+def test_a_keelgate_tool_on_a_python_tools_thread_is_cut_at_the_calls_deadline(
+    tmp_path: Path, shop: Shop
+) -> None:
+    """A composite Python tool with a time limit of 2 s calls Keelgate's HTTP tool (its own
+    limit 30 s) on a thread of its own, through ``keelgate.fenced``. The shop trickles: the
+    request is cut at the call's deadline, not at the HTTP tool's own limit, and the run stops
+    outcome_unknown with one order."""
+    order = order_tool(shop, timeout=30.0)
+
+    def place_order(args: dict[str, Any], *, idempotency_key: str | None) -> Any:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            sent = pool.submit(keelgate.fenced(order.invoke), args, idempotency_key=idempotency_key)
+            return sent.result()
+
+    shop.trickle = "body"
+    tool = PythonTool("place_order", place_order, SideEffect.WRITE, timeout_seconds=LIMIT)
+    outcome, started, took, store = run_once(tmp_path / "kg.db", tool)
+    try:
+        assert LIMIT <= took < LIMIT + SLACK, took
+        assert_stopped_unknown(outcome, store)
+        assert shop.orders == {KEY: 1}
+        # The request itself was cut (the shop saw the hang-up), not merely left running.
+        assert first_hangup(shop.hangups) - started < LIMIT + shop.pace + SLACK
+    finally:
+        store.close()
+
+
+# The MCP tool
+
+
+@pytest.fixture
+def mcp() -> Iterator[McpFake]:
+    server = McpFake().start()
+    yield server
+    server.stop()
+
+
+def test_an_mcp_write_whose_answer_trickles_is_cut_at_its_deadline_and_stops_unknown(
+    tmp_path: Path, mcp: McpFake
+) -> None:
+    """The MCP server opens the session slowly (1 s to answer ``initialize``), runs the tool,
+    and sends the ``tools/call`` answer a byte a second. The whole call (the session's opening
+    included) ends at the call's time limit: the server sees the client hang up, the run stops
+    outcome_unknown instead of succeeding, and the order was placed once."""
+    server = McpServerRef(mcp.url, timeout_seconds=30.0)
+    [tool] = discover(server, [McpToolSpec("place_order", SideEffect.WRITE, timeout_seconds=LIMIT)])
+    mcp.initialize_delay = 1.0
+    mcp.trickle_pace = 1.0
+    outcome, started, took, store = run_once(tmp_path / "kg.db", tool)
+    try:
+        assert LIMIT <= took < LIMIT + SLACK, took
+        assert_stopped_unknown(outcome, store)
+        assert mcp.orders == {KEY: 1}
+        assert first_hangup(mcp.hangups) - started < LIMIT + SLACK
+    finally:
+        store.close()
+
+
+# The model adapters and the confirmer
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+def test_a_model_reply_that_trickles_is_cut_at_the_timeout_and_tried_again(flavor: str) -> None:
+    """The model server sends its reply's body a byte every half second: the try ends at the
+    model's ``timeout_seconds`` and is tried again (a model call saved nothing), and the next,
+    prompt reply is the plan. The step is held for the time limit, not for the trickle."""
+    reply = openai_reply if flavor == "openai" else anthropic_reply
+    llm = LlmFake(flavor).start()
+    try:
+        llm.add(reply(text="late", trickle="body", pace=0.5), reply(text="on time"))
+        model_class = OpenAIModel if flavor == "openai" else AnthropicModel
+        model = model_class(
+            "m-test",
+            api_key="sk-test",
+            base_url=llm.base_url,
+            timeout_seconds=1.0,
+            retry=RetryPolicy(attempts=3, base_delay=0.01),
+        )
+        request = ModelRequest(
+            phase="plan", goal="restock", iteration=1, call=0, history=(), tools=()
+        )
+        started = time.monotonic()
+        answer = model.call(request)
+        assert answer.answer == "on time"
+        assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
+        assert len(llm.calls()) == 2
+    finally:
+        llm.stop()
+
+
+class Ledger(LoopbackServer):
+    """A system of record whose answer to "did it happen?" trickles."""
+
+    def respond(self, received: Received) -> Answer:
+        return Answer(200, {"executed": True}, trickle="body", pace=0.5)
+
+
+def test_a_confirmer_whose_answer_trickles_asks_nothing_at_its_time_limit() -> None:
+    """The confirmer's question is cut at its time limit: no answer (a person decides), and
+    the step is not held by the trickle."""
+    ledger = Ledger().start()
+    try:
+        confirmer = HttpConfirmer(f"{ledger.url}/confirm/{{idempotencyKey}}", timeout_seconds=1.0)
+        started = time.monotonic()
+        said = confirmer.confirm("shop", "restock", UnknownAction("1:0", "place_order", KEY), {})
+        assert said is None
+        assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
+    finally:
+        ledger.stop()
+
+
+# End to end
+
+
+RUN = textwrap.dedent("""\
+    apiVersion: keelgate.dev/v1alpha1
+    kind: AgentRun
+    metadata: {name: pay-invoice, namespace: shop}
+    spec:
+      goal: pay the invoice
+      model:
+        provider: scripted
+        script:
+          - {actions: [{tool: pay, args: {invoice: INV-7, cents: 4000}}]}
+          - {done: true, answer: paid}
+      tools:
+        - {name: pay, sideEffect: WRITE, timeoutSeconds: 3, http: {url: "URL", method: POST}}
+      budget: {maxIterations: 4}
+    """)
+
+
+def test_keelgate_run_with_a_trickling_payment_service_stops_unknown_at_the_deadline(
+    tmp_path: Path, shop: Shop
+) -> None:
+    """`keelgate run -f RUN.yaml` (SQLite) whose ``pay`` (timeoutSeconds 3) meets a service
+    that takes the payment, sends its headers at once and then its body a byte a second: the
+    run stops outcome_unknown (exit 3) about 3 s in, not 40 s later as a success, with one
+    payment; `keelgate resume` does not pay again."""
+    shop.trickle = "body"
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(RUN.replace("URL", f"{shop.url}/orders"))
+    store = f"sqlite:///{tmp_path}/kg.db"
+
+    def keelgate_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "keelgate", *args, "--store", store],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        return done, time.monotonic() - started
+
+    ran, took = keelgate_cli("run", "-f", str(manifest))
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert "outcome_unknown" in ran.stdout + ran.stderr
+    assert 3.0 <= took < 3.0 + 8.0, took  # the interpreter's start included
+    assert sum(shop.orders.values()) == 1
+    resumed, _ = keelgate_cli("resume", "pay-invoice")
+    assert resumed.returncode == 3, resumed.stdout + resumed.stderr
+    assert sum(shop.orders.values()) == 1
