@@ -6,11 +6,15 @@ the operator writes (``keelgate.kube.notices``): every object the cache takes in
 or the answer to the operator's own write) is looked at when it differs from the one the cache
 held, and a notice this process has not told yet is queued for each sink that wants its type.
 Each sink has its own bounded queue and its own thread: a sink that is slow or down delays only
-itself, and reconciling never waits for any of them (a full queue drops the newest notice,
-counted in ``keelgate_notifications_dropped_total``). A delivery that fails (a connection
+itself, and reconciling never waits for any of them. A sink's queue is shared fairly by the
+namespaces: their notices go out in turn, and a full queue drops the newest notice of the
+namespace holding the most (counted in ``keelgate_notifications_dropped_total``), so one
+namespace's flood never pushes out another's notices. A delivery that fails (a connection
 refused, a timeout, 408, 429 or 5xx) is tried again after 1 s, 2 s, 4 s ... at most 60 s apart,
 for ``retryForSeconds``; any other answer (400, 401, 404 ...) will not change by being asked
-again, and drops the notice.
+again, and drops the notice. Each try ends at ``timeoutSeconds`` and the whole delivery at
+``retryForSeconds``, whatever the sink sends (``keelgate.core.cutoff``: a sink that trickles its
+answer is cut off), and a 2xx is taken at its status, its body unread.
 
 Restarts. How far delivery has come is kept in a ConfigMap (``state``): every notice whose
 record's time is before ``through`` has been delivered or dropped. A new leader reads it before
@@ -19,8 +23,9 @@ the same id (the receiver de-duplicates), and older ones are taken as told. So a
 at least once, unless it is dropped (a full queue, a refusal, retries exhausted), whatever
 process dies when. Without a state ConfigMap, a restart takes everything it finds as told.
 
-This module must never block a reconcile on a sink, never send a secret or a tool's argument
-unless the sink asks (``includeArguments``: redacted first), and never log a header's value.
+This module must never block a reconcile on a sink, never let one try or one delivery outlive
+its limit, never send a secret or a tool's argument unless the sink asks (``includeArguments``:
+redacted first), and never log a header's value.
 """
 
 from __future__ import annotations

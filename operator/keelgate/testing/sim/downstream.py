@@ -13,8 +13,12 @@ timed-out call does, and ends on virtual time), refuse it (the request is withdr
 receipt, two requests of one call, with a window between them where the process may die or be
 held up past its deadline; once the charge may have gone out, no error of the call may read as
 "nothing happened" (docs/design.md, "A tool call is one unit of knowledge").
-A late effect lands within the call's own time limit: a system that acts after the client gave
-up is outside the promise (docs/design.md, "What is left of each window").
+A held request is cut at its call's write deadline, as the real tools cut every request there
+(``keelgate.core.cutoff``): the process then hears an unknown outcome, and the shop, which may
+not have noticed yet, acts at the latest within the fence's margin after the client hung up
+(docs/design.md, "What the fence assumes of the downstream"): never after the store's deadline,
+after which a person may truthfully settle the call "not executed". A system that acts later
+than that is outside the promise.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from keelgate.core import fence
 from keelgate.core.fence import Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
 from keelgate.errors import OutcomeUncertain, ToolError
@@ -95,7 +100,9 @@ class Sender:
 class LateCall:
     """A request the shop holds: it acts later, or refuses it in the end (a late 4xx: nothing
     happens, and the request is withdrawn as sent), and ``when_done`` is told how it ended, as a
-    timed-out call still running on a worker is; the gateway keeps its key meanwhile."""
+    timed-out call still running on a worker is; the gateway keeps its key meanwhile. If the
+    call's deadline comes first, the client hangs up (``cut``): the process is told the outcome
+    is unknown, and whatever the shop does after that, nobody hears."""
 
     def __init__(
         self,
@@ -104,30 +111,47 @@ class LateCall:
         effect: Callable[[], Any],
         *,
         sent: Send,
+        what: str,
         refused: str = "",
     ) -> None:
         self._world = world
         self._sender = sender
         self._effect = effect
         self._sent = sent
+        self._what = what
         self._refused = refused  # the refusal it ends with ("": it acts)
         self._callbacks: list[Callable[[Any, BaseException | None], None]] = []
-        self.ended = False
+        self.ended = False  # the process no longer waits for it (answered, or cut)
 
     def when_done(self, callback: Callable[[Any, BaseException | None], None]) -> None:
         self._callbacks.append(callback)
 
+    def cut(self) -> None:
+        """The call's deadline came with no answer: the tool closed the connection."""
+        if self.ended:
+            return
+        self.ended = True
+        self._world.say(f"{self._sender.name} {self._what} cut at its deadline")
+        self._tell(None, OutcomeUncertain(f"{self._what}: cut at its deadline"))
+
     def end(self) -> None:
-        """The shop acts (or refuses) now; the process, if it still lives, hears the answer."""
+        """The shop acts (or refuses) now; the process, if it still lives and still waits,
+        hears the answer."""
+        heard = not self.ended
         self.ended = True
         output: Any = None
         error: BaseException | None = None
         if self._refused:
             self._world.say(f"{self._sender.name} {self._refused}")
-            self._sent.refused()
+            if heard:
+                self._sent.refused()
             error = ToolError(self._refused)
         else:
             output = self._effect()
+        if heard:
+            self._tell(output, error)
+
+    def _tell(self, output: Any, error: BaseException | None) -> None:
         if not self._sender.alive:
             return  # its worker died with the process: the key reads unknown
         for callback in self._callbacks:
@@ -199,14 +223,26 @@ class SimTool:
         if fate == 3:  # sent, lost on the way: nothing happens, but nobody can tell
             world.say(f"{self._sender.name} {what} lost before the shop")
             raise OutcomeUncertain(f"{what}: connection reset")
-        if fate == 4:  # held by the shop, acted on later (or refused), within the time limit
-            delay = schedule.between(0.5, (self.timeout_seconds or CALL_SECONDS) * 0.9)
+        if fate == 4:  # held by the shop, acted on later (or refused)
+            # The tool hangs up at the call's deadline; the shop acts at the latest within the
+            # margin after that (the fence's assumption about the downstream).
+            deadline = fence.current()
+            assert deadline is not None  # a keyed request runs inside its call
+            cut = deadline.remaining()
+            delay = schedule.between(0.5, max(0.5, cut + fence.MARGIN * 0.9))
             refused = f"{what} refused late by the shop" if schedule.chance(250) else ""
             call = LateCall(
-                world, self._sender, lambda: self._effect(key, part), sent=sent, refused=refused
+                world,
+                self._sender,
+                lambda: self._effect(key, part),
+                sent=sent,
+                what=what,
+                refused=refused,
             )
             world.say(f"{self._sender.name} {what} held by the shop for {delay:.1f}s")
             world.at(delay, f"late {what}", call.end)
+            if delay > cut:
+                world.at(cut, f"cut {what}", call.cut)
             self._sender.late(call)
             raise OutcomeUncertain(f"{what} did not return in time", still_running=call)
         output = self._effect(key, part)

@@ -62,7 +62,7 @@ def simulate(
     """Run one simulation from ``seed`` (or the choices ``replay``) and judge it."""
     schedule = Schedule(seed=seed, replay=replay)
     world = World(schedule)
-    with clocks.simulated(wall=world.wall, boot=world.boot):
+    with clocks.simulated(wall=world.wall, boot=world.boot, alarm=world.alarm):
         site = sim_stores.site(store, world.wall)
         try:
             return _simulate(world, site, mode=mode, store=store)
