@@ -18,6 +18,7 @@ the server's side too.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -42,6 +43,8 @@ from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.http import HttpTool
 from keelgate.adapters.tools.mcp import McpServerRef, McpToolSpec, discover
 from keelgate.adapters.tools.python import PythonTool
+from keelgate.core import clocks
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.loop import Loop
 from keelgate.core.model import ModelRequest
 from keelgate.core.protocols import Stores
@@ -49,6 +52,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, SideEffect, StopReason, UnknownAction, idempotency_key
 from keelgate.errors import ToolError
 from keelgate.stores.sqlite import SQLiteStore
+from keelgate.testing.sim.world import Schedule, World
 
 ORDER = {"sku": "A1", "qty": 20}
 SCRIPT: list[dict[str, Any]] = [
@@ -253,6 +257,47 @@ def test_a_confirmer_whose_answer_trickles_asks_nothing_at_its_time_limit() -> N
         assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
     finally:
         ledger.stop()
+
+
+# The seam
+
+
+class _Stream:
+    """What httpcore's trace hands over for a connection made: its stream."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.sock if info == "socket" else None
+
+
+def test_a_simulation_rings_the_cut_on_its_own_clock() -> None:
+    """The time limit goes through the clocks' seam, so a simulator drives it: under
+    ``clocks.simulated`` with the simulated world's alarm, a cutoff's moment is on the world's
+    virtual boot clock, nothing happens while the world stands still, and when the world runs
+    to it the exchange's connection is shut (its other end reads the end of the stream)."""
+    world = World(Schedule(seed=51))
+    near, far = socket.socketpair()
+    try:
+        with clocks.simulated(wall=world.wall, boot=world.boot, alarm=world.alarm):
+            with Cutoff.after(5.0) as cutoff:
+                cutoff.trace("connection.connect_tcp.complete", {"return_value": _Stream(near)})
+                time.sleep(0.1)  # real time passes; the world's does not
+                assert not cutoff.cut and cutoff.remaining() == 5.0
+                world.run_until(4.9)
+                assert not cutoff.cut
+                world.run_until(5.0)
+                assert cutoff.cut and cutoff.passed
+                far.settimeout(1.0)
+                assert far.recv(1) == b""
+            with Cutoff.after(5.0) as ended:
+                pass
+            world.run_until(20.0)  # an exchange over in time is never cut
+            assert not ended.cut
+    finally:
+        near.close()
+        far.close()
 
 
 # End to end

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fakes.event_receiver import EventReceiver, Got
+from fakes.event_receiver import EventReceiver, Got, quick
 from fakes.loopback import Answer
 from keelgate.cli import main
 from keelgate.kube.notices import approval_expired, notices_of
@@ -41,20 +41,6 @@ STATE = "keelgate-system/keelgate-notify-state"
 #: Arguments no event may carry (unless a sink asks), and a secret none may carry at all.
 SECRET = "hunter2-s3cr3t"
 ORDER = {"tool": "place_order", "args": {"sku": "WIDGET-77", "qty": 3, "api_token": SECRET}}
-
-
-def quick(_: float) -> bool:
-    """The back-off between tries, cut to a moment (the waits asked for are still counted)."""
-    time.sleep(0.01)
-    return False
-
-
-@pytest.fixture
-def receiver() -> Iterator[EventReceiver]:
-    server = EventReceiver()
-    server.start()
-    yield server
-    server.stop()
 
 
 def settings(*sinks: Sink, state: str = STATE, queue_size: int = 100) -> NotifySettings:

@@ -12,24 +12,16 @@ again after every restart, a sink's `timeoutSeconds` that means nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from fakes.event_receiver import EventReceiver
+from fakes.event_receiver import EventReceiver, quick
 from fakes.loopback import Answer
 from keelgate.kube.notices import notices_of
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notify import Notifier
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
-
-
-def quick(_: float) -> bool:
-    """The back-off between tries, cut to a moment (the waits asked for are still counted)."""
-    time.sleep(0.01)
-    return False
 
 
 class KeptState:
@@ -43,14 +35,6 @@ class KeptState:
 
     def save(self, through: float) -> None:
         self.through = through
-
-
-@pytest.fixture
-def receiver() -> Iterator[EventReceiver]:
-    server = EventReceiver()
-    server.start()
-    yield server
-    server.stop()
 
 
 def notifier(

@@ -25,7 +25,7 @@ number may belong to someone else by then.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -33,6 +33,8 @@ from types import TracebackType
 from typing import Any
 
 from keelgate.core import clocks
+
+log = logging.getLogger("keelgate.cutoff")
 
 # The httpcore trace events whose return value is a connection's stream.
 _CONNECTED = ("connect_tcp.complete", "connect_unix_socket.complete", "start_tls.complete")
@@ -122,6 +124,9 @@ class Cutoff:
 
 
 def _quietly(closer: Callable[[], object]) -> None:
-    # An OSError: closed already (the exchange ended on its own as the moment came).
-    with contextlib.suppress(OSError):
+    try:
         closer()
+    except OSError:
+        pass  # closed already: the exchange ended on its own as the moment came
+    except Exception:  # one closer's failure must not keep the others from closing
+        log.warning("closing an exchange at its time limit failed", exc_info=True)

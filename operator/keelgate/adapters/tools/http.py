@@ -5,10 +5,12 @@ ADR's: when it cannot know whether a WRITE or PROPOSE reached the server and too
 timeout or a reset after the request may have been sent, a 5xx), it raises OutcomeUncertain and
 never retries; only a failure that provably sent nothing (connection refused) or a 4xx is a
 definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
-service can deduplicate, waits no longer than its write deadline, and checks that deadline right
-before the request's first byte is written (httpcore's ``trace`` extension), so a process held up
-past it sends nothing (``keelgate.core.fence``); the same moment records that its call may have
-sent something. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
+service can deduplicate, and checks its write deadline right before the request's first byte is
+written (httpcore's ``trace`` extension), so a process held up past it sends nothing
+(``keelgate.core.fence``); the same moment records that its call may have sent something. The
+whole exchange ends at ``timeout_seconds``, and a WRITE's or PROPOSE's at its write deadline,
+whatever the server sends (``keelgate.core.cutoff``: httpx's timeout bounds each read, and a
+server trickling its answer would never trip it); a request cut there is a timeout. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
 composite tool started without ``keelgate.fenced``), it refuses. It must never put argument
 values or header values into an error.
 """

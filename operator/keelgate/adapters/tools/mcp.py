@@ -14,8 +14,11 @@ sent (connection refused, handshake failed) is a definite ToolError; after it, a
 whose answer did not arrive is OutcomeUncertain and is never retried. The write deadline is checked
 where the HTTP tool checks it: on the ``tools/call`` request itself, after its connection is made
 and before its headers are written (an httpx2 request hook and httpcore's ``trace``), which also
-records that the call may have sent something (``keelgate.core.fence``). It must never put
-argument values or header values into an error.
+records that the call may have sent something (``keelgate.core.fence``). The whole call (the
+session, the request, its answer) ends at the tool's time limit and its write deadline, whatever
+the server sends: a ``keelgate.core.cutoff.Cutoff`` closes the session's connections and cancels
+its work then, and the call is a timeout. It must never put argument values or header values
+into an error.
 """
 
 from __future__ import annotations
