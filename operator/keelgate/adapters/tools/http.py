@@ -10,9 +10,10 @@ written (httpcore's ``trace`` extension), so a process held up past it sends not
 (``keelgate.core.fence``); the same moment records that its call may have sent something. The
 whole exchange ends at ``timeout_seconds``, and a WRITE's or PROPOSE's at its write deadline,
 whatever the server sends (``keelgate.core.cutoff``: httpx's timeout bounds each read, and a
-server trickling its answer would never trip it); a request cut there is a timeout. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
-composite tool started without ``keelgate.fenced``), it refuses. It must never put argument
-values or header values into an error.
+server trickling its answer would never trip it); a request cut there is a timeout. Asked to
+send for a WRITE or PROPOSE with no write deadline in reach (a thread a composite tool started
+without ``keelgate.fenced``), it refuses. It must never put argument values or header values
+into an error.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ class SinkSender:
         head.tries += 1
         sink = self.sink
         ends = head.since + max(sink.retry_for_seconds, sink.timeout_seconds)
-        outcome, said = self._send(head.notice, Cutoff.after(sink.timeout_seconds, at_most=ends))
+        outcome, said = self._send(head.notice, ends=ends)
         name, notice = sink.name, head.notice
         if outcome == _Outcome.SENT:
             self._metrics.notifications_sent.labels(name, notice.type).inc()
@@ -355,7 +355,9 @@ class SinkSender:
             self._gauge()
         self._done(head.notice)
 
-    def _send(self, notice: Notice, cutoff: Cutoff) -> tuple[_Outcome, str]:
+    def _send(self, notice: Notice, *, ends: float) -> tuple[_Outcome, str]:
+        """One try: the event built, then POSTed, the exchange over at ``timeoutSeconds`` and
+        never past ``ends`` (on the boot clock)."""
         arguments = None
         if self.sink.include_arguments and notice.action and self._arguments is not None:
             try:
@@ -374,6 +376,7 @@ class SinkSender:
             message = to_binary_event(event)
         else:
             message = to_structured_event(event)
+        cutoff = Cutoff.after(self.sink.timeout_seconds, at_most=ends)
         request = self._client.build_request(
             "POST",
             self.sink.url,
