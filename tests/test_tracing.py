@@ -25,9 +25,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from crashkit import Journal, Rig, World
 from crashkit.rig import sqlite_opener
 from fakes.downstream import Shop
+from keelgate.adapters import tracing as tracing_adapter
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.http import HttpTool
-from keelgate.adapters import tracing as tracing_adapter
 from keelgate.adapters.tracing import configured
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
