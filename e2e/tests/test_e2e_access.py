@@ -568,7 +568,9 @@ def test_the_two_person_quickstart_of_operator_md_runs_as_written(
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        (waiting,) = [line for line in done.stdout.splitlines() if "payout" in line.split()[:2]]
+        (waiting,) = [
+            line for line in done.stdout.splitlines() if line.split()[:2] == ["approval", "payout"]
+        ]
         assert "kubectl keelgate approve payout 1:0" in waiting
         (paid,) = shop.shop.orders
         assert paid["body"] == {"supplier": "7", "cents": 12000}
