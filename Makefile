@@ -7,10 +7,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # What goes into .venv (pyproject.toml's extras): `make demo-local` needs the base alone, `make up`
-# and `make demo` what the cluster runs (the operator, and the PostgreSQL driver of `keelgate tenant
-# add` and the step pods), the checks and tests every extra. A larger set satisfies a smaller one.
+# and `make demo` what the cluster runs (the operator, the PostgreSQL driver of `keelgate tenant
+# add` and the step pods, and OpenTelemetry for the chart's documented tracing.otlpEndpoint), the
+# checks and tests every extra. A larger set satisfies a smaller one.
 EXTRAS     := test,operator,openai,anthropic,mcp,postgres,langgraph,temporal,tracing
-UP_EXTRAS  := operator,postgres
+UP_EXTRAS  := operator,postgres,tracing
 STAMP      := $(VENV)/.installed-stamp
 UP_STAMP   := $(VENV)/.installed-up
 BASE_STAMP := $(VENV)/.installed-base

@@ -124,6 +124,12 @@ class FakeCluster:
     logs: dict[str, str] = field(default_factory=dict)
     patches: list[tuple[str, str, JSON]] = field(default_factory=list)
     asked: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Where the user may list, as RBAC would say: None, everywhere (cluster-wide too); else
+    #: these namespaces only (each list elsewhere, and cluster-wide, is forbidden), and the
+    #: objects are where their metadata says.
+    listable: tuple[str, ...] | None = None
+    #: The cluster's namespaces, when the user may list them (None: forbidden, as for most).
+    namespace_names: list[str] | None = None
 
     def whoami(self) -> str:
         return self.user
@@ -162,9 +168,26 @@ class FakeCluster:
     def step_pods(self, run: str) -> list[JSON]:
         return list(self.pods)
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
-        self.asked.append(("list", kind, "all" if all_namespaces else self.target.namespace))
-        return list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
+    def listed(self, kind: str, *, all_namespaces: bool = False, namespace: str = "") -> list[JSON]:
+        where = "all" if all_namespaces else namespace or self.target.namespace
+        self.asked.append(("list", kind, where))
+        found = list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
+        if self.listable is None:
+            return found
+        if where not in self.listable:
+            scope = "at the cluster scope" if all_namespaces else f'in the namespace "{where}"'
+            raise Refused(
+                f'{kind.lower()}s.keelgate.dev is forbidden: User "{self.user}" cannot list '
+                f'resource "{kind.lower()}s" in API group "keelgate.dev" {scope}',
+                status=403,
+            )
+        return [o for o in found if o["metadata"].get("namespace") == where]
+
+    def namespaces(self) -> list[str]:
+        self.asked.append(("list", "Namespace", "all"))
+        if self.namespace_names is None:
+            raise Refused('namespaces is forbidden: User "alice" cannot list', status=403)
+        return list(self.namespace_names)
 
     def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
         if name not in self.logs:
@@ -960,6 +983,44 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     cluster.objects["Approval"] = []
     code, out, _ = plugin(capsys, "pending")
     assert code == 0 and out.strip() == "Nothing waits for a person in namespace shop."
+
+
+def test_pending_everywhere_falls_back_to_the_namespaces_the_user_may_list(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """A user who may list only in their own namespaces (alice, edit in shop): `pending -A`
+    and `list -A`, refused cluster-wide, show what is in the namespaces she may list, say so
+    in one line on stderr, and exit 0; without the right to list namespaces that is the
+    context's; with it, every namespace she may list in, the others skipped."""
+    cluster.listable = ("shop",)
+    cluster.objects["Approval"] = [
+        _aged(decision("Approval", "payout", "1:0"), 3, "shop"),
+        _aged(decision("Approval", "secret", "1:0"), 4, "finance"),
+    ]
+    cluster.runs["payout"] = _aged(run_body("payout"), 5, "shop")
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0, err
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [["shop", "approval"]]
+    assert "secret" not in out
+    assert one_line(err) == (
+        "kubectl keelgate: warning: you may not list reconciliations and approvals in every "
+        "namespace; showing the namespaces you may list: shop"
+    )
+    code, out, err = plugin(capsys, "list", "-A")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["shop", "payout"], out
+    assert "showing the namespaces you may list: shop" in one_line(err)
+
+    cluster.listable = ("shop", "finance")
+    cluster.namespace_names = ["finance", "kube-system", "shop"]
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0 and "payout" in out and "secret" in out
+    assert one_line(err).endswith("showing the namespaces you may list: finance, shop")
+    assert ("list", "Reconciliation", "kube-system") in cluster.asked  # forbidden: skipped
+
+    cluster.listable = ()  # not even her own: the cluster's refusal, as before
+    cluster.namespace_names = None
+    code, _, err = plugin(capsys, "pending", "-A")
+    assert code == 1 and "at the cluster scope" in one_line(err)
 
 
 def test_list_shows_runs_and_wide_their_budgets(

@@ -423,3 +423,42 @@ def test_audit_export_signs_with_a_key_from_a_secret_and_verify_needs_only_the_f
     bob = plugin.as_user("bob").with_env(KEELGATE_STORE=store_url(admin, tenant))
     refused = bob("audit", "export", "signed", "--sign-key-secret", "audit-key")
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+
+
+def test_pending_everywhere_as_alice_shows_the_namespaces_she_may_list(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    plugin: KubectlKeelgate,
+    tmp_path: Path,
+) -> None:
+    """alice holds `edit` in the test's namespace only, so the API server refuses her any
+    cluster-wide list ("cannot list ... at the cluster scope"), and namespaces too. `kubectl
+    keelgate pending -A` then shows what waits in the namespace of her context, says so in one
+    line on stderr, and exits 0 (it failed); `list -A` the same; admin's `pending -A` lists
+    cluster-wide, without a word."""
+    apply(kubectl, agentrun("asks", shop, [[order("A1", 1)]], approval=True))
+    wait_for(lambda: runs.approvals(admin, tenant), timeout=90, what="the Approval")
+    config = kubeconfig_for(plugin.kubeconfig, tmp_path / "kubeconfig", "alice", tenant)
+    alice = KubectlKeelgate(plugin.kubectl, config, context=None, namespace=None)
+    told = (
+        "kubectl keelgate: warning: you may not list {} in every namespace; showing the "
+        f"namespaces you may list: {tenant}"
+    )
+    pending = alice("pending", "-A")
+    assert pending.returncode == 0, pending.stderr
+    assert [row.split()[:3] for row in pending.stdout.splitlines()[1:]] == [
+        [tenant, "approval", "asks"]
+    ]
+    assert pending.stderr.strip().splitlines() == [told.format("reconciliations and approvals")]
+    listed = alice("list", "-A")
+    assert listed.returncode == 0, listed.stderr
+    assert [row.split()[:2] for row in listed.stdout.splitlines()[1:]] == [[tenant, "asks"]]
+    assert listed.stderr.strip().splitlines() == [told.format("agentruns")]
+    everywhere = plugin.as_user("admin")("pending", "-A")
+    assert everywhere.returncode == 0 and everywhere.stderr == "", everywhere.stderr
+    assert any(
+        row.split()[:3] == [tenant, "approval", "asks"] for row in everywhere.stdout.splitlines()
+    )

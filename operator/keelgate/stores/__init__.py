@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keelgate.core.protocols import Capabilities, Stores
-from keelgate.errors import InputError, StoreUnavailable
+from keelgate.errors import InputError, MissingExtra, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
 
@@ -110,10 +110,9 @@ def sqlite_path(url: str) -> str:
 
 
 def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
-    return InputError(
-        "--store",
-        f"{scheme}:// stores need the {extra} extra: pip install 'keelgate[{extra}]' "
-        f"({missing.name or 'a module'} is not installed)",
+    what = f"a {scheme}:// store"
+    return MissingExtra.of(missing, field="--store", what=what) or MissingExtra(
+        extra, field="--store", what=what, module=missing.name or ""
     )
 
 

@@ -84,7 +84,11 @@ class PluginApi(Protocol):
 
     def follow_log(self, name: str, *, tail: int | None = None) -> Iterator[str]: ...
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]: ...
+    def listed(
+        self, kind: str, *, all_namespaces: bool = False, namespace: str = ""
+    ) -> list[JSON]: ...
+
+    def namespaces(self) -> list[str]: ...
 
 
 class ClusterClient:
@@ -269,9 +273,9 @@ class ClusterClient:
         pods: list[JSON] = self.client.sanitize_for_serialization(listed).get("items") or []
         return [p for p in pods if _owned_by_run(p, run)]
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
-        """Every object of ``kind`` (AgentRun, Reconciliation, Approval) in the namespace, or
-        in every namespace the user may list."""
+    def listed(self, kind: str, *, all_namespaces: bool = False, namespace: str = "") -> list[JSON]:
+        """Every object of ``kind`` (AgentRun, Reconciliation, Approval) in the namespace (or
+        in ``namespace``), or in every namespace at once (a cluster-wide list)."""
         plural = PLURALS[kind]
         if all_namespaces:
             listed = self._call(
@@ -287,10 +291,15 @@ class ClusterClient:
                 self.custom.list_namespaced_custom_object,
                 GROUP,
                 VERSION,
-                self.namespace,
+                namespace or self.namespace,
                 plural,
             )
         return list(listed.get("items") or [])
+
+    def namespaces(self) -> list[str]:
+        """The cluster's namespaces (a cluster-wide list: Refused, 403, for most people)."""
+        listed = self._call("list namespaces", self.core.list_namespace)
+        return sorted(str(n.metadata.name) for n in listed.items or ())
 
     def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
         limits: dict[str, Any] = {}

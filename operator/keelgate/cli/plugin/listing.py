@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 import typer
@@ -27,6 +28,7 @@ from keelgate.cli.listing import (
     emit,
     span,
 )
+from keelgate.cli.plugin.client import PLURALS, PluginApi, Refused
 from keelgate.cli.plugin.commands import (
     ContextOption,
     KubeconfigOption,
@@ -35,6 +37,7 @@ from keelgate.cli.plugin.commands import (
     app,
     approval_entries,
 )
+from keelgate.cli.render import Console
 from keelgate.kube.naming import GROUP
 from keelgate.kube.times import parse_time
 
@@ -57,7 +60,7 @@ def list_command(
     and active seconds used against their limits."""
     api = _api(ctx, kubeconfig, context, namespace)
     runs = sorted(
-        api.listed("AgentRun", all_namespaces=all_namespaces),
+        _listed_everywhere(api, ("AgentRun",)) if all_namespaces else api.listed("AgentRun"),
         key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]),
     )
     now = dt.datetime.now(dt.UTC)
@@ -137,12 +140,9 @@ def pending_command(
     """What waits for a person, oldest first: unknown outcomes to settle (Reconciliations) and
     actions to approve (Approvals) not yet decided, each with the command that decides it."""
     api = _api(ctx, kubeconfig, context, namespace)
-    waiting = [
-        item
-        for kind in ("Reconciliation", "Approval")
-        for item in api.listed(kind, all_namespaces=all_namespaces)
-        if not decided(item)
-    ]
+    kinds = ("Reconciliation", "Approval")
+    found = _listed_everywhere(api, kinds) if all_namespaces else _here(api, kinds)
+    waiting = [item for item in found if not decided(item)]
     waiting.sort(
         key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
     )
@@ -190,6 +190,47 @@ def pending_command(
         f"Nothing waits for a person in {where}.",
     )
     return 0
+
+
+def _here(api: PluginApi, kinds: Sequence[str]) -> list[JSON]:
+    return [item for kind in kinds for item in api.listed(kind)]
+
+
+def _listed_everywhere(api: PluginApi, kinds: Sequence[str]) -> list[JSON]:
+    """Every object of ``kinds`` in every namespace the user may list them in: at once, if
+    they may list them cluster-wide; else namespace by namespace (the cluster's, when they may
+    list namespaces, else the context's), said in one line on stderr, as a person with rights
+    in their own namespaces only expects `-A` to mean "everywhere I can see"."""
+    try:
+        return [item for kind in kinds for item in api.listed(kind, all_namespaces=True)]
+    except Refused as refused:
+        if refused.status != HTTPStatus.FORBIDDEN:
+            raise
+        everywhere = refused
+    try:
+        candidates = api.namespaces()
+    except Refused as refused:
+        if refused.status != HTTPStatus.FORBIDDEN:
+            raise
+        candidates = [api.target.namespace]
+    found: list[JSON] = []
+    shown: list[str] = []
+    for where in candidates:
+        try:
+            found += [item for kind in kinds for item in api.listed(kind, namespace=where)]
+        except Refused as refused:
+            if refused.status != HTTPStatus.FORBIDDEN:
+                raise
+            continue
+        shown.append(where)
+    if not shown:
+        raise everywhere
+    plurals = " and ".join(PLURALS[kind] for kind in kinds)
+    Console().warn(
+        f"you may not list {plurals} in every namespace; showing the namespaces you may list: "
+        f"{', '.join(shown)}"
+    )
+    return found
 
 
 def _list(items: Sequence[JSON]) -> JSON:
