@@ -91,7 +91,7 @@ class RunStatusWriter:
                 )
             },
             approvals={
-                p.action: action_object_name(name, p.action, p.tool)
+                p.action: context.approval_name(namespace, name, p.action, p.tool)
                 for p in (state.pending if state is not None else ())
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,
