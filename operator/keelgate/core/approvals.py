@@ -304,6 +304,38 @@ def recent(
     return {a: d for a, d in approvals.items() if _planned_in(a) >= oldest}
 
 
+@dataclass(frozen=True)
+class Denial:
+    """An action a person denied: it never ran (the model was told)."""
+
+    action: str
+    tool: str
+    decision: Decision
+
+    def describe(self) -> str:
+        """ "place_order (2:0) denied by bob: wrong sku"."""
+        why = f": {self.decision.note}" if self.decision.note else ""
+        return f"{self.tool} ({self.action}) denied by {self.decision.by}{why}"
+
+
+def denials(state: RunState) -> tuple[Denial, ...]:
+    """The actions of the run a person denied, oldest first, as its checkpoint still keeps
+    them (the last ``HISTORY_WINDOW`` iterations; the chain keeps every one)."""
+    tools: dict[str, str] = {}
+    for entry in state.history:
+        for seen in entry.get("actions") or ():
+            tools[str(seen.get("id"))] = str(seen.get("tool") or "")
+    if state.plan is not None:
+        tools.update({a.id: a.tool for a in state.plan.actions})
+    found = []
+    for action, decisions in state.approvals.items():
+        denied = next((d for d in decisions if not d.approved), None)
+        if denied is not None:
+            found.append(Denial(action, tools.get(action, "?"), denied))
+    found.sort(key=lambda d: (_planned_in(d.action), d.action))
+    return tuple(found)
+
+
 def _planned_in(action: str) -> int:
     """The iteration an action id names; an id of another shape is kept (never dropped)."""
     head = action.split(":", 1)[0]

@@ -235,6 +235,8 @@ def _actions(
                     "progress": str(status.get("progress") or ""),
                     "approvedBy": [str(b) for b in status.get("approvedBy") or ()],
                     "expiresAt": str(status.get("expiresAt") or ""),
+                    # What the operator says of it: a decision it refused, and why.
+                    "message": str(status.get("message") or ""),
                 }
             )
     rows.sort(key=lambda r: (_iteration(r["action"]), r["action"], r["kind"]))
@@ -400,7 +402,11 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
         else:
             head += Text("decided, not yet applied by the operator", style="dim")
             extra = f" by {row['by']}" if row["by"] else ""
-        node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        shown = node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        said = str(row.get("message") or "")
+        if "not counted:" in said:
+            # A decision the operator refused stays in sight, with its reason.
+            shown.add(Text("not counted: " + said.split("not counted:", 1)[1].strip(), "yellow"))
 
 
 def _count(row: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from keelgate.core.approvals import denials
 from keelgate.core.state import RunState
 from keelgate.core.types import UnknownAction
 from keelgate.kube import status
@@ -96,6 +97,7 @@ class RunStatusWriter:
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,
             unknown=unknown,
+            denied=tuple(d.describe() for d in denials(state)) if state is not None else (),
         )
         if not read_store and state is None:
             return self._write_running(run, view)
