@@ -8,7 +8,7 @@ same name appears) made bob's deny in the new object take his old approval's ref
 skipped as "already recorded", and carol's approval placed the order; the same with the
 one-decision form; a byte-equal copy of bob's entry was recorded later as a second "approved by
 bob", timed when the operator saw it, renewing an approval that had expired. Entries are now
-named by the object's uid and the uid of the request that added them (which admission stamps;
+named by the object's uid and the version of it they were added to (which admission stamps;
 without the mutating policy, their place, which admission and the CRD keep), an approval counts
 from the earlier of the moment its entry states and the moment the operator first saw it, and
 an earlier release's refs still match entries of the objects that existed when they were
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,12 +53,13 @@ def waiting(kube: Operator, rule: dict[str, Any]) -> dict[str, Any]:
 
 
 def add(kube: Operator, entry: dict[str, Any], *, stamp: bool = True) -> dict[str, Any]:
-    """A person appends ``entry`` as admission admits it: stamped with a request's uid (the
-    mutating policy), unless ``stamp`` is false (a cluster without it). Returns the entry."""
+    """A person appends ``entry`` as admission admits it: stamped with the version of the
+    object it was added to (the mutating policy), unless ``stamp`` is false (a cluster without
+    it). Returns the entry."""
     body = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert body is not None
     if stamp:
-        entry = {**entry, "uid": str(uuid.uuid4())}
+        entry = {**entry, "id": str(body["metadata"]["resourceVersion"])}
     decisions = [*body["spec"].get("decisions", []), entry]
     kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": decisions})
     return entry
@@ -143,7 +143,7 @@ def test_a_one_decision_approved_false_is_a_deny_never_an_approval(kube: Operato
     marked Denied, and the WRITE never runs; an entry with a stamp the same."""
     waiting(kube, {"required": 1})
     kube.api.patch_spec(
-        "Approval", NAMESPACE, APPROVE, {"approved": False, "by": "carol", "decisionUid": "u-1"}
+        "Approval", NAMESPACE, APPROVE, {"approved": False, "by": "carol", "decisionId": "u-1"}
     )
     body = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert body is not None

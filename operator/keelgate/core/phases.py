@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from keelgate.core import failpoints, telemetry
-from keelgate.core.approvals import ApprovalGate, recent, rule_of
+from keelgate.core.approvals import ApprovalGate, is_service_account, recent, rule_of
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
 from keelgate.core.calls import Definition, changed_parts, definition_of, fingerprint
@@ -161,15 +161,18 @@ class Session:
             state = RunState(
                 spec=self.spec, trace=self.tracer.new_run() if self.tracer.enabled else None
             )
-            return self.checkpoints.save(
-                state,
-                AuditDraft(
-                    "loop.started",
-                    # A goal is text a person wrote: a secret in it must not live on in the chain.
-                    {"kind": self.spec.kind.value, "goal": redact_text(self.spec.goal)},
-                    key="started",
-                ),
-            )
+            started: dict[str, Any] = {
+                "kind": self.spec.kind.value,
+                # A goal is text a person wrote: a secret in it must not live on in the chain.
+                "goal": redact_text(self.spec.goal),
+            }
+            if self.spec.creator:
+                # Who created it, as admission recorded them; a ServiceAccount is said to be one:
+                # notCreator cannot tell who acted through it (impersonation, its token).
+                started["creator"] = self.spec.creator
+                if is_service_account(self.spec.creator):
+                    started["creatorIsServiceAccount"] = True
+            return self.checkpoints.save(state, AuditDraft("loop.started", started, key="started"))
         state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
         if state.trace is None and self.tracer.enabled:
             state = state.but(trace=self.tracer.new_run())  # saved with the next checkpoint

@@ -115,10 +115,11 @@ class ApprovalDecision(KeelgateModel):
         "Approval's status.definition): a decision on another one is not counted. Admission "
         "fills it from the status when the entry leaves it out.",
     )
-    uid: str = Field(
+    id: str = Field(
         default="",
-        description="Set by admission: the uid of the API request that added the entry, its "
-        "identity. A client may not set it.",
+        description="Set by admission: the resourceVersion of the Approval the entry was added "
+        "to (one entry per request, so no two entries of an object share one), its identity "
+        "with the object's uid. A client may not set another.",
     )
 
 
@@ -149,10 +150,10 @@ class ApprovalSpec(KeelgateModel):
         description="The one-decision form: when the person decided (RFC 3339), as their "
         "client says (the earlier of this and when the operator first saw it counts).",
     )
-    decision_uid: str = Field(
+    decision_id: str = Field(
         default="",
-        description="Set by admission with approved: the uid of the API request that set it, "
-        "the decision's identity. A client may not set it.",
+        description="Set by admission with approved: the resourceVersion of the Approval it was "
+        "set on, the decision's identity with the object's uid. A client may not set another.",
     )
 
     @model_validator(mode="after")

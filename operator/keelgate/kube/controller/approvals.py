@@ -76,9 +76,10 @@ class Entry:
 
 def entries(body: Mapping[str, Any]) -> list[Entry]:
     """The object's decisions in order (the one-decision form first), each with its identity:
-    the object's uid and the uid of the API request that added it, which admission stamps on
-    each new entry (``uid``, ``spec.decisionUid``), so no copy, move or re-created object can
-    make one entry pass for another. An entry with no stamp (a cluster without the mutating
+    the object's uid and the version of the object the entry was added to, which admission
+    stamps on each new entry (``id``, ``spec.decisionId``: the resourceVersion it was appended
+    over; one entry per request, so no two share one), so no copy, move or re-created object
+    can make one entry pass for another. An entry with no stamp (a cluster without the mutating
     admission policy) is named by the object's uid and its place in the list, which admission
     and the CRD keep (entries are only appended, each old one unchanged in its place)."""
     meta = body.get("metadata") or {}
@@ -87,7 +88,7 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
     spec = body.get("spec") or {}
     found: list[Entry] = []
     if spec.get("approved") is not None and str(spec.get("by") or "").strip():
-        stamp = str(spec.get("decisionUid") or "")
+        stamp = str(spec.get("decisionId") or "")
         found.append(
             Entry(
                 f"{uid}/{stamp}" if stamp else f"{uid}#spec",
@@ -105,7 +106,7 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
         if not by.strip() or not isinstance(item.get("approved"), bool):
             continue  # the schema refuses such an entry: nothing to record
         seen[by] = seen.get(by, 0) + 1
-        stamp = str(item.get("uid") or "")
+        stamp = str(item.get("id") or "")
         found.append(
             Entry(
                 f"{uid}/{stamp}" if stamp else f"{uid}#{index}",
