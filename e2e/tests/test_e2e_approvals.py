@@ -309,11 +309,31 @@ def _made_again(admin: Kube, alice: Kubectl, namespace: str, run: str, name: str
     )
 
 
-def _service_account(admin: Kube, namespace: str, name: str) -> None:
+def _service_account(admin: Kube, kubectl: Kubectl, namespace: str, name: str) -> str:
+    """A ServiceAccount ``name`` holding `edit` in the namespace, as a namespace admin makes
+    one; its user name, once the API server lets it patch Approvals."""
     admin.create(
         f"/api/v1/namespaces/{namespace}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
     )
+    admin.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{name}-edit"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    )
+    user = f"system:serviceaccount:{namespace}:{name}"
+    wait_for(
+        lambda: kubectl("auth", "can-i", "patch", "approvals.keelgate.dev", "--as", user,
+                        check=False).returncode == 0,
+        timeout=30,
+        what=f"{user} may patch approvals",
+    )  # fmt: skip
+    return user
 
 
 def _events(admin: Kube, namespace: str, reason: str) -> list[str]:
@@ -465,8 +485,7 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     ids = [d["id"] for d in admin.get(f"{path}/{name}")["spec"]["decisions"]]
     assert ids[1] != "7" and ids[0] != ids[1]
     for account in ("ci", "cd"):
-        _service_account(admin, namespace, account)
-        user = f"system:serviceaccount:{namespace}:{account}"
+        user = _service_account(admin, kubectl, namespace, account)
         value = json.dumps([{"op": "add", "path": "/spec/decisions/-",
                              "value": {"by": user, "approved": True}}])  # fmt: skip
         as_account = kubectl("--as", user, "patch", "approval", name, "--type", "json",
@@ -576,11 +595,10 @@ def test_actions_whose_names_read_alike_get_approvals_of_their_own(
     both named pay-1-1-place-order): each gets its own Approval, and deciding one decides only
     it. A run created by a ServiceAccount says so on its audit trail."""
     alice = kubectl.as_user("alice")
-    _service_account(admin, tenant, "ci")
+    robot = _service_account(admin, kubectl, tenant, "ci")
     first = agentrun("pay", shop, [[runs.look("A1"), order("A1", 1)]], approval=True)
     second = agentrun("pay-1", shop, [[order("B2", 2)]], approval=True)
     apply(alice, first)
-    robot = f"system:serviceaccount:{tenant}:ci"
     kubectl("--as", robot, "apply", "-f", "-", stdin=yaml.safe_dump(second))
     for run in ("pay", "pay-1"):
         wait_phase(admin, tenant, run, "Stopped", timeout=90)

@@ -103,20 +103,20 @@ def refusal(
             f"{by} is a ServiceAccount, and the rule counts people only (its serviceAccounts: "
             "true lets ServiceAccounts decide)"
         )
+    if approved and rule.not_creator and not creator:
+        return (
+            "its rule says not the run's creator, and the run's creator is not on record "
+            "(annotation keelgate.dev/created-by): no approval can count; deny it, or "
+            "recreate the run with its creator recorded"
+        )
+    if approved and rule.not_creator and by == creator:
+        return f"{by} created the run, and its rule asks for someone else ({rule.describe()})"
     if not rule.admits(groups):
         return f"{by} may not decide it: the rule asks {rule.describe()}"
     if not approved:
         if rule.reason_to_deny and not note.strip():
             return "its rule asks a reason to deny: give one (a note)"
         return None
-    if rule.not_creator and not creator:
-        return (
-            "its rule says not the run's creator, and the run's creator is not on record "
-            "(annotation keelgate.dev/created-by): no approval can count; deny it, or "
-            "recreate the run with its creator recorded"
-        )
-    if rule.not_creator and by == creator:
-        return f"{by} created the run, and its rule asks for someone else ({rule.describe()})"
     if by in counted:
         return f"{by} approved it already ({len(counted)} of {rule.required}): a person counts once"
     return None
