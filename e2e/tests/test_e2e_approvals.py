@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from keelgate.kube.naming import approval_object_name
+
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import APPROVERS, Cluster
 from keelgate_e2e.keelgate import OperatorPod
