@@ -382,6 +382,74 @@ def decide(
     decisions = state.approvals.get(action, ())
     if ref and any(d.ref == ref for d in decisions):
         return state  # this very entry is on record (an operator looking again)
+    asked, bound = _awaited(state, action, key=key, definition=definition)
+    rule = asked.rule or ApprovalRule()
+    groups = check_groups(groups)
+    creator = state.spec.creator
+    now = clocks.wall()
+    before = tally(decisions, rule, creator=creator, now=now, definition=bound)
+    why = refusal(
+        rule,
+        approved=approved,
+        by=by,
+        groups=groups,
+        creator=creator,
+        counted=tuple(d.by for d in before.counted),
+        note=note,
+    )
+    if why is not None:
+        raise SettleError(state.run, action, why)
+    if len(decisions) >= MAX_DECISIONS:
+        raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
+    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
+        raise SettleError(
+            state.run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
+        )
+    decision = Decision(
+        approved,
+        by,
+        _made_at(at),
+        groups,
+        ref,
+        definition=bound,
+        note=one_line_note(redact_text(note.strip())),
+    )
+    after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
+    draft = _decided_event(asked, decision, after, prior=len(decisions))
+    if after.met or not approved:
+        waiting = tuple(p for p in state.pending if p.action != action)
+        who = ", ".join(d.by for d in after.counted) if approved else by
+        tail = f" ({after.count})" if approved and rule.required > 1 else ""
+        verdict = "approved" if approved else "denied"
+        message = f"{asked.tool} ({action}) {verdict} by {who}{tail}; resume to continue"
+    else:
+        waiting = tuple(
+            after.pending(action, asked.tool, definition=bound) if p.action == action else p
+            for p in state.pending
+        )
+        left = rule.required - len(after.counted)
+        message = (
+            f"{asked.tool} ({action}) approved by {by} ({after.count}); waiting for {left} "
+            f"more ({rule.describe()})"
+        )
+    state = state.but(
+        seq=state.seq + 1,
+        approvals={**state.approvals, action: (*decisions, decision)},
+        pending=waiting,
+        stop=Stop(StopReason.AWAITING_APPROVAL, message, True),
+    )
+    # No active time passes while a person decides: this save adds none.
+    return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
+
+
+def _awaited(
+    state: RunState, action: str, *, key: str, definition: str
+) -> tuple[PendingApproval, str]:
+    """The question the run puts to people about ``action`` now, and the fingerprint of the
+    definition its call is bound to; refused (``SettleError``, in words) if the run does not
+    await a decision on it, it was denied, or the person was shown another call (``key``) or
+    the tool as it was before an edit (``definition``)."""
+    decisions = state.approvals.get(action, ())
     denied = next((d for d in decisions if not d.approved), None)
     if denied is not None:
         raise SettleError(state.run, action, f"already denied by {denied.by}")
@@ -412,75 +480,36 @@ def decide(
             f"was shown with its tool's definition {definition}, but the call is now bound to "
             f"{bound}: the tool was changed since; look again",
         )
-    rule = asked.rule or ApprovalRule()
-    groups = check_groups(groups)
-    creator = state.spec.creator
-    now = clocks.wall()
-    before = tally(decisions, rule, creator=creator, now=now, definition=bound)
-    why = refusal(
-        rule,
-        approved=approved,
-        by=by,
-        groups=groups,
-        creator=creator,
-        counted=tuple(d.by for d in before.counted),
-        note=note,
-    )
-    if why is not None:
-        raise SettleError(state.run, action, why)
-    if len(decisions) >= MAX_DECISIONS:
-        raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
-    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
-        raise SettleError(
-            state.run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
-        )
-    said = redact_text(note.strip())
-    decision = Decision(
-        approved, by, _made_at(at), groups, ref, definition=bound, note=one_line_note(said)
-    )
-    after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
-    verdict = "approved" if approved else "denied"
-    data: dict[str, object] = {"action": action, "tool": asked.tool, "verdict": verdict}
-    if approved and rule != ApprovalRule():
+    return asked, bound
+
+
+def _decided_event(
+    asked: PendingApproval, decision: Decision, after: Tally, *, prior: int
+) -> AuditDraft:
+    """The ``loop.approved`` or ``loop.denied`` event of ``decision`` (``prior``: how many the
+    action had before it): the count after it for a rule of several, the rule's groups the
+    person was in, the note, and the definition it was made on; never the call's arguments."""
+    verdict = "approved" if decision.approved else "denied"
+    rule = after.rule
+    data: dict[str, object] = {"action": asked.action, "tool": asked.tool, "verdict": verdict}
+    if decision.approved and rule != ApprovalRule():
         data["approvals"] = len(after.counted)
         data["required"] = rule.required
-    named = sorted({g for each in rule.group_lists() for g in each} & set(groups))
+    named = sorted({g for each in rule.group_lists() for g in each} & set(decision.groups))
     if named:
         data["groups"] = named
     if decision.note:
         data["note"] = decision.note
     if decision.definition:
         data["definition"] = decision.definition
-    draft = AuditDraft(
+    action = asked.action
+    return AuditDraft(
         f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
         data,
-        actor=by,
+        actor=decision.by,
         # The first decision keeps the key a single decision always had.
-        key=f"decided:{action}" if not decisions else f"decided:{action}:{len(decisions)}",
+        key=f"decided:{action}" if not prior else f"decided:{action}:{prior}",
     )
-    if after.met or not approved:
-        waiting = tuple(p for p in state.pending if p.action != action)
-        who = ", ".join(d.by for d in after.counted) if approved else by
-        tail = f" ({after.count})" if approved and rule.required > 1 else ""
-        message = f"{asked.tool} ({action}) {verdict} by {who}{tail}; resume to continue"
-    else:
-        waiting = tuple(
-            after.pending(action, asked.tool, definition=bound) if p.action == action else p
-            for p in state.pending
-        )
-        left = rule.required - len(after.counted)
-        message = (
-            f"{asked.tool} ({action}) approved by {by} ({after.count}); waiting for {left} "
-            f"more ({rule.describe()})"
-        )
-    state = state.but(
-        seq=state.seq + 1,
-        approvals={**state.approvals, action: (*decisions, decision)},
-        pending=waiting,
-        stop=Stop(StopReason.AWAITING_APPROVAL, message, True),
-    )
-    # No active time passes while a person decides: this save adds none.
-    return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
 
 
 #: The longest note a decision keeps (an Approval entry's bound).
