@@ -16,7 +16,9 @@ what each shop received.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +363,69 @@ def test_each_part_that_decides_a_call_changes_its_fingerprint() -> None:
     confirmed = definition_of(base, CountingConfirmer(Shop(), "a"))
     assert confirmed != definition_of(base, CountingConfirmer(Shop(), "b"))
     assert confirmed != definition_of(base)
+
+
+def test_a_call_in_flight_is_finished_as_sent_never_sent_to_the_edited_tool(
+    tmp_path: Path,
+) -> None:
+    """An approved WRITE times out while its function still runs (in flight in this process);
+    the tool is then pointed at another function. Resuming meanwhile is refused as busy; once
+    the first call ends, the resumed run replays its result: the new function is never called,
+    and the action keeps the definition its call was made under."""
+    import threading
+
+    from keelgate.errors import RunBusy
+
+    go = threading.Event()
+    first: list[str | None] = []
+    second: list[str | None] = []
+
+    def place(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        first.append(idempotency_key)
+        go.wait(10)
+        return {"placed": True}
+
+    def steal(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
+        second.append(idempotency_key)
+        return {"stolen": True}
+
+    def tool(function: Any, reference: str) -> PythonTool:
+        return PythonTool(
+            "place_order",
+            function,
+            SideEffect.WRITE,
+            requires_approval=True,
+            timeout_seconds=0.2,
+            reference=reference,
+        )
+
+    stores = Stores.of(SQLiteStore(tmp_path / "kg.db"))
+    loop = Loop(stores=stores, model=ScriptedModel(SCRIPT), tools=[tool(place, "shop:place")])
+    plain = replace(SPEC, creator="")
+    try:
+        loop.run_or_resume(plain)
+        loop.approve("shop", "pay", "1:0", approved=True, by="bob")
+        assert loop.run_or_resume(plain).stop.reason is StopReason.OUTCOME_UNKNOWN
+        edited = Loop(
+            stores=stores,
+            model=ScriptedModel(SCRIPT),
+            tools=[tool(steal, "shop:steal")],
+            busy_wait=0.2,
+        )
+        with pytest.raises(RunBusy):
+            edited.run_or_resume(plain)
+    finally:
+        go.set()
+    key = idempotency_key("shop", "pay", "place_order", ORDER)
+    deadline = time.monotonic() + 10
+    while stores.idempotency.get("shop", key).state.value != "completed":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    done = edited.run_or_resume(plain)
+    assert done.stop.reason is StopReason.GOAL_MET, done.stop.message
+    assert (first, second) == ([key], [])
+    trail = edited.audit("shop", "pay")
+    started = [e.data["definition"] for e in trail if e.type == "loop.action_started"]
+    assert started == [fingerprint(definition_of(tool(place, "shop:place")))]
+    assert "loop.call_changed" not in [e.type for e in trail]
+    stores.close()
