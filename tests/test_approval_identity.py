@@ -255,3 +255,25 @@ def test_decisions_an_earlier_release_recorded_are_neither_lost_nor_recorded_twi
     add(kube, {"by": "bob", "groups": PAYMENTS, "approved": False}, stamp=False)
     kube.reconcile(APPROVE, kind="Approval")
     assert decisions(kube) == [("bob", True), ("bob", False)]
+
+
+def test_an_entry_added_to_a_settled_approval_is_told_once_and_counts_for_nothing(
+    kube: Operator,
+) -> None:
+    """bob and carol settle the Approval (2 of 2); erin's entry, added after (where no
+    admission policy refused it), is recorded nowhere, and the Approval says so once, in its
+    message and one NotCounted Warning, however often it is looked at."""
+    waiting(kube, RULE)
+    add(kube, {"by": "bob", "groups": PAYMENTS, "approved": True})
+    add(kube, {"by": "carol", "groups": PAYMENTS, "approved": True})
+    kube.reconcile(APPROVE, kind="Approval")
+    assert (shown(kube)["phase"], shown(kube)["progress"]) == ("Settled", "2 of 2")
+    add(kube, {"by": "erin", "groups": PAYMENTS, "approved": False})
+    for _ in range(3):
+        kube.reconcile(APPROVE, kind="Approval")
+    assert decisions(kube) == [("bob", True), ("carol", True)]
+    message = shown(kube)["message"]
+    assert message.startswith("approved by bob, carol (2 of 2); not counted: erin (added after")
+    warned = [e.message for e in kube.api.events if e.reason == "NotCounted"]
+    assert len(warned) == 1 and "a decision cannot change" in warned[0]
+    assert shown(kube)["verdict"] == "approved"

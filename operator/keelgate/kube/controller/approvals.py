@@ -347,17 +347,20 @@ class ApprovalReconciler:
         old: Mapping[str, Any],
         state: RunState | None,
     ) -> Result:
-        """A Settled Approval that is not asked again: entries the store does not hold (added
-        after it was settled, or never counted) are named in its message, in one Warning."""
+        """A Settled Approval that is not asked again: entries the store does not hold that
+        came after the last one it recorded (added after it was settled) are named in its
+        message, in one Warning. (One refused before, the creator's say, was told then.)"""
         decisions = state.approvals.get(action, ()) if state is not None else ()
         recorded = recorded_refs(body, decisions)
-        late = list(dict.fromkeys(e.by for e in entries(body) if e.ref not in recorded))
+        found = entries(body)
+        last = max((i for i, e in enumerate(found) if e.ref in recorded), default=-1)
+        late = list(dict.fromkeys(e.by for e in found[last + 1 :] if e.ref not in recorded))
         if not late:
             return REST
         said = (
-            f"not counted: {', '.join(late)} (approval {body['metadata']['name']} was settled "
-            f"{old.get('verdict') or ''} by {old.get('settledBy') or 'someone'}: a decision "
-            "cannot change)"
+            f"not counted: {', '.join(late)} (added after approval {body['metadata']['name']} "
+            f"was settled {old.get('verdict') or ''} by {old.get('settledBy') or 'someone'}: a "
+            "decision cannot change)"
         )
         message = str(old.get("message") or "")
         if said in message:
