@@ -20,7 +20,13 @@ from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.decision_objects import NOTHING_TO_SETTLE
 from keelgate.kube.controller.outcomes import REST, Requeue
-from keelgate.kube.naming import RUN_LABEL, STEP_LABEL, STEP_POD_LABEL, STEP_POD_NAME
+from keelgate.kube.naming import (
+    RUN_LABEL,
+    STEP_LABEL,
+    STEP_POD_LABEL,
+    STEP_POD_NAME,
+    approval_object_name,
+)
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest.step_defaults import StepPodDefaults
 from support import operator_tools
@@ -623,7 +629,9 @@ def test_a_pending_approval_stops_the_run_and_asks_for_an_approval(kube: Operato
     kube.apply("restock", agentrun_spec(approval=True))
     assert kube.drive("restock") == [3]
     assert kube.status("restock")["stopReason"] == "awaiting_approval"
-    made = kube.api.get("Approval", NAMESPACE, "restock-1-place-order")
+    made = kube.api.get(
+        "Approval", NAMESPACE, approval_object_name("restock", "1:0", "place_order")
+    )
     assert made is not None
     assert {k: made["status"][k] for k in ("phase", "progress", "message")} == {
         "phase": "Pending",

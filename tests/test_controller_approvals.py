@@ -21,12 +21,13 @@ from fakes.event_receiver import EventReceiver
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.kube.naming import approval_object_name
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
-APPROVE = "restock-1-place-order"
+APPROVE = approval_object_name("restock", "1:0", "place_order")
 PAYMENTS = ["payments", "system:authenticated"]
 RULE = {"required": 2, "groups": ["payments"], "notCreator": True}
 
@@ -130,9 +131,10 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
     assert kube.status("restock")["phase"] == "Succeeded"
     assert len(operator_tools.ORDERS) == 1
     decisions = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"]
+    uid = made["metadata"]["uid"]  # no admission stamps here: the object and each place
     assert [(d.by, d.groups, d.ref) for d in decisions] == [
-        ("bob", tuple(sorted(PAYMENTS)), f"{APPROVE}#bob#1"),
-        ("carol", tuple(sorted(PAYMENTS)), f"{APPROVE}#carol#1"),
+        ("bob", tuple(sorted(PAYMENTS)), f"{uid}#1"),
+        ("carol", tuple(sorted(PAYMENTS)), f"{uid}#2"),
     ]
 
 

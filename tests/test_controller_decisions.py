@@ -20,12 +20,13 @@ from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
 from keelgate.kube.controller.decisions import RECONCILIATION, Decided
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.kube.naming import approval_object_name
 from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 SETTLE = "restock-1-lost-write"
-APPROVE = "restock-1-place-order"
+APPROVE = approval_object_name("restock", "1:0", "place_order")
 
 
 pytestmark = pytest.mark.usefixtures("orders")

@@ -140,7 +140,7 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
 
 
 def _one_approval(cluster: FakeCluster) -> None:
-    cluster.runs["restock"] = run_body("restock")
+    cluster.runs["restock"] = run_body("restock", pendingApprovals=[{"action": "1:0"}])
     cluster.objects["Approval"].append(decision("Approval", "restock", "1:0"))
 
 
@@ -698,7 +698,7 @@ class BatchViews(ShopViews):
 
 def _three_approvals(cluster: FakeCluster) -> None:
     for run in ("a", "b", "c"):
-        cluster.runs[run] = run_body(run)
+        cluster.runs[run] = run_body(run, pendingApprovals=[{"action": "1:0"}])
         cluster.objects["Approval"].append(
             decision("Approval", run, "1:0", idempotencyKey=f"kg-{run}", decisions=[])
         )

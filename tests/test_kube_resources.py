@@ -9,6 +9,7 @@ between two operators (two pods for one step).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,10 @@ def test_reconciliations_and_approvals_carry_no_arguments() -> None:
         "idempotencyKey": "kg-abc",
     }
     approve = resources.approval(RUN, PendingApproval("2:0", "refund"), "kg-def")
-    assert approve["metadata"]["name"] == "restock-2-refund"
+    assert (
+        approve["metadata"]["name"]
+        == "restock-2-refund-" + hashlib.sha256(b"restock\0" + b"2:0\0refund").hexdigest()[:10]
+    )
     assert approve["spec"] == {
         "runName": "restock",
         "action": "2:0",
@@ -320,3 +324,21 @@ def test_only_a_step_pods_changes_that_matter_to_its_run_look_at_the_run_again()
     assert pod_change_matters("MODIFIED", {**running, "status": {"phase": "Failed"}})
     leaving = {"metadata": {"name": "r-s1-a1", "deletionTimestamp": "2026-12-05T10:00:00Z"}}
     assert pod_change_matters("MODIFIED", {**running, **leaving})
+
+
+def test_approval_names_never_collide_and_always_fit() -> None:
+    """Two actions whose readable names are the same (run ``pay`` action 1:1 of tool ``x``, run
+    ``pay-1`` action 1:0 of ``x``, run ``pay`` action 1:0 of tool ``1-x``; ``place_order`` and
+    ``place-order``) get different Approvals, each name the same every time it is computed, a
+    valid object name however long the run's name is."""
+    from keelgate.kube.naming import approval_object_name
+
+    same = [("pay", "1:1", "x"), ("pay-1", "1:0", "x"), ("pay", "1:0", "1-x")]
+    names = {approval_object_name(*triple) for triple in same}
+    assert len(names) == 3 and all(n.startswith("pay-1-1-x-") for n in names)
+    assert approval_object_name("r", "1:0", "place_order") != approval_object_name(
+        "r", "1:0", "place-order"
+    )
+    assert approval_object_name("pay", "1:1", "x") == approval_object_name("pay", "1:1", "x")
+    long = approval_object_name("r" * 253, "12:3", "t" * 100)
+    assert len(long) <= 253 and long != approval_object_name("r" * 252, "12:3", "t" * 100)

@@ -27,6 +27,7 @@ from keelgate.cli.plugin.commands import APPROVAL, decide
 from keelgate.cli.plugin.listing import expires_in
 from keelgate.cli.plugin.target import Target, resolve
 from keelgate.errors import InputError, SettleError
+from keelgate.kube.times import parse_time
 
 JSON = dict[str, Any]
 TOKEN = "tok-never-shown-5521"
@@ -139,8 +140,13 @@ class FakeCluster:
 
     def append_decision(self, name: str, entry: Mapping[str, Any], *, first: bool) -> JSON:
         """A JSON patch adding ``entry`` to the Approval's decisions (``first``: making the
-        list), applied to the object as the API server would."""
-        self.patches.append(("Approval", name, {"decisions+": dict(entry), "first": first}))
+        list), applied to the object as the API server would. The moment the client states
+        (``at``) must be now, to the second; it is kept out of ``patches``, which tests compare
+        whole."""
+        stated = parse_time(str(entry.get("at")))
+        assert stated is not None and abs(dt.datetime.now(dt.UTC) - stated).total_seconds() < 60
+        said = {k: v for k, v in entry.items() if k != "at"}
+        self.patches.append(("Approval", name, {"decisions+": said, "first": first}))
         found = next(o for o in self.objects["Approval"] if o["metadata"]["name"] == name)
         assert first == ("decisions" not in found["spec"])
         found["spec"].setdefault("decisions", []).append(dict(entry))
@@ -466,13 +472,26 @@ def test_approve_and_deny_add_a_decision_of_your_own(
     """--deny adds {by: you, groups: yours, approved: false} to spec.decisions (without a note,
     none), making the list on an Approval made before lists were; JSON says so."""
     cluster.user = "bob@example.com"
+    cluster.runs["restock"] = run_body(
+        phase="Stopped",
+        stopReason="awaiting_approval",
+        pendingApprovals=[{"action": "2:0", "tool": "place_order", "definition": "d-1"}],
+    )
     cluster.objects["Approval"] = [decision("Approval", "restock", "2:0")]
     code, out, _ = plugin(capsys, "approve", "restock", "2:0", "--deny", "-o", "json")
     assert code == 0
-    entry = {"by": "bob@example.com", "groups": ["system:authenticated"], "approved": False}
-    assert cluster.patches == [
-        ("Approval", "restock-2-place-order", {"decisions+": entry, "first": True})
-    ]
+    ((kind, name, patch),) = cluster.patches
+    entry = {
+        "by": "bob@example.com",
+        "groups": ["system:authenticated"],
+        "approved": False,
+        "definition": "d-1",  # the call as it was shown: a decision on another is not counted
+    }
+    assert (kind, name, patch) == (
+        "Approval",
+        "restock-2-place-order",
+        {"decisions+": entry, "first": True},
+    )
     assert json.loads(out.strip().splitlines()[-1]) == {
         "run": "restock",
         "action": "2:0",
@@ -1197,10 +1216,17 @@ def test_logs_follow_streams_the_running_pod_then_stops_when_the_run_rests(
 def _two_person_run(cluster: FakeCluster) -> JSON:
     """A run alice created whose payment needs two people from payments, not her; its
     Approval, Pending 0 of 2, with the list the operator makes."""
-    body = run_body("payout", phase="Stopped", stopReason="awaiting_approval")
-    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
     rule = {"required": 2, "groups": ["payments"], "notCreator": True}
-    body["spec"]["tools"] = [{"name": "send_payment", "approval": rule}]
+    # The rule in force is the one the run shows waiting; alice's spec may say less (she
+    # weakened it after the action was planned): it is not what counts.
+    body = run_body(
+        "payout",
+        phase="Stopped",
+        stopReason="awaiting_approval",
+        pendingApprovals=[{"action": "1:0", "tool": "send_payment", "rule": rule}],
+    )
+    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
+    body["spec"]["tools"] = [{"name": "send_payment", "requiresApproval": True}]
     cluster.runs["payout"] = body
     approval = decision("Approval", "payout", "1:0", "send_payment", decisions=[])
     approval["status"] = {"phase": "Pending", "progress": "0 of 2", "required": 2, "decided": 0}
@@ -1219,19 +1245,19 @@ def test_approve_counts_each_person_once_and_refuses_who_the_rule_cannot_count(
     approval = _two_person_run(cluster)
     payments = ("payments", "system:authenticated")
     for user, groups, words in (
-        ("alice", payments, "alice created the run, and the approval rule of send_payment"),
-        ("dave", ("system:authenticated",), "dave is in none of the groups"),
+        ("alice", payments, "alice created the run, and its rule asks for someone else"),
+        ("dave", ("system:authenticated",), "dave may not decide it: the rule asks 2 approvals"),
     ):
         cluster.user, cluster.groups = user, groups
         code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
         assert code == 2 and words in one_line(err)
     assert cluster.patches == []
     cluster.user, cluster.groups = "bob", payments
-    assert plugin(capsys, "approve", "payout", "1:0", "--approve", "--note", "ok")[0] == 0
+    code, out, _ = plugin(capsys, "approve", "payout", "1:0", "--approve", "--note", "ok")
+    assert code == 0 and "approved by bob (1 of 2)" in out
     entry = {"by": "bob", "groups": list(payments), "approved": True, "note": "ok"}
-    assert cluster.patches == [
-        ("Approval", "payout-1-send-payment", {"decisions+": entry, "first": False})
-    ]
+    ((_, name, patch),) = cluster.patches
+    assert (name, patch) == ("payout-1-send-payment", {"decisions+": entry, "first": False})
     code, out, _ = plugin(capsys, "approve", "payout", "1:0", "--approve")
     assert code == 0 and "already approved by bob" in out  # the operator has yet to record it
     approval["status"].update(decided=1, approvedBy=["bob"], progress="1 of 2")
@@ -1242,6 +1268,7 @@ def test_approve_counts_each_person_once_and_refuses_who_the_rule_cannot_count(
     assert len(cluster.patches) == 2
     cluster.user = "carol"
     assert plugin(capsys, "approve", "payout", "1:0", "--deny")[0] == 0
+    approval["status"].update(phase="Settled", verdict="denied", settledBy="carol")
     cluster.user = "erin"
     code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
     assert code == 2 and "already decided: denied by carol" in one_line(err)
@@ -1289,8 +1316,7 @@ def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:
     """An approval with 1 of 2 still waits for a person: `pending` lists it with "1 of 2" and
-    when bob's approval stops counting; one with two approvals the operator has yet to record
-    waits for the operator, not a person."""
+    when bob's approval stops counting; it is listed until the operator shows it Settled."""
     approval = _aged(_two_person_run(cluster), 10)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=42, seconds=30)
     approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
@@ -1306,6 +1332,83 @@ def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
     assert header.split()[5:7] == ["APPROVALS", "EXPIRES"]
     assert row.split()[5:9] == ["1", "of", "2", "in"] and row.split()[9] == "42m"
     assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in row
+    # Until the operator shows it Settled it still waits: a decision may yet be refused.
     approval["spec"]["decisions"].append({"by": "carol", "approved": True})
+    assert "payout" in plugin(capsys, "pending")[1]
+    approval["status"].update(phase="Settled", verdict="approved", progress="2 of 2")
     code, out, _ = plugin(capsys, "pending")
     assert out.strip() == "Nothing waits for a person in namespace shop."
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "args", "words"),
+    [
+        # The spec says one approval by anyone; the rule in force says two from payments,
+        # not alice: alice's own approval is refused, as the operator would refuse it.
+        ("alice", ("payments",), ["--approve"], "alice created the run"),
+        # A deny by someone the rule does not let decide (a typo in the rule's group, say):
+        # refused, never "denied by dave ... the operator carries it out".
+        ("dave", ("system:authenticated",), ["--deny"], "dave may not decide it"),
+        (
+            "system:serviceaccount:shop:ci",
+            ("payments",),
+            ["--approve"],
+            "is a ServiceAccount, and the rule counts people only",
+        ),
+        ("bob", ("payments",), ["--deny"], "its rule asks a reason to deny"),
+    ],
+)
+def test_a_decision_the_rule_in_force_cannot_count_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    cluster: FakeCluster,
+    user: str,
+    groups: tuple[str, ...],
+    args: list[str],
+    words: str,
+) -> None:
+    """The command line judges with the rule the run shows in force (status.pendingApprovals),
+    by the one judge the operator asks (keelgate.core.approvals.refusal): a decision that
+    would not count is refused in one line, exit 2, and nothing is written."""
+    _two_person_run(cluster)
+    rule = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = rule
+    cluster.user, cluster.groups = user, groups
+    code, out, err = plugin(capsys, "approve", "payout", "1:0", *args)
+    assert code == 2, (out, err)
+    assert words in one_line(err) and "nothing was changed" in err
+    assert "approved by" not in out and "denied by" not in out
+    assert cluster.patches == []
+    if args == ["--deny"] and user == "bob":
+        assert plugin(capsys, "approve", "payout", "1:0", "--deny", "--note", "wrong sku")[0] == 0
+
+
+def test_a_decision_on_an_action_the_run_does_not_wait_for_is_refused(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """The run no longer lists the action as waiting (it moved on, or was stopped for another
+    reason): the command says so, exit 2, nothing written."""
+    _two_person_run(cluster)
+    cluster.runs["payout"]["status"].update(phase="Running", stopReason="", pendingApprovals=[])
+    cluster.user, cluster.groups = "bob", ("payments",)
+    code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
+    assert code == 2 and "is not waiting for approval now (the run is Running)" in one_line(err)
+    assert cluster.patches == []
+
+
+def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """dave's deny went in by hand (kubectl patch) and the operator refused it: the Approval
+    is still Pending. `pending` still lists it (wide: what was not counted and why), and
+    `status` shows it awaiting approval with the refusal under it."""
+    approval = _aged(_two_person_run(cluster), 5)
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    approval["status"]["message"] = (
+        "0 of 2 approvals: waiting for 2 more; not counted: dave: payout 1:0: dave may not "
+        "decide it: the rule asks 2 approvals from payments, not the run's creator"
+    )
+    code, out, _ = plugin(capsys, "pending", "-o", "wide")
+    assert code == 0 and "payout" in out and "dave may not decide it" in out
+    code, out, _ = plugin(capsys, "status", "payout")
+    assert "awaiting approval" in out
+    assert "not counted: dave: payout 1:0: dave may not decide it" in out

@@ -23,6 +23,7 @@ import pytest
 from fakes.event_receiver import EventReceiver, Got, quick
 from fakes.loopback import Answer
 from keelgate.cli import main
+from keelgate.kube.naming import approval_object_name
 from keelgate.kube.notices import approval_expired, notices_of
 from keelgate.kube.runtime import notify
 from keelgate.kube.runtime.metrics import Metrics
@@ -35,7 +36,7 @@ from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
 
-APPROVE = "restock-1-place-order"
+APPROVE = approval_object_name("restock", "1:0", "place_order")
 SETTLE = "restock-1-lost-write"
 STATE = "keelgate-system/keelgate-notify-state"
 #: Arguments no event may carry (unless a sink asks), and a secret none may carry at all.

@@ -134,7 +134,12 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         assert ours["rules"] == theirs["rules"]
         assert theirs["metadata"]["labels"].items() <= ours["metadata"]["labels"].items()
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        for name in ("decided-by-requester", "secret-references", "step-service-account"):
+        for name in (
+            "decided-by-requester",
+            "approval-decisions",
+            "secret-references",
+            "step-service-account",
+        ):
             # The policy and the operator's service account are named after the release.
             text = json.dumps(by_kind[(kind, f"kg-{name}")]["spec"])
             spec = json.loads(text.replace("kg-", "keelgate-"))

@@ -163,7 +163,7 @@ def test_alice_ticks_two_of_three_approvals_and_approves_them_at_once(
         )
         for run in ("pay-a", "pay-b"):
             box = browser.find_element(
-                By.CSS_SELECTOR, f"li.item.approval[id$='-{run}-1-place-order'] input[name=pick]"
+                By.CSS_SELECTOR, f"li.item.approval[id*='-{run}-1-place-order-'] input[name=pick]"
             )
             label = browser.find_element(By.CSS_SELECTOR, f"label[for='{box.get_attribute('id')}']")
             assert run in label.text
@@ -176,7 +176,7 @@ def test_alice_ticks_two_of_three_approvals_and_approves_them_at_once(
         assert not browser.find_elements(By.CSS_SELECTOR, ".flash.error")
         for run in ("pay-a", "pay-b"):
             wait_phase(admin, tenant, run, "Succeeded", timeout=120)
-        left = _wait(browser, "li.item.approval[id$='-pay-c-1-place-order'] input[name=pick]")
+        left = _wait(browser, "li.item.approval[id*='-pay-c-1-place-order-'] input[name=pick]")
         assert not left.is_selected()
     decided = {
         a["spec"]["runName"]: a["spec"].get("decisions") for a in runs.approvals(admin, tenant)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from keelgate.kube.naming import approval_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -202,7 +203,8 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
     alice = KubectlKeelgate(plugin.kubectl, config, context=None, namespace=None)
     waiting = alice("status", "granted")
     assert waiting.returncode == 3, waiting.stderr
-    assert "1:0 place_order: awaiting approval → approval granted-1-place-order" in waiting.stdout
+    granted_name = approval_object_name("granted", "1:0", "place_order")
+    assert f"1:0 place_order: awaiting approval → approval {granted_name}" in waiting.stdout
     assert "kubectl keelgate approve granted 1:0 --approve" in waiting.stdout
     both = alice("approve", "granted", "1:0", "--approve", "--deny")
     assert both.returncode == 2 and "not both" in _one_line_error(both)
@@ -216,7 +218,7 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
         "tool": "place_order",
         "verdict": "denied",
         "by": "alice",
-        "approval": "denied-1-place-order",
+        "approval": approval_object_name("denied", "1:0", "place_order"),
         "already": False,
     }
     wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)

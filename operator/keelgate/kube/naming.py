@@ -30,6 +30,7 @@ FAILPOINTS_ANNOTATION = f"{GROUP}/failpoints"
 
 _MAX_NAME = 253  # a DNS subdomain: the limit for pods and custom objects
 _MAX_LABEL = 63
+_DIGEST = 10  # hex digits of the digest that keeps two actions' Approval names apart
 
 
 def _fit(name: str, limit: int) -> str:
@@ -58,6 +59,18 @@ def action_object_name(run: str, action: str, tool: str) -> str:
     iteration, _, index = action.partition(":")
     middle = iteration if index in ("", "0") else f"{iteration}-{index}"
     return _fit(f"{run}-{middle}-{_dns(tool)}", _MAX_NAME)
+
+
+def approval_object_name(run: str, action: str, tool: str) -> str:
+    """The Approval of one action: ``action_object_name`` and a digest of the run, action and
+    tool as they are (``restock-3-place-order-5d41402abc``). The readable part alone can be the
+    same for two actions (run ``pay`` action 1:1 of tool ``x``, run ``pay-1`` action 1:0 of
+    ``x`` and run ``pay`` action 1:0 of ``1-x`` all read ``pay-1-1-x``; ``place_order`` and
+    ``place-order`` read alike), and an Approval taken for another's would count decisions for
+    the wrong call: the digest, over a separator none of them can hold, tells them apart, and
+    the name fits whatever their lengths."""
+    digest = hashlib.sha256(f"{run}\0{action}\0{tool}".encode()).hexdigest()[:_DIGEST]
+    return f"{_fit(action_object_name(run, action, tool), _MAX_NAME - _DIGEST - 1)}-{digest}"
 
 
 def label_value(text: str) -> str:

@@ -26,6 +26,7 @@ from keelgate.kube.naming import (
     STEP_POD_LABEL,
     STEP_POD_NAME,
     action_object_name,
+    approval_object_name,
     label_value,
 )
 from keelgate.kube.times import parse_time
@@ -352,15 +353,16 @@ def reconciliation(run: Mapping[str, Any], unknown: UnknownAction) -> JSON:
     }
 
 
-def approval(run: Mapping[str, Any], pending: PendingApproval, key: str) -> JSON:
+def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name: str = "") -> JSON:
     """The Approval people edit to let one action run, or deny it: for the call whose
-    idempotency key is ``key``, with an empty list of decisions for them to append to."""
+    idempotency key is ``key``, with an empty list of decisions for them to append to
+    (``name``: the one found in use, else the computed one)."""
     meta = run["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": "Approval",
         "metadata": {
-            "name": approval_name(run, pending),
+            "name": name or approval_name(run, pending),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
@@ -377,7 +379,7 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str) -> JSON
 
 def approval_name(run: Mapping[str, Any], pending: PendingApproval) -> str:
     """The name of the Approval for one pending action of a run."""
-    return action_object_name(run["metadata"]["name"], pending.action, pending.tool)
+    return approval_object_name(run["metadata"]["name"], pending.action, pending.tool)
 
 
 def creator_of(run: Mapping[str, Any]) -> str:

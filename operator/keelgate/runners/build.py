@@ -209,6 +209,7 @@ def _python_tool(tool: ToolConfig, where: str, callables: CallableLoader) -> Too
         description=tool.description,
         input_schema=schema if schema is not None else {"type": "object"},
         timeout_seconds=tool.timeout_seconds,
+        reference=tool.python.callable,
     )
 
 

@@ -130,6 +130,18 @@ class HttpTool:
         return f"HttpTool(name={self.name!r}, {self.where})"
 
     @property
+    def definition(self) -> Mapping[str, Any]:
+        """What decides this tool's call (``keelgate.core.calls``): its method, URL template,
+        the names of its headers (their values may be credentials, rotated without changing
+        what the call does) and its body (none: the arguments are the body)."""
+        return {
+            "http.method": self.method,
+            "http.url": self.url,
+            "http.headers": sorted({name.lower() for name in self.headers}),
+            "http.body": None,
+        }
+
+    @property
     def changes_things(self) -> bool:
         return self.side_effect is not SideEffect.READ
 

@@ -131,6 +131,18 @@ class McpTool:
     def __repr__(self) -> str:
         return f"McpTool(name={self.name!r}, server={self.server.url!r})"
 
+    @property
+    def definition(self) -> Mapping[str, Any]:
+        """What decides this tool's call (``keelgate.core.calls``): the server, the tool it
+        calls there, the names of the headers sent (values may be rotated credentials) and
+        the argument that carries the key."""
+        return {
+            "mcp.url": self.server.url,
+            "mcp.tool": self.remote_name,
+            "mcp.headers": sorted({name.lower() for name in self.server.headers}),
+            "mcp.keyArgument": self.key_argument or "",
+        }
+
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         self._schema.check(self.name, args)
         arguments = dict(args)

@@ -35,7 +35,6 @@ from keelgate.cli.plugin.commands import (
     NamespaceOption,
     _api,
     app,
-    approval_entries,
 )
 from keelgate.cli.render import Console
 from keelgate.kube.naming import GROUP
@@ -149,7 +148,7 @@ def pending_command(
     now = dt.datetime.now(dt.UTC)
     header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "APPROVALS", "EXPIRES", "DECIDE WITH"]
     if output is ListOutput.wide:
-        header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER"]
+        header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER", "NOT COUNTED"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     rows = []
@@ -172,10 +171,12 @@ def pending_command(
             command,
         ]
         if output is ListOutput.wide:
+            said = str(status.get("message") or "")
             row[7:7] = [
                 meta["name"],
                 str(spec.get("idempotencyKey", "")),
-                str((item.get("status") or {}).get("notExecutedAfter", "")),
+                str(status.get("notExecutedAfter", "")),
+                said.split("not counted:", 1)[1].strip() if "not counted:" in said else "",
             ]
         if all_namespaces:
             row.insert(0, meta.get("namespace", ""))
@@ -244,22 +245,21 @@ def _names(items: Sequence[JSON]) -> list[str]:
 
 
 def decided(item: Mapping[str, Any]) -> bool:
-    """Settled, or decided in spec and not yet carried out (then it waits for the operator,
-    not for a person). An Approval is decided in spec by any deny, the one-decision form, or
-    as many different people's approvals as it needs that the operator has yet to record; one
-    with "1 of 2" still waits for a person."""
+    """Whether nobody needs to act on the object any more: Settled, or (a Reconciliation)
+    decided in spec and not refused (then it waits for the operator, not for a person). An
+    Approval waits for people until the operator shows it Settled: a decision in its spec may
+    yet be refused (not in the rule's groups, the run's creator, a ServiceAccount), and an
+    action whose decision was refused must never drop out of sight."""
     status = item.get("status") or {}
     if status.get("phase") == "Settled":
         return True
-    spec = item.get("spec") or {}
-    if item.get("kind") != "Approval":
-        return "executed" in spec
-    entries = approval_entries(spec)
-    if spec.get("approved") is not None or any(not yes for _, yes in entries):
-        return True
-    people = {by for by, yes in entries if yes}
-    caught_up = int(status.get("decided") or 0) >= len(entries)
-    return not caught_up and len(people) >= max(1, int(status.get("required") or 1))
+    if item.get("kind") == "Approval":
+        return False
+    refused = any(
+        c.get("type") == "Stalled" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+    return "executed" in (item.get("spec") or {}) and not refused
 
 
 def expires_in(when: str, now: dt.datetime) -> str:

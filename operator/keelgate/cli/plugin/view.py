@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console as RichConsole
@@ -22,7 +22,12 @@ from rich.tree import Tree
 from keelgate.cli.plugin.target import Target
 from keelgate.core.redaction import redact_text
 from keelgate.kube.controller.pod_ends import classify
-from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL, action_object_name
+from keelgate.kube.naming import (
+    ATTEMPT_LABEL,
+    STEP_LABEL,
+    action_object_name,
+    approval_object_name,
+)
 
 JSON = dict[str, Any]
 
@@ -136,7 +141,7 @@ def report(
             "action": str(u.get("action", "")),
             "tool": str(u.get("tool", "")),
             "idempotencyKey": str(u.get("idempotencyKey", "")),
-            "reconciliation": _object_name(rec_by_action, name, u),
+            "reconciliation": _object_name(rec_by_action, name, u, action_object_name),
         }
         for u in status.get("unknownActions") or []
     ]
@@ -144,7 +149,7 @@ def report(
         {
             "action": str(p.get("action", "")),
             "tool": str(p.get("tool", "")),
-            "approval": _object_name(app_by_action, name, p),
+            "approval": _object_name(app_by_action, name, p, approval_object_name),
         }
         for p in status.get("pendingApprovals") or []
     ]
@@ -190,12 +195,18 @@ def report(
     return document
 
 
-def _object_name(found: Mapping[str, Mapping[str, Any]], run: str, item: Mapping[str, Any]) -> str:
-    """The object the operator made for an action; its computed name while it is being made."""
+def _object_name(
+    found: Mapping[str, Mapping[str, Any]],
+    run: str,
+    item: Mapping[str, Any],
+    named: Callable[[str, str, str], str],
+) -> str:
+    """The object the operator made for an action; its computed name (``named``) while it is
+    being made."""
     obj = found.get(str(item.get("action", "")))
     if obj is not None:
         return str(obj["metadata"]["name"])
-    return action_object_name(run, str(item.get("action", "")), str(item.get("tool", "")))
+    return named(run, str(item.get("action", "")), str(item.get("tool", "")))
 
 
 def _actions(
@@ -224,6 +235,8 @@ def _actions(
                     "progress": str(status.get("progress") or ""),
                     "approvedBy": [str(b) for b in status.get("approvedBy") or ()],
                     "expiresAt": str(status.get("expiresAt") or ""),
+                    # What the operator says of it: a decision it refused, and why.
+                    "message": str(status.get("message") or ""),
                 }
             )
     rows.sort(key=lambda r: (_iteration(r["action"]), r["action"], r["kind"]))
@@ -389,7 +402,11 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
         else:
             head += Text("decided, not yet applied by the operator", style="dim")
             extra = f" by {row['by']}" if row["by"] else ""
-        node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        shown = node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        said = str(row.get("message") or "")
+        if "not counted:" in said:
+            # A decision the operator refused stays in sight, with its reason.
+            shown.add(Text("not counted: " + said.split("not counted:", 1)[1].strip(), "yellow"))
 
 
 def _count(row: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
 from keelgate.kube.controller.slots import StepSlots
+from keelgate.kube.naming import action_object_name, approval_object_name
 from keelgate.kube.notices import Notice
 from keelgate.kube.resources import StepPodSettings
 
@@ -77,3 +78,18 @@ class ControllerContext:
             return self.loop.state(namespace, name)
         except RunNotFound:
             return None
+
+    def approval_name(self, namespace: str, run: str, action: str, tool: str) -> str:
+        """The name of the Approval of one action of ``run``: today's
+        (``naming.approval_object_name``), or the name an earlier release gave it when an
+        Approval of that name exists for this very run, action and tool (made before an
+        upgrade: it is the one people were told of, and holds their decisions)."""
+        name = approval_object_name(run, action, tool)
+        if self.cache.get("Approval", namespace, name) is not None:
+            return name
+        legacy = action_object_name(run, action, tool)
+        found = self.cache.get("Approval", namespace, legacy)
+        spec = (found or {}).get("spec") or {}
+        if (spec.get("runName"), spec.get("action"), spec.get("tool")) == (run, action, tool):
+            return legacy
+        return name

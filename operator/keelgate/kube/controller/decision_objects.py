@@ -154,10 +154,10 @@ class DecisionObjects:
                 context.enqueue(key, 0.0)
         keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
         for pending in state.pending:
-            name = resources.approval_name(run, pending)
+            name = context.approval_name(namespace, label, pending.action, pending.tool)
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
-            body = resources.approval(run, pending, keys.get(pending.action, ""))
+            body = resources.approval(run, pending, keys.get(pending.action, ""), name=name)
             view = shown(state, pending.action, at=context.clock())
             status = dict(view.status) if view is not None else {"phase": "Pending"}
             if self._create_pending("Approval", namespace, body, status):

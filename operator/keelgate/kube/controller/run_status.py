@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from keelgate.core.approvals import denials
 from keelgate.core.state import RunState
 from keelgate.core.types import UnknownAction
 from keelgate.kube import status
@@ -91,11 +92,12 @@ class RunStatusWriter:
                 )
             },
             approvals={
-                p.action: action_object_name(name, p.action, p.tool)
+                p.action: context.approval_name(namespace, name, p.action, p.tool)
                 for p in (state.pending if state is not None else ())
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,
             unknown=unknown,
+            denied=tuple(d.describe() for d in denials(state)) if state is not None else (),
         )
         if not read_store and state is None:
             return self._write_running(run, view)

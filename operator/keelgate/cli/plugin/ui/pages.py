@@ -371,7 +371,16 @@ def _event_line(kind: str, data: Mapping[str, Any], actor: str) -> str:
     if kind in ("loop.reconciled", "loop.approved", "loop.denied"):
         who = e(data.get("by") or actor)
         verdict = e(data.get("verdict") or kind.split(".")[1])
-        return f"{action} {tool}: <strong>{verdict}</strong> by {who}"
+        # An approval of several is one of them: "approved by bob (1 of 2)", never more.
+        counted = data.get("approvals"), data.get("required")
+        count = f" ({e(counted[0])} of {e(counted[1])})" if None not in counted else ""
+        why = f": {e(data['note'])}" if data.get("note") else ""
+        return f"{action} {tool}: <strong>{verdict}</strong> by {who}{count}{why}"
+    if kind == "loop.call_changed":
+        changed = ", ".join(e(p) for p in data.get("changed") or ())
+        voided = ", ".join(e(p) for p in data.get("voided") or ())
+        lost = f"; the approvals of {voided} no longer count" if voided else ""
+        return f"{action} {tool}: the tool changed before its call ({changed}){lost}"
     if kind == "loop.verified":
         return f"verified: {e(data.get('verdict', ''))}"
     if kind == "loop.late_result":
@@ -386,8 +395,10 @@ def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
         f"<tr><td>{e(d['kind'])}</td><td>{e((d.get('spec') or {}).get('action', ''))}</td>"
         f"<td>{e((d.get('spec') or {}).get('tool', ''))}</td>"
         f"<td>{e((d.get('status') or {}).get('phase', 'Pending'))}</td>"
-        f"<td>{e((d.get('status') or {}).get('verdict', ''))}</td>"
-        f"<td>{e((d.get('spec') or {}).get('by', ''))}</td></tr>"
+        f"<td>{e((d.get('status') or {}).get('verdict', ''))}"
+        f"{_progress(d.get('status') or {})}</td>"
+        f"<td>{e((d.get('status') or {}).get('settledBy') or (d.get('spec') or {}).get('by', ''))}"
+        "</td></tr>"
         for d in decisions
     )
     return (
@@ -395,6 +406,15 @@ def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
         "<th scope=col>Action</th><th scope=col>Tool</th><th scope=col>Phase</th>"
         f"<th scope=col>Verdict</th><th scope=col>By</th></tr></thead><tbody>{rows}</tbody></table>"
     )
+
+
+def _progress(status: Mapping[str, Any]) -> str:
+    """ " (1 of 2)" for an Approval of several, as its status counts it (what the store holds,
+    never the entries of its spec); "" otherwise."""
+    progress = str(status.get("progress") or "")
+    if not progress or progress.endswith(" of 1"):
+        return ""
+    return f" ({e(progress)})"
 
 
 def _trail(page: RunPage) -> str:
