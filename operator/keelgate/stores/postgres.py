@@ -52,6 +52,7 @@ from __future__ import annotations
 import re
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from keelgate.errors import InputError, RunBusy, StoreError, StoreUnavailable
+from keelgate.errors import InputError, RunBusy, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores import _sql
 from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
 
@@ -81,6 +82,23 @@ _MANY = -1
 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+#: Seconds a store's statement waits for a lock another session holds (``lock_timeout``), and
+#: seconds any of its statements may run (``statement_timeout``), before it is given up with
+#: ``StoreBusy`` naming what waited. Keelgate's own statements hold a row for milliseconds (every
+#: write is one autocommit statement or a short transaction), so a longer wait is someone
+#: holding a lock on purpose or by mistake: an open transaction, ``LOCK TABLE``, a migration.
+#: Set on every session a store opens; a role that changes them in its own sessions changes
+#: only how long its own statements wait.
+LOCK_TIMEOUT = 5.0
+STATEMENT_TIMEOUT = 30.0
+#: A migration's bound on waiting for a lock: every statement on the table queues behind a
+#: waiting ``ALTER TABLE``, so the wait is kept short and tried again, MIGRATION_TRIES times
+#: over about 8 s, before the open fails with ``StoreBusy``. Its statements may run longer
+#: (a large table rewritten), up to MIGRATION_STATEMENT_TIMEOUT.
+MIGRATION_LOCK_TIMEOUT = 1.0
+MIGRATION_STATEMENT_TIMEOUT = 600.0
+MIGRATION_TRIES = 5
 
 POSTGRES = Dialect(
     name="postgresql",
@@ -130,6 +148,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_keys": "SELECT, INSERT, UPDATE, DELETE",
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT",
+        "keelgate_databases": "SELECT",
     },
     "operator": {
         "keelgate_schema": "SELECT",
@@ -138,6 +157,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_keys": "SELECT, UPDATE (state, owner, settled_by, source)",
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT, INSERT, UPDATE (source, generation, spec)",
+        "keelgate_databases": "SELECT",
     },
 }
 KINDS = tuple(PRIVILEGES)
@@ -237,25 +257,71 @@ def _schema_and_database(conn: Connection) -> tuple[str, str]:
 def migrated(conn: Conn, target: str) -> int:
     """Bring the database behind ``conn`` (autocommit) to today's schema, under the schema lock;
     returns the version it had. A role that may not migrate a database that needs it is told
-    what to do in one line, not the server's "permission denied"."""
+    what to do in one line, not the server's "permission denied".
+
+    Each try waits at most MIGRATION_LOCK_TIMEOUT for a lock (an open transaction that read a
+    table holds off its ``ALTER TABLE``, and every statement on that table would queue behind
+    the waiting migration): it is rolled back and tried again, MIGRATION_TRIES times, then
+    given up with ``StoreBusy`` naming the migration. Nothing of a failed try stays."""
 
     @contextmanager
     def schema_lock() -> Iterator[Connection]:
         with conn.transaction():
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, true), "
+                "set_config('statement_timeout', %s, true)",
+                (_ms(MIGRATION_LOCK_TIMEOUT), _ms(MIGRATION_STATEMENT_TIMEOUT)),
+            )
             # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once, and a
             # migration must run once: every opener takes this lock before changing anything.
             conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
             yield conn
 
     where = f"PostgreSQL store {target}"
-    try:
-        return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
-    except psycopg.errors.InsufficientPrivilege:
-        raise StoreError(
-            f"{where}: its schema is older than this Keelgate's (version {len(_sql.MIGRATIONS)}) "
-            f"and role {conn.info.user} may not migrate it; open it once with the database "
-            "owner's URL (e.g. `keelgate tenant list --store ADMIN_URL`)"
-        ) from None
+    pause = 0.5
+    for attempt in range(1, MIGRATION_TRIES + 1):
+        try:
+            return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
+        except psycopg.errors.InsufficientPrivilege:
+            raise StoreError(
+                f"{where}: its schema is older than this Keelgate's (version "
+                f"{len(_sql.MIGRATIONS)}) and role {conn.info.user} may not migrate it; open it "
+                "once with the database owner's URL (e.g. `keelgate tenant list --store "
+                "ADMIN_URL`)"
+            ) from None
+        except psycopg.Error as error:
+            waited = _waited(error)
+            if waited is None:
+                raise
+            if attempt == MIGRATION_TRIES:
+                seconds = (
+                    MIGRATION_LOCK_TIMEOUT
+                    if waited == "lock_timeout"
+                    else MIGRATION_STATEMENT_TIMEOUT
+                )
+                what = f"migrating its schema to version {len(_sql.MIGRATIONS)}"
+                raise StoreBusy(
+                    where, f"{what} ({MIGRATION_TRIES} tries)", waited=waited, seconds=seconds
+                ) from None
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _ms(seconds: float) -> str:
+    """A PostgreSQL duration setting, in whole milliseconds."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _waited(error: BaseException) -> str | None:
+    """Which bound a statement was given up at: ``lock_timeout``, ``statement_timeout``, or
+    None for any other error (a cancel asked for by someone, a lock refused without waiting)."""
+    text = str(error)
+    if isinstance(error, psycopg.errors.LockNotAvailable) and "lock timeout" in text:
+        return "lock_timeout"
+    if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
+        return "statement_timeout"
+    return None
 
 
 # Settings whose values libpq (or psycopg, which reads connect_timeout and the host and port
@@ -406,9 +472,13 @@ class PostgresStore(SQLStore):
         max_size: int = 8,
         connect_timeout: int = 10,
         patience: float = PATIENCE,
+        lock_timeout: float = LOCK_TIMEOUT,
+        statement_timeout: float = STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__()
         self.url = url
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
         # Every operation rides out a restart, a failover or an ended session (``_durably``).
         self.patience = self.result_patience = patience
         self.target, params = _safe_target(url)
@@ -445,7 +515,7 @@ class PostgresStore(SQLStore):
                 open=False,
                 name=f"keelgate-{self.owner}",
                 num_workers=2,
-                configure=_durable_commits,
+                configure=self._configure,
                 # A pooled session the server has ended meanwhile (a restart, a failover,
                 # idle_session_timeout) is found out before it is lent, not by the statement.
                 check=ConnectionPool.check_connection,
@@ -454,7 +524,8 @@ class PostgresStore(SQLStore):
         except psycopg.Error as error:
             self.close()
             # Whatever went wrong, the store could not be opened: nothing was read or written.
-            raise self._error(error, StoreUnavailable) from None
+            failed = self._error(error, StoreUnavailable)
+            raise failed.doing("opening it") if isinstance(failed, StoreBusy) else failed from None
         except BaseException:
             self.close()
             raise
@@ -464,7 +535,21 @@ class PostgresStore(SQLStore):
         """This store's current owner id (a new one after its owner session was lost)."""
         return self._owner_ids[-1]
 
+    def _configure(self, conn: Conn) -> None:
+        """What every session of this store is set to: durable commits, and the bounds of its
+        waits (``StoreBusy`` past them)."""
+        _durable_commits(conn)
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), "
+            "set_config('statement_timeout', %s, false)",
+            (_ms(self.lock_timeout), _ms(self.statement_timeout)),
+        )
+
     def _error(self, error: BaseException, kind: type[StoreError] | None = None) -> StoreError:
+        waited = _waited(error)
+        if waited is not None:
+            seconds = self.lock_timeout if waited == "lock_timeout" else self.statement_timeout
+            return StoreBusy(f"PostgreSQL store {self.target}", "", waited=waited, seconds=seconds)
         line = _one_line(error, self._secret)
         if kind is None:
             # A lost connection or a server gone away: the store cannot be reached.
@@ -475,7 +560,7 @@ class PostgresStore(SQLStore):
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
         try:
-            _durable_commits(conn)
+            self._configure(conn)
             migrated(conn, self.target)
             # The server ends this session (releasing our lock) soon after the host goes silent,
             # and must never end it for being idle.
@@ -644,7 +729,7 @@ class PostgresStore(SQLStore):
                 space, key = row[0]
                 return conn, int(space), int(key)
 
-        held = self._durably(attempt)
+        held = self._durably(attempt, what=f"locking run {run!r}")
         if held is None:
             return None
         conn, space, key = held
