@@ -123,7 +123,9 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
 
     ``pooled=False`` is for a short-lived process with one thread of work (a step pod): a
     PostgreSQL store then holds one server session, not a pool beside its owner session. The
-    other stores have one connection either way."""
+    other stores have one connection either way. A PostgreSQL database that names tenants with
+    databases of their own (the operator's or the administrator's URL on the home database)
+    serves each of those on its database (``TenantDatabases``)."""
     scheme = _parse(url).kind
     if scheme == "sqlite":
         from keelgate.stores.sqlite import SQLiteStore
@@ -137,6 +139,11 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
             raise _needs_extra(scheme, "postgres", missing) from None
 
         pg = PostgresStore(url, pooled=pooled)
+        if pg.routes_tenants:
+            # Tenants with databases of their own (`keelgate tenant add`) are served there.
+            from keelgate.stores.tenant_databases import TenantDatabases
+
+            return Stores.of(TenantDatabases(pg))
         return Stores.of(pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore

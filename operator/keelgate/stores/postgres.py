@@ -58,7 +58,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from keelgate.errors import InputError, RunBusy, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores import _sql
@@ -500,6 +500,7 @@ class PostgresStore(SQLStore):
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
         self._open = False
+        self.routes_tenants = False
         try:
             self._open_owner_session()
             self._open = True
@@ -572,7 +573,7 @@ class PostgresStore(SQLStore):
             owner = _take_owner_id(conn)
             # Every role sees every session's application_name: it names no owner id.
             conn.execute("SET application_name = keelgate")
-            self._writer = _writer(conn)
+            self._writer, self.routes_tenants = _identity(conn)
         except BaseException:
             conn.close()
             raise
@@ -697,6 +698,41 @@ class PostgresStore(SQLStore):
             # The statement failed as a whole and, autocommit, took nothing with it.
             return None
 
+    # Tenants with databases of their own (``keelgate.stores.tenant_databases`` serves them)
+
+    def tenant_database(self, tenant: str) -> str:
+        """The database of its own ``tenant`` keeps its rows in, on this server ("": this
+        one), as ``keelgate_databases`` tells this role."""
+        row = self._durably(
+            lambda again: self._one(
+                "SELECT database FROM keelgate_databases WHERE tenant = %s", (tenant,)
+            ),
+            what=f"looking up tenant {tenant}'s database",
+        )
+        return "" if row is None else str(row[0])
+
+    def tenant_databases(self) -> dict[str, str]:
+        """Every tenant with a database of its own that this role may see, and that database."""
+
+        def attempt(again: bool) -> list[Any]:
+            with self._statement() as conn:
+                return conn.execute("SELECT tenant, database FROM keelgate_databases").fetchall()
+
+        rows = self._durably(attempt, what="looking up the tenants' databases")
+        return {str(tenant): str(database) for tenant, database in rows}
+
+    def on_database(self, database: str, *, pooled: bool) -> PostgresStore:
+        """A store on another ``database`` of this server, with this store's credentials and
+        settings (its bounds, its patience)."""
+        return PostgresStore(
+            make_conninfo(self.url, dbname=database),
+            pooled=pooled,
+            connect_timeout=int(self._kwargs.get("connect_timeout", 10)),
+            patience=self.patience,
+            lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+        )
+
     # RunLock
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
@@ -769,16 +805,20 @@ def _take_owner_id(conn: Conn) -> int:
     return int(row[0])
 
 
-def _writer(conn: Conn) -> tuple[str, str]:
+def _identity(conn: Conn) -> tuple[tuple[str, str], bool]:
     """Who the database records as the writer of this store's audit events (migration 6): the
-    role, and its kind in the lookup (``administrator`` for a role it does not name). Sealed
-    into each event's hash, so an event's writer is as fixed as the rest of it."""
+    role, and its kind in the lookup (``administrator`` for a role it does not name), sealed
+    into each event's hash, so an event's writer is as fixed as the rest of it; and whether
+    this database names tenants with databases of their own that this role may serve
+    (``keelgate_databases``, migration 7: the operator's role and the administrator's see every
+    one, a tenant's role none)."""
     row = conn.execute(
         "SELECT current_user, COALESCE((SELECT kind FROM keelgate_tenants "
-        "WHERE role = current_user), 'administrator')"
+        "WHERE role = current_user), 'administrator'), "
+        "EXISTS (SELECT 1 FROM keelgate_databases)"
     ).fetchone()
     assert row is not None
-    return str(row[0]), str(row[1])
+    return (str(row[0]), str(row[1])), bool(row[2])
 
 
 def _durable_commits(conn: Conn) -> None:
