@@ -45,7 +45,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from keelgate.core.audit import utc_now
-from keelgate.errors import InputError, StoreBusy, StoreError, StoreUnavailable
+from keelgate.errors import InputError, KeelgateError, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores._isolation_ddl import TENANT_TABLES
 from keelgate.stores._sql import DEFAULT_LOCK_LIMIT, TENANT_SPACES
 from keelgate.stores.postgres import (
@@ -383,6 +383,19 @@ class TenantStore:
                 raise
             self._elsewhere[database] = conn
         return conn
+
+    def migrate_tenants(self) -> list[str]:
+        """Bring every tenant's database to today's schema (the home one is, since this store
+        opened), each with a migration's bounded waits; one line for each that could not be
+        (a tenant's open transaction holding off its migration), the others migrated all the
+        same: a tenant can hold up only its own."""
+        problems = []
+        for tenant, database in self.routes().items():
+            try:
+                self.on(database)
+            except KeelgateError as error:
+                problems.append(f"tenant {tenant}'s database {database}: {error}")
+        return problems
 
     def routes(self) -> dict[str, str]:
         """Each tenant with a database of its own, and that database."""
