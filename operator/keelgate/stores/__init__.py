@@ -117,7 +117,9 @@ def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
     )
 
 
-def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
+def open_stores(
+    url: str = DEFAULT_URL, *, pooled: bool = True, tenant_sessions: int | None = None
+) -> Stores:
     """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
     or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver).
 
@@ -125,7 +127,9 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
     PostgreSQL store then holds one server session, not a pool beside its owner session. The
     other stores have one connection either way. A PostgreSQL database that names tenants with
     databases of their own (the operator's or the administrator's URL on the home database)
-    serves each of those on its database (``TenantDatabases``)."""
+    serves each of those on its database (``TenantDatabases``), keeping at most
+    ``tenant_sessions`` (default ``tenant_databases.MOST_OPEN``) of their sessions open beyond
+    those in use."""
     scheme = _parse(url).kind
     if scheme == "sqlite":
         from keelgate.stores.sqlite import SQLiteStore
@@ -141,9 +145,9 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
         pg = PostgresStore(url, pooled=pooled)
         if pg.routes_tenants:
             # Tenants with databases of their own (`keelgate tenant add`) are served there.
-            from keelgate.stores.tenant_databases import TenantDatabases
+            from keelgate.stores.tenant_databases import MOST_OPEN, TenantDatabases
 
-            return Stores.of(TenantDatabases(pg))
+            return Stores.of(TenantDatabases(pg, most_open=tenant_sessions or MOST_OPEN))
         return Stores.of(pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore
