@@ -278,7 +278,9 @@ DEFAULT_LOCK_LIMIT = 64  # runs a tenant's sessions may drive at once, unless se
 # - ``keelgate_owner_alive(id)`` judges an owner without reading the lock table (which a
 #   tenant's role need not see, and whose every read costs time in proportion to all the locks
 #   on the server, another tenant's included): a shared lock on the id is granted at once
-#   unless the owner's session holds it, and is given back at once. The owner's own session,
+#   unless the owner's session holds it, and is given back at once (migration 7 replaces the
+#   two statements with a transaction-level lock: a cancel between them left it held). The
+#   owner's own session,
 #   where it would be granted as well, knows its id (a setting the take makes: a session that
 #   changes it misjudges only what it reads itself).
 # - ``keelgate_lock_run(tenant, run)`` takes a run's driver lock only for the caller's own tenant

@@ -13,8 +13,9 @@ id from ``keelgate_owner_seq`` and holds a session-level advisory lock on it in 
 session), on a dedicated connection outside the pool, for as long as it is open. Keys are claimed
 on that same connection and record the owner id. A store judges an in-flight key's owner gone if
 and only if ``keelgate_owner_alive(id)``, asked in the key's own SELECT, says no session holds
-that id's lock: a shared lock on it is tried and, if granted, given back at once (the owner's own
-session, where it would be granted too, knows its id). It reads no lock table, whose every read
+that id's lock: a transaction-level shared lock on it is tried (it ends with the statement's
+transaction, so no cancel can leave it held; the owner's own session, where it would be granted
+too, knows its id). It reads no lock table, whose every read
 copies every lock on the server. Why this is sound:
 
 - A live owner is never read as gone. The lock is taken before the first claim, and every claim
