@@ -792,12 +792,17 @@ def _b_under(
     shared: Shared, tmp_path: Path, operator: OperatorRig, ways: Ways
 ) -> tuple[float, float, Attacker]:
     """B's median cycle without A, and with A attacking in the ``ways`` made for B's next runs:
-    (without, with, A)."""
+    (without, with, A). Measured once more, with a fresh attack, when the first says B was
+    slowed past SLOWDOWN_MOST: the machine is shared, and a burst of other work during the
+    attacked cycles reads as a slowdown, where an attack that slows B slows it both times."""
     b = TenantB(shared, tmp_path, operator)
-    alone = b.totals()
-    with attacking(shared, *ways(b)) as attacker:
-        attacked = b.totals(ATTACKED_CYCLES)
-    alone += b.totals()
+    for _ in range(2):
+        alone = b.totals()
+        with attacking(shared, *ways(b)) as attacker:
+            attacked = b.totals(ATTACKED_CYCLES)
+        alone += b.totals()
+        if statistics.median(attacked) <= SLOWDOWN_MOST * statistics.median(alone):
+            break
     return statistics.median(alone), statistics.median(attacked), attacker
 
 
