@@ -677,6 +677,69 @@ def test_tenant_remove_takes_the_role_away_and_keeps_the_data(
     assert "2 run(s)" in again.stdout
 
 
+def test_tenant_move_takes_a_tenant_of_one_database_into_its_own(
+    admin_url: str, tmp_path: Path
+) -> None:
+    """An install from before: A and B in one database, B with a run stopped on an unknown
+    outcome and one waiting for approval. `keelgate tenant move B --print` refuses (exit 2, one
+    line naming the operator's role) while the operator is connected, changing nothing; once
+    the operator is stopped, it moves B: B's rows, read by the administrator, are in B's own
+    database exactly as they were and none is left in the shared one, which B's old URL no
+    longer reads; the printed URL (with a new password) finishes B's runs, the operator's
+    settling and approving on B's database, each WRITE once and the trails verifying; A, left
+    in the shared database, is as it was. Moved again, nothing moves. Removing the operator's
+    role then takes it out of every database, B's included, and drops it."""
+    ns_a, ns_b = _unique("shop-a"), _unique("shop-b")
+    operator_role = _unique("keelgate-operator")
+    with TenantStore(admin_url) as admin:
+        a = admin.add(ns_a, shared=True).url
+        b = admin.add(ns_b, shared=True).url
+        operator = admin.add("keelgate-system", kind="operator", role=operator_role).url
+    shared = Shared(admin_url, a, b, operator, ns_a, ns_b, own_databases=False)
+    victim = _stop_bs_runs(shared, tmp_path)
+    _a_runs_its_own(shared, tmp_path)
+    before_a, before_b = _rows_of(shared, ns_a), _rows_of(shared, ns_b)
+    held = open_stores(operator)
+    try:
+        refused = _keelgate("tenant", "move", ns_b, "--print", store=admin_url)
+    finally:
+        held.close()
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert refused.stderr.count("\n") == 1 and f"of role {operator_role}" in refused.stderr
+    assert "stop the operator" in refused.stderr
+    assert _rows_of(shared, ns_b) == before_b
+    moved = _keelgate("tenant", "move", ns_b, "--print", store=admin_url)
+    assert moved.returncode == 0, moved.stderr
+    assert "moved 2 run(s)" in moved.stderr and ADMIN_PASSWORD not in moved.stderr
+    url = moved.stdout.strip()
+    own = Shared(admin_url, a, url, operator, ns_a, ns_b, own_databases=True)
+    assert url.rsplit("/", 1)[1] == own.at(ns_b).rsplit("/", 1)[1]
+    assert _rows_of(own, ns_b) == before_b
+    assert all(rows == [] for rows in _rows_of(shared, ns_b).values())
+    assert _rows_of(shared, ns_a) == before_a
+    with pytest.raises(psycopg.OperationalError):
+        _connect(b).close()  # its old password is gone with the move's new one
+    operator_stores = open_stores(operator)
+    try:
+        loop = Loop(stores=operator_stores)
+        loop.reconcile(ns_b, "restock", "1:0", executed=True, by="alice")
+        loop.approve(ns_b, "approve-me", "1:0", approved=True, by="bob")
+    finally:
+        operator_stores.close()
+    asking = World(victim.world.journal, approval=frozenset({"place_order"}))
+    for spec, world in ((victim.unknown, victim.world), (victim.approval, asking)):
+        _run_to(url, world, spec, StopReason.GOAL_MET)
+    assert dict(victim.world.effects()) == {victim.unknown_key: 1, victim.approval_key: 1}
+    for run in ("restock", "approve-me"):
+        verified = _keelgate("audit", run, "-n", ns_b, "--verify", store=url)
+        assert verified.returncode == 0 and "chain verified" in verified.stdout
+    with TenantStore(admin_url) as admin:
+        again = admin.move(ns_b)
+        assert again.database == own.at(ns_b).rsplit("/", 1)[1]
+        (gone,) = admin.remove("keelgate-system")
+    assert gone.dropped
+
+
 @pytest.mark.parametrize(
     ("args", "code", "field"),
     [

@@ -961,8 +961,12 @@ class TenantStore:
                 conn.execute("DELETE FROM keelgate_tenants WHERE role = %s", (registered.role,))
                 if self.role_exists(registered.role):
                     revoke(conn, registered.role)
-        if database and gone:
-            with self._transaction(self.on(database)) as there:
+        # The tenant's database; for an operator's role, every tenant's it was registered in.
+        elsewhere = [database] if database else []
+        if any(registered.kind == "operator" for registered in gone):
+            elsewhere = sorted(set(self.routes().values()))
+        for where in elsewhere if gone else []:
+            with self._transaction(self.on(where)) as there:
                 for registered in gone:
                     there.execute(
                         "DELETE FROM keelgate_tenants WHERE role = %s", (registered.role,)
@@ -971,7 +975,10 @@ class TenantStore:
                         revoke(there, registered.role)
         kept = self.kept(tenant)
         for registered in gone:
-            sessions = self._end_sessions(registered.role, database or self.home)
+            sessions = sum(
+                self._end_sessions(registered.role, where)
+                for where in dict.fromkeys([database or self.home, *elsewhere])
+            )
             dropped = self._drop(registered.role)
             done.append(Removed(registered, dropped, sessions, kept))
         return done
