@@ -677,6 +677,40 @@ def test_tenant_remove_takes_the_role_away_and_keeps_the_data(
     assert "2 run(s)" in again.stdout
 
 
+def test_an_operator_running_before_a_tenant_is_added_serves_it_on_its_own_database(
+    admin_url: str,
+) -> None:
+    """The operator opens its stores before any tenant has a database of its own, and has
+    just looked for a run of C's (C was then nobody's: the home database's). C is added with a
+    database of its own; the operator's next write for C (the spec it records before a step
+    pod) is refused by the home database (a restrictive policy keeps C's rows out of it), and
+    is made in C's database instead, where C's role reads it; nothing of C's is left in the
+    home database."""
+    ns = _unique("shop-c")
+    with TenantStore(admin_url) as admin:
+        operator = admin.add("keelgate-system", kind="operator", role=_unique("kg-op")).url
+    stores = open_stores(operator)
+    try:
+        assert stores.checkpoints.load(ns, "restock") is None  # C: the home database's
+        with TenantStore(admin_url) as admin:
+            c = admin.add(ns).url
+        assert stores.specs is not None
+        spec = _spec(ns, "restock")
+        assert stores.specs.record_spec(ns, "restock", spec.to_json(), source="uid", generation=1)
+    finally:
+        stores.close()
+    own = open_stores(c)
+    try:
+        assert own.specs is not None
+        recorded = own.specs.recorded_spec(ns, "restock")
+        assert recorded is not None and recorded.generation == 1
+    finally:
+        own.close()
+    with _connect(admin_url) as conn:
+        row = conn.execute("SELECT count(*) FROM keelgate_specs WHERE tenant = %s", (ns,))
+        assert row.fetchone() == (0,)
+
+
 def test_tenant_move_takes_a_tenant_of_one_database_into_its_own(
     admin_url: str, tmp_path: Path
 ) -> None:

@@ -810,16 +810,18 @@ def _identity(conn: Conn) -> tuple[tuple[str, str], bool]:
     """Who the database records as the writer of this store's audit events (migration 6): the
     role, and its kind in the lookup (``administrator`` for a role it does not name), sealed
     into each event's hash, so an event's writer is as fixed as the rest of it; and whether
-    this database names tenants with databases of their own that this role may serve
-    (``keelgate_databases``, migration 7: the operator's role and the administrator's see every
-    one, a tenant's role none)."""
+    this role serves tenants that may have databases of their own (``keelgate_databases``,
+    migration 7): the operator's role always (a tenant added while it runs gets one), another
+    role where the database names one it may see (the administrator sees every one, a tenant's
+    role none)."""
     row = conn.execute(
         "SELECT current_user, COALESCE((SELECT kind FROM keelgate_tenants "
         "WHERE role = current_user), 'administrator'), "
         "EXISTS (SELECT 1 FROM keelgate_databases)"
     ).fetchone()
     assert row is not None
-    return (str(row[0]), str(row[1])), bool(row[2])
+    kind = str(row[1])
+    return (str(row[0]), kind), kind == "operator" or bool(row[2])
 
 
 def _durable_commits(conn: Conn) -> None:
