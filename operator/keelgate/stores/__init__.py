@@ -125,9 +125,9 @@ def open_stores(
 
     ``pooled=False`` is for a short-lived process with one thread of work (a step pod): a
     PostgreSQL store then holds one server session, not a pool beside its owner session. The
-    other stores have one connection either way. A PostgreSQL database that names tenants with
-    databases of their own (the operator's or the administrator's URL on the home database)
-    serves each of those on its database (``TenantDatabases``), keeping at most
+    other stores have one connection either way. The operator's role on a PostgreSQL home
+    database, and the administrator's where a tenant has a database of its own, serve each such
+    tenant on its database (``TenantDatabases``), keeping at most
     ``tenant_sessions`` (default ``tenant_databases.MOST_OPEN``) of their sessions open beyond
     those in use."""
     scheme = _parse(url).kind
