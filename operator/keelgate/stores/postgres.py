@@ -255,14 +255,14 @@ def _schema_and_database(conn: Connection) -> tuple[str, str]:
     return str(row[0]), str(row[1])
 
 
-def migrated(conn: Conn, target: str) -> int:
+def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
     """Bring the database behind ``conn`` (autocommit) to today's schema, under the schema lock;
     returns the version it had. A role that may not migrate a database that needs it is told
     what to do in one line, not the server's "permission denied".
 
     Each try waits at most MIGRATION_LOCK_TIMEOUT for a lock (an open transaction that read a
     table holds off its ``ALTER TABLE``, and every statement on that table would queue behind
-    the waiting migration): it is rolled back and tried again, MIGRATION_TRIES times, then
+    the waiting migration): it is rolled back and tried again, ``tries`` times in all, then
     given up with ``StoreBusy`` naming the migration. Nothing of a failed try stays."""
 
     @contextmanager
@@ -280,7 +280,7 @@ def migrated(conn: Conn, target: str) -> int:
 
     where = f"PostgreSQL store {target}"
     pause = 0.5
-    for attempt in range(1, MIGRATION_TRIES + 1):
+    for attempt in range(1, tries + 1):
         try:
             return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
         except psycopg.errors.InsufficientPrivilege:
@@ -294,7 +294,7 @@ def migrated(conn: Conn, target: str) -> int:
             waited = _waited(error)
             if waited is None:
                 raise
-            if attempt == MIGRATION_TRIES:
+            if attempt == tries:
                 seconds = (
                     MIGRATION_LOCK_TIMEOUT
                     if waited == "lock_timeout"
@@ -302,7 +302,7 @@ def migrated(conn: Conn, target: str) -> int:
                 )
                 what = f"migrating its schema to version {len(_sql.MIGRATIONS)}"
                 raise StoreBusy(
-                    where, f"{what} ({MIGRATION_TRIES} tries)", waited=waited, seconds=seconds
+                    where, f"{what} ({tries} tries)", waited=waited, seconds=seconds
                 ) from None
             time.sleep(pause)
             pause *= 2

@@ -52,6 +52,7 @@ from keelgate.stores.postgres import (
     KINDS,
     LOCK_TIMEOUT,
     MIGRATION_LOCK_TIMEOUT,
+    MIGRATION_TRIES,
     _ms,
     _one_line,
     _safe_target,
@@ -368,16 +369,19 @@ class TenantStore:
         """The administrator's URL, on ``database`` of the same server."""
         return make_conninfo(self.url, dbname=database)
 
-    def on(self, database: str) -> psycopg.Connection[tuple[Any, ...]]:
+    def on(
+        self, database: str, *, tries: int = MIGRATION_TRIES
+    ) -> psycopg.Connection[tuple[Any, ...]]:
         """The administrator's session on ``database`` (the home one, or a tenant's), opened
-        and brought to today's schema the first time it is asked for."""
+        and brought to today's schema (its migration tried ``tries`` times) the first time it
+        is asked for."""
         if not database or database == self.home:
             return self.conn
         conn = self._elsewhere.get(database)
         if conn is None:
             conn = self._connect(self.database_url(database))
             try:
-                migrated(conn, f"{self.target.rsplit('/', 1)[0]}/{database}")
+                migrated(conn, f"{self.target.rsplit('/', 1)[0]}/{database}", tries=tries)
             except BaseException:
                 conn.close()
                 raise
@@ -388,9 +392,16 @@ class TenantStore:
         """Bring every tenant's database to today's schema (the home one is, since this store
         opened), each with a migration's bounded waits; one line for each that could not be
         (a tenant's open transaction holding off its migration), the others migrated all the
-        same: a tenant can hold up only its own."""
-        problems = []
+        same: a tenant can hold up only its own. Each is tried once first, and those held up
+        are tried again after, so that no tenant's migration waits behind another's tries."""
+        held: dict[str, str] = {}
         for tenant, database in self.routes().items():
+            try:
+                self.on(database, tries=1)
+            except StoreBusy:
+                held[tenant] = database
+        problems = []
+        for tenant, database in held.items():
             try:
                 self.on(database)
             except KeelgateError as error:
