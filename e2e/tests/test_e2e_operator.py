@@ -26,6 +26,7 @@ from keelgate_e2e.keelgate import (
     OperatorProcess,
     password_of,
     store_url,
+    tenant_dsn,
 )
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
@@ -401,7 +402,7 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
         seen.append(json.dumps(pod))
         seen.append(kubectl("logs", pod["metadata"]["name"]).stdout)
     seen.append(operator.logs())
-    with psycopg.connect(cluster.dsn) as conn:
+    with psycopg.connect(tenant_dsn(cluster, tenant)) as conn:
         for table in ("keelgate_checkpoints", "keelgate_audit", "keelgate_specs"):
             seen.append(str(conn.execute(f"SELECT * FROM {table}").fetchall()))
     passwords = (

@@ -20,7 +20,7 @@ from keelgate.kube.naming import approval_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, password_of, store_url
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, password_of, store_url, tenant_dsn
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.plugin import KubectlKeelgate, kubeconfig_for, last_json
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
@@ -351,7 +351,7 @@ def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_passwor
     assert "chain verified" in verified.stdout and "action_started" in verified.stdout
     as_json = last_json(with_store("audit", "audited", "--verify", "-o", "json").stdout)
     assert as_json["verified"] is True and as_json["events"]
-    with psycopg.connect(cluster.dsn) as conn:
+    with psycopg.connect(tenant_dsn(cluster, tenant)) as conn:
         conn.execute(
             "UPDATE keelgate_audit SET actor = 'mallory' WHERE tenant = %s AND run = %s "
             "AND seq = 1",

@@ -125,6 +125,42 @@ class StoreUnavailable(StoreError):
     retryable = True
 
 
+class StoreBusy(StoreError):
+    """A store's statement waited as long as it may and was given up: for a lock another
+    session held past the store's ``lock_timeout``, or past its ``statement_timeout``. The
+    message names the store, what waited and for how long. That statement changed nothing; the
+    same call may succeed once the other session lets go (the CLI's exit code 4, as for a busy
+    run)."""
+
+    exit_code = 4
+    retryable = True
+
+    def __init__(self, where: str, what: str, *, waited: str, seconds: float) -> None:
+        super().__init__(
+            self.words(where, what, waited, seconds),
+            where=where,
+            what=what,
+            waited=waited,
+            seconds=seconds,
+        )
+        self.where = where
+        self.what = what
+        self.waited = waited  # "lock_timeout" or "statement_timeout"
+        self.seconds = seconds
+
+    @staticmethod
+    def words(where: str, what: str, waited: str, seconds: float) -> str:
+        if waited == "lock_timeout":
+            how = f"waited {seconds:g} s (its lock_timeout) for a lock another session holds"
+        else:
+            how = f"ran {seconds:g} s (its statement_timeout) and was cancelled"
+        return f"{where}: {what or 'a statement'} {how}; it changed nothing: try again later"
+
+    def doing(self, what: str) -> StoreBusy:
+        """The same wait, saying what the store was doing (the statement knows no more)."""
+        return StoreBusy(self.where, what, waited=self.waited, seconds=self.seconds)
+
+
 class ClusterUnavailable(KeelgateError):
     """The Kubernetes API server cannot be reached (``kubectl keelgate``): the same command may
     succeed once it answers (exit code 5, as for a store). The message says whether anything

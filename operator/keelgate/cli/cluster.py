@@ -179,6 +179,15 @@ def operator_command(
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
     resync: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 30.0,
+    tenant_sessions: Annotated[
+        int,
+        typer.Option(
+            "--tenant-sessions",
+            min=1,
+            help="Sessions kept open on tenants' own databases (one each) beyond those in use; "
+            "each closes after a minute unused (docs/stores.md).",
+        ),
+    ] = 20,
     leader_elect: Annotated[
         bool,
         typer.Option(
@@ -304,7 +313,7 @@ def operator_command(
         notify=notify,
     )
     api = _cluster_api(lambda: ClusterApi(limit=RateLimit(kube_qps, kube_burst)))
-    stores = open_stores(store)
+    stores = open_stores(store, tenant_sessions=tenant_sessions)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     missing = missing_extra()
     if missing is not None:  # configured said so in the log; the operator's pod tells it too
