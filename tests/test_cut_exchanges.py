@@ -32,7 +32,7 @@ import pytest
 
 import keelgate
 from fakes.downstream import Shop
-from fakes.llm import LlmFake, anthropic_reply, openai_reply
+from fakes.llm import LlmFake, anthropic_error, anthropic_reply, openai_error, openai_reply
 from fakes.loopback import Answer, LoopbackServer, Received
 from fakes.mcp_server import McpFake
 from keelgate.adapters.confirmers import HttpConfirmer
@@ -234,6 +234,42 @@ def test_a_model_reply_that_trickles_is_cut_at_the_timeout_and_tried_again(flavo
         assert answer.answer == "on time"
         assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
         assert len(llm.calls()) == 2
+    finally:
+        llm.stop()
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+def test_a_model_reply_that_trickles_on_a_connection_an_earlier_try_opened_is_cut(
+    flavor: str,
+) -> None:
+    """The first try is answered at once with a 500 on a connection the server keeps open;
+    the second try's reply then trickles a byte every half second. Had the second try gone
+    out on the first one's connection, its cutoff would have had no connection to shut and
+    the step would have waited minutes for the trickle: it is cut at the time limit like the
+    first, and the third, prompt reply is the plan."""
+    reply = openai_reply if flavor == "openai" else anthropic_reply
+    busy = openai_error if flavor == "openai" else anthropic_error
+    llm = LlmFake(flavor).start()
+    try:
+        llm.add(busy(500, "busy"), reply(text="late", trickle="body", pace=0.5))
+        llm.add(reply(text="on time"))
+        model_class = OpenAIModel if flavor == "openai" else AnthropicModel
+        model = model_class(
+            "m-test",
+            api_key="sk-test",
+            base_url=llm.base_url,
+            timeout_seconds=1.0,
+            retry=RetryPolicy(attempts=3, base_delay=0.01),
+        )
+        request = ModelRequest(
+            phase="plan", goal="restock", iteration=1, call=0, history=(), tools=()
+        )
+        started = time.monotonic()
+        answer = model.call(request)
+        assert answer.answer == "on time"
+        assert len(llm.calls()) == 3
+        # Uncut, the trickled reply alone takes minutes; a loaded machine may add a second.
+        assert time.monotonic() - started < 1.0 + 5.0
     finally:
         llm.stop()
 
