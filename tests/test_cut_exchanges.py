@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -334,6 +335,39 @@ def test_a_simulation_rings_the_cut_on_its_own_clock() -> None:
     finally:
         near.close()
         far.close()
+
+
+def test_an_alarm_whose_action_fails_badly_never_silences_the_later_ones() -> None:
+    """Every exchange's end rests on the one alarm thread. An action that raises even what is
+    not an ``Exception`` (``SystemExit``, which ends a thread quietly) is told in the log, and
+    the alarm set after it, for an exchange already under way, still rings."""
+    later = threading.Event()
+
+    def leaves() -> None:
+        raise SystemExit(1)
+
+    now = clocks.boot()
+    clocks.alarm(now + 0.05, leaves)
+    clocks.alarm(now + 0.1, later.set)
+    assert later.wait(10.0), "the alarm after a failing one never rang"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_alarm_thread_that_ended_is_started_again_by_the_next_alarm() -> None:
+    """If the alarm's thread ever ends (here: the boot clock it reads fails on that thread),
+    the next alarm starts it again: an exchange made after that is still cut at its limit."""
+
+    def fails_on_the_alarms_thread() -> float:
+        if threading.current_thread().name == "keelgate-alarm":
+            raise RuntimeError("the clock cannot be read")
+        return time.monotonic()
+
+    with clocks.simulated(wall=time.time, boot=fails_on_the_alarms_thread):
+        clocks.alarm(time.monotonic() + 0.05, lambda: None)
+        time.sleep(0.3)  # the thread reads the clock, fails, and ends
+    rang = threading.Event()
+    clocks.alarm(clocks.boot() + 0.05, rang.set)
+    assert rang.wait(10.0), "no alarm rang after the thread ended"
 
 
 # End to end
