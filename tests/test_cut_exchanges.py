@@ -62,9 +62,12 @@ SCRIPT: list[dict[str, Any]] = [
 ]
 SPEC = LoopSpec("shop", "restock", "restock A1", budget=Budget(max_iterations=5))
 KEY = idempotency_key("shop", "restock", "place_order", ORDER)
-#: A tool's time limit in these tests, and how much later than it a cut may land.
+#: A tool's time limit in these tests, and how much later than it a run that was cut may end:
+#: the whole run is timed (its store's writes, its threads), on a machine that may be loaded
+#: (0.6 s was exceeded at a load of 19 on 2 cores). Uncut, every answer here trickles on for 9 s
+#: or more past its limit, and a cut is never early (the lower bounds are exact).
 LIMIT = 2.0
-SLACK = 0.6
+SLACK = 2.5
 
 
 @pytest.fixture
@@ -269,8 +272,7 @@ def test_a_model_reply_that_trickles_on_a_connection_an_earlier_try_opened_is_cu
         answer = model.call(request)
         assert answer.answer == "on time"
         assert len(llm.calls()) == 3
-        # Uncut, the trickled reply alone takes minutes; a loaded machine may add a second.
-        assert time.monotonic() - started < 1.0 + 5.0
+        assert time.monotonic() - started < 1.0 + SLACK  # uncut: minutes
     finally:
         llm.stop()
 
