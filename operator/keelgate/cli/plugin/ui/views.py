@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from keelgate.cli.plugin import standing
 from keelgate.cli.plugin.client import ClusterClient, Refused, SecretReader
 from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
@@ -74,13 +75,24 @@ class Waiting:
     said: str  # what the operator (or its confirmer) says about it
     args: Any  # as recorded, redacted; None when not available
     args_unavailable: str
-    may: bool
-    why_not: str
+    may: bool  # RBAC lets the user patch it
+    why_not: str  # why RBAC does not ("" when it does)
     # An approval's count ("1 of 2"), who counts, when the first stops counting, its rule.
     progress: str = ""
     approved_by: tuple[str, ...] = ()
     expires_at: str = ""
     asks: str = ""
+    # Why it is not the user's to decide though RBAC lets them, in one line, by the run's rule
+    # in force (``standing``): the run's creator, in no group the rule names, decided
+    # already, a ServiceAccount; "" when it is theirs.
+    not_yours: str = ""
+    may_deny: bool = False  # not theirs to approve, but they may deny it
+    reason_to_deny: bool = False  # the rule asks a reason (a note) to deny
+
+    @property
+    def yours(self) -> bool:
+        """Whether it waits for this user: they may decide it, and it would count."""
+        return self.may and not self.not_yours
 
     @property
     def ident(self) -> str:
@@ -125,14 +137,18 @@ class Views:
         self._may: dict[tuple[str, str], tuple[float, bool, str]] = {}
         self._trails: dict[tuple[str, str], tuple[int, float, Recorded]] = {}
         self._lock = threading.Lock()
-        self._user = ""
+        self._identity: tuple[str, tuple[str, ...]] | None = None
 
     # who and where
 
+    def identity(self) -> tuple[str, tuple[str, ...]]:
+        """Who the API server says the user is, and the groups it authenticated them in."""
+        if self._identity is None:
+            self._identity = self._home.identity()
+        return self._identity
+
     def user(self) -> str:
-        if not self._user:
-            self._user = self._home.whoami()
-        return self._user
+        return self.identity()[0]
 
     def client(self, namespace: str) -> ClusterClient:
         with self._lock:
@@ -172,7 +188,8 @@ class Views:
     # the pages' facts
 
     def inbox(self) -> list[Waiting]:
-        """Every undecided Reconciliation and Approval the user can see, oldest first."""
+        """Every undecided Reconciliation and Approval the user can see, oldest first, each
+        with whether it is theirs to decide and why not (``standing``)."""
         now = dt.datetime.now(dt.UTC)
         items = [
             obj
@@ -188,6 +205,7 @@ class Views:
             for r in self.listed("AgentRun")
         }
         recorded: dict[tuple[str, str], Recorded] = {}
+        user, groups = self.identity() if items else ("", ())
         found = []
         for obj in items:
             meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
@@ -198,6 +216,11 @@ class Views:
             facts = recorded[(namespace, run_name)]
             action = str(spec.get("action", ""))
             may, why = self.may_decide(namespace, obj["kind"])
+            judged = (
+                standing.of_approval(obj, run or None, user=user, groups=groups)
+                if obj["kind"] == "Approval" and may
+                else None
+            )
             after = str(status.get("notExecutedAfter") or "") or not_executed_after(run, action)
             # The key of the call whose arguments are shown (the store's plan), else the
             # object's own.
@@ -230,6 +253,9 @@ class Views:
                     approved_by=tuple(str(b) for b in status.get("approvedBy") or ()),
                     expires_at=str(status.get("expiresAt") or ""),
                     asks=str(status.get("asks") or ""),
+                    not_yours="" if judged is None or judged.decide else judged.why,
+                    may_deny=judged is not None and judged.deny,
+                    reason_to_deny=judged is not None and judged.reason_to_deny,
                 )
             )
         return found
