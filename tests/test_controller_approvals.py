@@ -20,8 +20,9 @@ import pytest
 from fakes.event_receiver import EventReceiver
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
+from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
-from keelgate.kube.naming import action_object_name
+from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
@@ -30,6 +31,7 @@ from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 APPROVE = action_object_name("restock", "1:0", "place_order")
 PAYMENTS = ["payments", "system:authenticated"]
 RULE = {"required": 2, "groups": ["payments"], "notCreator": True}
+CREATED_BY = "keelgate.dev/created-by"
 
 pytestmark = pytest.mark.usefixtures("orders")
 
@@ -314,3 +316,38 @@ def test_an_approval_that_expires_is_told_to_a_sink_once_as_a_cloudevent(tmp_pat
                 kube.close()
     finally:
         receiver.stop()
+
+
+def test_an_approval_made_before_an_upgrade_is_kept_and_its_decisions_count(
+    kube: Operator,
+) -> None:
+    """The run's step stopped for two approvals under an earlier release, which made the
+    Approval under the name it gave (no digest); the operator is upgraded. It makes no second
+    Approval, names the earlier one in the run's condition, counts bob's and carol's decisions
+    there, and the order is placed once."""
+    kube.apply("restock", agentrun_spec(rule=RULE), annotations={CREATED_BY: "alice"})
+    kube.reconcile("restock")
+    assert kube.run_step("restock") == 3
+    (pending,) = Loop(stores=kube.stores).state(NAMESPACE, "restock").pending
+    earlier = earlier_object_name("restock", pending.action, pending.tool)
+    body = resources.approval(kube.run("restock"), pending, "", name=earlier)
+    kube.api.create_object("Approval", NAMESPACE, body)
+    kube.api.patch_status("Approval", NAMESPACE, earlier, {"phase": "Pending"})
+    kube.reconcile("restock")
+    assert kube.condition("restock", "AwaitingApproval")["message"] == (
+        f"place_order (1:0): see approval {earlier}"
+    )
+    assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
+    for person in ("bob", "carol"):
+        found = kube.api.get("Approval", NAMESPACE, earlier)
+        assert found is not None
+        entry = {"by": person, "groups": PAYMENTS, "approved": True}
+        decisions = [*found["spec"]["decisions"], entry]
+        kube.api.patch_spec("Approval", NAMESPACE, earlier, {"decisions": decisions})
+        kube.reconcile(earlier, kind="Approval")
+    settled = kube.api.get("Approval", NAMESPACE, earlier)
+    assert settled is not None and settled["status"]["progress"] == "2 of 2"
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
+    assert len(operator_tools.ORDERS) == 1
