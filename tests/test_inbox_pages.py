@@ -302,3 +302,25 @@ def test_a_user_rbac_forbids_sees_everything_apart_with_rbacs_word(tmp_path: Pat
     html = pages.inbox(items, csrf="c", scope="s")
     assert "(0 waiting for you, 2 for others)" in html
     assert html.count("You may not decide this") == 2 and "<form" not in html
+
+
+def test_an_approval_shows_what_people_said_deciding_it_as_the_run_records_it() -> None:
+    """bob's note on his approval (1 of 2) is on the run's record: carol's inbox shows it
+    beside the count, redacted and escaped; a decision without a note adds nothing."""
+    state = {
+        "approvals": {
+            "2:0": [
+                {"approved": True, "by": "bob", "at": "t", "note": "sku <b>checked</b>"},
+                {"approved": True, "by": "erin", "at": "t"},
+                {"approved": False, "by": "dave", "at": "t", "note": "Bearer Zm9vYmFyYmF6cXV4MTIz"},
+            ],
+            "1:0": {"approved": True, "by": "al", "at": "t", "note": "old form"},
+        }
+    }
+    notes = views_module._notes(state)
+    assert notes["1:0"] == ("al approved: old form",)
+    (bob, dave) = notes["2:0"]
+    assert bob == "bob approved: sku <b>checked</b>"
+    assert dave == "dave denied: Bearer [redacted]"
+    html = pages.inbox([_waiting(kind="Approval", notes=notes["2:0"])], csrf="c", scope="s")
+    assert "<dt>What they said</dt>" in html and "sku &lt;b&gt;checked&lt;/b&gt;" in html

@@ -170,6 +170,9 @@ def _item(item: Waiting, csrf: str, root: str, *, batch: bool = False) -> str:
     if not unknown and item.progress:
         who = f" ({', '.join(item.approved_by)})" if item.approved_by else ""
         facts.append(("Approvals so far", f"{e(item.progress)}{e(who)}"))
+    if not unknown and item.notes:
+        said = "".join(f"<li>{e(line)}</li>" for line in item.notes)
+        facts.append(("What they said", f'<ul class="notes">{said}</ul>'))
     if not unknown and item.expires_at:
         facts.append(
             (

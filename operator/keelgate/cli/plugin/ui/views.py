@@ -51,6 +51,9 @@ class Recorded:
     # action id -> the call's Idempotency-Key (a digest of its tool and real arguments): what a
     # decision on the arguments shown is bound to.
     keys: Mapping[str, str] = field(default_factory=dict)
+    # action id -> what people said deciding it ("bob approved: sku checked"), as the run's
+    # record holds their decisions (redacted): only decisions the run recorded, with a note.
+    notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     events: tuple[JSON, ...] = ()
     verified: bool | None = None
     problems: tuple[str, ...] = ()
@@ -88,6 +91,7 @@ class Waiting:
     not_yours: str = ""
     may_deny: bool = False  # not theirs to approve, but they may deny it
     reason_to_deny: bool = False  # the rule asks a reason (a note) to deny
+    notes: tuple[str, ...] = ()  # what people said deciding it so far, as the run records it
 
     @property
     def yours(self) -> bool:
@@ -256,6 +260,7 @@ class Views:
                     not_yours="" if judged is None or judged.decide else judged.why,
                     may_deny=judged is not None and judged.deny,
                     reason_to_deny=judged is not None and judged.reason_to_deny,
+                    notes=tuple(facts.notes.get(action, ())),
                 )
             )
         return found
@@ -320,10 +325,12 @@ class Views:
                 checkpoint = stores.checkpoints.load(namespace, run)
                 args: dict[str, Any] = {}
                 keys: dict[str, str] = {}
+                notes: dict[str, tuple[str, ...]] = {}
                 if checkpoint is not None:
                     args, keys = _plan_args(checkpoint.state)
+                    notes = _notes(checkpoint.state)
                 if not trail:
-                    return Recorded(args=args, keys=keys)
+                    return Recorded(args=args, keys=keys, notes=notes)
                 seq = checkpoint.seq if checkpoint is not None else -1
                 now = time.monotonic()
                 with self._lock:
@@ -337,6 +344,7 @@ class Views:
                 found = Recorded(
                     args=args,
                     keys=keys,
+                    notes=notes,
                     events=tuple(events),
                     verified=report.ok,
                     problems=tuple(report.problems),
@@ -397,6 +405,24 @@ def _plan_args(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     actions = planned_actions(state)
     arguments = {ident: redact_value(a.get("args") or {}) for ident, a in actions.items()}
     return arguments, {ident: str(a.get("key") or "") for ident, a in actions.items()}
+
+
+def _notes(state: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Action id -> "bob approved: sku checked" for each decision with a note the checkpoint
+    document records (every decision kept in it, in order; an older checkpoint's one decision
+    per action too), redacted again on the way out."""
+    found: dict[str, tuple[str, ...]] = {}
+    for action, recorded in (state.get("approvals") or {}).items():
+        made = [recorded] if isinstance(recorded, Mapping) else list(recorded or ())
+        lines = tuple(
+            f"{d.get('by') or '?'} {'approved' if d.get('approved') is True else 'denied'}: "
+            f"{redact_text(str(d['note']))}"
+            for d in made
+            if isinstance(d, Mapping) and d.get("note")
+        )
+        if lines:
+            found[str(action)] = lines
+    return found
 
 
 def _side_effect(run: Mapping[str, Any], tool: str) -> str:
