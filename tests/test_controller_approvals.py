@@ -86,8 +86,8 @@ def wall_clock_at(start: float) -> Iterator[list[float]]:
 def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operator) -> None:
     """The Approval is made for the call's key with an empty list of decisions, Pending "0 of
     2" with the rule in words. The creator's approval is shown as not counted (told once in a
-    Warning); bob's counts (1 of 2, told); the run stays stopped; carol's settles it approved by
-    both, and the run places one order."""
+    Warning, and in the Ready condition's reason); bob's counts (1 of 2, told); the run stays
+    stopped; carol's settles it approved by both (told too), and the run places one order."""
     made = waiting(kube, RULE)
     plan = Loop(stores=kube.stores).state(NAMESPACE, "restock").plan
     assert plan is not None
@@ -109,6 +109,8 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
         "not counted: alice:" in status["message"] and "alice created the run" in status["message"]
     )
     assert [c["status"] for c in status["conditions"] if c["type"] == "Stalled"] == ["False"]
+    # Not Stalled (it waits for people), but a reason says a decision does not count.
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "Ready"] == ["NotCounted"]
     assert len(told(kube, "ApprovalRefused")) == 1
 
     add(kube, "bob")
@@ -129,6 +131,10 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
         "approved",
         "bob, carol",
     )
+    assert told(kube, "Approved") == [  # one Event for each approval, with the count
+        f"place_order (1:0) approved by bob (1 of 2): approval {APPROVE}",
+        f"place_order (1:0) approved by carol (2 of 2): approval {APPROVE}",
+    ]
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
     assert len(operator_tools.ORDERS) == 1
