@@ -14,7 +14,7 @@ running.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
@@ -79,6 +79,22 @@ def _may_edit(admin: Kube, kubectl: Kubectl, namespace: str, user: str) -> None:
         timeout=30,
         what=f"{user} may patch approvals",
     )  # fmt: skip
+
+
+def _added(
+    person: Kubectl, kubectl: Kubectl, name: str, by: str, shows: Callable[[JSON], bool]
+) -> JSON:
+    """``by`` (as ``person``) adds an approval to the Approval ``name``; the object once its
+    status ``shows`` what the operator made of it."""
+    entry = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": by, "approved": True}}]
+    person("patch", "approval", name, "--type=json", "-p", json.dumps(entry))
+
+    def shown() -> JSON | None:
+        obj = get(kubectl, "Approval", name)
+        return obj if shows(obj.get("status") or {}) else None
+
+    found: JSON = wait_for(shown, timeout=60, what=f"{name} after {by}'s approval")
+    return found
 
 
 def _dry_run_create(kubectl: Kubectl, body: JSON) -> JSON:
@@ -199,32 +215,19 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     pair_name = wait_for(lambda: _one(runs.approvals(admin, ns), "pair"), what="pair's Approval")[
         "metadata"
     ]["name"]
-    first = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "alice", "approved": True}}]
-    alice("patch", "approval", pair_name, "--type=json", "-p", json.dumps(first))
-
-    def one_of_two() -> JSON | None:
-        obj = get(kubectl, "Approval", pair_name)
-        return obj if (obj.get("status") or {}).get("progress") == "1 of 2" else None
-
     keep(
         "Approval",
         "partly-approved",
-        wait_for(one_of_two, timeout=60, what="1 of 2"),
+        _added(alice, kubectl, pair_name, "alice", lambda s: s.get("progress") == "1 of 2"),
         ns,
         "a WRITE needing two people's approval (approval.required: 2), approved by alice so far",
     )
     _may_edit(admin, kubectl, ns, "bob")
-    second = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "bob", "approved": True}}]
-    kubectl.as_user("bob")("patch", "approval", pair_name, "--type=json", "-p", json.dumps(second))
-
-    def settled_by_two() -> JSON | None:
-        obj = get(kubectl, "Approval", pair_name)
-        return obj if (obj.get("status") or {}).get("progress") == "2 of 2" else None
-
+    bob = kubectl.as_user("bob")
     keep(
         "Approval",
         "approved-by-two",
-        wait_for(settled_by_two, timeout=60, what="2 of 2"),
+        _added(bob, kubectl, pair_name, "bob", lambda s: s.get("progress") == "2 of 2"),
         ns,
         "a WRITE needing two people's approval, approved by alice and then bob",
     )
@@ -233,18 +236,15 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     typo_name = wait_for(lambda: _one(runs.approvals(admin, ns), "typo"), what="typo's Approval")[
         "metadata"
     ]["name"]
-    mine = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "alice", "approved": True}}]
-    alice("patch", "approval", typo_name, "--type=json", "-p", json.dumps(mine))
 
-    def not_counted() -> JSON | None:
-        obj = get(kubectl, "Approval", typo_name)
-        ready = condition(obj, "Ready") or {}
-        return obj if ready.get("reason") == "NotCounted" else None
+    def not_counted(status: JSON) -> bool:
+        ready = condition({"status": status}, "Ready") or {}
+        return ready.get("reason") == "NotCounted"
 
     keep(
         "Approval",
         "not-counted",
-        wait_for(not_counted, timeout=60, what="alice's approval not counted"),
+        _added(alice, kubectl, typo_name, "alice", not_counted),
         ns,
         "alice's approval, not counted: the rule names a group she is not in (a typo)",
     )
