@@ -1487,7 +1487,7 @@ def test_pending_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
         assert "kubectl keelgate approve" not in row
         (judged,) = [y for y in you if not y["mayDecide"]]
         assert judged["mayDeny"] is deny and why in judged["why"], (user, judged)
-        assert judged["reasonToDeny"] is True
+        assert judged.get("reasonToDeny", False) is deny  # told to whoever may deny
 
     # Nothing is theirs: said in words, and what waits for others still shows.
     cluster.objects["Reconciliation"] = []
@@ -1516,3 +1516,33 @@ def test_pending_shows_rbac_refusals_apart_and_lists_all_when_who_you_are_is_unk
     assert code == 0 and "Waiting for others" not in out
     assert "kubectl keelgate reconcile restock 2:0" in out
     assert "what you may decide is not judged" in one_line(err)
+
+
+def test_a_decision_made_and_not_yet_recorded_or_refused_is_told_as_it_is(
+    cluster: FakeCluster,
+) -> None:
+    """What someone sees of their own entries: dave's deny went in by hand and the operator
+    refused it (he is in no group the rule names): he is told that, never that it waits to be
+    recorded. erin's deny and frank's approval (both in payments) are on the object and not
+    recorded yet: each is told so, and neither is offered the same decision again."""
+    from keelgate.cli.plugin.standing import of_approval
+
+    approval = _two_person_run(cluster)
+    run = cluster.runs["payout"]
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    approval["status"]["message"] = "0 of 2 approvals; not counted: dave: dave may not decide it"
+    dave = of_approval(approval, run, user="dave", groups=("system:authenticated",))
+    assert (dave.decide, dave.deny) == (False, False)
+    assert dave.why.startswith("dave may not decide it: the rule asks 2 approvals from payments")
+
+    approval["spec"]["decisions"].append({"by": "erin", "approved": False})
+    erin = of_approval(approval, run, user="erin", groups=("payments",))
+    assert (erin.decide, erin.deny) == (False, False)
+    assert erin.why.startswith("you denied it; the operator has not recorded it")
+
+    approval["spec"]["decisions"].append({"by": "frank", "approved": True})
+    frank = of_approval(approval, run, user="frank", groups=("payments",))
+    assert (frank.decide, frank.deny) == (False, True)
+    assert frank.why.startswith("you approved it; the operator has not recorded it")
+    carol = of_approval(approval, run, user="carol", groups=("payments",))
+    assert (carol.decide, carol.why) == (True, "")

@@ -123,19 +123,27 @@ def of_approval(
     creator = creator_of(run)
     counted = counted_of(approval, asked)
     definition = str(asked.get("definition") or status.get("definition") or "")
+    why = refusal(rule, approved=True, by=user, groups=groups, creator=creator, counted=counted)
     # A deny is judged as made with the note the rule asks for: the form asks for it.
-    deny_refused = refusal(
-        rule,
-        approved=False,
-        by=user,
-        groups=groups,
-        creator=creator,
-        counted=counted,
-        note="-" if rule.reason_to_deny else "",
+    deny = (
+        refusal(
+            rule,
+            approved=False,
+            by=user,
+            groups=groups,
+            creator=creator,
+            counted=counted,
+            note="-" if rule.reason_to_deny else "",
+        )
+        is None
     )
-    deny = deny_refused is None
+    if why is not None and not deny:
+        return Standing(False, False, why)  # not theirs at all: in no group, a ServiceAccount
+    unrecorded = (
+        "the operator has not recorded it (the Approval's message says why if it refused it)"
+    )
     if made_already(spec, status, user, False, definition):
-        return Standing(False, False, "you denied it; the operator has yet to record it")
+        return Standing(False, False, f"you denied it; {unrecorded}")
     if user in counted:
         progress = str(status.get("progress") or "")
         said = f" ({progress})" if progress else ""
@@ -143,15 +151,7 @@ def of_approval(
             False, deny, f"you approved it already{said}: it waits for others", rule.reason_to_deny
         )
     if made_already(spec, status, user, True, definition):
-        return Standing(
-            False,
-            deny,
-            "you approved it already; the operator has yet to record it",
-            rule.reason_to_deny,
-        )
-    why = refusal(rule, approved=True, by=user, groups=groups, creator=creator, counted=counted)
+        return Standing(False, deny, f"you approved it; {unrecorded}", rule.reason_to_deny)
     if why is None:
         return Standing(True, deny, "", rule.reason_to_deny)
-    if deny:
-        why += "; you may deny it"
-    return Standing(False, deny, why, rule.reason_to_deny)
+    return Standing(False, deny, f"{why}; you may deny it", rule.reason_to_deny)
