@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from keelgate.kube.naming import action_object_name
+from keelgate.kube.naming import action_object_name, earlier_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -133,6 +133,52 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
         assert lossy.shop.count() == 0 and lossy.shop.swallowed == 1
     finally:
         lossy.stop()
+
+
+def test_a_reconciliation_made_before_an_upgrade_is_kept_and_settles_its_run(
+    operator: OperatorPod, tenant: str, admin: Kube, alice: Kubectl, shop: ShopServer
+) -> None:
+    """A run stopped on an unknown outcome under an earlier release, whose Reconciliation has
+    the name that release gave it (no digest): while the operator is down for the upgrade, the
+    object is as that release left it. The upgraded operator, at its start, finds it for this
+    very run, action and tool: it makes none under today's name and names the earlier one in
+    OutcomeUnknown; alice settles it there, and the run succeeds with the order placed once."""
+    crash = {"keelgate.dev/failpoints": "after_gateway_call@1"}
+    apply(alice, agentrun("upgraded", shop, [[order("G1", 1)]], annotations=crash))
+    today = action_object_name("upgraded", "1:0", "place_order")
+    earlier = earlier_object_name("upgraded", "1:0", "place_order")
+    assert earlier == "upgraded-1-place-order" and today != earlier
+    _unknown_names(admin, tenant, "upgraded", today)
+    made = admin.get(RECONCILIATIONS.format(ns=tenant, name=today))
+    key = str(made["spec"]["idempotencyKey"])
+    operator.stop()
+    try:
+        admin.delete(RECONCILIATIONS.format(ns=tenant, name=today))
+        wait_for(
+            lambda: not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today)),
+            what=f"{today} gone",
+        )
+        meta = {k: made["metadata"][k] for k in ("labels", "ownerReferences")}
+        admin.create(
+            f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations",
+            {"apiVersion": made["apiVersion"], "kind": "Reconciliation",
+             "metadata": {"name": earlier, **meta}, "spec": made["spec"]},
+        )  # fmt: skip
+        admin.patch(
+            RECONCILIATIONS.format(ns=tenant, name=earlier) + "/status",
+            {"status": made["status"]},
+        )
+    finally:
+        operator.start()
+    _unknown_names(admin, tenant, "upgraded", earlier)
+    assert not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today))
+    _settle(alice, earlier, True)
+    done = wait_phase(admin, tenant, "upgraded", "Succeeded", timeout=120)
+    assert condition(done, "OutcomeUnknown")["status"] == "False"  # type: ignore[index]
+    settled = admin.get(RECONCILIATIONS.format(ns=tenant, name=earlier))
+    assert (settled["status"]["verdict"], settled["status"]["settledBy"]) == ("executed", "alice")
+    assert not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today))
+    assert shop.shop.by_key()[key] == 1
 
 
 @pytest.fixture
