@@ -240,14 +240,19 @@ def measure(rev: str, work: Path, log: Path, target: str) -> Report:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,  # so that an interruption stops make's children too
     )
     try:
         lines = list(_stream(proc, started, log))
         report.exit_code = proc.wait()
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     report.wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     report.cpu_user = after.ru_utime - before.ru_utime
@@ -298,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = args.log or work / "make-demo.log"
     try:
         report = measure(args.rev, work, log, args.target)
+    except KeyboardInterrupt:
+        print("interrupted: stopping the cluster and removing the temporary folder", flush=True)
+        return 130
     finally:
         _stop(work / "keelgate")
         if args.keep:

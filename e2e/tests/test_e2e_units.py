@@ -128,7 +128,8 @@ def test_make_up_programs_come_from_one_go_build_with_their_own_version_stamps(
     """What `make up` runs (the three Kubernetes commands, etcd and helm) is built by one
     `go build` in one tools module, so the packages they share compile once; each program is
     linked with its own version stamps (helm's never land in kube-apiserver) and checked at the
-    pinned version; the packages are counted first, so the progress says how far the build is."""
+    pinned version; the packages are counted first, so the progress says how far the build is,
+    and the standard library compiles meanwhile with the same flags."""
     go = tmp_path / "go"
     go.write_text(FAKE_GO.replace("#!PYTHON", f"#!{sys.executable}", 1))
     go.chmod(0o755)
@@ -140,9 +141,15 @@ def test_make_up_programs_come_from_one_go_build_with_their_own_version_stamps(
     build.build(build.UP_PROGRAMS, go=go)
 
     made = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert [c["args"][0] for c in made] == ["list", "build"]
     assert {c["cwd"] for c in made} == {str(build.UP_TOOLS)}
-    argv = made[1]["args"]
+    builds = [c["args"] for c in made if c["args"][0] == "build" and "-o" in c["args"]]
+    assert len(builds) == 1 and sum(c["args"][0] == "list" for c in made) == 1
+    argv = builds[0]
+    # The standard library, compiled while the modules download, with the build's own flags
+    # (any other flag and the build would find none of it in Go's cache).
+    (std,) = [c["args"] for c in made if c["args"][0] == "build" and "-o" not in c["args"]]
+    assert "runtime/metrics" in std and "net/http/pprof" in std
+    assert [a for a in std if a.startswith("-")] == [a for a in argv if a in build.GO_FLAGS]
     packages = argv[argv.index("-o") + 2 :]
     assert packages == list(build.UP_PACKAGES.values())
     ldflags = [argv[i + 1] for i, a in enumerate(argv) if a == "-ldflags"]
