@@ -272,6 +272,7 @@ def _go_build(
     # build's own flags, so that the build below finds it in Go's cache.
     print(f"+ (cd {module} && go list -deps {' '.join(packages)})", flush=True)
     with _timed("modules ready and packages listed") as listed:
+        started = time.monotonic()
         std = subprocess.Popen(
             [*nice, str(go), "build", *GO_FLAGS, *STD_ROOTS],
             cwd=module,
@@ -280,21 +281,25 @@ def _go_build(
             stderr=subprocess.DEVNULL,
         )
         out = subprocess.run(
-            [*nice, str(go), "list", "-deps", *packages],
+            [*nice, str(go), "list", "-deps", "-f", "{{.Standard}}", *packages],
             cwd=module,
             env=env,
             capture_output=True,
             text=True,
             check=False,
         )
+        listing = time.monotonic() - started
         # Never two compiles of one package at once: Go's cache does not share work in flight.
         # A failure here only leaves more for the build (a package a newer Go lacks, say).
-        std.wait()
+        std_failed = std.wait() != 0
         if out.returncode != 0:
             print(out.stderr, flush=True)
             raise BuildError(f"go list failed in {module} (exit {out.returncode})")
-        total = len(out.stdout.split())
-        listed.append(f"{total} packages")
+        standard = out.stdout.split().count("true")
+        # What the build has left to compile, cold: the packages beyond the standard library.
+        total = len(out.stdout.split()) - (0 if std_failed else standard)
+        listed.append(f"{total} packages to compile and {standard} of the standard library")
+        listed.append(f"listing {listing:.0f}s, the standard library compiled beside it")
     cmd = [*nice, str(go), "build", "-v", *GO_FLAGS]
     for flags in ldflags:
         cmd += ["-ldflags", flags]
