@@ -44,8 +44,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 #: Lines of `make demo`'s output that open or close a phase (keelgate_e2e.build prints the
 #: timings of its steps; make echoes each command it runs).
-_LISTED = re.compile(r"^\s*modules ready and packages listed in (\d+)s \(CPU (\d+)s user, (\d+)s")
-_BUILT = re.compile(r"^\s*go build in (\d+)s \(CPU (\d+)s user, (\d+)s system, (\d+) of (\d+)")
+_STEP = re.compile(
+    r"^\s*(modules ready and packages listed|go build) in (\d+)s "
+    r"\(CPU (\d+)s user, (\d+)s system(?:, (.*))?\)$"
+)
+#: How the report names each step of keelgate_e2e.build in tools module {}.
+_STEP_NAMES = {
+    "modules ready and packages listed": "Go modules downloaded, packages listed (e2e/tools/{})",
+    "go build": "go build (e2e/tools/{})",
+}
 _GO_LIST = re.compile(r"^\+ \(cd (\S+) && go list -deps")
 _UP_CMD = re.compile(r"-m keelgate_e2e --dir \S+ up$")
 _CLUSTER_UP = re.compile(r"^cluster up in ([\d.]+)s \(components: (\{.*\})\)")
@@ -91,29 +98,10 @@ def phases(lines: Sequence[tuple[float, str]], venv_done: float | None) -> list[
     for at, line in lines:
         if match := _GO_LIST.search(line):
             module = Path(match.group(1)).name
-        elif match := _LISTED.search(line):
-            took = float(match.group(1))
-            found.append(
-                Phase(
-                    f"Go modules downloaded, packages listed (e2e/tools/{module})",
-                    at - took,
-                    at,
-                    float(match.group(2)),
-                    float(match.group(3)),
-                )
-            )
-        elif match := _BUILT.search(line):
-            took = float(match.group(1))
-            found.append(
-                Phase(
-                    f"go build (e2e/tools/{module})",
-                    at - took,
-                    at,
-                    float(match.group(2)),
-                    float(match.group(3)),
-                    f"{match.group(4)} of {match.group(5)} packages compiled",
-                )
-            )
+        elif match := _STEP.search(line):
+            step, took, user, system, note = match.groups()
+            name = _STEP_NAMES[step].format(module)
+            found.append(Phase(name, at - float(took), at, float(user), float(system), note or ""))
         elif _UP_CMD.search(line):
             up_started = at
         elif (match := _CLUSTER_UP.search(line)) and up_started is not None:
