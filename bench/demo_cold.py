@@ -76,6 +76,7 @@ class Report:
     """What one cold `make demo` cost."""
 
     commit: str
+    target: str
     date: str
     cpus: int
     load_start: float
@@ -128,8 +129,9 @@ def render(report: Report) -> str:
     cpu = report.cpu_user + report.cpu_system
     share = 100 * cpu / report.wall / report.cpus if report.wall else 0.0
     lines = [
-        f"cold `make demo` of {report.commit[:12]} on {report.date} ({report.cpus} cores; load "
-        f"{report.load_start:.1f} at the start, {report.load_end:.1f} at the end)",
+        f"cold `make {report.target}` of {report.commit[:12]} on {report.date} "
+        f"({report.cpus} cores; load {report.load_start:.1f} at the start, "
+        f"{report.load_end:.1f} at the end)",
         f"  exit {report.exit_code} in {_clock(report.wall)} ({report.wall:.0f} s): "
         f"{report.cpu_user:.0f} s user + {report.cpu_system:.0f} s system CPU "
         f"({cpu / 60:.1f} CPU-minutes, {share:.0f}% of the {report.cpus} cores), "
@@ -200,6 +202,7 @@ def measure(rev: str, work: Path, log: Path, target: str) -> Report:
     ).stdout.strip()
     report = Report(
         commit=commit,
+        target=target,
         date=datetime.now(UTC).strftime("%Y-%m-%d"),
         cpus=os.cpu_count() or 1,
         load_start=os.getloadavg()[0],
@@ -248,10 +251,10 @@ def measure(rev: str, work: Path, log: Path, target: str) -> Report:
     report.peak_rss_mib = after.ru_maxrss / 1024  # KiB on Linux
     report.load_end = os.getloadavg()[0]
     report.background_cpu = _run_dir_cpu(clone / ".dev")
-    stamp = clone / ".venv" / ".installed-up"
-    venv_done = None
-    if stamp.exists():
-        venv_done = stamp.stat().st_mtime - started_wall  # touched when the install ended
+    # The stamp of the extras `make up` installs (or the base alone, for `make demo-local`) is
+    # touched when the install ended.
+    stamps = [clone / ".venv" / name for name in (".installed-up", ".installed-base")]
+    venv_done = next((p.stat().st_mtime - started_wall for p in stamps if p.exists()), None)
     report.phases = phases(lines, venv_done)
     return report
 
