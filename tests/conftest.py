@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from crashkit import Journal, World
+from fakes.event_receiver import EventReceiver
 from keelgate.core.protocols import Stores
 from keelgate.stores import open_stores
 from keelgate.testing.pgserver import PgServer, PostgresUnavailable, start_postgres
@@ -118,3 +119,12 @@ def kube(tmp_path: Path, orders: list[Any]) -> Iterator[Operator]:
     operator = Operator(tmp_path)
     yield operator
     operator.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[EventReceiver]:
+    """A CloudEvents receiver on loopback (the notifier's sink)."""
+    server = EventReceiver()
+    server.start()
+    yield server
+    server.stop()

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from crashkit import Journal, World
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core import clocks
-from keelgate.core.approvals import rule_of, tally
+from keelgate.core.approvals import refusal, rule_of, tally
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
@@ -385,3 +386,88 @@ def test_a_person_counts_once_with_their_newest_approval() -> None:
     assert counted.expires_at == at - 30 + 60
     no = Decision(False, "bob", "2030-01-01T00:02:10.000Z")
     assert tally([old, new, no], rule, creator="", now=at).denied == no
+
+
+def test_service_accounts_decide_only_where_the_rule_says_so(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Two ServiceAccounts of one namespace are not two people: by default neither may approve
+    or deny (refused in one line naming the rule's serviceAccounts), and nothing is recorded;
+    with serviceAccounts: true they count like people."""
+    world = world_with(tmp_path, TWO)
+    loop = waiting(stores, world)
+    for account, yes in (("ci", True), ("cd", False)):
+        with pytest.raises(SettleError, match="is a ServiceAccount, and the rule counts people"):
+            loop.approve(
+                "shop", "restock", "2:0", approved=yes, by=f"system:serviceaccount:shop:{account}"
+            )
+    assert loop.state("shop", "restock").approvals == {}
+    allowed = world_with(tmp_path, replace(TWO, service_accounts=True), "allowed")
+    loop = loop_over(stores, Recorder(RESTOCK), allowed.tools())
+    assert loop.run_or_resume(spec("robots")).stop.reason is StopReason.AWAITING_APPROVAL
+    for account in ("ci", "cd"):
+        loop.approve(
+            "shop", "robots", "2:0", approved=True, by=f"system:serviceaccount:shop:{account}"
+        )
+    assert loop.run_or_resume(spec("robots")).stop.reason is StopReason.GOAL_MET
+    assert list(allowed.effects().values()) == [1]
+
+
+def test_a_rule_can_ask_a_reason_to_deny_and_the_reason_is_on_record(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """reasonToDeny: a deny without a note is refused; with one, the note (redacted, one line)
+    is on the decision, its loop.denied event, and the run's Denied words."""
+    from keelgate.core.approvals import denials
+
+    world = world_with(tmp_path, ApprovalRule(reason_to_deny=True))
+    loop = waiting(stores, world)
+    with pytest.raises(SettleError, match="its rule asks a reason to deny"):
+        loop.approve("shop", "restock", "2:0", approved=False, by="bob", note="  ")
+    loop.approve(
+        "shop", "restock", "2:0", approved=False, by="bob", note="wrong sku\nbearer-token sk-abc"
+    )
+    state = loop.state("shop", "restock")
+    (decision,) = state.approvals["2:0"]
+    assert decision.note.startswith("wrong sku ") and "\n" not in decision.note
+    (event,) = only(stores.audit.events("shop", "restock"), "loop.denied")
+    assert event.data["note"] == decision.note
+    (denial,) = denials(state)
+    assert denial.describe() == f"place_order (2:0) denied by bob: {decision.note}"
+    assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert world.effects() == {}
+
+
+def test_one_person_cannot_fill_an_actions_decisions(stores: Stores, tmp_path: Path) -> None:
+    """expiresAfter 1 s: alice approves again each time her approval expires; after 8 of
+    hers no more are taken from her, and bob and carol still decide (the action takes 64)."""
+    world = world_with(tmp_path, ApprovalRule(required=2, expires_after=1.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        for _ in range(8):
+            loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+            now[0] += 2
+        with pytest.raises(SettleError, match="has 8 decisions of alice: no more are taken"):
+            loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+        loop.approve("shop", "restock", "2:0", approved=True, by="carol")
+        assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+
+def test_the_judge_says_why_a_decision_cannot_count() -> None:
+    """One judge for the command line, decide, the gate and the operator: each reason in its
+    own words, and None for a decision that counts."""
+    rule = ApprovalRule(required=2, groups=("payments",), not_creator=True, reason_to_deny=True)
+    pay = ("payments",)
+
+    def why(approved: bool, by: str, groups: tuple[str, ...] = pay, **more: Any) -> str | None:
+        return refusal(rule, approved=approved, by=by, groups=groups, creator="alice", **more)
+
+    assert why(True, "bob") is None
+    assert "alice created the run" in str(why(True, "alice"))
+    assert why(False, "alice", note="no") is None  # the creator may deny, with a reason
+    assert "may not decide it" in str(why(True, "mallory", ()))
+    assert "is a ServiceAccount" in str(why(True, "system:serviceaccount:shop:ci"))
+    assert "asks a reason to deny" in str(why(False, "bob"))
+    assert "approved it already (1 of 2)" in str(why(True, "bob", counted=("bob",)))

@@ -38,7 +38,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import StopReason
 from keelgate.stores import open_stores
-from keelgate.stores.tenancy import TenantStore
+from keelgate.stores.tenancy import TenantStore, tenant_database
 from keelgate.testing.pgserver import PgServer, start_postgres
 from test_kubectl_plugin import kubeconfig
 
@@ -68,6 +68,12 @@ class Store:
     ns: str
     role_b: str
     role_operator: str
+
+    @property
+    def admin_at_b(self) -> str:
+        """The administrator's URL on B's database of its own (``keelgate tenant add``)."""
+        home = self.admin.rsplit("/", 1)[1]
+        return self.admin.rsplit("/", 1)[0] + "/" + tenant_database(home, self.ns)
 
 
 @pytest.fixture
@@ -345,7 +351,7 @@ def test_an_event_sealed_without_its_writer_verifies_and_a_changed_writer_does_n
         forged = stores.audit.events(ns, "r")[-1]
     finally:
         stores.close()
-    with psycopg.connect(store.admin, autocommit=True) as conn:
+    with psycopg.connect(store.admin_at_b, autocommit=True) as conn:
         conn.execute(
             "UPDATE keelgate_audit SET writer = %s, writer_kind = 'operator' "
             "WHERE tenant = %s AND run = 'r' AND seq = %s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from keelgate.cli import main
 from keelgate.stores import open_stores
 from keelgate.testing.deadlines import pass_deadlines
+from support.restock import asked
 
 TOOLS = """
 import json, os
@@ -349,7 +351,7 @@ def test_an_approval_asked_for_at_plan_time_is_still_asked_after_the_manifest_dr
         assert main(["run", "-f", str(edited), "-o", "json"]) == 3
         waiting = last_json(capsys.readouterr().out)
         assert waiting["stopReason"] == "awaiting_approval"
-        assert waiting["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+        assert asked(waiting["pendingApprovals"]) == [{"action": "2:0", "tool": "order"}]
     assert orders(world) == 0
     assert main(["approve", "restock", "2:0", "--approve", "--by", "bob"]) == 0
     assert main(["run", "-f", str(edited), "-o", "json"]) == 0
@@ -363,7 +365,7 @@ def test_a_denied_approval_never_runs_the_write(
     assert main(["run", "-f", str(write(world, manifest(approval=True))), "-o", "json"]) == 3
     stopped = last_json(capsys.readouterr().out)
     assert stopped["stopReason"] == "awaiting_approval"
-    assert stopped["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+    assert asked(stopped["pendingApprovals"]) == [{"action": "2:0", "tool": "order"}]
     assert main(["approve", "restock", "2:0", "--deny", "--by", "bob"]) == 0
     assert main(["resume", "restock", "-o", "json"]) == 0
     assert orders(world) == 0
@@ -386,7 +388,7 @@ def test_two_people_from_a_group_approve_in_process_with_by_and_group(
     )
     assert main(["run", "-f", str(write(world, text)), "-o", "json"]) == 3
     stopped = last_json(capsys.readouterr().out)
-    assert stopped["pendingApprovals"] == [
+    assert asked(stopped["pendingApprovals"]) == [
         {
             "action": "2:0",
             "tool": "order",
@@ -679,7 +681,7 @@ def test_an_approval_given_both_ways_is_refused_and_decides_nothing(
     assert main(["status", "restock", "-o", "json"]) == 3
     shown = last_json(capsys.readouterr().out)
     assert shown["stopReason"] == "awaiting_approval"
-    assert shown["pendingApprovals"] == [{"action": "2:0", "tool": "order"}]
+    assert asked(shown["pendingApprovals"]) == [{"action": "2:0", "tool": "order"}]
 
 
 def test_a_reconcile_given_both_ways_is_refused_and_settles_nothing(world: Path) -> None:
@@ -1207,7 +1209,6 @@ def test_the_audit_trail_says_why_a_call_was_refused_or_denied_and_on_what_date(
     """`keelgate audit` shows why a call did not run: a refused one with its reason
     (side_effect_not_permitted), a denied one as a `denied` decision naming who denied it,
     never as `approved`; and each event's time carries its date."""
-    import re
 
     monkeypatch.setenv("COLUMNS", "240")  # a wide terminal: no word folded across lines
 

@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import keelgate
@@ -361,6 +362,54 @@ def test_a_python_tool_can_say_its_request_was_refused(tmp_path: Path) -> None:
             assert reason is (StopReason.GOAL_MET if says else StopReason.OUTCOME_UNKNOWN)
         finally:
             process.close()
+
+
+def test_every_request_of_a_composite_call_checks_the_deadline_not_only_the_first(
+    tmp_path: Path, payments: Payments, clock: Paused
+) -> None:
+    """``pay`` sends its own requests (its own HTTP client, no Keelgate tool), each reported
+    with ``keelgate.about_to_send``: the charge goes, the process is held up past the call's
+    deadline, and the receipt's report must refuse it (``DeadlinePassed``), though a request
+    of the same call already went: a person may by now have settled the call "not executed".
+    The receipt is never sent, and the charge makes the outcome unknown (issue 48, item 4)."""
+    refused: list[str] = []
+
+    def pay(args: dict[str, Any], *, idempotency_key: str | None) -> Any:
+        headers = {"Idempotency-Key": str(idempotency_key)}
+        keelgate.about_to_send(idempotency_key)
+        httpx.post(f"{payments.url}/charge", json=args, headers=headers, timeout=10)
+        clock.hold_up()
+        try:
+            keelgate.about_to_send(idempotency_key)
+        except keelgate.DeadlinePassed as late:
+            refused.append(late.key)
+            raise
+        httpx.post(f"{payments.url}/notify", json=args, headers=headers, timeout=10)
+        return {"paid": args["cents"]}
+
+    process = Process(tmp_path / "kg.db", lambda: [PythonTool("pay", pay, SideEffect.WRITE)])
+    try:
+        outcome = process.loop.run_or_resume(SPEC)
+        assert refused == [KEY]
+        assert payments.charges == {KEY: 1} and payments.receipts == {}
+        assert outcome.stop.reason is StopReason.OUTCOME_UNKNOWN, outcome.to_json()
+        assert [u.tool for u in outcome.unknown_actions] == ["pay"]
+    finally:
+        process.close()
+
+
+def test_a_calls_second_request_after_its_deadline_is_refused_and_the_first_still_counts(
+    clock: Paused,
+) -> None:
+    """The fence itself: a call's first request is recorded, the process is held up past the
+    deadline, and the call's next request is refused; the call still reads as having sent
+    something (its first request), before and after the gateway ends it."""
+    call = fence.Invocation(fence.WriteDeadline.starting_now("kg-two", 30.0))
+    call.sending()
+    clock.hold_up()
+    with pytest.raises(fence.DeadlinePassed):
+        call.sending()
+    assert call.sent and call.end()
 
 
 # Threads a tool starts

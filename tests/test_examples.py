@@ -19,6 +19,7 @@ import pytest
 from fakes.llm import LlmFake, openai_reply
 from keelgate.cli import main
 from keelgate.manifest import load_agentrun
+from support.restock import asked
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((ROOT / "examples").glob("*/agentrun.yaml"))
@@ -91,7 +92,7 @@ def test_the_approval_example_waits_for_a_person_then_orders_once(
     manifest = str(ROOT / "examples/approval/agentrun.yaml")
     assert main(["run", "-f", manifest, "-o", "json"]) == 3
     stopped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert stopped["pendingApprovals"] == [{"action": "2:0", "tool": "place_order"}]
+    assert asked(stopped["pendingApprovals"]) == [{"action": "2:0", "tool": "place_order"}]
     assert not (tmp_path / "shop" / "orders.jsonl").exists()
     assert main(["approve", "restock-approved", "2:0", "--approve", "--by", "you"]) == 0
     assert main(["resume", "restock-approved"]) == 0

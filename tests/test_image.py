@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+import yaml
 
 from keelgate.cli import main
 from keelgate.manifest import load_agentrun
@@ -81,8 +83,11 @@ def run_in_image(
     argv: list[str],
     home: Path,
     prefix: Sequence[str] = (),
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``argv`` as the image runs it: the image's PATH and environment, nothing of ours."""
+    """``argv`` as the image runs it: the image's PATH and environment (and ``environ``),
+    nothing of ours."""
     env = {
         "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
@@ -90,6 +95,7 @@ def run_in_image(
         "PYTHONUNBUFFERED": "1",
         "LANG": "C.UTF-8",
         "COLUMNS": "200",
+        **(environ or {}),
     }
     return subprocess.run(
         [*prefix, *argv],
@@ -316,3 +322,104 @@ def test_the_base_install_is_the_plugin_without_the_operator_or_providers(
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode != 0 and len(lines) == 1, refused.stderr
     assert "spec.model.provider" in lines[0] and "pip install 'keelgate[openai]'" in lines[0]
+
+
+#: An OTLP endpoint where nothing listens: set for every process, as many clusters set it.
+OTEL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+TRACING_MISSING = (
+    "keelgate: warning: tracing (asked for by OTEL_EXPORTER_OTLP_ENDPOINT) needs the tracing "
+    "extra: pip install 'keelgate[tracing]' (opentelemetry is not installed); going on without "
+    "tracing"
+)
+
+
+def test_the_base_install_with_an_otlp_endpoint_runs_untraced_and_says_so_once(
+    base_venv: Path, tmp_path: Path
+) -> None:
+    """``pip install keelgate`` (no tracing extra) in a shell where OTEL_EXPORTER_OTLP_ENDPOINT
+    is set: the restock manifest runs to its end as without tracing, and stderr holds one line,
+    the warning naming the extra to install; `status` and `audit` of the run, read the same
+    way, also say it once each and answer as always."""
+    home = _home(tmp_path)
+    for file in ("agentrun.yaml", "shop.py"):
+        shutil.copy(ROOT / "examples" / "restock" / file, home / file)
+    ran = run_in_image(
+        base_venv, ["keelgate", "run", "-f", "agentrun.yaml", "-o", "json"], home, environ=OTEL
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["stopReason"] == "goal_met"
+    assert ran.stderr.strip().splitlines() == [TRACING_MISSING]
+    assert len((home / ".keelgate/shop/orders.jsonl").read_text().splitlines()) == 1
+    status = run_in_image(
+        base_venv, ["keelgate", "status", "restock", "-n", "shop"], home, environ=OTEL
+    )
+    assert status.returncode == 0 and "goal_met" in status.stdout, status.stderr
+    assert status.stderr.strip().splitlines() == [TRACING_MISSING]
+
+
+def test_every_missing_extra_is_one_line_naming_it_with_exit_code_2(
+    base_venv: Path, tmp_path: Path
+) -> None:
+    """On the base install, each thing an extra brings, asked for: one line on stderr naming
+    the extra and its ``pip install``, exit 2 (bad input, as README's table says), never an
+    internal error; nothing is run."""
+    home = _home(tmp_path)
+    manifest = (ROOT / "examples" / "restock" / "agentrun.yaml").read_text()
+    shutil.copy(ROOT / "examples" / "restock" / "shop.py", home / "shop.py")
+    (home / "agentrun.yaml").write_text(manifest)
+    model = manifest[manifest.index("  model:") : manifest.index("  tools:")]
+    anthropic = (
+        "  model:\n    provider: anthropic\n    name: claude\n    baseURL: http://127.0.0.1:9\n"
+    )
+    (home / "anthropic.yaml").write_text(manifest.replace(model, anthropic))
+    tool = '      python: {callable: "shop:place_order"}\n'
+    mcp = "      mcp: {url: http://127.0.0.1:9/mcp, tool: place_order}\n"
+    (home / "mcp.yaml").write_text(manifest.replace(tool, mcp))
+    pg = "postgresql://keelgate@127.0.0.1:9/keelgate"
+    cases = [
+        (["keelgate", "run", "-f", "anthropic.yaml"], "anthropic", "spec.model.provider"),
+        (["keelgate", "run", "-f", "mcp.yaml"], "mcp", "spec.tools[1].mcp"),
+        (["keelgate", "run", "-f", "agentrun.yaml", "--store", pg], "postgres", "--store"),
+        (["keelgate", "tenant", "list", "--store", pg], "postgres", ""),
+        (
+            ["keelgate", "run", "-f", "agentrun.yaml", "--store", "langgraph+sqlite:///lg.db"],
+            "langgraph",
+            "--store",
+        ),
+        (["keelgate", "temporal", "status", "restock"], "temporal", "keelgate temporal status"),
+        (["keelgate", "operator", "--store", pg], "operator", "operator"),
+    ]
+    for argv, extra, field in cases:
+        done = run_in_image(base_venv, argv, home)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (argv, done.stderr)
+        assert f"pip install 'keelgate[{extra}]'" in lines[0], (argv, lines)
+        assert lines[0].startswith(f"keelgate: error: {field}"), (argv, lines)
+        assert "internal error" not in lines[0]
+    assert not (home / ".keelgate/shop/orders.jsonl").exists()
+
+
+#: The chart's settings whose feature an extra brings, by the value that turns it on.
+CHART_SETTING_EXTRAS = {
+    "store": "postgres",  # the operator's and the step pods' store is PostgreSQL
+    "notifications.sinks": "operator",  # CloudEvents (the cloudevents package)
+    "tracing.otlpEndpoint": "tracing",
+}
+
+
+def test_make_up_installs_every_extra_the_charts_documented_settings_need() -> None:
+    """`make up`'s venv stands in for the image on its cluster (step pods and the operator run
+    its `keelgate`): it holds the operator and every extra a documented chart setting turns on,
+    so `helm upgrade ... --set tracing.otlpEndpoint=...` (docs/observability.md) works there."""
+    makefile = (ROOT / "Makefile").read_text()
+    up = re.search(r"^UP_EXTRAS\s*:=\s*(\S+)$", makefile, re.MULTILINE)
+    assert up is not None and "\nup: $(UP_STAMP)\n" in makefile
+    values = yaml.safe_load((ROOT / "charts" / "keelgate" / "values.yaml").read_text())
+    for setting in CHART_SETTING_EXTRAS:
+        node = values
+        for part in setting.split("."):
+            assert isinstance(node, dict) and part in node, f"{setting}: not a chart value"
+            node = node[part]
+    needed = {"operator", *CHART_SETTING_EXTRAS.values()}
+    assert needed <= set(up.group(1).split(",")), up.group(1)
+    assert needed <= set(image_extras().split(","))  # and the image, which the chart runs

@@ -140,7 +140,7 @@ def inbox(tmp_path: Path) -> Iterator[Inbox]:
 
 
 def _one_approval(cluster: FakeCluster) -> None:
-    cluster.runs["restock"] = run_body("restock")
+    cluster.runs["restock"] = run_body("restock", pendingApprovals=[{"action": "1:0"}])
     cluster.objects["Approval"].append(decision("Approval", "restock", "1:0"))
 
 
@@ -501,45 +501,38 @@ def test_a_client_that_stops_sending_is_cut_off_at_the_request_timeout(tmp_path:
 
 def test_slow_clients_hold_at_most_a_bounded_number_of_threads(tmp_path: Path) -> None:
     """Twelve clients that connect and then send a request a byte at a time: four are served
-    at once (a thread each), the other eight are answered 503 and closed without a thread;
-    each slow one is cut off at the request timeout however steadily it trickles, and then
-    the inbox answers again."""
+    at once (a thread each), the newest four; each new one past the limit closed the oldest
+    that had shown no session, so the other eight are closed; each slow one is cut off at the
+    request timeout however steadily it trickles, and then the inbox answers again."""
     for inbox in _inbox(tmp_path, request_timeout=1.0, max_connections=4):
         before = _serving()  # threads of servers other tests left behind are not this one's
         conns = [socket.create_connection(("127.0.0.1", inbox.port), timeout=5) for _ in range(12)]
         for conn in conns:
             conn.setblocking(False)
-        # The refusals are written as the connections are accepted; on a busy machine that can
-        # take a while, so wait for them (at most 5 s) rather than for a fixed time.
-        busy: list[bytes] = []
+        # The closes come as the connections are accepted; on a busy machine that can take a
+        # while, so wait for them (at most 5 s) rather than for a fixed time.
+        closed: list[socket.socket] = []
         held = list(conns)
         waited = time.monotonic()
-        while len(busy) < 8 and time.monotonic() - waited < 5:
+        while len(closed) < 8 and time.monotonic() - waited < 5:
             for conn in list(held):
-                try:
-                    answer = conn.recv(4096)
-                except BlockingIOError:
-                    continue
-                held.remove(conn)
-                busy.append(answer)
+                if _ended(conn):
+                    held.remove(conn)
+                    closed.append(conn)
             time.sleep(0.02)
-        time.sleep(0.2)  # a ninth answer, were there one, would have come by now
-        for conn in list(held):
-            try:
-                busy.append(conn.recv(4096))
-                held.remove(conn)
-            except BlockingIOError:
-                pass
-        assert len(held) == 4 and _serving() - before == 4, (len(held), _serving() - before)
-        assert all(a.startswith(b"HTTP/1.1 503 ") for a in busy) and len(busy) == 8, busy
+        time.sleep(0.2)  # a ninth close, were there one, would have come by now
+        held = [conn for conn in held if not _ended(conn)]
+        assert held == conns[8:], [conns.index(c) for c in held]
+        waited = time.monotonic()
+        while _serving() - before != 4 and time.monotonic() - waited < 5:
+            time.sleep(0.02)  # the closed ones' threads read the end and finish
+        assert _serving() - before == 4
         started, cut = time.monotonic(), 0.0
         while held and time.monotonic() - started < 5:
             for conn in list(held):
                 try:
                     conn.send(b"x")
-                    gone = conn.recv(4096) == b""
-                except BlockingIOError:
-                    gone = False
+                    gone = _ended(conn)
                 except OSError:
                     gone = True
                 if gone:
@@ -550,6 +543,123 @@ def test_slow_clients_hold_at_most_a_bounded_number_of_threads(tmp_path: Path) -
             conn.close()
         assert held == [] and cut < 2.5, "a slow client was not cut off in time"
         assert inbox.request("GET", "/")[0] == 401  # answering again
+
+
+def _ended(conn: socket.socket) -> bool:
+    """Whether the server ended a non-blocking connection (it reads its end, or a reset)."""
+    try:
+        return conn.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class Stranger:
+    """Another local user without any credential who keeps ``count`` idle connections to the
+    inbox open at all times: each one the inbox closes is opened again at once (the issue's
+    attack reopened them every 10 s)."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port, self.count = port, count
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def __enter__(self) -> Stranger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _hold(self) -> None:
+        conns: list[socket.socket] = []
+        try:
+            while not self._stop.is_set():
+                conns = [c for c in conns if not (_ended(c) and c.close() is None)]
+                while len(conns) < self.count:
+                    conn = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+                    conn.setblocking(False)
+                    conns.append(conn)
+                    self.opened += 1
+                time.sleep(0.01)
+        finally:
+            for conn in conns:
+                conn.close()
+
+
+def test_idle_sockets_held_by_a_stranger_never_keep_the_person_out(tmp_path: Path) -> None:
+    """A local user with no credential holds every connection slot with idle sockets, opening
+    a new one as soon as one is closed. The person still signs in and reads page after page,
+    on new connections and on a kept-alive one, and decides: nothing is answered 503 (it was,
+    throughout); the stranger's sockets are what gets closed."""
+    for inbox in _inbox(tmp_path, request_timeout=2.0, max_connections=4):
+        with Stranger(inbox.port, 8) as stranger:
+            waited = time.monotonic()
+            while stranger.opened < 8 and time.monotonic() - waited < 5:
+                time.sleep(0.02)
+            cookie, key = inbox.sign_in()
+            pages = {"Cookie": cookie, "X-Keelgate-Key": key}
+            statuses = [inbox.request("GET", "/", headers=pages)[0] for _ in range(20)]
+            kept = http.client.HTTPConnection("127.0.0.1", inbox.port, timeout=10)
+            for _ in range(10):  # one connection, kept alive while strangers come and go
+                kept.request("GET", "/", headers={"Host": f"127.0.0.1:{inbox.port}", **pages})
+                answer = kept.getresponse()
+                statuses.append(answer.status)
+                html = answer.read().decode()
+                time.sleep(0.05)
+            kept.close()
+            status, _, _ = inbox.request(
+                "POST",
+                "/decide",
+                headers={"Cookie": cookie, "Origin": f"http://127.0.0.1:{inbox.port}"},
+                body=_form(_form_token(html)),
+            )
+            assert stranger.opened > 8  # the inbox closed the stranger's idle sockets
+        assert statuses == [200] * 30, statuses
+        assert status == 303 and len(inbox.cluster.patches) == 1
+
+
+def test_a_stranger_cannot_close_the_persons_connections_and_is_told_503_when_all_are_hers(
+    tmp_path: Path,
+) -> None:
+    """Every slot held by the person's kept-alive connections: a stranger's new connection is
+    answered 503 and closed, and each of her connections still answers."""
+    for inbox in _inbox(tmp_path, max_connections=3):
+        cookie, key = inbox.sign_in()
+        headers = {"Host": f"127.0.0.1:{inbox.port}", "Cookie": cookie, "X-Keelgate-Key": key}
+        hers = [http.client.HTTPConnection("127.0.0.1", inbox.port, timeout=10) for _ in range(3)]
+        for conn in hers:
+            conn.request("GET", "/", headers=headers)
+            first = conn.getresponse()
+            assert first.status == 200 and first.read()
+        answer, took, closed = _raw(inbox, b"", wait=3)
+        assert answer.startswith(b"HTTP/1.1 503 ") and closed and took < 2, answer
+        for conn in hers:
+            conn.request("GET", "/", headers=headers)
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read()
+            conn.close()
+
+
+def test_a_request_without_a_session_is_answered_and_its_connection_closed_at_once(
+    inbox: Inbox,
+) -> None:
+    """A request that shows no session never waits in a thread: a page is answered 401 and the
+    connection closed (no keep-alive for a stranger), and a form is refused before its body,
+    which never comes, is waited for."""
+    page = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{inbox.port}\r\n\r\n".encode()
+    answer, took, closed = _raw(inbox, page)
+    assert answer.startswith(b"HTTP/1.1 401 ") and b"Connection: close" in answer
+    assert closed and took < 2
+    form = (
+        f"POST /decide HTTP/1.1\r\nHost: 127.0.0.1:{inbox.port}\r\nContent-Length: 100\r\n\r\ncsrf="
+    ).encode()
+    answer, took, closed = _raw(inbox, form)
+    assert answer.startswith(b"HTTP/1.1 401 ") and closed and took < 2, (answer, took)
+    assert inbox.cluster.patches == []
 
 
 def _serving() -> int:
@@ -588,7 +698,7 @@ class BatchViews(ShopViews):
 
 def _three_approvals(cluster: FakeCluster) -> None:
     for run in ("a", "b", "c"):
-        cluster.runs[run] = run_body(run)
+        cluster.runs[run] = run_body(run, pendingApprovals=[{"action": "1:0"}])
         cluster.objects["Approval"].append(
             decision("Approval", run, "1:0", idempotencyKey=f"kg-{run}", decisions=[])
         )
@@ -708,3 +818,45 @@ def test_a_batch_without_the_forms_token_or_with_the_cookie_alone_decides_nothin
     )
     assert status == 303 and "no+approval+was+selected" in headers["location"]
     assert batch.cluster.patches == []
+
+
+def _alices_own(cluster: FakeCluster) -> None:
+    """alice's run restock needs 2 of payments, not her, a reason to deny; its Approval."""
+    rule = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+    body = run_body("restock", phase="Stopped", pendingApprovals=[{"action": "1:0", "rule": rule}])
+    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
+    cluster.runs["restock"] = body
+    cluster.groups = ("payments", "system:authenticated")
+    cluster.objects["Approval"].append(decision("Approval", "restock", "1:0", decisions=[]))
+
+
+def test_a_decision_the_rule_in_force_would_not_count_is_refused_with_the_judges_words(
+    tmp_path: Path,
+) -> None:
+    """alice's own run's approval (her page shows it apart, with a Deny alone: see
+    test_inbox_pages): a form that approves it anyway (crafted, or from a page read before)
+    is refused with the one judge's words and nothing is patched; a deny without a reason is
+    refused too; with one it goes."""
+    for inbox in _inbox(tmp_path, fill=_alices_own):
+        cookie, key = inbox.sign_in()
+        _, _, page = inbox.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+        token = _form_token(page)
+        said = []
+        for choice, note in (("approve", ""), ("deny", ""), ("deny", "not this month")):
+            fields = {"kind": "Approval", "namespace": "shop", "run": "restock", "action": "1:0",
+                      "choice": choice, "note": note, "csrf": token}  # fmt: skip
+            status, headers, _ = inbox.request(
+                "POST", f"/k/{key}/decide", headers={"Cookie": cookie}, body=urlencode(fields)
+            )
+            assert status == 303
+            _, _, after = inbox.request("GET", headers["location"], headers={"Cookie": cookie})
+            said.append(after)
+        assert "alice created the run, and its rule asks for someone else" in said[0]
+        assert "its rule asks a reason to deny" in said[1]
+        assert "Not done" in said[0] and "Not done" in said[1]
+        assert "denied by alice" in said[2]
+        entry = {"by": "alice", "groups": ["payments", "system:authenticated"],
+                 "approved": False, "note": "not this month"}  # fmt: skip
+        assert inbox.cluster.patches == [
+            ("Approval", "restock-1-place-order", {"decisions+": entry, "first": False})
+        ]

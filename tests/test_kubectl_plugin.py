@@ -27,6 +27,7 @@ from keelgate.cli.plugin.commands import APPROVAL, decide
 from keelgate.cli.plugin.listing import expires_in
 from keelgate.cli.plugin.target import Target, resolve
 from keelgate.errors import InputError, SettleError
+from keelgate.kube.times import parse_time
 
 JSON = dict[str, Any]
 TOKEN = "tok-never-shown-5521"
@@ -124,6 +125,12 @@ class FakeCluster:
     logs: dict[str, str] = field(default_factory=dict)
     patches: list[tuple[str, str, JSON]] = field(default_factory=list)
     asked: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Where the user may list, as RBAC would say: None, everywhere (cluster-wide too); else
+    #: these namespaces only (each list elsewhere, and cluster-wide, is forbidden), and the
+    #: objects are where their metadata says.
+    listable: tuple[str, ...] | None = None
+    #: The cluster's namespaces, when the user may list them (None: forbidden, as for most).
+    namespace_names: list[str] | None = None
 
     def whoami(self) -> str:
         return self.user
@@ -133,14 +140,21 @@ class FakeCluster:
 
     def append_decision(self, name: str, entry: Mapping[str, Any], *, first: bool) -> JSON:
         """A JSON patch adding ``entry`` to the Approval's decisions (``first``: making the
-        list), applied to the object as the API server would."""
-        self.patches.append(("Approval", name, {"decisions+": dict(entry), "first": first}))
+        list), applied to the object as the API server would. The moment the client states
+        (``at``) must be now, to the second; it is kept out of ``patches``, which tests compare
+        whole."""
+        stated = parse_time(str(entry.get("at")))
+        assert stated is not None and abs(dt.datetime.now(dt.UTC) - stated).total_seconds() < 60
+        said = {k: v for k, v in entry.items() if k != "at"}
+        self.patches.append(("Approval", name, {"decisions+": said, "first": first}))
         found = next(o for o in self.objects["Approval"] if o["metadata"]["name"] == name)
         assert first == ("decisions" not in found["spec"])
         found["spec"].setdefault("decisions", []).append(dict(entry))
         return found
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]:
         self.asked.append((verb, resource, name))
         return self.allowed, "" if self.allowed else "no RBAC policy matched"
 
@@ -162,9 +176,26 @@ class FakeCluster:
     def step_pods(self, run: str) -> list[JSON]:
         return list(self.pods)
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
-        self.asked.append(("list", kind, "all" if all_namespaces else self.target.namespace))
-        return list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
+    def listed(self, kind: str, *, all_namespaces: bool = False, namespace: str = "") -> list[JSON]:
+        where = "all" if all_namespaces else namespace or self.target.namespace
+        self.asked.append(("list", kind, where))
+        found = list(self.runs.values()) if kind == "AgentRun" else list(self.objects[kind])
+        if self.listable is None:
+            return found
+        if where not in self.listable:
+            scope = "at the cluster scope" if all_namespaces else f'in the namespace "{where}"'
+            raise Refused(
+                f'{kind.lower()}s.keelgate.dev is forbidden: User "{self.user}" cannot list '
+                f'resource "{kind.lower()}s" in API group "keelgate.dev" {scope}',
+                status=403,
+            )
+        return [o for o in found if o["metadata"].get("namespace") == where]
+
+    def namespaces(self) -> list[str]:
+        self.asked.append(("list", "Namespace", "all"))
+        if self.namespace_names is None:
+            raise Refused('namespaces is forbidden: User "alice" cannot list', status=403)
+        return list(self.namespace_names)
 
     def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
         if name not in self.logs:
@@ -443,13 +474,26 @@ def test_approve_and_deny_add_a_decision_of_your_own(
     """--deny adds {by: you, groups: yours, approved: false} to spec.decisions (without a note,
     none), making the list on an Approval made before lists were; JSON says so."""
     cluster.user = "bob@example.com"
+    cluster.runs["restock"] = run_body(
+        phase="Stopped",
+        stopReason="awaiting_approval",
+        pendingApprovals=[{"action": "2:0", "tool": "place_order", "definition": "d-1"}],
+    )
     cluster.objects["Approval"] = [decision("Approval", "restock", "2:0")]
     code, out, _ = plugin(capsys, "approve", "restock", "2:0", "--deny", "-o", "json")
     assert code == 0
-    entry = {"by": "bob@example.com", "groups": ["system:authenticated"], "approved": False}
-    assert cluster.patches == [
-        ("Approval", "restock-2-place-order", {"decisions+": entry, "first": True})
-    ]
+    ((kind, name, patch),) = cluster.patches
+    entry = {
+        "by": "bob@example.com",
+        "groups": ["system:authenticated"],
+        "approved": False,
+        "definition": "d-1",  # the call as it was shown: a decision on another is not counted
+    }
+    assert (kind, name, patch) == (
+        "Approval",
+        "restock-2-place-order",
+        {"decisions+": entry, "first": True},
+    )
     assert json.loads(out.strip().splitlines()[-1]) == {
         "run": "restock",
         "action": "2:0",
@@ -925,6 +969,9 @@ def test_pending_lists_what_waits_for_a_person_oldest_first_with_the_command(
         _aged(decision("Reconciliation", "old", "1:0", executed=True, by="al"), 90),
     ]
     cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 120)]
+    cluster.runs["payout"] = run_body(
+        "payout", phase="Stopped", pendingApprovals=[{"action": "1:0", "tool": "place_order"}]
+    )
     code, out, _ = plugin(capsys, "pending")
     assert code == 0
     lines = out.strip().splitlines()
@@ -948,6 +995,8 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     """-A asks for every namespace and shows a NAMESPACE column; -o json and -o yaml give a
     kubectl List of the objects; nothing waiting is said in words, exit 0."""
     cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 3, "finance")]
+    waits = {"phase": "Stopped", "pendingApprovals": [{"action": "1:0", "tool": "place_order"}]}
+    cluster.runs["payout"] = _aged(run_body("payout", **waits), 3, "finance")
     code, out, _ = plugin(capsys, "pending", "-A")
     assert code == 0 and out.splitlines()[0].split()[0] == "NAMESPACE"
     assert out.splitlines()[1].split()[0] == "finance"
@@ -955,11 +1004,51 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     code, out, _ = plugin(capsys, "pending", "-o", "json")
     listed = json.loads(out)
     assert listed["kind"] == "List" and listed["items"][0]["spec"]["runName"] == "payout"
+    assert listed["items"][0]["you"] == {"mayDecide": True}
     code, out, _ = plugin(capsys, "pending", "-o", "yaml")
     assert yaml.safe_load(out)["items"][0]["kind"] == "Approval"
     cluster.objects["Approval"] = []
     code, out, _ = plugin(capsys, "pending")
     assert code == 0 and out.strip() == "Nothing waits for a person in namespace shop."
+
+
+def test_pending_everywhere_falls_back_to_the_namespaces_the_user_may_list(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """A user who may list only in their own namespaces (alice, edit in shop): `pending -A`
+    and `list -A`, refused cluster-wide, show what is in the namespaces she may list, say so
+    in one line on stderr, and exit 0; without the right to list namespaces that is the
+    context's; with it, every namespace she may list in, the others skipped."""
+    cluster.listable = ("shop",)
+    cluster.objects["Approval"] = [
+        _aged(decision("Approval", "payout", "1:0"), 3, "shop"),
+        _aged(decision("Approval", "secret", "1:0"), 4, "finance"),
+    ]
+    waits = {"phase": "Stopped", "pendingApprovals": [{"action": "1:0", "tool": "place_order"}]}
+    cluster.runs["payout"] = _aged(run_body("payout", **waits), 5, "shop")
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0, err
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [["shop", "approval"]]
+    assert "secret" not in out
+    assert one_line(err) == (
+        "kubectl keelgate: warning: you may not list reconciliations and approvals in every "
+        "namespace; showing the namespaces you may list: shop"
+    )
+    code, out, err = plugin(capsys, "list", "-A")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["shop", "payout"], out
+    assert "showing the namespaces you may list: shop" in one_line(err)
+
+    cluster.listable = ("shop", "finance")
+    cluster.namespace_names = ["finance", "kube-system", "shop"]
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0 and "payout" in out and "secret" in out
+    assert one_line(err).endswith("showing the namespaces you may list: finance, shop")
+    assert ("list", "Reconciliation", "kube-system") in cluster.asked  # forbidden: skipped
+
+    cluster.listable = ()  # not even her own: the cluster's refusal, as before
+    cluster.namespace_names = None
+    code, _, err = plugin(capsys, "pending", "-A")
+    assert code == 1 and "at the cluster scope" in one_line(err)
 
 
 def test_list_shows_runs_and_wide_their_budgets(
@@ -1136,10 +1225,17 @@ def test_logs_follow_streams_the_running_pod_then_stops_when_the_run_rests(
 def _two_person_run(cluster: FakeCluster) -> JSON:
     """A run alice created whose payment needs two people from payments, not her; its
     Approval, Pending 0 of 2, with the list the operator makes."""
-    body = run_body("payout", phase="Stopped", stopReason="awaiting_approval")
-    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
     rule = {"required": 2, "groups": ["payments"], "notCreator": True}
-    body["spec"]["tools"] = [{"name": "send_payment", "approval": rule}]
+    # The rule in force is the one the run shows waiting; alice's spec may say less (she
+    # weakened it after the action was planned): it is not what counts.
+    body = run_body(
+        "payout",
+        phase="Stopped",
+        stopReason="awaiting_approval",
+        pendingApprovals=[{"action": "1:0", "tool": "send_payment", "rule": rule}],
+    )
+    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
+    body["spec"]["tools"] = [{"name": "send_payment", "requiresApproval": True}]
     cluster.runs["payout"] = body
     approval = decision("Approval", "payout", "1:0", "send_payment", decisions=[])
     approval["status"] = {"phase": "Pending", "progress": "0 of 2", "required": 2, "decided": 0}
@@ -1158,19 +1254,19 @@ def test_approve_counts_each_person_once_and_refuses_who_the_rule_cannot_count(
     approval = _two_person_run(cluster)
     payments = ("payments", "system:authenticated")
     for user, groups, words in (
-        ("alice", payments, "alice created the run, and the approval rule of send_payment"),
-        ("dave", ("system:authenticated",), "dave is in none of the groups"),
+        ("alice", payments, "alice created the run, and its rule asks for someone else"),
+        ("dave", ("system:authenticated",), "dave may not decide it: the rule asks 2 approvals"),
     ):
         cluster.user, cluster.groups = user, groups
         code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
         assert code == 2 and words in one_line(err)
     assert cluster.patches == []
     cluster.user, cluster.groups = "bob", payments
-    assert plugin(capsys, "approve", "payout", "1:0", "--approve", "--note", "ok")[0] == 0
+    code, out, _ = plugin(capsys, "approve", "payout", "1:0", "--approve", "--note", "ok")
+    assert code == 0 and "approved by bob (1 of 2)" in out
     entry = {"by": "bob", "groups": list(payments), "approved": True, "note": "ok"}
-    assert cluster.patches == [
-        ("Approval", "payout-1-send-payment", {"decisions+": entry, "first": False})
-    ]
+    ((_, name, patch),) = cluster.patches
+    assert (name, patch) == ("payout-1-send-payment", {"decisions+": entry, "first": False})
     code, out, _ = plugin(capsys, "approve", "payout", "1:0", "--approve")
     assert code == 0 and "already approved by bob" in out  # the operator has yet to record it
     approval["status"].update(decided=1, approvedBy=["bob"], progress="1 of 2")
@@ -1181,6 +1277,7 @@ def test_approve_counts_each_person_once_and_refuses_who_the_rule_cannot_count(
     assert len(cluster.patches) == 2
     cluster.user = "carol"
     assert plugin(capsys, "approve", "payout", "1:0", "--deny")[0] == 0
+    approval["status"].update(phase="Settled", verdict="denied", settledBy="carol")
     cluster.user = "erin"
     code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
     assert code == 2 and "already decided: denied by carol" in one_line(err)
@@ -1228,8 +1325,7 @@ def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:
     """An approval with 1 of 2 still waits for a person: `pending` lists it with "1 of 2" and
-    when bob's approval stops counting; one with two approvals the operator has yet to record
-    waits for the operator, not a person."""
+    when bob's approval stops counting; it is listed until the operator shows it Settled."""
     approval = _aged(_two_person_run(cluster), 10)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=42, seconds=30)
     approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
@@ -1239,12 +1335,214 @@ def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
         approvedBy=["bob"],
         expiresAt=later.strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
+    cluster.user, cluster.groups = "carol", ("payments",)
     code, out, _ = plugin(capsys, "pending")
     assert code == 0
     header, row = out.strip().splitlines()
     assert header.split()[5:7] == ["APPROVALS", "EXPIRES"]
     assert row.split()[5:9] == ["1", "of", "2", "in"] and row.split()[9] == "42m"
     assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in row
+    # Until the operator shows it Settled it still waits: a decision may yet be refused.
     approval["spec"]["decisions"].append({"by": "carol", "approved": True})
+    assert "payout" in plugin(capsys, "pending")[1]
+    approval["status"].update(phase="Settled", verdict="approved", progress="2 of 2")
     code, out, _ = plugin(capsys, "pending")
     assert out.strip() == "Nothing waits for a person in namespace shop."
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "args", "words"),
+    [
+        # The spec says one approval by anyone; the rule in force says two from payments,
+        # not alice: alice's own approval is refused, as the operator would refuse it.
+        ("alice", ("payments",), ["--approve"], "alice created the run"),
+        # A deny by someone the rule does not let decide (a typo in the rule's group, say):
+        # refused, never "denied by dave ... the operator carries it out".
+        ("dave", ("system:authenticated",), ["--deny"], "dave may not decide it"),
+        (
+            "system:serviceaccount:shop:ci",
+            ("payments",),
+            ["--approve"],
+            "is a ServiceAccount, and the rule counts people only",
+        ),
+        ("bob", ("payments",), ["--deny"], "its rule asks a reason to deny"),
+    ],
+)
+def test_a_decision_the_rule_in_force_cannot_count_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    cluster: FakeCluster,
+    user: str,
+    groups: tuple[str, ...],
+    args: list[str],
+    words: str,
+) -> None:
+    """The command line judges with the rule the run shows in force (status.pendingApprovals),
+    by the one judge the operator asks (keelgate.core.approvals.refusal): a decision that
+    would not count is refused in one line, exit 2, and nothing is written."""
+    _two_person_run(cluster)
+    rule = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = rule
+    cluster.user, cluster.groups = user, groups
+    code, out, err = plugin(capsys, "approve", "payout", "1:0", *args)
+    assert code == 2, (out, err)
+    assert words in one_line(err) and "nothing was changed" in err
+    assert "approved by" not in out and "denied by" not in out
+    assert cluster.patches == []
+    if args == ["--deny"] and user == "bob":
+        assert plugin(capsys, "approve", "payout", "1:0", "--deny", "--note", "wrong sku")[0] == 0
+
+
+def test_a_decision_on_an_action_the_run_does_not_wait_for_is_refused(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """The run no longer lists the action as waiting (it moved on, or was stopped for another
+    reason): the command says so, exit 2, nothing written."""
+    _two_person_run(cluster)
+    cluster.runs["payout"]["status"].update(phase="Running", stopReason="", pendingApprovals=[])
+    cluster.user, cluster.groups = "bob", ("payments",)
+    code, _, err = plugin(capsys, "approve", "payout", "1:0", "--approve")
+    assert code == 2 and "is not waiting for approval now (the run is Running)" in one_line(err)
+    assert cluster.patches == []
+
+
+def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """dave's deny went in by hand (kubectl patch) and the operator refused it: the Approval
+    is still Pending. `pending` still lists it (wide: what was not counted and why), and
+    `status` shows it awaiting approval with the refusal under it."""
+    approval = _aged(_two_person_run(cluster), 5)
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    approval["status"]["message"] = (
+        "0 of 2 approvals: waiting for 2 more; not counted: dave: payout 1:0: dave may not "
+        "decide it: the rule asks 2 approvals from payments, not the run's creator"
+    )
+    code, out, _ = plugin(capsys, "pending", "-o", "wide")
+    assert code == 0 and "payout" in out and "dave may not decide it" in out
+    code, out, _ = plugin(capsys, "status", "payout")
+    assert "awaiting approval" in out
+    assert "not counted: dave: payout 1:0: dave may not decide it" in out
+
+
+STRICT = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+
+
+def _for_whom(
+    cluster: FakeCluster, capsys: pytest.CaptureFixture[str], user: str, *groups: str
+) -> tuple[str, str, list[JSON]]:
+    """`pending` as ``user``, text and -o json: (what waits for them, the rows apart with
+    their reasons, the json items' ``you``)."""
+    cluster.user, cluster.groups = user, groups
+    code, out, err = plugin(capsys, "pending")
+    assert code == 0, err
+    mine, _, apart = out.partition("\nWaiting for others")
+    code, listed, _ = plugin(capsys, "pending", "-o", "json")
+    you = [item["you"] for item in json.loads(listed)["items"]]
+    return mine, apart, you
+
+
+def test_pending_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """alice's run needs 2 of payments, not her, a reason to deny; bob approved (1 of 2); she
+    weakened the rule in her spec since (the rule in force is the run's). An unknown outcome
+    of another run waits too. carol sees both as hers, with the command; alice (the creator)
+    sees the approval apart: she may deny it, not approve it; bob: he approved it already;
+    dave (in no group the rule names) and a ServiceAccount: why not, and they may not deny
+    either. -o json carries the same per object (``you``), and the reason is the judge's."""
+    approval = _aged(_two_person_run(cluster), 10)
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    cluster.runs["payout"]["spec"]["tools"][0]["approval"] = {"required": 1}  # weakened
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+
+    mine, apart, you = _for_whom(cluster, capsys, "carol", "payments")
+    assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in mine
+    assert "restock" in mine and not apart
+    assert you == [{"mayDecide": True, "reasonToDeny": True}, {"mayDecide": True}]
+
+    cases = {
+        ("alice", "payments"): (
+            "alice created the run, and its rule asks for someone else (2 approvals from "
+            "payments, not the run's creator, a deny with its reason); you may deny it",
+            True,
+        ),
+        ("bob", "payments"): ("you approved it already (1 of 2): it waits for others", True),
+        ("dave", "system:authenticated"): (
+            "dave may not decide it: the rule asks 2 approvals from payments",
+            False,
+        ),
+        ("system:serviceaccount:shop:ci", "payments"): (
+            "system:serviceaccount:shop:ci is a ServiceAccount, and the rule counts people only",
+            False,
+        ),
+    }
+    for (user, group), (why, deny) in cases.items():
+        mine, apart, you = _for_whom(cluster, capsys, user, group)
+        assert "restock" in mine and "payout" not in mine, (user, mine)
+        header, row = apart.strip().splitlines()[1:]
+        assert header.split()[-4:] == ["EXPIRES", "WHY", "NOT", "YOU"], header
+        assert row.split()[:2] == ["approval", "payout"] and why in row, (user, row)
+        assert "kubectl keelgate approve" not in row
+        (judged,) = [y for y in you if not y["mayDecide"]]
+        assert judged["mayDeny"] is deny and why in judged["why"], (user, judged)
+        assert judged.get("reasonToDeny", False) is deny  # told to whoever may deny
+
+    # Nothing is theirs: said in words, and what waits for others still shows.
+    cluster.objects["Reconciliation"] = []
+    mine, apart, _ = _for_whom(cluster, capsys, "alice", "payments")
+    assert mine.strip() == "Nothing waits for you in namespace shop."
+    assert "payout" in apart and "(1): you cannot decide these" in apart
+
+
+def test_pending_shows_rbac_refusals_apart_and_lists_all_when_who_you_are_is_unknown(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone RBAC lets read but not patch (the view role) sees the unknown outcome apart,
+    with RBAC's word; an API server that cannot say who the user is (no selfsubjectreviews)
+    judges nothing: everything is listed as waiting, said once on stderr."""
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+    cluster.allowed = False
+    code, out, _ = plugin(capsys, "pending")
+    assert code == 0 and out.startswith("Nothing waits for you in namespace shop.")
+    assert "RBAC: you may not patch reconciliations in shop (no RBAC policy matched)" in out
+
+    def unknown() -> tuple[str, tuple[str, ...]]:
+        raise Refused("the API server does not serve selfsubjectreviews", status=404)
+
+    monkeypatch.setattr(cluster, "identity", unknown)
+    code, out, err = plugin(capsys, "pending")
+    assert code == 0 and "Waiting for others" not in out
+    assert "kubectl keelgate reconcile restock 2:0" in out
+    assert "what you may decide is not judged" in one_line(err)
+
+
+def test_a_decision_made_and_not_yet_recorded_or_refused_is_told_as_it_is(
+    cluster: FakeCluster,
+) -> None:
+    """What someone sees of their own entries: dave's deny went in by hand and the operator
+    refused it (he is in no group the rule names): he is told that, never that it waits to be
+    recorded. erin's deny and frank's approval (both in payments) are on the object and not
+    recorded yet: each is told so, and neither is offered the same decision again."""
+    from keelgate.cli.plugin.standing import of_approval
+
+    approval = _two_person_run(cluster)
+    run = cluster.runs["payout"]
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    approval["status"]["message"] = "0 of 2 approvals; not counted: dave: dave may not decide it"
+    dave = of_approval(approval, run, user="dave", groups=("system:authenticated",))
+    assert (dave.decide, dave.deny) == (False, False)
+    assert dave.why.startswith("dave may not decide it: the rule asks 2 approvals from payments")
+
+    approval["spec"]["decisions"].append({"by": "erin", "approved": False})
+    erin = of_approval(approval, run, user="erin", groups=("payments",))
+    assert (erin.decide, erin.deny) == (False, False)
+    assert erin.why.startswith("you denied it; the operator has not recorded it")
+
+    approval["spec"]["decisions"].append({"by": "frank", "approved": True})
+    frank = of_approval(approval, run, user="frank", groups=("payments",))
+    assert (frank.decide, frank.deny) == (False, True)
+    assert frank.why.startswith("you approved it; the operator has not recorded it")
+    carol = of_approval(approval, run, user="carol", groups=("payments",))
+    assert (carol.decide, carol.why) == (True, "")

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from fakes.event_receiver import EventReceiver, Got
+from fakes.event_receiver import EventReceiver, Got, quick
 from fakes.loopback import Answer
 from keelgate.cli import main
+from keelgate.kube.naming import action_object_name
 from keelgate.kube.notices import approval_expired, notices_of
 from keelgate.kube.runtime import notify
 from keelgate.kube.runtime.metrics import Metrics
@@ -35,26 +36,12 @@ from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
 
-APPROVE = "restock-1-place-order"
-SETTLE = "restock-1-lost-write"
+APPROVE = action_object_name("restock", "1:0", "place_order")
+SETTLE = action_object_name("restock", "1:0", "lost_write")
 STATE = "keelgate-system/keelgate-notify-state"
 #: Arguments no event may carry (unless a sink asks), and a secret none may carry at all.
 SECRET = "hunter2-s3cr3t"
 ORDER = {"tool": "place_order", "args": {"sku": "WIDGET-77", "qty": 3, "api_token": SECRET}}
-
-
-def quick(_: float) -> bool:
-    """The back-off between tries, cut to a moment (the waits asked for are still counted)."""
-    time.sleep(0.01)
-    return False
-
-
-@pytest.fixture
-def receiver() -> Iterator[EventReceiver]:
-    server = EventReceiver()
-    server.start()
-    yield server
-    server.stop()
 
 
 def settings(*sinks: Sink, state: str = STATE, queue_size: int = 100) -> NotifySettings:

@@ -109,6 +109,39 @@ def test_keys_a_resync_queued_wait_behind_every_key_an_event_queued() -> None:
     asyncio.run(scenario())
 
 
+def test_tenants_take_turns_and_none_holds_every_worker() -> None:
+    """Keys of many tenants (namespaces): tenant A's thousand queued keys put one ahead of B's
+    next key, not a thousand; and while A's keys hold workers (waiting on A's own locks), A may
+    not take the last free one, so B's key, added last, still finds a worker at once. With one
+    worker, A's key takes it as ever."""
+
+    def key(tenant: str, n: int) -> tuple[str, str, str]:
+        return ("AgentRun", tenant, f"r{n}")
+
+    async def scenario() -> None:
+        queue: WorkQueue[Any] = WorkQueue(tenant_of=lambda k: k[1], workers=4)
+        for n in range(1000):
+            queue.add(key("a", n))
+        queue.add(key("b", 0))
+        assert [await next_key(queue), await next_key(queue)] == [key("a", 0), key("b", 0)]
+        queue.done(key("a", 0))
+        queue.done(key("b", 0))
+        held = [await next_key(queue) for _ in range(3)]
+        assert held == [key("a", n) for n in (1, 2, 3)]  # three of four workers
+        assert await nothing_within(queue, 0.05)  # the fourth is not A's to take
+        queue.add(key("b", 1))
+        assert await next_key(queue) == key("b", 1)
+        queue.done(held[0])
+        queue.done(key("b", 1))
+        assert await next_key(queue) == key("a", 4)  # a worker free again: A goes on
+
+        alone: WorkQueue[Any] = WorkQueue(tenant_of=lambda k: k[1], workers=1)
+        alone.add(key("a", 0))
+        assert await next_key(alone) == key("a", 0)
+
+    asyncio.run(scenario())
+
+
 def test_a_delayed_add_fires_after_its_delay_and_the_earliest_wins() -> None:
     """add_after brings the key back after the delay; a later delay does not postpone an
     earlier one, an earlier one replaces a later one; a delay of 0 or less adds at once."""

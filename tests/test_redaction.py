@@ -8,7 +8,9 @@ header list, in free text) and what people and systems write that only looks lik
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,8 @@ CARD = "4242 4242 4242 4242"  # Luhn-valid, a card's first digit
 CVV = "737"
 PIN = "4921"
 OPENAI = "sk-proj-AbCdEf0123456789GhIjKl"
+# A token of sixteen lowercase letters, as some services issue (drawn once, seed fixed).
+LOWER_TOKEN = "".join(random.Random(52).choices(string.ascii_lowercase, k=16))
 
 # name -> (arguments as a tool gets them, the secret parts that must not be shown)
 SECRETS: dict[str, tuple[Any, tuple[str, ...]]] = {
@@ -68,6 +72,11 @@ SECRETS: dict[str, tuple[Any, tuple[str, ...]]] = {
     ),
     "lowercase bearer": ({"headers": [f"authorization: bearer {BEARER}"]}, (BEARER,)),
     "bearer alone, any case": ({"note": f"send BeArEr {BEARER} with it"}, (BEARER,)),
+    "bearer and sixteen lowercase letters": (
+        {"note": f"curl -H 'bearer {LOWER_TOKEN}' ..."},
+        (LOWER_TOKEN,),
+    ),
+    "basic and sixteen lowercase letters": ({"note": f"basic {LOWER_TOKEN}"}, (LOWER_TOKEN,)),
     "Authorization header under its name": ({"Authorization": f"Bearer {BEARER}"}, (BEARER,)),
     "Authorization in a header map under another key": (
         {"h": {"proxy-authorization": f"Basic {BASIC}"}},
@@ -117,6 +126,11 @@ LOOK_ALIKES: dict[str, Any] = {
     "bearer in prose": "the bearer of this note may collect the parcel",
     "Bearer tokens in prose": "Bearer tokens expire after an hour",
     "basic in prose": "Basic plan, basic support",
+    "long words after bearer and basic": (
+        "basic responsibilities, basic telecommunications, bearer certificates, Basic "
+        "Authentication, basic compatibility, basic troubleshooting, basic bookkeeping, basic "
+        "internationalization, bearer transferability, basic understanding"
+    ),
     "an audit hash": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "an idempotency key": "kg-7c1e2b9f0a4d",
     "a path": "/var/lib/keelgate/runs/Shop2026/restock/",
@@ -163,6 +177,18 @@ def test_a_look_alike_is_shown_as_it_is(case: str) -> None:
     value = LOOK_ALIKES[case]
     assert redact_value({"value": value}) == {"value": value}
     assert redact_text(f"value={value!r}") == f"value={value!r}"
+
+
+@pytest.mark.parametrize(("letters", "at_least"), [(12, 0.975), (16, 0.99), (24, 0.995)])
+def test_random_lowercase_tokens_after_bearer_are_hidden(letters: int, at_least: float) -> None:
+    """A token of lowercase letters only, after "bearer" or "basic", has no digit or capital to
+    tell it from a word: from 12 letters on it is hidden unless it reads as English. Measured
+    on 2000 random tokens of each length (a fixed seed): the share hidden is at least
+    ``at_least`` (the rest read as English by chance; docs/observability.md says so)."""
+    draw = random.Random(letters)
+    tokens = ["".join(draw.choices(string.ascii_lowercase, k=letters)) for _ in range(2000)]
+    hidden = sum(token not in redact_text(f"Bearer {token}") for token in tokens)
+    assert hidden / len(tokens) >= at_least, hidden / len(tokens)
 
 
 def test_redacting_twice_changes_nothing_more() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from keelgate.testing.sim.admission import User, admitted
+from keelgate.testing.sim.admission import User, admitted, mutated
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
     Ask,
@@ -396,26 +396,45 @@ BASE = {"runName": "r", "action": "1:0", "tool": "pay", "idempotencyKey": "k"}
 
 
 def test_admission_lets_through_what_the_chart_lets_through() -> None:
-    """A person's own entry with their own groups; a byte-equal copy of someone's entry; an
-    old entry moved to another place (the CRD checks membership, not order); the one-decision
-    form by its own author."""
+    """A person's own entry with their own groups, added at the end; a deny after someone
+    else's approval; the one-decision form by its own author; a ServiceAccount where the rule
+    lets ServiceAccounts decide."""
     assert admitted("Approval", BASE, {**BASE, "decisions": [ENTRY]}, BOB) == ""
-    copied = {**BASE, "decisions": [ENTRY, dict(ENTRY)]}
-    assert admitted("Approval", {**BASE, "decisions": [ENTRY]}, copied, ALICE) == ""
-    deny = {"by": "bob", "groups": [], "approved": False}
-    old = {**BASE, "decisions": [ENTRY, deny]}
-    assert admitted("Approval", old, {**BASE, "decisions": [deny, ENTRY]}, ALICE) == ""
+    deny = {"by": "alice", "groups": [], "approved": False}
+    one = {**BASE, "decisions": [ENTRY]}
+    assert admitted("Approval", one, {**BASE, "decisions": [ENTRY, deny]}, ALICE) == ""
     assert admitted("Approval", BASE, {**BASE, "approved": True, "by": "bob"}, BOB) == ""
+    robot = User("system:serviceaccount:shop:robot")
+    entry = {"by": robot.name, "approved": True}
+    lets = {"serviceAccounts": True}
+    assert admitted("Approval", BASE, {**BASE, "decisions": [entry]}, robot, status=lets) == ""
 
 
 def test_admission_refuses_what_the_chart_refuses() -> None:
-    """An entry in someone else's name or with a group one is not in; an entry removed; the
-    one-decision form in another's name, or changed once set; a Reconciliation decided in
-    another's name, or changed once set."""
+    """An entry in someone else's name or with a group one is not in; an entry removed; a
+    byte-equal copy of someone's entry; an old entry moved to another place; two entries in one
+    request; an identity of one's own; a decision on a Settled Approval, by a ServiceAccount
+    the rule does not count, or an approval while one's own counts; the one-decision form in
+    another's name, or changed once set; a Reconciliation decided in another's name, or
+    changed once set."""
     assert admitted("Approval", BASE, {**BASE, "decisions": [ENTRY]}, ALICE)
     wrong_group = {"by": "bob", "groups": ["shop-devs"], "approved": True}
     assert admitted("Approval", BASE, {**BASE, "decisions": [wrong_group]}, BOB)
-    assert admitted("Approval", {**BASE, "decisions": [ENTRY]}, {**BASE, "decisions": []}, BOB)
+    one = {**BASE, "decisions": [ENTRY]}
+    assert admitted("Approval", one, {**BASE, "decisions": []}, BOB)
+    assert admitted("Approval", one, {**BASE, "decisions": [ENTRY, dict(ENTRY)]}, ALICE)
+    deny = {"by": "bob", "groups": [], "approved": False}
+    old = {**BASE, "decisions": [ENTRY, deny]}
+    assert admitted("Approval", old, {**BASE, "decisions": [deny, ENTRY]}, ALICE)
+    mine = {"by": "alice", "approved": True}
+    assert admitted("Approval", BASE, {**BASE, "decisions": [mine, dict(mine)]}, ALICE)
+    assert admitted("Approval", BASE, {**BASE, "decisions": [{**mine, "id": "7"}]}, ALICE)
+    settled = {"phase": "Settled"}
+    assert admitted("Approval", BASE, {**BASE, "decisions": [mine]}, ALICE, status=settled)
+    robot = User("system:serviceaccount:shop:robot")
+    assert admitted("Approval", BASE, {**BASE, "decisions": [{"by": robot.name}]}, robot)
+    counts = {"approvedBy": ["bob"]}
+    assert admitted("Approval", one, {**BASE, "decisions": [ENTRY, ENTRY]}, BOB, status=counts)
     assert admitted("Approval", BASE, {**BASE, "approved": True, "by": "bob"}, ALICE)
     decided = {**BASE, "approved": True, "by": "bob"}
     assert admitted("Approval", decided, {**BASE, "approved": False, "by": "bob"}, BOB)
@@ -424,3 +443,22 @@ def test_admission_refuses_what_the_chart_refuses() -> None:
     done = {**settle, "executed": True, "by": "bob"}
     assert admitted("Reconciliation", done, {**settle, "executed": False, "by": "bob"}, BOB)
     assert admitted("Reconciliation", settle, done, BOB) == ""
+
+
+def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:
+    """As the chart's mutating policy: the entry added gets the resourceVersion it was added to
+    as its id and, unless it states one, the definition the Approval showed; the entries there
+    before are left as they were; the one-decision form gets its decisionId."""
+    one = {**BASE, "decisions": [{**ENTRY, "id": "3"}]}
+    mine = {"by": "alice", "approved": False}
+    after = mutated(
+        "Approval", one, {**BASE, "decisions": [*one["decisions"], mine]}, version="9", shown="d1"
+    )
+    assert after["decisions"] == [{**ENTRY, "id": "3"}, {**mine, "id": "9", "definition": "d1"}]
+    stated = {**mine, "definition": "d0"}
+    after = mutated("Approval", BASE, {**BASE, "decisions": [stated]}, version="4", shown="d1")
+    assert after["decisions"] == [{**stated, "id": "4"}]
+    after = mutated(
+        "Approval", BASE, {**BASE, "approved": True, "by": "bob"}, version="5", shown=""
+    )
+    assert after["decisionId"] == "5"

@@ -1,7 +1,7 @@
 """The simulator (issues 39 and 48): seeded runs through the real loop, gateway, stores, tools
 and model adapters on virtual time, judged by an oracle that reads the world's own books. These
 tests are its part of ``make test``: the same seed replays the same trace, a fixed budget of
-seeds keeps every promise (with the moves whose fixes are under way left out: ``BUDGET_OPTIONS``),
+seeds keeps every promise (every move of the world switched on: ``BUDGET_OPTIONS``),
 every planted bug of the project's history and the fastest-found of the unseen ones are found
 within that budget, each of issue 46's moves is made, and a failure says how to replay it.
 """
@@ -31,10 +31,9 @@ BUDGET = 300
 OPERATOR_BUDGET = 100
 #: Seeds within which each planted bug must be found (docs/simulation.md has the table).
 BUG_BUDGET = 150
-#: What the budget's runs leave out until the fixes under way land (docs/simulation.md,
-#: "Switched off for now"): issue 46's moves (h/approvals) and the late-acting shop of issue 48
-#: (h/deadline). After those merge, this becomes ``Options.every()``.
-BUDGET_OPTIONS = Options()
+#: What the budget's runs do: every move of the world, issue 46's moves and issue 48's
+#: late-acting shop among them (their fixes are on main).
+BUDGET_OPTIONS = Options.every()
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
 #: times, are bench/unseen_bugs.py's).
 UNSEEN_IN_SUITE = (
@@ -129,7 +128,7 @@ def test_shrinking_finds_the_calm_schedule_that_still_fails() -> None:
 FOUND_SEEDS = (
     (
         "a step held up before its claim, its session lost, thaws after the run moved on",
-        5022414358411272557,
+        1619439805625350315,
         "local",
         "ends with StaleClaim",
     ),
@@ -172,6 +171,44 @@ def test_the_seeds_that_found_product_gaps_keep_every_promise(
     confirmer's decision never on the chain) meets the same window again, and the product keeps
     every promise there."""
     outcome = simulate(seed=seed, store="memory", mode=mode)
+    assert any(shown in line for line in outcome.lines), f"{why}: the seed no longer meets it"
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+
+
+#: Seeds that broke a promise with every move of the world on, and what was at fault (here the
+#: model: the product kept its promise), kept as regression tests as ``FOUND_SEEDS`` are.
+FOUND_WITH_MOVES = (
+    (
+        # Issue 48, item 1 (its reported schedule belonged to the simulator before the world
+        # kept its own books): a composite ``pay``'s charge held by the shop past its sender's
+        # wait, acted on at the last moment the fence's assumption allows (the margin after the
+        # call's deadline, where the real tools cut every request): the late result is recorded
+        # and nobody is told "not executed" before it.
+        "a WRITE held by the shop past its sender's wait acts within the margin after the cut",
+        14261818790498016693,
+        "(charge) held by the server for 34.0s (past its sender's wait)",
+    ),
+    (
+        # The model's fault: alice approved a call while its tool's URL was edited away and
+        # back; the world booked her as shown the manifest of that moment, but ``keelgate
+        # pending`` shows the call as the step that stopped to ask defined it, and that is the
+        # call the product bound her approval to and sent.
+        "an approval of the call as the run showed it, while its tool was edited away and back",
+        15364916661601569437,
+        "spec edited: place_order url",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("why", "seed", "shown"), FOUND_WITH_MOVES, ids=[f[0] for f in FOUND_WITH_MOVES]
+)
+def test_the_seeds_found_with_every_move_keep_every_promise(
+    why: str, seed: int, shown: str
+) -> None:
+    """Each seed meets its window again (its trace shows it) with every move on, and keeps
+    every promise."""
+    outcome = simulate(seed=seed, store="memory", mode="local", options=Options.every())
     assert any(shown in line for line in outcome.lines), f"{why}: the seed no longer meets it"
     assert outcome.ok, "; ".join(map(str, outcome.violations))
 

@@ -213,7 +213,11 @@ def test_a_confirmers_decision_reaches_the_chain_when_its_writer_died_and_the_ca
         assert idempotency_key is not None
         orders.append(idempotency_key)
         lose_session(first)
-        never = PythonTool("place_order", _never_called, SideEffect.WRITE, timeout_seconds=30)
+        # The same tool as A's, as B's manifest names it (its function here only proves it is
+        # never called): a confirmer vouches only for a call made under the tool's definition.
+        never = PythonTool(
+            "place_order", _never_called, SideEffect.WRITE, timeout_seconds=30, reference=PLACE
+        )
         other = Loop(
             stores=second,
             model=ScriptedModel(SCRIPT),
@@ -225,7 +229,9 @@ def test_a_confirmers_decision_reaches_the_chain_when_its_writer_died_and_the_ca
             other.run_or_resume(SPEC)
         return {"ordered": 2}
 
-    tool = PythonTool("place_order", held_before_the_answer, SideEffect.WRITE, timeout_seconds=30)
+    tool = PythonTool(
+        "place_order", held_before_the_answer, SideEffect.WRITE, timeout_seconds=30, reference=PLACE
+    )
     done = loop(first, tool).run_or_resume(SPEC)
     assert done.stop.reason is StopReason.GOAL_MET
     assert orders == [KEY]
@@ -240,6 +246,10 @@ def test_a_confirmers_decision_reaches_the_chain_when_its_writer_died_and_the_ca
         ("loop.late_result", None, None, "keelgate"),
     ]
     assert Loop(stores=opener()).verify_audit("shop", "restock").ok
+
+
+#: The callable both processes' manifests name for place_order.
+PLACE = "shop.tools:place_order"
 
 
 def _never_called(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:

@@ -23,6 +23,7 @@ from keelgate.testing.store_contract import AWKWARD_STATE, canonical, checkpoint
 from support.stores import (
     CHECKPOINT_BACKENDS,
     ONE_SESSION,
+    TENANT_DATABASES,
     StoreFactory,
     make_factory,
     store_fixture,
@@ -63,6 +64,7 @@ def test_every_backend_keeps_the_contract(
 
 
 one_session_factory = store_fixture(ONE_SESSION)
+tenant_databases_factory = store_fixture(TENANT_DATABASES)
 
 
 @pytest.mark.parametrize("check", contract.checks(), ids=str)
@@ -72,6 +74,16 @@ def test_a_postgres_store_on_one_session_keeps_the_contract(
     """Every check, on PostgreSQL opened as a step pod opens it: every statement on the owner
     session, no pool. Its own in-flight keys read alive, other owners' as the server says."""
     contract.run(check, one_session_factory)
+
+
+@pytest.mark.parametrize("check", contract.checks(), ids=str)
+def test_tenants_served_on_databases_of_their_own_keep_the_contract(
+    tenant_databases_factory: StoreFactory, check: contract.Check
+) -> None:
+    """Every check, on PostgreSQL opened with the administrator's URL of a home database whose
+    main tenants have databases of their own (``TenantDatabases``: each tenant's calls on its
+    own database's store, the others' on the home one), as the operator opens it."""
+    contract.run(check, tenant_databases_factory)
 
 
 def test_the_contract_suite_is_whole() -> None:

@@ -34,7 +34,7 @@ from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
 from keelgate.stores import _sql, open_stores
 from keelgate.stores.postgres import PRIVILEGES, PostgresStore
-from keelgate.stores.tenancy import TenantStore, scram_verifier
+from keelgate.stores.tenancy import TenantStore, scram_verifier, tenant_database
 from keelgate.testing.isolation import NOTHING, REFUSED, attack
 from keelgate.testing.pgserver import PgServer, start_postgres
 
@@ -71,7 +71,10 @@ def admin_url(checked_server: PgServer) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Shared:
-    """One store shared by tenants A and B and the operator, each with its own role's URL."""
+    """One store shared by tenants A and B and the operator, each with its own role's URL:
+    each tenant in a database of its own on the server (``keelgate tenant add``), or both in
+    the store's own database (``--shared-database``, and every install from before), where
+    row-level security alone keeps them apart."""
 
     admin: str
     a: str
@@ -79,22 +82,34 @@ class Shared:
     operator: str
     ns_a: str
     ns_b: str
+    own_databases: bool
+
+    def at(self, tenant: str) -> str:
+        """The administrator's URL on the database ``tenant``'s rows are in."""
+        if not self.own_databases:
+            return self.admin
+        return self.admin.rsplit("/", 1)[0] + "/" + tenant_database(self.home, tenant)
+
+    @property
+    def home(self) -> str:
+        return self.admin.rsplit("/", 1)[1]
 
 
 def _unique(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"  # roles belong to the server: one per test
 
 
-@pytest.fixture
-def shared(admin_url: str) -> Shared:
+@pytest.fixture(params=["own-databases", "shared-database"])
+def shared(admin_url: str, request: pytest.FixtureRequest) -> Shared:
+    own = request.param == "own-databases"
     ns_a, ns_b = _unique("shop-a"), _unique("shop-b")
     with TenantStore(admin_url) as admin:
-        a = admin.add(ns_a).url
-        b = admin.add(ns_b).url
+        a = admin.add(ns_a, shared=not own).url
+        b = admin.add(ns_b, shared=not own).url
         operator = admin.add(
             "keelgate-system", kind="operator", role=_unique("keelgate-operator")
         ).url
-    return Shared(admin_url, a, b, operator, ns_a, ns_b)
+    return Shared(admin_url, a, b, operator, ns_a, ns_b, own)
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -169,9 +184,9 @@ def _run_to(url: str, world: World, spec: LoopSpec, reason: StopReason) -> None:
         rig.die()
 
 
-def _rows_of(url: str, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
+def _rows_of(shared: Shared, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of ``tenant`` in every table, as the administrator reads them."""
-    with _connect(url) as conn:
+    with _connect(shared.at(tenant)) as conn:
         return {
             table: conn.execute(
                 f"SELECT * FROM {table} WHERE tenant = %s ORDER BY 1, 2, 3",
@@ -209,7 +224,7 @@ def test_a_tenant_reads_and_changes_nothing_of_another_tenant_and_not_its_own_hi
     exactly as before, and B's key still waits for a person."""
     victim = _stop_bs_runs(shared, tmp_path)
     _a_runs_its_own(shared, tmp_path)
-    before = _rows_of(shared.admin, shared.ns_b)
+    before = _rows_of(shared, shared.ns_b)
     assert all(before[table] for table in DATA_TABLES), "B has rows in every table"
     report = attack(
         shared.a, victim=shared.ns_b, own=shared.ns_a, key=victim.unknown_key, run="restock"
@@ -219,7 +234,7 @@ def test_a_tenant_reads_and_changes_nothing_of_another_tenant_and_not_its_own_hi
     assert report.outcomes["move own keys"] == REFUSED  # A has keys: a policy refuses the move
     waiting = attack(shared.a, victim=shared.ns_b, own=shared.ns_a, run="approve-me")
     assert waiting.breaches == {}
-    assert _rows_of(shared.admin, shared.ns_b) == before
+    assert _rows_of(shared, shared.ns_b) == before
     seen = open_stores(shared.admin)
     try:
         record = seen.idempotency.get(shared.ns_b, victim.unknown_key)
@@ -269,8 +284,8 @@ def test_a_tenant_cannot_forge_who_it_is(shared: Shared, tmp_path: Path) -> None
     _stop_bs_runs(shared, tmp_path)
     _a_runs_its_own(shared, tmp_path)
     a, b = shared.ns_a, shared.ns_b
-    with _connect(shared.admin) as admin:
-        database = shared.admin.rsplit("/", 1)[1]
+    with _connect(shared.at(a)) as admin:
+        database = shared.at(a).rsplit("/", 1)[1]
         admin.execute(f'GRANT TEMPORARY ON DATABASE "{database}" TO "keelgate-{a}"')
     with _connect(shared.a) as conn:
         conn.execute("SELECT set_config('keelgate.tenant', %s, false)", (b,))
@@ -353,11 +368,14 @@ def test_a_role_the_store_does_not_know_sees_nothing(shared: Shared, tmp_path: P
     roles only."""
     _stop_bs_runs(shared, tmp_path)
     stranger = _unique("stranger")
-    with _connect(shared.admin) as conn:
+    where = shared.at(shared.ns_b)
+    with _connect(where) as conn:
         conn.execute(f"CREATE ROLE \"{stranger}\" LOGIN PASSWORD '{scram_verifier('pw-1')}'")
+        database = where.rsplit("/", 1)[1]
+        conn.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{stranger}"')
         for table in (*DATA_TABLES, "keelgate_tenants"):
             conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO "{stranger}"')
-    host = shared.admin.rsplit("@", 1)[1]
+    host = where.rsplit("@", 1)[1]
     with _connect(f"postgresql://{stranger}:pw-1@{host}") as conn:
         assert conn.execute("SELECT count(*) FROM keelgate_keys").fetchone() == (0,)
         assert _refused_or_nothing(conn, "DELETE FROM keelgate_keys") == NOTHING
@@ -369,8 +387,28 @@ def test_every_keelgate_table_has_row_level_security_and_the_grants_of_its_kind(
     shared: Shared,
 ) -> None:
     """On a migrated database every Keelgate table has row-level security on, and each role
-    holds exactly its kind's rights (PRIVILEGES): nothing on a table it was not given."""
-    with _connect(shared.admin) as conn:
+    holds exactly its kind's rights (PRIVILEGES) where its rows are: nothing on a table it was
+    not given. A tenant with a database of its own has no right at all in the home database
+    (but reading the routes, which row-level security shows it none of), nor may connect to
+    it."""
+    if shared.own_databases:
+        with _connect(shared.admin) as conn:
+            role = _role_of(shared.a)
+            for table in PRIVILEGES["tenant"]:
+                held = conn.execute(
+                    "SELECT has_any_column_privilege(%s, %s, 'INSERT') "
+                    "OR has_any_column_privilege(%s, %s, 'UPDATE') "
+                    "OR has_table_privilege(%s, %s, 'DELETE') OR has_table_privilege(%s, %s, "
+                    "'TRUNCATE') OR (has_table_privilege(%s, %s, 'SELECT') "
+                    "AND %s <> 'keelgate_databases')",
+                    (role, table) * 5 + (table,),
+                ).fetchone()
+                assert held == (False,), table
+            connects = conn.execute(
+                "SELECT has_database_privilege(%s, current_database(), 'CONNECT')", (role,)
+            ).fetchone()
+            assert connects == (False,)
+    with _connect(shared.at(shared.ns_a)) as conn:
         tables = conn.execute(
             "SELECT relname, relrowsecurity FROM pg_class WHERE relname LIKE 'keelgate%%' "
             "AND relkind = 'r' ORDER BY relname"
@@ -459,12 +497,12 @@ def test_an_owner_id_another_session_holds_is_passed_over_not_waited_for(
     has drawn yet. B's store then skips that id (it opens at once, with a later one) instead of
     hanging on it, and its keys are judged by its own id. A tenant's role cannot do this: it
     may call no advisory-lock function (tests/test_tenant_contention.py)."""
-    with _connect(shared.admin) as admin:
+    with _connect(shared.at(shared.ns_b)) as admin:
         nxt = admin.execute(
             "SELECT last_value + CAST(is_called AS integer) FROM keelgate_owner_seq"
         ).fetchone()
         assert nxt is not None
-    with _connect(shared.admin) as squatter:
+    with _connect(shared.at(shared.ns_b)) as squatter:
         for owner in range(int(nxt[0]), int(nxt[0]) + 3):
             squatter.execute("SELECT pg_advisory_lock(CAST(%s AS bigint))", (owner,))
         store = PostgresStore(shared.b, pooled=False, connect_timeout=5)
@@ -493,7 +531,8 @@ def test_a_tenant_on_a_schema_older_than_its_code_is_told_to_migrate_with_the_ad
     message = str(refused.value)
     assert "\n" not in message and "keelgate tenant list --store ADMIN_URL" in message
     assert ADMIN_PASSWORD not in message
-    open_stores(shared.admin).close()
+    with TenantStore(shared.admin) as admin:
+        assert admin.migrate_tenants() == []  # what `keelgate tenant list` does first
     open_stores(shared.a).close()
 
 
@@ -616,7 +655,7 @@ def test_tenant_remove_takes_the_role_away_and_keeps_the_data(
     session it held is ended) and says what stays: B's runs, keys, events and specs, which
     the administrator still reads. Run again, it finds nothing to remove and says so."""
     _stop_bs_runs(shared, tmp_path)
-    before = _rows_of(shared.admin, shared.ns_b)
+    before = _rows_of(shared, shared.ns_b)
     held = _connect(shared.b)
     try:
         removed = _keelgate(
@@ -632,10 +671,107 @@ def test_tenant_remove_takes_the_role_away_and_keeps_the_data(
     finally:
         held.close()
     assert not _logs_in(shared.b)
-    assert _rows_of(shared.admin, shared.ns_b) == before
+    assert _rows_of(shared, shared.ns_b) == before
     again = _keelgate("tenant", "remove", shared.ns_b, "--keep-secret", store=shared.admin)
     assert again.returncode == 0 and "no role was registered" in again.stdout
     assert "2 run(s)" in again.stdout
+
+
+def test_an_operator_running_before_a_tenant_is_added_serves_it_on_its_own_database(
+    admin_url: str,
+) -> None:
+    """The operator opens its stores before any tenant has a database of its own, and has
+    just looked for a run of C's (C was then nobody's: the home database's). C is added with a
+    database of its own; the operator's next write for C (the spec it records before a step
+    pod) is refused by the home database (a restrictive policy keeps C's rows out of it), and
+    is made in C's database instead, where C's role reads it; nothing of C's is left in the
+    home database."""
+    ns = _unique("shop-c")
+    with TenantStore(admin_url) as admin:
+        operator = admin.add("keelgate-system", kind="operator", role=_unique("kg-op")).url
+    stores = open_stores(operator)
+    try:
+        assert stores.checkpoints.load(ns, "restock") is None  # C: the home database's
+        with TenantStore(admin_url) as admin:
+            c = admin.add(ns).url
+        assert stores.specs is not None
+        spec = _spec(ns, "restock")
+        assert stores.specs.record_spec(ns, "restock", spec.to_json(), source="uid", generation=1)
+    finally:
+        stores.close()
+    own = open_stores(c)
+    try:
+        assert own.specs is not None
+        recorded = own.specs.recorded_spec(ns, "restock")
+        assert recorded is not None and recorded.generation == 1
+    finally:
+        own.close()
+    with _connect(admin_url) as conn:
+        row = conn.execute("SELECT count(*) FROM keelgate_specs WHERE tenant = %s", (ns,))
+        assert row.fetchone() == (0,)
+
+
+def test_tenant_move_takes_a_tenant_of_one_database_into_its_own(
+    admin_url: str, tmp_path: Path
+) -> None:
+    """An install from before: A and B in one database, B with a run stopped on an unknown
+    outcome and one waiting for approval. `keelgate tenant move B --print` refuses (exit 2, one
+    line naming the operator's role) while the operator is connected, changing nothing; once
+    the operator is stopped, it moves B: B's rows, read by the administrator, are in B's own
+    database exactly as they were and none is left in the shared one, which B's old URL no
+    longer reads; the printed URL (with a new password) finishes B's runs, the operator's
+    settling and approving on B's database, each WRITE once and the trails verifying; A, left
+    in the shared database, is as it was. Moved again, nothing moves. Removing the operator's
+    role then takes it out of every database, B's included, and drops it."""
+    ns_a, ns_b = _unique("shop-a"), _unique("shop-b")
+    operator_role = _unique("keelgate-operator")
+    with TenantStore(admin_url) as admin:
+        a = admin.add(ns_a, shared=True).url
+        b = admin.add(ns_b, shared=True).url
+        operator = admin.add("keelgate-system", kind="operator", role=operator_role).url
+    shared = Shared(admin_url, a, b, operator, ns_a, ns_b, own_databases=False)
+    victim = _stop_bs_runs(shared, tmp_path)
+    _a_runs_its_own(shared, tmp_path)
+    before_a, before_b = _rows_of(shared, ns_a), _rows_of(shared, ns_b)
+    held = open_stores(operator)
+    try:
+        refused = _keelgate("tenant", "move", ns_b, "--print", store=admin_url)
+    finally:
+        held.close()
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert refused.stderr.count("\n") == 1 and f"of role {operator_role}" in refused.stderr
+    assert "stop the operator" in refused.stderr
+    assert _rows_of(shared, ns_b) == before_b
+    moved = _keelgate("tenant", "move", ns_b, "--print", store=admin_url)
+    assert moved.returncode == 0, moved.stderr
+    assert "moved 2 run(s)" in moved.stderr and ADMIN_PASSWORD not in moved.stderr
+    url = moved.stdout.strip()
+    own = Shared(admin_url, a, url, operator, ns_a, ns_b, own_databases=True)
+    assert url.rsplit("/", 1)[1] == own.at(ns_b).rsplit("/", 1)[1]
+    assert _rows_of(own, ns_b) == before_b
+    assert all(rows == [] for rows in _rows_of(shared, ns_b).values())
+    assert _rows_of(shared, ns_a) == before_a
+    with pytest.raises(psycopg.OperationalError):
+        _connect(b).close()  # its old password is gone with the move's new one
+    operator_stores = open_stores(operator)
+    try:
+        loop = Loop(stores=operator_stores)
+        loop.reconcile(ns_b, "restock", "1:0", executed=True, by="alice")
+        loop.approve(ns_b, "approve-me", "1:0", approved=True, by="bob")
+    finally:
+        operator_stores.close()
+    asking = World(victim.world.journal, approval=frozenset({"place_order"}))
+    for spec, world in ((victim.unknown, victim.world), (victim.approval, asking)):
+        _run_to(url, world, spec, StopReason.GOAL_MET)
+    assert dict(victim.world.effects()) == {victim.unknown_key: 1, victim.approval_key: 1}
+    for run in ("restock", "approve-me"):
+        verified = _keelgate("audit", run, "-n", ns_b, "--verify", store=url)
+        assert verified.returncode == 0 and "chain verified" in verified.stdout
+    with TenantStore(admin_url) as admin:
+        again = admin.move(ns_b)
+        assert again.database == own.at(ns_b).rsplit("/", 1)[1]
+        (gone,) = admin.remove("keelgate-system")
+    assert gone.dropped
 
 
 @pytest.mark.parametrize(
@@ -680,7 +816,10 @@ def test_tenant_add_sets_the_roles_limits_and_warns_of_what_it_could_not_close(
     assert first.returncode == 0, first.stderr
     assert "at most 5 session(s) and 7 run(s) at once" in first.stderr
     warnings = [line for line in first.stderr.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "database(s) postgres, template1" in warnings[0], warnings
+    assert len(warnings) == 2, warnings
+    assert "database(s) postgres, template1" in warnings[0]
+    # What no setting of PostgreSQL 15 bounds per role, and what closes it.
+    assert "before it logs in" in warnings[1] and "authentication_timeout (1min)" in warnings[1]
     again = _keelgate("tenant", "add", ns, "--print", "--rotate", store=admin_url)
     assert again.returncode == 0, again.stderr
     with _connect(admin_url) as conn:
@@ -703,11 +842,17 @@ def test_tenant_add_sets_the_roles_limits_and_warns_of_what_it_could_not_close(
         conn.execute(f'CREATE DATABASE {database} OWNER "{keeper}"')
     try:
         host = admin_url.rsplit("@", 1)[1].rsplit("/", 1)[0]
+        keepers = f"postgresql://{keeper}:pw-2@{host}/{database}"
+        # It may not create the tenant a database of its own: told so, naming the way out.
+        refused = _keelgate("tenant", "add", ns, "--print", "--rotate", store=keepers)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert refused.stderr.startswith("keelgate: error: --store: role ")
+        assert "CREATEDB" in refused.stderr and "--shared-database" in refused.stderr
         plain = _keelgate(
-            "tenant", "add", ns, "--print", "--rotate",
-            store=f"postgresql://{keeper}:pw-2@{host}/{database}",
-        )  # fmt: skip
+            "tenant", "add", ns, "--print", "--rotate", "--shared-database", store=keepers
+        )
         assert plain.returncode == 0, plain.stderr
+        assert "keeps its rows in database" in plain.stderr
         assert "may call the advisory-lock functions (pg_advisory_lock" in plain.stderr
         assert "sees every session and lock on the server" in plain.stderr
         url = plain.stdout.strip()

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from crashkit import Journal, Rig, World
 from crashkit.rig import sqlite_opener
 from fakes.downstream import Shop
+from keelgate.adapters import tracing as tracing_adapter
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.http import HttpTool
 from keelgate.adapters.tracing import configured
@@ -314,3 +315,28 @@ def test_without_an_endpoint_nothing_is_traced_and_opentelemetry_is_never_import
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_an_endpoint_without_the_tracing_extra_is_untraced_and_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set and OpenTelemetry not importable (as without the
+    tracing extra): every tracer asked for is the no-op one, and the process says once, as a
+    warning naming the variable and the extra to install, however many times it asks.
+    (tests/test_image.py runs the base install itself; e2e/tests/test_e2e_tracing.py the
+    operator.)"""
+    for name in [n for n in sys.modules if n.split(".")[0] == "opentelemetry"]:
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package looks like
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.setattr(tracing_adapter, "_told", set())
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9"}
+    with caplog.at_level("WARNING", logger="keelgate.tracing"):
+        tracers = [configured(environ=env), configured(environ=env, export_each_span=True)]
+    assert tracers == [NO_TRACING, NO_TRACING]
+    said = [r.getMessage() for r in caplog.records if r.name == "keelgate.tracing"]
+    assert said == [
+        "tracing (asked for by OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) needs the tracing extra: "
+        "pip install 'keelgate[tracing]' (opentelemetry is not installed); going on without "
+        "tracing"
+    ]
+    assert tracing_adapter.missing_extra({}) is None  # not asked for: nothing to say

@@ -162,16 +162,20 @@ def test_a_run_stopped_by_the_previous_release_finishes_with_exactly_one_effect(
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("moved", [False, True], ids=["kept-in-the-shared-database", "moved"])
 @pytest.mark.parametrize("release", RELEASES)
 def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
-    release: str, tmp_path: Path, request: pytest.FixtureRequest
+    release: str, moved: bool, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A database every tenant shared through one URL is migrated by its administrator, who
-    then gives the shop its own role (``keelgate tenant add``) and the operator its: the rows
-    the old release wrote are the shop's (its role lists its three runs, and another tenant's
-    role sees none), and the shop's role finishes every run, the operator's role settling the
-    unknown outcome as it does from a Reconciliation, with each WRITE once and a chain that
-    verifies (its old events, which name no writer, and the new ones, which do)."""
+    then gives the shop its own role (``keelgate tenant add``: its runs are there, so it stays
+    there; a new tenant gets a database of its own) and the operator its, and, where
+    ``moved``, moves the shop into a database of its own (``keelgate tenant move``: its rows
+    copied, checked and deleted from the shared one). The rows the old release wrote are the
+    shop's (its role lists its three runs, and another tenant's role sees none), and the
+    shop's role finishes every run, the operator's role settling the unknown outcome as it does
+    from a Reconciliation, with each WRITE once and a chain that verifies (its old events,
+    which name no writer, and the new ones, which do)."""
     from keelgate.stores.tenancy import TenantStore
 
     url = _load(release, "postgres", tmp_path, request)
@@ -180,11 +184,22 @@ def test_after_the_upgrade_the_shop_finishes_its_runs_with_a_role_of_its_own(
     world = World(Journal(journal, fsync=False))
     suffix = secrets.token_hex(3)  # roles belong to the server, shared by the session's tests
     with TenantStore(url) as admin:  # the administrator's first open migrates
-        shop = admin.add(TENANT, role=f"keelgate-shop-{suffix}").url
+        added = admin.add(TENANT, role=f"keelgate-shop-{suffix}")
+        assert added.tenant.database == ""  # its runs are in the shared database: it stays
+        assert any("keeps its rows in database" in way for way in added.open)
+        shop = added.url
         other = admin.add("other", role=f"keelgate-other-{suffix}").url
         operator = admin.add(
             "keelgate-system", kind="operator", role=f"keelgate-operator-{suffix}"
         ).url
+        if moved:
+            kept = admin.kept(TENANT)
+            went = admin.move(TENANT)
+            assert went.database and went.kept == kept
+            assert admin.kept(TENANT, database="") == type(kept)(0, 0, 0, 0)
+            # Its old URL named the shared database: a new one, as `tenant move --print` makes.
+            shop = admin.add(TENANT, role=f"keelgate-shop-{suffix}", rotate=True).url
+            assert shop.rsplit("/", 1)[1] == went.database
     stores = open_stores(other)
     try:
         assert stores.checkpoints.runs() == [] and stores.audit.events(TENANT, "unknown") == []

@@ -197,6 +197,16 @@ def add_tenant(cluster: Cluster, namespace: str, *, operator: bool = False) -> N
     assert code == 0, f"keelgate tenant add {namespace} exited {code}"
 
 
+def tenant_dsn(cluster: Cluster, namespace: str) -> str:
+    """The administrator's URL on the namespace's own database (`keelgate tenant add` gives
+    each tenant one beside the administrator's), for tests that read or change its rows with
+    SQL; Keelgate's own commands with the administrator's URL find it themselves."""
+    from keelgate.stores.tenancy import tenant_database
+
+    base, home = cluster.dsn.rsplit("/", 1)
+    return f"{base}/{tenant_database(home, namespace)}"
+
+
 def store_url(kube: Kube, namespace: str) -> str:
     """The store URL in the namespace's `keelgate-store` Secret (its role's, with its
     password): what the namespace's step pods hold."""

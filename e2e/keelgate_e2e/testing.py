@@ -131,3 +131,18 @@ def condition(obj: JSON, ctype: str) -> JSON | None:
         if cond.get("type") == ctype:
             return dict(cond)
     return None
+
+
+def keelgate_venv(extras: str, workdir: Path) -> Path:
+    """A venv holding keelgate with only ``extras`` (``operator,postgres``; "" for none),
+    installed from the wheel the image's build makes (tests/support/image.py, which keeps it
+    under .cache/ while it is what the install left). ``workdir``: where the wheel is built."""
+    import sys
+
+    tests = str(Path(__file__).resolve().parents[2] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from support.image import DOCKERFILE, build_wheel, image_venv, parse_dockerfile, stage_context
+
+    context = stage_context(parse_dockerfile(DOCKERFILE.read_text()), workdir / "src")
+    return image_venv(build_wheel(context, workdir / "dist"), extras)

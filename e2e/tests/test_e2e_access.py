@@ -9,6 +9,7 @@ session).
 
 from __future__ import annotations
 
+import re
 import ssl
 import subprocess
 from pathlib import Path
@@ -518,3 +519,79 @@ def test_the_charts_allowlists_admit_only_the_step_images_and_hosts_they_name(
         name = policy["metadata"]["name"]
         admin.delete(f"{admissions}/validatingadmissionpolicybindings/{name}")
         admin.delete(f"{admissions}/validatingadmissionpolicies/{name}")
+
+
+def _quickstart() -> str:
+    """The shell blocks of docs/operator.md's two-person quickstart, in order, as one script."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    section = page.split("### Two people, one namespace: a quickstart", 1)[1].split("\n### ")[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 3, "the quickstart's three steps"
+    return "".join(blocks)
+
+
+def test_the_two_person_quickstart_of_operator_md_runs_as_written(
+    cluster: Cluster,
+    admin: Kube,
+    operator: kg.OperatorPod,
+    kubectl_bin: Path,
+    tmp_path: Path,
+) -> None:
+    """docs/operator.md's quickstart, pasted into bash as written (set -e), with the store's
+    administrator URL as $ADMIN_URL, a copy of the cluster's kubeconfig (contexts admin, alice,
+    bob, carol) and the payment's URL pointed at a loopback shop: the namespace and its tenant,
+    alice's, bob's and carol's rights and contexts, the run alice applies; bob's `pending`
+    lists it; bob's and carol's approvals send the payment once. Then the rights are
+    what the page says: bob and carol may decide Approvals but not create runs, alice may
+    create runs."""
+    from keelgate_e2e.plugin import VENV_BIN
+    from keelgate_e2e.shop import ShopServer
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(cluster.kubeconfig.read_text())
+    config.chmod(0o600)
+    shop = ShopServer().start()
+    script = _quickstart().replace("https://pay.example/payouts", f"{shop.url}/orders")
+    env = {
+        "PATH": f"{VENV_BIN}:{kubectl_bin.parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "KUBECONFIG": str(config),
+        "ADMIN_URL": cluster.dsn,
+    }
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=420,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        (waiting,) = [
+            line for line in done.stdout.splitlines() if line.split()[:2] == ["approval", "payout"]
+        ]
+        assert "kubectl keelgate approve payout 1:0" in waiting
+        (paid,) = shop.shop.orders
+        assert paid["body"] == {"supplier": "7", "cents": 12000}
+        (approval,) = runs.approvals(admin, "payments")
+        assert [
+            (d["by"], "payments-approvers" in d["groups"]) for d in approval["spec"]["decisions"]
+        ] == [
+            ("bob", True),
+            ("carol", True),
+        ]
+
+        def may(user: str, verb: str, resource: str) -> bool:
+            asked = Kubectl(kubectl_bin, config, user, "payments")
+            return asked("auth", "can-i", verb, resource, check=False).stdout.strip() == "yes"
+
+        assert may("bob", "patch", "approvals.keelgate.dev")
+        assert may("carol", "list", "agentruns.keelgate.dev")
+        assert not may("bob", "create", "agentruns.keelgate.dev")
+        assert not may("carol", "patch", "agentruns.keelgate.dev")
+        assert may("alice", "create", "agentruns.keelgate.dev")
+    finally:
+        shop.stop()
+        if admin.exists("/api/v1/namespaces/payments"):
+            admin.delete("/api/v1/namespaces/payments")

@@ -12,15 +12,17 @@ outside the test's namespace.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import APPROVERS, Cluster
 from keelgate_e2e.keelgate import OperatorPod
-from keelgate_e2e.kube import JSON, Kube
+from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.plugin import KubectlKeelgate
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
 from keelgate_e2e.shop import ShopServer
@@ -88,7 +90,7 @@ def test_a_decision_names_its_maker_and_only_their_groups_and_none_is_taken_back
     name = "pay-1-send-payment"
     code, said = _add(kubectl, "bob", name, {"by": "carol", "approved": True})
     assert code != 0 and "a decision added by bob must have by: bob" in said, said
-    assert "keelgate-decided-by-requester" in said
+    assert "keelgate-approval-decisions" in said
     code, said = _add(kubectl, "bob", name, {"by": "bob", "groups": ["admins"], "approved": True})
     assert code != 0 and f"({APPROVERS}, system:authenticated)" in said, said
     bobs = {"by": "bob", "groups": [APPROVERS, "system:authenticated"], "approved": True}
@@ -194,7 +196,7 @@ def test_two_people_from_the_group_approve_a_payment_with_the_plugin_and_it_is_m
     assert stopped["metadata"]["annotations"][CREATED_BY] == "alice"
     assert stopped["status"]["stopReason"] == "awaiting_approval"
     wait_for(lambda: runs.approvals(admin, tenant), what="the Approval")
-    name = "payout-1-place-order"
+    name = action_object_name("payout", "1:0", "place_order")
 
     def plugin(user: str) -> KubectlKeelgate:
         return KubectlKeelgate(kubectl_bin, cluster.kubeconfig, user, tenant)
@@ -229,6 +231,11 @@ def test_two_people_from_the_group_approve_a_payment_with_the_plugin_and_it_is_m
         "approved",
         "carol, bob",
     )
+    # Counts and verdict agree: Settled approved by the two who met the rule.
+    assert (decided["status"]["progress"], decided["status"]["approvedBy"]) == (
+        "2 of 2",
+        ["carol", "bob"],
+    )
     approved = [
         e
         for e in runs.audit_events(operator.cluster.dsn, tenant, "payout")
@@ -238,3 +245,379 @@ def test_two_people_from_the_group_approve_a_payment_with_the_plugin_and_it_is_m
         ("carol", 1, [APPROVERS]),
         ("bob", 2, [APPROVERS]),
     ]
+
+
+# Issue 46: an approval means this call, by these people, once.
+
+
+def _plugin(cluster: Cluster, kubectl_bin: Path, tenant: str) -> Callable[[str], KubectlKeelgate]:
+    return lambda user: KubectlKeelgate(kubectl_bin, cluster.kubeconfig, user, tenant)
+
+
+def _approval(admin: Kube, namespace: str, name: str) -> JSON:
+    return admin.get(f"{GROUP}/namespaces/{namespace}/approvals/{name}")
+
+
+def _status_of(admin: Kube, namespace: str, name: str) -> JSON:
+    try:
+        return dict(_approval(admin, namespace, name).get("status") or {})
+    except ApiError as error:
+        if error.status == 404:
+            return {}
+        raise
+
+
+def _waiting_for_two(
+    admin: Kube, alice: Kubectl, tenant: str, shop: ShopServer, run: str, rule: JSON
+) -> str:
+    """alice's run whose one order waits for ``rule``; the name of its Approval, once made."""
+    body = agentrun(run, shop, [[order("P9", 1)]])
+    body["spec"]["tools"][1]["approval"] = rule
+    apply(alice, body)
+    wait_phase(admin, tenant, run, "Stopped", timeout=90)
+    name = action_object_name(run, "1:0", "place_order")
+    wait_for(lambda: _status_of(admin, tenant, name).get("phase") == "Pending", what=name)
+    return name
+
+
+def _wait_status(admin: Kube, namespace: str, name: str, field: str, value: object) -> None:
+    wait_for(
+        lambda: _status_of(admin, namespace, name).get(field) == value,
+        timeout=90,
+        what=f"{name}'s {field} {value}",
+    )
+
+
+def _made_again(admin: Kube, alice: Kubectl, namespace: str, run: str, name: str) -> None:
+    """alice deletes her run (its Approval goes with it) and applies it again: the stored run
+    goes on, and the operator makes a fresh Approval of the same name, showing what the store
+    holds (1 of 2)."""
+    _wait_status(admin, namespace, name, "progress", "1 of 2")
+    old = _approval(admin, namespace, name)["metadata"]["uid"]
+    body = admin.get(f"{GROUP}/namespaces/{namespace}/agentruns/{run}")
+    alice("delete", "agentrun", run)
+    wait_for(lambda: not _status_of(admin, namespace, name), timeout=60, what=f"{name} gone")
+    again = {"apiVersion": body["apiVersion"], "kind": "AgentRun",
+             "metadata": {"name": run}, "spec": body["spec"]}  # fmt: skip
+    apply(alice, again)
+    wait_for(
+        lambda: (
+            _status_of(admin, namespace, name).get("progress") == "1 of 2"
+            and _approval(admin, namespace, name)["metadata"]["uid"] != old
+        ),
+        timeout=90,
+        what=f"{name} made again, 1 of 2",
+    )
+
+
+def _service_account(admin: Kube, kubectl: Kubectl, namespace: str, name: str) -> str:
+    """A ServiceAccount ``name`` holding `edit` in the namespace, as a namespace admin makes
+    one; its user name, once the API server lets it patch Approvals."""
+    admin.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+    )
+    admin.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{name}-edit"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    )
+    user = f"system:serviceaccount:{namespace}:{name}"
+    wait_for(
+        lambda: kubectl("auth", "can-i", "patch", "approvals.keelgate.dev", "--as", user,
+                        check=False).returncode == 0,
+        timeout=30,
+        what=f"{user} may patch approvals",
+    )  # fmt: skip
+    return user
+
+
+def _events(admin: Kube, namespace: str, reason: str) -> list[str]:
+    found = admin.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [str(e.get("message") or "") for e in found if e.get("reason") == reason]
+
+
+def test_an_edit_of_the_tool_after_two_approvals_voids_them_and_sends_nothing(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+) -> None:
+    """bob and carol approve alice's suspended run's POST /orders (2 of 2); alice points the
+    tool at another shop and resumes. Nothing is sent anywhere: the run asks again (0 of 2),
+    its audit trail says the tool's URL changed and whose approvals it voided. Approved again,
+    the order goes once to the shop now named, never to the first."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "carol", "patch", "approvals.keelgate.dev")
+    alice, plugin = kubectl.as_user("alice"), _plugin(cluster, kubectl_bin, tenant)
+    other = ShopServer().start()
+    try:
+        name = _waiting_for_two(admin, alice, tenant, shop, "payout", RULE)
+        alice("patch", "agentrun", "payout", "--type", "merge", "-p", '{"spec":{"suspend":true}}')
+        for person in ("bob", "carol"):
+            done = plugin(person)("approve", "payout", "1:0", "--approve")
+            assert done.returncode == 0, done.stderr
+        wait_for(lambda: _status_of(admin, tenant, name).get("phase") == "Settled", what="2 of 2")
+        shown = str(_status_of(admin, tenant, name)["definition"])
+        edit = [
+            {"op": "replace", "path": "/spec/tools/1/http/url", "value": f"{other.url}/orders"},
+            {"op": "replace", "path": "/spec/suspend", "value": False},
+        ]
+        alice("patch", "agentrun", "payout", "--type", "json", "-p", json.dumps(edit))
+        wait_for(
+            lambda: (
+                (status := _status_of(admin, tenant, name)).get("phase") == "Pending"
+                and status.get("definition") != shown
+            ),
+            timeout=90,
+            what="the Approval asked again for the edited call",
+        )
+        status = _status_of(admin, tenant, name)
+        assert (status["progress"], status["approvedBy"]) == ("0 of 2", [])
+        assert (
+            "asked again: the tool was changed after the approval of bob, carol"
+            in (status["message"])
+        )
+        assert shop.shop.orders == [] and other.shop.orders == []
+        (changed,) = [
+            e
+            for e in runs.audit_events(operator.cluster.dsn, tenant, "payout")
+            if e.type == "loop.call_changed"
+        ]
+        assert (changed.data["changed"], changed.data["voided"]) == (["http.url"], ["bob", "carol"])
+        for person in ("bob", "carol"):
+            done = plugin(person)("approve", "payout", "1:0", "--approve")
+            assert done.returncode == 0 and "already" not in done.stdout, done.stdout
+        wait_phase(admin, tenant, "payout", "Succeeded", timeout=90)
+        assert shop.shop.orders == [] and len(other.shop.orders) == 1
+    finally:
+        other.stop()
+
+
+def test_a_deny_in_an_approval_made_again_is_a_deny(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+) -> None:
+    """bob approves (1 of 2); alice deletes her run and applies it again (the stored run goes
+    on; a fresh Approval of the same name is made, still 1 of 2). alice cannot move entries;
+    bob's deny in the fresh Approval is recorded as a deny (never taken for his old approval):
+    Settled denied, carol's approval refused, no order, the run marked Denied. The same with the
+    one-decision form: bob's approved: true, then carol's approved: false after the run is made
+    again."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "carol", "patch", "approvals.keelgate.dev")
+    alice, plugin = kubectl.as_user("alice"), _plugin(cluster, kubectl_bin, tenant)
+    listed = _waiting_for_two(admin, alice, tenant, shop, "listed", RULE)
+    plain = _waiting_for_two(admin, alice, tenant, shop, "plain", {"required": 2})
+    assert plugin("bob")("approve", "listed", "1:0", "--approve").returncode == 0
+    merge = json.dumps({"spec": {"approved": True, "by": "bob"}})
+    kubectl.as_user("bob")("patch", "approval", plain, "--type", "merge", "-p", merge)
+    for run, name in (("listed", listed), ("plain", plain)):
+        _made_again(admin, alice, tenant, run, name)
+    alices = {"by": "alice", "groups": [], "approved": True}  # admitted, and not counted
+    assert _add(kubectl, "alice", listed, alices)[0] == 0
+    denied = plugin("bob")("approve", "listed", "1:0", "--deny")
+    assert denied.returncode == 0 and "denied by bob" in denied.stdout, denied.stderr
+    moved = json.dumps([{"op": "move", "from": "/spec/decisions/1", "path": "/spec/decisions/0"}])
+    refused = alice("patch", "approval", listed, "--type", "json", "-p", moved, check=False)
+    assert refused.returncode != 0 and "append-only" in refused.stderr, refused.stderr
+    deny = json.dumps({"spec": {"approved": False, "by": "carol"}})
+    kubectl.as_user("carol")("patch", "approval", plain, "--type", "merge", "-p", deny)
+    for run, name, who in (("listed", listed, "bob"), ("plain", plain, "carol")):
+        _wait_status(admin, tenant, name, "verdict", "denied")
+        assert _status_of(admin, tenant, name)["settledBy"] == who
+        late = plugin("carol")("approve", run, "1:0", "--approve")
+        assert late.returncode == 2 and f"already decided: denied by {who}" in late.stderr
+        finished = wait_phase(admin, tenant, run, "Succeeded", timeout=90)
+        (marked,) = [c for c in finished["status"]["conditions"] if c["type"] == "Denied"]
+        assert marked["message"] == f"place_order (1:0) denied by {who}"
+    assert shop.shop.orders == []
+
+
+def test_admission_keeps_each_decision_a_fact_of_its_maker(
+    admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None
+) -> None:
+    """On an Approval (made as the operator makes one): bob's entry is stamped with its
+    identity and the definition the Approval showed; a copy of it appended by alice, two
+    entries at once, a moved entry and an id of the client's own are refused. ServiceAccounts
+    (two made by an admin, and alice acting as one) are refused while the rule counts people
+    only. alice cannot fill the list: her ninth entry is refused, and bob and carol still
+    decide. Once Settled, nothing more is taken."""
+    _may_edit(admin, namespace)
+    _may_edit(admin, namespace, "User", "alice")
+    _wait_may(kubectl, "bob", "patch", "approvals.keelgate.dev")
+    _wait_may(kubectl, "alice", "patch", "approvals.keelgate.dev")
+    path = f"{GROUP}/namespaces/{namespace}/approvals"
+    admin.create(
+        path,
+        {"apiVersion": "keelgate.dev/v1alpha1", "kind": "Approval",
+         "metadata": {"name": "pay-1-send-payment"},
+         "spec": {"runName": "pay", "action": "1:0", "tool": "send_payment",
+                  "idempotencyKey": "kg-1", "decisions": []}},
+    )  # fmt: skip
+    name = "pay-1-send-payment"
+    admin.patch(f"{path}/{name}/status", {"status": {"phase": "Pending", "definition": "d-1"}})
+    bobs = {"by": "bob", "groups": [APPROVERS], "approved": True}
+    assert _add(kubectl, "bob", name, bobs) == (0, "")
+    (entry,) = admin.get(f"{path}/{name}")["spec"]["decisions"]
+    assert entry["id"] and entry["definition"] == "d-1"
+    code, said = _add(kubectl, "alice", name, entry)
+    assert code != 0 and "a decision added by alice must have by: alice" in said, said
+    carols = {"op": "add", "path": "/spec/decisions/-", "value": {"by": "carol", "approved": True}}
+    carol = kubectl.as_user("carol")
+    refused = carol("patch", "approval", name, "--type", "json", "-p", json.dumps([carols] * 2),
+                    check=False)  # fmt: skip
+    assert refused.returncode != 0 and "add one decision per request" in refused.stderr
+    code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": True, "id": "7"})
+    assert code == 0  # the id is admission's: the client's is replaced
+    ids = [d["id"] for d in admin.get(f"{path}/{name}")["spec"]["decisions"]]
+    assert ids[1] != "7" and ids[0] != ids[1]
+    for account in ("ci", "cd"):
+        user = _service_account(admin, kubectl, namespace, account)
+        value = json.dumps([{"op": "add", "path": "/spec/decisions/-",
+                             "value": {"by": user, "approved": True}}])  # fmt: skip
+        as_account = kubectl("--as", user, "patch", "approval", name, "--type", "json",
+                             "-p", value, check=False)  # fmt: skip
+        assert as_account.returncode != 0 and "is a ServiceAccount" in as_account.stderr
+    acting = kubectl.as_user("alice")(
+        "--as", f"system:serviceaccount:{namespace}:ci", "patch", "approval", name,
+        "--type", "json", "-p", json.dumps([{"op": "add", "path": "/spec/decisions/-",
+        "value": {"by": f"system:serviceaccount:{namespace}:ci", "approved": True}}]),
+        check=False,
+    )  # fmt: skip
+    assert acting.returncode != 0 and "counts people only" in acting.stderr, acting.stderr
+    for _ in range(8):
+        assert _add(kubectl, "alice", name, {"by": "alice", "approved": True})[0] == 0
+    code, said = _add(kubectl, "alice", name, {"by": "alice", "approved": True})
+    assert code != 0 and "alice has 8 decisions on it" in said, said
+    assert _add(kubectl, "bob", name, {"by": "bob", "approved": False})[0] == 0
+    settled = {"phase": "Settled", "verdict": "denied", "settledBy": "bob"}
+    admin.patch(f"{path}/{name}/status", {"status": settled})
+    code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": False})
+    assert code != 0 and f"approval {name} is settled (denied by bob)" in said, said
+
+
+def test_people_are_told_only_what_counts_and_a_refusal_stays_in_sight(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+) -> None:
+    """Two runs of alice's. One names a group nobody is in (a typo): bob's `--deny` is refused
+    in one line, exit 2, nothing written; his raw patch is refused by the operator, and the
+    action stays in `pending` and `status` with the refusal shown. The other asks 2 of
+    payments-approvers, not alice, a reason to deny: alice weakens the rule in her spec and
+    still cannot approve her own run (the rule in force counts); bob's approval says 1 of 2 and
+    is told in its own Event with his note; carol's deny without a reason is refused, with one
+    it settles the Approval denied ("1 of 2", never approved), the run is marked Denied, and the
+    note is on the audit trail and in the Event."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "carol", "patch", "approvals.keelgate.dev")
+    alice, plugin = kubectl.as_user("alice"), _plugin(cluster, kubectl_bin, tenant)
+    typo = {"required": 1, "groups": ["payments-aprovers"]}
+    strict = {**RULE, "reasonToDeny": True}
+    wrong = _waiting_for_two(admin, alice, tenant, shop, "typo", typo)
+    name = _waiting_for_two(admin, alice, tenant, shop, "strict", strict)
+
+    said = plugin("bob")("approve", "typo", "1:0", "--deny")
+    assert said.returncode == 2 and "bob may not decide it" in said.stderr, said.stderr
+    assert "denied by" not in said.stdout
+    assert _approval(admin, tenant, wrong)["spec"]["decisions"] == []
+    bobs = {"by": "bob", "groups": [APPROVERS, "system:authenticated"], "approved": False}
+    assert _add(kubectl, "bob", wrong, bobs)[0] == 0
+    wait_for(lambda: "not counted: bob" in str(_status_of(admin, tenant, wrong).get("message")),
+             what="the refusal shown")  # fmt: skip
+    waiting = plugin("alice")("pending", "-o", "wide")
+    assert "typo" in waiting.stdout and "bob may not decide it" in waiting.stdout, waiting.stdout
+    assert "not counted: bob" in plugin("alice")("status", "typo").stdout
+
+    weaker = [{"op": "replace", "path": "/spec/tools/1/approval", "value": {"required": 1}}]
+    alice("patch", "agentrun", "strict", "--type", "json", "-p", json.dumps(weaker))
+    refused = plugin("alice")("approve", "strict", "1:0", "--approve")
+    assert refused.returncode == 2 and "alice created the run" in refused.stderr, refused.stderr
+    first = plugin("bob")("approve", "strict", "1:0", "--approve", "--note", "sku checked")
+    assert first.returncode == 0 and "approved by bob (1 of 2)" in first.stdout, first.stdout
+    wait_for(lambda: _status_of(admin, tenant, name).get("progress") == "1 of 2", what="1 of 2")
+    wait_for(
+        lambda: (
+            f"place_order (1:0) approved by bob (1 of 2) (sku checked): approval {name}"
+            in _events(admin, tenant, "Approved")
+        ),
+        what="bob's approval told",
+    )
+    bare = plugin("carol")("approve", "strict", "1:0", "--deny")
+    assert bare.returncode == 2 and "its rule asks a reason to deny" in bare.stderr
+    reasoned = plugin("carol")("approve", "strict", "1:0", "--deny", "--note", "wrong sku")
+    assert reasoned.returncode == 0, reasoned.stderr
+    wait_for(lambda: _status_of(admin, tenant, name).get("phase") == "Settled", what="settled")
+    status = _status_of(admin, tenant, name)
+    assert (status["verdict"], status["settledBy"], status["progress"]) == (
+        "denied", "carol", "1 of 2"
+    )  # fmt: skip
+    assert status["message"] == "denied by carol: wrong sku; it never runs"
+    finished = wait_phase(admin, tenant, "strict", "Succeeded", timeout=90)
+    (marked,) = [c for c in finished["status"]["conditions"] if c["type"] == "Denied"]
+    assert marked["message"] == "place_order (1:0) denied by carol: wrong sku"
+    assert any(
+        "denied by carol" in m and "wrong sku" in m for m in _events(admin, tenant, "Denied")
+    )
+    trail = runs.audit_events(operator.cluster.dsn, tenant, "strict")
+    assert [(e.type, e.actor, e.data.get("note")) for e in trail
+            if e.type in ("loop.approved", "loop.denied")] == [
+        ("loop.approved", "bob", "sku checked"), ("loop.denied", "carol", "wrong sku")
+    ]  # fmt: skip
+    assert shop.shop.orders == []
+
+
+def test_actions_whose_names_read_alike_get_approvals_of_their_own(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """Run `pay` waits for its action 1:1 and run `pay-1` for its 1:0, both place_order (once
+    both named pay-1-1-place-order): each gets its own Approval, and deciding one decides only
+    it. A run created by a ServiceAccount says so on its audit trail."""
+    alice = kubectl.as_user("alice")
+    robot = _service_account(admin, kubectl, tenant, "ci")
+    first = agentrun("pay", shop, [[runs.look("A1"), order("A1", 1)]], approval=True)
+    second = agentrun("pay-1", shop, [[order("B2", 2)]], approval=True)
+    apply(alice, first)
+    kubectl("--as", robot, "apply", "-f", "-", stdin=yaml.safe_dump(second))
+    for run in ("pay", "pay-1"):
+        wait_phase(admin, tenant, run, "Stopped", timeout=90)
+    names = {
+        run: action_object_name(run, action, "place_order")
+        for run, action in (("pay", "1:1"), ("pay-1", "1:0"))
+    }
+    assert names["pay"] != names["pay-1"]
+    wait_for(lambda: len(runs.approvals(admin, tenant)) == 2, what="two Approvals")
+    for run, name in names.items():
+        assert _approval(admin, tenant, name)["spec"]["runName"] == run
+    runs.decide(alice, names["pay-1"], approved=True)
+    wait_phase(admin, tenant, "pay-1", "Succeeded", timeout=90)
+    assert [o["body"]["sku"] for o in shop.shop.orders] == ["B2"]
+    assert runs.phase(admin, tenant, "pay") == "Stopped"
+    (started,) = [
+        e
+        for e in runs.audit_events(operator.cluster.dsn, tenant, "pay-1")
+        if e.type == "loop.started"
+    ]
+    assert (started.data["creator"], started.data["creatorIsServiceAccount"]) == (robot, True)

@@ -21,7 +21,7 @@ from keelgate.core.audit import AuditEvent, event_hash
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import OperatorPod, OperatorProcess, store_url
+from keelgate_e2e.keelgate import OperatorPod, OperatorProcess, store_url, tenant_dsn
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.plugin import KubectlKeelgate
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
@@ -95,7 +95,7 @@ def test_a_rewrite_of_the_store_is_found_against_the_heads_the_operator_signed(
     )
     verified = auditor("audit", "signed", "--verify", "--key", str(public))
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    with psycopg.connect(cluster.dsn) as conn:
+    with psycopg.connect(tenant_dsn(cluster, tenant)) as conn:
         rows = conn.execute(
             "SELECT seq, type, actor, at, data, key, prev, writer, writer_kind "
             "FROM keelgate_audit WHERE tenant = %s AND run = %s ORDER BY seq",

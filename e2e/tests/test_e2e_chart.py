@@ -1,5 +1,5 @@
-"""The Helm chart `charts/keelgate` with a real `helm` (built from helm.sh/helm/v4 beside the
-control plane) against the real API server: lint, what it renders, what the server accepts,
+"""The Helm chart `charts/keelgate` with a real `helm` (built from helm.sh/helm/v4 in the control
+plane's own `go build`) against the real API server: lint, what it renders, what the server accepts,
 and what it refuses before anything is installed.
 
 It must never install into the session's cluster except in its own throwaway namespaces, and
@@ -134,7 +134,12 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         assert ours["rules"] == theirs["rules"]
         assert theirs["metadata"]["labels"].items() <= ours["metadata"]["labels"].items()
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        for name in ("decided-by-requester", "secret-references", "step-service-account"):
+        for name in (
+            "decided-by-requester",
+            "approval-decisions",
+            "secret-references",
+            "step-service-account",
+        ):
             # The policy and the operator's service account are named after the release.
             text = json.dumps(by_kind[(kind, f"kg-{name}")]["spec"])
             spec = json.loads(text.replace("kg-", "keelgate-"))

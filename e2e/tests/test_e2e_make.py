@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 import yaml
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import procs
-from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
+from keelgate_e2e.testing import Kubectl, find_kubectl, keelgate_venv, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -211,13 +212,9 @@ def test_make_up_then_down_leaves_no_process(tmp_path: Path) -> None:
 def up_venv(tmp_path: Path) -> Path:
     """A venv holding keelgate with only the extras `make up` installs (the Makefile's
     UP_EXTRAS), installed from the wheel the image's build makes (tests/support/image.py)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from support.image import DOCKERFILE, build_wheel, image_venv, parse_dockerfile, stage_context
-
     extras = re.search(r"^UP_EXTRAS\s*:=\s*(\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
     assert extras is not None, "the Makefile names no UP_EXTRAS"
-    context = stage_context(parse_dockerfile(DOCKERFILE.read_text()), tmp_path / "src")
-    return image_venv(build_wheel(context, tmp_path / "dist"), extras.group(1))
+    return keelgate_venv(extras.group(1), tmp_path)
 
 
 def test_make_demo_tells_the_cluster_story_with_one_order(tmp_path: Path) -> None:
@@ -265,7 +262,8 @@ def _demo_once(run_dir: Path, stamps: Path, python: Path) -> None:
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out
     assert "outcome_unknown" in out
-    assert "reconciliation.keelgate.dev/restock-1-1-place-order patched" in out
+    rec = action_object_name("restock", "1:1", "place_order")
+    assert f"reconciliation.keelgate.dev/{rec} patched" in out
     assert "condition met" in out
     assert "the shop took 1 order(s)" in out
     assert "chain verified" in out

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -26,6 +27,7 @@ from keelgate_e2e.keelgate import (
     OperatorProcess,
     password_of,
     store_url,
+    tenant_dsn,
 )
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
@@ -213,9 +215,9 @@ def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
     stopped = wait_phase(admin, tenant, "decide", "Stopped", timeout=90)
     unknown = condition(stopped, "OutcomeUnknown")
     assert unknown is not None and unknown["status"] == "True"
-    assert "decide-1-place-order" in unknown["message"]
+    rec = action_object_name("decide", "1:0", "place_order")
+    assert rec in unknown["message"]
     assert stopped["status"]["stopReason"] == "outcome_unknown"
-    rec = "decide-1-place-order"
     rec_path = f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations/{rec}"
     wait_for(lambda: admin.exists(rec_path), what="the Reconciliation")
 
@@ -401,7 +403,7 @@ def test_secrets_never_appear_in_status_events_logs_or_the_audit_trail(
         seen.append(json.dumps(pod))
         seen.append(kubectl("logs", pod["metadata"]["name"]).stdout)
     seen.append(operator.logs())
-    with psycopg.connect(cluster.dsn) as conn:
+    with psycopg.connect(tenant_dsn(cluster, tenant)) as conn:
         for table in ("keelgate_checkpoints", "keelgate_audit", "keelgate_specs"):
             seen.append(str(conn.execute(f"SELECT * FROM {table}").fetchall()))
     passwords = (

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
-from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, password_of, store_url
+from keelgate_e2e.keelgate import STORE_PASSWORD, OperatorPod, password_of, store_url, tenant_dsn
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.plugin import KubectlKeelgate, kubeconfig_for, last_json
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
@@ -64,7 +65,7 @@ def test_status_shows_an_unknown_outcome_as_a_tree_naming_its_reconciliation_and
     `--output json` carries the same as one object."""
     apply(kubectl, agentrun("unsure", shop, [[order("U1", 1)]], annotations=CRASH_AFTER_ORDER))
     wait_phase(admin, tenant, "unsure", "Stopped", timeout=90)
-    rec = "unsure-1-place-order"
+    rec = action_object_name("unsure", "1:0", "place_order")
     wait_for(lambda: runs.reconciliations(admin, tenant), what="the Reconciliation")
     shown = plugin("status", "unsure")
     assert shown.returncode == 3, shown.stderr
@@ -113,7 +114,7 @@ def test_reconcile_fills_by_from_whoami_refuses_others_and_the_run_succeeds_with
     succeeds with exactly one order."""
     apply(kubectl, agentrun("settle", shop, [[order("R1", 1)]], annotations=CRASH_AFTER_ORDER))
     wait_phase(admin, tenant, "settle", "Stopped", timeout=90)
-    rec = "settle-1-place-order"
+    rec = action_object_name("settle", "1:0", "place_order")
     wait_for(lambda: runs.reconciliations(admin, tenant), what="the Reconciliation")
 
     bob = plugin.as_user("bob")
@@ -202,7 +203,8 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
     alice = KubectlKeelgate(plugin.kubectl, config, context=None, namespace=None)
     waiting = alice("status", "granted")
     assert waiting.returncode == 3, waiting.stderr
-    assert "1:0 place_order: awaiting approval → approval granted-1-place-order" in waiting.stdout
+    granted_name = action_object_name("granted", "1:0", "place_order")
+    assert f"1:0 place_order: awaiting approval → approval {granted_name}" in waiting.stdout
     assert "kubectl keelgate approve granted 1:0 --approve" in waiting.stdout
     both = alice("approve", "granted", "1:0", "--approve", "--deny")
     assert both.returncode == 2 and "not both" in _one_line_error(both)
@@ -216,7 +218,7 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
         "tool": "place_order",
         "verdict": "denied",
         "by": "alice",
-        "approval": "denied-1-place-order",
+        "approval": action_object_name("denied", "1:0", "place_order"),
         "already": False,
     }
     wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)
@@ -349,7 +351,7 @@ def test_audit_verify_reads_the_trail_from_the_store_and_never_shows_its_passwor
     assert "chain verified" in verified.stdout and "action_started" in verified.stdout
     as_json = last_json(with_store("audit", "audited", "--verify", "-o", "json").stdout)
     assert as_json["verified"] is True and as_json["events"]
-    with psycopg.connect(cluster.dsn) as conn:
+    with psycopg.connect(tenant_dsn(cluster, tenant)) as conn:
         conn.execute(
             "UPDATE keelgate_audit SET actor = 'mallory' WHERE tenant = %s AND run = %s "
             "AND seq = 1",
@@ -423,3 +425,42 @@ def test_audit_export_signs_with_a_key_from_a_secret_and_verify_needs_only_the_f
     bob = plugin.as_user("bob").with_env(KEELGATE_STORE=store_url(admin, tenant))
     refused = bob("audit", "export", "signed", "--sign-key-secret", "audit-key")
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+
+
+def test_pending_everywhere_as_alice_shows_the_namespaces_she_may_list(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    plugin: KubectlKeelgate,
+    tmp_path: Path,
+) -> None:
+    """alice holds `edit` in the test's namespace only, so the API server refuses her any
+    cluster-wide list ("cannot list ... at the cluster scope"), and namespaces too. `kubectl
+    keelgate pending -A` then shows what waits in the namespace of her context, says so in one
+    line on stderr, and exits 0 (it failed); `list -A` the same; admin's `pending -A` lists
+    cluster-wide, without a word."""
+    apply(kubectl, agentrun("asks", shop, [[order("A1", 1)]], approval=True))
+    wait_for(lambda: runs.approvals(admin, tenant), timeout=90, what="the Approval")
+    config = kubeconfig_for(plugin.kubeconfig, tmp_path / "kubeconfig", "alice", tenant)
+    alice = KubectlKeelgate(plugin.kubectl, config, context=None, namespace=None)
+    told = (
+        "kubectl keelgate: warning: you may not list {} in every namespace; showing the "
+        f"namespaces you may list: {tenant}"
+    )
+    pending = alice("pending", "-A")
+    assert pending.returncode == 0, pending.stderr
+    assert [row.split()[:3] for row in pending.stdout.splitlines()[1:]] == [
+        [tenant, "approval", "asks"]
+    ]
+    assert pending.stderr.strip().splitlines() == [told.format("reconciliations and approvals")]
+    listed = alice("list", "-A")
+    assert listed.returncode == 0, listed.stderr
+    assert [row.split()[:2] for row in listed.stdout.splitlines()[1:]] == [[tenant, "asks"]]
+    assert listed.stderr.strip().splitlines() == [told.format("agentruns")]
+    everywhere = plugin.as_user("admin")("pending", "-A")
+    assert everywhere.returncode == 0 and everywhere.stderr == "", everywhere.stderr
+    assert any(
+        row.split()[:3] == [tenant, "approval", "asks"] for row in everywhere.stdout.splitlines()
+    )

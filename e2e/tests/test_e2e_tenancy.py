@@ -48,9 +48,9 @@ def attacker(admin: Kube, cluster: Cluster, tenant: str) -> Iterator[str]:
     admin.delete(f"/api/v1/namespaces/{name}")
 
 
-def _rows(dsn: str, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of ``tenant``, as the administrator reads them."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def _rows(cluster: Cluster, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of ``tenant``, as the administrator reads them in its database."""
+    with psycopg.connect(kg.tenant_dsn(cluster, tenant), autocommit=True) as conn:
         return {
             table: conn.execute(
                 f"SELECT * FROM {table} WHERE tenant = %s ORDER BY 1, 2, 3", (tenant,)
@@ -122,7 +122,7 @@ def test_a_python_tool_in_a_tenants_step_pod_reads_and_changes_nothing_of_anothe
     wait_for(lambda: runs.approvals(admin, b), what="B's Approval")
     key = runs.reconciliations(admin, b)[0]["spec"]["idempotencyKey"]
     approval_key = idempotency_key(b, "waiting", "place_order", {"sku": "W1", "qty": 2})
-    before = _rows(cluster.dsn, b)
+    before = _rows(cluster, b)
     assert all(before[table] for table in TABLES)
 
     probe = {
@@ -155,7 +155,7 @@ def test_a_python_tool_in_a_tenants_step_pod_reads_and_changes_nothing_of_anothe
     for report in reports:
         assert report["role"] == f"keelgate-{a}"
         assert report["breaches"] == {} and report["unexpected"] == {}, report["outcomes"]
-    assert _rows(cluster.dsn, b) == before
+    assert _rows(cluster, b) == before
     pods = admin.get(f"/api/v1/namespaces/{a}/pods")["items"]
     env = [e for p in pods for c in p["spec"]["containers"] for e in c.get("env", [])]
     from_secret = {"secretKeyRef": {"name": "keelgate-store", "key": "url"}}

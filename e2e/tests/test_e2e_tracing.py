@@ -22,7 +22,7 @@ from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
 from keelgate_e2e.shop import ShopServer
-from keelgate_e2e.testing import Kubectl, wait_for
+from keelgate_e2e.testing import Kubectl, keelgate_venv, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -157,3 +157,52 @@ def test_a_run_with_a_crash_and_a_settlement_is_one_trace_in_the_collector(
         title = "One AgentRun's trace: a crash right after the order, alice's settlement"
         document = traceview.page(answer["data"][0], title=title)
         traceview.photograph(document, Path(shots) / "trace.png", height=80 + 30 * len(spans))
+
+
+def test_an_operator_without_the_tracing_extra_starts_untraced_and_says_so(
+    operator_process: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    tmp_path: Path,
+) -> None:
+    """The chart with `tracing.otlpEndpoint` set (the session's collector), its operator run
+    from an install without the tracing extra (the operator and postgres extras: a slim image,
+    or `make up`'s venv as it was): the pod starts and answers /healthz (it crash-looped on
+    `No module named 'opentelemetry'`), its log says once that tracing was asked for and what
+    to install, a Warning Event `TracingUnavailable` on the pod itself says the same, and a run
+    goes to its end untraced: its step pods get no trace settings and the shop's order no
+    traceparent."""
+    keelgate = keelgate_venv("operator,postgres", tmp_path) / "bin" / "keelgate"
+    try:
+        operator_process.install(f"operator.command[0]={keelgate}")
+        (pod,) = operator_process.pods()
+        assert pod["spec"]["containers"][0]["command"] == [str(keelgate)]
+        told = [
+            line for line in operator_process.logs().splitlines() if "keelgate[tracing]" in line
+        ]
+        assert len(told) == 1, told
+        assert (
+            "tracing (asked for by OTEL_EXPORTER_OTLP_ENDPOINT) needs the tracing extra" in told[0]
+        )
+        assert "going on without tracing" in told[0] and "Traceback" not in told[0]
+        events = admin.get(f"/api/v1/namespaces/{operator_process.namespace}/events")["items"]
+        (event,) = [e for e in events if e["reason"] == "TracingUnavailable"]
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["name"] == pod["metadata"]["name"]
+        assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]  # describe shows it
+        assert "pip install 'keelgate[tracing]'" in event["message"]
+
+        apply(kubectl, agentrun("untraced", shop, [[look("U1"), order("U1", 2)]]))
+        wait_phase(admin, tenant, "untraced", "Succeeded", timeout=180)
+        (sent,) = shop.shop.orders
+        assert "traceparent" not in sent
+        step_pods = admin.get(
+            f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": "keelgate.dev/run=untraced"}
+        )["items"]
+        assert step_pods
+        names = {e["name"] for p in step_pods for c in p["spec"]["containers"] for e in c["env"]}
+        assert not {n for n in names if n.startswith(("OTEL_", "TRACE"))}, names
+    finally:
+        operator_process.install()  # the session's operator, tracing again

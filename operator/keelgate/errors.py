@@ -56,6 +56,51 @@ class InputError(KeelgateError):
         self.reason = message
 
 
+#: The extras of the ``keelgate`` package (pyproject.toml) by the top-level modules they bring:
+#: a module of one of them that cannot be imported is that extra missing from the install.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "kopf": "operator",
+    "prometheus_client": "operator",
+    "aiohttp": "operator",
+    "cloudevents": "operator",
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "mcp": "mcp",
+    "httpx2": "mcp",
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "langgraph": "langgraph",
+    "temporalio": "temporal",
+    "opentelemetry": "tracing",
+}
+
+
+class MissingExtra(InputError):
+    """What was asked for needs an extra of the ``keelgate`` package that this install lacks
+    (exit code 2, as any input this install cannot act on): one line naming the extra and the
+    ``pip install`` that brings it, never an import error."""
+
+    def __init__(self, extra: str, *, field: str = "", what: str = "", module: str = "") -> None:
+        missing = f" ({module} is not installed)" if module else ""
+        subject = f"{what} needs" if what else "needs"
+        super().__init__(
+            field, f"{subject} the {extra} extra: pip install 'keelgate[{extra}]'{missing}"
+        )
+        self.fields.update(extra=extra, module=module)
+        self.extra = extra
+        self.module = module
+
+    @classmethod
+    def of(cls, error: ImportError, *, field: str = "", what: str = "") -> MissingExtra | None:
+        """The extra whose module ``error`` could not import; None when no extra brings it (a
+        module of Keelgate's own, or of the user's code: not this error)."""
+        module = (error.name or "").split(".")[0]
+        extra = EXTRA_OF_MODULE.get(module)
+        if extra is None:
+            return None
+        return cls(extra, field=field, what=what, module=module)
+
+
 class RunNotFound(KeelgateError):
     """No checkpoint exists for the named run."""
 
@@ -78,6 +123,42 @@ class StoreUnavailable(StoreError):
 
     exit_code = 5
     retryable = True
+
+
+class StoreBusy(StoreError):
+    """A store's statement waited as long as it may and was given up: for a lock another
+    session held past the store's ``lock_timeout``, or past its ``statement_timeout``. The
+    message names the store, what waited and for how long. That statement changed nothing; the
+    same call may succeed once the other session lets go (the CLI's exit code 4, as for a busy
+    run)."""
+
+    exit_code = 4
+    retryable = True
+
+    def __init__(self, where: str, what: str, *, waited: str, seconds: float) -> None:
+        super().__init__(
+            self.words(where, what, waited, seconds),
+            where=where,
+            what=what,
+            waited=waited,
+            seconds=seconds,
+        )
+        self.where = where
+        self.what = what
+        self.waited = waited  # "lock_timeout" or "statement_timeout"
+        self.seconds = seconds
+
+    @staticmethod
+    def words(where: str, what: str, waited: str, seconds: float) -> str:
+        if waited == "lock_timeout":
+            how = f"waited {seconds:g} s (its lock_timeout) for a lock another session holds"
+        else:
+            how = f"ran {seconds:g} s (its statement_timeout) and was cancelled"
+        return f"{where}: {what or 'a statement'} {how}; it changed nothing: try again later"
+
+    def doing(self, what: str) -> StoreBusy:
+        """The same wait, saying what the store was doing (the statement knows no more)."""
+        return StoreBusy(self.where, what, waited=self.waited, seconds=self.seconds)
 
 
 class ClusterUnavailable(KeelgateError):

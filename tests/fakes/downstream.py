@@ -4,7 +4,8 @@
 request's Idempotency-Key; ``GET /orders/{key}`` tells how many orders arrived with that key (what
 a person or a confirmer would ask the system of record). ``mode`` makes ``POST /orders``
 misbehave after the order was taken: ``slow`` (answer after ``delay``), ``reset`` (TCP reset
-instead of an answer), ``error`` (HTTP 503), or ``reject`` before taking it (HTTP 422).
+instead of an answer), ``error`` (HTTP 503), ``reject`` before taking it (HTTP 422), or trickle
+its answer (``trickle``: ``headers``, ``body`` or ``endless``, a piece every ``pace`` seconds).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class Shop(LoopbackServer):
         self.orders: Counter[str] = Counter()
         self.mode = "ok"
         self.delay = 2.0
+        self.trickle = ""
+        self.pace = 1.0
 
     def order_requests(self) -> list[Received]:
         return [r for r in self.received if r.method == "POST" and r.path == "/orders"]
@@ -39,6 +42,8 @@ class Shop(LoopbackServer):
                 return Answer(422, {"error": "qty must be positive"})
             key = received.headers.get("idempotency-key", "")
             self.orders[key] += 1  # the order is taken before anything can go wrong
+            if self.trickle:
+                return Answer(201, {"placed": True}, trickle=self.trickle, pace=self.pace)
             if self.mode == "slow":
                 return Answer(201, {"placed": True}, delay=self.delay)
             if self.mode == "reset":

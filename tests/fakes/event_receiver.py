@@ -4,7 +4,8 @@ webhook is to the operator's notifier.
 Each POST is parsed with the CloudEvents SDK (``cloudevents.core.bindings.http.from_http``, binary
 or structured mode as the request says), so a request the SDK cannot read as a CloudEvent fails
 the test that made it: the wire format is checked, not assumed. It can be told to fail a number
-of requests first (an answer, or a dropped connection), as a receiver being restarted does.
+of requests first (an answer, or a dropped connection), as a receiver being restarted does, or to
+trickle its answer to the events of some namespaces (a bridge that chokes on one team's flood).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class Got:
         return self.event.get_data()
 
 
+def quick(_: float) -> bool:
+    """The notifier's back-off between tries, cut to a moment (the waits it asks for are still
+    counted): its ``sleep``, for tests."""
+    time.sleep(0.01)
+    return False
+
+
 class EventReceiver(LoopbackServer):
     def __init__(self) -> None:
         super().__init__()
@@ -50,6 +58,11 @@ class EventReceiver(LoopbackServer):
         self.failures: list[Answer] = []
         #: An answer for every request while set (a receiver that stays down).
         self.down: Answer | None = None
+        #: Events about these namespaces are read, then answered a byte every ``pace``
+        #: seconds (the status line first); kept in ``trickled``, not ``accepted``.
+        self.slow_namespaces: set[str] = set()
+        self.pace = 0.5
+        self.trickled: list[Got] = []
         self._arrived = threading.Condition()
 
     def respond(self, received: Received) -> Answer:
@@ -64,8 +77,13 @@ class EventReceiver(LoopbackServer):
             with self._arrived:
                 self.unreadable.append(f"{type(error).__name__}: {error}")
             return Answer(status=400)
+        got = Got(event, received)
+        if (got.data or {}).get("namespace") in self.slow_namespaces:
+            with self._arrived:
+                self.trickled.append(got)
+            return Answer(status=202, trickle="headers", pace=self.pace)
         with self._arrived:
-            self.accepted.append(Got(event, received))
+            self.accepted.append(got)
             self._arrived.notify_all()
         return Answer(status=202)
 

@@ -2,7 +2,9 @@
 
 Real sockets, real HTTP: the clients under test (the official SDKs, httpx) cannot tell it from a
 real service. Each fake answers requests through ``respond``; this base adds the misbehaviour
-tests need: a slow answer, a connection closed without an answer, and a TCP reset.
+tests need: a slow answer, a connection closed without an answer, a TCP reset, and an answer
+that trickles (its headers, or its body, a byte at a time; or a body that never ends), which
+stops, and is noted in ``hangups``, when the client hangs up.
 """
 
 from __future__ import annotations
@@ -40,6 +42,20 @@ class Answer:
     delay: float = 0.0
     drop: bool = False  # close the connection without any answer
     reset: bool = False  # send a TCP RST instead of an answer
+    #: "headers": the status line and headers a byte at a time, then the body; "body": the
+    #: headers at once, then the body a byte at a time; "endless": the headers at once, then a
+    #: chunked body that never ends. One piece every ``pace`` seconds.
+    trickle: str = ""
+    pace: float = 1.0
+
+
+@dataclass(frozen=True)
+class Hangup:
+    """A client that hung up on a trickling answer: when the server found out (monotonic
+    time), and how many bytes of the answer it had sent by then."""
+
+    at: float
+    sent: int
 
 
 class LoopbackServer:
@@ -47,6 +63,7 @@ class LoopbackServer:
 
     def __init__(self) -> None:
         self.received: list[Received] = []
+        self.hangups: list[Hangup] = []
         self._lock = threading.Lock()
         fake = self
 
@@ -84,6 +101,10 @@ class LoopbackServer:
                 else:
                     data = json.dumps(answer.body).encode() if answer.body is not None else b""
                     ctype = "application/json"
+                if answer.trickle:
+                    self.close_connection = True
+                    fake._trickle(self.connection, answer, data, ctype)
+                    return
                 try:
                     self.send_response(answer.status)
                     self.send_header("Content-Type", ctype)
@@ -107,6 +128,42 @@ class LoopbackServer:
 
     def respond(self, received: Received) -> Answer:
         raise NotImplementedError
+
+    def _trickle(self, conn: socket.socket, answer: Answer, data: bytes, ctype: str) -> None:
+        """Send ``answer`` as it says, a piece every ``pace`` seconds, until it is all sent or
+        the client hangs up (noted in ``hangups``)."""
+        endless = answer.trickle == "endless"
+        length = "Transfer-Encoding: chunked" if endless else f"Content-Length: {len(data)}"
+        head = (
+            f"HTTP/1.1 {answer.status} OK\r\nContent-Type: {ctype}\r\n{length}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        sent = 0
+
+        def pieces() -> Any:
+            if answer.trickle == "headers":
+                yield from (head[i : i + 1] for i in range(len(head)))
+                yield data
+            elif answer.trickle == "body":
+                yield head
+                yield from (data[i : i + 1] for i in range(len(data)))
+            else:
+                yield head
+                while True:
+                    yield b"1\r\n \r\n"
+
+        try:
+            for number, piece in enumerate(pieces()):
+                if number:
+                    time.sleep(answer.pace)
+                conn.sendall(piece)
+                sent += len(piece)
+            # All sent: wait for the client to read it and go (or to hang up early).
+            conn.settimeout(30)
+            conn.recv(1)
+        except OSError:
+            with self._lock:
+                self.hangups.append(Hangup(time.monotonic(), sent))
 
     def start(self) -> LoopbackServer:
         self._thread.start()

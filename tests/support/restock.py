@@ -9,6 +9,7 @@ tools. Nothing here fakes a store or the loop: only the model and the clock are 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -149,3 +150,11 @@ def loop_with_look_and_order(
         ],
         **kwargs,
     )
+
+
+def asked(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the pending approvals ask, less the fingerprint of each call's definition (checked
+    to be one: 16 hex digits), which changes with the test's tool paths."""
+    for item in pending:
+        assert re.fullmatch(r"[0-9a-f]{16}", item["definition"]), item
+    return [{k: v for k, v in item.items() if k != "definition"} for item in pending]

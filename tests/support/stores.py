@@ -31,6 +31,11 @@ CHECKPOINT_BACKENDS = ("memory", "sqlite", "postgres", "langgraph")
 KEYED_BACKENDS = ("memory", "sqlite", "postgres")
 # PostgreSQL as a step pod opens it (``open_stores(url, pooled=False)``): one server session.
 ONE_SESSION = "postgres-one-session"
+# PostgreSQL as the operator and an administrator open it: a home database whose tenants
+# ROUTED_TENANTS (those the contract's checks use most) have databases of their own
+# (``keelgate tenant add``), each served there, every other tenant in the home database.
+TENANT_DATABASES = "postgres-tenant-databases"
+ROUTED_TENANTS = ("acme", "beta")
 
 
 class StoreFactory:
@@ -83,6 +88,14 @@ def make_factory(backend: str, directory: Path, pg_url: Callable[[], str]) -> St
     if backend == ONE_SESSION:  # as a step pod opens it: no pool
         one = pg_url()
         return StoreFactory(backend, lambda: open_stores(one, pooled=False), one)
+    if backend == TENANT_DATABASES:
+        from keelgate.stores.tenancy import TenantStore
+
+        home = pg_url()
+        with TenantStore(home) as admin:
+            for tenant in ROUTED_TENANTS:
+                admin.add(tenant)
+        return StoreFactory(backend, lambda: open_stores(home), home)
     if backend == "sqlite":
         url = f"sqlite:///{directory / 'keelgate.db'}"
     elif backend == "langgraph":

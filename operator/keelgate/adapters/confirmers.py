@@ -4,7 +4,8 @@ A confirmer is trusted code (ADR-0004's amendment); this one needs no code in th
 an endpoint in the system the WRITE changes: ``GET <url>``, with ``{idempotencyKey}``, ``{tool}``,
 ``{action}``, ``{run}`` and ``{tenant}`` filled in (URL-encoded), answering JSON with a boolean
 ``executed``. ``true`` settles the action as done, ``false`` abandons it; any other answer (an
-error status, no such field, a timeout, a refused connection) leaves it for a person. The tool's
+error status, no such field, a timeout, a refused connection, an answer still coming at the time
+limit: the exchange is cut then, whatever the server sends) leaves it for a person. The tool's
 arguments are never sent, and a model's or a tool's own claim is never asked. It must never
 raise: failing to know is a reason to leave the decision to a person.
 """
@@ -18,6 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.types import UnknownAction
 from keelgate.errors import InputError
 
@@ -53,10 +55,13 @@ class HttpConfirmer:
             "tenant": tenant,
         }
         url = self.url.format(**{k: quote(v, safe="") for k, v in values.items()})
+        cutoff = Cutoff.after(self.timeout)  # the whole exchange, whatever the server sends
         try:
-            answer = httpx.get(url, timeout=self.timeout)
+            with cutoff, httpx.Client(timeout=self.timeout) as client:
+                answer = client.get(url, extensions={"trace": cutoff.trace})
         except httpx.HTTPError as error:
-            log.warning("%s: %s asked nothing (%s)", self.name, action.action, type(error).__name__)
+            why = "no whole answer in time" if cutoff.cut else type(error).__name__
+            log.warning("%s: %s asked nothing (%s)", self.name, action.action, why)
             return None
         if answer.status_code != 200:
             return None

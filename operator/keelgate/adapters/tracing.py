@@ -7,7 +7,9 @@ Tempo, a vendor), configured the standard way: the SDK's ``OTEL_*`` environment 
 ``OTEL_TRACES_EXPORTER=none``) ``configured`` returns the core's ``NO_TRACING`` without importing
 OpenTelemetry at all, so a step pod's start pays nothing for it. A process handed a trace
 context from its parent (the W3C ``TRACEPARENT`` and ``TRACESTATE`` environment variables, as
-the operator gives each step pod) puts its spans under it.
+the operator gives each step pod) puts its spans under it. With an endpoint set and the
+``tracing`` extra not installed, a process runs as without tracing and says so once (a warning
+naming the extra to install): a standard variable set for every process must never stop one.
 
 Keelgate keeps a tracer provider of its own (never the process-wide one an application may have
 set). This module must never put a tool's arguments, a model's messages or a secret on a span,
@@ -17,6 +19,7 @@ except a tool's arguments when ``KEELGATE_TRACE_TOOL_ARGUMENTS=true`` asks for t
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from keelgate.core import tracing
 from keelgate.core.tracing import Attributes, AttributeValue, RunEvent, TraceRef
+from keelgate.errors import MissingExtra
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
 #: Where a process finds the trace context its parent handed it (W3C trace context).
 TRACEPARENT_ENV = "TRACEPARENT"
 TRACESTATE_ENV = "TRACESTATE"
+
+log = logging.getLogger("keelgate.tracing")
 
 
 def configured(
@@ -52,6 +58,13 @@ def configured(
     """
     env = os.environ if environ is None else environ
     if exporter is None and not tracing.endpoint_set(env):
+        return tracing.NO_TRACING
+    missing = missing_extra(env)
+    if missing is not None:
+        # Asked for, but not installed: the process goes on untraced, and says so once.
+        if str(missing) not in _told:
+            _told.add(str(missing))
+            log.warning("%s", unavailable(missing))
         return tracing.NO_TRACING
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -73,6 +86,30 @@ def configured(
         state=env.get(TRACESTATE_ENV, ""),
         tool_arguments=arguments,
     )
+
+
+def missing_extra(environ: Mapping[str, str] | None = None) -> MissingExtra | None:
+    """The ``tracing`` extra, when the environment asks for traces and this install lacks it
+    (None: not asked for, or installed)."""
+    env = os.environ if environ is None else environ
+    if not tracing.endpoint_set(env):
+        return None
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ModuleNotFoundError as error:
+        variable = next(v for v in tracing.ENDPOINT_VARIABLES if env.get(v))
+        return MissingExtra.of(error, what=f"tracing (asked for by {variable})")
+    return None
+
+
+def unavailable(missing: MissingExtra) -> str:
+    """The one line a process whose tracing cannot start says (log, stderr, an Event)."""
+    return f"{missing}; going on without tracing"
+
+
+#: The lines said already: once per process, however many commands or loops ask.
+_told: set[str] = set()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from keelgate._startup import started, starting
 from keelgate.errors import (
     KeelgateError,
+    MissingExtra,
     ModelUnavailable,
     RemoteError,
     RunBusy,
@@ -165,6 +166,11 @@ def dispatch(
         # wording is the CLI's.
         return fail(_exit_code(error), _error_line(error))
     except Exception as error:
+        # A package of an extra this install lacks, met where no command named it: which extra
+        # to install, never an internal error.
+        missing = MissingExtra.of(error) if isinstance(error, ImportError) else None
+        if missing is not None:
+            return fail(missing.exit_code, str(missing))
         if os.environ.get("KEELGATE_DEBUG"):
             raise
         return fail(

@@ -11,23 +11,21 @@ This module must never print a secret (the store URL is shown redacted, if at al
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from keelgate.cli import step
 from keelgate.cli.commands import StoreOption, app
-from keelgate.errors import InputError
+from keelgate.errors import InputError, MissingExtra
 from keelgate.stores import check_store_url, redacted
 
 if TYPE_CHECKING:
+    from keelgate.kube.api import ClusterApi
     from keelgate.kube.runtime.leadership import LeaseSettings
     from keelgate.manifest.notifications import NotifySettings
 
 T = TypeVar("T")
-
-#: What the operator extra brings: without them `keelgate operator` says which extra to install.
-_OPERATOR_EXTRA = ("kopf", "prometheus_client", "aiohttp", "cloudevents")
 
 
 @app.command(
@@ -181,6 +179,15 @@ def operator_command(
     bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
     workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
     resync: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 30.0,
+    tenant_sessions: Annotated[
+        int,
+        typer.Option(
+            "--tenant-sessions",
+            min=1,
+            help="Sessions kept open on tenants' own databases (one each) beyond those in use; "
+            "each closes after a minute unused (docs/stores.md).",
+        ),
+    ] = 20,
     leader_elect: Annotated[
         bool,
         typer.Option(
@@ -236,7 +243,7 @@ def operator_command(
     import logging
     import os
 
-    from keelgate.adapters.tracing import configured
+    from keelgate.adapters.tracing import configured, missing_extra, unavailable
     from keelgate.core.redaction import log_to_stderr
     from keelgate.kube.api import ClusterApi, RateLimit
     from keelgate.kube.controller.context import ControllerSettings
@@ -245,11 +252,7 @@ def operator_command(
     try:
         from keelgate.kube.runtime.operator import Operator, OperatorOptions
     except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] in _OPERATOR_EXTRA:
-            raise InputError(
-                "operator", "needs the operator extra: pip install 'keelgate[operator]'"
-            ) from None
-        raise
+        raise MissingExtra.of(error, field="operator") or error from None
     from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
     from keelgate.stores import open_stores
 
@@ -310,8 +313,11 @@ def operator_command(
         notify=notify,
     )
     api = _cluster_api(lambda: ClusterApi(limit=RateLimit(kube_qps, kube_burst)))
-    stores = open_stores(store)
+    stores = open_stores(store, tenant_sessions=tenant_sessions)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
+    missing = missing_extra()
+    if missing is not None:  # configured said so in the log; the operator's pod tells it too
+        _tell_own_pod(api, "TracingUnavailable", unavailable(missing))
     try:
         operator = Operator(options, stores=stores, api=api, tracer=tracer)
         code = asyncio.run(operator.run())
@@ -408,6 +414,27 @@ def _lease(
     except ValueError as error:
         field, _, message = str(error).partition(" ")
         raise InputError(field, message) from None
+
+
+def _tell_own_pod(api: ClusterApi, reason: str, message: str) -> None:
+    """A Warning Event on the operator's own pod (the chart's POD_NAME and POD_NAMESPACE), for
+    what a person must hear of without reading its log: `kubectl describe pod` and `kubectl
+    get events` show it. Best effort: outside a pod, or refused, the log line stands alone."""
+    import logging
+    import os
+
+    from keelgate.kube.api_failures import ApiFailure
+
+    name, namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
+    if not name or not namespace:
+        return
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod"}
+    try:
+        pod = {**pod, **api.read_pod(namespace, name, timeout=10)}  # its uid: describe shows it
+    except ApiFailure as failure:
+        logging.getLogger("keelgate.operator").info("cannot read its own pod: %s", failure)
+        pod["metadata"] = {"name": name, "namespace": namespace}
+    api.event(pod, type_="Warning", reason=reason, message=message)
 
 
 def _trace_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -425,6 +425,13 @@ def approve_command(
             "may count only people of given groups.",
         ),
     ] = None,
+    note: Annotated[
+        str,
+        typer.Option(
+            "--note",
+            help="Why (one line): on the audit trail; a rule with reasonToDeny needs it to deny.",
+        ),
+    ] = "",
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     output: OutputOption = OutputFormat.text,
@@ -435,9 +442,13 @@ def approve_command(
     approve = _decision(yes, no, "--approve", "--deny", "whether the action may run")
     check_actor(by, field="--by")
     named = check_groups(groups or (), field="--group")
+    if any(ord(c) < 32 and c != "\t" for c in note):
+        raise InputError("--note", "must be one line")
     with _opened(store, run, namespace) as (loop, tenant, run):
         waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
-        outcome = loop.approve(tenant, run, action, approved=approve, by=by, groups=named)
+        outcome = loop.approve(
+            tenant, run, action, approved=approve, by=by, groups=named, note=note
+        )
     verdict = "approved" if approve else "denied"
     still = next((p for p in outcome.pending_approvals if p.action == action), None)
     said = ""

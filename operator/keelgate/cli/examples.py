@@ -152,18 +152,24 @@ Examples:
   keelgate temporal status restock -n shop""",
     "keelgate tenant add": """\
 Examples:
-  # A role of its own for namespace shop, its URL in the Secret keelgate-store
+  # A role and a database of its own for namespace shop, its URL in the Secret
   keelgate tenant add shop --store postgresql://admin@db/keelgate
 
   # The operator's role, in the operator's namespace
   keelgate tenant add keelgate-system --operator --store postgresql://...""",
+    "keelgate tenant move": """\
+Examples:
+  # shop, from an install where tenants share one database, into its own
+  kubectl scale deployment keelgate-operator -n keelgate-system --replicas=0
+  keelgate tenant move shop --store postgresql://admin@db/keelgate""",
     "keelgate tenant remove": """\
 Examples:
   # Take shop's role away (its runs and trails stay in the store)
   keelgate tenant remove shop --store postgresql://admin@db/keelgate""",
     "keelgate tenant list": """\
 Examples:
-  # The roles, and the tenants with runs but no role of their own
+  # The roles and their databases, and the tenants with runs but no role (after an
+  # upgrade, this also migrates every tenant's database)
   keelgate tenant list --store postgresql://admin@db/keelgate""",
 }
 

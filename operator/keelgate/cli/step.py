@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keelgate.errors import InputError, KeelgateError, Preempted
+from keelgate.errors import InputError, KeelgateError, MissingExtra, Preempted
 
 if TYPE_CHECKING:
     from keelgate.core.types import Outcome
@@ -223,6 +223,10 @@ def main(argv: Sequence[str]) -> int:
         _say("interrupted: nothing saved was lost; the operator starts the step again")
         return 130
     except Exception as error:
+        missing = MissingExtra.of(error) if isinstance(error, ImportError) else None
+        if missing is not None:  # the image lacks an extra: say which, never an internal error
+            _say(str(missing))
+            return missing.exit_code
         if os.environ.get("KEELGATE_DEBUG"):
             raise
         _say(f"internal error: {type(error).__name__}: {error}")

@@ -38,7 +38,7 @@ from keelgate.cli.render import Console
 from keelgate.core.approvals import check_groups
 from keelgate.core.loop import check_actor
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError
+from keelgate.errors import InputError, MissingExtra
 from keelgate.stores import DEFAULT_URL, redacted
 
 #: How a run driven through Temporal is continued (shown in the hints under an outcome).
@@ -78,11 +78,7 @@ def _sdk(command: str) -> ModuleType:
     try:
         from keelgate.runners import temporal
     except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] == "temporalio":
-            raise InputError(
-                command, "needs the temporal extra: pip install 'keelgate[temporal]'"
-            ) from None
-        raise
+        raise MissingExtra.of(error, field=command) or error from None
     return temporal
 
 

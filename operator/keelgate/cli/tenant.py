@@ -1,5 +1,5 @@
-"""``keelgate tenant add|remove|list``: give a namespace its own database role in a shared
-PostgreSQL store, and the Secret its step pods read the store URL from.
+"""``keelgate tenant add|move|remove|list``: give a namespace its own database role and database
+on a shared PostgreSQL server, and the Secret its step pods read the store URL from.
 
 Why it exists: with one shared URL every tenant's step pods (which run the tenant's own tool
 code) could read and change every other tenant's runs. A role per tenant, held by PostgreSQL's
@@ -25,7 +25,7 @@ from keelgate.stores import check_store_url, redacted
 
 if TYPE_CHECKING:
     from keelgate.cli.secrets import StoreSecrets
-    from keelgate.stores.tenancy import Added, TenantStore
+    from keelgate.stores.tenancy import Added, Tenant, TenantStore
 
 tenant_app = App(
     name="tenant",
@@ -184,14 +184,102 @@ def add_command(
             show_default=False,
         ),
     ] = None,
+    shared_database: Annotated[
+        bool,
+        typer.Option(
+            "--shared-database",
+            help="Keep a new tenant's rows in the store's own database, shared with other "
+            "tenants (who can then delay its statements), instead of a database of its own.",
+        ),
+    ] = False,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
     output: OutputOption = OutputFormat.text,
 ) -> int:
     """Give NAMESPACE its own database role (created with a generated password, granted only
-    its rows, with connection and lock limits) and write the URL into its Secret. Run again, it
-    changes nothing that works. It also closes what it may of the ways one tenant could delay
-    another through what the server shares, and warns of what is left."""
+    its rows, with connection and lock limits) and a database of its own on the server, and
+    write the URL into its Secret. Run again, it changes nothing that works. It also closes
+    what it may of the ways one tenant could delay another through what the server shares,
+    and warns of what is left."""
+    kind = "operator" if operator else "tenant"
+    return _add(
+        namespace,
+        store,
+        kind=kind,
+        role=role,
+        secret=secret,
+        print_url=print_url,
+        rotate=rotate,
+        host=host,
+        connection_limit=connection_limit,
+        lock_limit=lock_limit,
+        shared_database=shared_database,
+        kubeconfig=kubeconfig,
+        context=context,
+        output=output,
+    )
+
+
+@tenant_app.command("move")
+def move_command(
+    namespace: NamespaceArgument,
+    store: AdminStoreOption = "",
+    secret: SecretOption = "keelgate-store",
+    print_url: Annotated[
+        bool,
+        typer.Option(
+            "--print",
+            help="Print the new URL (with a new password) on stdout instead of writing the "
+            "Secret; the cluster is not contacted.",
+        ),
+    ] = False,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    output: OutputOption = OutputFormat.text,
+) -> int:
+    """Move NAMESPACE, a tenant of an install from before that shares the store's database,
+    into a database of its own: its runs, keys, audit trails and specs are copied, checked and
+    then deleted from the shared database, and its Secret's URL is pointed at the new one.
+    Stop the operator (and any process using a shared URL) first: it refuses while they are
+    connected."""
+    return _add(
+        namespace,
+        store,
+        kind="tenant",
+        role="",
+        secret=secret,
+        print_url=print_url,
+        rotate=print_url,
+        host="",
+        connection_limit=None,
+        lock_limit=None,
+        shared_database=False,
+        kubeconfig=kubeconfig,
+        context=context,
+        output=output,
+        move=True,
+    )
+
+
+def _add(
+    namespace: str,
+    store: str,
+    *,
+    kind: str,
+    role: str,
+    secret: str,
+    print_url: bool,
+    rotate: bool,
+    host: str,
+    connection_limit: int | None,
+    lock_limit: int | None,
+    shared_database: bool,
+    kubeconfig: str | None,
+    context: str | None,
+    output: OutputFormat,
+    move: bool = False,
+) -> int:
+    """``tenant add`` (and ``tenant move``, which moves the tenant's rows first)."""
     from keelgate.stores.tenancy import (
         check_host,
         check_limit,
@@ -201,7 +289,7 @@ def add_command(
         role_url,
     )
 
-    kind = "operator" if operator else "tenant"
+    operator = kind == "operator"
     _check_admin_url(store)
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
@@ -226,8 +314,11 @@ def add_command(
         cluster.write(
             secret, role_url(store, chosen, "x", host=host), chosen, exists=exists, dry_run=True
         )
-    where = ""
+    where = moved = ""
     with _admin(store) as admin:
+        if move:
+            went = admin.move(namespace)
+            moved = f"; moved {went.kept.words()} into database {went.database}"
         added = admin.add(
             namespace,
             kind=kind,
@@ -238,11 +329,13 @@ def add_command(
             new_url=print_url,
             connection_limit=connection_limit,
             lock_limit=lock_limit,
+            shared=shared_database,
         )
         role = added.tenant.role
+        database = added.tenant.database
         if cluster is not None:
             # A password that works is kept; the URL around it is written as asked (--host).
-            url = added.url or role_url(store, role, working, host=host)
+            url = added.url or role_url(store, role, working, host=host, database=database)
             if url != current_url:
                 try:
                     cluster.write(secret, url, role, exists=exists)
@@ -258,8 +351,14 @@ def add_command(
     limits = f"at most {added.tenant.connection_limit} session(s)"
     if kind == "tenant":
         limits += f" and {added.tenant.lock_limit} run(s) at once"
-    line = f"{kind_words}: role {role} {made}, with {password}, {limits}{where}"
-    for way in added.open:
+        place = (
+            f"database {database} of its own"
+            if database
+            else "the store's own database, shared with other tenants"
+        )
+        limits = f"{place}, {limits}"
+    line = f"{kind_words}: role {role} {made}, with {password}, {limits}{moved}{where}"
+    for way in (*added.open, *added.unbounded):
         # What this URL could not close: a warning, not a failure (the role works).
         Console().warn(way)
     if print_url:
@@ -278,7 +377,10 @@ def add_command(
                 "secret": f"{namespace}/{secret}",
                 "connectionLimit": added.tenant.connection_limit,
                 "lockLimit": added.tenant.lock_limit,
+                "database": database or None,
+                "moved": bool(moved),
                 "open": list(added.open),
+                "unbounded": list(added.unbounded),
             },
         ),
         output,
@@ -337,6 +439,7 @@ def remove_command(
     with _admin(store) as admin:
         removed = admin.remove(namespace)
         kept = admin.kept(namespace)
+        database = admin.database_of(namespace)
     deleted = []
     for done in removed:
         if cluster is not None and cluster.ours(current, done.tenant.role):
@@ -351,8 +454,9 @@ def remove_command(
     if not removed:
         parts.append("no role was registered for it")
     parts.extend(deleted)
+    place = f"its database {database}" if database else redacted(store)
     line = (
-        f"tenant {namespace}: {'; '.join(parts)}. Kept in {redacted(store)}: {kept.words()} of "
+        f"tenant {namespace}: {'; '.join(parts)}. Kept in {place}: {kept.words()} of "
         f"{namespace} (the administrator URL reads them; `keelgate tenant add {namespace}` "
         "gives them to a new role)"
     )
@@ -368,6 +472,7 @@ def remove_command(
             for d in removed
         ],
         "secretDeleted": bool(deleted),
+        "database": database or None,
         "kept": {"runs": kept.runs, "keys": kept.keys, "events": kept.events, "specs": kept.specs},
     }
     _say(_Said(line, document), output)
@@ -380,10 +485,22 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
     with _admin(store) as admin:
         tenants = admin.tenants()
         unregistered = admin.unregistered()
-        runs = {t.tenant: admin.kept(t.tenant).runs for t in tenants}
-        runs.update({name: admin.kept(name).runs for name in unregistered})
+        # Each tenant's database is brought to today's schema (after an upgrade, this is the
+        # command that does it); one that cannot be is a warning naming it, not the end.
+        open_ways = admin.migrate_tenants()
+        runs: dict[str, int | None] = {}
+        for name in [t.tenant for t in tenants] + unregistered:
+            try:
+                runs[name] = admin.kept(name).runs
+            except KeelgateError as error:
+                runs[name] = None
+                open_ways.append(f"tenant {name}: {error}")
         # Ways a role could still delay another, one line each, once each.
-        open_ways = list(dict.fromkeys(w for t in tenants for w in admin.open_ways(t.role)))
+        for t in tenants:
+            if runs[t.tenant] is not None:
+                open_ways.extend(admin.open_ways(t.role))
+        open_ways.extend(admin.unbounded())
+        open_ways = list(dict.fromkeys(open_ways))
     console = Console()
     if output is OutputFormat.json:
         console.json(
@@ -397,6 +514,7 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
                         "runs": runs[t.tenant],
                         "connectionLimit": t.connection_limit,
                         "lockLimit": t.lock_limit if t.kind == "tenant" else None,
+                        "database": t.database or None,
                     }
                     for t in tenants
                 ],
@@ -414,13 +532,20 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
     def limit(value: int) -> str:
         return "none" if value < 0 else str(value)
 
-    rows = [("NAMESPACE", "ROLE", "KIND", "RUNS", "SESSIONS", "LOCKS", "ADDED")]
+    def count(value: int | None) -> str:
+        return "?" if value is None else str(value)
+
+    def place(t: Tenant) -> str:
+        return "-" if t.kind != "tenant" else t.database or "shared"
+
+    rows = [("NAMESPACE", "ROLE", "KIND", "DATABASE", "RUNS", "SESSIONS", "LOCKS", "ADDED")]
     rows += [
         (
             t.tenant,
             t.role,
             t.kind,
-            str(runs[t.tenant]),
+            place(t),
+            count(runs[t.tenant]),
             limit(t.connection_limit),
             limit(t.lock_limit) if t.kind == "tenant" else "-",
             t.added_at,
@@ -428,7 +553,8 @@ def list_command(store: AdminStoreOption = "", output: OutputOption = OutputForm
         for t in tenants
     ]
     rows += [
-        (name, "-", "none (shared URL)", str(runs[name]), "-", "-", "-") for name in unregistered
+        (name, "-", "none (shared URL)", "shared", count(runs[name]), "-", "-", "-")
+        for name in unregistered
     ]
     console.say(table(rows))
     return 0

@@ -6,9 +6,13 @@ different one, from the groups it names, not the run's creator if it says so, ea
 young enough when the call would run. Any no denies it for good, and the model is told. The rule
 travels with the saved action (``Action.approval_rule``) and is combined with the rule in force
 when the call would run, so an edited manifest can add a question, never remove one or lower a
-count. This module must never let such a call run with fewer approvals than the rule asks, never
-ask a person about a call that may already have run (its outcome is settled first), and never
-let a decision change, or a person count twice, once recorded.
+count. A decision is made on a call as it will be sent: the action's key (its tool and
+arguments) and the definition of the tool it is bound to (``core.calls``); one made on an
+earlier definition no longer counts. ``refusal`` is the one judge of whether a person's
+decision can count under a rule: the command line, ``decide``, the gate and the operator's
+Approval status all ask it. This module must never let such a call run with fewer approvals
+than the rule asks, never ask a person about a call that may already have run (its outcome is
+settled first), and never let a decision change, or a person count twice, once recorded.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from dataclasses import dataclass
 
 from keelgate.core import clocks
 from keelgate.core.audit import AuditDraft, utc_now
+from keelgate.core.calls import fingerprint
 from keelgate.core.gateway import in_flight_elsewhere, once_not_in_flight
 from keelgate.core.persistence import persist
 from keelgate.core.protocols import IdempotencyStore, Stores, Tool
+from keelgate.core.redaction import redact_text
 from keelgate.core.state import HISTORY_WINDOW, Decision, RunState
 from keelgate.core.types import (
     Action,
@@ -59,6 +65,70 @@ def in_force(action: Action, tool: Tool | None) -> ApprovalRule | None:
     return planned.stricter(now)
 
 
+#: How a ServiceAccount's user name starts (``system:serviceaccount:<namespace>:<name>``).
+SERVICE_ACCOUNT = "system:serviceaccount:"
+#: The most decisions one person may make on one action (a person decides again only once their
+#: approval expired, or to deny): no one person fills an action's ``MAX_DECISIONS``.
+MAX_PER_PERSON = 8
+
+
+def is_service_account(by: str) -> bool:
+    """Whether ``by`` names a ServiceAccount (as the API server names one), not a person."""
+    return by.startswith(SERVICE_ACCOUNT)
+
+
+def refusal(
+    rule: ApprovalRule,
+    *,
+    approved: bool,
+    by: str,
+    groups: Collection[str],
+    creator: str,
+    counted: Collection[str] = (),
+    note: str = "",
+) -> str | None:
+    """Why ``by``'s decision cannot count under ``rule`` (None: it can): the one judge of a
+    rule, asked by the command line, ``decide``, the gate (through ``tally``) and the
+    operator. ``groups``: those the API server authenticated the person in; ``creator``: the
+    run's (as its annotation says; "" unknown); ``counted``: who counts already.
+
+    A ServiceAccount decides only if the rule says so (anyone who holds its token or may
+    impersonate it would decide as it); a person decides only from the rule's groups; an
+    approval counts only if not the creator's under notCreator (with no creator on record,
+    nobody's: who it is cannot be known, and not knowing is a reason to stop), and once per
+    person; a deny says why if the rule asks a reason.
+    """
+    if is_service_account(by) and not rule.service_accounts:
+        return (
+            f"{by} is a ServiceAccount, and the rule counts people only (its serviceAccounts: "
+            "true lets ServiceAccounts decide)"
+        )
+    if approved and rule.not_creator and not creator:
+        return (
+            "its rule says not the run's creator, and the run's creator is not on record "
+            "(annotation keelgate.dev/created-by): no approval can count; deny it, or "
+            "recreate the run with its creator recorded"
+        )
+    if approved and rule.not_creator and by == creator:
+        return f"{by} created the run, and its rule asks for someone else ({rule.describe()})"
+    if not rule.admits(groups):
+        return f"{by} may not decide it: the rule asks {rule.describe()}"
+    if not approved:
+        if rule.reason_to_deny and not note.strip():
+            return "its rule asks a reason to deny: give one (a note)"
+        return None
+    if by in counted:
+        return f"{by} approved it already ({len(counted)} of {rule.required}): a person counts once"
+    return None
+
+
+def on_call(decision: Decision, definition: str) -> bool:
+    """Whether ``decision`` was made on the call as it is bound now (``definition``: the
+    fingerprint of the action's definition). A decision recorded before definitions were
+    names none, and counts as it always did."""
+    return not decision.definition or not definition or decision.definition == definition
+
+
 @dataclass(frozen=True)
 class Tally:
     """An action's decisions, counted against its rule at one moment."""
@@ -68,6 +138,8 @@ class Tally:
     denied: Decision | None  # the first no, if any (it decides)
     expires_at: float | None  # when the first approval that counts stops counting
     expired: tuple[Decision, ...]  # approvals that no longer count because they are too old
+    # Approvals made on an earlier definition of the call (a manifest edit since): void.
+    voided: tuple[Decision, ...] = ()
 
     @property
     def met(self) -> bool:
@@ -78,7 +150,7 @@ class Tally:
         """ "1 of 2"."""
         return f"{len(self.counted)} of {self.rule.required}"
 
-    def pending(self, action: str, tool: str) -> PendingApproval:
+    def pending(self, action: str, tool: str, *, definition: str = "") -> PendingApproval:
         """The action as a person waiting for it sees it: what it needs and what it has."""
         plain = self.rule == ApprovalRule()
         return PendingApproval(
@@ -88,28 +160,42 @@ class Tally:
             approvals=len(self.counted),
             approved_by=tuple(d.by for d in self.counted),
             expires_at="" if self.expires_at is None else utc_iso(self.expires_at),
+            definition=definition,
         )
 
 
-def tally(decisions: Sequence[Decision], rule: ApprovalRule, *, creator: str, now: float) -> Tally:
-    """Count ``decisions`` against ``rule`` at ``now`` (seconds since the epoch).
+def tally(
+    decisions: Sequence[Decision],
+    rule: ApprovalRule,
+    *,
+    creator: str,
+    now: float,
+    definition: str = "",
+) -> Tally:
+    """Count ``decisions`` against ``rule`` at ``now`` (seconds since the epoch), for the call
+    bound to ``definition`` (its fingerprint; "" for an action saved before definitions).
 
-    Any no denies. A yes counts if its person is in the rule's groups, is not the run's
-    ``creator`` when the rule says so (with no creator on record no yes counts then: who it is
-    cannot be known, and not knowing is a reason to stop), and was given at most
-    ``expires_after`` seconds before ``now``; each person counts once, with their newest yes.
+    Any no denies. A yes counts if ``refusal`` has nothing against it, was made on the call as
+    it is bound now, and was given at most ``expires_after`` seconds before ``now``; each
+    person counts once, with their newest yes.
     """
     denied = next((d for d in decisions if not d.approved), None)
     newest: dict[str, Decision] = {}
+    voided: dict[str, Decision] = {}
     for decision in decisions:
-        if decision.approved:
+        if not decision.approved:
+            continue
+        if on_call(decision, definition):
             newest[decision.by] = decision
+        else:
+            voided[decision.by] = decision
     counted: list[Decision] = []
     expired: list[Decision] = []
     for decision in newest.values():
-        if not rule.admits(decision.groups):
-            continue
-        if rule.not_creator and (not creator or decision.by == creator):
+        if (
+            refusal(rule, approved=True, by=decision.by, groups=decision.groups, creator=creator)
+            is not None
+        ):
             continue
         if rule.expires_after is not None and now - seconds(decision.at) > rule.expires_after:
             expired.append(decision)
@@ -119,7 +205,8 @@ def tally(decisions: Sequence[Decision], rule: ApprovalRule, *, creator: str, no
     expires_at = None
     if rule.expires_after is not None and counted:
         expires_at = seconds(counted[0].at) + rule.expires_after
-    return Tally(rule, tuple(counted), denied, expires_at, tuple(expired))
+    gone = tuple(d for by, d in voided.items() if by not in newest)
+    return Tally(rule, tuple(counted), denied, expires_at, tuple(expired), gone)
 
 
 def seconds(at: str) -> float:
@@ -166,7 +253,10 @@ class ApprovalGate:
         side_effect = stricter(tool.side_effect, action.side_effect)
         if side_effect not in self.allowed:
             return None  # the gateway refuses it; no person needs to be asked
-        counted = tally(decisions, rule, creator=self.creator, now=clocks.wall())
+        definition = fingerprint(action.definition)
+        counted = tally(
+            decisions, rule, creator=self.creator, now=clocks.wall(), definition=definition
+        )
         if counted.met:
             return None
         if side_effect is not SideEffect.READ and self._begun(state, tool, action):
@@ -174,7 +264,7 @@ class ApprovalGate:
             # is settled first, by the gateway. A person asked now would be asked about a
             # call that may already have run, and asked again once it is settled.
             return None
-        return counted.pending(action.id, tool.name)
+        return counted.pending(action.id, tool.name, definition=definition)
 
     def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
         """Whether the action's key is on record, settled or unknown: its call was made.
@@ -214,6 +304,38 @@ def recent(
     return {a: d for a, d in approvals.items() if _planned_in(a) >= oldest}
 
 
+@dataclass(frozen=True)
+class Denial:
+    """An action a person denied: it never ran (the model was told)."""
+
+    action: str
+    tool: str
+    decision: Decision
+
+    def describe(self) -> str:
+        """ "place_order (2:0) denied by bob: wrong sku"."""
+        why = f": {self.decision.note}" if self.decision.note else ""
+        return f"{self.tool} ({self.action}) denied by {self.decision.by}{why}"
+
+
+def denials(state: RunState) -> tuple[Denial, ...]:
+    """The actions of the run a person denied, oldest first, as its checkpoint still keeps
+    them (the last ``HISTORY_WINDOW`` iterations; the chain keeps every one)."""
+    tools: dict[str, str] = {}
+    for entry in state.history:
+        for seen in entry.get("actions") or ():
+            tools[str(seen.get("id"))] = str(seen.get("tool") or "")
+    if state.plan is not None:
+        tools.update({a.id: a.tool for a in state.plan.actions})
+    found = []
+    for action, decisions in state.approvals.items():
+        denied = next((d for d in decisions if not d.approved), None)
+        if denied is not None:
+            found.append(Denial(action, tools.get(action, "?"), denied))
+    found.sort(key=lambda d: (_planned_in(d.action), d.action))
+    return tuple(found)
+
+
 def _planned_in(action: str) -> int:
     """The iteration an action id names; an id of another shape is kept (never dropped)."""
     head = action.split(":", 1)[0]
@@ -241,99 +363,69 @@ def decide(
     groups: Collection[str] = (),
     key: str = "",
     ref: str = "",
+    definition: str = "",
+    note: str = "",
+    at: str = "",
 ) -> RunState:
     """Record a person's decision on an action the run awaits (``by`` already checked): the
     checkpoint and its ``loop.approved`` or ``loop.denied`` event, together.
 
     ``groups`` are those the person was authenticated in (admission checked them in a cluster);
-    ``key``, when given, is the idempotency key of the call the person was shown, and must be
-    the action's (a digest of its tool and arguments: a decision on other arguments is
-    refused); ``ref`` names the entry of an Approval object the decision comes from: a second
-    call with the same ``ref`` records nothing and returns the state as it is.
+    ``key`` and ``definition``, when given, are the idempotency key and the definition's
+    fingerprint of the call the person was shown, and must be the action's (a decision on other
+    arguments, or on the tool as it was before an edit, is refused); ``ref`` names the entry of
+    an Approval object the decision comes from: a second call with the same ``ref`` records
+    nothing and returns the state as it is. ``note`` is the person's reason (a rule may ask one
+    to deny); ``at``, when earlier than now, the moment the decision was made (an approval's
+    age counts from it).
     """
     decisions = state.approvals.get(action, ())
     if ref and any(d.ref == ref for d in decisions):
         return state  # this very entry is on record (an operator looking again)
-    denied = next((d for d in decisions if not d.approved), None)
-    if denied is not None:
-        raise SettleError(state.run, action, f"already denied by {denied.by}")
-    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
-    pending = {p.action: p for p in state.pending} if awaiting else {}
-    if action not in pending and decisions:
-        who = ", ".join(dict.fromkeys(d.by for d in decisions))
-        raise SettleError(state.run, action, f"already approved by {who}")
-    if not awaiting:
-        raise SettleError(state.run, action, "the run is not awaiting an approval")
-    if action not in pending:
-        awaited = ", ".join(pending) or "none"
-        raise SettleError(state.run, action, f"not awaiting approval (awaiting: {awaited})")
-    asked = pending[action]
-    if key:
-        planned = state.planned(action)
-        if planned is not None and planned.key != key:
-            raise SettleError(
-                state.run,
-                action,
-                f"was shown as the call with Idempotency-Key {key}, but the run's action is "
-                f"{planned.key}: its arguments are not the ones shown; look again",
-            )
+    asked, bound = _awaited(state, action, key=key, definition=definition)
     rule = asked.rule or ApprovalRule()
     groups = check_groups(groups)
-    if not rule.admits(groups):
-        raise SettleError(
-            state.run, action, f"{by} may not decide it: the rule asks {rule.describe()}"
-        )
     creator = state.spec.creator
     now = clocks.wall()
-    before = tally(decisions, rule, creator=creator, now=now)
-    if approved:
-        if rule.not_creator and not creator:
-            raise SettleError(
-                state.run,
-                action,
-                "its rule says not the run's creator, and the run's creator is not on record "
-                "(annotation keelgate.dev/created-by): no approval can count; deny it, or "
-                "recreate the run with its creator recorded",
-            )
-        if rule.not_creator and by == creator:
-            raise SettleError(
-                state.run,
-                action,
-                f"{by} created the run, and its rule asks for someone else ({rule.describe()})",
-            )
-        if any(d.by == by for d in before.counted):
-            raise SettleError(
-                state.run,
-                action,
-                f"{by} approved it already ({before.count}): a person counts once",
-            )
+    before = tally(decisions, rule, creator=creator, now=now, definition=bound)
+    why = refusal(
+        rule,
+        approved=approved,
+        by=by,
+        groups=groups,
+        creator=creator,
+        counted=tuple(d.by for d in before.counted),
+        note=note,
+    )
+    if why is not None:
+        raise SettleError(state.run, action, why)
     if len(decisions) >= MAX_DECISIONS:
         raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
-    decision = Decision(approved, by, utc_now(), groups, ref)
-    after = tally((*decisions, decision), rule, creator=creator, now=now)
-    verdict = "approved" if approved else "denied"
-    data: dict[str, object] = {"action": action, "tool": asked.tool, "verdict": verdict}
-    if approved and rule != ApprovalRule():
-        data["approvals"] = len(after.counted)
-        data["required"] = rule.required
-    named = sorted({g for each in rule.group_lists() for g in each} & set(groups))
-    if named:
-        data["groups"] = named
-    draft = AuditDraft(
-        f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
-        data,
-        actor=by,
-        # The first decision keeps the key a single decision always had.
-        key=f"decided:{action}" if not decisions else f"decided:{action}:{len(decisions)}",
+    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
+        raise SettleError(
+            state.run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
+        )
+    decision = Decision(
+        approved,
+        by,
+        _made_at(at),
+        groups,
+        ref,
+        definition=bound,
+        note=one_line_note(redact_text(note.strip())),
     )
+    after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
+    draft = _decided_event(asked, decision, after, prior=len(decisions))
     if after.met or not approved:
         waiting = tuple(p for p in state.pending if p.action != action)
         who = ", ".join(d.by for d in after.counted) if approved else by
         tail = f" ({after.count})" if approved and rule.required > 1 else ""
+        verdict = "approved" if approved else "denied"
         message = f"{asked.tool} ({action}) {verdict} by {who}{tail}; resume to continue"
     else:
         waiting = tuple(
-            after.pending(action, asked.tool) if p.action == action else p for p in state.pending
+            after.pending(action, asked.tool, definition=bound) if p.action == action else p
+            for p in state.pending
         )
         left = rule.required - len(after.counted)
         message = (
@@ -348,3 +440,104 @@ def decide(
     )
     # No active time passes while a person decides: this save adds none.
     return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
+
+
+def _awaited(
+    state: RunState, action: str, *, key: str, definition: str
+) -> tuple[PendingApproval, str]:
+    """The question the run puts to people about ``action`` now, and the fingerprint of the
+    definition its call is bound to; refused (``SettleError``, in words) if the run does not
+    await a decision on it, it was denied, or the person was shown another call (``key``) or
+    the tool as it was before an edit (``definition``)."""
+    decisions = state.approvals.get(action, ())
+    denied = next((d for d in decisions if not d.approved), None)
+    if denied is not None:
+        raise SettleError(state.run, action, f"already denied by {denied.by}")
+    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
+    pending = {p.action: p for p in state.pending} if awaiting else {}
+    if action not in pending and decisions:
+        who = ", ".join(dict.fromkeys(d.by for d in decisions))
+        raise SettleError(state.run, action, f"already approved by {who}")
+    if not awaiting:
+        raise SettleError(state.run, action, "the run is not awaiting an approval")
+    if action not in pending:
+        awaited = ", ".join(pending) or "none"
+        raise SettleError(state.run, action, f"not awaiting approval (awaiting: {awaited})")
+    asked = pending[action]
+    planned = state.planned(action)
+    if key and planned is not None and planned.key != key:
+        raise SettleError(
+            state.run,
+            action,
+            f"was shown as the call with Idempotency-Key {key}, but the run's action is "
+            f"{planned.key}: its arguments are not the ones shown; look again",
+        )
+    bound = fingerprint(planned.definition) if planned is not None else asked.definition
+    if definition and bound and definition != bound:
+        raise SettleError(
+            state.run,
+            action,
+            f"was shown with its tool's definition {definition}, but the call is now bound to "
+            f"{bound}: the tool was changed since; look again",
+        )
+    return asked, bound
+
+
+def _decided_event(
+    asked: PendingApproval, decision: Decision, after: Tally, *, prior: int
+) -> AuditDraft:
+    """The ``loop.approved`` or ``loop.denied`` event of ``decision`` (``prior``: how many the
+    action had before it): the count after it for a rule of several, the rule's groups the
+    person was in, the note, and the definition it was made on; never the call's arguments."""
+    verdict = "approved" if decision.approved else "denied"
+    rule = after.rule
+    data: dict[str, object] = {"action": asked.action, "tool": asked.tool, "verdict": verdict}
+    if decision.approved and rule != ApprovalRule():
+        data["approvals"] = len(after.counted)
+        data["required"] = rule.required
+    named = sorted({g for each in rule.group_lists() for g in each} & set(decision.groups))
+    if named:
+        data["groups"] = named
+    if decision.note:
+        data["note"] = decision.note
+    if decision.definition:
+        data["definition"] = decision.definition
+    action = asked.action
+    return AuditDraft(
+        f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
+        data,
+        actor=decision.by,
+        # The first decision keeps the key a single decision always had.
+        key=f"decided:{action}" if not prior else f"decided:{action}:{prior}",
+    )
+
+
+#: The longest note a decision keeps (an Approval entry's bound).
+NOTE_MAX = 1024
+
+
+def one_line_note(note: str) -> str:
+    """A note as a record keeps it: one line (line breaks become spaces), at most
+    ``NOTE_MAX`` characters."""
+    flat = " ".join(note.split())
+    return flat if len(flat) <= NOTE_MAX else flat[: NOTE_MAX - 3] + "..."
+
+
+def _made_at(stated: str) -> str:
+    """When a decision counts from: the moment ``stated`` (UTC ISO 8601) if it is earlier than
+    now, else now. A stated moment can only make an approval older (count for less), never
+    younger: one in the future, or unreadable, is now."""
+    now = utc_now()
+    if not stated:
+        return now
+    try:
+        moment = seconds(stated)
+    except ValueError:
+        return now
+    if moment >= seconds(now):
+        return now
+    return (
+        dt.datetime.fromtimestamp(moment, dt.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )

@@ -21,7 +21,12 @@ GENESIS = "0" * 64
 
 
 def utc_now() -> str:
-    moment = datetime.fromtimestamp(clocks.wall(), UTC)
+    return utc_iso_millis(clocks.wall())
+
+
+def utc_iso_millis(seconds: float) -> str:
+    """Seconds since the epoch as UTC ISO 8601 to the millisecond, as the chain writes times."""
+    moment = datetime.fromtimestamp(seconds, UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

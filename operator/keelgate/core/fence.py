@@ -28,6 +28,9 @@ carried by a context variable, so it follows the tool into threads started with 
 any copy of the context), and a Keelgate tool asked to send for a WRITE with none in reach
 refuses (``for_sending``) rather than sends unfenced.
 Once the gateway has taken the call's outcome (``Invocation.end``), nothing more of it is sent.
+A request that left in time does not outlive the deadline either: Keelgate's tools cut each
+exchange there, whatever the server sends (``keelgate.core.cutoff``), since a settlement "not
+executed" assumes that no request of the call is still open once the store's deadline has passed.
 
 This module must never extend a deadline, never read a wall clock for a fence, and never let a
 refusal it raises read as anything but "nothing was sent by this request".

@@ -26,6 +26,7 @@ from typing import Any
 
 from keelgate.core import failpoints, fence
 from keelgate.core.audit import AuditDraft
+from keelgate.core.calls import CONFIRMER_PARTS, Definition, changed_parts, fingerprint
 from keelgate.core.protocols import AuditLog, Completion, Confirmer, IdempotencyStore, Tool
 from keelgate.core.types import (
     Action,
@@ -120,6 +121,7 @@ class Gateway:
         run: str,
         allowed: frozenset[SideEffect],
         emit: Callable[[AuditDraft], None],
+        definitions: Mapping[str, Definition] | None = None,
         confirmer: Confirmer | None = None,
         busy_wait: float = 5.0,
         durable_start: bool = False,
@@ -134,6 +136,10 @@ class Gateway:
         self.run = run
         self.allowed = allowed
         self.emit = emit
+        # What decides each tool's call now (``core.calls``): a call goes out only under the
+        # definition its action is bound to, and a confirmer vouches only for a call made under
+        # the definition in force. None: not checked (a caller that binds no definitions).
+        self.definitions = definitions
         self.confirmer = confirmer
         self.busy_wait = busy_wait
         # True when the key store also holds the audit chain: a WRITE's start event then
@@ -206,15 +212,28 @@ class Gateway:
         )
         return None if record is None else self._existing(action, record)
 
+    def _rebound(self, action: Action) -> list[str] | None:
+        """The parts of the tool's definition that differ from the one ``action`` is bound to
+        (None: the same, or not known on either side)."""
+        if self.definitions is None or not action.definition:
+            return None
+        now = self.definitions.get(action.tool)
+        if now is None or now == action.definition:
+            return None
+        return changed_parts(action.definition, now)
+
     def _started(self, tool: Tool, action: Action, side_effect: SideEffect) -> AuditDraft:
+        data: dict[str, Any] = {
+            "action": action.id,
+            "tool": tool.name,
+            "sideEffect": side_effect.value,
+            "idempotencyKey": action.key if side_effect is not SideEffect.READ else None,
+        }
+        if action.definition:
+            data["definition"] = fingerprint(action.definition)  # what the call went out under
         return AuditDraft(
             "loop.action_started",
-            {
-                "action": action.id,
-                "tool": tool.name,
-                "sideEffect": side_effect.value,
-                "idempotencyKey": action.key if side_effect is not SideEffect.READ else None,
-            },
+            data,
             # Unique per real start, so re-appending it from an outbox after a crash is a no-op
             # while a READ genuinely run again after a crash is recorded again.
             key=f"started:{action.id}:{uuid.uuid4().hex[:12]}",
@@ -238,6 +257,20 @@ class Gateway:
         after: int | None,
         still_let_through: Callable[[], bool] | None,
     ) -> ActionResult:
+        changed = self._rebound(action)
+        if changed is not None:
+            # The call approved (or planned) is not the one this tool would send: it is never
+            # sent, and its key is not claimed (the session binds an action to the definition
+            # in force before asking for approvals; this is the last door, should it not have).
+            existing = self.recorded(action)
+            if existing is not None:
+                return existing
+            return ActionResult(
+                action.id,
+                ResultStatus.REFUSED,
+                error=f"{tool.name}: its definition changed since the call was planned "
+                f"({', '.join(changed)}); nothing was sent",
+            )
         seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
         for attempt in range(FENCE_ATTEMPTS):
             if attempt and still_let_through is not None and not still_let_through():
@@ -507,6 +540,19 @@ class Gateway:
 
     def _unknown(self, action: Action, record: KeyRecord) -> ActionResult:
         unknown = self._unknown_action(action, record)
+        changed = [p for p in self._rebound(action) or () if p not in CONFIRMER_PARTS]
+        if changed:
+            # The call was made under an earlier definition of its tool: the confirmer in
+            # force now may ask another system than the one the call went to, so only a
+            # person settles it, by what the call was when it was made. (A confirmer added or
+            # changed since is asked: vouching for calls already made is what it is for.)
+            log.warning(
+                "%s %s: made under an earlier definition (%s): left for a person",
+                self.run,
+                action.id,
+                ", ".join(changed),
+            )
+            raise UnknownOutcomeStop(unknown)
         settlement = self._ask_confirmer(unknown, action)
         if settlement is not None and not settlement.executed and record.sendable:
             # A process held up before sending may still send it until its deadline: "not

@@ -236,12 +236,17 @@ class Loop:
         groups: Collection[str] = (),
         key: str = "",
         ref: str = "",
+        definition: str = "",
+        note: str = "",
+        at: str = "",
     ) -> Outcome:
         """Record one person's decision on an action that awaits approval. Any no denies it
         (it never runs; the model sees it); it runs once its rule's approvals are recorded,
         each by a different person in the rule's groups (``groups``: those the person was
-        authenticated in). ``key``, when given, must be the action's idempotency key (the call
-        the person was shown); ``ref`` makes recording an Approval object's entry idempotent
+        authenticated in). ``key`` and ``definition``, when given, must be the action's
+        idempotency key and its tool definition's fingerprint (the call the person was shown);
+        ``ref`` makes recording an Approval object's entry idempotent; ``note`` is the
+        person's reason, ``at`` when they decided, if earlier
         (``keelgate.core.approvals.decide``)."""
         check_actor(by)
         state = self.state(tenant, run)
@@ -254,6 +259,9 @@ class Loop:
             groups=groups,
             key=key,
             ref=ref,
+            definition=definition,
+            note=note,
+            at=at,
         )
         outcome = decided.outcome()
         if decided is state:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from keelgate.core import failpoints, telemetry
-from keelgate.core.approvals import ApprovalGate, recent, rule_of
+from keelgate.core.approvals import ApprovalGate, is_service_account, recent, rule_of
 from keelgate.core.audit import AuditDraft
 from keelgate.core.budgets import Budgets
+from keelgate.core.calls import Definition, changed_parts, definition_of, fingerprint
 from keelgate.core.gateway import Gateway, LetThroughNoMore, UnknownOutcomeStop, describe
 from keelgate.core.model import Model, ModelReply, ModelRequest, ToolInfo
 from keelgate.core.persistence import Checkpointer
@@ -110,6 +111,11 @@ class Session:
             price=loop.price(),
             price_model=loop.price_model,
         )
+        # What decides each tool's call now (``core.calls``): a planned action is bound to it,
+        # and its approvals count only while it is the one they were given for.
+        self.definitions: dict[str, Definition] = {
+            name: definition_of(tool, loop.confirmer) for name, tool in loop.tools.items()
+        }
         self.approvals = ApprovalGate(
             loop.tools,
             loop.stores.idempotency,
@@ -124,6 +130,7 @@ class Session:
             run=spec.run,
             allowed=spec.side_effects,
             emit=self.checkpoints.pending.append,
+            definitions=self.definitions,
             confirmer=loop.confirmer,
             busy_wait=loop.busy_wait,
             durable_start=loop.stores.capabilities.claim_with_event,
@@ -154,15 +161,18 @@ class Session:
             state = RunState(
                 spec=self.spec, trace=self.tracer.new_run() if self.tracer.enabled else None
             )
-            return self.checkpoints.save(
-                state,
-                AuditDraft(
-                    "loop.started",
-                    # A goal is text a person wrote: a secret in it must not live on in the chain.
-                    {"kind": self.spec.kind.value, "goal": redact_text(self.spec.goal)},
-                    key="started",
-                ),
-            )
+            started: dict[str, Any] = {
+                "kind": self.spec.kind.value,
+                # A goal is text a person wrote: a secret in it must not live on in the chain.
+                "goal": redact_text(self.spec.goal),
+            }
+            if self.spec.creator:
+                # Who created it, as admission recorded them; a ServiceAccount is said to be one:
+                # notCreator cannot tell who acted through it (impersonation, its token).
+                started["creator"] = self.spec.creator
+                if is_service_account(self.spec.creator):
+                    started["creatorIsServiceAccount"] = True
+            return self.checkpoints.save(state, AuditDraft("loop.started", started, key="started"))
         state = RunState.from_json(checkpoint.state).but(seq=checkpoint.seq)
         if state.trace is None and self.tracer.enabled:
             state = state.but(trace=self.tracer.new_run())  # saved with the next checkpoint
@@ -300,6 +310,7 @@ class Session:
                     idempotency_key(state.tenant, state.run, call.tool, call.args),
                     self._side_effect_of(call.tool),
                     *self._approval_of(call.tool),
+                    definition=self.definitions.get(call.tool, {}),
                 )
                 for index, call in enumerate(reply.actions)
             )
@@ -348,6 +359,10 @@ class Session:
             failpoints.hit("after_observe")
             return state
         resumed = plan.iteration not in self.planned_here
+        if resumed:
+            state = self._bound_now(state, remaining)
+            assert state.plan is not None
+            remaining = [a for a in state.plan.actions if state.result_of(a.id) is None]
         for number, action in enumerate(remaining, start=1):
             tool = self.loop.tools.get(action.tool)
             side_effect = action.side_effect if tool is None else tool.side_effect
@@ -409,6 +424,61 @@ class Session:
             elif self.asked_to_stop():
                 return state  # the next process acts on the plan's remaining actions
         return state
+
+    def _bound_now(self, state: RunState, remaining: Sequence[Action]) -> RunState:
+        """The state whose saved actions are bound to their tools' definitions now, where a
+        manifest edit changed one and no call of the action is on record (``core.calls``).
+
+        Such an action is a call not yet made: the call that runs is the one of the tool as it
+        is now, and an approval given for the earlier definition no longer counts (the gate
+        asks again); the chain says which parts changed and whose approvals were voided. An
+        action with a call on record keeps its definition: what is on record decides (its
+        result replayed, its unknown outcome settled), and nothing is sent again under its key,
+        to the new definition least of all. An action saved before definitions were is bound
+        without a word (what it was planned under is not known)."""
+        assert state.plan is not None
+        rebound: dict[str, Action] = {}
+        drafts: list[AuditDraft] = []
+        for action in remaining:
+            now = self.definitions.get(action.tool)
+            if now is None or action.definition == now:
+                continue
+            if self.stores.idempotency.get(state.tenant, action.key) is not None:
+                continue  # its call was made under the definition it is bound to
+            rebound[action.id] = replace(action, definition=now)
+            if not action.definition:
+                continue
+            was = fingerprint(action.definition)
+            voided = [
+                d.by
+                for d in state.approvals.get(action.id, ())
+                if d.approved and d.definition in ("", was)
+            ]
+            drafts.append(
+                AuditDraft(
+                    "loop.call_changed",
+                    {
+                        "action": action.id,
+                        "tool": action.tool,
+                        "changed": changed_parts(action.definition, now),
+                        "voided": list(dict.fromkeys(voided)),
+                    },
+                    key=f"call_changed:{action.id}:{fingerprint(now)}",
+                )
+            )
+            log.warning(
+                "%s/%s: %s (%s) changed since it was planned (%s)%s",
+                state.tenant,
+                state.run,
+                action.tool,
+                action.id,
+                ", ".join(changed_parts(action.definition, now)),
+                f": the approvals of {', '.join(voided)} no longer count" if voided else "",
+            )
+        if not rebound:
+            return state
+        plan = replace(state.plan, actions=tuple(rebound.get(a.id, a) for a in state.plan.actions))
+        return self.checkpoints.save(state.but(plan=plan), *drafts)
 
     def _next_result(
         self, state: RunState, action: Action, *, resumed: bool

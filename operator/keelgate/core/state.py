@@ -72,12 +72,23 @@ class Decision(JsonValue):
 
     approved: bool
     by: str
-    at: str  # when it was recorded (UTC ISO 8601): an approval's age is counted from here
+    # When it was made (UTC ISO 8601): an approval's age is counted from here. Recorded at once
+    # (the CLI, Python), it is the moment of recording; from an Approval object, the earlier of
+    # the moment its entry states and the moment the operator first saw the entry.
+    at: str
     # The groups the API server authenticated the person in (as the decision said, admission
-    # checked); and, for a decision recorded from an Approval object, which entry of it (so
-    # the operator records each entry once, whatever happens in between).
+    # checked); and, for a decision recorded from an Approval object, the entry's identity
+    # (the object's uid and the version of it the entry was added to, which admission
+    # stamps: ``kube.controller.approvals``),
+    # so each entry is recorded once, whatever happens in between, and never taken for another.
     groups: Annotated[tuple[str, ...], OMIT_EMPTY] = ()
     ref: Annotated[str, OMIT_EMPTY] = ""
+    # The fingerprint of the call's definition it was made on (``core.calls``): it counts only
+    # while the action is bound to that definition. Empty: recorded before definitions were,
+    # and counted as it always was.
+    definition: Annotated[str, OMIT_EMPTY] = ""
+    # Why, in the person's words (redacted as a goal is): on the chain, the Approval, the events.
+    note: Annotated[str, OMIT_EMPTY] = ""
 
 
 def _spec_json(spec: LoopSpec) -> Mapping[str, Any]:

@@ -237,10 +237,11 @@ def endpoint_set(environ: Mapping[str, str]) -> bool:
         return False
     if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
         return False
-    return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
+    return any(environ.get(name) for name in ENDPOINT_VARIABLES)
+
+
+#: The OpenTelemetry SDK's variables that name where traces go (the first set wins).
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
 # What an outgoing call of a tool should carry to join the trace (W3C trace context headers),

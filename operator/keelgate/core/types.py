@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -262,10 +262,24 @@ class ApprovalRule(JsonValue):
             "rule combined with a stricter one keeps both lists)."
         ),
     ] = ()
+    service_accounts: Annotated[
+        bool,
+        OMIT_EMPTY,
+        Field(
+            description="ServiceAccounts may decide too (by default only people do: a "
+            "ServiceAccount is anyone who holds its token or may impersonate it)."
+        ),
+    ] = False
+    reason_to_deny: Annotated[
+        bool,
+        OMIT_EMPTY,
+        Field(description="A deny must say why (its note): one with no reason is refused."),
+    ] = False
 
     def stricter(self, other: ApprovalRule | None) -> ApprovalRule:
         """The rule asking what both ask: the higher count, the shorter expiry, not the
-        creator if either says so, and each rule's groups."""
+        creator if either says so, each rule's groups, ServiceAccounts only if both let them,
+        a reason to deny if either asks one."""
         if other is None or other == self:
             return self
         lists: list[tuple[str, ...]] = []
@@ -279,6 +293,8 @@ class ApprovalRule(JsonValue):
             not_creator=self.not_creator or other.not_creator,
             expires_after=min(expiries) if expiries else None,
             also_groups=tuple(lists[1:]),
+            service_accounts=self.service_accounts and other.service_accounts,
+            reason_to_deny=self.reason_to_deny or other.reason_to_deny,
         )
 
     def group_lists(self) -> tuple[tuple[str, ...], ...]:
@@ -303,6 +319,10 @@ class ApprovalRule(JsonValue):
         if self.expires_after is not None:
             each = "each " if self.required != 1 else ""
             parts.append(f"{each}counting for {format_seconds(self.expires_after)}")
+        if self.service_accounts:
+            parts.append("ServiceAccounts counting")
+        if self.reason_to_deny:
+            parts.append("a deny with its reason")
         return ", ".join(parts)
 
 
@@ -335,6 +355,11 @@ class Action(JsonValue):
     # groups, not the creator, an expiry); ``requires_approval`` is then true too, so a reader
     # that predates rules still asks for one.
     approval: Annotated[ApprovalRule | None, OMIT_NONE] = None
+    # What decides the call's effect, as digests of the tool's definition (``core.calls``): the
+    # definition the call is bound to. Set when planned; bound again to the tool's definition
+    # now only while no call of it is on record (a manifest edit, which voids its approvals).
+    # Empty for an action saved before definitions were (it is bound at its first look).
+    definition: Annotated[Mapping[str, str], OMIT_EMPTY] = field(default_factory=dict)
 
     def approval_rule(self) -> ApprovalRule | None:
         """The approval rule the action was planned under (None: it needed none)."""
@@ -487,6 +512,15 @@ class PendingApproval(JsonValue):
         Field(
             description="When the first approval that counts stops counting (UTC), unless the "
             "call has run by then."
+        ),
+    ] = ""
+    definition: Annotated[
+        str,
+        OMIT_EMPTY,
+        Field(
+            description="The fingerprint of the tool's definition the call is bound to (its "
+            "method, URL, headers' names, server, callable, confirmer): approvals count for "
+            "this definition only, and an edit that changes it asks again."
         ),
     ] = ""
 

@@ -331,14 +331,15 @@ def step_pod(
     }
 
 
-def reconciliation(run: Mapping[str, Any], unknown: UnknownAction) -> JSON:
-    """The Reconciliation a person edits to settle one unknown outcome."""
+def reconciliation(run: Mapping[str, Any], unknown: UnknownAction, *, name: str = "") -> JSON:
+    """The Reconciliation a person edits to settle one unknown outcome (``name``: the one
+    found in use, else the computed one)."""
     meta = run["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": "Reconciliation",
         "metadata": {
-            "name": action_object_name(meta["name"], unknown.action, unknown.tool),
+            "name": name or action_object_name(meta["name"], unknown.action, unknown.tool),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
@@ -352,15 +353,16 @@ def reconciliation(run: Mapping[str, Any], unknown: UnknownAction) -> JSON:
     }
 
 
-def approval(run: Mapping[str, Any], pending: PendingApproval, key: str) -> JSON:
+def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name: str = "") -> JSON:
     """The Approval people edit to let one action run, or deny it: for the call whose
-    idempotency key is ``key``, with an empty list of decisions for them to append to."""
+    idempotency key is ``key``, with an empty list of decisions for them to append to
+    (``name``: the one found in use, else the computed one)."""
     meta = run["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": "Approval",
         "metadata": {
-            "name": approval_name(run, pending),
+            "name": name or approval_name(run, pending),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],

@@ -8,8 +8,10 @@ tools read: ``Succeeded`` (``kubectl wait --for=condition=Succeeded``), ``Outcom
 spec: read as failed), plus ``Ready``. A run that waits for a person is neither reconciling nor
 stalled: it is at rest until someone acts. ``LateResult`` is there (True) only while the run lists
 a call that ended after someone else had settled its key: the settlement stands, and a person
-should look at what really happened. This module is pure: it never talks to a cluster or a
-store, and never puts a tool's argument or a secret into status.
+should look at what really happened; ``Denied`` likewise only while the run keeps an action a
+person denied (it never ran: a run that met its goal did so without it). This module is pure:
+it never talks to a cluster or a store, and never puts a tool's argument or a secret into
+status.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class RunView:
     # run rests, is stalled or suspended), shown whatever the checkpoint's stop says; None: as
     # the checkpoint's stop lists them.
     unknown: tuple[UnknownAction, ...] | None = None
+    # The actions a person denied, in words ("place_order (2:0) denied by bob: wrong sku"): a
+    # run that met its goal without them says so (the Denied condition).
+    denied: tuple[str, ...] = ()
 
 
 def phase_of(view: RunView) -> RunPhase:
@@ -186,6 +191,8 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         late_results=() if outcome is None else outcome.late_results,
     )
     conditions = [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled]
+    if view.denied:
+        conditions.append(cond("Denied", "True", "ActionDenied", "; ".join(view.denied)))
     if run_status.late_results:
         conditions.append(
             cond(

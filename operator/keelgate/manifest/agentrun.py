@@ -218,6 +218,18 @@ class ApprovalConfig(KeelgateModel):
         "expire.",
     )
 
+    service_accounts: StrictBool = Field(
+        default=False,
+        description="ServiceAccounts may decide (approve or deny) too. Default: people only: a "
+        "ServiceAccount is whoever holds its token or may impersonate it, so two of them can be "
+        "one person, and notCreator cannot tell who acted through one.",
+    )
+    reason_to_deny: StrictBool = Field(
+        default=False,
+        description="A deny must give its reason (the decision's note, kubectl keelgate approve "
+        "--deny --note): one without is refused, and the reason is shown to everyone waiting.",
+    )
+
     @field_validator("groups")
     @classmethod
     def _each_once(cls, value: list[str]) -> list[str]:
@@ -241,6 +253,8 @@ class ApprovalConfig(KeelgateModel):
             expires_after=None
             if self.expires_after is None
             else float(duration_seconds(self.expires_after)),
+            service_accounts=self.service_accounts,
+            reason_to_deny=self.reason_to_deny,
         )
 
 

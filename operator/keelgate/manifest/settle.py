@@ -100,7 +100,26 @@ class ApprovalDecision(KeelgateModel):
     )
     approved: StrictBool = Field(description="true: approve (run it); false: deny it (final).")
     note: Annotated[str, StringConstraints(max_length=1024)] = Field(
-        default="", description="Why, for the audit trail's readers."
+        default="",
+        description="Why, for the audit trail's readers (and the Events and the inbox); a rule "
+        "with reasonToDeny refuses a deny without one.",
+    )
+    at: Timestamp = Field(
+        default="",
+        description="When the person decided (RFC 3339), as their client says: an approval "
+        "counts from the earlier of this and when the operator first saw the entry.",
+    )
+    definition: str = Field(
+        default="",
+        description="The fingerprint of the tool's definition the person was shown (the "
+        "Approval's status.definition): a decision on another one is not counted. Admission "
+        "fills it from the status when the entry leaves it out.",
+    )
+    id: str = Field(
+        default="",
+        description="Set by admission: the resourceVersion of the Approval the entry was added "
+        "to (one entry per request, so no two entries of an object share one), its identity "
+        "with the object's uid. A client may not set another.",
     )
 
 
@@ -126,6 +145,16 @@ class ApprovalSpec(KeelgateModel):
     )
     by: str = Field(default="", description="Who decided; must be the requesting user.")
     note: str = Field(default="", description="Why, for the audit trail's readers.")
+    decided_at: Timestamp = Field(
+        default="",
+        description="The one-decision form: when the person decided (RFC 3339), as their "
+        "client says (the earlier of this and when the operator first saw it counts).",
+    )
+    decision_id: str = Field(
+        default="",
+        description="Set by admission with approved: the resourceVersion of the Approval it was "
+        "set on, the decision's identity with the object's uid. A client may not set another.",
+    )
 
     @model_validator(mode="after")
     def _decided_by_someone(self) -> ApprovalSpec:
@@ -157,6 +186,17 @@ class ApprovalStatus(KeelgateModel):
         "the call has run by then, it is asked for again.",
     )
     asks: str = Field(default="", description="The rule, in words: who must approve.")
+    definition: str = Field(
+        default="",
+        description="The fingerprint of the tool's definition the call is bound to (its method, "
+        "URL, headers' names, server, callable, confirmer): approvals count for it only, and an "
+        "edit of the tool that changes it asks again.",
+    )
+    service_accounts: StrictBool = Field(
+        default=False,
+        description="Whether ServiceAccounts may decide (the rule's serviceAccounts): admission "
+        "refuses their entries otherwise.",
+    )
     decided: NonNegativeInt = Field(
         default=0,
         description="Decisions on record in the store for the action (each is told once).",

@@ -27,7 +27,7 @@ from keelgate.core.model import Model
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.tracing import NO_TRACING, Tracer
-from keelgate.errors import InputError, ToolError
+from keelgate.errors import InputError, MissingExtra, ToolError
 from keelgate.manifest import AgentRunSpec, ModelConfig, Provider, ToolConfig, spec_from_manifest
 
 # (the model, where its code is imported from) -> Model
@@ -209,6 +209,7 @@ def _python_tool(tool: ToolConfig, where: str, callables: CallableLoader) -> Too
         description=tool.description,
         input_schema=schema if schema is not None else {"type": "object"},
         timeout_seconds=tool.timeout_seconds,
+        reference=tool.python.callable,
     )
 
 
@@ -291,11 +292,7 @@ def _adapter(name: str, *, field: str, what: str = "", extra: str = "") -> Modul
             raise InputError(field, f"{label} is not available yet") from None
         missing = (error.name or "").split(".")[0]
         if extra:
-            raise InputError(
-                field,
-                f"{what or extra} needs the {extra} extra: pip install 'keelgate[{extra}]' "
-                f"({missing} is not installed)",
-            ) from None
+            raise MissingExtra(extra, field=field, what=what or extra, module=missing) from None
         raise InputError(
             field, f"needs the Python package {missing!r}, which is not installed"
         ) from None

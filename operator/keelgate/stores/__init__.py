@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keelgate.core.protocols import Capabilities, Stores
-from keelgate.errors import InputError, StoreUnavailable
+from keelgate.errors import InputError, MissingExtra, StoreUnavailable
 
 DEFAULT_URL = "sqlite:///./.keelgate/keelgate.db"
 
@@ -110,20 +110,25 @@ def sqlite_path(url: str) -> str:
 
 
 def _needs_extra(scheme: str, extra: str, missing: ImportError) -> InputError:
-    return InputError(
-        "--store",
-        f"{scheme}:// stores need the {extra} extra: pip install 'keelgate[{extra}]' "
-        f"({missing.name or 'a module'} is not installed)",
+    what = f"a {scheme}:// store"
+    return MissingExtra.of(missing, field="--store", what=what) or MissingExtra(
+        extra, field="--store", what=what, module=missing.name or ""
     )
 
 
-def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
+def open_stores(
+    url: str = DEFAULT_URL, *, pooled: bool = True, tenant_sessions: int | None = None
+) -> Stores:
     """Open the stores a URL names: ``sqlite:///PATH``, ``postgresql://...``, ``memory://``,
     or ``langgraph+sqlite:///PATH`` (checkpoints through a LangGraph saver).
 
     ``pooled=False`` is for a short-lived process with one thread of work (a step pod): a
     PostgreSQL store then holds one server session, not a pool beside its owner session. The
-    other stores have one connection either way."""
+    other stores have one connection either way. The operator's role on a PostgreSQL home
+    database, and the administrator's where a tenant has a database of its own, serve each such
+    tenant on its database (``TenantDatabases``), keeping at most
+    ``tenant_sessions`` (default ``tenant_databases.MOST_OPEN``) of their sessions open beyond
+    those in use."""
     scheme = _parse(url).kind
     if scheme == "sqlite":
         from keelgate.stores.sqlite import SQLiteStore
@@ -137,6 +142,11 @@ def open_stores(url: str = DEFAULT_URL, *, pooled: bool = True) -> Stores:
             raise _needs_extra(scheme, "postgres", missing) from None
 
         pg = PostgresStore(url, pooled=pooled)
+        if pg.routes_tenants:
+            # Tenants with databases of their own (`keelgate tenant add`) are served there.
+            from keelgate.stores.tenant_databases import MOST_OPEN, TenantDatabases
+
+            return Stores.of(TenantDatabases(pg, most_open=tenant_sessions or MOST_OPEN))
         return Stores.of(pg)
     if scheme == "memory":
         from keelgate.stores.memory import MemoryStore

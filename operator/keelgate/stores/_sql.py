@@ -46,11 +46,13 @@ from keelgate.errors import (
     SettleTooEarly,
     StaleCheckpoint,
     StaleClaim,
+    StoreBusy,
     StoreError,
     StoreUnavailable,
     UnreadableEvent,
 )
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
+from keelgate.stores._isolation_ddl import isolation_ddl
 from keelgate.stores._json import dumps, loads
 
 T = TypeVar("T")
@@ -276,7 +278,9 @@ DEFAULT_LOCK_LIMIT = 64  # runs a tenant's sessions may drive at once, unless se
 # - ``keelgate_owner_alive(id)`` judges an owner without reading the lock table (which a
 #   tenant's role need not see, and whose every read costs time in proportion to all the locks
 #   on the server, another tenant's included): a shared lock on the id is granted at once
-#   unless the owner's session holds it, and is given back at once. The owner's own session,
+#   unless the owner's session holds it, and is given back at once (migration 7 replaces the
+#   two statements with a transaction-level lock: a cancel between them left it held). The
+#   owner's own session,
 #   where it would be granted as well, knows its id (a setting the take makes: a session that
 #   changes it misjudges only what it reads itself).
 # - ``keelgate_lock_run(tenant, run)`` takes a run's driver lock only for the caller's own tenant
@@ -441,6 +445,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         6,
         "the database sets each audit event's writer",
         _AUDIT_WRITER_6,
+        backends=("postgresql",),
+    ),
+    Migration(
+        7,
+        "lock functions that leave nothing held and tell nothing of others; tenant databases",
+        isolation_ddl(
+            legacy_owner_space=LEGACY_OWNER_SPACE, driver_space=DRIVER_SPACE, readers=_EITHER
+        ),
         backends=("postgresql",),
     ),
 )
@@ -773,11 +785,16 @@ class SQLStore(HoldsOwner, ABC):
         owned = self._owned()
         return bool(owner in owned) if isinstance(owned, list) else bool(owner == owned)
 
-    def _durably(self, attempt: Callable[[bool], T], *, result: bool = False) -> T:
+    def _durably(self, attempt: Callable[[bool], T], *, result: bool = False, what: str = "") -> T:
         """Run ``attempt(again=False)``, and again (``again=True``) while the store cannot be
         reached or written (``StoreUnavailable``: a server restart, a failover, an ended
         session, a full disk, a file locked past its busy timeout), for ``patience`` seconds,
         or ``result_patience`` for the commit of a WRITE's result (``result``).
+
+        A statement given up after its bounded wait (``StoreBusy``: another session held a lock
+        past the store's ``lock_timeout``) is repeated only for the commit of a WRITE's result:
+        anything else is the caller's to try again, so that a wait never holds this process's
+        session and thread longer than the bound. It is raised naming ``what`` was waiting.
 
         Every operation here is safe to repeat: reads, and writes that are compare-and-sets. A
         write whose acknowledgement was lost may have landed: ``again`` tells the attempt to
@@ -787,15 +804,23 @@ class SQLStore(HoldsOwner, ABC):
         if self._given_up:
             self._let_go_now()
         patience = max(self.patience, self.result_patience) if result else self.patience
-        if patience <= 0:
-            return attempt(False)
         give_up = clocks.boot() + patience
         pause, again = 0.0, False
         while True:
             try:
                 return attempt(again)
+            except StoreBusy as error:
+                busy = error.doing(what) if what else error
+                if (
+                    patience <= 0
+                    or not result
+                    or not self._may_repeat()
+                    or clocks.boot() + pause > give_up
+                ):
+                    raise busy from None
+                log.warning("%s; trying again", busy.message)
             except StoreUnavailable as error:
-                if not self._may_repeat() or clocks.boot() + pause > give_up:
+                if patience <= 0 or not self._may_repeat() or clocks.boot() + pause > give_up:
                     raise
                 log.warning("%s; trying again", error.message)
             clocks.sleep(pause)
@@ -846,7 +871,7 @@ class SQLStore(HoldsOwner, ABC):
                     if not (again and self._landed(conn, tenant, run, seq, text)):
                         raise
 
-        self._durably(attempt)
+        self._durably(attempt, what=f"saving checkpoint {seq} of run {run!r}")
 
     def _save(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> None:
         if conn.execute(self.sql.save, (tenant, run, seq, text)).rowcount == 1:
@@ -888,7 +913,7 @@ class SQLStore(HoldsOwner, ABC):
                 raise
             self._heads[(tenant, run)] = head
 
-        self._durably(attempt)
+        self._durably(attempt, what=f"saving checkpoint {seq} of run {run!r}")
 
     def _holds_checkpoint(self, tenant: str, run: str, seq: int, text: str) -> bool:
         with self._statement() as conn:
@@ -929,7 +954,14 @@ class SQLStore(HoldsOwner, ABC):
                 raise
 
         keys = [(tenant, completion.key) for completion in completions]
-        return self._ending(keys, lambda: self._durably(attempt, result=True))
+        return self._ending(
+            keys,
+            lambda: self._durably(
+                attempt,
+                result=True,
+                what=f"saving checkpoint {seq} of run {run!r} with its results",
+            ),
+        )
 
     def _completing_once(
         self,
@@ -1015,7 +1047,10 @@ class SQLStore(HoldsOwner, ABC):
         return tuple(key for key in keys if key not in completed)
 
     def load(self, tenant: str, run: str) -> Checkpoint | None:
-        row = self._durably(lambda again: self._one(self.sql.load, (tenant, run)))
+        row = self._durably(
+            lambda again: self._one(self.sql.load, (tenant, run)),
+            what=f"reading the checkpoint of run {run!r}",
+        )
         if row is None:
             return None
         return Checkpoint(tenant, run, int(row[0]), json.loads(row[1]))
@@ -1025,7 +1060,10 @@ class SQLStore(HoldsOwner, ABC):
             with self._statement() as conn:
                 return conn.execute(self.sql.runs, (tenant, tenant)).fetchall()
 
-        return [RunRef(str(t), str(r), int(s)) for t, r, s in self._durably(attempt)]
+        return [
+            RunRef(str(t), str(r), int(s))
+            for t, r, s in self._durably(attempt, what="listing runs")
+        ]
 
     def revisions(self, runs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, int]]:
         """RunRevisions: one statement per ``REVISIONS_CHUNK`` runs, each run's checkpoint seq
@@ -1042,7 +1080,7 @@ class SQLStore(HoldsOwner, ABC):
                 with self._statement() as conn:
                     return conn.execute(sql, params).fetchall()
 
-            for tenant, run, seq, head in self._durably(attempt):
+            for tenant, run, seq, head in self._durably(attempt, what="reading runs' revisions"):
                 found[(str(tenant), str(run))] = (int(seq), int(head))
         return found
 
@@ -1073,10 +1111,13 @@ class SQLStore(HoldsOwner, ABC):
                 values = (tenant, run, source, generation, text)
                 return conn.execute(self.sql.record_spec, values).rowcount == 1
 
-        return self._durably(attempt)
+        return self._durably(attempt, what=f"recording the spec of run {run!r}")
 
     def recorded_spec(self, tenant: str, run: str) -> RecordedSpec | None:
-        row = self._durably(lambda again: self._one(self.sql.recorded_spec, (tenant, run)))
+        row = self._durably(
+            lambda again: self._one(self.sql.recorded_spec, (tenant, run)),
+            what=f"reading the spec of run {run!r}",
+        )
         if row is None:
             return None
         return RecordedSpec(tenant, run, str(row[0]), int(row[1]), json.loads(row[2]))
@@ -1190,19 +1231,24 @@ class SQLStore(HoldsOwner, ABC):
             return fast or self._on_owner_session(insert, atomic=event is not None)
 
         while True:
-            won, head = self._durably(attempt)
+            won, head = self._durably(attempt, what=f"claiming key {key}")
             if won:
                 if event is not None and head is not _UNKNOWN:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
             # Lost: the key as it stands, its owner judged alive or gone.
-            row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
+            row = self._durably(
+                lambda again: self._one(self.sql.key, (tenant, key)), what=f"reading key {key}"
+            )
             if row is not None:
                 return self._record(row)
             if after is not None:
                 # No key: the run's checkpoint has moved on past the action's (a seq only grows,
                 # so it never comes back), or the key's live owner just dropped it.
-                stored = self._durably(lambda again: self._one(self.sql.stored_seq, (tenant, run)))
+                stored = self._durably(
+                    lambda again: self._one(self.sql.stored_seq, (tenant, run)),
+                    what=f"reading the checkpoint of run {run!r}",
+                )
                 stored_seq = None if stored is None else int(stored[0])
                 if stored_seq != after:
                     raise StaleClaim(tenant, run, after, stored_seq)
@@ -1219,13 +1265,17 @@ class SQLStore(HoldsOwner, ABC):
                     return True
             return again and self._completed_as(tenant, key, result)
 
-        return self._ending([(tenant, key)], lambda: self._durably(attempt, result=True))
+        return self._ending(
+            [(tenant, key)],
+            lambda: self._durably(attempt, result=True, what=f"completing key {key}"),
+        )
 
     def release(self, tenant: str, key: str) -> None:
         self._ending(
             [(tenant, key)],
             lambda: self._durably(
-                lambda again: self._write(self.sql.release, (tenant, key, self._owned()))
+                lambda again: self._write(self.sql.release, (tenant, key, self._owned())),
+                what=f"releasing key {key}",
             ),
         )
 
@@ -1250,7 +1300,9 @@ class SQLStore(HoldsOwner, ABC):
 
         return self._ending(
             [(tenant, key)],
-            lambda: self._durably(lambda again: self._on_owner_session(drop, atomic=True)),
+            lambda: self._durably(
+                lambda again: self._on_owner_session(drop, atomic=True), what=f"dropping key {key}"
+            ),
         )
 
     def _write(self, sql: str, params: Sequence[Any]) -> int:
@@ -1293,7 +1345,7 @@ class SQLStore(HoldsOwner, ABC):
                         return current
                 raise
 
-        return self._durably(attempt)
+        return self._durably(attempt, what=f"settling key {key}")
 
     def _settle_once(
         self,
@@ -1334,7 +1386,9 @@ class SQLStore(HoldsOwner, ABC):
         return self._record(settled)
 
     def get(self, tenant: str, key: str) -> KeyRecord | None:
-        row = self._durably(lambda again: self._one(self.sql.key, (tenant, key)))
+        row = self._durably(
+            lambda again: self._one(self.sql.key, (tenant, key)), what=f"reading key {key}"
+        )
         return None if row is None else self._record(row)
 
     # AuditLog
@@ -1351,7 +1405,7 @@ class SQLStore(HoldsOwner, ABC):
                 head = self._append(conn, tenant, run, drafts)
             self._heads[(tenant, run)] = head
 
-        self._durably(attempt)
+        self._durably(attempt, what=f"appending to the audit trail of run {run!r}")
 
     def _sealed(
         self, tenant: str, run: str, drafts: Sequence[AuditDraft]
@@ -1425,7 +1479,7 @@ class SQLStore(HoldsOwner, ABC):
                 with self._statement() as conn:
                     return conn.execute(self.sql.events_after, (tenant, run, last, page)).fetchall()
 
-            rows = self._durably(attempt)
+            rows = self._durably(attempt, what=f"reading the audit trail of run {run!r}")
             for row in rows:
                 yield _event(tenant, run, row)
                 last = int(row[0])

@@ -13,8 +13,9 @@ id from ``keelgate_owner_seq`` and holds a session-level advisory lock on it in 
 session), on a dedicated connection outside the pool, for as long as it is open. Keys are claimed
 on that same connection and record the owner id. A store judges an in-flight key's owner gone if
 and only if ``keelgate_owner_alive(id)``, asked in the key's own SELECT, says no session holds
-that id's lock: a shared lock on it is tried and, if granted, given back at once (the owner's own
-session, where it would be granted too, knows its id). It reads no lock table, whose every read
+that id's lock: a transaction-level shared lock on it is tried (it ends with the statement's
+transaction, so no cancel can leave it held; the owner's own session, where it would be granted
+too, knows its id). It reads no lock table, whose every read
 copies every lock on the server. Why this is sound:
 
 - A live owner is never read as gone. The lock is taken before the first claim, and every claim
@@ -52,14 +53,15 @@ from __future__ import annotations
 import re
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from keelgate.errors import InputError, RunBusy, StoreError, StoreUnavailable
+from keelgate.errors import InputError, RunBusy, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores import _sql
 from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
 
@@ -81,6 +83,23 @@ _MANY = -1
 
 # The server ends a silent owner session after idle + count * interval seconds.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+#: Seconds a store's statement waits for a lock another session holds (``lock_timeout``), and
+#: seconds any of its statements may run (``statement_timeout``), before it is given up with
+#: ``StoreBusy`` naming what waited. Keelgate's own statements hold a row for milliseconds (every
+#: write is one autocommit statement or a short transaction), so a longer wait is someone
+#: holding a lock on purpose or by mistake: an open transaction, ``LOCK TABLE``, a migration.
+#: Set on every session a store opens; a role that changes them in its own sessions changes
+#: only how long its own statements wait.
+LOCK_TIMEOUT = 5.0
+STATEMENT_TIMEOUT = 30.0
+#: A migration's bound on waiting for a lock: every statement on the table queues behind a
+#: waiting ``ALTER TABLE``, so the wait is kept short and tried again, MIGRATION_TRIES times
+#: over about 8 s, before the open fails with ``StoreBusy``. Its statements may run longer
+#: (a large table rewritten), up to MIGRATION_STATEMENT_TIMEOUT.
+MIGRATION_LOCK_TIMEOUT = 1.0
+MIGRATION_STATEMENT_TIMEOUT = 600.0
+MIGRATION_TRIES = 5
 
 POSTGRES = Dialect(
     name="postgresql",
@@ -130,6 +149,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_keys": "SELECT, INSERT, UPDATE, DELETE",
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT",
+        "keelgate_databases": "SELECT",
     },
     "operator": {
         "keelgate_schema": "SELECT",
@@ -138,6 +158,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_keys": "SELECT, UPDATE (state, owner, settled_by, source)",
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT, INSERT, UPDATE (source, generation, spec)",
+        "keelgate_databases": "SELECT",
     },
 }
 KINDS = tuple(PRIVILEGES)
@@ -234,28 +255,74 @@ def _schema_and_database(conn: Connection) -> tuple[str, str]:
     return str(row[0]), str(row[1])
 
 
-def migrated(conn: Conn, target: str) -> int:
+def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
     """Bring the database behind ``conn`` (autocommit) to today's schema, under the schema lock;
     returns the version it had. A role that may not migrate a database that needs it is told
-    what to do in one line, not the server's "permission denied"."""
+    what to do in one line, not the server's "permission denied".
+
+    Each try waits at most MIGRATION_LOCK_TIMEOUT for a lock (an open transaction that read a
+    table holds off its ``ALTER TABLE``, and every statement on that table would queue behind
+    the waiting migration): it is rolled back and tried again, ``tries`` times in all, then
+    given up with ``StoreBusy`` naming the migration. Nothing of a failed try stays."""
 
     @contextmanager
     def schema_lock() -> Iterator[Connection]:
         with conn.transaction():
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, true), "
+                "set_config('statement_timeout', %s, true)",
+                (_ms(MIGRATION_LOCK_TIMEOUT), _ms(MIGRATION_STATEMENT_TIMEOUT)),
+            )
             # CREATE ... IF NOT EXISTS is not safe when two sessions run it at once, and a
             # migration must run once: every opener takes this lock before changing anything.
             conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_SPACE}, 0)")
             yield conn
 
     where = f"PostgreSQL store {target}"
-    try:
-        return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
-    except psycopg.errors.InsufficientPrivilege:
-        raise StoreError(
-            f"{where}: its schema is older than this Keelgate's (version {len(_sql.MIGRATIONS)}) "
-            f"and role {conn.info.user} may not migrate it; open it once with the database "
-            "owner's URL (e.g. `keelgate tenant list --store ADMIN_URL`)"
-        ) from None
+    pause = 0.5
+    for attempt in range(1, tries + 1):
+        try:
+            return migrate(conn, POSTGRES, schema_lock, where=where, after=regrant)
+        except psycopg.errors.InsufficientPrivilege:
+            raise StoreError(
+                f"{where}: its schema is older than this Keelgate's (version "
+                f"{len(_sql.MIGRATIONS)}) and role {conn.info.user} may not migrate it; open it "
+                "once with the database owner's URL (e.g. `keelgate tenant list --store "
+                "ADMIN_URL`)"
+            ) from None
+        except psycopg.Error as error:
+            waited = _waited(error)
+            if waited is None:
+                raise
+            if attempt == tries:
+                seconds = (
+                    MIGRATION_LOCK_TIMEOUT
+                    if waited == "lock_timeout"
+                    else MIGRATION_STATEMENT_TIMEOUT
+                )
+                what = f"migrating its schema to version {len(_sql.MIGRATIONS)}"
+                raise StoreBusy(
+                    where, f"{what} ({tries} tries)", waited=waited, seconds=seconds
+                ) from None
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _ms(seconds: float) -> str:
+    """A PostgreSQL duration setting, in whole milliseconds."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _waited(error: BaseException) -> str | None:
+    """Which bound a statement was given up at: ``lock_timeout``, ``statement_timeout``, or
+    None for any other error (a cancel asked for by someone, a lock refused without waiting)."""
+    text = str(error)
+    if isinstance(error, psycopg.errors.LockNotAvailable) and "lock timeout" in text:
+        return "lock_timeout"
+    if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
+        return "statement_timeout"
+    return None
 
 
 # Settings whose values libpq (or psycopg, which reads connect_timeout and the host and port
@@ -406,9 +473,13 @@ class PostgresStore(SQLStore):
         max_size: int = 8,
         connect_timeout: int = 10,
         patience: float = PATIENCE,
+        lock_timeout: float = LOCK_TIMEOUT,
+        statement_timeout: float = STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__()
         self.url = url
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
         # Every operation rides out a restart, a failover or an ended session (``_durably``).
         self.patience = self.result_patience = patience
         self.target, params = _safe_target(url)
@@ -430,6 +501,7 @@ class PostgresStore(SQLStore):
         self._driven: set[tuple[str, str]] = set()  # runs this store drives (lock_run)
         self._pool: ConnectionPool[Conn] | None = None
         self._open = False
+        self.routes_tenants = False
         try:
             self._open_owner_session()
             self._open = True
@@ -445,7 +517,7 @@ class PostgresStore(SQLStore):
                 open=False,
                 name=f"keelgate-{self.owner}",
                 num_workers=2,
-                configure=_durable_commits,
+                configure=self._configure,
                 # A pooled session the server has ended meanwhile (a restart, a failover,
                 # idle_session_timeout) is found out before it is lent, not by the statement.
                 check=ConnectionPool.check_connection,
@@ -454,7 +526,8 @@ class PostgresStore(SQLStore):
         except psycopg.Error as error:
             self.close()
             # Whatever went wrong, the store could not be opened: nothing was read or written.
-            raise self._error(error, StoreUnavailable) from None
+            failed = self._error(error, StoreUnavailable)
+            raise failed.doing("opening it") if isinstance(failed, StoreBusy) else failed from None
         except BaseException:
             self.close()
             raise
@@ -464,7 +537,21 @@ class PostgresStore(SQLStore):
         """This store's current owner id (a new one after its owner session was lost)."""
         return self._owner_ids[-1]
 
+    def _configure(self, conn: Conn) -> None:
+        """What every session of this store is set to: durable commits, and the bounds of its
+        waits (``StoreBusy`` past them)."""
+        _durable_commits(conn)
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), "
+            "set_config('statement_timeout', %s, false)",
+            (_ms(self.lock_timeout), _ms(self.statement_timeout)),
+        )
+
     def _error(self, error: BaseException, kind: type[StoreError] | None = None) -> StoreError:
+        waited = _waited(error)
+        if waited is not None:
+            seconds = self.lock_timeout if waited == "lock_timeout" else self.statement_timeout
+            return StoreBusy(f"PostgreSQL store {self.target}", "", waited=waited, seconds=seconds)
         line = _one_line(error, self._secret)
         if kind is None:
             # A lost connection or a server gone away: the store cannot be reached.
@@ -475,7 +562,7 @@ class PostgresStore(SQLStore):
     def _open_owner_session(self) -> None:
         conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
         try:
-            _durable_commits(conn)
+            self._configure(conn)
             migrated(conn, self.target)
             # The server ends this session (releasing our lock) soon after the host goes silent,
             # and must never end it for being idle.
@@ -487,7 +574,7 @@ class PostgresStore(SQLStore):
             owner = _take_owner_id(conn)
             # Every role sees every session's application_name: it names no owner id.
             conn.execute("SET application_name = keelgate")
-            self._writer = _writer(conn)
+            self._writer, self.routes_tenants = _identity(conn)
         except BaseException:
             conn.close()
             raise
@@ -612,6 +699,41 @@ class PostgresStore(SQLStore):
             # The statement failed as a whole and, autocommit, took nothing with it.
             return None
 
+    # Tenants with databases of their own (``keelgate.stores.tenant_databases`` serves them)
+
+    def tenant_database(self, tenant: str) -> str:
+        """The database of its own ``tenant`` keeps its rows in, on this server ("": this
+        one), as ``keelgate_databases`` tells this role."""
+        row = self._durably(
+            lambda again: self._one(
+                "SELECT database FROM keelgate_databases WHERE tenant = %s", (tenant,)
+            ),
+            what=f"looking up tenant {tenant}'s database",
+        )
+        return "" if row is None else str(row[0])
+
+    def tenant_databases(self) -> dict[str, str]:
+        """Every tenant with a database of its own that this role may see, and that database."""
+
+        def attempt(again: bool) -> list[Any]:
+            with self._statement() as conn:
+                return conn.execute("SELECT tenant, database FROM keelgate_databases").fetchall()
+
+        rows = self._durably(attempt, what="looking up the tenants' databases")
+        return {str(tenant): str(database) for tenant, database in rows}
+
+    def on_database(self, database: str, *, pooled: bool) -> PostgresStore:
+        """A store on another ``database`` of this server, with this store's credentials and
+        settings (its bounds, its patience)."""
+        return PostgresStore(
+            make_conninfo(self.url, dbname=database),
+            pooled=pooled,
+            connect_timeout=int(self._kwargs.get("connect_timeout", 10)),
+            patience=self.patience,
+            lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+        )
+
     # RunLock
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
@@ -644,7 +766,7 @@ class PostgresStore(SQLStore):
                 space, key = row[0]
                 return conn, int(space), int(key)
 
-        held = self._durably(attempt)
+        held = self._durably(attempt, what=f"locking run {run!r}")
         if held is None:
             return None
         conn, space, key = held
@@ -684,16 +806,22 @@ def _take_owner_id(conn: Conn) -> int:
     return int(row[0])
 
 
-def _writer(conn: Conn) -> tuple[str, str]:
+def _identity(conn: Conn) -> tuple[tuple[str, str], bool]:
     """Who the database records as the writer of this store's audit events (migration 6): the
-    role, and its kind in the lookup (``administrator`` for a role it does not name). Sealed
-    into each event's hash, so an event's writer is as fixed as the rest of it."""
+    role, and its kind in the lookup (``administrator`` for a role it does not name), sealed
+    into each event's hash, so an event's writer is as fixed as the rest of it; and whether
+    this role serves tenants that may have databases of their own (``keelgate_databases``,
+    migration 7): the operator's role always (a tenant added while it runs gets one), another
+    role where the database names one it may see (the administrator sees every one, a tenant's
+    role none)."""
     row = conn.execute(
         "SELECT current_user, COALESCE((SELECT kind FROM keelgate_tenants "
-        "WHERE role = current_user), 'administrator')"
+        "WHERE role = current_user), 'administrator'), "
+        "EXISTS (SELECT 1 FROM keelgate_databases)"
     ).fetchone()
     assert row is not None
-    return str(row[0]), str(row[1])
+    kind = str(row[1])
+    return (str(row[0]), kind), kind == "operator" or bool(row[2])
 
 
 def _durable_commits(conn: Conn) -> None:

@@ -1,20 +1,28 @@
-"""Tenants of a shared PostgreSQL store: one database role per tenant (namespace), or for the
-operator, created, granted, listed and removed with an administrator's URL.
+"""Tenants of a PostgreSQL server: one database role per tenant (namespace), or for the operator,
+and for each tenant a database of its own on the server, created, granted, listed, moved and
+removed with an administrator's URL.
 
-Why it exists: tenants that share a database must not be able to read or change each other's
-runs. PostgreSQL enforces that, not Keelgate: migration 3 (``_sql.py``) puts row-level security
-on every table, keyed by the role a session logged in as, through ``keelgate_tenants``; this
-module writes that table, creates the roles and makes their grants (``postgres.PRIVILEGES``).
-``keelgate tenant add|remove|list`` is its command line, which also writes the namespace's
-Secret. Tenants must not delay or deny each other either, through what the server shares: ``add``
-gives each role a connection limit and a lock limit, and closes in the database what its URL may
-(``secure``: the raw advisory-lock functions, the views of other sessions and temporary tables,
-revoked from PUBLIC); ``open_ways`` says, one line each, what is left open.
+Why it exists: tenants must not be able to read or change each other's runs, nor delay each
+other. PostgreSQL enforces both, not Keelgate. A tenant added here gets a database of its own
+on the server (``<home>_<namespace>``, its name in the home database's ``keelgate_databases``):
+row locks, table locks (``LOCK TABLE``), advisory locks, migrations and vacuum are then that
+tenant's alone, and only its role and the operator's may connect to it. Within any Keelgate
+database, migration 3 (``_sql.py``) puts row-level security on every table, keyed by the role a
+session logged in as, through ``keelgate_tenants``; this module writes that table, creates the
+roles and makes their grants (``postgres.PRIVILEGES``). A tenant of an install from before
+(registered in the home database, or with runs there) stays there until ``move`` copies it
+into a database of its own. ``keelgate tenant add|move|remove|list`` is the command line, which
+also writes the namespace's Secret. What the server still shares (sessions, the lock table,
+connections before authentication) ``add`` bounds where it can: each role gets a connection
+limit and a lock limit, and ``secure`` closes in each database what its URL may (the raw
+advisory-lock functions, the views of other sessions, temporary tables, CONNECT for PUBLIC);
+``open_ways`` and ``unbounded`` say, one line each, what is left open.
 
 A role's password is generated here, sent to the server only as a SCRAM-SHA-256 verifier (so no
 server log can hold it), and handed back once, inside the URL the caller puts in the Secret.
 This module must never put a password in a message, never touch a role that may bypass
-row-level security or administer others, and never delete a tenant's data.
+row-level security or administer others, and never delete a tenant's data (``move`` deletes
+a tenant's rows from the home database only once they are committed, checked, in its own).
 """
 
 from __future__ import annotations
@@ -25,19 +33,35 @@ import hmac
 import os
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from keelgate.core.audit import utc_now
-from keelgate.errors import InputError, StoreError, StoreUnavailable
+from keelgate.errors import InputError, KeelgateError, StoreBusy, StoreError, StoreUnavailable
+from keelgate.stores._isolation_ddl import TENANT_TABLES
 from keelgate.stores._sql import DEFAULT_LOCK_LIMIT, TENANT_SPACES
-from keelgate.stores.postgres import KINDS, _one_line, _safe_target, grant, migrated, revoke
+from keelgate.stores.postgres import (
+    KINDS,
+    LOCK_TIMEOUT,
+    MIGRATION_LOCK_TIMEOUT,
+    MIGRATION_TRIES,
+    _ms,
+    _one_line,
+    _safe_target,
+    _waited,
+    grant,
+    migrated,
+    revoke,
+)
+from keelgate.stores.tenant_moves import copy_tenant, digest
 
 # A namespace's name, as Kubernetes allows it (an RFC 1123 label).
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -49,14 +73,18 @@ OPERATOR_ROLE = "keelgate-operator"
 _CREDENTIAL_SETTINGS = frozenset({"user", "password", "passfile"})
 #: Sessions a role may hold at once on the server (``ALTER ROLE ... CONNECTION LIMIT``), unless
 #: ``add`` is told otherwise: a tenant's step pods hold one each (the operator's --max-step-pods
-#: is 20 by default); the operator holds a pool of up to 9 per replica.
-DEFAULT_CONNECTION_LIMITS = {"tenant": 20, "operator": 32}
+#: is 20 by default); the operator holds, per replica, a pool of up to 9 on the home database
+#: and one session on each tenant's database it has used in the last minute, up to 20
+#: (``tenant_databases.MOST_OPEN``): 29, and a standby replica as many.
+DEFAULT_CONNECTION_LIMITS = {"tenant": 20, "operator": 64}
 #: Runs a tenant's sessions may drive at once (its run locks), unless told otherwise.
 LOCK_LIMIT = DEFAULT_LOCK_LIMIT
 LIMIT_MAX = 10_000
 #: Locks a session holds beside those on relations: its owner id, its virtual transaction id,
 #: its transaction id, and a margin.
 SESSION_LOCKS = 8
+#: Seconds an administrator's statement may run (counting a large tenant's rows, a copy).
+ADMIN_STATEMENT_TIMEOUT = 300.0
 
 # The pg_catalog functions through which a session takes, or looks at, what every database role
 # shares: the advisory-lock family (each overload its own function) and what shows other
@@ -80,7 +108,8 @@ _CATALOG_FUNCTIONS = (
 class Tenant:
     """One registered role: which tenant it is (for the operator, the namespace its Secret is
     in), its kind (``tenant`` or ``operator``), when it was added, the sessions it may hold at
-    once (-1: no limit) and the runs it may drive at once."""
+    once (-1: no limit), the runs it may drive at once, and the database of its own a tenant
+    keeps its rows in ("": the home database, shared with the tenants left there)."""
 
     role: str
     tenant: str
@@ -88,6 +117,7 @@ class Tenant:
     added_at: str
     connection_limit: int = -1
     lock_limit: int = LOCK_LIMIT
+    database: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +132,8 @@ class Added:
     # Ways the role could still delay or deny another tenant here, one line each (what the
     # administrator could not close with this URL, or must close on the server itself).
     open: tuple[str, ...] = ()
+    # What PostgreSQL cannot bound per role on this server, and the settings that close it.
+    unbounded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +158,17 @@ class Removed:
 
     tenant: Tenant
     dropped: bool  # the role is gone (False: it has rights elsewhere, and was only revoked here)
-    sessions: int  # its sessions on this database that were ended
+    sessions: int  # its sessions on its database that were ended
+    kept: Kept
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What ``move`` did: the tenant's rows, copied into its database of its own and checked
+    there, then deleted from the home database."""
+
+    tenant: str
+    database: str
     kept: Kept
 
 
@@ -179,15 +221,31 @@ def scram_verifier(password: str, *, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def role_url(admin_url: str, role: str, password: str, *, host: str = "") -> str:
+def role_url(
+    admin_url: str, role: str, password: str, *, host: str = "", database: str = ""
+) -> str:
     """The administrator's URL with ``role`` and ``password`` as its user and password (and
-    ``host``, ``HOST`` or ``HOST:PORT``, in place of its host where given): same database,
-    same settings, no other credential."""
+    ``host``, ``HOST`` or ``HOST:PORT``, in place of its host where given; ``database`` in place
+    of its database where given): same settings, no other credential."""
     parts = urlsplit(admin_url)
     where = host or parts.netloc.rpartition("@")[2]
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in _CREDENTIAL_SETTINGS]
+    dropped = _CREDENTIAL_SETTINGS | ({"dbname"} if database else set())
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in dropped]
+    path = "/" + quote(database, safe="") if database else parts.path
     userinfo = f"{quote(role, safe='')}:{quote(password, safe='')}"
-    return urlunsplit((parts.scheme, f"{userinfo}@{where}", parts.path, urlencode(query), ""))
+    return urlunsplit((parts.scheme, f"{userinfo}@{where}", path, urlencode(query), ""))
+
+
+def tenant_database(home: str, namespace: str) -> str:
+    """The database of a tenant's own beside the home database ``home``: ``<home>_<namespace>``
+    (a long one shortened with a digest of the namespace, unique within PostgreSQL's 63 bytes),
+    so that two Keelgate installations on one server never share one."""
+    name = f"{home}_{namespace}"
+    if len(name.encode()) <= ROLE_MAX:
+        return name
+    digest = hashlib.sha256(namespace.encode()).hexdigest()[:8]
+    keep = ROLE_MAX - 10
+    return f"{name.encode()[:keep].decode(errors='ignore')}_{digest}"
 
 
 def check_limit(value: int | None, field: str) -> None:
@@ -203,26 +261,26 @@ def check_host(host: str) -> None:
 
 
 class TenantStore:
-    """The administrator's session on a Keelgate database: migrates it on opening (as any store
-    does), then adds, removes and lists the roles of its tenants.
+    """The administrator's session on a Keelgate home database: migrates it on opening (as any
+    store does), then adds, moves, removes and lists the roles of its tenants and their
+    databases, each of which it opens (and migrates) as it needs it.
 
-    The administrator must be able to create roles (``CREATEROLE``, or a superuser) and own the
-    Keelgate tables (it grants rights on them); the database's owner, who created them, does.
+    The administrator must be able to create roles (``CREATEROLE``, or a superuser) and
+    databases (``CREATEDB``) and own the Keelgate tables (it grants rights on them); the
+    database's owner, who created them, does.
     """
 
     def __init__(self, url: str, *, connect_timeout: int = 10) -> None:
         self.url = url
         self.target, params = _safe_target(url)
         self._secret = str(params.get("password") or "")
-        timeout: dict[str, Any] = (
+        self._timeout: dict[str, Any] = (
             {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
         )
-        try:
-            self.conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(
-                url, autocommit=True, **timeout
-            )
-        except psycopg.Error as error:
-            raise StoreUnavailable(self._words(error)) from None
+        # The administrator's sessions on tenants' databases, opened (and migrated) when needed.
+        self._elsewhere: dict[str, psycopg.Connection[tuple[Any, ...]]] = {}
+        self.conn = self._connect(url)
+        self.home = str(self.conn.info.dbname)
         try:
             migrated(self.conn, self.target)
             self._check_administrator()
@@ -233,7 +291,29 @@ class TenantStore:
             self.conn.close()
             raise
 
+    def _connect(self, url: str) -> psycopg.Connection[tuple[Any, ...]]:
+        try:
+            conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(
+                url, autocommit=True, **self._timeout
+            )
+        except psycopg.Error as error:
+            raise StoreUnavailable(self._words(error)) from None
+        try:
+            # The administrator's waits are bounded as every store session's are.
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false), "
+                "set_config('statement_timeout', %s, false)",
+                (_ms(LOCK_TIMEOUT), _ms(ADMIN_STATEMENT_TIMEOUT)),
+            )
+        except psycopg.Error as error:
+            conn.close()
+            raise StoreError(self._words(error)) from None
+        return conn
+
     def close(self) -> None:
+        for conn in self._elsewhere.values():
+            conn.close()
+        self._elsewhere.clear()
         self.conn.close()
 
     def __enter__(self) -> TenantStore:
@@ -266,32 +346,191 @@ class TenantStore:
             )
 
     @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    def _transaction(
+        self, conn: psycopg.Connection[tuple[Any, ...]] | None = None
+    ) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+        conn = conn or self.conn
         try:
-            with self.conn.transaction():
-                yield self.conn
+            with conn.transaction():
+                yield conn
         except psycopg.Error as error:
-            raise StoreError(self._words(error)) from None
+            raise self._failed(error) from None
+
+    def _failed(self, error: psycopg.Error) -> StoreError:
+        waited = _waited(error)
+        if waited is not None:
+            seconds = LOCK_TIMEOUT if waited == "lock_timeout" else ADMIN_STATEMENT_TIMEOUT
+            return StoreBusy(f"PostgreSQL store {self.target}", "", waited=waited, seconds=seconds)
+        return StoreError(self._words(error))
+
+    # The tenants' own databases
+
+    def database_url(self, database: str) -> str:
+        """The administrator's URL, on ``database`` of the same server."""
+        return make_conninfo(self.url, dbname=database)
+
+    def on(
+        self, database: str, *, tries: int = MIGRATION_TRIES
+    ) -> psycopg.Connection[tuple[Any, ...]]:
+        """The administrator's session on ``database`` (the home one, or a tenant's), opened
+        and brought to today's schema (its migration tried ``tries`` times) the first time it
+        is asked for."""
+        if not database or database == self.home:
+            return self.conn
+        conn = self._elsewhere.get(database)
+        if conn is None:
+            conn = self._connect(self.database_url(database))
+            try:
+                migrated(conn, f"{self.target.rsplit('/', 1)[0]}/{database}", tries=tries)
+            except BaseException:
+                conn.close()
+                raise
+            self._elsewhere[database] = conn
+        return conn
+
+    def migrate_tenants(self) -> list[str]:
+        """Bring every tenant's database to today's schema (the home one is, since this store
+        opened), each with a migration's bounded waits; one line for each that could not be
+        (a tenant's open transaction holding off its migration), the others migrated all the
+        same: a tenant can hold up only its own. Each is tried once first, and those held up
+        are tried again after, so that no tenant's migration waits behind another's tries."""
+        held: dict[str, str] = {}
+        for tenant, database in self.routes().items():
+            try:
+                self.on(database, tries=1)
+            except StoreBusy:
+                held[tenant] = database
+        problems = []
+        for tenant, database in held.items():
+            try:
+                self.on(database)
+            except KeelgateError as error:
+                problems.append(f"tenant {tenant}'s database {database}: {error}")
+        return problems
+
+    def routes(self) -> dict[str, str]:
+        """Each tenant with a database of its own, and that database."""
+        rows = self._rows("SELECT tenant, database FROM keelgate_databases ORDER BY 1")
+        return {str(tenant): str(database) for tenant, database in rows}
+
+    def database_of(self, tenant: str) -> str:
+        """The database ``tenant``'s rows are in: its own, or "" for the home database."""
+        rows = self._rows("SELECT database FROM keelgate_databases WHERE tenant = %s", (tenant,))
+        return str(rows[0][0]) if rows else ""
+
+    def _create_database(self, database: str) -> None:
+        """Create ``database`` for a tenant (if it is not there: an ``add`` cut short left it),
+        open to nobody but those granted CONNECT, and bring it to today's schema."""
+        may = self._rows(
+            "SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = current_user"
+        )
+        exists = self._rows("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+        if not exists:
+            if not (may and may[0][0]):
+                raise InputError(
+                    "--store",
+                    f"role {self.conn.info.user} may not create databases (CREATEDB), and each "
+                    "tenant gets a database of its own: give it CREATEDB, or keep the tenant in "
+                    "the home database with --shared-database (tenants there can delay each "
+                    "other)",
+                )
+            try:
+                self.conn.execute(
+                    sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)).as_string(None)
+                )
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another administrator's add, at the same moment
+            except psycopg.Error as error:
+                raise self._failed(error) from None
+        try:
+            self.conn.execute(
+                sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC")
+                .format(sql.Identifier(database))
+                .as_string(None)
+            )
+        except psycopg.Error as error:
+            raise self._failed(error) from None
+        there = self.on(database)
+        found = there.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = current_schema() "
+            "AND c.relname NOT LIKE 'keelgate\\_%%'"
+        ).fetchone()
+        if found is not None and found[0]:
+            raise InputError(
+                "NAMESPACE",
+                f"database {database} on the server holds tables that are not Keelgate's: it "
+                "is someone else's; remove or rename it first",
+            )
+
+    def _register_there(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        registered: Tenant,
+    ) -> None:
+        """Register ``registered`` in the database behind ``conn`` (a tenant's own), with the
+        rights of its kind there; the caller's transaction."""
+        conn.execute(
+            "INSERT INTO keelgate_tenants (role, tenant, kind, added_at, space, lock_limit) "
+            "SELECT %s, %s, %s, %s, CASE WHEN %s = 'tenant' THEN "
+            "COALESCE((SELECT max(space) FROM keelgate_tenants), %s) + 1 END, %s "
+            "ON CONFLICT (role) DO UPDATE SET lock_limit = excluded.lock_limit",
+            (
+                registered.role,
+                registered.tenant,
+                registered.kind,
+                registered.added_at,
+                registered.kind,
+                TENANT_SPACES,
+                registered.lock_limit,
+            ),
+        )
+        grant(conn, registered.role, registered.kind)
+
+    def _furnish(self, database: str, tenant: str) -> None:
+        """Make ``database`` ready for ``tenant``: its role and every operator's role
+        registered and granted there, and what the server shares closed there as far as this
+        URL may. Idempotent."""
+        there = self.on(database)
+        roles = [
+            t
+            for t in self.tenants()
+            if t.kind == "operator" or (t.tenant, t.database) == (tenant, database)
+        ]
+        with self._transaction(there) as conn:
+            conn.execute("LOCK TABLE keelgate_tenants IN SHARE ROW EXCLUSIVE MODE")
+            for registered in roles:
+                if self.role_exists(registered.role):
+                    self._register_there(conn, registered)
+            self.secure(conn)
 
     # Reading
 
-    def _rows(self, query: str | sql.Composed, params: tuple[Any, ...] = ()) -> list[Any]:
+    def _rows(
+        self,
+        query: str | sql.Composed,
+        params: tuple[Any, ...] = (),
+        *,
+        on: psycopg.Connection[tuple[Any, ...]] | None = None,
+    ) -> list[Any]:
         try:
-            return self.conn.execute(query, params).fetchall()
+            return (on or self.conn).execute(query, params).fetchall()
         except psycopg.Error as error:
-            raise StoreError(self._words(error)) from None
+            raise self._failed(error) from None
 
     def tenants(self) -> list[Tenant]:
         """Every registered role, by tenant then role."""
         rows = self._rows(
             f"SELECT {_TENANT_COLUMNS} FROM keelgate_tenants t "
             "LEFT JOIN pg_roles r ON r.rolname = t.role "
+            "LEFT JOIN keelgate_databases d ON d.tenant = t.tenant AND t.kind = 'tenant' "
             'ORDER BY t.tenant COLLATE "C", t.role COLLATE "C"'
         )
         return [_tenant(row) for row in rows]
 
     def unregistered(self) -> list[str]:
-        """Tenants with runs in the store but no role: reachable only through a shared URL."""
+        """Tenants with runs in the home database but no role: reachable only through a
+        shared URL."""
         rows = self._rows(
             "SELECT tenant FROM keelgate_checkpoints WHERE tenant NOT IN "
             "(SELECT tenant FROM keelgate_tenants WHERE kind = 'tenant') "
@@ -299,8 +538,9 @@ class TenantStore:
         )
         return [str(row[0]) for row in rows]
 
-    def kept(self, tenant: str) -> Kept:
-        """How many rows of each kind the store holds for ``tenant``."""
+    def kept(self, tenant: str, *, database: str | None = None) -> Kept:
+        """How many rows of each kind ``tenant`` has in its database (or in ``database``)."""
+        where = self.on(self.database_of(tenant) if database is None else database)
         counts = [
             int(
                 self._rows(
@@ -308,21 +548,19 @@ class TenantStore:
                         sql.Identifier(table)
                     ),
                     (tenant,),
+                    on=where,
                 )[0][0]
             )
-            for table in (
-                "keelgate_checkpoints",
-                "keelgate_keys",
-                "keelgate_audit",
-                "keelgate_specs",
-            )
+            for table in TENANT_TABLES
         ]
         return Kept(*counts)
 
-    def password_works(self, role: str, password: str) -> bool:
-        """Whether ``role`` logs in with ``password`` here (through the administrator's host)."""
+    def password_works(self, role: str, password: str, *, database: str = "") -> bool:
+        """Whether ``role`` logs in with ``password`` here (through the administrator's host),
+        on ``database`` (default: the home database)."""
+        url = self.database_url(database) if database else self.url
         try:
-            conn = psycopg.connect(self.url, user=role, password=password, connect_timeout=10)
+            conn = psycopg.connect(url, user=role, password=password, connect_timeout=10)
         except psycopg.Error:
             return False
         with conn:
@@ -343,6 +581,7 @@ class TenantStore:
         new_url: bool = False,
         connection_limit: int | None = None,
         lock_limit: int | None = None,
+        shared: bool = False,
     ) -> Added:
         """Make ``role`` (default ``default_role``) the role of ``tenant``, with exactly its
         kind's rights. Idempotent: an existing role keeps its password when
@@ -351,11 +590,17 @@ class TenantStore:
         ``new_url`` asks for a URL with a password (``--print``): for a role that exists, that
         needs ``rotate``, since its password cannot be read back.
 
+        A tenant new to this store gets a database of its own (``tenant_database``), which only
+        its role and the operator's may use; ``shared`` keeps it in the home database instead,
+        as does a tenant registered there before or with rows there (``move`` moves it). The
+        operator's role is registered in every tenant's database.
+
         ``connection_limit`` (sessions at once, on the whole server) and ``lock_limit`` (runs
         driven at once) bound what the role can take; left out, a role keeps the limits it has
         (a new one, or one without a connection limit, gets the defaults). Every ``add`` also
         closes, as far as this URL may, the ways one role could delay another through what the
-        server shares (``secure``); ``Added.open`` says what it could not close."""
+        server shares (``secure``); ``Added.open`` says what it could not close, and
+        ``Added.unbounded`` what PostgreSQL cannot bound."""
         check_namespace(tenant)
         if kind not in KINDS:
             raise InputError("--kind", f"must be one of {', '.join(KINDS)}")
@@ -364,6 +609,9 @@ class TenantStore:
         check_host(host)
         check_limit(connection_limit, "--connection-limit")
         check_limit(lock_limit, "--lock-limit")
+        database = self._placement(tenant, shared=shared) if kind == "tenant" else ""
+        if database:
+            self._create_database(database)
         with self._transaction() as conn:
             # One administrator at a time: two adds of one tenant must not both create.
             conn.execute("LOCK TABLE keelgate_tenants IN SHARE ROW EXCLUSIVE MODE")
@@ -393,7 +641,10 @@ class TenantStore:
             if (
                 not exists
                 or rotate
-                or not (working_password and self.password_works(role, working_password))
+                or not (
+                    working_password
+                    and self.password_works(role, working_password, database=database)
+                )
             ):
                 password = new_password()
             who = sql.Identifier(role)
@@ -433,12 +684,44 @@ class TenantStore:
                 "ON CONFLICT (role) DO UPDATE SET lock_limit = excluded.lock_limit",
                 (role, tenant, kind, added_at, kind, TENANT_SPACES, locks),
             )
-            grant(conn, role, kind)
+            if database:
+                # Its rows are in its own database from now on; here it may do nothing.
+                revoke(conn, role)
+                conn.execute(
+                    "INSERT INTO keelgate_databases (tenant, database) VALUES (%s, %s) "
+                    "ON CONFLICT (tenant) DO NOTHING",
+                    (tenant, database),
+                )
+            else:
+                grant(conn, role, kind)
             self.secure(conn)
-        url = role_url(self.url, role, password, host=host) if password else ""
+        if database:
+            self._furnish(database, tenant)
+        elif kind == "operator":
+            for tenant_of, routed in self.routes().items():
+                self._furnish(routed, tenant_of)
+        url = role_url(self.url, role, password, host=host, database=database) if password else ""
         registered = self._registered(role)
         assert registered is not None
-        return Added(registered, not exists, bool(password), url, tuple(self.open_ways(role)))
+        return Added(
+            registered,
+            not exists,
+            bool(password),
+            url,
+            tuple(self.open_ways(role)),
+            tuple(self.unbounded()),
+        )
+
+    def _placement(self, tenant: str, *, shared: bool) -> str:
+        """Where ``tenant``'s rows go: the database of its own it has, or a new one, or ""
+        (the home database) when asked, or when it is registered here already or has rows
+        here (an install from before: ``move`` moves it)."""
+        routed = self.database_of(tenant)
+        if routed or shared:
+            return routed
+        if self._role_of(tenant) is not None or any(astuple(self.kept(tenant, database=""))):
+            return ""
+        return tenant_database(self.home, tenant)
 
     # What the server shares
 
@@ -447,36 +730,39 @@ class TenantStore:
         return bool(row and row[0][0])
 
     def secure(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
-        """Close, in this database, what this administrator may of the ways one role could
-        delay or deny another through what every role shares (idempotent):
+        """Close, in the database behind ``conn``, what this administrator may of the ways one
+        role could delay or deny another through what every role shares (idempotent):
 
         - the raw advisory-lock functions and the views of other sessions and their locks are
           revoked from PUBLIC, and granted to the tables' owner, whose functions take and judge
           Keelgate's locks (a superuser's right: they belong to the bootstrap superuser);
         - temporary tables are refused to PUBLIC (each holds a lock in the server's shared lock
-          table until its transaction ends; the database's owner or a superuser may).
+          table until its transaction ends; the database's owner or a superuser may);
+        - so is CONNECT: a role reaches a Keelgate database only where ``grant`` let it.
 
         What it cannot do is reported by ``open_ways``."""
         owner = self._rows(
             "SELECT c.relowner::regrole::text, r.rolsuper FROM pg_class c "
-            "JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = 'keelgate_tenants'::regclass"
+            "JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = 'keelgate_tenants'::regclass",
+            on=conn,
         )[0]
         owner_role, owner_is_superuser = str(owner[0]), bool(owner[1])
         if self._superuser():
             which = f"{_LOCK_FUNCTIONS} OR {_SESSION_FUNCTIONS}"
-            for (function,) in self._rows(_CATALOG_FUNCTIONS.format(which=which)):
+            for (function,) in self._rows(_CATALOG_FUNCTIONS.format(which=which), on=conn):
                 # A regprocedure's text is a quoted, qualified signature: never input.
                 conn.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
                 if not owner_is_superuser:
                     conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {owner_role}")
         may = self._rows(
             "SELECT r.rolsuper OR pg_has_role(d.datdba, 'USAGE') FROM pg_roles r, pg_database d "
-            "WHERE r.rolname = current_user AND d.datname = current_database()"
+            "WHERE r.rolname = current_user AND d.datname = current_database()",
+            on=conn,
         )
         if may and may[0][0]:
-            database = sql.Identifier(self.conn.info.dbname)
+            database = sql.Identifier(str(conn.info.dbname))
             conn.execute(
-                sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC")
+                sql.SQL("REVOKE TEMPORARY, CONNECT ON DATABASE {} FROM PUBLIC")
                 .format(database)
                 .as_string(conn)
             )
@@ -485,13 +771,24 @@ class TenantStore:
         """The ways ``role`` could still delay or deny another tenant through what the server
         shares, one line each; [] when none is left that Keelgate can see."""
         ways: list[str] = []
+        registered = self._registered(role)
+        database = registered.database if registered is not None else ""
+        there = self.on(database)
 
         def functions(which: str) -> list[str]:
             query = _CATALOG_FUNCTIONS.format(
                 which=f"({which}) AND has_function_privilege(%s, p.oid, 'EXECUTE')"
             )
-            return [str(row[0]).split("(", 1)[0] for row in self._rows(query, (role,))]
+            return [str(row[0]).split("(", 1)[0] for row in self._rows(query, (role,), on=there)]
 
+        if registered is not None and registered.kind == "tenant" and not database:
+            ways.append(
+                f"tenant {registered.tenant} keeps its rows in database {self.home}, shared "
+                "with the other tenants there: their sessions can delay its statements (LOCK "
+                f"TABLE, open transactions before a migration), each wait ending after "
+                f"{LOCK_TIMEOUT:g} s with an error; `keelgate tenant move {registered.tenant}` "
+                "gives it a database of its own"
+            )
         locks = sorted(set(functions(_LOCK_FUNCTIONS)))
         if locks:
             ways.append(
@@ -510,6 +807,7 @@ class TenantStore:
             "current_setting('max_prepared_transactions')::integer FROM pg_roles r "
             "WHERE r.rolname = %s",
             (role, role),
+            on=there,
         )
         temporary, connections, prepared = facts[0] if facts else (False, -1, 0)
         if temporary:
@@ -524,6 +822,7 @@ class TenantStore:
                 "SELECT nspname FROM pg_namespace WHERE has_schema_privilege(%s, oid, 'CREATE') "
                 "ORDER BY 1",
                 (role,),
+                on=there,
             )
         ]
         if schemas:
@@ -538,6 +837,7 @@ class TenantStore:
                 "AND datname <> current_database() "
                 "AND has_database_privilege(%s, datname, 'CONNECT') ORDER BY 1",
                 (role,),
+                on=there,
             )
         ]
         if databases:
@@ -577,10 +877,45 @@ class TenantStore:
                 )
         return ways
 
+    def unbounded(self) -> list[str]:
+        """What PostgreSQL cannot bound per role on this server, one line each with the
+        settings that close it: connections that have not logged in yet count against
+        ``max_connections`` for everyone, whoever opened them."""
+        version, authentication = self._rows(
+            "SELECT current_setting('server_version_num')::integer, "
+            "current_setting('authentication_timeout')"
+        )[0]
+        before = (
+            "a client that can reach the server can hold every connection slot before it logs "
+            "in (no per-role limit applies then), each for authentication_timeout "
+            f"({authentication}): put a pooler that authenticates first in front (PgBouncer's "
+            "max_client_conn), keep the server off untrusted networks, lower "
+            "authentication_timeout"
+        )
+        if int(version) < 160000:
+            return [
+                f"{before}; PostgreSQL 16+ can also keep slots for the operator "
+                "(reserved_connections, pg_use_reserved_connections)"
+            ]
+        reserved, unreserved = self._rows(
+            "SELECT current_setting('reserved_connections')::integer, EXISTS (SELECT 1 FROM "
+            "keelgate_tenants t JOIN pg_roles r ON r.rolname = t.role WHERE t.kind = 'operator' "
+            "AND NOT pg_has_role(r.oid, 'pg_use_reserved_connections', 'USAGE'))"
+        )[0]
+        if int(reserved) == 0 or unreserved:
+            return [
+                f"{before}; and keep slots for the operator: set reserved_connections and "
+                "GRANT pg_use_reserved_connections TO its role"
+            ]
+        return []
+
     def lock_bound(self, role: str) -> int:
         """The most locks ``role``'s sessions can hold at once in the server's shared lock
         table: per session, one on each relation it may read (with their indexes and TOAST
-        tables), its owner id and a few of its own; and its run locks (its lock limit)."""
+        tables) in its database, its owner id and a few of its own; and its run locks (its
+        lock limit)."""
+        registered = self._registered(role)
+        there = self.on(registered.database if registered is not None else "")
         rows = self._rows(
             "SELECT r.rolconnlimit, COALESCE(t.lock_limit, 0), "
             "(SELECT count(*) FROM pg_class c WHERE has_table_privilege(r.rolname, c.oid, "
@@ -590,6 +925,7 @@ class TenantStore:
             "FROM pg_roles r LEFT JOIN keelgate_tenants t ON t.role = r.rolname "
             "AND t.kind = 'tenant' WHERE r.rolname = %s",
             (role,),
+            on=there,
         )
         if not rows:
             return 0
@@ -600,9 +936,19 @@ class TenantStore:
         """What the tenants' roles' sessions may hold in the shared lock table together
         (``lock_bound`` of each: what their code could take if it tried), its size, and the
         ``max_locks_per_transaction`` that would make it large enough. The operator's role
-        runs Keelgate's own code, and is not counted at its worst."""
-        roles = [t.role for t in self.tenants() if t.kind == "tenant" and t.connection_limit >= 0]
-        held = sum(self.lock_bound(role) for role in roles)
+        runs Keelgate's own code, and is not counted at its worst. Tenants with databases of
+        their own have the same relations in each: one of them is counted for all."""
+        roles = [t for t in self.tenants() if t.kind == "tenant" and t.connection_limit >= 0]
+        held = 0
+        per_session_own: int | None = None
+        for tenant in roles:
+            if not tenant.database:
+                held += self.lock_bound(tenant.role)
+                continue
+            if per_session_own is None:
+                bound = self.lock_bound(tenant.role) - tenant.lock_limit
+                per_session_own = bound // max(tenant.connection_limit, 1)
+            held += tenant.connection_limit * per_session_own + tenant.lock_limit
         row = self._rows(
             "SELECT current_setting('max_locks_per_transaction')::integer, "
             "current_setting('max_connections')::integer "
@@ -612,10 +958,12 @@ class TenantStore:
         return held, per_transaction * backends, max(per_transaction, -(-held // backends))
 
     def remove(self, tenant: str) -> list[Removed]:
-        """Take away every role registered for ``tenant``: its row in the lookup, its rights
-        here, its sessions on this database, and the role itself unless it has rights
-        elsewhere. The tenant's rows stay (``Removed.kept``); nothing is deleted."""
+        """Take away every role registered for ``tenant``: its row in the lookups, its rights
+        here and in its database, its sessions there, and the role itself unless it has rights
+        elsewhere. The tenant's rows stay (``Removed.kept``), and so does its database: nothing
+        is deleted."""
         check_namespace(tenant)
+        database = self.database_of(tenant)
         done: list[Removed] = []
         with self._transaction() as conn:
             conn.execute("LOCK TABLE keelgate_tenants IN SHARE ROW EXCLUSIVE MODE")
@@ -624,19 +972,116 @@ class TenantStore:
                 conn.execute("DELETE FROM keelgate_tenants WHERE role = %s", (registered.role,))
                 if self.role_exists(registered.role):
                     revoke(conn, registered.role)
+        # The tenant's database; for an operator's role, every tenant's it was registered in.
+        elsewhere = [database] if database else []
+        if any(registered.kind == "operator" for registered in gone):
+            elsewhere = sorted(set(self.routes().values()))
+        for where in elsewhere if gone else []:
+            with self._transaction(self.on(where)) as there:
+                for registered in gone:
+                    there.execute(
+                        "DELETE FROM keelgate_tenants WHERE role = %s", (registered.role,)
+                    )
+                    if self.role_exists(registered.role):
+                        revoke(there, registered.role)
         kept = self.kept(tenant)
         for registered in gone:
-            sessions = self._end_sessions(registered.role)
+            sessions = sum(
+                self._end_sessions(registered.role, where)
+                for where in dict.fromkeys([database or self.home, *elsewhere])
+            )
             dropped = self._drop(registered.role)
             done.append(Removed(registered, dropped, sessions, kept))
         return done
+
+    def move(self, tenant: str, *, patience: float = 30.0) -> Moved:
+        """Move ``tenant``'s rows from the home database into a database of its own (created
+        as ``add`` creates it), for an install from before: copied, checked row for row, then
+        deleted here in the transaction that routes the tenant to its database. Refused while
+        a session of the tenant's role, of an operator's role or of the tables' owner (a shared
+        URL) other than this one is on the home database: whatever they wrote meanwhile would
+        be left behind. The tenant must be registered (``add``) first. Idempotent: a tenant
+        moved already is left as it is."""
+        check_namespace(tenant)
+        role = self._role_of(tenant)
+        if role is None:
+            raise InputError(
+                "NAMESPACE",
+                f"tenant {tenant} has no role yet: `keelgate tenant add {tenant}` first",
+            )
+        routed = self.database_of(tenant)
+        if routed:
+            return Moved(tenant, routed, self.kept(tenant))
+        self._refuse_writers(tenant)
+        database = tenant_database(self.home, tenant)
+        self._create_database(database)
+        with self._transaction() as conn:
+            # Its sessions here end, and it may open none: only the copy writes its rows now.
+            revoke(conn, role)
+        self._end_sessions(role, self.home)
+        there = self.on(database)
+        give_up = time.monotonic() + patience
+        while True:
+            copied = copy_tenant(self.conn, there, tenant)
+            try:
+                with self._transaction() as conn:
+                    # Nobody writes these tables for the next milliseconds: the rows checked
+                    # are the rows deleted. A wait for that is bounded like a migration's.
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (_ms(MIGRATION_LOCK_TIMEOUT),),
+                    )
+                    for table in TENANT_TABLES:
+                        conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+                    if digest(conn, tenant) != copied:
+                        raise _Changed()
+                    conn.execute(
+                        "INSERT INTO keelgate_databases (tenant, database) VALUES (%s, %s)",
+                        (tenant, database),
+                    )
+                    for table in TENANT_TABLES:
+                        conn.execute(f"DELETE FROM {table} WHERE tenant = %s", (tenant,))
+                break
+            except (_Changed, StoreBusy):
+                if time.monotonic() > give_up:
+                    raise StoreBusy(
+                        f"PostgreSQL store {self.target}",
+                        f"moving tenant {tenant} (its rows kept changing, or the tables stayed "
+                        "locked)",
+                        waited="lock_timeout",
+                        seconds=patience,
+                    ) from None
+                time.sleep(0.5)
+        self._furnish(database, tenant)
+        return Moved(tenant, database, self.kept(tenant))
+
+    def _refuse_writers(self, tenant: str) -> None:
+        """Refuse a move while someone other than the tenant's own role (whose sessions the
+        move ends) could be writing the tenant's rows here: the operator, a shared URL."""
+        rows = self._rows(
+            "SELECT a.usename, count(*) FROM pg_stat_activity a WHERE a.datname = "
+            "current_database() AND a.pid <> pg_backend_pid() AND (a.usename IN (SELECT t.role "
+            "FROM keelgate_tenants t WHERE t.kind = 'operator') OR a.usename = (SELECT "
+            "c.relowner::regrole::text FROM pg_class c WHERE c.oid = "
+            "'keelgate_tenants'::regclass)) GROUP BY 1 ORDER BY 1"
+        )
+        if rows:
+            who = ", ".join(f"{count} of role {user}" for user, count in rows)
+            raise InputError(
+                "NAMESPACE",
+                f"sessions that may write tenant {tenant}'s rows are on database {self.home} "
+                f"({who}): stop the operator (scale it to 0) and the processes using a shared "
+                "URL, then move it",
+            )
 
     # Helpers
 
     def _registered(self, role: str) -> Tenant | None:
         rows = self._rows(
             f"SELECT {_TENANT_COLUMNS} FROM keelgate_tenants t "
-            "LEFT JOIN pg_roles r ON r.rolname = t.role WHERE t.role = %s",
+            "LEFT JOIN pg_roles r ON r.rolname = t.role "
+            "LEFT JOIN keelgate_databases d ON d.tenant = t.tenant AND t.kind = 'tenant' "
+            "WHERE t.role = %s",
             (role,),
         )
         return _tenant(rows[0]) if rows else None
@@ -678,14 +1123,14 @@ class TenantStore:
             raise InputError("--role", f"role {role} cannot log in")
         return True
 
-    def _end_sessions(self, role: str) -> int:
-        """End the role's sessions on this database (its rights are gone already; this makes a
+    def _end_sessions(self, role: str, database: str) -> int:
+        """End the role's sessions on ``database`` (its rights are gone already; this makes a
         step pod that holds one notice now). Not every administrator may: then none are."""
         with suppress(psycopg.Error):
             rows = self.conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE usename = %s AND datname = current_database()",
-                (role,),
+                "WHERE usename = %s AND datname = %s",
+                (role, database),
             ).fetchall()
             return sum(1 for row in rows if row[0])
         return 0
@@ -703,16 +1148,31 @@ class TenantStore:
         except psycopg.errors.DependentObjectsStillExist:
             return False
         except psycopg.Error as error:
-            raise StoreError(self._words(error)) from None
+            raise self._failed(error) from None
         return True
 
 
-_TENANT_COLUMNS = "t.role, t.tenant, t.kind, t.added_at, COALESCE(r.rolconnlimit, -1), t.lock_limit"
+class _Changed(Exception):
+    """The tenant's rows here changed between their copy and its check: copy again."""
+
+
+_TENANT_COLUMNS = (
+    "t.role, t.tenant, t.kind, t.added_at, COALESCE(r.rolconnlimit, -1), t.lock_limit, "
+    "COALESCE(d.database, '')"
+)
 
 
 def _tenant(row: Any) -> Tenant:
-    role, tenant, kind, added_at, connections, locks = row
-    return Tenant(str(role), str(tenant), str(kind), str(added_at), int(connections), int(locks))
+    role, tenant, kind, added_at, connections, locks, database = row
+    return Tenant(
+        str(role),
+        str(tenant),
+        str(kind),
+        str(added_at),
+        int(connections),
+        int(locks),
+        str(database),
+    )
 
 
 def _kind_words(tenant: Tenant) -> str:

@@ -206,13 +206,21 @@ class PgServer:
         return self.database_url(name)
 
     def drop_database(self, name: str) -> None:
-        """Drop a database, ending any session still connected to it."""
+        """Drop a database, and the databases of its tenants (``<name>_<namespace>``, made by
+        ``keelgate tenant add``), ending any session still connected to them."""
         from psycopg import sql
 
         with self._lock:
-            self._admin_connection().execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            admin = self._admin_connection()
+            tenants = admin.execute(
+                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (f"{name}_",)
+            ).fetchall()
+            for database in [name, *(str(row[0]) for row in tenants)]:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(database)
+                    )
+                )
 
     def restart(self, *, crash: bool = False, down_for: float = 0.0, timeout: float = 60.0) -> None:
         """Stop the server and start it again on the same port and data, as ``pg_ctl restart

@@ -7,6 +7,11 @@ wire form (``payload``), how it calls its SDK (``_create``), and how it reads it
 neutral pieces ``planned_reply`` takes (text, tool calls, cut off, refused, usage). Both SDKs
 name their errors alike (``APITimeoutError``, ``APIConnectionError``, ``APIStatusError``).
 
+Each try of a call ends at ``timeout_seconds`` whatever the server sends (a reply trickled a
+byte at a time included): the SDKs' own timeout bounds each read, so every connection a try
+makes is given to a ``keelgate.core.cutoff.Cutoff`` that shuts it at the limit, and the try is
+then a transient failure like a timeout.
+
 This module must never log or repeat the API key, never retry anything but the model call itself
 (``_retry``), and never act on a reply that was cut off: half a tool call is not a plan.
 """
@@ -15,8 +20,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, ClassVar, Required, TypedDict
+
+import httpx
 
 from keelgate.adapters import network
 from keelgate.adapters.models import _prompt
@@ -27,9 +35,24 @@ from keelgate.adapters.models._retry import (
     one_line,
     retry_after_seconds,
 )
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
 from keelgate.core.types import Usage
 from keelgate.errors import InputError, ModelError
+
+#: The try in progress on this thread (or task): its requests' connections are given to it.
+_TRY: ContextVar[Cutoff | None] = ContextVar("keelgate_model_try", default=None)
+
+
+def _traced(request: Any) -> None:
+    """An SDK client's request hook: the try in progress takes the request's connections."""
+    cutoff = _TRY.get()
+    if cutoff is not None:
+        request.extensions = {**request.extensions, "trace": cutoff.trace}
+
+
+class _Cut(Exception):
+    """The reply was still coming when the try's time limit came."""
 
 
 class SdkOptions(TypedDict, total=False):
@@ -73,6 +96,7 @@ class SdkModel(ABC):
         self.base_url = base_url or None
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
+        self.timeout_seconds = timeout_seconds
         self._sleep = sleep
         self._secret = api_key or ""
         self._client = self._connect(api_key, timeout_seconds)
@@ -83,19 +107,24 @@ class SdkModel(ABC):
     def close(self) -> None:
         self._client.close()
 
-    def _http_client(self) -> Any:
-        """The httpx client the SDK sends with: None (the SDK's own, the real network), unless
-        a simulation routes the provider's URL elsewhere (``keelgate.adapters.network``)."""
-        routed = network.transport(self.base_url or self.provider, network.HTTPX2)
-        if routed is None:
-            return None
-        import httpx2
-
-        return httpx2.Client(transport=routed, follow_redirects=False)
-
     @abstractmethod
     def _connect(self, api_key: str | None, timeout_seconds: float) -> Any:
-        """The SDK client, with its own retries off (``call`` retries, by ``_retry``'s policy)."""
+        """The SDK client, with its own retries off (``call`` retries, by ``_retry``'s policy)
+        and its HTTP client from ``_http_client``."""
+
+    def _http_client(self) -> Any:
+        """The SDK's own HTTP client with its defaults, whose requests give their connections
+        to the try in progress (``_try``). None is kept alive: a try on a connection an
+        earlier try left in the pool makes none, so its cutoff would hold nothing to shut and
+        a reply trickled on it would outlive the time limit. A new connection per try costs a
+        handshake against a model call of seconds. Its transport is the real network's unless
+        a simulation routes the provider's URL elsewhere (``keelgate.adapters.network``)."""
+        routed = network.transport(self.base_url or self.provider, network.HTTPX2)
+        return self.sdk.DefaultHttpxClient(
+            event_hooks={"request": [_traced]},
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=0),
+            **({} if routed is None else {"transport": routed}),
+        )
 
     @abstractmethod
     def payload(self, request: ModelRequest) -> dict[str, Any]:
@@ -112,7 +141,7 @@ class SdkModel(ABC):
     def call(self, request: ModelRequest) -> ModelReply:
         body = self.payload(request)
         response = call_with_retries(
-            lambda: self._create(body),
+            lambda: self._try(body),
             self._classify,
             policy=self.retry,
             provider=f"{self.provider} at {self.base_url}" if self.base_url else self.provider,
@@ -120,8 +149,23 @@ class SdkModel(ABC):
         )
         return self._reply(request, response, body)
 
+    def _try(self, body: dict[str, Any]) -> Any:
+        """One try of the call, over by ``timeout_seconds`` whatever the server sends."""
+        with Cutoff.after(self.timeout_seconds) as cutoff:
+            token = _TRY.set(cutoff)
+            try:
+                return self._create(body)
+            except Exception:
+                if cutoff.cut:
+                    raise _Cut from None
+                raise
+            finally:
+                _TRY.reset(token)
+
     def _classify(self, error: Exception) -> Transient | ModelError:
         """Transport trouble, a 429 or a 5xx is worth another try; anything else is final."""
+        if isinstance(error, _Cut):
+            return Transient(f"no whole reply within {self.timeout_seconds:g}s")
         if isinstance(error, self.sdk.APITimeoutError):
             return Transient("the request timed out")
         if isinstance(error, self.sdk.APIConnectionError):

@@ -5,12 +5,15 @@ ADR's: when it cannot know whether a WRITE or PROPOSE reached the server and too
 timeout or a reset after the request may have been sent, a 5xx), it raises OutcomeUncertain and
 never retries; only a failure that provably sent nothing (connection refused) or a 4xx is a
 definite ToolError. Each WRITE and PROPOSE sends its key as ``Idempotency-Key`` so the downstream
-service can deduplicate, waits no longer than its write deadline, and checks that deadline right
-before the request's first byte is written (httpcore's ``trace`` extension), so a process held up
-past it sends nothing (``keelgate.core.fence``); the same moment records that its call may have
-sent something. Asked to send for a WRITE or PROPOSE with no write deadline in reach (a thread a
-composite tool started without ``keelgate.fenced``), it refuses. It must never put argument
-values or header values into an error.
+service can deduplicate, and checks its write deadline right before the request's first byte is
+written (httpcore's ``trace`` extension), so a process held up past it sends nothing
+(``keelgate.core.fence``); the same moment records that its call may have sent something. The
+whole exchange ends at ``timeout_seconds``, and a WRITE's or PROPOSE's at its write deadline,
+whatever the server sends (``keelgate.core.cutoff``: httpx's timeout bounds each read, and a
+server trickling its answer would never trip it); a request cut there is a timeout. Asked to
+send for a WRITE or PROPOSE with no write deadline in reach (a thread a composite tool started
+without ``keelgate.fenced``), it refuses. It must never put argument values or header values
+into an error.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import httpx
 from keelgate.adapters import network
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -128,6 +132,18 @@ class HttpTool:
         return f"HttpTool(name={self.name!r}, {self.where})"
 
     @property
+    def definition(self) -> Mapping[str, Any]:
+        """What decides this tool's call (``keelgate.core.calls``): its method, URL template,
+        the names of its headers (their values may be credentials, rotated without changing
+        what the call does) and its body (none: the arguments are the body)."""
+        return {
+            "http.method": self.method,
+            "http.url": self.url,
+            "http.headers": sorted({name.lower() for name in self.headers}),
+            "http.body": None,
+        }
+
+    @property
     def changes_things(self) -> bool:
         return self.side_effect is not SideEffect.READ
 
@@ -148,26 +164,53 @@ class HttpTool:
             self.name, idempotency_key=idempotency_key, changes_things=self.changes_things
         )
         sends: list[fence.Send] = []  # what this request recorded as sent (a proxy's CONNECT too)
-        if call is not None:
-            request["timeout"] = min(self.timeout_seconds, call.deadline.remaining())
-            request["extensions"] = {"trace": _checks_before_sending(call, sends)}
-        try:
-            response = self.client.request(self.method, url, **request)
-        except ToolError:
-            raise  # the fence refused the request (its deadline passed): it was not sent
-        except _NOTHING_SENT as error:
-            _took_no_effect(sends)
-            raise ToolError(
-                f"{self.name}: {self.where} failed before anything was sent "
-                f"({type(error).__name__})"
-            ) from None
-        except httpx.TimeoutException as error:
-            self._unsure(f"no answer within {self.timeout_seconds}s ({type(error).__name__})")
-        except Exception as error:  # reset, protocol error, anything mid-exchange
-            self._unsure(f"the exchange broke off ({type(error).__name__})")
+        # The whole exchange ends at the time limit, and a WRITE's or PROPOSE's at its call's
+        # write deadline, whatever the server sends; httpx's own timeout bounds each operation.
+        cutoff = Cutoff.after(
+            self.timeout_seconds, at_most=None if call is None else call.deadline.at
+        )
+        request["timeout"] = cutoff.remaining()
+        request["extensions"] = {"trace": _checks_before_sending(call, sends, cutoff)}
+        with cutoff:
+            try:
+                response = self._exchange(url, request, cutoff)
+            except ToolError:
+                raise  # the fence refused the request (its deadline passed): it was not sent
+            except _NOTHING_SENT as error:
+                _took_no_effect(sends)
+                raise ToolError(
+                    f"{self.name}: {self.where} failed before anything was sent "
+                    f"({type(error).__name__})"
+                ) from None
+            except Exception as error:  # a timeout, a reset, anything mid-exchange
+                if cutoff.cut or isinstance(error, _Cut):
+                    self._unsure(f"no whole answer within its time limit: {_CUT}")
+                if isinstance(error, httpx.TimeoutException):
+                    self._unsure(
+                        f"no answer within {self.timeout_seconds}s ({type(error).__name__})"
+                    )
+                self._unsure(f"the exchange broke off ({type(error).__name__})")
         if 400 <= response.status_code < 500:
             _took_no_effect(sends)  # a definite refusal: this request changed nothing
         return self._result(response)
+
+    def _exchange(self, url: str, request: dict[str, Any], cutoff: Cutoff) -> httpx.Response:
+        """The request and its whole answer, read in pieces that each ask ``cutoff`` whether
+        the exchange is over (its alarm also shuts the connection, which ends a blocked read)."""
+        sent = self.client.build_request(self.method, url, **request)
+        streamed = self.client.send(sent, stream=True)
+        try:
+            raw = bytearray()
+            for chunk in streamed.iter_raw():
+                if cutoff.passed:
+                    raise _Cut
+                raw += chunk
+        finally:
+            streamed.close()
+        # The raw bytes, decoded as the headers say (gzip ...), as httpx reads a whole answer.
+        return httpx.Response(
+            streamed.status_code, headers=streamed.headers, content=bytes(raw), request=sent
+        )
 
     def close(self) -> None:
         if self._client is not None:
@@ -199,13 +242,24 @@ class HttpTool:
         return self.url.format_map(values), rest
 
 
-def _checks_before_sending(call: fence.Invocation, sends: list[fence.Send]) -> Any:
-    """An httpcore ``trace`` callback that checks the write deadline right before the request's
-    headers are written (after the connection is made, before any byte of the request leaves)
-    and records in ``sends`` that the call may have sent something from then on."""
+class _Cut(Exception):
+    """The answer was still coming when the exchange's time limit came."""
+
+
+_CUT = "the exchange was cut (the server was still sending)"
+
+
+def _checks_before_sending(
+    call: fence.Invocation | None, sends: list[fence.Send], cutoff: Cutoff
+) -> Any:
+    """An httpcore ``trace`` callback that gives ``cutoff`` each connection made and, for a
+    WRITE or PROPOSE, checks the write deadline right before the request's headers are written
+    (after the connection is made, before any byte of the request leaves) and records in
+    ``sends`` that the call may have sent something from then on."""
 
     def trace(event: str, info: Mapping[str, Any]) -> None:
-        if event.endswith(".send_request_headers.started"):
+        cutoff.trace(event, info)
+        if call is not None and event.endswith(".send_request_headers.started"):
             sends.append(call.sending())
 
     return trace

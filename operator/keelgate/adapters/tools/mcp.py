@@ -14,8 +14,11 @@ sent (connection refused, handshake failed) is a definite ToolError; after it, a
 whose answer did not arrive is OutcomeUncertain and is never retried. The write deadline is checked
 where the HTTP tool checks it: on the ``tools/call`` request itself, after its connection is made
 and before its headers are written (an httpx2 request hook and httpcore's ``trace``), which also
-records that the call may have sent something (``keelgate.core.fence``). It must never put
-argument values or header values into an error.
+records that the call may have sent something (``keelgate.core.fence``). The whole call (the
+session, the request, its answer) ends at the tool's time limit and its write deadline, whatever
+the server sends: a ``keelgate.core.cutoff.Cutoff`` closes the session's connections and cancels
+its work then, and the call is a timeout. It must never put argument values or header values
+into an error.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar, cast
 
+import anyio
 import httpx2
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
@@ -43,6 +48,7 @@ from mcp_types import (
 from keelgate.adapters import network
 from keelgate.adapters.tools.schema import ArgsSchema
 from keelgate.core import fence, tracing
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.errors import InputError, OutcomeUncertain, ToolError
 
@@ -126,6 +132,18 @@ class McpTool:
     def __repr__(self) -> str:
         return f"McpTool(name={self.name!r}, server={self.server.url!r})"
 
+    @property
+    def definition(self) -> Mapping[str, Any]:
+        """What decides this tool's call (``keelgate.core.calls``): the server, the tool it
+        calls there, the names of the headers sent (values may be rotated credentials) and
+        the argument that carries the key."""
+        return {
+            "mcp.url": self.server.url,
+            "mcp.tool": self.remote_name,
+            "mcp.headers": sorted({name.lower() for name in self.server.headers}),
+            "mcp.keyArgument": self.key_argument or "",
+        }
+
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         self._schema.check(self.name, args)
         arguments = dict(args)
@@ -152,11 +170,16 @@ class McpTool:
     ) -> Any:
         guard = _CallGuard(call)
         result: CallToolResult | None = None
-        timeout = self.timeout_seconds
-        if call is not None:
-            timeout = min(timeout, call.deadline.remaining())
+        # The whole call (the session, the request, its answer) ends at the time limit, and a
+        # WRITE's or PROPOSE's at its call's write deadline, whatever the server sends.
+        cutoff = Cutoff.after(
+            self.timeout_seconds, at_most=None if call is None else call.deadline.at
+        )
         try:
-            async with _session(self.server, timeout, guard) as client:
+            async with (
+                _bounded(cutoff),
+                _session(self.server, cutoff.remaining(), guard, cutoff) as client,
+            ):
                 result = await client.call_tool(self.remote_name, arguments, meta=meta)
         except Exception as error:
             if result is None and guard.refused is None:
@@ -180,6 +203,8 @@ class McpTool:
             guard.took_no_effect()
             raise ToolError(f"{self.name}: the server refused the call: {_cap(leaf.error.message)}")
         why = f"{self.name}: no answer from the MCP server ({kind})"
+        if isinstance(leaf, TimeoutError):
+            why = f"{self.name}: no whole answer from the MCP server within its time limit"
         if self.side_effect is SideEffect.READ:
             raise ToolError(why)
         raise OutcomeUncertain(f"{why}; it may or may not have taken effect")
@@ -249,7 +274,8 @@ def list_remote_tools(server: McpServerRef) -> dict[str, RemoteTool]:
 
     async def listing() -> dict[str, RemoteTool]:
         found: dict[str, RemoteTool] = {}
-        async with _session(server, server.timeout_seconds) as client:
+        cutoff = Cutoff.after(server.timeout_seconds)
+        async with _bounded(cutoff), _session(server, cutoff.remaining(), None, cutoff) as client:
             cursor: str | None = None
             for _ in range(100):  # a server that pages forever is not followed forever
                 page = await client.list_tools(cursor=cursor)
@@ -341,9 +367,17 @@ class _CallGuard:
 
     async def on_request(self, request: httpx2.Request) -> None:
         """An httpx2 ``request`` event hook: it runs for every request of the session,
-        redirects included, before its connection is taken."""
+        redirects included, before its connection is taken (after the cutoff's hook, whose
+        trace it keeps)."""
         if request.method == "POST" and _is_tool_call(request.content):
-            request.extensions = {**request.extensions, "trace": self._before_sending}
+            traced = request.extensions.get("trace")
+
+            async def trace(event: str, info: Mapping[str, Any]) -> None:
+                if traced is not None:
+                    await traced(event, info)
+                await self._before_sending(event, info)
+
+            request.extensions = {**request.extensions, "trace": trace}
 
     async def _before_sending(self, event: str, info: Mapping[str, Any]) -> None:
         if not event.endswith(".send_request_headers.started"):
@@ -370,14 +404,35 @@ def _is_tool_call(body: bytes) -> bool:
     return isinstance(message, dict) and message.get("method") == "tools/call"
 
 
+@asynccontextmanager
+async def _bounded(cutoff: Cutoff) -> AsyncIterator[None]:
+    """Run the block until ``cutoff``: its alarm cancels the block (from the alarm's thread,
+    through the event loop) and shuts the connections it reported, then ``TimeoutError``."""
+    loop = asyncio.get_running_loop()
+    with cutoff, anyio.CancelScope() as scope:
+        cutoff.close_with(lambda: loop.call_soon_threadsafe(scope.cancel))
+        yield
+    if scope.cancelled_caught:
+        raise TimeoutError("cut at its time limit")
+
+
 class _session:
     """An open MCP client session over streamable HTTP, closed with its HTTP client. With a
-    ``guard``, its ``tools/call`` request is checked against the write deadline."""
+    ``guard``, its ``tools/call`` request is checked against the write deadline; every
+    connection it makes is given to ``cutoff``, which shuts it at the time limit."""
 
     def __init__(
-        self, server: McpServerRef, timeout: float, guard: _CallGuard | None = None
+        self,
+        server: McpServerRef,
+        timeout: float,
+        guard: _CallGuard | None,
+        cutoff: Cutoff,
     ) -> None:
-        hooks = {"request": [guard.on_request]} if guard is not None else {}
+        async def traced(request: httpx2.Request) -> None:
+            # Before the guard's hook, which adds its own check to the tools/call request.
+            request.extensions = {**request.extensions, "trace": cutoff.atrace}
+
+        hooks = {"request": [traced, *([guard.on_request] if guard is not None else [])]}
         self.http = httpx2.AsyncClient(
             headers=dict(server.headers),
             timeout=httpx2.Timeout(timeout),

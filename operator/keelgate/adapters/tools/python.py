@@ -38,6 +38,18 @@ class PythonTool:
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
     timeout_seconds: float | None = None
+    # The manifest's reference to the function ("pkg.module:function"), when built from one.
+    reference: str = ""
+
+    @property
+    def definition(self) -> Mapping[str, Any]:
+        """What decides this tool's call (``keelgate.core.calls``): the function called, as the
+        manifest names it, else by its module and name."""
+        if self.reference:
+            return {"python.callable": self.reference}
+        module = getattr(self.function, "__module__", None) or "?"
+        name = getattr(self.function, "__qualname__", None) or type(self.function).__qualname__
+        return {"python.callable": f"{module}:{name}"}
 
     def __post_init__(self) -> None:
         # Refused here, not when the call is made: a timeout the thread join cannot take would

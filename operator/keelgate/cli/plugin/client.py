@@ -66,7 +66,9 @@ class PluginApi(Protocol):
 
     def identity(self) -> tuple[str, tuple[str, ...]]: ...
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]: ...
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]: ...
 
     def agentrun(self, name: str) -> JSON: ...
 
@@ -84,7 +86,11 @@ class PluginApi(Protocol):
 
     def follow_log(self, name: str, *, tail: int | None = None) -> Iterator[str]: ...
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]: ...
+    def listed(
+        self, kind: str, *, all_namespaces: bool = False, namespace: str = ""
+    ) -> list[JSON]: ...
+
+    def namespaces(self) -> list[str]: ...
 
 
 class ClusterClient:
@@ -155,7 +161,11 @@ class ClusterClient:
         groups = tuple(str(g) for g in (info.groups or ())) if info is not None else ()
         return name, groups
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]:
+        """Whether the user may ``verb`` the ``resource`` named ``name`` ("": any) in
+        ``namespace`` (None: the target's; "": every namespace), and the API server's reason."""
         review = client.V1SelfSubjectAccessReview(
             api_version="authorization.k8s.io/v1",
             kind="SelfSubjectAccessReview",
@@ -164,7 +174,7 @@ class ClusterClient:
                     group=GROUP,
                     resource=resource,
                     verb=verb,
-                    namespace=self.namespace,
+                    namespace=self.namespace if namespace is None else namespace,
                     name=name,
                 )
             ),
@@ -269,9 +279,9 @@ class ClusterClient:
         pods: list[JSON] = self.client.sanitize_for_serialization(listed).get("items") or []
         return [p for p in pods if _owned_by_run(p, run)]
 
-    def listed(self, kind: str, *, all_namespaces: bool = False) -> list[JSON]:
-        """Every object of ``kind`` (AgentRun, Reconciliation, Approval) in the namespace, or
-        in every namespace the user may list."""
+    def listed(self, kind: str, *, all_namespaces: bool = False, namespace: str = "") -> list[JSON]:
+        """Every object of ``kind`` (AgentRun, Reconciliation, Approval) in the namespace (or
+        in ``namespace``), or in every namespace at once (a cluster-wide list)."""
         plural = PLURALS[kind]
         if all_namespaces:
             listed = self._call(
@@ -287,10 +297,15 @@ class ClusterClient:
                 self.custom.list_namespaced_custom_object,
                 GROUP,
                 VERSION,
-                self.namespace,
+                namespace or self.namespace,
                 plural,
             )
         return list(listed.get("items") or [])
+
+    def namespaces(self) -> list[str]:
+        """The cluster's namespaces (a cluster-wide list: Refused, 403, for most people)."""
+        listed = self._call("list namespaces", self.core.list_namespace)
+        return sorted(str(n.metadata.name) for n in listed.items or ())
 
     def pod_log(self, name: str, *, tail: int | None = None, since: int | None = None) -> str:
         limits: dict[str, Any] = {}

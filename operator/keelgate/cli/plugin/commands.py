@@ -25,11 +25,13 @@ import typer
 
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
 from keelgate.cli.help import App
-from keelgate.cli.plugin import view
+from keelgate.cli.plugin import standing, view
 from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
 from keelgate.cli.render import Console
+from keelgate.core.approvals import refusal
 from keelgate.core.loop import check_actor
+from keelgate.core.types import ApprovalRule
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, SettleError, SettleTooEarly
 
@@ -262,6 +264,8 @@ class Decided:
     by: str
     name: str
     already: bool
+    # An approval of several: the count once it is recorded ("1 of 2"); "" otherwise.
+    progress: str = ""
 
 
 def decide(
@@ -343,12 +347,13 @@ def _approve(
     tool: str,
     verdict: str,
 ) -> Decided:
-    """Add the user's decision to the Approval's spec.decisions (their name, and the groups the
-    API server authenticated them in, which admission checks again): unless the same decision
-    of theirs is there already and counts, the Approval is decided the other way, or the tool's
-    rule cannot count them (not in its groups; the run's creator under notCreator). ``name``,
-    ``tool`` and ``verdict`` are the Approval's, the tool's and the decision's, as ``decide``
-    read them from ``found``."""
+    """Add the user's decision to the Approval's spec.decisions (their name, the groups the
+    API server authenticated them in, which admission checks again, the moment, and the
+    definition of the call they were shown): unless the same decision of theirs is there
+    already and counts, or the Approval is decided the other way. A decision the rule in force
+    cannot count (``keelgate.core.approvals.refusal``, the judge the operator asks too) is
+    refused before anything is written, in one line. ``name``, ``tool`` and ``verdict`` are
+    the Approval's, the tool's and the decision's, as ``decide`` read them from ``found``."""
     spec, status = found.get("spec") or {}, found.get("status") or {}
     wanted = str(spec.get("idempotencyKey") or "")
     if key and wanted and key != wanted:
@@ -358,32 +363,63 @@ def _approve(
             f"was shown as the call with Idempotency-Key {key}, but approval {name} is for "
             f"{wanted}: its arguments are not the ones shown; look again",
         )
-    entries = approval_entries(spec)
-    denier = next((by for by, yes in entries if not yes), "")
-    if status.get("phase") == "Settled" or denier:
-        shown = "denied" if denier else str(status.get("verdict") or "settled")
-        by = denier or str(status.get("settledBy") or "someone")
-        if shown == verdict:
+    if status.get("phase") == "Settled":
+        shown = str(status.get("verdict") or "settled")
+        by = str(status.get("settledBy") or "someone")
+        if shown == verdict and (not decision or user in (status.get("approvedBy") or ())):
             return Decided(run, action, tool, verdict, by, name, already=True)
         raise SettleError(
             run,
             action,
             f"already decided: {shown} by {by} (approval {name}); a decision cannot change",
         )
-    mine = [yes for by, yes in entries if by == user]
-    if mine and mine[-1] == decision:
-        counted = user in (status.get("approvedBy") or ())
-        catching_up = int(status.get("decided") or 0) < len(entries)
-        if not decision or counted or catching_up:
-            return Decided(run, action, tool, verdict, user, name, already=True)
-    if decision:
-        _refuse_by_rule(api, run, action, tool, user, groups)
+    asked, rule, creator = _asked(api, run, action)
+    counted = standing.counted_of(found, asked)
+    progress = str(status.get("progress") or "")
+    if decision and user in counted:
+        return Decided(run, action, tool, verdict, user, name, already=True, progress=progress)
+    why = refusal(
+        rule,
+        approved=decision,
+        by=user,
+        groups=groups,
+        creator=creator,
+        counted=counted,
+        note=note or "",
+    )
+    if why is not None:
+        raise SettleError(run, action, f"{why}; nothing was changed")
+    definition = str(asked.get("definition") or status.get("definition") or "")
+    if standing.made_already(spec, status, user, decision, definition):
+        # A retried command: the operator has yet to record the same decision of theirs.
+        return Decided(run, action, tool, verdict, user, name, already=True, progress=progress)
     _may_patch(api, APPROVAL, name, user)
-    entry: dict[str, Any] = {"by": user, "groups": list(groups), "approved": decision}
+    entry: dict[str, Any] = {
+        "by": user,
+        "groups": list(groups),
+        "approved": decision,
+        "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if definition:
+        entry["definition"] = definition
     if note is not None:
         entry["note"] = note
     api.append_decision(name, entry, first="decisions" not in spec)
-    return Decided(run, action, tool, verdict, user, name, already=False)
+    progress = ""
+    if decision and rule.required > 1:
+        progress = f"{len(counted) + 1} of {rule.required}"
+    return Decided(run, action, tool, verdict, user, name, already=False, progress=progress)
+
+
+def _asked(api: PluginApi, run: str, action: str) -> tuple[Mapping[str, Any], ApprovalRule, str]:
+    """What the run asks of ``action`` now: its entry of ``status.pendingApprovals`` (the rule
+    in force, the definition the call is bound to, who counts), the rule, and the run's
+    creator. A run that does not wait for it refuses the decision, in one line."""
+    body = api.agentrun(run)
+    asked, rule = standing.asked_of(body, action)
+    if asked is None:
+        raise SettleError(run, action, f"{standing.not_waiting(body)}; nothing was changed")
+    return asked, rule, standing.creator_of(body)
 
 
 def _may_patch(api: PluginApi, kind: _Kind, name: str, user: str) -> None:
@@ -397,46 +433,6 @@ def _may_patch(api: PluginApi, kind: _Kind, name: str, user: str) -> None:
             f"{user} may not patch {kind.name.lower()} {name} in namespace "
             f"{api.target.namespace}{why}: ask for Keelgate's edit role there; nothing was changed",
             status=403,
-        )
-
-
-def approval_entries(spec: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    """(by, approved) of every decision an Approval's spec holds: the one-decision form first,
-    then spec.decisions, in order."""
-    found: list[tuple[str, bool]] = []
-    if spec.get("approved") is not None:
-        found.append((str(spec.get("by") or ""), bool(spec["approved"])))
-    for entry in spec.get("decisions") or ():
-        found.append((str(entry.get("by") or ""), bool(entry.get("approved"))))
-    return found
-
-
-def _refuse_by_rule(
-    api: PluginApi, run: str, action: str, tool: str, user: str, groups: tuple[str, ...]
-) -> None:
-    """Refuse, before anything is written, an approval the tool's rule (as the AgentRun says
-    it now) cannot count: the operator would record it as not counted."""
-    # Here, not at the top: keelgate.kube.resources loads the manifest models (pydantic, tens of
-    # milliseconds), which every other command, --help and completion do without.
-    from keelgate.kube.resources import creator_of
-
-    body = api.agentrun(run)
-    tools = (body.get("spec") or {}).get("tools") or ()
-    rule = next((t.get("approval") for t in tools if t.get("name") == tool), None) or {}
-    if rule.get("notCreator") and creator_of(body) == user:
-        raise SettleError(
-            run,
-            action,
-            f"{user} created the run, and the approval rule of {tool} asks for someone else; "
-            "nothing was changed",
-        )
-    named = [str(g) for g in rule.get("groups") or ()]
-    if named and not set(named) & set(groups):
-        raise SettleError(
-            run,
-            action,
-            f"{user} is in none of the groups the approval rule of {tool} names "
-            f"({', '.join(named)}); nothing was changed",
         )
 
 
@@ -520,12 +516,14 @@ def _said(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> i
                 "by": done.by,
                 kind.name.lower(): done.name,
                 "already": done.already,
+                **({"progress": done.progress} if done.progress else {}),
             }
         )
         return 0
     said = "already " if done.already else ""
+    count = f" ({done.progress})" if done.progress else ""
     console.say(
-        f"{done.run} {done.action} ({done.tool}): {said}{done.verdict} by {done.by} "
+        f"{done.run} {done.action} ({done.tool}): {said}{done.verdict} by {done.by}{count} "
         f"({kind.name.lower()} {done.name})",
         style="green",
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 import typer
@@ -26,15 +27,19 @@ from keelgate.cli.listing import (
     age,
     emit,
     span,
+    table,
 )
+from keelgate.cli.plugin import standing
+from keelgate.cli.plugin.client import PLURALS, PluginApi, Refused
 from keelgate.cli.plugin.commands import (
     ContextOption,
     KubeconfigOption,
     NamespaceOption,
     _api,
     app,
-    approval_entries,
 )
+from keelgate.cli.plugin.standing import Standing
+from keelgate.cli.render import Console
 from keelgate.kube.naming import GROUP
 from keelgate.kube.times import parse_time
 
@@ -57,7 +62,7 @@ def list_command(
     and active seconds used against their limits."""
     api = _api(ctx, kubeconfig, context, namespace)
     runs = sorted(
-        api.listed("AgentRun", all_namespaces=all_namespaces),
+        _listed_everywhere(api, ("AgentRun",)) if all_namespaces else api.listed("AgentRun"),
         key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]),
     )
     now = dt.datetime.now(dt.UTC)
@@ -135,25 +140,26 @@ def pending_command(
     output: ListOutputOption = ListOutput.text,
 ) -> int:
     """What waits for a person, oldest first: unknown outcomes to settle (Reconciliations) and
-    actions to approve (Approvals) not yet decided, each with the command that decides it."""
+    actions to approve (Approvals) not yet decided, each with the command that decides it;
+    then, apart, what waits for others, with why you cannot decide it (the run's rule in
+    force, as the operator judges it; or RBAC)."""
     api = _api(ctx, kubeconfig, context, namespace)
-    waiting = [
-        item
-        for kind in ("Reconciliation", "Approval")
-        for item in api.listed(kind, all_namespaces=all_namespaces)
-        if not decided(item)
-    ]
+    kinds = ("Reconciliation", "Approval")
+    found = _listed_everywhere(api, kinds) if all_namespaces else _here(api, kinds)
+    waiting = [item for item in found if not decided(item)]
     waiting.sort(
         key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
     )
+    judged = _standings(api, waiting)
     now = dt.datetime.now(dt.UTC)
     header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "APPROVALS", "EXPIRES", "DECIDE WITH"]
     if output is ListOutput.wide:
-        header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER"]
+        header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER", "NOT COUNTED"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
-    rows = []
-    for item in waiting:
+    yours: list[list[str]] = []
+    others: list[list[str]] = []
+    for index, item in enumerate(waiting):
         spec, meta = item.get("spec") or {}, item["metadata"]
         verb, choices = _DECIDE[item["kind"]]
         command = (
@@ -172,24 +178,142 @@ def pending_command(
             command,
         ]
         if output is ListOutput.wide:
+            said = str(status.get("message") or "")
             row[7:7] = [
                 meta["name"],
                 str(spec.get("idempotencyKey", "")),
-                str((item.get("status") or {}).get("notExecutedAfter", "")),
+                str(status.get("notExecutedAfter", "")),
+                said.split("not counted:", 1)[1].strip() if "not counted:" in said else "",
             ]
         if all_namespaces:
             row.insert(0, meta.get("namespace", ""))
-        rows.append(row)
+        you = judged.get(index)
+        if you is None or you.decide:
+            yours.append(row)
+        else:
+            others.append([*row[:-1], you.why])
     where = "any namespace you may list" if all_namespaces else f"namespace {api.target.namespace}"
-    emit(
-        output,
-        _list(waiting),
-        _names(waiting),
-        header,
-        rows,
-        f"Nothing waits for a person in {where}.",
+    document = _list(
+        [
+            {**item, "you": judged[index].to_json()} if index in judged else item
+            for index, item in enumerate(waiting)
+        ]
     )
+    if output not in (ListOutput.text, ListOutput.wide) or not others:
+        emit(
+            output,
+            document,
+            _names(waiting),
+            header,
+            yours,
+            f"Nothing waits for a person in {where}.",
+        )
+        return 0
+    if yours:
+        print(table([header, *yours]))
+    else:
+        print(f"Nothing waits for you in {where}.")
+    print(f"\nWaiting for others ({len(others)}): you cannot decide these")
+    print(table([[*header[:-1], "WHY NOT YOU"], *others]))
     return 0
+
+
+def _standings(api: PluginApi, waiting: Sequence[JSON]) -> dict[int, Standing]:
+    """Each waiting object's standing for the user (by its place in ``waiting``), as the
+    inbox shows it: RBAC's word on patching it, and for an Approval the run's rule in force
+    judged by the one judge. None is judged when the API server cannot say who the user is
+    (said once on stderr), or an object whose run cannot be read (its namespace's runs are
+    not listable): those stay listed as waiting."""
+    if not waiting:
+        return {}
+    try:
+        user, groups = api.identity()
+    except Refused as refused:
+        Console().warn(f"who you are is unknown ({refused}): what you may decide is not judged")
+        return {}
+    runs = _runs_of(api, waiting)
+    may: dict[tuple[str, str], tuple[bool, str]] = {}
+    judged: dict[int, Standing] = {}
+    for index, item in enumerate(waiting):
+        meta, spec = item["metadata"], item.get("spec") or {}
+        where, kind = str(meta.get("namespace") or api.target.namespace), str(item["kind"])
+        if (where, kind) not in may:
+            may[(where, kind)] = api.may("patch", PLURALS[kind], "", namespace=where)
+        allowed, reason = may[(where, kind)]
+        if not allowed:
+            judged[index] = standing.rbac_refused(where, kind, reason)
+        elif kind != "Approval":
+            judged[index] = Standing(True, True)
+        elif where in runs:
+            run = runs[where].get(str(spec.get("runName") or ""))
+            judged[index] = standing.of_approval(item, run, user=user, groups=groups)
+    return judged
+
+
+def _runs_of(api: PluginApi, waiting: Sequence[JSON]) -> dict[str, dict[str, JSON]]:
+    """The runs of the namespaces with a waiting Approval: namespace -> name -> AgentRun; a
+    namespace whose runs the user may not list is left out."""
+    wanted = {
+        str(i["metadata"].get("namespace") or api.target.namespace)
+        for i in waiting
+        if i["kind"] == "Approval"
+    }
+    found: list[JSON] = []
+    listed: set[str] = set()
+    for where in sorted(wanted):
+        try:
+            found += api.listed("AgentRun", namespace=where)
+        except Refused as refused:
+            if refused.status != HTTPStatus.FORBIDDEN:
+                raise
+            continue
+        listed.add(where)
+    runs: dict[str, dict[str, JSON]] = {where: {} for where in listed}
+    for run in found:
+        where = str(run["metadata"].get("namespace") or api.target.namespace)
+        runs.setdefault(where, {})[str(run["metadata"]["name"])] = run
+    return runs
+
+
+def _here(api: PluginApi, kinds: Sequence[str]) -> list[JSON]:
+    return [item for kind in kinds for item in api.listed(kind)]
+
+
+def _listed_everywhere(api: PluginApi, kinds: Sequence[str]) -> list[JSON]:
+    """Every object of ``kinds`` in every namespace the user may list them in: at once, if
+    they may list them cluster-wide; else namespace by namespace (the cluster's, when they may
+    list namespaces, else the context's), said in one line on stderr, as a person with rights
+    in their own namespaces only expects `-A` to mean "everywhere I can see"."""
+    try:
+        return [item for kind in kinds for item in api.listed(kind, all_namespaces=True)]
+    except Refused as refused:
+        if refused.status != HTTPStatus.FORBIDDEN:
+            raise
+        everywhere = refused
+    try:
+        candidates = api.namespaces()
+    except Refused as refused:
+        if refused.status != HTTPStatus.FORBIDDEN:
+            raise
+        candidates = [api.target.namespace]
+    found: list[JSON] = []
+    shown: list[str] = []
+    for where in candidates:
+        try:
+            found += [item for kind in kinds for item in api.listed(kind, namespace=where)]
+        except Refused as refused:
+            if refused.status != HTTPStatus.FORBIDDEN:
+                raise
+            continue
+        shown.append(where)
+    if not shown:
+        raise everywhere
+    plurals = " and ".join(PLURALS[kind] for kind in kinds)
+    Console().warn(
+        f"you may not list {plurals} in every namespace; showing the namespaces you may list: "
+        f"{', '.join(shown)}"
+    )
+    return found
 
 
 def _list(items: Sequence[JSON]) -> JSON:
@@ -203,22 +327,21 @@ def _names(items: Sequence[JSON]) -> list[str]:
 
 
 def decided(item: Mapping[str, Any]) -> bool:
-    """Settled, or decided in spec and not yet carried out (then it waits for the operator,
-    not for a person). An Approval is decided in spec by any deny, the one-decision form, or
-    as many different people's approvals as it needs that the operator has yet to record; one
-    with "1 of 2" still waits for a person."""
+    """Whether nobody needs to act on the object any more: Settled, or (a Reconciliation)
+    decided in spec and not refused (then it waits for the operator, not for a person). An
+    Approval waits for people until the operator shows it Settled: a decision in its spec may
+    yet be refused (not in the rule's groups, the run's creator, a ServiceAccount), and an
+    action whose decision was refused must never drop out of sight."""
     status = item.get("status") or {}
     if status.get("phase") == "Settled":
         return True
-    spec = item.get("spec") or {}
-    if item.get("kind") != "Approval":
-        return "executed" in spec
-    entries = approval_entries(spec)
-    if spec.get("approved") is not None or any(not yes for _, yes in entries):
-        return True
-    people = {by for by, yes in entries if yes}
-    caught_up = int(status.get("decided") or 0) >= len(entries)
-    return not caught_up and len(people) >= max(1, int(status.get("required") or 1))
+    if item.get("kind") == "Approval":
+        return False
+    refused = any(
+        c.get("type") == "Stalled" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+    return "executed" in (item.get("spec") or {}) and not refused
 
 
 def expires_in(when: str, now: dt.datetime) -> str:

@@ -22,7 +22,11 @@ from rich.tree import Tree
 from keelgate.cli.plugin.target import Target
 from keelgate.core.redaction import redact_text
 from keelgate.kube.controller.pod_ends import classify
-from keelgate.kube.naming import ATTEMPT_LABEL, STEP_LABEL, action_object_name
+from keelgate.kube.naming import (
+    ATTEMPT_LABEL,
+    STEP_LABEL,
+    action_object_name,
+)
 
 JSON = dict[str, Any]
 
@@ -191,7 +195,8 @@ def report(
 
 
 def _object_name(found: Mapping[str, Mapping[str, Any]], run: str, item: Mapping[str, Any]) -> str:
-    """The object the operator made for an action; its computed name while it is being made."""
+    """The object the operator made for an action (whatever its name: one made before an
+    upgrade keeps an earlier release's); its computed name while it is being made."""
     obj = found.get(str(item.get("action", "")))
     if obj is not None:
         return str(obj["metadata"]["name"])
@@ -224,6 +229,8 @@ def _actions(
                     "progress": str(status.get("progress") or ""),
                     "approvedBy": [str(b) for b in status.get("approvedBy") or ()],
                     "expiresAt": str(status.get("expiresAt") or ""),
+                    # What the operator says of it: a decision it refused, and why.
+                    "message": str(status.get("message") or ""),
                 }
             )
     rows.sort(key=lambda r: (_iteration(r["action"]), r["action"], r["kind"]))
@@ -389,7 +396,11 @@ def _add_actions(root: Tree, document: Mapping[str, Any]) -> None:
         else:
             head += Text("decided, not yet applied by the operator", style="dim")
             extra = f" by {row['by']}" if row["by"] else ""
-        node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        shown = node.add(head + Text(f"{extra} → {row['kind']} {row['name']}", style=""))
+        said = str(row.get("message") or "")
+        if "not counted:" in said:
+            # A decision the operator refused stays in sight, with its reason.
+            shown.add(Text("not counted: " + said.split("not counted:", 1)[1].strip(), "yellow"))
 
 
 def _count(row: Mapping[str, Any]) -> str:

@@ -48,10 +48,11 @@ class ApprovalNews:
         verdict = "approved" if decision.approved else "denied"
         reason = "Approved" if decision.approved else "Denied"
         counted = f" ({tally})" if decision.approved and tally else ""
+        why = f" ({decision.note})" if decision.note else ""
         self._events.normal(
             run,
             reason,
-            f"{tool} ({action}) {verdict} by {decision.by}{counted}: approval {name}",
+            f"{tool} ({action}) {verdict} by {decision.by}{counted}{why}: approval {name}",
         )
 
     def expired(

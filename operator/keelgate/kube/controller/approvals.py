@@ -17,12 +17,14 @@ one already recorded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from keelgate.core.approvals import Tally, tally
-from keelgate.core.state import RunState
+from keelgate.core.approvals import Tally, on_call, seconds, tally
+from keelgate.core.audit import utc_iso_millis
+from keelgate.core.calls import fingerprint
+from keelgate.core.state import Decision, RunState
 from keelgate.core.types import ApprovalRule, PendingApproval, utc_iso
 from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.api_failures import Gone
@@ -50,6 +52,8 @@ _SHOWN = (
     "approvedBy",
     "expiresAt",
     "asks",
+    "definition",
+    "serviceAccounts",
     "settledBy",
     "decided",
     "message",
@@ -60,29 +64,79 @@ _SHOWN = (
 class Entry:
     """One decision the object holds: an entry of ``spec.decisions``, or the one-decision form."""
 
-    ref: str
+    ref: str  # its identity: what the store records it under
     approved: bool
     by: str
     groups: tuple[str, ...]
+    note: str = ""
+    at: str = ""  # the moment the entry says it was made ("": it says none)
+    definition: str = ""  # the definition of the call it was made on, as shown ("": none)
+    legacy: str = ""  # the ref an earlier release recorded it under ("": none could be)
 
 
 def entries(body: Mapping[str, Any]) -> list[Entry]:
-    """The object's decisions in order, each with the ``ref`` it is recorded under: the
-    one-decision form first, then each entry of ``spec.decisions`` as "<by>#<n>" (that person's
-    n-th entry), which no reordering of other people's entries can change."""
-    name = str(body["metadata"]["name"])
+    """The object's decisions in order (the one-decision form first), each with its identity:
+    the object's uid and the version of the object the entry was added to, which admission
+    stamps on each new entry (``id``, ``spec.decisionId``: the resourceVersion it was appended
+    over; one entry per request, so no two share one), so no copy, move or re-created object
+    can make one entry pass for another. An entry with no stamp (a cluster without the mutating
+    admission policy) is named by the object's uid and its place in the list, which admission
+    and the CRD keep (entries are only appended, each old one unchanged in its place)."""
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    uid = str(meta.get("uid") or name)
     spec = body.get("spec") or {}
     found: list[Entry] = []
     if spec.get("approved") is not None and str(spec.get("by") or "").strip():
-        found.append(Entry(f"{name}#spec", bool(spec["approved"]), str(spec["by"]), ()))
+        stamp = str(spec.get("decisionId") or "")
+        found.append(
+            Entry(
+                f"{uid}/{stamp}" if stamp else f"{uid}#spec",
+                spec["approved"] is True,
+                str(spec["by"]),
+                (),
+                note=str(spec.get("note") or ""),
+                at=str(spec.get("decidedAt") or ""),
+                legacy=f"{name}#spec",
+            )
+        )
     seen: dict[str, int] = {}
-    for item in spec.get("decisions") or ():
+    for index, item in enumerate(spec.get("decisions") or ()):
         by = str(item.get("by") or "")
         if not by.strip() or not isinstance(item.get("approved"), bool):
             continue  # the schema refuses such an entry: nothing to record
         seen[by] = seen.get(by, 0) + 1
-        groups = tuple(str(g) for g in item.get("groups") or ())
-        found.append(Entry(f"{name}#{by}#{seen[by]}", bool(item["approved"]), by, groups))
+        stamp = str(item.get("id") or "")
+        found.append(
+            Entry(
+                f"{uid}/{stamp}" if stamp else f"{uid}#{index}",
+                item["approved"] is True,
+                by,
+                tuple(str(g) for g in item.get("groups") or ()),
+                note=str(item.get("note") or ""),
+                at=str(item.get("at") or ""),
+                definition=str(item.get("definition") or ""),
+                legacy="" if stamp else f"{name}#{by}#{seen[by]}",
+            )
+        )
+    return found
+
+
+def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set[str]:
+    """The refs of ``body``'s entries that the store holds already. An entry an earlier
+    release recorded (by its name and its place among its maker's entries) is matched by that
+    ref only if the object existed when the decision was recorded: an object made later (a run
+    deleted and applied again) is another object, whose entries are new decisions."""
+    refs = {d.ref: d for d in decisions if d.ref}
+    created = str((body.get("metadata") or {}).get("creationTimestamp") or "")
+    found: set[str] = set()
+    for entry in entries(body):
+        if entry.ref in refs:
+            found.add(entry.ref)
+            continue
+        earlier = refs.get(entry.legacy) if entry.legacy else None
+        if earlier is not None and created and seconds(created) <= seconds(earlier.at):
+            found.add(entry.ref)
     return found
 
 
@@ -96,23 +150,25 @@ class Shown:
     pending: PendingApproval | None
 
 
-def shown(state: RunState, action: str, *, at: float) -> Shown | None:
+def shown(state: RunState, action: str, *, at: float, required: int = 0) -> Shown | None:
     """The status of the Approval of ``action`` as the store holds it at ``at`` (seconds since
-    the epoch); None when the store has nothing to show (not asked, nothing decided)."""
+    the epoch); None when the store has nothing to show (not asked, nothing decided).
+    ``required``: the count the object showed while it waited (the rule in force then), for a
+    Settled approval, whose rule the store no longer lists. Counts, names and verdict always
+    agree: a Settled approval shows the approvals that met its rule ("2 of 2")."""
     decisions = state.approvals.get(action, ())
     pending = next((p for p in state.pending if p.action == action), None)
     denied = next((d for d in decisions if not d.approved), None)
-    base: JSON = {"decided": len(decisions)}
-    if denied is not None:
-        return Shown(
-            {**base, "phase": "Settled", "verdict": "denied", "settledBy": denied.by},
-            True,
-            None,
-            pending,
-        )
-    if pending is not None:
+    planned = state.planned(action)
+    definition = (
+        fingerprint(planned.definition)
+        if planned is not None
+        else (pending.definition if pending is not None else "")
+    )
+    base: JSON = {"decided": len(decisions), "definition": definition}
+    if pending is not None and denied is None:
         rule = pending.rule or ApprovalRule()
-        counted = tally(decisions, rule, creator=state.spec.creator, now=at)
+        counted = tally(decisions, rule, creator=state.spec.creator, now=at, definition=definition)
         left = rule.required - len(counted.counted)
         status = {
             **base,
@@ -124,30 +180,73 @@ def shown(state: RunState, action: str, *, at: float) -> Shown | None:
             "approvedBy": [d.by for d in counted.counted],
             "expiresAt": "" if counted.expires_at is None else utc_iso(counted.expires_at),
             "asks": rule.describe(),
+            "serviceAccounts": rule.service_accounts,
             "settledBy": "",
             "message": "waiting for a person to approve or deny it"
             if rule == ApprovalRule()
             else _waiting_for(counted, left),
         }
+        if counted.voided:
+            status["message"] += (
+                f"; asked again: the tool was changed after the approval of "
+                f"{', '.join(d.by for d in counted.voided)}"
+            )
         return Shown(status, False, counted, pending)
-    approvals = [d for d in decisions if d.approved]
-    if approvals:
-        people = list(dict.fromkeys(d.by for d in approvals))
-        return Shown(
-            {
-                **base,
-                "phase": "Settled",
-                "verdict": "approved",
-                "settledBy": ", ".join(people),
-                "approvedBy": people,
-                "expiresAt": "",
-                "message": "",
-            },
-            True,
-            None,
-            None,
-        )
-    return None
+    people = list(dict.fromkeys(d.by for d in decisions if d.approved and on_call(d, definition)))
+    if denied is None and not people:
+        return None
+    planned_rule = planned.approval_rule() if planned is not None else None
+    need = max(required, planned_rule.required if planned_rule is not None else 1)
+    settled: JSON = {
+        **base,
+        "phase": "Settled",
+        "approvals": len(people),
+        "required": need,
+        "progress": f"{len(people)} of {need}",
+        "approvedBy": people,
+        "expiresAt": "",
+    }
+    if denied is not None:
+        why = f": {denied.note}" if denied.note else ""
+        settled |= {
+            "verdict": "denied",
+            "settledBy": denied.by,
+            "message": f"denied by {denied.by}{why}; it never runs",
+        }
+    else:
+        settled |= {
+            "verdict": "approved",
+            "settledBy": ", ".join(people),
+            "message": f"approved by {', '.join(people)} ({len(people)} of {need})",
+        }
+    return Shown(settled, True, None, pending)
+
+
+def made_at(stated: str, seen: float) -> str:
+    """When an entry's decision counts from: the earlier of the moment it states (a client's
+    word, RFC 3339) and the moment the operator first saw it. Admission cannot stamp a time
+    (its expressions have no clock), and a client's word may be wrong either way: the earlier
+    one can only make an approval count for less, never longer."""
+    first = utc_iso_millis(seen)
+    if not stated:
+        return first
+    try:
+        return stated if seconds(stated) < seen else first
+    except ValueError:
+        return first
+
+
+def _counted_against(state: RunState, action: str, view: Shown) -> ApprovalRule:
+    """The rule each decision recorded now is counted against in what people are told: the
+    one the run waits on, or, once the last approval met it (nothing waits any more), the
+    one it was planned under, asking the count the object shows ("2 of 2", never "approved
+    by carol" alone)."""
+    if view.pending is not None:
+        return view.pending.rule or ApprovalRule()
+    planned = state.planned(action)
+    base = (planned.approval_rule() if planned is not None else None) or ApprovalRule()
+    need = int(view.status.get("required") or 0)
+    return replace(base, required=need) if need > base.required else base
 
 
 def _waiting_for(counted: Tally, left: int) -> str:
@@ -163,6 +262,11 @@ class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
         self._news = ApprovalNews(context)
+        # When this operator first saw each entry it has not recorded yet (its ref -> seconds
+        # since the epoch): an entry refused for a while (the run between stops) counts from
+        # then, not from when it was finally recorded. Lost with the process: an entry then
+        # counts from when the new one saw it, or the moment it states, whichever is earlier.
+        self._first_seen: dict[str, float] = {}
 
     def reconcile(self, key: Key) -> Result:
         """Record the object's new decisions, show what the store holds, wake the run."""
@@ -176,7 +280,9 @@ class ApprovalReconciler:
         state = context.run_state(namespace, run_name)
         waiting = state is not None and any(p.action == action for p in state.pending)
         if old.get("phase") == "Settled" and not waiting:
-            return REST  # decided, and not asked again
+            # Decided, and not asked again: an entry added since counts for nothing (admission
+            # refuses one where its policy is installed), and is told so once.
+            return self._after_settled(body, run_name, action, old, state)
         found = entries(body)
         if state is None:
             if not found:
@@ -191,10 +297,12 @@ class ApprovalReconciler:
             )
         refused: list[str] = []
         told_before = len(state.approvals.get(action, ()))
-        recorded = {d.ref for d in state.approvals.get(action, ()) if d.ref}
+        recorded = recorded_refs(body, state.approvals.get(action, ()))
         for entry in found:
             if entry.ref in recorded:
+                self._first_seen.pop(entry.ref, None)
                 continue
+            seen = self._first_seen.setdefault(entry.ref, context.clock())
             try:
                 context.loop.approve(
                     namespace,
@@ -205,13 +313,18 @@ class ApprovalReconciler:
                     groups=entry.groups,
                     key=str(spec.get("idempotencyKey") or ""),
                     ref=entry.ref,
+                    definition=entry.definition,
+                    note=entry.note,
+                    at=made_at(entry.at, seen),
                 )
             except (SettleError, RunNotFound, InputError) as error:
                 refused.append(f"{entry.by}: {error}")
             state = context.run_state(namespace, run_name) or state
-            recorded = {d.ref for d in state.approvals.get(action, ()) if d.ref}
+            recorded = recorded_refs(body, state.approvals.get(action, ()))
+            if entry.ref in recorded:
+                self._first_seen.pop(entry.ref, None)
         at = context.clock()
-        view = shown(state, action, at=at)
+        view = shown(state, action, at=at, required=int(old.get("required") or 0))
         if view is None:
             if refused:
                 return refuse(
@@ -239,6 +352,42 @@ class ApprovalReconciler:
             return Requeue(max(1.0, view.tally.expires_at - at + 0.5))
         return REST
 
+    def _after_settled(
+        self,
+        body: JSON,
+        run_name: str,
+        action: str,
+        old: Mapping[str, Any],
+        state: RunState | None,
+    ) -> Result:
+        """A Settled Approval that is not asked again: entries the store does not hold that
+        came after the last one it recorded (added after it was settled) are named in its
+        message, in one Warning. (One refused before, the creator's say, was told then.)"""
+        decisions = state.approvals.get(action, ()) if state is not None else ()
+        recorded = recorded_refs(body, decisions)
+        found = entries(body)
+        last = max((i for i, e in enumerate(found) if e.ref in recorded), default=-1)
+        late = list(dict.fromkeys(e.by for e in found[last + 1 :] if e.ref not in recorded))
+        if not late:
+            return REST
+        said = (
+            f"not counted: {', '.join(late)} (added after approval {body['metadata']['name']} "
+            f"was settled {old.get('verdict') or ''} by {old.get('settledBy') or 'someone'}: a "
+            "decision cannot change)"
+        )
+        message = str(old.get("message") or "")
+        if said in message:
+            return REST
+        status = {"message": f"{message}; {said}" if message else said}
+        warn(self._context, body, run_name, "NotCounted", said)
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            patched = self._context.api.patch_status("Approval", namespace, name, status)
+        except Gone:
+            return REST
+        self._context.cache.put("Approval", patched)
+        return REST
+
     def _tell(
         self,
         body: JSON,
@@ -262,13 +411,15 @@ class ApprovalReconciler:
         if not recorded_since and not expired and not (waiting and old.get("phase") == "Settled"):
             return  # most looks find nothing to tell: the run's body is not copied for them
         run = context.cache.get("AgentRun", namespace, run_name) or body
-        rule = view.pending.rule if view.pending is not None else None
+        rule = _counted_against(state, action, view)
+        definition = str(view.status.get("definition") or "")
         for index in recorded_since:
             so_far = tally(
                 decisions[: index + 1],
-                rule or ApprovalRule(),
+                rule,
                 creator=state.spec.creator,
                 now=context.clock(),
+                definition=definition,
             )
             count = so_far.count if so_far.rule.required > 1 else ""
             self._news.decided(run, name, tool, action, decisions[index], count)
@@ -302,7 +453,10 @@ class ApprovalReconciler:
         if settled:
             ready = ("True", "Settled", verdict)
         else:
-            ready = ("False", "Waiting", str(status.get("progress") or ""))
+            # A decision that does not count says so in a reason too (the health checks read
+            # reasons, never messages): the action still waits for people, with that in sight.
+            why = "NotCounted" if refusing else "Waiting"
+            ready = ("False", why, str(status.get("progress") or ""))
         reason = "Settled" if settled else "Waiting"
         conditions = [
             condition(old, "Ready", *ready, generation=0, now=stamp),

@@ -215,14 +215,16 @@ APPROVAL = Kind(
                 ),
             ]
         },
-        # People append their decisions; none is ever changed or taken back. (The admission
-        # policy checks that a new entry's by and groups are the requesting user's.)
+        # People append their decisions; none is ever changed, moved or taken back: each entry
+        # already there stays where it is, unchanged (a rule that only asked for each old entry
+        # to be somewhere in the list would let a copy or a move through). The admission policy
+        # checks that a new entry's by and groups are the requesting user's, and stamps it.
         ("spec", "decisions"): {
             "x-kubernetes-validations": [
                 cel_rule(
-                    "self.size() >= oldSelf.size() && oldSelf.all(d, d in self)",
+                    "self.size() >= oldSelf.size() && oldSelf.all(i, d, self[i] == d)",
                     "decisions are append-only: add yours (a JSON patch 'add' to "
-                    "/spec/decisions/-); none can be changed or removed",
+                    "/spec/decisions/-); none can be changed, moved or removed",
                 ),
             ]
         },

@@ -6,11 +6,15 @@ the operator writes (``keelgate.kube.notices``): every object the cache takes in
 or the answer to the operator's own write) is looked at when it differs from the one the cache
 held, and a notice this process has not told yet is queued for each sink that wants its type.
 Each sink has its own bounded queue and its own thread: a sink that is slow or down delays only
-itself, and reconciling never waits for any of them (a full queue drops the newest notice,
-counted in ``keelgate_notifications_dropped_total``). A delivery that fails (a connection
+itself, and reconciling never waits for any of them. A sink's queue is shared fairly by the
+namespaces: their notices go out in turn, and a full queue drops the newest notice of the
+namespace holding the most (counted in ``keelgate_notifications_dropped_total``), so one
+namespace's flood never pushes out another's notices. A delivery that fails (a connection
 refused, a timeout, 408, 429 or 5xx) is tried again after 1 s, 2 s, 4 s ... at most 60 s apart,
 for ``retryForSeconds``; any other answer (400, 401, 404 ...) will not change by being asked
-again, and drops the notice.
+again, and drops the notice. Each try ends at ``timeoutSeconds`` and the whole delivery at
+``retryForSeconds``, whatever the sink sends (``keelgate.core.cutoff``: a sink that trickles its
+answer is cut off), and a 2xx is taken at its status, its body unread.
 
 Restarts. How far delivery has come is kept in a ConfigMap (``state``): every notice whose
 record's time is before ``through`` has been delivered or dropped. A new leader reads it before
@@ -19,8 +23,9 @@ the same id (the receiver de-duplicates), and older ones are taken as told. So a
 at least once, unless it is dropped (a full queue, a refusal, retries exhausted), whatever
 process dies when. Without a state ConfigMap, a restart takes everything it finds as told.
 
-This module must never block a reconcile on a sink, never send a secret or a tool's argument
-unless the sink asks (``includeArguments``: redacted first), and never log a header's value.
+This module must never block a reconcile on a sink, never let one try or one delivery outlive
+its limit, never send a secret or a tool's argument unless the sink asks (``includeArguments``:
+redacted first), and never log a header's value.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import httpx
 from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 
+from keelgate.core import clocks
+from keelgate.core.cutoff import Cutoff
 from keelgate.core.redaction import redact_text, redact_value
 from keelgate.core.state import planned_arguments
 from keelgate.errors import InputError
@@ -145,7 +152,7 @@ def cloud_event(notice: Notice, *, source: str, arguments: Any = None) -> CloudE
 @dataclass
 class _Queued:
     notice: Notice
-    since: float | None = None  # monotonic time of its first try
+    since: float | None = None  # boot-clock time of its first try
     tries: int = 0
 
 
@@ -155,8 +162,61 @@ class _Outcome(StrEnum):
     REFUSED = "refused"  # an answer asking again will not change
 
 
+class _Fair:
+    """The notices waiting for one sink: a queue per namespace, served in turn (a namespace
+    that floods waits behind its own notices, not others'), at most ``size`` in all. When full,
+    the newest notice of the namespace holding the most is dropped: a flood from one namespace
+    pushes out its own notices, never another's. The caller holds the sender's lock."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._queues: dict[str, deque[_Queued]] = {}
+        self._turns: deque[str] = deque()  # namespaces with notices waiting, in serving order
+        self.count = 0
+
+    def add(self, queued: _Queued) -> _Queued | None:
+        """Queue ``queued``; what was dropped to make room (``queued`` itself, if its namespace
+        holds the most), or None."""
+        namespace = queued.notice.namespace
+        dropped: _Queued | None = None
+        if self.count >= self.size:
+            mine = len(self._queues.get(namespace, ()))
+            fullest = max(self._queues, key=lambda name: len(self._queues[name]))
+            if mine >= len(self._queues[fullest]):
+                return queued
+            dropped = self._queues[fullest].pop()
+            self.count -= 1
+            if not self._queues[fullest]:
+                del self._queues[fullest]
+                self._turns.remove(fullest)
+        if namespace not in self._queues:
+            self._queues[namespace] = deque()
+            self._turns.append(namespace)
+        self._queues[namespace].append(queued)
+        self.count += 1
+        return dropped
+
+    def take(self) -> _Queued | None:
+        """The next notice to send (the next namespace's oldest), taken off the queue."""
+        if not self._turns:
+            return None
+        namespace = self._turns.popleft()
+        waiting = self._queues[namespace]
+        queued = waiting.popleft()
+        self.count -= 1
+        if waiting:
+            self._turns.append(namespace)
+        else:
+            del self._queues[namespace]
+        return queued
+
+    def all(self) -> list[_Queued]:
+        return [queued for name in self._turns for queued in self._queues[name]]
+
+
 class SinkSender:
-    """One sink: its queue, its thread, its client. Notices go out one at a time, in order."""
+    """One sink: its queues, its thread, its client. Notices go out one at a time, in turn by
+    namespace, and in order within one."""
 
     def __init__(
         self,
@@ -171,12 +231,12 @@ class SinkSender:
     ) -> None:
         self.sink = sink
         self._source = source
-        self._size = queue_size
         self._metrics = metrics
         self._arguments = arguments
         self._done = done
         self._headers = read_headers(sink.headers_dir, field=f"sinks.{sink.name}.headersDir")
-        self._queue: deque[_Queued] = deque()
+        self._waiting = _Fair(queue_size)
+        self._current: _Queued | None = None  # the notice being tried, off the queue
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._sleep = sleep or (lambda seconds: self._stopping.wait(seconds))
@@ -186,26 +246,35 @@ class SinkSender:
     # Queueing (any thread)
 
     def offer(self, notice: Notice) -> bool:
-        """Queue ``notice``; False (dropped, counted) when the queue is full."""
+        """Queue ``notice``; False when it was dropped (counted) because the queue is full and
+        its namespace holds the most. A notice of another namespace dropped to make room is
+        done with here."""
         with self._wake:
-            if len(self._queue) >= self._size:
-                self._metrics.notifications_dropped.labels(self.sink.name, "queue_full").inc()
-                log.warning(
-                    "notify %s: queue full (%d); dropped %s %s",
-                    self.sink.name,
-                    self._size,
-                    notice.type,
-                    notice.subject,
-                )
-                return False
-            self._queue.append(_Queued(notice))
-            self._metrics.notifications_queued.labels(self.sink.name).set(len(self._queue))
+            dropped = self._waiting.add(_Queued(notice))
+            self._gauge()
             self._wake.notify()
-            return True
+        if dropped is not None:
+            self._metrics.notifications_dropped.labels(self.sink.name, "queue_full").inc()
+            log.warning(
+                "notify %s: queue full (%d); dropped %s %s",
+                self.sink.name,
+                self._waiting.size,
+                dropped.notice.type,
+                dropped.notice.subject,
+            )
+            if dropped.notice is not notice:
+                self._done(dropped.notice)
+        return dropped is None or dropped.notice is not notice
 
     def pending(self) -> list[Notice]:
         with self._wake:
-            return [queued.notice for queued in self._queue]
+            current = [] if self._current is None else [self._current]
+            return [queued.notice for queued in current + self._waiting.all()]
+
+    def _gauge(self) -> None:
+        """The caller holds the lock."""
+        waiting = self._waiting.count + (self._current is not None)
+        self._metrics.notifications_queued.labels(self.sink.name).set(waiting)
 
     # Sending (its thread)
 
@@ -226,24 +295,31 @@ class SinkSender:
     def _run(self) -> None:
         while not self._stopping.is_set():
             with self._wake:
-                while not self._queue and not self._stopping.is_set():
-                    self._wake.wait()
+                while self._current is None and not self._stopping.is_set():
+                    self._current = self._waiting.take()
+                    if self._current is None:
+                        self._wake.wait()
                 if self._stopping.is_set():
                     return
-                head = self._queue[0]
+                head = self._current
+            assert head is not None
             wait = self._attempt(head)
             if wait is not None and self._sleep(wait):
                 return  # stopping: the notice stays undelivered (the next leader sends it)
 
     def _attempt(self, head: _Queued) -> float | None:
-        """Try to deliver the queue's head once; the seconds to wait before trying it again, or
-        None when it is done with (sent, refused or given up)."""
-        now = time.monotonic()
+        """Try to deliver ``head`` once; the seconds to wait before trying it again, or None
+        when it is done with (sent, refused or given up). The try ends at ``timeoutSeconds``,
+        and no later than the delivery's end (``retryForSeconds`` after its first try, or one
+        whole try when that is longer), whatever the sink sends."""
+        now = clocks.boot()
         if head.since is None:
             head.since = now
         head.tries += 1
-        outcome, said = self._send(head.notice)
-        name, notice = self.sink.name, head.notice
+        sink = self.sink
+        ends = head.since + max(sink.retry_for_seconds, sink.timeout_seconds)
+        outcome, said = self._send(head.notice, ends=ends)
+        name, notice = sink.name, head.notice
         if outcome == _Outcome.SENT:
             self._metrics.notifications_sent.labels(name, notice.type).inc()
             self._finish(head)
@@ -257,7 +333,7 @@ class SinkSender:
             self._finish(head)
             return None
         wait = min(MAX_RETRY, FIRST_RETRY * 2.0 ** (head.tries - 1))
-        if now + wait - head.since > self.sink.retry_for_seconds:
+        if clocks.boot() + wait - head.since > sink.retry_for_seconds:
             self._metrics.notifications_dropped.labels(name, "gave_up").inc()
             log.warning(
                 "notify %s: %s %s not delivered after %d tries (%s); dropped",
@@ -274,12 +350,14 @@ class SinkSender:
 
     def _finish(self, head: _Queued) -> None:
         with self._wake:
-            if self._queue and self._queue[0] is head:
-                self._queue.popleft()
-            self._metrics.notifications_queued.labels(self.sink.name).set(len(self._queue))
+            if self._current is head:
+                self._current = None
+            self._gauge()
         self._done(head.notice)
 
-    def _send(self, notice: Notice) -> tuple[_Outcome, str]:
+    def _send(self, notice: Notice, *, ends: float) -> tuple[_Outcome, str]:
+        """One try: the event built, then POSTed, the exchange over at ``timeoutSeconds`` and
+        never past ``ends`` (on the boot clock)."""
         arguments = None
         if self.sink.include_arguments and notice.action and self._arguments is not None:
             try:
@@ -298,11 +376,24 @@ class SinkSender:
             message = to_binary_event(event)
         else:
             message = to_structured_event(event)
+        cutoff = Cutoff.after(self.sink.timeout_seconds, at_most=ends)
+        request = self._client.build_request(
+            "POST",
+            self.sink.url,
+            content=message.body,
+            headers={**self._headers, **message.headers},
+            timeout=cutoff.remaining(),
+            extensions={"trace": cutoff.trace},
+        )
         try:
-            answer = self._client.post(
-                self.sink.url, content=message.body, headers={**self._headers, **message.headers}
-            )
+            # The answer's status is the sink's word; its body is not read (a sink that
+            # trickles one would hold the try for nothing).
+            with cutoff:
+                answer = self._client.send(request, stream=True)
+                answer.close()
         except httpx.HTTPError as error:
+            if cutoff.cut:
+                return _Outcome.RETRY, "no whole answer in time (the try was cut)"
             return _Outcome.RETRY, f"{type(error).__name__}: {redact_text(str(error))}"
         if 200 <= answer.status_code <= 299:
             return _Outcome.SENT, ""

@@ -244,7 +244,10 @@ class Operator:
             self._tasks.append(
                 asyncio.create_task(self._keep_notify_state(notifier), name="keelgate-notify")
             )
-        queue = self.queue = WorkQueue[Key]()
+        # Tenants (namespaces) take turns, and none may hold every worker with its waits.
+        queue = self.queue = WorkQueue[Key](
+            tenant_of=lambda key: key[1], workers=self.options.workers
+        )
         self.controller = Controller(
             api=self.api,
             stores=self.stores,

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--late-shop",
         action="store_true",
-        help="The shop may act on a held request after its sender gave up (issue 48).",
+        help="The shop acts on a request held past its sender's wait at the last moment the "
+        "fence's assumption allows (the write deadline's margin's end; issue 48).",
     )
     parse.add_argument(
         "--moves",

@@ -1,14 +1,16 @@
 """What the API server admits of people's edits to decision objects: a model of the chart's
-admission policies (charts/keelgate/templates/admission.yaml, ``decided-by-requester``) and the
-CRDs' validation rules (crds/approvals.keelgate.dev.yaml, crds/reconciliations...).
+admission policies (charts/keelgate/templates/admission.yaml: ``decided-by-requester`` and
+``approval-decisions``, validating and mutating) and the CRDs' validation rules
+(crds/approvals.keelgate.dev.yaml, crds/reconciliations...).
 
 Why it exists: in a cluster a person decides by editing an object, and what they can make the
 operator believe is what admission lets through, no more and no less. Operator-mode people edit
-Approvals and Reconciliations only through ``admitted``, so a move the policies refuse never
-happens in a simulation, and a move they let through (a byte-equal copy of someone's entry, a
-deny moved to the front of the list, a ServiceAccount's decision) does (issue 46). The rules are
-written from the policies' CEL, one function per object kind; when the chart changes, this model
-changes with it (tests/test_sim_checkers.py pins each rule with a case).
+Approvals and Reconciliations only through ``admitted`` and ``mutated``, so a move the policies
+refuse never happens in a simulation (issue 46's copies and reorders are tried and refused, as
+the chart's ``approval-decisions`` policy refuses them), and each entry added carries the
+identity and the definition the chart's mutating policy gives it. The rules are written from the
+policies' CEL, one function per object kind; when the chart changes, this model changes with it
+(tests/test_sim_checkers.py pins each rule with a case).
 
 This module must never admit what the chart refuses, nor refuse what it admits.
 """
@@ -31,20 +33,53 @@ class User:
     groups: tuple[str, ...] = ()
 
 
-def admitted(kind: str, old: Mapping[str, Any], new: Mapping[str, Any], user: User) -> str:
+def admitted(
+    kind: str,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    user: User,
+    *,
+    status: Mapping[str, Any] | None = None,
+) -> str:
     """Why an update of an object's ``spec`` from ``old`` to ``new`` by ``user`` is refused
-    ("" if it is admitted)."""
+    ("" if it is admitted); ``status`` is the object's as the API server holds it."""
     if kind == "Approval":
-        return _approval(old, new, user)
+        return _approval(old, new, user, status or {})
     if kind == "Reconciliation":
         return _reconciliation(old, new, user)
     return ""
 
 
-def _approval(old: Mapping[str, Any], new: Mapping[str, Any], user: User) -> str:
+def mutated(
+    kind: str, old: Mapping[str, Any], new: Mapping[str, Any], *, version: str, shown: str
+) -> dict[str, Any]:
+    """``new`` as the chart's mutating policy ``approval-decisions`` leaves it: an entry added
+    to an Approval gets ``id`` (the resourceVersion it was added to: ``version``) and, unless it
+    states one, the definition the object showed (``shown``: its status.definition); the
+    one-decision form gets ``decisionId`` the same way."""
+    spec = dict(new)
+    if kind != "Approval":
+        return spec
+    before: Sequence[Mapping[str, Any]] = old.get("decisions") or ()
+    after = [dict(entry) for entry in spec.get("decisions") or ()]
+    if len(after) > len(before):
+        entry = after[len(before)]
+        entry["id"] = version
+        if shown and not entry.get("definition"):
+            entry["definition"] = shown
+        spec["decisions"] = after
+    if spec.get("approved") is not None and old.get("approved") is None:
+        spec["decisionId"] = version
+    return spec
+
+
+def _approval(
+    old: Mapping[str, Any], new: Mapping[str, Any], user: User, status: Mapping[str, Any]
+) -> str:
     for field in ("runName", "action", "tool", "idempotencyKey"):
         if old.get(field) != new.get(field):
             return "runName, action, tool, idempotencyKey cannot change (the operator set them)"
+    deciding_now = False
     if new.get("approved") is not None:
         if not str(new.get("by") or "").strip():
             return "spec.by: must name who decided when approved is set"
@@ -53,27 +88,47 @@ def _approval(old: Mapping[str, Any], new: Mapping[str, Any], user: User) -> str
                 return "spec.approved: cannot change once set"
         elif new.get("by") != user.name:
             return f"spec.by must be {user.name} (the user setting spec.approved)"
+        else:
+            deciding_now = True
     elif old.get("approved") is not None:
         return "spec.approved: cannot change once set"
+    if new.get("decisionId") and new.get("decisionId") != old.get("decisionId"):
+        return "spec.decisionId is the identity admission gives the decision: leave it out"
     before: Sequence[Mapping[str, Any]] = old.get("decisions") or ()
-    after: Sequence[Mapping[str, Any]] | None = new.get("decisions")
-    if after is None:
-        return "spec.decisions: decisions are append-only: none can be removed" if before else ""
+    after: Sequence[Mapping[str, Any]] = new.get("decisions") or ()
     if len(after) > MAX_DECISIONS:
         return f"spec.decisions: must have at most {MAX_DECISIONS} items"
-    # The CRD: no fewer, and every old entry still in the list (anywhere: membership).
-    if len(after) < len(before) or any(entry not in after for entry in before):
-        return "spec.decisions: decisions are append-only"
-    # The policy: an entry not in the old list names the user, and only their groups.
-    for entry in after:
-        if entry in before:
-            continue
+    # The policy: one entry per request, at the end; every old entry unchanged in its place.
+    if len(after) > len(before) + 1:
+        return "spec.decisions: add one decision per request"
+    if len(after) < len(before) or any(after[i] != entry for i, entry in enumerate(before)):
+        return "spec.decisions: decisions are append-only: add yours at the end"
+    added = list(after[len(before) :])
+    for entry in added:
         groups = entry.get("groups") or ()
         if entry.get("by") != user.name or any(g not in user.groups for g in groups):
             return (
                 f"spec.decisions: a decision added by {user.name} must have by: {user.name} "
                 "and name only groups the API server authenticated them in"
             )
+        if entry.get("id"):
+            return "spec.decisions: id is the identity admission gives a decision: leave it out"
+    if not (added or deciding_now):
+        return ""
+    if status.get("phase") == "Settled":
+        return "the approval is settled: a decision added now would count for nothing"
+    if user.name.startswith("system:serviceaccount:") and not status.get("serviceAccounts"):
+        return f"{user.name} is a ServiceAccount, and the rule counts people only"
+    counted = status.get("approvedBy") or ()
+    for entry in added:
+        if entry.get("approved") and user.name in counted:
+            return f"{user.name} approved it already, and the approval counts"
+        if not entry.get("approved") and any(
+            o.get("by") == user.name and not o.get("approved") for o in before
+        ):
+            return f"{user.name} denied it already"
+    if sum(1 for d in after if d.get("by") == user.name) > 8:
+        return f"spec.decisions: {user.name} has 8 decisions on it"
     return ""
 
 

@@ -298,6 +298,17 @@ class Books:
     def spec(self, generation: int) -> SpecVersion | None:
         return next((v for v in self.specs if v.generation == generation), None)
 
+    def shown(self, tool: str, at: float, manifest: Mapping[str, Any] | None) -> str:
+        """Where the call a person approves at ``at`` goes, as they are shown it (``keelgate
+        pending``, an Approval): the tool as the step that stopped the run to ask defined it
+        (the last step to have ended), not as ``manifest`` (the spec now) may have been edited
+        since: the run binds a later edit anew, and asks again."""
+        ended = [life for life in self.processes.values() if life.ended is not None]
+        ended = [life for life in ended if life.ended is not None and life.ended <= at]
+        asked = self.spec(max(ended, key=lambda life: life.order).generation) if ended else None
+        found = asked.tool(tool) if asked is not None else None
+        return definition(found if found is not None else manifest)
+
     def generation_of(self, process: str) -> int:
         life = self.processes.get(process)
         return 0 if life is None else life.generation

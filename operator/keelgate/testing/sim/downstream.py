@@ -100,7 +100,7 @@ class Shop:
         if pick in (4, 5):
             # Held: acted on (or refused) a while after it came, often after its sender gave up
             # waiting; the network keeps that within the write deadline's margin (with
-            # ``late_shop``, anywhere in the call's own limit from the send).
+            # ``late_shop``, at its very end once its sender gave up).
             delay = schedule.between(0.5, CALL_SECONDS + MARGIN)
             return Fate("held", delay=delay, refuses=schedule.chance(250))
         if pick == 6:

@@ -34,7 +34,7 @@ from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
-from keelgate.testing.sim.admission import User, admitted
+from keelgate.testing.sim.admission import User, admitted, mutated
 from keelgate.testing.sim.books import (
     CREATOR,
     GROUPS,
@@ -42,7 +42,6 @@ from keelgate.testing.sim.books import (
     Books,
     Decision,
     Question,
-    definition,
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
@@ -389,11 +388,16 @@ class Cluster:
         if current is None:
             return False
         old = current.get("spec") or {}
-        refused = admitted(kind, old, spec, user)
+        status = current.get("status") or {}
+        refused = admitted(kind, old, spec, user, status=status)
         if refused:
             self.world.say(f"{user.name} patches {name}: refused ({refused})")
             return False
-        self.api.replace_spec(kind, self.tenant, name, spec)
+        version = str(current["metadata"].get("resourceVersion", ""))
+        shown = str(status.get("definition") or "")
+        self.api.replace_spec(
+            kind, self.tenant, name, mutated(kind, old, spec, version=version, shown=shown)
+        )
         return True
 
     def _settle(self, body: JSON, state: RunState | None) -> None:
@@ -456,7 +460,9 @@ class Cluster:
             _ref(state, action),
             yes,
             GROUPS[by],
-            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+            shown=self.books.shown(
+                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
+            ),
         )
         self.books.decisions.append(decision)
         rule = None if pending is None else pending.rule
@@ -497,23 +503,24 @@ class Cluster:
                 self._as_service_account(body)
 
     def _copy(self, body: JSON) -> None:
-        """alice appends a byte-equal copy of someone's entry (admitted: it is in the list); with
-        this move, people also add a second entry of their own while their first still counts."""
+        """alice appends a byte-equal copy of someone's entry (the chart admitted it before issue
+        46, and refuses it now); with this move, people also try a second entry of their own
+        while their first still counts."""
         spec: dict[str, Any] = dict(body.get("spec") or {})
         theirs = [d for d in spec.get("decisions") or () if d.get("by") != CREATOR]
         if not theirs:
             return
         entry = theirs[self.world.schedule.pick(len(theirs))]
         spec["decisions"] = [*spec["decisions"], copy.deepcopy(entry)]
+        # Tried whether admission lets it through or not (the chart refuses it since issue 46).
+        self.world.say(f"{CREATOR} copies {entry.get('by')}'s entry in {body['metadata']['name']}")
         if self._patch("Approval", body, spec, User(CREATOR, GROUPS[CREATOR])):
-            self.world.say(
-                f"{CREATOR} copies {entry.get('by')}'s entry in {body['metadata']['name']}"
-            )
             self._booked_move(body, entry, "copy")
 
     def _reorder(self, body: JSON, state: RunState | None) -> None:
         """Someone who approved changes their mind and denies; alice at once moves the deny to
-        the front of the list, before the operator saw it (admitted: nothing removed)."""
+        the front of the list, before the operator saw it (the chart admitted it before issue
+        46: nothing removed; it refuses it now)."""
         spec: dict[str, Any] = dict(body.get("spec") or {})
         if (body.get("status") or {}).get("phase") == "Settled":
             return
@@ -534,7 +541,9 @@ class Cluster:
             _ref(state, action),
             False,
             GROUPS.get(by, ()),
-            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+            shown=self.books.shown(
+                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
+            ),
         )
         self.books.decisions.append(decision)
         spec["decisions"] = [*decisions, deny]
@@ -544,8 +553,8 @@ class Cluster:
         world.say(f"{by} adds to {body['metadata']['name']}'s decisions approved: False")
         moved = dict(spec)
         moved["decisions"] = [deny, *decisions]
+        world.say(f"{CREATOR} moves {by}'s deny to the front")
         if self._patch("Approval", body, moved, User(CREATOR, GROUPS[CREATOR])):
-            world.say(f"{CREATOR} moves {by}'s deny to the front")
             self._booked_move(body, deny, "reorder")
 
     def _as_service_account(self, body: JSON) -> None:
@@ -567,11 +576,13 @@ class Cluster:
             action,
             _ref(self._state(), action),
             True,
-            shown=definition(self.desk.tool(str(spec.get("tool", "")))),
+            shown=self.books.shown(
+                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
+            ),
         )
         self.books.decisions.append(decision)
+        world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
         if self._patch("Approval", body, spec, user):
-            world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
             decision.accepted_at = world.now
 
     def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:

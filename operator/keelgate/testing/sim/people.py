@@ -21,7 +21,7 @@ from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.testing.sim import records
-from keelgate.testing.sim.books import GROUPS, Books, Decision, Question, definition
+from keelgate.testing.sim.books import GROUPS, Books, Decision, Question
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
 from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
@@ -155,7 +155,7 @@ class People:
             _ref(state, action),
             yes,
             GROUPS[by],
-            shown=definition(self.desk.tool(tool)),
+            shown=self.books.shown(tool, world.now, self.desk.tool(tool)),
         )
         self.books.decisions.append(decision)
         before = len(state.approvals.get(action, ()))

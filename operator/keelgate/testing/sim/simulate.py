@@ -55,8 +55,8 @@ class Options:
     """Moves of the world that break promises on main while their fixes are under way, off in
     ``make test``'s budget and on in ``make sim`` (docs/simulation.md, "Switched off for now")."""
 
-    #: The shop acts on a held request any time in the call's own limit, even after its sender
-    #: gave up and its write deadline's margin ended (issue 48, item 1).
+    #: The shop acts on a request held past its sender's wait at the very end of its write
+    #: deadline's margin, the latest the fence assumes of a downstream (issue 48, item 1).
     late_shop: bool = False
     #: The moves of issue 46 people try (``MOVES``): a copy of someone's entry, a deny moved
     #: to the front, a run deleted and created again, a ServiceAccount's approval, a tool's
@@ -108,7 +108,7 @@ def simulate(
     books = Books(clocks=world.clocks, call_seconds=CALL_SECONDS)
     network = Network(world, books, late_shop=options.late_shop)
     with (
-        clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep),
+        clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
         _routed(network),
         _model_key(),
     ):

@@ -188,6 +188,23 @@ class World:
         finally:
             self._actors.pop()
 
+    def alarm(self, when: float, act: Callable[[], None]) -> Callable[[], None]:
+        """The product's alarms (``keelgate.core.clocks.alarm``: an exchange cut at its time
+        limit) as events of this world, at ``when`` on its boot clock; the function returned
+        takes one back."""
+        slot: list[Callable[[], None] | None] = [act]
+
+        def ring() -> None:
+            due, slot[0] = slot[0], None
+            if due is not None:
+                due()
+
+        def cancel() -> None:
+            slot[0] = None
+
+        self.at(when - self.boot(), "alarm", ring)
+        return cancel
+
     # Events
 
     def at(self, delay: float, what: str, act: Callable[[], None]) -> None:

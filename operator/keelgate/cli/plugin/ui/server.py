@@ -16,8 +16,15 @@ Defences, each for a reason:
 - What it loads: the Content-Security-Policy allows nothing from outside.
 - How much: a request's head and body must arrive within ``request_timeout`` seconds, a form
   must say its length (``Content-Length``, at most ``MAX_FORM`` bytes), and at most
-  ``max_connections`` connections are served at once (one thread each; the next are answered
-  503 and closed at once), so slow or silent clients cannot hold more than that many threads.
+  ``max_connections`` connections are served at once (one thread each), so slow or silent
+  clients cannot hold more than that many threads.
+- Who is served first: a connection counts as the person's once a request on it shows a live
+  session's cookie (a browser's first request does, within milliseconds). Any local user can
+  open connections and send nothing, so when every slot is taken a new connection closes the
+  oldest one that has shown no session, and only when all are the person's is it answered
+  503; a request without a session is answered (401, a sign-in, a stylesheet) and its
+  connection closed, and a form is refused before its body is read. Idle sockets held by
+  someone without a credential, however often reopened, never keep the person out.
 
 It must never bind anything but 127.0.0.1, never log a request's form (notes, tokens), and never
 act without the session's cookie and its key or form token.
@@ -25,6 +32,7 @@ act without the session's cookie and its key or form token.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import threading
@@ -177,27 +185,55 @@ class InboxServer(ThreadingHTTPServer):
         self.signed_in = signed_in  # told the next sign-in address once one was used
         self.changes = Changes()
         self.watches = Watches(views, self.changes)
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        # The connections served now, oldest first: the socket -> whether it showed a session.
+        self._held: dict[socket.socket, bool] = {}
+        self._held_lock = threading.Lock()
         self.streams = threading.BoundedSemaphore(min(MAX_STREAMS, max(1, max_connections // 2)))
 
-    # connections: a bounded number, each in its own thread
+    # connections: a bounded number, each in its own thread, the person's first
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        with self._held_lock:
+            cut = None
+            if len(self._held) >= self.max_connections:
+                # Full: the oldest connection that showed no session makes room (an idle
+                # socket anyone can open); the person's own are never closed for a stranger.
+                cut = next((held for held, ours in self._held.items() if not ours), None)
+                if cut is not None:
+                    del self._held[cut]
+            if cut is not None or len(self._held) < self.max_connections:
+                self._held[request] = False
+                admitted = True
+            else:
+                admitted = False
+        if cut is not None:
+            _cut(cut)  # its thread reads the end of the stream and finishes
+        if not admitted:
             _busy(request)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(request)
+
+    def _release(self, request: socket.socket) -> None:
+        with self._held_lock:
+            self._held.pop(request, None)
+
+    def showed_session(self, request: socket.socket) -> None:
+        """A request on this connection showed a live session: it is the person's from now on."""
+        with self._held_lock:
+            if request in self._held:
+                self._held[request] = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # One line, never a traceback: the request failed, the inbox goes on.
@@ -249,6 +285,13 @@ def _busy(request: socket.socket) -> None:
         pass
 
 
+def _cut(request: socket.socket) -> None:
+    """End a connection that another's thread serves: both directions shut, so its reads see
+    the end at once (the thread closes the socket itself)."""
+    with contextlib.suppress(OSError):  # gone already
+        request.shutdown(socket.SHUT_RDWR)
+
+
 class _Deadline(io.RawIOBase):
     """A connection's reading side that gives up at a deadline, however slowly bytes come:
     a socket timeout alone is per read, and a client sending a byte at a time would hold
@@ -290,6 +333,17 @@ class _Handler(BaseHTTPRequestHandler):
         # Each request (and the wait for the next on a kept-alive connection) has its own time.
         self._reading.restart()
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self._session()[0] is not None:
+            self.server.showed_session(self.connection)
+        else:
+            # No session shown: answered, then closed, so a stranger's connection never
+            # waits in a thread for a next request (a sign-in that succeeds shows one).
+            self.close_connection = True
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a request line may hold the sign-in token or a page key; the inbox logs nothing
@@ -436,6 +490,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sign_in(self, token: str, session: Session | None) -> None:
         found = self.server.sessions.sign_in(token, session.cookie if session else "")
+        if found is not None:
+            # The browser follows the redirect on this connection, with the new cookie.
+            self.server.showed_session(self.connection)
+            self.close_connection = self._refuse_body()
         if found is None:
             self._text(
                 HTTPStatus.FORBIDDEN,
@@ -545,6 +603,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         if not self._host_ok():
             self._text(HTTPStatus.MISDIRECTED_REQUEST, "not this inbox's address")
+            return
+        session, cookie_given = self._session()
+        if session is None:  # refused before its body: a stranger's form holds no thread
+            self._signed_out(cookie_given)
             return
         length = self._form_length()
         if length is None:
