@@ -152,7 +152,7 @@ FOUND_SEEDS = (
     ),
     (
         "a confirmer's settlement whose writer died, the key's own step ending the call late",
-        5033047525117275961,
+        4395386204155577439,
         "local",
         "died at after_settle",
     ),
