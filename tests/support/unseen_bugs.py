@@ -49,9 +49,8 @@ UNSEEN: tuple[Planted, ...] = (
         (
             (
                 "kube/controller/approvals.py",
-                'found.append(Entry(f"{name}#spec", bool(spec["approved"]), str(spec["by"]), ()))',
-                'found.append(Entry(f"{name}#spec", spec["approved"] is not None, '
-                'str(spec["by"]), ()))',
+                '                spec["approved"] is True,\n',
+                '                spec["approved"] is not None,\n',
             ),
         ),
         mode="operator",
