@@ -192,8 +192,8 @@ FOUND: tuple[Planted, ...] = (
         (
             (
                 "core/phases.py",
-                "self.gateway.call(action, after=state.seq)",
-                "self.gateway.call(action)",
+                "                    after=state.seq,\n                    still_let_through",
+                "                    still_let_through",
             ),
         ),
         # Only a server store's session (and its run lock) can be lost while its process lives.
