@@ -155,6 +155,13 @@ BUGS: tuple[Planted, ...] = (
                 'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
                 'middle = "action"',
             ),
+            (
+                # Since issue 46 a name ends in a digest of the run, action and tool: the same
+                # mistake leaves the action out of it too.
+                "kube/naming.py",
+                'hashlib.sha256(f"{run}\\0{action}\\0{tool}".encode())',
+                'hashlib.sha256(f"{run}\\0{tool}".encode())',
+            ),
         ),
         mode="operator",
     ),
