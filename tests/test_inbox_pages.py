@@ -388,3 +388,23 @@ def test_the_run_page_says_approved_by_bob_only_with_the_count_it_has(tmp_path: 
     assert row is not None
     cells = re.findall(r"<td>(.*?)</td>", row.group(0))
     assert cells[3:] == ["Settled", "approved (2 of 2)", "bob, carol"]
+
+
+def test_an_approval_whose_deny_the_operator_refused_stays_waiting_in_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """bob, in no group the rule names (a typo in it), denied by hand and the operator refused
+    it: the Approval stays Pending with the refusal in its message. carol's inbox still counts
+    it as waiting for her, with the refusal shown, and bob sees it apart with why (issue 46: the
+    inbox said "0 waiting" while the run still waited)."""
+    cluster, config = _alices_payout(tmp_path)
+    (approval,) = cluster.objects["Approval"]
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    said = "0 of 2 approvals: waiting for 2 more; not counted: dave: dave may not decide it"
+    approval["status"].update(decided=0, progress="0 of 2", approvedBy=[], message=said)
+    carols = _inbox_as(cluster, config, "carol", "payments")
+    assert [(i.kind, i.yours) for i in carols] == [("Approval", True), ("Reconciliation", True)]
+    html = pages.inbox(carols, csrf="c", scope="s")
+    assert "(2 waiting for you)" in html and "not counted: dave" in html
+    (daves, _) = _inbox_as(cluster, config, "dave", "system:authenticated")
+    assert not daves.yours and daves.not_yours.startswith("dave may not decide it")
