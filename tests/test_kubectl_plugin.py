@@ -1420,7 +1420,7 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
     code, out, _ = plugin(capsys, "pending", "-o", "wide")
     assert code == 0 and "payout" in out and "dave may not decide it" in out
     code, out, _ = plugin(capsys, "pending", "-A")
-    assert code == 0 and "payout" in out and "Nothing waits" not in out
+    assert code == 0 and "payout" in out and "Nothing waits for a person" not in out
     code, out, _ = plugin(capsys, "status", "payout")
     assert "awaiting approval" in out
     assert "not counted: dave: payout 1:0: dave may not decide it" in out
