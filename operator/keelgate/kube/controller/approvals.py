@@ -40,7 +40,7 @@ from keelgate.kube.controller.decisions import (
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.status import condition
-from keelgate.kube.times import now
+from keelgate.kube.times import now, parse_time
 
 #: The status fields this reconciler decides (the rest: conditions, settledAt, are kept).
 _SHOWN = (
@@ -222,11 +222,29 @@ def shown(state: RunState, action: str, *, at: float, required: int = 0) -> Show
     return Shown(settled, True, None, pending)
 
 
+def written_at(body: Mapping[str, Any]) -> float | None:
+    """When the API server last took a write of the Approval other than its status, as its
+    field managers' records say (``metadata.managedFields[].time``, whole seconds; None when it
+    keeps none): no entry of the object was made later. Each write is recorded under its
+    manager with its time, and the latest is at or after the last entry's. A client may write
+    these records itself: a time too early makes approvals count for less, one too late is
+    bounded by the operator's own look."""
+    meta = body.get("metadata") or {}
+    found = [
+        parse_time(str(entry.get("time") or ""))
+        for entry in meta.get("managedFields") or ()
+        if isinstance(entry, Mapping) and not entry.get("subresource")
+    ]
+    moments = [moment.timestamp() for moment in found if moment is not None]
+    return max(moments) if moments else None
+
+
 def made_at(stated: str, seen: float) -> str:
     """When an entry's decision counts from: the earlier of the moment it states (a client's
-    word, RFC 3339) and the moment the operator first saw it. Admission cannot stamp a time
-    (its expressions have no clock), and a client's word may be wrong either way: the earlier
-    one can only make an approval count for less, never longer."""
+    word, RFC 3339) and ``seen``, the earliest moment it is known to have been there (when the
+    operator first saw it, or the object's last write before that). Admission cannot stamp a
+    time (its expressions have no clock), and a client's word may be wrong either way: the
+    earlier one can only make an approval count for less, never longer."""
     first = utc_iso_millis(seen)
     if not stated:
         return first
@@ -265,7 +283,8 @@ class ApprovalReconciler:
         # When this operator first saw each entry it has not recorded yet (its ref -> seconds
         # since the epoch): an entry refused for a while (the run between stops) counts from
         # then, not from when it was finally recorded. Lost with the process: an entry then
-        # counts from when the new one saw it, or the moment it states, whichever is earlier.
+        # counts from the earliest of when the new one saw it, the object's last write (as the
+        # API server recorded it) and the moment it states.
         self._first_seen: dict[str, float] = {}
 
     def reconcile(self, key: Key) -> Result:
@@ -298,11 +317,16 @@ class ApprovalReconciler:
         refused: list[str] = []
         told_before = len(state.approvals.get(action, ()))
         recorded = recorded_refs(body, state.approvals.get(action, ()))
+        written = written_at(body)
         for entry in found:
             if entry.ref in recorded:
                 self._first_seen.pop(entry.ref, None)
                 continue
             seen = self._first_seen.setdefault(entry.ref, context.clock())
+            if written is not None:
+                # Made no later than the object's last write: an entry seen late (the operator
+                # was down or behind) counts from then, not from when it was seen.
+                seen = min(seen, written)
             try:
                 context.loop.approve(
                     namespace,
