@@ -12,11 +12,13 @@ outside the test's namespace.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from keelgate.kube.controller.approvals import written_at
 from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
@@ -471,9 +473,15 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     name = "pay-1-send-payment"
     admin.patch(f"{path}/{name}/status", {"status": {"phase": "Pending", "definition": "d-1"}})
     bobs = {"by": "bob", "groups": [APPROVERS], "approved": True}
+    before = time.time()
     assert _add(kubectl, "bob", name, bobs) == (0, "")
-    (entry,) = admin.get(f"{path}/{name}")["spec"]["decisions"]
+    after = time.time()
+    appended = admin.get(f"{path}/{name}")
+    (entry,) = appended["spec"]["decisions"]
     assert entry["id"] and entry["definition"] == "d-1"
+    # The API server records when the entry was written (what an entry seen late counts from).
+    written = written_at(appended)
+    assert written is not None and int(before) - 1 <= written <= after + 1, (written, before)
     code, said = _add(kubectl, "alice", name, entry)
     assert code != 0 and "a decision added by alice must have by: alice" in said, said
     carols = {"op": "add", "path": "/spec/decisions/-", "value": {"by": "carol", "approved": True}}
@@ -504,8 +512,11 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     code, said = _add(kubectl, "alice", name, {"by": "alice", "approved": True})
     assert code != 0 and "alice has 8 decisions on it" in said, said
     assert _add(kubectl, "bob", name, {"by": "bob", "approved": False})[0] == 0
+    last = written_at(admin.get(f"{path}/{name}"))
+    time.sleep(1.5)  # a status write a second later is not a decision's
     settled = {"phase": "Settled", "verdict": "denied", "settledBy": "bob"}
     admin.patch(f"{path}/{name}/status", {"status": settled})
+    assert written_at(admin.get(f"{path}/{name}")) == last
     code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": False})
     assert code != 0 and f"approval {name} is settled (denied by bob)" in said, said
 
