@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from keelgate.core.approvals import seconds
 from keelgate.kube.controller.approvals import written_at
 from keelgate.kube.naming import action_object_name
 
@@ -632,3 +633,34 @@ def test_actions_whose_names_read_alike_get_approvals_of_their_own(
         if e.type == "loop.started"
     ]
     assert (started.data["creator"], started.data["creatorIsServiceAccount"]) == (robot, True)
+
+
+def test_an_approval_made_while_the_operator_is_down_counts_from_when_it_was_made(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """alice's order needs 2 of payments-approvers, each approval good for 5 minutes. The
+    operator is stopped (a rollout); bob approves with a raw `kubectl patch` (no moment stated),
+    and the operator is back some 10 s later: his approval counts from his write, as the API
+    server recorded it, so the Approval says it stops counting 5 minutes after he made it, not
+    5 minutes after the operator first saw it. Nothing is ordered on one approval."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "bob", "patch", "approvals.keelgate.dev")
+    alice = kubectl.as_user("alice")
+    name = _waiting_for_two(admin, alice, tenant, shop, "late", {**RULE, "expiresAfter": "5m"})
+    operator.stop()
+    try:
+        made = time.time()
+        bobs = {"by": "bob", "groups": [APPROVERS, "system:authenticated"], "approved": True}
+        assert _add(kubectl, "bob", name, bobs) == (0, "")
+        done = time.time()
+        time.sleep(10)
+    finally:
+        operator.start()
+    _wait_status(admin, tenant, name, "progress", "1 of 2")
+    expires = seconds(str(_status_of(admin, tenant, name)["expiresAt"]))
+    assert int(made) - 1 + 300 <= expires <= done + 1 + 300, (expires - made, done - made)
+    assert runs.phase(admin, tenant, "late") == "Stopped" and shop.shop.orders == []
