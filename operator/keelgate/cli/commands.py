@@ -43,7 +43,7 @@ from keelgate.core.spec import Budget
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError
-from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
+from keelgate.stores import DEFAULT_URL, StoreUrl, open_existing, read_store_url, redacted
 
 if TYPE_CHECKING:
     from keelgate.manifest import AgentRun
@@ -173,18 +173,19 @@ def _python_path(*directories: Path) -> None:
             sys.path.insert(0, entry)
 
 
-def _usable(store: str) -> None:
-    """Refuse a store the CLI cannot use, before anything is created or run."""
-    check_store_url(store)
+def _usable(store: str) -> StoreUrl:
+    """The store URL, read; a store the CLI cannot use is refused before anything is created or
+    run."""
+    read = read_store_url(store)
     if store.startswith("memory:"):
         raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
+    return read
 
 
 def _existing(store: str, *, read_only: bool = False) -> Stores:
     """Open a store that must already hold runs: a mistyped path is an error, not a new file.
     ``read_only``: the command only reads, so a store on read-only media is read there."""
-    _usable(store)
-    return open_existing(store, read_only=read_only)
+    return open_existing(_usable(store), read_only=read_only)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
@@ -238,10 +239,10 @@ def run_command(
 ) -> int:
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
     agentrun, folder = read_manifest(file)
-    _usable(store)  # before anything runs; the runner builds all before opening the store
+    read = _usable(store)  # before anything runs; the runner builds all before opening it
     spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
     _python_path(folder)
-    return _show(drive(spec, store=store, new_tick=True, pricing=pricing), output)
+    return _show(drive(spec, store=read, new_tick=True, pricing=pricing), output)
 
 
 #: The most a manifest may weigh: what the API server takes in one object (etcd's default

@@ -131,12 +131,13 @@ def _step(args: argparse.Namespace) -> int:
     from keelgate._startup import started
     from keelgate.core import tracing
     from keelgate.runners.step import StepRunner
-    from keelgate.stores import check_store_url
+    from keelgate.stores import read_store_url
     from keelgate.stores._holds import wait_for_running_calls
 
     if not args.store:
         raise InputError("--store", "a step needs the store URL (env KEELGATE_STORE)")
-    check_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
+    # Read once, here: the store URL is passed on read (libpq reads a PostgreSQL one once).
+    store = read_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
     started()
     sys.path.insert(0, str(Path.cwd()))
     asked = _stop_on_sigterm()
@@ -147,7 +148,7 @@ def _step(args: argparse.Namespace) -> int:
         # Each span is sent as it ends: what a crash cuts short of the step stays sent.
         tracer = configured(export_each_span=True)
     runner = StepRunner(
-        store=args.store,
+        store=store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),
         tracer=tracer,
     )

@@ -38,11 +38,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import astuple, dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from keelgate.core.audit import utc_now
 from keelgate.errors import InputError, KeelgateError, StoreBusy, StoreError, StoreUnavailable
@@ -55,13 +53,13 @@ from keelgate.stores.postgres import (
     MIGRATION_TRIES,
     _ms,
     _one_line,
-    _safe_target,
     _waited,
     grant,
     migrated,
     revoke,
 )
 from keelgate.stores.tenant_moves import copy_tenant, digest
+from keelgate.stores.url import StoreUrl, read_store_url
 
 # A namespace's name, as Kubernetes allows it (an RFC 1123 label).
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -69,8 +67,6 @@ _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ROLE_MAX = 63
 ROLE_PREFIX = "keelgate-"
 OPERATOR_ROLE = "keelgate-operator"
-# URL settings that would put another user or password beside the role's own.
-_CREDENTIAL_SETTINGS = frozenset({"user", "password", "passfile"})
 #: Sessions a role may hold at once on the server (``ALTER ROLE ... CONNECTION LIMIT``), unless
 #: ``add`` is told otherwise: a tenant's step pods hold one each (the operator's --max-step-pods
 #: is 20 by default); the operator holds, per replica, a pool of up to 9 on the home database
@@ -221,21 +217,6 @@ def scram_verifier(password: str, *, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def role_url(
-    admin_url: str, role: str, password: str, *, host: str = "", database: str = ""
-) -> str:
-    """The administrator's URL with ``role`` and ``password`` as its user and password (and
-    ``host``, ``HOST`` or ``HOST:PORT``, in place of its host where given; ``database`` in place
-    of its database where given): same settings, no other credential."""
-    parts = urlsplit(admin_url)
-    where = host or parts.netloc.rpartition("@")[2]
-    dropped = _CREDENTIAL_SETTINGS | ({"dbname"} if database else set())
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in dropped]
-    path = "/" + quote(database, safe="") if database else parts.path
-    userinfo = f"{quote(role, safe='')}:{quote(password, safe='')}"
-    return urlunsplit((parts.scheme, f"{userinfo}@{where}", path, urlencode(query), ""))
-
-
 def tenant_database(home: str, namespace: str) -> str:
     """The database of a tenant's own beside the home database ``home``: ``<home>_<namespace>``
     (a long one shortened with a digest of the namespace, unique within PostgreSQL's 63 bytes),
@@ -270,16 +251,16 @@ class TenantStore:
     database's owner, who created them, does.
     """
 
-    def __init__(self, url: str, *, connect_timeout: int = 10) -> None:
-        self.url = url
-        self.target, params = _safe_target(url)
-        self._secret = str(params.get("password") or "")
+    def __init__(self, url: str | StoreUrl, *, connect_timeout: int = 10) -> None:
+        self.url = read_store_url(url)
+        params = self.url.params
+        self.target, self._secret = self.url.target, self.url.password
         self._timeout: dict[str, Any] = (
             {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
         )
         # The administrator's sessions on tenants' databases, opened (and migrated) when needed.
         self._elsewhere: dict[str, psycopg.Connection[tuple[Any, ...]]] = {}
-        self.conn = self._connect(url)
+        self.conn = self._connect(self.url)
         self.home = str(self.conn.info.dbname)
         try:
             migrated(self.conn, self.target)
@@ -291,10 +272,10 @@ class TenantStore:
             self.conn.close()
             raise
 
-    def _connect(self, url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    def _connect(self, url: StoreUrl) -> psycopg.Connection[tuple[Any, ...]]:
         try:
             conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(
-                url, autocommit=True, **self._timeout
+                autocommit=True, **url.params, **self._timeout
             )
         except psycopg.Error as error:
             raise StoreUnavailable(self._words(error)) from None
@@ -365,9 +346,9 @@ class TenantStore:
 
     # The tenants' own databases
 
-    def database_url(self, database: str) -> str:
+    def database_url(self, database: str) -> StoreUrl:
         """The administrator's URL, on ``database`` of the same server."""
-        return make_conninfo(self.url, dbname=database)
+        return self.url.on_database(database)
 
     def on(
         self, database: str, *, tries: int = MIGRATION_TRIES
@@ -560,7 +541,9 @@ class TenantStore:
         on ``database`` (default: the home database)."""
         url = self.database_url(database) if database else self.url
         try:
-            conn = psycopg.connect(url, user=role, password=password, connect_timeout=10)
+            conn = psycopg.connect(
+                **{**url.params, "user": role, "password": password, "connect_timeout": "10"}
+            )
         except psycopg.Error:
             return False
         with conn:
@@ -700,7 +683,7 @@ class TenantStore:
         elif kind == "operator":
             for tenant_of, routed in self.routes().items():
                 self._furnish(routed, tenant_of)
-        url = role_url(self.url, role, password, host=host, database=database) if password else ""
+        url = self.url.with_login(role, password, host=host, database=database) if password else ""
         registered = self._registered(role)
         assert registered is not None
         return Added(
