@@ -4,6 +4,11 @@ They exist so that every floor speaks the same exact strings (the stop reasons, 
 classes) and the same JSON: each value's fields are its JSON (``keelgate.core.values``), and
 ``RunStatus`` is the one shape of where a run stands, which the manifest's AgentRun status
 extends. Nothing here performs I/O or holds mutable state.
+
+Why one module past 500 lines: it is the vocabulary every floor shares, and its values refer to
+each other (a ``RunStatus`` holds ``PendingApproval`` values, which hold an ``ApprovalRule``; a
+``KeyRecord`` its ``KeyState``); kept together they read as one glossary, imported from one
+place, with no cycle between modules of it.
 """
 
 from __future__ import annotations

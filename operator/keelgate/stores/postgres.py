@@ -45,7 +45,8 @@ function itself.
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
-error message. (About 500 lines: the connections and the liveness argument above are one story.)
+error message. Why one module past 500 lines: the connections and the liveness argument above
+are one story, read with the code that keeps it; the statements are ``_sql``'s.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from keelgate.errors import InputError, RunBusy, StoreBusy, StoreError, StoreUnavailable
-from keelgate.stores import _sql
-from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
+from keelgate.stores import _migrations
+from keelgate.stores._dialect import Connection, Dialect
+from keelgate.stores._migrations import migrate
+from keelgate.stores._sql import PATIENCE, SQLStore
 from keelgate.stores.url import StoreUrl, read_store_url
 
 if TYPE_CHECKING:
@@ -69,13 +72,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Advisory-lock keys (``_sql``: the migration that makes the lock functions names them too).
+# Advisory-lock keys (``_migrations``: the migration that makes the lock functions names them too).
 # The two-int4 form keeps Keelgate's locks apart from another application's single-bigint ones;
 # owner ids are single bigints from OWNER_BASE on, far above any such application's numbers.
-OWNER_SPACE = _sql.LEGACY_OWNER_SPACE  # owner ids drawn before migration 4: (space, id)
-SCHEMA_SPACE = _sql.SCHEMA_SPACE
-DRIVER_SPACE = _sql.DRIVER_SPACE  # a run's driver (RunLock), for a tenant without a role
-OWNER_BASE = _sql.OWNER_BASE
+OWNER_SPACE = _migrations.LEGACY_OWNER_SPACE  # owner ids drawn before migration 4: (space, id)
+SCHEMA_SPACE = _migrations.SCHEMA_SPACE
+DRIVER_SPACE = _migrations.DRIVER_SPACE  # a run's driver (RunLock), for a tenant without a role
+OWNER_BASE = _migrations.OWNER_BASE
 
 # ``PostgresStore._claimer`` once two threads have claimed: no thread id is ever this.
 _MANY = -1
@@ -285,8 +288,8 @@ def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
         except psycopg.errors.InsufficientPrivilege:
             raise StoreError(
                 f"{where}: its schema is older than this Keelgate's (version "
-                f"{len(_sql.MIGRATIONS)}) and role {conn.info.user} may not migrate it; open it "
-                "once with the database owner's URL (e.g. `keelgate tenant list --store "
+                f"{len(_migrations.MIGRATIONS)}) and role {conn.info.user} may not migrate it; "
+                "open it once with the database owner's URL (e.g. `keelgate tenant list --store "
                 "ADMIN_URL`)"
             ) from None
         except psycopg.Error as error:
@@ -299,7 +302,7 @@ def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
                     if waited == "lock_timeout"
                     else MIGRATION_STATEMENT_TIMEOUT
                 )
-                what = f"migrating its schema to version {len(_sql.MIGRATIONS)}"
+                what = f"migrating its schema to version {len(_migrations.MIGRATIONS)}"
                 raise StoreBusy(
                     where, f"{what} ({tries} tries)", waited=waited, seconds=seconds
                 ) from None

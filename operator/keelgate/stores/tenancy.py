@@ -2,27 +2,34 @@
 and for each tenant a database of its own on the server, created, granted, listed, moved and
 removed with an administrator's URL.
 
-Why it exists: tenants must not be able to read or change each other's runs, nor delay each
-other. PostgreSQL enforces both, not Keelgate. A tenant added here gets a database of its own
-on the server (``<home>_<namespace>``, its name in the home database's ``keelgate_databases``):
-row locks, table locks (``LOCK TABLE``), advisory locks, migrations and vacuum are then that
-tenant's alone, and only its role and the operator's may connect to it. Within any Keelgate
-database, migration 3 (``_sql.py``) puts row-level security on every table, keyed by the role a
-session logged in as, through ``keelgate_tenants``; this module writes that table, creates the
-roles and makes their grants (``postgres.PRIVILEGES``). A tenant of an install from before
-(registered in the home database, or with runs there) stays there until ``move`` copies it
-into a database of its own. ``keelgate tenant add|move|remove|list`` is the command line, which
-also writes the namespace's Secret. What the server still shares (sessions, the lock table,
-connections before authentication) ``add`` bounds where it can: each role gets a connection
-limit and a lock limit, and ``secure`` closes in each database what its URL may (the raw
-advisory-lock functions, the views of other sessions, temporary tables, CONNECT for PUBLIC);
-``open_ways`` and ``unbounded`` say, one line each, what is left open.
+Why it exists: tenants must not be able to read or change each other's runs, nor delay each other.
+PostgreSQL enforces both, not Keelgate. A tenant added here gets a database of its own on the server
+(``<home>_<namespace>``, its name in the home database's ``keelgate_databases``): row locks, table
+locks (``LOCK TABLE``), advisory locks, migrations and vacuum are then that tenant's alone, and only
+its role and the operator's may connect to it. Within any Keelgate database, migration 3
+(``_migrations.py``) puts row-level security on every table, keyed by the role a session logged in
+as, through ``keelgate_tenants``; this module writes that table, creates the roles and makes their
+grants (``postgres.PRIVILEGES``). A tenant of an install from before (registered in the home
+database, or with runs there) stays there until ``move`` copies it into a database of its own.
+``keelgate tenant add|move|remove|list`` is the command line, which also writes the namespace's
+Secret. What the server still shares (sessions, the lock table, connections before authentication)
+``add`` bounds where it can: each role gets a connection limit and a lock limit, and ``secure``
+closes in each database what its URL may (the raw advisory-lock functions, the views of other
+sessions, temporary tables, CONNECT for PUBLIC); ``open_ways`` and ``unbounded`` say, one line each,
+what is left open.
 
 A role's password is generated here, sent to the server only as a SCRAM-SHA-256 verifier (so no
 server log can hold it), and handed back once, inside the URL the caller puts in the Secret.
 This module must never put a password in a message, never touch a role that may bypass
 row-level security or administer others, and never delete a tenant's data (``move`` deletes
 a tenant's rows from the home database only once they are committed, checked, in its own).
+
+Why one module past 500 lines: it is one administrator's session (``TenantStore``), and what
+one step grants another revokes or checks (``add`` grants what ``secure`` and ``remove`` take
+back, ``open_ways`` reports what neither could close); read apart, a grant and what undoes it
+would be in two places. What can stand alone already does: the copy a ``move`` makes
+(``tenant_moves``), the operator's sessions on tenants' databases (``tenant_databases``), the
+row-level security DDL (``_isolation_ddl``), the URL a role is given (``url``).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from psycopg import sql
 from keelgate.core.audit import utc_now
 from keelgate.errors import InputError, KeelgateError, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores._isolation_ddl import TENANT_TABLES
-from keelgate.stores._sql import DEFAULT_LOCK_LIMIT, TENANT_SPACES
+from keelgate.stores._migrations import DEFAULT_LOCK_LIMIT, TENANT_SPACES
 from keelgate.stores.postgres import (
     KINDS,
     LOCK_TIMEOUT,
