@@ -21,7 +21,7 @@ from keelgate.core.types import KeyState, UnknownAction
 from keelgate.kube import resources
 from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.approval_news import ApprovalNews
-from keelgate.kube.controller.approvals import shown
+from keelgate.kube.controller.approval_status import shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
 from keelgate.kube.times import now
