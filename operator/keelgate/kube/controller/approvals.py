@@ -27,7 +27,7 @@ from keelgate.core.state import Decision, RunState
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.api_failures import Gone
-from keelgate.kube.controller.approval_news import ApprovalNews
+from keelgate.kube.controller.approval_events import ApprovalEvents
 from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
@@ -157,7 +157,7 @@ def made_at(stated: str, seen: float) -> str:
 class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._news = ApprovalNews(context)
+        self._events = ApprovalEvents(context)
         # When this operator first saw each entry it has not recorded yet (its ref -> seconds
         # since the epoch): an entry refused for a while (the run between stops) counts from
         # then, not from when it was finally recorded. Lost with the process: an entry then
@@ -318,13 +318,13 @@ class ApprovalReconciler:
                 definition=definition,
             )
             count = so_far.count if so_far.rule.required > 1 else ""
-            self._news.decided(run, name, tool, action, decisions[index], count)
+            self._events.decided(run, name, tool, action, decisions[index], count)
         if view.tally is None or view.pending is None:
             return
         before = set(old.get("approvedBy") or ())
         expires_after = view.tally.rule.expires_after
         if expires_after is not None and view.tally.expired:
-            self._news.expired(
+            self._events.expired(
                 run,
                 body,
                 view.tally.expired,
@@ -333,7 +333,7 @@ class ApprovalReconciler:
                 first_time=bool(before & {d.by for d in view.tally.expired}),
             )
         if old.get("phase") == "Settled":
-            self._news.waiting(run, name, view.pending, again=True)
+            self._events.waiting(run, name, view.pending, again=True)
 
     def _show(
         self, body: JSON, run_name: str, old: Mapping[str, Any], status: JSON, *, refusing: bool

@@ -20,7 +20,7 @@ from keelgate.core.protocols import Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
 from keelgate.kube.controller.approvals import ApprovalReconciler
-from keelgate.kube.controller.context import ControllerContext, ControllerSettings, tell_nobody
+from keelgate.kube.controller.context import ControllerContext, ControllerSettings, notify_nobody
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.monitor import MonitorReconciler
@@ -28,7 +28,7 @@ from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
 from keelgate.kube.controller.reconciliations import ReconciliationReconciler
 from keelgate.kube.controller.slots import StepSlots
-from keelgate.kube.notices import Notice
+from keelgate.kube.notifications import Notification
 
 
 class Reconciler(Protocol):
@@ -49,7 +49,7 @@ class Controller:
         enqueue: Enqueue,
         clock: Callable[[], float] = time.time,
         tracer: Tracer = NO_TRACING,
-        tell: Callable[[Notice], None] = tell_nobody,
+        notify: Callable[[Notification], None] = notify_nobody,
     ) -> None:
         self.context = ControllerContext(
             api=api,
@@ -65,7 +65,7 @@ class Controller:
             enqueue=enqueue,
             clock=clock,
             tracer=tracer,
-            tell=tell,
+            notify=notify,
         )
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context, monitors=MonitorReconciler(self.context)),
