@@ -16,7 +16,7 @@ STAMP      := $(VENV)/.installed-stamp
 UP_STAMP   := $(VENV)/.installed-up
 BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: venv demo demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-scale bench-temporal bench-step argocd-cm
+.PHONY: venv demo demo-cold demo-local krew test prereqs up-prepare lint typecheck unit sim check-python clean crds bench bench-peers bench-big bench-cluster bench-scale bench-temporal bench-step argocd-cm
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -45,6 +45,12 @@ venv: $(STAMP)
 ## order, OutcomeUnknown, a Reconciliation settled with kubectl as alice, one order
 demo: up
 	$(E2E_PY) examples/restock/cluster_demo.py --dir $(DEV_DIR)
+
+## demo-cold: what a newcomer's first `make demo` costs: a fresh clone of HEAD in a temporary
+## folder, Go's and pip's caches empty, wall and CPU time and where they go (bench/demo_cold.py;
+## figures in docs/control-plane.md); needs an idle machine for a wall time worth quoting
+demo-cold: check-python
+	$(PYTHON) bench/demo_cold.py $(COLD_ARGS)
 
 ## demo-local: the same story in-process, on the embedded SQLite store (no cluster)
 demo-local: $(BASE_STAMP)

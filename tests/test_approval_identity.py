@@ -30,11 +30,11 @@ import pytest
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.kube.controller.approvals import entries
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
-APPROVE = approval_object_name("restock", "1:0", "place_order")
+APPROVE = action_object_name("restock", "1:0", "place_order")
 PAYMENTS = ["payments", "system:authenticated"]
 RULE = {"required": 2, "groups": ["payments"]}
 

@@ -25,7 +25,7 @@ from keelgate.kube.naming import (
     STEP_LABEL,
     STEP_POD_LABEL,
     STEP_POD_NAME,
-    approval_object_name,
+    action_object_name,
 )
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest.step_defaults import StepPodDefaults
@@ -33,6 +33,10 @@ from support import operator_tools
 from support.operator_rig import NAMESPACE, TOOLS, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
+
+#: The Reconciliation of the run's first action, of each tool the tests use.
+PLACE = action_object_name("restock", "1:0", "place_order")
+LOST = action_object_name("restock", "1:0", "lost_write")
 
 
 def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> None:
@@ -541,7 +545,7 @@ def test_a_confirmer_settlement_is_shown_as_a_settled_reconciliation(tmp_path: P
         assert kube.drive("restock") == [0, 0]
         assert kube.status("restock")["phase"] == "Succeeded"
         assert len(operator_tools.ORDERS) == 1
-        shown = kube.api.get("Reconciliation", NAMESPACE, "restock-1-place-order")
+        shown = kube.api.get("Reconciliation", NAMESPACE, PLACE)
         assert shown is not None
         assert {k: shown["status"][k] for k in ("phase", "verdict", "source")} == {
             "phase": "Settled",
@@ -564,18 +568,18 @@ def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Op
     assert kube.drive("restock") == [3]
     status = kube.status("restock")
     assert (status["phase"], status["stopReason"]) == ("Stopped", "outcome_unknown")
-    made = kube.api.get("Reconciliation", NAMESPACE, "restock-1-lost-write")
+    made = kube.api.get("Reconciliation", NAMESPACE, LOST)
     assert made is not None
     # Pending, saying from when "not executed" may be settled (the run's status says the same).
     (unknown,) = status["unknownActions"]
     assert made["status"] == {"phase": "Pending", "notExecutedAfter": unknown["notExecutedAfter"]}
     assert made["spec"]["action"] == "1:0" and made["spec"]["idempotencyKey"].startswith("kg-")
     assert kube.condition("restock", "OutcomeUnknown")["message"] == (
-        "lost_write (1:0): see reconciliation restock-1-lost-write"
+        f"lost_write (1:0): see reconciliation {LOST}"
     )
     warning = next(e for e in kube.api.events if e.reason == "OutcomeUnknown")
     assert warning.message == (
-        "lost_write (1:0) may or may not have run: settle reconciliation restock-1-lost-write"
+        f"lost_write (1:0) may or may not have run: settle reconciliation {LOST}"
     )
     writes = len(kube.api.writes)
     assert kube.reconcile("restock") == REST
@@ -599,7 +603,7 @@ def test_an_unknown_outcome_refused_late_has_nothing_to_settle_and_the_run_goes_
     assert kube.run_step("restock", late_call_grace=0) == 3
     kube.reconcile("restock")
     assert kube.status("restock")["stopReason"] == "outcome_unknown"
-    name = "restock-1-refused-late"
+    name = action_object_name("restock", "1:0", "refused_late")
     made = kube.api.get("Reconciliation", NAMESPACE, name)
     assert made is not None and made["status"]["phase"] == "Pending"
     key = made["spec"]["idempotencyKey"]
@@ -629,9 +633,7 @@ def test_a_pending_approval_stops_the_run_and_asks_for_an_approval(kube: Operato
     kube.apply("restock", agentrun_spec(approval=True))
     assert kube.drive("restock") == [3]
     assert kube.status("restock")["stopReason"] == "awaiting_approval"
-    made = kube.api.get(
-        "Approval", NAMESPACE, approval_object_name("restock", "1:0", "place_order")
-    )
+    made = kube.api.get("Approval", NAMESPACE, action_object_name("restock", "1:0", "place_order"))
     assert made is not None
     assert {k: made["status"][k] for k in ("phase", "progress", "message")} == {
         "phase": "Pending",
@@ -904,10 +906,10 @@ def test_an_unknown_outcome_stays_shown_when_the_spec_no_longer_declares_its_too
     assert "tool 'lost_write' is not declared" in stalled["message"]
     unknown = kube.condition("restock", "OutcomeUnknown")
     assert unknown["status"] == "True", unknown
-    assert unknown["message"] == "lost_write (1:0): see reconciliation restock-1-lost-write"
+    assert unknown["message"] == f"lost_write (1:0): see reconciliation {LOST}"
     assert [u["action"] for u in status["unknownActions"]] == ["1:0"]
     assert (status["phase"], status["stopReason"]) == ("Stopped", "outcome_unknown")
-    rec = "restock-1-lost-write"
+    rec = LOST
     kube.api.patch_spec("Reconciliation", NAMESPACE, rec, {"executed": True, "by": "alice"})
     assert kube.reconcile(rec, kind="Reconciliation") == REST
     kube.reconcile("restock")
@@ -937,7 +939,7 @@ def test_a_write_killed_mid_order_and_an_unloadable_spec_still_asks_for_its_sett
     kube.reconcile("restock")
     assert kube.condition("restock", "Stalled")["status"] == "True"
     unknown = kube.condition("restock", "OutcomeUnknown")
-    rec = "restock-1-place-order"
+    rec = PLACE
     assert unknown["status"] == "True", kube.status("restock")
     assert unknown["message"] == f"place_order (1:0): see reconciliation {rec}"
     assert kube.api.get("Reconciliation", NAMESPACE, rec) is not None
@@ -961,4 +963,4 @@ def test_a_suspended_run_killed_mid_order_still_shows_its_unknown_outcome(kube: 
     kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"suspend": True})
     kube.reconcile("restock")
     assert kube.condition("restock", "OutcomeUnknown")["status"] == "True", kube.status("restock")
-    assert kube.api.get("Reconciliation", NAMESPACE, "restock-1-place-order") is not None
+    assert kube.api.get("Reconciliation", NAMESPACE, PLACE) is not None

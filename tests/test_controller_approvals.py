@@ -20,16 +20,18 @@ import pytest
 from fakes.event_receiver import EventReceiver
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
+from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
-APPROVE = approval_object_name("restock", "1:0", "place_order")
+APPROVE = action_object_name("restock", "1:0", "place_order")
 PAYMENTS = ["payments", "system:authenticated"]
 RULE = {"required": 2, "groups": ["payments"], "notCreator": True}
+CREATED_BY = "keelgate.dev/created-by"
 
 pytestmark = pytest.mark.usefixtures("orders")
 
@@ -84,8 +86,8 @@ def wall_clock_at(start: float) -> Iterator[list[float]]:
 def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operator) -> None:
     """The Approval is made for the call's key with an empty list of decisions, Pending "0 of
     2" with the rule in words. The creator's approval is shown as not counted (told once in a
-    Warning); bob's counts (1 of 2, told); the run stays stopped; carol's settles it approved by
-    both, and the run places one order."""
+    Warning, and in the Ready condition's reason); bob's counts (1 of 2, told); the run stays
+    stopped; carol's settles it approved by both (told too), and the run places one order."""
     made = waiting(kube, RULE)
     plan = Loop(stores=kube.stores).state(NAMESPACE, "restock").plan
     assert plan is not None
@@ -107,6 +109,8 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
         "not counted: alice:" in status["message"] and "alice created the run" in status["message"]
     )
     assert [c["status"] for c in status["conditions"] if c["type"] == "Stalled"] == ["False"]
+    # Not Stalled (it waits for people), but a reason says a decision does not count.
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "Ready"] == ["NotCounted"]
     assert len(told(kube, "ApprovalRefused")) == 1
 
     add(kube, "bob")
@@ -127,6 +131,10 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
         "approved",
         "bob, carol",
     )
+    assert told(kube, "Approved") == [  # one Event for each approval, with the count
+        f"place_order (1:0) approved by bob (1 of 2): approval {APPROVE}",
+        f"place_order (1:0) approved by carol (2 of 2): approval {APPROVE}",
+    ]
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
     assert len(operator_tools.ORDERS) == 1
@@ -314,3 +322,38 @@ def test_an_approval_that_expires_is_told_to_a_sink_once_as_a_cloudevent(tmp_pat
                 kube.close()
     finally:
         receiver.stop()
+
+
+def test_an_approval_made_before_an_upgrade_is_kept_and_its_decisions_count(
+    kube: Operator,
+) -> None:
+    """The run's step stopped for two approvals under an earlier release, which made the
+    Approval under the name it gave (no digest); the operator is upgraded. It makes no second
+    Approval, names the earlier one in the run's condition, counts bob's and carol's decisions
+    there, and the order is placed once."""
+    kube.apply("restock", agentrun_spec(rule=RULE), annotations={CREATED_BY: "alice"})
+    kube.reconcile("restock")
+    assert kube.run_step("restock") == 3
+    (pending,) = Loop(stores=kube.stores).state(NAMESPACE, "restock").pending
+    earlier = earlier_object_name("restock", pending.action, pending.tool)
+    body = resources.approval(kube.run("restock"), pending, "", name=earlier)
+    kube.api.create_object("Approval", NAMESPACE, body)
+    kube.api.patch_status("Approval", NAMESPACE, earlier, {"phase": "Pending"})
+    kube.reconcile("restock")
+    assert kube.condition("restock", "AwaitingApproval")["message"] == (
+        f"place_order (1:0): see approval {earlier}"
+    )
+    assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
+    for person in ("bob", "carol"):
+        found = kube.api.get("Approval", NAMESPACE, earlier)
+        assert found is not None
+        entry = {"by": person, "groups": PAYMENTS, "approved": True}
+        decisions = [*found["spec"]["decisions"], entry]
+        kube.api.patch_spec("Approval", NAMESPACE, earlier, {"decisions": decisions})
+        kube.reconcile(earlier, kind="Approval")
+    settled = kube.api.get("Approval", NAMESPACE, earlier)
+    assert settled is not None and settled["status"]["progress"] == "2 of 2"
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
+    assert len(operator_tools.ORDERS) == 1

@@ -18,15 +18,16 @@ import pytest
 
 from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
+from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.controller.reconciliations import DECISION_FIELD, Decided, settled_status
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
-from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+from support.operator_rig import NAMESPACE, ORDER, TOOLS, Operator, agentrun_spec
 
-SETTLE = "restock-1-lost-write"
-APPROVE = approval_object_name("restock", "1:0", "place_order")
+SETTLE = action_object_name("restock", "1:0", "lost_write")
+APPROVE = action_object_name("restock", "1:0", "place_order")
 
 
 pytestmark = pytest.mark.usefixtures("orders")
@@ -324,7 +325,7 @@ def test_a_second_unknown_outcome_gets_its_own_reconciliation_and_is_settled_too
     kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True, "by": "alice"})
     assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
     assert kube.drive("restock") == [0, 3]  # the first iteration's end, then the second stop
-    second = "restock-2-lost-write"
+    second = action_object_name("restock", "2:0", "lost_write")
     made = kube.api.get("Reconciliation", NAMESPACE, second)
     assert made is not None and made["status"]["phase"] == "Pending"
     assert made["spec"]["action"] == "2:0"
@@ -343,3 +344,79 @@ def test_a_second_unknown_outcome_gets_its_own_reconciliation_and_is_settled_too
     assert kube.status("restock")["phase"] == "Succeeded"
     assert kube.condition("restock", "OutcomeUnknown")["status"] == "False"
     assert len(operator_tools.ORDERS) == 2  # each lost write's one call, never repeated
+
+
+def _made_by_an_earlier_release(kube: Operator, run: str) -> str:
+    """The run's step has stopped on an unknown outcome, and the operator of an earlier
+    release made its Reconciliation, under the name it gave (no digest), Pending; the name."""
+    (unknown,) = Loop(stores=kube.stores).state(NAMESPACE, run).unknown
+    name = earlier_object_name(run, unknown.action, unknown.tool)
+    kube.api.create_object("Reconciliation", NAMESPACE, resources.reconciliation(
+        kube.run(run), unknown, name=name))  # fmt: skip
+    kube.api.patch_status("Reconciliation", NAMESPACE, name, {"phase": "Pending"})
+    return name
+
+
+def test_reconciliation_names_never_collide_and_one_made_before_an_upgrade_is_kept(
+    kube: Operator,
+) -> None:
+    """Run ``pay-1`` stopped on its action 1:0 under an earlier release, which made its
+    Reconciliation pay-1-1-lost-write; the operator is upgraded. Run ``pay`` then stops on
+    its action 1:1, whose name without a digest is the same. The upgraded operator keeps
+    pay-1's (never makes it again, names it in the run's condition), gives pay's one of its
+    own (never takes pay-1's), and each settlement settles its own call only: pay's abandoned,
+    pay-1's executed through the object it had before the upgrade; each run finishes, each
+    WRITE sent once."""
+    kube.apply("pay-1", agentrun_spec(tool="lost_write"))
+    kube.reconcile("pay-1")
+    assert kube.run_step("pay-1") == 3
+    earlier = _made_by_an_earlier_release(kube, "pay-1")
+    assert earlier == "pay-1-1-lost-write"
+    kube.reconcile("pay-1")
+    assert kube.status("pay-1")["stopReason"] == "outcome_unknown"
+    assert kube.condition("pay-1", "OutcomeUnknown")["message"] == (
+        f"lost_write (1:0): see reconciliation {earlier}"
+    )
+
+    spec = agentrun_spec(
+        tool="lost_write",
+        script=[
+            {"actions": [ORDER, {"tool": "lost_write", "args": {"sku": "B2", "qty": 1}}]},
+            {"done": True, "answer": "ordered"},
+        ],
+    )
+    spec["tools"].append({**spec["tools"][0], "name": "place_order",
+                          "python": {"callable": f"{TOOLS}:place_order"}})  # fmt: skip
+    kube.apply("pay", spec)
+    assert kube.drive("pay") == [3]
+    own = action_object_name("pay", "1:1", "lost_write")
+    assert own != earlier and earlier_object_name("pay", "1:1", "lost_write") == earlier
+    made = kube.api.get("Reconciliation", NAMESPACE, own)
+    assert made is not None and made["spec"]["runName"] == "pay"
+    assert kube.api.get("Reconciliation", NAMESPACE, earlier)["spec"]["runName"] == "pay-1"  # type: ignore[index]
+    assert kube.condition("pay", "OutcomeUnknown")["message"] == (
+        f"lost_write (1:1): see reconciliation {own}"
+    )
+    assert sorted(o["metadata"]["name"] for o in kube.api.of_kind("Reconciliation")) == sorted(
+        [earlier, own]
+    )
+
+    pass_deadlines(kube.stores)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, own, {"executed": False, "by": "bob"})
+    assert kube.reconcile(own, kind="Reconciliation") == REST
+    assert kube.status("pay-1")["stopReason"] == "outcome_unknown"  # not settled with pay's
+    kube.drive("pay")
+    assert kube.status("pay")["phase"] == "Succeeded"
+    kube.api.patch_spec("Reconciliation", NAMESPACE, earlier, {"executed": True, "by": "alice"})
+    assert kube.reconcile(earlier, kind="Reconciliation") == REST
+    settled = kube.api.get("Reconciliation", NAMESPACE, earlier)
+    assert settled is not None
+    assert (settled["status"]["phase"], settled["status"]["verdict"]) == ("Settled", "executed")
+    kube.drive("pay-1")
+    assert kube.status("pay-1")["phase"] == "Succeeded"
+    assert kube.condition("pay-1", "OutcomeUnknown")["status"] == "False"
+    assert sorted(o["metadata"]["name"] for o in kube.api.of_kind("Reconciliation")) == sorted(
+        [earlier, own]
+    )
+    # Each WRITE went out once: pay's order and its lost write, pay-1's lost write.
+    assert len(operator_tools.ORDERS) == 3

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from keelgate.kube.controller.outcomes import REST, Requeue
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 READ_ONLY = [{"actions": [{"tool": "place_order", "args": {"sku": "A1"}}]}, {"done": True}]
@@ -152,7 +152,7 @@ def test_a_ticks_write_waiting_for_approval_holds_the_next_tick_back(
         assert kube.status("watch")["message"] == (
             "next tick held back: watch.tick-1 waits for a person (awaiting_approval)"
         )
-    approval = approval_object_name("watch.tick-1", "1:0", "place_order")
+    approval = action_object_name("watch.tick-1", "1:0", "place_order")
     kube.api.patch_spec("Approval", NAMESPACE, approval, {"approved": True, "by": "carol"})
     kube.reconcile(approval, kind="Approval")
     kube.drive("watch.tick-1")

@@ -19,9 +19,16 @@ from keelgate.cli import main
 from keelgate.cli.plugin.target import Target
 from keelgate.cli.plugin.ui import pages
 from keelgate.cli.plugin.ui import views as views_module
-from keelgate.cli.plugin.ui.views import Views, Waiting, _plan_args
+from keelgate.cli.plugin.ui.views import Recorded, Views, Waiting, _plan_args
 from keelgate.core.redaction import REDACTED
-from test_kubectl_plugin import kubeconfig
+from test_kubectl_plugin import (
+    STRICT,
+    FakeCluster,
+    _aged,
+    _two_person_run,
+    decision,
+    kubeconfig,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,3 +209,118 @@ def test_approvals_you_may_decide_can_be_ticked_for_one_batch_each_with_its_call
     assert '<label for="approval-shop-a-1-pay-pick">' in html
     alone = pages.inbox(items[1:], csrf="tok", scope="s")
     assert "decide-many" not in alone and 'type="checkbox"' not in alone
+
+
+class ClusterViews(Views):
+    """The inbox's reads over the plugin tests' fake API server, as its ``user``; no store."""
+
+    def __init__(self, config: Path, cluster: FakeCluster) -> None:
+        super().__init__(Target(str(config), "me", "shop"))
+        self.cluster = cluster
+        self._home = cluster  # type: ignore[assignment]
+
+    def client(self, namespace: str) -> FakeCluster:  # type: ignore[override]
+        return self.cluster
+
+    def recorded(self, namespace: str, run: str, *, trail: bool) -> Recorded:
+        return Recorded(unavailable="no store in this test")
+
+
+def _alices_payout(tmp_path: Path) -> tuple[FakeCluster, Path]:
+    """alice's run whose payment needs 2 of payments, not her, a reason to deny; bob approved
+    it (1 of 2); and an unknown outcome of another run."""
+    config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
+    cluster = FakeCluster(target=Target(str(config), "me", "shop"))
+    approval = _aged(_two_person_run(cluster), 10)
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+    return cluster, config
+
+
+def _inbox_as(cluster: FakeCluster, config: Path, user: str, *groups: str) -> list[Waiting]:
+    cluster.user, cluster.groups = user, groups
+    return ClusterViews(config, cluster).inbox()
+
+
+def test_the_inbox_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
+    tmp_path: Path,
+) -> None:
+    """Read from the cluster as each person, by the run's rule in force (the one judge):
+    carol may decide both; alice created the run, so its approval is shown apart with why
+    and a Deny alone (a note needed: the rule asks a reason); dave, in no group the rule
+    names, sees why and no control; bob approved already. The unknown outcome waits for each
+    of them; the batch form offers only what is theirs. The count says both."""
+    cluster, config = _alices_payout(tmp_path)
+    carols = _inbox_as(cluster, config, "carol", "payments")
+    assert [(i.kind, i.yours, i.not_yours) for i in carols] == [
+        ("Approval", True, ""),
+        ("Reconciliation", True, ""),
+    ]
+    html = pages.inbox(carols, csrf="c", scope="s")
+    assert "(2 waiting for you)" in html and "Waiting for others" not in html
+    assert 'name="pick" id="approval-shop-payout-1-send-payment-pick"' in html
+
+    alices = _inbox_as(cluster, config, "alice", "payments")
+    approval = alices[0]
+    assert (approval.yours, approval.may_deny, approval.reason_to_deny) == (False, True, True)
+    assert approval.not_yours == (
+        "alice created the run, and its rule asks for someone else (2 approvals from payments, "
+        "not the run's creator, a deny with its reason); you may deny it"
+    )
+    html = pages.inbox(alices, csrf="c", scope="s")
+    assert "(1 waiting for you, 1 for others)" in html
+    mine, _, apart = html.partition('<section class="others"')
+    assert "reconcile" not in apart and 'value="executed"' in mine and "send_payment" not in mine
+    assert "Waiting for others (1): you cannot decide these" in apart
+    assert "<strong>You cannot approve this:</strong> alice created the run" in apart
+    assert 'value="deny"' in apart and 'value="approve"' not in apart
+    assert "a deny needs one, the rule asks why" in apart
+    assert "decide-many" not in html and 'type="checkbox"' not in html
+
+    (daves, _) = _inbox_as(cluster, config, "dave", "system:authenticated")
+    assert (daves.yours, daves.may_deny) == (False, False)
+    html = pages.inbox([daves], csrf="c", scope="s")
+    assert "(0 waiting for you, 1 for others)" in html
+    assert "Nothing waits for you to decide." in html
+    assert "<strong>Not yours to decide:</strong> dave may not decide it: the rule asks" in html
+    assert "<form" not in html and "<button" not in html
+
+    (bobs, _) = _inbox_as(cluster, config, "bob", "payments")
+    assert bobs.not_yours == "you approved it already (1 of 2): it waits for others"
+    assert bobs.may_deny
+
+
+def test_a_user_rbac_forbids_sees_everything_apart_with_rbacs_word(tmp_path: Path) -> None:
+    """Someone who may read but not patch (the view role) has nothing waiting for them: each
+    item is shown apart, forbidden, with the reason, and no control."""
+    cluster, config = _alices_payout(tmp_path)
+    cluster.allowed = False
+    items = _inbox_as(cluster, config, "erin", "payments")
+    assert [i.yours for i in items] == [False, False]
+    html = pages.inbox(items, csrf="c", scope="s")
+    assert "(0 waiting for you, 2 for others)" in html
+    assert html.count("You may not decide this") == 2 and "<form" not in html
+
+
+def test_an_approval_shows_what_people_said_deciding_it_as_the_run_records_it() -> None:
+    """bob's note on his approval (1 of 2) is on the run's record: carol's inbox shows it
+    beside the count, redacted and escaped; a decision without a note adds nothing."""
+    state = {
+        "approvals": {
+            "2:0": [
+                {"approved": True, "by": "bob", "at": "t", "note": "sku <b>checked</b>"},
+                {"approved": True, "by": "erin", "at": "t"},
+                {"approved": False, "by": "dave", "at": "t", "note": "Bearer Zm9vYmFyYmF6cXV4MTIz"},
+            ],
+            "1:0": {"approved": True, "by": "al", "at": "t", "note": "old form"},
+        }
+    }
+    notes = views_module._notes(state)
+    assert notes["1:0"] == ("al approved: old form",)
+    (bob, dave) = notes["2:0"]
+    assert bob == "bob approved: sku <b>checked</b>"
+    assert dave == "dave denied: Bearer [redacted]"
+    html = pages.inbox([_waiting(kind="Approval", notes=notes["2:0"])], csrf="c", scope="s")
+    assert "<dt>What they said</dt>" in html and "sku &lt;b&gt;checked&lt;/b&gt;" in html

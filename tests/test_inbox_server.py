@@ -818,3 +818,45 @@ def test_a_batch_without_the_forms_token_or_with_the_cookie_alone_decides_nothin
     )
     assert status == 303 and "no+approval+was+selected" in headers["location"]
     assert batch.cluster.patches == []
+
+
+def _alices_own(cluster: FakeCluster) -> None:
+    """alice's run restock needs 2 of payments, not her, a reason to deny; its Approval."""
+    rule = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+    body = run_body("restock", phase="Stopped", pendingApprovals=[{"action": "1:0", "rule": rule}])
+    body["metadata"]["annotations"] = {"keelgate.dev/created-by": "alice"}
+    cluster.runs["restock"] = body
+    cluster.groups = ("payments", "system:authenticated")
+    cluster.objects["Approval"].append(decision("Approval", "restock", "1:0", decisions=[]))
+
+
+def test_a_decision_the_rule_in_force_would_not_count_is_refused_with_the_judges_words(
+    tmp_path: Path,
+) -> None:
+    """alice's own run's approval (her page shows it apart, with a Deny alone: see
+    test_inbox_pages): a form that approves it anyway (crafted, or from a page read before)
+    is refused with the one judge's words and nothing is patched; a deny without a reason is
+    refused too; with one it goes."""
+    for inbox in _inbox(tmp_path, fill=_alices_own):
+        cookie, key = inbox.sign_in()
+        _, _, page = inbox.request("GET", f"/k/{key}/", headers={"Cookie": cookie})
+        token = _form_token(page)
+        said = []
+        for choice, note in (("approve", ""), ("deny", ""), ("deny", "not this month")):
+            fields = {"kind": "Approval", "namespace": "shop", "run": "restock", "action": "1:0",
+                      "choice": choice, "note": note, "csrf": token}  # fmt: skip
+            status, headers, _ = inbox.request(
+                "POST", f"/k/{key}/decide", headers={"Cookie": cookie}, body=urlencode(fields)
+            )
+            assert status == 303
+            _, _, after = inbox.request("GET", headers["location"], headers={"Cookie": cookie})
+            said.append(after)
+        assert "alice created the run, and its rule asks for someone else" in said[0]
+        assert "its rule asks a reason to deny" in said[1]
+        assert "Not done" in said[0] and "Not done" in said[1]
+        assert "denied by alice" in said[2]
+        entry = {"by": "alice", "groups": ["payments", "system:authenticated"],
+                 "approved": False, "note": "not this month"}  # fmt: skip
+        assert inbox.cluster.patches == [
+            ("Approval", "restock-1-place-order", {"decisions+": entry, "first": False})
+        ]

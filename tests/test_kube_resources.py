@@ -16,6 +16,7 @@ from typing import Any
 
 from keelgate.core.types import PendingApproval, UnknownAction
 from keelgate.kube import resources
+from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest import spec_from_manifest
 from keelgate.manifest.step_defaults import StepPodDefaults
@@ -240,7 +241,8 @@ def test_reconciliations_and_approvals_carry_no_arguments() -> None:
     list of decisions, for people to append to."""
     unknown = UnknownAction("3:1", "Place_Order", "kg-abc")
     settle = resources.reconciliation(RUN, unknown)
-    assert settle["metadata"]["name"] == "restock-3-1-place-order"
+    assert settle["metadata"]["name"] == action_object_name("restock", "3:1", "Place_Order")
+    assert settle["metadata"]["name"].startswith("restock-3-1-place-order-")
     assert settle["spec"] == {
         "runName": "restock",
         "action": "3:1",
@@ -326,19 +328,27 @@ def test_only_a_step_pods_changes_that_matter_to_its_run_look_at_the_run_again()
     assert pod_change_matters("MODIFIED", {**running, **leaving})
 
 
-def test_approval_names_never_collide_and_always_fit() -> None:
+def test_action_object_names_never_collide_and_always_fit() -> None:
     """Two actions whose readable names are the same (run ``pay`` action 1:1 of tool ``x``, run
     ``pay-1`` action 1:0 of ``x``, run ``pay`` action 1:0 of tool ``1-x``; ``place_order`` and
-    ``place-order``) get different Approvals, each name the same every time it is computed, a
-    valid object name however long the run's name is."""
-    from keelgate.kube.naming import approval_object_name
-
+    ``place-order``) get different Reconciliations and Approvals (the name an earlier release
+    gave each was the same), each name the same every time it is computed, a valid object
+    name however long the run's name is."""
     same = [("pay", "1:1", "x"), ("pay-1", "1:0", "x"), ("pay", "1:0", "1-x")]
-    names = {approval_object_name(*triple) for triple in same}
+    assert {earlier_object_name(*triple) for triple in same} == {"pay-1-1-x"}
+    names = {action_object_name(*triple) for triple in same}
     assert len(names) == 3 and all(n.startswith("pay-1-1-x-") for n in names)
-    assert approval_object_name("r", "1:0", "place_order") != approval_object_name(
+    unknowns = {
+        resources.reconciliation(
+            {"metadata": {"name": run, "namespace": "shop", "uid": "u"}},
+            UnknownAction(action, tool, "kg-1"),
+        )["metadata"]["name"]
+        for run, action, tool in same
+    }
+    assert unknowns == names
+    assert action_object_name("r", "1:0", "place_order") != action_object_name(
         "r", "1:0", "place-order"
     )
-    assert approval_object_name("pay", "1:1", "x") == approval_object_name("pay", "1:1", "x")
-    long = approval_object_name("r" * 253, "12:3", "t" * 100)
-    assert len(long) <= 253 and long != approval_object_name("r" * 252, "12:3", "t" * 100)
+    assert action_object_name("pay", "1:1", "x") == action_object_name("pay", "1:1", "x")
+    long = action_object_name("r" * 253, "12:3", "t" * 100)
+    assert len(long) <= 253 and long != action_object_name("r" * 252, "12:3", "t" * 100)

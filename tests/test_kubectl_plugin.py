@@ -152,7 +152,9 @@ class FakeCluster:
         found["spec"].setdefault("decisions", []).append(dict(entry))
         return found
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]:
         self.asked.append((verb, resource, name))
         return self.allowed, "" if self.allowed else "no RBAC policy matched"
 
@@ -967,6 +969,9 @@ def test_pending_lists_what_waits_for_a_person_oldest_first_with_the_command(
         _aged(decision("Reconciliation", "old", "1:0", executed=True, by="al"), 90),
     ]
     cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 120)]
+    cluster.runs["payout"] = run_body(
+        "payout", phase="Stopped", pendingApprovals=[{"action": "1:0", "tool": "place_order"}]
+    )
     code, out, _ = plugin(capsys, "pending")
     assert code == 0
     lines = out.strip().splitlines()
@@ -990,6 +995,8 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     """-A asks for every namespace and shows a NAMESPACE column; -o json and -o yaml give a
     kubectl List of the objects; nothing waiting is said in words, exit 0."""
     cluster.objects["Approval"] = [_aged(decision("Approval", "payout", "1:0"), 3, "finance")]
+    waits = {"phase": "Stopped", "pendingApprovals": [{"action": "1:0", "tool": "place_order"}]}
+    cluster.runs["payout"] = _aged(run_body("payout", **waits), 3, "finance")
     code, out, _ = plugin(capsys, "pending", "-A")
     assert code == 0 and out.splitlines()[0].split()[0] == "NAMESPACE"
     assert out.splitlines()[1].split()[0] == "finance"
@@ -997,6 +1004,7 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     code, out, _ = plugin(capsys, "pending", "-o", "json")
     listed = json.loads(out)
     assert listed["kind"] == "List" and listed["items"][0]["spec"]["runName"] == "payout"
+    assert listed["items"][0]["you"] == {"mayDecide": True}
     code, out, _ = plugin(capsys, "pending", "-o", "yaml")
     assert yaml.safe_load(out)["items"][0]["kind"] == "Approval"
     cluster.objects["Approval"] = []
@@ -1016,7 +1024,8 @@ def test_pending_everywhere_falls_back_to_the_namespaces_the_user_may_list(
         _aged(decision("Approval", "payout", "1:0"), 3, "shop"),
         _aged(decision("Approval", "secret", "1:0"), 4, "finance"),
     ]
-    cluster.runs["payout"] = _aged(run_body("payout"), 5, "shop")
+    waits = {"phase": "Stopped", "pendingApprovals": [{"action": "1:0", "tool": "place_order"}]}
+    cluster.runs["payout"] = _aged(run_body("payout", **waits), 5, "shop")
     code, out, err = plugin(capsys, "pending", "-A")
     assert code == 0, err
     assert [line.split()[:2] for line in out.splitlines()[1:]] == [["shop", "approval"]]
@@ -1326,6 +1335,7 @@ def test_pending_shows_how_many_approvals_count_and_when_the_first_expires(
         approvedBy=["bob"],
         expiresAt=later.strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
+    cluster.user, cluster.groups = "carol", ("payments",)
     code, out, _ = plugin(capsys, "pending")
     assert code == 0
     header, row = out.strip().splitlines()
@@ -1412,3 +1422,127 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
     code, out, _ = plugin(capsys, "status", "payout")
     assert "awaiting approval" in out
     assert "not counted: dave: payout 1:0: dave may not decide it" in out
+
+
+STRICT = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
+
+
+def _for_whom(
+    cluster: FakeCluster, capsys: pytest.CaptureFixture[str], user: str, *groups: str
+) -> tuple[str, str, list[JSON]]:
+    """`pending` as ``user``, text and -o json: (what waits for them, the rows apart with
+    their reasons, the json items' ``you``)."""
+    cluster.user, cluster.groups = user, groups
+    code, out, err = plugin(capsys, "pending")
+    assert code == 0, err
+    mine, _, apart = out.partition("\nWaiting for others")
+    code, listed, _ = plugin(capsys, "pending", "-o", "json")
+    you = [item["you"] for item in json.loads(listed)["items"]]
+    return mine, apart, you
+
+
+def test_pending_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """alice's run needs 2 of payments, not her, a reason to deny; bob approved (1 of 2); she
+    weakened the rule in her spec since (the rule in force is the run's). An unknown outcome
+    of another run waits too. carol sees both as hers, with the command; alice (the creator)
+    sees the approval apart: she may deny it, not approve it; bob: he approved it already;
+    dave (in no group the rule names) and a ServiceAccount: why not, and they may not deny
+    either. -o json carries the same per object (``you``), and the reason is the judge's."""
+    approval = _aged(_two_person_run(cluster), 10)
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    cluster.runs["payout"]["spec"]["tools"][0]["approval"] = {"required": 1}  # weakened
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+
+    mine, apart, you = _for_whom(cluster, capsys, "carol", "payments")
+    assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in mine
+    assert "restock" in mine and not apart
+    assert you == [{"mayDecide": True, "reasonToDeny": True}, {"mayDecide": True}]
+
+    cases = {
+        ("alice", "payments"): (
+            "alice created the run, and its rule asks for someone else (2 approvals from "
+            "payments, not the run's creator, a deny with its reason); you may deny it",
+            True,
+        ),
+        ("bob", "payments"): ("you approved it already (1 of 2): it waits for others", True),
+        ("dave", "system:authenticated"): (
+            "dave may not decide it: the rule asks 2 approvals from payments",
+            False,
+        ),
+        ("system:serviceaccount:shop:ci", "payments"): (
+            "system:serviceaccount:shop:ci is a ServiceAccount, and the rule counts people only",
+            False,
+        ),
+    }
+    for (user, group), (why, deny) in cases.items():
+        mine, apart, you = _for_whom(cluster, capsys, user, group)
+        assert "restock" in mine and "payout" not in mine, (user, mine)
+        header, row = apart.strip().splitlines()[1:]
+        assert header.split()[-4:] == ["EXPIRES", "WHY", "NOT", "YOU"], header
+        assert row.split()[:2] == ["approval", "payout"] and why in row, (user, row)
+        assert "kubectl keelgate approve" not in row
+        (judged,) = [y for y in you if not y["mayDecide"]]
+        assert judged["mayDeny"] is deny and why in judged["why"], (user, judged)
+        assert judged.get("reasonToDeny", False) is deny  # told to whoever may deny
+
+    # Nothing is theirs: said in words, and what waits for others still shows.
+    cluster.objects["Reconciliation"] = []
+    mine, apart, _ = _for_whom(cluster, capsys, "alice", "payments")
+    assert mine.strip() == "Nothing waits for you in namespace shop."
+    assert "payout" in apart and "(1): you cannot decide these" in apart
+
+
+def test_pending_shows_rbac_refusals_apart_and_lists_all_when_who_you_are_is_unknown(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone RBAC lets read but not patch (the view role) sees the unknown outcome apart,
+    with RBAC's word; an API server that cannot say who the user is (no selfsubjectreviews)
+    judges nothing: everything is listed as waiting, said once on stderr."""
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+    cluster.allowed = False
+    code, out, _ = plugin(capsys, "pending")
+    assert code == 0 and out.startswith("Nothing waits for you in namespace shop.")
+    assert "RBAC: you may not patch reconciliations in shop (no RBAC policy matched)" in out
+
+    def unknown() -> tuple[str, tuple[str, ...]]:
+        raise Refused("the API server does not serve selfsubjectreviews", status=404)
+
+    monkeypatch.setattr(cluster, "identity", unknown)
+    code, out, err = plugin(capsys, "pending")
+    assert code == 0 and "Waiting for others" not in out
+    assert "kubectl keelgate reconcile restock 2:0" in out
+    assert "what you may decide is not judged" in one_line(err)
+
+
+def test_a_decision_made_and_not_yet_recorded_or_refused_is_told_as_it_is(
+    cluster: FakeCluster,
+) -> None:
+    """What someone sees of their own entries: dave's deny went in by hand and the operator
+    refused it (he is in no group the rule names): he is told that, never that it waits to be
+    recorded. erin's deny and frank's approval (both in payments) are on the object and not
+    recorded yet: each is told so, and neither is offered the same decision again."""
+    from keelgate.cli.plugin.standing import of_approval
+
+    approval = _two_person_run(cluster)
+    run = cluster.runs["payout"]
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    approval["status"]["message"] = "0 of 2 approvals; not counted: dave: dave may not decide it"
+    dave = of_approval(approval, run, user="dave", groups=("system:authenticated",))
+    assert (dave.decide, dave.deny) == (False, False)
+    assert dave.why.startswith("dave may not decide it: the rule asks 2 approvals from payments")
+
+    approval["spec"]["decisions"].append({"by": "erin", "approved": False})
+    erin = of_approval(approval, run, user="erin", groups=("payments",))
+    assert (erin.decide, erin.deny) == (False, False)
+    assert erin.why.startswith("you denied it; the operator has not recorded it")
+
+    approval["spec"]["decisions"].append({"by": "frank", "approved": True})
+    frank = of_approval(approval, run, user="frank", groups=("payments",))
+    assert (frank.decide, frank.deny) == (False, True)
+    assert frank.why.startswith("you approved it; the operator has not recorded it")
+    carol = of_approval(approval, run, user="carol", groups=("payments",))
+    assert (carol.decide, carol.why) == (True, "")

@@ -24,7 +24,7 @@ import pytest
 from fakes.event_receiver import EventReceiver, Got, quick
 from fakes.loopback import Answer
 from keelgate.cli import main
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 from keelgate.kube.notifications import approval_expired, notifications_of
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import Notifier
@@ -36,8 +36,8 @@ from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
 
-APPROVE = approval_object_name("restock", "1:0", "place_order")
-SETTLE = "restock-1-lost-write"
+APPROVE = action_object_name("restock", "1:0", "place_order")
+SETTLE = action_object_name("restock", "1:0", "lost_write")
 STATE = "keelgate-system/keelgate-notify-state"
 #: Arguments no event may carry (unless a sink asks), and a secret none may carry at all.
 SECRET = "hunter2-s3cr3t"

@@ -18,12 +18,13 @@ __all__ = [
     "KWOK_VERSION",
 ]
 
-#: The Kubernetes release pinned by e2e/tools/kube/go.mod.
+#: The Kubernetes release pinned by e2e/tools/up/go.mod.
 KUBE_VERSION = "v1.36.3"
-#: The etcd release pinned by e2e/tools/etcd/go.mod.
+#: The etcd release pinned by e2e/tools/up/go.mod (etcd 3.6 is the pairing for Kubernetes 1.36).
 ETCD_VERSION = "v3.6.16"
-#: The Helm release pinned by e2e/tools/helm/go.mod (installs the chart in `make up`).
-HELM_VERSION = "v4.3.2"
+#: The Helm release pinned by e2e/tools/up/go.mod (installs the chart in `make up`): the 4.2 line
+#: is built against Kubernetes 1.36's libraries, the cluster's own, so one build compiles them once.
+HELM_VERSION = "v4.2.4"
 #: The Jaeger module pinned by e2e/tools/jaeger/go.mod: a trace collector with in-memory storage
 #: and a query API, for the tracing tests (built on the OpenTelemetry Collector).
 JAEGER_VERSION = "v1.75.0"

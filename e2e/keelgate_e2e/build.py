@@ -3,13 +3,14 @@ helm, jaeger (the trace collector of the tracing tests), and krew with its manif
 and, only when asked (`ensure_optional`), kwok for the scale bench.
 
 Why it exists: no release binary can be downloaded here, so the programs are built from the Go
-modules pinned in e2e/tools/kube, e2e/tools/etcd, e2e/tools/helm, e2e/tools/jaeger and
+modules pinned in e2e/tools/up (what `make up` runs: the three Kubernetes commands, etcd and helm,
+one module and one `go build`, so the packages they share compile once), e2e/tools/jaeger and
 e2e/tools/krew (and e2e/tools/kwok, for the scale bench only), into the git-ignored folder
 e2e/bin, with the version ldflags an official build sets. Callers name the programs they run
 (`--for up` is what `make up` runs), so a cold `make up` never builds the tracing collector or
 krew. Binaries on KUBEBUILDER_ASSETS (envtest's convention) or PATH are used instead when they
 are new enough. Builds reuse Go's build and module caches, so only the first build on a machine
-is slow.
+is slow; it shows how far it is (packages compiled of the total `go list` counted first).
 
 It must never download anything but Go modules through the Go toolchain (no toolchain switch, no
 release tarballs), and never write outside e2e/bin and Go's own caches.
@@ -24,11 +25,14 @@ import argparse
 import fcntl
 import os
 import re
+import resource
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +47,7 @@ from keelgate_e2e import (
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 BIN_DIR = E2E_DIR / "bin"
-KUBE_TOOLS = E2E_DIR / "tools" / "kube"
-ETCD_TOOLS = E2E_DIR / "tools" / "etcd"
-HELM_TOOLS = E2E_DIR / "tools" / "helm"
+UP_TOOLS = E2E_DIR / "tools" / "up"
 JAEGER_TOOLS = E2E_DIR / "tools" / "jaeger"
 KREW_TOOLS = E2E_DIR / "tools" / "krew"
 KWOK_TOOLS = E2E_DIR / "tools" / "kwok"
@@ -58,6 +60,16 @@ CLUSTER_PROGRAMS = (*KUBE_PROGRAMS, "etcd")
 #: tests' collector) nor krew (the plugin's packaging tests): a cold build of those would add
 #: minutes to `make demo` for programs it never starts.
 UP_PROGRAMS = (*CLUSTER_PROGRAMS, "helm")
+#: The main package of each program of e2e/tools/up, all built by one `go build`: one module
+#: graph, so k8s.io/api, apimachinery, client-go, grpc, protobuf ... compile once for the five
+#: (three modules of their own compiled them up to three times, at different versions).
+UP_PACKAGES = {
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "etcd": "go.etcd.io/etcd/server/v3",
+    "helm": "helm.sh/helm/v4/cmd/helm",
+}
 ALL_PROGRAMS = (*UP_PROGRAMS, "jaeger", *KREW_PROGRAMS)
 #: The sets `python -m keelgate_e2e.build --for` names: `make up` builds `up`, the e2e suite `e2e`.
 PROGRAM_SETS = {"up": UP_PROGRAMS, "e2e": ALL_PROGRAMS}
@@ -73,6 +85,21 @@ MIN_KREW = (0, 4, 3)
 MIN_KWOK = (0, 8, 0)
 #: Oldest Go that can build the pinned modules (their go.mod says `go 1.26.0`).
 MIN_GO = (1, 26, 0)
+#: Flags of every build, besides the programs' -ldflags: paths trimmed as in official builds; no
+#: debug information compiled, which the linker's `-w` would drop anyway (it costs about a tenth
+#: of the compile's CPU).
+GO_FLAGS = ("-trimpath", "-gcflags=all=-dwarf=false")
+#: The standard library's packages that import all the others `make up`'s programs use (from
+#: `go list -deps` of UP_PACKAGES with Go 1.26), compiled while the modules download.
+STD_ROOTS = (
+    "archive/tar", "archive/zip", "compress/bzip2", "compress/zlib", "container/heap",
+    "crypto/pbkdf2", "database/sql", "debug/dwarf", "embed", "encoding/base32", "encoding/csv",
+    "encoding/xml", "expvar", "go/doc", "go/parser", "hash/fnv", "hash/maphash", "html/template",
+    "image/jpeg", "io/ioutil", "log/slog", "net/http/httputil", "net/http/pprof", "net/mail",
+    "os/exec", "os/signal", "plugin", "runtime/metrics", "testing", "time/tzdata",
+)  # fmt: skip
+#: What a cold build of UP_PROGRAMS costs (bench/demo_cold.py measures it; docs/control-plane.md).
+COLD_UP_BUILD = "about 13 CPU-minutes"
 
 _VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 
@@ -228,32 +255,99 @@ def kwok_ldflags(version: str = KWOK_VERSION) -> str:
     return f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version}"
 
 
-def _go_build(go: Path, module: Path, packages: Sequence[str], ldflags: str, out_dir: Path) -> None:
+def _go_build(
+    go: Path, module: Path, packages: Sequence[str], ldflags: Sequence[str], out_dir: Path
+) -> None:
+    """`go build` `packages` of tools module `module` into `out_dir`; `ldflags` are -ldflags
+    values, each either plain or `package=flags` for one program of several."""
     env = dict(os.environ)
     # Never let go switch toolchains (that would download one); static binaries like upstream's.
     env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"})
     env["GOFLAGS"] = " ".join(f for f in (env.get("GOFLAGS", ""), "-mod=readonly") if f)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["nice", "-n", "10", str(go), "build", "-v", "-trimpath", "-ldflags", ldflags]
+    nice = ["nice", "-n", "10"]
+    # The packages to compile, counted first: the build's progress says how far it is. Listing
+    # them also downloads the modules they come from, so that wait is shown on its own. The
+    # network, not the CPU, sets its pace: the standard library compiles meanwhile, with the
+    # build's own flags, so that the build below finds it in Go's cache.
+    print(f"+ (cd {module} && go list -deps {' '.join(packages)})", flush=True)
+    with _timed("modules ready and packages listed") as listed:
+        started = time.monotonic()
+        std = subprocess.Popen(
+            [*nice, str(go), "build", *GO_FLAGS, *STD_ROOTS],
+            cwd=module,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        out = subprocess.run(
+            [*nice, str(go), "list", "-deps", "-f", "{{.Standard}}", *packages],
+            cwd=module,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        listing = time.monotonic() - started
+        # Never two compiles of one package at once: Go's cache does not share work in flight.
+        # A failure here only leaves more for the build (a package a newer Go lacks, say).
+        std_failed = std.wait() != 0
+        if out.returncode != 0:
+            print(out.stderr, flush=True)
+            raise BuildError(f"go list failed in {module} (exit {out.returncode})")
+        standard = out.stdout.split().count("true")
+        # What the build has left to compile, cold: the packages beyond the standard library.
+        total = len(out.stdout.split()) - (0 if std_failed else standard)
+        listed.append(f"{total} packages to compile and {standard} of the standard library")
+        listed.append(f"listing {listing:.0f}s, the standard library compiled beside it")
+    cmd = [*nice, str(go), "build", "-v", *GO_FLAGS]
+    for flags in ldflags:
+        cmd += ["-ldflags", flags]
     cmd += ["-o", str(out_dir) + os.sep, *packages]
-    print("+ (cd {} && {})".format(module, " ".join(cmd)), flush=True)
-    # `go build -v` names each package as it is compiled: count them as progress, and keep the
-    # last lines for an error message.
+    print(f"+ (cd {module} && {shlex.join(cmd)})", flush=True)
+    # `go build -v` names each package as it is compiled (a cached one is not named): count them
+    # as progress, and keep the last lines for an error message.
     proc = subprocess.Popen(
         cmd, cwd=module, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    started = last = time.monotonic()
+    compiled = 0
     tail: list[str] = []
-    for compiled, line in enumerate(proc.stdout, start=1):
-        tail = [*tail[-19:], line.rstrip()]
-        now = time.monotonic()
-        if now - last >= 15:
-            last = now
-            print(f"  ... {now - started:.0f}s, {compiled} packages compiled", flush=True)
-    if proc.wait() != 0:
+    with _timed("go build") as built:
+        started = last = time.monotonic()
+        for line in proc.stdout:
+            compiled += 1
+            tail = [*tail[-19:], line.rstrip()]
+            now = time.monotonic()
+            if now - last >= 15:
+                last = now
+                share = f" ({100 * compiled // total}%)" if total else ""
+                print(
+                    f"  ... {now - started:.0f}s, {compiled} of {total} packages compiled{share}",
+                    flush=True,
+                )
+        returncode = proc.wait()
+        built.append(f"{compiled} of {total} packages compiled")
+    if returncode != 0:
         print("\n".join(tail), flush=True)
-        raise BuildError(f"go build failed in {module} (exit {proc.returncode})")
+        raise BuildError(f"go build failed in {module} (exit {returncode})")
+
+
+@contextmanager
+def _timed(what: str) -> Iterator[list[str]]:
+    """Print how long the block took, wall and CPU (of the processes it waited for); the block
+    may append details to the list it is given."""
+    details: list[str] = []
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    yield details
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    extra = "".join(f", {d}" for d in details)
+    print(
+        f"  {what} in {time.monotonic() - started:.0f}s "
+        f"(CPU {user:.0f}s user, {system:.0f}s system{extra})",
+        flush=True,
+    )
 
 
 def build(names: Sequence[str], go: Path | None = None) -> None:
@@ -261,36 +355,35 @@ def build(names: Sequence[str], go: Path | None = None) -> None:
     go = find_go() if go is None else go
     print(
         f"building {', '.join(names)}: with Go's caches empty this takes minutes (what `make up` "
-        "runs: about 12 CPU-minutes, docs/control-plane.md), later seconds; progress every 15 s",
+        f"runs: {COLD_UP_BUILD}, docs/control-plane.md), later seconds; progress every 15 s",
         flush=True,
     )
     staging = BIN_DIR / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    kube = [n for n in names if n in KUBE_PROGRAMS]
-    if kube:
-        pkgs = [f"k8s.io/kubernetes/cmd/{n}" for n in kube]
-        _go_build(go, KUBE_TOOLS, pkgs, kube_ldflags(), staging)
-    if "helm" in names:
-        _go_build(go, HELM_TOOLS, ["helm.sh/helm/v4/cmd/helm"], helm_ldflags(), staging)
+    up = [n for n in UP_PROGRAMS if n in names]
+    if up:
+        # Each program's own version stamps, applied when its main package is linked.
+        up_ldflags = {"etcd": etcd_ldflags(), "helm": helm_ldflags()}
+        flags = [f"{UP_PACKAGES[n]}={up_ldflags.get(n) or kube_ldflags()}" for n in up]
+        _go_build(go, UP_TOOLS, [UP_PACKAGES[n] for n in up], flags, staging)
+        if "etcd" in up:
+            # go names a binary after the path element before a major-version suffix: "server".
+            (staging / "server").rename(staging / "etcd")
     if "jaeger" in names:
         _go_build(
             go,
             JAEGER_TOOLS,
             ["github.com/jaegertracing/jaeger/cmd/jaeger"],
-            jaeger_ldflags(),
+            [jaeger_ldflags()],
             staging,
         )
     if set(KREW_PROGRAMS) & set(names):
         pkgs = ["sigs.k8s.io/krew/cmd/krew", "sigs.k8s.io/krew/cmd/validate-krew-manifest"]
-        _go_build(go, KREW_TOOLS, pkgs, krew_ldflags(), staging)
+        _go_build(go, KREW_TOOLS, pkgs, [krew_ldflags()], staging)
         (staging / "krew").rename(staging / "kubectl-krew")  # what kubectl finds as `kubectl krew`
         (staging / ".validate-krew-manifest.version").write_text(KREW_VERSION)
     if "kwok" in names:
-        _go_build(go, KWOK_TOOLS, ["sigs.k8s.io/kwok/cmd/kwok"], kwok_ldflags(), staging)
-    if "etcd" in names:
-        _go_build(go, ETCD_TOOLS, ["go.etcd.io/etcd/server/v3"], etcd_ldflags(), staging)
-        # go names a binary after the path element before a major-version suffix: "server".
-        (staging / "server").rename(staging / "etcd")
+        _go_build(go, KWOK_TOOLS, ["sigs.k8s.io/kwok/cmd/kwok"], [kwok_ldflags()], staging)
     for name in names:
         built = staging / name
         version = binary_version(built)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import APPROVERS, Cluster
@@ -196,7 +196,7 @@ def test_two_people_from_the_group_approve_a_payment_with_the_plugin_and_it_is_m
     assert stopped["metadata"]["annotations"][CREATED_BY] == "alice"
     assert stopped["status"]["stopReason"] == "awaiting_approval"
     wait_for(lambda: runs.approvals(admin, tenant), what="the Approval")
-    name = approval_object_name("payout", "1:0", "place_order")
+    name = action_object_name("payout", "1:0", "place_order")
 
     def plugin(user: str) -> KubectlKeelgate:
         return KubectlKeelgate(kubectl_bin, cluster.kubeconfig, user, tenant)
@@ -275,7 +275,7 @@ def _waiting_for_two(
     body["spec"]["tools"][1]["approval"] = rule
     apply(alice, body)
     wait_phase(admin, tenant, run, "Stopped", timeout=90)
-    name = approval_object_name(run, "1:0", "place_order")
+    name = action_object_name(run, "1:0", "place_order")
     wait_for(lambda: _status_of(admin, tenant, name).get("phase") == "Pending", what=name)
     return name
 
@@ -604,7 +604,7 @@ def test_actions_whose_names_read_alike_get_approvals_of_their_own(
     for run in ("pay", "pay-1"):
         wait_phase(admin, tenant, run, "Stopped", timeout=90)
     names = {
-        run: approval_object_name(run, action, "place_order")
+        run: action_object_name(run, action, "place_order")
         for run, action in (("pay", "1:1"), ("pay-1", "1:0"))
     }
     assert names["pay"] != names["pay-1"]

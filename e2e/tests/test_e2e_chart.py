@@ -1,5 +1,5 @@
-"""The Helm chart `charts/keelgate` with a real `helm` (built from helm.sh/helm/v4 beside the
-control plane) against the real API server: lint, what it renders, what the server accepts,
+"""The Helm chart `charts/keelgate` with a real `helm` (built from helm.sh/helm/v4 in the control
+plane's own `go build`) against the real API server: lint, what it renders, what the server accepts,
 and what it refuses before anything is installed.
 
 It must never install into the session's cluster except in its own throwaway namespaces, and

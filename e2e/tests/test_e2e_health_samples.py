@@ -14,7 +14,7 @@ running.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
@@ -60,6 +60,43 @@ def _monitor(shop: ShopServer) -> JSON:
     return run
 
 
+def _may_edit(admin: Kube, kubectl: Kubectl, namespace: str, user: str) -> None:
+    """``user`` gets the built-in `edit` role in the namespace (and may patch Approvals)."""
+    admin.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{user}-edit"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )  # fmt: skip
+    wait_for(
+        lambda: kubectl.as_user(user)("auth", "can-i", "patch", "approvals.keelgate.dev",
+                                      check=False).returncode == 0,
+        timeout=30,
+        what=f"{user} may patch approvals",
+    )  # fmt: skip
+
+
+def _added(
+    person: Kubectl, kubectl: Kubectl, name: str, by: str, shows: Callable[[JSON], bool]
+) -> JSON:
+    """``by`` (as ``person``) adds an approval to the Approval ``name``; the object once its
+    status ``shows`` what the operator made of it."""
+    entry = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": by, "approved": True}}]
+    person("patch", "approval", name, "--type=json", "-p", json.dumps(entry))
+
+    def shown() -> JSON | None:
+        obj = get(kubectl, "Approval", name)
+        return obj if shows(obj.get("status") or {}) else None
+
+    found: JSON = wait_for(shown, timeout=60, what=f"{name} after {by}'s approval")
+    return found
+
+
 def _dry_run_create(kubectl: Kubectl, body: JSON) -> JSON:
     """What the API server holds between the operator's create and its status patch (the real
     window is too short to catch): the same create, made with --dry-run=server."""
@@ -83,7 +120,9 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     a token budget stop, a verifier's rejection limit (Failed), spec.suspend from the start, a
     monitor and its tick waiting for approval; then, with the operator stopped, a run it has not
     seen (no status), an edit it has not acted on (generation ahead), and decisions it has not
-    recorded; restarted, it settles them (Settled, approved, denied)."""
+    recorded; restarted, it settles them (Settled, approved, denied, the denied run's end).
+    Two people approve a rule of two (Settled, 2 of 2); a decision the rule does not count
+    (alice, in no group it names) stays in sight (NotCounted)."""
     ns = tenant
     budget = agentrun("budget", shop, [[order("B1", 1)]], budget={"tokens": 2000})
     budget["spec"]["model"]["script"][0]["usage"] = {"inputTokens": 1900, "outputTokens": 200}
@@ -93,6 +132,8 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     rejected["spec"]["model"]["script"][0]["verdict"] = "reject"
     pair = agentrun("pair", shop, [[order("Q1", 1)]])
     pair["spec"]["tools"][1]["approval"] = {"required": 2}
+    typo = agentrun("typo", shop, [[order("Y1", 1)]])
+    typo["spec"]["tools"][1]["approval"] = {"required": 1, "groups": ["payments-aprovers"]}
     apply(
         kubectl,
         agentrun("restock", shop, [[look("A1")], [order("A1", 2)]]),
@@ -106,6 +147,7 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
         agentrun("granted", shop, [[order("P1", 1)]], approval=True),
         agentrun("denied", shop, [[order("P2", 1)]], approval=True),
         pair,
+        typo,
         budget,
         rejected,
         agentrun("held", shop, [[order("H1", 1)]], extra={"suspend": True}),
@@ -173,19 +215,38 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
     pair_name = wait_for(lambda: _one(runs.approvals(admin, ns), "pair"), what="pair's Approval")[
         "metadata"
     ]["name"]
-    first = [{"op": "add", "path": "/spec/decisions/-", "value": {"by": "alice", "approved": True}}]
-    alice("patch", "approval", pair_name, "--type=json", "-p", json.dumps(first))
-
-    def one_of_two() -> JSON | None:
-        obj = get(kubectl, "Approval", pair_name)
-        return obj if (obj.get("status") or {}).get("progress") == "1 of 2" else None
-
     keep(
         "Approval",
         "partly-approved",
-        wait_for(one_of_two, timeout=60, what="1 of 2"),
+        _added(alice, kubectl, pair_name, "alice", lambda s: s.get("progress") == "1 of 2"),
         ns,
         "a WRITE needing two people's approval (approval.required: 2), approved by alice so far",
+    )
+    _may_edit(admin, kubectl, ns, "bob")
+    bob = kubectl.as_user("bob")
+    keep(
+        "Approval",
+        "approved-by-two",
+        _added(bob, kubectl, pair_name, "bob", lambda s: s.get("progress") == "2 of 2"),
+        ns,
+        "a WRITE needing two people's approval, approved by alice and then bob",
+    )
+
+    wait_phase(admin, ns, "typo", "Stopped", timeout=90)
+    typo_name = wait_for(lambda: _one(runs.approvals(admin, ns), "typo"), what="typo's Approval")[
+        "metadata"
+    ]["name"]
+
+    def not_counted(status: JSON) -> bool:
+        ready = condition({"status": status}, "Ready") or {}
+        return ready.get("reason") == "NotCounted"
+
+    keep(
+        "Approval",
+        "not-counted",
+        _added(alice, kubectl, typo_name, "alice", not_counted),
+        ns,
+        "alice's approval, not counted: the rule names a group she is not in (a typo)",
     )
 
     stopped = wait_phase(admin, ns, "budget", "Stopped", timeout=90)
@@ -246,14 +307,23 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
             ns,
             "alice decided (kubectl patch) while the operator was not running",
         )
-        for name, verdict in ((granted_name, True), (denied_name, False)):
-            runs.decide(alice, name, approved=verdict)
+        runs.decide(alice, granted_name, approved=True)
         keep(
             "Approval",
             "decided",
             get(kubectl, "Approval", granted_name),
             ns,
             "alice approved (kubectl patch) while the operator was not running",
+        )
+        deny = [{"op": "add", "path": "/spec/decisions/-",
+                 "value": {"by": "alice", "approved": False, "note": "not this sku"}}]  # fmt: skip
+        alice("patch", "approval", denied_name, "--type=json", "-p", json.dumps(deny))
+        keep(
+            "Approval",
+            "decided-in-list",
+            get(kubectl, "Approval", denied_name),
+            ns,
+            "alice denied (a decision added to spec.decisions) while the operator was not running",
         )
         unsure_run = runs.get_run(admin, ns, "unsure")
         later_rec = resources.reconciliation(unsure_run, UnknownAction("2:0", "place_order", key))
@@ -300,6 +370,14 @@ def test_samples_of_runs_under_way_done_waiting_failed_and_suspended(
         wait_for(lambda: settled("Approval", denied_name), timeout=60, what="denied"),
         ns,
         "denied by alice, recorded by the operator",
+    )
+    wait_phase(admin, ns, "denied", "Succeeded", timeout=90)
+    keep(
+        "AgentRun",
+        "succeeded-denied",
+        get(kubectl, "AgentRun", "denied"),
+        ns,
+        "the goal met, its one WRITE denied by alice (it never ran)",
     )
     wait_phase(admin, ns, "unsure", "Succeeded", timeout=90)
     assert shop.shop.by_key()[key] == 1

@@ -13,6 +13,7 @@ docs/images when KEELGATE_CAPTURE_SCREENSHOTS=1.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -28,9 +29,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from keelgate_e2e import runs
 from keelgate_e2e.browser import InboxProcess, chromium, start_inbox
-from keelgate_e2e.cluster import Cluster
+from keelgate_e2e.cluster import APPROVERS, Cluster
 from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import Kube
+from keelgate_e2e.plugin import KubectlKeelgate
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
 from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, wait_for
@@ -77,19 +79,20 @@ def _screenshot(browser: Any, name: str, tmp_path: Path) -> None:
     assert target.stat().st_size > 10_000
 
 
-def _grant_view(admin: Kube, namespace: str, user: str) -> None:
+def _grant(admin: Kube, namespace: str, kind: str, name: str, role: str) -> None:
+    """The user or group ``name`` gets the built-in ClusterRole ``role`` in the namespace."""
     admin.create(
         f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": {"name": f"{user}-view"},
+            "metadata": {"name": f"{name}-{role}"},
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "ClusterRole",
-                "name": "view",
+                "name": role,
             },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}],
         },
     )
 
@@ -210,7 +213,7 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
     bob (view) sees it too, with "you may not decide this" and no button. alice settles it as
     executed; the run succeeds with one order, and its page shows the timeline and a verified
     audit trail naming her decision."""
-    _grant_view(admin, tenant, "bob")
+    _grant(admin, tenant, "User", "bob", "view")
     alice = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
     bob = _inbox(inboxes, cluster, kubectl_bin, "bob", tenant)
     with chromium() as browser, chromium() as bobs:
@@ -275,6 +278,61 @@ def test_an_unknown_outcome_appears_live_alice_settles_it_and_bob_sees_no_workin
     for inbox in (alice, bob):
         assert inbox.stop() == 0
         assert inbox.lines[-1] == "stopped"
+
+
+def test_bob_decides_what_waits_for_him_and_alice_sees_her_own_run_apart_with_why(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+    inboxes: list[InboxProcess],
+) -> None:
+    """alice's payment needs one approval from payments-approvers, not hers. Her inbox shows
+    it apart, under "Waiting for others", with why in one line (she created the run) and no
+    button; `kubectl keelgate pending` as alice says the same (and -o json carries it). In
+    bob's inbox (payments-approvers, edit) it waits for him: he approves it from the page, and
+    the run places one order."""
+    _grant(admin, tenant, "Group", APPROVERS, "edit")
+    wait_for(
+        lambda: kubectl.as_user("bob")("auth", "can-i", "patch", "approvals.keelgate.dev",
+                                       check=False).returncode == 0,
+        timeout=30,
+        what="bob may patch approvals",
+    )  # fmt: skip
+    run = agentrun("mine", shop, [[order("M1", 1)]])
+    run["spec"]["tools"][1]["approval"] = {"required": 1, "groups": [APPROVERS], "notCreator": True}
+    apply(kubectl.as_user("alice"), run)
+    wait_for(lambda: runs.approvals(admin, tenant), timeout=90, what="the Approval")
+    why = "alice created the run, and its rule asks for someone else"
+    alice = _inbox(inboxes, cluster, kubectl_bin, "alice", tenant)
+    bob = _inbox(inboxes, cluster, kubectl_bin, "bob", tenant)
+    with chromium() as browser:
+        browser.get(alice.url)
+        apart = _wait(browser, "section.others li.item.approval")
+        assert why in apart.text and "mine" in apart.text, apart.text
+        assert not apart.find_elements(By.CSS_SELECTOR, "button, form")
+        assert not browser.find_elements(By.CSS_SELECTOR, "form#batch, input[name=pick]")
+        heading = browser.find_element(By.TAG_NAME, "h1").text
+        assert "0 waiting for you, 1 for others" in heading, heading
+    plugin = KubectlKeelgate(kubectl_bin, cluster.kubeconfig, "alice", tenant)
+    listed = plugin("pending")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith(f"Nothing waits for you in namespace {tenant}.")
+    assert "Waiting for others (1)" in listed.stdout and why in listed.stdout
+    (item,) = json.loads(plugin("pending", "-o", "json").stdout)["items"]
+    assert item["you"]["mayDecide"] is False and why in item["you"]["why"]
+    with chromium() as browser:
+        browser.get(bob.url)
+        item = _wait(browser, "ol.items:not(.others) li.item.approval")
+        assert "mine" in item.text and not browser.find_elements(By.CSS_SELECTOR, "section.others")
+        item.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
+        said = _wait(browser, ".flash.ok")
+        assert "approved by bob" in said.text, said.text
+    wait_phase(admin, tenant, "mine", "Succeeded", timeout=120)
+    assert [o["body"]["sku"] for o in shop.shop.orders] == ["M1"]
 
 
 def _request(

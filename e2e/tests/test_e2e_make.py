@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import procs
 from keelgate_e2e.testing import Kubectl, find_kubectl, keelgate_venv, wait_for
@@ -261,7 +262,8 @@ def _demo_once(run_dir: Path, stamps: Path, python: Path) -> None:
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out
     assert "outcome_unknown" in out
-    assert "reconciliation.keelgate.dev/restock-1-1-place-order patched" in out
+    rec = action_object_name("restock", "1:1", "place_order")
+    assert f"reconciliation.keelgate.dev/{rec} patched" in out
     assert "condition met" in out
     assert "the shop took 1 order(s)" in out
     assert "chain verified" in out

@@ -17,7 +17,7 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http
 from cloudevents.core.formats.json import JSONFormat
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import keelgate as kg
 from keelgate_e2e import runs
@@ -28,7 +28,8 @@ from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, wait_for
 
 #: The Approval of run asks' order (its name carries a digest of run, action and tool).
-ASKS = approval_object_name("asks", "1:0", "place_order")
+ASKS = action_object_name("asks", "1:0", "place_order")
+UNSURE = action_object_name("unsure", "1:0", "place_order")
 pytestmark = pytest.mark.e2e
 
 HEADERS_SECRET = "keelgate-notify-e2e"
@@ -161,7 +162,7 @@ def test_a_run_waiting_for_approval_and_an_unknown_outcome_are_told_to_a_receive
 
     asked = {
         ("dev.keelgate.approval.requested", f"approvals/{ASKS}"),
-        ("dev.keelgate.reconciliation.requested", "reconciliations/unsure-1-place-order"),
+        ("dev.keelgate.reconciliation.requested", f"reconciliations/{UNSURE}"),
         ("dev.keelgate.run.stopped", "agentruns/asks"),
         ("dev.keelgate.run.stopped", "agentruns/unsure"),
     }
@@ -173,7 +174,7 @@ def test_a_run_waiting_for_approval_and_an_unknown_outcome_are_told_to_a_receive
         wait_phase(admin, tenant, name, "Succeeded", timeout=120)
     done = asked | {
         ("dev.keelgate.approval.approved", f"approvals/{ASKS}"),
-        ("dev.keelgate.reconciliation.settled", "reconciliations/unsure-1-place-order"),
+        ("dev.keelgate.reconciliation.settled", f"reconciliations/{UNSURE}"),
         ("dev.keelgate.run.succeeded", "agentruns/asks"),
         ("dev.keelgate.run.succeeded", "agentruns/unsure"),
     }

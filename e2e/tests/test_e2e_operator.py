@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -214,9 +215,9 @@ def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
     stopped = wait_phase(admin, tenant, "decide", "Stopped", timeout=90)
     unknown = condition(stopped, "OutcomeUnknown")
     assert unknown is not None and unknown["status"] == "True"
-    assert "decide-1-place-order" in unknown["message"]
+    rec = action_object_name("decide", "1:0", "place_order")
+    assert rec in unknown["message"]
     assert stopped["status"]["stopReason"] == "outcome_unknown"
-    rec = "decide-1-place-order"
     rec_path = f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations/{rec}"
     wait_for(lambda: admin.exists(rec_path), what="the Reconciliation")
 

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from keelgate.kube.naming import action_object_name, earlier_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -61,27 +62,28 @@ def test_two_unknown_outcomes_in_one_run_each_get_their_own_reconciliation(
     operator: OperatorPod, tenant: str, admin: Kube, alice: Kubectl
 ) -> None:
     """A shop that answers after the tool's 10 s limit: the run's first order times out (its
-    outcome unknown), the run stops naming restock-1-place-order; alice checks the shop and
+    outcome unknown), the run stops naming its Reconciliation; alice checks the shop and
     settles it executed with `kubectl patch`; the run goes on, and its second order times out
-    too. The second stop names its own Reconciliation, restock-2-place-order (the first is
+    too. The second stop names its own Reconciliation, of action 2:0 (the first is
     Settled), alice settles that one too, and the run succeeds with each order placed once."""
     slow = ShopServer().start()
     slow.shop.delay = 12
     try:
         run = agentrun("restock", slow, [[order("T1", 1)], [order("T2", 1)]])
         apply(alice, run)
-        _unknown_names(admin, tenant, "restock", "restock-1-place-order")
+        one, two = (action_object_name("restock", a, "place_order") for a in ("1:0", "2:0"))
+        _unknown_names(admin, tenant, "restock", one)
         wait_for(lambda: slow.shop.count() == 1, timeout=30, what="the first order")
-        _settle(alice, "restock-1-place-order", True)
-        stopped = _unknown_names(admin, tenant, "restock", "restock-2-place-order")
+        _settle(alice, one, True)
+        stopped = _unknown_names(admin, tenant, "restock", two)
         unknown = condition(stopped, "OutcomeUnknown")
-        assert unknown is not None and "restock-1-place-order" not in unknown["message"]
-        first = admin.get(RECONCILIATIONS.format(ns=tenant, name="restock-1-place-order"))
+        assert unknown is not None and one not in unknown["message"]
+        first = admin.get(RECONCILIATIONS.format(ns=tenant, name=one))
         assert first["status"]["phase"] == "Settled"
-        second = admin.get(RECONCILIATIONS.format(ns=tenant, name="restock-2-place-order"))
+        second = admin.get(RECONCILIATIONS.format(ns=tenant, name=two))
         assert second["status"]["phase"] == "Pending" and second["spec"]["action"] == "2:0"
         wait_for(lambda: slow.shop.count() == 2, timeout=30, what="the second order")
-        _settle(alice, "restock-2-place-order", True)
+        _settle(alice, two, True)
         done = wait_phase(admin, tenant, "restock", "Succeeded", timeout=120)
         assert condition(done, "OutcomeUnknown")["status"] == "False"  # type: ignore[index]
         counts = slow.shop.by_key()
@@ -109,16 +111,17 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
     lossy.shop.swallow = 12
     try:
         apply(alice, agentrun("lost", lossy, [[order("L1", 1)]]))
-        stopped = _unknown_names(admin, tenant, "lost", "lost-1-place-order")
+        lost = action_object_name("lost", "1:0", "place_order")
+        stopped = _unknown_names(admin, tenant, "lost", lost)
         assert stopped["status"]["stopReason"] == "outcome_unknown"
-        rec = admin.get(RECONCILIATIONS.format(ns=tenant, name="lost-1-place-order"))
+        rec = admin.get(RECONCILIATIONS.format(ns=tenant, name=lost))
         key = rec["spec"]["idempotencyKey"]
         wait_for(lambda: lossy.shop.swallowed == 1, timeout=30, what="the request to be dropped")
         assert lossy.shop.by_key()[key] == 0
-        _settle(alice, "lost-1-place-order", False)
+        _settle(alice, lost, False)
         done = wait_phase(admin, tenant, "lost", "Succeeded", timeout=120)
         assert condition(done, "OutcomeUnknown")["status"] == "False"  # type: ignore[index]
-        settled = admin.get(RECONCILIATIONS.format(ns=tenant, name="lost-1-place-order"))
+        settled = admin.get(RECONCILIATIONS.format(ns=tenant, name=lost))
         assert (settled["status"]["verdict"], settled["status"]["settledBy"]) == (
             "abandoned",
             "alice",
@@ -130,6 +133,52 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
         assert lossy.shop.count() == 0 and lossy.shop.swallowed == 1
     finally:
         lossy.stop()
+
+
+def test_a_reconciliation_made_before_an_upgrade_is_kept_and_settles_its_run(
+    operator: OperatorPod, tenant: str, admin: Kube, alice: Kubectl, shop: ShopServer
+) -> None:
+    """A run stopped on an unknown outcome under an earlier release, whose Reconciliation has
+    the name that release gave it (no digest): while the operator is down for the upgrade, the
+    object is as that release left it. The upgraded operator, at its start, finds it for this
+    very run, action and tool: it makes none under today's name and names the earlier one in
+    OutcomeUnknown; alice settles it there, and the run succeeds with the order placed once."""
+    crash = {"keelgate.dev/failpoints": "after_gateway_call@1"}
+    apply(alice, agentrun("upgraded", shop, [[order("G1", 1)]], annotations=crash))
+    today = action_object_name("upgraded", "1:0", "place_order")
+    earlier = earlier_object_name("upgraded", "1:0", "place_order")
+    assert earlier == "upgraded-1-place-order" and today != earlier
+    _unknown_names(admin, tenant, "upgraded", today)
+    made = admin.get(RECONCILIATIONS.format(ns=tenant, name=today))
+    key = str(made["spec"]["idempotencyKey"])
+    operator.stop()
+    try:
+        admin.delete(RECONCILIATIONS.format(ns=tenant, name=today))
+        wait_for(
+            lambda: not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today)),
+            what=f"{today} gone",
+        )
+        meta = {k: made["metadata"][k] for k in ("labels", "ownerReferences")}
+        admin.create(
+            f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations",
+            {"apiVersion": made["apiVersion"], "kind": "Reconciliation",
+             "metadata": {"name": earlier, **meta}, "spec": made["spec"]},
+        )  # fmt: skip
+        admin.patch(
+            RECONCILIATIONS.format(ns=tenant, name=earlier) + "/status",
+            {"status": made["status"]},
+        )
+    finally:
+        operator.start()
+    _unknown_names(admin, tenant, "upgraded", earlier)
+    assert not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today))
+    _settle(alice, earlier, True)
+    done = wait_phase(admin, tenant, "upgraded", "Succeeded", timeout=120)
+    assert condition(done, "OutcomeUnknown")["status"] == "False"  # type: ignore[index]
+    settled = admin.get(RECONCILIATIONS.format(ns=tenant, name=earlier))
+    assert (settled["status"]["verdict"], settled["status"]["settledBy"]) == ("executed", "alice")
+    assert not admin.exists(RECONCILIATIONS.format(ns=tenant, name=today))
+    assert shop.shop.by_key()[key] == 1
 
 
 @pytest.fixture

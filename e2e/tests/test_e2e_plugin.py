@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from keelgate.kube.naming import approval_object_name
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -65,7 +65,7 @@ def test_status_shows_an_unknown_outcome_as_a_tree_naming_its_reconciliation_and
     `--output json` carries the same as one object."""
     apply(kubectl, agentrun("unsure", shop, [[order("U1", 1)]], annotations=CRASH_AFTER_ORDER))
     wait_phase(admin, tenant, "unsure", "Stopped", timeout=90)
-    rec = "unsure-1-place-order"
+    rec = action_object_name("unsure", "1:0", "place_order")
     wait_for(lambda: runs.reconciliations(admin, tenant), what="the Reconciliation")
     shown = plugin("status", "unsure")
     assert shown.returncode == 3, shown.stderr
@@ -114,7 +114,7 @@ def test_reconcile_fills_by_from_whoami_refuses_others_and_the_run_succeeds_with
     succeeds with exactly one order."""
     apply(kubectl, agentrun("settle", shop, [[order("R1", 1)]], annotations=CRASH_AFTER_ORDER))
     wait_phase(admin, tenant, "settle", "Stopped", timeout=90)
-    rec = "settle-1-place-order"
+    rec = action_object_name("settle", "1:0", "place_order")
     wait_for(lambda: runs.reconciliations(admin, tenant), what="the Reconciliation")
 
     bob = plugin.as_user("bob")
@@ -203,7 +203,7 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
     alice = KubectlKeelgate(plugin.kubectl, config, context=None, namespace=None)
     waiting = alice("status", "granted")
     assert waiting.returncode == 3, waiting.stderr
-    granted_name = approval_object_name("granted", "1:0", "place_order")
+    granted_name = action_object_name("granted", "1:0", "place_order")
     assert f"1:0 place_order: awaiting approval → approval {granted_name}" in waiting.stdout
     assert "kubectl keelgate approve granted 1:0 --approve" in waiting.stdout
     both = alice("approve", "granted", "1:0", "--approve", "--deny")
@@ -218,7 +218,7 @@ def test_approve_from_the_kubeconfig_contexts_namespace_runs_the_approved_write_
         "tool": "place_order",
         "verdict": "denied",
         "by": "alice",
-        "approval": approval_object_name("denied", "1:0", "place_order"),
+        "approval": action_object_name("denied", "1:0", "place_order"),
         "already": False,
     }
     wait_phase(admin, tenant, "granted", "Succeeded", timeout=90)

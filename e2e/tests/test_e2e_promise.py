@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import procs, runs
 from keelgate_e2e.cluster import NODE_NAME, Cluster
@@ -114,7 +115,7 @@ def test_a_read_only_edit_at_outcome_unknown_keeps_the_order_unknown_and_settlea
     assert edited["status"]["phase"] == "Stopped", edited["status"]
     assert edited["status"]["stopReason"] == "outcome_unknown"
     assert condition(edited, "OutcomeUnknown")["status"] == "True"  # type: ignore[index]
-    rec = "edit-ro-1-place-order"
+    rec = action_object_name("edit-ro", "1:0", "place_order")
     patch = {"spec": {"executed": True, "by": "alice", "note": "it is in the book"}}
     alice("patch", "reconciliation", rec, "--type=merge", "-p", json.dumps(patch))
     done = wait_phase(admin, tenant, "edit-ro", "Succeeded", timeout=90)
@@ -146,7 +147,7 @@ def test_an_edit_that_undeclares_the_orders_tool_keeps_it_unknown_beside_the_sta
     apply(kubectl, run)
     stopped = wait_phase(admin, tenant, "edit-gone", "Stopped", timeout=90)
     assert stopped["status"]["stopReason"] == "outcome_unknown"
-    rec = "edit-gone-1-place-order"
+    rec = action_object_name("edit-gone", "1:0", "place_order")
     declared = run["spec"]["tools"]
     reads = [t for t in declared if t["name"] != "place_order"]
     kubectl(
@@ -227,7 +228,7 @@ def test_an_edit_while_its_pod_is_killed_mid_order_still_asks_for_a_reconciliati
     kill_container(cluster.node_state_dir, pod["metadata"]["uid"], "step")
     stopped = wait_phase(admin, tenant, "edit-mid", "Stopped", timeout=120)
     assert stopped["status"]["stopReason"] == "outcome_unknown", stopped["status"]
-    rec = "edit-mid-1-1-place-order"
+    rec = action_object_name("edit-mid", "1:1", "place_order")
     rec_path = f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations/{rec}"
     wait_for(lambda: admin.exists(rec_path), what="the Reconciliation")
     patch = {"spec": {"executed": True, "by": "alice"}}

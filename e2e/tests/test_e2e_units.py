@@ -7,8 +7,11 @@ They must never build or start anything: they run in a second.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +96,115 @@ def test_kube_ldflags_set_version_for_both_version_packages() -> None:
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
         assert f"-X {pkg}.gitVersion=v1.36.3" in flags
         assert f"-X {pkg}.gitMajor=1" in flags and f"-X {pkg}.gitMinor=36" in flags
+
+
+#: A stand-in for `go` that records how it was called: `go list -deps -f {{.Standard}}` answers for
+#: the packages it was given and two dependencies (one of the standard library); `go build -v -o`
+#: names the programs, and writes each as a script reporting the version its own -ldflags stamped
+#: (etcd's is in its source), as the real one does; `go build` of packages alone succeeds.
+FAKE_GO = r"""#!PYTHON
+import json, os, pathlib, re, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_GO_LOG"], "a") as log:
+    log.write(json.dumps({"cwd": os.getcwd(), "args": args}) + "\n")
+if args[0] == "list":
+    print("\n".join(["true", "false", *["false" for _ in args[4:]]]))
+elif args[0] == "build" and "-o" in args:
+    out = pathlib.Path(args[args.index("-o") + 1])
+    flags = dict(v.split("=", 1) for k, v in zip(args, args[1:]) if k == "-ldflags")
+    for pkg in args[args.index("-o") + 2:]:
+        print(pkg)
+        # go names a binary after its path's last element, or the one before a /vN suffix.
+        name = pkg.split("/")[-2] if pkg.endswith("/v3") else pkg.split("/")[-1]
+        stamped = re.search(r"(?:gitVersion|version\.version)=(v[\d.]+)", flags.get(pkg, ""))
+        version = "etcd Version: 3.6.16" if name == "server" else stamped.group(1)
+        (out / name).write_text("#!/bin/sh\necho '" + version + "'\n")
+        (out / name).chmod(0o755)
+"""
+
+
+def test_make_up_programs_come_from_one_go_build_with_their_own_version_stamps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `make up` runs (the three Kubernetes commands, etcd and helm) is built by one
+    `go build` in one tools module, so the packages they share compile once; each program is
+    linked with its own version stamps (helm's never land in kube-apiserver) and checked at the
+    pinned version; the packages are counted first, so the progress says how far the build is,
+    and the standard library compiles meanwhile with the same flags."""
+    go = tmp_path / "go"
+    go.write_text(FAKE_GO.replace("#!PYTHON", f"#!{sys.executable}", 1))
+    go.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_GO_LOG", str(calls))
+    monkeypatch.setattr(build, "BIN_DIR", tmp_path / "bin")
+    (tmp_path / "bin").mkdir()
+
+    build.build(build.UP_PROGRAMS, go=go)
+
+    made = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert {c["cwd"] for c in made} == {str(build.UP_TOOLS)}
+    builds = [c["args"] for c in made if c["args"][0] == "build" and "-o" in c["args"]]
+    assert len(builds) == 1 and sum(c["args"][0] == "list" for c in made) == 1
+    argv = builds[0]
+    # The standard library, compiled while the modules download, with the build's own flags
+    # (any other flag and the build would find none of it in Go's cache).
+    (std,) = [c["args"] for c in made if c["args"][0] == "build" and "-o" not in c["args"]]
+    assert "runtime/metrics" in std and "net/http/pprof" in std
+    assert [a for a in std if a.startswith("-")] == [a for a in argv if a in build.GO_FLAGS]
+    packages = argv[argv.index("-o") + 2 :]
+    assert packages == list(build.UP_PACKAGES.values())
+    ldflags = [argv[i + 1] for i, a in enumerate(argv) if a == "-ldflags"]
+    assert len(ldflags) == 5 and all(f.split("=", 1)[0] in packages for f in ldflags)
+    helm = next(f for f in ldflags if f.startswith("helm.sh/"))
+    assert "helm.sh/helm/v4/internal/version.version" in helm and "k8s.io/" not in helm
+    for name in build.UP_PROGRAMS:
+        found = build.find(name, {"PATH": ""}, tmp_path / "bin")
+        assert found is not None and found.version == build.pinned(name), name
+    out = capsys.readouterr().out
+    total = len(packages) + 1  # the standard library's package is compiled beside the listing
+    assert f"{total} packages to compile and 1 of the standard library" in out
+    assert f"go build in 0s (CPU 0s user, 0s system, {len(packages)} of {total} packages" in out
+
+
+def test_cold_demo_bench_reads_the_build_s_timings(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/demo_cold.py splits a `make demo` into phases from the lines keelgate_e2e.build
+    prints (modules downloaded, each go build with its CPU and packages), make's echo of
+    `make up` and the demo, and `make up`'s own summary: the report's breakdown comes from the
+    same words the build writes."""
+    spec = importlib.util.spec_from_file_location("demo_cold", REPO / "bench" / "demo_cold.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "demo_cold", bench)  # its dataclasses look themselves up
+    spec.loader.exec_module(bench)
+    print(f"+ (cd {build.UP_TOOLS} && go list -deps a b)")
+    with build._timed("modules ready and packages listed") as listed:
+        listed.append("2907 packages")
+    with build._timed("go build") as built:
+        built.append("2907 of 2907 packages compiled")
+    printed = capsys.readouterr().out.splitlines()
+    lines = [(10.0, printed[0]), (40.0, printed[1]), (400.0, printed[2])]
+    lines += [
+        (401.0, "PYTHONPATH=e2e .venv/bin/python -m keelgate_e2e --dir .dev up"),
+        (430.0, 'cluster up in 28.5s (components: {"etcd": 0.3, "kube-apiserver": 3.1})'),
+        (431.0, "PYTHONPATH=e2e .venv/bin/python examples/restock/cluster_demo.py --dir .dev"),
+        (455.0, "the shop took 1 order(s)"),
+    ]
+    phases = {p.name: p for p in bench.phases(lines, venv_done=95.0)}
+    assert set(phases) == {
+        "Go modules downloaded, packages listed (e2e/tools/up)",
+        "go build (e2e/tools/up)",
+        "venv install (beside the Go build)",
+        "cluster start and Keelgate's chart (make up)",
+        "the demo",
+    }
+    built_phase = phases["go build (e2e/tools/up)"]
+    assert (built_phase.end, built_phase.cpu_user, built_phase.cpu_system) == (400.0, 0.0, 0.0)
+    assert built_phase.note == "2907 of 2907 packages compiled"
+    cluster = phases["cluster start and Keelgate's chart (make up)"]
+    assert (cluster.start, cluster.end) == (401.0, 430.0) and "etcd 0.3s" in cluster.note
+    assert (phases["the demo"].start, phases["the demo"].end) == (431.0, 455.0)
 
 
 def test_expand_like_the_kubelet() -> None:

@@ -7,7 +7,8 @@ how many times an order really arrived. Hints are set on purpose: ``stock`` says
 takes the key as a parameter instead. With ``trickle_pace`` set, the answer to every
 ``tools/call`` trickles, a byte every ``trickle_pace`` seconds (the tool has run by then), until
 the client hangs up (noted in ``hangups``, monotonic time); with ``initialize_delay`` set, a
-session's ``initialize`` is answered that many seconds late.
+session's opening request (``initialize``, or ``server/discover``, which the SDK sends instead
+since the stateless protocol) is answered that many seconds late.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ Message = dict[str, Any]
 
 class _Trickling:
     """ASGI middleware: the answer to a ``tools/call`` sent a byte at a time when the fake's
-    ``trickle_pace`` is set, stopping when the client hangs up; ``initialize`` answered
-    ``initialize_delay`` seconds late."""
+    ``trickle_pace`` is set, stopping when the client hangs up; a session's opening request
+    answered ``initialize_delay`` seconds late."""
 
     def __init__(self, app: Any, fake: McpFake) -> None:
         self.app = app
@@ -129,7 +130,7 @@ class _Trickling:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        if b'"initialize"' in body:
+        if b'"initialize"' in body or b'"server/discover"' in body:
             await asyncio.sleep(delay)
         if b'"tools/call"' not in body or not pace:
             await self.app(scope, replayed, send)

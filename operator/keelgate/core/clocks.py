@@ -69,7 +69,9 @@ class _Alarms:
         slot: list[Callable[[], None] | None] = [act]
         with self._lock:
             heapq.heappush(self._due, (when, next(self._order), slot))
-            if self._thread is None:
+            # Started again if it ever ended (a failure of its own): every exchange's end
+            # rests on it, so one failure must not silence every later alarm.
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._ring, name="keelgate-alarm", daemon=True
                 )
@@ -99,7 +101,7 @@ class _Alarms:
             if act is not None:
                 try:
                     act()
-                except Exception:  # one action's failure must not silence the others
+                except BaseException:  # one action's failure must not silence the others
                     log.exception("an alarm's action failed")
 
 

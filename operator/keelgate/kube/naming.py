@@ -3,8 +3,11 @@
 A step pod's name is a function of its run, step and attempt, and a Reconciliation's or an
 Approval's of its run and action: two operators (or one restarted mid-create) compute the same
 name, so the API server's uniqueness is what keeps a step from running twice as two pods. Names
-stay valid Kubernetes names however long the run's name is. This module must never produce two
-names for one thing, or one name for two things of the same run.
+stay valid Kubernetes names however long the run's name is. An earlier release named the
+objects of an action without a digest, and two actions could share such a name; an object made
+before an upgrade is still found under it (``earlier_object_name``, looked up by the controller
+only for the very run, action and tool the object names). This module must never produce two
+names for one thing, or one name for two things of the same namespace.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ FAILPOINTS_ANNOTATION = f"{GROUP}/failpoints"
 
 _MAX_NAME = 253  # a DNS subdomain: the limit for pods and custom objects
 _MAX_LABEL = 63
-_DIGEST = 10  # hex digits of the digest that keeps two actions' Approval names apart
+_DIGEST = 10  # hex digits of the digest that keeps two actions' object names apart
 
 
 def _fit(name: str, limit: int) -> str:
@@ -52,25 +55,27 @@ def step_pod_name(run: str, step: int, attempt: int) -> str:
     return _fit(run, _MAX_NAME - len(suffix)) + suffix
 
 
-def action_object_name(run: str, action: str, tool: str) -> str:
-    """The Reconciliation (or Approval) of one action: ``<run>-<iteration>-<tool>`` for the
-    first action of an iteration (``restock-3-place-order``), ``<run>-<iteration>-<index>-<tool>``
-    for the others."""
+def earlier_object_name(run: str, action: str, tool: str) -> str:
+    """The name an earlier release gave the Reconciliation or Approval of one action, and the
+    readable part of today's: ``<run>-<iteration>-<tool>`` for the first action of an
+    iteration (``restock-3-place-order``), ``<run>-<iteration>-<index>-<tool>`` for the
+    others. It alone can be the same for two actions, so it names nothing made today."""
     iteration, _, index = action.partition(":")
     middle = iteration if index in ("", "0") else f"{iteration}-{index}"
     return _fit(f"{run}-{middle}-{_dns(tool)}", _MAX_NAME)
 
 
-def approval_object_name(run: str, action: str, tool: str) -> str:
-    """The Approval of one action: ``action_object_name`` and a digest of the run, action and
-    tool as they are (``restock-3-place-order-5d41402abc``). The readable part alone can be the
-    same for two actions (run ``pay`` action 1:1 of tool ``x``, run ``pay-1`` action 1:0 of
-    ``x`` and run ``pay`` action 1:0 of ``1-x`` all read ``pay-1-1-x``; ``place_order`` and
-    ``place-order`` read alike), and an Approval taken for another's would count decisions for
-    the wrong call: the digest, over a separator none of them can hold, tells them apart, and
-    the name fits whatever their lengths."""
+def action_object_name(run: str, action: str, tool: str) -> str:
+    """The Reconciliation or Approval of one action: ``earlier_object_name`` and a digest of
+    the run, action and tool as they are (``restock-3-place-order-5d41402abc``). The readable
+    part alone can be the same for two actions (run ``pay`` action 1:1 of tool ``x``, run
+    ``pay-1`` action 1:0 of ``x`` and run ``pay`` action 1:0 of ``1-x`` all read
+    ``pay-1-1-x``; ``place_order`` and ``place-order`` read alike), and an object taken for
+    another's would settle or approve the wrong call: the digest, over a separator none of
+    them can hold, tells them apart, and the name fits whatever their lengths. An action's
+    Reconciliation and Approval share the name (they are of different kinds)."""
     digest = hashlib.sha256(f"{run}\0{action}\0{tool}".encode()).hexdigest()[:_DIGEST]
-    return f"{_fit(action_object_name(run, action, tool), _MAX_NAME - _DIGEST - 1)}-{digest}"
+    return f"{_fit(earlier_object_name(run, action, tool), _MAX_NAME - _DIGEST - 1)}-{digest}"
 
 
 def label_value(text: str) -> str:

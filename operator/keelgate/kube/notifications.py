@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core.redaction import redact_text
-from keelgate.kube.naming import action_object_name, approval_object_name
+from keelgate.kube.naming import action_object_name
 from keelgate.kube.times import parse_time
 from keelgate.manifest import notifications as types
 
@@ -125,7 +125,7 @@ def _run_notifications(body: Mapping[str, Any]) -> list[Notification]:
     ] + [
         {
             "kind": "Approval",
-            "name": approval_object_name(name, str(p.get("action")), str(p.get("tool"))),
+            "name": action_object_name(name, str(p.get("action")), str(p.get("tool"))),
             "action": p.get("action"),
             "tool": p.get("tool"),
         }

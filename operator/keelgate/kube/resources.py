@@ -26,7 +26,6 @@ from keelgate.kube.naming import (
     STEP_POD_LABEL,
     STEP_POD_NAME,
     action_object_name,
-    approval_object_name,
     label_value,
 )
 from keelgate.kube.times import parse_time
@@ -332,14 +331,15 @@ def step_pod(
     }
 
 
-def reconciliation(run: Mapping[str, Any], unknown: UnknownAction) -> JSON:
-    """The Reconciliation a person edits to settle one unknown outcome."""
+def reconciliation(run: Mapping[str, Any], unknown: UnknownAction, *, name: str = "") -> JSON:
+    """The Reconciliation a person edits to settle one unknown outcome (``name``: the one
+    found in use, else the computed one)."""
     meta = run["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": "Reconciliation",
         "metadata": {
-            "name": action_object_name(meta["name"], unknown.action, unknown.tool),
+            "name": name or action_object_name(meta["name"], unknown.action, unknown.tool),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
@@ -379,7 +379,7 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
 
 def approval_name(run: Mapping[str, Any], pending: PendingApproval) -> str:
     """The name of the Approval for one pending action of a run."""
-    return approval_object_name(run["metadata"]["name"], pending.action, pending.tool)
+    return action_object_name(run["metadata"]["name"], pending.action, pending.tool)
 
 
 def creator_of(run: Mapping[str, Any]) -> str:

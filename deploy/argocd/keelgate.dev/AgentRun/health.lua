@@ -90,6 +90,11 @@ end
 if status.phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = explain(status.stopReason, status.message, "goal met")
+  -- A WRITE a person denied never ran: the run says so beside its goal.
+  local denied = condition(status, "Denied")
+  if isTrue(denied) then
+    hs.message = hs.message .. " (" .. explain(nil, denied.message, "an action was denied") .. ")"
+  end
   return hs
 end
 

@@ -11,10 +11,22 @@ if status == nil or status.phase == nil or status.phase == "" then
   return hs
 end
 
+-- The Ready condition, whose reason says a decision does not count (NotCounted).
+local ready = {}
+for _, c in ipairs(status.conditions or {}) do
+  if c.type == "Ready" then
+    ready = c
+  end
+end
+
 if status.phase == "Settled" then
   hs.status = "Healthy"
   hs.message = "Settled: " .. what .. " " .. (status.verdict or "?") .. " by "
     .. (status.settledBy or "?")
+  -- The count the verdict met, as the object shows it ("2 of 2"), for a rule of several.
+  if status.verdict == "approved" and status.required ~= nil and status.required > 1 then
+    hs.message = hs.message .. " (" .. (status.progress or "?") .. ")"
+  end
   return hs
 end
 
@@ -30,9 +42,35 @@ if status.phase == "Pending" and status.conditions ~= nil then
   end
 end
 
-if status.phase == "Pending" and spec.approved ~= nil then
+-- A decision the operator will not count (not in the rule's groups, the run's creator, a
+-- ServiceAccount): the action still waits for people, and the operator's message says who was
+-- not counted and why.
+if status.phase == "Pending" and ready.reason == "NotCounted" then
+  hs.status = "Suspended"
+  hs.message = "Waiting for people, a decision not counted: " .. what .. ": "
+    .. (status.message or "?")
+  return hs
+end
+
+-- A decision in spec the operator has not recorded yet (more entries than it has recorded; an
+-- older operator's status has no count, and then only the one-decision form is told).
+local entries = 0
+local last = nil
+if spec.approved ~= nil then
+  entries = 1
+  last = { by = spec.by, approved = spec.approved }
+end
+for _, d in ipairs(spec.decisions or {}) do
+  entries = entries + 1
+  last = d
+end
+local recorded = status.decided
+if recorded == nil and spec.approved ~= nil then
+  recorded = 0
+end
+if status.phase == "Pending" and last ~= nil and recorded ~= nil and entries > recorded then
   hs.status = "Progressing"
-  hs.message = (spec.by or "?") .. " decided approved: " .. tostring(spec.approved)
+  hs.message = (last.by or "?") .. " decided approved: " .. tostring(last.approved)
     .. "; waiting for the Keelgate operator to record it for " .. what
   return hs
 end

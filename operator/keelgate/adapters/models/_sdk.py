@@ -24,6 +24,8 @@ from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, ClassVar, Required, TypedDict
 
+import httpx
+
 from keelgate.adapters.models import _prompt
 from keelgate.adapters.models._retry import (
     RetryPolicy,
@@ -111,8 +113,14 @@ class SdkModel(ABC):
 
     def _http_client(self) -> Any:
         """The SDK's own HTTP client with its defaults, whose requests give their connections
-        to the try in progress (``_try``)."""
-        return self.sdk.DefaultHttpxClient(event_hooks={"request": [_traced]})
+        to the try in progress (``_try``). None is kept alive: a try on a connection an
+        earlier try left in the pool makes none, so its cutoff would hold nothing to shut and
+        a reply trickled on it would outlive the time limit. A new connection per try costs a
+        handshake against a model call of seconds."""
+        return self.sdk.DefaultHttpxClient(
+            event_hooks={"request": [_traced]},
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=0),
+        )
 
     @abstractmethod
     def payload(self, request: ModelRequest) -> dict[str, Any]:

@@ -66,7 +66,9 @@ class PluginApi(Protocol):
 
     def identity(self) -> tuple[str, tuple[str, ...]]: ...
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]: ...
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]: ...
 
     def agentrun(self, name: str) -> JSON: ...
 
@@ -159,7 +161,11 @@ class ClusterClient:
         groups = tuple(str(g) for g in (info.groups or ())) if info is not None else ()
         return name, groups
 
-    def may(self, verb: str, resource: str, name: str) -> tuple[bool, str]:
+    def may(
+        self, verb: str, resource: str, name: str, *, namespace: str | None = None
+    ) -> tuple[bool, str]:
+        """Whether the user may ``verb`` the ``resource`` named ``name`` ("": any) in
+        ``namespace`` (None: the target's; "": every namespace), and the API server's reason."""
         review = client.V1SelfSubjectAccessReview(
             api_version="authorization.k8s.io/v1",
             kind="SelfSubjectAccessReview",
@@ -168,7 +174,7 @@ class ClusterClient:
                     group=GROUP,
                     resource=resource,
                     verb=verb,
-                    namespace=self.namespace,
+                    namespace=self.namespace if namespace is None else namespace,
                     name=name,
                 )
             ),

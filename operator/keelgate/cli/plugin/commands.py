@@ -25,7 +25,7 @@ import typer
 
 from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
 from keelgate.cli.help import App
-from keelgate.cli.plugin import view
+from keelgate.cli.plugin import standing, view
 from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
 from keelgate.cli.plugin.target import Target, namespace_only, resolve
 from keelgate.cli.render import Console
@@ -374,7 +374,7 @@ def _approve(
             f"already decided: {shown} by {by} (approval {name}); a decision cannot change",
         )
     asked, rule, creator = _asked(api, run, action)
-    counted = tuple(str(b) for b in status.get("approvedBy") or asked.get("approvedBy") or ())
+    counted = standing.counted_of(found, asked)
     progress = str(status.get("progress") or "")
     if decision and user in counted:
         return Decided(run, action, tool, verdict, user, name, already=True, progress=progress)
@@ -390,7 +390,7 @@ def _approve(
     if why is not None:
         raise SettleError(run, action, f"{why}; nothing was changed")
     definition = str(asked.get("definition") or status.get("definition") or "")
-    if _made_already(spec, status, user, decision, definition):
+    if standing.made_already(spec, status, user, decision, definition):
         # A retried command: the operator has yet to record the same decision of theirs.
         return Decided(run, action, tool, verdict, user, name, already=True, progress=progress)
     _may_patch(api, APPROVAL, name, user)
@@ -411,48 +411,15 @@ def _approve(
     return Decided(run, action, tool, verdict, user, name, already=False, progress=progress)
 
 
-def _made_already(
-    spec: Mapping[str, Any], status: Mapping[str, Any], user: str, decision: bool, definition: str
-) -> bool:
-    """Whether the user's newest entry is this very decision, on the call as it is bound now,
-    and the operator has yet to record it (it has recorded fewer decisions than the object
-    holds): then the command was run again, and nothing is added."""
-    mine = [d for d in spec.get("decisions") or () if d.get("by") == user]
-    if not mine or mine[-1].get("approved") is not decision:
-        return False
-    shown = str(mine[-1].get("definition") or "")
-    if shown and definition and shown != definition:
-        return False  # made on the tool before an edit: it counts for nothing now
-    entries = len(spec.get("decisions") or ()) + (spec.get("approved") is not None)
-    return not decision or int(status.get("decided") or 0) < entries
-
-
 def _asked(api: PluginApi, run: str, action: str) -> tuple[Mapping[str, Any], ApprovalRule, str]:
     """What the run asks of ``action`` now: its entry of ``status.pendingApprovals`` (the rule
     in force, the definition the call is bound to, who counts), the rule, and the run's
     creator. A run that does not wait for it refuses the decision, in one line."""
-    # Here, not at the top: keelgate.kube.resources loads the manifest models (pydantic, tens of
-    # milliseconds), which every other command, --help and completion do without.
-    from keelgate.kube.resources import creator_of
-
     body = api.agentrun(run)
-    status = body.get("status") or {}
-    asked = next(
-        (p for p in status.get("pendingApprovals") or () if str(p.get("action")) == action),
-        None,
-    )
+    asked, rule = standing.asked_of(body, action)
     if asked is None:
-        phase = str(status.get("phase") or "Pending")
-        reason = str(status.get("stopReason") or "")
-        where = f"{phase}, {reason}" if reason else phase
-        raise SettleError(
-            run,
-            action,
-            f"is not waiting for approval now (the run is {where}); nothing was changed",
-        )
-    raw = asked.get("rule")
-    rule = ApprovalRule.from_json(raw) if isinstance(raw, Mapping) else ApprovalRule()
-    return asked, rule, creator_of(body)
+        raise SettleError(run, action, f"{standing.not_waiting(body)}; nothing was changed")
+    return asked, rule, standing.creator_of(body)
 
 
 def _may_patch(api: PluginApi, kind: _Kind, name: str, user: str) -> None:

@@ -27,7 +27,9 @@ from keelgate.cli.listing import (
     age,
     emit,
     span,
+    table,
 )
+from keelgate.cli.plugin import standing
 from keelgate.cli.plugin.client import PLURALS, PluginApi, Refused
 from keelgate.cli.plugin.commands import (
     ContextOption,
@@ -36,6 +38,7 @@ from keelgate.cli.plugin.commands import (
     _api,
     app,
 )
+from keelgate.cli.plugin.standing import Standing
 from keelgate.cli.render import Console
 from keelgate.kube.naming import GROUP
 from keelgate.kube.times import parse_time
@@ -137,7 +140,9 @@ def pending_command(
     output: ListOutputOption = ListOutput.text,
 ) -> int:
     """What waits for a person, oldest first: unknown outcomes to settle (Reconciliations) and
-    actions to approve (Approvals) not yet decided, each with the command that decides it."""
+    actions to approve (Approvals) not yet decided, each with the command that decides it;
+    then, apart, what waits for others, with why you cannot decide it (the run's rule in
+    force, as the operator judges it; or RBAC)."""
     api = _api(ctx, kubeconfig, context, namespace)
     kinds = ("Reconciliation", "Approval")
     found = _listed_everywhere(api, kinds) if all_namespaces else _here(api, kinds)
@@ -145,14 +150,16 @@ def pending_command(
     waiting.sort(
         key=lambda i: (i["metadata"].get("creationTimestamp") or "", i["metadata"]["name"])
     )
+    judged = _standings(api, waiting)
     now = dt.datetime.now(dt.UTC)
     header = ["KIND", "RUN", "ACTION", "TOOL", "WAITING", "APPROVALS", "EXPIRES", "DECIDE WITH"]
     if output is ListOutput.wide:
         header[7:7] = ["NAME", "KEY", "NOT EXECUTED AFTER", "NOT COUNTED"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
-    rows = []
-    for item in waiting:
+    yours: list[list[str]] = []
+    others: list[list[str]] = []
+    for index, item in enumerate(waiting):
         spec, meta = item.get("spec") or {}, item["metadata"]
         verb, choices = _DECIDE[item["kind"]]
         command = (
@@ -180,17 +187,92 @@ def pending_command(
             ]
         if all_namespaces:
             row.insert(0, meta.get("namespace", ""))
-        rows.append(row)
+        you = judged.get(index)
+        if you is None or you.decide:
+            yours.append(row)
+        else:
+            others.append([*row[:-1], you.why])
     where = "any namespace you may list" if all_namespaces else f"namespace {api.target.namespace}"
-    emit(
-        output,
-        _list(waiting),
-        _names(waiting),
-        header,
-        rows,
-        f"Nothing waits for a person in {where}.",
+    document = _list(
+        [
+            {**item, "you": judged[index].to_json()} if index in judged else item
+            for index, item in enumerate(waiting)
+        ]
     )
+    if output not in (ListOutput.text, ListOutput.wide) or not others:
+        emit(
+            output,
+            document,
+            _names(waiting),
+            header,
+            yours,
+            f"Nothing waits for a person in {where}.",
+        )
+        return 0
+    if yours:
+        print(table([header, *yours]))
+    else:
+        print(f"Nothing waits for you in {where}.")
+    print(f"\nWaiting for others ({len(others)}): you cannot decide these")
+    print(table([[*header[:-1], "WHY NOT YOU"], *others]))
     return 0
+
+
+def _standings(api: PluginApi, waiting: Sequence[JSON]) -> dict[int, Standing]:
+    """Each waiting object's standing for the user (by its place in ``waiting``), as the
+    inbox shows it: RBAC's word on patching it, and for an Approval the run's rule in force
+    judged by the one judge. None is judged when the API server cannot say who the user is
+    (said once on stderr), or an object whose run cannot be read (its namespace's runs are
+    not listable): those stay listed as waiting."""
+    if not waiting:
+        return {}
+    try:
+        user, groups = api.identity()
+    except Refused as refused:
+        Console().warn(f"who you are is unknown ({refused}): what you may decide is not judged")
+        return {}
+    runs = _runs_of(api, waiting)
+    may: dict[tuple[str, str], tuple[bool, str]] = {}
+    judged: dict[int, Standing] = {}
+    for index, item in enumerate(waiting):
+        meta, spec = item["metadata"], item.get("spec") or {}
+        where, kind = str(meta.get("namespace") or api.target.namespace), str(item["kind"])
+        if (where, kind) not in may:
+            may[(where, kind)] = api.may("patch", PLURALS[kind], "", namespace=where)
+        allowed, reason = may[(where, kind)]
+        if not allowed:
+            judged[index] = standing.rbac_refused(where, kind, reason)
+        elif kind != "Approval":
+            judged[index] = Standing(True, True)
+        elif where in runs:
+            run = runs[where].get(str(spec.get("runName") or ""))
+            judged[index] = standing.of_approval(item, run, user=user, groups=groups)
+    return judged
+
+
+def _runs_of(api: PluginApi, waiting: Sequence[JSON]) -> dict[str, dict[str, JSON]]:
+    """The runs of the namespaces with a waiting Approval: namespace -> name -> AgentRun; a
+    namespace whose runs the user may not list is left out."""
+    wanted = {
+        str(i["metadata"].get("namespace") or api.target.namespace)
+        for i in waiting
+        if i["kind"] == "Approval"
+    }
+    found: list[JSON] = []
+    listed: set[str] = set()
+    for where in sorted(wanted):
+        try:
+            found += api.listed("AgentRun", namespace=where)
+        except Refused as refused:
+            if refused.status != HTTPStatus.FORBIDDEN:
+                raise
+            continue
+        listed.add(where)
+    runs: dict[str, dict[str, JSON]] = {where: {} for where in listed}
+    for run in found:
+        where = str(run["metadata"].get("namespace") or api.target.namespace)
+        runs.setdefault(where, {})[str(run["metadata"]["name"])] = run
+    return runs
 
 
 def _here(api: PluginApi, kinds: Sequence[str]) -> list[JSON]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console as RichConsole
@@ -26,7 +26,6 @@ from keelgate.kube.naming import (
     ATTEMPT_LABEL,
     STEP_LABEL,
     action_object_name,
-    approval_object_name,
 )
 
 JSON = dict[str, Any]
@@ -141,7 +140,7 @@ def report(
             "action": str(u.get("action", "")),
             "tool": str(u.get("tool", "")),
             "idempotencyKey": str(u.get("idempotencyKey", "")),
-            "reconciliation": _object_name(rec_by_action, name, u, action_object_name),
+            "reconciliation": _object_name(rec_by_action, name, u),
         }
         for u in status.get("unknownActions") or []
     ]
@@ -149,7 +148,7 @@ def report(
         {
             "action": str(p.get("action", "")),
             "tool": str(p.get("tool", "")),
-            "approval": _object_name(app_by_action, name, p, approval_object_name),
+            "approval": _object_name(app_by_action, name, p),
         }
         for p in status.get("pendingApprovals") or []
     ]
@@ -195,18 +194,13 @@ def report(
     return document
 
 
-def _object_name(
-    found: Mapping[str, Mapping[str, Any]],
-    run: str,
-    item: Mapping[str, Any],
-    named: Callable[[str, str, str], str],
-) -> str:
-    """The object the operator made for an action; its computed name (``named``) while it is
-    being made."""
+def _object_name(found: Mapping[str, Mapping[str, Any]], run: str, item: Mapping[str, Any]) -> str:
+    """The object the operator made for an action (whatever its name: one made before an
+    upgrade keeps an earlier release's); its computed name while it is being made."""
     obj = found.get(str(item.get("action", "")))
     if obj is not None:
         return str(obj["metadata"]["name"])
-    return named(run, str(item.get("action", "")), str(item.get("tool", "")))
+    return action_object_name(run, str(item.get("action", "")), str(item.get("tool", "")))
 
 
 def _actions(

@@ -18,7 +18,7 @@ one already recorded.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from keelgate.core.approvals import seconds, tally
@@ -152,6 +152,19 @@ def made_at(stated: str, seen: float) -> str:
         return stated if seconds(stated) < seen else first
     except ValueError:
         return first
+
+
+def _counted_against(state: RunState, action: str, view: Shown) -> ApprovalRule:
+    """The rule each decision recorded now is counted against in what people are told: the
+    one the run waits on, or, once the last approval met it (nothing waits any more), the
+    one it was planned under, asking the count the object shows ("2 of 2", never "approved
+    by carol" alone)."""
+    if view.pending is not None:
+        return view.pending.rule or ApprovalRule()
+    planned = state.planned(action)
+    base = (planned.approval_rule() if planned is not None else None) or ApprovalRule()
+    need = int(view.status.get("required") or 0)
+    return replace(base, required=need) if need > base.required else base
 
 
 class ApprovalReconciler:
@@ -307,12 +320,12 @@ class ApprovalReconciler:
         if not recorded_since and not expired and not (waiting and old.get("phase") == "Settled"):
             return  # most looks find nothing to tell: the run's body is not copied for them
         run = context.cache.get("AgentRun", namespace, run_name) or body
-        rule = view.pending.rule if view.pending is not None else None
+        rule = _counted_against(state, action, view)
         definition = str(view.status.get("definition") or "")
         for index in recorded_since:
             so_far = tally(
                 decisions[: index + 1],
-                rule or ApprovalRule(),
+                rule,
                 creator=state.spec.creator,
                 now=context.clock(),
                 definition=definition,
@@ -349,7 +362,10 @@ class ApprovalReconciler:
         if settled:
             ready = ("True", "Settled", verdict)
         else:
-            ready = ("False", "Waiting", str(status.get("progress") or ""))
+            # A decision that does not count says so in a reason too (the health checks read
+            # reasons, never messages): the action still waits for people, with that in sight.
+            why = "NotCounted" if refusing else "Waiting"
+            ready = ("False", why, str(status.get("progress") or ""))
         reason = "Settled" if settled else "Waiting"
         conditions = [
             condition(old, "Ready", *ready, generation=0, now=stamp),

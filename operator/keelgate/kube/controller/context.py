@@ -22,7 +22,7 @@ from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
 from keelgate.kube.controller.slots import StepSlots
-from keelgate.kube.naming import action_object_name, approval_object_name
+from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.kube.notifications import Notification
 from keelgate.kube.resources import StepPodSettings
 
@@ -80,17 +80,20 @@ class ControllerContext:
         except RunNotFound:
             return None
 
-    def approval_name(self, namespace: str, run: str, action: str, tool: str) -> str:
-        """The name of the Approval of one action of ``run``: today's
-        (``naming.approval_object_name``), or the name an earlier release gave it when an
-        Approval of that name exists for this very run, action and tool (made before an
-        upgrade: it is the one people were told of, and holds their decisions)."""
-        name = approval_object_name(run, action, tool)
-        if self.cache.get("Approval", namespace, name) is not None:
+    def object_name(self, kind: str, namespace: str, run: str, action: str, tool: str) -> str:
+        """The name of the Reconciliation or Approval (``kind``) of one action of ``run``:
+        today's (``naming.action_object_name``), or the name an earlier release gave it when
+        an object of that kind and name exists for this very run, action and tool (made
+        before an upgrade: it is the one people were told of, and holds their decision or the
+        settlement). The cache holds every such object before any reconcile runs (the
+        operator's start barrier), so an object made before the upgrade is never made again
+        under today's name."""
+        name = action_object_name(run, action, tool)
+        if self.cache.get(kind, namespace, name) is not None:
             return name
-        legacy = action_object_name(run, action, tool)
-        found = self.cache.get("Approval", namespace, legacy)
+        earlier = earlier_object_name(run, action, tool)
+        found = self.cache.get(kind, namespace, earlier)
         spec = (found or {}).get("spec") or {}
         if (spec.get("runName"), spec.get("action"), spec.get("tool")) == (run, action, tool):
-            return legacy
+            return earlier
         return name

@@ -76,8 +76,10 @@ class DecisionObjects:
         settled = True
         for unknown in unknowns:
             record = context.stores.idempotency.get(namespace, unknown.idempotency_key)
-            body = resources.reconciliation(run, unknown)
-            name = body["metadata"]["name"]
+            name = context.object_name(
+                "Reconciliation", namespace, run["metadata"]["name"], unknown.action, unknown.tool
+            )
+            body = resources.reconciliation(run, unknown, name=name)
             existing = context.cache.get("Reconciliation", namespace, name)
             if record is None:
                 if existing is not None:
@@ -154,7 +156,7 @@ class DecisionObjects:
                 context.enqueue(key, 0.0)
         keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
         for pending in state.pending:
-            name = context.approval_name(namespace, label, pending.action, pending.tool)
+            name = context.object_name("Approval", namespace, label, pending.action, pending.tool)
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
             body = resources.approval(run, pending, keys.get(pending.action, ""), name=name)
@@ -176,10 +178,14 @@ class DecisionObjects:
             record = context.stores.idempotency.get(namespace, action.key)
             if record is None or record.source != "confirmer":
                 continue
-            body = resources.reconciliation(run, UnknownAction(action.id, action.tool, action.key))
-            name = body["metadata"]["name"]
+            name = context.object_name(
+                "Reconciliation", namespace, run["metadata"]["name"], action.id, action.tool
+            )
             if context.cache.get("Reconciliation", namespace, name) is not None:
                 continue
+            body = resources.reconciliation(
+                run, UnknownAction(action.id, action.tool, action.key), name=name
+            )
             verdict = "executed" if record.state is KeyState.COMPLETED else "abandoned"
             try:
                 context.api.create_object("Reconciliation", namespace, body)

@@ -22,7 +22,7 @@ from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import LOST_RACE, REST, Result
 from keelgate.kube.controller.ports import JSON, Key
-from keelgate.kube.naming import FAILPOINTS_ANNOTATION, action_object_name
+from keelgate.kube.naming import FAILPOINTS_ANNOTATION
 from keelgate.kube.resources import controller_name, is_tick
 from keelgate.kube.times import now
 
@@ -86,13 +86,13 @@ class RunStatusWriter:
             stalled_reason=stalled_reason,
             waiting=waiting,
             reconciliations={
-                u.action: action_object_name(name, u.action, u.tool)
+                u.action: context.object_name("Reconciliation", namespace, name, u.action, u.tool)
                 for u in (
                     unknown if unknown is not None else state.unknown if state is not None else ()
                 )
             },
             approvals={
-                p.action: context.approval_name(namespace, name, p.action, p.tool)
+                p.action: context.object_name("Approval", namespace, name, p.action, p.tool)
                 for p in (state.pending if state is not None else ())
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,
@@ -125,7 +125,10 @@ class RunStatusWriter:
             stalled=why,
             stalled_reason="SpecInvalid",
             reconciliations={
-                u.action: action_object_name(meta["name"], u.action, u.tool) for u in unknown
+                u.action: self._context.object_name(
+                    "Reconciliation", meta["namespace"], meta["name"], u.action, u.tool
+                )
+                for u in unknown
             },
             unknown=unknown,
         )

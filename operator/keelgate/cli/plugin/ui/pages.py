@@ -98,23 +98,42 @@ def inbox(
     error: str = "",
     root: str = "",
 ) -> str:
+    """What waits for the user, then, apart, what waits for others: each of those says in one
+    line why it is not the user's to decide (RBAC, or the run's rule in force)."""
+    yours = [i for i in items if i.yours]
+    others = [i for i in items if not i.yours]
+    count = f"{len(yours)} waiting for you"
+    if others:
+        count += f", {len(others)} for others"
     head = (
-        f"<h1>Inbox <span class=count>({len(items)} waiting)</span></h1>"
+        f"<h1>Inbox <span class=count>({e(count)})</span></h1>"
         f'<p class="scope">Decisions waiting for a person in {e(scope)}, oldest first.</p>'
         f"{flash(said, error)}"
     )
     if not items:
         return head + '<p class="empty">Nothing waits for a decision.</p>'
-    batch = _batch_form(items, csrf, root)
-    listed = "".join(_item(i, csrf, root, batch=bool(batch)) for i in items)
-    return head + batch + f'<ol class="items">{listed}</ol>'
+    shown = head
+    if yours:
+        batch = _batch_form(yours, csrf, root)
+        listed = "".join(_item(i, csrf, root, batch=bool(batch)) for i in yours)
+        shown += batch + f'<ol class="items">{listed}</ol>'
+    else:
+        shown += '<p class="empty" id="none-yours">Nothing waits for you to decide.</p>'
+    if others:
+        listed = "".join(_item(i, csrf, root) for i in others)
+        shown += (
+            f'<section class="others" aria-labelledby="others-t"><h2 id="others-t">'
+            f"Waiting for others ({len(others)}): you cannot decide these</h2>"
+            f'<ol class="items others">{listed}</ol></section>'
+        )
+    return shown
 
 
 def _batch_form(items: Sequence[Waiting], csrf: str, root: str) -> str:
     """Approve or deny several approvals at once: each approval's checkbox (in its item, tied to
     this form) carries the Idempotency-Key of the call it shows, and each becomes a decision of
     its own, refused if the call is no longer that one. Only approvals you may decide."""
-    if not any(i.kind == "Approval" and i.may for i in items):
+    if not any(i.kind == "Approval" and i.yours for i in items):
         return ""
     return (
         f'<form method="post" action="{e(root)}/decide-many" id="batch" class="batch" '
@@ -151,6 +170,9 @@ def _item(item: Waiting, csrf: str, root: str, *, batch: bool = False) -> str:
     if not unknown and item.progress:
         who = f" ({', '.join(item.approved_by)})" if item.approved_by else ""
         facts.append(("Approvals so far", f"{e(item.progress)}{e(who)}"))
+    if not unknown and item.notes:
+        said = "".join(f"<li>{e(line)}</li>" for line in item.notes)
+        facts.append(("What they said", f'<ul class="notes">{said}</ul>'))
     if not unknown and item.expires_at:
         facts.append(
             (
@@ -176,7 +198,7 @@ def _item(item: Waiting, csrf: str, root: str, *, batch: bool = False) -> str:
     rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     title = f"{what}: {item.tool} in {item.namespace}/{item.run}, action {item.action}"
     pick = ""
-    if batch and not unknown and item.may:
+    if batch and not unknown and item.yours:
         pick = (
             f'<p class="pick"><input type="checkbox" form="batch" name="pick" '
             f'id="{e(item.ident)}-pick" value="{e(item.pick)}"> '
@@ -199,6 +221,11 @@ def _decision_form(item: Waiting, csrf: str, title: str, root: str) -> str:
             f"(forbidden: {e(item.why_not)}). Ask for Keelgate's edit role in "
             f"{e(item.namespace)}.</p>"
         )
+    if item.not_yours and not item.may_deny:
+        return (
+            f'<p class="apart" role="note" id="{e(item.ident)}-why"><strong>Not yours to '
+            f"decide:</strong> {e(item.not_yours)}</p>"
+        )
     unknown = item.kind == "Reconciliation"
     note_id = f"{item.ident}-note"
     early = unknown and item.not_executed_after and not moment_passed(item.not_executed_after)
@@ -215,11 +242,20 @@ def _decision_form(item: Waiting, csrf: str, title: str, root: str) -> str:
             )
             + ">Not executed: abandon it</button>"
         )
+    elif item.not_yours:  # theirs to deny only (the creator, who approved already)
+        buttons = '<button type="submit" name="choice" value="deny" class="no">Deny</button>'
     else:
         buttons = (
             '<button type="submit" name="choice" value="approve" class="yes">Approve</button>'
             '<button type="submit" name="choice" value="deny" class="no">Deny</button>'
         )
+    apart = (
+        f'<p class="apart" role="note" id="{e(item.ident)}-why"><strong>You cannot approve '
+        f"this:</strong> {e(item.not_yours)}</p>"
+        if item.not_yours
+        else ""
+    )
+    needs = "; a deny needs one, the rule asks why" if item.reason_to_deny else ""
     hint = (
         f'<p class="note" id="{e(item.ident)}-early">The call may still be sent until '
         f"{e(item.not_executed_after)}: Not executed is refused before then.</p>"
@@ -238,9 +274,10 @@ def _decision_form(item: Waiting, csrf: str, title: str, root: str) -> str:
         )
     )
     return (
-        f'<form method="post" action="{e(root)}/decide" class="decide" '
+        f'{apart}<form method="post" action="{e(root)}/decide" class="decide" '
         f'aria-label="Decide: {e(title)}">'
-        f'{hidden}<label for="{e(note_id)}">Note (why, for the audit trail; one line)</label>'
+        f'{hidden}<label for="{e(note_id)}">Note (why, for the audit trail; one line'
+        f"{e(needs)})</label>"
         f'<input type="text" id="{e(note_id)}" name="note" maxlength="500" autocomplete="off">'
         f'<div class="buttons">{buttons}</div>{hint}</form>'
     )

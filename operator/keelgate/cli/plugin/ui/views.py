@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from keelgate.cli.plugin import standing
 from keelgate.cli.plugin.client import ClusterClient, Refused, SecretReader
 from keelgate.cli.plugin.commands import not_executed_after
 from keelgate.cli.plugin.listing import age, budget_use, decided, waiting_count
@@ -50,6 +51,9 @@ class Recorded:
     # action id -> the call's Idempotency-Key (a digest of its tool and real arguments): what a
     # decision on the arguments shown is bound to.
     keys: Mapping[str, str] = field(default_factory=dict)
+    # action id -> what people said deciding it ("bob approved: sku checked"), as the run's
+    # record holds their decisions (redacted): only decisions the run recorded, with a note.
+    notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     events: tuple[JSON, ...] = ()
     verified: bool | None = None
     problems: tuple[str, ...] = ()
@@ -74,13 +78,25 @@ class Waiting:
     said: str  # what the operator (or its confirmer) says about it
     args: Any  # as recorded, redacted; None when not available
     args_unavailable: str
-    may: bool
-    why_not: str
+    may: bool  # RBAC lets the user patch it
+    why_not: str  # why RBAC does not ("" when it does)
     # An approval's count ("1 of 2"), who counts, when the first stops counting, its rule.
     progress: str = ""
     approved_by: tuple[str, ...] = ()
     expires_at: str = ""
     asks: str = ""
+    # Why it is not the user's to decide though RBAC lets them, in one line, by the run's rule
+    # in force (``standing``): the run's creator, in no group the rule names, decided
+    # already, a ServiceAccount; "" when it is theirs.
+    not_yours: str = ""
+    may_deny: bool = False  # not theirs to approve, but they may deny it
+    reason_to_deny: bool = False  # the rule asks a reason (a note) to deny
+    notes: tuple[str, ...] = ()  # what people said deciding it so far, as the run records it
+
+    @property
+    def yours(self) -> bool:
+        """Whether it waits for this user: they may decide it, and it would count."""
+        return self.may and not self.not_yours
 
     @property
     def ident(self) -> str:
@@ -125,14 +141,18 @@ class Views:
         self._may: dict[tuple[str, str], tuple[float, bool, str]] = {}
         self._trails: dict[tuple[str, str], tuple[int, float, Recorded]] = {}
         self._lock = threading.Lock()
-        self._user = ""
+        self._identity: tuple[str, tuple[str, ...]] | None = None
 
     # who and where
 
+    def identity(self) -> tuple[str, tuple[str, ...]]:
+        """Who the API server says the user is, and the groups it authenticated them in."""
+        if self._identity is None:
+            self._identity = self._home.identity()
+        return self._identity
+
     def user(self) -> str:
-        if not self._user:
-            self._user = self._home.whoami()
-        return self._user
+        return self.identity()[0]
 
     def client(self, namespace: str) -> ClusterClient:
         with self._lock:
@@ -172,7 +192,8 @@ class Views:
     # the pages' facts
 
     def inbox(self) -> list[Waiting]:
-        """Every undecided Reconciliation and Approval the user can see, oldest first."""
+        """Every undecided Reconciliation and Approval the user can see, oldest first, each
+        with whether it is theirs to decide and why not (``standing``)."""
         now = dt.datetime.now(dt.UTC)
         items = [
             obj
@@ -188,6 +209,7 @@ class Views:
             for r in self.listed("AgentRun")
         }
         recorded: dict[tuple[str, str], Recorded] = {}
+        user, groups = self.identity() if items else ("", ())
         found = []
         for obj in items:
             meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
@@ -198,6 +220,11 @@ class Views:
             facts = recorded[(namespace, run_name)]
             action = str(spec.get("action", ""))
             may, why = self.may_decide(namespace, obj["kind"])
+            judged = (
+                standing.of_approval(obj, run or None, user=user, groups=groups)
+                if obj["kind"] == "Approval" and may
+                else None
+            )
             after = str(status.get("notExecutedAfter") or "") or not_executed_after(run, action)
             # The key of the call whose arguments are shown (the store's plan), else the
             # object's own.
@@ -230,6 +257,10 @@ class Views:
                     approved_by=tuple(str(b) for b in status.get("approvedBy") or ()),
                     expires_at=str(status.get("expiresAt") or ""),
                     asks=str(status.get("asks") or ""),
+                    not_yours="" if judged is None or judged.decide else judged.why,
+                    may_deny=judged is not None and judged.deny,
+                    reason_to_deny=judged is not None and judged.reason_to_deny,
+                    notes=tuple(facts.notes.get(action, ())),
                 )
             )
         return found
@@ -294,10 +325,12 @@ class Views:
                 checkpoint = stores.checkpoints.load(namespace, run)
                 args: dict[str, Any] = {}
                 keys: dict[str, str] = {}
+                notes: dict[str, tuple[str, ...]] = {}
                 if checkpoint is not None:
                     args, keys = _plan_args(checkpoint.state)
+                    notes = _notes(checkpoint.state)
                 if not trail:
-                    return Recorded(args=args, keys=keys)
+                    return Recorded(args=args, keys=keys, notes=notes)
                 seq = checkpoint.seq if checkpoint is not None else -1
                 now = time.monotonic()
                 with self._lock:
@@ -311,6 +344,7 @@ class Views:
                 found = Recorded(
                     args=args,
                     keys=keys,
+                    notes=notes,
                     events=tuple(events),
                     verified=report.ok,
                     problems=tuple(report.problems),
@@ -371,6 +405,24 @@ def _plan_args(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     actions = planned_actions(state)
     arguments = {ident: redact_value(a.get("args") or {}) for ident, a in actions.items()}
     return arguments, {ident: str(a.get("key") or "") for ident, a in actions.items()}
+
+
+def _notes(state: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Action id -> "bob approved: sku checked" for each decision with a note the checkpoint
+    document records (every decision kept in it, in order; an older checkpoint's one decision
+    per action too), redacted again on the way out."""
+    found: dict[str, tuple[str, ...]] = {}
+    for action, recorded in (state.get("approvals") or {}).items():
+        made = [recorded] if isinstance(recorded, Mapping) else list(recorded or ())
+        lines = tuple(
+            f"{d.get('by') or '?'} {'approved' if d.get('approved') is True else 'denied'}: "
+            f"{redact_text(str(d['note']))}"
+            for d in made
+            if isinstance(d, Mapping) and d.get("note")
+        )
+        if lines:
+            found[str(action)] = lines
+    return found
 
 
 def _side_effect(run: Mapping[str, Any], tool: str) -> str:
