@@ -11,6 +11,7 @@ Kubernetes Event on the run; an expiry is also a notification to the sinks
 Approval itself); anything else that should hear of these moments is added here, once, not at
 each place. It must never put a tool's argument or a secret into what it tells.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
