@@ -58,6 +58,11 @@ def test_the_package_keeps_its_floors() -> None:
         ("core/phases.py", "import keelgate.core.loop", "No import circle"),
         ("kube/controller/agentrun.py", "import keelgate.kube.runtime.cache", "Kube rooms"),
         ("kube/controller/monitor.py", "import keelgate.kube.api", "The controller reaches"),
+        (
+            "kube/controller/approvals.py",
+            "import keelgate.kube.controller.reconciliations",
+            "The reconcilers import nothing",
+        ),
         ("kube/crds/schema.py", "import keelgate.kube.controller.outcomes", "CRD generation"),
         ("testing/pgserver.py", "import keelgate.cli.step", "Floors"),
         ("stores/sqlite.py", "import keelgate.testing.pgserver", "Product code never imports"),

@@ -140,7 +140,7 @@ BUGS: tuple[Planted, ...] = (
         "executed: false read as undecided",
         (
             (
-                "kube/controller/decisions.py",
+                "kube/controller/reconciliations.py",
                 "            if wanted is None:",
                 "            if not wanted:",
             ),

@@ -334,7 +334,7 @@ def _notify_settings(
 ) -> NotifySettings | None:
     """The sinks of --notify-config and --notify-sink (None: no sinks), checked now: a wrong
     field, event type or headers folder is one line at start, not an event lost later."""
-    from keelgate.kube.runtime.notify import read_headers
+    from keelgate.kube.runtime.sinks import read_headers
     from keelgate.manifest.notifications import (
         NotifySettings,
         load_notify_settings,

@@ -1,7 +1,7 @@
 """Values the loop, its stores and its users exchange: enums and frozen dataclasses.
 
 They exist so that every floor speaks the same exact strings (the stop reasons, the side-effect
-classes) and the same JSON: each value's fields are its JSON (``keelgate.core.values``), and
+classes) and the same JSON: each value's fields are its JSON (``keelgate.core.json_codec``), and
 ``RunStatus`` is the one shape of where a run stands, which the manifest's AgentRun status
 extends. Nothing here performs I/O or holds mutable state.
 
@@ -30,14 +30,11 @@ from pydantic import (
     StrictBool,
 )
 
+from keelgate.core.json_codec import OMIT_EMPTY, OMIT_NONE, WIRE, JsonValue
 from keelgate.core.values import (
-    OMIT_EMPTY,
-    OMIT_NONE,
-    WIRE,
     ActionId,
     Dollars,
     GroupName,
-    JsonValue,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveCount,
