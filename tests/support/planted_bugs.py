@@ -155,6 +155,13 @@ BUGS: tuple[Planted, ...] = (
                 'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
                 'middle = "action"',
             ),
+            # Since names end in a digest of the run, action and tool, the bug needs the
+            # digest to lose the action as well.
+            (
+                "kube/naming.py",
+                'f"{run}\\0{action}\\0{tool}"',
+                'f"{run}\\0{tool}"',
+            ),
         ),
         mode="operator",
     ),

@@ -7,6 +7,11 @@ row-level security (``keelgate.stores.tenancy``), confines each to its own. This
 command line: it checks its input, talks to the cluster for the Secret as the kubeconfig's user
 (as kubectl would), and says what it did in one line. It must never print or log a password:
 the only place one goes is the Secret, or stdout with ``--print`` (asked for explicitly).
+
+Why one module past 500 lines: the four commands share their options, their checks of input and how
+a result is said, and add, move and remove keep one order (the cluster asked first, so that a
+refusal there leaves the database unchanged); read apart, that order would be in three places. What
+the database does is ``keelgate.stores.tenancy``'s, the Secret ``keelgate.cli.secrets``'.
 """
 
 from __future__ import annotations
