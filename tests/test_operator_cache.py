@@ -58,7 +58,7 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
 def test_the_observer_is_told_a_body_only_when_it_changed_what_the_cache_held() -> None:
     """The watch's echo of the operator's own status patch (the same resourceVersion, the same
     body, told a second time) tells the notifier nothing: it would only derive the same
-    notices again. A changed body is told, with a new resourceVersion or without one; so is
+    notifications again. A changed body is told, with a new resourceVersion or without one; so is
     each deletion, and a body taken in again after it."""
     told: list[tuple[str, bool]] = []
     cache = Cache(

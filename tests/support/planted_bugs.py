@@ -140,7 +140,7 @@ BUGS: tuple[Planted, ...] = (
         "executed: false read as undecided",
         (
             (
-                "kube/controller/decisions.py",
+                "kube/controller/reconciliations.py",
                 "            if wanted is None:",
                 "            if not wanted:",
             ),
@@ -154,6 +154,13 @@ BUGS: tuple[Planted, ...] = (
                 "kube/naming.py",
                 'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
                 'middle = "action"',
+            ),
+            # Since names end in a digest of the run, action and tool, the bug needs the
+            # digest to lose the action as well.
+            (
+                "kube/naming.py",
+                'f"{run}\\0{action}\\0{tool}"',
+                'f"{run}\\0{tool}"',
             ),
         ),
         mode="operator",

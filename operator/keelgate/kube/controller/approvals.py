@@ -21,24 +21,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keelgate.core.approvals import Tally, on_call, seconds, tally
+from keelgate.core.approvals import seconds, tally
 from keelgate.core.audit import utc_iso_millis
-from keelgate.core.calls import fingerprint
 from keelgate.core.state import Decision, RunState
-from keelgate.core.types import ApprovalRule, PendingApproval, utc_iso
+from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.api_failures import Gone
-from keelgate.kube.controller.approval_news import ApprovalNews
+from keelgate.kube.controller.approval_events import ApprovalEvents
+from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
-from keelgate.kube.controller.decisions import (
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.refusals import (
     REFUSED_RETRY,
     REFUSED_RETRY_MAX,
     refuse,
     warn,
     with_generation,
 )
-from keelgate.kube.controller.outcomes import REST, Requeue, Result
-from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
@@ -140,88 +140,6 @@ def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set
     return found
 
 
-@dataclass(frozen=True)
-class Shown:
-    """What the object shows of the store's record of its action."""
-
-    status: JSON
-    settled: bool
-    tally: Tally | None
-    pending: PendingApproval | None
-
-
-def shown(state: RunState, action: str, *, at: float, required: int = 0) -> Shown | None:
-    """The status of the Approval of ``action`` as the store holds it at ``at`` (seconds since
-    the epoch); None when the store has nothing to show (not asked, nothing decided).
-    ``required``: the count the object showed while it waited (the rule in force then), for a
-    Settled approval, whose rule the store no longer lists. Counts, names and verdict always
-    agree: a Settled approval shows the approvals that met its rule ("2 of 2")."""
-    decisions = state.approvals.get(action, ())
-    pending = next((p for p in state.pending if p.action == action), None)
-    denied = next((d for d in decisions if not d.approved), None)
-    planned = state.planned(action)
-    definition = (
-        fingerprint(planned.definition)
-        if planned is not None
-        else (pending.definition if pending is not None else "")
-    )
-    base: JSON = {"decided": len(decisions), "definition": definition}
-    if pending is not None and denied is None:
-        rule = pending.rule or ApprovalRule()
-        counted = tally(decisions, rule, creator=state.spec.creator, now=at, definition=definition)
-        left = rule.required - len(counted.counted)
-        status = {
-            **base,
-            "phase": "Pending",
-            "verdict": "",
-            "approvals": len(counted.counted),
-            "required": rule.required,
-            "progress": counted.count,
-            "approvedBy": [d.by for d in counted.counted],
-            "expiresAt": "" if counted.expires_at is None else utc_iso(counted.expires_at),
-            "asks": rule.describe(),
-            "serviceAccounts": rule.service_accounts,
-            "settledBy": "",
-            "message": "waiting for a person to approve or deny it"
-            if rule == ApprovalRule()
-            else _waiting_for(counted, left),
-        }
-        if counted.voided:
-            status["message"] += (
-                f"; asked again: the tool was changed after the approval of "
-                f"{', '.join(d.by for d in counted.voided)}"
-            )
-        return Shown(status, False, counted, pending)
-    people = list(dict.fromkeys(d.by for d in decisions if d.approved and on_call(d, definition)))
-    if denied is None and not people:
-        return None
-    planned_rule = planned.approval_rule() if planned is not None else None
-    need = max(required, planned_rule.required if planned_rule is not None else 1)
-    settled: JSON = {
-        **base,
-        "phase": "Settled",
-        "approvals": len(people),
-        "required": need,
-        "progress": f"{len(people)} of {need}",
-        "approvedBy": people,
-        "expiresAt": "",
-    }
-    if denied is not None:
-        why = f": {denied.note}" if denied.note else ""
-        settled |= {
-            "verdict": "denied",
-            "settledBy": denied.by,
-            "message": f"denied by {denied.by}{why}; it never runs",
-        }
-    else:
-        settled |= {
-            "verdict": "approved",
-            "settledBy": ", ".join(people),
-            "message": f"approved by {', '.join(people)} ({len(people)} of {need})",
-        }
-    return Shown(settled, True, None, pending)
-
-
 def written_at(body: Mapping[str, Any]) -> float | None:
     """When the API server last took a write of the Approval other than its status, as its
     field managers' records say (``metadata.managedFields[].time``, whole seconds; None when it
@@ -267,19 +185,10 @@ def _counted_against(state: RunState, action: str, view: Shown) -> ApprovalRule:
     return replace(base, required=need) if need > base.required else base
 
 
-def _waiting_for(counted: Tally, left: int) -> str:
-    """ "1 of 2 approvals (alice): waiting for 1 more; the rule asks 2 approvals from ..." """
-    who = f" ({', '.join(d.by for d in counted.counted)})" if counted.counted else ""
-    said = f"{counted.count} approvals{who}: waiting for {left} more"
-    rule = counted.rule.describe()
-    plain = f"{counted.rule.required} approval{'s' if counted.rule.required != 1 else ''}"
-    return said if rule == plain else f"{said}; the rule asks {rule}"
-
-
 class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._news = ApprovalNews(context)
+        self._events = ApprovalEvents(context)
         # When this operator first saw each entry it has not recorded yet (its ref -> seconds
         # since the epoch): an entry refused for a while (the run between stops) counts from
         # then, not from when it was finally recorded. Lost with the process: an entry then
@@ -446,13 +355,13 @@ class ApprovalReconciler:
                 definition=definition,
             )
             count = so_far.count if so_far.rule.required > 1 else ""
-            self._news.decided(run, name, tool, action, decisions[index], count)
+            self._events.decided(run, name, tool, action, decisions[index], count)
         if view.tally is None or view.pending is None:
             return
         before = set(old.get("approvedBy") or ())
         expires_after = view.tally.rule.expires_after
         if expires_after is not None and view.tally.expired:
-            self._news.expired(
+            self._events.expired(
                 run,
                 body,
                 view.tally.expired,
@@ -461,7 +370,7 @@ class ApprovalReconciler:
                 first_time=bool(before & {d.by for d in view.tally.expired}),
             )
         if old.get("phase") == "Settled":
-            self._news.waiting(run, name, view.pending, again=True)
+            self._events.waiting(run, name, view.pending, again=True)
 
     def _show(
         self, body: JSON, run_name: str, old: Mapping[str, Any], status: JSON, *, refusing: bool

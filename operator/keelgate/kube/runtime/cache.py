@@ -140,11 +140,11 @@ class Cache:
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        # Told of every body taken in that changed what the cache held, and every deletion,
-        # after the cache holds it (outside the lock): the notifier derives its notices from
-        # them. A body equal to the one held (the watch's echo of the operator's own status
-        # patch, a watch's relisting) holds no notice the one before did not: telling it again
-        # would only derive them again, redacting every stopped run's message each time.
+        # Told of every body taken in that changed what the cache held, and every deletion, after
+        # the cache holds it (outside the lock): the notifier derives its notifications from them. A
+        # body equal to the one held (the watch's echo of the operator's own status patch, a watch's
+        # relisting) holds no notification the one before did not: telling it again would only
+        # derive them again, redacting every stopped run's message each time.
         self._observer = observer
         # Objects deleted lately, per kind, in the order seen: by uid (a uid is never reused),
         # or by name for a body without one; with the deletion's resourceVersion, and when.

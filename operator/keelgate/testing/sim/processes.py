@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from keelgate.cli.step import exit_code
 from keelgate.core import failpoints
+from keelgate.core.exits import exit_code
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
