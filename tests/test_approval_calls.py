@@ -43,8 +43,11 @@ from keelgate.core.types import (
     idempotency_key,
 )
 from keelgate.errors import SettleError
+from keelgate.kube.naming import action_object_name
 from keelgate.stores.sqlite import SQLiteStore
 from keelgate.testing.deadlines import pass_deadlines
+from support import operator_tools
+from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 
 RULE = ApprovalRule(required=2, groups=("payments",), not_creator=True)
 PAYMENTS = ("payments",)
@@ -429,3 +432,73 @@ def test_a_call_in_flight_is_finished_as_sent_never_sent_to_the_edited_tool(
     assert started == [fingerprint(definition_of(tool(place, "shop:place")))]
     assert "loop.call_changed" not in [e.type for e in trail]
     stores.close()
+
+
+def test_a_step_image_edited_after_the_approvals_voids_them_and_nothing_is_sent(
+    tmp_path: Path,
+) -> None:
+    """A Python tool's code is its step image's: bob and carol approve ``place_order`` run from
+    ``shop:v1`` (2 of 2); alice points ``spec.step.image`` at ``shop:v2`` (another image may
+    hold other code under the same callable's name) before the step runs. The operator's step
+    places nothing: the Approval is Pending again (0 of 2) for the call as it is now, and the
+    chain says ``python.image`` changed and whose approvals it voided. An edit that leaves the
+    image alone (a longer budget) keeps the approvals. Approved again, one order is placed."""
+    approval = action_object_name("restock", "1:0", "place_order")
+    payments = ["payments", "system:authenticated"]
+    operator_tools.ORDERS.clear()
+    kube = Operator(tmp_path)
+    try:
+        spec = agentrun_spec(
+            rule={"required": 2, "groups": ["payments"], "notCreator": True},
+            step={"image": "registry.example/shop:v1"},
+        )
+        kube.apply("restock", spec, annotations={"keelgate.dev/created-by": "alice"})
+        assert kube.drive("restock") == [3]
+
+        def decide(*people: str) -> None:
+            for person in people:
+                body = kube.api.get("Approval", NAMESPACE, approval)
+                assert body is not None
+                entry = {"by": person, "groups": payments, "approved": True}
+                decisions = [*body["spec"].get("decisions", []), entry]
+                kube.api.patch_spec("Approval", NAMESPACE, approval, {"decisions": decisions})
+            kube.reconcile(approval, kind="Approval")
+
+        def status() -> dict[str, Any]:
+            body = kube.api.get("Approval", NAMESPACE, approval)
+            assert body is not None
+            return dict(body["status"])
+
+        decide("bob", "carol")
+        approved = status()
+        assert (approved["phase"], approved["progress"]) == ("Settled", "2 of 2")
+        v2 = {"step": {"image": "registry.example/shop:v2"}}
+        kube.api.patch_spec("AgentRun", NAMESPACE, "restock", v2)
+        kube.drive("restock")
+        kube.reconcile(approval, kind="Approval")
+        assert operator_tools.ORDERS == [], "an approved call ran from another image, unapproved"
+        again = status()
+        assert (again["phase"], again["progress"]) == ("Pending", "0 of 2")
+        assert again["definition"] != approved["definition"]
+        assert (
+            "asked again: the tool was changed after the approval of bob, carol"
+            in (again["message"])
+        )
+        (changed,) = [
+            e
+            for e in Loop(stores=kube.stores).audit(NAMESPACE, "restock")
+            if e.type == "loop.call_changed"
+        ]
+        assert (changed.data["changed"], changed.data["voided"]) == (
+            ["python.image"],
+            ["bob", "carol"],
+        )
+
+        decide("bob", "carol")
+        kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"budget": {"maxIterations": 6}})
+        kube.drive("restock")
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        kube.close()
+        operator_tools.ORDERS.clear()

@@ -227,6 +227,50 @@ def test_an_approval_counts_from_when_it_was_made_not_when_it_was_seen(tmp_path:
             kube.close()
 
 
+def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_seen(
+    tmp_path: Path,
+) -> None:
+    """expiresAfter 1m. bob appends his approval by hand (no moment stated) while the operator
+    is down; the API server records the write 50 s before the operator, started again, first
+    sees the entry: bob's approval counts from the write (10 s more), not from the look. A
+    field manager's record claiming a time still to come bounds nothing: then the look does."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            waiting(kube, {"required": 2, "expiresAfter": "1m"})
+            add(kube, {"by": "bob", "groups": [], "approved": True})
+
+            def written(seconds: float) -> None:
+                stored = kube.api.objects[("Approval", NAMESPACE, APPROVE)]
+                moment = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                later = dt.datetime.fromtimestamp(now[0], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                stored["metadata"]["managedFields"] = [
+                    {"manager": "kubectl-patch", "operation": "Update", "time": moment,
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:decisions": {}}}},
+                    {"manager": "keelgate", "operation": "Update", "subresource": "status",
+                     "time": later},
+                ]  # fmt: skip
+                kube.cache.put("Approval", stored)
+
+            written(now[0] - 50)
+            kube.reconcile(APPROVE, kind="Approval")
+            assert shown(kube)["expiresAt"] == dt.datetime.fromtimestamp(
+                now[0] + 10, dt.UTC
+            ).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now[0] += 11
+            kube.reconcile(APPROVE, kind="Approval")
+            assert (shown(kube)["progress"], shown(kube)["approvedBy"]) == ("0 of 2", [])
+
+            add(kube, {"by": "carol", "groups": [], "approved": True})
+            written(now[0] + 3600)
+            kube.reconcile(APPROVE, kind="Approval")
+            assert shown(kube)["expiresAt"] == dt.datetime.fromtimestamp(
+                now[0] + 60, dt.UTC
+            ).strftime("%Y-%m-%dT%H:%M:%SZ")
+        finally:
+            kube.close()
+
+
 def test_decisions_an_earlier_release_recorded_are_neither_lost_nor_recorded_twice(
     kube: Operator,
 ) -> None:

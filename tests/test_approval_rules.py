@@ -155,6 +155,32 @@ def test_the_creator_may_not_approve_under_not_creator_but_may_deny(
     assert other.effects() == {}
 
 
+def test_a_run_created_by_a_service_account_says_so_and_no_account_decides_it(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """bob creates a run `--as ci` (issue 46): its creator on record is the ServiceAccount, and
+    its audit trail says the creator is one (notCreator cannot tell who acted through it). The
+    account itself cannot approve the run it created, nor any other; bob, a person, counts (the
+    docs say why notCreator cannot stop him). A person's run carries no such mark."""
+    robot = "system:serviceaccount:shop:ci"
+    world = world_with(tmp_path, ApprovalRule(not_creator=True))
+    loop = loop_over(stores, Recorder(RESTOCK), world.tools())
+    created = replace(spec(), creator=robot)
+    assert loop.run_or_resume(created).stop.reason is StopReason.AWAITING_APPROVAL
+    (started,) = only(loop.audit("shop", "restock"), "loop.started")
+    assert (started.data["creator"], started.data["creatorIsServiceAccount"]) == (robot, True)
+    with pytest.raises(SettleError, match="is a ServiceAccount, and the rule counts people only"):
+        loop.approve("shop", "restock", "2:0", approved=True, by=robot)
+    loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+    assert loop.run_or_resume(created).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+    person = replace(spec("by-alice"), creator="alice")
+    loop.run_or_resume(person)
+    (started,) = only(loop.audit("shop", "by-alice"), "loop.started")
+    assert started.data["creator"] == "alice" and "creatorIsServiceAccount" not in started.data
+
+
 def test_not_creator_with_no_creator_on_record_counts_nobody(
     stores: Stores, tmp_path: Path
 ) -> None:

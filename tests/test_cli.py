@@ -1059,7 +1059,7 @@ def test_a_postgres_setting_libpq_would_refuse_is_bad_input_naming_it(
 def test_the_postgres_urls_the_docs_show_are_well_formed() -> None:
     """The forms docs/stores.md, docs/install.md and README.md show, with every setting of a
     fixed set at each of its values, pass the checks made before connecting."""
-    from keelgate.stores import check_store_url
+    from keelgate.stores import read_store_url
 
     well_formed = [
         "postgresql://keelgate:0123456789abcdef@postgres.postgres.svc.cluster.local:5432/keelgate",
@@ -1075,7 +1075,7 @@ def test_the_postgres_urls_the_docs_show_are_well_formed() -> None:
     for mode in ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"):
         well_formed.append(f"postgresql://keelgate@db/keelgate?sslmode={mode}")
     for url in well_formed:
-        check_store_url(url)
+        read_store_url(url)
 
 
 READING = [

@@ -19,8 +19,8 @@ import pytest
 from keelgate.core.loop import Loop
 from keelgate.core.types import KeyState
 from keelgate.kube import resources
-from keelgate.kube.controller.decisions import RECONCILIATION, Decided
 from keelgate.kube.controller.outcomes import REST, Requeue
+from keelgate.kube.controller.reconciliations import DECISION_FIELD, Decided, settled_status
 from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
@@ -303,10 +303,10 @@ def test_a_decision_object_that_is_gone_is_nothing_to_do(kube: Operator) -> None
 def test_a_settlement_shows_its_verdict_and_its_source() -> None:
     """The verdicts and the source a Reconciliation shows for a settlement."""
     yes, no = Decided(True, "alice", "confirmer"), Decided(False, "bob")
-    assert (RECONCILIATION.verdict(yes), RECONCILIATION.verdict(no)) == ("executed", "abandoned")
-    assert RECONCILIATION.status(yes, {})["source"] == "confirmer"
-    assert RECONCILIATION.status(no, {})["source"] == "human"
-    assert RECONCILIATION.field == "executed"
+    assert (yes.verdict, no.verdict) == ("executed", "abandoned")
+    assert settled_status(yes, {})["source"] == "confirmer"
+    assert settled_status(no, {})["source"] == "human"
+    assert DECISION_FIELD == "executed"
 
 
 def test_a_second_unknown_outcome_gets_its_own_reconciliation_and_is_settled_too(

@@ -1,10 +1,10 @@
 """The package's floors and its public facade, enforced by tools rather than by docstrings.
 
-`make lint` runs import-linter with the contracts in pyproject.toml (the floors of
-shared/design/architecture.md, no import circle, the operator's rooms in kube/, a core free of
-drivers and clients, Kubernetes only in kube/, a step pod's start-up free of kopf, typer and
-rich). These tests prove the contracts bite: an upward import planted in a copy of the package
-breaks them. And the public API, re-exported by
+`make lint` runs import-linter with the contracts in pyproject.toml (the floors of the package's
+map in docs/design.md, no import circle, the operator's rooms in kube/, a core free of drivers
+and clients, Kubernetes only in kube/, a step pod's start-up free of kopf, typer and rich,
+nothing of the product leaning on keelgate.testing). These tests prove the contracts bite: an
+upward import planted in a copy of the package breaks them. And the public API, re-exported by
 ``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed.
 """
 
@@ -58,7 +58,15 @@ def test_the_package_keeps_its_floors() -> None:
         ("core/phases.py", "import keelgate.core.loop", "No import circle"),
         ("kube/controller/agentrun.py", "import keelgate.kube.runtime.cache", "Kube rooms"),
         ("kube/controller/monitor.py", "import keelgate.kube.api", "The controller reaches"),
+        (
+            "kube/controller/approvals.py",
+            "import keelgate.kube.controller.reconciliations",
+            "The reconcilers import nothing",
+        ),
         ("kube/crds/schema.py", "import keelgate.kube.controller.outcomes", "CRD generation"),
+        ("testing/pgserver.py", "import keelgate.cli.step", "Floors"),
+        ("stores/sqlite.py", "import keelgate.testing.pgserver", "Product code never imports"),
+        ("cli/tenant.py", "import keelgate.testing.store_contract", "Product code never imports"),
     ],
 )
 def test_an_import_against_a_floor_breaks_the_lint(

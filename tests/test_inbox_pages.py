@@ -15,12 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from keelgate.adapters.models.scripted import ScriptedModel
+from keelgate.adapters.tools.python import PythonTool
 from keelgate.cli import main
 from keelgate.cli.plugin.target import Target
 from keelgate.cli.plugin.ui import pages
 from keelgate.cli.plugin.ui import views as views_module
-from keelgate.cli.plugin.ui.views import Recorded, Views, Waiting, _plan_args
+from keelgate.cli.plugin.ui.views import Recorded, RunPage, Views, Waiting, _plan_args
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
 from keelgate.core.redaction import REDACTED
+from keelgate.core.spec import LoopSpec
+from keelgate.core.types import ApprovalRule, SideEffect
+from keelgate.stores.sqlite import SQLiteStore
 from test_kubectl_plugin import (
     STRICT,
     FakeCluster,
@@ -324,3 +331,80 @@ def test_an_approval_shows_what_people_said_deciding_it_as_the_run_records_it() 
     assert dave == "dave denied: Bearer [redacted]"
     html = pages.inbox([_waiting(kind="Approval", notes=notes["2:0"])], csrf="c", scope="s")
     assert "<dt>What they said</dt>" in html and "sku &lt;b&gt;checked&lt;/b&gt;" in html
+
+
+def test_the_run_page_says_approved_by_bob_only_with_the_count_it_has(tmp_path: Path) -> None:
+    """A run whose WRITE needs 2 of payments: bob's approval is recorded. Its page tells it as
+    "approved by bob (1 of 2)" in the iteration (never a bare "approved by bob"), and the
+    Approval's row shows Pending with 1 of 2 and no verdict; once carol approves too, the
+    Settled row shows approved (2 of 2) by both (issue 46: the run page said "approved by bob"
+    at 1 of 2)."""
+
+    def place(args: object, *, idempotency_key: str | None) -> dict[str, bool]:
+        return {"placed": True}
+
+    rule = ApprovalRule(required=2, groups=("payments",))
+    tool = PythonTool("place_order", place, SideEffect.WRITE, approval=rule)
+    script = [{"actions": [{"tool": "place_order", "args": {"sku": "A1"}}]}, {"done": True}]
+    stores = Stores.of(SQLiteStore(tmp_path / "kg.db"))
+    loop = Loop(stores=stores, model=ScriptedModel(script), tools=[tool])
+    spec = LoopSpec("shop", "restock", "Restock A1")
+    try:
+        loop.run_or_resume(spec)
+        loop.approve("shop", "restock", "1:0", approved=True, by="bob", groups=("payments",))
+        first = tuple(e.to_json() for e in loop.audit("shop", "restock"))
+        loop.approve("shop", "restock", "1:0", approved=True, by="carol", groups=("payments",))
+        both = tuple(e.to_json() for e in loop.audit("shop", "restock"))
+    finally:
+        stores.close()
+    run = {"metadata": {"namespace": "shop", "name": "restock"}, "status": {"phase": "Stopped"}}
+
+    def page(events: tuple[dict[str, object], ...], status: dict[str, object]) -> str:
+        approval = {
+            "kind": "Approval",
+            "spec": {"action": "1:0", "tool": "place_order", "decisions": []},
+            "status": status,
+        }
+        recorded = Recorded(events=events, verified=True)
+        return pages.run_page(RunPage(run, (), (), (approval,), recorded))
+
+    waiting = page(first, {"phase": "Pending", "verdict": "", "progress": "1 of 2"})
+    assert "1:0 place_order: <strong>approved</strong> by bob (1 of 2)" in waiting
+    assert "by bob</" not in waiting and "by bob<" not in waiting
+    row = re.search(r"<table class=decisions>.*?</table>", waiting)
+    assert row is not None
+    cells = re.findall(r"<td>(.*?)</td>", row.group(0))
+    assert cells == ["Approval", "1:0", "place_order", "Pending", " (1 of 2)", ""]
+
+    settled = {
+        "phase": "Settled",
+        "verdict": "approved",
+        "progress": "2 of 2",
+        "settledBy": "bob, carol",
+    }
+    done = page(both, settled)
+    assert "by carol (2 of 2)" in done and "by bob (1 of 2)" in done
+    row = re.search(r"<table class=decisions>.*?</table>", done)
+    assert row is not None
+    cells = re.findall(r"<td>(.*?)</td>", row.group(0))
+    assert cells[3:] == ["Settled", "approved (2 of 2)", "bob, carol"]
+
+
+def test_an_approval_whose_deny_the_operator_refused_stays_waiting_in_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """bob, in no group the rule names (a typo in it), denied by hand and the operator refused
+    it: the Approval stays Pending with the refusal in its message. carol's inbox still counts
+    it as waiting for her, with the refusal shown, and bob sees it apart with why (issue 46: the
+    inbox said "0 waiting" while the run still waited)."""
+    cluster, config = _alices_payout(tmp_path)
+    (approval,) = cluster.objects["Approval"]
+    approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
+    said = "0 of 2 approvals: waiting for 2 more; not counted: dave: dave may not decide it"
+    approval["status"].update(decided=0, progress="0 of 2", approvedBy=[], message=said)
+    carols = _inbox_as(cluster, config, "carol", "payments")
+    assert [(i.kind, i.yours) for i in carols] == [("Approval", True), ("Reconciliation", True)]
+    html = pages.inbox(carols, csrf="c", scope="s")
+    assert "(2 waiting for you)" in html and "not counted: dave" in html
+    (daves, _) = _inbox_as(cluster, config, "dave", "system:authenticated")
+    assert not daves.yours and daves.not_yours.startswith("dave may not decide it")

@@ -1409,7 +1409,7 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:
     """dave's deny went in by hand (kubectl patch) and the operator refused it: the Approval
-    is still Pending. `pending` still lists it (wide: what was not counted and why), and
+    is still Pending. `pending` still lists it (wide: what was not counted and why; -A too), and
     `status` shows it awaiting approval with the refusal under it."""
     approval = _aged(_two_person_run(cluster), 5)
     approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]
@@ -1419,6 +1419,8 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
     )
     code, out, _ = plugin(capsys, "pending", "-o", "wide")
     assert code == 0 and "payout" in out and "dave may not decide it" in out
+    code, out, _ = plugin(capsys, "pending", "-A")
+    assert code == 0 and "payout" in out and "Nothing waits for a person" not in out
     code, out, _ = plugin(capsys, "status", "payout")
     assert "awaiting approval" in out
     assert "not counted: dave: payout 1:0: dave may not decide it" in out

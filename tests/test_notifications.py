@@ -1,9 +1,10 @@
 """Being told (issue 41, item 4): the operator's CloudEvents, sent to a real HTTP receiver on
 loopback that reads each request with the CloudEvents SDK (tests/fakes/event_receiver.py).
 
-The operator is the rig's (tests/support/operator_rig.py: the real controller, cache, SQLite
-store and ``keelgate step`` runs, over a fake API server), with the runtime's own notifier: the
-notices are derived from the objects the controller writes, exactly as in the running operator.
+The operator is the rig's (tests/support/operator_rig.py: the real controller, cache, SQLite store
+and ``keelgate step`` runs, over a fake API server), with the runtime's own notifier: the
+notifications are derived from the objects the controller writes, exactly as in the running
+operator.
 
 What a user would notice if these broke: a decision that waits and nobody is told, a message
 told twice or never after a receiver's hiccup or the operator's restart, a tool's arguments or a
@@ -24,10 +25,9 @@ from fakes.event_receiver import EventReceiver, Got, quick
 from fakes.loopback import Answer
 from keelgate.cli import main
 from keelgate.kube.naming import action_object_name
-from keelgate.kube.notices import approval_expired, notices_of
-from keelgate.kube.runtime import notify
+from keelgate.kube.notifications import approval_expired, notifications_of
 from keelgate.kube.runtime.metrics import Metrics
-from keelgate.kube.runtime.notify import Notifier
+from keelgate.kube.runtime.notifier import Notifier
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from keelgate.testing.deadlines import pass_deadlines
@@ -273,7 +273,7 @@ def test_a_sink_that_hangs_never_holds_up_reconciling_and_a_full_queue_drops_the
 ) -> None:
     """A receiver that answers nothing for longer than the sink's timeout, and a queue of one:
     runs are driven to their end at full speed meanwhile (no reconcile waits on a sink), the
-    notices beyond the queue are dropped and counted, and the run goes on regardless."""
+    notifications beyond the queue are dropped and counted, and the run goes on regardless."""
     receiver.down = Answer(delay=8.0, status=503)
     operator = Operator(
         tmp_path,
@@ -287,7 +287,8 @@ def test_a_sink_that_hangs_never_holds_up_reconciling_and_a_full_queue_drops_the
             operator.drive(name)
             assert operator.status(name)["phase"] == "Succeeded"
         took = time.monotonic() - started
-        assert took < 6.0, took  # a reconcile waiting on the sink: 4 s per notice, 12 s or more
+        # A reconcile waiting on the sink: 4 s per notification, 12 s or more.
+        assert took < 6.0, took
         assert (
             operator.sample(
                 "keelgate_notifications_dropped_total", sink="chat", reason="queue_full"
@@ -311,11 +312,12 @@ def test_a_restart_sends_again_what_the_last_leader_had_not_delivered_and_nothin
     tmp_path: Path, receiver: EventReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Operator A tells run one's success, then its receiver goes down: run two stops awaiting
-    approval and neither of its notices gets through. A keeps how far it delivered (as it does
-    every few seconds), then dies without a word. Operator B starts on the same cluster and
-    store, the receiver back: it sends run two's two notices again, with the ids A had given
-    them, and not run one's, which was delivered."""
-    monkeypatch.setattr(notify, "CLOCK_MARGIN", 1.0)  # the least it may be: a test's seconds
+    approval and neither of its notifications gets through. A keeps how far it delivered (as it does
+    every few seconds), then dies without a word. Operator B starts on the same cluster and store,
+    the receiver back: it sends run two's two notifications again, with the ids A had given them,
+    and not run one's, which was delivered."""
+    # The least it may be: a test's seconds.
+    monkeypatch.setattr("keelgate.kube.runtime.notifier.CLOCK_MARGIN", 1.0)
     first = Operator(tmp_path, notify=settings(sink(receiver.url)), notify_sleep=quick)
     first.apply("one", _spec())
     first.drive("one")
@@ -411,7 +413,7 @@ def test_an_expired_approval_is_told_once_under_an_id_its_record_gives(
     told: Operator, receiver: EventReceiver
 ) -> None:
     """What the approvals work calls when an approval was too old to run on and is asked for
-    again (``context.tell(approval_expired(...))``): told once however often it is called, with
+    again (``context.notify(approval_expired(...))``): told once however often it is called, with
     the id the approval's record gives (the same in another process), and a later expiry of a
     later approval is another event."""
     told.apply("restock", _spec(approval=True))
@@ -429,10 +431,10 @@ def test_an_expired_approval_is_told_once_under_an_id_its_record_gives(
             expires_after_seconds=3600,
         )
 
-    tell = told.controller.context.tell
-    tell(expired("2026-12-05T10:00:00Z"))
-    tell(expired("2026-12-05T10:00:00Z"))
-    tell(expired("2026-12-05T11:30:00Z"))
+    notify = told.controller.context.notify
+    notify(expired("2026-12-05T10:00:00Z"))
+    notify(expired("2026-12-05T10:00:00Z"))
+    notify(expired("2026-12-05T11:30:00Z"))
     got = receiver.wait_for(4)[2:]
     time.sleep(0.2)
     assert len(receiver.accepted) == 4
@@ -445,7 +447,7 @@ def test_an_expired_approval_is_told_once_under_an_id_its_record_gives(
 def test_the_same_transition_has_the_same_id_whoever_derives_it(
     told: Operator, receiver: EventReceiver
 ) -> None:
-    """The ids are derived from the objects' durable records: the notices of each object as
+    """The ids are derived from the objects' durable records: the notifications of each object as
     the cluster holds it, derived again (as another leader would), carry the ids the receiver
     got."""
     told.apply("restock", _spec(approval=True))
@@ -455,7 +457,7 @@ def test_the_same_transition_has_the_same_id_whoever_derives_it(
         n.id
         for kind in ("AgentRun", "Approval")
         for body in told.api.of_kind(kind)
-        for n in notices_of(kind, body)
+        for n in notifications_of(kind, body)
     }
     assert {g.id for g in got} == again
 
@@ -549,18 +551,18 @@ def test_what_an_objects_record_tells_and_what_it_does_not() -> None:
     """A Reconciliation just created (no status yet) tells nothing; shown Pending, that it is
     asked for; one a step pod's confirmer settled tells only its settlement (nobody was asked);
     the same object settled at another moment (asked again) is another event."""
-    assert notices_of("Reconciliation", _reconciliation({})) == []
-    pending = notices_of("Reconciliation", _reconciliation({"phase": "Pending"}))
+    assert notifications_of("Reconciliation", _reconciliation({})) == []
+    pending = notifications_of("Reconciliation", _reconciliation({"phase": "Pending"}))
     assert [n.type for n in pending] == [types.RECONCILIATION_REQUESTED]
     settled = {"phase": "Settled", "verdict": "executed", "settledBy": "order-book"}
-    by_confirmer = notices_of(
+    by_confirmer = notifications_of(
         "Reconciliation",
         _reconciliation({**settled, "source": "confirmer", "settledAt": "2026-12-05T10:00:01Z"}),
     )
     assert [n.type for n in by_confirmer] == [types.RECONCILIATION_SETTLED]
     assert by_confirmer[0].data["source"] == "confirmer"
     first, later = (
-        notices_of(
+        notifications_of(
             "Reconciliation", _reconciliation({**settled, "source": "human", "settledAt": at})
         )
         for at in ("2026-12-05T10:00:01Z", "2026-12-05T11:00:00Z")
@@ -597,7 +599,7 @@ def test_an_object_made_again_is_asked_again_and_an_old_ones_expiry_repeats_noth
         notifier.observe("Approval", approval("u-1"), False)
         notifier.observe("Approval", approval("u-1"), True)
         notifier.observe("Approval", approval("u-2"), False)
-        notifier.tell(
+        notifier.notify(
             approval_expired(
                 approval("u-1"),
                 approved_by=("carol",),

@@ -17,9 +17,9 @@ from typing import Any
 
 from fakes.event_receiver import EventReceiver, quick
 from fakes.loopback import Answer
-from keelgate.kube.notices import notices_of
+from keelgate.kube.notifications import notifications_of
 from keelgate.kube.runtime.metrics import Metrics
-from keelgate.kube.runtime.notify import Notifier
+from keelgate.kube.runtime.notifier import Notifier
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 
@@ -191,7 +191,7 @@ def test_one_namespaces_flood_never_pushes_out_anothers_approval(receiver: Event
             told.observe("AgentRun", stopped_run("flood", f"batch-{number}", at=now), False)
         assert len(told.senders[0].pending()) <= 101  # the queue, and the one being tried
         approval = waiting_approval("payments", "pay-invoices-1-0-pay", at=now)
-        [asked] = notices_of("Approval", approval)
+        [asked] = notifications_of("Approval", approval)
         told.observe("Approval", approval, False)
         [got] = receiver.wait_for(1, timeout=3.0)
         assert (got.type, got.id) == (types.APPROVAL_REQUESTED, asked.id)

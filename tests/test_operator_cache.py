@@ -58,7 +58,7 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
 def test_the_observer_is_told_a_body_only_when_it_changed_what_the_cache_held() -> None:
     """The watch's echo of the operator's own status patch (the same resourceVersion, the same
     body, told a second time) tells the notifier nothing: it would only derive the same
-    notices again. A changed body is told, with a new resourceVersion or without one; so is
+    notifications again. A changed body is told, with a new resourceVersion or without one; so is
     each deletion, and a body taken in again after it."""
     told: list[tuple[str, bool]] = []
     cache = Cache(
@@ -117,6 +117,36 @@ def test_a_watch_events_object_is_copied_slim_and_left_as_it_came() -> None:
     slim["status"]["phase"] = "Failed"  # a deep copy: the event's object does not change
     assert body["status"]["phase"] == "Running"
     assert {**slim, "status": body["status"], "metadata": body["metadata"]} == body
+
+
+def test_an_approval_keeps_only_when_it_was_written_of_its_field_managers_records() -> None:
+    """An Approval's field managers' records keep who wrote it other than its status, and when
+    (a decision in it was made no later: what the operator reads), without the field sets; in
+    the cache and in a watch event's slim copy alike, the event's own object unchanged."""
+    body: dict[str, object] = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "Approval",
+        "metadata": {
+            "namespace": "shop",
+            "name": "a",
+            "resourceVersion": "7",
+            "managedFields": [
+                {"manager": "kubectl-patch", "operation": "Update", "time": "2026-12-06T10:00:00Z",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:decisions": {}}}},
+                {"manager": "keelgate", "operation": "Update", "subresource": "status",
+                 "time": "2026-12-06T10:00:05Z", "fieldsV1": {"f:status": {}}},
+            ],
+        },
+        "spec": {"decisions": []},
+    }  # fmt: skip
+    wanted = [{"manager": "kubectl-patch", "operation": "Update", "time": "2026-12-06T10:00:00Z"}]
+    before = copy.deepcopy(body)
+    assert slim_copy(body)["metadata"]["managedFields"] == wanted
+    assert body == before
+    cache = Cache()
+    cache.put("Approval", body)
+    kept = cache.get("Approval", "shop", "a")
+    assert kept is not None and kept["metadata"]["managedFields"] == wanted
 
 
 def test_what_a_reconcile_reads_is_its_own_copy() -> None:

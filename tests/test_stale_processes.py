@@ -75,7 +75,7 @@ def lose_session(stores: Stores) -> None:
     conn = store._owner_conn
     assert conn is not None
     pid = conn.info.backend_pid
-    with psycopg.connect(store.url, autocommit=True) as admin:
+    with psycopg.connect(store.url.text, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         deadline = time.monotonic() + 10
         while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():

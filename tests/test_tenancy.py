@@ -32,7 +32,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
-from keelgate.stores import _sql, open_stores
+from keelgate.stores import _migrations, open_stores
 from keelgate.stores.postgres import PRIVILEGES, PostgresStore
 from keelgate.stores.tenancy import TenantStore, scram_verifier, tenant_database
 from keelgate.testing.isolation import NOTHING, REFUSED, attack
@@ -522,10 +522,10 @@ def test_a_tenant_on_a_schema_older_than_its_code_is_told_to_migrate_with_the_ad
     migration behind is refused in one line saying what to do, and changes nothing; once
     the administrator's URL opened it, the tenant opens it, and the new table is granted to
     it in that same migration."""
-    later = _sql.Migration(
-        _sql.SCHEMA_VERSION + 1, "a later table", "CREATE TABLE keelgate_later (tenant TEXT)"
+    later = _migrations.Migration(
+        _migrations.SCHEMA_VERSION + 1, "a later table", "CREATE TABLE keelgate_later (tenant TEXT)"
     )
-    monkeypatch.setattr(_sql, "MIGRATIONS", (*_sql.MIGRATIONS, later))
+    monkeypatch.setattr(_migrations, "MIGRATIONS", (*_migrations.MIGRATIONS, later))
     with pytest.raises(StoreError) as refused:
         open_stores(shared.a)
     message = str(refused.value)

@@ -57,7 +57,7 @@ from keelgate.kube.runtime.cache import Cache
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
-from keelgate.stores import _sql, open_stores
+from keelgate.stores import _migrations, open_stores
 from keelgate.stores.tenancy import TenantStore, tenant_database
 from keelgate.testing.pgserver import PgServer, start_postgres
 
@@ -1036,13 +1036,13 @@ def test_a_migration_held_off_by_a_tenants_transaction_holds_off_that_tenant_onl
     b = TenantB(shared, tmp_path, operator)
 
     def upgrade(version: int) -> None:
-        later = _sql.Migration(
+        later = _migrations.Migration(
             version,
             f"a later column {version}",
             f"ALTER TABLE keelgate_audit ADD COLUMN later_{version} TEXT",
             backends=("postgresql",),
         )
-        monkeypatch.setattr(_sql, "MIGRATIONS", (*_sql.MIGRATIONS, later))
+        monkeypatch.setattr(_migrations, "MIGRATIONS", (*_migrations.MIGRATIONS, later))
 
     def version(tenant: str) -> int:
         with _connect(shared.at(tenant)) as conn:
@@ -1050,11 +1050,11 @@ def test_a_migration_held_off_by_a_tenants_transaction_holds_off_that_tenant_onl
         assert row is not None
         return int(row[0])
 
-    upgrade(_sql.SCHEMA_VERSION + 1)
+    upgrade(_migrations.SCHEMA_VERSION + 1)
     with TenantStore(shared.admin) as admin:
         assert admin.migrate_tenants() == []
     alone = b.totals()
-    upgrade(_sql.SCHEMA_VERSION + 2)
+    upgrade(_migrations.SCHEMA_VERSION + 2)
     problems: list[str] = []
     with _connect(shared.a) as holding:
         holding.execute("BEGIN")
@@ -1064,19 +1064,19 @@ def test_a_migration_held_off_by_a_tenants_transaction_holds_off_that_tenant_onl
         )
         migrating.start()
         give_up = time.monotonic() + ATTACK_MOST
-        while version(shared.ns_b) != _sql.SCHEMA_VERSION + 2:
+        while version(shared.ns_b) != _migrations.SCHEMA_VERSION + 2:
             assert time.monotonic() < give_up, "B's database was not migrated"
             time.sleep(0.05)
         attacked = statistics.median(b.totals(ATTACKED_CYCLES))
         migrating.join(ATTACK_MOST)
-        assert version(shared.ns_a) == _sql.SCHEMA_VERSION + 1  # nothing of the try stayed
+        assert version(shared.ns_a) == _migrations.SCHEMA_VERSION + 1  # nothing of the try stayed
         holding.execute("ROLLBACK")
     alone += b.totals()
     assert len(problems) == 1 and shared.ns_a in problems[0], problems
     assert "migrating its schema" in problems[0] and "lock_timeout" in problems[0]
     with TenantStore(shared.admin) as admin:
         assert admin.migrate_tenants() == []
-    assert version(shared.ns_a) == _sql.SCHEMA_VERSION + 2
+    assert version(shared.ns_a) == _migrations.SCHEMA_VERSION + 2
     _assert_no_slower("a migration held off by A's transaction", statistics.median(alone), attacked)
 
 

@@ -34,7 +34,7 @@ from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import UPGRADES, VERSION, RunState
 from keelgate.core.types import KeyState, StopReason, idempotency_key
 from keelgate.errors import StoreError
-from keelgate.stores import _sql, open_stores
+from keelgate.stores import _migrations, open_stores
 from keelgate.testing.store_contract import race
 from support.stores import backend_params
 
@@ -254,7 +254,7 @@ def test_a_store_of_the_previous_release_is_migrated_to_todays_schema(
         request.addfinalizer(lambda: server.drop_database(fresh.rsplit("/", 1)[1]))
     open_stores(fresh).close()
     assert _schema(url) == _schema(fresh)
-    assert _versions(url) == [(m.version, m.description) for m in _sql.MIGRATIONS]
+    assert _versions(url) == [(m.version, m.description) for m in _migrations.MIGRATIONS]
 
 
 def _schema(url: str) -> dict[str, Any]:
@@ -349,10 +349,10 @@ def _later(
 ) -> Callable[[], list[str]]:
     """Make the code know later migrations (description, DDL), as a next release would."""
     added = tuple(
-        _sql.Migration(len(_sql.MIGRATIONS) + i, description, ddl)
+        _migrations.Migration(len(_migrations.MIGRATIONS) + i, description, ddl)
         for i, (description, ddl) in enumerate(migrations, start=1)
     )
-    monkeypatch.setattr(_sql, "MIGRATIONS", (*_sql.MIGRATIONS, *added))
+    monkeypatch.setattr(_migrations, "MIGRATIONS", (*_migrations.MIGRATIONS, *added))
     return lambda: [m.description for m in added]
 
 
@@ -362,7 +362,7 @@ def test_pending_migrations_run_once_in_order_however_many_stores_open_at_once(
     """Stores opened at the same instant on a database one migration behind all open, and the
     migration (here one that fails if run twice) ran exactly once, recorded after the others."""
     open_stores(fresh_url).close()
-    today = len(_sql.MIGRATIONS)
+    today = len(_migrations.MIGRATIONS)
     _later(monkeypatch, ("a later table", "CREATE TABLE keelgate_later (id INTEGER)"))
     opened = race([lambda: open_stores(fresh_url) for _ in range(6)])
     for stores in opened:
@@ -377,7 +377,7 @@ def test_a_migration_that_fails_changes_nothing(
     """A migration is one transaction with its version row: if any statement fails, none of it
     stays, the store does not open, and the version is still the old one."""
     open_stores(fresh_url).close()
-    today = len(_sql.MIGRATIONS)
+    today = len(_migrations.MIGRATIONS)
     _later(
         monkeypatch,
         ("half a change", "CREATE TABLE keelgate_half (id INTEGER); SELECT * FROM no_such_table"),
@@ -393,7 +393,7 @@ def test_a_store_newer_than_this_code_is_refused_in_one_line(fresh_url: str) -> 
     """A database a newer release migrated is not opened at all (this code cannot know what it
     must not do there): one StoreError line naming both versions, and nothing written."""
     open_stores(fresh_url).close()
-    today = len(_sql.MIGRATIONS)
+    today = len(_migrations.MIGRATIONS)
     _execute(
         fresh_url,
         "INSERT INTO keelgate_schema (version, description, applied_at) "
@@ -478,7 +478,7 @@ def test_registered_tenants_get_their_own_lock_space_and_keep_their_rights(
         rows = conn.execute(
             "SELECT role, space, lock_limit FROM keelgate_tenants ORDER BY kind DESC"
         ).fetchall()
-    assert rows == [(shop, _sql.TENANT_SPACES + 1, 64), (operator, None, 64)]
+    assert rows == [(shop, _migrations.TENANT_SPACES + 1, 64), (operator, None, 64)]
     host = pg_url.rsplit("@", 1)[1]
     stores = open_stores(f"postgresql://{shop}:pw-1@{host}")
     try:

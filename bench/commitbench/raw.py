@@ -16,7 +16,8 @@ from typing import Any
 
 from commitbench.loop import TENANT, TOOL, Payload, do_nothing
 from keelgate.core import fence
-from keelgate.stores._sql import Dialect, schema_ddl
+from keelgate.stores._dialect import Dialect
+from keelgate.stores._migrations import schema_ddl
 from keelgate.stores.sqlite import SQLITE
 
 DEADLINE_IN = fence.DEFAULT_CALL_SECONDS + fence.MARGIN

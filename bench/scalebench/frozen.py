@@ -13,9 +13,9 @@ import gc
 
 import pydantic.plugin._loader  # noqa: F401 - imported by pydantic at the first validation
 
+from keelgate.core.json_codec import _adapter  # the validators' cache, built ahead of the forks
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
-from keelgate.core.values import _adapter  # the validators' cache, built ahead of the forks
 
 for _value in (LoopSpec, RunState):
     _adapter(_value)

@@ -12,11 +12,14 @@ outside the test's namespace.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from keelgate.core.approvals import seconds
+from keelgate.kube.controller.approvals import written_at
 from keelgate.kube.naming import action_object_name
 
 from keelgate_e2e import runs
@@ -471,9 +474,15 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     name = "pay-1-send-payment"
     admin.patch(f"{path}/{name}/status", {"status": {"phase": "Pending", "definition": "d-1"}})
     bobs = {"by": "bob", "groups": [APPROVERS], "approved": True}
+    before = time.time()
     assert _add(kubectl, "bob", name, bobs) == (0, "")
-    (entry,) = admin.get(f"{path}/{name}")["spec"]["decisions"]
+    after = time.time()
+    appended = admin.get(f"{path}/{name}")
+    (entry,) = appended["spec"]["decisions"]
     assert entry["id"] and entry["definition"] == "d-1"
+    # The API server records when the entry was written (what an entry seen late counts from).
+    written = written_at(appended)
+    assert written is not None and int(before) - 1 <= written <= after + 1, (written, before)
     code, said = _add(kubectl, "alice", name, entry)
     assert code != 0 and "a decision added by alice must have by: alice" in said, said
     carols = {"op": "add", "path": "/spec/decisions/-", "value": {"by": "carol", "approved": True}}
@@ -504,8 +513,11 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     code, said = _add(kubectl, "alice", name, {"by": "alice", "approved": True})
     assert code != 0 and "alice has 8 decisions on it" in said, said
     assert _add(kubectl, "bob", name, {"by": "bob", "approved": False})[0] == 0
+    last = written_at(admin.get(f"{path}/{name}"))
+    time.sleep(1.5)  # a status write a second later is not a decision's
     settled = {"phase": "Settled", "verdict": "denied", "settledBy": "bob"}
     admin.patch(f"{path}/{name}/status", {"status": settled})
+    assert written_at(admin.get(f"{path}/{name}")) == last
     code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": False})
     assert code != 0 and f"approval {name} is settled (denied by bob)" in said, said
 
@@ -621,3 +633,34 @@ def test_actions_whose_names_read_alike_get_approvals_of_their_own(
         if e.type == "loop.started"
     ]
     assert (started.data["creator"], started.data["creatorIsServiceAccount"]) == (robot, True)
+
+
+def test_an_approval_made_while_the_operator_is_down_counts_from_when_it_was_made(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+) -> None:
+    """alice's order needs 2 of payments-approvers, each approval good for 5 minutes. The
+    operator is stopped (a rollout); bob approves with a raw `kubectl patch` (no moment stated),
+    and the operator is back some 10 s later: his approval counts from his write, as the API
+    server recorded it, so the Approval says it stops counting 5 minutes after he made it, not
+    5 minutes after the operator first saw it. Nothing is ordered on one approval."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "bob", "patch", "approvals.keelgate.dev")
+    alice = kubectl.as_user("alice")
+    name = _waiting_for_two(admin, alice, tenant, shop, "late", {**RULE, "expiresAfter": "5m"})
+    operator.stop()
+    try:
+        made = time.time()
+        bobs = {"by": "bob", "groups": [APPROVERS, "system:authenticated"], "approved": True}
+        assert _add(kubectl, "bob", name, bobs) == (0, "")
+        done = time.time()
+        time.sleep(10)
+    finally:
+        operator.start()
+    _wait_status(admin, tenant, name, "progress", "1 of 2")
+    expires = seconds(str(_status_of(admin, tenant, name)["expiresAt"]))
+    assert int(made) - 1 + 300 <= expires <= done + 1 + 300, (expires - made, done - made)
+    assert runs.phase(admin, tenant, "late") == "Stopped" and shop.shop.orders == []

@@ -23,13 +23,13 @@ from keelgate.cli.step import main as step_main
 from keelgate.core.failpoints import armed, parse
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import SimulatedCrash
-from keelgate.kube.controller.context import ControllerSettings, tell_nobody
+from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
 from keelgate.kube.runtime.metrics import Metrics
-from keelgate.kube.runtime.notify import ConfigMapState, Notifier, plan_arguments
+from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.manifest.notifications import NotifySettings
 from keelgate.stores import open_stores
 
@@ -122,7 +122,7 @@ class Operator:
             enqueue=lambda key, after: self.queued.append((key, after)),
             clock=clock,
             tracer=tracer,
-            tell=tell_nobody if self.notifier is None else self.notifier.tell,
+            notify=notify_nobody if self.notifier is None else self.notifier.notify,
         )
         self.termination_log = folder / "termination-log"
 

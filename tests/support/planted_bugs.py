@@ -140,7 +140,7 @@ BUGS: tuple[Planted, ...] = (
         "executed: false read as undecided",
         (
             (
-                "kube/controller/decisions.py",
+                "kube/controller/reconciliations.py",
                 "            if wanted is None:",
                 "            if not wanted:",
             ),
@@ -155,12 +155,12 @@ BUGS: tuple[Planted, ...] = (
                 'middle = iteration if index in ("", "0") else f"{iteration}-{index}"',
                 'middle = "action"',
             ),
+            # Since names end in a digest of the run, action and tool, the bug needs the
+            # digest to lose the action as well.
             (
-                # Since issue 46 a name ends in a digest of the run, action and tool: the same
-                # mistake leaves the action out of it too.
                 "kube/naming.py",
-                'hashlib.sha256(f"{run}\\0{action}\\0{tool}".encode())',
-                'hashlib.sha256(f"{run}\\0{tool}".encode())',
+                'f"{run}\\0{action}\\0{tool}"',
+                'f"{run}\\0{tool}"',
             ),
         ),
         mode="operator",

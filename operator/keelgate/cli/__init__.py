@@ -8,7 +8,8 @@ script can tell "try again when the database is back" from a failed run), 130 in
 143 terminated (SIGTERM while a run is driven).
 ``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
 also covers an API server that cannot be reached). An error's code is its class's
-``exit_code`` (the table in ``keelgate.errors``, which a step pod reads too), never which
+``exit_code`` (the table in ``keelgate.errors``; the codes are named in ``keelgate.core.exits``,
+which a step pod and the operator read too), never which
 ``except`` clause caught it. It must never print a traceback for a user's mistake, and never
 print tool arguments or secrets: every error line goes through ``redact_text``, whatever text it
 quotes.
@@ -23,6 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from keelgate._startup import started, starting
+from keelgate.core.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+)
 from keelgate.errors import (
     KeelgateError,
     MissingExtra,
@@ -37,15 +45,6 @@ if TYPE_CHECKING:
     import typer
 
     from keelgate.cli.driving import Interrupted
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RESUMABLE = 3
-EXIT_BUSY = 4
-EXIT_STORE = 5
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that signal ended
 
 _INTERRUPTED = "interrupted: nothing saved was lost"
 

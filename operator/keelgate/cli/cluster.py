@@ -18,7 +18,7 @@ import typer
 from keelgate.cli import step
 from keelgate.cli.commands import StoreOption, app
 from keelgate.errors import InputError, MissingExtra
-from keelgate.stores import check_store_url, redacted
+from keelgate.stores import read_store_url
 
 if TYPE_CHECKING:
     from keelgate.kube.api import ClusterApi
@@ -229,14 +229,14 @@ def operator_command(
         raise InputError("--step-events", f"{step_events!r}: give 'notable' or 'every'")
     if not store:
         raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
-    check_store_url(store)
+    read = read_store_url(store)  # read once: the operator's stores open from it
     step.load_confirmer("", confirmer_url)  # a malformed URL is refused here, not in every pod
     if confirmer and confirmer_url:
         raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
     if not store.startswith(("postgresql:", "postgres:")):
         raise InputError(
             "--store",
-            f"{redacted(store).split(':', 1)[0]}: owner liveness works on one host only; "
+            f"{read.scheme}: owner liveness works on one host only; "
             "the operator and its step pods need PostgreSQL (postgresql://...)",
         )
     import asyncio
@@ -313,7 +313,7 @@ def operator_command(
         notify=notify,
     )
     api = _cluster_api(lambda: ClusterApi(limit=RateLimit(kube_qps, kube_burst)))
-    stores = open_stores(store, tenant_sessions=tenant_sessions)
+    stores = open_stores(read, tenant_sessions=tenant_sessions)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     missing = missing_extra()
     if missing is not None:  # configured said so in the log; the operator's pod tells it too
@@ -334,7 +334,7 @@ def _notify_settings(
 ) -> NotifySettings | None:
     """The sinks of --notify-config and --notify-sink (None: no sinks), checked now: a wrong
     field, event type or headers folder is one line at start, not an event lost later."""
-    from keelgate.kube.runtime.notify import read_headers
+    from keelgate.kube.runtime.sinks import read_headers
     from keelgate.manifest.notifications import (
         NotifySettings,
         load_notify_settings,

@@ -35,14 +35,15 @@ from keelgate.cli.listing import (
 )
 from keelgate.cli.render import Console
 from keelgate.core.approvals import check_groups
+from keelgate.core.exits import EXIT_BUSY, run_exit_code
 from keelgate.core.loop import Loop, check_actor
 from keelgate.core.monitor import tick_number
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError, RunBusy
-from keelgate.stores import DEFAULT_URL, check_store_url, open_existing, redacted
+from keelgate.errors import InputError
+from keelgate.stores import DEFAULT_URL, StoreUrl, open_existing, read_store_url, redacted
 
 if TYPE_CHECKING:
     from keelgate.manifest import AgentRun
@@ -131,11 +132,26 @@ OutputOption = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="text, or json (one object, last line)")
 ]
 
-
-def exit_code(outcome: Outcome) -> int:
-    if outcome.phase is RunPhase.SUCCEEDED:
-        return 0
-    return 3 if outcome.resumable else 1
+# The budget flags of every `resume` (`keelgate`, `keelgate temporal`, `kubectl keelgate`): each
+# a new total for one of the manifest's spec.budget fields (``--dollars`` read by ``_decimal``).
+TokensOption = Annotated[
+    int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
+]
+DollarsOption = Annotated[str | None, typer.Option(help="New total dollar budget.")]
+MaxIterationsOption = Annotated[
+    int | None,
+    typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
+]
+TimeoutOption = Annotated[
+    float | None,
+    typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
+]
+MaxVerifierRejectionsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-verifier-rejections", min=1, max=INT64_MAX, help="New verifier-rejection limit."
+    ),
+]
 
 
 def _show(
@@ -146,7 +162,7 @@ def _show(
         console.json(outcome.to_json())
     else:
         console.outcome(outcome, command=command, scope=scope)
-    return exit_code(outcome)
+    return run_exit_code(outcome)
 
 
 def _python_path(*directories: Path) -> None:
@@ -157,18 +173,19 @@ def _python_path(*directories: Path) -> None:
             sys.path.insert(0, entry)
 
 
-def _usable(store: str) -> None:
-    """Refuse a store the CLI cannot use, before anything is created or run."""
-    check_store_url(store)
+def _usable(store: str) -> StoreUrl:
+    """The store URL, read; a store the CLI cannot use is refused before anything is created or
+    run."""
+    read = read_store_url(store)
     if store.startswith("memory:"):
         raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
+    return read
 
 
 def _existing(store: str, *, read_only: bool = False) -> Stores:
     """Open a store that must already hold runs: a mistyped path is an error, not a new file.
     ``read_only``: the command only reads, so a store on read-only media is read there."""
-    _usable(store)
-    return open_existing(store, read_only=read_only)
+    return open_existing(_usable(store), read_only=read_only)
 
 
 def _find(stores: Stores, run: str, namespace: str | None, *, store: str) -> tuple[str, str]:
@@ -222,10 +239,10 @@ def run_command(
 ) -> int:
     """Run an AgentRun manifest in-process; run it again with the same store to resume."""
     agentrun, folder = read_manifest(file)
-    _usable(store)  # before anything runs; the runner builds all before opening the store
+    read = _usable(store)  # before anything runs; the runner builds all before opening it
     spec = replace(agentrun.to_loop_spec(), source_dir=str(folder))
     _python_path(folder)
-    return _show(drive(spec, store=store, new_tick=True, pricing=pricing), output)
+    return _show(drive(spec, store=read, new_tick=True, pricing=pricing), output)
 
 
 #: The most a manifest may weigh: what the API server takes in one object (etcd's default
@@ -279,27 +296,11 @@ def check_manifest_file(file: Path) -> None:
 @app.command("resume")
 def resume_command(
     run: RunArgument,
-    tokens: Annotated[
-        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
-    ] = None,
-    dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
-    max_iterations: Annotated[
-        int | None,
-        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
-    ] = None,
-    max_verifier_rejections: Annotated[
-        int | None,
-        typer.Option(
-            "--max-verifier-rejections",
-            min=1,
-            max=INT64_MAX,
-            help="New verifier-rejection limit.",
-        ),
-    ] = None,
+    tokens: TokensOption = None,
+    dollars: DollarsOption = None,
+    max_iterations: MaxIterationsOption = None,
+    timeout: TimeoutOption = None,
+    max_verifier_rejections: MaxVerifierRejectionsOption = None,
     namespace: NamespaceOption = None,
     store: StoreOption = DEFAULT_URL,
     pricing: PricingOption = None,
@@ -591,7 +592,7 @@ def status_command(
     else:
         console.outcome(outcome, driven=driven)
     # Driven elsewhere now: exit 4, the table's "busy in another process".
-    return RunBusy.exit_code if driven else exit_code(outcome)
+    return EXIT_BUSY if driven else run_exit_code(outcome)
 
 
 class Shell(StrEnum):

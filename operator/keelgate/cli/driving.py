@@ -23,13 +23,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keelgate.cli.pipes import tool_output_to_stderr
 from keelgate.core.protocols import RunLock, Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import LoopKind, Outcome, RunPhase
 from keelgate.errors import KeelgateError
+
+if TYPE_CHECKING:
+    from keelgate.stores.url import StoreUrl
 
 #: How long a command that drives a run waits for the run's lock before saying it is busy: a
 #: driver that has just died is seen gone at once (the kernel drops a SQLite flock with the
@@ -179,7 +182,9 @@ def _columns(stream: Any) -> int:
         return 80
 
 
-def drive(spec: LoopSpec, *, store: str, new_tick: bool, pricing: Path | None) -> Outcome:
+def drive(
+    spec: LoopSpec, *, store: str | StoreUrl, new_tick: bool, pricing: Path | None
+) -> Outcome:
     """Start, resume or tick ``spec``'s run in this process to its next stop; raises
     ``Interrupted`` on Ctrl-C or SIGTERM (see ``Signals``)."""
     from keelgate.adapters.tracing import configured

@@ -3,8 +3,8 @@
 A step pod runs one step of a run from the spec its operator recorded in the store, then exits
 with a code the operator reads: 0 the step ended and the run goes on (or met its goal), 3 a
 resumable stop, 1 a failed stop, 2 bad input, 4 another process drives the run, 5 the store
-cannot be reached, 75 it was asked to stop (the codes of the one error table in
-``keelgate.errors``). Its outcome is one JSON line, last on stdout and, where the kubelet
+cannot be reached, 75 it was asked to stop (``keelgate.core.exits``, which the operator reads
+too). Its outcome is one JSON line, last on stdout and, where the kubelet
 provides one, the termination message.
 
 SIGTERM (a node drain, an eviction, a rollout) is not a death: the call under way is finished
@@ -28,18 +28,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from keelgate.core.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED, exit_code
 from keelgate.errors import InputError, KeelgateError, MissingExtra, Preempted
-
-if TYPE_CHECKING:
-    from keelgate.core.types import Outcome
-
-EXIT_CONTINUE = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RESUMABLE = 3
-EXIT_PREEMPTED = 75  # keelgate.errors.Preempted
 
 DESCRIPTION = "Run one step of a run (one iteration, less if it stops) in a step pod, and exit."
 
@@ -139,12 +131,13 @@ def _step(args: argparse.Namespace) -> int:
     from keelgate._startup import started
     from keelgate.core import tracing
     from keelgate.runners.step import StepRunner
-    from keelgate.stores import check_store_url
+    from keelgate.stores import read_store_url
     from keelgate.stores._holds import wait_for_running_calls
 
     if not args.store:
         raise InputError("--store", "a step needs the store URL (env KEELGATE_STORE)")
-    check_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
+    # Read once, here: the store URL is passed on read (libpq reads a PostgreSQL one once).
+    store = read_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
     started()
     sys.path.insert(0, str(Path.cwd()))
     asked = _stop_on_sigterm()
@@ -155,7 +148,7 @@ def _step(args: argparse.Namespace) -> int:
         # Each span is sent as it ends: what a crash cuts short of the step stays sent.
         tracer = configured(export_each_span=True)
     runner = StepRunner(
-        store=args.store,
+        store=store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),
         tracer=tracer,
     )
@@ -174,18 +167,6 @@ def _step(args: argparse.Namespace) -> int:
     if code == EXIT_PREEMPTED:
         _say(str(Preempted(args.namespace, args.run)), level="stopped")
     return code
-
-
-def exit_code(outcome: Outcome, *, asked: bool) -> int:
-    """The code a step that came to ``outcome`` exits with (``asked``: it was asked to stop),
-    which the operator reads (``keelgate.kube.controller.pod_ends``)."""
-    from keelgate.core.types import RunPhase
-
-    if outcome.phase is RunPhase.RUNNING and asked:
-        return EXIT_PREEMPTED
-    if outcome.phase in (RunPhase.RUNNING, RunPhase.SUCCEEDED):
-        return EXIT_CONTINUE
-    return EXIT_RESUMABLE if outcome.resumable else EXIT_FAILED
 
 
 def _stop_on_sigterm() -> threading.Event:

@@ -21,10 +21,15 @@ from typing import Annotated, Any
 import typer
 
 from keelgate.cli.commands import (
+    DollarsOption,
+    MaxIterationsOption,
+    MaxVerifierRejectionsOption,
     OutputFormat,
     OutputOption,
     PricingOption,
     StoreOption,
+    TimeoutOption,
+    TokensOption,
     _decimal,
     _decision,
     _python_path,
@@ -37,7 +42,6 @@ from keelgate.cli.help import App
 from keelgate.cli.render import Console
 from keelgate.core.approvals import check_groups
 from keelgate.core.loop import check_actor
-from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, MissingExtra
 from keelgate.stores import DEFAULT_URL, redacted
 
@@ -219,24 +223,11 @@ def run_command(
 @temporal_app.command("resume")
 def resume_command(
     run: Annotated[str, typer.Argument(help="The run's name.")],
-    tokens: Annotated[
-        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
-    ] = None,
-    dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
-    max_iterations: Annotated[
-        int | None,
-        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
-    ] = None,
-    max_verifier_rejections: Annotated[
-        int | None,
-        typer.Option(
-            "--max-verifier-rejections", min=1, max=INT64_MAX, help="New verifier-rejection limit."
-        ),
-    ] = None,
+    tokens: TokensOption = None,
+    dollars: DollarsOption = None,
+    max_iterations: MaxIterationsOption = None,
+    timeout: TimeoutOption = None,
+    max_verifier_rejections: MaxVerifierRejectionsOption = None,
     namespace: NamespaceOption = "default",
     address: AddressOption = DEFAULT_ADDRESS,
     temporal_namespace: TemporalNamespaceOption = "default",

@@ -7,6 +7,11 @@ row-level security (``keelgate.stores.tenancy``), confines each to its own. This
 command line: it checks its input, talks to the cluster for the Secret as the kubeconfig's user
 (as kubectl would), and says what it did in one line. It must never print or log a password:
 the only place one goes is the Secret, or stdout with ``--print`` (asked for explicitly).
+
+Why one module past 500 lines: the four commands share their options, their checks of input and how
+a result is said, and add, move and remove keep one order (the cluster asked first, so that a
+refusal there leaves the database unchanged); read apart, that order would be in three places. What
+the database does is ``keelgate.stores.tenancy``'s, the Secret ``keelgate.cli.secrets``'.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from keelgate.cli.help import App
 from keelgate.cli.listing import table
 from keelgate.cli.render import Console
 from keelgate.errors import InputError, KeelgateError
-from keelgate.stores import check_store_url, redacted
+from keelgate.stores import StoreUrl, read_store_url
 
 if TYPE_CHECKING:
     from keelgate.cli.secrets import StoreSecrets
@@ -61,21 +66,22 @@ KubeconfigOption = Annotated[
 ContextOption = Annotated[str | None, typer.Option("--context", help="The kubeconfig context.")]
 
 
-def _check_admin_url(store: str) -> None:
-    """Refuse an administrator URL that cannot be one, before anything is contacted."""
+def _admin_url(store: str) -> StoreUrl:
+    """The administrator URL, read; one that cannot be one is refused before anything is
+    contacted."""
     if not store:
         raise InputError("--store", "give the store's administrator URL (or KEELGATE_STORE)")
-    check_store_url(store)
+    read = read_store_url(store)
     if not store.startswith(("postgresql:", "postgres:")):
         raise InputError(
             "--store",
             "tenant roles exist in PostgreSQL only (a SQLite file has one user: its file's)",
         )
+    return read
 
 
-def _admin(store: str) -> TenantStore:
+def _admin(store: StoreUrl) -> TenantStore:
     """The administrator's session on the store (PostgreSQL only)."""
-    _check_admin_url(store)
     from keelgate.stores.tenancy import TenantStore
 
     return TenantStore(store)
@@ -89,27 +95,13 @@ def _cluster(kubeconfig: str | None, context: str | None, namespace: str) -> Sto
     return StoreSecrets(resolve(kubeconfig, context, namespace))
 
 
-def _password_of(url: str, role: str) -> str:
-    """The password of ``url`` when it logs in as ``role`` ("" otherwise)."""
-    from urllib.parse import unquote, urlsplit
-
+def _secret_url(url: str) -> StoreUrl | None:
+    """The URL a Secret holds, read (None for none, or one that cannot be read: then neither
+    its password nor its host is kept)."""
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return ""
-    if unquote(parts.username or "") != role:
-        return ""
-    return unquote(parts.password or "")
-
-
-def _host_of(url: str) -> str:
-    """The HOST:PORT part of a URL ("" if it has none)."""
-    from urllib.parse import urlsplit
-
-    try:
-        return urlsplit(url).netloc.rpartition("@")[2]
-    except ValueError:
-        return ""
+        return read_store_url(url) if url else None
+    except InputError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -286,11 +278,10 @@ def _add(
         check_namespace,
         check_role,
         default_role,
-        role_url,
     )
 
     operator = kind == "operator"
-    _check_admin_url(store)
+    admin_url = _admin_url(store)
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
     check_host(host)
@@ -307,15 +298,15 @@ def _add(
         current = cluster.read(secret)
         exists = current is not None
         current_url = cluster.url_of(current)
-        working = _password_of(current_url, chosen)
+        current_read = _secret_url(current_url)
+        working = current_read.password_of(chosen) if current_read else ""
         # Where the pods reach the database stays as the Secret says, unless --host changes it.
-        host = host or _host_of(current_url)
+        host = host or (current_read.hosts if current_read else "")
         # A dry run of the write (no password in it): the API server says whether it would.
-        cluster.write(
-            secret, role_url(store, chosen, "x", host=host), chosen, exists=exists, dry_run=True
-        )
+        dry = admin_url.with_login(chosen, "x", host=host)
+        cluster.write(secret, dry, chosen, exists=exists, dry_run=True)
     where = moved = ""
-    with _admin(store) as admin:
+    with _admin(admin_url) as admin:
         if move:
             went = admin.move(namespace)
             moved = f"; moved {went.kept.words()} into database {went.database}"
@@ -335,7 +326,7 @@ def _add(
         database = added.tenant.database
         if cluster is not None:
             # A password that works is kept; the URL around it is written as asked (--host).
-            url = added.url or role_url(store, role, working, host=host, database=database)
+            url = added.url or admin_url.with_login(role, working, host=host, database=database)
             if url != current_url:
                 try:
                     cluster.write(secret, url, role, exists=exists)
@@ -429,14 +420,14 @@ def remove_command(
     `tenant add` wrote. Its runs, keys, audit trails and specs stay in the store."""
     from keelgate.stores.tenancy import check_namespace
 
-    _check_admin_url(store)
+    admin_url = _admin_url(store)
     check_namespace(namespace)
     cluster = None
     current = None
     if not keep_secret:
         cluster = _cluster(kubeconfig, context, namespace)
         current = cluster.read(secret)  # none in a namespace that is not there
-    with _admin(store) as admin:
+    with _admin(admin_url) as admin:
         removed = admin.remove(namespace)
         kept = admin.kept(namespace)
         database = admin.database_of(namespace)
@@ -454,7 +445,7 @@ def remove_command(
     if not removed:
         parts.append("no role was registered for it")
     parts.extend(deleted)
-    place = f"its database {database}" if database else redacted(store)
+    place = f"its database {database}" if database else admin_url.shown
     line = (
         f"tenant {namespace}: {'; '.join(parts)}. Kept in {place}: {kept.words()} of "
         f"{namespace} (the administrator URL reads them; `keelgate tenant add {namespace}` "
@@ -482,7 +473,7 @@ def remove_command(
 @tenant_app.command("list")
 def list_command(store: AdminStoreOption = "", output: OutputOption = OutputFormat.text) -> int:
     """The registered roles, and the tenants with runs but no role of their own."""
-    with _admin(store) as admin:
+    with _admin(_admin_url(store)) as admin:
         tenants = admin.tenants()
         unregistered = admin.unregistered()
         # Each tenant's database is brought to today's schema (after an upgrade, this is the

@@ -13,6 +13,10 @@ decision can count under a rule: the command line, ``decide``, the gate and the 
 Approval status all ask it. This module must never let such a call run with fewer approvals
 than the rule asks, never ask a person about a call that may already have run (its outcome is
 settled first), and never let a decision change, or a person count twice, once recorded.
+
+Why one module past 500 lines: a rule is judged here once (``refusal``), and what reads its
+verdict (who counts, when an approval stops counting, what the run waits for) is read beside it,
+so no second reading of a rule can drift from the first.
 """
 
 from __future__ import annotations

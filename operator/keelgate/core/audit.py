@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from keelgate.core import clocks
+from keelgate.core.json_codec import OMIT_NONE, JsonValue
 from keelgate.core.types import canonical_json
-from keelgate.core.values import OMIT_NONE, JsonValue
 
 GENESIS = "0" * 64
 

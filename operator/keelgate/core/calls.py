@@ -1,16 +1,16 @@
 """What a call is: the parts of a tool's definition that decide what its call does.
 
 An approval is given for a call as it will be sent. The idempotency key names the tool and the
-arguments; what the tool then does with them is its definition: the HTTP method, URL, header
-names and body template of an ``http`` tool, the server and remote tool of an ``mcp`` one, the
-callable of a ``python`` one, and the confirmer that would vouch for the call's outcome. A saved
-action keeps the digests of those parts (``Action.definition``); a decision names the
-fingerprint of the definition it was made on (``Decision.definition``). A manifest edit that
-changes a part after a decision voids the decision (the gate asks again, and the chain says
-which parts changed), and no call goes out under a definition other than the one its action is
-bound to (the gateway checks before its claim). Only digests are kept: a URL or a callable's
-name stays in the manifest, never in a decision, an event or a status. This module must never
-leave out a part that decides where a call goes or what it does.
+arguments; what the tool then does with them is its definition: the HTTP method, URL, header names
+and body template of an ``http`` tool, the server and remote tool of an ``mcp`` one, the callable
+of a ``python`` one (and the step image it is loaded from, when a run names one), and the confirmer
+that would vouch for the call's outcome. A saved action keeps the digests of those parts
+(``Action.definition``); a decision names the fingerprint of the definition it was made on
+(``Decision.definition``). A manifest edit that changes a part after a decision voids the decision
+(the gate asks again, and the chain says which parts changed), and no call goes out under a
+definition other than the one its action is bound to (the gateway checks before its claim). Only
+digests are kept: a URL or a callable's name stays in the manifest, never in a decision, an event
+or a status. This module must never leave out a part that decides where a call goes or what it does.
 """
 
 from __future__ import annotations

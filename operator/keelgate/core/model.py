@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
+from keelgate.core.json_codec import OMIT_NONE, JsonValue
 from keelgate.core.types import SideEffect, Usage
-from keelgate.core.values import OMIT_NONE, JsonValue
 from keelgate.errors import ModelError
 
 

@@ -377,6 +377,12 @@ def redact_value(value: Any, *, name: str = "") -> Any:
     return value
 
 
+def redacted_line(error: BaseException) -> str:
+    """An error's first line, redacted (its class's name when it says nothing), for a log."""
+    text = redact_text(str(error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class RedactingFormatter(logging.Formatter):
     """A log line, traceback included, passed through ``redact_text`` once it is formatted."""
 

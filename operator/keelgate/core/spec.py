@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, PlainSerializer
 
+from keelgate.core.json_codec import OMIT_EMPTY, JsonValue
 from keelgate.core.types import LoopKind, SideEffect, Usage
 from keelgate.core.values import INT64_MAX as INT64_MAX  # where CLI flags have read it from
-from keelgate.core.values import OMIT_EMPTY, JsonValue
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Self
 from pydantic import PlainSerializer
 
 from keelgate.core.audit import AuditDraft
+from keelgate.core.json_codec import OMIT_EMPTY, OMIT_NONE, JsonValue
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.tracing import TraceRef
 from keelgate.core.types import (
@@ -36,7 +37,6 @@ from keelgate.core.types import (
     Usage,
     canonical_json,
 )
-from keelgate.core.values import OMIT_EMPTY, OMIT_NONE, JsonValue
 from keelgate.errors import StoreError
 
 VERSION = 3  # the checkpoint format this code writes

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
-from keelgate.core.values import OMIT_EMPTY, JsonValue
+from keelgate.core.json_codec import OMIT_EMPTY, JsonValue
 
 AttributeValue = str | bool | int | float
 Attributes = Mapping[str, AttributeValue]

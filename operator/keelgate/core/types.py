@@ -1,9 +1,14 @@
 """Values the loop, its stores and its users exchange: enums and frozen dataclasses.
 
 They exist so that every floor speaks the same exact strings (the stop reasons, the side-effect
-classes) and the same JSON: each value's fields are its JSON (``keelgate.core.values``), and
+classes) and the same JSON: each value's fields are its JSON (``keelgate.core.json_codec``), and
 ``RunStatus`` is the one shape of where a run stands, which the manifest's AgentRun status
 extends. Nothing here performs I/O or holds mutable state.
+
+Why one module past 500 lines: it is the vocabulary every floor shares, and its values refer to
+each other (a ``RunStatus`` holds ``PendingApproval`` values, which hold an ``ApprovalRule``; a
+``KeyRecord`` its ``KeyState``); kept together they read as one glossary, imported from one
+place, with no cycle between modules of it.
 """
 
 from __future__ import annotations
@@ -25,14 +30,11 @@ from pydantic import (
     StrictBool,
 )
 
+from keelgate.core.json_codec import OMIT_EMPTY, OMIT_NONE, WIRE, JsonValue
 from keelgate.core.values import (
-    OMIT_EMPTY,
-    OMIT_NONE,
-    WIRE,
     ActionId,
     Dollars,
     GroupName,
-    JsonValue,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveCount,

@@ -5,6 +5,11 @@ schema, so a manifest that passes here means the same thing everywhere. Cross-fi
 (a scripted model needs a script, tool names are unique, a verification loop only reads ...)
 live here too, each failing with the path of the field to fix. This module must never build a
 model or a tool, import user code, or read secrets: it only describes.
+
+Why one module past 500 lines: the cross-field rules read several parts of one manifest at once
+(the side effects allowed against the loop's kind, a script's actions against the tools named,
+a schedule against the loop's kind), so the models they join are read in one file; what other
+kinds share is in ``manifest/base.py``, the notification settings in ``manifest/notifications.py``.
 """
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ def spec_from_manifest(manifest: Mapping[str, Any] | None) -> AgentRunSpec:
 def input_error(error: ValidationError, model: type[BaseModel], *, prefix: str = "") -> InputError:
     """The first of ``error``'s problems as one line; the count of the rest in brackets."""
     details = error.errors(include_url=False)
-    # A misspelled field also shows up as the real one missing: the typo is the news.
+    # A misspelled field also shows up as the real one missing: the typo is what to report.
     first = next((d for d in details if d["type"] == "extra_forbidden"), details[0])
     loc = tuple(first["loc"])
     ctx = first.get("ctx") or {}

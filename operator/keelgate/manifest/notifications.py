@@ -7,7 +7,7 @@ when a run stops or finishes, where they already look (a chat channel, a pager, 
 rather than watch a page. The event types are one catalogue under one reverse-DNS prefix, so a
 sink that names a type that does not exist is refused at start in one line, never silently told
 nothing. This module only describes and validates: it must never open a connection or read a
-Secret (a sink's headers are files the chart mounts from one; ``keelgate.kube.runtime.notify``
+Secret (a sink's headers are files the chart mounts from one; ``keelgate.kube.runtime.sinks``
 reads them).
 """
 

@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -63,7 +63,7 @@ def build_parts(
     model_config = config.model
     model = MODEL_BUILDERS[model_config.provider](model_config, callables)
     tools = tuple(
-        TOOL_BUILDERS[tool.kind](tool, f"spec.tools[{index}]", callables)
+        _from_image(TOOL_BUILDERS[tool.kind](tool, f"spec.tools[{index}]", callables), config)
         for index, tool in enumerate(config.tools)
     )
     for tool in tools:
@@ -211,6 +211,15 @@ def _python_tool(tool: ToolConfig, where: str, callables: CallableLoader) -> Too
         timeout_seconds=tool.timeout_seconds,
         reference=tool.python.callable,
     )
+
+
+def _from_image(tool: Tool, config: AgentRunSpec) -> Tool:
+    """A Python tool with the step image its code comes from (``spec.step.image``), which is
+    part of what an approval of its call is given for: an image edited after the approval holds
+    other code under the callable's name. Other tools are Keelgate's own code."""
+    if isinstance(tool, PythonTool) and config.step.image:
+        return replace(tool, image=config.step.image)
+    return tool
 
 
 def _checked(

@@ -25,7 +25,7 @@ from keelgate.core.types import LoopKind, Outcome, StopReason
 from keelgate.errors import InputError
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
 from keelgate.runners.build import Parts, build_loop, build_parts
-from keelgate.stores import DEFAULT_URL, open_stores
+from keelgate.stores import DEFAULT_URL, StoreUrl, open_stores
 
 # A tick stopped here waits for a person; a new tick could repeat a WRITE whose outcome is
 # still unknown, so the same tick is driven again instead.
@@ -38,7 +38,7 @@ class LocalRunner:
     def __init__(
         self,
         *,
-        store: str = DEFAULT_URL,
+        store: str | StoreUrl = DEFAULT_URL,
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
         callables: CallableLoader | None = None,

@@ -22,7 +22,7 @@ from keelgate.core.state import RunState
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.errors import InputError
-from keelgate.stores import open_stores
+from keelgate.stores import StoreUrl, open_stores
 
 if TYPE_CHECKING:
     from keelgate.core.loop import Loop
@@ -35,7 +35,7 @@ class StepRunner:
     def __init__(
         self,
         *,
-        store: str,
+        store: str | StoreUrl,
         confirmer: Confirmer | None = None,
         pricing: Mapping[str, Price] | None = None,
         tracer: Tracer = NO_TRACING,

@@ -2,9 +2,9 @@
 other through the lock functions, closed; and where a tenant with a database of its own keeps
 its rows.
 
-Why it exists apart from ``_sql.py``: it is one idea (issue 47), and the SQL store's module is
-long enough. ``_sql.MIGRATIONS`` lists it like every other step; it runs once per database,
-under the schema lock, in one transaction with its version row.
+Why it exists apart from ``_migrations.py``: it is one idea (issue 47), and the migrations'
+module is long enough. ``_migrations.MIGRATIONS`` lists it like every other step; it runs once
+per database, under the schema lock, in one transaction with its version row.
 
 - ``keelgate_owner_alive(id)`` judged an owner by taking a shared session lock on its id and
   giving it back in a second statement: a statement cancelled between the two (a tiny

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.stores._sql import migrate
+from keelgate.stores._migrations import migrate
 from keelgate.stores.sqlite import SQLITE, SQLiteConnected, immediate
 
 

@@ -45,12 +45,12 @@ function itself.
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
-error message. (About 500 lines: the connections and the liveness argument above are one story.)
+error message. Why one module past 500 lines: the connections and the liveness argument above
+are one story, read with the code that keeps it; the statements are ``_sql``'s.
 """
 
 from __future__ import annotations
 
-import re
 import select
 import threading
 import time
@@ -59,24 +59,26 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from keelgate.errors import InputError, RunBusy, StoreBusy, StoreError, StoreUnavailable
-from keelgate.stores import _sql
-from keelgate.stores._sql import PATIENCE, Connection, Dialect, SQLStore, migrate
+from keelgate.stores import _migrations
+from keelgate.stores._dialect import Connection, Dialect
+from keelgate.stores._migrations import migrate
+from keelgate.stores._sql import PATIENCE, SQLStore
+from keelgate.stores.url import StoreUrl, read_store_url
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
 
-# Advisory-lock keys (``_sql``: the migration that makes the lock functions names them too).
+# Advisory-lock keys (``_migrations``: the migration that makes the lock functions names them too).
 # The two-int4 form keeps Keelgate's locks apart from another application's single-bigint ones;
 # owner ids are single bigints from OWNER_BASE on, far above any such application's numbers.
-OWNER_SPACE = _sql.LEGACY_OWNER_SPACE  # owner ids drawn before migration 4: (space, id)
-SCHEMA_SPACE = _sql.SCHEMA_SPACE
-DRIVER_SPACE = _sql.DRIVER_SPACE  # a run's driver (RunLock), for a tenant without a role
-OWNER_BASE = _sql.OWNER_BASE
+OWNER_SPACE = _migrations.LEGACY_OWNER_SPACE  # owner ids drawn before migration 4: (space, id)
+SCHEMA_SPACE = _migrations.SCHEMA_SPACE
+DRIVER_SPACE = _migrations.DRIVER_SPACE  # a run's driver (RunLock), for a tenant without a role
+OWNER_BASE = _migrations.OWNER_BASE
 
 # ``PostgresStore._claimer`` once two threads have claimed: no thread id is ever this.
 _MANY = -1
@@ -286,8 +288,8 @@ def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
         except psycopg.errors.InsufficientPrivilege:
             raise StoreError(
                 f"{where}: its schema is older than this Keelgate's (version "
-                f"{len(_sql.MIGRATIONS)}) and role {conn.info.user} may not migrate it; open it "
-                "once with the database owner's URL (e.g. `keelgate tenant list --store "
+                f"{len(_migrations.MIGRATIONS)}) and role {conn.info.user} may not migrate it; "
+                "open it once with the database owner's URL (e.g. `keelgate tenant list --store "
                 "ADMIN_URL`)"
             ) from None
         except psycopg.Error as error:
@@ -300,7 +302,7 @@ def migrated(conn: Conn, target: str, *, tries: int = MIGRATION_TRIES) -> int:
                     if waited == "lock_timeout"
                     else MIGRATION_STATEMENT_TIMEOUT
                 )
-                what = f"migrating its schema to version {len(_sql.MIGRATIONS)}"
+                what = f"migrating its schema to version {len(_migrations.MIGRATIONS)}"
                 raise StoreBusy(
                     where, f"{what} ({tries} tries)", waited=waited, seconds=seconds
                 ) from None
@@ -325,114 +327,16 @@ def _waited(error: BaseException) -> str | None:
     return None
 
 
-# Settings whose values libpq (or psycopg, which reads connect_timeout and the host and port
-# lists itself) checks only when it connects, so that a slip in one would read as a store that
-# cannot be reached (exit 5). ``_check_settings`` refuses them first, as bad input. Its messages
-# name the setting and never quote its value: a mistyped URL may have put a password anywhere.
-_CHOICES: dict[str, tuple[str, ...]] = {  # exact, as libpq compares them
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "gssencmode": ("disable", "prefer", "require"),
-    "channel_binding": ("disable", "prefer", "require"),
-    "target_session_attrs": (
-        "any",
-        "read-write",
-        "read-only",
-        "primary",
-        "standby",
-        "prefer-standby",
-    ),
-    "load_balance_hosts": ("disable", "random"),
-    "sslcertmode": ("disable", "allow", "require"),
-    "sslnegotiation": ("postgres", "direct"),
-}
-_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")  # in any case; empty is no bound
-_INTEGERS = (  # a C int, in decimal
-    "connect_timeout",
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_count",
-    "tcp_user_timeout",
-)
-_INTEGER = re.compile(r"[+-]?0*[0-9]{1,10}")  # bounded: int() reads no more than 4300 digits
-_PORT = re.compile(r"0*[0-9]{1,5}")
-
-
-def _check_settings(params: dict[str, Any]) -> None:
-    """Refuse (``InputError`` for ``--store``) what libpq would refuse on connecting: a port out
-    of 1-65535, a list of ports or of hostaddr values that does not match the list of hosts, an
-    sslmode (or another setting with a fixed set of values) out of its set, an integer setting
-    that is not an integer."""
-
-    def listed(key: str) -> list[str]:
-        value = str(params.get(key) or "")
-        return value.split(",") if value else []
-
-    hosts, addresses, ports = listed("host"), listed("hostaddr"), listed("port")
-    if not all(_PORT.fullmatch(port) and 1 <= int(port) <= 65535 for port in ports if port):
-        raise InputError("--store", "port must be a number from 1 to 65535")
-    if hosts and addresses and len(hosts) != len(addresses):
-        raise InputError(
-            "--store", f"{len(hosts)} hosts but {len(addresses)} hostaddr values (one per host)"
-        )
-    wanted = max(len(hosts), len(addresses))
-    if len(ports) > 1 and len(ports) != wanted:
-        raise InputError(
-            "--store",
-            f"{len(ports)} ports for {wanted} hosts (one port for all of them, or one for each)",
-        )
-    for key, choices in _CHOICES.items():
-        if key in params and params[key] not in choices:
-            raise InputError("--store", f"{key} must be one of {', '.join(choices)}")
-    versions = [version.lower() for version in _TLS_VERSIONS]
-    rank: dict[str, int] = {}
-    for key in ("ssl_min_protocol_version", "ssl_max_protocol_version"):
-        value = str(params.get(key) or "").lower()
-        if value and value not in versions:
-            raise InputError("--store", f"{key} must be one of {', '.join(_TLS_VERSIONS)}")
-        if value:
-            rank[key] = versions.index(value)
-    if rank.get("ssl_min_protocol_version", 0) > rank.get("ssl_max_protocol_version", 99):
-        raise InputError("--store", "ssl_min_protocol_version is above ssl_max_protocol_version")
-    for key in _INTEGERS:
-        if key in params:
-            value = str(params[key] or "")
-            if not _INTEGER.fullmatch(value) or not -(2**31) <= int(value) < 2**31:
-                raise InputError("--store", f"{key} must be an integer")
-
-
-def _safe_target(url: str) -> tuple[str, dict[str, Any]]:
-    """Where a URL points, for messages: user@host:port/db, never the password. A URL whose
-    settings libpq would refuse on connecting is refused here, before any connection."""
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.Error:
-        # libpq's own message may quote the part it could not read: it is not repeated.
-        raise InputError("--store", "not a valid PostgreSQL URL (libpq cannot read it)") from None
-    _check_settings(params)
-    user = str(params.get("user") or "")
-    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
-    target = f"{user + '@' if user else ''}{where}/{params.get('dbname') or user or ''}"
-    return target, params
-
-
-def check_url(url: str) -> None:
-    """Refuse a URL libpq cannot read, or would refuse on connecting, before any connection is
-    tried."""
-    _safe_target(url)
-
-
-def holds_store(url: str, *, connect_timeout: int = 10) -> None:
+def holds_store(url: StoreUrl, *, connect_timeout: int = 10) -> None:
     """Refuse (``InputError`` for ``--store``) a database that holds no Keelgate store, by
     reading the catalogue only: unlike opening a ``PostgresStore``, it creates no schema."""
-    target, params = _safe_target(url)
-    secret = str(params.get("password") or "")
+    target, secret, params = url.target, url.password, url.params
     # The user's URL wins, as for the store itself.
     timeout: dict[str, Any] = (
         {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
     )
     try:
-        with psycopg.connect(url, autocommit=True, **timeout) as conn:
+        with psycopg.connect(autocommit=True, **params, **timeout) as conn:
             row = conn.execute("SELECT to_regclass('keelgate_checkpoints') IS NOT NULL").fetchone()
     except psycopg.Error as error:
         raise StoreUnavailable(f"PostgreSQL store {target}: {_one_line(error, secret)}") from None
@@ -466,7 +370,7 @@ class PostgresStore(SQLStore):
 
     def __init__(
         self,
-        url: str,
+        url: str | StoreUrl,
         *,
         pooled: bool = True,
         min_size: int = 1,
@@ -477,13 +381,13 @@ class PostgresStore(SQLStore):
         statement_timeout: float = STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__()
-        self.url = url
+        self.url = read_store_url(url)
+        params = self.url.params
         self.lock_timeout = lock_timeout
         self.statement_timeout = statement_timeout
         # Every operation rides out a restart, a failover or an ended session (``_durably``).
         self.patience = self.result_patience = patience
-        self.target, params = _safe_target(url)
-        self._secret = str(params.get("password") or "")
+        self.target, self._secret = self.url.target, self.url.password
         # Detect a dead server or a vanished network from our side too; the user's URL wins.
         defaults: dict[str, Any] = {
             "connect_timeout": connect_timeout,
@@ -510,8 +414,7 @@ class PostgresStore(SQLStore):
             from psycopg_pool import ConnectionPool  # here: a step pod never needs it
 
             self._pool = ConnectionPool(
-                url,
-                kwargs={"autocommit": True, **self._kwargs},
+                kwargs={"autocommit": True, **params, **self._kwargs},
                 min_size=min_size,
                 max_size=max_size,
                 open=False,
@@ -560,7 +463,7 @@ class PostgresStore(SQLStore):
         return kind(f"PostgreSQL store {self.target}: {line}")
 
     def _open_owner_session(self) -> None:
-        conn: Conn = psycopg.connect(self.url, autocommit=True, **self._kwargs)
+        conn: Conn = psycopg.connect(autocommit=True, **self.url.params, **self._kwargs)
         try:
             self._configure(conn)
             migrated(conn, self.target)
@@ -726,7 +629,7 @@ class PostgresStore(SQLStore):
         """A store on another ``database`` of this server, with this store's credentials and
         settings (its bounds, its patience)."""
         return PostgresStore(
-            make_conninfo(self.url, dbname=database),
+            self.url.on_database(database),
             pooled=pooled,
             connect_timeout=int(self._kwargs.get("connect_timeout", 10)),
             patience=self.patience,

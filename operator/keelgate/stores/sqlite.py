@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from keelgate.errors import StoreUnavailable
-from keelgate.stores._sql import Connection, Dialect, SQLStore, migrate
+from keelgate.stores._dialect import Connection, Dialect
+from keelgate.stores._migrations import migrate
+from keelgate.stores._sql import SQLStore
 
 T = TypeVar("T")
 

@@ -2,27 +2,34 @@
 and for each tenant a database of its own on the server, created, granted, listed, moved and
 removed with an administrator's URL.
 
-Why it exists: tenants must not be able to read or change each other's runs, nor delay each
-other. PostgreSQL enforces both, not Keelgate. A tenant added here gets a database of its own
-on the server (``<home>_<namespace>``, its name in the home database's ``keelgate_databases``):
-row locks, table locks (``LOCK TABLE``), advisory locks, migrations and vacuum are then that
-tenant's alone, and only its role and the operator's may connect to it. Within any Keelgate
-database, migration 3 (``_sql.py``) puts row-level security on every table, keyed by the role a
-session logged in as, through ``keelgate_tenants``; this module writes that table, creates the
-roles and makes their grants (``postgres.PRIVILEGES``). A tenant of an install from before
-(registered in the home database, or with runs there) stays there until ``move`` copies it
-into a database of its own. ``keelgate tenant add|move|remove|list`` is the command line, which
-also writes the namespace's Secret. What the server still shares (sessions, the lock table,
-connections before authentication) ``add`` bounds where it can: each role gets a connection
-limit and a lock limit, and ``secure`` closes in each database what its URL may (the raw
-advisory-lock functions, the views of other sessions, temporary tables, CONNECT for PUBLIC);
-``open_ways`` and ``unbounded`` say, one line each, what is left open.
+Why it exists: tenants must not be able to read or change each other's runs, nor delay each other.
+PostgreSQL enforces both, not Keelgate. A tenant added here gets a database of its own on the server
+(``<home>_<namespace>``, its name in the home database's ``keelgate_databases``): row locks, table
+locks (``LOCK TABLE``), advisory locks, migrations and vacuum are then that tenant's alone, and only
+its role and the operator's may connect to it. Within any Keelgate database, migration 3
+(``_migrations.py``) puts row-level security on every table, keyed by the role a session logged in
+as, through ``keelgate_tenants``; this module writes that table, creates the roles and makes their
+grants (``postgres.PRIVILEGES``). A tenant of an install from before (registered in the home
+database, or with runs there) stays there until ``move`` copies it into a database of its own.
+``keelgate tenant add|move|remove|list`` is the command line, which also writes the namespace's
+Secret. What the server still shares (sessions, the lock table, connections before authentication)
+``add`` bounds where it can: each role gets a connection limit and a lock limit, and ``secure``
+closes in each database what its URL may (the raw advisory-lock functions, the views of other
+sessions, temporary tables, CONNECT for PUBLIC); ``open_ways`` and ``unbounded`` say, one line each,
+what is left open.
 
 A role's password is generated here, sent to the server only as a SCRAM-SHA-256 verifier (so no
 server log can hold it), and handed back once, inside the URL the caller puts in the Secret.
 This module must never put a password in a message, never touch a role that may bypass
 row-level security or administer others, and never delete a tenant's data (``move`` deletes
 a tenant's rows from the home database only once they are committed, checked, in its own).
+
+Why one module past 500 lines: it is one administrator's session (``TenantStore``), and what
+one step grants another revokes or checks (``add`` grants what ``secure`` and ``remove`` take
+back, ``open_ways`` reports what neither could close); read apart, a grant and what undoes it
+would be in two places. What can stand alone already does: the copy a ``move`` makes
+(``tenant_moves``), the operator's sessions on tenants' databases (``tenant_databases``), the
+row-level security DDL (``_isolation_ddl``), the URL a role is given (``url``).
 """
 
 from __future__ import annotations
@@ -38,16 +45,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import astuple, dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from keelgate.core.audit import utc_now
 from keelgate.errors import InputError, KeelgateError, StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores._isolation_ddl import TENANT_TABLES
-from keelgate.stores._sql import DEFAULT_LOCK_LIMIT, TENANT_SPACES
+from keelgate.stores._migrations import DEFAULT_LOCK_LIMIT, TENANT_SPACES
 from keelgate.stores.postgres import (
     KINDS,
     LOCK_TIMEOUT,
@@ -55,13 +60,13 @@ from keelgate.stores.postgres import (
     MIGRATION_TRIES,
     _ms,
     _one_line,
-    _safe_target,
     _waited,
     grant,
     migrated,
     revoke,
 )
 from keelgate.stores.tenant_moves import copy_tenant, digest
+from keelgate.stores.url import StoreUrl, read_store_url
 
 # A namespace's name, as Kubernetes allows it (an RFC 1123 label).
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -69,8 +74,6 @@ _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 ROLE_MAX = 63
 ROLE_PREFIX = "keelgate-"
 OPERATOR_ROLE = "keelgate-operator"
-# URL settings that would put another user or password beside the role's own.
-_CREDENTIAL_SETTINGS = frozenset({"user", "password", "passfile"})
 #: Sessions a role may hold at once on the server (``ALTER ROLE ... CONNECTION LIMIT``), unless
 #: ``add`` is told otherwise: a tenant's step pods hold one each (the operator's --max-step-pods
 #: is 20 by default); the operator holds, per replica, a pool of up to 9 on the home database
@@ -221,21 +224,6 @@ def scram_verifier(password: str, *, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def role_url(
-    admin_url: str, role: str, password: str, *, host: str = "", database: str = ""
-) -> str:
-    """The administrator's URL with ``role`` and ``password`` as its user and password (and
-    ``host``, ``HOST`` or ``HOST:PORT``, in place of its host where given; ``database`` in place
-    of its database where given): same settings, no other credential."""
-    parts = urlsplit(admin_url)
-    where = host or parts.netloc.rpartition("@")[2]
-    dropped = _CREDENTIAL_SETTINGS | ({"dbname"} if database else set())
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in dropped]
-    path = "/" + quote(database, safe="") if database else parts.path
-    userinfo = f"{quote(role, safe='')}:{quote(password, safe='')}"
-    return urlunsplit((parts.scheme, f"{userinfo}@{where}", path, urlencode(query), ""))
-
-
 def tenant_database(home: str, namespace: str) -> str:
     """The database of a tenant's own beside the home database ``home``: ``<home>_<namespace>``
     (a long one shortened with a digest of the namespace, unique within PostgreSQL's 63 bytes),
@@ -270,16 +258,16 @@ class TenantStore:
     database's owner, who created them, does.
     """
 
-    def __init__(self, url: str, *, connect_timeout: int = 10) -> None:
-        self.url = url
-        self.target, params = _safe_target(url)
-        self._secret = str(params.get("password") or "")
+    def __init__(self, url: str | StoreUrl, *, connect_timeout: int = 10) -> None:
+        self.url = read_store_url(url)
+        params = self.url.params
+        self.target, self._secret = self.url.target, self.url.password
         self._timeout: dict[str, Any] = (
             {} if "connect_timeout" in params else {"connect_timeout": connect_timeout}
         )
         # The administrator's sessions on tenants' databases, opened (and migrated) when needed.
         self._elsewhere: dict[str, psycopg.Connection[tuple[Any, ...]]] = {}
-        self.conn = self._connect(url)
+        self.conn = self._connect(self.url)
         self.home = str(self.conn.info.dbname)
         try:
             migrated(self.conn, self.target)
@@ -291,10 +279,10 @@ class TenantStore:
             self.conn.close()
             raise
 
-    def _connect(self, url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    def _connect(self, url: StoreUrl) -> psycopg.Connection[tuple[Any, ...]]:
         try:
             conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(
-                url, autocommit=True, **self._timeout
+                autocommit=True, **url.params, **self._timeout
             )
         except psycopg.Error as error:
             raise StoreUnavailable(self._words(error)) from None
@@ -365,9 +353,9 @@ class TenantStore:
 
     # The tenants' own databases
 
-    def database_url(self, database: str) -> str:
+    def database_url(self, database: str) -> StoreUrl:
         """The administrator's URL, on ``database`` of the same server."""
-        return make_conninfo(self.url, dbname=database)
+        return self.url.on_database(database)
 
     def on(
         self, database: str, *, tries: int = MIGRATION_TRIES
@@ -560,7 +548,9 @@ class TenantStore:
         on ``database`` (default: the home database)."""
         url = self.database_url(database) if database else self.url
         try:
-            conn = psycopg.connect(url, user=role, password=password, connect_timeout=10)
+            conn = psycopg.connect(
+                **{**url.params, "user": role, "password": password, "connect_timeout": "10"}
+            )
         except psycopg.Error:
             return False
         with conn:
@@ -700,7 +690,7 @@ class TenantStore:
         elif kind == "operator":
             for tenant_of, routed in self.routes().items():
                 self._furnish(routed, tenant_of)
-        url = role_url(self.url, role, password, host=host, database=database) if password else ""
+        url = self.url.with_login(role, password, host=host, database=database) if password else ""
         registered = self._registered(role)
         assert registered is not None
         return Added(

@@ -1,11 +1,11 @@
 """Writes checkpoints of format 2 as the code before derived serialisation stored them.
 
 Why it exists: the core's values lost their hand-written ``to_json`` for one definition per
-shape (``keelgate.core.values``); what a store holds must not change by a byte for it. The
+shape (``keelgate.core.json_codec``); what a store holds must not change by a byte for it. The
 files here are checkpoint texts a SQLite store held after runs that stopped in every way a
 checkpoint can show (awaiting approval, an unknown outcome, a dollar budget, goal met after a
 denial and a rejection, an outbox of events for stores that cannot commit them together);
-``tests/test_values.py`` reads each with today's code and writes it back byte for byte. Run it
+``tests/test_json_codec.py`` reads each with today's code and writes it back byte for byte. Run it
 only with that code on the path (the parent of the commit that added this folder, the last with
 hand-written JSON), never with today's (the fixture would then prove nothing)::
 

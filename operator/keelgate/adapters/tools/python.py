@@ -40,16 +40,25 @@ class PythonTool:
     timeout_seconds: float | None = None
     # The manifest's reference to the function ("pkg.module:function"), when built from one.
     reference: str = ""
+    # The step image the manifest names (``spec.step.image``), whose code the function is;
+    # "" for the operator's own (the platform's) or outside a cluster.
+    image: str = ""
 
     @property
     def definition(self) -> Mapping[str, Any]:
         """What decides this tool's call (``keelgate.core.calls``): the function called, as the
-        manifest names it, else by its module and name."""
+        manifest names it, else by its module and name, and the step image it is loaded from
+        when the manifest names one (another image may hold other code under the same name)."""
         if self.reference:
-            return {"python.callable": self.reference}
-        module = getattr(self.function, "__module__", None) or "?"
-        name = getattr(self.function, "__qualname__", None) or type(self.function).__qualname__
-        return {"python.callable": f"{module}:{name}"}
+            callable_name = self.reference
+        else:
+            module = getattr(self.function, "__module__", None) or "?"
+            name = getattr(self.function, "__qualname__", None) or type(self.function).__qualname__
+            callable_name = f"{module}:{name}"
+        parts: dict[str, Any] = {"python.callable": callable_name}
+        if self.image:
+            parts["python.image"] = self.image
+        return parts
 
     def __post_init__(self) -> None:
         # Refused here, not when the call is made: a timeout the thread join cannot take would

@@ -23,7 +23,17 @@ from typing import Annotated, Any
 
 import typer
 
-from keelgate.cli.commands import OutputFormat, OutputOption, _decimal, _decision
+from keelgate.cli.commands import (
+    DollarsOption,
+    MaxIterationsOption,
+    MaxVerifierRejectionsOption,
+    OutputFormat,
+    OutputOption,
+    TimeoutOption,
+    TokensOption,
+    _decimal,
+    _decision,
+)
 from keelgate.cli.help import App
 from keelgate.cli.plugin import standing, view
 from keelgate.cli.plugin.client import ClusterClient, PluginApi, Refused
@@ -32,7 +42,6 @@ from keelgate.cli.render import Console
 from keelgate.core.approvals import refusal
 from keelgate.core.loop import check_actor
 from keelgate.core.types import ApprovalRule
-from keelgate.core.values import INT64_MAX, SECONDS_MAX
 from keelgate.errors import InputError, SettleError, SettleTooEarly
 
 #: How a command reaches the cluster; tests put a fake here.
@@ -543,22 +552,11 @@ def _said(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> i
 def resume_command(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(help="The AgentRun's name.")],
-    tokens: Annotated[
-        int | None, typer.Option(min=1, max=INT64_MAX, help="New total token budget.")
-    ] = None,
-    dollars: Annotated[str | None, typer.Option(help="New total dollar budget.")] = None,
-    max_iterations: Annotated[
-        int | None,
-        typer.Option("--max-iterations", min=1, max=INT64_MAX, help="New iteration limit."),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(min=0.001, max=SECONDS_MAX, help="New active-time limit in seconds."),
-    ] = None,
-    max_verifier_rejections: Annotated[
-        int | None,
-        typer.Option("--max-verifier-rejections", min=1, max=INT64_MAX, help="New verifier limit."),
-    ] = None,
+    tokens: TokensOption = None,
+    dollars: DollarsOption = None,
+    max_iterations: MaxIterationsOption = None,
+    timeout: TimeoutOption = None,
+    max_verifier_rejections: MaxVerifierRejectionsOption = None,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,

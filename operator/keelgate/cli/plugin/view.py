@@ -20,6 +20,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from keelgate.cli.plugin.target import Target
+from keelgate.core.exits import EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, STEP_MEANINGS
 from keelgate.core.redaction import redact_text
 from keelgate.kube.controller.pod_ends import classify
 from keelgate.kube.naming import (
@@ -38,16 +39,6 @@ PHASE_STYLE = {
     "Pending": "bold blue",
 }
 
-#: What each exit code of `keelgate step` means (cli/cluster.py), for a person reading logs.
-STEP_EXITS = {
-    0: "the step ended; the run goes on, or met its goal",
-    1: "the run failed",
-    2: "the step refused its input",
-    3: "a resumable stop",
-    4: "another process was driving the run",
-    5: "the store could not be reached",
-}
-
 #: The budget flag of `kubectl keelgate resume` that lifts each budget stop.
 BUDGET_FLAGS = {
     "token_budget": "--tokens N",
@@ -63,8 +54,8 @@ def exit_code(phase: str) -> int:
     nothing is wrong), 1 failed, 3 stopped until someone acts (a person's decision, a budget,
     a stall)."""
     if phase in ("Succeeded", "Running", "Pending"):
-        return 0
-    return 1 if phase == "Failed" else 3
+        return EXIT_OK
+    return EXIT_FAILED if phase == "Failed" else EXIT_RESUMABLE
 
 
 # Step pods
@@ -101,7 +92,7 @@ def pod_end(pod: Mapping[str, Any]) -> tuple[str, int | None]:
         code = terminated.get("exitCode")
         words = classify(pod).words
         if isinstance(code, int):
-            meaning = STEP_EXITS.get(code)
+            meaning = STEP_MEANINGS.get(code)
             if meaning is None and code > 128:
                 meaning = "killed by signal 9 (SIGKILL)" if code == 137 else f"signal {code - 128}"
             return (f"{words}: {meaning}" if meaning else words), code

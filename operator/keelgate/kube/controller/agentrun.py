@@ -5,7 +5,8 @@ run's checkpoint in the store) and does the one thing that is missing, so a rest
 (or a second one running by mistake) converges on the same pods and the same status. The store
 is the truth about the run; ``status`` is its mirror plus the operator's record of the step pod
 it intends (``status.step``), written before the pod is created (``step_pods``). A monitor's
-AgentRun goes to the monitor reconciler instead.
+AgentRun goes to the monitor reconciler it is given instead (``monitor``, which it never
+imports: the reconcilers are independent of each other).
 
 What keeps a WRITE from running twice is not here but in the loop and its stores: a step pod
 resumes from the checkpoint, a WRITE left in flight by a dead pod reads as an unknown outcome,
@@ -17,7 +18,7 @@ never put a tool's argument into status or an Event.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
@@ -27,7 +28,6 @@ from keelgate.kube import resources
 from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.decision_objects import DecisionObjects
-from keelgate.kube.controller.monitor import MonitorReconciler
 from keelgate.kube.controller.outcomes import (
     REST,
     STEP,
@@ -49,13 +49,19 @@ from keelgate.kube.times import stamp
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
 
 
+class Monitors(Protocol):
+    """Where a monitor's AgentRun goes: it schedules ticks (``monitor.MonitorReconciler``)."""
+
+    def reconcile(self, run: JSON, spec: AgentRunSpec) -> Result: ...
+
+
 class AgentRunReconciler:
-    def __init__(self, context: ControllerContext) -> None:
+    def __init__(self, context: ControllerContext, *, monitors: Monitors) -> None:
         self._context = context
         self._status = RunStatusWriter(context)
         self._pods = StepPodStarter(context, self._status)
         self._asks = DecisionObjects(context)
-        self._monitors = MonitorReconciler(context, self._status)
+        self._monitors = monitors
 
     def reconcile(self, key: Key) -> Result:
         """Do what the AgentRun ``key`` needs now: stop the pods of a deleted run, stall on a

@@ -21,26 +21,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keelgate.core.approvals import Tally, on_call, seconds, tally
+from keelgate.core.approvals import seconds, tally
 from keelgate.core.audit import utc_iso_millis
-from keelgate.core.calls import fingerprint
 from keelgate.core.state import Decision, RunState
-from keelgate.core.types import ApprovalRule, PendingApproval, utc_iso
+from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.api_failures import Gone
-from keelgate.kube.controller.approval_news import ApprovalNews
+from keelgate.kube.controller.approval_events import ApprovalEvents
+from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
-from keelgate.kube.controller.decisions import (
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.refusals import (
     REFUSED_RETRY,
     REFUSED_RETRY_MAX,
     refuse,
     warn,
     with_generation,
 )
-from keelgate.kube.controller.outcomes import REST, Requeue, Result
-from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.status import condition
-from keelgate.kube.times import now
+from keelgate.kube.times import now, parse_time
 
 #: The status fields this reconciler decides (the rest: conditions, settledAt, are kept).
 _SHOWN = (
@@ -140,93 +140,29 @@ def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set
     return found
 
 
-@dataclass(frozen=True)
-class Shown:
-    """What the object shows of the store's record of its action."""
-
-    status: JSON
-    settled: bool
-    tally: Tally | None
-    pending: PendingApproval | None
-
-
-def shown(state: RunState, action: str, *, at: float, required: int = 0) -> Shown | None:
-    """The status of the Approval of ``action`` as the store holds it at ``at`` (seconds since
-    the epoch); None when the store has nothing to show (not asked, nothing decided).
-    ``required``: the count the object showed while it waited (the rule in force then), for a
-    Settled approval, whose rule the store no longer lists. Counts, names and verdict always
-    agree: a Settled approval shows the approvals that met its rule ("2 of 2")."""
-    decisions = state.approvals.get(action, ())
-    pending = next((p for p in state.pending if p.action == action), None)
-    denied = next((d for d in decisions if not d.approved), None)
-    planned = state.planned(action)
-    definition = (
-        fingerprint(planned.definition)
-        if planned is not None
-        else (pending.definition if pending is not None else "")
-    )
-    base: JSON = {"decided": len(decisions), "definition": definition}
-    if pending is not None and denied is None:
-        rule = pending.rule or ApprovalRule()
-        counted = tally(decisions, rule, creator=state.spec.creator, now=at, definition=definition)
-        left = rule.required - len(counted.counted)
-        status = {
-            **base,
-            "phase": "Pending",
-            "verdict": "",
-            "approvals": len(counted.counted),
-            "required": rule.required,
-            "progress": counted.count,
-            "approvedBy": [d.by for d in counted.counted],
-            "expiresAt": "" if counted.expires_at is None else utc_iso(counted.expires_at),
-            "asks": rule.describe(),
-            "serviceAccounts": rule.service_accounts,
-            "settledBy": "",
-            "message": "waiting for a person to approve or deny it"
-            if rule == ApprovalRule()
-            else _waiting_for(counted, left),
-        }
-        if counted.voided:
-            status["message"] += (
-                f"; asked again: the tool was changed after the approval of "
-                f"{', '.join(d.by for d in counted.voided)}"
-            )
-        return Shown(status, False, counted, pending)
-    people = list(dict.fromkeys(d.by for d in decisions if d.approved and on_call(d, definition)))
-    if denied is None and not people:
-        return None
-    planned_rule = planned.approval_rule() if planned is not None else None
-    need = max(required, planned_rule.required if planned_rule is not None else 1)
-    settled: JSON = {
-        **base,
-        "phase": "Settled",
-        "approvals": len(people),
-        "required": need,
-        "progress": f"{len(people)} of {need}",
-        "approvedBy": people,
-        "expiresAt": "",
-    }
-    if denied is not None:
-        why = f": {denied.note}" if denied.note else ""
-        settled |= {
-            "verdict": "denied",
-            "settledBy": denied.by,
-            "message": f"denied by {denied.by}{why}; it never runs",
-        }
-    else:
-        settled |= {
-            "verdict": "approved",
-            "settledBy": ", ".join(people),
-            "message": f"approved by {', '.join(people)} ({len(people)} of {need})",
-        }
-    return Shown(settled, True, None, pending)
+def written_at(body: Mapping[str, Any]) -> float | None:
+    """When the API server last took a write of the Approval other than its status, as its
+    field managers' records say (``metadata.managedFields[].time``, whole seconds; None when it
+    keeps none): no entry of the object was made later. Each write is recorded under its
+    manager with its time, and the latest is at or after the last entry's. A client may write
+    these records itself: a time too early makes approvals count for less, one too late is
+    bounded by the operator's own look."""
+    meta = body.get("metadata") or {}
+    found = [
+        parse_time(str(entry.get("time") or ""))
+        for entry in meta.get("managedFields") or ()
+        if isinstance(entry, Mapping) and not entry.get("subresource")
+    ]
+    moments = [moment.timestamp() for moment in found if moment is not None]
+    return max(moments) if moments else None
 
 
 def made_at(stated: str, seen: float) -> str:
     """When an entry's decision counts from: the earlier of the moment it states (a client's
-    word, RFC 3339) and the moment the operator first saw it. Admission cannot stamp a time
-    (its expressions have no clock), and a client's word may be wrong either way: the earlier
-    one can only make an approval count for less, never longer."""
+    word, RFC 3339) and ``seen``, the earliest moment it is known to have been there (when the
+    operator first saw it, or the object's last write before that). Admission cannot stamp a
+    time (its expressions have no clock), and a client's word may be wrong either way: the
+    earlier one can only make an approval count for less, never longer."""
     first = utc_iso_millis(seen)
     if not stated:
         return first
@@ -249,23 +185,15 @@ def _counted_against(state: RunState, action: str, view: Shown) -> ApprovalRule:
     return replace(base, required=need) if need > base.required else base
 
 
-def _waiting_for(counted: Tally, left: int) -> str:
-    """ "1 of 2 approvals (alice): waiting for 1 more; the rule asks 2 approvals from ..." """
-    who = f" ({', '.join(d.by for d in counted.counted)})" if counted.counted else ""
-    said = f"{counted.count} approvals{who}: waiting for {left} more"
-    rule = counted.rule.describe()
-    plain = f"{counted.rule.required} approval{'s' if counted.rule.required != 1 else ''}"
-    return said if rule == plain else f"{said}; the rule asks {rule}"
-
-
 class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._news = ApprovalNews(context)
+        self._events = ApprovalEvents(context)
         # When this operator first saw each entry it has not recorded yet (its ref -> seconds
         # since the epoch): an entry refused for a while (the run between stops) counts from
         # then, not from when it was finally recorded. Lost with the process: an entry then
-        # counts from when the new one saw it, or the moment it states, whichever is earlier.
+        # counts from the earliest of when the new one saw it, the object's last write (as the
+        # API server recorded it) and the moment it states.
         self._first_seen: dict[str, float] = {}
 
     def reconcile(self, key: Key) -> Result:
@@ -298,11 +226,16 @@ class ApprovalReconciler:
         refused: list[str] = []
         told_before = len(state.approvals.get(action, ()))
         recorded = recorded_refs(body, state.approvals.get(action, ()))
+        written = written_at(body)
         for entry in found:
             if entry.ref in recorded:
                 self._first_seen.pop(entry.ref, None)
                 continue
             seen = self._first_seen.setdefault(entry.ref, context.clock())
+            if written is not None:
+                # Made no later than the object's last write: an entry seen late (the operator
+                # was down or behind) counts from then, not from when it was seen.
+                seen = min(seen, written)
             try:
                 context.loop.approve(
                     namespace,
@@ -422,13 +355,13 @@ class ApprovalReconciler:
                 definition=definition,
             )
             count = so_far.count if so_far.rule.required > 1 else ""
-            self._news.decided(run, name, tool, action, decisions[index], count)
+            self._events.decided(run, name, tool, action, decisions[index], count)
         if view.tally is None or view.pending is None:
             return
         before = set(old.get("approvedBy") or ())
         expires_after = view.tally.rule.expires_after
         if expires_after is not None and view.tally.expired:
-            self._news.expired(
+            self._events.expired(
                 run,
                 body,
                 view.tally.expired,
@@ -437,7 +370,7 @@ class ApprovalReconciler:
                 first_time=bool(before & {d.by for d in view.tally.expired}),
             )
         if old.get("phase") == "Settled":
-            self._news.waiting(run, name, view.pending, again=True)
+            self._events.waiting(run, name, view.pending, again=True)
 
     def _show(
         self, body: JSON, run_name: str, old: Mapping[str, Any], status: JSON, *, refusing: bool

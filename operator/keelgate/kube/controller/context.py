@@ -23,12 +23,12 @@ from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
 from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.naming import action_object_name, earlier_object_name
-from keelgate.kube.notices import Notice
+from keelgate.kube.notifications import Notification
 from keelgate.kube.resources import StepPodSettings
 
 
-def tell_nobody(notice: Notice) -> None:
-    """No sink is configured: a notice goes nowhere."""
+def notify_nobody(notification: Notification) -> None:
+    """No sink is configured: a notification goes nowhere."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,11 @@ class ControllerContext:
     enqueue: Enqueue
     clock: Callable[[], float]
     tracer: Tracer = NO_TRACING  # where step pods' spans go (kube.controller.traces)
-    #: Tell a notice no object's body holds (``kube.notices.approval_expired``) to the sinks,
-    #: once; never blocks (``kube.runtime.notify``). Every other notice is derived by the
-    #: runtime from the objects the controller writes: the controller tells nothing else.
-    tell: Callable[[Notice], None] = tell_nobody
+    #: Send a notification no object's body holds (``kube.notifications.approval_expired``) to
+    #: the sinks, once; never blocks (``kube.runtime.notifier``). Every other notification is
+    #: derived by the runtime from the objects the controller writes: the controller sends
+    #: nothing else.
+    notify: Callable[[Notification], None] = notify_nobody
 
     def run_state(self, namespace: str, name: str) -> RunState | None:
         """The run's checkpoint, as the store has it now (None: no step has saved one)."""

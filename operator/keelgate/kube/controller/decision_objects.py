@@ -20,8 +20,8 @@ from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, UnknownAction
 from keelgate.kube import resources
 from keelgate.kube.api_failures import Conflict, Gone
-from keelgate.kube.controller.approval_news import ApprovalNews
-from keelgate.kube.controller.approvals import shown
+from keelgate.kube.controller.approval_events import ApprovalEvents
+from keelgate.kube.controller.approval_status import shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
 from keelgate.kube.times import now
@@ -37,7 +37,7 @@ NOTHING_TO_SETTLE = (
 class DecisionObjects:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._news = ApprovalNews(context)
+        self._events = ApprovalEvents(context)
 
     def unknown_now(self, namespace: str, state: RunState | None) -> tuple[UnknownAction, ...]:
         """Every call of the run whose outcome the store holds unknown now, whatever the spec
@@ -163,7 +163,7 @@ class DecisionObjects:
             view = shown(state, pending.action, at=context.clock())
             status = dict(view.status) if view is not None else {"phase": "Pending"}
             if self._create_pending("Approval", namespace, body, status):
-                self._news.waiting(run, name, pending, again=False)
+                self._events.waiting(run, name, pending, again=False)
 
     def show_confirmer_settlements(self, run: JSON, state: RunState) -> None:
         """A step pod's confirmer may settle an unknown outcome without the run ever stopping

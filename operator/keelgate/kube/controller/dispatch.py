@@ -1,9 +1,10 @@
 """The controller's one entry for the operator's workers: a queued key to its kind's reconciler.
 
 Why it exists: the workers know keys, not decisions. ``Controller`` builds the reconcilers over
-one shared ``ControllerContext`` and hands each key to the reconciler of its kind, with the
-Events it records kept until the reconcile ends (``EventRecorder.deferred``). It decides
-nothing itself. A reconcile runs in a worker thread; two reconciles of one key never overlap
+one shared ``ControllerContext`` (and gives the AgentRun reconciler the monitor reconciler: the
+reconcilers import nothing of each other) and hands each key to the reconciler of its kind,
+with the Events it records kept until the reconcile ends (``EventRecorder.deferred``). It
+decides nothing itself. A reconcile runs in a worker thread; two reconciles of one key never overlap
 (the work queue sees to that), and the state reconciles of different keys share lives in
 ``StepSlots`` and ``RunMemory``, each with its lock.
 """
@@ -19,14 +20,15 @@ from keelgate.core.protocols import Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
 from keelgate.kube.controller.approvals import ApprovalReconciler
-from keelgate.kube.controller.context import ControllerContext, ControllerSettings, tell_nobody
-from keelgate.kube.controller.decisions import RECONCILIATION, DecisionReconciler
+from keelgate.kube.controller.context import ControllerContext, ControllerSettings, notify_nobody
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
+from keelgate.kube.controller.monitor import MonitorReconciler
 from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
+from keelgate.kube.controller.reconciliations import ReconciliationReconciler
 from keelgate.kube.controller.slots import StepSlots
-from keelgate.kube.notices import Notice
+from keelgate.kube.notifications import Notification
 
 
 class Reconciler(Protocol):
@@ -47,7 +49,7 @@ class Controller:
         enqueue: Enqueue,
         clock: Callable[[], float] = time.time,
         tracer: Tracer = NO_TRACING,
-        tell: Callable[[Notice], None] = tell_nobody,
+        notify: Callable[[Notification], None] = notify_nobody,
     ) -> None:
         self.context = ControllerContext(
             api=api,
@@ -63,11 +65,11 @@ class Controller:
             enqueue=enqueue,
             clock=clock,
             tracer=tracer,
-            tell=tell,
+            notify=notify,
         )
         self._reconcilers: dict[str, Reconciler] = {
-            "AgentRun": AgentRunReconciler(self.context),
-            "Reconciliation": DecisionReconciler(self.context, RECONCILIATION),
+            "AgentRun": AgentRunReconciler(self.context, monitors=MonitorReconciler(self.context)),
+            "Reconciliation": ReconciliationReconciler(self.context),
             "Approval": ApprovalReconciler(self.context),
         }
 

@@ -30,9 +30,9 @@ _WAITING = frozenset({StopReason.OUTCOME_UNKNOWN.value, StopReason.AWAITING_APPR
 
 
 class MonitorReconciler:
-    def __init__(self, context: ControllerContext, status: RunStatusWriter) -> None:
+    def __init__(self, context: ControllerContext) -> None:
         self._context = context
-        self._status = status
+        self._status = RunStatusWriter(context)
 
     def reconcile(self, run: JSON, spec: AgentRunSpec) -> Result:
         """Create the tick that is due (unless the latest holds it back), trim the finished

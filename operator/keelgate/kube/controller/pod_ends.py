@@ -3,8 +3,8 @@
 Why it exists: the operator's next move depends on how the last step pod ended (go on, retry
 with back-off, retry later because another process drives the run, or stall until the spec
 changes), and ``kubectl keelgate status`` shows the same words. The exit codes are those of
-``keelgate step`` and the one error table in ``keelgate.errors``: 0, 1 and 3 are a step that
-recorded where the run stands; any other code is read from the table. This module is pure: it
+``keelgate step`` (``keelgate.core.exits``): 0, 1 and 3 are a step that recorded where the run
+stands; any other code is read from the error table of ``keelgate.errors``. This module is pure: it
 never talks to a cluster or a store.
 """
 
@@ -15,12 +15,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from keelgate.errors import Preempted, RunBusy, exit_retryable
+from keelgate.core.exits import EXIT_BUSY, EXIT_PREEMPTED, RECORDED
+from keelgate.errors import exit_retryable
 from keelgate.kube.times import parse_time
-
-# A step that recorded where the run stands exits 0 (at rest or going on), 1 (failed) or 3
-# (stopped, resumable): see keelgate.cli.step.
-_RECORDED = frozenset({0, 1, 3})
 
 
 class EndKind(StrEnum):
@@ -75,16 +72,16 @@ def _terminated(pod_status: Mapping[str, Any], terminated: Mapping[str, Any]) ->
     reason = terminated.get("reason") or ""
     seconds = _duration(terminated.get("startedAt"), terminated.get("finishedAt"))
     words = f"exit code {code}" + (f" ({reason})" if reason else "")
-    if code in _RECORDED:
+    if code in RECORDED:
         return PodEnd(EndKind.CLEAN, words, seconds)
     if pod_status.get("reason") == "DeadlineExceeded":
         # Killed at its activeDeadlineSeconds: a step that ran past its run's time budget.
         return PodEnd(
             EndKind.CRASH, f"{words}: ran past its deadline (activeDeadlineSeconds)", seconds
         )
-    if code == RunBusy.exit_code:
+    if code == EXIT_BUSY:
         return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
-    if code == Preempted.exit_code:
+    if code == EXIT_PREEMPTED:
         return PodEnd(
             EndKind.PREEMPTED,
             f"{words}: asked to stop (a drain or an eviction), it stopped at a checkpoint",

@@ -67,16 +67,32 @@ def _version(body: Mapping[str, Any]) -> int | None:
 
 
 #: What the operator never reads of an object and the API server sends with every body: the
-#: field managers' records, and kubectl's copy of the last applied manifest. Together they are
-#: often larger than the rest of the object; a cache of thousands of runs keeps neither.
+#: field managers' records (of an Approval, only who wrote it when), and kubectl's copy of the
+#: last applied manifest. Together they are often larger than the rest of the object; a cache of
+#: thousands of runs keeps neither.
 _UNREAD_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _spec_writes(body: Mapping[str, Any], managed: Any) -> list[JSON] | None:
+    """Of an Approval's field managers' records, the one thing the operator reads: who wrote
+    it other than its status, and when (``approvals.written_at``: no decision in it was made
+    later than its latest). None for other kinds, which keep none."""
+    if body.get("kind") != "Approval" or not isinstance(managed, list):
+        return None
+    return [
+        {k: entry[k] for k in ("manager", "operation", "time") if k in entry}
+        for entry in managed
+        if isinstance(entry, dict) and not entry.get("subresource") and entry.get("time")
+    ]
 
 
 def _slim(body: JSON) -> JSON:
     """``body`` without what the operator never reads (changed in place: the cache owns it)."""
     meta = body.get("metadata")
     if isinstance(meta, dict):
-        meta.pop("managedFields", None)
+        kept = _spec_writes(body, meta.pop("managedFields", None))
+        if kept is not None:
+            meta["managedFields"] = kept
         annotations = meta.get("annotations")
         if isinstance(annotations, dict) and _UNREAD_ANNOTATION in annotations:
             meta["annotations"] = {k: v for k, v in annotations.items() if k != _UNREAD_ANNOTATION}
@@ -94,7 +110,10 @@ def slim_copy(body: JSON) -> JSON:
         if not (isinstance(annotations, dict) and _UNREAD_ANNOTATION in annotations):
             annotations = None
         if annotations is not None or "managedFields" in meta:
+            kept = _spec_writes(body, meta.get("managedFields"))
             meta = {k: v for k, v in meta.items() if k != "managedFields"}
+            if kept is not None:
+                meta["managedFields"] = kept
             if annotations is not None:
                 meta["annotations"] = {
                     k: v for k, v in annotations.items() if k != _UNREAD_ANNOTATION
@@ -121,11 +140,11 @@ class Cache:
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        # Told of every body taken in that changed what the cache held, and every deletion,
-        # after the cache holds it (outside the lock): the notifier derives its notices from
-        # them. A body equal to the one held (the watch's echo of the operator's own status
-        # patch, a watch's relisting) holds no notice the one before did not: telling it again
-        # would only derive them again, redacting every stopped run's message each time.
+        # Told of every body taken in that changed what the cache held, and every deletion, after
+        # the cache holds it (outside the lock): the notifier derives its notifications from them. A
+        # body equal to the one held (the watch's echo of the operator's own status patch, a watch's
+        # relisting) holds no notification the one before did not: telling it again would only
+        # derive them again, redacting every stopped run's message each time.
         self._observer = observer
         # Objects deleted lately, per kind, in the order seen: by uid (a uid is never reused),
         # or by name for a body without one; with the deletion's resourceVersion, and when.

@@ -99,7 +99,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # CloudEvents to the sinks (keelgate.kube.runtime.notify): the sink label is a name the
+        # CloudEvents to the sinks (keelgate.kube.runtime.sinks): the sink label is a name the
         # chart's values give, the type one of the catalogue's: both bounded.
         self.notifications_sent = Counter(
             "keelgate_notifications_sent",

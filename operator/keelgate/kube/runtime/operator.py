@@ -35,7 +35,7 @@ import kopf
 from keelgate.core.protocols import RunRevisions, Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
-from keelgate.kube.controller.context import ControllerSettings, tell_nobody
+from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
@@ -44,7 +44,7 @@ from keelgate.kube.runtime.cache import Cache, key_of, slim_copy
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
-from keelgate.kube.runtime.notify import ConfigMapState, Notifier, plan_arguments
+from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
@@ -54,7 +54,7 @@ log = logging.getLogger("keelgate.operator")
 
 #: How many of the runs waiting for a step slot one freed slot wakes.
 WAKE_ON_SLOT = 8
-#: How often the notifier's delivery state is kept (only while notices flow).
+#: How often the notifier's delivery state is kept (only while notifications flow).
 NOTIFY_STATE_EVERY = 2.0
 #: The kinds the operator watches, listed once before any worker runs.
 WATCHED = ("AgentRun", "Pod", "Reconciliation", "Approval")
@@ -256,7 +256,7 @@ class Operator:
             meter=self.metrics,
             enqueue=queue.add_threadsafe,
             tracer=self.tracer,
-            tell=tell_nobody if notifier is None else notifier.tell,
+            notify=notify_nobody if notifier is None else notifier.notify,
         )
         workers = Workers(queue, self.controller.reconcile, self.metrics)
         for number in range(self.options.workers):
@@ -320,11 +320,11 @@ class Operator:
         if self.queue is not None:
             self.queue.close()
         if self.notifier is not None:
-            # Undelivered notices stay after ``through``: the next leader sends them.
+            # Undelivered notifications stay after ``through``: the next leader sends them.
             await asyncio.to_thread(self.notifier.stop)
 
     async def _keep_notify_state(self, notifier: Notifier) -> None:
-        """Keep how far delivery has come, every few seconds while notices flow."""
+        """Keep how far delivery has come, every few seconds while notifications flow."""
         while True:
             await asyncio.sleep(NOTIFY_STATE_EVERY)
             await asyncio.to_thread(notifier.save_state)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from keelgate.cli.step import exit_code
 from keelgate.core import failpoints, fence
+from keelgate.core.exits import exit_code
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores, Tool
 from keelgate.core.spec import LoopSpec

@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 
 from keelgate.core.protocols import Stores
 from keelgate.errors import StoreUnavailable
-from keelgate.stores._sql import Connection, migrate
+from keelgate.stores._dialect import Connection
+from keelgate.stores._migrations import migrate
 from keelgate.stores.memory import MemoryBackend, MemoryStore
 from keelgate.stores.sqlite import SQLITE, SQLiteStore, immediate
 

@@ -12,6 +12,10 @@ cookie alone gets: no data and no form token, only what lets the script fill it.
 
 It must never render a value without escaping it, and never render a control that would fail:
 a decision the user may not make shows why instead of a button.
+
+Why one module past 500 lines: every page is built of the same few parts (a run's row, a
+decision's form, the shell), read together so that a form and the page that shows it never
+disagree; what the pages show is ``views.py``'s.
 """
 
 from __future__ import annotations

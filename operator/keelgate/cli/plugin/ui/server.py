@@ -28,6 +28,12 @@ Defences, each for a reason:
 
 It must never bind anything but 127.0.0.1, never log a request's form (notes, tokens), and never
 act without the session's cookie and its key or form token.
+
+Why one module past 500 lines: the defences above are all in how one request is read and
+answered, and are read together, in the order a request meets them (a connection's slot, its
+head's deadline, the Host and Origin, the session's cookie and key or token); what is not a
+defence is elsewhere: the sessions (``sessions.py``), what a page shows (``views.py``) and how
+(``pages.py``).
 """
 
 from __future__ import annotations

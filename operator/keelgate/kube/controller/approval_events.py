@@ -1,13 +1,15 @@
-"""What the operator tells about approvals, at the three moments it knows them.
+"""The Kubernetes Events the operator records about approvals, at the three moments it knows
+them, and the one notification of them no object's body holds (an approval expired).
 
 Why it exists: people want to be told where they are, not to watch a page: that an action
 starts waiting for approval (or waits again, once approvals stopped counting), that a person
 decided, that an approval expired. The operator learns each moment in one place, and tells it
 from here: ``DecisionObjects.ask_to_approve`` (an Approval made, or asked again),
-``ApprovalReconciler`` (a decision recorded in the store, an approval found expired). Today each
-is a Kubernetes Event on the run; anything else that should hear of them (a notification to a
-chat or a pager) is added here, once, not at each place. It must never put a tool's argument or
-a secret into what it tells.
+``ApprovalReconciler`` (a decision recorded in the store, an approval found expired). Each is a
+Kubernetes Event on the run; an expiry is also a notification to the sinks
+(``keelgate.kube.notifications.approval_expired``: the notifier derives the others from the
+Approval itself); anything else that should hear of these moments is added here, once, not at
+each place. It must never put a tool's argument or a secret into what it tells.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from keelgate.core.state import Decision
 from keelgate.core.types import PendingApproval, utc_iso
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
-from keelgate.kube.notices import approval_expired
+from keelgate.kube.notifications import approval_expired
 
 
-class ApprovalNews:
+class ApprovalEvents:
     def __init__(self, context: ControllerContext) -> None:
         self._events = context.events
-        self._tell = context.tell
+        self._notify = context.notify
 
     def waiting(self, run: JSON, name: str, pending: PendingApproval, *, again: bool) -> None:
         """An action starts waiting for approval (``again``: it was approved, and its
@@ -73,7 +75,7 @@ class ApprovalNews:
         spec = approval.get("spec") or {}
         for decision in expired:
             at = seconds(decision.at)
-            self._tell(
+            self._notify(
                 approval_expired(
                     approval,
                     approved_by=[decision.by],

@@ -2,7 +2,7 @@
 its bytes.
 
 Why it exists: every value a store keeps or a user reads is a frozen dataclass whose fields are
-its JSON (``keelgate.core.values``). Reading goes through pydantic; writing through a writer
+its JSON (``keelgate.core.json_codec``). Reading goes through pydantic; writing through a writer
 derived from the same fields, for speed. These tests hold the writer to pydantic's own
 serialisation of every such class (found by introspection, so a new class cannot escape), prove
 that what is written reads back the same, and that checkpoints the previous code stored are
@@ -27,9 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keelgate.core
+from keelgate.core.json_codec import JsonValue, _adapter
 from keelgate.core.state import RunState, upgraded
 from keelgate.core.types import RunStatus, StopReason, StopReasonName
-from keelgate.core.values import ACTION_ID, JsonValue, _adapter
+from keelgate.core.values import ACTION_ID
 
 FORMAT_2 = Path(__file__).parent / "data" / "checkpoints-format-2"
 

@@ -1,21 +1,21 @@
 """What the operator tells the outside world (as CloudEvents), derived from the objects it writes.
 
-Why it exists: a person should be told when a decision starts waiting for them, is made or
-expires, and when a run stops or finishes. Each of these is a fact the cluster already holds
-durably, in what the operator wrote: a Reconciliation or Approval created (a decision waits),
-its status ``Settled`` with ``verdict``, ``settledBy`` and ``source`` (a decision made), an
-AgentRun's status at rest (``phase``, ``stopReason``). So a notice is derived from an object's
-body, not recorded beside it: the same body gives the same notices, with the same ``id``, in
-any process, after any restart and on any leader, and a receiver can drop a notice it has seen.
+Why it exists: a person should be told when a decision starts waiting for them, is made or expires,
+and when a run stops or finishes. Each of these is a fact the cluster already holds durably, in what
+the operator wrote: a Reconciliation or Approval created (a decision waits), its status ``Settled``
+with ``verdict``, ``settledBy`` and ``source`` (a decision made), an AgentRun's status at rest
+(``phase``, ``stopReason``). So a notification is derived from an object's body, not recorded beside
+it: the same body gives the same notifications, with the same ``id``, in any process, after any
+restart and on any leader, and a receiver can drop a notification it has seen.
 
-Each notice's ``id`` is a hash of the durable fields that make its transition distinct (the
+Each notification's ``id`` is a hash of the durable fields that make its transition distinct (the
 object's uid, and for a run's stop its phase, stop reason, step and the time its ``Succeeded``
-condition last moved); its ``time`` is the record's own (``creationTimestamp``, ``settledAt``,
-the conditions' transition times), which a new leader compares with how far the last one had
-delivered (``keelgate.kube.runtime.notify``).
+condition last moved); its ``time`` is the record's own (``creationTimestamp``, ``settledAt``, the
+conditions' transition times), which a new leader compares with how far the last one had delivered
+(``keelgate.kube.runtime.notifier``).
 
-This module is pure: it reads bodies and never talks to a cluster or a store. It must never put
-a tool's argument or a secret into a notice: the words it copies (a stop's message) go through
+This module is pure: it reads bodies and never talks to a cluster or a store. It must never put a
+tool's argument or a secret into a notification: the words it copies (a stop's message) go through
 the redactor, and arguments are added (redacted) only by a sink that asks for them.
 """
 
@@ -33,7 +33,7 @@ from keelgate.manifest import notifications as types
 
 JSON = dict[str, Any]
 
-#: The kinds whose bodies hold notices.
+#: The kinds whose bodies hold notifications.
 KINDS = ("AgentRun", "Reconciliation", "Approval")
 #: A record's time on the API server's clock (a creationTimestamp); others are the operator's.
 SERVER_CLOCK = "server"
@@ -47,7 +47,7 @@ _AT_REST = {
 
 
 @dataclass(frozen=True)
-class Notice:
+class Notification:
     """One event to tell: a CloudEvent's attributes and data, without the operator's name
     (``source`` is ``/<operator>`` + ``path``) and without any tool's arguments."""
 
@@ -66,7 +66,7 @@ class Notice:
     about: tuple[str, str, str, str] = field(default=("", "", "", ""))
 
 
-def notice_id(*parts: object) -> str:
+def notification_id(*parts: object) -> str:
     """A stable id from durable fields: the same parts give the same id in any process."""
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
     return digest[:32]
@@ -81,17 +81,17 @@ def _seconds(text: Any) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
-def notices_of(kind: str, body: Mapping[str, Any]) -> list[Notice]:
-    """Every notice ``body`` (an AgentRun, Reconciliation or Approval) holds now, in the order
+def notifications_of(kind: str, body: Mapping[str, Any]) -> list[Notification]:
+    """Every notification ``body`` (an AgentRun, Reconciliation or Approval) holds now, in the order
     they happened. Cheap for a body that holds none (a run under way)."""
     if kind == "AgentRun":
-        return _run_notices(body)
+        return _run_notifications(body)
     if kind in ("Reconciliation", "Approval"):
-        return _decision_notices(kind, body)
+        return _decision_notifications(kind, body)
     return []
 
 
-def _run_notices(body: Mapping[str, Any]) -> list[Notice]:
+def _run_notifications(body: Mapping[str, Any]) -> list[Notification]:
     status = body.get("status") or {}
     event_type = _AT_REST.get(str(status.get("phase") or ""))
     if event_type is None:
@@ -146,9 +146,9 @@ def _run_notices(body: Mapping[str, Any]) -> list[Notice]:
         "waitingFor": waiting,
     }
     return [
-        Notice(
+        Notification(
             type=event_type,
-            id=notice_id(
+            id=notification_id(
                 "run",
                 uid,
                 phase,
@@ -169,7 +169,7 @@ def _run_notices(body: Mapping[str, Any]) -> list[Notice]:
     ]
 
 
-def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
+def _decision_notifications(kind: str, body: Mapping[str, Any]) -> list[Notification]:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
@@ -191,10 +191,12 @@ def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
     if kind == "Reconciliation":
         base["idempotencyKey"] = str(spec.get("idempotencyKey", ""))
 
-    def notice(event_type: str, at: float, clock: str, data: JSON, *parts: object) -> Notice:
-        return Notice(
+    def notification(
+        event_type: str, at: float, clock: str, data: JSON, *parts: object
+    ) -> Notification:
+        return Notification(
             type=event_type,
-            id=notice_id(kind, uid, *parts),
+            id=notification_id(kind, uid, *parts),
             path=run_path(namespace, run),
             subject=f"{plural}/{name}",
             time=at,
@@ -206,7 +208,7 @@ def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
             about=about,
         )
 
-    found: list[Notice] = []
+    found: list[Notification] = []
     if not status.get("phase"):
         return found  # just created: shown Pending (or Settled, by a confirmer) a moment later
     settled = status.get("phase") == "Settled"
@@ -218,7 +220,7 @@ def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
             if kind == "Reconciliation"
             else (types.APPROVAL_REQUESTED)
         )
-        found.append(notice(requested, created, SERVER_CLOCK, base, "requested"))
+        found.append(notification(requested, created, SERVER_CLOCK, base, "requested"))
     if settled:
         verdict, by = str(status.get("verdict") or ""), str(status.get("settledBy") or "")
         at = _seconds(status.get("settledAt")) or created
@@ -229,9 +231,9 @@ def _decision_notices(kind: str, body: Mapping[str, Any]) -> list[Notice]:
         else:
             event_type = types.APPROVAL_APPROVED if verdict == "approved" else types.APPROVAL_DENIED
         # settledAt is written once per decision: a later decision of the same object (asked
-        # again) is another notice.
+        # again) is another notification.
         found.append(
-            notice(
+            notification(
                 event_type,
                 at,
                 OPERATOR_CLOCK,
@@ -252,24 +254,24 @@ def approval_expired(
     approved_at: str,
     expired_at: str,
     expires_after_seconds: float,
-) -> Notice:
-    """The notice that an approval given at ``approved_at`` by ``approved_by`` was too old when
-    its WRITE was to run (``expiresAfter`` on the tool's rule) and is asked for again.
+) -> Notification:
+    """The notification that an approval given at ``approved_at`` by ``approved_by`` was too old
+    when its WRITE was to run (``expiresAfter`` on the tool's rule) and is asked for again.
 
-    ``approval`` is the Approval object's body; ``approved_at`` is the decision's time as the
-    store records it, so the notice has the same ``id`` however often it is told (and a later
-    expiry of a later approval another one); ``expired_at`` (a metav1.Time, on the operator's
-    clock) is when the operator found it expired and asked again, as recorded with the new ask.
-    Told with ``ControllerContext.tell``."""
+    ``approval`` is the Approval object's body; ``approved_at`` is the decision's time as the store
+    records it, so the notification has the same ``id`` however often it is told (and a later expiry
+    of a later approval another one); ``expired_at`` (a metav1.Time, on the operator's clock) is
+    when the operator found it expired and asked again, as recorded with the new ask. Sent with
+    ``ControllerContext.notify``."""
     meta = approval.get("metadata") or {}
     spec = approval.get("spec") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     run, action = str(spec.get("runName", "")), str(spec.get("action", ""))
     uid = str(meta.get("uid", ""))
     at = _seconds(expired_at)
-    return Notice(
+    return Notification(
         type=types.APPROVAL_EXPIRED,
-        id=notice_id("Approval", uid, "expired", approved_at, *approved_by),
+        id=notification_id("Approval", uid, "expired", approved_at, *approved_by),
         path=run_path(namespace, run),
         subject=f"approvals/{name}",
         time=0.0 if at is None else at,

@@ -1,0 +1,165 @@
+"""The Reconciliation reconciler: a person's settlement of an unknown outcome, from the object
+into the store.
+
+A person settles an unknown outcome by editing the Reconciliation (``spec.executed``, with
+``spec.by``); this reconciler records that decision in the store through the same ``Loop``
+method the CLI calls (``reconcile``), then shows it Settled in the object's status and wakes the
+run. A decision already recorded in the store (made with ``keelgate reconcile``, or by a step
+pod's confirmer) is mirrored instead, and wins: the first decision stands. A decision the loop
+refuses (or one whose run the store does not have) shows in the object's status (``message`` and
+``Stalled=True``, so kstatus tools and Argo CD see it), is told in one Warning Event per
+distinct reason, and is tried again with a growing back-off (``refusals``, shared with the
+Approval reconciler); "not executed" made before the call's write deadline (until then a
+held-up process may still send it) is held, shown in the object's status, and recorded once the
+deadline has passed, unless the call's own result arrived first. This module must never record
+a decision nobody made, nor change one already recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keelgate.core.types import KeyState
+from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
+from keelgate.kube.api_failures import Gone
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON, Key
+from keelgate.kube.controller.refusals import refuse, warn, with_generation
+from keelgate.kube.status import condition
+from keelgate.kube.times import now
+
+#: The spec field holding the person's decision (true: executed, false: not executed).
+DECISION_FIELD = "executed"
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A settlement as the store records it: executed or not, by whom, and its source
+    (``human`` or ``confirmer``; "" when the store names none)."""
+
+    yes: bool
+    by: str
+    source: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """The verdict, as status shows it."""
+        return "executed" if self.yes else "abandoned"
+
+
+def settled_status(decided: Decided, body: JSON) -> JSON:
+    """The status of a Reconciliation ``body`` settled as ``decided``."""
+    at = now()
+    conditions = [
+        condition(body, "Ready", "True", "Settled", decided.verdict, generation=0, now=at),
+        condition(body, "Stalled", "False", "Settled", generation=0, now=at),
+    ]
+    return {
+        "phase": "Settled",
+        "verdict": decided.verdict,
+        "source": decided.source or "human",
+        "settledBy": decided.by,
+        "settledAt": at,
+        "message": "",
+        "conditions": with_generation(conditions, body),
+    }
+
+
+def _recorded(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
+    """The settlement the store holds for the Reconciliation's key (None: undecided there)."""
+    record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
+    if record is None or record.state not in (KeyState.COMPLETED, KeyState.ABANDONED):
+        return None
+    return Decided(record.state is KeyState.COMPLETED, record.settled_by, record.source or "")
+
+
+class ReconciliationReconciler:
+    def __init__(self, context: ControllerContext) -> None:
+        self._context = context
+
+    def reconcile(self, key: Key) -> Result:
+        """Record the decision the object holds (or mirror the one the store holds), show it
+        Settled, and wake the run."""
+        context = self._context
+        _, namespace, name = key
+        body = context.cache.get("Reconciliation", namespace, name)
+        if body is None or (body.get("status") or {}).get("phase") == "Settled":
+            return REST
+        spec = body.get("spec") or {}
+        run_name = str(spec.get("runName", ""))
+        wanted = spec.get(DECISION_FIELD)
+        decided = _recorded(context, namespace, spec)
+        if decided is None:
+            if wanted is None:
+                return REST  # waiting for a person
+            try:
+                context.loop.reconcile(
+                    namespace,
+                    run_name,
+                    str(spec.get("action", "")),
+                    executed=bool(wanted),
+                    by=str(spec.get("by", "")),
+                )
+            except SettleTooEarly as early:
+                return self._hold(body, run_name, early)
+            except (SettleError, RunNotFound, InputError) as error:
+                decided = _recorded(context, namespace, spec)
+                if decided is None:
+                    reason = "RunNotFound" if isinstance(error, RunNotFound) else "SettleRefused"
+                    return refuse(context, "Reconciliation", body, run_name, reason, str(error))
+            else:
+                decided = _recorded(context, namespace, spec)
+        if decided is None:
+            return Requeue(1.0)
+        if wanted is not None and bool(wanted) != decided.yes:
+            warn(
+                context,
+                body,
+                run_name,
+                "DecidedElsewhere",
+                f"{spec.get('action', '')} was already settled as {decided.verdict} by "
+                f"{decided.by}; that decision stands",
+            )
+        try:
+            patched = context.api.patch_status(
+                "Reconciliation", namespace, name, settled_status(decided, body)
+            )
+        except Gone:
+            return REST
+        context.cache.put("Reconciliation", patched)
+        run = context.cache.get("AgentRun", namespace, run_name)
+        if run is not None:
+            what = f"{spec.get('tool')} ({spec.get('action', '')})"
+            context.events.normal(
+                run,
+                "Settled",
+                f"{what} settled as {decided.verdict} by {decided.by} "
+                f"({decided.source or 'human'}): reconciliation {name}",
+            )
+        context.enqueue(("AgentRun", namespace, run_name), 0.0)
+        return REST
+
+    def _hold(self, body: JSON, run_name: str, early: SettleTooEarly) -> Result:
+        """Hold a "not executed" made before the call's write deadline: say so in the object's
+        status (once, with a Normal Event on the run) and try again when it has passed."""
+        context = self._context
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        message = (
+            f"not executed is held until {early.not_before}: until then the call may still be "
+            "sent by a process that was held up; it is recorded then, unless the call's own "
+            "result arrives first"
+        )
+        status = body.get("status") or {}
+        if status.get("message") != message:
+            shown = {"phase": "Pending", "notExecutedAfter": early.not_before, "message": message}
+            try:
+                patched = context.api.patch_status("Reconciliation", namespace, name, shown)
+            except Gone:
+                return REST
+            context.cache.put("Reconciliation", patched)
+            run = context.cache.get("AgentRun", namespace, run_name)
+            context.events.normal(
+                run or body, "SettlementHeld", f"reconciliation {name}: {message}"
+            )
+        return Requeue(early.retry_after + 0.5)

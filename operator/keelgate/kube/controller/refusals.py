@@ -1,0 +1,73 @@
+"""What the Reconciliation and Approval reconcilers do with a decision the loop refuses.
+
+Why it exists: a person's decision the store will not take (the loop refuses it, or the store
+has no such run) is shown in the object's status, told once in a Warning, and tried again
+later, the same way for either kind; the two reconcilers share this module rather than import
+each other (a contract in pyproject.toml keeps the reconcilers independent). It records
+nothing in the store, and must never show a decision as made.
+"""
+
+from __future__ import annotations
+
+from keelgate.kube.api_failures import Gone
+from keelgate.kube.controller.context import ControllerContext
+from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ports import JSON
+from keelgate.kube.status import condition
+from keelgate.kube.times import now, parse_time
+
+#: How long a refused decision waits before it is tried again: at first, and at most (the wait
+#: grows with how long it has been refused).
+REFUSED_RETRY = 10.0
+REFUSED_RETRY_MAX = 300.0
+
+
+def with_generation(conditions: list[JSON], body: JSON) -> list[JSON]:
+    """The conditions, each with the object's generation (the spec they answer)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 1)
+    return [{**c, "observedGeneration": generation} for c in conditions]
+
+
+def refuse(
+    context: ControllerContext, kind: str, body: JSON, run_name: str, reason: str, message: str
+) -> Result:
+    """A decision the loop refused, or whose run the store does not have (``body``, a
+    Reconciliation or an Approval, of ``kind``): shown Pending in the object's status
+    (``Stalled=True`` with the reason), told once per distinct message in a Warning, and tried
+    again after a wait that grows with how long it has been refused (10 s, then as long as it
+    has been refused so far, at most 5 minutes)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    old = body.get("status") or {}
+    at = now()
+    stalled = condition(old, "Stalled", "True", reason, message, generation=0, now=at)
+    shown = {
+        "phase": "Pending",
+        "message": message,
+        "conditions": with_generation(
+            [
+                condition(old, "Ready", "False", reason, message, generation=0, now=at),
+                stalled,
+            ],
+            body,
+        ),
+    }
+    if old.get("message") != message or old.get("conditions") != shown["conditions"]:
+        try:
+            patched = context.api.patch_status(kind, namespace, name, shown)
+        except Gone:
+            return REST
+        context.cache.put(kind, patched)
+        if old.get("message") != message:
+            warn(context, body, run_name, reason, message)
+    # The Stalled condition just shown keeps its time while the refusal stands.
+    since = parse_time(stalled["lastTransitionTime"])
+    refused_for = 0.0 if since is None else max(0.0, context.clock() - since.timestamp())
+    return Requeue(min(REFUSED_RETRY_MAX, max(REFUSED_RETRY, refused_for)))
+
+
+def warn(context: ControllerContext, body: JSON, run_name: str, reason: str, message: str) -> None:
+    """A Warning on the run (on the object itself if the run is not in the cache)."""
+    namespace = body["metadata"]["namespace"]
+    run = context.cache.get("AgentRun", namespace, run_name)
+    context.events.warning(run or body, reason, message)
