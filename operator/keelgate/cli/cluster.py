@@ -18,12 +18,14 @@ import typer
 from keelgate.cli import step
 from keelgate.cli.commands import StoreOption, app
 from keelgate.errors import InputError, MissingExtra
-from keelgate.stores import read_store_url
+from keelgate.stores import StoreUrl, read_store_url
 
 if TYPE_CHECKING:
     from keelgate.kube.api import ClusterApi
     from keelgate.kube.runtime.leadership import LeaseSettings
+    from keelgate.kube.runtime.operator import OperatorOptions
     from keelgate.manifest.notifications import NotifySettings
+    from keelgate.manifest.step_defaults import StepPodDefaults
 
 T = TypeVar("T")
 
@@ -39,241 +41,236 @@ def step_command(ctx: typer.Context) -> int:
     return step.main(ctx.args)
 
 
+# The options of `keelgate operator` (the chart sets them; docs/operator.md).
+WatchNamespacesOption = Annotated[
+    list[str] | None,
+    typer.Option("--namespace", "-n", help="A namespace to watch (repeat for more; default: all)."),
+]
+AllowFailpointsOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-failpoints",
+        help="Forward the keelgate.dev/failpoints annotation into step pods (development "
+        "clusters only).",
+    ),
+]
+MaxStepPodsOption = Annotated[
+    int, typer.Option("--max-step-pods", min=1, help="Step pods pending or running at once.")
+]
+StepImageOption = Annotated[
+    str,
+    typer.Option(
+        "--step-image",
+        envvar="KEELGATE_STEP_IMAGE",
+        help="The image of step pods (spec.step.image overrides it per run).",
+    ),
+]
+StepCommandOption = Annotated[
+    str,
+    typer.Option(
+        "--step-command",
+        envvar="KEELGATE_STEP_COMMAND",
+        help="The program step pods start (the image's keelgate).",
+    ),
+]
+StoreSecretOption = Annotated[
+    str,
+    typer.Option(
+        "--store-secret",
+        help="The Secret (in each run's namespace) whose key 'url' step pods read the "
+        "store URL from.",
+    ),
+]
+ConfirmerOption = Annotated[
+    str,
+    typer.Option(help="A confirmer step pods use: 'pkg.module:object' in the step image."),
+]
+ConfirmerUrlOption = Annotated[
+    str,
+    typer.Option(
+        "--confirmer-url",
+        help="An HTTP confirmer step pods ask (see `keelgate step --help`).",
+    ),
+]
+StepPodDefaultsOption = Annotated[
+    str,
+    typer.Option(
+        "--step-pod-defaults",
+        envvar="KEELGATE_STEP_POD_DEFAULTS",
+        help="A YAML file of the platform's settings for every step pod: resources, "
+        "priorityClassName, runtimeClassName, imagePullSecrets, nodeSelector, tolerations, "
+        "keepFinishedPods, maxActiveSeconds (docs/operator.md).",
+    ),
+]
+AuditSignKeyOption = Annotated[
+    str,
+    typer.Option(
+        "--audit-sign-key",
+        envvar="KEELGATE_AUDIT_SIGN_KEY",
+        help="A PEM private key (Ed25519 or ECDSA P-256): sign each stopped run's audit "
+        "chain head with it (docs/audit.md).",
+    ),
+]
+NotifyConfigOption = Annotated[
+    str,
+    typer.Option(
+        "--notify-config",
+        envvar="KEELGATE_NOTIFY_CONFIG",
+        help="A YAML file of the sinks the operator sends CloudEvents to (the chart's "
+        "notifications values; docs/notifications.md).",
+    ),
+]
+NotifySinkOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--notify-sink",
+        help="A URL to POST every CloudEvent to (repeat for more; structured mode, the "
+        "defaults of docs/notifications.md).",
+    ),
+]
+NotifySourceOption = Annotated[
+    str,
+    typer.Option(
+        "--notify-source",
+        help="The operator's name at the head of each event's source (default: the "
+        "--notify-config's, else 'keelgate').",
+    ),
+]
+NotifyStateOption = Annotated[
+    str,
+    typer.Option(
+        "--notify-state",
+        help="NAMESPACE/NAME of the ConfigMap that keeps how far events are delivered, so "
+        "that a restart or a new leader sends again what was not (default: the "
+        "--notify-config's, else none).",
+    ),
+]
+MaxCrashesOption = Annotated[
+    int,
+    typer.Option(
+        "--max-crashes",
+        min=1,
+        help="Step pods in a row that die without recording a stop before the run stalls.",
+    ),
+]
+StepEventsOption = Annotated[
+    str,
+    typer.Option(
+        "--step-events",
+        help="Which step starts an Event tells: 'notable' (a run's first step, a retry, "
+        "failpoints armed; the status tells the rest) or 'every'.",
+    ),
+]
+KubeQpsOption = Annotated[
+    float,
+    typer.Option(
+        "--kube-qps",
+        min=0,
+        help="The operator's API requests a second, sustained (0: no limit).",
+    ),
+]
+KubeBurstOption = Annotated[
+    int,
+    typer.Option("--kube-burst", min=1, help="API requests at once beyond --kube-qps."),
+]
+PortOption = Annotated[int, typer.Option(help="Port of /metrics and /healthz.")]
+BindOption = Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")]
+WorkersOption = Annotated[int, typer.Option(min=1, help="Reconciles at once.")]
+ResyncOption = Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")]
+TenantSessionsOption = Annotated[
+    int,
+    typer.Option(
+        "--tenant-sessions",
+        min=1,
+        help="Sessions kept open on tenants' own databases (one each) beyond those in use; "
+        "each closes after a minute unused (docs/stores.md).",
+    ),
+]
+LeaderElectOption = Annotated[
+    bool,
+    typer.Option(
+        "--leader-elect/--no-leader-elect",
+        help="Take part in leader election (a Lease): only the leader drives runs, the "
+        "other replicas stand by.",
+    ),
+]
+LeaseNameOption = Annotated[str, typer.Option("--lease-name", help="The Lease's name.")]
+LeaseNamespaceOption = Annotated[
+    str,
+    typer.Option(
+        "--lease-namespace",
+        envvar="POD_NAMESPACE",
+        help="The Lease's namespace (default: the pod's own).",
+    ),
+]
+IdentityOption = Annotated[
+    str,
+    typer.Option(
+        "--identity", envvar="POD_NAME", help="This replica's name in the Lease (its pod's)."
+    ),
+]
+LeaseDurationOption = Annotated[
+    int, typer.Option("--lease-duration", help="Seconds a standby waits for a silent leader.")
+]
+LeaseRenewOption = Annotated[
+    int,
+    typer.Option("--lease-renew", help="Seconds a leader tries to renew before it stops."),
+]
+LeaseRetryOption = Annotated[
+    int, typer.Option("--lease-retry", help="Seconds between tries to take or renew.")
+]
+
+
 @app.command("operator")
 def operator_command(
     store: StoreOption = "",
-    namespace: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--namespace", "-n", help="A namespace to watch (repeat for more; default: all)."
-        ),
-    ] = None,
-    allow_failpoints: Annotated[
-        bool,
-        typer.Option(
-            "--allow-failpoints",
-            help="Forward the keelgate.dev/failpoints annotation into step pods (development "
-            "clusters only).",
-        ),
-    ] = False,
-    max_step_pods: Annotated[
-        int, typer.Option("--max-step-pods", min=1, help="Step pods pending or running at once.")
-    ] = 20,
-    step_image: Annotated[
-        str,
-        typer.Option(
-            "--step-image",
-            envvar="KEELGATE_STEP_IMAGE",
-            help="The image of step pods (spec.step.image overrides it per run).",
-        ),
-    ] = "ghcr.io/keelgate/keelgate:0.1.0",
-    step_command: Annotated[
-        str,
-        typer.Option(
-            "--step-command",
-            envvar="KEELGATE_STEP_COMMAND",
-            help="The program step pods start (the image's keelgate).",
-        ),
-    ] = "keelgate",
-    store_secret: Annotated[
-        str,
-        typer.Option(
-            "--store-secret",
-            help="The Secret (in each run's namespace) whose key 'url' step pods read the "
-            "store URL from.",
-        ),
-    ] = "keelgate-store",
-    confirmer: Annotated[
-        str,
-        typer.Option(help="A confirmer step pods use: 'pkg.module:object' in the step image."),
-    ] = "",
-    confirmer_url: Annotated[
-        str,
-        typer.Option(
-            "--confirmer-url",
-            help="An HTTP confirmer step pods ask (see `keelgate step --help`).",
-        ),
-    ] = "",
-    step_pod_defaults: Annotated[
-        str,
-        typer.Option(
-            "--step-pod-defaults",
-            envvar="KEELGATE_STEP_POD_DEFAULTS",
-            help="A YAML file of the platform's settings for every step pod: resources, "
-            "priorityClassName, runtimeClassName, imagePullSecrets, nodeSelector, tolerations, "
-            "keepFinishedPods, maxActiveSeconds (docs/operator.md).",
-        ),
-    ] = "",
-    audit_sign_key: Annotated[
-        str,
-        typer.Option(
-            "--audit-sign-key",
-            envvar="KEELGATE_AUDIT_SIGN_KEY",
-            help="A PEM private key (Ed25519 or ECDSA P-256): sign each stopped run's audit "
-            "chain head with it (docs/audit.md).",
-        ),
-    ] = "",
-    notify_config: Annotated[
-        str,
-        typer.Option(
-            "--notify-config",
-            envvar="KEELGATE_NOTIFY_CONFIG",
-            help="A YAML file of the sinks the operator sends CloudEvents to (the chart's "
-            "notifications values; docs/notifications.md).",
-        ),
-    ] = "",
-    notify_sink: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--notify-sink",
-            help="A URL to POST every CloudEvent to (repeat for more; structured mode, the "
-            "defaults of docs/notifications.md).",
-        ),
-    ] = None,
-    notify_source: Annotated[
-        str,
-        typer.Option(
-            "--notify-source",
-            help="The operator's name at the head of each event's source (default: the "
-            "--notify-config's, else 'keelgate').",
-        ),
-    ] = "",
-    notify_state: Annotated[
-        str,
-        typer.Option(
-            "--notify-state",
-            help="NAMESPACE/NAME of the ConfigMap that keeps how far events are delivered, so "
-            "that a restart or a new leader sends again what was not (default: the "
-            "--notify-config's, else none).",
-        ),
-    ] = "",
-    max_crashes: Annotated[
-        int,
-        typer.Option(
-            "--max-crashes",
-            min=1,
-            help="Step pods in a row that die without recording a stop before the run stalls.",
-        ),
-    ] = 5,
-    step_events: Annotated[
-        str,
-        typer.Option(
-            "--step-events",
-            help="Which step starts an Event tells: 'notable' (a run's first step, a retry, "
-            "failpoints armed; the status tells the rest) or 'every'.",
-        ),
-    ] = "notable",
-    kube_qps: Annotated[
-        float,
-        typer.Option(
-            "--kube-qps",
-            min=0,
-            help="The operator's API requests a second, sustained (0: no limit).",
-        ),
-    ] = 50.0,
-    kube_burst: Annotated[
-        int,
-        typer.Option("--kube-burst", min=1, help="API requests at once beyond --kube-qps."),
-    ] = 100,
-    port: Annotated[int, typer.Option(help="Port of /metrics and /healthz.")] = 8080,
-    bind: Annotated[str, typer.Option(help="Address /metrics and /healthz listen on.")] = "0.0.0.0",
-    workers: Annotated[int, typer.Option(min=1, help="Reconciles at once.")] = 4,
-    resync: Annotated[float, typer.Option(min=1, help="Seconds between full resyncs.")] = 30.0,
-    tenant_sessions: Annotated[
-        int,
-        typer.Option(
-            "--tenant-sessions",
-            min=1,
-            help="Sessions kept open on tenants' own databases (one each) beyond those in use; "
-            "each closes after a minute unused (docs/stores.md).",
-        ),
-    ] = 20,
-    leader_elect: Annotated[
-        bool,
-        typer.Option(
-            "--leader-elect/--no-leader-elect",
-            help="Take part in leader election (a Lease): only the leader drives runs, the "
-            "other replicas stand by.",
-        ),
-    ] = False,
-    lease_name: Annotated[str, typer.Option("--lease-name", help="The Lease's name.")] = (
-        "keelgate-operator"
-    ),
-    lease_namespace: Annotated[
-        str,
-        typer.Option(
-            "--lease-namespace",
-            envvar="POD_NAMESPACE",
-            help="The Lease's namespace (default: the pod's own).",
-        ),
-    ] = "",
-    identity: Annotated[
-        str,
-        typer.Option(
-            "--identity", envvar="POD_NAME", help="This replica's name in the Lease (its pod's)."
-        ),
-    ] = "",
-    lease_duration: Annotated[
-        int, typer.Option("--lease-duration", help="Seconds a standby waits for a silent leader.")
-    ] = 15,
-    lease_renew: Annotated[
-        int,
-        typer.Option("--lease-renew", help="Seconds a leader tries to renew before it stops."),
-    ] = 10,
-    lease_retry: Annotated[
-        int, typer.Option("--lease-retry", help="Seconds between tries to take or renew.")
-    ] = 2,
+    namespace: WatchNamespacesOption = None,
+    allow_failpoints: AllowFailpointsOption = False,
+    max_step_pods: MaxStepPodsOption = 20,
+    step_image: StepImageOption = "ghcr.io/keelgate/keelgate:0.1.0",
+    step_command: StepCommandOption = "keelgate",
+    store_secret: StoreSecretOption = "keelgate-store",
+    confirmer: ConfirmerOption = "",
+    confirmer_url: ConfirmerUrlOption = "",
+    step_pod_defaults: StepPodDefaultsOption = "",
+    audit_sign_key: AuditSignKeyOption = "",
+    notify_config: NotifyConfigOption = "",
+    notify_sink: NotifySinkOption = None,
+    notify_source: NotifySourceOption = "",
+    notify_state: NotifyStateOption = "",
+    max_crashes: MaxCrashesOption = 5,
+    step_events: StepEventsOption = "notable",
+    kube_qps: KubeQpsOption = 50.0,
+    kube_burst: KubeBurstOption = 100,
+    port: PortOption = 8080,
+    bind: BindOption = "0.0.0.0",
+    workers: WorkersOption = 4,
+    resync: ResyncOption = 30.0,
+    tenant_sessions: TenantSessionsOption = 20,
+    leader_elect: LeaderElectOption = False,
+    lease_name: LeaseNameOption = "keelgate-operator",
+    lease_namespace: LeaseNamespaceOption = "",
+    identity: IdentityOption = "",
+    lease_duration: LeaseDurationOption = 15,
+    lease_renew: LeaseRenewOption = 10,
+    lease_retry: LeaseRetryOption = 2,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
-    if step_events not in ("notable", "every"):
-        raise InputError("--step-events", f"{step_events!r}: give 'notable' or 'every'")
-    if not store:
-        raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
-    read = read_store_url(store)  # read once: the operator's stores open from it
-    step.load_confirmer("", confirmer_url)  # a malformed URL is refused here, not in every pod
-    if confirmer and confirmer_url:
-        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
-    if not store.startswith(("postgresql:", "postgres:")):
-        raise InputError(
-            "--store",
-            f"{read.scheme}: owner liveness works on one host only; "
-            "the operator and its step pods need PostgreSQL (postgresql://...)",
-        )
-    import asyncio
-    import logging
+    read = _operator_store(
+        store, confirmer=confirmer, confirmer_url=confirmer_url, step_events=step_events
+    )
     import os
 
-    from keelgate.adapters.tracing import configured, missing_extra, unavailable
-    from keelgate.core.redaction import log_to_stderr
-    from keelgate.kube.api import ClusterApi, RateLimit
     from keelgate.kube.controller.context import ControllerSettings
     from keelgate.kube.resources import StepPodSettings
 
     try:
-        from keelgate.kube.runtime.operator import Operator, OperatorOptions
+        from keelgate.kube.runtime.operator import OperatorOptions
     except ModuleNotFoundError as error:
         raise MissingExtra.of(error, field="operator") or error from None
-    from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
-    from keelgate.stores import open_stores
 
-    try:
-        defaults = (
-            load_step_pod_defaults(step_pod_defaults) if step_pod_defaults else StepPodDefaults()
-        )
-    except InputError as error:
-        raise InputError("--step-pod-defaults", str(error)) from None
-    sign_head = None
-    if audit_sign_key:
-        from functools import partial
-
-        from keelgate.adapters.signing import load_private_key, read_key_file, sign_envelope
-
-        sign_head = partial(
-            sign_envelope,
-            key=load_private_key(
-                read_key_file(audit_sign_key, "--audit-sign-key"), field="--audit-sign-key"
-            ),
-        )
+    defaults = _step_pod_defaults(step_pod_defaults)
+    sign_head = _head_signer(audit_sign_key) if audit_sign_key else None
     notify = _notify_settings(notify_config, notify_sink or [], notify_source, notify_state)
     lease = None
     if leader_elect:
@@ -283,10 +280,7 @@ def operator_command(
             identity,
             (lease_duration, lease_renew, lease_retry),
         )
-    log_to_stderr(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    # leaderelection: a standby would log every try (every 2 s) at INFO.
-    for noisy in ("kopf", "aiohttp", "kubernetes", "urllib3", "leaderelection"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _log_to_stderr()
     options = OperatorOptions(
         namespaces=tuple(namespace or ()),
         controller=ControllerSettings(
@@ -312,7 +306,84 @@ def operator_command(
         lease=lease,
         notify=notify,
     )
-    api = _cluster_api(lambda: ClusterApi(limit=RateLimit(kube_qps, kube_burst)))
+    code = _run_operator(
+        options, read, tenant_sessions=tenant_sessions, qps=kube_qps, burst=kube_burst
+    )
+    if code:
+        print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
+    return code
+
+
+def _operator_store(
+    store: str, *, confirmer: str, confirmer_url: str, step_events: str
+) -> StoreUrl:
+    """The store URL, read once (the operator's stores open from it), after the options the
+    operator can refuse before it starts: a malformed confirmer URL is refused here, not in
+    every step pod, and a store whose owner liveness works on one host only is refused."""
+    if step_events not in ("notable", "every"):
+        raise InputError("--step-events", f"{step_events!r}: give 'notable' or 'every'")
+    if not store:
+        raise InputError("--store", "the operator needs a PostgreSQL URL (env KEELGATE_STORE)")
+    read = read_store_url(store)
+    step.load_confirmer("", confirmer_url)
+    if confirmer and confirmer_url:
+        raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
+    if not store.startswith(("postgresql:", "postgres:")):
+        raise InputError(
+            "--store",
+            f"{read.scheme}: owner liveness works on one host only; "
+            "the operator and its step pods need PostgreSQL (postgresql://...)",
+        )
+    return read
+
+
+def _step_pod_defaults(path: str) -> StepPodDefaults:
+    """The platform's settings for every step pod (--step-pod-defaults; none: the built-in
+    ones), a wrong one refused in one line naming the option."""
+    from keelgate.manifest.step_defaults import StepPodDefaults, load_step_pod_defaults
+
+    try:
+        return load_step_pod_defaults(path) if path else StepPodDefaults()
+    except InputError as error:
+        raise InputError("--step-pod-defaults", str(error)) from None
+
+
+def _head_signer(path: str) -> Callable[[bytes], Mapping[str, Any]]:
+    """What signs each stopped run's audit chain head: the private key of --audit-sign-key,
+    read and checked now (a key that cannot sign is refused at start, not at a run's end)."""
+    from functools import partial
+
+    from keelgate.adapters.signing import load_private_key, read_key_file, sign_envelope
+
+    key = load_private_key(read_key_file(path, "--audit-sign-key"), field="--audit-sign-key")
+    return partial(sign_envelope, key=key)
+
+
+def _log_to_stderr() -> None:
+    """The operator's log on stderr at INFO, but for the libraries that would drown it."""
+    import logging
+
+    from keelgate.core.redaction import log_to_stderr
+
+    log_to_stderr(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    # leaderelection: a standby would log every try (every 2 s) at INFO.
+    for noisy in ("kopf", "aiohttp", "kubernetes", "urllib3", "leaderelection"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _run_operator(
+    options: OperatorOptions, read: StoreUrl, *, tenant_sessions: int, qps: float, burst: int
+) -> int:
+    """Run the operator until it stops (its exit code: non-zero when it lost the leader's
+    lease), with its client of the API server, its stores and its tracer, which it closes."""
+    import asyncio
+
+    from keelgate.adapters.tracing import configured, missing_extra, unavailable
+    from keelgate.kube.api import ClusterApi, RateLimit
+    from keelgate.kube.runtime.operator import Operator
+    from keelgate.stores import open_stores
+
+    api = _cluster_api(lambda: ClusterApi(limit=RateLimit(qps, burst)))
     stores = open_stores(read, tenant_sessions=tenant_sessions)
     tracer = configured(service="keelgate-operator")  # the OTEL_* variables, if any
     missing = missing_extra()
@@ -324,8 +395,6 @@ def operator_command(
     finally:
         stores.close()
         tracer.close()
-    if code:
-        print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
     return code
 
 

@@ -280,31 +280,25 @@ def _add(
         default_role,
     )
 
-    operator = kind == "operator"
     admin_url = _admin_url(store)
     check_namespace(namespace)
     check_role(role or default_role(namespace, kind))
     check_host(host)
     check_limit(connection_limit, "--connection-limit")
     check_limit(lock_limit, "--lock-limit")
-    cluster = None
-    working = current_url = ""
-    exists = False
+    before = None
     if not print_url:
         # The cluster first: a namespace that is not there, or a user who may not write its
         # Secrets, stops the command before the database changes.
-        cluster = _cluster(kubeconfig, context, namespace)
-        chosen = role or default_role(namespace, kind)
-        current = cluster.read(secret)
-        exists = current is not None
-        current_url = cluster.url_of(current)
-        current_read = _secret_url(current_url)
-        working = current_read.password_of(chosen) if current_read else ""
-        # Where the pods reach the database stays as the Secret says, unless --host changes it.
-        host = host or (current_read.hosts if current_read else "")
-        # A dry run of the write (no password in it): the API server says whether it would.
-        dry = admin_url.with_login(chosen, "x", host=host)
-        cluster.write(secret, dry, chosen, exists=exists, dry_run=True)
+        before = _secret_before(
+            admin_url,
+            namespace,
+            role or default_role(namespace, kind),
+            secret=secret,
+            host=host,
+            cluster=_cluster(kubeconfig, context, namespace),
+        )
+        host = before.host
     where = moved = ""
     with _admin(admin_url) as admin:
         if move:
@@ -314,7 +308,7 @@ def _add(
             namespace,
             kind=kind,
             role=role,
-            working_password=working,
+            working_password=before.working if before is not None else "",
             rotate=rotate,
             host=host,
             new_url=print_url,
@@ -322,33 +316,11 @@ def _add(
             lock_limit=lock_limit,
             shared=shared_database,
         )
-        role = added.tenant.role
-        database = added.tenant.database
-        if cluster is not None:
-            # A password that works is kept; the URL around it is written as asked (--host).
-            url = added.url or admin_url.with_login(role, working, host=host, database=database)
-            if url != current_url:
-                try:
-                    cluster.write(secret, url, role, exists=exists)
-                except KeelgateError as error:
-                    raise _not_written(error, admin, added, f"{namespace}/{secret}") from None
-                done = "updated" if exists else "written"
-                where = f"; Secret {namespace}/{secret} {done} (key url)"
-            else:
-                where = f"; Secret {namespace}/{secret} unchanged"
-    made = "created" if added.created else "kept"
-    password = "a new password" if added.password else "its password unchanged"
-    kind_words = "operator" if operator else f"tenant {namespace}"
-    limits = f"at most {added.tenant.connection_limit} session(s)"
-    if kind == "tenant":
-        limits += f" and {added.tenant.lock_limit} run(s) at once"
-        place = (
-            f"database {database} of its own"
-            if database
-            else "the store's own database, shared with other tenants"
-        )
-        limits = f"{place}, {limits}"
-    line = f"{kind_words}: role {role} {made}, with {password}, {limits}{moved}{where}"
+        if before is not None:
+            where = _write_secret(
+                before, admin, added, admin_url, namespace=namespace, secret=secret
+            )
+    line = _added_line(added, kind, namespace) + moved + where
     for way in (*added.open, *added.unbounded):
         # What this URL could not close: a warning, not a failure (the role works).
         Console().warn(way)
@@ -356,12 +328,13 @@ def _add(
         Console().err.print(line, markup=False, highlight=False)
         Console().say(added.url)
         return 0
+    database = added.tenant.database
     _say(
         _Said(
             line,
             {
                 "namespace": namespace,
-                "role": role,
+                "role": added.tenant.role,
                 "kind": kind,
                 "created": added.created,
                 "passwordSet": added.password,
@@ -377,6 +350,82 @@ def _add(
         output,
     )
     return 0
+
+
+@dataclass(frozen=True)
+class _SecretBefore:
+    """A namespace's Secret as ``tenant add`` found it, before anything changed."""
+
+    cluster: StoreSecrets
+    exists: bool
+    url: str  # the URL it holds ("" for none)
+    working: str  # the role's password in it ("" for none, or a URL that cannot be read)
+    host: str  # where step pods reach the database: --host, else the Secret's ("" for neither)
+
+
+def _secret_before(
+    admin_url: StoreUrl, namespace: str, role: str, *, secret: str, host: str, cluster: StoreSecrets
+) -> _SecretBefore:
+    """Read the namespace's Secret and ask the API server, in a dry run of the write (no
+    password in it), whether the user may write it: a refusal here leaves the database as it
+    was. Where step pods reach the database stays as the Secret says, unless ``--host``
+    changes it."""
+    current = cluster.read(secret)
+    current_url = cluster.url_of(current)
+    current_read = _secret_url(current_url)
+    working = current_read.password_of(role) if current_read else ""
+    host = host or (current_read.hosts if current_read else "")
+    exists = current is not None
+    cluster.write(
+        secret, admin_url.with_login(role, "x", host=host), role, exists=exists, dry_run=True
+    )
+    return _SecretBefore(cluster, exists, current_url, working, host)
+
+
+def _write_secret(
+    before: _SecretBefore,
+    admin: TenantStore,
+    added: Added,
+    admin_url: StoreUrl,
+    *,
+    namespace: str,
+    secret: str,
+) -> str:
+    """Write the role's URL into the Secret unless it holds it already, and say which (the
+    words end the command's line). A password that works is kept; the URL around it is
+    written as asked (--host). A write that fails after the dry run passed undoes what it can
+    (``_not_written``)."""
+    tenant = added.tenant
+    url = added.url or admin_url.with_login(
+        tenant.role, before.working, host=before.host, database=tenant.database
+    )
+    if url == before.url:
+        return f"; Secret {namespace}/{secret} unchanged"
+    try:
+        before.cluster.write(secret, url, tenant.role, exists=before.exists)
+    except KeelgateError as error:
+        raise _not_written(error, admin, added, f"{namespace}/{secret}") from None
+    done = "updated" if before.exists else "written"
+    return f"; Secret {namespace}/{secret} {done} (key url)"
+
+
+def _added_line(added: Added, kind: str, namespace: str) -> str:
+    """What ``tenant add`` did, in words: the role made or kept, its password, its database and
+    its limits (the move and the Secret are said after it)."""
+    tenant = added.tenant
+    made = "created" if added.created else "kept"
+    password = "a new password" if added.password else "its password unchanged"
+    kind_words = "operator" if kind == "operator" else f"tenant {namespace}"
+    limits = f"at most {tenant.connection_limit} session(s)"
+    if kind == "tenant":
+        limits += f" and {tenant.lock_limit} run(s) at once"
+        place = (
+            f"database {tenant.database} of its own"
+            if tenant.database
+            else "the store's own database, shared with other tenants"
+        )
+        limits = f"{place}, {limits}"
+    return f"{kind_words}: role {tenant.role} {made}, with {password}, {limits}"
 
 
 def _not_written(

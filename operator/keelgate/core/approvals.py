@@ -403,12 +403,7 @@ def decide(
     )
     if why is not None:
         raise SettleError(state.run, action, why)
-    if len(decisions) >= MAX_DECISIONS:
-        raise SettleError(state.run, action, f"has {len(decisions)} decisions: no more are taken")
-    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
-        raise SettleError(
-            state.run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
-        )
+    _check_room(state.run, action, decisions, by)
     decision = Decision(
         approved,
         by,
@@ -420,22 +415,7 @@ def decide(
     )
     after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
     draft = _decided_event(asked, decision, after, prior=len(decisions))
-    if after.met or not approved:
-        waiting = tuple(p for p in state.pending if p.action != action)
-        who = ", ".join(d.by for d in after.counted) if approved else by
-        tail = f" ({after.count})" if approved and rule.required > 1 else ""
-        verdict = "approved" if approved else "denied"
-        message = f"{asked.tool} ({action}) {verdict} by {who}{tail}; resume to continue"
-    else:
-        waiting = tuple(
-            after.pending(action, asked.tool, definition=bound) if p.action == action else p
-            for p in state.pending
-        )
-        left = rule.required - len(after.counted)
-        message = (
-            f"{asked.tool} ({action}) approved by {by} ({after.count}); waiting for {left} "
-            f"more ({rule.describe()})"
-        )
+    waiting, message = _waiting_after(state.pending, asked, decision, after)
     state = state.but(
         seq=state.seq + 1,
         approvals={**state.approvals, action: (*decisions, decision)},
@@ -444,6 +424,46 @@ def decide(
     )
     # No active time passes while a person decides: this save adds none.
     return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
+
+
+def _check_room(run: str, action: str, decisions: Sequence[Decision], by: str) -> None:
+    """Refuse a decision past what an action keeps: ``MAX_DECISIONS`` in all (the checkpoint's
+    and the Approval object's bound), ``MAX_PER_PERSON`` of one person (so no one fills it)."""
+    if len(decisions) >= MAX_DECISIONS:
+        raise SettleError(run, action, f"has {len(decisions)} decisions: no more are taken")
+    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
+        raise SettleError(
+            run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
+        )
+
+
+def _waiting_after(
+    pending: Sequence[PendingApproval],
+    asked: PendingApproval,
+    decision: Decision,
+    after: Tally,
+) -> tuple[tuple[PendingApproval, ...], str]:
+    """What the run waits for once ``decision`` is counted, and its stop's message: the action
+    leaves the questions when its rule is met or it is denied (the run may resume); otherwise
+    its question shows the new count and how many more approvals it waits for."""
+    action, tool, rule = asked.action, asked.tool, after.rule
+    if after.met or not decision.approved:
+        who = ", ".join(d.by for d in after.counted) if decision.approved else decision.by
+        tail = f" ({after.count})" if decision.approved and rule.required > 1 else ""
+        verdict = "approved" if decision.approved else "denied"
+        return (
+            tuple(p for p in pending if p.action != action),
+            f"{tool} ({action}) {verdict} by {who}{tail}; resume to continue",
+        )
+    left = rule.required - len(after.counted)
+    return (
+        tuple(
+            after.pending(action, tool, definition=decision.definition) if p.action == action else p
+            for p in pending
+        ),
+        f"{tool} ({action}) approved by {decision.by} ({after.count}); waiting for {left} "
+        f"more ({rule.describe()})",
+    )
 
 
 def _awaited(

@@ -50,20 +50,20 @@ def _failure_status(status: int, reason: str, what: str, body: Any = None) -> Ap
         return Conflict(message, status=status)
     if status == 404:
         return Gone(message, status=status, named=_named(body))
-    detail = _said(body)
+    detail = _status_message(body)
     if detail:
         message = f"{message}: {detail}"
     return ApiFailure(message, status=status, detail=detail)
 
 
-def _said(body: Any) -> str:
+def _status_message(body: Any) -> str:
     """The ``message`` of the server's Status answer, on one line ("" for any other answer)."""
     try:
         answer = json.loads(body) if isinstance(body, str | bytes) else body
     except ValueError:
         return ""
-    said = answer.get("message") if isinstance(answer, dict) else None
-    return " ".join(str(said).split()) if said else ""
+    message = answer.get("message") if isinstance(answer, dict) else None
+    return " ".join(str(message).split()) if message else ""
 
 
 def _named(body: Any) -> str:

@@ -30,7 +30,7 @@ from keelgate.kube.naming import (
 )
 from keelgate.kube.times import parse_time
 from keelgate.manifest import AgentRunSpec
-from keelgate.manifest.agentrun import Resources
+from keelgate.manifest.agentrun import Resources, StepConfig
 from keelgate.manifest.base import CREATED_BY_ANNOTATION
 from keelgate.manifest.step_defaults import StepPodDefaults
 
@@ -209,28 +209,63 @@ def step_pod(
     traceparent naming the pod's own span and the tracestate naming the run's, when traced."""
     meta = run["metadata"]
     namespace, run_name = meta["namespace"], meta["name"]
-    env: list[JSON] = [
-        {
-            "name": "KEELGATE_STORE",
-            "valueFrom": {
-                "secretKeyRef": {"name": settings.store_secret, "key": settings.store_secret_key}
+    container = _step_container(
+        spec,
+        settings,
+        _step_args(namespace, run_name, settings),
+        _step_env(spec, settings, failpoints=failpoints, trace=trace),
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                **MANAGED_BY,
+                STEP_POD_LABEL: STEP_POD_NAME,
+                RUN_LABEL: label_value(run_name),
+                STEP_LABEL: str(step),
+                ATTEMPT_LABEL: str(attempt),
             },
+            "annotations": {"keelgate.dev/generation": str(generation)},
+            "ownerReferences": [owner_reference(run)],
         },
+        "spec": _step_pod_spec(spec, settings.defaults, container),
+    }
+
+
+def _secret_env(name: str, secret: str, key: str, *, optional: bool = False) -> JSON:
+    """An environment variable read from a Secret's key (by reference: the pod body never
+    holds the value)."""
+    ref: JSON = {"name": secret, "key": key}
+    if optional:
+        ref["optional"] = True
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+
+
+def _step_env(
+    spec: AgentRunSpec,
+    settings: StepPodSettings,
+    *,
+    failpoints: str,
+    trace: tuple[str, str] | None,
+) -> list[JSON]:
+    """The step container's environment: the store URL and the model key from Secrets, the
+    failpoints armed, the trace context when traced, and the operator's extra variables."""
+    env: list[JSON] = [
+        _secret_env("KEELGATE_STORE", settings.store_secret, settings.store_secret_key),
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
     ]
     model = spec.model
     if model.api_key_secret_ref is not None and model.api_key_env_name:
         env.append(
-            {
-                "name": model.api_key_env_name,
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": model.api_key_secret_ref.name,
-                        "key": model.api_key_secret_ref.key,
-                    }
-                },
-            }
+            _secret_env(
+                model.api_key_env_name,
+                model.api_key_secret_ref.name,
+                model.api_key_secret_ref.key,
+            )
         )
     if failpoints:
         env.append({"name": "KEELGATE_FAILPOINTS", "value": failpoints})
@@ -240,31 +275,40 @@ def step_pod(
         env.append({"name": "TRACEPARENT", "value": trace[0]})
         env.append({"name": "TRACESTATE", "value": trace[1]})
         env.append(
-            {
-                "name": "OTEL_EXPORTER_OTLP_HEADERS",
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": settings.trace_headers_secret,
-                        "key": "headers",
-                        "optional": True,
-                    }
-                },
-            }
+            _secret_env(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                settings.trace_headers_secret,
+                "headers",
+                optional=True,
+            )
         )
     env.extend({"name": k, "value": v} for k, v in sorted(settings.extra_env.items()))
+    return env
+
+
+def _step_args(namespace: str, run_name: str, settings: StepPodSettings) -> list[str]:
+    """The arguments of ``keelgate step``: the run, and the confirmer the operator was given."""
     args = ["step", "--namespace", namespace, "--run", run_name]
     if settings.confirmer:
         args += ["--confirmer", settings.confirmer]
     if settings.confirmer_url:
         args += ["--confirmer-url", settings.confirmer_url]
-    step_config, defaults = spec.step, settings.defaults
-    container: JSON = {
+    return args
+
+
+def _step_container(
+    spec: AgentRunSpec, settings: StepPodSettings, args: list[str], env: list[JSON]
+) -> JSON:
+    """The one container of a step pod: the run's image (else the operator's), resources
+    merged, and hardened for Pod Security ``restricted`` (no privilege, a read-only root with
+    a writable /tmp)."""
+    return {
         "name": "step",
-        "image": step_config.image or settings.image,
+        "image": spec.step.image or settings.image,
         "command": list(settings.command),
         "args": args,
         "env": env,
-        "resources": _resources(defaults.resources, step_config.resources),
+        "resources": _resources(settings.defaults.resources, spec.step.resources),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -274,6 +318,12 @@ def step_pod(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
+
+
+def _step_pod_spec(spec: AgentRunSpec, defaults: StepPodDefaults, container: JSON) -> JSON:
+    """A step pod's ``spec``: run once, no service-account token, as the image's non-root
+    user, with the grace period and deadline the run's calls and budget need, then the
+    scheduling the platform and the run ask for."""
     pod_spec: JSON = {
         "restartPolicy": "Never",
         # SIGTERM (a drain, an eviction) lets the step finish the call it is in, record it and
@@ -293,42 +343,34 @@ def step_pod(
     deadline = step_deadline_seconds(spec, ceiling=defaults.max_active_seconds)
     if deadline:
         pod_spec["activeDeadlineSeconds"] = deadline
+    pod_spec.update(_scheduling(spec.step, defaults))
+    return pod_spec
+
+
+def _scheduling(step_config: StepConfig, defaults: StepPodDefaults) -> JSON:
+    """Where and how a step pod is scheduled, each field only when set: the run's service
+    account, node labels and tolerations beside the platform's, and the platform's priority
+    class, runtime class and image pull Secrets."""
+    placed: JSON = {}
     if step_config.service_account_name:
-        pod_spec["serviceAccountName"] = step_config.service_account_name
+        placed["serviceAccountName"] = step_config.service_account_name
     # The run may add node labels, never change the platform's.
     node_selector = {**step_config.node_selector, **defaults.node_selector}
     if node_selector:
-        pod_spec["nodeSelector"] = node_selector
+        placed["nodeSelector"] = node_selector
     tolerations = [
         t.model_dump(by_alias=True, exclude_defaults=True)
         for t in (*defaults.tolerations, *step_config.tolerations)
     ]
     if tolerations:
-        pod_spec["tolerations"] = tolerations
+        placed["tolerations"] = tolerations
     if defaults.priority_class_name:
-        pod_spec["priorityClassName"] = defaults.priority_class_name
+        placed["priorityClassName"] = defaults.priority_class_name
     if defaults.runtime_class_name:
-        pod_spec["runtimeClassName"] = defaults.runtime_class_name
+        placed["runtimeClassName"] = defaults.runtime_class_name
     if defaults.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": n} for n in defaults.image_pull_secrets]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {
-                **MANAGED_BY,
-                STEP_POD_LABEL: STEP_POD_NAME,
-                RUN_LABEL: label_value(run_name),
-                STEP_LABEL: str(step),
-                ATTEMPT_LABEL: str(attempt),
-            },
-            "annotations": {"keelgate.dev/generation": str(generation)},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "spec": pod_spec,
-    }
+        placed["imagePullSecrets"] = [{"name": n} for n in defaults.image_pull_secrets]
+    return placed
 
 
 def reconciliation(run: Mapping[str, Any], unknown: UnknownAction, *, name: str = "") -> JSON:

@@ -455,7 +455,7 @@ def _decide(
     output: OutputFormat,
 ) -> int:
     done = decide(api, kind, run, action, decision, note)
-    return _said(api, kind, done, output)
+    return _show_decided(api, kind, done, output)
 
 
 def _refuse_before_the_deadline(
@@ -513,7 +513,9 @@ def _decided_already(
     )
 
 
-def _said(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> int:
+def _show_decided(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> int:
+    """Show the decision made (or found already made): a line for a person, with where to
+    follow the operator carrying it out, or JSON; exit 0."""
     console = Console()
     if output is OutputFormat.json:
         console.json(
@@ -529,10 +531,10 @@ def _said(api: PluginApi, kind: _Kind, done: Decided, output: OutputFormat) -> i
             }
         )
         return 0
-    said = "already " if done.already else ""
+    already = "already " if done.already else ""
     count = f" ({done.progress})" if done.progress else ""
     console.say(
-        f"{done.run} {done.action} ({done.tool}): {said}{done.verdict} by {done.by}{count} "
+        f"{done.run} {done.action} ({done.tool}): {already}{done.verdict} by {done.by}{count} "
         f"({kind.name.lower()} {done.name})",
         style="green",
     )
