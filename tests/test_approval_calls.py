@@ -204,6 +204,36 @@ def test_a_decision_on_the_tool_as_it_was_before_an_edit_is_refused(
     stores.close()
 
 
+def test_a_deny_on_the_tool_as_it_was_before_an_edit_still_denies(
+    shops: tuple[Shop, Shop], tmp_path: Path
+) -> None:
+    """bob denies the call he was shown; alice edits the tool before the deny reaches the
+    store (the operator had not recorded it yet): the deny is recorded, with the definition it
+    was made on, and denies. carol's approval of the edited call is then refused, and neither
+    shop receives the order (the simulator found the deny voided and the call run on one
+    approval)."""
+    first, second = shops
+    db = tmp_path / "kg.db"
+    loop, stores = opened(db, order_tool(first))
+    shown = loop.run_or_resume(SPEC).pending_approvals[0].definition
+    stores.close()
+    loop, stores = opened(db, order_tool(second))
+    now = loop.run_or_resume(SPEC).pending_approvals[0].definition
+    assert now and shown and now != shown
+    loop.approve("shop", "pay", "1:0", approved=False, by="bob", groups=PAYMENTS, definition=shown)
+    decided = loop.state("shop", "pay").approvals["1:0"]
+    assert [(d.by, d.approved, d.definition) for d in decided] == [("bob", False, shown)]
+    with pytest.raises(SettleError, match="already denied by bob"):
+        loop.approve(
+            "shop", "pay", "1:0", approved=True, by="carol", groups=PAYMENTS, definition=now
+        )
+    loop.run_or_resume(SPEC)
+    assert (received(first), received(second)) == (0, 0)
+    denied = [e for e in loop.audit("shop", "pay") if e.type == "loop.denied"]
+    assert [(e.actor, e.data["definition"]) for e in denied] == [("bob", shown)]
+    stores.close()
+
+
 class CountingConfirmer:
     """A confirmer that asks the shop it was built for, and counts how often it was asked."""
 

@@ -165,6 +165,38 @@ def test_one_deny_among_approvals_denies(kube: Operator) -> None:
     assert operator_tools.ORDERS == []
 
 
+def test_a_deny_on_an_approval_deleted_before_the_operator_looked_still_denies(
+    kube: Operator,
+) -> None:
+    """bob denies; the Approval is deleted before the operator's reconcile reads it (alice
+    deleted her run and applied it again, and the garbage collector took its Approval; or she
+    deleted the Approval), and the run's reconcile makes a fresh Approval of the same name
+    first. The deny in the deleted object's last body is recorded all the same: the fresh
+    Approval shows Settled denied by bob, dave's approval on it counts for nothing, and the run
+    goes on without the order (the simulator found the order placed on dave's approval)."""
+    made = waiting(kube, {"required": 1})
+    add(kube, "bob", approved=False)
+    kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+    kube.drive("restock")  # the stored run still waits: a fresh Approval is made
+    fresh = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert fresh is not None and fresh["metadata"]["uid"] != made["metadata"]["uid"]
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["phase"], status["verdict"], status["settledBy"]) == (
+        "Settled",
+        "denied",
+        "bob",
+    )
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": True, "by": "dave"})
+    kube.reconcile(APPROVE, kind="Approval")
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert operator_tools.ORDERS == []
+    events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
+    assert [e.actor for e in events if e.type == "loop.denied"] == ["bob"]
+    assert [e for e in events if e.type == "loop.approved"] == []
+
+
 def test_a_one_decision_deny_denies_and_is_never_read_as_an_approval(kube: Operator) -> None:
     """bob decides a one-approval Approval with the one-decision form, ``approved: false``: it is
     Settled denied by bob, the chain records his deny and no approval, and the run goes on

@@ -178,6 +178,29 @@ def test_a_deleted_pod_leaves_its_last_body_until_a_new_pod_of_that_name_appears
     cache.forget_tombstone("shop", "p")  # forgetting what is not there is harmless
 
 
+def test_a_deleted_approval_leaves_its_last_body_with_every_decision_added_before_it_went() -> None:
+    """An Approval's deletion, heard after a missed watch event (bob's deny), leaves the
+    deletion's own body, the newer one, as its tombstone: the deny is in it. A fresh Approval
+    of the same name does not clear it (its decisions are another object's), and a pod's
+    tombstone of the same name is another one."""
+    cache = Cache()
+
+    def approval(version: int, uid: str, *decisions: JSON) -> JSON:
+        meta = {"name": "a", "namespace": "shop", "uid": uid, "resourceVersion": str(version)}
+        return {"metadata": meta, "spec": {"decisions": list(decisions)}}
+
+    deny = {"by": "bob", "approved": False}
+    cache.put("Approval", approval(3, "u1"))
+    cache.drop("Approval", approval(5, "u1", deny))
+    cache.put("Approval", approval(9, "u2"))
+    gone = cache.tombstone("shop", "a", kind="Approval")
+    assert gone is not None and gone["spec"]["decisions"] == [deny]
+    assert cache.tombstone("shop", "a") is None  # no pod of that name went
+    cache.forget_tombstone("shop", "a", kind="Approval")
+    assert cache.tombstone("shop", "a", kind="Approval") is None
+    assert cache.get("Approval", "shop", "a") is not None  # the fresh one stays
+
+
 def test_a_tombstone_nobody_takes_is_dropped_after_a_while() -> None:
     """A deleted pod's tombstone that no reconcile took (its run deleted with it, an old step's
     pod collected) is dropped after GONE_FOR seconds, as a restart would drop it: an operator

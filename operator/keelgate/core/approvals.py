@@ -386,7 +386,7 @@ def decide(
     decisions = state.approvals.get(action, ())
     if ref and any(d.ref == ref for d in decisions):
         return state  # this very entry is on record (an operator looking again)
-    asked, bound = _awaited(state, action, key=key, definition=definition)
+    asked, bound = _awaited(state, action, key=key, definition=definition, approved=approved)
     rule = asked.rule or ApprovalRule()
     groups = check_groups(groups)
     creator = state.spec.creator
@@ -410,7 +410,8 @@ def decide(
         _made_at(at),
         groups,
         ref,
-        definition=bound,
+        # A deny is recorded with the definition it was made on (it may be an earlier one).
+        definition=bound if approved else (definition or bound),
         note=one_line_note(redact_text(note.strip())),
     )
     after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
@@ -467,12 +468,15 @@ def _waiting_after(
 
 
 def _awaited(
-    state: RunState, action: str, *, key: str, definition: str
+    state: RunState, action: str, *, key: str, definition: str, approved: bool = True
 ) -> tuple[PendingApproval, str]:
     """The question the run puts to people about ``action`` now, and the fingerprint of the
     definition its call is bound to; refused (``SettleError``, in words) if the run does not
-    await a decision on it, it was denied, or the person was shown another call (``key``) or
-    the tool as it was before an edit (``definition``)."""
+    await a decision on it, it was denied, or the person was shown another call (``key``) or,
+    for an approval, the tool as it was before an edit (``definition``). A deny made on the
+    tool as it was before an edit still denies: an edit voids approvals of the earlier call,
+    never a no (a deny only stops, and one recorded before the edit stands too); else an edit
+    made before the operator recorded a deny would void it, and a later approval run the call."""
     decisions = state.approvals.get(action, ())
     denied = next((d for d in decisions if not d.approved), None)
     if denied is not None:
@@ -497,7 +501,7 @@ def _awaited(
             f"{planned.key}: its arguments are not the ones shown; look again",
         )
     bound = fingerprint(planned.definition) if planned is not None else asked.definition
-    if definition and bound and definition != bound:
+    if approved and definition and bound and definition != bound:
         raise SettleError(
             state.run,
             action,

@@ -200,6 +200,10 @@ class ApprovalReconciler:
         """Record the object's new decisions, show what the store holds, wake the run."""
         context = self._context
         _, namespace, name = key
+        gone = context.cache.tombstone(namespace, name, kind="Approval")
+        if gone is not None:
+            self._record_gone(gone)
+            context.cache.forget_tombstone(namespace, name, kind="Approval")
         body = context.cache.get("Approval", namespace, name)
         if body is None:
             return REST
@@ -223,8 +227,47 @@ class ApprovalReconciler:
                 "RunNotFound",
                 str(RunNotFound(namespace, run_name)),
             )
-        refused: list[str] = []
         told_before = len(state.approvals.get(action, ()))
+        state, refused = self._record(body, found, state)
+        at = context.clock()
+        view = shown(state, action, at=at, required=int(old.get("required") or 0))
+        if view is None:
+            if refused:
+                return refuse(
+                    context, "Approval", body, run_name, "ApprovalRefused", "; ".join(refused)
+                )
+            return REST
+        self._tell(body, run_name, spec, old, state, view)
+        status = dict(view.status)
+        refusing = bool(refused) and not view.settled
+        if refusing:
+            # Shown, not Stalled: the approval still waits for people whose decisions count.
+            status["message"] = f"{status.get('message', '')}; not counted: {'; '.join(refused)}"
+        told_before_now = old.get("message") == status.get("message")
+        result = self._show(body, run_name, old, status, refusing=refusing)
+        if result is not None:
+            return result
+        if view.settled or len(state.approvals.get(action, ())) != told_before:
+            # The run goes on (settled), or its status shows the new count.
+            context.enqueue(("AgentRun", namespace, run_name), 0.0)
+        if refusing:
+            # A refusal may pass (the run was between stops): tried again, soon the first time.
+            return Requeue(REFUSED_RETRY_MAX if told_before_now else REFUSED_RETRY)
+        if view.tally is not None and view.tally.expires_at is not None:
+            # Look again when the first approval stops counting: the object then says so.
+            return Requeue(max(1.0, view.tally.expires_at - at + 0.5))
+        return REST
+
+    def _record(
+        self, body: JSON, found: Sequence[Entry], state: RunState
+    ) -> tuple[RunState, list[str]]:
+        """Record each of ``found`` (the entries of ``body``) that the store does not hold yet;
+        the run's state after them, and the refusals, one line each."""
+        context = self._context
+        namespace = str(body["metadata"]["namespace"])
+        spec = body.get("spec") or {}
+        run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
+        refused: list[str] = []
         recorded = recorded_refs(body, state.approvals.get(action, ()))
         written = written_at(body)
         for entry in found:
@@ -256,34 +299,26 @@ class ApprovalReconciler:
             recorded = recorded_refs(body, state.approvals.get(action, ()))
             if entry.ref in recorded:
                 self._first_seen.pop(entry.ref, None)
-        at = context.clock()
-        view = shown(state, action, at=at, required=int(old.get("required") or 0))
-        if view is None:
-            if refused:
-                return refuse(
-                    context, "Approval", body, run_name, "ApprovalRefused", "; ".join(refused)
-                )
-            return REST
-        self._tell(body, run_name, spec, old, state, view)
-        status = dict(view.status)
-        refusing = bool(refused) and not view.settled
-        if refusing:
-            # Shown, not Stalled: the approval still waits for people whose decisions count.
-            status["message"] = f"{status.get('message', '')}; not counted: {'; '.join(refused)}"
-        told_before_now = old.get("message") == status.get("message")
-        result = self._show(body, run_name, old, status, refusing=refusing)
-        if result is not None:
-            return result
-        if view.settled or len(state.approvals.get(action, ())) != told_before:
-            # The run goes on (settled), or its status shows the new count.
-            context.enqueue(("AgentRun", namespace, run_name), 0.0)
-        if refusing:
-            # A refusal may pass (the run was between stops): tried again, soon the first time.
-            return Requeue(REFUSED_RETRY_MAX if told_before_now else REFUSED_RETRY)
-        if view.tally is not None and view.tally.expires_at is not None:
-            # Look again when the first approval stops counting: the object then says so.
-            return Requeue(max(1.0, view.tally.expires_at - at + 0.5))
-        return REST
+        return state, refused
+
+    def _record_gone(self, gone: JSON) -> None:
+        """A deleted Approval's last body (its run deleted, and the garbage collector took it,
+        or someone deleted it): the decisions people added before it went are facts, recorded
+        like those of a live object, so a deny is never lost to a deletion that overtook the
+        operator's look (a run deleted and applied again would otherwise ask afresh). Nothing is
+        shown: the object is gone; a refusal (its run no longer waits) is only dropped."""
+        context = self._context
+        namespace = str(gone["metadata"]["namespace"])
+        spec = gone.get("spec") or {}
+        run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
+        state = context.run_state(namespace, run_name)
+        found = entries(gone)
+        if state is None or not found:
+            return
+        before = len(state.approvals.get(action, ()))
+        after, _ = self._record(gone, found, state)
+        if len(after.approvals.get(action, ())) != before:
+            context.enqueue(("AgentRun", namespace, run_name), 0.0)  # its Approval shows it
 
     def _after_settled(
         self,

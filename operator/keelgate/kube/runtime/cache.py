@@ -6,7 +6,9 @@ moment behind the server, never ahead of it; the controller is written so that a
 stale view is harmless (deterministic names, a 409 adopted by owner UID, status patches guarded
 by resourceVersion), and the store, not this cache, decides what a step does. A pod that
 disappears leaves a tombstone with its last body, so a step pod deleted mid-run is seen as an
-attempt that ended without recording a stop; and a deleted object is not brought back by an API
+attempt that ended without recording a stop, and a deleted Approval's last body holds the
+decisions people added before it went (a run deleted with its Approval before the operator
+recorded a deny must not lose the deny); and a deleted object is not brought back by an API
 response that arrives after the watch reported the deletion (a pod brought back so would hold a
 step slot until a restart). This module must never call the API.
 """
@@ -35,6 +37,8 @@ T = TypeVar("T")
 # deletion and arriving after its watch event cannot bring the object back. A response is
 # seconds late at worst; the bound keeps a long-lived operator's memory flat.
 GONE_FOR = 600.0
+#: The kinds whose deleted objects leave their last body as a tombstone, for a reconcile to take.
+TOMBSTONED = ("Pod", "Approval")
 
 
 def key_of(kind: str, body: Mapping[str, Any]) -> Key:
@@ -51,6 +55,19 @@ def copy_json(value: JSON) -> JSON:
     except TypeError:
         return copy.deepcopy(value)
     return copied
+
+
+def _last(kind: str, held: JSON | None, told: JSON) -> JSON:
+    """The last body of a deleted object: the one the cache held, or, for an Approval, the
+    deletion's own when it is newer (a watch event missed before it: the deletion carries the
+    object as it was when it went, with every decision added to it)."""
+    if held is None:
+        return told
+    if kind == "Approval":
+        new, old = _version(told), _version(held)
+        if new is not None and (old is None or new > old):
+            return told
+    return held
 
 
 def _uid(body: Mapping[str, Any]) -> str | None:
@@ -151,10 +168,11 @@ class Cache:
         self._gone: dict[str, dict[str | tuple[str, str], tuple[int | None, float]]] = {}
         # Kept per kind, so a pass over one kind (counting step pods) never walks the others.
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
-        # Deleted pods' last bodies, in the order seen, with when: a reconcile takes its run's
-        # within moments; one nobody took (a run deleted with its pods, a pod of a step long
-        # accounted) is dropped after GONE_FOR, as a restart would drop it.
-        self._tombstones: dict[tuple[str, str], tuple[JSON, float]] = {}
+        # Deleted pods' and Approvals' last bodies (by kind, namespace and name), in the order
+        # seen, with when: a reconcile takes its run's (its Approval's) within moments; one
+        # nobody took (a run deleted with its pods, a pod of a step long accounted) is dropped
+        # after GONE_FOR, as a restart would drop it.
+        self._tombstones: dict[Key, tuple[JSON, float]] = {}
         # The step-pod cap asks at every step (and for every run waiting for a slot): a count
         # kept as pods come and go, not a pass over every pod the runs ever had.
         self._active_steps: set[tuple[str, str]] = set()
@@ -189,7 +207,7 @@ class Cache:
                 label = _run_label(body)
                 if label is not None:
                     self._pods_of_run.setdefault((namespace, label), set()).add(name)
-                self._tombstones.pop((namespace, name), None)
+                self._tombstones.pop((kind, namespace, name), None)
                 if is_active_step_pod(body):
                     self._active_steps.add((namespace, name))
                 else:
@@ -238,17 +256,18 @@ class Cache:
             if now - gone[oldest][1] <= GONE_FOR:
                 break
             del gone[oldest]
+        if kind in TOMBSTONED:
+            if not again:
+                self._tombstones.pop((kind, namespace, name), None)
+                self._tombstones[(kind, namespace, name)] = (_last(kind, last, body), now)
+            while self._tombstones:
+                first = next(iter(self._tombstones))
+                if now - self._tombstones[first][1] <= GONE_FOR:
+                    break
+                del self._tombstones[first]
         if kind == "Pod":
             if last is not None:
                 self._unindex(namespace, name, last)
-            if not again:
-                self._tombstones.pop((namespace, name), None)
-                self._tombstones[(namespace, name)] = (body if last is None else last, now)
-            while self._tombstones:
-                oldest = next(iter(self._tombstones))
-                if now - self._tombstones[oldest][1] <= GONE_FOR:
-                    break
-                del self._tombstones[oldest]
             self._active_steps.discard((namespace, name))
 
     def _deleted_already(self, kind: str, where: tuple[str, str], body: JSON) -> bool:
@@ -276,15 +295,15 @@ class Cache:
             found = self._objects.get(kind, {}).get((namespace, name))
             return None if found is None else copy_json(found)
 
-    def tombstone(self, namespace: str, name: str) -> JSON | None:
-        """The last body of a pod that was deleted, if this operator saw it go."""
+    def tombstone(self, namespace: str, name: str, *, kind: str = "Pod") -> JSON | None:
+        """The last body of a pod (or an Approval) that was deleted, if this operator saw it go."""
         with self._lock:
-            found = self._tombstones.get((namespace, name))
+            found = self._tombstones.get((kind, namespace, name))
             return None if found is None else copy_json(found[0])
 
-    def forget_tombstone(self, namespace: str, name: str) -> None:
+    def forget_tombstone(self, namespace: str, name: str, *, kind: str = "Pod") -> None:
         with self._lock:
-            self._tombstones.pop((namespace, name), None)
+            self._tombstones.pop((kind, namespace, name), None)
 
     def select(
         self, kind: str, namespace: str | None = None, where: Callable[[JSON], bool] | None = None
