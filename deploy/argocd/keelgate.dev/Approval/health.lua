@@ -11,12 +11,14 @@ if status == nil or status.phase == nil or status.phase == "" then
   return hs
 end
 
--- The Ready condition, whose reason says a decision does not count (NotCounted).
-local ready = {}
-for _, c in ipairs(status.conditions or {}) do
-  if c.type == "Ready" then
-    ready = c
+-- The object's condition of a type ({} when it shows none).
+local function condition(kind)
+  for _, c in ipairs(status.conditions or {}) do
+    if c.type == kind then
+      return c
+    end
   end
+  return {}
 end
 
 if status.phase == "Settled" then
@@ -32,20 +34,17 @@ end
 
 -- The operator could not act on the decision (refused by the loop, or no such run in the store):
 -- it says why in status.message and keeps trying, but a person must look.
-if status.phase == "Pending" and status.conditions ~= nil then
-  for _, c in ipairs(status.conditions) do
-    if c.type == "Stalled" and c.status == "True" then
-      hs.status = "Degraded"
-      hs.message = (c.reason or "Stalled") .. ": " .. (status.message or c.message or "?")
-      return hs
-    end
-  end
+local stalled = condition("Stalled")
+if status.phase == "Pending" and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = (stalled.reason or "Stalled") .. ": " .. (status.message or stalled.message or "?")
+  return hs
 end
 
 -- A decision the operator will not count (not in the rule's groups, the run's creator, a
--- ServiceAccount): the action still waits for people, and the operator's message says who was
--- not counted and why.
-if status.phase == "Pending" and ready.reason == "NotCounted" then
+-- ServiceAccount; the Ready condition's reason says NotCounted): the action still waits for
+-- people, and the operator's message says who was not counted and why.
+if status.phase == "Pending" and condition("Ready").reason == "NotCounted" then
   hs.status = "Suspended"
   hs.message = "Waiting for people, a decision not counted: " .. what .. ": "
     .. (status.message or "?")
