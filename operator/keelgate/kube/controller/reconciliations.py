@@ -29,9 +29,6 @@ from keelgate.kube.controller.refusals import refuse, warn, with_generation
 from keelgate.kube.status import condition
 from keelgate.kube.times import now
 
-#: The spec field holding the person's decision (true: executed, false: not executed).
-DECISION_FIELD = "executed"
-
 
 @dataclass(frozen=True)
 class Decided:
@@ -88,7 +85,7 @@ class ReconciliationReconciler:
             return REST
         spec = body.get("spec") or {}
         run_name = str(spec.get("runName", ""))
-        wanted = spec.get(DECISION_FIELD)
+        wanted = spec.get("executed")  # the person's decision (false: not executed)
         decided = _recorded(context, namespace, spec)
         if decided is None:
             if wanted is None:
