@@ -215,9 +215,9 @@ class Cache:
             return changed
 
     def drop(self, kind: str, body: JSON) -> None:
-        """The object was deleted; a pod leaves its last body as a tombstone. Its identity is
-        remembered for at least ``GONE_FOR`` seconds (until a deletion seen after that), so a
-        late view of it is not taken for it."""
+        """The object was deleted; a pod or an Approval (``TOMBSTONED``) leaves its last body as
+        a tombstone. Its identity is remembered for at least ``GONE_FOR`` seconds (until a
+        deletion seen after that), so a late view of it is not taken for it."""
         with self._lock:
             self._drop(kind, body)
         if self._observer is not None:
