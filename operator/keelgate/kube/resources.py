@@ -404,7 +404,7 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
         "apiVersion": API_VERSION,
         "kind": "Approval",
         "metadata": {
-            "name": name or approval_name(run, pending),
+            "name": name or action_object_name(meta["name"], pending.action, pending.tool),
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
@@ -417,11 +417,6 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
             "decisions": [],
         },
     }
-
-
-def approval_name(run: Mapping[str, Any], pending: PendingApproval) -> str:
-    """The name of the Approval for one pending action of a run."""
-    return action_object_name(run["metadata"]["name"], pending.action, pending.tool)
 
 
 def creator_of(run: Mapping[str, Any]) -> str:
