@@ -26,7 +26,6 @@ from keelgate.core.audit import utc_iso_millis
 from keelgate.core.state import Decision, RunState
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, RunNotFound, SettleError
-from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.approval_events import ApprovalEvents
 from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
@@ -36,6 +35,7 @@ from keelgate.kube.controller.refusals import (
     REFUSED_RETRY,
     REFUSED_RETRY_MAX,
     refuse,
+    show_status,
     warn,
     with_generation,
 )
@@ -348,12 +348,7 @@ class ApprovalReconciler:
             return REST
         status = {"message": f"{message}; {said}" if message else said}
         warn(self._context, body, run_name, "NotCounted", said)
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            patched = self._context.api.patch_status("Approval", namespace, name, status)
-        except Gone:
-            return REST
-        self._context.cache.put("Approval", patched)
+        show_status(self._context, "Approval", body, status)
         return REST
 
     def _tell(
@@ -414,7 +409,6 @@ class ApprovalReconciler:
         does not count is told once, in a Warning); a Result when the reconcile ends here (the
         object is gone)."""
         context = self._context
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         stamp = now()
         settled = status.get("phase") == "Settled"
         verdict = str(status.get("verdict") or "")
@@ -439,9 +433,4 @@ class ApprovalReconciler:
             return None
         if refusing and old.get("message") != status.get("message"):
             warn(context, body, run_name, "ApprovalRefused", str(status.get("message") or ""))
-        try:
-            patched = context.api.patch_status("Approval", namespace, name, status)
-        except Gone:
-            return REST
-        context.cache.put("Approval", patched)
-        return None
+        return None if show_status(context, "Approval", body, status) else REST

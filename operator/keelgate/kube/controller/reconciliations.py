@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 from keelgate.core.types import KeyState
 from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
-from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
-from keelgate.kube.controller.refusals import refuse, warn, with_generation
+from keelgate.kube.controller.refusals import refuse, show_status, warn, with_generation
 from keelgate.kube.status import condition
 from keelgate.kube.times import now
 
@@ -118,13 +117,8 @@ class ReconciliationReconciler:
                 f"{spec.get('action', '')} was already settled as {decided.verdict} by "
                 f"{decided.by}; that decision stands",
             )
-        try:
-            patched = context.api.patch_status(
-                "Reconciliation", namespace, name, settled_status(decided, body)
-            )
-        except Gone:
+        if not show_status(context, "Reconciliation", body, settled_status(decided, body)):
             return REST
-        context.cache.put("Reconciliation", patched)
         run = context.cache.get("AgentRun", namespace, run_name)
         if run is not None:
             what = f"{spec.get('tool')} ({spec.get('action', '')})"
@@ -150,11 +144,8 @@ class ReconciliationReconciler:
         status = body.get("status") or {}
         if status.get("message") != message:
             shown = {"phase": "Pending", "notExecutedAfter": early.not_before, "message": message}
-            try:
-                patched = context.api.patch_status("Reconciliation", namespace, name, shown)
-            except Gone:
+            if not show_status(context, "Reconciliation", body, shown):
                 return REST
-            context.cache.put("Reconciliation", patched)
             run = context.cache.get("AgentRun", namespace, run_name)
             context.events.normal(
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"

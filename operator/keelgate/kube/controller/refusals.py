@@ -3,8 +3,9 @@
 Why it exists: a person's decision the store will not take (the loop refuses it, or the store
 has no such run) is shown in the object's status, told once in a Warning, and tried again
 later, the same way for either kind; the two reconcilers share this module rather than import
-each other (a contract in pyproject.toml keeps the reconcilers independent). It records
-nothing in the store, and must never show a decision as made.
+each other (a contract in pyproject.toml keeps the reconcilers independent), and with it how
+either shows a status (``show_status``). It records nothing in the store, and must never show
+a decision as made.
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ def with_generation(conditions: list[JSON], body: JSON) -> list[JSON]:
     return [{**c, "observedGeneration": generation} for c in conditions]
 
 
+def show_status(context: ControllerContext, kind: str, body: JSON, status: JSON) -> bool:
+    """Patch ``status`` onto the object ``body`` (of ``kind``) and keep the answer in the cache;
+    False when the object is gone (deleted since it was read: nothing left to show)."""
+    meta = body["metadata"]
+    try:
+        patched = context.api.patch_status(kind, meta["namespace"], meta["name"], status)
+    except Gone:
+        return False
+    context.cache.put(kind, patched)
+    return True
+
+
 def refuse(
     context: ControllerContext, kind: str, body: JSON, run_name: str, reason: str, message: str
 ) -> Result:
@@ -36,8 +49,6 @@ def refuse(
     (``Stalled=True`` with the reason), told once per distinct message in a Warning, and tried
     again after a wait that grows with how long it has been refused (10 s, then as long as it
     has been refused so far, at most 5 minutes)."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
     old = body.get("status") or {}
     at = now()
     stalled = condition(old, "Stalled", "True", reason, message, generation=0, now=at)
@@ -53,11 +64,8 @@ def refuse(
         ),
     }
     if old.get("message") != message or old.get("conditions") != shown["conditions"]:
-        try:
-            patched = context.api.patch_status(kind, namespace, name, shown)
-        except Gone:
+        if not show_status(context, kind, body, shown):
             return REST
-        context.cache.put(kind, patched)
         if old.get("message") != message:
             warn(context, body, run_name, reason, message)
     # The Stalled condition just shown keeps its time while the refusal stands.
