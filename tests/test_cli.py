@@ -462,12 +462,16 @@ def test_resume_imports_the_manifests_own_tools_from_anywhere(
     assert orders(world) == 1
 
 
+@pytest.mark.parametrize("store", ["memory://", "MEMORY://", "Memory://x"])
 def test_memory_store_is_refused_by_the_cli(
-    world: Path, capsys: pytest.CaptureFixture[str]
+    world: Path, capsys: pytest.CaptureFixture[str], store: str
 ) -> None:
-    """memory:// keeps nothing past the command, so its resume hint would lie: refused."""
-    assert main(["run", "-f", str(write(world, manifest())), "--store", "memory://"]) == 2
+    """memory:// keeps nothing past the command, so its resume hint would lie: refused, in
+    whatever case its scheme is written (a URL's scheme is read without case), and nothing
+    runs."""
+    assert main(["run", "-f", str(write(world, manifest())), "--store", store]) == 2
     assert "memory://" in capsys.readouterr().err
+    assert orders(world) == 0
 
 
 def test_a_missing_api_key_is_bad_input_naming_the_variable(
