@@ -1382,6 +1382,34 @@ def test_bad_leader_election_settings_are_one_line_naming_the_flag(
 
 
 @pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["operator"], "the operator and its step pods need PostgreSQL"),
+        (["tenant", "list"], "tenant roles exist in PostgreSQL only"),
+        (["tenant", "add", "shop", "--print"], "tenant roles exist in PostgreSQL only"),
+    ],
+)
+@pytest.mark.parametrize("store", ["sqlite:///kg.db", "langgraph+sqlite:///kg.db", "memory://"])
+def test_commands_that_need_postgresql_refuse_another_store_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+    words: str,
+    store: str,
+) -> None:
+    """`keelgate operator` and `keelgate tenant` given a store that is not PostgreSQL: exit 2,
+    one line naming --store and why, and no file made where the URL points."""
+    monkeypatch.chdir(tmp_path)
+    code = main([*command, "--store", store])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert "--store" in err and words in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("text", "problem"),
     [
         ("keepFinishedPods: 0\n", "keepFinishedPods: must be greater than 0"),
