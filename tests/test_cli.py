@@ -462,12 +462,16 @@ def test_resume_imports_the_manifests_own_tools_from_anywhere(
     assert orders(world) == 1
 
 
+@pytest.mark.parametrize("store", ["memory://", "MEMORY://", "Memory://x"])
 def test_memory_store_is_refused_by_the_cli(
-    world: Path, capsys: pytest.CaptureFixture[str]
+    world: Path, capsys: pytest.CaptureFixture[str], store: str
 ) -> None:
-    """memory:// keeps nothing past the command, so its resume hint would lie: refused."""
-    assert main(["run", "-f", str(write(world, manifest())), "--store", "memory://"]) == 2
+    """memory:// keeps nothing past the command, so its resume hint would lie: refused, in
+    whatever case its scheme is written (a URL's scheme is read without case), and nothing
+    runs."""
+    assert main(["run", "-f", str(write(world, manifest())), "--store", store]) == 2
     assert "memory://" in capsys.readouterr().err
+    assert orders(world) == 0
 
 
 def test_a_missing_api_key_is_bad_input_naming_the_variable(
@@ -1375,6 +1379,34 @@ def test_bad_leader_election_settings_are_one_line_naming_the_flag(
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["operator"], "the operator and its step pods need PostgreSQL"),
+        (["tenant", "list"], "tenant roles exist in PostgreSQL only"),
+        (["tenant", "add", "shop", "--print"], "tenant roles exist in PostgreSQL only"),
+    ],
+)
+@pytest.mark.parametrize("store", ["sqlite:///kg.db", "langgraph+sqlite:///kg.db", "memory://"])
+def test_commands_that_need_postgresql_refuse_another_store_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+    words: str,
+    store: str,
+) -> None:
+    """`keelgate operator` and `keelgate tenant` given a store that is not PostgreSQL: exit 2,
+    one line naming --store and why, and no file made where the URL points."""
+    monkeypatch.chdir(tmp_path)
+    code = main([*command, "--store", store])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert "--store" in err and words in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -328,7 +328,7 @@ def _operator_store(
     step.load_confirmer("", confirmer_url)
     if confirmer and confirmer_url:
         raise InputError("--confirmer", "give --confirmer or --confirmer-url, not both")
-    if not store.startswith(("postgresql:", "postgres:")):
+    if not read.postgres:
         raise InputError(
             "--store",
             f"{read.scheme}: owner liveness works on one host only; "

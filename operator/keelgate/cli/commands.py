@@ -177,7 +177,7 @@ def _usable(store: str) -> StoreUrl:
     """The store URL, read; a store the CLI cannot use is refused before anything is created or
     run."""
     read = read_store_url(store)
-    if store.startswith("memory:"):
+    if read.scheme == "memory":
         raise InputError("--store", "memory:// does not outlive one command; use sqlite:///PATH")
     return read
 

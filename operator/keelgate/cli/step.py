@@ -30,7 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from keelgate.core.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED, exit_code
+from keelgate.core.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    exit_code,
+)
 from keelgate.errors import InputError, KeelgateError, MissingExtra, Preempted
 
 DESCRIPTION = "Run one step of a run (one iteration, less if it stops) in a step pod, and exit."
@@ -202,7 +208,7 @@ def main(argv: Sequence[str]) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         _say("interrupted: nothing saved was lost; the operator starts the step again")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:
         missing = MissingExtra.of(error) if isinstance(error, ImportError) else None
         if missing is not None:  # the image lacks an extra: say which, never an internal error

@@ -72,7 +72,7 @@ def _admin_url(store: str) -> StoreUrl:
     if not store:
         raise InputError("--store", "give the store's administrator URL (or KEELGATE_STORE)")
     read = read_store_url(store)
-    if not store.startswith(("postgresql:", "postgres:")):
+    if not read.postgres:
         raise InputError(
             "--store",
             "tenant roles exist in PostgreSQL only (a SQLite file has one user: its file's)",

@@ -348,21 +348,21 @@ class SQLStore(HoldsOwner, ABC):
         patience = max(self.patience, self.result_patience) if result else self.patience
         give_up = clocks.boot() + patience
         pause, again = 0.0, False
+
+        def may_repeat() -> bool:
+            # No patience is one try, even on a clock that has not moved since (a simulation's).
+            return patience > 0 and self._may_repeat() and clocks.boot() + pause <= give_up
+
         while True:
             try:
                 return attempt(again)
             except StoreBusy as error:
                 busy = error.doing(what) if what else error
-                if (
-                    patience <= 0
-                    or not result
-                    or not self._may_repeat()
-                    or clocks.boot() + pause > give_up
-                ):
+                if not (result and may_repeat()):
                     raise busy from None
                 log.warning("%s; trying again", busy.message)
             except StoreUnavailable as error:
-                if patience <= 0 or not self._may_repeat() or clocks.boot() + pause > give_up:
+                if not may_repeat():
                     raise
                 log.warning("%s; trying again", error.message)
             clocks.sleep(pause)
