@@ -180,12 +180,10 @@ def test_an_edit_that_changes_nothing_the_call_does_keeps_the_approvals(
     stores.close()
 
 
-def test_a_decision_on_the_tool_as_it_was_before_an_edit_is_refused(
-    shops: tuple[Shop, Shop], tmp_path: Path
-) -> None:
-    """A person shown the call before an edit (its definition's fingerprint) decides after the
-    run was bound to the edited tool: refused in one line saying the tool changed, nothing
-    recorded; a decision naming the definition now is taken."""
+def edited_after_shown(shops: tuple[Shop, Shop], tmp_path: Path) -> tuple[Loop, Stores, str, str]:
+    """A run awaiting approval of an order to the first shop, its tool then edited to order
+    from the second: the run (over its store) and the fingerprints of the definition people
+    were shown before the edit and of the one the call is bound to now."""
     first, second = shops
     db = tmp_path / "kg.db"
     loop, stores = opened(db, order_tool(first))
@@ -194,6 +192,16 @@ def test_a_decision_on_the_tool_as_it_was_before_an_edit_is_refused(
     loop, stores = opened(db, order_tool(second))
     now = loop.run_or_resume(SPEC).pending_approvals[0].definition
     assert now and shown and now != shown
+    return loop, stores, shown, now
+
+
+def test_a_decision_on_the_tool_as_it_was_before_an_edit_is_refused(
+    shops: tuple[Shop, Shop], tmp_path: Path
+) -> None:
+    """A person shown the call before an edit (its definition's fingerprint) decides after the
+    run was bound to the edited tool: refused in one line saying the tool changed, nothing
+    recorded; a decision naming the definition now is taken."""
+    loop, stores, shown, now = edited_after_shown(shops, tmp_path)
     with pytest.raises(SettleError, match="the tool was changed since; look again"):
         loop.approve(
             "shop", "pay", "1:0", approved=True, by="bob", groups=PAYMENTS, definition=shown
@@ -213,13 +221,7 @@ def test_a_deny_on_the_tool_as_it_was_before_an_edit_still_denies(
     shop receives the order (the simulator found the deny voided and the call run on one
     approval)."""
     first, second = shops
-    db = tmp_path / "kg.db"
-    loop, stores = opened(db, order_tool(first))
-    shown = loop.run_or_resume(SPEC).pending_approvals[0].definition
-    stores.close()
-    loop, stores = opened(db, order_tool(second))
-    now = loop.run_or_resume(SPEC).pending_approvals[0].definition
-    assert now and shown and now != shown
+    loop, stores, shown, now = edited_after_shown(shops, tmp_path)
     loop.approve("shop", "pay", "1:0", approved=False, by="bob", groups=PAYMENTS, definition=shown)
     decided = loop.state("shop", "pay").approvals["1:0"]
     assert [(d.by, d.approved, d.definition) for d in decided] == [("bob", False, shown)]

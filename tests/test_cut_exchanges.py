@@ -224,6 +224,23 @@ def test_an_mcp_write_whose_answer_trickles_is_cut_at_its_deadline_and_stops_unk
 # The model adapters and the confirmer
 
 
+#: A plan request, the one each model test asks.
+PLAN = ModelRequest(phase="plan", goal="restock", iteration=1, call=0, history=(), tools=())
+
+
+def model_of(flavor: str, base_url: str) -> OpenAIModel | AnthropicModel:
+    """The ``flavor`` provider's adapter for the server at ``base_url``: each try limited to
+    1 s, three tries."""
+    model_class = OpenAIModel if flavor == "openai" else AnthropicModel
+    return model_class(
+        "m-test",
+        api_key="sk-test",
+        base_url=base_url,
+        timeout_seconds=1.0,
+        retry=RetryPolicy(attempts=3, base_delay=0.01),
+    )
+
+
 @pytest.mark.parametrize("flavor", ["openai", "anthropic"])
 def test_a_model_reply_that_trickles_is_cut_at_the_timeout_and_tried_again(flavor: str) -> None:
     """The model server sends its reply's body a byte every half second: the try ends at the
@@ -233,19 +250,9 @@ def test_a_model_reply_that_trickles_is_cut_at_the_timeout_and_tried_again(flavo
     llm = LlmFake(flavor).start()
     try:
         llm.add(reply(text="late", trickle="body", pace=0.5), reply(text="on time"))
-        model_class = OpenAIModel if flavor == "openai" else AnthropicModel
-        model = model_class(
-            "m-test",
-            api_key="sk-test",
-            base_url=llm.base_url,
-            timeout_seconds=1.0,
-            retry=RetryPolicy(attempts=3, base_delay=0.01),
-        )
-        request = ModelRequest(
-            phase="plan", goal="restock", iteration=1, call=0, history=(), tools=()
-        )
+        model = model_of(flavor, llm.base_url)
         started = time.monotonic()
-        answer = model.call(request)
+        answer = model.call(PLAN)
         assert answer.answer == "on time"
         assert 1.0 <= time.monotonic() - started < 1.0 + SLACK
         assert len(llm.calls()) == 2
@@ -268,19 +275,9 @@ def test_a_model_reply_that_trickles_on_a_connection_an_earlier_try_opened_is_cu
     try:
         llm.add(busy(500, "busy"), reply(text="late", trickle="body", pace=0.5))
         llm.add(reply(text="on time"))
-        model_class = OpenAIModel if flavor == "openai" else AnthropicModel
-        model = model_class(
-            "m-test",
-            api_key="sk-test",
-            base_url=llm.base_url,
-            timeout_seconds=1.0,
-            retry=RetryPolicy(attempts=3, base_delay=0.01),
-        )
-        request = ModelRequest(
-            phase="plan", goal="restock", iteration=1, call=0, history=(), tools=()
-        )
+        model = model_of(flavor, llm.base_url)
         started = time.monotonic()
-        answer = model.call(request)
+        answer = model.call(PLAN)
         assert answer.answer == "on time"
         assert len(llm.calls()) == 3
         assert time.monotonic() - started < 1.0 + SLACK  # uncut: minutes

@@ -44,11 +44,13 @@ def parts_of(tool: Tool) -> Mapping[str, Any]:
     parts: dict[str, Any] = {"tool.class": f"{kind.__module__}.{kind.__qualname__}"}
     function = getattr(tool, "function", None)
     if callable(function):
-        parts["python.callable"] = _callable_name(function)
+        parts["python.callable"] = callable_name(function)
     return parts
 
 
-def _callable_name(function: Any) -> str:
+def callable_name(function: Any) -> str:
+    """A function as a definition names it (``module:qualname``), for a tool that has no name
+    of it from a manifest."""
     module = getattr(function, "__module__", None) or "?"
     name = getattr(function, "__qualname__", None) or type(function).__qualname__
     return f"{module}:{name}"

@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, ClassVar, Required, TypedDict
 
-import httpx
+import httpx2
 
 from keelgate.adapters import network
 from keelgate.adapters.models import _prompt
@@ -118,11 +118,13 @@ class SdkModel(ABC):
         earlier try left in the pool makes none, so its cutoff would hold nothing to shut and
         a reply trickled on it would outlive the time limit. A new connection per try costs a
         handshake against a model call of seconds. Its transport is the real network's unless
-        a simulation routes the provider's URL elsewhere (``keelgate.adapters.network``)."""
+        a simulation routes the provider's URL elsewhere (``keelgate.adapters.network``). Its
+        limits are ``httpx2``'s, the library both SDKs' clients are built on (already loaded;
+        ``httpx`` would add a hundred modules, its command line's, to a step's start)."""
         routed = network.transport(self.base_url or self.provider, network.HTTPX2)
         return self.sdk.DefaultHttpxClient(
             event_hooks={"request": [_traced]},
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=0),
+            limits=httpx2.Limits(max_connections=100, max_keepalive_connections=0),
             **({} if routed is None else {"transport": routed}),
         )
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keelgate.core import fence
+from keelgate.core.calls import callable_name
 from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.core.values import SECONDS_MAX
 from keelgate.errors import OutcomeUncertain
@@ -49,13 +50,7 @@ class PythonTool:
         """What decides this tool's call (``keelgate.core.calls``): the function called, as the
         manifest names it, else by its module and name, and the step image it is loaded from
         when the manifest names one (another image may hold other code under the same name)."""
-        if self.reference:
-            callable_name = self.reference
-        else:
-            module = getattr(self.function, "__module__", None) or "?"
-            name = getattr(self.function, "__qualname__", None) or type(self.function).__qualname__
-            callable_name = f"{module}:{name}"
-        parts: dict[str, Any] = {"python.callable": callable_name}
+        parts: dict[str, Any] = {"python.callable": self.reference or callable_name(self.function)}
         if self.image:
             parts["python.image"] = self.image
         return parts
