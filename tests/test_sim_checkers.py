@@ -308,6 +308,20 @@ def test_told_not_run_sees_an_effect_of_a_call_recorded_as_not_run() -> None:
     assert story.broken() == {"told-not-run"}
 
 
+def test_told_not_run_sees_a_call_sent_after_its_action_was_recorded_as_not_run() -> None:
+    """A stale process sends its old plan's call after the run recorded the action refused
+    (the shop refuses it too): the record said the call was over, and it went out again. The
+    same story without that late send keeps the promise."""
+    story = History()
+    story.ask()
+    story.send(at=2.0, refused=True)
+    story.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+    story.event("loop.action_completed", 3.0, action="1:0", status="refused")
+    assert story.broken() == set()
+    story.send("step1", at=4.0, refused=True)
+    assert story.broken() == {"told-not-run"}
+
+
 def test_unasked_sees_an_unknown_outcome_nobody_was_asked_about() -> None:
     """A request whose answer never came, and a run that finished without asking anyone."""
     story = History()
@@ -349,10 +363,27 @@ def test_audit_sees_a_settlement_of_the_store_not_on_the_chain_or_a_broken_chain
     assert story.broken() == {"audit"}
 
 
+def test_audit_sees_a_settlement_on_the_chain_that_nobody_made() -> None:
+    """The chain records bob settling the order as executed; nobody settled anything."""
+    story = History().ordinary()
+    story.event("loop.reconciled", 4.0, actor="bob", action="1:0", verdict="executed")
+    assert story.broken() == {"audit"}
+
+
 def test_budget_sees_the_model_asked_past_the_iterations_allowed() -> None:
     story = History().ordinary()
     story.books.max_iterations = 1
     story.ask(at=5.0, iteration=2, args=None)
+    assert story.broken() == {"budget"}
+
+
+def test_budget_sees_more_tokens_than_the_budget_and_one_call_allow() -> None:
+    """A token budget may be passed by the one call that crossed it, never by more."""
+    story = History().ordinary()
+    story.books.max_tokens, story.books.call_tokens = 100, 10
+    story.records.tokens = 110
+    assert story.broken() == set()
+    story.records.tokens = 111
     assert story.broken() == {"budget"}
 
 
