@@ -45,7 +45,7 @@ from keelgate.testing.sim.books import (
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS
-from keelgate.testing.sim.people import PEOPLE, calm_look, counts
+from keelgate.testing.sim.people import PEOPLE, book_approval, calm_look, counts
 from keelgate.testing.sim.processes import Setting, StepProcess
 from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
@@ -434,22 +434,7 @@ class Cluster:
             if fit and by not in fit:
                 by = fit[schedule.pick(len(fit))]
         name = body["metadata"]["name"]
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            yes,
-            GROUPS[by],
-            shown=self.books.shown(
-                str(spec.get("tool", "")),
-                self.world.now,
-                self.setting.desk.tool(str(spec.get("tool", ""))),
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, state, by, yes)
         rule = None if pending is None else pending.rule
         one = rule is None or (rule.required <= 1 and not rule.group_lists())
         if one and not decisions and spec.get("approved") is None:
@@ -464,6 +449,24 @@ class Cluster:
             ]
         if self._patch("Approval", body, spec, User(by, GROUPS[by])):
             decision.accepted_at = world.now  # made on an Approval still waiting for it
+
+    def _booked_approval(
+        self, spec: JSON, state: RunState | None, by: str, yes: bool, *, human: str = ""
+    ) -> Decision:
+        """An approval or a deny of the Approval's call, as ``human`` makes it now under the
+        name ``by`` (with the groups ``by`` is in), booked."""
+        action = str(spec.get("action", ""))
+        return book_approval(
+            self.books,
+            self.setting.desk,
+            at=self.world.now,
+            by=by,
+            human=human or by,
+            action=action,
+            ref=_ref(state, action),
+            yes=yes,
+            tool=str(spec.get("tool", "")),
+        )
 
     # issue 46's moves: what admission lets alice do
 
@@ -517,24 +520,9 @@ class Cluster:
         if not once:
             return
         by = str(once[0])
-        world, action = self.world, str(spec.get("action", ""))
+        world = self.world
         deny = {"by": by, "groups": list(GROUPS.get(by, ())), "approved": False}
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            False,
-            GROUPS.get(by, ()),
-            shown=self.books.shown(
-                str(spec.get("tool", "")),
-                self.world.now,
-                self.setting.desk.tool(str(spec.get("tool", ""))),
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, state, by, False)
         spec["decisions"] = [*decisions, deny]
         if not self._patch("Approval", body, spec, User(by, GROUPS.get(by, ()))):
             return
@@ -556,22 +544,7 @@ class Cluster:
         entry = {"by": user.name, "groups": [], "approved": True}
         spec["decisions"] = [*(spec.get("decisions") or ()), entry]
         world = self.world
-        action = str(spec.get("action", ""))
-        decision = Decision(
-            world.now,
-            "approve",
-            user.name,
-            CREATOR,
-            action,
-            _ref(self._state(), action),
-            True,
-            shown=self.books.shown(
-                str(spec.get("tool", "")),
-                self.world.now,
-                self.setting.desk.tool(str(spec.get("tool", ""))),
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, self._state(), user.name, True, human=CREATOR)
         world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
         if self._patch("Approval", body, spec, user):
             decision.accepted_at = world.now

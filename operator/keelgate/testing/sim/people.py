@@ -52,6 +52,26 @@ def counts(person: str, rule: ApprovalRule | None, creator: str) -> bool:
     return rule.admits(GROUPS.get(person, ()))
 
 
+def book_approval(
+    books: Books,
+    desk: Desk,
+    *,
+    at: float,
+    by: str,
+    human: str,
+    action: str,
+    ref: str,
+    yes: bool,
+    tool: str,
+) -> Decision:
+    """An approval or a deny of the call ``ref``, made at ``at`` by ``human`` under the name
+    ``by`` (with the groups ``by`` is in), of ``tool`` as the run showed it, booked."""
+    shown = books.shown(tool, at, desk.tool(tool))
+    decision = Decision(at, "approve", by, human, action, ref, yes, GROUPS.get(by, ()), shown=shown)
+    books.decisions.append(decision)
+    return decision
+
+
 class People:
     """Everyone who decides about one run (CLI users, in local mode)."""
 
@@ -146,18 +166,17 @@ class People:
         yes = self.calm or not world.schedule.chance(200)
         given = {d.by for d in state.approvals.get(action, ()) if d.approved}
         by = self._who(rule, given, state.spec.creator)
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            yes,
-            GROUPS[by],
-            shown=self.books.shown(tool, world.now, self.desk.tool(tool)),
+        decision = book_approval(
+            self.books,
+            self.desk,
+            at=world.now,
+            by=by,
+            human=by,
+            action=action,
+            ref=_ref(state, action),
+            yes=yes,
+            tool=tool,
         )
-        self.books.decisions.append(decision)
         before = len(state.approvals.get(action, ()))
         try:
             with failpoints.observed(self._window):
