@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from keelgate.testing.sim.admission import User, admitted, mutated
+from keelgate.testing.sim.admission import MAX_DECISIONS, User, admitted, mutated
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
     Ask,
@@ -474,6 +474,26 @@ def test_admission_refuses_what_the_chart_refuses() -> None:
     done = {**settle, "executed": True, "by": "bob"}
     assert admitted("Reconciliation", done, {**settle, "executed": False, "by": "bob"}, BOB)
     assert admitted("Reconciliation", settle, done, BOB) == ""
+
+
+def test_admission_refuses_the_rest_of_what_the_chart_refuses() -> None:
+    """A field the operator set changed; the one-decision form with no name, or taken back; an
+    identity given by hand; more entries than the CRD holds; a second deny by one person; a
+    ninth decision by one person. Each refusal names what it refuses."""
+    assert "cannot change" in admitted("Approval", BASE, {**BASE, "tool": "refund"}, BOB)
+    assert "spec.by" in admitted("Approval", BASE, {**BASE, "approved": True, "by": " "}, BOB)
+    decided = {**BASE, "approved": True, "by": "bob"}
+    assert "spec.approved" in admitted("Approval", decided, dict(BASE), BOB)
+    assert "decisionId" in admitted("Approval", BASE, {**BASE, "decisionId": "7"}, BOB)
+    full = [{"by": f"p{i}", "approved": True, "id": str(i)} for i in range(MAX_DECISIONS)]
+    more = {**BASE, "decisions": [*full, {"by": "bob", "approved": True}]}
+    assert "at most" in admitted("Approval", {**BASE, "decisions": full}, more, BOB)
+    denied = [{"by": "bob", "approved": False, "id": "1"}]
+    again = {**BASE, "decisions": [*denied, {"by": "bob", "approved": False}]}
+    assert "denied it already" in admitted("Approval", {**BASE, "decisions": denied}, again, BOB)
+    eight = [{"by": "bob", "approved": True, "id": str(i)} for i in range(8)]
+    ninth = {**BASE, "decisions": [*eight, {"by": "bob", "approved": True}]}
+    assert "8 decisions" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
 
 
 def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:
