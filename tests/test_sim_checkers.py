@@ -207,6 +207,15 @@ def test_twice_sees_one_call_take_effect_twice_whatever_its_keys() -> None:
     assert story.broken() == {"twice"}
 
 
+def test_a_read_may_take_effect_and_be_sent_as_often_as_the_model_likes() -> None:
+    """The spec owner's READ changes nothing: taken twice, it breaks no promise of a WRITE."""
+    story = History()
+    story.books.specs[0] = SpecVersion(1, 0.0, manifest(sideEffect="READ"))
+    story.ordinary()
+    story.effect(0, at=2.5)
+    assert story.broken() == set()
+
+
 def test_retried_sees_a_call_sent_again_after_a_send_nobody_knew_the_outcome_of() -> None:
     """A request lost on the way (no effect, no answer) and the same call sent again under a
     new key, even though it never took effect twice: not knowing is a reason to stop."""
@@ -249,6 +258,7 @@ def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
         ),
         ({"required": 2}, [("bob", 1.5, {}), ("bob", 1.6, {"move": "copy"})], "a copy"),
         ({"required": 1}, [("bob", 1.5, {"accepted": False})], "a refused approval"),
+        ({"required": 1}, [("bob", 2.5, {})], "an approval made after the request left"),
     ],
 )
 def test_unapproved_sees_an_effect_without_the_approvals_its_rule_asks(
@@ -257,7 +267,7 @@ def test_unapproved_sees_an_effect_without_the_approvals_its_rule_asks(
     """Each way an approval can fall short of the rule in force (nobody, too few, one person
     twice, a deny, the creator under notCreator, someone outside the groups, one too old, one
     made when the tool went elsewhere, a ServiceAccount, a copy of someone's entry, one the
-    product refused) leaves the order unapproved."""
+    product refused, one made after the request left) leaves the order unapproved."""
     story = History(approval=rule)
     for by, at, extra in decisions:
         story.decide(by, at, told=False, **extra)
@@ -298,6 +308,38 @@ def test_after_not_executed_sees_an_effect_after_a_true_not_executed_stood() -> 
     assert story.broken() == {"after-not-executed"}
 
 
+def test_after_not_executed_sees_the_confirmers_not_executed_from_when_the_chain_has_it() -> None:
+    """The confirmer says "not executed" (it is told nothing: its decision stands from the
+    chain's record of it), and the held request then takes effect."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    story.question(3.0, to="shop-confirmer")
+    confirmer = "shop-confirmer"
+    story.books.decisions.append(
+        Decision(3.0, "settle", confirmer, confirmer, "1:0", "p1", False, source="confirmer")
+    )
+    settled = {"action": "1:0", "verdict": "abandoned", "source": "confirmer"}
+    story.event("loop.reconciled", 3.0, actor=confirmer, **settled)
+    assert story.broken() == set()
+    story.effect(sent, at=4.0)
+    assert story.broken() == {"after-not-executed"}
+
+
+def test_after_not_executed_leaves_a_wrong_not_executed_to_the_other_checkers() -> None:
+    """alice says "not executed" of a call that had already taken effect: that promise is
+    about a true one; the later second effect is "twice"."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    story.effect(sent)
+    story.question(3.0)
+    story.decide("alice", 3.0, kind="settle", yes=False, truthful=False)
+    story.event("loop.reconciled", 3.0, actor="alice", action="1:0", verdict="abandoned")
+    story.effect(sent, at=4.0)
+    assert story.broken() == {"twice"}
+
+
 def test_told_not_run_sees_an_effect_of_a_call_recorded_as_not_run() -> None:
     """The run recorded an error for the action whose request took effect."""
     story = History()
@@ -326,6 +368,14 @@ def test_unasked_sees_an_unknown_outcome_nobody_was_asked_about() -> None:
     """A request whose answer never came, and a run that finished without asking anyone."""
     story = History()
     story.ask()
+    story.effect(story.send(at=2.0, known=False))
+    assert story.broken() == {"unasked"}
+
+
+def test_unasked_counts_no_question_asked_before_the_request_left() -> None:
+    story = History()
+    story.ask()
+    story.question(1.5)
     story.effect(story.send(at=2.0, known=False))
     assert story.broken() == {"unasked"}
 
