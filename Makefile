@@ -138,9 +138,8 @@ unit: venv
 
 ## sim: seeded simulations of whole runs on virtual time, judged by the promise's oracle
 ## (docs/simulation.md): SEEDS seeds (default 1000), or fresh seeds for SECONDS=N seconds.
-## SIM_FLAGS (default: every move of issues 46 and 48, which `make test`'s budget leaves out
-## until their fixes land; SIM_FLAGS= for none). `make test` runs a fixed budget of them
-## (tests/test_simulation.py).
+## SIM_FLAGS (default: every move of issues 46 and 48, as `make test`'s budget runs them;
+## SIM_FLAGS= for none). `make test` runs a fixed budget of them (tests/test_simulation.py).
 SEEDS ?= 1000
 SIM_FLAGS ?= --every-move
 sim: venv

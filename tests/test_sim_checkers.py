@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from keelgate.testing.sim.admission import User, admitted, mutated
+from keelgate.testing.sim.admission import MAX_DECISIONS, User, admitted, mutated
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
     Ask,
@@ -207,6 +207,15 @@ def test_twice_sees_one_call_take_effect_twice_whatever_its_keys() -> None:
     assert story.broken() == {"twice"}
 
 
+def test_a_read_may_take_effect_and_be_sent_as_often_as_the_model_likes() -> None:
+    """The spec owner's READ changes nothing: taken twice, it breaks no promise of a WRITE."""
+    story = History()
+    story.books.specs[0] = SpecVersion(1, 0.0, manifest(sideEffect="READ"))
+    story.ordinary()
+    story.effect(0, at=2.5)
+    assert story.broken() == set()
+
+
 def test_retried_sees_a_call_sent_again_after_a_send_nobody_knew_the_outcome_of() -> None:
     """A request lost on the way (no effect, no answer) and the same call sent again under a
     new key, even though it never took effect twice: not knowing is a reason to stop."""
@@ -249,6 +258,7 @@ def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
         ),
         ({"required": 2}, [("bob", 1.5, {}), ("bob", 1.6, {"move": "copy"})], "a copy"),
         ({"required": 1}, [("bob", 1.5, {"accepted": False})], "a refused approval"),
+        ({"required": 1}, [("bob", 2.5, {})], "an approval made after the request left"),
     ],
 )
 def test_unapproved_sees_an_effect_without_the_approvals_its_rule_asks(
@@ -257,7 +267,7 @@ def test_unapproved_sees_an_effect_without_the_approvals_its_rule_asks(
     """Each way an approval can fall short of the rule in force (nobody, too few, one person
     twice, a deny, the creator under notCreator, someone outside the groups, one too old, one
     made when the tool went elsewhere, a ServiceAccount, a copy of someone's entry, one the
-    product refused) leaves the order unapproved."""
+    product refused, one made after the request left) leaves the order unapproved."""
     story = History(approval=rule)
     for by, at, extra in decisions:
         story.decide(by, at, told=False, **extra)
@@ -298,6 +308,38 @@ def test_after_not_executed_sees_an_effect_after_a_true_not_executed_stood() -> 
     assert story.broken() == {"after-not-executed"}
 
 
+def test_after_not_executed_sees_the_confirmers_not_executed_from_when_the_chain_has_it() -> None:
+    """The confirmer says "not executed" (it is told nothing: its decision stands from the
+    chain's record of it), and the held request then takes effect."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    story.question(3.0, to="shop-confirmer")
+    confirmer = "shop-confirmer"
+    story.books.decisions.append(
+        Decision(3.0, "settle", confirmer, confirmer, "1:0", "p1", False, source="confirmer")
+    )
+    settled = {"action": "1:0", "verdict": "abandoned", "source": "confirmer"}
+    story.event("loop.reconciled", 3.0, actor=confirmer, **settled)
+    assert story.broken() == set()
+    story.effect(sent, at=4.0)
+    assert story.broken() == {"after-not-executed"}
+
+
+def test_after_not_executed_leaves_a_wrong_not_executed_to_the_other_checkers() -> None:
+    """alice says "not executed" of a call that had already taken effect: that promise is
+    about a true one; the later second effect is "twice"."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    story.effect(sent)
+    story.question(3.0)
+    story.decide("alice", 3.0, kind="settle", yes=False, truthful=False)
+    story.event("loop.reconciled", 3.0, actor="alice", action="1:0", verdict="abandoned")
+    story.effect(sent, at=4.0)
+    assert story.broken() == {"twice"}
+
+
 def test_told_not_run_sees_an_effect_of_a_call_recorded_as_not_run() -> None:
     """The run recorded an error for the action whose request took effect."""
     story = History()
@@ -308,10 +350,32 @@ def test_told_not_run_sees_an_effect_of_a_call_recorded_as_not_run() -> None:
     assert story.broken() == {"told-not-run"}
 
 
+def test_told_not_run_sees_a_call_sent_after_its_action_was_recorded_as_not_run() -> None:
+    """A stale process sends its old plan's call after the run recorded the action refused
+    (the shop refuses it too): the record said the call was over, and it went out again. The
+    same story without that late send keeps the promise."""
+    story = History()
+    story.ask()
+    story.send(at=2.0, refused=True)
+    story.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+    story.event("loop.action_completed", 3.0, action="1:0", status="refused")
+    assert story.broken() == set()
+    story.send("step1", at=4.0, refused=True)
+    assert story.broken() == {"told-not-run"}
+
+
 def test_unasked_sees_an_unknown_outcome_nobody_was_asked_about() -> None:
     """A request whose answer never came, and a run that finished without asking anyone."""
     story = History()
     story.ask()
+    story.effect(story.send(at=2.0, known=False))
+    assert story.broken() == {"unasked"}
+
+
+def test_unasked_counts_no_question_asked_before_the_request_left() -> None:
+    story = History()
+    story.ask()
+    story.question(1.5)
     story.effect(story.send(at=2.0, known=False))
     assert story.broken() == {"unasked"}
 
@@ -349,10 +413,27 @@ def test_audit_sees_a_settlement_of_the_store_not_on_the_chain_or_a_broken_chain
     assert story.broken() == {"audit"}
 
 
+def test_audit_sees_a_settlement_on_the_chain_that_nobody_made() -> None:
+    """The chain records bob settling the order as executed; nobody settled anything."""
+    story = History().ordinary()
+    story.event("loop.reconciled", 4.0, actor="bob", action="1:0", verdict="executed")
+    assert story.broken() == {"audit"}
+
+
 def test_budget_sees_the_model_asked_past_the_iterations_allowed() -> None:
     story = History().ordinary()
     story.books.max_iterations = 1
     story.ask(at=5.0, iteration=2, args=None)
+    assert story.broken() == {"budget"}
+
+
+def test_budget_sees_more_tokens_than_the_budget_and_one_call_allow() -> None:
+    """A token budget may be passed by the one call that crossed it, never by more."""
+    story = History().ordinary()
+    story.books.max_tokens, story.books.call_tokens = 100, 10
+    story.records.tokens = 110
+    assert story.broken() == set()
+    story.records.tokens = 111
     assert story.broken() == {"budget"}
 
 
@@ -443,6 +524,26 @@ def test_admission_refuses_what_the_chart_refuses() -> None:
     done = {**settle, "executed": True, "by": "bob"}
     assert admitted("Reconciliation", done, {**settle, "executed": False, "by": "bob"}, BOB)
     assert admitted("Reconciliation", settle, done, BOB) == ""
+
+
+def test_admission_refuses_the_rest_of_what_the_chart_refuses() -> None:
+    """A field the operator set changed; the one-decision form with no name, or taken back; an
+    identity given by hand; more entries than the CRD holds; a second deny by one person; a
+    ninth decision by one person. Each refusal names what it refuses."""
+    assert "cannot change" in admitted("Approval", BASE, {**BASE, "tool": "refund"}, BOB)
+    assert "spec.by" in admitted("Approval", BASE, {**BASE, "approved": True, "by": " "}, BOB)
+    decided = {**BASE, "approved": True, "by": "bob"}
+    assert "spec.approved" in admitted("Approval", decided, dict(BASE), BOB)
+    assert "decisionId" in admitted("Approval", BASE, {**BASE, "decisionId": "7"}, BOB)
+    full = [{"by": f"p{i}", "approved": True, "id": str(i)} for i in range(MAX_DECISIONS)]
+    more = {**BASE, "decisions": [*full, {"by": "bob", "approved": True}]}
+    assert "at most" in admitted("Approval", {**BASE, "decisions": full}, more, BOB)
+    denied = [{"by": "bob", "approved": False, "id": "1"}]
+    again = {**BASE, "decisions": [*denied, {"by": "bob", "approved": False}]}
+    assert "denied it already" in admitted("Approval", {**BASE, "decisions": denied}, again, BOB)
+    eight = [{"by": "bob", "approved": True, "id": str(i)} for i in range(8)]
+    ninth = {**BASE, "decisions": [*eight, {"by": "bob", "approved": True}]}
+    assert "8 decisions" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
 
 
 def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:

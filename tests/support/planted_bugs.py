@@ -253,61 +253,31 @@ def planted(bug: Planted, into: Path) -> Path:
 
 def find(bug: Planted, into: Path, *, seeds: int, store: str | None = None) -> dict[str, object]:
     """Run the simulator over a copy with ``bug`` until the first broken promise (at most
-    ``seeds`` runs); its JSON summary (``first``: the runs it took, None if not found)."""
+    ``seeds`` runs, or only its ``window_seed``, on the memory store as ``FOUND_SEEDS`` runs it);
+    its JSON summary (``first``: the runs it took, None if not found)."""
     root = planted(bug, into)
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     if bug.window_seed is not None:
-        return _on_window_seed(bug, env)
+        which = ["--seed", str(bug.window_seed), "--store", "memory"]
+    else:
+        which = ["--seeds", str(seeds), "--store", store or bug.store]
+        which += ["--first", "--no-shrink", "--json"]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keelgate.testing.sim",
-            "--seeds",
-            str(seeds),
-            "--mode",
-            bug.mode,
-            "--store",
-            store or bug.store,
-            "--first",
-            "--no-shrink",
-            "--json",
-        ],
+        [sys.executable, "-m", "keelgate.testing.sim", *which, "--mode", bug.mode],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
+    if bug.window_seed is not None:
+        if done.returncode not in (0, 1):
+            raise AssertionError(f"the simulator did not run:\n{done.stdout}\n{done.stderr}")
+        broken = done.returncode == 1 and "BROKEN PROMISE" in done.stdout
+        return {"runs": 1, "first": 1 if broken else None, "output": done.stdout}
     lines = done.stdout.strip().splitlines()
     if not lines or not lines[-1].startswith("{"):
         raise AssertionError(f"the simulator did not run:\n{done.stdout}\n{done.stderr}")
     summary: dict[str, object] = json.loads(lines[-1])
     summary["output"] = done.stdout
     return summary
-
-
-def _on_window_seed(bug: Planted, env: dict[str, str]) -> dict[str, object]:
-    """``find``'s summary for a bug looked for on the one seed kept for its window."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keelgate.testing.sim",
-            "--seed",
-            str(bug.window_seed),
-            "--mode",
-            bug.mode,
-            "--store",
-            "memory",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode not in (0, 1):
-        raise AssertionError(f"the simulator did not run:\n{done.stdout}\n{done.stderr}")
-    broken = done.returncode == 1 and "BROKEN PROMISE" in done.stdout
-    return {"runs": 1, "first": 1 if broken else None, "output": done.stdout}

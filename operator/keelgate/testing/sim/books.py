@@ -303,8 +303,9 @@ class Books:
         pending``, an Approval): the tool as the step that stopped the run to ask defined it
         (the last step to have ended), not as ``manifest`` (the spec now) may have been edited
         since: the run binds a later edit anew, and asks again."""
-        ended = [life for life in self.processes.values() if life.ended is not None]
-        ended = [life for life in ended if life.ended is not None and life.ended <= at]
+        ended = [
+            life for life in self.processes.values() if life.ended is not None and life.ended <= at
+        ]
         asked = self.spec(max(ended, key=lambda life: life.order).generation) if ended else None
         found = asked.tool(tool) if asked is not None else None
         return definition(found if found is not None else manifest)

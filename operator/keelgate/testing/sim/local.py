@@ -17,12 +17,7 @@ from keelgate.core.types import KeyState, StopReason
 from keelgate.errors import KeelgateError
 from keelgate.manifest import spec_from_manifest
 from keelgate.testing.sim.books import CREATOR
-from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.model import Planner
-from keelgate.testing.sim.network import Network
-from keelgate.testing.sim.processes import Faults, StepProcess
-from keelgate.testing.sim.stores import StoreSite
-from keelgate.testing.sim.world import World
+from keelgate.testing.sim.processes import Setting, StepProcess
 
 _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
 
@@ -30,26 +25,9 @@ _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
 class LocalDriver:
     """Starts step processes while the run can go on."""
 
-    def __init__(
-        self,
-        world: World,
-        site: StoreSite,
-        network: Network,
-        planner: Planner,
-        desk: Desk,
-        faults: Faults,
-        *,
-        tenant: str,
-        run: str,
-    ) -> None:
-        self.world = world
-        self.site = site
-        self.network = network
-        self.planner = planner
-        self.faults = faults
-        self.desk = desk
-        self.tenant = tenant
-        self.run = run
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.world = setting.world
         self.running: StepProcess | None = None
         self.processes: list[StepProcess] = []
         self.finished = False
@@ -57,11 +35,13 @@ class LocalDriver:
         self._spec: tuple[int, LoopSpec] | None = None
 
     def spec(self) -> LoopSpec:
-        generation = self.desk.generation
+        generation = self.setting.desk.generation
         if self._spec is None or self._spec[0] != generation:
-            manifest = spec_from_manifest(self.desk.manifest)
+            manifest = spec_from_manifest(self.setting.desk.manifest)
             # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
-            spec = manifest.loop_spec(tenant=self.tenant, run=self.run, creator=CREATOR)
+            spec = manifest.loop_spec(
+                tenant=self.setting.tenant, run=self.setting.run, creator=CREATOR
+            )
             self._spec = (generation, spec)
         return self._spec[1]
 
@@ -71,9 +51,9 @@ class LocalDriver:
     def check(self) -> None:
         if self.running is not None or self.finished:
             return
-        stores = self.site.open()
+        stores = self.setting.site.open()
         try:
-            checkpoint = stores.checkpoints.load(self.tenant, self.run)
+            checkpoint = stores.checkpoints.load(self.setting.tenant, self.setting.run)
             state = None if checkpoint is None else RunState.from_json(checkpoint.state)
             if state is not None and not self._goes_on(state, stores):
                 if state.stop is not None and not state.continues_under(self.spec().budget):
@@ -84,11 +64,11 @@ class LocalDriver:
                 return
             assert stores.specs is not None
             stores.specs.record_spec(
-                self.tenant,
-                self.run,
+                self.setting.tenant,
+                self.setting.run,
                 self.spec().to_json(),
                 source="desk",
-                generation=self.desk.generation,
+                generation=self.setting.desk.generation,
             )
         except KeelgateError as error:
             self.world.say(f"the driver cannot look: {type(error).__name__}")
@@ -112,7 +92,7 @@ class LocalDriver:
             # person resumes.
             keys = stores.idempotency
             return all(
-                (record := keys.get(self.tenant, u.idempotency_key)) is None
+                (record := keys.get(self.setting.tenant, u.idempotency_key)) is None
                 or record.state in _SETTLED
                 for u in state.unknown
             )
@@ -123,18 +103,7 @@ class LocalDriver:
 
     def _start(self) -> None:
         number = len(self.processes) + 1
-        process = StepProcess(
-            self.world,
-            self.site,
-            self.network,
-            self.planner,
-            self.desk,
-            self.faults,
-            name=f"step{number}",
-            tenant=self.tenant,
-            run=self.run,
-            on_exit=self._exited,
-        )
+        process = StepProcess(self.setting, name=f"step{number}", on_exit=self._exited)
         self.processes.append(process)
         self.running = process
         process.start()

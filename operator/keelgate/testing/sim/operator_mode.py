@@ -44,11 +44,9 @@ from keelgate.testing.sim.books import (
     Question,
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
-from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
-from keelgate.testing.sim.model import Planner
-from keelgate.testing.sim.network import Network
-from keelgate.testing.sim.people import PEOPLE, calm_look, counts
-from keelgate.testing.sim.processes import Faults, StepProcess
+from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS
+from keelgate.testing.sim.people import PEOPLE, book_approval, calm_look, counts
+from keelgate.testing.sim.processes import Setting, StepProcess
 from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
 
@@ -166,28 +164,10 @@ class SimOperator:
 class Cluster:
     """The API server, its kubelet, the operators and the people of one simulated run."""
 
-    def __init__(
-        self,
-        world: World,
-        site: StoreSite,
-        network: Network,
-        planner: Planner,
-        desk: Desk,
-        faults: Faults,
-        *,
-        tenant: str,
-        run: str,
-        moves: frozenset[str] = frozenset(),
-    ) -> None:
-        self.world = world
-        self.site = site
-        self.network = network
-        self.planner = planner
-        self.books: Books = planner.books
-        self.desk = desk
-        self.faults = faults
-        self.tenant = tenant
-        self.run = run
+    def __init__(self, setting: Setting, *, moves: frozenset[str] = frozenset()) -> None:
+        self.setting = setting
+        self.world = world = setting.world
+        self.books: Books = setting.planner.books
         self.moves = tuple(m for m in MOVES if m in moves)
         self.api = SimApiServer(world, faulty=True)
         self.api.on_pod = self._pod_created
@@ -211,21 +191,23 @@ class Cluster:
         # alice creates it: admission records her as its creator (keelgate.dev/created-by).
         self.api.create_object(
             "AgentRun",
-            self.tenant,
+            self.setting.tenant,
             {
                 "apiVersion": "keelgate.dev/v1alpha1",
                 "kind": "AgentRun",
                 "metadata": {
-                    "name": self.run,
+                    "name": self.setting.run,
                     "annotations": {"keelgate.dev/created-by": CREATOR},
                 },
-                "spec": copy.deepcopy(self.desk.manifest),
+                "spec": copy.deepcopy(self.setting.desk.manifest),
             },
         )
 
     def _operator(self) -> SimOperator:
         self.count += 1
-        operator = SimOperator(self.world, self.api, self.site, name=f"operator{self.count}")
+        operator = SimOperator(
+            self.world, self.api, self.setting.site, name=f"operator{self.count}"
+        )
         self.operators.append(operator)
         return operator
 
@@ -250,7 +232,7 @@ class Cluster:
             operator.stop()
 
     def finished(self) -> bool:
-        body = self.api.get("AgentRun", self.tenant, self.run)
+        body = self.api.get("AgentRun", self.setting.tenant, self.setting.run)
         phase = ((body or {}).get("status") or {}).get("phase")
         return phase in ("Succeeded", "Failed") and not any(
             p.alive for p in self.processes.values()
@@ -267,21 +249,14 @@ class Cluster:
         )
 
     def _run_pod(self, name: str) -> None:
-        pod = self.api.get("Pod", self.tenant, name)
+        pod = self.api.get("Pod", self.setting.tenant, name)
         if pod is None or pod["metadata"].get("deletionTimestamp"):
             return
         # A run deleted and created again names its pods afresh: the world tells them apart.
         taken = sum(1 for known in self.books.processes if known.split("#")[0] == name)
         process = StepProcess(
-            self.world,
-            self.site,
-            self.network,
-            self.planner,
-            self.desk,
-            self.faults,
+            self.setting,
             name=name if not taken else f"{name}#{taken + 1}",
-            tenant=self.tenant,
-            run=self.run,
             on_exit=lambda p, code: self._exited(name, code),
         )
         self.processes[name] = process
@@ -295,15 +270,17 @@ class Cluster:
         name = pod["metadata"]["name"]
         process = self.processes.get(name)
         if process is None:
-            self.api.remove_pod(self.tenant, name)
+            self.api.remove_pod(self.setting.tenant, name)
             return
         if process.lost:
             self.world.at(
-                300.0, "the pod garbage collector", lambda: self.api.remove_pod(self.tenant, name)
+                300.0,
+                "the pod garbage collector",
+                lambda: self.api.remove_pod(self.setting.tenant, name),
             )
             return
         if not process.alive:
-            self.api.remove_pod(self.tenant, name)
+            self.api.remove_pod(self.setting.tenant, name)
             return
         process.drain()
         grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
@@ -313,9 +290,11 @@ class Cluster:
         if code < 0:
             # Its node was lost: the kubelet no longer reports it, and the node's pods are
             # deleted by the node lifecycle controller a while later, never confirmed.
-            self.world.at(300.0, "node eviction", lambda: self.api.delete_pod(self.tenant, name))
+            self.world.at(
+                300.0, "node eviction", lambda: self.api.delete_pod(self.setting.tenant, name)
+            )
             return
-        self.api.finish_pod(self.tenant, name, code)
+        self.api.finish_pod(self.setting.tenant, name, code)
 
     # What the people are told: a Reconciliation settled as they said
 
@@ -351,8 +330,10 @@ class Cluster:
         world = self.world
         schedule = world.schedule
         if not self.calm and schedule.chance(self.edits):
-            self.desk.edit(EDITS[schedule.pick(len(EDITS))])
-            self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
+            self.setting.desk.edit(EDITS[schedule.pick(len(EDITS))])
+            self.api.replace_spec(
+                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
+            )
         state = self._state()
         for body in self.api.of_kind("Reconciliation"):
             self._settle(body, state)
@@ -361,21 +342,23 @@ class Cluster:
         if not self.calm and schedule.chance(self.mischief):
             # Right after the others decided, before the operator hears of it (issue 46).
             self._move(state)
-        run = self.api.get("AgentRun", self.tenant, self.run) or {}
+        run = self.api.get("AgentRun", self.setting.tenant, self.setting.run) or {}
         status = run.get("status") or {}
         if status.get("stopReason") in (StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS) and (
             self.calm or schedule.chance(500)
         ):
-            self.desk.edit("raise budget")
-            self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
+            self.setting.desk.edit("raise budget")
+            self.api.replace_spec(
+                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
+            )
         return status.get("phase") in ("Succeeded", "Failed")
 
     def _state(self) -> RunState | None:
         """The run as ``kubectl keelgate status`` shows it (the actions' arguments)."""
-        stores = self.site.open()
+        stores = self.setting.site.open()
         try:
             loop = Loop(stores=stores, busy_wait=0.0)
-            return patiently(lambda: loop.state(self.tenant, self.run))
+            return patiently(lambda: loop.state(self.setting.tenant, self.setting.run))
         except KeelgateError:
             return None
         finally:
@@ -384,7 +367,7 @@ class Cluster:
     def _patch(self, kind: str, body: JSON, spec: dict[str, Any], user: User) -> bool:
         """``kubectl patch`` as ``user``: what admission refuses never lands."""
         name = body["metadata"]["name"]
-        current = self.api.get(kind, self.tenant, name)
+        current = self.api.get(kind, self.setting.tenant, name)
         if current is None:
             return False
         old = current.get("spec") or {}
@@ -396,7 +379,7 @@ class Cluster:
         version = str(current["metadata"].get("resourceVersion", ""))
         shown = str(status.get("definition") or "")
         self.api.replace_spec(
-            kind, self.tenant, name, mutated(kind, old, spec, version=version, shown=shown)
+            kind, self.setting.tenant, name, mutated(kind, old, spec, version=version, shown=shown)
         )
         return True
 
@@ -451,20 +434,7 @@ class Cluster:
             if fit and by not in fit:
                 by = fit[schedule.pick(len(fit))]
         name = body["metadata"]["name"]
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            yes,
-            GROUPS[by],
-            shown=self.books.shown(
-                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, state, by, yes)
         rule = None if pending is None else pending.rule
         one = rule is None or (rule.required <= 1 and not rule.group_lists())
         if one and not decisions and spec.get("approved") is None:
@@ -480,6 +450,24 @@ class Cluster:
         if self._patch("Approval", body, spec, User(by, GROUPS[by])):
             decision.accepted_at = world.now  # made on an Approval still waiting for it
 
+    def _booked_approval(
+        self, spec: JSON, state: RunState | None, by: str, yes: bool, *, human: str = ""
+    ) -> Decision:
+        """An approval or a deny of the Approval's call, as ``human`` makes it now under the
+        name ``by`` (with the groups ``by`` is in), booked."""
+        action = str(spec.get("action", ""))
+        return book_approval(
+            self.books,
+            self.setting.desk,
+            at=self.world.now,
+            by=by,
+            human=human or by,
+            action=action,
+            ref=_ref(state, action),
+            yes=yes,
+            tool=str(spec.get("tool", "")),
+        )
+
     # issue 46's moves: what admission lets alice do
 
     def _move(self, state: RunState | None) -> None:
@@ -487,11 +475,13 @@ class Cluster:
         which = self.moves[schedule.pick(len(self.moves))]
         approvals = [b for b in self.api.of_kind("Approval")]
         if which == "definition":
-            self.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
-            self.api.replace_spec("AgentRun", self.tenant, self.run, self.desk.manifest)
+            self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
+            self.api.replace_spec(
+                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
+            )
         elif which == "recreate":
-            self.world.say(f"{CREATOR} deletes {self.run} and creates it again")
-            self.api.delete_object("AgentRun", self.tenant, self.run)
+            self.world.say(f"{CREATOR} deletes {self.setting.run} and creates it again")
+            self.api.delete_object("AgentRun", self.setting.tenant, self.setting.run)
             self._create_run()
         elif approvals:
             body = approvals[schedule.pick(len(approvals))]
@@ -530,22 +520,9 @@ class Cluster:
         if not once:
             return
         by = str(once[0])
-        world, action = self.world, str(spec.get("action", ""))
+        world = self.world
         deny = {"by": by, "groups": list(GROUPS.get(by, ())), "approved": False}
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            False,
-            GROUPS.get(by, ()),
-            shown=self.books.shown(
-                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, state, by, False)
         spec["decisions"] = [*decisions, deny]
         if not self._patch("Approval", body, spec, User(by, GROUPS.get(by, ()))):
             return
@@ -567,20 +544,7 @@ class Cluster:
         entry = {"by": user.name, "groups": [], "approved": True}
         spec["decisions"] = [*(spec.get("decisions") or ()), entry]
         world = self.world
-        action = str(spec.get("action", ""))
-        decision = Decision(
-            world.now,
-            "approve",
-            user.name,
-            CREATOR,
-            action,
-            _ref(self._state(), action),
-            True,
-            shown=self.books.shown(
-                str(spec.get("tool", "")), self.world.now, self.desk.tool(str(spec.get("tool", "")))
-            ),
-        )
-        self.books.decisions.append(decision)
+        decision = self._booked_approval(spec, self._state(), user.name, True, human=CREATOR)
         world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
         if self._patch("Approval", body, spec, user):
             decision.accepted_at = world.now

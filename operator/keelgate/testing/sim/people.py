@@ -23,7 +23,8 @@ from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.testing.sim import records
 from keelgate.testing.sim.books import GROUPS, Books, Decision, Question
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
-from keelgate.testing.sim.stores import StoreSite, patiently
+from keelgate.testing.sim.processes import Setting
+from keelgate.testing.sim.stores import patiently
 from keelgate.testing.sim.world import World
 
 PEOPLE = tuple(GROUPS)
@@ -52,18 +53,33 @@ def counts(person: str, rule: ApprovalRule | None, creator: str) -> bool:
     return rule.admits(GROUPS.get(person, ()))
 
 
+def book_approval(
+    books: Books,
+    desk: Desk,
+    *,
+    at: float,
+    by: str,
+    human: str,
+    action: str,
+    ref: str,
+    yes: bool,
+    tool: str,
+) -> Decision:
+    """An approval or a deny of the call ``ref``, made at ``at`` by ``human`` under the name
+    ``by`` (with the groups ``by`` is in), of ``tool`` as the run showed it, booked."""
+    shown = books.shown(tool, at, desk.tool(tool))
+    decision = Decision(at, "approve", by, human, action, ref, yes, GROUPS.get(by, ()), shown=shown)
+    books.decisions.append(decision)
+    return decision
+
+
 class People:
     """Everyone who decides about one run (CLI users, in local mode)."""
 
-    def __init__(
-        self, world: World, site: StoreSite, books: Books, desk: Desk, *, tenant: str, run: str
-    ) -> None:
-        self.world = world
-        self.site = site
-        self.books = books
-        self.desk = desk
-        self.tenant = tenant
-        self.run = run
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.world = world = setting.world
+        self.books = setting.planner.books
         self.calm = False
         self.edits = (0, 100, 400)[world.schedule.pick(3)]  # spec edits per thousand looks
         self.wrong = (0, 30)[world.schedule.pick(2)]
@@ -82,12 +98,12 @@ class People:
         world = self.world
         schedule = world.schedule
         if not self.calm and schedule.chance(self.edits):
-            self.desk.edit(EDITS[schedule.pick(len(EDITS))])
-        stores = self.site.open()
+            self.setting.desk.edit(EDITS[schedule.pick(len(EDITS))])
+        stores = self.setting.site.open()
         try:
             loop = Loop(stores=stores, busy_wait=0.0, clock=world.boot)
             try:
-                state = patiently(lambda: loop.state(self.tenant, self.run))
+                state = patiently(lambda: loop.state(self.setting.tenant, self.setting.run))
             except KeelgateError:
                 state = None
             if state is None or state.stop is None:
@@ -97,10 +113,10 @@ class People:
                 for pending in state.pending:
                     if self.calm or not schedule.chance(300):
                         self._approve(loop, state, pending.action, pending.tool, pending.rule)
-                if self.desk.moves and not self.calm and schedule.chance(300):
+                if self.setting.desk.moves and not self.calm and schedule.chance(300):
                     # The run's owner sends the tool somewhere else once its call is approved,
                     # before the next step (issue 46).
-                    self.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
+                    self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
             elif stop.reason is StopReason.OUTCOME_UNKNOWN:
                 for unknown in state.unknown:
                     ref = _ref(state, unknown.action)
@@ -109,7 +125,7 @@ class People:
                         self._settle(loop, unknown.action, unknown.idempotency_key, ref)
                     self._come_back(unknown.not_executed_after)
             elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
-                self.desk.edit("raise budget")
+                self.setting.desk.edit("raise budget")
             return not stop.is_resumable  # finished: nothing more to decide
         finally:
             stores.close()
@@ -146,22 +162,28 @@ class People:
         yes = self.calm or not world.schedule.chance(200)
         given = {d.by for d in state.approvals.get(action, ()) if d.approved}
         by = self._who(rule, given, state.spec.creator)
-        decision = Decision(
-            world.now,
-            "approve",
-            by,
-            by,
-            action,
-            _ref(state, action),
-            yes,
-            GROUPS[by],
-            shown=self.books.shown(tool, world.now, self.desk.tool(tool)),
+        decision = book_approval(
+            self.books,
+            self.setting.desk,
+            at=world.now,
+            by=by,
+            human=by,
+            action=action,
+            ref=_ref(state, action),
+            yes=yes,
+            tool=tool,
         )
-        self.books.decisions.append(decision)
         before = len(state.approvals.get(action, ()))
         try:
             with failpoints.observed(self._window):
-                loop.approve(self.tenant, self.run, action, approved=yes, by=by, groups=GROUPS[by])
+                loop.approve(
+                    self.setting.tenant,
+                    self.setting.run,
+                    action,
+                    approved=yes,
+                    by=by,
+                    groups=GROUPS[by],
+                )
         except (KeelgateError, SimulatedCrash) as refused:
             world.say(f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}")
             self._approval_stood(decision, before)
@@ -186,7 +208,9 @@ class People:
             self.books.decisions.append(decision)
             try:
                 with failpoints.observed(self._window):
-                    loop.reconcile(self.tenant, self.run, action, executed=executed, by=by)
+                    loop.reconcile(
+                        self.setting.tenant, self.setting.run, action, executed=executed, by=by
+                    )
             except SimulatedCrash:
                 world.say(f"{by}'s reconcile of {action} died after settling")
                 self._stood(decision, key)
@@ -200,10 +224,10 @@ class People:
 
     def _approval_stood(self, decision: Decision, before: int) -> None:
         """A person told their decision failed (its answer lost) looks again: is it there?"""
-        stores = self.site.open()
+        stores = self.setting.site.open()
         try:
             loop = Loop(stores=stores, busy_wait=0.0)
-            state = patiently(lambda: loop.state(self.tenant, self.run))
+            state = patiently(lambda: loop.state(self.setting.tenant, self.setting.run))
         except KeelgateError:
             return
         finally:
@@ -214,9 +238,9 @@ class People:
 
     def _stood(self, decision: Decision, key: str) -> None:
         """A person whose command died looks again (``keelgate status``): did it stand?"""
-        stores = self.site.open()
+        stores = self.setting.site.open()
         try:
-            record = patiently(lambda: stores.idempotency.get(self.tenant, key))
+            record = patiently(lambda: stores.idempotency.get(self.setting.tenant, key))
         finally:
             stores.close()
         wanted = KeyState.COMPLETED if decision.yes else KeyState.ABANDONED

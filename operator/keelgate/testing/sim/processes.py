@@ -22,6 +22,7 @@ step program's (``keelgate.cli.step.exit_code``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import exit_code
@@ -92,33 +93,36 @@ def pause_seconds(world: World) -> float:
     return schedule.between(0.5, 20.0)
 
 
+@dataclass(frozen=True)
+class Setting:
+    """The setting of one simulated run, as its step processes are made with it, whoever starts
+    them (the local driver, the cluster's kubelet): the world, the store server, the network,
+    the model, the desk, the faults drawn for the run, and the run's name."""
+
+    world: World
+    site: StoreSite
+    network: Network
+    planner: Planner
+    desk: Desk
+    faults: Faults
+    tenant: str
+    run: str
+
+
 class StepProcess:
     """One step process (a step pod's container, or a `keelgate step` run by hand)."""
 
     def __init__(
         self,
-        world: World,
-        site: StoreSite,
-        network: Network,
-        planner: Planner,
-        desk: Desk,
-        faults: Faults,
+        setting: Setting,
         *,
         name: str,
-        tenant: str,
-        run: str,
         on_exit: Callable[[StepProcess, int], None],
     ) -> None:
-        self.world = world
-        self.site = site
-        self.network = network
-        self.planner = planner
-        self.desk = desk
-        self.books: Books = planner.books
-        self.faults = faults
+        self.setting = setting
+        self.world = setting.world
+        self.books: Books = setting.planner.books
         self.name = name
-        self.tenant = tenant
-        self.run_name = run
         self.on_exit = on_exit
         self.alive = True
         self.lost = False  # its node was lost: nobody hears from it, it may still run
@@ -126,8 +130,8 @@ class StepProcess:
         self.code: int | None = None
         self._stores: Stores | None = None
         self._late: list[LateCall] = []
-        network.senders[name] = self
-        self.books.processes[name] = ProcessLife(world.now, self.books.next_order())
+        setting.network.senders[name] = self
+        self.books.processes[name] = ProcessLife(self.world.now, self.books.next_order())
 
     # What its tools ask of it
 
@@ -149,7 +153,9 @@ class StepProcess:
             code: int
             try:
                 with failpoints.observed(self._window):
-                    outcome = runner.step(self.tenant, self.run_name, asked_to_stop=self._asked)
+                    outcome = runner.step(
+                        self.setting.tenant, self.setting.run, asked_to_stop=self._asked
+                    )
                 code = exit_code(outcome, asked=self.asked_to_stop)
                 world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
             except SimulatedCrash as crash:
@@ -183,7 +189,7 @@ class StepProcess:
             return
         self.code = code
         if self._stores is not None:
-            self.site.kill(self._stores)  # the process is gone: whatever it held goes too
+            self.setting.site.kill(self._stores)  # the process is gone: whatever it held goes too
         self.alive = False
         self._ended(code)
         self.world.say(f"{self.name} exits {code}")
@@ -194,7 +200,7 @@ class StepProcess:
             return
         self.world.say(f"{self.name} {why}")
         if self._stores is not None:
-            self.site.kill(self._stores)
+            self.setting.site.kill(self._stores)
         self.alive = False
         self.code = KILLED
         self._ended(KILLED)
@@ -216,35 +222,37 @@ class StepProcess:
         return self.asked_to_stop
 
     def _open(self) -> Stores:
-        self._stores = self.site.open()
+        self._stores = self.setting.site.open()
         return self._stores
 
     def _build(self, spec: LoopSpec, stores: Stores) -> Loop:
         """The loop a step pod builds from the spec it read (``build_parts``), over the
         simulated network; ``pay`` and an in-process model are the world's."""
-        self.books.processes[self.name].generation = self.desk.generation_of(spec.manifest)
+        self.books.processes[self.name].generation = self.setting.desk.generation_of(spec.manifest)
         parts = build_parts(spec)
         tools: list[Tool] = [
             SimTool(
                 self.world,
-                self.network,
+                self.setting.network,
                 self,
                 name=tool.name,
                 side_effect=tool.side_effect,
                 requires_approval=tool.requires_approval,
                 timeout_seconds=getattr(tool, "timeout_seconds", None),
                 approval=getattr(tool, "approval", None),
-                quote=self.desk.scenario.quote,
+                quote=self.setting.desk.scenario.quote,
             )
             if tool.name == "pay"
             else tool
             for tool in parts.tools
         ]
         in_process = parts.model.name == "scripted"
-        confirmer = ShopConfirmer(self.world, self.books) if self.desk.scenario.confirmer else None
+        confirmer = (
+            ShopConfirmer(self.world, self.books) if self.setting.desk.scenario.confirmer else None
+        )
         return Loop(
             stores=stores,
-            model=SimModel(self.planner) if in_process else parts.model,
+            model=SimModel(self.setting.planner) if in_process else parts.model,
             tools=tools,
             confirmer=confirmer,
             pricing=parts.pricing,
@@ -259,7 +267,7 @@ class StepProcess:
         if not self.alive:
             raise SimulatedCrash(name, 1)  # killed while held up: it never comes back
         world = self.world
-        fault = self.faults.at_window(world, name)
+        fault = self.setting.faults.at_window(world, name)
         if fault == "crash":
             raise SimulatedCrash(name, 1)
         if fault == "drain":
@@ -274,7 +282,7 @@ class StepProcess:
             if lost:
                 self.lost = True
                 if self._stores is not None:
-                    self.site.lose_session(self._stores)
+                    self.setting.site.lose_session(self._stores)
                 self.on_exit(self, -1)  # whoever drives the run hears nothing more from it
             world.advance(seconds)
             if not self.alive:

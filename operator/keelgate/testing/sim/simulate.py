@@ -38,7 +38,7 @@ from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import MOVES, Cluster
 from keelgate.testing.sim.people import CALM_START, People
-from keelgate.testing.sim.processes import Faults
+from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
 
 TENANT = "shop"
@@ -170,9 +170,10 @@ def _simulate(
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    setting = Setting(world, site, network, planner, desk, faults, TENANT, RUN)
     if mode == "local":
-        people = People(world, site, books, desk, tenant=TENANT, run=RUN)
-        driver = LocalDriver(world, site, network, planner, desk, faults, tenant=TENANT, run=RUN)
+        people = People(setting)
+        driver = LocalDriver(setting)
 
         def calm() -> None:
             world.say("calm")
@@ -185,17 +186,7 @@ def _simulate(
         people.look_later()
         done: Callable[[], bool] = lambda: driver.finished  # noqa: E731
     else:
-        cluster = Cluster(
-            world,
-            site,
-            network,
-            planner,
-            desk,
-            faults,
-            tenant=TENANT,
-            run=RUN,
-            moves=options.moves,
-        )
+        cluster = Cluster(setting, moves=options.moves)
 
         def calm() -> None:
             world.say("calm")
