@@ -117,6 +117,10 @@ class FakeCluster:
     user: str = "alice"
     groups: tuple[str, ...] = ("system:authenticated",)
     allowed: bool = True
+    #: Where RBAC lets the user patch, as an access review for that namespace would say: None,
+    #: wherever ``allowed`` says; else these namespaces only (a review naming none asks about
+    #: the target's).
+    patchable: tuple[str, ...] | None = None
     runs: dict[str, JSON] = field(default_factory=dict)
     objects: dict[str, list[JSON]] = field(
         default_factory=lambda: {"Reconciliation": [], "Approval": []}
@@ -156,7 +160,9 @@ class FakeCluster:
         self, verb: str, resource: str, name: str, *, namespace: str | None = None
     ) -> tuple[bool, str]:
         self.asked.append((verb, resource, name))
-        return self.allowed, "" if self.allowed else "no RBAC policy matched"
+        where = self.target.namespace if namespace is None else namespace
+        allowed = self.allowed and (self.patchable is None or where in self.patchable)
+        return allowed, "" if allowed else "no RBAC policy matched"
 
     def agentrun(self, name: str) -> JSON:
         if name not in self.runs:
@@ -1010,6 +1016,24 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     cluster.objects["Approval"] = []
     code, out, _ = plugin(capsys, "pending")
     assert code == 0 and out.strip() == "Nothing waits for a person in namespace shop."
+
+
+def test_pending_everywhere_asks_rbac_in_each_objects_own_namespace(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """-A, alice may patch Reconciliations in finance and not in shop (her kubeconfig's
+    namespace): the one in finance waits for her, the one in shop is shown apart with RBAC's
+    word for shop."""
+    cluster.objects["Reconciliation"] = [
+        _aged(decision("Reconciliation", "payout", "1:0"), 3, "finance"),
+        _aged(decision("Reconciliation", "restock", "2:0"), 5, "shop"),
+    ]
+    cluster.patchable = ("finance",)
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0, err
+    mine, _, apart = out.partition("\nWaiting for others")
+    assert "payout" in mine and "restock" not in mine, out
+    assert "restock" in apart and "you may not patch reconciliations in shop" in apart, out
 
 
 def test_pending_everywhere_falls_back_to_the_namespaces_the_user_may_list(
