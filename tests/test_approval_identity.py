@@ -29,7 +29,7 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
-from keelgate.kube.controller.approvals import entries
+from keelgate.kube.controller.approvals import entries, written_at
 from keelgate.kube.naming import action_object_name
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
@@ -250,6 +250,8 @@ def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_see
                     {"manager": "keelgate", "operation": "Update", "subresource": "status",
                      "time": later},
                 ]  # fmt: skip
+                # The status write, later, is the operator's own: never a decision's.
+                assert written_at(stored) == seconds
                 kube.cache.put("Approval", stored)
 
             written(now[0] - 50)
