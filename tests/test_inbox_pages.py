@@ -28,14 +28,7 @@ from keelgate.core.redaction import REDACTED
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.stores.sqlite import SQLiteStore
-from test_kubectl_plugin import (
-    STRICT,
-    FakeCluster,
-    _aged,
-    _two_person_run,
-    decision,
-    kubeconfig,
-)
+from test_kubectl_plugin import FakeCluster, bob_approved_alices_payout, kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,11 +231,7 @@ def _alices_payout(tmp_path: Path) -> tuple[FakeCluster, Path]:
     it (1 of 2); and an unknown outcome of another run."""
     config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
     cluster = FakeCluster(target=Target(str(config), "me", "shop"))
-    approval = _aged(_two_person_run(cluster), 10)
-    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
-    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
-    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
-    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+    bob_approved_alices_payout(cluster)
     return cluster, config
 
 

@@ -1453,6 +1453,16 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
 STRICT = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
 
 
+def bob_approved_alices_payout(cluster: FakeCluster) -> None:
+    """alice's run payout, whose payment needs 2 of payments, not her, a reason to deny
+    (STRICT); bob approved it (1 of 2); and an unknown outcome of another run."""
+    approval = _aged(_two_person_run(cluster), 10)
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+
+
 def _for_whom(
     cluster: FakeCluster, capsys: pytest.CaptureFixture[str], user: str, *groups: str
 ) -> tuple[str, str, list[JSON]]:
@@ -1476,12 +1486,8 @@ def test_pending_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
     sees the approval apart: she may deny it, not approve it; bob: he approved it already;
     dave (in no group the rule names) and a ServiceAccount: why not, and they may not deny
     either. -o json carries the same per object (``you``), and the reason is the judge's."""
-    approval = _aged(_two_person_run(cluster), 10)
-    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    bob_approved_alices_payout(cluster)
     cluster.runs["payout"]["spec"]["tools"][0]["approval"] = {"required": 1}  # weakened
-    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
-    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
-    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
 
     mine, apart, you = _for_whom(cluster, capsys, "carol", "payments")
     assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in mine
