@@ -180,12 +180,11 @@ def test_an_edit_that_changes_nothing_the_call_does_keeps_the_approvals(
     stores.close()
 
 
-def edited_after_shown(shops: tuple[Shop, Shop], tmp_path: Path) -> tuple[Loop, Stores, str, str]:
-    """A run awaiting approval of an order to the first shop, its tool then edited to order
-    from the second: the run (over its store) and the fingerprints of the definition people
-    were shown before the edit and of the one the call is bound to now."""
+def shown_then_edited(shops: tuple[Shop, Shop], db: Path) -> tuple[Loop, Stores, str, str]:
+    """The call waits for approval on the first shop's tool (as a person was shown it), then
+    the tool is edited to the second shop's: the loop and stores over the edited tool, the
+    definition shown before the edit, and the one now."""
     first, second = shops
-    db = tmp_path / "kg.db"
     loop, stores = opened(db, order_tool(first))
     shown = loop.run_or_resume(SPEC).pending_approvals[0].definition
     stores.close()
@@ -201,7 +200,7 @@ def test_a_decision_on_the_tool_as_it_was_before_an_edit_is_refused(
     """A person shown the call before an edit (its definition's fingerprint) decides after the
     run was bound to the edited tool: refused in one line saying the tool changed, nothing
     recorded; a decision naming the definition now is taken."""
-    loop, stores, shown, now = edited_after_shown(shops, tmp_path)
+    loop, stores, shown, now = shown_then_edited(shops, tmp_path / "kg.db")
     with pytest.raises(SettleError, match="the tool was changed since; look again"):
         loop.approve(
             "shop", "pay", "1:0", approved=True, by="bob", groups=PAYMENTS, definition=shown
@@ -220,8 +219,7 @@ def test_a_deny_on_the_tool_as_it_was_before_an_edit_still_denies(
     was made on, and denies. carol's approval of the edited call is then refused, and neither
     shop receives the order (the simulator found the deny voided and the call run on one
     approval)."""
-    first, second = shops
-    loop, stores, shown, now = edited_after_shown(shops, tmp_path)
+    loop, stores, shown, now = shown_then_edited(shops, tmp_path / "kg.db")
     loop.approve("shop", "pay", "1:0", approved=False, by="bob", groups=PAYMENTS, definition=shown)
     decided = loop.state("shop", "pay").approvals["1:0"]
     assert [(d.by, d.approved, d.definition) for d in decided] == [("bob", False, shown)]
@@ -230,7 +228,7 @@ def test_a_deny_on_the_tool_as_it_was_before_an_edit_still_denies(
             "shop", "pay", "1:0", approved=True, by="carol", groups=PAYMENTS, definition=now
         )
     loop.run_or_resume(SPEC)
-    assert (received(first), received(second)) == (0, 0)
+    assert received(*shops) == 0
     denied = [e for e in loop.audit("shop", "pay") if e.type == "loop.denied"]
     assert [(e.actor, e.data["definition"]) for e in denied] == [("bob", shown)]
     stores.close()

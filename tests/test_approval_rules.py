@@ -176,9 +176,11 @@ def test_a_run_created_by_a_service_account_says_so_and_no_account_decides_it(
     assert list(world.effects().values()) == [1]
 
     person = replace(spec("by-alice"), creator="alice")
-    loop.run_or_resume(person)
+    assert loop.run_or_resume(person).stop.reason is StopReason.AWAITING_APPROVAL
     (started,) = only(loop.audit("shop", "by-alice"), "loop.started")
     assert started.data["creator"] == "alice" and "creatorIsServiceAccount" not in started.data
+    with pytest.raises(SettleError, match="is a ServiceAccount, and the rule counts people only"):
+        loop.approve("shop", "by-alice", "2:0", approved=True, by=robot)
 
 
 def test_not_creator_with_no_creator_on_record_counts_nobody(

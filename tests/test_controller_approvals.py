@@ -70,6 +70,12 @@ def shown(kube: Operator) -> dict[str, Any]:
     return dict(body["status"])
 
 
+def settled(kube: Operator) -> tuple[str, str, str]:
+    """The Approval's phase, verdict and who settled it, as its status shows them."""
+    status = shown(kube)
+    return status["phase"], status["verdict"], status["settledBy"]
+
+
 def told(kube: Operator, reason: str) -> list[str]:
     return [e.message for e in kube.api.events if e.reason == reason]
 
@@ -125,12 +131,7 @@ def test_two_people_from_the_group_approve_and_the_write_runs_once(kube: Operato
 
     add(kube, "carol")
     assert kube.reconcile(APPROVE, kind="Approval") == REST
-    status = shown(kube)
-    assert (status["phase"], status["verdict"], status["settledBy"]) == (
-        "Settled",
-        "approved",
-        "bob, carol",
-    )
+    assert settled(kube) == ("Settled", "approved", "bob, carol")
     assert told(kube, "Approved") == [  # one Event for each approval, with the count
         f"place_order (1:0) approved by bob (1 of 2): approval {APPROVE}",
         f"place_order (1:0) approved by carol (2 of 2): approval {APPROVE}",
@@ -153,12 +154,7 @@ def test_one_deny_among_approvals_denies(kube: Operator) -> None:
     add(kube, "bob")
     add(kube, "dave", approved=False)
     kube.reconcile(APPROVE, kind="Approval")
-    status = shown(kube)
-    assert (status["phase"], status["verdict"], status["settledBy"]) == (
-        "Settled",
-        "denied",
-        "dave",
-    )
+    assert settled(kube) == ("Settled", "denied", "dave")
     assert told(kube, "Denied") == [f"place_order (1:0) denied by dave: approval {APPROVE}"]
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
@@ -181,12 +177,7 @@ def test_a_deny_on_an_approval_deleted_before_the_operator_looked_still_denies(
     fresh = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert fresh is not None and fresh["metadata"]["uid"] != made["metadata"]["uid"]
     kube.reconcile(APPROVE, kind="Approval")
-    status = shown(kube)
-    assert (status["phase"], status["verdict"], status["settledBy"]) == (
-        "Settled",
-        "denied",
-        "bob",
-    )
+    assert settled(kube) == ("Settled", "denied", "bob")
     kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": True, "by": "dave"})
     kube.reconcile(APPROVE, kind="Approval")
     kube.drive("restock")
@@ -204,12 +195,7 @@ def test_a_one_decision_deny_denies_and_is_never_read_as_an_approval(kube: Opera
     waiting(kube, {"required": 1})
     kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": False, "by": "bob"})
     kube.reconcile(APPROVE, kind="Approval")
-    status = shown(kube)
-    assert (status["phase"], status["verdict"], status["settledBy"]) == (
-        "Settled",
-        "denied",
-        "bob",
-    )
+    assert settled(kube) == ("Settled", "denied", "bob")
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
     assert operator_tools.ORDERS == []

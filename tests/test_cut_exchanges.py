@@ -17,6 +17,7 @@ the server's side too.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -224,18 +225,17 @@ def test_an_mcp_write_whose_answer_trickles_is_cut_at_its_deadline_and_stops_unk
 # The model adapters and the confirmer
 
 
-#: A plan request, the one each model test asks.
+#: What the model tests ask for.
 PLAN = ModelRequest(phase="plan", goal="restock", iteration=1, call=0, history=(), tools=())
 
 
-def model_of(flavor: str, base_url: str) -> OpenAIModel | AnthropicModel:
-    """The ``flavor`` provider's adapter for the server at ``base_url``: each try limited to
-    1 s, three tries."""
+def _model(flavor: str, llm: LlmFake) -> OpenAIModel | AnthropicModel:
+    """``flavor``'s model at the fake: a 1 s time limit, three tries."""
     model_class = OpenAIModel if flavor == "openai" else AnthropicModel
     return model_class(
         "m-test",
         api_key="sk-test",
-        base_url=base_url,
+        base_url=llm.base_url,
         timeout_seconds=1.0,
         retry=RetryPolicy(attempts=3, base_delay=0.01),
     )
@@ -250,7 +250,7 @@ def test_a_model_reply_that_trickles_is_cut_at_the_timeout_and_tried_again(flavo
     llm = LlmFake(flavor).start()
     try:
         llm.add(reply(text="late", trickle="body", pace=0.5), reply(text="on time"))
-        model = model_of(flavor, llm.base_url)
+        model = _model(flavor, llm)
         started = time.monotonic()
         answer = model.call(PLAN)
         assert answer.answer == "on time"
@@ -275,7 +275,7 @@ def test_a_model_reply_that_trickles_on_a_connection_an_earlier_try_opened_is_cu
     try:
         llm.add(busy(500, "busy"), reply(text="late", trickle="body", pace=0.5))
         llm.add(reply(text="on time"))
-        model = model_of(flavor, llm.base_url)
+        model = _model(flavor, llm)
         started = time.monotonic()
         answer = model.call(PLAN)
         assert answer.answer == "on time"
@@ -347,7 +347,9 @@ def test_a_simulation_rings_the_cut_on_its_own_clock() -> None:
         far.close()
 
 
-def test_an_alarm_whose_action_fails_badly_never_silences_the_later_ones() -> None:
+def test_an_alarm_whose_action_fails_badly_never_silences_the_later_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Every exchange's end rests on the one alarm thread. An action that raises even what is
     not an ``Exception`` (``SystemExit``, which ends a thread quietly) is told in the log, and
     the alarm set after it, for an exchange already under way, still rings."""
@@ -357,9 +359,14 @@ def test_an_alarm_whose_action_fails_badly_never_silences_the_later_ones() -> No
         raise SystemExit(1)
 
     now = clocks.boot()
-    clocks.alarm(now + 0.05, leaves)
-    clocks.alarm(now + 0.1, later.set)
-    assert later.wait(10.0), "the alarm after a failing one never rang"
+    with caplog.at_level(logging.ERROR, logger="keelgate.clocks"):
+        clocks.alarm(now + 0.05, leaves)
+        clocks.alarm(now + 0.1, later.set)
+        assert later.wait(10.0), "the alarm after a failing one never rang"
+    told = [r for r in caplog.records if r.name == "keelgate.clocks"]
+    assert [(r.getMessage(), r.exc_info and r.exc_info[0]) for r in told] == [
+        ("an alarm's action failed", SystemExit)
+    ]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

@@ -28,14 +28,7 @@ from keelgate.core.redaction import REDACTED
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import ApprovalRule, SideEffect
 from keelgate.stores.sqlite import SQLiteStore
-from test_kubectl_plugin import (
-    STRICT,
-    FakeCluster,
-    _aged,
-    _two_person_run,
-    decision,
-    kubeconfig,
-)
+from test_kubectl_plugin import FakeCluster, bob_approved_alices_payout, kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,11 +231,7 @@ def _alices_payout(tmp_path: Path) -> tuple[FakeCluster, Path]:
     it (1 of 2); and an unknown outcome of another run."""
     config = kubeconfig(tmp_path / "kubeconfig", server="https://127.0.0.1:9", me="shop")
     cluster = FakeCluster(target=Target(str(config), "me", "shop"))
-    approval = _aged(_two_person_run(cluster), 10)
-    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
-    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
-    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
-    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+    bob_approved_alices_payout(cluster)
     return cluster, config
 
 
@@ -309,6 +298,7 @@ def test_a_user_rbac_forbids_sees_everything_apart_with_rbacs_word(tmp_path: Pat
     html = pages.inbox(items, csrf="c", scope="s")
     assert "(0 waiting for you, 2 for others)" in html
     assert html.count("You may not decide this") == 2 and "<form" not in html
+    assert html.count("(forbidden: no RBAC policy matched)") == 2  # RBAC's word, for each
 
 
 def test_an_approval_shows_what_people_said_deciding_it_as_the_run_records_it() -> None:
@@ -393,10 +383,10 @@ def test_the_run_page_says_approved_by_bob_only_with_the_count_it_has(tmp_path: 
 def test_an_approval_whose_deny_the_operator_refused_stays_waiting_in_the_inbox(
     tmp_path: Path,
 ) -> None:
-    """bob, in no group the rule names (a typo in it), denied by hand and the operator refused
+    """dave, in no group the rule names (a typo in it), denied by hand and the operator refused
     it: the Approval stays Pending with the refusal in its message. carol's inbox still counts
-    it as waiting for her, with the refusal shown, and bob sees it apart with why (issue 46: the
-    inbox said "0 waiting" while the run still waited)."""
+    it as waiting for her, with the refusal shown, and dave sees it apart with why (issue 46:
+    the inbox said "0 waiting" while the run still waited)."""
     cluster, config = _alices_payout(tmp_path)
     (approval,) = cluster.objects["Approval"]
     approval["spec"]["decisions"] = [{"by": "dave", "approved": False}]

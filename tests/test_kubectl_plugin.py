@@ -117,6 +117,10 @@ class FakeCluster:
     user: str = "alice"
     groups: tuple[str, ...] = ("system:authenticated",)
     allowed: bool = True
+    #: Where RBAC lets the user patch, as an access review for that namespace would say: None,
+    #: wherever ``allowed`` says; else these namespaces only (a review naming none asks about
+    #: the target's).
+    patchable: tuple[str, ...] | None = None
     runs: dict[str, JSON] = field(default_factory=dict)
     objects: dict[str, list[JSON]] = field(
         default_factory=lambda: {"Reconciliation": [], "Approval": []}
@@ -156,7 +160,9 @@ class FakeCluster:
         self, verb: str, resource: str, name: str, *, namespace: str | None = None
     ) -> tuple[bool, str]:
         self.asked.append((verb, resource, name))
-        return self.allowed, "" if self.allowed else "no RBAC policy matched"
+        where = self.target.namespace if namespace is None else namespace
+        allowed = self.allowed and (self.patchable is None or where in self.patchable)
+        return allowed, "" if allowed else "no RBAC policy matched"
 
     def agentrun(self, name: str) -> JSON:
         if name not in self.runs:
@@ -1012,6 +1018,24 @@ def test_pending_across_namespaces_and_json_and_nothing_waiting(
     assert code == 0 and out.strip() == "Nothing waits for a person in namespace shop."
 
 
+def test_pending_everywhere_asks_rbac_in_each_objects_own_namespace(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """-A, alice may patch Reconciliations in finance and not in shop (her kubeconfig's
+    namespace): the one in finance waits for her, the one in shop is shown apart with RBAC's
+    word for shop."""
+    cluster.objects["Reconciliation"] = [
+        _aged(decision("Reconciliation", "payout", "1:0"), 3, "finance"),
+        _aged(decision("Reconciliation", "restock", "2:0"), 5, "shop"),
+    ]
+    cluster.patchable = ("finance",)
+    code, out, err = plugin(capsys, "pending", "-A")
+    assert code == 0, err
+    mine, _, apart = out.partition("\nWaiting for others")
+    assert "payout" in mine and "restock" not in mine, out
+    assert "restock" in apart and "you may not patch reconciliations in shop" in apart, out
+
+
 def test_pending_everywhere_falls_back_to_the_namespaces_the_user_may_list(
     capsys: pytest.CaptureFixture[str], cluster: FakeCluster
 ) -> None:
@@ -1429,6 +1453,16 @@ def test_a_refused_decision_keeps_the_action_in_sight_with_the_reason(
 STRICT = {"required": 2, "groups": ["payments"], "notCreator": True, "reasonToDeny": True}
 
 
+def bob_approved_alices_payout(cluster: FakeCluster) -> None:
+    """alice's run payout, whose payment needs 2 of payments, not her, a reason to deny
+    (STRICT); bob approved it (1 of 2); and an unknown outcome of another run."""
+    approval = _aged(_two_person_run(cluster), 10)
+    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
+    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
+    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
+
+
 def _for_whom(
     cluster: FakeCluster, capsys: pytest.CaptureFixture[str], user: str, *groups: str
 ) -> tuple[str, str, list[JSON]]:
@@ -1452,12 +1486,8 @@ def test_pending_shows_what_waits_for_you_apart_from_what_you_cannot_decide(
     sees the approval apart: she may deny it, not approve it; bob: he approved it already;
     dave (in no group the rule names) and a ServiceAccount: why not, and they may not deny
     either. -o json carries the same per object (``you``), and the reason is the judge's."""
-    approval = _aged(_two_person_run(cluster), 10)
-    cluster.runs["payout"]["status"]["pendingApprovals"][0]["rule"] = STRICT
+    bob_approved_alices_payout(cluster)
     cluster.runs["payout"]["spec"]["tools"][0]["approval"] = {"required": 1}  # weakened
-    approval["spec"]["decisions"] = [{"by": "bob", "approved": True}]
-    approval["status"].update(decided=1, progress="1 of 2", approvedBy=["bob"])
-    cluster.objects["Reconciliation"] = [_aged(decision("Reconciliation", "restock", "2:0"), 5)]
 
     mine, apart, you = _for_whom(cluster, capsys, "carol", "payments")
     assert "kubectl keelgate approve payout 1:0 --approve|--deny -n shop" in mine

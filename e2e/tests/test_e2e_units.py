@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,7 +164,9 @@ def test_make_up_programs_come_from_one_go_build_with_their_own_version_stamps(
     out = capsys.readouterr().out
     total = len(packages) + 1  # the standard library's package is compiled beside the listing
     assert f"{total} packages to compile and 1 of the standard library" in out
-    assert f"go build in 0s (CPU 0s user, 0s system, {len(packages)} of {total} packages" in out
+    # How long the stand-in took is the machine's; how far the build got is the build's.
+    timed = rf"go build in \d+s \(CPU \d+s user, \d+s system, {len(packages)} of {total} packages"
+    assert re.search(timed, out), out
 
 
 def test_cold_demo_bench_reads_the_build_s_timings(
