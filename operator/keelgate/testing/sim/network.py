@@ -330,8 +330,15 @@ def _carried(network: Network, library: Any, request: Any, *, book: bool) -> Any
         raise library.ReadTimeout("timed out", request=request) from None
     except Reset:
         raise library.ReadError("connection reset by peer", request=request) from None
+    # A body still to be read, as a real transport's answer is (``stream=True`` readers, the
+    # HTTP tool's among them, iterate it; one built from ``json=`` reads as already consumed).
+    body = json.dumps(reply.body).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body))}
     return library.Response(
-        reply.status, json=reply.body, headers=dict(reply.headers or {}), request=request
+        reply.status,
+        headers={**headers, **dict(reply.headers or {})},
+        stream=library.ByteStream(body),
+        request=request,
     )
 
 
