@@ -99,11 +99,15 @@ class History:
         )
         return len(self.books.sent) - 1
 
-    def effect(self, sent: int, at: float | None = None) -> None:
+    def effect(self, sent: int, at: float | None = None, *, noted: bool = True) -> None:
+        """The shop takes the request ``sent``; ``noted``: the chain says how its call ended
+        (a ``loop.late_result`` by its key), as the stories that leave the product's records
+        out would otherwise break ``audit``'s "every effect is on the chain"."""
         where = self.books.sent[sent]
-        self.books.effects.append(
-            Effect(where.at if at is None else at, where.ref, "request", sent)
-        )
+        moment = where.at if at is None else at
+        self.books.effects.append(Effect(moment, where.ref, "request", sent))
+        if noted and where.key:
+            self.event("loop.late_result", moment, idempotencyKey=where.key, status="ok")
 
     def decide(
         self,
@@ -152,7 +156,7 @@ class History:
     def ordinary(self) -> History:
         """The order planned, sent once, taken, and recorded so."""
         self.ask()
-        self.effect(self.send())
+        self.effect(self.send(), noted=False)
         self.event("loop.plan_saved", 1.0, actions=[{"action": "1:0", "idempotencyKey": "kg-1"}])
         self.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
         self.event("loop.action_completed", 3.0, action="1:0", status="ok")
@@ -176,7 +180,14 @@ def test_a_run_that_keeps_every_promise_passes_every_checker() -> None:
     story.effect(story.send(at=2.0, known=False))
     story.question(3.0)
     story.decide("alice", 4.0, kind="settle", yes=True)
-    story.event("loop.reconciled", 4.0, actor="alice", action="1:0", verdict="executed")
+    story.event(
+        "loop.reconciled",
+        4.0,
+        actor="alice",
+        action="1:0",
+        idempotencyKey="kg-1",
+        verdict="executed",
+    )
     story.event("loop.approved", 1.6, actor="bob", action="1:0")
     story.event("loop.approved", 1.7, actor="carol", action="1:0")
     assert story.broken() == set()
@@ -418,6 +429,21 @@ def test_audit_sees_a_settlement_on_the_chain_that_nobody_made() -> None:
     story = History().ordinary()
     story.event("loop.reconciled", 4.0, actor="bob", action="1:0", verdict="executed")
     assert story.broken() == {"audit"}
+
+
+def test_audit_sees_a_write_that_took_effect_with_no_end_of_its_call_on_the_chain() -> None:
+    """The order took effect and its action started, but the chain never says how its call
+    ended (its completion skipped as a repeat of another action's, say); a late end noted by
+    key, or a settlement of its key, is such an end; a run still waiting is ``waiting``'s."""
+    story = History().ordinary()
+    story.records.events = [e for e in story.records.events if e.type != "loop.action_completed"]
+    assert story.broken() == {"audit"}
+    story.event("loop.late_result", 5.0, action="1:0", idempotencyKey="kg-1", status="ok")
+    assert story.broken() == set()
+    story = History().ordinary()
+    story.records.events = [e for e in story.records.events if e.type != "loop.action_completed"]
+    story.records.finished = False
+    assert story.broken() == {"waiting"}
 
 
 def test_budget_sees_the_model_asked_past_the_iterations_allowed() -> None:

@@ -361,6 +361,43 @@ def audit(books: Books, records: Records) -> list[Violation]:
     found += _settlements_on_chain(records)
     found += _decisions_missing(books, records)
     found += _decisions_invented(books, records)
+    found += _effects_missing(books, records)
+    return found
+
+
+def _effects_missing(books: Books, records: Records) -> list[Violation]:
+    """Every WRITE that took effect is on the chain, once its run finished: the action that
+    sent it completed (whatever it recorded: ``told-not-run`` judges that), its key settled by
+    someone, or its late end noted. The request is matched to its action by the key it carried,
+    which the action's ``loop.action_started`` names."""
+    if not records.finished:
+        return []  # a person may still be about to settle it: ``waiting`` says so
+    actions: dict[str, set[str]] = {}
+    for event in records.of_type("loop.action_started"):
+        actions.setdefault(str(event.data.get("idempotencyKey")), set()).add(
+            str(event.data.get("action"))
+        )
+    completed = {str(e.data.get("action")) for e in records.of_type("loop.action_completed")}
+    keyed = {
+        str(e.data.get("idempotencyKey"))
+        for e in records.of_type("loop.reconciled", "loop.late_result")
+    }
+    found: list[Violation] = []
+    missing: set[str] = set()
+    for effect in books.effects:
+        sent = books.sent[effect.sent]
+        if not sent.key or not books.changes_things(sent) or sent.key in missing:
+            continue
+        if sent.key in keyed or actions.get(sent.key, set()) & completed:
+            continue
+        missing.add(sent.key)
+        found.append(
+            Violation(
+                "audit",
+                f"{_short(effect.ref)} took effect at {effect.at:.1f} (sent by {sent.process}, "
+                f"key {sent.key[:12]}); the chain has no end of its call",
+            )
+        )
     return found
 
 
