@@ -21,7 +21,7 @@ from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.testing.sim import records
-from keelgate.testing.sim.books import GROUPS, Books, Decision, Question
+from keelgate.testing.sim.books import GROUPS, SERVICE_ACCOUNT, Books, Decision, Question
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
 from keelgate.testing.sim.processes import Setting
 from keelgate.testing.sim.stores import patiently
@@ -76,10 +76,11 @@ def book_approval(
 class People:
     """Everyone who decides about one run (CLI users, in local mode)."""
 
-    def __init__(self, setting: Setting) -> None:
+    def __init__(self, setting: Setting, *, moves: frozenset[str] = frozenset()) -> None:
         self.setting = setting
         self.world = world = setting.world
         self.books = setting.planner.books
+        self.moves = moves
         self.calm = False
         self.edits = (0, 100, 400)[world.schedule.pick(3)]  # spec edits per thousand looks
         self.wrong = (0, 30)[world.schedule.pick(2)]
@@ -161,13 +162,14 @@ class People:
         world = self.world
         yes = self.calm or not world.schedule.chance(200)
         given = {d.by for d in state.approvals.get(action, ()) if d.approved}
-        by = self._who(rule, given, state.spec.creator)
+        human = self._who(rule, given, state.spec.creator)
+        by, groups = self._as(human)
         decision = book_approval(
             self.books,
             self.setting.desk,
             at=world.now,
             by=by,
-            human=by,
+            human=human,
             action=action,
             ref=_ref(state, action),
             yes=yes,
@@ -182,7 +184,7 @@ class People:
                     action,
                     approved=yes,
                     by=by,
-                    groups=GROUPS[by],
+                    groups=groups,
                 )
         except (KeelgateError, SimulatedCrash) as refused:
             world.say(f"{by} {'approves' if yes else 'denies'} {action}: {type(refused).__name__}")
@@ -190,6 +192,18 @@ class People:
             return
         decision.accepted_at, decision.told = world.now, True
         world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
+
+    def _as(self, human: str) -> tuple[str, tuple[str, ...]]:
+        """The name and the groups ``human``'s command gives (``keelgate approve --by --group``,
+        both the caller's word locally): their own, mostly; in the chaos now and then no
+        ``--group`` at all (a person who leaves it out), or, with the ``service-account``
+        move, the name of the ServiceAccount ``ci`` their CI job runs as, with their groups."""
+        schedule = self.world.schedule
+        if self.calm or not schedule.chance(150):
+            return human, GROUPS[human]
+        if "service-account" in self.moves and schedule.chance(500):
+            return SERVICE_ACCOUNT, (*GROUPS[human], "system:serviceaccounts")
+        return human, ()
 
     def _settle(self, loop: Loop, action: str, key: str, ref: str) -> None:
         world = self.world

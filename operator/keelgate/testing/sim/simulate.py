@@ -172,7 +172,7 @@ def _simulate(
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
     setting = Setting(world, site, network, planner, desk, faults, TENANT, RUN)
     if mode == "local":
-        people = People(setting)
+        people = People(setting, moves=options.moves)
         driver = LocalDriver(setting)
 
         def calm() -> None:
