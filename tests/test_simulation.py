@@ -22,8 +22,10 @@ from keelgate.core import clocks
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim.operator_mode import MOVES
 from keelgate.testing.sim.simulate import Options, seed_of
-from support.planted_bugs import BUGS, Planted, find, planted
+from support.planted_bugs import BUGS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
+from support.unseen_bugs_b import UNSEEN_B
+from support.unseen_bugs_c import UNSEEN_C
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -297,6 +299,35 @@ def test_each_move_of_issue_46_is_made(move: str) -> None:
         if any(shown in line for line in outcome.lines):
             return
     raise AssertionError(f"no run made the move {move!r}")
+
+
+@pytest.mark.parametrize(
+    ("shown", "move"),
+    [("decides without --group", ""), ("decides as system:serviceaccount", "service-account")],
+)
+def test_local_people_decide_without_their_groups_or_as_a_service_account(
+    shown: str, move: str
+) -> None:
+    """In local mode a person now and then leaves out ``--group``, and with the
+    service-account move approves as the ServiceAccount their CI job runs as (both the
+    caller's word to ``keelgate approve``), within a few runs; the oracle counts neither."""
+    options = Options(moves=frozenset({move} if move else ()))
+    for index in range(60):
+        outcome = simulate(seed=seed_of(index, 46), mode="local", options=options)
+        if any(shown in line for line in outcome.lines):
+            assert outcome.ok, "; ".join(map(str, outcome.violations))
+            return
+    raise AssertionError(f"no local person {shown}")
+
+
+@pytest.mark.parametrize(
+    "bug", UNSEEN + UNSEEN_B + UNSEEN_C, ids=[b.name for b in UNSEEN + UNSEEN_B + UNSEEN_C]
+)
+def test_each_unseen_bug_still_plants_where_it_was_written(bug: Planted) -> None:
+    """bench/unseen_bugs.py measures the bug it names: each replacement's text is still in the
+    product, once (a product that moved on would have the bench plant nothing, or elsewhere)."""
+    for file, old, _ in bug.edits:
+        assert (PACKAGE / file).read_text().count(old) == 1, f"{bug.name}: {file}"
 
 
 #: Every planted bug the suite looks for: those of the project's history, and issue 48's

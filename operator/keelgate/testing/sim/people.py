@@ -202,7 +202,9 @@ class People:
         if self.calm or not schedule.chance(150):
             return human, GROUPS[human]
         if "service-account" in self.moves and schedule.chance(500):
+            self.world.say(f"{human} decides as {SERVICE_ACCOUNT}")
             return SERVICE_ACCOUNT, (*GROUPS[human], "system:serviceaccounts")
+        self.world.say(f"{human} decides without --group")
         return human, ()
 
     def _settle(self, loop: Loop, action: str, key: str, ref: str) -> None:
