@@ -444,6 +444,12 @@ def test_audit_sees_a_write_that_took_effect_with_no_end_of_its_call_on_the_chai
     story.records.events = [e for e in story.records.events if e.type != "loop.action_completed"]
     story.records.finished = False
     assert story.broken() == {"waiting"}
+    # A completion of the same action id before this call started (another plan's) is no end.
+    story = History().ordinary()
+    story.records.events = [e for e in story.records.events if e.type == "loop.plan_saved"]
+    story.event("loop.action_completed", 1.2, action="1:0", status="ok")
+    story.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+    assert story.broken() == {"audit"}
 
 
 def test_budget_sees_the_model_asked_past_the_iterations_allowed() -> None:

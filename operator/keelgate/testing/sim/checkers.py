@@ -369,15 +369,21 @@ def _effects_missing(books: Books, records: Records) -> list[Violation]:
     """Every WRITE that took effect is on the chain, once its run finished: the action that
     sent it completed (whatever it recorded: ``told-not-run`` judges that), its key settled by
     someone, or its late end noted. The request is matched to its action by the key it carried,
-    which the action's ``loop.action_started`` names."""
+    which the action's ``loop.action_started`` names, and its end is the first completion of
+    that action after it on the chain."""
     if not records.finished:
         return []  # a person may still be about to settle it: ``waiting`` says so
-    actions: dict[str, set[str]] = {}
-    for event in records.of_type("loop.action_started"):
-        actions.setdefault(str(event.data.get("idempotencyKey")), set()).add(
-            str(event.data.get("action"))
-        )
-    completed = {str(e.data.get("action")) for e in records.of_type("loop.action_completed")}
+    # A completion ends the starts of its action before it on the chain (a call claimed
+    # afresh starts again under the same key); a key whose every start is still open has no
+    # end there, even if its action completed before (another plan's call of the same id).
+    open_starts: dict[str, list[str]] = {}
+    ended: set[str] = set()
+    for event in sorted(records.events, key=lambda e: e.seq):
+        action = str(event.data.get("action"))
+        if event.type == "loop.action_started":
+            open_starts.setdefault(action, []).append(str(event.data.get("idempotencyKey")))
+        elif event.type == "loop.action_completed":
+            ended.update(open_starts.pop(action, []))
     keyed = {
         str(e.data.get("idempotencyKey"))
         for e in records.of_type("loop.reconciled", "loop.late_result")
@@ -388,7 +394,7 @@ def _effects_missing(books: Books, records: Records) -> list[Violation]:
         sent = books.sent[effect.sent]
         if not sent.key or not books.changes_things(sent) or sent.key in missing:
             continue
-        if sent.key in keyed or actions.get(sent.key, set()) & completed:
+        if sent.key in keyed or sent.key in ended:
             continue
         missing.add(sent.key)
         found.append(
