@@ -123,9 +123,13 @@ def measure(
                 break
             runs = int(data.get("runs", runs))
         search.wait()
+        # A single run may outlast the budget (a run left waiting is looked at until its
+        # calm end): a failure reported after ``seconds`` was not found within them.
+        late = found is not None and seconds is not None and found["seconds"] > seconds
         return {
             "bug": bug.name,
-            "found": found is not None,
+            "found": found is not None and not late,
+            "late": late,
             "seconds": None if found is None else found["seconds"],
             "runs": found["run"] if found is not None else runs,
             "seed": None if found is None else found["seed"],
