@@ -148,13 +148,13 @@ FOUND_SEEDS = (
     ),
     (
         "a step held up past its deadline whose approvals grew too old: asked again",
-        12324971751474755569,
+        12720380959722957760,
         "local",
         "step5 ends Stopped awaiting_approval",
     ),
     (
         "a confirmer's settlement whose writer died, the key's own step ending the call late",
-        4395386204155577439,
+        6912919696478250025,
         "local",
         "died at after_settle",
     ),
@@ -185,7 +185,7 @@ FOUND_WITH_MOVES = (
         # call's deadline, where the real tools cut every request): the late result is recorded
         # and nobody is told "not executed" before it.
         "a WRITE held by the shop past its sender's wait acts within the margin after the cut",
-        14261818790498016693,
+        12290394002557474425,
         "(charge) held by the server for 34.0s (past its sender's wait)",
     ),
     (
