@@ -333,10 +333,10 @@ def _carried(network: Network, library: Any, request: Any, *, book: bool) -> Any
     # A body still to be read, as a real transport's answer is (``stream=True`` readers, the
     # HTTP tool's among them, iterate it; one built from ``json=`` reads as already consumed).
     body = json.dumps(reply.body).encode()
-    headers = {"content-type": "application/json", "content-length": str(len(body))}
+    head = {"content-type": "application/json", "content-length": str(len(body))}
     return library.Response(
         reply.status,
-        headers={**headers, **dict(reply.headers or {})},
+        headers={**head, **dict(reply.headers or {})},
         stream=library.ByteStream(body),
         request=request,
     )
