@@ -157,6 +157,7 @@ class Network:
         timing out (a Python tool's worker that goes on: ``downstream.LateCall``). Raises
         ``Unsent``, ``Silence`` or ``Reset`` as the connection does."""
         world = self.world
+        asked = world.now  # the client's wait (``limit``) counts from its asking
         sender = self.sender()
         server = self.servers[request.host]
         fate = server.fate(request, limit)
@@ -178,7 +179,7 @@ class Network:
             return reply
         if fate.kind == "held":
             self._reached(index)
-            delay = self._held_for(fate, limit)
+            delay = self._held_for(fate, limit, asked)
             past = " (past its sender's wait)" if delay >= limit else ""
             world.say(f"{where} held by the server for {delay:.1f}s{past}")
             if delay < limit:
@@ -210,18 +211,20 @@ class Network:
 
     # What a held request comes to
 
-    def _held_for(self, fate: Fate, limit: float) -> float:
+    def _held_for(self, fate: Fate, limit: float, asked: float) -> float:
         """When a held request is acted on: within the sender's wait, or after it but before
-        its write deadline's margin ends (the store refuses "not executed" until then): the
-        fence's assumption about a downstream (docs/design.md, "What the fence assumes of the
-        downstream"), which the real tools keep by cutting every request at the deadline. With
-        ``late_shop`` a request held past its sender's wait is acted on at the last moment that
-        assumption allows (issue 48: a shop that acted later, any time in the call's limit,
-        is one the fence does not cover, and no faithful model of one it does)."""
-        call = fence.current()
-        if call is None:
+        the margin after its client hung up ends: the fence's assumption about a downstream
+        (docs/design.md, "What the fence assumes of the downstream"). The client hangs up when
+        the wait it asked for is over (``asked`` + ``limit``: the HTTP and MCP tools ask up to
+        their cut-off, at the write deadline; a Python tool's caller up to the deadline too),
+        so a product that keeps its requests open past the deadline meets a shop that acts past
+        the store's deadline. With ``late_shop`` a request held past its sender's wait is acted
+        on at the last moment that assumption allows (issue 48: a shop that acted later, any
+        time in the call's limit, is one the fence does not cover, and no faithful model of one
+        it does). A READ's (no write deadline) is answered within its wait."""
+        if fence.current() is None:
             return min(fate.delay, limit * 0.9)
-        ends = self.world.clocks.true_of_boot(call.at) + fence.MARGIN - 1.0 - self.world.now
+        ends = asked + limit + fence.MARGIN - 1.0 - self.world.now
         if self.late_shop and fate.delay >= limit:
             return max(0.1, ends)
         return max(0.1, min(fate.delay, ends))
