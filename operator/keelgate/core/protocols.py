@@ -169,10 +169,10 @@ class RunOwners(Protocol):
 
     ``take`` makes ``holder`` the run's driver under a new epoch, if nobody else's lease is
     live, and from then on this store object carries that epoch on every write of the run;
-    otherwise it returns who holds the run (another holder, its epoch unchanged). ``renew``
+    otherwise it raises ``RunBusy`` naming the holder and how long its lease is live. ``renew``
     extends the lease of an ownership still current, and raises ``StaleEpoch`` once another
     holder has taken the run. ``carry`` makes this store write under an epoch taken elsewhere
-    (a step process under its operator's). ``let_go`` ends the lease at once, so the next
+    (a step process under its operator's). ``holder_of`` reads who holds it. ``let_go`` ends the lease at once, so the next
     holder need not wait for it. A write of the run started under an epoch the store no longer
     records is refused with ``StaleEpoch``, and an in-flight key claimed under such an epoch
     reads as an unknown outcome, whoever its owner is and whether or not it lives.
@@ -186,7 +186,7 @@ class RunOwners(Protocol):
 
     def let_go(self, ownership: Ownership) -> None: ...
 
-    def owner(self, tenant: str, run: str) -> Ownership | None: ...
+    def holder_of(self, tenant: str, run: str) -> Ownership | None: ...
 
 
 @runtime_checkable

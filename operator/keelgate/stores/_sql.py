@@ -542,7 +542,7 @@ class SQLStore(HoldsOwner, ABC):
         if self._epochs.get((ownership.tenant, ownership.run)) == ownership.epoch:
             del self._epochs[(ownership.tenant, ownership.run)]
 
-    def owner(self, tenant: str, run: str) -> Ownership | None:
+    def holder_of(self, tenant: str, run: str) -> Ownership | None:
         """The run's holder as the store records it (its lease may have lapsed), or None."""
         row = self._durably(
             lambda again: self._one(self.sql.ownership.owner, (tenant, run)),
