@@ -5,7 +5,8 @@ a settlement "not executed" is refused until it has passed. A test that settles 
 after a simulated death would have to sleep through the tool's time limit; ``pass_deadlines``
 moves the deadlines into the past instead, exactly as the store's clock would have moved past
 them. It touches nothing else (owners, states, results), and it must never be used outside tests.
-``within_a_call`` runs a tool directly as the gateway runs it, under a write deadline.
+``pass_leases`` does the same for the leases of run ownership. ``within_a_call`` runs a tool
+directly as the gateway runs it, under a write deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,25 @@ def pass_deadlines(store: Any, tenant: str | None = None) -> int:
     sql = (
         f"UPDATE keelgate_keys SET deadline = {clock} - 1 WHERE state = 'in_flight' "
         f"AND deadline > {clock} - 1 AND (CAST(? AS TEXT) IS NULL OR tenant = ?)"
+    ).replace("?", dialect.placeholder)
+    with target._statement() as conn:
+        return int(conn.execute(sql, (tenant, tenant)).rowcount)
+
+
+def pass_leases(store: Any, tenant: str | None = None) -> int:
+    """Make every live lease of run ownership (``SQLStore.take``) of ``store`` lapse a second
+    ago on the store's clock, for ``tenant`` or all: what a holder paused past its lease, or
+    dead without letting go, looks like once the lease has run out. Returns how many it moved."""
+    from keelgate.stores._sql import SQLStore
+
+    target = getattr(store, "checkpoints", store)
+    if not isinstance(target, SQLStore):
+        raise TypeError(f"pass_leases needs a SQL store, not {type(target).__name__}")
+    dialect = target.dialect
+    clock = f"CAST({dialect.clock} AS {dialect.real})"
+    sql = (
+        f"UPDATE keelgate_owners SET expires = {clock} - 1 WHERE expires > {clock} - 1 "
+        "AND (CAST(? AS TEXT) IS NULL OR tenant = ?)"
     ).replace("?", dialect.placeholder)
     with target._statement() as conn:
         return int(conn.execute(sql, (tenant, tenant)).rowcount)
