@@ -286,3 +286,58 @@ def test_a_holder_process_killed_at_any_window_never_gets_a_step_sent_twice(
     second = finish(lambda: open_stores(url), Journal(journal), "operator-b")
     assert_each_step_sent_once(Journal(journal), second.store)
     second.die()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_store_of_the_schema_before_is_upgraded_in_place_and_fenced_from_then_on(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database at schema 7 (the release before ownership) with a run stopped mid-WRITE, its
+    process gone: opening it with today's code adds migrations 8 and 9 in place, keeps its
+    rows, reads the old claim (no epoch) by its owner as before (unknown: settled by a person),
+    and from then on the run takes a holder whose epoch fences every write."""
+    from keelgate.stores import _migrations, open_stores
+
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'keelgate.db'}"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+    with monkeypatch.context() as before:
+        before.setattr(_migrations, "MIGRATIONS", _migrations.MIGRATIONS[:7])
+        old = open_stores(url)
+        store: Any = old.checkpoints
+        with store._statement() as conn:
+            rows = conn.execute("SELECT MAX(version) FROM keelgate_schema").fetchone()
+            assert rows[0] == 7
+            put = "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?)"
+            key = (
+                "INSERT INTO keelgate_keys (tenant, key, run, action, tool, state, owner) "
+                "VALUES (?, ?, ?, ?, ?, 'in_flight', ?)"
+            )
+            gone = "a-process-gone" if backend == "sqlite" else 12345  # no live owner
+            p = store.dialect.placeholder
+            conn.execute(put.replace("?", p), (TENANT, RUN, 1, '{"done": 0, "attempt": 1}'))
+            conn.execute(
+                key.replace("?", p), (TENANT, step_key(1, 1), RUN, "step1", "payout", gone)
+            )
+        old.close()
+    today = open_stores(url)
+    store = today.checkpoints
+    with store._statement() as conn:
+        versions = conn.execute("SELECT version FROM keelgate_schema ORDER BY version").fetchall()
+    assert [v[0] for v in versions] == list(range(1, len(_migrations.MIGRATIONS) + 1))
+    assert len(_migrations.MIGRATIONS) == 9
+    old_claim = store.get(TENANT, step_key(1, 1))
+    assert old_claim.state is KeyState.OUTCOME_UNKNOWN  # judged by its owner, as before
+    assert store.holder_of(TENANT, RUN) is None
+    writer_without_epoch = open_stores(url)
+    taken = store.take(TENANT, RUN, holder="operator-a", lease=30.0)
+    assert taken.epoch == 1
+    with pytest.raises(StaleEpoch):
+        writer_without_epoch.checkpoints.save(TENANT, RUN, 2, {"done": 0, "attempt": 2})
+    store.settle(TENANT, step_key(1, 1), executed=True, by="oncall", source="human")
+    store.save(TENANT, RUN, 2, {"done": 1, "attempt": 1})
+    loaded = store.load(TENANT, RUN)
+    assert loaded is not None and loaded.seq == 2
+    writer_without_epoch.close()
+    today.close()
