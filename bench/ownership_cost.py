@@ -114,27 +114,29 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.iterations} iterations, medians (min-max); load average at start {started}",
         f"{'store':<9} {'variant':<22} {'ms/iteration':>20} {'x no check':>10} {'commits/it':>10}",
     ]
-    with tempfile.TemporaryDirectory(prefix="kg-ownership-bench-") as work:
-        with opened(names, Path(work)) as backends:
-            for backend in backends:
-                for variant in VARIANTS:
-                    timed(backend, variant, 5)  # each run exists and is warm before timing
-                times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-                for round_ in range(args.rounds):
-                    order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
-                    for variant in order:
-                        times[variant].append(timed(backend, variant, args.iterations))
-                counted = {v: commits(backend, v, args.iterations) for v in VARIANTS}
-                base = statistics.median(times["no check"])
-                for variant in VARIANTS:
-                    ratio = statistics.median(times[variant]) / base
-                    lines.append(
-                        f"{backend.name:<9} {variant:<22} {spread(times[variant]):>20} "
-                        f"{ratio:>10.3f} {counted[variant]:>10.2f}"
-                    )
-                if len(set(counted.values())) != 1:
-                    lines.append(f"  {backend.name}: the commits differ between variants!")
-                print(backend.settings, file=sys.stderr)
+    with (
+        tempfile.TemporaryDirectory(prefix="kg-ownership-bench-") as work,
+        opened(names, Path(work)) as backends,
+    ):
+        for backend in backends:
+            for variant in VARIANTS:
+                timed(backend, variant, 5)  # each run exists and is warm before timing
+            times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for round_ in range(args.rounds):
+                order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
+                for variant in order:
+                    times[variant].append(timed(backend, variant, args.iterations))
+            counted = {v: commits(backend, v, args.iterations) for v in VARIANTS}
+            base = statistics.median(times["no check"])
+            for variant in VARIANTS:
+                ratio = statistics.median(times[variant]) / base
+                lines.append(
+                    f"{backend.name:<9} {variant:<22} {spread(times[variant]):>20} "
+                    f"{ratio:>10.3f} {counted[variant]:>10.2f}"
+                )
+            if len(set(counted.values())) != 1:
+                lines.append(f"  {backend.name}: the commits differ between variants!")
+            print(backend.settings, file=sys.stderr)
     lines.append(f"load average at end {load_average()}; took {time.process_time():.0f} s CPU")
     print("\n".join(lines))
     return 0

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,10 @@ BACKENDS = ("sqlite", "postgres")
 @pytest.fixture(params=BACKENDS)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     return opener_for(
-        request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")), synchronous="NORMAL"
+        request.param,
+        tmp_path,
+        lambda: str(request.getfixturevalue("pg_url")),
+        synchronous="NORMAL",
     )
 
 
@@ -195,6 +199,18 @@ def test_two_holders_racing_for_one_run_never_both_get_a_write_out(
     assert_each_step_sent_once(journal, final.store)
 
 
+def hold_up(holder: Holder, opener: Any, journal: Journal, stalled: list[Holder]) -> None:
+    """``holder`` is frozen past its lease and its call's deadline; meanwhile another holder
+    takes the run and drives it until it ends or meets an unknown outcome (settled truthfully
+    from the journal)."""
+    holder.frozen_for += LEASE + CALL_SECONDS + 10
+    other = Holder(opener, f"{holder.name}-meanwhile", journal)
+    stalled.append(other)
+    pass_leases(other.store)
+    if other.drive() == "unknown":
+        settle_truthfully(other.store, journal)
+
+
 @settings(
     max_examples=25,
     deadline=None,
@@ -224,20 +240,9 @@ def test_a_sequence_of_deaths_and_pauses_sends_each_step_once(
     journal = Journal(directory / "world.jsonl", fsync=False)
     for life, (kind, window, occurrence) in enumerate(events):
         stalled: list[Holder] = []
-        act = None
+        holder = Holder(opener, f"operator-{life}", journal, Windows(window, occurrence))
         if kind == "pause":
-
-            def act(life: int = life) -> None:
-                # Held up past the lease: another holder takes the run and moves it one step.
-                other = Holder(opener, f"operator-{life}-meanwhile", journal)
-                pass_leases(other.store)
-                try:
-                    if other.drive() == "unknown":
-                        settle_truthfully(other.store, journal)
-                finally:
-                    stalled.append(other)
-
-        holder = Holder(opener, f"operator-{life}", journal, Windows(window, occurrence, act))
+            holder.windows.act = partial(hold_up, holder, opener, journal, stalled)
         pass_leases(holder.store)
         try:
             if holder.drive() == "unknown":
@@ -271,8 +276,16 @@ def test_a_holder_process_killed_at_any_window_never_gets_a_step_sent_twice(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     died = subprocess.run(
-        [sys.executable, "-m", "support.ownership", url, "operator-a", str(journal), window,
-         str(occurrence)],
+        [
+            sys.executable,
+            "-m",
+            "support.ownership",
+            url,
+            "operator-a",
+            str(journal),
+            window,
+            str(occurrence),
+        ],
         env=env,
         capture_output=True,
         text=True,

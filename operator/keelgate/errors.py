@@ -230,9 +230,7 @@ class StaleEpoch(StoreError):
 
     exit_code = 6
 
-    def __init__(
-        self, tenant: str, run: str, epoch: int | None, holder: str, current: int
-    ) -> None:
+    def __init__(self, tenant: str, run: str, epoch: int | None, holder: str, current: int) -> None:
         started = "without an epoch" if epoch is None else f"under epoch {epoch}"
         super().__init__(
             f"run {run!r} is driven by {holder!r} under epoch {current}: a write started "

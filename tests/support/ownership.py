@@ -89,7 +89,11 @@ class Holder:
             self.store.save(TENANT, RUN, 1, {"done": 0, "attempt": 1})
         while True:
             checkpoint = self.store.load(TENANT, RUN)
-            seq, done, attempt = checkpoint.seq, checkpoint.state["done"], checkpoint.state["attempt"]
+            seq, done, attempt = (
+                checkpoint.seq,
+                checkpoint.state["done"],
+                checkpoint.state["attempt"],
+            )
             if done == STEPS:
                 return "done"
             step, key = done + 1, step_key(done + 1, attempt)
@@ -114,7 +118,9 @@ class Holder:
                 self.windows.hit("after_send")
                 result = {"status": "ok", "output": {"step": step}}
                 state = {"done": step, "attempt": 1}
-                self.store.save_completing(TENANT, RUN, seq + 1, state, [], [Completion(key, result)])
+                self.store.save_completing(
+                    TENANT, RUN, seq + 1, state, [], [Completion(key, result)]
+                )
             elif found.state is KeyState.COMPLETED:
                 self.store.save(TENANT, RUN, seq + 1, {"done": step, "attempt": 1})
             elif found.state is KeyState.ABANDONED:  # truthfully not executed: a new attempt

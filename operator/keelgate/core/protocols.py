@@ -172,10 +172,11 @@ class RunOwners(Protocol):
     otherwise it raises ``RunBusy`` naming the holder and how long its lease is live. ``renew``
     extends the lease of an ownership still current, and raises ``StaleEpoch`` once another
     holder has taken the run. ``carry`` makes this store write under an epoch taken elsewhere
-    (a step process under its operator's). ``holder_of`` reads who holds it. ``let_go`` ends the lease at once, so the next
-    holder need not wait for it. A write of the run started under an epoch the store no longer
-    records is refused with ``StaleEpoch``, and an in-flight key claimed under such an epoch
-    reads as an unknown outcome, whoever its owner is and whether or not it lives.
+    (a step process under its operator's). ``holder_of`` reads who holds it. ``let_go`` ends
+    the lease at once, so the next holder need not wait for it. A write of the run started
+    under an epoch the store no longer records is refused with ``StaleEpoch``, and an in-flight
+    key claimed under such an epoch reads as an unknown outcome, whoever its owner is and
+    whether or not it lives.
     """
 
     def take(self, tenant: str, run: str, *, holder: str, lease: float) -> Ownership: ...

@@ -50,8 +50,8 @@ from keelgate.core.protocols import (
 )
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import (
-    SettleError,
     RunBusy,
+    SettleError,
     SettleTooEarly,
     StaleCheckpoint,
     StaleClaim,
@@ -157,7 +157,8 @@ class Statements:
         # CheckpointStore: the stale-writer check, the epoch's and the write are one statement.
         self.save = q(
             "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) SELECT ?, ?, ?, ? "
-            f"WHERE {ownership.run_fence} ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, state = excluded.state "
+            f"WHERE {ownership.run_fence} ON CONFLICT (tenant, run) DO UPDATE SET "
+            "seq = excluded.seq, state = excluded.state "
             "WHERE keelgate_checkpoints.seq < excluded.seq"
         )
         self.stored_seq = q("SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?")

@@ -108,8 +108,8 @@ class Check:
         if self.needs == "run_lock":
             return isinstance(stores.idempotency, RunLock)
         if self.needs == "ownership":
-            owners = stores.checkpoints
-            return isinstance(owners, RunOwners) and owners is stores.idempotency
+            owners: object = stores.checkpoints
+            return owners is stores.idempotency and isinstance(owners, RunOwners)
         if self.needs == "revisions":
             return isinstance(stores.checkpoints, RunRevisions)
         if self.needs in _PROMISES:
