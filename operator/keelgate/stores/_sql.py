@@ -14,7 +14,9 @@ its stale-writer check are one statement; ``claim`` is one ``INSERT ... ON CONFL
 the owner's session, which lands only while the run's checkpoint is the one the action was
 planned from; ``complete`` and ``release`` are compare-and-set on this store's own owner, and
 ``forget`` on the one owner this store holds live now; ``settle`` is compare-and-set on the owner
-judged gone; the audit chain's primary key refuses a fork.
+judged gone; the audit chain's primary key refuses a fork. Every write of a run a holder took
+carries its epoch in its own statement (``OwnershipStatements``), and a key claimed under an
+epoch its run no longer has reads unknown.
 
 This module must never settle, retry or delete a key on its own (only ``settle`` changes an
 unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
