@@ -354,3 +354,47 @@ def test_a_store_of_the_schema_before_is_upgraded_in_place_and_fenced_from_then_
     assert loaded is not None and loaded.seq == 2
     writer_without_epoch.close()
     today.close()
+
+
+def test_a_step_process_writes_under_its_operators_epoch_and_is_refused_once_it_moved(
+    tmp_path: Path,
+) -> None:
+    """``keelgate step --epoch N`` (env KEELGATE_EPOCH) carries the epoch its operator took the
+    run under: under the current one it runs its iteration; once another holder took the run,
+    or with no epoch on a run someone holds, it exits 6 with one line naming the holder and
+    places no order; a bad KEELGATE_EPOCH is bad input (exit 2) naming it."""
+    from test_step import DATA, orders, outcome, record, step
+
+    from keelgate.stores import open_stores
+
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    store = f"sqlite:///{tmp_path / 'kg.db'}"
+    record(store, (DATA / "runner-task.yaml").read_text())
+    operator = open_stores(store)
+    owners: Any = operator.checkpoints
+    taken = owners.take("shop", "restock", holder="operator-a", lease=30.0)
+    first = step(store, ledger, "--epoch", str(taken.epoch))
+    assert first.returncode == 0, first.stderr
+    assert (outcome(first)["phase"], outcome(first)["iteration"]) == ("Running", 1)
+    unfenced = step(store, ledger)
+    assert unfenced.returncode == EXIT_FENCED, unfenced.stderr
+    pass_leases(owners)
+    other = open_stores(store)
+    other.checkpoints.take("shop", "restock", holder="operator-b", lease=30.0)  # type: ignore[attr-defined]
+    stale = step(store, ledger, "--epoch", str(taken.epoch))
+    assert stale.returncode == EXIT_FENCED
+    lines = stale.stderr.strip().splitlines()
+    assert len(lines) == 1 and "operator-b" in lines[0] and "epoch 2" in lines[0], lines
+    assert orders(ledger) == 0  # the order is iteration 2's: nobody refused placed it
+    bad = subprocess.run(
+        [sys.executable, "-m", "keelgate", "step", "-n", "shop", "--run", "restock"],
+        env={**os.environ, "KEELGATE_STORE": store, "KEELGATE_EPOCH": "two"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "KEELGATE_EPOCH" in bad.stderr
+    operator.close()
+    other.close()

@@ -70,6 +70,16 @@ class _Parser(argparse.ArgumentParser):
         )
 
 
+def _epoch_from_environment() -> int | None:
+    text = os.environ.get("KEELGATE_EPOCH", "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError("KEELGATE_EPOCH", "must be a whole number (the run's epoch)") from None
+
+
 def parser() -> argparse.ArgumentParser:
     parse = _Parser(prog="keelgate step", description=DESCRIPTION, add_help=False)
     parse.add_argument("-h", "--help", action="help", help="Show this message and exit.")
@@ -82,6 +92,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="URL",
         default=os.environ.get("KEELGATE_STORE", ""),
         help="Store URL (env KEELGATE_STORE): postgresql://... in a cluster.",
+    )
+    parse.add_argument(
+        "--epoch",
+        metavar="N",
+        type=int,
+        default=_epoch_from_environment(),
+        help="The epoch the operator took the run under (env KEELGATE_EPOCH): every write of "
+        "the step carries it, and the store refuses it once another holder took the run (exit 6).",
     )
     parse.add_argument(
         "--confirmer",
@@ -157,6 +175,7 @@ def _step(args: argparse.Namespace) -> int:
         store=store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),
         tracer=tracer,
+        epoch=args.epoch,
     )
     try:
         outcome = runner.step(args.namespace, args.run, asked_to_stop=asked.is_set)
