@@ -363,9 +363,8 @@ def test_a_step_process_writes_under_its_operators_epoch_and_is_refused_once_it_
     run under: under the current one it runs its iteration; once another holder took the run,
     or with no epoch on a run someone holds, it exits 6 with one line naming the holder and
     places no order; a bad KEELGATE_EPOCH is bad input (exit 2) naming it."""
-    from test_step import DATA, orders, outcome, record, step
-
     from keelgate.stores import open_stores
+    from test_step import DATA, orders, outcome, record, step
 
     ledger = tmp_path / "ledger.jsonl"
     ledger.touch()

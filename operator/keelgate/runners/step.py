@@ -114,8 +114,8 @@ class StepRunner:
 
 def _carry(stores: Stores, tenant: str, run: str, epoch: int) -> None:
     """Write the run under its holder's ``epoch`` from now on."""
-    owners = stores.checkpoints
-    if not isinstance(owners, RunOwners) or owners is not stores.idempotency:
+    owners: object = stores.checkpoints
+    if owners is not stores.idempotency or not isinstance(owners, RunOwners):
         raise InputError("--epoch", "this store records no run ownership (a SQL store does)")
     owners.carry(tenant, run, epoch)
 
