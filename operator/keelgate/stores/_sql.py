@@ -196,11 +196,11 @@ class Statements:
         )
         # The deadline is set on the store's clock: the claim's moment there plus the seconds
         # given (none: NULL, no deadline). The claim lands only while the run's checkpoint is
-        # still the one its action was planned from (the last three parameters: that seq, or
-        # NULL for no such condition), in the same statement: a process held up before its
-        # claim, while another drove the run on, can never claim (``SQLStore.claim``).
-        # It records the epoch it was made under, and lands only while that epoch is the
-        # run's (the last three parameters).
+        # still the one its action was planned from (the four parameters after the epoch: that
+        # seq, or NULL for no such condition), in the same statement: a process held up before
+        # its claim, while another drove the run on, can never claim (``SQLStore.claim``). It
+        # records the epoch it was made under, and lands only while that epoch is the run's
+        # (the last three parameters).
         self.claim = q(
             "INSERT INTO keelgate_keys "
             "(tenant, key, run, action, tool, state, owner, deadline, claim_id, epoch) "
