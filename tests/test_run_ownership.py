@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import test_tenancy
 from crashkit import Journal, opener_for
 from keelgate.core.exits import EXIT_FENCED
 from keelgate.core.types import KeyState
@@ -45,6 +46,10 @@ from support.ownership import (
     settle_truthfully,
     step_key,
 )
+
+# Tenants A and B sharing one store, each with a role of its own (test_tenancy's fixtures).
+checked_server, admin_url = test_tenancy.checked_server, test_tenancy.admin_url
+tenants_of_one_store = test_tenancy.shared
 
 TESTS = Path(__file__).resolve().parent
 BACKENDS = ("sqlite", "postgres")
@@ -397,3 +402,50 @@ def test_a_step_process_writes_under_its_operators_epoch_and_is_refused_once_it_
     assert bad.returncode == 2 and "KEELGATE_EPOCH" in bad.stderr
     operator.close()
     other.close()
+
+
+def test_a_tenants_role_cannot_turn_ownership_back_nor_touch_another_tenants(
+    tenants_of_one_store: Any,
+) -> None:
+    """With a tenant's own database role (what its step pods, running its own code, hold):
+    it takes its own run, and then cannot give the run's epoch back to a holder that lost it,
+    hand the epoch to another holder without a new one, or move the row to another run (the
+    database refuses each); B's ownership rows it neither sees nor changes; and the store's own
+    take still moves the run forward under a new epoch."""
+    import psycopg
+    from psycopg import errors
+
+    from keelgate.stores import open_stores
+
+    shared = tenants_of_one_store
+
+    b = open_stores(shared.b)
+    b.checkpoints.take(shared.ns_b, "payouts", holder="operator-b", lease=30.0)  # type: ignore[attr-defined]
+    a = open_stores(shared.a)
+    owners: Any = a.checkpoints
+    assert owners.take(shared.ns_a, "payouts", holder="operator-a", lease=0.0).epoch == 1
+    assert owners.take(shared.ns_a, "payouts", holder="operator-c", lease=30.0).epoch == 2
+    attacks = (
+        "UPDATE keelgate_owners SET epoch = 1, holder = 'operator-a'",  # back to the lost one
+        "UPDATE keelgate_owners SET holder = 'operator-a'",  # the epoch to another holder
+        "UPDATE keelgate_owners SET run = 'elsewhere'",  # onto another run
+    )
+    with psycopg.connect(shared.a, autocommit=True) as conn:
+        for attack in attacks:
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(attack)  # type: ignore[arg-type]
+        seen = conn.execute("SELECT tenant, run, holder, epoch FROM keelgate_owners").fetchall()
+        assert seen == [(shared.ns_a, "payouts", "operator-c", 2)]
+        moved = conn.execute(
+            "UPDATE keelgate_owners SET expires = 0 WHERE tenant = %s", (shared.ns_b,)
+        )
+        assert moved.rowcount == 0
+    held = b.checkpoints.holder_of(shared.ns_b, "payouts")  # type: ignore[attr-defined]
+    assert held is not None and (held.holder, held.epoch) == ("operator-b", 1)
+    assert held.lease_left > 20
+    administrator = open_stores(shared.at(shared.ns_a))
+    pass_leases(administrator)
+    administrator.close()
+    assert owners.take(shared.ns_a, "payouts", holder="operator-d", lease=30.0).epoch == 3
+    a.close()
+    b.close()

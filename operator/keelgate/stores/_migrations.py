@@ -340,7 +340,7 @@ ALTER TABLE keelgate_keys ADD COLUMN epoch {bigint}
 # Migration 9: on PostgreSQL the ownership rows are kept as every tenant table's rows are
 # (migrations 3 and 7): a tenant's role and the operator's read and write its tenant's runs'
 # (the operator's role takes runs over in the standby cluster), nobody else's; a tenant with a
-# database of its own has none in the home database.
+# database of its own has none in the home database. A trigger keeps every epoch moving forward.
 _OWNERSHIP_ROW_SECURITY_9 = (
     "ALTER TABLE keelgate_owners ENABLE ROW LEVEL SECURITY",
     f"CREATE POLICY keelgate_owners_read ON keelgate_owners FOR SELECT USING ({_EITHER})",
@@ -348,6 +348,24 @@ _OWNERSHIP_ROW_SECURITY_9 = (
     "CREATE POLICY keelgate_owners_renew ON keelgate_owners FOR UPDATE "
     f"USING ({_EITHER}) WITH CHECK ({_EITHER})",
     kept_here("keelgate_owners"),
+    # Ownership only moves forward, whoever writes the row: a role that may write its runs'
+    # ownership (a tenant's, whose step pods run the tenant's own code) cannot give an epoch
+    # back to a holder that lost it, nor hand an epoch to another holder without a new one.
+    """CREATE FUNCTION keelgate_owners_forward() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, {schema}, pg_temp AS $$
+BEGIN
+    IF NEW.tenant IS DISTINCT FROM OLD.tenant OR NEW.run IS DISTINCT FROM OLD.run
+       OR NEW.epoch < OLD.epoch
+       OR (NEW.epoch = OLD.epoch AND NEW.holder IS DISTINCT FROM OLD.holder) THEN
+        RAISE EXCEPTION 'run ownership only moves forward: epoch % of %, not % of %',
+            OLD.epoch, OLD.holder, NEW.epoch, NEW.holder
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+$$""",
+    "CREATE TRIGGER keelgate_owners_forward BEFORE UPDATE ON keelgate_owners FOR EACH ROW "
+    "EXECUTE FUNCTION keelgate_owners_forward()",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -383,7 +401,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "one driver per run: holder, epoch and lease; each claim's epoch", _OWNERSHIP_8),
     Migration(
         9,
-        "row-level security on run ownership",
+        "row-level security on run ownership; epochs only move forward",
         _OWNERSHIP_ROW_SECURITY_9,
         backends=("postgresql",),
     ),
