@@ -3,7 +3,8 @@
 A step pod runs one step of a run from the spec its operator recorded in the store, then exits
 with a code the operator reads: 0 the step ended and the run goes on (or met its goal), 3 a
 resumable stop, 1 a failed stop, 2 bad input, 4 another process drives the run, 5 the store
-cannot be reached, 75 it was asked to stop (``keelgate.core.exits``, which the operator reads
+cannot be reached, 6 another holder took the run over (its epoch, ``--epoch``, is stale), 75 it
+was asked to stop (``keelgate.core.exits``, which the operator reads
 too). Its outcome is one JSON line, last on stdout and, where the kubelet
 provides one, the termination message.
 

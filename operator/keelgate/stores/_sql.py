@@ -369,6 +369,7 @@ class SQLStore(HoldsOwner, ABC):
         # The epoch this store writes each run under (``take``, ``carry``): every write of the
         # run carries it, and the store refuses it once the run has another.
         self._epochs: dict[tuple[str, str], int] = {}
+        self._fenced_ever = False  # whether this store has written any run under an epoch
 
     # Backend hooks
 
@@ -509,6 +510,7 @@ class SQLStore(HoldsOwner, ABC):
                 f"{max(current.lease_left, 0.0):.1f} s more",
             )
         self._epochs[(tenant, run)] = current.epoch
+        self._fenced_ever = True
         return current
 
     def renew(self, ownership: Ownership, *, lease: float) -> Ownership:
@@ -533,6 +535,7 @@ class SQLStore(HoldsOwner, ABC):
             self._epochs.pop((tenant, run), None)
         else:
             self._epochs[(tenant, run)] = epoch
+            self._fenced_ever = True
 
     def let_go(self, ownership: Ownership) -> None:
         """End the lease at once (if it is still this ownership's), so the next holder need
@@ -570,7 +573,11 @@ class SQLStore(HoldsOwner, ABC):
             raise StaleEpoch(tenant, run, carried, str(row[0]), int(row[1]))
 
     def _refuse_stale_key(self, tenant: str, key: str, conn: Connection | None = None) -> None:
-        """Raise ``StaleEpoch`` if the key was claimed under an epoch its run no longer has."""
+        """Raise ``StaleEpoch`` if the key was claimed under an epoch its run no longer has.
+        Only a store that has written some run under an epoch can have claimed such a key:
+        any other asks nothing (its failed ends cost no statement more than before)."""
+        if not self._fenced_ever:
+            return
         if conn is None:
             row = self._one(self.sql.ownership.fenced_key, (tenant, key))
         else:
@@ -964,31 +971,32 @@ class SQLStore(HoldsOwner, ABC):
                 if event is not None and head is not _UNKNOWN:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
-            # Lost: refused for the run's epoch, or the key as it stands, its owner judged
-            # alive or gone.
-            self._durably(
-                lambda again: self._on_owner_session(
-                    lambda conn: self._refuse_stale_epoch(conn, tenant, run), atomic=False
-                ),
-                what=f"reading the holder of run {run!r}",
-            )
+            # Lost: the key as it stands, its owner judged alive or gone.
             row = self._durably(
                 lambda again: self._one(self.sql.key, (tenant, key)), what=f"reading key {key}"
             )
             if row is not None:
                 return self._record(row)
+            # No key: the run's epoch is not the one this store writes it under, the run's
+            # checkpoint has moved on past the action's (a seq only grows, so it never comes
+            # back), or the key's live owner just dropped it.
+            stored = self._durably(
+                lambda again: self._stored_seq_under_epoch(tenant, run),
+                what=f"reading the checkpoint of run {run!r}",
+            )
             if after is not None:
-                # No key: the run's checkpoint has moved on past the action's (a seq only grows,
-                # so it never comes back), or the key's live owner just dropped it.
-                stored = self._durably(
-                    lambda again: self._one(self.sql.stored_seq, (tenant, run)),
-                    what=f"reading the checkpoint of run {run!r}",
-                )
                 stored_seq = None if stored is None else int(stored[0])
                 if stored_seq != after:
                     raise StaleClaim(tenant, run, after, stored_seq)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
             claim_id = uuid.uuid4().hex
+
+    def _stored_seq_under_epoch(self, tenant: str, run: str) -> Any:
+        """The run's stored checkpoint seq (its row, or None); ``StaleEpoch`` first if the run's
+        epoch is not the one this store writes it under."""
+        with self._statement() as conn:
+            self._refuse_stale_epoch(conn, tenant, run)
+            return conn.execute(self.sql.stored_seq, (tenant, run)).fetchone()
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
         text = dumps(result)
