@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -178,8 +179,12 @@ def test_two_holders_racing_for_one_run_never_both_get_a_write_out(
     lock = threading.Lock()
     barrier = threading.Barrier(4)
 
+    class Yielding(Windows):
+        def hit(self, name: str) -> None:
+            time.sleep(0.002)  # at every window, the others may take the run meanwhile
+
     def contend(i: int) -> None:
-        holder = Holder(opener, f"operator-{i}", journal)
+        holder = Holder(opener, f"operator-{i}", journal, Yielding())
         barrier.wait()
         for _ in range(15):
             pass_leases(holder.store)
