@@ -48,6 +48,11 @@ ENDS: dict[str, tuple[dict[str, Any], EndKind, str]] = {
     ),
     "busy": (ended(4), EndKind.BUSY, "exit code 4: another process was driving the run"),
     "store away": (ended(5), EndKind.STORE, "exit code 5: the store could not be reached"),
+    "fenced": (
+        ended(6),
+        EndKind.BUSY,
+        "exit code 6: another holder took the run over; nothing more was written",
+    ),
     "killed": (ended(137, reason="OOMKilled"), EndKind.CRASH, "exit code 137 (OOMKilled)"),
     "evicted": (
         {"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}},
@@ -69,7 +74,8 @@ ENDS: dict[str, tuple[dict[str, Any], EndKind, str]] = {
 @pytest.mark.parametrize("case", list(ENDS))
 def test_a_step_pods_end_is_read_from_its_exit_code(case: str) -> None:
     """Exit 0, 1 and 3 recorded where the run stands; 2 the step refused its input (its error
-    line, not its JSON outcome, in the words); 4 busy; 5 the store; anything else a crash."""
+    line, not its JSON outcome, in the words); 4 busy; 5 the store; 6 another holder took the
+    run over (busy, not a crash); anything else a crash."""
     pod, kind, words = ENDS[case]
     end = classify(pod)
     assert (end.kind, end.words) == (kind, words)

@@ -164,7 +164,8 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
     changes when it says it is not (bad input); 0, 1 and 3 are a step that recorded its end, and
     a code no error has (a signal's 137) is a crash, retried with back-off. A model server that
     could not be reached is 3 too: the step ended with the run where it stands, and the next
-    step tries the model again."""
+    step tries the model again. A step refused for a stale epoch (6) is a busy run: another
+    holder drives it."""
     from keelgate.errors import exit_retryable
     from keelgate.kube.controller.pod_ends import classify
 
@@ -173,10 +174,14 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
         return classify(pod).kind
 
     codes = {cls.exit_code for cls in error_classes() if issubclass(cls, KeelgateError)} - {1, 3}
-    assert codes == {2, 4, 5, 75}
+    assert codes == {2, 4, 5, 6, 75}
     for code in codes:
         kind = ended(code)
-        if exit_retryable(code):
+        if code == 6:
+            # Refused for the run's epoch: not retryable in that process, but the run is
+            # another holder's now, and a later step pod writes under its epoch: busy.
+            assert kind == "busy"
+        elif exit_retryable(code):
             assert kind in ("busy", "store", "preempted"), code
         else:
             assert kind == "bad_input", code

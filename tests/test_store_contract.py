@@ -51,6 +51,7 @@ KEYED_CHECKS = contract.checks(
     "checkpoint_with_completion",
     "settle_with_event",
     "claim_after_checkpoint",
+    "ownership",
 )
 
 

@@ -26,7 +26,7 @@ class KeelgateError(Exception):
 
     #: Exit code of a command that ends with this error: 1 failed, 2 bad input, 3 resumable (the
     #: model server could not be reached: run again), 4 busy (another live process drives the
-    #: run), 5 the store cannot be reached.
+    #: run), 5 the store cannot be reached, 6 the run's ownership moved to another holder.
     exit_code: ClassVar[int] = 1
     #: True if the same call, unchanged, may succeed later (a store back up, a driver gone).
     retryable: ClassVar[bool] = False
@@ -219,6 +219,33 @@ class StaleClaim(StaleCheckpoint):
             f"a call of run {run!r} planned at checkpoint {seq} was not made: the run has moved "
             f"on to checkpoint {stored_seq} (another process drove it meanwhile); nothing was sent"
         )
+
+
+class StaleEpoch(StoreError):
+    """A write was refused because the run's ownership moved on: the store records another
+    holder, or a later epoch of this one, than the epoch the write was started under (its lease
+    lapsed, in a pause or a partition, and another holder took the run). Nothing was written.
+    This process no longer drives the run and must stop, never retry: the new holder reads
+    whatever WRITE this one left in flight as an unknown outcome (exit code 6)."""
+
+    exit_code = 6
+
+    def __init__(self, tenant: str, run: str, epoch: int | None, holder: str, current: int) -> None:
+        started = "without an epoch" if epoch is None else f"under epoch {epoch}"
+        super().__init__(
+            f"run {run!r} is driven by {holder!r} under epoch {current}: a write started "
+            f"{started} was refused, nothing was written; this process no longer drives it",
+            tenant=tenant,
+            run=run,
+            epoch=epoch,
+            holder=holder,
+            current=current,
+        )
+        self.tenant = tenant
+        self.run = run
+        self.epoch = epoch
+        self.holder = holder
+        self.current = current
 
 
 class UnreadableEvent(StoreError):

@@ -4,7 +4,8 @@ It is a thin shell over the runners and the loop: it parses, calls, and prints. 
 part of the contract: 0 goal met, 3 resumable (a stop to act on, or a model server that could
 not be reached: run again), 1 a failure, 2 bad input (one line naming the field, the user's own
 code included), 4 the run is busy in another process, 5 the store cannot be opened or reached (so a
-script can tell "try again when the database is back" from a failed run), 130 interrupted,
+script can tell "try again when the database is back" from a failed run), 6 another holder
+took the run over (a write under a stale epoch refused), 130 interrupted,
 143 terminated (SIGTERM while a run is driven).
 ``dispatch`` applies them once, for ``keelgate`` and for ``kubectl-keelgate`` (whose exit 5
 also covers an API server that cannot be reached). An error's code is its class's

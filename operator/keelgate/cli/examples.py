@@ -23,6 +23,8 @@ Exit codes:
        the call's write deadline
   5    the store cannot be opened or reached (keelgate temporal: the Temporal
        server): nothing was read or written, run the same command again
+  6    fenced: another holder took the run over; this process's write under its
+       old epoch was refused and nothing was written
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM): nothing saved is lost"""
 
 _KEELGATE = {

@@ -3,7 +3,8 @@
 A step pod runs one step of a run from the spec its operator recorded in the store, then exits
 with a code the operator reads: 0 the step ended and the run goes on (or met its goal), 3 a
 resumable stop, 1 a failed stop, 2 bad input, 4 another process drives the run, 5 the store
-cannot be reached, 75 it was asked to stop (``keelgate.core.exits``, which the operator reads
+cannot be reached, 6 another holder took the run over (its epoch, ``--epoch``, is stale), 75 it
+was asked to stop (``keelgate.core.exits``, which the operator reads
 too). Its outcome is one JSON line, last on stdout and, where the kubelet
 provides one, the termination message.
 
@@ -70,6 +71,16 @@ class _Parser(argparse.ArgumentParser):
         )
 
 
+def _epoch_from_environment() -> int | None:
+    text = os.environ.get("KEELGATE_EPOCH", "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError("KEELGATE_EPOCH", "must be a whole number (the run's epoch)") from None
+
+
 def parser() -> argparse.ArgumentParser:
     parse = _Parser(prog="keelgate step", description=DESCRIPTION, add_help=False)
     parse.add_argument("-h", "--help", action="help", help="Show this message and exit.")
@@ -82,6 +93,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="URL",
         default=os.environ.get("KEELGATE_STORE", ""),
         help="Store URL (env KEELGATE_STORE): postgresql://... in a cluster.",
+    )
+    parse.add_argument(
+        "--epoch",
+        metavar="N",
+        type=int,
+        default=_epoch_from_environment(),
+        help="The epoch the operator took the run under (env KEELGATE_EPOCH): every write of "
+        "the step carries it, and the store refuses it once another holder took the run (exit 6).",
     )
     parse.add_argument(
         "--confirmer",
@@ -157,6 +176,7 @@ def _step(args: argparse.Namespace) -> int:
         store=store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),
         tracer=tracer,
+        epoch=args.epoch,
     )
     try:
         outcome = runner.step(args.namespace, args.run, asked_to_stop=asked.is_set)

@@ -21,6 +21,7 @@ from keelgate.errors import (
     ModelUnavailable,
     Preempted,
     RunBusy,
+    StaleEpoch,
     StoreUnavailable,
 )
 
@@ -40,6 +41,9 @@ EXIT_RESUMABLE = ModelUnavailable.exit_code
 EXIT_BUSY = RunBusy.exit_code
 #: The store cannot be opened or reached: nothing was read or written.
 EXIT_STORE = StoreUnavailable.exit_code
+#: The run's ownership moved to another holder (its lease lapsed): this process's writes are
+#: refused, and whatever WRITE it left in flight is the new holder's unknown outcome.
+EXIT_FENCED = StaleEpoch.exit_code
 #: A step asked to stop (SIGTERM: a drain, an eviction) stopped at its next checkpoint.
 EXIT_PREEMPTED = Preempted.exit_code
 #: Ctrl-C; and SIGTERM while ``keelgate`` drives a run (128 + the signal, as a shell says).
@@ -57,6 +61,7 @@ STEP_MEANINGS = {
     EXIT_RESUMABLE: "a resumable stop",
     EXIT_BUSY: "another process was driving the run",
     EXIT_STORE: "the store could not be reached",
+    EXIT_FENCED: "another holder took the run over; this step's writes were refused",
 }
 
 

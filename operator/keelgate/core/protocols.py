@@ -150,6 +150,46 @@ class RunLock(Protocol):
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None: ...
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """Who drives a run, as the store records it: ``holder`` under ``epoch``, its lease
+    ``lease_left`` seconds from lapsing (on the store's clock) when this was read."""
+
+    tenant: str
+    run: str
+    holder: str
+    epoch: int
+    lease_left: float
+
+
+@runtime_checkable
+class RunOwners(Protocol):
+    """A store that records one driver per run as (holder, epoch) under a lease, and fences
+    every write with it (design: docs/stores.md, "Ownership and epochs").
+
+    ``take`` makes ``holder`` the run's driver under a new epoch, if nobody else's lease is
+    live, and from then on this store object carries that epoch on every write of the run;
+    otherwise it raises ``RunBusy`` naming the holder and how long its lease is live. ``renew``
+    extends the lease of an ownership still current, and raises ``StaleEpoch`` once another
+    holder has taken the run. ``carry`` makes this store write under an epoch taken elsewhere
+    (a step process under its operator's). ``holder_of`` reads who holds it. ``let_go`` ends
+    the lease at once, so the next holder need not wait for it. A write of the run started
+    under an epoch the store no longer records is refused with ``StaleEpoch``, and an in-flight
+    key claimed under such an epoch reads as an unknown outcome, whoever its owner is and
+    whether or not it lives.
+    """
+
+    def take(self, tenant: str, run: str, *, holder: str, lease: float) -> Ownership: ...
+
+    def renew(self, ownership: Ownership, *, lease: float) -> Ownership: ...
+
+    def carry(self, tenant: str, run: str, epoch: int | None) -> None: ...
+
+    def let_go(self, ownership: Ownership) -> None: ...
+
+    def holder_of(self, tenant: str, run: str) -> Ownership | None: ...
+
+
 @runtime_checkable
 class AuditLog(Protocol):
     """Append-only hash-chained events per run (see ``keelgate.core.audit``).

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from keelgate.core.protocols import Confirmer, Stores
+from keelgate.core.protocols import Confirmer, RunOwners, Stores
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
 from keelgate.core.tracing import NO_TRACING, Tracer
@@ -41,12 +41,15 @@ class StepRunner:
         tracer: Tracer = NO_TRACING,
         opener: Callable[[], Stores] | None = None,
         builder: Callable[[LoopSpec, Stores], Loop] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """``opener`` and ``builder`` replace how the stores are opened (from ``store``) and
         how the loop is built (from the spec's manifest), for a simulation that runs whole runs
         over its own store sessions, tools and clock (``keelgate.testing.sim``); a step pod
-        leaves them unset."""
+        leaves them unset. ``epoch``: the epoch the run's holder (the operator) took it under,
+        carried on every write of the step (``RunOwners.carry``); refused once it is stale."""
         self.store = store
+        self.epoch = epoch
         self.confirmer = confirmer
         self.pricing = dict(pricing or {})
         self.tracer = tracer
@@ -71,6 +74,8 @@ class StepRunner:
         ``asked_to_stop`` (a drain's SIGTERM), left at the next checkpoint once it says so."""
         stores = open_stores(self.store, pooled=False) if self._opener is None else self._opener()
         try:
+            if self.epoch is not None:
+                _carry(stores, tenant, run, self.epoch)
             spec = recorded_spec(stores, tenant, run)
             ended = _ended(stores, tenant, run)
             if ended is not None:
@@ -105,6 +110,14 @@ class StepRunner:
             tracer=self.tracer,
         )
         return loop.run_or_resume(spec, one_iteration=True, asked_to_stop=asked_to_stop)
+
+
+def _carry(stores: Stores, tenant: str, run: str, epoch: int) -> None:
+    """Write the run under its holder's ``epoch`` from now on."""
+    owners: object = stores.checkpoints
+    if owners is not stores.idempotency or not isinstance(owners, RunOwners):
+        raise InputError("--epoch", "this store records no run ownership (a SQL store does)")
+    owners.carry(tenant, run, epoch)
 
 
 def _ended(stores: Stores, tenant: str, run: str) -> Outcome | None:

@@ -118,9 +118,14 @@ $$"""
         "GRANT SELECT ON keelgate_databases TO PUBLIC",
         f"CREATE POLICY keelgate_databases_read ON keelgate_databases FOR SELECT USING ({readers})",
     ]
-    for table in TENANT_TABLES:
-        statements.append(
-            f"CREATE POLICY {table}_here ON {table} AS RESTRICTIVE FOR ALL "
-            f"USING ({_ELSEWHERE}) WITH CHECK ({_ELSEWHERE})"
-        )
+    statements.extend(kept_here(table) for table in TENANT_TABLES)
     return tuple(statements)
+
+
+def kept_here(table: str) -> str:
+    """The restrictive policy that keeps the rows of a tenant with a database of its own out
+    of ``table`` in the home database (migration 7's tables, and later ones keyed by tenant)."""
+    return (
+        f"CREATE POLICY {table}_here ON {table} AS RESTRICTIVE FOR ALL "
+        f"USING ({_ELSEWHERE}) WITH CHECK ({_ELSEWHERE})"
+    )

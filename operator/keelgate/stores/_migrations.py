@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from keelgate.core.audit import utc_now
 from keelgate.errors import StoreError
 from keelgate.stores._dialect import Connection, Dialect
-from keelgate.stores._isolation_ddl import isolation_ddl
+from keelgate.stores._isolation_ddl import isolation_ddl, kept_here
 
 # Schema migrations. The version table records each migration applied, in order.
 #
@@ -325,6 +325,49 @@ $$""",
     "EXECUTE FUNCTION keelgate_audit_writer()",
 )
 
+# Migration 8: one driver per run, recorded in the store (``SQLStore.take``): the holder, its
+# epoch (1 for the run's first holder, one more at each take) and the moment its lease lapses on
+# the store's clock; and the epoch each key was claimed under, by which a claim left in flight
+# by a holder that lost the run reads as an unknown outcome, whether or not its owner lives. A
+# key claimed before it has no epoch and is judged by its owner alone, as before.
+_OWNERSHIP_8 = """
+CREATE TABLE keelgate_owners (
+    tenant TEXT NOT NULL, run TEXT NOT NULL, holder TEXT NOT NULL, epoch {bigint} NOT NULL,
+    expires {real} NOT NULL, PRIMARY KEY (tenant, run));
+ALTER TABLE keelgate_keys ADD COLUMN epoch {bigint}
+"""
+
+# Migration 9: on PostgreSQL the ownership rows are kept as every tenant table's rows are
+# (migrations 3 and 7): a tenant's role and the operator's read and write its tenant's runs'
+# (the operator's role takes runs over in the standby cluster), nobody else's; a tenant with a
+# database of its own has none in the home database. A trigger keeps every epoch moving forward.
+_OWNERSHIP_ROW_SECURITY_9 = (
+    "ALTER TABLE keelgate_owners ENABLE ROW LEVEL SECURITY",
+    f"CREATE POLICY keelgate_owners_read ON keelgate_owners FOR SELECT USING ({_EITHER})",
+    f"CREATE POLICY keelgate_owners_take ON keelgate_owners FOR INSERT WITH CHECK ({_EITHER})",
+    "CREATE POLICY keelgate_owners_renew ON keelgate_owners FOR UPDATE "
+    f"USING ({_EITHER}) WITH CHECK ({_EITHER})",
+    kept_here("keelgate_owners"),
+    # Ownership only moves forward, whoever writes the row: a role that may write its runs'
+    # ownership (a tenant's, whose step pods run the tenant's own code) cannot give an epoch
+    # back to a holder that lost it, nor hand an epoch to another holder without a new one.
+    """CREATE FUNCTION keelgate_owners_forward() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, {schema}, pg_temp AS $$
+BEGIN
+    IF NEW.tenant IS DISTINCT FROM OLD.tenant OR NEW.run IS DISTINCT FROM OLD.run
+       OR NEW.epoch < OLD.epoch
+       OR (NEW.epoch = OLD.epoch AND NEW.holder IS DISTINCT FROM OLD.holder) THEN
+        RAISE EXCEPTION 'run ownership only moves forward: epoch % of %, not % of %',
+            OLD.epoch, OLD.holder, NEW.epoch, NEW.holder
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+$$""",
+    "CREATE TRIGGER keelgate_owners_forward BEFORE UPDATE ON keelgate_owners FOR EACH ROW "
+    "EXECUTE FUNCTION keelgate_owners_forward()",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, idempotency keys, audit chain and recorded specs", _SCHEMA_1),
     Migration(2, "write deadlines and claim ids of claimed keys", _SCHEMA_2),
@@ -353,6 +396,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         isolation_ddl(
             legacy_owner_space=LEGACY_OWNER_SPACE, driver_space=DRIVER_SPACE, readers=_EITHER
         ),
+        backends=("postgresql",),
+    ),
+    Migration(8, "one driver per run: holder, epoch and lease; each claim's epoch", _OWNERSHIP_8),
+    Migration(
+        9,
+        "row-level security on run ownership; epochs only move forward",
+        _OWNERSHIP_ROW_SECURITY_9,
         backends=("postgresql",),
     ),
 )

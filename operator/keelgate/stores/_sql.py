@@ -14,7 +14,9 @@ its stale-writer check are one statement; ``claim`` is one ``INSERT ... ON CONFL
 the owner's session, which lands only while the run's checkpoint is the one the action was
 planned from; ``complete`` and ``release`` are compare-and-set on this store's own owner, and
 ``forget`` on the one owner this store holds live now; ``settle`` is compare-and-set on the owner
-judged gone; the audit chain's primary key refuses a fork.
+judged gone; the audit chain's primary key refuses a fork. Every write of a run a holder took
+carries its epoch in its own statement (``OwnershipStatements``), and a key claimed under an
+epoch its run no longer has reads unknown.
 
 This module must never settle, retry or delete a key on its own (only ``settle`` changes an
 unknown outcome, on a person's or a confirmer's word), never read an in-flight key otherwise than
@@ -40,13 +42,22 @@ from typing import Any, ClassVar, TypeVar
 
 from keelgate.core import clocks
 from keelgate.core.audit import AuditDraft, AuditEvent, seal, stored_event
-from keelgate.core.protocols import Capabilities, Checkpoint, Completion, RecordedSpec, RunRef
+from keelgate.core.protocols import (
+    Capabilities,
+    Checkpoint,
+    Completion,
+    Ownership,
+    RecordedSpec,
+    RunRef,
+)
 from keelgate.core.types import KeyRecord, KeyState, settled_state
 from keelgate.errors import (
+    RunBusy,
     SettleError,
     SettleTooEarly,
     StaleCheckpoint,
     StaleClaim,
+    StaleEpoch,
     StoreBusy,
     StoreError,
     StoreUnavailable,
@@ -73,6 +84,67 @@ PATIENCE = 60.0
 REVISIONS_CHUNK = 2000
 
 
+class OwnershipStatements:
+    """The statements of run ownership (migration 8), and the fences the writes carry."""
+
+    def __init__(self, d: Dialect) -> None:
+        def q(text: str) -> str:
+            return text.replace("?", d.placeholder)
+
+        clock = f"CAST({d.clock} AS {d.real})"
+        # A write of a run lands only while the run has no recorded holder, or its epoch is
+        # the one the write carries (parameters: tenant, run, epoch; NULL carries none, so a
+        # writer that never took the run is refused once anyone has).
+        self.run_fence = (
+            "NOT EXISTS (SELECT 1 FROM keelgate_owners o WHERE o.tenant = ? AND o.run = ? "
+            f"AND NOT (o.epoch {d.same} CAST(? AS {d.bigint})))"
+        )
+        # A key's end is recorded only while its run's epoch is still the one it was claimed
+        # under (a key claimed before migration 8, or on a run nobody took, has none).
+        self.key_fence = (
+            "(keelgate_keys.epoch IS NULL OR NOT EXISTS (SELECT 1 FROM keelgate_owners o "
+            "WHERE o.tenant = keelgate_keys.tenant AND o.run = keelgate_keys.run "
+            "AND o.epoch <> keelgate_keys.epoch))"
+        )
+        # The last column of a key's SELECT: 1 if it was claimed under an epoch the run no
+        # longer has (an in-flight key then reads unknown, whether or not its owner lives).
+        self.stale_key = f"CASE WHEN {self.key_fence} THEN 0 ELSE 1 END"
+        # Taken where nobody holds the run, its lease has lapsed on the store's clock, or the
+        # same holder takes it again; always under a new epoch.
+        self.take = q(
+            "INSERT INTO keelgate_owners (tenant, run, holder, epoch, expires) "
+            f"VALUES (?, ?, ?, 1, {clock} + CAST(? AS {d.real})) "
+            "ON CONFLICT (tenant, run) DO UPDATE SET holder = excluded.holder, "
+            "epoch = keelgate_owners.epoch + 1, expires = excluded.expires "
+            f"WHERE keelgate_owners.expires <= {clock} "
+            "OR keelgate_owners.holder = excluded.holder"
+        )
+        self.owner = q(
+            f"SELECT holder, epoch, expires - {clock} FROM keelgate_owners "
+            "WHERE tenant = ? AND run = ?"
+        )
+        # A lease is renewed only under the epoch it was taken with: once another holder took
+        # the run, nothing of the old one's comes back.
+        self.renew = q(
+            f"UPDATE keelgate_owners SET expires = {clock} + CAST(? AS {d.real}) "
+            "WHERE tenant = ? AND run = ? AND holder = ? AND epoch = ?"
+        )
+        self.let_go = q(
+            f"UPDATE keelgate_owners SET expires = {clock} "
+            f"WHERE tenant = ? AND run = ? AND holder = ? AND epoch = ? AND expires > {clock}"
+        )
+        # Whose epoch a refused write met: the run's holder, where it is not the one carried.
+        self.fenced = q(
+            "SELECT holder, epoch FROM keelgate_owners WHERE tenant = ? AND run = ? "
+            f"AND NOT (epoch {d.same} CAST(? AS {d.bigint}))"
+        )
+        self.fenced_key = q(
+            "SELECT o.holder, o.epoch, k.run, k.epoch FROM keelgate_keys k JOIN keelgate_owners o "
+            "ON o.tenant = k.tenant AND o.run = k.run WHERE k.tenant = ? AND k.key = ? "
+            "AND k.epoch IS NOT NULL AND o.epoch <> k.epoch"
+        )
+
+
 class Statements:
     """Every statement of the stores in one dialect."""
 
@@ -82,10 +154,13 @@ class Statements:
 
         keys = "tenant, key, run, action, tool, state, owner, result, settled_by, source"
         self.event_columns = "seq, type, actor, at, data, key, prev, hash, writer, writer_kind"
-        # CheckpointStore: the stale-writer check and the write are one statement.
+        ownership = OwnershipStatements(d)
+        self.ownership = ownership
+        # CheckpointStore: the stale-writer check, the epoch's and the write are one statement.
         self.save = q(
-            "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (tenant, run) DO UPDATE SET seq = excluded.seq, state = excluded.state "
+            "INSERT INTO keelgate_checkpoints (tenant, run, seq, state) SELECT ?, ?, ?, ? "
+            f"WHERE {ownership.run_fence} ON CONFLICT (tenant, run) DO UPDATE SET "
+            "seq = excluded.seq, state = excluded.state "
             "WHERE keelgate_checkpoints.seq < excluded.seq"
         )
         self.stored_seq = q("SELECT seq FROM keelgate_checkpoints WHERE tenant = ? AND run = ?")
@@ -116,20 +191,23 @@ class Statements:
         # store's clock, and (last) the backend's judgement of its owner's liveness.
         clock = f"CAST({d.clock} AS {d.real})"
         self.key = q(
-            f"SELECT {keys}, deadline, deadline - {clock}, {d.liveness} "
+            f"SELECT {keys}, deadline, deadline - {clock}, {d.liveness}, {ownership.stale_key} "
             "FROM keelgate_keys WHERE tenant = ? AND key = ?"
         )
         # The deadline is set on the store's clock: the claim's moment there plus the seconds
         # given (none: NULL, no deadline). The claim lands only while the run's checkpoint is
-        # still the one its action was planned from (the last three parameters: that seq, or
-        # NULL for no such condition), in the same statement: a process held up before its
-        # claim, while another drove the run on, can never claim (``SQLStore.claim``).
+        # still the one its action was planned from (the four parameters after the epoch: that
+        # seq, or NULL for no such condition), in the same statement: a process held up before
+        # its claim, while another drove the run on, can never claim (``SQLStore.claim``). It
+        # records the epoch it was made under, and lands only while that epoch is the run's
+        # (the last three parameters).
         self.claim = q(
             "INSERT INTO keelgate_keys "
-            "(tenant, key, run, action, tool, state, owner, deadline, claim_id) "
-            f"SELECT ?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ? "
-            f"WHERE CAST(? AS {d.bigint}) IS NULL OR EXISTS (SELECT 1 FROM keelgate_checkpoints "
-            "WHERE tenant = ? AND run = ? AND seq = ?) "
+            "(tenant, key, run, action, tool, state, owner, deadline, claim_id, epoch) "
+            f"SELECT ?, ?, ?, ?, ?, 'in_flight', ?, {clock} + CAST(? AS {d.real}), ?, "
+            f"CAST(? AS {d.bigint}) "
+            f"WHERE (CAST(? AS {d.bigint}) IS NULL OR EXISTS (SELECT 1 FROM keelgate_checkpoints "
+            f"WHERE tenant = ? AND run = ? AND seq = ?)) AND {ownership.run_fence} "
             "ON CONFLICT DO NOTHING"
         )
         # A claim repeated after its acknowledgement was lost: if the first one landed, it is
@@ -141,7 +219,11 @@ class Statements:
         self.checkpoint_text = q(
             "SELECT state FROM keelgate_checkpoints WHERE tenant = ? AND run = ? AND seq = ?"
         )
-        mine = f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine}"
+        # A call's end is recorded only under the epoch its key was claimed under.
+        mine = (
+            f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND {d.mine} "
+            f"AND {ownership.key_fence}"
+        )
         self.complete = q(
             f"UPDATE keelgate_keys SET state = 'completed', result = ?, owner = NULL {mine}"
         )
@@ -150,7 +232,7 @@ class Statements:
         # an owner id of a session it lost: that key may have been read unknown meanwhile.
         self.forget = q(
             "DELETE FROM keelgate_keys WHERE tenant = ? AND key = ? AND state = 'in_flight' "
-            "AND owner = ?"
+            f"AND owner = ? AND {ownership.key_fence}"
         )
         # "Not executed" only once the deadline has passed on the store's clock: before it, a
         # held-up owner may still send the call (the first parameter: whether it executed).
@@ -199,7 +281,8 @@ class Statements:
                 "completed AS (UPDATE keelgate_keys SET state = 'completed', "
                 f"result = done.result_text, owner = NULL FROM (VALUES {pairs}) "
                 "AS done (done_key, result_text) WHERE tenant = ? AND key = done.done_key "
-                f"AND state = 'in_flight' AND {self._d.mine} RETURNING key)"
+                f"AND state = 'in_flight' AND {self._d.mine} AND {self.ownership.key_fence} "
+                "RETURNING key)"
             )
         base = self.save if first == "save" else self.claim
         parts.append(f"wrote AS ({base} RETURNING 1)")
@@ -283,6 +366,10 @@ class SQLStore(HoldsOwner, ABC):
         # where the database records one and holds each insert to it (PostgreSQL); None where
         # the store has one writer identity (SQLite, memory).
         self._writer: tuple[str, str] | None = None
+        # The epoch this store writes each run under (``take``, ``carry``): every write of the
+        # run carries it, and the store refuses it once the run has another.
+        self._epochs: dict[tuple[str, str], int] = {}
+        self._fenced_ever = False  # whether this store has written any run under an epoch
 
     # Backend hooks
 
@@ -400,6 +487,104 @@ class SQLStore(HoldsOwner, ABC):
         row = conn.execute(self.sql.checkpoint_text, (tenant, run, seq)).fetchone()
         return row is not None and str(row[0]) == text
 
+    # RunOwners
+
+    def take(self, tenant: str, run: str, *, holder: str, lease: float) -> Ownership:
+        """Make ``holder`` the run's driver under a new epoch, if nobody else's lease is live
+        on the store's clock; from then on every write of the run by this store carries it.
+        ``RunBusy`` (naming the holder and its lease) while another holder's lease is live."""
+        own = self.sql.ownership
+
+        def attempt(again: bool) -> tuple[bool, Any]:
+            with self._transaction() as conn:
+                won = conn.execute(own.take, (tenant, run, holder, lease)).rowcount == 1
+                return won, conn.execute(own.owner, (tenant, run)).fetchone()
+
+        won, row = self._durably(attempt, what=f"taking run {run!r}")
+        current = Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+        if not won or current.holder != holder:
+            raise RunBusy(
+                tenant,
+                run,
+                f"driven by {current.holder!r} under epoch {current.epoch}, its lease live for "
+                f"{max(current.lease_left, 0.0):.1f} s more",
+            )
+        self._epochs[(tenant, run)] = current.epoch
+        self._fenced_ever = True
+        return current
+
+    def renew(self, ownership: Ownership, *, lease: float) -> Ownership:
+        """Extend the lease of ``ownership`` by ``lease`` seconds from now on the store's
+        clock, while its epoch is still the run's; ``StaleEpoch`` once another took it."""
+        tenant, run = ownership.tenant, ownership.run
+        values = (lease, tenant, run, ownership.holder, ownership.epoch)
+
+        def attempt(again: bool) -> Any:
+            with self._transaction() as conn:
+                if conn.execute(self.sql.ownership.renew, values).rowcount != 1:
+                    self._refuse_stale_epoch(conn, tenant, run, ownership.epoch)
+                return conn.execute(self.sql.ownership.owner, (tenant, run)).fetchone()
+
+        row = self._durably(attempt, what=f"renewing the lease of run {run!r}")
+        return Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+
+    def carry(self, tenant: str, run: str, epoch: int | None) -> None:
+        """Write the run under ``epoch`` from now on (taken by another process: a step
+        process under its operator's), or under none (None)."""
+        if epoch is None:
+            self._epochs.pop((tenant, run), None)
+        else:
+            self._epochs[(tenant, run)] = epoch
+            self._fenced_ever = True
+
+    def let_go(self, ownership: Ownership) -> None:
+        """End the lease at once (if it is still this ownership's), so the next holder need
+        not wait for it; this store writes the run under no epoch from then on."""
+        values = (ownership.tenant, ownership.run, ownership.holder, ownership.epoch)
+        self._durably(
+            lambda again: self._write(self.sql.ownership.let_go, values),
+            what=f"letting run {ownership.run!r} go",
+        )
+        if self._epochs.get((ownership.tenant, ownership.run)) == ownership.epoch:
+            del self._epochs[(ownership.tenant, ownership.run)]
+
+    def holder_of(self, tenant: str, run: str) -> Ownership | None:
+        """The run's holder as the store records it (its lease may have lapsed), or None."""
+        row = self._durably(
+            lambda again: self._one(self.sql.ownership.owner, (tenant, run)),
+            what=f"reading the holder of run {run!r}",
+        )
+        if row is None:
+            return None
+        return Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+
+    def _run_fence(self, tenant: str, run: str) -> tuple[Any, ...]:
+        """The parameters of ``OwnershipStatements.run_fence`` for a write of the run."""
+        return (tenant, run, self._epochs.get((tenant, run)))
+
+    def _refuse_stale_epoch(
+        self, conn: Connection, tenant: str, run: str, epoch: int | None = None
+    ) -> None:
+        """Raise ``StaleEpoch`` if the run's recorded epoch is not the one this store writes
+        it under (``epoch``, or the one it carries)."""
+        carried = self._epochs.get((tenant, run)) if epoch is None else epoch
+        row = conn.execute(self.sql.ownership.fenced, (tenant, run, carried)).fetchone()
+        if row is not None:
+            raise StaleEpoch(tenant, run, carried, str(row[0]), int(row[1]))
+
+    def _refuse_stale_key(self, tenant: str, key: str, conn: Connection | None = None) -> None:
+        """Raise ``StaleEpoch`` if the key was claimed under an epoch its run no longer has.
+        Only a store that has written some run under an epoch can have claimed such a key:
+        any other asks nothing (its failed ends cost no statement more than before)."""
+        if not self._fenced_ever:
+            return
+        if conn is None:
+            row = self._one(self.sql.ownership.fenced_key, (tenant, key))
+        else:
+            row = conn.execute(self.sql.ownership.fenced_key, (tenant, key)).fetchone()
+        if row is not None:
+            raise StaleEpoch(tenant, str(row[2]), int(row[3]), str(row[0]), int(row[1]))
+
     # CheckpointStore
 
     def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
@@ -416,8 +601,10 @@ class SQLStore(HoldsOwner, ABC):
         self._durably(attempt, what=f"saving checkpoint {seq} of run {run!r}")
 
     def _save(self, conn: Connection, tenant: str, run: str, seq: int, text: str) -> None:
-        if conn.execute(self.sql.save, (tenant, run, seq, text)).rowcount == 1:
+        values = (tenant, run, seq, text, *self._run_fence(tenant, run))
+        if conn.execute(self.sql.save, values).rowcount == 1:
             return
+        self._refuse_stale_epoch(conn, tenant, run)
         row = conn.execute(self.sql.stored_seq, (tenant, run)).fetchone()
         raise StaleCheckpoint(tenant, run, seq, None if row is None else int(row[0]))
 
@@ -577,7 +764,8 @@ class SQLStore(HoldsOwner, ABC):
             done += [tenant, self._owned()]
         sql = self.sql.together("save", len(drafts), len(completions))
         with self._statement() as conn:
-            row = self._one_statement(conn, sql, (*done, tenant, run, seq, text, *events))
+            fence = self._run_fence(tenant, run)
+            row = self._one_statement(conn, sql, (*done, tenant, run, seq, text, *fence, *events))
         if row is None:
             self._heads.pop((tenant, run), None)
             return None
@@ -668,11 +856,13 @@ class SQLStore(HoldsOwner, ABC):
 
     def _record(self, row: Sequence[Any]) -> KeyRecord:
         (tenant, key, run, action, tool, state, owner, result, settled_by, source) = row[:10]
-        deadline, deadline_in, judged = row[10:]
+        deadline, deadline_in, judged, stale = row[10:14]
         key_state = KeyState(state)
         here = False
         if key_state is KeyState.IN_FLIGHT:
-            if not self._alive(owner, judged):
+            # Claimed under an epoch the run no longer has: its holder lost the run, and nothing
+            # it left in flight is driven by anyone, whether or not its process lives.
+            if stale or not self._alive(owner, judged):
                 key_state = KeyState.OUTCOME_UNKNOWN
             elif self._mine(owner):
                 # Our own claim: its call runs in this process, unless we gave it up (its end
@@ -709,7 +899,10 @@ class SQLStore(HoldsOwner, ABC):
         after: int | None = None,
     ) -> KeyRecord | None:
         claim_id = uuid.uuid4().hex
-        fence = (after, tenant, run, after)  # the checkpoint the claim's action was planned from
+        epoch = self._epochs.get((tenant, run))
+        # The epoch the key is claimed under; the checkpoint its action was planned from; and
+        # the epoch the run must still have.
+        fence = (epoch, after, tenant, run, after, tenant, run, epoch)
 
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
@@ -784,18 +977,26 @@ class SQLStore(HoldsOwner, ABC):
             )
             if row is not None:
                 return self._record(row)
+            # No key: the run's epoch is not the one this store writes it under, the run's
+            # checkpoint has moved on past the action's (a seq only grows, so it never comes
+            # back), or the key's live owner just dropped it.
+            stored = self._durably(
+                lambda again: self._stored_seq_under_epoch(tenant, run),
+                what=f"reading the checkpoint of run {run!r}",
+            )
             if after is not None:
-                # No key: the run's checkpoint has moved on past the action's (a seq only grows,
-                # so it never comes back), or the key's live owner just dropped it.
-                stored = self._durably(
-                    lambda again: self._one(self.sql.stored_seq, (tenant, run)),
-                    what=f"reading the checkpoint of run {run!r}",
-                )
                 stored_seq = None if stored is None else int(stored[0])
                 if stored_seq != after:
                     raise StaleClaim(tenant, run, after, stored_seq)
             # Its live owner just dropped it after a definite refusal: claim it afresh.
             claim_id = uuid.uuid4().hex
+
+    def _stored_seq_under_epoch(self, tenant: str, run: str) -> Any:
+        """The run's stored checkpoint seq (its row, or None); ``StaleEpoch`` first if the run's
+        epoch is not the one this store writes it under."""
+        with self._statement() as conn:
+            self._refuse_stale_epoch(conn, tenant, run)
+            return conn.execute(self.sql.stored_seq, (tenant, run)).fetchone()
 
     def complete(self, tenant: str, key: str, result: Any) -> bool:
         text = dumps(result)
@@ -805,7 +1006,10 @@ class SQLStore(HoldsOwner, ABC):
                 values = (text, tenant, key, self._owned())
                 if conn.execute(self.sql.complete, values).rowcount == 1:
                     return True
-            return again and self._completed_as(tenant, key, result)
+            if again and self._completed_as(tenant, key, result):
+                return True
+            self._refuse_stale_key(tenant, key)
+            return False
 
         return self._ending(
             [(tenant, key)],
@@ -813,13 +1017,11 @@ class SQLStore(HoldsOwner, ABC):
         )
 
     def release(self, tenant: str, key: str) -> None:
-        self._ending(
-            [(tenant, key)],
-            lambda: self._durably(
-                lambda again: self._write(self.sql.release, (tenant, key, self._owned())),
-                what=f"releasing key {key}",
-            ),
-        )
+        def attempt(again: bool) -> None:
+            if self._write(self.sql.release, (tenant, key, self._owned())) == 0:
+                self._refuse_stale_key(tenant, key)
+
+        self._ending([(tenant, key)], lambda: self._durably(attempt, what=f"releasing key {key}"))
 
     def forget(self, tenant: str, key: str) -> bool:
         """Drop our in-flight key after a definite refusal, only while the owner that claimed it
@@ -838,6 +1040,8 @@ class SQLStore(HoldsOwner, ABC):
                 return False
             if not self._alive(owner, judged):
                 return False
+            if row[13]:
+                self._refuse_stale_key(tenant, key, conn)
             return bool(conn.execute(self.sql.forget, (tenant, key, owner)).rowcount == 1)
 
         return self._ending(
@@ -944,6 +1148,8 @@ class SQLStore(HoldsOwner, ABC):
                 self._heads.pop((tenant, run), None)
             # A repeat skips what landed: a draft whose key is on the chain is not appended.
             with self._transaction() as conn:
+                if (tenant, run) in self._epochs:
+                    self._refuse_stale_epoch(conn, tenant, run)
                 head = self._append(conn, tenant, run, drafts)
             self._heads[(tenant, run)] = head
 

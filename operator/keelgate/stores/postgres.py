@@ -152,6 +152,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT",
         "keelgate_databases": "SELECT",
+        "keelgate_owners": "SELECT, INSERT, UPDATE (holder, epoch, expires)",
     },
     "operator": {
         "keelgate_schema": "SELECT",
@@ -161,6 +162,7 @@ PRIVILEGES: dict[str, dict[str, str]] = {
         "keelgate_audit": "SELECT, INSERT",
         "keelgate_specs": "SELECT, INSERT, UPDATE (source, generation, spec)",
         "keelgate_databases": "SELECT",
+        "keelgate_owners": "SELECT, INSERT, UPDATE (holder, epoch, expires)",
     },
 }
 KINDS = tuple(PRIVILEGES)

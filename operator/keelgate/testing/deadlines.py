@@ -5,7 +5,8 @@ a settlement "not executed" is refused until it has passed. A test that settles 
 after a simulated death would have to sleep through the tool's time limit; ``pass_deadlines``
 moves the deadlines into the past instead, exactly as the store's clock would have moved past
 them. It touches nothing else (owners, states, results), and it must never be used outside tests.
-``within_a_call`` runs a tool directly as the gateway runs it, under a write deadline.
+``pass_leases`` does the same for the leases of run ownership. ``within_a_call`` runs a tool
+directly as the gateway runs it, under a write deadline.
 """
 
 from __future__ import annotations
@@ -21,17 +22,39 @@ def pass_deadlines(store: Any, tenant: str | None = None) -> int:
     """Make the write deadline of every in-flight key of ``store`` (a SQL store: SQLite,
     PostgreSQL, memory; or ``Stores`` holding one) a second in the past on the store's clock,
     for ``tenant`` or all. Returns how many keys it moved."""
+    return _a_second_ago(
+        store,
+        "idempotency",
+        "UPDATE keelgate_keys SET deadline = {ago} WHERE state = 'in_flight' AND deadline > {ago}",
+        tenant,
+    )
+
+
+def pass_leases(store: Any, tenant: str | None = None) -> int:
+    """Make every live lease of run ownership (``SQLStore.take``) of ``store`` lapse a second
+    ago on the store's clock, for ``tenant`` or all: what a holder paused past its lease, or
+    dead without letting go, looks like once the lease has run out. Returns how many it moved."""
+    return _a_second_ago(
+        store,
+        "checkpoints",
+        "UPDATE keelgate_owners SET expires = {ago} WHERE expires > {ago}",
+        tenant,
+    )
+
+
+def _a_second_ago(store: Any, role: str, update: str, tenant: str | None) -> int:
+    """Run ``update`` (``{ago}``: a second ago on the store's clock) on the SQL store in
+    ``store``'s ``role`` (or ``store`` itself), for ``tenant``'s rows or all; rows changed."""
     from keelgate.stores._sql import SQLStore
 
-    target = getattr(store, "idempotency", store)
+    target = getattr(store, role, store)
     if not isinstance(target, SQLStore):
-        raise TypeError(f"pass_deadlines needs a SQL store, not {type(target).__name__}")
+        raise TypeError(f"moving moments needs a SQL store, not {type(target).__name__}")
     dialect = target.dialect
-    clock = f"CAST({dialect.clock} AS {dialect.real})"
-    sql = (
-        f"UPDATE keelgate_keys SET deadline = {clock} - 1 WHERE state = 'in_flight' "
-        f"AND deadline > {clock} - 1 AND (CAST(? AS TEXT) IS NULL OR tenant = ?)"
-    ).replace("?", dialect.placeholder)
+    ago = f"CAST({dialect.clock} AS {dialect.real}) - 1"
+    sql = (update.format(ago=ago) + " AND (CAST(? AS TEXT) IS NULL OR tenant = ?)").replace(
+        "?", dialect.placeholder
+    )
     with target._statement() as conn:
         return int(conn.execute(sql, (tenant, tenant)).rowcount)
 

@@ -20,7 +20,8 @@ With pytest, in your store's test file::
 
 ``checks(...)`` selects by what a check needs: ``"checkpoints"`` (a ``CheckpointStore`` alone, such
 as a saver-backed one), ``"specs"``, ``"keys"``, ``"audit"``, ``"run_lock"`` (a key store that is
-a ``RunLock``), ``"revisions"`` (a checkpoint store that is ``RunRevisions``), and one name per
+a ``RunLock``), ``"revisions"`` (a checkpoint store that is ``RunRevisions``), ``"ownership"`` (a
+checkpoint store that is ``RunOwners`` and the key store), and one name per
 promise a backend may declare in ``Capabilities`` (``"checkpoint_with_events"``,
 ``"claim_with_event"``, ``"checkpoint_with_completion"``, ``"settle_with_event"``,
 ``"claim_after_checkpoint"``); with no names, every check, and ``run`` then passes over what
@@ -51,13 +52,21 @@ from keelgate.core.protocols import (
     Completion,
     IdempotencyStore,
     RunLock,
+    RunOwners,
     RunRef,
     RunRevisions,
     SpecStore,
     Stores,
 )
 from keelgate.core.types import KeyState
-from keelgate.errors import SettleError, SettleTooEarly, StaleCheckpoint, StaleClaim
+from keelgate.errors import (
+    RunBusy,
+    SettleError,
+    SettleTooEarly,
+    StaleCheckpoint,
+    StaleClaim,
+    StaleEpoch,
+)
 
 Opener = Callable[[], Stores]
 E = TypeVar("E", bound=BaseException)
@@ -98,6 +107,9 @@ class Check:
             return stores.specs is not None
         if self.needs == "run_lock":
             return isinstance(stores.idempotency, RunLock)
+        if self.needs == "ownership":
+            owners: object = stores.checkpoints
+            return owners is stores.idempotency and isinstance(owners, RunOwners)
         if self.needs == "revisions":
             return isinstance(stores.checkpoints, RunRevisions)
         if self.needs in _PROMISES:
@@ -119,7 +131,16 @@ def _check(needs: str) -> Callable[[Callable[[Opener], None]], Callable[[Opener]
 
 def checks(*needs: str) -> list[Check]:
     """The checks that need any of ``needs`` (see the module docstring); every one if none."""
-    known = {"checkpoints", "specs", "keys", "audit", "run_lock", "revisions", *_PROMISES}
+    known = {
+        "checkpoints",
+        "specs",
+        "keys",
+        "audit",
+        "run_lock",
+        "revisions",
+        "ownership",
+        *_PROMISES,
+    }
     unknown = set(needs) - known
     if unknown:
         raise ValueError(f"no checks need {sorted(unknown)}")
@@ -985,3 +1006,155 @@ def a_claim_after_another_writer_puts_its_event_after_the_others(factory: Opener
     for key in ("kg-4", "kg-5"):
         record = owner.idempotency.get("acme", key)
         assert record is not None and record.state is KeyState.IN_FLIGHT
+
+
+# RunOwners: one holder per run under a lease, and every write fenced by its epoch. A lease of
+# 0 s has lapsed as soon as it is taken: what a holder paused past its lease looks like to the
+# store, without waiting.
+
+
+def owners(factory: Opener) -> Any:
+    stores = factory()
+    assert isinstance(stores.checkpoints, RunOwners)
+    return stores.checkpoints
+
+
+def _lapsed(factory: Opener, holder: str = "a") -> Any:
+    """A store that took run ``r`` under a lease that lapsed at once, saved its checkpoint 1
+    and claimed ``kg-1`` from it; then another holder took the run (epoch 2). Returns both."""
+    old, new = owners(factory), owners(factory)
+    taken = old.take("acme", "r", holder=holder, lease=0.0)
+    assert taken.epoch == 1
+    old.save("acme", "r", 1, {"step": 1})
+    assert old.claim("acme", "kg-1", run="r", action="a1", tool="ship", after=1) is None
+    assert new.take("acme", "r", holder="b", lease=60.0).epoch == 2
+    return old, new
+
+
+@_check("ownership")
+def a_run_has_one_holder_under_a_lease_and_each_take_is_a_new_epoch(factory: Opener) -> None:
+    """take: the first holder gets epoch 1; another holder is refused (RunBusy naming the
+    holder) while its lease is live; renew keeps the epoch; once let go, the next holder takes
+    the run under epoch 2, and the old one can renew nothing."""
+    first, second = owners(factory), owners(factory)
+    taken = first.take("acme", "r", holder="op-a", lease=60.0)
+    assert (taken.holder, taken.epoch) == ("op-a", 1) and taken.lease_left > 50
+    with raises(RunBusy) as busy:
+        second.take("acme", "r", holder="op-b", lease=60.0)
+    assert "op-a" in busy.value.message and "epoch 1" in busy.value.message
+    renewed = first.renew(taken, lease=120.0)
+    assert (renewed.holder, renewed.epoch) == ("op-a", 1) and renewed.lease_left > 100
+    assert second.take("acme", "other", holder="op-b", lease=60.0).epoch == 1  # runs apart
+    assert second.take("globex", "r", holder="op-b", lease=60.0).epoch == 1  # tenants apart
+    first.let_go(renewed)
+    moved = second.take("acme", "r", holder="op-b", lease=60.0)
+    assert (moved.holder, moved.epoch) == ("op-b", 2)
+    with raises(StaleEpoch) as stale:
+        first.renew(renewed, lease=60.0)
+    assert (stale.value.epoch, stale.value.holder, stale.value.current) == (1, "op-b", 2)
+    seen = owners(factory).holder_of("acme", "r")
+    assert seen is not None and (seen.holder, seen.epoch) == ("op-b", 2)
+    assert owners(factory).holder_of("acme", "nobody") is None
+
+
+@_check("ownership")
+def a_holder_whose_lease_lapsed_is_refused_at_its_next_write(factory: Opener) -> None:
+    """Once another holder took the run, every write the old one started under its epoch is
+    refused with StaleEpoch and writes nothing: a checkpoint, a claim, a key's end, an audit
+    event; the new holder's writes land."""
+    old, new = _lapsed(factory)
+    with raises(StaleEpoch) as refused:
+        old.save("acme", "r", 2, {"step": 2, "by": "old"})
+    assert (refused.value.run, refused.value.epoch, refused.value.current) == ("r", 1, 2)
+    assert refused.value.exit_code == 6
+    with raises(StaleEpoch):
+        old.save_with_events("acme", "r", 2, {"by": "old"}, [AuditDraft("x.old", {})])
+    with raises(StaleEpoch):
+        old.claim("acme", "kg-2", run="r", action="a2", tool="ship", after=1)
+    with raises(StaleEpoch):
+        old.complete("acme", "kg-1", {"status": "ok", "output": 1})
+    with raises(StaleEpoch):
+        old.append("acme", "r", [AuditDraft("x.old", {}, key="old-1")])
+    loaded = new.load("acme", "r")
+    assert loaded is not None and (loaded.seq, loaded.state) == (1, {"step": 1})
+    assert new.get("acme", "kg-2") is None
+    assert [e.type for e in new.events("acme", "r")] == []
+    new.save_with_events("acme", "r", 2, {"step": 2}, [AuditDraft("x.new", {})])
+    assert [e.type for e in new.events("acme", "r")] == ["x.new"]
+
+
+@_check("ownership")
+def a_write_left_in_flight_under_an_old_epoch_is_unknown_to_the_new_holder(
+    factory: Opener,
+) -> None:
+    """The old holder's store is open and its owner alive, yet its in-flight key reads
+    outcome_unknown to the new holder (never in flight, never claimable again): a claim
+    returns the record instead of a retry, and a person may settle it."""
+    old, new = _lapsed(factory)
+    for store in (new, old, owners(factory)):
+        got = store.get("acme", "kg-1")
+        assert got is not None and got.state is KeyState.OUTCOME_UNKNOWN
+    again = new.claim("acme", "kg-1", run="r", action="a1", tool="ship", after=1)
+    assert again is not None and again.state is KeyState.OUTCOME_UNKNOWN
+    with raises(StaleEpoch):
+        old.release("acme", "kg-1")
+    settled = new.settle("acme", "kg-1", executed=True, by="ops", source="human")
+    assert settled.state is KeyState.COMPLETED
+    with raises(StaleEpoch):
+        old.complete("acme", "kg-1", {"status": "ok", "output": "late"})
+    done = new.get("acme", "kg-1")
+    assert done is not None and (done.state, done.settled_by) == (KeyState.COMPLETED, "ops")
+
+
+@_check("ownership")
+def a_writer_that_never_took_an_owned_run_writes_only_under_its_epoch(factory: Opener) -> None:
+    """Once a run has a holder, a store that carries no epoch for it is refused; one that
+    carries the holder's epoch (a step process under its operator's) writes; one that
+    carries an older epoch is refused. A run nobody took is written as before."""
+    holder, step = owners(factory), owners(factory)
+    taken = holder.take("acme", "r", holder="op", lease=60.0)
+    with raises(StaleEpoch) as refused:
+        step.save("acme", "r", 1, {"step": 1})
+    assert refused.value.epoch is None and refused.value.holder == "op"
+    step.carry("acme", "r", taken.epoch)
+    step.save("acme", "r", 1, {"step": 1})
+    assert step.claim("acme", "kg-1", run="r", action="a1", tool="ship", after=1) is None
+    assert step.complete("acme", "kg-1", {"status": "ok", "output": 1}) is True
+    step.carry("acme", "r", taken.epoch - 1)
+    with raises(StaleEpoch):
+        step.save("acme", "r", 2, {"step": 2})
+    step.save("acme", "free", 1, {"step": 1})  # nobody holds it
+
+
+@_check("ownership")
+def taking_the_run_again_makes_the_holders_own_older_claims_unknown(factory: Opener) -> None:
+    """A holder that takes its run again (a restart under the same name) does so under a new
+    epoch at once, even while its lease is live: what its earlier life left in flight reads
+    unknown, and that life's store can no longer write."""
+    before, after = owners(factory), owners(factory)
+    before.take("acme", "r", holder="op", lease=60.0)
+    before.save("acme", "r", 1, {"step": 1})
+    assert before.claim("acme", "kg-1", run="r", action="a1", tool="ship", after=1) is None
+    assert after.take("acme", "r", holder="op", lease=60.0).epoch == 2
+    got = after.get("acme", "kg-1")
+    assert got is not None and got.state is KeyState.OUTCOME_UNKNOWN
+    with raises(StaleEpoch):
+        before.save("acme", "r", 2, {"step": 2})
+
+
+@_check("ownership")
+def racing_takes_have_exactly_one_holder(factory: Opener) -> None:
+    """Six stores taking one run at the same instant: exactly one holds it under epoch 1, and
+    the others are told who does."""
+    stores = [owners(factory) for _ in range(6)]
+
+    def take(i: int) -> Any:
+        try:
+            return stores[i].take("acme", "r", holder=f"h{i}", lease=60.0)
+        except RunBusy as busy:
+            return busy
+
+    results = race([partial(take, i) for i in range(6)])
+    won = [r for r in results if not isinstance(r, RunBusy)]
+    assert len(won) == 1 and won[0].epoch == 1
+    assert all(won[0].holder in r.message for r in results if isinstance(r, RunBusy))

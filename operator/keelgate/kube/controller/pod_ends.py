@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from keelgate.core.exits import EXIT_BUSY, EXIT_PREEMPTED, RECORDED
+from keelgate.core.exits import EXIT_BUSY, EXIT_FENCED, EXIT_PREEMPTED, RECORDED
 from keelgate.errors import exit_retryable
 from keelgate.kube.times import parse_time
 
@@ -81,6 +81,15 @@ def _terminated(pod_status: Mapping[str, Any], terminated: Mapping[str, Any]) ->
         )
     if code == EXIT_BUSY:
         return PodEnd(EndKind.BUSY, f"{words}: another process was driving the run", seconds)
+    if code == EXIT_FENCED:
+        # Its writes were refused for the run's epoch: another holder drives the run now, and
+        # what this step left in flight is that holder's unknown outcome. Not a crash, and not
+        # bad input: like a busy run, tried again later (by whoever then holds it).
+        return PodEnd(
+            EndKind.BUSY,
+            f"{words}: another holder took the run over; nothing more was written",
+            seconds,
+        )
     if code == EXIT_PREEMPTED:
         return PodEnd(
             EndKind.PREEMPTED,
