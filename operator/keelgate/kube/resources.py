@@ -392,8 +392,6 @@ def reconciliation(run: Mapping[str, Any], unknown: UnknownAction, *, name: str 
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
-            # Held until the operator has recorded its decisions (approval_finalizer).
-            "finalizers": [DECISIONS_FINALIZER],
         },
         "spec": {
             "runName": meta["name"],
@@ -417,6 +415,8 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
+            # Held until the operator has recorded its decisions (approval_finalizer).
+            "finalizers": [DECISIONS_FINALIZER],
         },
         "spec": {
             "runName": meta["name"],
