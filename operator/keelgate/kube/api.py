@@ -200,9 +200,7 @@ class ClusterApi:
         object since ``resource_version`` (Conflict otherwise: another finalizer added or
         removed meanwhile is never undone). The answer is the object after it (a deleted
         object whose last finalizer went is answered once more, then gone)."""
-        body = {
-            "metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}
-        }
+        body = {"metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}}
         self._count(f"patch {kind}/finalizers")
         self._wait_turn()
         try:
