@@ -290,6 +290,7 @@ def test_each_move_of_issue_46_is_made(move: str) -> None:
         "recreate": "creates it again",
         "service-account": "as system:serviceaccount",
         "definition": "spec edited: place_order",
+        "delete": "the operators are down; alice deletes",
     }[move]
     options = Options(moves=frozenset({move}))
     for index in range(40):
