@@ -140,7 +140,8 @@ class FakeApiServer(ApiServer):
             if resource_version != found["metadata"]["resourceVersion"]:
                 raise Conflict(f"patch {kind} {namespace}/{name}: 409 Conflict", status=409)
             meta = found["metadata"]
-            if meta.get("deletionTimestamp") and set(finalizers) - set(meta.get("finalizers") or ()):
+            added = set(finalizers) - set(meta.get("finalizers") or ())
+            if meta.get("deletionTimestamp") and added:
                 raise ApiFailure(
                     f"patch {kind} {namespace}/{name}: 422 no new finalizers can be added if "
                     "the object is being deleted"

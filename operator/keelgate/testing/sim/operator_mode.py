@@ -53,8 +53,12 @@ from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
 
 KINDS = ("AgentRun", "Reconciliation", "Approval", "Pod")
-#: issue 46's moves, by name (``Options.moves``).
-MOVES = ("copy", "reorder", "recreate", "service-account", "definition", "delete")
+#: issue 46's moves, by name (``Options.moves``; all of them: ``Options.every``).
+MOVES = ("copy", "reorder", "recreate", "service-account", "definition")
+#: Moves made only when named (``--moves delete``): an Approval deleted while the operators are
+#: down. Not among every move yet: drawn with them, it would move the stories of the seeds kept
+#: with every move on (tests/test_simulation.py) away from the windows they keep.
+NAMED_MOVES = ("delete",)
 RESYNC = 60.0
 #: The groups the API server puts a ServiceAccount in.
 SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:shop")
@@ -170,7 +174,7 @@ class Cluster:
         self.setting = setting
         self.world = world = setting.world
         self.books: Books = setting.planner.books
-        self.moves = tuple(m for m in MOVES if m in moves)
+        self.moves = tuple(m for m in (*MOVES, *NAMED_MOVES) if m in moves)
         self.api = SimApiServer(world, faulty=True)
         self.api.on_pod = self._pod_created
         self.api.on_pod_deleted = self._pod_deleted
