@@ -497,7 +497,7 @@ class Cluster:
             elif which == "reorder":
                 self._reorder(body, state)
             elif which == "delete":
-                self._delete_while_down(body)
+                self._delete_while_down(body, state)
             else:
                 self._as_service_account(body)
 
@@ -558,13 +558,30 @@ class Cluster:
         if self._patch("Approval", body, spec, user):
             decision.accepted_at = world.now
 
-    def _delete_while_down(self, body: JSON) -> None:
-        """The operators are down (a rollout) right after the others decided; alice deletes the
-        Approval, and tries to remove its finalizer (admission refuses that: only the operator
-        removes it); an operator is back a moment later. Its finalizer held the Approval: the
-        operator records what it holds before it goes (before the finalizer, a deny added just
-        before went with it, and a fresh Approval's approval ran the WRITE)."""
+    def _delete_while_down(self, body: JSON, state: RunState | None) -> None:
+        """Someone the rule counts denies; at once the operators are down (a rollout), alice
+        deletes the Approval and tries to remove its finalizer (admission refuses: only the
+        operator removes it); an operator is back a moment later. The finalizer held the
+        Approval, and the operator records the deny before it goes (before the finalizer, the
+        deny went with it, and a fresh Approval's approval ran the WRITE)."""
         world, name = self.world, body["metadata"]["name"]
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        action = str(spec.get("action", ""))
+        pending = (
+            None if state is None else next((p for p in state.pending if p.action == action), None)
+        )
+        fit = [p for p in PEOPLE if counts(p, None if pending is None else pending.rule, CREATOR)]
+        waiting = (body.get("status") or {}).get("phase") != "Settled"
+        if pending is not None and fit and waiting and spec.get("approved") is None:
+            by = fit[world.schedule.pick(len(fit))]
+            decision = self._booked_approval(spec, state, by, False)
+            spec["decisions"] = [
+                *(spec.get("decisions") or ()),
+                {"by": by, "groups": list(GROUPS[by]), "approved": False},
+            ]
+            if self._patch("Approval", body, spec, User(by, GROUPS[by])):
+                decision.accepted_at = world.now
+                world.say(f"{by} adds to {name}'s decisions approved: False")
         for operator in self.operators:
             operator.stop()
         world.say(f"the operators are down; {CREATOR} deletes {name}")
