@@ -592,7 +592,10 @@ class Cluster:
                 held["metadata"].get("finalizers") or (), [], User(CREATOR, GROUPS[CREATOR])
             )
             world.say(f"{CREATOR} removes {name}'s finalizer: refused ({refused})")
-        world.at(world.schedule.between(1.0, 30.0), "an operator is back", self._operator)
+        world.at(world.schedule.between(1.0, 30.0), "an operator is back", self._back)
+
+    def _back(self) -> None:
+        self._operator()
 
     def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:
         action = str((body.get("spec") or {}).get("action", ""))
