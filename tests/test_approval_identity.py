@@ -75,15 +75,19 @@ def recreated(kube: Operator) -> dict[str, Any]:
     """alice deletes her AgentRun (its Approval goes with it) and applies it again: the stored
     run goes on, and the operator makes a fresh Approval of the same name."""
     run = kube.api.get("AgentRun", NAMESPACE, "restock")
-    assert run is not None
+    old = kube.api.get("Approval", NAMESPACE, APPROVE)
+    assert run is not None and old is not None
     kube.api.delete_object("Approval", NAMESPACE, APPROVE)
     for pod in kube.pods():  # what the garbage collector does with the run's children
         kube.api.delete_object("Pod", NAMESPACE, pod)
     kube.api.delete_object("AgentRun", NAMESPACE, "restock")
     kube.apply("restock", run["spec"], annotations=run["metadata"]["annotations"])
+    # The operator looks at the Approval marked deleted (its finalizer holds it), records what
+    # it holds and lets it go.
+    kube.reconcile(APPROVE, kind="Approval")
     kube.drive("restock")
     made = kube.api.get("Approval", NAMESPACE, APPROVE)
-    assert made is not None and made["metadata"]["uid"] != run["metadata"]["uid"]
+    assert made is not None and made["metadata"]["uid"] != old["metadata"]["uid"]
     return made
 
 

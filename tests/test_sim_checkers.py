@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from keelgate.testing.sim.admission import MAX_DECISIONS, User, admitted, mutated
+from keelgate.testing.sim.admission import (
+    FINALIZER,
+    MAX_DECISIONS,
+    User,
+    admitted,
+    finalizer_refusal,
+    mutated,
+)
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
     Ask,
@@ -576,6 +583,23 @@ def test_admission_refuses_the_rest_of_what_the_chart_refuses() -> None:
     eight = [{"by": "bob", "approved": True, "id": str(i)} for i in range(8)]
     ninth = {**BASE, "decisions": [*eight, {"by": "bob", "approved": True}]}
     assert "8 decisions" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
+
+
+def test_admission_keeps_an_approval_being_deleted_as_it_is_and_its_finalizer_the_operators() -> (
+    None
+):
+    """As the chart's approval-finalizer policy: nothing is added to or changed on an Approval
+    being deleted (bob's entry, allowed on a live one, is refused); alice may not remove its
+    finalizer keelgate.dev/decisions, a cluster admin (system:masters) may; keeping it, or
+    another finalizer's removal, is nobody's concern."""
+    grown = {**BASE, "decisions": [ENTRY]}
+    assert "being deleted" in admitted("Approval", BASE, grown, BOB, deleting=True)
+    assert admitted("Approval", BASE, grown, BOB, deleting=False) == ""
+    assert admitted("Approval", grown, dict(grown), BOB, deleting=True) == ""
+    held = [FINALIZER, "example.com/other"]
+    assert "holds the approval" in finalizer_refusal(held, ["example.com/other"], ALICE)
+    assert finalizer_refusal(held, [], User("root", ("system:masters",))) == ""
+    assert finalizer_refusal(held, [FINALIZER], ALICE) == ""
 
 
 def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.testing.sim import decode, encode, shrink, simulate
-from keelgate.testing.sim.operator_mode import MOVES
+from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.simulate import Options, seed_of
 from support.planted_bugs import BUGS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
@@ -282,7 +282,7 @@ def test_an_effect_and_an_event_of_the_same_millisecond_compare_as_stamps() -> N
             assert abs(books.true_of_stamp(stamp) - moment) < 0.002, moment
 
 
-@pytest.mark.parametrize("move", MOVES)
+@pytest.mark.parametrize("move", (*MOVES, *NAMED_MOVES))
 def test_each_move_of_issue_46_is_made(move: str) -> None:
     """With a move switched on, the world's people make it within a few operator-mode runs (the
     oracle then judges what the product made of it: ``make sim`` runs them all)."""
@@ -292,6 +292,7 @@ def test_each_move_of_issue_46_is_made(move: str) -> None:
         "recreate": "creates it again",
         "service-account": "as system:serviceaccount",
         "definition": "spec edited: place_order",
+        "delete": "the operators are down; alice deletes",
     }[move]
     options = Options(moves=frozenset({move}))
     for index in range(40):
@@ -328,6 +329,28 @@ def test_each_unseen_bug_still_plants_where_it_was_written(bug: Planted) -> None
     product, once (a product that moved on would have the bench plant nothing, or elsewhere)."""
     for file, old, _ in bug.edits:
         assert (PACKAGE / file).read_text().count(old) == 1, f"{bug.name}: {file}"
+
+
+def test_approvals_deleted_while_the_operators_are_down_keep_every_promise() -> None:
+    """With the move delete (an Approval deleted while the operators are down, right after
+    people decided, alice trying to remove its finalizer), the first operator-mode runs that
+    make it keep every promise: a deny made just before is recorded when an operator is back,
+    and no call takes effect as approved after it. (Without the finalizer, 3 of the first 10
+    such runs broke ``unapproved``: the deny went with the Approval, and a fresh one's approval
+    sent the order.)"""
+    made = 0
+    for index in range(40):
+        outcome = simulate(
+            seed=seed_of(index, 4646), mode="operator", options=Options(moves=frozenset({"delete"}))
+        )
+        if not any("the operators are down; alice deletes" in line for line in outcome.lines):
+            continue
+        assert outcome.ok, "; ".join(map(str, outcome.violations))
+        assert any("removes" in line and "finalizer: refused" in line for line in outcome.lines)
+        made += 1
+        if made == 3:
+            return
+    raise AssertionError(f"only {made} runs made the move delete")
 
 
 #: Every planted bug the suite looks for: those of the project's history, and issue 48's

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from keelgate.core.approvals import seconds
 from keelgate.kube.controller.approvals import written_at
-from keelgate.kube.naming import action_object_name
+from keelgate.kube.naming import DECISIONS_FINALIZER, action_object_name
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import APPROVERS, Cluster
@@ -664,3 +664,106 @@ def test_an_approval_made_while_the_operator_is_down_counts_from_when_it_was_mad
     expires = seconds(str(_status_of(admin, tenant, name)["expiresAt"]))
     assert int(made) - 1 + 300 <= expires <= done + 1 + 300, (expires - made, done - made)
     assert runs.phase(admin, tenant, "late") == "Stopped" and shop.shop.orders == []
+
+
+def _finalizers(admin: Kube, namespace: str, name: str) -> list[str]:
+    return list(_approval(admin, namespace, name)["metadata"].get("finalizers") or [])
+
+
+def _try_to_release(alice: Kubectl, admin: Kube, namespace: str, name: str) -> None:
+    """alice, on an Approval being deleted (its finalizer holding it), tries every way she has
+    to let it go before the operator records bob's deny, or to add to it: each is refused, and
+    the finalizer and bob's deny stay."""
+    held = _approval(admin, namespace, name)
+    assert held["metadata"].get("deletionTimestamp")
+    assert _finalizers(admin, namespace, name) == [DECISIONS_FINALIZER]
+    attempts = {
+        "a JSON patch": ("--type", "json", "-p",
+                         json.dumps([{"op": "remove", "path": "/metadata/finalizers/0"}])),
+        "a merge patch": ("--type", "merge", "-p", json.dumps({"metadata": {"finalizers": None}})),
+        "a new decision": ("--type", "json", "-p", json.dumps([{
+            "op": "add", "path": "/spec/decisions/-",
+            "value": {"by": "alice", "groups": [], "approved": True}}])),
+        "bob's deny turned": ("--type", "json", "-p", json.dumps([
+            {"op": "replace", "path": "/spec/decisions/0/approved", "value": True}])),
+    }  # fmt: skip
+    for what, args in attempts.items():
+        done = alice("patch", "approval", name, *args, check=False)
+        assert done.returncode != 0, what
+        assert "keelgate-approval-finalizer" in done.stderr or "append-only" in done.stderr, (
+            what,
+            done.stderr,
+        )
+    # PUT (kubectl replace) of the object without its finalizer, and a server-side apply that
+    # says none: refused, or (apply) leaves what alice does not own.
+    body = {k: v for k, v in held.items() if k != "status"}
+    body["metadata"] = {**held["metadata"], "finalizers": []}
+    body["metadata"].pop("managedFields", None)
+    replaced = alice("replace", "-f", "-", stdin=json.dumps(body), check=False)
+    assert replaced.returncode != 0 and "only the operator removes it" in replaced.stderr
+    applied = {"apiVersion": held["apiVersion"], "kind": "Approval",
+               "metadata": {"name": name, "finalizers": []}}  # fmt: skip
+    alice("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(applied),
+          check=False)  # fmt: skip
+    assert _finalizers(admin, namespace, name) == [DECISIONS_FINALIZER]
+    decisions = _approval(admin, namespace, name)["spec"]["decisions"]
+    assert [(d["by"], d["approved"]) for d in decisions] == [("bob", False)]
+
+
+@pytest.mark.parametrize("deleted", ["approval", "agentrun"])
+def test_a_deny_on_an_approval_deleted_while_the_operator_is_down_stands(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+    deleted: str,
+) -> None:
+    """alice's order needs one approval from payments-approvers. The operator is stopped (a
+    rollout); bob denies; alice deletes the Approval (or deletes her AgentRun, whose Approval
+    the garbage collector deletes, and applies it again). The Approval is only marked deleted:
+    its finalizer holds it, and alice can neither remove that (patch, merge patch, PUT,
+    server-side apply) nor add to or change its decisions. The operator comes back: it records
+    bob's deny, then lets the Approval go; no fresh Approval is asked (carol's approval is
+    refused: nothing waits), the run ends marked Denied, and nothing is sent."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "carol", "patch", "approvals.keelgate.dev")
+    _wait_may(kubectl, "alice", "delete", "approvals.keelgate.dev")
+    alice, plugin = kubectl.as_user("alice"), _plugin(cluster, kubectl_bin, tenant)
+    run = f"gone-{deleted}"
+    name = _waiting_for_two(admin, alice, tenant, shop, run, {"required": 1, "groups": [APPROVERS]})
+    assert _finalizers(admin, tenant, name) == [DECISIONS_FINALIZER]
+    operator.stop()
+    try:
+        bobs = {"by": "bob", "groups": [APPROVERS, "system:authenticated"], "approved": False}
+        assert _add(kubectl, "bob", name, bobs) == (0, "")
+        if deleted == "approval":
+            alice("delete", "approval", name, "--wait=false")
+        else:
+            body = admin.get(f"{GROUP}/namespaces/{tenant}/agentruns/{run}")
+            alice("delete", "agentrun", run)
+            wait_for(
+                lambda: _approval(admin, tenant, name)["metadata"].get("deletionTimestamp"),
+                timeout=60,
+                what=f"{name} deleted by the garbage collector",
+            )
+            again = {"apiVersion": body["apiVersion"], "kind": "AgentRun",
+                     "metadata": {"name": run}, "spec": body["spec"]}  # fmt: skip
+            apply(alice, again)
+        _try_to_release(alice, admin, tenant, name)
+    finally:
+        operator.start()
+    wait_for(lambda: not _status_of(admin, tenant, name), timeout=90, what=f"{name} let go")
+    finished = wait_phase(admin, tenant, run, "Succeeded", timeout=90)
+    (marked,) = [c for c in finished["status"]["conditions"] if c["type"] == "Denied"]
+    assert marked["message"] == "place_order (1:0) denied by bob"
+    assert not _status_of(admin, tenant, name)  # no fresh Approval was asked
+    late = plugin("carol")("approve", run, "1:0", "--approve")
+    assert late.returncode == 2 and "none is waiting" in late.stderr, late.stderr
+    trail = runs.audit_events(operator.cluster.dsn, tenant, run)
+    assert [(e.type, e.actor) for e in trail if e.type in ("loop.approved", "loop.denied")] == [
+        ("loop.denied", "bob")
+    ]
+    assert shop.shop.orders == []

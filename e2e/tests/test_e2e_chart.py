@@ -137,6 +137,7 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         for name in (
             "decided-by-requester",
             "approval-decisions",
+            "approval-finalizer",
             "secret-references",
             "step-service-account",
         ):

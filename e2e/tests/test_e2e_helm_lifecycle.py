@@ -123,6 +123,7 @@ NEEDED = {
     ("list", "approvals.keelgate.dev"),
     ("watch", "approvals.keelgate.dev"),
     ("create", "approvals.keelgate.dev"),
+    ("patch", "approvals.keelgate.dev"),  # its finalizer keelgate.dev/decisions
     ("patch", "agentruns.keelgate.dev/status"),
     ("patch", "reconciliations.keelgate.dev/status"),
     ("patch", "approvals.keelgate.dev/status"),

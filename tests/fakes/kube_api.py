@@ -7,7 +7,8 @@ that the controller can see: a uid, a resourceVersion that grows with every chan
 and a creation time on each new object; ``status`` as a subresource (a create drops it, a status
 patch is a JSON merge patch guarded by ``resourceVersion``); 409 ``Conflict`` for a name taken
 or a stale patch, 404 ``Gone`` naming the object for one that is not there; a graceful pod
-deletion that sets ``deletionTimestamp`` and leaves the pod until its kubelet is done. What it
+deletion that sets ``deletionTimestamp`` and leaves the pod until its kubelet is done; a custom
+object with finalizers likewise marked deleted and kept until its last finalizer goes. What it
 changes it tells a ``watch`` (a real ``Cache``, as kopf's watch streams would), at once. The
 kubelet's part (a pod running, ending with an exit code) is ``finish_pod``, a person's edits are
 ``patch_spec``. No cluster is needed, and every decision of the controller runs in milliseconds;
@@ -21,11 +22,11 @@ import datetime as dt
 import itertools
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from keelgate.kube.api_failures import Conflict, Gone
+from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller.ports import ApiServer
 from keelgate.kube.naming import RUN_LABEL, STEP_POD_LABEL, STEP_POD_NAME
 
@@ -109,8 +110,52 @@ class FakeApiServer(ApiServer):
                 return  # ClusterApi takes a 404 as done
             if uid and found["metadata"]["uid"] != uid:
                 raise Conflict(f"delete {kind} {namespace}/{name}: 409 Conflict", status=409)
-            del self.objects[(kind, namespace, name)]
-        self._tell(kind, found, deleted=True)
+            if found["metadata"].get("finalizers"):
+                # As the API server does: the object stays, marked, until its finalizers go.
+                if not found["metadata"].get("deletionTimestamp"):
+                    found["metadata"]["deletionTimestamp"] = _now()
+                    self._bump(found)
+                answer = copy.deepcopy(found)
+                deleted = False
+            else:
+                del self.objects[(kind, namespace, name)]
+                answer, deleted = found, True
+        self._tell(kind, answer, deleted=deleted)
+
+    def set_finalizers(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        finalizers: Sequence[str],
+        *,
+        resource_version: str,
+    ) -> JSON:
+        with self._lock:
+            self._refused("set_finalizers")
+            self.writes.append(f"patch {kind}/finalizers {name}")
+            found = self.objects.get((kind, namespace, name))
+            if found is None:
+                raise Gone(f"patch {kind} {namespace}/{name}: 404 Not Found", named=name)
+            if resource_version != found["metadata"]["resourceVersion"]:
+                raise Conflict(f"patch {kind} {namespace}/{name}: 409 Conflict", status=409)
+            meta = found["metadata"]
+            added = set(finalizers) - set(meta.get("finalizers") or ())
+            if meta.get("deletionTimestamp") and added:
+                raise ApiFailure(
+                    f"patch {kind} {namespace}/{name}: 422 no new finalizers can be added if "
+                    "the object is being deleted"
+                )
+            meta["finalizers"] = list(finalizers)
+            if not finalizers:
+                del meta["finalizers"]
+            self._bump(found)
+            answer = copy.deepcopy(found)
+            gone = bool(meta.get("deletionTimestamp")) and not finalizers
+            if gone:
+                del self.objects[(kind, namespace, name)]
+        self._tell(kind, answer, deleted=gone)
+        return answer
 
     def create_pod(self, namespace: str, body: Mapping[str, Any]) -> JSON:
         return self._create("Pod", namespace, body, status={"phase": "Pending"}, verb="create_pod")

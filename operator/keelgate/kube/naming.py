@@ -28,6 +28,11 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "keelgate"}
 #: What marks a pod as a step pod (the cap on step pods counts these).
 STEP_POD_LABEL, STEP_POD_NAME = "app.kubernetes.io/name", "keelgate-step"
 
+#: The finalizer the operator puts on each Approval it makes: an Approval deleted while no
+#: operator looks stays until one has recorded every decision on it (a deny added just before
+#: a deletion is never lost), or none can count any more.
+DECISIONS_FINALIZER = f"{GROUP}/decisions"
+
 #: The annotation that arms failpoints in the next step pod (contract section 3).
 FAILPOINTS_ANNOTATION = f"{GROUP}/failpoints"
 

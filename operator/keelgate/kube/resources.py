@@ -19,6 +19,7 @@ from keelgate.core.types import PendingApproval, UnknownAction
 from keelgate.kube.naming import (
     API_VERSION,
     ATTEMPT_LABEL,
+    DECISIONS_FINALIZER,
     MANAGED_BY,
     MONITOR_LABEL,
     RUN_LABEL,
@@ -132,6 +133,12 @@ def is_active_step_pod(pod: Mapping[str, Any]) -> bool:
 def is_settled(decision: Mapping[str, Any]) -> bool:
     """A Reconciliation or Approval the operator has shown Settled (its decision recorded)."""
     return (decision.get("status") or {}).get("phase") == "Settled"
+
+
+def holds_decisions(approval: Mapping[str, Any]) -> bool:
+    """An Approval that carries the operator's finalizer (``DECISIONS_FINALIZER``): the
+    operator looks at it again until it can let it go, Settled or not."""
+    return DECISIONS_FINALIZER in ((approval.get("metadata") or {}).get("finalizers") or ())
 
 
 def controller_name(body: Mapping[str, Any]) -> str:
@@ -408,6 +415,8 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
             "namespace": meta["namespace"],
             "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
             "ownerReferences": [owner_reference(run)],
+            # Held until the operator has recorded its decisions (approval_finalizer).
+            "finalizers": [DECISIONS_FINALIZER],
         },
         "spec": {
             "runName": meta["name"],

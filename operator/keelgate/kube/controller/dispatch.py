@@ -19,6 +19,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.controller.agentrun import AgentRunReconciler
+from keelgate.kube.controller.approval_finalizer import FinalizedApprovals
 from keelgate.kube.controller.approvals import ApprovalReconciler
 from keelgate.kube.controller.context import ControllerContext, ControllerSettings, notify_nobody
 from keelgate.kube.controller.events import EventRecorder
@@ -70,7 +71,7 @@ class Controller:
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context, monitors=MonitorReconciler(self.context)),
             "Reconciliation": ReconciliationReconciler(self.context),
-            "Approval": ApprovalReconciler(self.context),
+            "Approval": FinalizedApprovals(self.context, ApprovalReconciler(self.context)),
         }
 
     def reconcile(self, key: Key) -> Result:

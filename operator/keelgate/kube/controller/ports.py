@@ -10,7 +10,7 @@ module must never import the runtime (it sits above the controller) or a client 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 JSON = dict[str, Any]
@@ -37,6 +37,16 @@ class ApiServer(Protocol):
     ) -> JSON: ...
 
     def delete_object(self, kind: str, namespace: str, name: str, *, uid: str = "") -> None: ...
+
+    def set_finalizers(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        finalizers: Sequence[str],
+        *,
+        resource_version: str,
+    ) -> JSON: ...
 
     def create_pod(self, namespace: str, body: Mapping[str, Any]) -> JSON: ...
 

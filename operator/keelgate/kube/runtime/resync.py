@@ -19,7 +19,7 @@ from typing import Any
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.api_failures import Gone
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.resources import controller_name, is_settled
+from keelgate.kube.resources import controller_name, holds_decisions, is_settled
 from keelgate.kube.runtime.cache import Cache
 
 log = logging.getLogger("keelgate.operator")
@@ -161,7 +161,7 @@ class WaitingRuns:
         runs = cache.keys_with("AgentRun", _resting, lambda body: not _finished(body))
         decisions = [
             *cache.keys_with("Reconciliation", _run_name, lambda body: not is_settled(body)),
-            *cache.keys_with("Approval", _run_name, lambda body: not is_settled(body)),
+            *cache.keys_with("Approval", _run_name, _looked_at_again),
         ]
         due: list[Key] = _thinned(
             cache, [key for key, resting in runs if not resting], round_=round_
@@ -207,6 +207,12 @@ def _resting(run: Mapping[str, Any]) -> bool:
     )
 
 
+def _looked_at_again(approval: Mapping[str, Any]) -> bool:
+    """An Approval a resync looks at: one not Settled, or one still carrying the operator's
+    finalizer (released once its run finishes, or its deletion waits on it)."""
+    return not is_settled(approval) or holds_decisions(approval)
+
+
 def _run_name(decision: Mapping[str, Any]) -> str:
     return str((decision.get("spec") or {}).get("runName", ""))
 
@@ -245,7 +251,7 @@ def due_for_resync(cache: Cache, *, round_: int = 0) -> list[Key]:
     return [
         *_thinned(cache, cache.keys("AgentRun", lambda body: not _finished(body)), round_=round_),
         *cache.keys("Reconciliation", lambda body: not is_settled(body)),
-        *cache.keys("Approval", lambda body: not is_settled(body)),
+        *cache.keys("Approval", _looked_at_again),
     ]
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from keelgate.testing.sim.operator_mode import MOVES
+from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.simulate import (
     MODES,
     STORES,
@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
         const=",".join(MOVES),
         default="",
         metavar="NAMES",
-        help="People try issue 46's moves: all, or those named (" + ", ".join(MOVES) + ").",
+        help="People try issue 46's moves: all, or those named ("
+        + ", ".join((*MOVES, *NAMED_MOVES))
+        + "; delete only when named).",
     )
     parse.add_argument("--every-move", action="store_true", help="Both of the above, all moves.")
     return parse
@@ -86,9 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("httpx", "httpx2", "mcp", "openai", "anthropic"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     moves = frozenset(m for m in args.moves.split(",") if m)
-    unknown = moves - set(MOVES)
+    known = (*MOVES, *NAMED_MOVES)
+    unknown = moves - set(known)
     if unknown:
-        _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(MOVES)})")
+        _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
     options = Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]

@@ -1,7 +1,7 @@
 """What the API server admits of people's edits to decision objects: a model of the chart's
-admission policies (charts/keelgate/templates/admission.yaml: ``decided-by-requester`` and
-``approval-decisions``, validating and mutating) and the CRDs' validation rules
-(crds/approvals.keelgate.dev.yaml, crds/reconciliations...).
+admission policies (charts/keelgate/templates/admission.yaml: ``decided-by-requester``,
+``approval-decisions``, validating and mutating, and ``approval-finalizer``) and the CRDs'
+validation rules (crds/approvals.keelgate.dev.yaml, crds/reconciliations...).
 
 Why it exists: in a cluster a person decides by editing an object, and what they can make the
 operator believe is what admission lets through, no more and no less. Operator-mode people edit
@@ -40,14 +40,36 @@ def admitted(
     user: User,
     *,
     status: Mapping[str, Any] | None = None,
+    deleting: bool = False,
 ) -> str:
     """Why an update of an object's ``spec`` from ``old`` to ``new`` by ``user`` is refused
-    ("" if it is admitted); ``status`` is the object's as the API server holds it."""
+    ("" if it is admitted); ``status`` is the object's as the API server holds it, ``deleting``
+    whether it is being deleted (its finalizer holds it)."""
     if kind == "Approval":
+        if deleting and dict(new) != dict(old):
+            # The chart's approval-finalizer policy.
+            return "the approval is being deleted: no decision is added to it or changed"
         return _approval(old, new, user, status or {})
     if kind == "Reconciliation":
         return _reconciliation(old, new, user)
     return ""
+
+
+#: The Approval's finalizer (``keelgate.kube.naming.DECISIONS_FINALIZER``), and who may remove
+#: it besides the operator: the chart's admissionPolicy.finalizerAdmins.
+FINALIZER = "keelgate.dev/decisions"
+FINALIZER_ADMINS = ("system:masters",)
+
+
+def finalizer_refusal(old: Sequence[str], new: Sequence[str], user: User) -> str:
+    """Why ``user``'s change of an Approval's finalizers from ``old`` to ``new`` is refused
+    ("" if admitted): the chart's approval-finalizer policy lets only the operator (which the
+    simulation's people never are) and a cluster admin remove keelgate.dev/decisions."""
+    if FINALIZER not in old or FINALIZER in new:
+        return ""
+    if any(group in FINALIZER_ADMINS for group in user.groups):
+        return ""
+    return "keelgate.dev/decisions holds the approval until the operator has recorded its decisions"
 
 
 def mutated(

@@ -16,7 +16,7 @@ see).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
@@ -98,6 +98,18 @@ class SimApiServer:
             return
         if uid and found["metadata"]["uid"] != uid:
             raise Conflict(f"delete {kind} {namespace}/{name}: 409 Conflict", status=409)
+        if found["metadata"].get("finalizers"):
+            # Marked deleted and kept until its last finalizer goes (an Approval's, the
+            # operator's: it records the decisions first).
+            if not found["metadata"].get("deletionTimestamp"):
+                found["metadata"]["deletionTimestamp"] = stamp(self.world.wall())
+                self._bump(found)
+                self._tell(kind, copy.deepcopy(found))
+            return
+        self._gone(kind, namespace, name, found)
+
+    def _gone(self, kind: str, namespace: str, name: str, found: JSON) -> None:
+        """The object leaves the server: watchers hear of it, and what it owned is collected."""
         del self.objects[(kind, namespace, name)]
         self._tell(kind, found, deleted=True)
         owner = found["metadata"]["uid"]
@@ -106,6 +118,38 @@ class SimApiServer:
             "the garbage collector",
             lambda: self._collect(namespace, owner),
         )
+
+    def set_finalizers(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        finalizers: Sequence[str],
+        *,
+        resource_version: str,
+    ) -> JSON:
+        found = self.objects.get((kind, namespace, name))
+        if found is None:
+            raise Gone(f"patch {kind} {namespace}/{name}: 404 Not Found", named=name)
+        if resource_version != found["metadata"]["resourceVersion"]:
+            raise Conflict(f"patch {kind} {namespace}/{name}: 409 Conflict", status=409)
+        meta = found["metadata"]
+        if meta.get("deletionTimestamp") and set(finalizers) - set(meta.get("finalizers") or ()):
+            raise ApiFailure(
+                f"patch {kind} {namespace}/{name}: 422 no new finalizers can be added if the "
+                "object is being deleted"
+            )
+        if finalizers:
+            meta["finalizers"] = list(finalizers)
+        else:
+            meta.pop("finalizers", None)
+        self._bump(found)
+        answer = copy.deepcopy(found)
+        if meta.get("deletionTimestamp") and not finalizers:
+            self._gone(kind, namespace, name, found)
+        else:
+            self._tell(kind, answer)
+        return answer
 
     def _collect(self, namespace: str, owner: str) -> None:
         """Delete what ``owner`` owned (its ownerReferences name it)."""

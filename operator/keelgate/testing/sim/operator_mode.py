@@ -15,7 +15,9 @@ is asked to stop, then killed at the end of its grace period (the kubelet).
 With ``moves`` (issue 46), alice, who created the run and may edit her namespace, also tries
 what admission lets through: a byte-equal copy of someone's entry appended to an Approval, a
 deny moved to the front of the list, her run deleted and created again under the same name, a
-decision made as a ServiceAccount, and a tool's definition edited after its call was approved.
+decision made as a ServiceAccount, a tool's definition edited after its call was approved, and
+an Approval deleted while the operators are down (its finalizer, keelgate.dev/decisions, holds
+it until an operator has recorded its decisions; she cannot remove that, nor add to it then).
 Every decision and move is booked as it was made (``Books.decisions``; a move is marked as one,
 never as its entry's author's decision).
 """
@@ -34,7 +36,7 @@ from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
-from keelgate.testing.sim.admission import User, admitted, mutated
+from keelgate.testing.sim.admission import User, admitted, finalizer_refusal, mutated
 from keelgate.testing.sim.books import (
     CREATOR,
     GROUPS,
@@ -51,8 +53,12 @@ from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
 
 KINDS = ("AgentRun", "Reconciliation", "Approval", "Pod")
-#: issue 46's moves, by name (``Options.moves``).
+#: issue 46's moves, by name (``Options.moves``; all of them: ``Options.every``).
 MOVES = ("copy", "reorder", "recreate", "service-account", "definition")
+#: Moves made only when named (``--moves delete``): an Approval deleted while the operators are
+#: down. Not among every move yet: drawn with them, it would move the stories of the seeds kept
+#: with every move on (tests/test_simulation.py) away from the windows they keep.
+NAMED_MOVES = ("delete",)
 RESYNC = 60.0
 #: The groups the API server puts a ServiceAccount in.
 SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:shop")
@@ -168,7 +174,7 @@ class Cluster:
         self.setting = setting
         self.world = world = setting.world
         self.books: Books = setting.planner.books
-        self.moves = tuple(m for m in MOVES if m in moves)
+        self.moves = tuple(m for m in (*MOVES, *NAMED_MOVES) if m in moves)
         self.api = SimApiServer(world, faulty=True)
         self.api.on_pod = self._pod_created
         self.api.on_pod_deleted = self._pod_deleted
@@ -372,7 +378,8 @@ class Cluster:
             return False
         old = current.get("spec") or {}
         status = current.get("status") or {}
-        refused = admitted(kind, old, spec, user, status=status)
+        deleting = bool(current["metadata"].get("deletionTimestamp"))
+        refused = admitted(kind, old, spec, user, status=status, deleting=deleting)
         if refused:
             self.world.say(f"{user.name} patches {name}: refused ({refused})")
             return False
@@ -489,6 +496,8 @@ class Cluster:
                 self._copy(body)
             elif which == "reorder":
                 self._reorder(body, state)
+            elif which == "delete":
+                self._delete_while_down(body, state)
             else:
                 self._as_service_account(body)
 
@@ -548,6 +557,45 @@ class Cluster:
         world.say(f"{CREATOR} approves {body['metadata']['name']} as {user.name}")
         if self._patch("Approval", body, spec, user):
             decision.accepted_at = world.now
+
+    def _delete_while_down(self, body: JSON, state: RunState | None) -> None:
+        """Someone the rule counts denies; at once the operators are down (a rollout), alice
+        deletes the Approval and tries to remove its finalizer (admission refuses: only the
+        operator removes it); an operator is back a moment later. The finalizer held the
+        Approval, and the operator records the deny before it goes (before the finalizer, the
+        deny went with it, and a fresh Approval's approval ran the WRITE)."""
+        world, name = self.world, body["metadata"]["name"]
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        action = str(spec.get("action", ""))
+        pending = (
+            None if state is None else next((p for p in state.pending if p.action == action), None)
+        )
+        fit = [p for p in PEOPLE if counts(p, None if pending is None else pending.rule, CREATOR)]
+        waiting = (body.get("status") or {}).get("phase") != "Settled"
+        if pending is not None and fit and waiting and spec.get("approved") is None:
+            by = fit[world.schedule.pick(len(fit))]
+            decision = self._booked_approval(spec, state, by, False)
+            spec["decisions"] = [
+                *(spec.get("decisions") or ()),
+                {"by": by, "groups": list(GROUPS[by]), "approved": False},
+            ]
+            if self._patch("Approval", body, spec, User(by, GROUPS[by])):
+                decision.accepted_at = world.now
+                world.say(f"{by} adds to {name}'s decisions approved: False")
+        for operator in self.operators:
+            operator.stop()
+        world.say(f"the operators are down; {CREATOR} deletes {name}")
+        self.api.delete_object("Approval", self.setting.tenant, name)
+        held = self.api.get("Approval", self.setting.tenant, name)
+        if held is not None:
+            refused = finalizer_refusal(
+                held["metadata"].get("finalizers") or (), [], User(CREATOR, GROUPS[CREATOR])
+            )
+            world.say(f"{CREATOR} removes {name}'s finalizer: refused ({refused})")
+        world.at(world.schedule.between(1.0, 30.0), "an operator is back", self._back)
+
+    def _back(self) -> None:
+        self._operator()
 
     def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:
         action = str((body.get("spec") or {}).get("action", ""))
