@@ -475,7 +475,7 @@ def test_one_person_cannot_fill_an_actions_decisions(stores: Stores, tmp_path: P
         for _ in range(8):
             loop.approve("shop", "restock", "2:0", approved=True, by="alice")
             now[0] += 2
-        with pytest.raises(SettleError, match="has 8 decisions of alice: no more are taken"):
+        with pytest.raises(SettleError, match="has 8 approvals of alice: no more are taken"):
             loop.approve("shop", "restock", "2:0", approved=True, by="alice")
         loop.approve("shop", "restock", "2:0", approved=True, by="bob")
         loop.approve("shop", "restock", "2:0", approved=True, by="carol")

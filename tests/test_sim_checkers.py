@@ -543,7 +543,7 @@ def test_admission_refuses_the_rest_of_what_the_chart_refuses() -> None:
     assert "denied it already" in admitted("Approval", {**BASE, "decisions": denied}, again, BOB)
     eight = [{"by": "bob", "approved": True, "id": str(i)} for i in range(8)]
     ninth = {**BASE, "decisions": [*eight, {"by": "bob", "approved": True}]}
-    assert "8 decisions" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
+    assert "8 approvals" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
 
 
 def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:

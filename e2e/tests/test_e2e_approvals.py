@@ -511,7 +511,7 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     for _ in range(8):
         assert _add(kubectl, "alice", name, {"by": "alice", "approved": True})[0] == 0
     code, said = _add(kubectl, "alice", name, {"by": "alice", "approved": True})
-    assert code != 0 and "alice has 8 decisions on it" in said, said
+    assert code != 0 and "alice has 8 approvals on it" in said, said
     assert _add(kubectl, "bob", name, {"by": "bob", "approved": False})[0] == 0
     last = written_at(admin.get(f"{path}/{name}"))
     time.sleep(1.5)  # a status write a second later is not a decision's
