@@ -26,7 +26,9 @@ from keelgate.kube.naming import action_object_name, earlier_object_name
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
+from support.argocd import run_health
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+from support.scripts import ROOT
 
 APPROVE = action_object_name("restock", "1:0", "place_order")
 #: The Approval of the same action asked afresh (round 2), once every approval on APPROVE expired.
@@ -517,3 +519,27 @@ def test_an_approval_made_before_an_upgrade_is_kept_and_its_decisions_count(
     assert kube.status("restock")["phase"] == "Succeeded"
     assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
     assert len(operator_tools.ORDERS) == 1
+
+
+def test_argo_cd_shows_an_approval_asked_afresh_as_done_and_names_the_new_one(
+    tmp_path: Any,
+) -> None:
+    """Argo CD's health of the Approvals (deploy/argocd's health.lua) over the operator's own
+    objects: the expired round's is Healthy and names the round's Approval, which is Suspended
+    waiting for people; the run keeps waiting on the new one only."""
+    lua = ROOT / "deploy" / "argocd" / "keelgate.dev" / "Approval"
+    script = (lua / "health.lua").read_text()
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            expired_round_1(kube, now)
+            old = run_health(script, kube.api.get("Approval", NAMESPACE, APPROVE))
+            assert old == {
+                "status": "Healthy",
+                "message": f"Expired: place_order (1:0) of run restock is asked afresh as "
+                f"approval {ROUND_2} (no approval on this one counts)",
+            }
+            fresh = run_health(script, kube.api.get("Approval", NAMESPACE, ROUND_2))
+            assert fresh["status"] == "Suspended" and "0 of 2" in fresh["message"]
+        finally:
+            kube.close()

@@ -86,6 +86,18 @@ def action_object_name(run: str, action: str, tool: str, *, round: int = 1) -> s
     return f"{_fit(earlier_object_name(run, action, tool), _MAX_NAME - len(tail))}{tail}"
 
 
+def round_named(name: str, run: str, action: str, tool: str) -> int:
+    """The round an Approval named ``name`` asks in for ``run``'s ``action`` of ``tool``: ``k``
+    when ``name`` is the one ``action_object_name`` gives round ``k`` (k > 1), else 1 (the first
+    round's name, an earlier release's, or any other). Names cannot change, so nobody can move
+    an object to another round."""
+    head, _, number = name.rpartition("-r")
+    if not head or not number.isascii() or not number.isdigit() or number.startswith("0"):
+        return 1
+    found = int(number)
+    return found if found > 1 and action_object_name(run, action, tool, round=found) == name else 1
+
+
 def label_value(text: str) -> str:
     """A label value for a name (label values are at most 63 characters)."""
     return _fit(text, _MAX_LABEL)

@@ -125,7 +125,9 @@ def _run_notifications(body: Mapping[str, Any]) -> list[Notification]:
     ] + [
         {
             "kind": "Approval",
-            "name": action_object_name(name, str(p.get("action")), str(p.get("tool"))),
+            "name": action_object_name(
+                name, str(p.get("action")), str(p.get("tool")), round=int(p.get("round") or 1)
+            ),
             "action": p.get("action"),
             "tool": p.get("tool"),
         }

@@ -51,7 +51,7 @@ from keelgate.kube.controller.refusals import (
     warn,
     with_generation,
 )
-from keelgate.kube.naming import action_object_name
+from keelgate.kube.naming import action_object_name, round_named
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
@@ -136,18 +136,10 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
 
 
 def round_of_object(body: Mapping[str, Any]) -> int:
-    """The round an Approval asks in, as its name says: ``k`` when its name is the one
-    ``action_object_name`` gives round ``k`` of its run, action and tool (names cannot change,
-    so nobody can move an object to another round), else 1 (the first round's name, an earlier
-    release's, or any other)."""
+    """The round an Approval asks in, as its name says (``naming.round_named``)."""
     meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-    name = str(meta.get("name") or "")
-    head, _, number = name.rpartition("-r")
-    if not head or not number.isascii() or not number.isdigit() or number.startswith("0"):
-        return 1
     run, action, tool = (str(spec.get(k) or "") for k in ("runName", "action", "tool"))
-    found = int(number)
-    return found if found > 1 and action_object_name(run, action, tool, round=found) == name else 1
+    return round_named(str(meta.get("name") or ""), run, action, tool)
 
 
 def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set[str]:
