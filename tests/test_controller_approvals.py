@@ -254,8 +254,8 @@ def test_an_object_pointed_at_another_call_counts_for_nothing(kube: Operator) ->
 
 
 def asked_afresh(kube: Operator) -> None:
-    """The old round's Approval settled as expired, naming the new one, which the run's
-    reconcile has made Pending (0 of 2) and the run's status names."""
+    """The old round's Approval settled as expired, naming the new one (a look again writes
+    nothing), which the run's reconcile has made Pending (0 of 2) and the run's status names."""
     status = shown(kube)
     assert (status["phase"], status["verdict"], status["askedAgainAs"]) == (
         "Settled",
@@ -263,6 +263,9 @@ def asked_afresh(kube: Operator) -> None:
         ROUND_2,
     )
     assert "asked afresh as approval" in status["message"]
+    version = kube.api.get("Approval", NAMESPACE, APPROVE)["metadata"]["resourceVersion"]
+    kube.reconcile(APPROVE, kind="Approval")  # looked at again: nothing new, nothing written
+    assert kube.api.get("Approval", NAMESPACE, APPROVE)["metadata"]["resourceVersion"] == version
     kube.reconcile("restock")
     fresh = kube.api.get("Approval", NAMESPACE, ROUND_2)
     assert fresh is not None and fresh["metadata"]["labels"]["keelgate.dev/round"] == "2"

@@ -403,9 +403,8 @@ class ApprovalReconciler:
             body,
         )
         status["settledAt"] = old.get("settledAt") if old.get("verdict") == "expired" else stamp
-        keys = (*_SHOWN, "askedAgainAs", "round", "conditions", "settledAt")
-        if all(old.get(k) == status.get(k) for k in keys):
-            return REST
+        if all(old.get(k) == v for k, v in status.items()):
+            return REST  # shown already: a look that finds nothing new writes nothing
         if old.get("verdict") == "expired" and said != old.get("message"):
             # Something was added to it since it was settled as expired: told once.
             warn(context, body, run_name, "NotCounted", said)
