@@ -23,6 +23,7 @@ from keelgate.core.loop import Loop
 from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.naming import action_object_name, earlier_object_name
+from keelgate.kube.notifications import notifications_of
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
@@ -524,12 +525,13 @@ def test_an_approval_made_before_an_upgrade_is_kept_and_its_decisions_count(
     assert len(operator_tools.ORDERS) == 1
 
 
-def test_argo_cd_shows_an_approval_asked_afresh_as_done_and_names_the_new_one(
+def test_argo_cd_and_notifications_show_an_approval_asked_afresh_as_done_and_the_new_one(
     tmp_path: Any,
 ) -> None:
     """Argo CD's health of the Approvals (deploy/argocd's health.lua) over the operator's own
     objects: the expired round's is Healthy and names the round's Approval, which is Suspended
-    waiting for people; the run keeps waiting on the new one only."""
+    waiting for people. The notifications derived from them: the expired one tells no decision
+    (nobody denied it), the new one is a request of its own."""
     lua = ROOT / "deploy" / "argocd" / "keelgate.dev" / "Approval"
     script = (lua / "health.lua").read_text()
     with wall_clock_at(1_900_000_000.0) as now:
@@ -544,5 +546,13 @@ def test_argo_cd_shows_an_approval_asked_afresh_as_done_and_names_the_new_one(
             }
             fresh = run_health(script, kube.api.get("Approval", NAMESPACE, ROUND_2))
             assert fresh["status"] == "Suspended" and "0 of 2" in fresh["message"]
+            # Nobody decided the expired one: its notifications ask, never tell a decision;
+            # the new one asks afresh, under its own name.
+            old_told = notifications_of("Approval", kube.api.get("Approval", NAMESPACE, APPROVE))
+            assert [n.type for n in old_told] == [types.APPROVAL_REQUESTED]
+            new_told = notifications_of("Approval", kube.api.get("Approval", NAMESPACE, ROUND_2))
+            assert [(n.type, n.subject) for n in new_told] == [
+                (types.APPROVAL_REQUESTED, f"approvals/{ROUND_2}")
+            ]
         finally:
             kube.close()

@@ -223,6 +223,10 @@ def _decision_notifications(kind: str, body: Mapping[str, Any]) -> list[Notifica
             else (types.APPROVAL_REQUESTED)
         )
         found.append(notification(requested, created, SERVER_CLOCK, base, "requested"))
+    if settled and status.get("verdict") == "expired":
+        # Nobody decided: its approvals stopped counting (told as approval.expired when they
+        # did), and the action is asked afresh on the round's Approval, whose own request is.
+        return found
     if settled:
         verdict, by = str(status.get("verdict") or ""), str(status.get("settledBy") or "")
         at = _seconds(status.get("settledAt")) or created
