@@ -276,6 +276,9 @@ def asked_afresh(kube: Operator) -> None:
     )
     (pending,) = kube.status("restock")["pendingApprovals"]
     assert pending["round"] == 2
+    assert any(
+        "is asked afresh, round 2" in m and ROUND_2 in m for m in told(kube, "AwaitingApproval")
+    )
 
 
 def test_an_approval_that_expires_while_waiting_is_shown_told_and_asked_afresh(
