@@ -656,6 +656,8 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("approval", "status.settledBy", 5, "status.settledBy", "must be a string"),
     ("approval", "status.settledAt", "now", "status.settledAt", "RFC 3339"),
     ("approval", "status.message", 5, "status.message", "must be a string"),
+    ("approval", "status.round", -1, "status.round", "must be at least 0"),
+    ("approval", "status.askedAgainAs", 5, "status.askedAgainAs", "must be a string"),
 ]
 # Reconciliations and Approvals carry the same conditions as an AgentRun (refusals shown there).
 CASES += [
