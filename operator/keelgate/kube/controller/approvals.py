@@ -10,8 +10,7 @@ says so, for the call whose idempotency key the object names), once (each entry 
 approval stops counting, or Settled approved or denied. The store decides, never the object: a
 decision already recorded elsewhere (``keelgate approve``) is shown too, and an entry the loop
 refuses is shown and tried again later. An action asked again (its approvals expired before the
-call ran) makes a Settled Approval Pending again; its old decisions stay in the object and the
-store.
+call ran) is asked afresh in a new round (below): no approval of the old one counts.
 
 Rounds: once no decision on the Approval can count any more (every approval on it expired or
 was made on an earlier definition, nobody denied, the action still waits), or it holds as many
