@@ -559,3 +559,31 @@ def test_argo_cd_and_notifications_show_an_approval_asked_afresh_as_done_and_the
             ]
         finally:
             kube.close()
+
+
+def test_an_approval_holding_all_the_entries_it_takes_is_asked_afresh(kube: Operator) -> None:
+    """64 people outside the rule's groups fill the Approval (where admission lets them): none
+    counts, and nobody could add a decision that would. The action is asked afresh on a round-2
+    Approval with room, where bob and carol approve and one order goes out."""
+    made = waiting(kube, RULE)
+    outsiders = [{"by": f"p{i}", "groups": [], "approved": True} for i in range(64)]
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": outsiders})
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["verdict"], status["askedAgainAs"]) == ("expired", ROUND_2)
+    (event,) = [
+        e
+        for e in Loop(stores=kube.stores).audit(NAMESPACE, "restock")
+        if e.type == "loop.asked_again"
+    ]
+    assert event.data["why"] == "full"
+    kube.reconcile("restock")
+    assert (
+        made["metadata"]["uid"] != kube.api.get("Approval", NAMESPACE, ROUND_2)["metadata"]["uid"]
+    )
+    add(kube, "bob", name=ROUND_2)
+    add(kube, "carol", name=ROUND_2)
+    kube.reconcile(ROUND_2, kind="Approval")
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1

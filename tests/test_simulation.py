@@ -212,13 +212,14 @@ def test_the_seeds_found_with_every_move_keep_every_promise(
 
 
 #: Seeds that broke ``unapproved`` (and one ``waiting``) in operator mode with every move on,
-#: where the product was at fault (docs/simulation.md), kept as regression tests. 1705127678694406672 meets its
-#: window again: bob's deny lands as alice deletes and re-creates her run, the watch event
-#: comes late, and the garbage collector takes the Approval before the operator reads it (its
-#: last body's deny is now recorded). The other two met the same deletion (18143148156458450479)
-#: and a deny made just before a tool's edit (7891466930517160157: the deny was refused as made
-#: on the earlier definition); with the fixes, decisions on Approvals deleted earlier in their
-#: stories are recorded too, so their stories part sooner, still through the re-creation.
+#: where the product was at fault (docs/simulation.md), kept as regression tests.
+#: 1705127678694406672 meets its window again: bob's deny lands as alice deletes and
+#: re-creates her run, the watch event comes late, and the garbage collector takes the Approval
+#: before the operator reads it (its last body's deny is now recorded). The other two met the
+#: same deletion (18143148156458450479) and a deny made just before a tool's edit
+#: (7891466930517160157: the deny was refused as made on the earlier definition); with the
+#: fixes, decisions on Approvals deleted earlier in their stories are recorded too, so their
+#: stories part sooner, still through the re-creation.
 FOUND_IN_OPERATOR_MODE = (
     (
         "a deny on an Approval garbage-collected before the operator read it",
