@@ -470,8 +470,9 @@ def test_a_step_image_edited_after_the_approvals_voids_them_and_nothing_is_sent(
     """A Python tool's code is its step image's: bob and carol approve ``place_order`` run from
     ``shop:v1`` (2 of 2); alice points ``spec.step.image`` at ``shop:v2`` (another image may
     hold other code under the same callable's name) before the step runs. The operator's step
-    places nothing: the Approval is Pending again (0 of 2) for the call as it is now, and the
-    chain says ``python.image`` changed and whose approvals it voided. An edit that leaves the
+    places nothing: no approval on the Approval can count any more, so it is settled as
+    expired and a new one (round 2) asks (0 of 2) for the call as it is now, and the chain says
+    ``python.image`` changed and whose approvals it voided. An edit that leaves the
     image alone (a longer budget) keeps the approvals. Approved again, one order is placed."""
     approval = action_object_name("restock", "1:0", "place_order")
     payments = ["payments", "system:authenticated"]
@@ -507,13 +508,16 @@ def test_a_step_image_edited_after_the_approvals_voids_them_and_nothing_is_sent(
         kube.drive("restock")
         kube.reconcile(approval, kind="Approval")
         assert operator_tools.ORDERS == [], "an approved call ran from another image, unapproved"
+        # Nothing on it can count any more: it is settled as expired, and asked afresh.
+        old = status()
+        assert (old["phase"], old["verdict"]) == ("Settled", "expired")
+        assert "made on an earlier definition of the tool" in old["message"]
+        approval = old["askedAgainAs"]
+        assert approval == action_object_name("restock", "1:0", "place_order", round=2)
+        kube.reconcile("restock")
         again = status()
         assert (again["phase"], again["progress"]) == ("Pending", "0 of 2")
         assert again["definition"] != approved["definition"]
-        assert (
-            "asked again: the tool was changed after the approval of bob, carol"
-            in (again["message"])
-        )
         (changed,) = [
             e
             for e in Loop(stores=kube.stores).audit(NAMESPACE, "restock")

@@ -33,7 +33,7 @@ from keelgate.kube.controller.approvals import entries, written_at
 from keelgate.kube.naming import action_object_name
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
-from test_controller_approvals import settled
+from test_controller_approvals import ROUND_2, settled
 
 APPROVE = action_object_name("restock", "1:0", "place_order")
 PAYMENTS = ["payments", "system:authenticated"]
@@ -53,16 +53,18 @@ def waiting(kube: Operator, rule: dict[str, Any]) -> dict[str, Any]:
     return made
 
 
-def add(kube: Operator, entry: dict[str, Any], *, stamp: bool = True) -> dict[str, Any]:
-    """A person appends ``entry`` as admission admits it: stamped with the version of the
-    object it was added to (the mutating policy), unless ``stamp`` is false (a cluster without
-    it). Returns the entry."""
-    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+def add(
+    kube: Operator, entry: dict[str, Any], *, stamp: bool = True, name: str = APPROVE
+) -> dict[str, Any]:
+    """A person appends ``entry`` to the Approval ``name`` as admission admits it: stamped with
+    the version of the object it was added to (the mutating policy), unless ``stamp`` is false
+    (a cluster without it). Returns the entry."""
+    body = kube.api.get("Approval", NAMESPACE, name)
     assert body is not None
     if stamp:
         entry = {**entry, "id": str(body["metadata"]["resourceVersion"])}
     decisions = [*body["spec"].get("decisions", []), entry]
-    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": decisions})
+    kube.api.patch_spec("Approval", NAMESPACE, name, {"decisions": decisions})
     return entry
 
 
@@ -91,8 +93,8 @@ def recreated(kube: Operator) -> dict[str, Any]:
     return made
 
 
-def shown(kube: Operator) -> dict[str, Any]:
-    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+def shown(kube: Operator, name: str = APPROVE) -> dict[str, Any]:
+    body = kube.api.get("Approval", NAMESPACE, name)
     assert body is not None
     return dict(body["status"])
 
@@ -240,8 +242,8 @@ def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_see
             waiting(kube, {"required": 2, "expiresAfter": "1m"})
             add(kube, {"by": "bob", "groups": [], "approved": True})
 
-            def written(seconds: float) -> None:
-                stored = kube.api.objects[("Approval", NAMESPACE, APPROVE)]
+            def written(seconds: float, name: str = APPROVE) -> None:
+                stored = kube.api.objects[("Approval", NAMESPACE, name)]
                 moment = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 later = dt.datetime.fromtimestamp(now[0], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 stored["metadata"]["managedFields"] = [
@@ -261,12 +263,14 @@ def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_see
             ).strftime("%Y-%m-%dT%H:%M:%SZ")
             now[0] += 11
             kube.reconcile(APPROVE, kind="Approval")
-            assert (shown(kube)["progress"], shown(kube)["approvedBy"]) == ("0 of 2", [])
+            # Nothing on it counts any more: asked afresh (round 2), on a new Approval.
+            assert (shown(kube)["verdict"], shown(kube)["askedAgainAs"]) == ("expired", ROUND_2)
+            kube.reconcile("restock")
 
-            add(kube, {"by": "carol", "groups": [], "approved": True})
-            written(now[0] + 3600)
-            kube.reconcile(APPROVE, kind="Approval")
-            assert shown(kube)["expiresAt"] == dt.datetime.fromtimestamp(
+            add(kube, {"by": "carol", "groups": [], "approved": True}, name=ROUND_2)
+            written(now[0] + 3600, ROUND_2)
+            kube.reconcile(ROUND_2, kind="Approval")
+            assert shown(kube, ROUND_2)["expiresAt"] == dt.datetime.fromtimestamp(
                 now[0] + 60, dt.UTC
             ).strftime("%Y-%m-%dT%H:%M:%SZ")
         finally:

@@ -475,12 +475,71 @@ def test_one_person_cannot_fill_an_actions_decisions(stores: Stores, tmp_path: P
         for _ in range(8):
             loop.approve("shop", "restock", "2:0", approved=True, by="alice")
             now[0] += 2
-        with pytest.raises(SettleError, match="has 8 decisions of alice: no more are taken"):
+        with pytest.raises(SettleError, match="has 8 approvals of alice: no more are taken"):
             loop.approve("shop", "restock", "2:0", approved=True, by="alice")
         loop.approve("shop", "restock", "2:0", approved=True, by="bob")
         loop.approve("shop", "restock", "2:0", approved=True, by="carol")
         assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
     assert list(world.effects().values()) == [1]
+
+
+def test_a_person_at_the_cap_may_still_deny(stores: Stores, tmp_path: Path) -> None:
+    """The cap is on approvals: alice, with 8 approvals on the action (no more taken of her),
+    may still deny it, and the deny stops it."""
+    world = world_with(tmp_path, ApprovalRule(required=3, expires_after=10.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        for _ in range(8):
+            loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+            now[0] += 11
+        loop.approve("shop", "restock", "2:0", approved=False, by="alice", note="wrong sku")
+        assert [d.approved for d in loop.state("shop", "restock").approvals["2:0"]][-1] is False
+        loop.run_or_resume(spec())
+    assert world.effects() == {}
+
+
+def test_a_round_is_asked_afresh_only_once_nothing_in_it_can_count(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """ask_again changes nothing while an approval counts, after a deny, or for a round the
+    run is no longer in; once every approval of round 1 expired it starts round 2: the round's
+    decisions leave the checkpoint (each person has all their room again), the question names
+    round 2, loop.asked_again is on the chain, and only round 2's approvals run the call."""
+    world = world_with(tmp_path, ApprovalRule(required=2, expires_after=60.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        before = loop.state("shop", "restock")
+        assert loop.ask_again("shop", "restock", "2:0", round=1) == before  # alice counts
+        now[0] += 61
+        asked = loop.ask_again("shop", "restock", "2:0", round=1)
+        assert asked.round_of("2:0") == 2 and asked.approvals["2:0"] == ()
+        (pending,) = asked.pending
+        assert (pending.round, pending.approvals) == (2, 0)
+        assert loop.ask_again("shop", "restock", "2:0", round=1).seq == asked.seq  # done
+        (event,) = only(stores.audit.events("shop", "restock"), "loop.asked_again")
+        assert event.data["round"] == 2 and event.data["approvedBefore"] == ["alice"]
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        loop.approve("shop", "restock", "2:0", approved=True, by="bob")
+        keys = [e.key for e in stores.audit.events("shop", "restock") if e.type == "loop.approved"]
+        assert len(set(keys)) == 3  # round 2's first decision is not taken for round 1's
+        assert loop.run_or_resume(spec()).stop.reason is StopReason.GOAL_MET
+    assert list(world.effects().values()) == [1]
+
+
+def test_a_round_with_a_deny_is_never_asked_afresh(stores: Stores, tmp_path: Path) -> None:
+    """bob denies after alice's approval expired: nothing can start a new round (a no is
+    never dropped with its round), and the call never runs."""
+    world = world_with(tmp_path, ApprovalRule(required=2, expires_after=60.0))
+    with wall_clock_at(1_900_000_000.0) as now:
+        loop = waiting(stores, world)
+        loop.approve("shop", "restock", "2:0", approved=True, by="alice")
+        now[0] += 61
+        loop.approve("shop", "restock", "2:0", approved=False, by="bob")
+        denied = loop.state("shop", "restock")
+        assert loop.ask_again("shop", "restock", "2:0", round=1, why="full") == denied
+        loop.run_or_resume(spec())
+    assert world.effects() == {}
 
 
 def test_the_judge_says_why_a_decision_cannot_count() -> None:

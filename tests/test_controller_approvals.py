@@ -23,12 +23,17 @@ from keelgate.core.loop import Loop
 from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.naming import action_object_name, earlier_object_name
+from keelgate.kube.notifications import notifications_of
 from keelgate.manifest import notifications as types
 from keelgate.manifest.notifications import NotifySettings, Sink
 from support import operator_tools
+from support.argocd import run_health
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec
+from support.scripts import ROOT
 
 APPROVE = action_object_name("restock", "1:0", "place_order")
+#: The Approval of the same action asked afresh (round 2), once every approval on APPROVE expired.
+ROUND_2 = action_object_name("restock", "1:0", "place_order", round=2)
 PAYMENTS = ["payments", "system:authenticated"]
 RULE = {"required": 2, "groups": ["payments"], "notCreator": True}
 CREATED_BY = "keelgate.dev/created-by"
@@ -54,18 +59,25 @@ def waiting(kube: Operator, rule: dict[str, Any], *, creator: str = "alice") -> 
     return made
 
 
-def add(kube: Operator, by: str, approved: bool = True, groups: list[str] | None = None) -> None:
-    """A person appends their decision to the Approval (as admission lets them: their own name
-    and groups)."""
-    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+def add(
+    kube: Operator,
+    by: str,
+    approved: bool = True,
+    groups: list[str] | None = None,
+    *,
+    name: str = APPROVE,
+) -> None:
+    """A person appends their decision to the Approval ``name`` (as admission lets them: their
+    own name and groups)."""
+    body = kube.api.get("Approval", NAMESPACE, name)
     assert body is not None
     entry = {"by": by, "groups": PAYMENTS if groups is None else groups, "approved": approved}
     decisions = [*body["spec"].get("decisions", []), entry]
-    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": decisions})
+    kube.api.patch_spec("Approval", NAMESPACE, name, {"decisions": decisions})
 
 
-def shown(kube: Operator) -> dict[str, Any]:
-    body = kube.api.get("Approval", NAMESPACE, APPROVE)
+def shown(kube: Operator, name: str = APPROVE) -> dict[str, Any]:
+    body = kube.api.get("Approval", NAMESPACE, name)
     assert body is not None
     return dict(body["status"])
 
@@ -243,12 +255,40 @@ def test_an_object_pointed_at_another_call_counts_for_nothing(kube: Operator) ->
     assert Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals == {}
 
 
-def test_an_approval_that_expires_while_waiting_is_shown_told_and_given_again(
+def asked_afresh(kube: Operator) -> None:
+    """The old round's Approval settled as expired, naming the new one (a look again writes
+    nothing), which the run's reconcile has made Pending (0 of 2) and the run's status names."""
+    status = shown(kube)
+    assert (status["phase"], status["verdict"], status["askedAgainAs"]) == (
+        "Settled",
+        "expired",
+        ROUND_2,
+    )
+    assert "asked afresh as approval" in status["message"]
+    version = kube.api.get("Approval", NAMESPACE, APPROVE)["metadata"]["resourceVersion"]
+    kube.reconcile(APPROVE, kind="Approval")  # looked at again: nothing new, nothing written
+    assert kube.api.get("Approval", NAMESPACE, APPROVE)["metadata"]["resourceVersion"] == version
+    kube.reconcile("restock")
+    fresh = kube.api.get("Approval", NAMESPACE, ROUND_2)
+    assert fresh is not None and fresh["metadata"]["labels"]["keelgate.dev/round"] == "2"
+    assert (shown(kube, ROUND_2)["phase"], shown(kube, ROUND_2)["progress"]) == (
+        "Pending",
+        "0 of 2",
+    )
+    (pending,) = kube.status("restock")["pendingApprovals"]
+    assert pending["round"] == 2
+    assert any(
+        "is asked afresh, round 2" in m and ROUND_2 in m for m in told(kube, "AwaitingApproval")
+    )
+
+
+def test_an_approval_that_expires_while_waiting_is_shown_told_and_asked_afresh(
     tmp_path: Any,
 ) -> None:
     """expiresAfter 1m: bob approves; the Approval says when his approval stops counting and
-    asks to be looked at then; a minute later it shows 0 of 2 and ApprovalExpired is told; bob
-    approves again (a second entry of his), carol too, and the order goes out once."""
+    asks to be looked at then; a minute later nothing on it can count: ApprovalExpired is told,
+    it is settled as expired and the action is asked afresh on a new Approval (round 2); bob
+    approves again there, carol too, and the order goes out once."""
     with wall_clock_at(1_900_000_000.0) as now:
         kube = Operator(tmp_path, clock=lambda: now[0])
         try:
@@ -259,33 +299,31 @@ def test_an_approval_that_expires_while_waiting_is_shown_told_and_given_again(
             assert shown(kube)["expiresAt"] == "2030-03-17T17:47:40Z"
             now[0] += 90
             kube.reconcile(APPROVE, kind="Approval")
-            status = shown(kube)
-            assert (status["progress"], status["approvedBy"], status["expiresAt"]) == (
-                "0 of 2",
-                [],
-                "",
-            )
             assert told(kube, "ApprovalExpired") == [
                 f"place_order (1:0): the approval of bob expired (0 of 2 count now): "
                 f"approval {APPROVE}"
             ]
-            add(kube, "bob", groups=[])
-            add(kube, "carol", groups=[])
-            kube.reconcile(APPROVE, kind="Approval")
-            assert shown(kube)["phase"] == "Settled"
+            asked_afresh(kube)
+            add(kube, "bob", groups=[], name=ROUND_2)
+            add(kube, "carol", groups=[], name=ROUND_2)
+            kube.reconcile(ROUND_2, kind="Approval")
+            assert shown(kube, ROUND_2)["phase"] == "Settled"
             kube.drive("restock")
             assert kube.status("restock")["phase"] == "Succeeded"
             assert len(operator_tools.ORDERS) == 1
+            events = Loop(stores=kube.stores).audit("shop" if False else NAMESPACE, "restock")
+            assert [e.data["round"] for e in events if e.type == "loop.asked_again"] == [2]
         finally:
             kube.close()
 
 
-def test_approvals_too_old_when_the_step_runs_make_a_settled_approval_pending_again(
+def test_approvals_too_old_when_the_step_runs_ask_afresh_on_a_new_approval(
     tmp_path: Any,
 ) -> None:
     """Both approve (Settled), but the step pod runs two minutes later, past expiresAfter: the
-    run stops awaiting approval again, the Approval turns Pending (0 of 2; "asked again" and
-    ApprovalExpired told), its old decisions stay; approved afresh, the order goes out once."""
+    run stops awaiting approval again, nothing on the Approval can count any more, so it is
+    settled as expired and the action asked afresh (round 2, ApprovalExpired told); approved
+    there, the order goes out once, and only the new round's decisions are on the checkpoint."""
     with wall_clock_at(1_900_000_000.0) as now:
         kube = Operator(tmp_path, clock=lambda: now[0])
         try:
@@ -298,25 +336,114 @@ def test_approvals_too_old_when_the_step_runs_make_a_settled_approval_pending_ag
             assert kube.drive("restock") == [3]
             assert operator_tools.ORDERS == []
             kube.reconcile(APPROVE, kind="Approval")
-            status = shown(kube)
-            assert (status["phase"], status["progress"], status["verdict"]) == (
-                "Pending",
-                "0 of 2",
-                "",
-            )
-            assert any("is asked again" in m for m in told(kube, "AwaitingApproval"))
             assert told(kube, "ApprovalExpired") == [
                 f"place_order (1:0): the approval of bob, carol expired (0 of 2 count now): "
                 f"approval {APPROVE}"
             ]
-            add(kube, "bob", groups=[])
-            add(kube, "carol", groups=[])
-            kube.reconcile(APPROVE, kind="Approval")
+            asked_afresh(kube)
+            add(kube, "bob", groups=[], name=ROUND_2)
+            add(kube, "carol", groups=[], name=ROUND_2)
+            kube.reconcile(ROUND_2, kind="Approval")
             kube.drive("restock")
             assert kube.status("restock")["phase"] == "Succeeded"
             assert len(operator_tools.ORDERS) == 1
             decisions = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"]
-            assert [d.by for d in decisions] == ["bob", "carol", "bob", "carol"]
+            assert [d.by for d in decisions] == ["bob", "carol"]
+            assert all(
+                d.ref.startswith(kube.api.get("Approval", NAMESPACE, ROUND_2)["metadata"]["uid"])
+                for d in decisions
+            )
+        finally:
+            kube.close()
+
+
+def expired_round_1(kube: Operator, now: list[float]) -> None:
+    """Rule 2 of 2, expiresAfter 1m: bob approved on round 1, it expired, round 2 is asked."""
+    waiting(kube, {"required": 2, "expiresAfter": "1m"})
+    add(kube, "bob", groups=[])
+    kube.reconcile(APPROVE, kind="Approval")
+    now[0] += 90
+    kube.reconcile(APPROVE, kind="Approval")
+    asked_afresh(kube)
+
+
+def test_an_approval_added_to_the_old_round_never_counts_and_is_told(tmp_path: Any) -> None:
+    """Insider moves on an expired round: alice appends a copy of bob's old approval to the
+    round-1 Approval, and carol approves there too (admission would refuse both; without it
+    they land): neither is recorded, the old object says who was not counted and why, once in
+    a Warning; on round 2 carol's own approval is 1 of 2 and the order does not go out."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            expired_round_1(kube, now)
+            body = kube.api.get("Approval", NAMESPACE, APPROVE)
+            copy = dict(body["spec"]["decisions"][0])
+            kube.api.patch_spec(
+                "Approval", NAMESPACE, APPROVE, {"decisions": [*body["spec"]["decisions"], copy]}
+            )
+            add(kube, "carol", groups=[])
+            kube.reconcile(APPROVE, kind="Approval")
+            state = Loop(stores=kube.stores).state(NAMESPACE, "restock")
+            assert state.approvals["1:0"] == ()
+            status = shown(kube)
+            assert status["verdict"] == "expired"
+            assert "approvals on it count no more (bob, carol)" in status["message"]
+            assert len(told(kube, "NotCounted")) == 1
+            add(kube, "carol", groups=[], name=ROUND_2)
+            kube.reconcile(ROUND_2, kind="Approval")
+            assert shown(kube, ROUND_2)["progress"] == "1 of 2"
+            kube.drive("restock")
+            assert operator_tools.ORDERS == []
+        finally:
+            kube.close()
+
+
+def test_a_deny_added_to_the_old_round_still_denies(tmp_path: Any) -> None:
+    """bob denies on the round-1 Approval after round 2 was asked (in the moment before its
+    status said expired, or where admission is not installed): the deny is recorded and
+    denies; round 2 shows Settled denied, carol's approval there counts for nothing, and the
+    order never goes out. The same from a deleted round-1 object's last body."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            expired_round_1(kube, now)
+            add(kube, "bob", approved=False, groups=[])
+            kube.reconcile(APPROVE, kind="Approval")
+            assert "the deny of bob added here is recorded" in shown(kube)["message"]
+            kube.reconcile("restock")
+            kube.reconcile(ROUND_2, kind="Approval")
+            assert settled(kube) == ("Settled", "expired", "")
+            status = shown(kube, ROUND_2)
+            assert (status["phase"], status["verdict"], status["settledBy"]) == (
+                "Settled",
+                "denied",
+                "bob",
+            )
+            kube.drive("restock")
+            assert operator_tools.ORDERS == []
+        finally:
+            kube.close()
+
+
+def test_a_round_not_asked_yet_records_nothing(tmp_path: Any) -> None:
+    """alice makes the round-2 Approval herself while round 1 still waits, and bob approves
+    on it: nothing on it is recorded (the run asks in round 1), it says so; round 1 is
+    decided as usual."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            made = waiting(kube, {"required": 2, "expiresAfter": "1m"})
+            early = {
+                **made,
+                "metadata": {"name": ROUND_2, "namespace": NAMESPACE},
+                "status": None,
+            }
+            early.pop("status")
+            kube.api.create_object("Approval", NAMESPACE, early)
+            add(kube, "bob", groups=[], name=ROUND_2)
+            kube.reconcile(ROUND_2, kind="Approval")
+            assert "round 2 of this action is not asked" in shown(kube, ROUND_2)["message"]
+            assert Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals == {}
         finally:
             kube.close()
 
@@ -345,6 +472,10 @@ def test_an_approval_that_expires_is_told_to_a_sink_once_as_a_cloudevent(tmp_pat
                 waiting(kube, {"required": 2, "expiresAfter": "1m"})
                 add(kube, "bob", groups=[])
                 kube.reconcile(APPROVE, kind="Approval")
+                # Read now: once it expires, its round is asked afresh and the checkpoint keeps
+                # the new round's decisions only (the chain keeps it).
+                state = Loop(stores=kube.stores).state(NAMESPACE, "restock")
+                (decision,) = state.approvals["1:0"]
                 now[0] += 90
                 for _ in range(3):
                     kube.reconcile(APPROVE, kind="Approval")
@@ -352,7 +483,6 @@ def test_an_approval_that_expires_is_told_to_a_sink_once_as_a_cloudevent(tmp_pat
                 time.sleep(0.3)
                 assert [g.type for g in receiver.accepted].count(types.APPROVAL_EXPIRED) == 1
                 (got,) = expired
-                decision = Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals["1:0"][0]
                 assert got.data["approvedBy"] == ["bob"]
                 assert got.data["approvedAt"] == decision.at
                 assert got.data["expiredAt"] == "2030-03-17T17:47:40Z"
@@ -396,4 +526,65 @@ def test_an_approval_made_before_an_upgrade_is_kept_and_its_decisions_count(
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
     assert [o["metadata"]["name"] for o in kube.api.of_kind("Approval")] == [earlier]
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_argo_cd_and_notifications_show_an_approval_asked_afresh_as_done_and_the_new_one(
+    tmp_path: Any,
+) -> None:
+    """Argo CD's health of the Approvals (deploy/argocd's health.lua) over the operator's own
+    objects: the expired round's is Healthy and names the round's Approval, which is Suspended
+    waiting for people. The notifications derived from them: the expired one tells no decision
+    (nobody denied it), the new one is a request of its own."""
+    lua = ROOT / "deploy" / "argocd" / "keelgate.dev" / "Approval"
+    script = (lua / "health.lua").read_text()
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            expired_round_1(kube, now)
+            old = run_health(script, kube.api.get("Approval", NAMESPACE, APPROVE))
+            assert old == {
+                "status": "Healthy",
+                "message": f"Expired: place_order (1:0) of run restock is asked afresh as "
+                f"approval {ROUND_2} (no approval on this one counts)",
+            }
+            fresh = run_health(script, kube.api.get("Approval", NAMESPACE, ROUND_2))
+            assert fresh["status"] == "Suspended" and "0 of 2" in fresh["message"]
+            # Nobody decided the expired one: its notifications ask, never tell a decision;
+            # the new one asks afresh, under its own name.
+            old_told = notifications_of("Approval", kube.api.get("Approval", NAMESPACE, APPROVE))
+            assert [n.type for n in old_told] == [types.APPROVAL_REQUESTED]
+            new_told = notifications_of("Approval", kube.api.get("Approval", NAMESPACE, ROUND_2))
+            assert [(n.type, n.subject) for n in new_told] == [
+                (types.APPROVAL_REQUESTED, f"approvals/{ROUND_2}")
+            ]
+        finally:
+            kube.close()
+
+
+def test_an_approval_holding_all_the_entries_it_takes_is_asked_afresh(kube: Operator) -> None:
+    """64 people outside the rule's groups fill the Approval (where admission lets them): none
+    counts, and nobody could add a decision that would. The action is asked afresh on a round-2
+    Approval with room, where bob and carol approve and one order goes out."""
+    made = waiting(kube, RULE)
+    outsiders = [{"by": f"p{i}", "groups": [], "approved": True} for i in range(64)]
+    kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"decisions": outsiders})
+    kube.reconcile(APPROVE, kind="Approval")
+    status = shown(kube)
+    assert (status["verdict"], status["askedAgainAs"]) == ("expired", ROUND_2)
+    (event,) = [
+        e
+        for e in Loop(stores=kube.stores).audit(NAMESPACE, "restock")
+        if e.type == "loop.asked_again"
+    ]
+    assert event.data["why"] == "full"
+    kube.reconcile("restock")
+    assert (
+        made["metadata"]["uid"] != kube.api.get("Approval", NAMESPACE, ROUND_2)["metadata"]["uid"]
+    )
+    add(kube, "bob", name=ROUND_2)
+    add(kube, "carol", name=ROUND_2)
+    kube.reconcile(ROUND_2, kind="Approval")
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded"
     assert len(operator_tools.ORDERS) == 1

@@ -27,6 +27,7 @@ from keelgate.cli.plugin.commands import APPROVAL, decide
 from keelgate.cli.plugin.listing import expires_in
 from keelgate.cli.plugin.target import Target, resolve
 from keelgate.errors import InputError, SettleError
+from keelgate.kube.naming import action_object_name
 from keelgate.kube.times import parse_time
 
 JSON = dict[str, Any]
@@ -509,6 +510,38 @@ def test_approve_and_deny_add_a_decision_of_your_own(
         "approval": "restock-2-place-order",
         "already": False,
     }
+
+
+def test_approve_decides_on_the_round_the_run_asks_in(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """An action asked afresh has two Approvals, the first settled as expired: approve adds to
+    the round the run's status names (round 2), and status names that Approval; while the
+    round's Approval is not there yet, the expired one is refused in one line naming where to
+    decide (exit 2), and nothing is patched."""
+    cluster.user = "bob@example.com"
+    second = action_object_name("restock", "2:0", "place_order", round=2)
+    expired = {
+        **decision("Approval", "restock", "2:0"),
+        "status": {"phase": "Settled", "verdict": "expired", "askedAgainAs": second},
+    }
+    cluster.runs["restock"] = run_body(
+        phase="Stopped",
+        stopReason="awaiting_approval",
+        pendingApprovals=[{"action": "2:0", "tool": "place_order", "round": 2}],
+    )
+    cluster.objects["Approval"] = [expired]
+    code, _, err = plugin(capsys, "approve", "restock", "2:0", "--approve")
+    assert code == 2 and f"is asked afresh on approval {second}" in one_line(err)
+    assert cluster.patches == []
+    fresh = decision("Approval", "restock", "2:0")
+    fresh["metadata"]["name"] = second
+    cluster.objects["Approval"] = [expired, fresh]
+    assert plugin(capsys, "approve", "restock", "2:0", "--approve")[0] == 0
+    ((_, name, _),) = cluster.patches
+    assert name == second
+    code, out, _ = plugin(capsys, "status", "restock", "-o", "json")
+    assert json.loads(out)["pendingApprovals"][0]["approval"] == second
 
 
 def test_a_user_who_may_not_patch_is_refused_in_one_line_and_nothing_is_patched(

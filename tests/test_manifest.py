@@ -652,10 +652,12 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("approval", "status.asks", 5, "status.asks", "must be a string"),
     ("approval", "status.decided", -2, "status.decided", "must be at least 0"),
     ("approval", "status.phase", "Approved", "status.phase", "Pending or Settled"),
-    ("approval", "status.verdict", "yes", "status.verdict", "approved or denied"),
+    ("approval", "status.verdict", "yes", "status.verdict", "approved, denied or expired"),
     ("approval", "status.settledBy", 5, "status.settledBy", "must be a string"),
     ("approval", "status.settledAt", "now", "status.settledAt", "RFC 3339"),
     ("approval", "status.message", 5, "status.message", "must be a string"),
+    ("approval", "status.round", -1, "status.round", "must be at least 0"),
+    ("approval", "status.askedAgainAs", 5, "status.askedAgainAs", "must be a string"),
 ]
 # Reconciliations and Approvals carry the same conditions as an AgentRun (refusals shown there).
 CASES += [

@@ -582,7 +582,7 @@ def test_admission_refuses_the_rest_of_what_the_chart_refuses() -> None:
     assert "denied it already" in admitted("Approval", {**BASE, "decisions": denied}, again, BOB)
     eight = [{"by": "bob", "approved": True, "id": str(i)} for i in range(8)]
     ninth = {**BASE, "decisions": [*eight, {"by": "bob", "approved": True}]}
-    assert "8 decisions" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
+    assert "8 approvals" in admitted("Approval", {**BASE, "decisions": eight}, ninth, BOB)
 
 
 def test_admission_keeps_an_approval_being_deleted_as_it_is_and_its_finalizer_the_operators() -> (

@@ -213,14 +213,15 @@ def test_the_seeds_found_with_every_move_keep_every_promise(
     )
 
 
-#: Seeds that broke ``unapproved`` in operator mode with every move on, where the product was
-#: at fault (docs/simulation.md), kept as regression tests. 1705127678694406672 meets its
-#: window again: bob's deny lands as alice deletes and re-creates her run, the watch event
-#: comes late, and the garbage collector takes the Approval before the operator reads it (its
-#: last body's deny is now recorded). The other two met the same deletion (18143148156458450479)
-#: and a deny made just before a tool's edit (7891466930517160157: the deny was refused as made
-#: on the earlier definition); with the fixes, decisions on Approvals deleted earlier in their
-#: stories are recorded too, so their stories part sooner, still through the re-creation.
+#: Seeds that broke ``unapproved`` (and one ``waiting``) in operator mode with every move on,
+#: where the product was at fault (docs/simulation.md), kept as regression tests.
+#: 1705127678694406672 meets its window again: bob's deny lands as alice deletes and
+#: re-creates her run, the watch event comes late, and the garbage collector takes the Approval
+#: before the operator reads it (its last body's deny is now recorded). The other two met the
+#: same deletion (18143148156458450479) and a deny made just before a tool's edit
+#: (7891466930517160157: the deny was refused as made on the earlier definition); with the
+#: fixes, decisions on Approvals deleted earlier in their stories are recorded too, so their
+#: stories part sooner, still through the re-creation.
 FOUND_IN_OPERATOR_MODE = (
     (
         "a deny on an Approval garbage-collected before the operator read it",
@@ -236,6 +237,22 @@ FOUND_IN_OPERATOR_MODE = (
         "a deny made just before a tool's edit, then the run re-created",
         7891466930517160157,
         "alice deletes restock and creates it again",
+    ),
+    # ``waiting`` (docs/simulation.md): approvals that kept expiring filled each person's 8
+    # entries on the one Approval and the run waited for good. Since the merges after it was
+    # found its story draws differently; with rounds, its action is asked afresh on
+    # ``-r2`` (carol's one-decision form there, then entries of others) and it ends.
+    (
+        "approvals expiring on an Approval: its action asked afresh in a new round",
+        16620836951895759664,
+        "carol patches restock-1-place-order-7ee374e8a0-r2 approved: True",
+    ),
+    # Found with rounds (a scan of the same base): one action asked four times, each person's
+    # decisions counted in their round only, through store outages and a refused reorder.
+    (
+        "an action asked afresh four times, through store outages",
+        11370533853797055487,
+        "carol adds to restock-2-place-order-df7f18f35a-r4's decisions approved: True",
     ),
 )
 

@@ -511,7 +511,9 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     for _ in range(8):
         assert _add(kubectl, "alice", name, {"by": "alice", "approved": True})[0] == 0
     code, said = _add(kubectl, "alice", name, {"by": "alice", "approved": True})
-    assert code != 0 and "alice has 8 decisions on it" in said, said
+    assert code != 0 and "alice has 8 approvals on it" in said, said
+    # The cap is on approvals: her deny still has room.
+    assert _add(kubectl, "alice", name, {"by": "alice", "approved": False})[0] == 0
     assert _add(kubectl, "bob", name, {"by": "bob", "approved": False})[0] == 0
     last = written_at(admin.get(f"{path}/{name}"))
     time.sleep(1.5)  # a status write a second later is not a decision's
@@ -520,6 +522,11 @@ def test_admission_keeps_each_decision_a_fact_of_its_maker(
     assert written_at(admin.get(f"{path}/{name}")) == last
     code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": False})
     assert code != 0 and f"approval {name} is settled (denied by bob)" in said, said
+    # An Approval settled as expired (its action asked afresh) names where to decide instead.
+    expired = {"verdict": "expired", "settledBy": "", "askedAgainAs": f"{name}-r2"}
+    admin.patch(f"{path}/{name}/status", {"status": expired})
+    code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": True})
+    assert code != 0 and f"is asked afresh as {name}-r2: decide there" in said, said
 
 
 def test_people_are_told_only_what_counts_and_a_refusal_stays_in_sight(
@@ -767,3 +774,47 @@ def test_a_deny_on_an_approval_deleted_while_the_operator_is_down_stands(
         ("loop.denied", "bob")
     ]
     assert shop.shop.orders == []
+
+
+def test_an_approval_that_expires_is_asked_afresh_and_nothing_of_the_old_round_counts(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+) -> None:
+    """alice's order needs 2 of payments-approvers, each approval good for 15 s. carol approves;
+    once her approval expired, the Approval is settled as expired and names the round-2
+    Approval, which the run's status names. Insider moves, refused by admission: carol adding to
+    the expired round (it names the new one), alice appending a copy of carol's old entry to
+    the new round (it names carol). `kubectl keelgate approve` as bob and carol follows the
+    round; one order is placed; the chain has loop.asked_again, and round 2's two approvals."""
+    _may_edit(admin, tenant)
+    _wait_may(kubectl, "carol", "patch", "approvals.keelgate.dev")
+    alice, plugin = kubectl.as_user("alice"), _plugin(cluster, kubectl_bin, tenant)
+    name = _waiting_for_two(admin, alice, tenant, shop, "renew", {**RULE, "expiresAfter": "15s"})
+    second = action_object_name("renew", "1:0", "place_order", round=2)
+    assert plugin("carol")("approve", "renew", "1:0", "--approve").returncode == 0
+    _wait_status(admin, tenant, name, "verdict", "expired")
+    old = _approval(admin, tenant, name)
+    assert old["status"]["askedAgainAs"] == second
+    (carols,) = old["spec"]["decisions"]
+    wait_for(lambda: _status_of(admin, tenant, second).get("phase") == "Pending", what=second)
+    run = admin.get(f"{GROUP}/namespaces/{tenant}/agentruns/renew")
+    assert [p.get("round") for p in run["status"]["pendingApprovals"]] == [2]
+    code, said = _add(kubectl, "carol", name, {"by": "carol", "approved": True})
+    assert code != 0 and f"is asked afresh as {second}" in said, said
+    code, said = _add(kubectl, "alice", second, carols)
+    assert code != 0 and "a decision added by alice must have by: alice" in said, said
+    assert shop.shop.orders == []
+    for person in ("bob", "carol"):
+        done = plugin(person)("approve", "renew", "1:0", "--approve", "-o", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["approval"] == second
+    wait_phase(admin, tenant, "renew", "Succeeded", timeout=90)
+    assert [o["body"]["sku"] for o in shop.shop.orders] == ["P9"]
+    events = runs.audit_events(operator.cluster.dsn, tenant, "renew")
+    assert [e.data["round"] for e in events if e.type == "loop.asked_again"] == [2]
+    assert [e.actor for e in events if e.type == "loop.approved"] == ["carol", "bob", "carol"]

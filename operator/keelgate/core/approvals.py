@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keelgate.core import clocks
 from keelgate.core.audit import AuditDraft, utc_now
@@ -154,7 +154,15 @@ class Tally:
         """ "1 of 2"."""
         return f"{len(self.counted)} of {self.rule.required}"
 
-    def pending(self, action: str, tool: str, *, definition: str = "") -> PendingApproval:
+    @property
+    def spent(self) -> bool:
+        """Whether no decision made so far can count any more: approvals were made, each
+        expired or was made on an earlier definition, and nobody denied (``ask_again``)."""
+        return self.denied is None and not self.counted and bool(self.expired or self.voided)
+
+    def pending(
+        self, action: str, tool: str, *, definition: str = "", round: int = 1
+    ) -> PendingApproval:
         """The action as a person waiting for it sees it: what it needs and what it has."""
         plain = self.rule == ApprovalRule()
         return PendingApproval(
@@ -165,6 +173,7 @@ class Tally:
             approved_by=tuple(d.by for d in self.counted),
             expires_at="" if self.expires_at is None else utc_iso(self.expires_at),
             definition=definition,
+            round=round,
         )
 
 
@@ -268,7 +277,9 @@ class ApprovalGate:
             # is settled first, by the gateway. A person asked now would be asked about a
             # call that may already have run, and asked again once it is settled.
             return None
-        return counted.pending(action.id, tool.name, definition=definition)
+        return counted.pending(
+            action.id, tool.name, definition=definition, round=state.round_of(action.id)
+        )
 
     def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
         """Whether the action's key is on record, settled or unknown: its call was made.
@@ -403,7 +414,7 @@ def decide(
     )
     if why is not None:
         raise SettleError(state.run, action, why)
-    _check_room(state.run, action, decisions, by)
+    _check_room(state.run, action, decisions, by, approved=approved)
     decision = Decision(
         approved,
         by,
@@ -415,7 +426,7 @@ def decide(
         note=one_line_note(redact_text(note.strip())),
     )
     after = tally((*decisions, decision), rule, creator=creator, now=now, definition=bound)
-    draft = _decided_event(asked, decision, after, prior=len(decisions))
+    draft = _decided_event(asked, decision, after, prior=len(decisions), round=asked.round)
     waiting, message = _waiting_after(state.pending, asked, decision, after)
     state = state.but(
         seq=state.seq + 1,
@@ -427,15 +438,83 @@ def decide(
     return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
 
 
-def _check_room(run: str, action: str, decisions: Sequence[Decision], by: str) -> None:
-    """Refuse a decision past what an action keeps: ``MAX_DECISIONS`` in all (the checkpoint's
-    and the Approval object's bound), ``MAX_PER_PERSON`` of one person (so no one fills it)."""
+def _check_room(
+    run: str, action: str, decisions: Sequence[Decision], by: str, *, approved: bool
+) -> None:
+    """Refuse a decision past what an action's round keeps: ``MAX_DECISIONS`` in all (the
+    checkpoint's and the Approval object's bound), ``MAX_PER_PERSON`` approvals of one person
+    (so no one fills it; a person's one deny always has room). A round whose approvals all
+    stopped counting is asked afresh (``ask_again``), with room again."""
     if len(decisions) >= MAX_DECISIONS:
         raise SettleError(run, action, f"has {len(decisions)} decisions: no more are taken")
-    if sum(d.by == by for d in decisions) >= MAX_PER_PERSON:
+    if approved and sum(d.by == by and d.approved for d in decisions) >= MAX_PER_PERSON:
         raise SettleError(
-            run, action, f"has {MAX_PER_PERSON} decisions of {by}: no more are taken of them"
+            run, action, f"has {MAX_PER_PERSON} approvals of {by}: no more are taken of them"
         )
+
+
+#: Why an action is asked afresh (``ask_again``).
+SPENT, FULL = "spent", "full"
+
+
+def ask_again(
+    stores: Stores, state: RunState, action: str, *, round: int, why: str = SPENT
+) -> RunState:
+    """Ask ``action`` afresh, in round ``round`` + 1, when round ``round`` can decide nothing
+    any more: ``why`` is ``SPENT`` (every approval made in it expired or was made on an
+    earlier definition, and none counts now) or ``FULL`` (its Approval object holds as many
+    entries as it takes, so nobody could add one). The round's decisions leave the checkpoint
+    (the chain keeps them, with a ``loop.asked_again`` event naming the round), so none of
+    them counts again and the new round has all its room; a deny is never dropped: with one on
+    record, or the action no longer waiting, or the run in another round than ``round`` (asked
+    afresh already), nothing changes and ``state`` is returned as it is."""
+    pending = {p.action: p for p in state.pending}
+    asked = pending.get(action)
+    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
+    decisions = state.approvals.get(action, ())
+    if not awaiting or asked is None or state.round_of(action) != round:
+        return state
+    if any(not d.approved for d in decisions):
+        return state
+    rule = asked.rule or ApprovalRule()
+    planned = state.planned(action)
+    bound = fingerprint(planned.definition) if planned is not None else asked.definition
+    now = clocks.wall()
+    counted = tally(decisions, rule, creator=state.spec.creator, now=now, definition=bound)
+    if why == SPENT and not counted.spent:
+        return state
+    if why not in (SPENT, FULL):
+        raise ValueError(f"ask_again: why must be {SPENT!r} or {FULL!r}, not {why!r}")
+    fresh = replace(
+        asked, approvals=0, approved_by=(), expires_at="", definition=bound, round=round + 1
+    )
+    before = ", ".join(dict.fromkeys(d.by for d in decisions if d.approved)) or "nobody"
+    said = (
+        f"every approval of round {round} stopped counting ({before})"
+        if why == SPENT
+        else f"round {round} holds {len(decisions)} decisions, as many as it takes"
+    )
+    data: dict[str, object] = {
+        "action": action,
+        "tool": asked.tool,
+        "round": round + 1,
+        "why": why,
+        "approvedBefore": [d.by for d in decisions if d.approved],
+    }
+    state = state.but(
+        seq=state.seq + 1,
+        approvals={**state.approvals, action: ()},
+        rounds={**state.rounds, action: round + 1},
+        pending=tuple(fresh if p.action == action else p for p in state.pending),
+        stop=Stop(
+            StopReason.AWAITING_APPROVAL,
+            f"{asked.tool} ({action}) asked afresh (round {round + 1}): {said}; "
+            f"waiting for {rule.required} ({rule.describe()})",
+            True,
+        ),
+    )
+    draft = AuditDraft("loop.asked_again", data, key=f"asked_again:{action}:{round + 1}")
+    return persist(stores, state, (*state.outbox, draft), joint=stores.joint)
 
 
 def _waiting_after(
@@ -459,7 +538,9 @@ def _waiting_after(
     left = rule.required - len(after.counted)
     return (
         tuple(
-            after.pending(action, tool, definition=decision.definition) if p.action == action else p
+            after.pending(action, tool, definition=decision.definition, round=asked.round)
+            if p.action == action
+            else p
             for p in pending
         ),
         f"{tool} ({action}) approved by {decision.by} ({after.count}); waiting for {left} "
@@ -512,11 +593,12 @@ def _awaited(
 
 
 def _decided_event(
-    asked: PendingApproval, decision: Decision, after: Tally, *, prior: int
+    asked: PendingApproval, decision: Decision, after: Tally, *, prior: int, round: int = 1
 ) -> AuditDraft:
     """The ``loop.approved`` or ``loop.denied`` event of ``decision`` (``prior``: how many the
-    action had before it): the count after it for a rule of several, the rule's groups the
-    person was in, the note, and the definition it was made on; never the call's arguments."""
+    action had before it in its round ``round``): the count after it for a rule of several, the
+    rule's groups the person was in, the note, and the definition it was made on; never the
+    call's arguments."""
     verdict = "approved" if decision.approved else "denied"
     rule = after.rule
     data: dict[str, object] = {"action": asked.action, "tool": asked.tool, "verdict": verdict}
@@ -531,12 +613,17 @@ def _decided_event(
     if decision.definition:
         data["definition"] = decision.definition
     action = asked.action
+    # A round past the first starts its count again: its keys name it, so none is taken for
+    # an earlier round's (an event whose key is on the chain already is not appended again).
+    keyed = action if round == 1 else f"{action}:r{round}"
+    if round != 1:
+        data["round"] = round
     return AuditDraft(
         f"loop.{verdict}",  # a denial is not an approval, even with verdict=denied
         data,
         actor=decision.by,
         # The first decision keeps the key a single decision always had.
-        key=f"decided:{action}" if not prior else f"decided:{action}:{prior}",
+        key=f"decided:{keyed}" if not prior else f"decided:{keyed}:{prior}",
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from keelgate.core import failpoints
-from keelgate.core.approvals import decide
+from keelgate.core.approvals import SPENT, ask_again, decide
 from keelgate.core.audit import AuditEvent, ChainCheck, ChainReport
 from keelgate.core.gateway import Settlement
 from keelgate.core.model import Model
@@ -277,6 +277,14 @@ class Loop:
             },
         )
         return outcome
+
+    def ask_again(
+        self, tenant: str, run: str, action: str, *, round: int, why: str = SPENT
+    ) -> RunState:
+        """Ask ``action`` afresh in a new round once round ``round`` can decide nothing any
+        more (``keelgate.core.approvals.ask_again``); the run's state after it (unchanged when
+        it was not so: a deny, approvals still counting, or asked afresh already)."""
+        return ask_again(self.stores, self.state(tenant, run), action, round=round, why=why)
 
     def _tell_decision(
         self, state: RunState, name: str, event: str, attributes: Attributes

@@ -131,6 +131,10 @@ class RunState(JsonValue):
     late: Annotated[tuple[LateResult, ...], OMIT_EMPTY] = ()
     # The run's trace, when a traced process first drove it (``keelgate.core.tracing``).
     trace: Annotated[TraceRef | None, OMIT_NONE] = None
+    # The round each action past its first asking is asked in (``core.approvals.ask_again``):
+    # an action asked afresh once no approval on it could count any more. ``approvals`` holds
+    # the current round's decisions only (the chain keeps every one).
+    rounds: Annotated[Mapping[str, int], OMIT_EMPTY] = field(default_factory=dict)
 
     @property
     def tenant(self) -> str:
@@ -139,6 +143,10 @@ class RunState(JsonValue):
     @property
     def run(self) -> str:
         return self.spec.run
+
+    def round_of(self, action: str) -> int:
+        """The round ``action`` is asked in: 1 until it is asked afresh."""
+        return self.rounds.get(action, 1)
 
     def planned(self, action: str) -> Action | None:
         """The current plan's action with id ``action`` (None: the plan has none)."""

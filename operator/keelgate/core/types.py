@@ -525,6 +525,17 @@ class PendingApproval(JsonValue):
             "this definition only, and an edit that changes it asks again."
         ),
     ] = ""
+    round: Annotated[
+        NonNegativeInt,
+        Field(
+            ge=1,
+            exclude_if=lambda r: r == 1,
+            description="The round it is asked in: 1, then one more each time it is asked "
+            "afresh (every approval stopped counting before the call ran): each round has its "
+            "own Approval (named with -r<round> past the first), and no decision of an earlier "
+            "round counts.",
+        ),
+    ] = 1
 
     @property
     def required(self) -> int:

@@ -24,6 +24,8 @@ RUN_LABEL = f"{GROUP}/run"
 STEP_LABEL = f"{GROUP}/step"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 MONITOR_LABEL = f"{GROUP}/monitor"
+#: The round an Approval asks in, on those of an action asked afresh (``action_object_name``).
+ROUND_LABEL = f"{GROUP}/round"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "keelgate"}
 #: What marks a pod as a step pod (the cap on step pods counts these).
 STEP_POD_LABEL, STEP_POD_NAME = "app.kubernetes.io/name", "keelgate-step"
@@ -70,7 +72,7 @@ def earlier_object_name(run: str, action: str, tool: str) -> str:
     return _fit(f"{run}-{middle}-{_dns(tool)}", _MAX_NAME)
 
 
-def action_object_name(run: str, action: str, tool: str) -> str:
+def action_object_name(run: str, action: str, tool: str, *, round: int = 1) -> str:
     """The Reconciliation or Approval of one action: ``earlier_object_name`` and a digest of
     the run, action and tool as they are (``restock-3-place-order-5d41402abc``). The readable
     part alone can be the same for two actions (run ``pay`` action 1:1 of tool ``x``, run
@@ -78,9 +80,27 @@ def action_object_name(run: str, action: str, tool: str) -> str:
     ``pay-1-1-x``; ``place_order`` and ``place-order`` read alike), and an object taken for
     another's would settle or approve the wrong call: the digest, over a separator none of
     them can hold, tells them apart, and the name fits whatever their lengths. An action's
-    Reconciliation and Approval share the name (they are of different kinds)."""
+    Reconciliation and Approval share the name (they are of different kinds).
+
+    ``round``: an action asked afresh (its approvals all stopped counting before the call ran)
+    has one Approval a round, the first under the name above, the next ones with ``-r<round>``
+    after the digest (``restock-3-place-order-5d41402abc-r2``): a digest is hexadecimal, so no
+    first round's name ends the way a later round's does."""
     digest = hashlib.sha256(f"{run}\0{action}\0{tool}".encode()).hexdigest()[:_DIGEST]
-    return f"{_fit(earlier_object_name(run, action, tool), _MAX_NAME - _DIGEST - 1)}-{digest}"
+    tail = f"-{digest}" if round == 1 else f"-{digest}-r{round}"
+    return f"{_fit(earlier_object_name(run, action, tool), _MAX_NAME - len(tail))}{tail}"
+
+
+def round_named(name: str, run: str, action: str, tool: str) -> int:
+    """The round an Approval named ``name`` asks in for ``run``'s ``action`` of ``tool``: ``k``
+    when ``name`` is the one ``action_object_name`` gives round ``k`` (k > 1), else 1 (the first
+    round's name, an earlier release's, or any other). Names cannot change, so nobody can move
+    an object to another round."""
+    head, _, number = name.rpartition("-r")
+    if not head or not number.isascii() or not number.isdigit() or number.startswith("0"):
+        return 1
+    found = int(number)
+    return found if found > 1 and action_object_name(run, action, tool, round=found) == name else 1
 
 
 def label_value(text: str) -> str:

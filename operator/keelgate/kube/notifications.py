@@ -125,7 +125,9 @@ def _run_notifications(body: Mapping[str, Any]) -> list[Notification]:
     ] + [
         {
             "kind": "Approval",
-            "name": action_object_name(name, str(p.get("action")), str(p.get("tool"))),
+            "name": action_object_name(
+                name, str(p.get("action")), str(p.get("tool")), round=int(p.get("round") or 1)
+            ),
             "action": p.get("action"),
             "tool": p.get("tool"),
         }
@@ -221,6 +223,10 @@ def _decision_notifications(kind: str, body: Mapping[str, Any]) -> list[Notifica
             else (types.APPROVAL_REQUESTED)
         )
         found.append(notification(requested, created, SERVER_CLOCK, base, "requested"))
+    if settled and status.get("verdict") == "expired":
+        # Nobody decided: its approvals stopped counting (told as approval.expired when they
+        # did), and the action is asked afresh on the round's Approval, whose own request is.
+        return found
     if settled:
         verdict, by = str(status.get("verdict") or ""), str(status.get("settledBy") or "")
         at = _seconds(status.get("settledAt")) or created

@@ -22,6 +22,7 @@ from keelgate.kube.naming import (
     DECISIONS_FINALIZER,
     MANAGED_BY,
     MONITOR_LABEL,
+    ROUND_LABEL,
     RUN_LABEL,
     STEP_LABEL,
     STEP_POD_LABEL,
@@ -407,13 +408,17 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
     idempotency key is ``key``, with an empty list of decisions for them to append to
     (``name``: the one found in use, else the computed one)."""
     meta = run["metadata"]
+    labels = {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])}
+    if pending.round != 1:
+        labels[ROUND_LABEL] = str(pending.round)  # asked afresh: `kubectl get -l` finds it
     return {
         "apiVersion": API_VERSION,
         "kind": "Approval",
         "metadata": {
-            "name": name or action_object_name(meta["name"], pending.action, pending.tool),
+            "name": name
+            or action_object_name(meta["name"], pending.action, pending.tool, round=pending.round),
             "namespace": meta["namespace"],
-            "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
+            "labels": labels,
             "ownerReferences": [owner_reference(run)],
             # Held until the operator has recorded its decisions (approval_finalizer).
             "finalizers": [DECISIONS_FINALIZER],

@@ -169,8 +169,10 @@ class ApprovalStatus(KeelgateModel):
     phase: Literal["Pending", "Settled"] = Field(
         default="Pending", description="Pending | Settled."
     )
-    verdict: Literal["", "approved", "denied"] = Field(
-        default="", description="approved | denied, once settled."
+    verdict: Literal["", "approved", "denied", "expired"] = Field(
+        default="",
+        description="approved | denied, once settled; expired: every approval on it stopped "
+        "counting before the call ran, and the action is asked afresh on askedAgainAs.",
     )
     approvals: NonNegativeInt = Field(
         default=0, description="Approvals recorded that count now, each by a different person."
@@ -204,6 +206,15 @@ class ApprovalStatus(KeelgateModel):
     settled_by: str = Field(default="", description="The person (or people) that decided.")
     settled_at: Timestamp = Field(default="", description="When it was decided (RFC 3339).")
     message: str = Field(default="", description="What the operator is doing with the decision.")
+    round: NonNegativeInt = Field(
+        default=0,
+        description="The round it asked in, once settled as expired (1: the first asking).",
+    )
+    asked_again_as: str = Field(
+        default="",
+        description="Settled as expired: the Approval the action is asked on now (a new round); "
+        "no approval added here counts there, a deny added here still denies.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready (decided) and Stalled (the decision was refused, or its run does not "

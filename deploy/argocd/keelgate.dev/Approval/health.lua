@@ -21,6 +21,15 @@ local function condition(kind)
   return {}
 end
 
+-- Asked afresh: no approval on it could count any more, and the action waits on a new Approval
+-- (its round's), which carries the wait; this one is done, kept for audit.
+if status.phase == "Settled" and status.verdict == "expired" then
+  hs.status = "Healthy"
+  hs.message = "Expired: " .. what .. " is asked afresh as approval "
+    .. (status.askedAgainAs or "?") .. " (no approval on this one counts)"
+  return hs
+end
+
 if status.phase == "Settled" then
   hs.status = "Healthy"
   hs.message = "Settled: " .. what .. " " .. (status.verdict or "?") .. " by "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any
@@ -43,6 +43,7 @@ from keelgate.core.approvals import refusal
 from keelgate.core.loop import check_actor
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, SettleError, SettleTooEarly
+from keelgate.kube.naming import round_named
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -299,7 +300,7 @@ def decide(
     user, groups = api.identity()
     check_actor(user, field="your user name")
     objects = api.decisions(kind.name, run)
-    found = next((o for o in objects if str(o["spec"].get("action")) == action), None)
+    found = _asked_on(api, kind, run, action, objects)
     if found is None:
         api.agentrun(run)  # no such run says so (exit 2) before "no such action" would
         undecided = [
@@ -341,6 +342,29 @@ def decide(
     return Decided(run, action, tool, verdict, user, name, already=False)
 
 
+def _asked_on(
+    api: PluginApi, kind: _Kind, run: str, action: str, objects: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The object a decision on ``action`` goes to: its Reconciliation; or the Approval of the
+    round the run asks in now (its status, which the operator writes, names the round: an
+    action asked afresh has one Approval a round, and a decision on an earlier round's counts
+    for nothing), else the first round's, else any (to say how it was decided)."""
+    mine = [o for o in objects if str(o["spec"].get("action")) == action]
+    if kind is not APPROVAL or len(mine) < 2:
+        return mine[0] if mine else None
+    asked, _ = standing.asked_of(api.agentrun(run), action)
+    wanted = int((asked or {}).get("round") or 1)
+
+    def round_of(obj: Mapping[str, Any]) -> int:
+        spec = obj.get("spec") or {}
+        return round_named(str(obj["metadata"]["name"]), run, action, str(spec.get("tool", "")))
+
+    return next(
+        (o for o in mine if round_of(o) == wanted),
+        next((o for o in mine if round_of(o) == 1), mine[0]),
+    )
+
+
 def _approve(
     api: PluginApi,
     found: Mapping[str, Any],
@@ -371,6 +395,14 @@ def _approve(
             action,
             f"was shown as the call with Idempotency-Key {key}, but approval {name} is for "
             f"{wanted}: its arguments are not the ones shown; look again",
+        )
+    if status.get("phase") == "Settled" and status.get("askedAgainAs"):
+        raise SettleError(
+            run,
+            action,
+            f"approval {name} expired (no approval on it can count any more) and the action "
+            f"is asked afresh on approval {status['askedAgainAs']}: run this command again "
+            "once it is there; nothing was changed",
         )
     if status.get("phase") == "Settled":
         shown = str(status.get("verdict") or "settled")

@@ -27,6 +27,7 @@ from keelgate.kube.naming import (
     ATTEMPT_LABEL,
     STEP_LABEL,
     action_object_name,
+    round_named,
 )
 
 JSON = dict[str, Any]
@@ -125,7 +126,18 @@ def report(
     name = str(meta.get("name", ""))
     phase = str(status.get("phase") or "Pending")
     rec_by_action = {str(r["spec"].get("action")): r for r in reconciliations}
-    app_by_action = {str(a["spec"].get("action")): a for a in approvals}
+    # The first round's Approval of each action (a later round's is named by its round).
+    app_by_action = {
+        str(a["spec"].get("action")): a
+        for a in approvals
+        if round_named(
+            str(a["metadata"]["name"]),
+            name,
+            str(a["spec"].get("action", "")),
+            str(a["spec"].get("tool", "")),
+        )
+        == 1
+    }
     unknown = [
         {
             "action": str(u.get("action", "")),
@@ -187,11 +199,14 @@ def report(
 
 def _object_name(found: Mapping[str, Mapping[str, Any]], run: str, item: Mapping[str, Any]) -> str:
     """The object the operator made for an action (whatever its name: one made before an
-    upgrade keeps an earlier release's); its computed name while it is being made."""
-    obj = found.get(str(item.get("action", "")))
+    upgrade keeps an earlier release's; an action asked afresh, its round's); its computed name
+    while it is being made."""
+    action, tool = str(item.get("action", "")), str(item.get("tool", ""))
+    round = int(item.get("round") or 1)  # an action asked afresh: its round's own Approval
+    obj = found.get(action) if round == 1 else None
     if obj is not None:
         return str(obj["metadata"]["name"])
-    return action_object_name(run, str(item.get("action", "")), str(item.get("tool", "")))
+    return action_object_name(run, action, tool, round=round)
 
 
 def _actions(

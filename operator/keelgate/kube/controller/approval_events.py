@@ -34,7 +34,14 @@ class ApprovalEvents:
         approvals stopped counting before the call ran, so it is asked again)."""
         what = f"{pending.tool} ({pending.action})"
         needs = "needs approval" if pending.rule is None else f"needs {pending.rule.describe()}"
-        if again:
+        if pending.round != 1 and not again:
+            self._events.normal(
+                run,
+                "AwaitingApproval",
+                f"{what} is asked afresh, round {pending.round} (no approval of the last one "
+                f"counts): {needs}: approval {name}",
+            )
+        elif again:
             self._events.normal(
                 run,
                 "AwaitingApproval",

@@ -10,9 +10,19 @@ says so, for the call whose idempotency key the object names), once (each entry 
 approval stops counting, or Settled approved or denied. The store decides, never the object: a
 decision already recorded elsewhere (``keelgate approve``) is shown too, and an entry the loop
 refuses is shown and tried again later. An action asked again (its approvals expired before the
-call ran) makes a Settled Approval Pending again; its old decisions stay in the object and the
-store. This module must never record a decision nobody made, record an entry twice, or change
-one already recorded.
+call ran) is asked afresh in a new round (below): no approval of the old one counts.
+
+Rounds: once no decision on the Approval can count any more (every approval on it expired or
+was made on an earlier definition, nobody denied, the action still waits), or it holds as many
+entries as it takes, this reconciler asks the store to ask the action afresh
+(``Loop.ask_again``): a new round, with its own Approval (``naming.action_object_name``'s
+``-r<round>``), which the run's status, the CLI, the inbox and the notifications follow. The old
+object is shown Settled with verdict ``expired`` and the name of the new one, kept for audit;
+an approval added to it later is never recorded (it is told, in a Warning and its message),
+while a deny added to it is recorded and denies (a no is never lost). An object of a round the
+store has not reached records nothing until it does. This module must never record a decision
+nobody made, record an entry twice, change one already recorded, or count an approval of one
+round in another.
 """
 
 from __future__ import annotations
@@ -21,10 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keelgate.core.approvals import seconds, tally
+from keelgate.core.approvals import FULL, SPENT, seconds, tally
 from keelgate.core.audit import utc_iso_millis
 from keelgate.core.state import Decision, RunState
 from keelgate.core.types import ApprovalRule
+from keelgate.core.values import MAX_DECISIONS
 from keelgate.errors import InputError, RunNotFound, SettleError
 from keelgate.kube.controller.approval_events import ApprovalEvents
 from keelgate.kube.controller.approval_status import Shown, shown
@@ -39,6 +50,7 @@ from keelgate.kube.controller.refusals import (
     warn,
     with_generation,
 )
+from keelgate.kube.naming import action_object_name, round_named
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
@@ -120,6 +132,13 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
             )
         )
     return found
+
+
+def round_of_object(body: Mapping[str, Any]) -> int:
+    """The round an Approval asks in, as its name says (``naming.round_named``)."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    run, action, tool = (str(spec.get(k) or "") for k in ("runName", "action", "tool"))
+    return round_named(str(meta.get("name") or ""), run, action, tool)
 
 
 def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set[str]:
@@ -210,6 +229,12 @@ class ApprovalReconciler:
         spec, old = body.get("spec") or {}, body.get("status") or {}
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
+        if state is not None:
+            here, asked = round_of_object(body), state.round_of(action)
+            if here < asked:
+                return self._superseded(body, state, here, asked)
+            if here > asked:
+                return self._not_asked_yet(body, run_name, here, asked)
         waiting = state is not None and any(p.action == action for p in state.pending)
         if old.get("phase") == "Settled" and not waiting:
             # Decided, and not asked again: an entry added since counts for nothing (admission
@@ -238,6 +263,22 @@ class ApprovalReconciler:
                 )
             return REST
         self._tell(body, run_name, spec, old, state, view)
+        if view.tally is not None and view.pending is not None:
+            full = len(found) >= MAX_DECISIONS
+            if view.tally.spent or full:
+                # Nothing on this object can count any more (or nothing more fits on it):
+                # the action is asked afresh, on a new object.
+                after = context.loop.ask_again(
+                    namespace,
+                    run_name,
+                    action,
+                    round=view.pending.round,
+                    why=FULL if full else SPENT,
+                )
+                if after is not state:
+                    # The run's reconcile makes the new round's Approval; this one says so.
+                    context.enqueue(("AgentRun", namespace, run_name), 0.0)
+                    return self._superseded(body, after, view.pending.round, after.round_of(action))
         status = dict(view.status)
         refusing = bool(refused) and not view.settled
         if refusing:
@@ -301,6 +342,90 @@ class ApprovalReconciler:
                 self._first_seen.pop(entry.ref, None)
         return state, refused
 
+    def _superseded(self, body: JSON, state: RunState, here: int, asked: int) -> Result:
+        """An Approval of an earlier round than the one the store asks in: its denies are
+        recorded (a no is never lost, wherever it was added), its approvals never (none of an
+        earlier round counts; one added after the new round began is told, once); it shows
+        Settled, verdict expired, and the name of the round's Approval people decide on now."""
+        context = self._context
+        meta, spec, old = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+        namespace = str(meta["namespace"])
+        run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
+        tool = str(spec.get("tool", ""))
+        found = entries(body)
+        denies = [e for e in found if not e.approved]
+        refused: list[str] = []
+        if denies:
+            before = len(state.approvals.get(action, ()))
+            state, refused = self._record(body, denies, state)
+            if len(state.approvals.get(action, ())) != before:
+                context.enqueue(("AgentRun", namespace, run_name), 0.0)
+        now_asked = action_object_name(run_name, action, tool, round=asked)
+        # Its approvals left the store with its round (``ask_again``); any recorded now is
+        # one of the current round with the same ref, which no entry of this object can have.
+        recorded = recorded_refs(body, state.approvals.get(action, ()))
+        late = list(dict.fromkeys(e.by for e in found if e.approved and e.ref not in recorded))
+        said = (
+            f"asked afresh as approval {now_asked} (round {asked}): no approval on this one "
+            f"(round {here}) can count any more (each expired, or was made on an earlier "
+            "definition of the tool) and the call has not run; decide there"
+        )
+        denied = [e.by for e in denies if e.ref in recorded]
+        if denied:
+            said += f"; the deny of {', '.join(denied)} added here is recorded: it denies"
+        if refused:
+            said += f"; not recorded: {'; '.join(refused)}"
+        if late:
+            said += (
+                f"; approvals on it count no more ({', '.join(late)}): an approval counts only "
+                "on its round's Approval"
+            )
+        status: JSON = {
+            **{k: old[k] for k in ("required", "asks", "definition") if k in old},
+            "phase": "Settled",
+            "verdict": "expired",
+            "progress": f"0 of {old.get('required') or 0}",
+            "approvedBy": [],
+            "expiresAt": "",
+            "settledBy": "",
+            "approvals": 0,
+            "askedAgainAs": now_asked,
+            "round": here,
+            "message": said,
+        }
+        stamp = now()
+        status["conditions"] = with_generation(
+            [
+                condition(old, "Ready", "True", "AskedAgain", said, generation=0, now=stamp),
+                condition(old, "Stalled", "False", "Settled", "", generation=0, now=stamp),
+            ],
+            body,
+        )
+        status["settledAt"] = old.get("settledAt") if old.get("verdict") == "expired" else stamp
+        if all(old.get(k) == v for k, v in status.items()):
+            return REST  # shown already: a look that finds nothing new writes nothing
+        if old.get("verdict") == "expired" and said != old.get("message"):
+            # Something was added to it since it was settled as expired: told once.
+            warn(context, body, run_name, "NotCounted", said)
+        show_status(context, "Approval", body, status)
+        return REST
+
+    def _not_asked_yet(self, body: JSON, run_name: str, here: int, asked: int) -> Result:
+        """An Approval named for a round the store has not reached (made by someone ahead of
+        the operator): nothing on it is recorded until the action is asked in that round; its
+        entries then count from when they were first seen, as any entry made early does."""
+        context = self._context
+        for entry in entries(body):
+            self._first_seen.setdefault(entry.ref, context.clock())
+        said = (
+            f"round {here} of this action is not asked (the run asks in round {asked}): "
+            "nothing on it is recorded until it is"
+        )
+        old = body.get("status") or {}
+        if old.get("message") != said:
+            show_status(context, "Approval", body, {"message": said})
+        return Requeue(REFUSED_RETRY_MAX)
+
     def _record_gone(self, gone: JSON) -> None:
         """A deleted Approval's last body (its run deleted, and the garbage collector took it,
         or someone deleted it): the decisions people added before it went are facts, recorded
@@ -313,6 +438,9 @@ class ApprovalReconciler:
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
         found = entries(gone)
+        if state is not None and round_of_object(gone) != state.round_of(action):
+            # Another round's: only a deny on it is recorded (none of its approvals counts).
+            found = [e for e in found if not e.approved]
         if state is None or not found:
             return
         before = len(state.approvals.get(action, ()))

@@ -80,14 +80,18 @@ class ControllerContext:
         except RunNotFound:
             return None
 
-    def object_name(self, kind: str, namespace: str, run: str, action: str, tool: str) -> str:
+    def object_name(
+        self, kind: str, namespace: str, run: str, action: str, tool: str, *, round: int = 1
+    ) -> str:
         """The name of the Reconciliation or Approval (``kind``) of one action of ``run``:
         today's (``naming.action_object_name``), or the name an earlier release gave it when
         an object of that kind and name exists for this very run, action and tool (made
         before an upgrade: it is the one people were told of, and holds their decision or the
         settlement). The cache holds every such object before any reconcile runs (the
         operator's start barrier), so an object made before the upgrade is never made again
-        under today's name."""
+        under today's name. An Approval of a later ``round`` has today's name only."""
+        if round != 1:
+            return action_object_name(run, action, tool, round=round)
         name = action_object_name(run, action, tool)
         if self.cache.get(kind, namespace, name) is not None:
             return name

@@ -156,7 +156,9 @@ class DecisionObjects:
                 context.enqueue(key, 0.0)
         keys = {a.id: a.key for a in state.plan.actions} if state.plan is not None else {}
         for pending in state.pending:
-            name = context.object_name("Approval", namespace, label, pending.action, pending.tool)
+            name = context.object_name(
+                "Approval", namespace, label, pending.action, pending.tool, round=pending.round
+            )
             if context.cache.get("Approval", namespace, name) is not None:
                 continue
             body = resources.approval(run, pending, keys.get(pending.action, ""), name=name)

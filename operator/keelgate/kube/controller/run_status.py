@@ -92,7 +92,9 @@ class RunStatusWriter:
                 )
             },
             approvals={
-                p.action: context.object_name("Approval", namespace, name, p.action, p.tool)
+                p.action: context.object_name(
+                    "Approval", namespace, name, p.action, p.tool, round=p.round
+                )
                 for p in (state.pending if state is not None else ())
             },
             failpoints_seen=failpoints_seen_in(run) if failpoints_seen is None else failpoints_seen,

@@ -138,6 +138,8 @@ def _approval(
     if not (added or deciding_now):
         return ""
     if status.get("phase") == "Settled":
+        if status.get("askedAgainAs"):
+            return f"the approval expired and is asked afresh as {status['askedAgainAs']}"
         return "the approval is settled: a decision added now would count for nothing"
     if user.name.startswith("system:serviceaccount:") and not status.get("serviceAccounts"):
         return f"{user.name} is a ServiceAccount, and the rule counts people only"
@@ -149,8 +151,8 @@ def _approval(
             o.get("by") == user.name and not o.get("approved") for o in before
         ):
             return f"{user.name} denied it already"
-    if sum(1 for d in after if d.get("by") == user.name) > 8:
-        return f"spec.decisions: {user.name} has 8 decisions on it"
+    if sum(1 for d in after if d.get("by") == user.name and d.get("approved")) > 8:
+        return f"spec.decisions: {user.name} has 8 approvals on it"
     return ""
 
 
