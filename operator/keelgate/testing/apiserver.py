@@ -441,6 +441,7 @@ def _owners(body: JSON) -> list[JSON]:
 
 
 def _respec(found: JSON, spec: Any) -> None:
-    """A new spec: the generation moves (even if it is equal to the old one)."""
+    """A new spec: the generation moves, even for a spec equal to the old one (a real API
+    server's would stay, and so would its resourceVersion)."""
     found["spec"] = spec
     found["metadata"]["generation"] = int(found["metadata"].get("generation", 1)) + 1
