@@ -16,7 +16,14 @@ from rich.text import Text
 
 from keelgate.core.audit import AuditEvent, ChainReport
 from keelgate.core.redaction import redact_text
-from keelgate.core.types import Outcome, RunPhase, StopReason
+from keelgate.core.types import (
+    LateResult,
+    Outcome,
+    PendingApproval,
+    RunPhase,
+    StopReason,
+    UnknownAction,
+)
 
 _STYLE = {
     RunPhase.SUCCEEDED: "bold green",
@@ -25,6 +32,57 @@ _STYLE = {
     RunPhase.RUNNING: "bold blue",
     RunPhase.PENDING: "bold blue",
 }
+
+
+def _no_stop_yet(outcome: Outcome, *, command: str, scope: str, driven: bool | None) -> str:
+    """What a run with no stop recorded is doing, as far as this process can tell."""
+    resume = f"`{command} resume {outcome.run}{scope}`"
+    if driven:
+        return (
+            "  no stop yet: another process is driving it now; leave it be (a second "
+            f"driver is refused), and ask again with `{command} status {outcome.run}"
+            f"{scope}`"
+        )
+    if driven is False:
+        return (
+            "  no stop recorded, and no process drives it: the one that did ended before "
+            "the run stopped (a crash, Ctrl-C, a model server that could not be reached); "
+            f"{resume} continues it from its last checkpoint"
+        )
+    return (
+        "  no stop recorded: running in another process now, or its process died; "
+        f"{resume} continues it from its last checkpoint"
+    )
+
+
+def _late(late: LateResult) -> str:
+    """A call that ended after someone settled it."""
+    return (
+        f"{late.tool} (action {late.action}) ended {late.status} after "
+        f"{late.settled_by or 'someone'} settled it as {late.recorded}; "
+        "the settlement stands: check the system it changes"
+    )
+
+
+def _next_step(outcome: Outcome, *, command: str, scope: str) -> str:
+    """How to go on from a stop that nothing else above tells how to leave ("" for none)."""
+    reason = outcome.stop.reason
+    if reason is StopReason.VERIFIER_REJECTIONS:
+        return (
+            f"  to go on, raise the limit: {command} resume {outcome.run}{scope} "
+            "--max-verifier-rejections N"
+        )
+    if reason is StopReason.COST_UNKNOWN:
+        return (
+            "  state the model's price (spec.pricing), or give a pricing file: "
+            f"{command} resume {outcome.run}{scope} --pricing prices.yaml"
+        )
+    if outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
+        return (
+            f"  resume with: {command} resume {outcome.run}{scope} "
+            "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]"
+        )
+    return ""
 
 
 class Console:
@@ -60,31 +118,27 @@ class Console:
         drives it (``keelgate temporal`` for a run in a Temporal workflow) and ``scope`` what
         those commands need after the run's name to find it (e.g. `` -n shop``). ``driven``,
         for a run with no stop: whether a process drives it now (None: not known)."""
-        stop = outcome.stop
         title = Text(f"{outcome.run}  ", style="bold")
         title += Text(outcome.phase.value, style=_STYLE[outcome.phase])
         if outcome.phase is RunPhase.RUNNING:
-            resume = f"`{command} resume {outcome.run}{scope}`"
-            if driven:
-                said = (
-                    "  no stop yet: another process is driving it now; leave it be (a second "
-                    f"driver is refused), and ask again with `{command} status {outcome.run}"
-                    f"{scope}`"
-                )
-            elif driven is False:
-                said = (
-                    "  no stop recorded, and no process drives it: the one that did ended before "
-                    "the run stopped (a crash, Ctrl-C, a model server that could not be reached); "
-                    f"{resume} continues it from its last checkpoint"
-                )
-            else:
-                said = (
-                    "  no stop recorded: running in another process now, or its process died; "
-                    f"{resume} continues it from its last checkpoint"
-                )
             self.out.print(title)
-            self.out.print(said)
+            self.out.print(_no_stop_yet(outcome, command=command, scope=scope, driven=driven))
             return
+        self._stopped(outcome, title)
+        for unknown in outcome.unknown_actions:
+            self._outcome_unknown(outcome.run, unknown, command=command, scope=scope)
+        for late in outcome.late_results:
+            self.out.print(Text("  late result: ", style="bold red") + Text(_late(late)))
+        for pending in outcome.pending_approvals:
+            self._awaiting(outcome.run, pending, command=command, scope=scope)
+        hint = _next_step(outcome, command=command, scope=scope)
+        if hint:
+            self.out.print(hint, style="dim")
+
+    def _stopped(self, outcome: Outcome, title: Text) -> None:
+        """The stop (its reason, whether it resumes), what the run used, its message, its
+        answer."""
+        stop = outcome.stop
         title += Text(f"  {stop.reason.value}")
         title += Text(" (resumable)" if outcome.resumable else "", style="dim")
         self.out.print(title)
@@ -99,67 +153,47 @@ class Console:
             self.out.print(f"  {stop.message}")
         if outcome.answer:
             self.out.print(Text("  answer: ", style="bold") + Text(outcome.answer))
-        for unknown in outcome.unknown_actions:
-            self.out.print(
-                Text("  outcome unknown: ", style="bold yellow")
-                + Text(f"{unknown.tool} (action {unknown.action}, key {unknown.idempotency_key})")
-            )
-            after = (
-                f" (from {unknown.not_executed_after}: until then it may still be sent)"
-                if unknown.not_executed_after
-                else ""
-            )
-            self.out.print(
-                "  Check the system it changes, then settle it:\n"
-                f"    {command} reconcile {outcome.run} {unknown.action} --executed "
-                f"--by YOU{scope}      # it happened\n"
-                f"    {command} reconcile {outcome.run} {unknown.action} --not-executed "
-                f"--by YOU{scope}  # it did not: never retried under this key{after}"
-            )
-        for late in outcome.late_results:
-            self.out.print(
-                Text("  late result: ", style="bold red")
-                + Text(
-                    f"{late.tool} (action {late.action}) ended {late.status} after "
-                    f"{late.settled_by or 'someone'} settled it as {late.recorded}; "
-                    "the settlement stands: check the system it changes"
-                )
-            )
-        for pending in outcome.pending_approvals:
-            needs = ""
-            if pending.rule is not None:
-                needs = f": {pending.approvals} of {pending.rule.describe()}"
-                if pending.approved_by:
-                    needs += f" (so far {', '.join(pending.approved_by)})"
-                if pending.expires_at:
-                    needs += f"; the first expires at {pending.expires_at}"
-            self.out.print(
-                Text("  awaiting approval: ", style="bold yellow")
-                + Text(f"{pending.tool} (action {pending.action}){needs}")
-            )
-            self.out.print(
-                f"    {command} approve {outcome.run} {pending.action} --approve --by YOU{scope}"
-                f"\n"
-                f"    {command} approve {outcome.run} {pending.action} --deny --by YOU{scope}"
-            )
-        if stop.reason is StopReason.VERIFIER_REJECTIONS:
-            self.out.print(
-                f"  to go on, raise the limit: {command} resume {outcome.run}{scope} "
-                "--max-verifier-rejections N",
-                style="dim",
-            )
-        elif stop.reason is StopReason.COST_UNKNOWN:
-            self.out.print(
-                "  state the model's price (spec.pricing), or give a pricing file: "
-                f"{command} resume {outcome.run}{scope} --pricing prices.yaml",
-                style="dim",
-            )
-        elif outcome.resumable and not outcome.unknown_actions and not outcome.pending_approvals:
-            self.out.print(
-                f"  resume with: {command} resume {outcome.run}{scope} "
-                "[--tokens N] [--dollars D] [--max-iterations N] [--timeout S]",
-                style="dim",
-            )
+
+    def _outcome_unknown(
+        self, run: str, unknown: UnknownAction, *, command: str, scope: str
+    ) -> None:
+        """A WRITE whose outcome is unknown, and the two commands that settle it."""
+        self.out.print(
+            Text("  outcome unknown: ", style="bold yellow")
+            + Text(f"{unknown.tool} (action {unknown.action}, key {unknown.idempotency_key})")
+        )
+        after = (
+            f" (from {unknown.not_executed_after}: until then it may still be sent)"
+            if unknown.not_executed_after
+            else ""
+        )
+        self.out.print(
+            "  Check the system it changes, then settle it:\n"
+            f"    {command} reconcile {run} {unknown.action} --executed "
+            f"--by YOU{scope}      # it happened\n"
+            f"    {command} reconcile {run} {unknown.action} --not-executed "
+            f"--by YOU{scope}  # it did not: never retried under this key{after}"
+        )
+
+    def _awaiting(self, run: str, pending: PendingApproval, *, command: str, scope: str) -> None:
+        """A call awaiting approval (what its rule still needs), and the two commands that
+        decide it."""
+        needs = ""
+        if pending.rule is not None:
+            needs = f": {pending.approvals} of {pending.rule.describe()}"
+            if pending.approved_by:
+                needs += f" (so far {', '.join(pending.approved_by)})"
+            if pending.expires_at:
+                needs += f"; the first expires at {pending.expires_at}"
+        self.out.print(
+            Text("  awaiting approval: ", style="bold yellow")
+            + Text(f"{pending.tool} (action {pending.action}){needs}")
+        )
+        self.out.print(
+            f"    {command} approve {run} {pending.action} --approve --by YOU{scope}"
+            f"\n"
+            f"    {command} approve {run} {pending.action} --deny --by YOU{scope}"
+        )
 
     def audit(
         self, run: str, trail: Trail, report: ChainReport | None, *, unsigned: str = ""

@@ -20,7 +20,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keelgate.core.types import Outcome, RunPhase, RunStatus, StopReason, UnknownAction, Usage
+from keelgate.core.types import (
+    LateResult,
+    Outcome,
+    PendingApproval,
+    RunPhase,
+    RunStatus,
+    Stop,
+    StopReason,
+    UnknownAction,
+    Usage,
+)
 
 JSON = dict[str, Any]
 
@@ -109,79 +119,18 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
     """The whole status the operator wants the AgentRun to show (kopf's part excluded)."""
     outcome = view.outcome
     phase = phase_of(view)
-    stop = None if outcome is None or outcome.phase is RunPhase.RUNNING else outcome.stop
-    if view.stepping and phase is RunPhase.RUNNING:
-        stop = None
-    gen = view.generation
-
-    def cond(type_: str, status: str, reason: str, message: str = "") -> JSON:
-        return condition(old, type_, status, reason, message, generation=gen, now=now)
-
+    stop = _stop_shown(view, phase)
     if view.unknown is not None:
         unknown = list(view.unknown)  # the store's word: no spec may hide an unknown outcome
     else:
         unknown = [] if outcome is None or stop is None else list(outcome.unknown_actions)
     pending = [] if outcome is None or stop is None else list(outcome.pending_approvals)
-    if stop is not None and stop.reason is StopReason.GOAL_MET:
-        answer = (outcome.answer if outcome is not None else None) or ""
-        succeeded = cond("Succeeded", "True", "goal_met", answer)
-    elif stop is not None:
-        succeeded = cond("Succeeded", "False", stop.reason.value, stop.message)
-    elif view.stalled:
-        succeeded = cond("Succeeded", "False", "Stalled", view.stalled)
-    else:
-        succeeded = cond("Succeeded", "Unknown", phase.value, view.waiting)
-    outcome_unknown = (
-        cond(
-            "OutcomeUnknown",
-            "True",
-            "WriteInFlight",
-            _listing(view.reconciliations, [(u.action, u.tool) for u in unknown], "reconciliation"),
-        )
-        if unknown
-        else cond("OutcomeUnknown", "False", "NoUnknownOutcome")
-    )
-    awaiting = (
-        cond(
-            "AwaitingApproval",
-            "True",
-            "ApprovalRequired",
-            _listing(view.approvals, [(p.action, p.tool) for p in pending], "approval"),
-        )
-        if pending
-        else cond("AwaitingApproval", "False", "NoPendingApproval")
-    )
-    done = phase is RunPhase.SUCCEEDED
-    ready = cond("Ready", "True" if done else "False", "Succeeded" if done else phase.value)
-    failed = phase is RunPhase.FAILED or bool(view.stalled)
-    if view.stalled:
-        stalled = cond("Stalled", "True", view.stalled_reason, view.stalled)
-    elif failed and stop is not None:
-        stalled = cond("Stalled", "True", stop.reason.value, stop.message)
-    else:
-        stalled = cond("Stalled", "False", "NotStalled")
-    if view.suspended and not view.stepping:
-        reconciling = cond("Reconciling", "False", "Suspended", "spec.suspend is true")
-    elif view.stepping or (outcome is None and not view.stalled):
-        reason = "Waiting" if view.waiting else "StepRunning"
-        reconciling = cond("Reconciling", "True", reason, view.waiting)
-    else:
-        reconciling = cond("Reconciling", "False", phase.value)
-
-    if view.stalled:
-        message = view.stalled
-    elif view.suspended and not view.stepping and phase is not RunPhase.SUCCEEDED:
-        message = "suspended (spec.suspend is true)"
-    elif stop is not None:
-        message = stop.message
-    else:
-        message = view.waiting
     # The run's part has the one shape users read (RunStatus, as `--output json` prints it);
     # the rest is what only the operator knows.
     run_status = RunStatus(
         phase=phase,
         stop_reason="" if stop is None else stop.reason.value,
-        message=message,
+        message=_message(view, phase, stop),
         resumable=False if stop is None else stop.is_resumable,
         iteration=0 if outcome is None else outcome.iteration,
         usage=Usage() if outcome is None else outcome.usage,
@@ -190,22 +139,26 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         answer=None if outcome is None else outcome.answer,
         late_results=() if outcome is None else outcome.late_results,
     )
-    conditions = [succeeded, outcome_unknown, awaiting, ready, reconciling, stalled]
+    gen = view.generation
+
+    def cond(type_: str, shown: _Shown) -> JSON:
+        return condition(old, type_, *shown, generation=gen, now=now)
+
+    conditions = [
+        cond("Succeeded", _succeeded(view, phase, stop)),
+        cond("OutcomeUnknown", _outcome_unknown(view, unknown)),
+        cond("AwaitingApproval", _awaiting_approval(view, pending)),
+        cond(
+            "Ready",
+            ("True", "Succeeded") if phase is RunPhase.SUCCEEDED else ("False", phase.value),
+        ),
+        cond("Reconciling", _reconciling(view, phase)),
+        cond("Stalled", _stalled(view, phase, stop)),
+    ]
     if view.denied:
-        conditions.append(cond("Denied", "True", "ActionDenied", "; ".join(view.denied)))
+        conditions.append(cond("Denied", ("True", "ActionDenied", "; ".join(view.denied))))
     if run_status.late_results:
-        conditions.append(
-            cond(
-                "LateResult",
-                "True",
-                "ResultAfterSettlement",
-                "; ".join(
-                    f"{late.tool} ({late.action}) ended {late.status} after "
-                    f"{late.settled_by or 'someone'} settled it as {late.recorded}"
-                    for late in run_status.late_results
-                ),
-            )
-        )
+        conditions.append(cond("LateResult", _late_result(run_status.late_results)))
     return {
         **run_status.to_json(),
         "observedGeneration": gen,
@@ -213,6 +166,81 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         "step": dict(view.step),
         "failpointsSeen": view.failpoints_seen,
     }
+
+
+#: A condition as shown: its status, its reason and, when there is one, its message.
+_Shown = tuple[str, str] | tuple[str, str, str]
+
+
+def _stop_shown(view: RunView, phase: RunPhase) -> Stop | None:
+    """The run's stop, unless it runs (a resumed run's step under way hides the stop it left)."""
+    outcome = view.outcome
+    if outcome is None or outcome.phase is RunPhase.RUNNING:
+        return None
+    if view.stepping and phase is RunPhase.RUNNING:
+        return None
+    return outcome.stop
+
+
+def _message(view: RunView, phase: RunPhase, stop: Stop | None) -> str:
+    """The status's one message: why it is stalled or suspended, its stop's, or its wait's."""
+    if view.stalled:
+        return view.stalled
+    if view.suspended and not view.stepping and phase is not RunPhase.SUCCEEDED:
+        return "suspended (spec.suspend is true)"
+    if stop is not None:
+        return stop.message
+    return view.waiting
+
+
+def _succeeded(view: RunView, phase: RunPhase, stop: Stop | None) -> _Shown:
+    if stop is not None and stop.reason is StopReason.GOAL_MET:
+        answer = (view.outcome.answer if view.outcome is not None else None) or ""
+        return ("True", "goal_met", answer)
+    if stop is not None:
+        return ("False", stop.reason.value, stop.message)
+    if view.stalled:
+        return ("False", "Stalled", view.stalled)
+    return ("Unknown", phase.value, view.waiting)
+
+
+def _outcome_unknown(view: RunView, unknown: Sequence[UnknownAction]) -> _Shown:
+    if not unknown:
+        return ("False", "NoUnknownOutcome")
+    listed = _listing(view.reconciliations, [(u.action, u.tool) for u in unknown], "reconciliation")
+    return ("True", "WriteInFlight", listed)
+
+
+def _awaiting_approval(view: RunView, pending: Sequence[PendingApproval]) -> _Shown:
+    if not pending:
+        return ("False", "NoPendingApproval")
+    listed = _listing(view.approvals, [(p.action, p.tool) for p in pending], "approval")
+    return ("True", "ApprovalRequired", listed)
+
+
+def _reconciling(view: RunView, phase: RunPhase) -> _Shown:
+    if view.suspended and not view.stepping:
+        return ("False", "Suspended", "spec.suspend is true")
+    if view.stepping or (view.outcome is None and not view.stalled):
+        return ("True", "Waiting" if view.waiting else "StepRunning", view.waiting)
+    return ("False", phase.value)
+
+
+def _stalled(view: RunView, phase: RunPhase, stop: Stop | None) -> _Shown:
+    if view.stalled:
+        return ("True", view.stalled_reason, view.stalled)
+    if phase is RunPhase.FAILED and stop is not None:
+        return ("True", stop.reason.value, stop.message)
+    return ("False", "NotStalled")
+
+
+def _late_result(late_results: Sequence[LateResult]) -> _Shown:
+    said = "; ".join(
+        f"{late.tool} ({late.action}) ended {late.status} after "
+        f"{late.settled_by or 'someone'} settled it as {late.recorded}"
+        for late in late_results
+    )
+    return ("True", "ResultAfterSettlement", said)
 
 
 def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

@@ -241,7 +241,13 @@ class Statements:
             f"WHERE tenant = ? AND key = ? AND state = 'in_flight' AND owner {d.same} ? "
             f"AND (? OR deadline IS NULL OR deadline <= {clock})"
         )
-        # AuditLog
+        self._audit_log(q)
+        self._q = q
+        self._d = d
+        self._together: dict[tuple[str, int, int], str] = {}
+
+    def _audit_log(self, q: Callable[[str], str]) -> None:
+        """The AuditLog's statements (``q`` puts the dialect's placeholders in)."""
         self.append = q(
             f"INSERT INTO keelgate_audit (tenant, run, {self.event_columns}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
@@ -257,9 +263,6 @@ class Statements:
             f"SELECT {self.event_columns} FROM keelgate_audit WHERE tenant = ? AND run = ? "
             "AND seq > ? ORDER BY seq LIMIT ?"
         )
-        self._q = q
-        self._d = d
-        self._together: dict[tuple[str, int, int], str] = {}
 
     def together(self, first: str, events: int, completions: int = 0) -> str:
         """One statement for a dialect with ``one_statement_writes``: ``first`` (``"save"`` or

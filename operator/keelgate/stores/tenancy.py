@@ -591,14 +591,7 @@ class TenantStore:
         closes, as far as this URL may, the ways one role could delay another through what the
         server shares (``secure``); ``Added.open`` says what it could not close, and
         ``Added.unbounded`` what PostgreSQL cannot bound."""
-        check_namespace(tenant)
-        if kind not in KINDS:
-            raise InputError("--kind", f"must be one of {', '.join(KINDS)}")
-        role = role or default_role(tenant, kind)
-        check_role(role)
-        check_host(host)
-        check_limit(connection_limit, "--connection-limit")
-        check_limit(lock_limit, "--lock-limit")
+        role = _role_to_add(tenant, kind, role, host, connection_limit, lock_limit)
         database = self._placement(tenant, shared=shared) if kind == "tenant" else ""
         if database:
             self._create_database(database)
@@ -606,20 +599,7 @@ class TenantStore:
             # One administrator at a time: two adds of one tenant must not both create.
             conn.execute("LOCK TABLE keelgate_tenants IN SHARE ROW EXCLUSIVE MODE")
             registered = self._registered(role)
-            if registered is not None and (registered.tenant, registered.kind) != (tenant, kind):
-                raise InputError(
-                    "--role",
-                    f"role {role} is registered as {_kind_words(registered)}; "
-                    f"remove that first (`keelgate tenant remove {registered.tenant}`)",
-                )
-            if kind == "tenant":
-                other = self._role_of(tenant)
-                if other is not None and other != role:
-                    raise InputError(
-                        "--role",
-                        f"tenant {tenant} has role {other} already: give --role {other}, or "
-                        f"remove it first (`keelgate tenant remove {tenant}`)",
-                    )
+            self._refuse_rebinding(role, tenant, kind, registered)
             exists = self._check_existing(role)
             if exists and new_url and not rotate:
                 raise InputError(
@@ -637,53 +617,9 @@ class TenantStore:
                 )
             ):
                 password = new_password()
-            who = sql.Identifier(role)
-            verifier = sql.Literal(scram_verifier(password)) if password else None
-            if not exists:
-                conn.execute(
-                    sql.SQL(
-                        "CREATE ROLE {} LOGIN NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                        "NOREPLICATION NOBYPASSRLS PASSWORD {}"
-                    )
-                    .format(who, verifier)
-                    .as_string(conn)
-                )
-            elif password:
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(who, verifier).as_string(conn)
-                )
-            added_at = registered.added_at if registered is not None else utc_now()
-            connections = connection_limit
-            if connections is None:
-                current = self._rows(
-                    "SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)
-                )
-                kept = int(current[0][0]) if current else -1
-                connections = kept if kept > 0 else DEFAULT_CONNECTION_LIMITS[kind]
-            conn.execute(
-                sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}")
-                .format(who, sql.Literal(connections))
-                .as_string(conn)
-            )
-            locks = lock_limit or (registered.lock_limit if registered is not None else LOCK_LIMIT)
-            # A tenant's run locks are taken in a key space of its own (migration 4).
-            conn.execute(
-                "INSERT INTO keelgate_tenants (role, tenant, kind, added_at, space, lock_limit) "
-                "SELECT %s, %s, %s, %s, CASE WHEN %s = 'tenant' THEN "
-                "COALESCE((SELECT max(space) FROM keelgate_tenants), %s) + 1 END, %s "
-                "ON CONFLICT (role) DO UPDATE SET lock_limit = excluded.lock_limit",
-                (role, tenant, kind, added_at, kind, TENANT_SPACES, locks),
-            )
-            if database:
-                # Its rows are in its own database from now on; here it may do nothing.
-                revoke(conn, role)
-                conn.execute(
-                    "INSERT INTO keelgate_databases (tenant, database) VALUES (%s, %s) "
-                    "ON CONFLICT (tenant) DO NOTHING",
-                    (tenant, database),
-                )
-            else:
-                grant(conn, role, kind)
+            _log_in_with(conn, role, password, exists=exists)
+            self._limit_connections(conn, role, kind, connection_limit)
+            self._register(conn, role, tenant, kind, database, registered, lock_limit)
             self.secure(conn)
         if database:
             self._furnish(database, tenant)
@@ -701,6 +637,79 @@ class TenantStore:
             tuple(self.open_ways(role)),
             tuple(self.unbounded()),
         )
+
+    def _refuse_rebinding(
+        self, role: str, tenant: str, kind: str, registered: Tenant | None
+    ) -> None:
+        """Refuse to make ``role`` the role of ``tenant`` when it is registered as someone
+        else's, or when the tenant has another role already."""
+        if registered is not None and (registered.tenant, registered.kind) != (tenant, kind):
+            raise InputError(
+                "--role",
+                f"role {role} is registered as {_kind_words(registered)}; "
+                f"remove that first (`keelgate tenant remove {registered.tenant}`)",
+            )
+        if kind == "tenant":
+            other = self._role_of(tenant)
+            if other is not None and other != role:
+                raise InputError(
+                    "--role",
+                    f"tenant {tenant} has role {other} already: give --role {other}, or "
+                    f"remove it first (`keelgate tenant remove {tenant}`)",
+                )
+
+    def _limit_connections(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        role: str,
+        kind: str,
+        connection_limit: int | None,
+    ) -> None:
+        """``role``'s sessions bounded by ``connection_limit``; left out, the limit it has, or
+        its kind's default when it has none."""
+        connections = connection_limit
+        if connections is None:
+            current = self._rows("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,))
+            kept = int(current[0][0]) if current else -1
+            connections = kept if kept > 0 else DEFAULT_CONNECTION_LIMITS[kind]
+        conn.execute(
+            sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}")
+            .format(sql.Identifier(role), sql.Literal(connections))
+            .as_string(conn)
+        )
+
+    def _register(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        role: str,
+        tenant: str,
+        kind: str,
+        database: str,
+        registered: Tenant | None,
+        lock_limit: int | None,
+    ) -> None:
+        """``role`` registered as ``tenant``'s (its run locks' key space, its lock limit, its
+        database), with exactly its kind's rights here."""
+        added_at = registered.added_at if registered is not None else utc_now()
+        locks = lock_limit or (registered.lock_limit if registered is not None else LOCK_LIMIT)
+        # A tenant's run locks are taken in a key space of its own (migration 4).
+        conn.execute(
+            "INSERT INTO keelgate_tenants (role, tenant, kind, added_at, space, lock_limit) "
+            "SELECT %s, %s, %s, %s, CASE WHEN %s = 'tenant' THEN "
+            "COALESCE((SELECT max(space) FROM keelgate_tenants), %s) + 1 END, %s "
+            "ON CONFLICT (role) DO UPDATE SET lock_limit = excluded.lock_limit",
+            (role, tenant, kind, added_at, kind, TENANT_SPACES, locks),
+        )
+        if database:
+            # Its rows are in its own database from now on; here it may do nothing.
+            revoke(conn, role)
+            conn.execute(
+                "INSERT INTO keelgate_databases (tenant, database) VALUES (%s, %s) "
+                "ON CONFLICT (tenant) DO NOTHING",
+                (tenant, database),
+            )
+        else:
+            grant(conn, role, kind)
 
     def _placement(self, tenant: str, *, shared: bool) -> str:
         """Where ``tenant``'s rows go: the database of its own it has, or a new one, or ""
@@ -760,17 +769,10 @@ class TenantStore:
     def open_ways(self, role: str) -> list[str]:
         """The ways ``role`` could still delay or deny another tenant through what the server
         shares, one line each; [] when none is left that Keelgate can see."""
-        ways: list[str] = []
         registered = self._registered(role)
         database = registered.database if registered is not None else ""
         there = self.on(database)
-
-        def functions(which: str) -> list[str]:
-            query = _CATALOG_FUNCTIONS.format(
-                which=f"({which}) AND has_function_privilege(%s, p.oid, 'EXECUTE')"
-            )
-            return [str(row[0]).split("(", 1)[0] for row in self._rows(query, (role,), on=there)]
-
+        ways: list[str] = []
         if registered is not None and registered.kind == "tenant" and not database:
             ways.append(
                 f"tenant {registered.tenant} keeps its rows in database {self.home}, shared "
@@ -779,6 +781,22 @@ class TenantStore:
                 f"{LOCK_TIMEOUT:g} s with an error; `keelgate tenant move {registered.tenant}` "
                 "gives it a database of its own"
             )
+        ways += self._function_ways(role, there)
+        ways += self._database_ways(role, there)
+        ways += self._budget_ways()
+        return ways
+
+    def _function_ways(self, role: str, there: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
+        """The functions every role may call unless revoked that reach other sessions: the
+        advisory locks, the views of every session and lock."""
+
+        def functions(which: str) -> list[str]:
+            query = _CATALOG_FUNCTIONS.format(
+                which=f"({which}) AND has_function_privilege(%s, p.oid, 'EXECUTE')"
+            )
+            return [str(row[0]).split("(", 1)[0] for row in self._rows(query, (role,), on=there)]
+
+        ways: list[str] = []
         locks = sorted(set(functions(_LOCK_FUNCTIONS)))
         if locks:
             ways.append(
@@ -792,6 +810,13 @@ class TenantStore:
                 "pg_locks); revoke them from PUBLIC with a superuser's URL (`keelgate tenant "
                 "add` does)"
             )
+        return ways
+
+    def _database_ways(self, role: str, there: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
+        """What ``role`` may do in its database and beyond that takes from what others share:
+        temporary tables, objects in a schema, other databases, sessions without a limit,
+        prepared transactions."""
+        ways: list[str] = []
         facts = self._rows(
             "SELECT has_database_privilege(%s, current_database(), 'TEMPORARY'), r.rolconnlimit, "
             "current_setting('max_prepared_transactions')::integer FROM pg_roles r "
@@ -844,6 +869,12 @@ class TenantStore:
                 f"the server allows prepared transactions (max_prepared_transactions = "
                 f"{prepared}): a role can keep locks after its sessions end; set it to 0"
             )
+        return ways
+
+    def _budget_ways(self) -> list[str]:
+        """Whether the registered roles' limits together fit the server: its sessions, its
+        lock table."""
+        ways: list[str] = []
         sums = self._rows(
             "SELECT COALESCE(sum(r.rolconnlimit), 0), bool_or(r.rolconnlimit < 0), "
             "current_setting('max_connections')::integer "
@@ -1169,3 +1200,44 @@ def _kind_words(tenant: Tenant) -> str:
     if tenant.kind == "operator":
         return f"the operator's (its Secret in {tenant.tenant})"
     return f"tenant {tenant.tenant}'s"
+
+
+def _role_to_add(
+    tenant: str,
+    kind: str,
+    role: str,
+    host: str,
+    connection_limit: int | None,
+    lock_limit: int | None,
+) -> str:
+    """The role ``add`` makes ``tenant``'s (given, or its kind's default), once every argument
+    of it is checked."""
+    check_namespace(tenant)
+    if kind not in KINDS:
+        raise InputError("--kind", f"must be one of {', '.join(KINDS)}")
+    role = role or default_role(tenant, kind)
+    check_role(role)
+    check_host(host)
+    check_limit(connection_limit, "--connection-limit")
+    check_limit(lock_limit, "--lock-limit")
+    return role
+
+
+def _log_in_with(
+    conn: psycopg.Connection[tuple[Any, ...]], role: str, password: str, *, exists: bool
+) -> None:
+    """``role`` made a plain login role with ``password`` (stored as its SCRAM verifier), or
+    given ``password`` if it exists; an existing role with no new password keeps its own."""
+    who = sql.Identifier(role)
+    verifier = sql.Literal(scram_verifier(password)) if password else None
+    if not exists:
+        conn.execute(
+            sql.SQL(
+                "CREATE ROLE {} LOGIN NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                "NOREPLICATION NOBYPASSRLS PASSWORD {}"
+            )
+            .format(who, verifier)
+            .as_string(conn)
+        )
+    elif password:
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(who, verifier).as_string(conn))

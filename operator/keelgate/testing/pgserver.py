@@ -284,6 +284,60 @@ def _wait_ready(process: subprocess.Popen[bytes], data: Path, timeout: float) ->
     return False
 
 
+def _owned(base: Path) -> _User | None:
+    """``base`` made for the server's user alone (postgres refuses a data directory others
+    can read); that user (None: this process's own)."""
+    base.mkdir(parents=True, exist_ok=True)
+    user = _server_user()
+    if user is not None:
+        os.chown(base, user.uid, user.gid)
+    os.chmod(base, 0o700)
+    return user
+
+
+def _initdb(bin_dir: Path, base: Path, data: Path, *, user: _User | None, password: str) -> None:
+    """A new cluster in ``data`` (superuser ``postgres``, UTF-8, C locale): trusting every
+    local connection, or with ``password`` asking each for its SCRAM-SHA-256 password."""
+    auth = ["-A", "trust"]
+    if password:
+        pwfile = base / "superuser-password"
+        pwfile.write_text(password + "\n")
+        if user is not None:
+            os.chown(pwfile, user.uid, user.gid)
+        auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+    done = subprocess.run(
+        [
+            *(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", *auth),
+            *("-E", "UTF8", "--locale=C", "--no-sync"),
+        ],
+        cwd=base,
+        env=_child_env(),
+        capture_output=True,
+        check=False,
+        **_user_kwargs(user),
+    )
+    (base / "superuser-password").unlink(missing_ok=True)  # initdb has read it
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).decode(errors="replace").strip()
+        raise PostgresUnavailable(f"initdb failed in {data}: {message[-800:]}")
+
+
+def _popen_options(
+    base: Path, log: IO[bytes], *, user: _User | None, tie_to_parent: bool
+) -> dict[str, Any]:
+    """How the server process is started (kept by the PgServer for a restart): in ``base``,
+    its output to ``log``, as ``user``, dying with this thread if ``tie_to_parent``."""
+    return {
+        "cwd": base,
+        "env": _child_env(),
+        "stdin": subprocess.DEVNULL,
+        "stdout": log,
+        "stderr": log,
+        "preexec_fn": _die_with_parent if tie_to_parent else None,
+        **_user_kwargs(user),
+    }
+
+
 def start_postgres(
     directory: str | os.PathLike[str] | None = None,
     *,
@@ -312,35 +366,10 @@ def start_postgres(
     owns_dir = not directory
     base = Path(directory or tempfile.mkdtemp(prefix="keelgate-pg-")).resolve()
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        user = _server_user()
-        if user is not None:
-            os.chown(base, user.uid, user.gid)
-        os.chmod(base, 0o700)
+        user = _owned(base)
         data = base / "data"
         if not (data / "PG_VERSION").exists():
-            auth = ["-A", "trust"]
-            if password:
-                pwfile = base / "superuser-password"
-                pwfile.write_text(password + "\n")
-                if user is not None:
-                    os.chown(pwfile, user.uid, user.gid)
-                auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
-            done = subprocess.run(
-                [
-                    *(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", *auth),
-                    *("-E", "UTF8", "--locale=C", "--no-sync"),
-                ],
-                cwd=base,
-                env=_child_env(),
-                capture_output=True,
-                check=False,
-                **_user_kwargs(user),
-            )
-            (base / "superuser-password").unlink(missing_ok=True)  # initdb has read it
-            if done.returncode != 0:
-                message = (done.stderr or done.stdout).decode(errors="replace").strip()
-                raise PostgresUnavailable(f"initdb failed in {data}: {message[-800:]}")
+            _initdb(bin_dir, base, data, user=user, password=password)
         # A unix socket path is limited to ~100 bytes; TCP on loopback is what tests use anyway.
         sockets = str(base) if len(str(base)) < 80 else ""
         log_path = base / "postgres.log"
@@ -361,15 +390,7 @@ def start_postgres(
             args = [str(bin_dir / "postgres"), "-D", str(data)]
             for key, value in given.items():
                 args += ["-c", f"{key}={value}"]
-            popen: dict[str, Any] = {
-                "cwd": base,
-                "env": _child_env(),
-                "stdin": subprocess.DEVNULL,
-                "stdout": log,
-                "stderr": log,
-                "preexec_fn": _die_with_parent if tie_to_parent else None,
-                **_user_kwargs(user),
-            }
+            popen = _popen_options(base, log, user=user, tie_to_parent=tie_to_parent)
             process = subprocess.Popen(args, **popen)
             if _wait_ready(process, data, timeout):
                 user_info = f"postgres:{password}" if password else "postgres"

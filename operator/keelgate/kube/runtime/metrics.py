@@ -18,6 +18,13 @@ STEP_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._runs_and_steps()
+        self._decisions_waiting()
+        self._operator_itself()
+        self._notifications()
+
+    def _runs_and_steps(self) -> None:
+        """Runs by phase, and their step pods: started, ended, how long, the hand-offs."""
         self.runs = Gauge(
             "keelgate_runs", "AgentRuns by status.phase.", ["phase"], registry=self.registry
         )
@@ -42,6 +49,9 @@ class Metrics:
             buckets=HANDOFF_BUCKETS,
             registry=self.registry,
         )
+
+    def _decisions_waiting(self) -> None:
+        """What waits for a person: unknown outcomes, late results, approvals."""
         self.unknown_outcomes = Gauge(
             "keelgate_unknown_outcomes",
             "WRITEs whose outcome is unknown and not yet settled.",
@@ -65,6 +75,10 @@ class Metrics:
             "Actions waiting for a person's approval.",
             registry=self.registry,
         )
+
+    def _operator_itself(self) -> None:
+        """The operator's own work: the step pods it runs and their cap, its API writes and
+        their throttling, its lead, its failed reconciles."""
         self.step_pods_active = Gauge(
             "keelgate_step_pods_active",
             "Step pods pending or running.",
@@ -99,8 +113,9 @@ class Metrics:
             registry=self.registry,
         )
 
-        # CloudEvents to the sinks (keelgate.kube.runtime.sinks): the sink label is a name the
-        # chart's values give, the type one of the catalogue's: both bounded.
+    def _notifications(self) -> None:
+        """CloudEvents to the sinks (keelgate.kube.runtime.sinks): the sink label is a name the
+        chart's values give, the type one of the catalogue's: both bounded."""
         self.notifications_sent = Counter(
             "keelgate_notifications_sent",
             "CloudEvents a sink accepted (2xx), by sink and event type.",
