@@ -254,6 +254,25 @@ def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
     assert "retried" not in story.broken()
 
 
+def test_a_held_up_step_sends_as_a_read_what_its_plan_read_as_one() -> None:
+    """The tool was a READ when step1 planned the call and step2 read that plan; the owner then
+    made it a WRITE and step3 planned the call again and sent it, its outcome unknown; step2,
+    held up meanwhile, goes on and sends its plan's READ. That send is judged by the plan step2
+    followed, never by the newer one it never saw: no WRITE was sent again."""
+    story = History()
+    story.books.specs[0] = SpecVersion(1, 0.0, manifest(sideEffect="READ"))
+    story.ask()
+    story.effect(story.send(at=2.0, key=""))
+    story.process("step2", 3.0)
+    story.spec(2, 4.0, manifest())
+    story.process("step3", 5.0, generation=2)
+    story.ask("step3", at=5.0, iteration=2)
+    story.send("step3", at=6.0, known=False, reached=False)
+    story.question(7.0)
+    story.effect(story.send("step2", at=8.0, key=""))
+    assert not story.broken() & {"twice", "retried"}
+
+
 @pytest.mark.parametrize(
     ("rule", "decisions", "why"),
     [

@@ -197,6 +197,16 @@ FOUND_WITH_MOVES = (
         15364916661601569437,
         "spec edited: place_order url",
     ),
+    (
+        # The model's fault (make sim SECONDS=120, base 1796568454): place_order was a READ
+        # when iteration 3 was planned and when step3 read that plan; step3, its node lost,
+        # was held up before its action while the owner made the tool a WRITE again and a
+        # later step planned the same call anew. step3 went on and sent its plan's READ (no
+        # key); the oracle judged that send by the newer plan's spec, as a WRITE sent again.
+        "a held-up step's READ, sent after the tool became a WRITE in a plan it never read",
+        10330859331456577612,
+        "EFFECT mcp http://shop.sim/mcp place_order p4 by step3",
+    ),
 )
 
 

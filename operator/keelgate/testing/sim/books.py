@@ -264,10 +264,28 @@ class Books:
                 found = ask
         return found
 
+    def plan_followed(self, sent: Sent) -> Ask | None:
+        """The answer whose plan a request's sender was following: the newest that planned its
+        call, asked by the sender itself or before the sender started (a step reads the saved
+        plan once, as it starts). A plan saved while the sender ran was never its plan: a
+        held-up step goes on with the plan it read, however the spec was edited since."""
+        life = self.processes.get(sent.process)
+        if life is None:
+            return self.planned_before(sent.ref, sent.order)
+        found = None
+        for ask in self.asks:
+            if (
+                ask.order < sent.order
+                and (ask.process == sent.process or ask.order < life.order)
+                and any(i.ref == sent.ref for i in ask.intents)
+            ):
+                found = ask
+        return found
+
     def versions_of(self, sent: Sent) -> list[SpecVersion]:
         """The versions of the spec a request's call was planned under and sent under (the
         processes' own, as the world gave them)."""
-        plan = self.planned_before(sent.ref, sent.order)
+        plan = self.plan_followed(sent)
         found = []
         for process in (plan.process if plan is not None else "", sent.process):
             version = self.spec(self.generation_of(process)) if process else None
