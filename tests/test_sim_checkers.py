@@ -273,6 +273,36 @@ def test_a_held_up_step_sends_as_a_read_what_its_plan_read_as_one() -> None:
     assert not story.broken() & {"twice", "retried"}
 
 
+def _a_plan_fenced_off_after_the_one_saved(*, answer_lost: bool) -> History:
+    """step2 plans the order while the tool is a READ and saves its plan; step1, held up since
+    before the edit, then gets its answer (under the WRITE it read) and fails to save it;
+    step3 reads the saved plan and sends the READ, its outcome unknown (a 503)."""
+    story = History()
+    story.spec(2, 0.5, manifest(sideEffect="READ"))
+    story.process("step2", 0.6, generation=2)
+    story.ask("step2", at=0.7)
+    story.books.plan_saved("step2")
+    story.ask("step1", at=1.0)
+    if answer_lost:
+        story.books.answer_lost("step1")
+    story.process("step3", 2.0, generation=2)
+    story.effect(story.send("step3", at=2.5, key="", known=False))
+    return story
+
+
+def test_a_plan_its_step_never_saved_is_no_plan_a_later_step_follows() -> None:
+    """step3 followed step2's saved plan (a READ), not step1's answer that was never saved: its
+    unknown outcome breaks no promise of a WRITE."""
+    assert _a_plan_fenced_off_after_the_one_saved(answer_lost=False).broken() == set()
+
+
+def test_a_plan_whose_save_may_have_landed_unheard_counts_too() -> None:
+    """Had step1's save landed while its answer was lost, step3 may have read step1's plan (a
+    WRITE): the oracle takes the stricter of the two, and an unknown WRITE nobody was asked
+    about breaks its promise."""
+    assert "unasked" in _a_plan_fenced_off_after_the_one_saved(answer_lost=True).broken()
+
+
 @pytest.mark.parametrize(
     ("rule", "decisions", "why"),
     [

@@ -264,6 +264,17 @@ FOUND_IN_OPERATOR_MODE = (
         11370533853797055487,
         "carol adds to restock-2-place-order-df7f18f35a-r4's decisions approved: True",
     ),
+    # The model's fault (make sim, base 0, run 718, on main 3d9976f: unasked): place_order was
+    # a READ when restock-s1-a2 planned iteration 1 and saved it; restock-s1-a1, held up since
+    # before the edit, then got its answer under the WRITE it had read and was fenced off
+    # (StaleCheckpoint) before saving it; restock-s2-a1 read the saved plan and sent the READ,
+    # a 503 then. The oracle judged the send by the newest answer, never saved, as an unknown
+    # WRITE nobody was asked about. Today's story meets the same window, the READ answered.
+    (
+        "a plan fenced off unsaved, newer than the saved one a later step followed",
+        14914398745568960774,
+        "restock-s1-a1 ends with StaleCheckpoint (exit 4)",
+    ),
 )
 
 

@@ -240,6 +240,10 @@ class Books:
     call_tokens: int = 0
     #: Whether a ServiceAccount's approval may count (no rule says so yet: issue 46).
     service_accounts_count: bool = False
+    #: The plans (their asks' ``order``) their steps saved for sure, and those whose save may
+    #: have landed while its answer was lost.
+    saved: set[int] = field(default_factory=set)
+    unsure: set[int] = field(default_factory=set)
     _booked: int = 0
 
     def next_order(self) -> int:
@@ -264,30 +268,59 @@ class Books:
                 found = ask
         return found
 
-    def plan_followed(self, sent: Sent) -> Ask | None:
-        """The answer whose plan a request's sender was following: the newest that planned its
-        call, asked by the sender itself or before the sender started (a step reads the saved
-        plan once, as it starts). A plan saved while the sender ran was never its plan: a
-        held-up step goes on with the plan it read, however the spec was edited since."""
+    def plan_saved(self, process: str) -> None:
+        """``process`` saved the plan it was given (it passed the window right after the save):
+        the steps started after it read that plan."""
+        ask = self._last_plan_of(process)
+        if ask is not None:
+            self.saved.add(ask.order)
+
+    def answer_lost(self, process: str) -> None:
+        """A store answer to ``process`` was lost: the plan it was given and had not saved may
+        have been saved unheard (a commit whose answer never came)."""
+        ask = self._last_plan_of(process)
+        if ask is not None and ask.order not in self.saved:
+            self.unsure.add(ask.order)
+
+    def _last_plan_of(self, process: str) -> Ask | None:
+        return next(
+            (a for a in reversed(self.asks) if a.process == process and a.phase == "plan"), None
+        )
+
+    def plans_followed(self, sent: Sent) -> list[Ask]:
+        """The answers whose plan a request's sender may have been following: the newest that
+        planned its call asked by the sender itself; else the newest saved before the sender
+        started (a step reads the saved plan once, as it starts), with any newer whose save
+        may have landed unheard. A plan asked but never saved (its step fenced off, dead before
+        the save) or saved while the sender ran was never the sender's: a held-up step goes on
+        with the plan it read, however the spec was edited since. Where the books know of no
+        save (a history written by hand), the newest before the sender started."""
         life = self.processes.get(sent.process)
         if life is None:
-            return self.planned_before(sent.ref, sent.order)
-        found = None
-        for ask in self.asks:
-            if (
-                ask.order < sent.order
-                and (ask.process == sent.process or ask.order < life.order)
-                and any(i.ref == sent.ref for i in ask.intents)
-            ):
-                found = ask
-        return found
+            plan = self.planned_before(sent.ref, sent.order)
+            return [] if plan is None else [plan]
+        planning = [
+            a
+            for a in self.asks
+            if a.order < sent.order and any(i.ref == sent.ref for i in a.intents)
+        ]
+        own = [a for a in planning if a.process == sent.process]
+        if own:
+            return own[-1:]
+        before = [a for a in planning if a.order < life.order]
+        saved = [a for a in before if a.order in self.saved]
+        if not saved:
+            return before[-1:]
+        return [
+            saved[-1],
+            *(a for a in before if a.order > saved[-1].order and a.order in self.unsure),
+        ]
 
     def versions_of(self, sent: Sent) -> list[SpecVersion]:
         """The versions of the spec a request's call was planned under and sent under (the
         processes' own, as the world gave them)."""
-        plan = self.plan_followed(sent)
         found = []
-        for process in (plan.process if plan is not None else "", sent.process):
+        for process in (*(plan.process for plan in self.plans_followed(sent)), sent.process):
             version = self.spec(self.generation_of(process)) if process else None
             if version is not None:
                 found.append(version)

@@ -266,6 +266,8 @@ class StepProcess:
         """The world's say at one window of this process."""
         if not self.alive:
             raise SimulatedCrash(name, 1)  # killed while held up: it never comes back
+        if name == "after_plan":
+            self.books.plan_saved(self.name)
         world = self.world
         fault = self.setting.faults.at_window(world, name)
         if fault == "crash":

@@ -165,7 +165,14 @@ def _simulate(
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner)
     faults = Faults(world)
-    site.lose_answer = faults.lose_answer
+
+    def lose_answer() -> bool:
+        lost = faults.lose_answer()
+        if lost:
+            books.answer_lost(world.actor)
+        return lost
+
+    site.lose_answer = lose_answer
     desk = Desk(scenario, world, books, moves="definition" in options.moves)
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
