@@ -291,11 +291,40 @@ def test_the_seeds_found_in_operator_mode_with_every_move_keep_every_promise(
     )
 
 
-def _meets_its_window_and_keeps_every_promise(
-    why: str, seed: int, shown: str, *, mode: str, options: Options
+#: Seeds of operator mode on a SQLite file, kept as ``FOUND_IN_OPERATOR_MODE`` are. The world of
+#: 12729524454312395263 (docs/simulation.md: bob's one-decision deny, a failed reconcile, the
+#: run re-created, dave's approval placed the order) has moved on; this seed meets the same
+#: story in today's: bob's deny as operator1's reconcile of that very Approval fails, alice
+#: re-creating her run later, the deny recorded.
+FOUND_IN_OPERATOR_MODE_ON_SQLITE = (
+    (
+        "a deny, its Approval's reconcile failing at once, the run re-created",
+        9227316621196855893,
+        "operator1 Approval restock-2-1-pay-02e032c027: ApiFailure",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("why", "seed", "shown"),
+    FOUND_IN_OPERATOR_MODE_ON_SQLITE,
+    ids=[f[0] for f in FOUND_IN_OPERATOR_MODE_ON_SQLITE],
+)
+def test_the_seeds_found_in_operator_mode_on_sqlite_keep_every_promise(
+    why: str, seed: int, shown: str
 ) -> None:
-    """A kept seed's run (memory store) shows ``shown`` in its trace and breaks no promise."""
-    outcome = simulate(seed=seed, store="memory", mode=mode, options=options)
+    """Each seed meets its window again on a SQLite file, every move on, and keeps every
+    promise: no call takes effect as approved after a deny."""
+    _meets_its_window_and_keeps_every_promise(
+        why, seed, shown, mode="operator", options=Options.every(), store="sqlite"
+    )
+
+
+def _meets_its_window_and_keeps_every_promise(
+    why: str, seed: int, shown: str, *, mode: str, options: Options, store: str = "memory"
+) -> None:
+    """A kept seed's run shows ``shown`` in its trace and breaks no promise."""
+    outcome = simulate(seed=seed, store=store, mode=mode, options=options)
     assert any(shown in line for line in outcome.lines), f"{why}: the seed no longer meets it"
     assert outcome.ok, "; ".join(map(str, outcome.violations))
 

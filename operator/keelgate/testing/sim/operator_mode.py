@@ -443,9 +443,12 @@ class Cluster:
         name = body["metadata"]["name"]
         decision = self._booked_approval(spec, state, by, yes)
         rule = None if pending is None else pending.rule
-        one = rule is None or (rule.required <= 1 and not rule.group_lists())
+        # One person, no groups asked: the one-decision form does (it names no groups, and
+        # counts as a decision with none). Where the run is not waiting for the action (it
+        # is between stops) the person cannot see its rule, and adds their decision with
+        # their groups, as `kubectl keelgate approve` does.
+        one = rule is not None and rule.required <= 1 and not rule.group_lists()
         if one and not decisions and spec.get("approved") is None:
-            # One person, no groups asked: the one-decision form does (it names no groups).
             world.say(f"{by} patches {name} approved: {yes}")
             spec.update(approved=yes, by=by)
         else:
