@@ -249,20 +249,20 @@ FOUND_IN_OPERATOR_MODE = (
         "alice deletes restock and creates it again",
     ),
     # ``waiting`` (docs/simulation.md): approvals that kept expiring filled each person's 8
-    # entries on the one Approval and the run waited for good. Since the merges after it was
-    # found its story draws differently; with rounds, its action is asked afresh on
-    # ``-r2`` (carol's one-decision form there, then entries of others) and it ends.
+    # entries on the one Approval and the run waited for good (16620836951895759664, whose
+    # story has since moved on). With rounds, an action whose approvals all expired is asked
+    # afresh on ``-r2``; these seeds (a scan of base 4646046 on today's world, with the Approval
+    # finalizer) show it in the act: one round more, and four rounds of one action, each
+    # person's decisions counted in their round only.
     (
         "approvals expiring on an Approval: its action asked afresh in a new round",
-        16620836951895759664,
-        "carol patches restock-1-place-order-7ee374e8a0-r2 approved: True",
+        10468895190701761707,
+        "carol adds to restock-1-2-place-order-b8d0f3c4f1-r2's decisions approved: True",
     ),
-    # Found with rounds (a scan of the same base): one action asked four times, each person's
-    # decisions counted in their round only, through store outages and a refused reorder.
     (
-        "an action asked afresh four times, through store outages",
-        11370533853797055487,
-        "carol adds to restock-2-place-order-df7f18f35a-r4's decisions approved: True",
+        "an action asked afresh four times",
+        17057686793111651455,
+        "bob adds to restock-4-2-place-order-790ce2cbfe-r4's decisions approved: True",
     ),
     # The model's fault (make sim, base 0, run 718, on main 3d9976f: unasked): place_order was
     # a READ when restock-s1-a2 planned iteration 1 and saved it; restock-s1-a1, held up since

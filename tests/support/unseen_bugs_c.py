@@ -129,8 +129,8 @@ UNSEEN_C: tuple[Planted, ...] = (
         (
             (
                 "core/approvals.py",
-                'key=f"decided:{action}" if not prior else f"decided:{action}:{prior}",',
-                'key=f"decided:{action}:{decision.by}",',
+                'key=f"decided:{keyed}" if not prior else f"decided:{keyed}:{prior}",',
+                'key=f"decided:{keyed}:{decision.by}",',
             ),
         ),
     ),
