@@ -6,6 +6,11 @@ start-up path of its own; ``keelgate step`` normally reaches it without loading 
 ``operator`` is the image's entrypoint: the kopf operator (``keelgate.kube.runtime.operator``),
 imported only when it runs. It refuses a store whose owner liveness works on one host only.
 This module must never print a secret (the store URL is shown redacted, if at all).
+
+Why one module of over 500 lines: it is the two commands' options and their checks, nothing
+else (each option's help is part of the contract a user reads in ``--help``); what they run
+lives in ``keelgate.cli.step`` and ``keelgate.kube.runtime``, and splitting the options from
+their commands would put typer's declarations of one command in two places.
 """
 
 from __future__ import annotations
