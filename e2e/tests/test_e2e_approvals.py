@@ -375,20 +375,21 @@ def test_an_edit_of_the_tool_after_two_approvals_voids_them_and_sends_nothing(
             {"op": "replace", "path": "/spec/suspend", "value": False},
         ]
         alice("patch", "agentrun", "payout", "--type", "json", "-p", json.dumps(edit))
+        # Nothing on the first Approval can count any more: it is settled as expired and the
+        # call is asked afresh on the round-2 Approval, bound to the edited tool.
+        again = action_object_name("payout", "1:0", "place_order", round=2)
         wait_for(
             lambda: (
-                (status := _status_of(admin, tenant, name)).get("phase") == "Pending"
+                (status := _status_of(admin, tenant, again)).get("phase") == "Pending"
                 and status.get("definition") != shown
             ),
             timeout=90,
             what="the Approval asked again for the edited call",
         )
-        status = _status_of(admin, tenant, name)
-        assert (status["progress"], status["approvedBy"]) == ("0 of 2", [])
-        assert (
-            "asked again: the tool was changed after the approval of bob, carol"
-            in (status["message"])
-        )
+        old = _status_of(admin, tenant, name)
+        assert (old["verdict"], old["askedAgainAs"]) == ("expired", again)
+        assert "made on an earlier definition of the tool" in old["message"]
+        assert _status_of(admin, tenant, again)["progress"] == "0 of 2"
         assert shop.shop.orders == [] and other.shop.orders == []
         (changed,) = [
             e
