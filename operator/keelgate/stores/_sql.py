@@ -903,24 +903,21 @@ class SQLStore(HoldsOwner, ABC):
     ) -> KeyRecord | None:
         claim_id = uuid.uuid4().hex
         epoch = self._epochs.get((tenant, run))
-        # The epoch the key is claimed under; the checkpoint its action was planned from; and
-        # the epoch the run must still have.
-        fence = (epoch, after, tenant, run, after, tenant, run, epoch)
+
+        def claimed(*events: Any) -> tuple[Any, ...]:
+            """The claim statement's parameters (then ``events``' rows, for one statement): the
+            key, its owner (this session's id), its deadline and claim id; the epoch it is
+            claimed under; the checkpoint its action was planned from; the epoch the run must
+            still have."""
+            return (
+                *(tenant, key, run, action, tool, self._owner_id(), deadline_in, claim_id),
+                *(epoch, after, tenant, run, after, tenant, run, epoch),
+                *events,
+            )
 
         def insert(conn: Connection) -> tuple[bool, AuditEvent | None]:
             """Whether the claim won, and then the run's new chain head if it carried an event."""
-            values = (
-                tenant,
-                key,
-                run,
-                action,
-                tool,
-                self._owner_id(),
-                deadline_in,
-                claim_id,
-                *fence,
-            )
-            if conn.execute(self.sql.claim, values).rowcount != 1:
+            if conn.execute(self.sql.claim, claimed()).rowcount != 1:
                 return False, None
             return True, None if event is None else self._append(conn, tenant, run, [event])
 
@@ -932,19 +929,7 @@ class SQLStore(HoldsOwner, ABC):
             if sealed is None:
                 return None
             events, last = sealed
-            values = (
-                tenant,
-                key,
-                run,
-                action,
-                tool,
-                self._owner_id(),
-                deadline_in,
-                claim_id,
-                *fence,
-                *events,
-            )
-            row = self._one_statement(conn, self.sql.together("claim", 1), values)
+            row = self._one_statement(conn, self.sql.together("claim", 1), claimed(*events))
             if row is None:
                 self._heads.pop((tenant, run), None)
                 return None
@@ -974,25 +959,33 @@ class SQLStore(HoldsOwner, ABC):
                 if event is not None and head is not _UNKNOWN:
                     self._heads[(tenant, run)] = head  # committed: it may be remembered
                 return None
-            # Lost: the key as it stands, its owner judged alive or gone.
-            row = self._durably(
-                lambda again: self._one(self.sql.key, (tenant, key)), what=f"reading key {key}"
-            )
-            if row is not None:
-                return self._record(row)
-            # No key: the run's epoch is not the one this store writes it under, the run's
-            # checkpoint has moved on past the action's (a seq only grows, so it never comes
-            # back), or the key's live owner just dropped it.
-            stored = self._durably(
-                lambda again: self._stored_seq_under_epoch(tenant, run),
-                what=f"reading the checkpoint of run {run!r}",
-            )
-            if after is not None:
-                stored_seq = None if stored is None else int(stored[0])
-                if stored_seq != after:
-                    raise StaleClaim(tenant, run, after, stored_seq)
+            lost_to = self._claim_lost(tenant, key, run, after)
+            if lost_to is not None:
+                return lost_to
             # Its live owner just dropped it after a definite refusal: claim it afresh.
             claim_id = uuid.uuid4().hex
+
+    def _claim_lost(self, tenant: str, key: str, run: str, after: int | None) -> KeyRecord | None:
+        """After a claim that did not land: the key as it stands (its owner judged alive or
+        gone); None where there is no key and the claim may be made afresh. ``StaleEpoch`` or
+        ``StaleClaim`` where the run is no longer this store's to claim in."""
+        row = self._durably(
+            lambda again: self._one(self.sql.key, (tenant, key)), what=f"reading key {key}"
+        )
+        if row is not None:
+            return self._record(row)
+        # No key: the run's epoch is not the one this store writes it under, the run's
+        # checkpoint has moved on past the action's (a seq only grows, so it never comes
+        # back), or the key's live owner just dropped it.
+        stored = self._durably(
+            lambda again: self._stored_seq_under_epoch(tenant, run),
+            what=f"reading the checkpoint of run {run!r}",
+        )
+        if after is not None:
+            stored_seq = None if stored is None else int(stored[0])
+            if stored_seq != after:
+                raise StaleClaim(tenant, run, after, stored_seq)
+        return None
 
     def _stored_seq_under_epoch(self, tenant: str, run: str) -> Any:
         """The run's stored checkpoint seq (its row, or None); ``StaleEpoch`` first if the run's
