@@ -410,6 +410,15 @@ class Stores:
             return self.checkpoints
         return None
 
+    @property
+    def owners(self) -> RunOwners | None:
+        """The checkpoint store that records run ownership and fences the run's writes with
+        it, if it is the key store too (its claims must carry the epoch as well)."""
+        owners: object = self.checkpoints
+        if owners is self.idempotency and isinstance(owners, RunOwners):
+            return owners
+        return None
+
     def close(self) -> None:
         """Close each distinct store once. Closing is what a process death does: nothing in
         flight is settled, so a record left in flight reads as an unknown outcome afterwards."""

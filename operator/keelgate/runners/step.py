@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from keelgate.core.protocols import Confirmer, RunOwners, Stores
+from keelgate.core.protocols import Confirmer, Stores
 from keelgate.core.spec import LoopSpec, Price
 from keelgate.core.state import RunState
 from keelgate.core.tracing import NO_TRACING, Tracer
@@ -114,8 +114,8 @@ class StepRunner:
 
 def _carry(stores: Stores, tenant: str, run: str, epoch: int) -> None:
     """Write the run under its holder's ``epoch`` from now on."""
-    owners: object = stores.checkpoints
-    if owners is not stores.idempotency or not isinstance(owners, RunOwners):
+    owners = stores.owners
+    if owners is None:
         raise InputError("--epoch", "this store records no run ownership (a SQL store does)")
     owners.carry(tenant, run, epoch)
 

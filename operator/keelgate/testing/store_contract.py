@@ -52,7 +52,6 @@ from keelgate.core.protocols import (
     Completion,
     IdempotencyStore,
     RunLock,
-    RunOwners,
     RunRef,
     RunRevisions,
     SpecStore,
@@ -108,8 +107,7 @@ class Check:
         if self.needs == "run_lock":
             return isinstance(stores.idempotency, RunLock)
         if self.needs == "ownership":
-            owners: object = stores.checkpoints
-            return owners is stores.idempotency and isinstance(owners, RunOwners)
+            return stores.owners is not None
         if self.needs == "revisions":
             return isinstance(stores.checkpoints, RunRevisions)
         if self.needs in _PROMISES:
@@ -1014,9 +1012,9 @@ def a_claim_after_another_writer_puts_its_event_after_the_others(factory: Opener
 
 
 def owners(factory: Opener) -> Any:
-    stores = factory()
-    assert isinstance(stores.checkpoints, RunOwners)
-    return stores.checkpoints
+    store = factory().owners
+    assert store is not None
+    return store
 
 
 def _lapsed(factory: Opener, holder: str = "a") -> Any:
