@@ -1087,7 +1087,8 @@ def a_write_left_in_flight_under_an_old_epoch_is_unknown_to_the_new_holder(
 ) -> None:
     """The old holder's store is open and its owner alive, yet its in-flight key reads
     outcome_unknown to the new holder (never in flight, never claimable again): a claim
-    returns the record instead of a retry, and a person may settle it."""
+    returns the record instead of a retry, the old holder can neither drop nor release it,
+    and a person may settle it."""
     old, new = _lapsed(factory)
     for store in (new, old, owners(factory)):
         got = store.get("acme", "kg-1")
@@ -1095,7 +1096,11 @@ def a_write_left_in_flight_under_an_old_epoch_is_unknown_to_the_new_holder(
     again = new.claim("acme", "kg-1", run="r", action="a1", tool="ship", after=1)
     assert again is not None and again.state is KeyState.OUTCOME_UNKNOWN
     with raises(StaleEpoch):
+        old.forget("acme", "kg-1")  # dropped after a refusal: the new holder's to settle
+    with raises(StaleEpoch):
         old.release("acme", "kg-1")
+    kept = new.get("acme", "kg-1")
+    assert kept is not None and kept.state is KeyState.OUTCOME_UNKNOWN
     settled = new.settle("acme", "kg-1", executed=True, by="ops", source="human")
     assert settled.state is KeyState.COMPLETED
     with raises(StaleEpoch):
