@@ -94,11 +94,12 @@ class OwnershipStatements:
         clock = f"CAST({d.clock} AS {d.real})"
         # A write of a run lands only while the run has no recorded holder, or its epoch is
         # the one the write carries (parameters: tenant, run, epoch; NULL carries none, so a
-        # writer that never took the run is refused once anyone has).
-        self.run_fence = (
-            "NOT EXISTS (SELECT 1 FROM keelgate_owners o WHERE o.tenant = ? AND o.run = ? "
-            f"AND NOT (o.epoch {d.same} CAST(? AS {d.bigint})))"
+        # writer that never took the run is refused once anyone has); ``fenced`` reads the
+        # same row back for the refusal (the run held under another epoch than the carried).
+        held_otherwise = (
+            f"o.tenant = ? AND o.run = ? AND NOT (o.epoch {d.same} CAST(? AS {d.bigint}))"
         )
+        self.run_fence = f"NOT EXISTS (SELECT 1 FROM keelgate_owners o WHERE {held_otherwise})"
         # A key's end is recorded only while its run's epoch is still the one it was claimed
         # under (a key claimed before migration 8, or on a run nobody took, has none).
         self.key_fence = (
@@ -134,10 +135,7 @@ class OwnershipStatements:
             f"WHERE tenant = ? AND run = ? AND holder = ? AND epoch = ? AND expires > {clock}"
         )
         # Whose epoch a refused write met: the run's holder, where it is not the one carried.
-        self.fenced = q(
-            "SELECT holder, epoch FROM keelgate_owners WHERE tenant = ? AND run = ? "
-            f"AND NOT (epoch {d.same} CAST(? AS {d.bigint}))"
-        )
+        self.fenced = q(f"SELECT o.holder, o.epoch FROM keelgate_owners o WHERE {held_otherwise}")
         self.fenced_key = q(
             "SELECT o.holder, o.epoch, k.run, k.epoch FROM keelgate_keys k JOIN keelgate_owners o "
             "ON o.tenant = k.tenant AND o.run = k.run WHERE k.tenant = ? AND k.key = ? "
