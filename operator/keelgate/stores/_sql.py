@@ -502,7 +502,7 @@ class SQLStore(HoldsOwner, ABC):
                 return won, conn.execute(own.owner, (tenant, run)).fetchone()
 
         won, row = self._durably(attempt, what=f"taking run {run!r}")
-        current = Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+        current = _ownership(tenant, run, row)
         if not won or current.holder != holder:
             raise RunBusy(
                 tenant,
@@ -527,7 +527,7 @@ class SQLStore(HoldsOwner, ABC):
                 return conn.execute(self.sql.ownership.owner, (tenant, run)).fetchone()
 
         row = self._durably(attempt, what=f"renewing the lease of run {run!r}")
-        return Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+        return _ownership(tenant, run, row)
 
     def carry(self, tenant: str, run: str, epoch: int | None) -> None:
         """Write the run under ``epoch`` from now on (taken by another process: a step
@@ -557,7 +557,7 @@ class SQLStore(HoldsOwner, ABC):
         )
         if row is None:
             return None
-        return Ownership(tenant, run, str(row[0]), int(row[1]), float(row[2]))
+        return _ownership(tenant, run, row)
 
     def _run_fence(self, tenant: str, run: str) -> tuple[Any, ...]:
         """The parameters of ``OwnershipStatements.run_fence`` for a write of the run."""
@@ -1245,6 +1245,12 @@ def _event_row(tenant: str, run: str, event: AuditEvent) -> tuple[Any, ...]:
         event.writer,
         event.writer_kind,
     )
+
+
+def _ownership(tenant: str, run: str, row: Sequence[Any]) -> Ownership:
+    """A row of ``OwnershipStatements.owner``: holder, epoch, seconds of lease left."""
+    holder, epoch, lease_left = row
+    return Ownership(tenant, run, str(holder), int(epoch), float(lease_left))
 
 
 def _event(tenant: str, run: str, row: Sequence[Any]) -> AuditEvent:
