@@ -152,9 +152,14 @@ FOUND_SEEDS = (
     ),
     (
         "a step held up past its deadline whose approvals grew too old: asked again",
-        12720380959722957760,
+        7814487065843138973,
         "local",
-        "step5 ends Stopped awaiting_approval",
+        (
+            "alice approved 1:2 (place_order)",
+            "step6 held up 302.0s at before_action",
+            "step6 ends Stopped awaiting_approval",
+            "dave approved 1:2 (place_order)",
+        ),
     ),
     (
         "a confirmer's settlement whose writer died, the key's own step ending the call late",
