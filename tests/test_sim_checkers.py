@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from keelgate.kube.naming import DECISIONS_FINALIZER
 from keelgate.testing.sim.admission import (
-    FINALIZER,
     MAX_DECISIONS,
     User,
     admitted,
@@ -645,10 +645,10 @@ def test_admission_keeps_an_approval_being_deleted_as_it_is_and_its_finalizer_th
     assert "being deleted" in admitted("Approval", BASE, grown, BOB, deleting=True)
     assert admitted("Approval", BASE, grown, BOB, deleting=False) == ""
     assert admitted("Approval", grown, dict(grown), BOB, deleting=True) == ""
-    held = [FINALIZER, "example.com/other"]
+    held = [DECISIONS_FINALIZER, "example.com/other"]
     assert "holds the approval" in finalizer_refusal(held, ["example.com/other"], ALICE)
     assert finalizer_refusal(held, [], User("root", ("system:masters",))) == ""
-    assert finalizer_refusal(held, [FINALIZER], ALICE) == ""
+    assert finalizer_refusal(held, [DECISIONS_FINALIZER], ALICE) == ""
 
 
 def test_admission_gives_each_added_decision_its_identity_and_the_definition_shown() -> None:

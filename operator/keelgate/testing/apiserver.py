@@ -155,12 +155,17 @@ class MemoryApiServer(ApiServer):
                 return  # ClusterApi takes a 404 as done
             if uid and found["metadata"]["uid"] != uid:
                 raise Conflict(f"delete {kind} {namespace}/{name}: 409 Conflict", status=409)
-            if found["metadata"].get("finalizers"):
-                # As the API server does: the object stays, marked once, until its last
-                # finalizer goes (an Approval's is the operator's: it records decisions first).
-                if found["metadata"].get("deletionTimestamp"):
+            meta = found["metadata"]
+            if meta.get("finalizers"):
+                # As the API server does: the object stays, marked once (a second delete
+                # changes nothing, and no watcher hears of it), until its last finalizer goes
+                # (an Approval's is the operator's: it records decisions first). Marking it
+                # moves a custom object's generation, as kube-apiserver's markAsDeleting does.
+                if meta.get("deletionTimestamp"):
                     return
-                found["metadata"]["deletionTimestamp"] = stamp(self._clock())
+                meta["deletionTimestamp"] = stamp(self._clock())
+                if meta.get("generation"):
+                    meta["generation"] = int(meta["generation"]) + 1
                 self._bump(found)
                 marked = copy.deepcopy(found)
             else:
@@ -192,7 +197,8 @@ class MemoryApiServer(ApiServer):
                 meta.get("finalizers") or ()
             ):
                 raise ApiFailure(
-                    f"{what}: 422 no new finalizers can be added if the object is being deleted"
+                    f"{what}: 422 no new finalizers can be added if the object is being deleted",
+                    status=422,
                 )
             if finalizers:
                 meta["finalizers"] = list(finalizers)

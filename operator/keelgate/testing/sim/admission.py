@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keelgate.kube.naming import DECISIONS_FINALIZER
+
 #: Decisions an Approval holds at most (the CRD's maxItems).
 MAX_DECISIONS = 64
 
@@ -55,9 +57,8 @@ def admitted(
     return ""
 
 
-#: The Approval's finalizer (``keelgate.kube.naming.DECISIONS_FINALIZER``), and who may remove
-#: it besides the operator: the chart's admissionPolicy.finalizerAdmins.
-FINALIZER = "keelgate.dev/decisions"
+#: Who may remove the Approval's finalizer besides the operator: the chart's
+#: admissionPolicy.finalizerAdmins.
 FINALIZER_ADMINS = ("system:masters",)
 
 
@@ -65,7 +66,7 @@ def finalizer_refusal(old: Sequence[str], new: Sequence[str], user: User) -> str
     """Why ``user``'s change of an Approval's finalizers from ``old`` to ``new`` is refused
     ("" if admitted): the chart's approval-finalizer policy lets only the operator (which the
     simulation's people never are) and a cluster admin remove keelgate.dev/decisions."""
-    if FINALIZER not in old or FINALIZER in new:
+    if DECISIONS_FINALIZER not in old or DECISIONS_FINALIZER in new:
         return ""
     if any(group in FINALIZER_ADMINS for group in user.groups):
         return ""

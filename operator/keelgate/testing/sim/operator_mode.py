@@ -29,7 +29,7 @@ from typing import Any
 
 from keelgate.core.loop import Loop
 from keelgate.core.state import RunState
-from keelgate.core.types import StopReason
+from keelgate.core.types import PendingApproval, StopReason
 from keelgate.errors import KeelgateError
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
@@ -425,9 +425,7 @@ class Cluster:
         if not self.calm and schedule.chance(300):
             return
         action = str(spec.get("action", ""))
-        pending = (
-            None if state is None else next((p for p in state.pending if p.action == action), None)
-        )
+        pending = _pending(state, action)
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
         counting = {str(b) for b in status.get("approvedBy") or ()}
@@ -570,9 +568,7 @@ class Cluster:
         world, name = self.world, body["metadata"]["name"]
         spec: dict[str, Any] = dict(body.get("spec") or {})
         action = str(spec.get("action", ""))
-        pending = (
-            None if state is None else next((p for p in state.pending if p.action == action), None)
-        )
+        pending = _pending(state, action)
         fit = [p for p in PEOPLE if counts(p, None if pending is None else pending.rule, CREATOR)]
         waiting = (body.get("status") or {}).get("phase") != "Settled"
         if pending is not None and fit and waiting and spec.get("approved") is None:
@@ -615,6 +611,11 @@ class Cluster:
                 move=move,
             )
         )
+
+
+def _pending(state: RunState | None, action: str) -> PendingApproval | None:
+    """What the run asks people about ``action`` now (None when it is not asking about it)."""
+    return None if state is None else next((p for p in state.pending if p.action == action), None)
 
 
 def _ref(state: RunState | None, action: str) -> str:
