@@ -27,6 +27,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from keelgate.core.approvals import asked_now
 from keelgate.core.state import RunState
 from keelgate.core.types import StopReason
 from keelgate.kube.api_failures import Conflict, Gone
@@ -64,24 +65,17 @@ def may_still_count(state: RunState | None, action: str, key: str) -> bool:
     return planned is not None and (not key or planned.key == key)
 
 
-def awaits(state: RunState, action: str) -> bool:
-    """Whether the run asks people about ``action`` now (a decision on it is recorded now, or
-    refused for what it is: its maker, its call, its rule)."""
-    stop = state.stop
-    return (
-        stop is not None
-        and stop.reason is StopReason.AWAITING_APPROVAL
-        and any(p.action == action for p in state.pending)
-    )
-
-
 def waiting_deny(body: Mapping[str, Any], state: RunState | None) -> str:
     """Who made a deny on ``body`` that the store does not hold and that may still count
     later: the run does not ask about the action now (when it does, the reconcile has just
     tried each entry), but may. "" when there is none, and a deleted Approval may go."""
     spec = body.get("spec") or {}
     action, key = str(spec.get("action", "")), str(spec.get("idempotencyKey") or "")
-    if state is None or not may_still_count(state, action, key) or awaits(state, action):
+    if (
+        state is None
+        or not may_still_count(state, action, key)
+        or asked_now(state, action) is not None
+    ):
         return ""
     recorded = recorded_refs(body, state.approvals.get(action, ()))
     unrecorded = [e.by for e in entries(body) if not e.approved and e.ref not in recorded]
