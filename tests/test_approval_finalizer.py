@@ -29,6 +29,7 @@ from test_controller_approvals import (
     APPROVE,
     RULE,
     add,
+    ended_on_a_deny,
     settled,
     shown,
     waiting,
@@ -53,10 +54,7 @@ def denied_for_good(kube: Operator) -> None:
     with pytest.raises(SettleError, match="already denied by bob"):
         Loop(stores=kube.stores).approve(NAMESPACE, "restock", "1:0", approved=True, by="dave")
     kube.drive("restock")
-    assert kube.status("restock")["phase"] == "Succeeded"
-    assert operator_tools.ORDERS == []
-    events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
-    assert [e.actor for e in events if e.type == "loop.denied"] == ["bob"]
+    events = ended_on_a_deny(kube, "bob")
     assert [e for e in events if e.type == "loop.approved"] == []
 
 
