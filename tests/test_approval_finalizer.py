@@ -15,6 +15,7 @@ operator_rig.py), an operator restarted over the same API server and store, and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ import pytest
 
 from keelgate.core.loop import Loop
 from keelgate.errors import SettleError
+from keelgate.kube.controller.approval_finalizer import FinalizedApprovals
+from keelgate.kube.controller.approvals import ApprovalReconciler
+from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import DECISIONS_FINALIZER
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator
@@ -65,6 +69,30 @@ def dave_approves_whatever_is_there(kube: Operator) -> None:
     if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
         kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": True, "by": "dave"})
         kube.reconcile(APPROVE, kind="Approval")
+
+
+def dave_denies_as_alice_deletes(kube: Operator) -> None:
+    """Both approve (Settled, the run goes on, between stops); dave's deny lands on the object
+    (the status had not yet said Settled) and alice deletes it."""
+    waiting(kube, {"required": 2, "expiresAfter": "1m"})
+    add(kube, "bob", groups=[])
+    add(kube, "carol", groups=[])
+    kube.reconcile(APPROVE, kind="Approval")
+    assert shown(kube)["phase"] == "Settled"
+    add(kube, "dave", approved=False, groups=[])
+    kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+
+
+def daves_deny_stands(kube: Operator) -> None:
+    """Whatever Approval the run has is approved by both; the run ends without the order, on
+    dave's deny."""
+    kube.drive("restock")
+    if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
+        add(kube, "bob", groups=[])
+        add(kube, "carol", groups=[])
+        kube.reconcile(APPROVE, kind="Approval")
+        kube.drive("restock")
+    ended_on_a_deny(kube, "dave")
 
 
 def test_the_operator_makes_each_approval_with_its_finalizer(kube: Operator) -> None:
@@ -166,13 +194,7 @@ def test_a_deny_waits_in_a_deleted_approval_until_the_run_asks_again(tmp_path: A
     with wall_clock_at(1_900_000_000.0) as now:
         kube = Operator(tmp_path, clock=lambda: now[0])
         try:
-            waiting(kube, {"required": 2, "expiresAfter": "1m"})
-            add(kube, "bob", groups=[])
-            add(kube, "carol", groups=[])
-            kube.reconcile(APPROVE, kind="Approval")
-            assert shown(kube)["phase"] == "Settled"
-            add(kube, "dave", approved=False, groups=[])
-            kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+            dave_denies_as_alice_deletes(kube)
             kube.reconcile(APPROVE, kind="Approval")
             held = kube.api.get("Approval", NAMESPACE, APPROVE)
             assert held is not None and held["metadata"]["finalizers"] == [DECISIONS_FINALIZER]
@@ -180,18 +202,64 @@ def test_a_deny_waits_in_a_deleted_approval_until_the_run_asks_again(tmp_path: A
             assert kube.drive("restock") == [3]  # asked again: the approvals expired
             kube.reconcile(APPROVE, kind="Approval")
             assert kube.api.get("Approval", NAMESPACE, APPROVE) is None
-            kube.drive("restock")
-            if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
-                add(kube, "bob", groups=[])
-                add(kube, "carol", groups=[])
-                kube.reconcile(APPROVE, kind="Approval")
-                kube.drive("restock")
-            assert kube.status("restock")["phase"] == "Succeeded"
-            assert operator_tools.ORDERS == []
-            events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
-            assert [e.actor for e in events if e.type == "loop.denied"] == ["dave"]
+            daves_deny_stands(kube)
         finally:
             kube.close()
+
+
+class StepLandsAfterTheLook:
+    """The Approval reconciler's look, then a step pod's write before the finalizer judges
+    (the run, between stops when the look tried each entry, stops to ask again)."""
+
+    def __init__(self, looks: Any, step: Callable[[], object]) -> None:
+        self._looks, self._step = looks, step
+
+    def reconcile(self, key: Key) -> Any:  # the look's name before it handed on its state
+        done = self._looks.reconcile(key)
+        self._step()
+        return done
+
+    def look(self, key: Key) -> Any:
+        done = self._looks.look(key)
+        self._step()
+        return done
+
+
+def test_a_deny_refused_between_stops_holds_even_if_the_run_asks_again_before_the_judging(
+    tmp_path: Any,
+) -> None:
+    """As above, but the step that asks again lands between the look (which refused dave's
+    deny: the run was between stops) and the finalizer's judgment, and the operator restarts
+    before its next look: the finalizer judged by the state the deny was tried against, so
+    the Approval stayed, and the operator back records the deny from it. Judged by a fresh
+    read, it let the Approval go with the deny unrecorded (kept only in the old process's
+    memory of the deleted object): the operator back made a fresh Approval, and its two
+    approvals placed the order."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            dave_denies_as_alice_deletes(kube)
+            asked_again: list[list[int]] = []
+
+            def step() -> None:
+                now[0] += 120
+                asked_again.append(kube.drive("restock"))
+
+            context = kube.controller.context
+            racing = FinalizedApprovals(
+                context, StepLandsAfterTheLook(ApprovalReconciler(context), step)
+            )
+            racing.reconcile(("Approval", NAMESPACE, APPROVE))
+            assert asked_again == [[3]]  # the step ran between the look and the judgment
+        finally:
+            kube.close()
+        back = Operator(tmp_path, api=kube.api, clock=lambda: now[0])
+        try:
+            back.relist("AgentRun", "Pod", "Approval")
+            back.reconcile(APPROVE, kind="Approval")
+            daves_deny_stands(back)
+        finally:
+            back.close()
 
 
 def test_a_finished_runs_approval_loses_its_finalizer(kube: Operator) -> None:

@@ -31,7 +31,7 @@ from keelgate.core.approvals import asked_now
 from keelgate.core.state import RunState
 from keelgate.core.types import StopReason
 from keelgate.kube.api_failures import Conflict, Gone
-from keelgate.kube.controller.approvals import entries, recorded_refs
+from keelgate.kube.controller.approvals import Looked, entries, recorded_refs
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import LOST_RACE, REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
@@ -45,7 +45,7 @@ _FINISHED = (StopReason.GOAL_MET, StopReason.FAILED)
 
 
 class Looks(Protocol):
-    def reconcile(self, key: Key) -> Result: ...
+    def look(self, key: Key) -> Looked: ...
 
 
 def may_still_count(state: RunState | None, action: str, key: str) -> bool:
@@ -90,7 +90,11 @@ class FinalizedApprovals:
         self._looks = looks
 
     def reconcile(self, key: Key) -> Result:
-        result = self._looks.reconcile(key)
+        # Judged by the state the look tried each entry against, not a second read: one read
+        # fewer on every look, and a run that stops to ask again after the look refused a deny
+        # (between stops then) does not release the deny unrecorded.
+        looked = self._looks.look(key)
+        result, state = looked.result, looked.state
         _, namespace, name = key
         body = self._context.cache.get("Approval", namespace, name)
         if body is None:
@@ -103,7 +107,6 @@ class FinalizedApprovals:
         if meta.get("deletionTimestamp"):
             if not held:
                 return result
-            state = self._context.run_state(namespace, run_name)
             who = waiting_deny(body, state)
             if who:
                 # The run is between stops: the deny is recorded when it asks again (or
@@ -118,7 +121,6 @@ class FinalizedApprovals:
                 return _sooner(result, Requeue(REFUSED_RETRY_MAX))
             released = [f for f in finalizers if f != DECISIONS_FINALIZER]
             return self._set(body, released, run_name) or result
-        state = self._context.run_state(namespace, run_name)
         if state is None:
             return result  # no checkpoint yet (or no longer): nothing to judge by
         action = str(spec.get("action", ""))
