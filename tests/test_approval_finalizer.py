@@ -24,7 +24,7 @@ import pytest
 from keelgate.core.loop import Loop
 from keelgate.errors import SettleError
 from keelgate.kube.controller.approval_finalizer import FinalizedApprovals
-from keelgate.kube.controller.approvals import ApprovalReconciler
+from keelgate.kube.controller.approvals import ApprovalReconciler, Looked
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import DECISIONS_FINALIZER
 from support import operator_tools
@@ -207,21 +207,15 @@ def test_a_deny_waits_in_a_deleted_approval_until_the_run_asks_again(tmp_path: A
             kube.close()
 
 
-class StepLandsAfterTheLook:
-    """The Approval reconciler's look, then a step pod's write before the finalizer judges
-    (the run, between stops when the look tried each entry, stops to ask again)."""
+class LandsAfterTheLook:
+    """The Approval reconciler's look, then a write (``then``) before the finalizer judges."""
 
-    def __init__(self, looks: Any, step: Callable[[], object]) -> None:
-        self._looks, self._step = looks, step
+    def __init__(self, looks: ApprovalReconciler, then: Callable[[], object]) -> None:
+        self._looks, self._then = looks, then
 
-    def reconcile(self, key: Key) -> Any:  # the look's name before it handed on its state
-        done = self._looks.reconcile(key)
-        self._step()
-        return done
-
-    def look(self, key: Key) -> Any:
+    def look(self, key: Key) -> Looked:
         done = self._looks.look(key)
-        self._step()
+        self._then()
         return done
 
 
@@ -247,7 +241,7 @@ def test_a_deny_refused_between_stops_holds_even_if_the_run_asks_again_before_th
 
             context = kube.controller.context
             racing = FinalizedApprovals(
-                context, StepLandsAfterTheLook(ApprovalReconciler(context), step)
+                context, LandsAfterTheLook(ApprovalReconciler(context), step)
             )
             racing.reconcile(("Approval", NAMESPACE, APPROVE))
             assert asked_again == [[3]]  # the step ran between the look and the judgment
@@ -260,6 +254,41 @@ def test_a_deny_refused_between_stops_holds_even_if_the_run_asks_again_before_th
             daves_deny_stands(back)
         finally:
             back.close()
+
+
+def test_a_deny_added_as_the_approval_is_deleted_during_a_look_is_recorded_before_it_goes(
+    tmp_path: Path,
+) -> None:
+    """The run asks; while the operator looks at its Approval (finding nothing), dave denies on
+    it and alice deletes it, and the operator restarts after that look: the finalizer judged
+    only what the look had tried, so the Approval stayed, and the operator back records dave's
+    deny from it. Judging the object as it was after the look, it let it go with dave's deny
+    never tried (kept only in the old process's memory of the deleted object): the operator
+    back made a fresh Approval, and two approvals placed the order."""
+    kube = Operator(tmp_path)
+    waiting(kube, {"required": 2})
+
+    def dave_denies_as_alice_deletes_it() -> None:
+        add(kube, "dave", approved=False, groups=[])
+        kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+
+    context = kube.controller.context
+    racing = FinalizedApprovals(
+        context, LandsAfterTheLook(ApprovalReconciler(context), dave_denies_as_alice_deletes_it)
+    )
+    try:
+        racing.reconcile(("Approval", NAMESPACE, APPROVE))
+        held = kube.api.get("Approval", NAMESPACE, APPROVE)
+        assert held is not None and held["metadata"]["finalizers"] == [DECISIONS_FINALIZER]
+    finally:
+        kube.close()
+    back = restarted(kube, tmp_path)
+    try:
+        back.reconcile(APPROVE, kind="Approval")
+        assert back.api.get("Approval", NAMESPACE, APPROVE) is None
+        daves_deny_stands(back)
+    finally:
+        back.close()
 
 
 def test_a_finished_runs_approval_loses_its_finalizer(kube: Operator) -> None:

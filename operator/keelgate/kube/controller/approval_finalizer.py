@@ -93,9 +93,10 @@ class FinalizedApprovals:
         # Judged by the state the look tried each entry against, not a second read: one read
         # fewer on every look, and a run that stops to ask again after the look refused a deny
         # (between stops then) does not release the deny unrecorded.
+        _, namespace, name = key
+        before = self._context.cache.get("Approval", namespace, name)
         looked = self._looks.look(key)
         result, state = looked.result, looked.state
-        _, namespace, name = key
         body = self._context.cache.get("Approval", namespace, name)
         if body is None:
             return result
@@ -107,6 +108,10 @@ class FinalizedApprovals:
         if meta.get("deletionTimestamp"):
             if not held:
                 return result
+            if before is None or before.get("spec") != body.get("spec"):
+                # Entries the look may not have tried (added as it looked): looked at again
+                # before it may go.
+                return LOST_RACE
             who = waiting_deny(body, state)
             if who:
                 # The run is between stops: the deny is recorded when it asks again (or
