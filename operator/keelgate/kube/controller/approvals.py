@@ -50,7 +50,7 @@ from keelgate.kube.controller.refusals import (
     warn,
     with_generation,
 )
-from keelgate.kube.naming import action_object_name, round_named
+from keelgate.kube.naming import action_object_name, approval_round
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
@@ -132,13 +132,6 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
             )
         )
     return found
-
-
-def round_of_object(body: Mapping[str, Any]) -> int:
-    """The round an Approval asks in, as its name says (``naming.round_named``)."""
-    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-    run, action, tool = (str(spec.get(k) or "") for k in ("runName", "action", "tool"))
-    return round_named(str(meta.get("name") or ""), run, action, tool)
 
 
 def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set[str]:
@@ -241,7 +234,7 @@ class ApprovalReconciler:
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
         if state is not None:
-            here, asked = round_of_object(body), state.round_of(action)
+            here, asked = approval_round(body), state.round_of(action)
             if here < asked:
                 return self._superseded(body, state, here, asked)
             if here > asked:
@@ -454,7 +447,7 @@ class ApprovalReconciler:
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
         found = entries(gone)
-        if state is not None and round_of_object(gone) != state.round_of(action):
+        if state is not None and approval_round(gone) != state.round_of(action):
             # Another round's: only a deny on it is recorded (none of its approvals counts).
             found = [e for e in found if not e.approved]
         if state is None or not found:
