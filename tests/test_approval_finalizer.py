@@ -27,6 +27,7 @@ from keelgate.kube.controller.approval_finalizer import FinalizedApprovals
 from keelgate.kube.controller.approvals import ApprovalReconciler, Looked
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import DECISIONS_FINALIZER
+from keelgate.kube.runtime.resync import due_for_resync
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator
 from test_controller_approvals import (
@@ -295,15 +296,19 @@ def test_a_finished_runs_approval_loses_its_finalizer(kube: Operator) -> None:
     """bob approves, the order is placed, the run succeeds: the Approval's next look removes
     the finalizer (nothing on it can count any more), so deleting the namespace or
     uninstalling with no operator left does not wait on it; the Approval itself stays,
-    Settled approved by bob."""
+    Settled approved by bob. Settled but still held, the resync looks at it again (a look the
+    operator missed does not leave the finalizer for ever); let go, it does not."""
     waiting(kube, {"required": 1})
     add(kube, "bob")
     kube.reconcile(APPROVE, kind="Approval")
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
+    assert settled(kube)[0] == "Settled"
+    assert ("Approval", NAMESPACE, APPROVE) in due_for_resync(kube.cache)
     kube.reconcile(APPROVE, kind="Approval")
     body = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert body is not None and not body["metadata"].get("finalizers")
+    assert ("Approval", NAMESPACE, APPROVE) not in due_for_resync(kube.cache)
     assert settled(kube) == ("Settled", "approved", "bob")
     kube.api.delete_object("Approval", NAMESPACE, APPROVE)
     assert kube.api.get("Approval", NAMESPACE, APPROVE) is None
