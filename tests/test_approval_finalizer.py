@@ -15,6 +15,7 @@ operator_rig.py), an operator restarted over the same API server and store, and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,18 @@ import pytest
 
 from keelgate.core.loop import Loop
 from keelgate.errors import SettleError
+from keelgate.kube.controller.approval_finalizer import FinalizedApprovals
+from keelgate.kube.controller.approvals import ApprovalReconciler, Looked
+from keelgate.kube.controller.ports import Key
 from keelgate.kube.naming import DECISIONS_FINALIZER
+from keelgate.kube.runtime.resync import due_for_resync
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator
 from test_controller_approvals import (
     APPROVE,
     RULE,
     add,
+    ended_on_a_deny,
     settled,
     shown,
     waiting,
@@ -53,10 +59,7 @@ def denied_for_good(kube: Operator) -> None:
     with pytest.raises(SettleError, match="already denied by bob"):
         Loop(stores=kube.stores).approve(NAMESPACE, "restock", "1:0", approved=True, by="dave")
     kube.drive("restock")
-    assert kube.status("restock")["phase"] == "Succeeded"
-    assert operator_tools.ORDERS == []
-    events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
-    assert [e.actor for e in events if e.type == "loop.denied"] == ["bob"]
+    events = ended_on_a_deny(kube, "bob")
     assert [e for e in events if e.type == "loop.approved"] == []
 
 
@@ -67,6 +70,30 @@ def dave_approves_whatever_is_there(kube: Operator) -> None:
     if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
         kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"approved": True, "by": "dave"})
         kube.reconcile(APPROVE, kind="Approval")
+
+
+def dave_denies_as_alice_deletes(kube: Operator) -> None:
+    """Both approve (Settled, the run goes on, between stops); dave's deny lands on the object
+    (the status had not yet said Settled) and alice deletes it."""
+    waiting(kube, {"required": 2, "expiresAfter": "1m"})
+    add(kube, "bob", groups=[])
+    add(kube, "carol", groups=[])
+    kube.reconcile(APPROVE, kind="Approval")
+    assert shown(kube)["phase"] == "Settled"
+    add(kube, "dave", approved=False, groups=[])
+    kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+
+
+def daves_deny_stands(kube: Operator) -> None:
+    """Whatever Approval the run has is approved by both; the run ends without the order, on
+    dave's deny."""
+    kube.drive("restock")
+    if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
+        add(kube, "bob", groups=[])
+        add(kube, "carol", groups=[])
+        kube.reconcile(APPROVE, kind="Approval")
+        kube.drive("restock")
+    ended_on_a_deny(kube, "dave")
 
 
 def test_the_operator_makes_each_approval_with_its_finalizer(kube: Operator) -> None:
@@ -168,13 +195,7 @@ def test_a_deny_waits_in_a_deleted_approval_until_the_run_asks_again(tmp_path: A
     with wall_clock_at(1_900_000_000.0) as now:
         kube = Operator(tmp_path, clock=lambda: now[0])
         try:
-            waiting(kube, {"required": 2, "expiresAfter": "1m"})
-            add(kube, "bob", groups=[])
-            add(kube, "carol", groups=[])
-            kube.reconcile(APPROVE, kind="Approval")
-            assert shown(kube)["phase"] == "Settled"
-            add(kube, "dave", approved=False, groups=[])
-            kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+            dave_denies_as_alice_deletes(kube)
             kube.reconcile(APPROVE, kind="Approval")
             held = kube.api.get("Approval", NAMESPACE, APPROVE)
             assert held is not None and held["metadata"]["finalizers"] == [DECISIONS_FINALIZER]
@@ -182,33 +203,112 @@ def test_a_deny_waits_in_a_deleted_approval_until_the_run_asks_again(tmp_path: A
             assert kube.drive("restock") == [3]  # asked again: the approvals expired
             kube.reconcile(APPROVE, kind="Approval")
             assert kube.api.get("Approval", NAMESPACE, APPROVE) is None
-            kube.drive("restock")
-            if kube.api.get("Approval", NAMESPACE, APPROVE) is not None:
-                add(kube, "bob", groups=[])
-                add(kube, "carol", groups=[])
-                kube.reconcile(APPROVE, kind="Approval")
-                kube.drive("restock")
-            assert kube.status("restock")["phase"] == "Succeeded"
-            assert operator_tools.ORDERS == []
-            events = Loop(stores=kube.stores).audit(NAMESPACE, "restock")
-            assert [e.actor for e in events if e.type == "loop.denied"] == ["dave"]
+            daves_deny_stands(kube)
         finally:
             kube.close()
+
+
+class LandsAfterTheLook:
+    """The Approval reconciler's look, then a write (``then``) before the finalizer judges."""
+
+    def __init__(self, looks: ApprovalReconciler, then: Callable[[], object]) -> None:
+        self._looks, self._then = looks, then
+
+    def look(self, key: Key) -> Looked:
+        done = self._looks.look(key)
+        self._then()
+        return done
+
+
+def test_a_deny_refused_between_stops_holds_even_if_the_run_asks_again_before_the_judging(
+    tmp_path: Any,
+) -> None:
+    """As above, but the step that asks again lands between the look (which refused dave's
+    deny: the run was between stops) and the finalizer's judgment, and the operator restarts
+    before its next look: the finalizer judged by the state the deny was tried against, so
+    the Approval stayed, and the operator back records the deny from it. Judged by a fresh
+    read, it let the Approval go with the deny unrecorded (kept only in the old process's
+    memory of the deleted object): the operator back made a fresh Approval, and its two
+    approvals placed the order."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            dave_denies_as_alice_deletes(kube)
+            asked_again: list[list[int]] = []
+
+            def step() -> None:
+                now[0] += 120
+                asked_again.append(kube.drive("restock"))
+
+            context = kube.controller.context
+            racing = FinalizedApprovals(
+                context, LandsAfterTheLook(ApprovalReconciler(context), step)
+            )
+            racing.reconcile(("Approval", NAMESPACE, APPROVE))
+            assert asked_again == [[3]]  # the step ran between the look and the judgment
+        finally:
+            kube.close()
+        back = Operator(tmp_path, api=kube.api, clock=lambda: now[0])
+        try:
+            back.relist("AgentRun", "Pod", "Approval")
+            back.reconcile(APPROVE, kind="Approval")
+            daves_deny_stands(back)
+        finally:
+            back.close()
+
+
+def test_a_deny_added_as_the_approval_is_deleted_during_a_look_is_recorded_before_it_goes(
+    tmp_path: Path,
+) -> None:
+    """The run asks; while the operator looks at its Approval (finding nothing), dave denies on
+    it and alice deletes it, and the operator restarts after that look: the finalizer judged
+    only what the look had tried, so the Approval stayed, and the operator back records dave's
+    deny from it. Judging the object as it was after the look, it let it go with dave's deny
+    never tried (kept only in the old process's memory of the deleted object): the operator
+    back made a fresh Approval, and two approvals placed the order."""
+    kube = Operator(tmp_path)
+    waiting(kube, {"required": 2})
+
+    def dave_denies_as_alice_deletes_it() -> None:
+        add(kube, "dave", approved=False, groups=[])
+        kube.api.delete_object("Approval", NAMESPACE, APPROVE)
+
+    context = kube.controller.context
+    racing = FinalizedApprovals(
+        context, LandsAfterTheLook(ApprovalReconciler(context), dave_denies_as_alice_deletes_it)
+    )
+    try:
+        racing.reconcile(("Approval", NAMESPACE, APPROVE))
+        held = kube.api.get("Approval", NAMESPACE, APPROVE)
+        assert held is not None and held["metadata"]["finalizers"] == [DECISIONS_FINALIZER]
+    finally:
+        kube.close()
+    back = restarted(kube, tmp_path)
+    try:
+        back.reconcile(APPROVE, kind="Approval")
+        assert back.api.get("Approval", NAMESPACE, APPROVE) is None
+        daves_deny_stands(back)
+    finally:
+        back.close()
 
 
 def test_a_finished_runs_approval_loses_its_finalizer(kube: Operator) -> None:
     """bob approves, the order is placed, the run succeeds: the Approval's next look removes
     the finalizer (nothing on it can count any more), so deleting the namespace or
     uninstalling with no operator left does not wait on it; the Approval itself stays,
-    Settled approved by bob."""
+    Settled approved by bob. Settled but still held, the resync looks at it again (a look the
+    operator missed does not leave the finalizer for ever); let go, it does not."""
     waiting(kube, {"required": 1})
     add(kube, "bob")
     kube.reconcile(APPROVE, kind="Approval")
     kube.drive("restock")
     assert kube.status("restock")["phase"] == "Succeeded"
+    assert settled(kube)[0] == "Settled"
+    assert ("Approval", NAMESPACE, APPROVE) in due_for_resync(kube.cache)
     kube.reconcile(APPROVE, kind="Approval")
     body = kube.api.get("Approval", NAMESPACE, APPROVE)
     assert body is not None and not body["metadata"].get("finalizers")
+    assert ("Approval", NAMESPACE, APPROVE) not in due_for_resync(kube.cache)
     assert settled(kube) == ("Settled", "approved", "bob")
     kube.api.delete_object("Approval", NAMESPACE, APPROVE)
     assert kube.api.get("Approval", NAMESPACE, APPROVE) is None

@@ -453,6 +453,19 @@ def _check_room(
         )
 
 
+def asked_now(state: RunState, action: str) -> PendingApproval | None:
+    """The question the run puts to people about ``action`` now: the run is stopped awaiting
+    approval and ``action`` is among what it waits on (a decision on it is recorded now, or
+    refused for what it is: its maker, its call, its rule). None when it does not ask."""
+    if not _awaiting(state):
+        return None
+    return next((p for p in state.pending if p.action == action), None)
+
+
+def _awaiting(state: RunState) -> bool:
+    return state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
+
+
 #: Why an action is asked afresh (``ask_again``).
 SPENT, FULL = "spent", "full"
 
@@ -468,11 +481,9 @@ def ask_again(
     them counts again and the new round has all its room; a deny is never dropped: with one on
     record, or the action no longer waiting, or the run in another round than ``round`` (asked
     afresh already), nothing changes and ``state`` is returned as it is."""
-    pending = {p.action: p for p in state.pending}
-    asked = pending.get(action)
-    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
+    asked = asked_now(state, action)
     decisions = state.approvals.get(action, ())
-    if not awaiting or asked is None or state.round_of(action) != round:
+    if asked is None or state.round_of(action) != round:
         return state
     if any(not d.approved for d in decisions):
         return state
@@ -562,17 +573,15 @@ def _awaited(
     denied = next((d for d in decisions if not d.approved), None)
     if denied is not None:
         raise SettleError(state.run, action, f"already denied by {denied.by}")
-    awaiting = state.stop is not None and state.stop.reason is StopReason.AWAITING_APPROVAL
-    pending = {p.action: p for p in state.pending} if awaiting else {}
-    if action not in pending and decisions:
+    asked = asked_now(state, action)
+    if asked is None and decisions:
         who = ", ".join(dict.fromkeys(d.by for d in decisions))
         raise SettleError(state.run, action, f"already approved by {who}")
-    if not awaiting:
+    if not _awaiting(state):
         raise SettleError(state.run, action, "the run is not awaiting an approval")
-    if action not in pending:
-        awaited = ", ".join(pending) or "none"
+    if asked is None:
+        awaited = ", ".join(p.action for p in state.pending) or "none"
         raise SettleError(state.run, action, f"not awaiting approval (awaiting: {awaited})")
-    asked = pending[action]
     planned = state.planned(action)
     if key and planned is not None and planned.key != key:
         raise SettleError(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
+from typing import Any
 
 GROUP = "keelgate.dev"
 VERSION = "v1alpha1"
@@ -91,11 +93,14 @@ def action_object_name(run: str, action: str, tool: str, *, round: int = 1) -> s
     return f"{_fit(earlier_object_name(run, action, tool), _MAX_NAME - len(tail))}{tail}"
 
 
-def round_named(name: str, run: str, action: str, tool: str) -> int:
-    """The round an Approval named ``name`` asks in for ``run``'s ``action`` of ``tool``: ``k``
-    when ``name`` is the one ``action_object_name`` gives round ``k`` (k > 1), else 1 (the first
-    round's name, an earlier release's, or any other). Names cannot change, so nobody can move
-    an object to another round."""
+def approval_round(approval: Mapping[str, Any]) -> int:
+    """The round an Approval asks in, as its name says: ``k`` when its name is the one
+    ``action_object_name`` gives round ``k`` (k > 1) of its spec's run, action and tool, else 1
+    (the first round's name, an earlier release's, or any other). Names cannot change, so
+    nobody can move an object to another round."""
+    meta, spec = approval.get("metadata") or {}, approval.get("spec") or {}
+    name = str(meta.get("name") or "")
+    run, action, tool = (str(spec.get(k) or "") for k in ("runName", "action", "tool"))
     head, _, number = name.rpartition("-r")
     if not head or not number.isascii() or not number.isdigit() or number.startswith("0"):
         return 1

@@ -43,7 +43,7 @@ from keelgate.core.approvals import refusal
 from keelgate.core.loop import check_actor
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, SettleError, SettleTooEarly
-from keelgate.kube.naming import round_named
+from keelgate.kube.naming import approval_round
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -354,14 +354,9 @@ def _asked_on(
         return mine[0] if mine else None
     asked, _ = standing.asked_of(api.agentrun(run), action)
     wanted = int((asked or {}).get("round") or 1)
-
-    def round_of(obj: Mapping[str, Any]) -> int:
-        spec = obj.get("spec") or {}
-        return round_named(str(obj["metadata"]["name"]), run, action, str(spec.get("tool", "")))
-
     return next(
-        (o for o in mine if round_of(o) == wanted),
-        next((o for o in mine if round_of(o) == 1), mine[0]),
+        (o for o in mine if approval_round(o) == wanted),
+        next((o for o in mine if approval_round(o) == 1), mine[0]),
     )
 
 

@@ -27,7 +27,7 @@ from keelgate.kube.naming import (
     ATTEMPT_LABEL,
     STEP_LABEL,
     action_object_name,
-    round_named,
+    approval_round,
 )
 
 JSON = dict[str, Any]
@@ -127,17 +127,7 @@ def report(
     phase = str(status.get("phase") or "Pending")
     rec_by_action = {str(r["spec"].get("action")): r for r in reconciliations}
     # The first round's Approval of each action (a later round's is named by its round).
-    app_by_action = {
-        str(a["spec"].get("action")): a
-        for a in approvals
-        if round_named(
-            str(a["metadata"]["name"]),
-            name,
-            str(a["spec"].get("action", "")),
-            str(a["spec"].get("tool", "")),
-        )
-        == 1
-    }
+    app_by_action = {str(a["spec"].get("action")): a for a in approvals if approval_round(a) == 1}
     unknown = [
         {
             "action": str(u.get("action", "")),

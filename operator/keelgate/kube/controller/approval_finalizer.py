@@ -27,10 +27,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from keelgate.core.approvals import asked_now
 from keelgate.core.state import RunState
 from keelgate.core.types import StopReason
 from keelgate.kube.api_failures import Conflict, Gone
-from keelgate.kube.controller.approvals import entries, recorded_refs
+from keelgate.kube.controller.approvals import Looked, entries, recorded_refs
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import LOST_RACE, REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key
@@ -44,7 +45,7 @@ _FINISHED = (StopReason.GOAL_MET, StopReason.FAILED)
 
 
 class Looks(Protocol):
-    def reconcile(self, key: Key) -> Result: ...
+    def look(self, key: Key) -> Looked: ...
 
 
 def may_still_count(state: RunState | None, action: str, key: str) -> bool:
@@ -64,24 +65,17 @@ def may_still_count(state: RunState | None, action: str, key: str) -> bool:
     return planned is not None and (not key or planned.key == key)
 
 
-def awaits(state: RunState, action: str) -> bool:
-    """Whether the run asks people about ``action`` now (a decision on it is recorded now, or
-    refused for what it is: its maker, its call, its rule)."""
-    stop = state.stop
-    return (
-        stop is not None
-        and stop.reason is StopReason.AWAITING_APPROVAL
-        and any(p.action == action for p in state.pending)
-    )
-
-
 def waiting_deny(body: Mapping[str, Any], state: RunState | None) -> str:
     """Who made a deny on ``body`` that the store does not hold and that may still count
     later: the run does not ask about the action now (when it does, the reconcile has just
     tried each entry), but may. "" when there is none, and a deleted Approval may go."""
     spec = body.get("spec") or {}
     action, key = str(spec.get("action", "")), str(spec.get("idempotencyKey") or "")
-    if state is None or not may_still_count(state, action, key) or awaits(state, action):
+    if (
+        state is None
+        or not may_still_count(state, action, key)
+        or asked_now(state, action) is not None
+    ):
         return ""
     recorded = recorded_refs(body, state.approvals.get(action, ()))
     unrecorded = [e.by for e in entries(body) if not e.approved and e.ref not in recorded]
@@ -96,8 +90,13 @@ class FinalizedApprovals:
         self._looks = looks
 
     def reconcile(self, key: Key) -> Result:
-        result = self._looks.reconcile(key)
+        # Judged by the state the look tried each entry against, not a second read: one read
+        # fewer on every look, and a run that stops to ask again after the look refused a deny
+        # (between stops then) does not release the deny unrecorded.
         _, namespace, name = key
+        before = self._context.cache.get("Approval", namespace, name)
+        looked = self._looks.look(key)
+        result, state = looked.result, looked.state
         body = self._context.cache.get("Approval", namespace, name)
         if body is None:
             return result
@@ -109,7 +108,10 @@ class FinalizedApprovals:
         if meta.get("deletionTimestamp"):
             if not held:
                 return result
-            state = self._context.run_state(namespace, run_name)
+            if before is None or before.get("spec") != body.get("spec"):
+                # Entries the look may not have tried (added as it looked): looked at again
+                # before it may go.
+                return LOST_RACE
             who = waiting_deny(body, state)
             if who:
                 # The run is between stops: the deny is recorded when it asks again (or
@@ -124,7 +126,6 @@ class FinalizedApprovals:
                 return _sooner(result, Requeue(REFUSED_RETRY_MAX))
             released = [f for f in finalizers if f != DECISIONS_FINALIZER]
             return self._set(body, released, run_name) or result
-        state = self._context.run_state(namespace, run_name)
         if state is None:
             return result  # no checkpoint yet (or no longer): nothing to judge by
         action = str(spec.get("action", ""))

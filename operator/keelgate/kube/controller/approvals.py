@@ -50,7 +50,7 @@ from keelgate.kube.controller.refusals import (
     warn,
     with_generation,
 )
-from keelgate.kube.naming import action_object_name, round_named
+from keelgate.kube.naming import action_object_name, approval_round
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time
 
@@ -134,13 +134,6 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
     return found
 
 
-def round_of_object(body: Mapping[str, Any]) -> int:
-    """The round an Approval asks in, as its name says (``naming.round_named``)."""
-    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-    run, action, tool = (str(spec.get(k) or "") for k in ("runName", "action", "tool"))
-    return round_named(str(meta.get("name") or ""), run, action, tool)
-
-
 def recorded_refs(body: Mapping[str, Any], decisions: Sequence[Decision]) -> set[str]:
     """The refs of ``body``'s entries that the store holds already. An entry an earlier
     release recorded (by its name and its place among its maker's entries) is matched by that
@@ -204,6 +197,17 @@ def _counted_against(state: RunState, action: str, view: Shown) -> ApprovalRule:
     return replace(base, required=need) if need > base.required else base
 
 
+@dataclass(frozen=True)
+class Looked:
+    """What one look at an Approval came to: when to look again, and the run's state as the
+    look left it (None: the run is not on record, or the look did not need it), which the
+    finalizer judges by (``approval_finalizer``): the state each entry was just tried
+    against, with no store read of its own."""
+
+    result: Result
+    state: RunState | None
+
+
 class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
@@ -215,7 +219,7 @@ class ApprovalReconciler:
         # API server recorded it) and the moment it states.
         self._first_seen: dict[str, float] = {}
 
-    def reconcile(self, key: Key) -> Result:
+    def look(self, key: Key) -> Looked:
         """Record the object's new decisions, show what the store holds, wake the run."""
         context = self._context
         _, namespace, name = key
@@ -225,26 +229,26 @@ class ApprovalReconciler:
             context.cache.forget_tombstone(namespace, name, kind="Approval")
         body = context.cache.get("Approval", namespace, name)
         if body is None:
-            return REST
+            return Looked(REST, None)
         spec, old = body.get("spec") or {}, body.get("status") or {}
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
         if state is not None:
-            here, asked = round_of_object(body), state.round_of(action)
+            here, asked = approval_round(body), state.round_of(action)
             if here < asked:
                 return self._superseded(body, state, here, asked)
             if here > asked:
-                return self._not_asked_yet(body, run_name, here, asked)
+                return Looked(self._not_asked_yet(body, run_name, here, asked), state)
         waiting = state is not None and any(p.action == action for p in state.pending)
         if old.get("phase") == "Settled" and not waiting:
             # Decided, and not asked again: an entry added since counts for nothing (admission
             # refuses one where its policy is installed), and is told so once.
-            return self._after_settled(body, run_name, action, old, state)
+            return Looked(self._after_settled(body, run_name, action, old, state), state)
         found = entries(body)
         if state is None:
             if not found:
-                return REST  # waiting for a person (its run has no checkpoint yet)
-            return refuse(
+                return Looked(REST, None)  # waiting for a person (its run has no checkpoint yet)
+            refused_run = refuse(
                 context,
                 "Approval",
                 body,
@@ -252,16 +256,18 @@ class ApprovalReconciler:
                 "RunNotFound",
                 str(RunNotFound(namespace, run_name)),
             )
+            return Looked(refused_run, None)
         told_before = len(state.approvals.get(action, ()))
         state, refused = self._record(body, found, state)
         at = context.clock()
         view = shown(state, action, at=at, required=int(old.get("required") or 0))
         if view is None:
             if refused:
-                return refuse(
-                    context, "Approval", body, run_name, "ApprovalRefused", "; ".join(refused)
+                why = "; ".join(refused)
+                return Looked(
+                    refuse(context, "Approval", body, run_name, "ApprovalRefused", why), state
                 )
-            return REST
+            return Looked(REST, state)
         self._tell(body, run_name, spec, old, state, view)
         if view.tally is not None and view.pending is not None:
             full = len(found) >= MAX_DECISIONS
@@ -287,17 +293,17 @@ class ApprovalReconciler:
         told_before_now = old.get("message") == status.get("message")
         result = self._show(body, run_name, old, status, refusing=refusing)
         if result is not None:
-            return result
+            return Looked(result, state)
         if view.settled or len(state.approvals.get(action, ())) != told_before:
             # The run goes on (settled), or its status shows the new count.
             context.enqueue(("AgentRun", namespace, run_name), 0.0)
         if refusing:
             # A refusal may pass (the run was between stops): tried again, soon the first time.
-            return Requeue(REFUSED_RETRY_MAX if told_before_now else REFUSED_RETRY)
+            return Looked(Requeue(REFUSED_RETRY_MAX if told_before_now else REFUSED_RETRY), state)
         if view.tally is not None and view.tally.expires_at is not None:
             # Look again when the first approval stops counting: the object then says so.
-            return Requeue(max(1.0, view.tally.expires_at - at + 0.5))
-        return REST
+            return Looked(Requeue(max(1.0, view.tally.expires_at - at + 0.5)), state)
+        return Looked(REST, state)
 
     def _record(
         self, body: JSON, found: Sequence[Entry], state: RunState
@@ -342,11 +348,12 @@ class ApprovalReconciler:
                 self._first_seen.pop(entry.ref, None)
         return state, refused
 
-    def _superseded(self, body: JSON, state: RunState, here: int, asked: int) -> Result:
+    def _superseded(self, body: JSON, state: RunState, here: int, asked: int) -> Looked:
         """An Approval of an earlier round than the one the store asks in: its denies are
         recorded (a no is never lost, wherever it was added), its approvals never (none of an
         earlier round counts; one added after the new round began is told, once); it shows
-        Settled, verdict expired, and the name of the round's Approval people decide on now."""
+        Settled, verdict expired, and the name of the round's Approval people decide on now;
+        with the run's state after its denies."""
         context = self._context
         meta, spec, old = body["metadata"], body.get("spec") or {}, body.get("status") or {}
         namespace = str(meta["namespace"])
@@ -403,12 +410,14 @@ class ApprovalReconciler:
         )
         status["settledAt"] = old.get("settledAt") if old.get("verdict") == "expired" else stamp
         if all(old.get(k) == v for k, v in status.items()):
-            return REST  # shown already: a look that finds nothing new writes nothing
+            return Looked(
+                REST, state
+            )  # shown already: a look that finds nothing new writes nothing
         if old.get("verdict") == "expired" and said != old.get("message"):
             # Something was added to it since it was settled as expired: told once.
             warn(context, body, run_name, "NotCounted", said)
         show_status(context, "Approval", body, status)
-        return REST
+        return Looked(REST, state)
 
     def _not_asked_yet(self, body: JSON, run_name: str, here: int, asked: int) -> Result:
         """An Approval named for a round the store has not reached (made by someone ahead of
@@ -438,7 +447,7 @@ class ApprovalReconciler:
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
         found = entries(gone)
-        if state is not None and round_of_object(gone) != state.round_of(action):
+        if state is not None and approval_round(gone) != state.round_of(action):
             # Another round's: only a deny on it is recorded (none of its approvals counts).
             found = [e for e in found if not e.approved]
         if state is None or not found:
