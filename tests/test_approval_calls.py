@@ -536,3 +536,86 @@ def test_a_step_image_edited_after_the_approvals_voids_them_and_nothing_is_sent(
     finally:
         kube.close()
         operator_tools.ORDERS.clear()
+
+
+def _kubectl_wrote(kube: Operator, name: str, at: float) -> None:
+    """The API server's record of a person's spec write of the Approval ``name`` at ``at``
+    (``metadata.managedFields``: whole seconds, one entry per manager, its time the latest
+    write), as a real one keeps it; the in-memory one keeps none."""
+    stored = kube.api.objects[("Approval", NAMESPACE, name)]
+    moment = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    stored["metadata"]["managedFields"] = [
+        {"manager": "kubectl-patch", "operation": "Update", "time": moment,
+         "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}},
+    ]  # fmt: skip
+    kube.cache.put("Approval", stored)
+
+
+@pytest.mark.parametrize("admission", ["policy", "no-policy"])
+def test_a_one_decision_approval_written_before_an_edit_never_counts_after_the_rebind(
+    admission: str, tmp_path: Path
+) -> None:
+    """dave approves ``place_order`` with the one-decision form (``spec.approved``, ``spec.by``:
+    no definition in it) while the Approval shows the call from ``shop:v1``; at that moment
+    alice points the step at ``shop:v2``, and the step pod binds the call to the edited tool
+    before the operator records dave's approval. Where the chart's mutating policy is
+    installed it stamped the definition the object showed (``spec.definition``); where it is
+    not, the API server's record of dave's write says it was made before the rebind. Either
+    way his approval counts for nothing: no order is placed, the Approval still waits (0 of
+    1) and says why, and the run asks again. carol's approval of the call as it is now runs it
+    once (the simulator, seed 4648476, found dave's approval carried to the edited tool)."""
+    from keelgate.core import clocks
+
+    approval = action_object_name("restock", "1:0", "place_order")
+    operator_tools.ORDERS.clear()
+    now = [1_800_000_000.0]
+    with clocks.simulated(wall=lambda: now[0], boot=time.monotonic):
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            spec = agentrun_spec(rule={"required": 1}, step={"image": "registry.example/shop:v1"})
+            kube.apply("restock", spec, annotations={"keelgate.dev/created-by": "alice"})
+            assert kube.drive("restock") == [3]
+            kube.reconcile(approval, kind="Approval")
+            body = kube.api.get("Approval", NAMESPACE, approval)
+            assert body is not None
+            shown = body["status"]["definition"]
+
+            now[0] += 10
+            decided: dict[str, Any] = {"approved": True, "by": "dave"}
+            if admission == "policy":
+                decided["definition"] = shown  # as the mutating policy stamps it
+            kube.api.patch_spec("Approval", NAMESPACE, approval, decided)
+            if admission == "no-policy":
+                _kubectl_wrote(kube, approval, now[0])
+            kube.api.patch_spec(
+                "AgentRun", NAMESPACE, "restock", {"step": {"image": "registry.example/shop:v2"}}
+            )
+            now[0] += 2
+            kube.drive("restock")  # the step binds the call to shop:v2, and asks
+            now[0] += 2
+            kube.reconcile(approval, kind="Approval")
+            kube.drive("restock")
+            assert operator_tools.ORDERS == [], "dave's approval of v1's call ran v2's, unapproved"
+            state = Loop(stores=kube.stores).state(NAMESPACE, "restock")
+            assert state.approvals.get("1:0", ()) == ()
+            assert [p.action for p in state.pending] == ["1:0"]
+            assert state.pending[0].definition != shown
+            body = kube.api.get("Approval", NAMESPACE, approval)
+            assert body is not None
+            status = body["status"]
+            assert (status["phase"], status["progress"]) == ("Pending", "0 of 1")
+            assert "dave" in status["message"] and "look again" in status["message"]
+
+            now[0] += 5
+            entry = {"by": "carol", "groups": [], "approved": True}
+            kube.api.patch_spec("Approval", NAMESPACE, approval, {"decisions": [entry]})
+            if admission == "no-policy":
+                _kubectl_wrote(kube, approval, now[0])
+            kube.reconcile(approval, kind="Approval")
+            kube.drive("restock")
+            body = kube.api.get("Approval", NAMESPACE, approval)
+            assert kube.status("restock")["phase"] == "Succeeded"
+            assert len(operator_tools.ORDERS) == 1
+        finally:
+            kube.close()
+            operator_tools.ORDERS.clear()

@@ -392,12 +392,28 @@ def decide(
     an Approval object the decision comes from: a second call with the same ``ref`` records
     nothing and returns the state as it is. ``note`` is the person's reason (a rule may ask one
     to deny); ``at``, when earlier than now, the moment the decision was made (an approval's
-    age counts from it).
+    age counts from it). An approval that states no definition was made on the one in force at
+    ``at``: made before the action was bound to an edited definition (``loop.call_changed``),
+    it is refused like one that states the earlier definition (issue 46: an edit after a
+    decision voids it, however late the decision is recorded).
     """
     decisions = state.approvals.get(action, ())
     if ref and any(d.ref == ref for d in decisions):
         return state  # this very entry is on record (an operator looking again)
     asked, bound = _awaited(state, action, key=key, definition=definition, approved=approved)
+    made = _made_at(at)
+    if approved and not definition and at:
+        # Only a decision made before it was recorded (an Approval object's) can predate a
+        # rebind: one recorded at once is made on the definition in force now.
+        changed = _rebound_since(stores, state, action, made)
+        if changed:
+            raise SettleError(
+                state.run,
+                action,
+                f"was approved at {made}, before its tool was changed at {changed} (the call "
+                f"is now bound to {bound}): the approval was made on the earlier definition; "
+                "look again",
+            )
     rule = asked.rule or ApprovalRule()
     groups = check_groups(groups)
     creator = state.spec.creator
@@ -418,7 +434,7 @@ def decide(
     decision = Decision(
         approved,
         by,
-        _made_at(at),
+        made,
         groups,
         ref,
         # A deny is recorded with the definition it was made on (it may be an earlier one).
@@ -599,6 +615,25 @@ def _awaited(
             f"{bound}: the tool was changed since; look again",
         )
     return asked, bound
+
+
+def _rebound_since(stores: Stores, state: RunState, action: str, made: str) -> str:
+    """The latest moment ``action`` was bound to an edited definition of its tool at or after
+    ``made`` (the chain's ``loop.call_changed``, or one the checkpoint carries still unappended);
+    "" when it was not: a decision made at ``made`` was made on the definition it is bound to."""
+    since = seconds(made)
+    moments = [
+        draft.at
+        for draft in state.outbox
+        if draft.type == "loop.call_changed" and draft.data.get("action") == action
+    ]
+    moments.extend(
+        event.at
+        for event in stores.audit.iter_events(state.tenant, state.run)
+        if event.type == "loop.call_changed" and event.data.get("action") == action
+    )
+    later = [moment for moment in moments if seconds(moment) >= since]
+    return max(later, key=seconds, default="")
 
 
 def _decided_event(

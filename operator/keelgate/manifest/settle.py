@@ -155,6 +155,13 @@ class ApprovalSpec(KeelgateModel):
         description="Set by admission with approved: the resourceVersion of the Approval it was "
         "set on, the decision's identity with the object's uid. A client may not set another.",
     )
+    definition: str = Field(
+        default="",
+        description="The one-decision form: the fingerprint of the tool's definition the person "
+        "was shown (the Approval's status.definition); an approval made on another one is not "
+        "counted. Admission fills it from the status when approved is set without it; it "
+        "cannot change once approved is set.",
+    )
 
     @model_validator(mode="after")
     def _decided_by_someone(self) -> ApprovalSpec:

@@ -109,6 +109,7 @@ def entries(body: Mapping[str, Any]) -> list[Entry]:
                 (),
                 note=str(spec.get("note") or ""),
                 at=str(spec.get("decidedAt") or ""),
+                definition=str(spec.get("definition") or ""),
                 legacy=f"{name}#spec",
             )
         )

@@ -213,6 +213,15 @@ APPROVAL = Kind(
                     "decisions are append-only: none can be removed",
                     field_path=".decisions",
                 ),
+                # The definition a one-decision approval was made on is part of the decision:
+                # changed afterwards, it could carry an approval of the earlier call to the
+                # edited one.
+                cel_rule(
+                    "!has(oldSelf.approved) || (has(self.definition) == has(oldSelf.definition) "
+                    "&& (!has(self.definition) || self.definition == oldSelf.definition))",
+                    "cannot change once approved is set",
+                    field_path=".definition",
+                ),
             ]
         },
         # People append their decisions; none is ever changed, moved or taken back: each entry

@@ -79,7 +79,7 @@ def mutated(
     """``new`` as the chart's mutating policy ``approval-decisions`` leaves it: an entry added
     to an Approval gets ``id`` (the resourceVersion it was added to: ``version``) and, unless it
     states one, the definition the object showed (``shown``: its status.definition); the
-    one-decision form gets ``decisionId`` the same way."""
+    one-decision form gets ``decisionId`` and ``definition`` the same way."""
     spec = dict(new)
     if kind != "Approval":
         return spec
@@ -93,6 +93,8 @@ def mutated(
         spec["decisions"] = after
     if spec.get("approved") is not None and old.get("approved") is None:
         spec["decisionId"] = version
+        if shown and not spec.get("definition"):
+            spec["definition"] = shown
     return spec
 
 
@@ -109,6 +111,8 @@ def _approval(
         if old.get("approved") is not None:
             if new.get("approved") != old.get("approved") or new.get("by") != old.get("by"):
                 return "spec.approved: cannot change once set"
+            if (new.get("definition") or "") != (old.get("definition") or ""):
+                return "spec.definition: cannot change once approved is set"
         elif new.get("by") != user.name:
             return f"spec.by must be {user.name} (the user setting spec.approved)"
         else:
