@@ -134,6 +134,39 @@ def test_what_a_step_cannot_do_is_one_line_and_the_exit_code_the_operator_reads(
     assert armed.returncode == 2 and "KEELGATE_FAILPOINTS" in armed.stderr
 
 
+def test_a_malformed_epoch_in_the_environment_is_one_line_and_leaves_help_working(
+    world: dict[str, Path],
+) -> None:
+    """KEELGATE_EPOCH that is not a whole number: ``keelgate step --help`` still shows the
+    flags (exit 0); a step run with it exits 2 naming KEELGATE_EPOCH in one line, before it
+    touches the store (the run's spec and its checkpoint stay as they were)."""
+    store = f"sqlite:///{world['db']}"
+    record(store, (DATA / "runner-task.yaml").read_text())
+    env = {**os.environ, "KEELGATE_STORE": store, "KEELGATE_EPOCH": "two"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "keelgate", "step", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "--epoch" in shown.stdout
+    before = world["db"].read_bytes()
+    bad = subprocess.run(
+        [sys.executable, "-m", "keelgate", "step", "-n", "shop", "--run", "restock"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "KG_RUNNER_LEDGER": str(world["ledger"]), "PYTHONPATH": str(SUPPORT)},
+    )
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.count("\n") == 1 and "KEELGATE_EPOCH" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert world["db"].read_bytes() == before
+    assert orders(world["ledger"]) == 0
+
+
 def test_the_step_reads_the_spec_recorded_last(world: dict[str, Path]) -> None:
     """A raised budget recorded by the operator reaches the next step: a run stopped by
     max_iterations continues once a higher limit is recorded, without a new plan for it."""

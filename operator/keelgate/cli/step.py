@@ -72,6 +72,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _epoch_from_environment() -> int | None:
+    # Read when the step runs, not when its flags are built: a bad value must not stop --help.
     text = os.environ.get("KEELGATE_EPOCH", "").strip()
     if not text:
         return None
@@ -98,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
         "--epoch",
         metavar="N",
         type=int,
-        default=_epoch_from_environment(),
+        default=None,
         help="The epoch the operator took the run under (env KEELGATE_EPOCH): every write of "
         "the step carries it, and the store refuses it once another holder took the run (exit 6).",
     )
@@ -161,6 +162,7 @@ def _step(args: argparse.Namespace) -> int:
 
     if not args.store:
         raise InputError("--store", "a step needs the store URL (env KEELGATE_STORE)")
+    epoch = args.epoch if args.epoch is not None else _epoch_from_environment()
     # Read once, here: the store URL is passed on read (libpq reads a PostgreSQL one once).
     store = read_store_url(args.store)  # imports the store's driver (psycopg: half the start-up)
     started()
@@ -176,7 +178,7 @@ def _step(args: argparse.Namespace) -> int:
         store=store,
         confirmer=load_confirmer(args.confirmer, args.confirmer_url),
         tracer=tracer,
-        epoch=args.epoch,
+        epoch=epoch,
     )
     try:
         outcome = runner.step(args.namespace, args.run, asked_to_stop=asked.is_set)
