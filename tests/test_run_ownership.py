@@ -409,6 +409,33 @@ def test_a_step_process_writes_under_its_operators_epoch_and_is_refused_once_it_
     other.close()
 
 
+def test_an_epoch_given_to_a_store_that_records_no_ownership_is_bad_input(tmp_path: Path) -> None:
+    """``keelgate step --epoch N`` over a store whose checkpoints and keys are two stores (the
+    LangGraph saver's) cannot fence its writes with the epoch: it exits 2 naming --epoch in one
+    line, and takes no step (no checkpoint, no order)."""
+    pytest.importorskip(
+        "langgraph.checkpoint.sqlite", reason="the langgraph extra is not installed"
+    )
+    from keelgate.stores import open_stores
+    from test_step import DATA, orders, record, step
+
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    store = f"langgraph+sqlite:///{tmp_path / 'kg.db'}"
+    record(store, (DATA / "runner-task.yaml").read_text())
+    refused = step(store, ledger, "--epoch", "1")
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].count("--epoch") == 1, lines
+    assert "Traceback" not in refused.stderr
+    assert orders(ledger) == 0
+    stores = open_stores(store)
+    try:
+        assert stores.checkpoints.load("shop", "restock") is None
+    finally:
+        stores.close()
+
+
 def test_a_tenants_role_cannot_turn_ownership_back_nor_touch_another_tenants(
     tenants_of_one_store: Any,
 ) -> None:
