@@ -349,7 +349,7 @@ def test_a_store_of_the_schema_before_is_upgraded_in_place_and_fenced_from_then_
     with store._statement() as conn:
         versions = conn.execute("SELECT version FROM keelgate_schema ORDER BY version").fetchall()
     assert [v[0] for v in versions] == list(range(1, len(_migrations.MIGRATIONS) + 1))
-    assert len(_migrations.MIGRATIONS) == 9
+    assert len(_migrations.MIGRATIONS) >= 9  # ownership (8, 9) and any later one: all applied
     old_claim = store.get(TENANT, step_key(1, 1))
     assert old_claim.state is KeyState.OUTCOME_UNKNOWN  # judged by its owner, as before
     assert store.holder_of(TENANT, RUN) is None
