@@ -30,13 +30,15 @@ from keelgate.kube.naming import (
 from keelgate.kube.resources import StepPodSettings
 from keelgate.manifest.step_defaults import StepPodDefaults
 from support import operator_tools
-from support.operator_rig import NAMESPACE, TOOLS, Operator, agentrun_spec
+from support.operator_rig import NAMESPACE, ORDER, TOOLS, Operator, agentrun_spec
 
 pytestmark = pytest.mark.usefixtures("orders")
 
 #: The Reconciliation of the run's first action, of each tool the tests use.
 PLACE = action_object_name("restock", "1:0", "place_order")
 LOST = action_object_name("restock", "1:0", "lost_write")
+#: A model that plans the same order twice: both calls get one idempotency key.
+TWICE = [{"actions": [ORDER, ORDER]}, {"done": True, "answer": "ordered"}]
 
 
 def test_a_run_is_driven_to_its_goal_one_step_pod_at_a_time(kube: Operator) -> None:
@@ -964,3 +966,58 @@ def test_a_suspended_run_killed_mid_order_still_shows_its_unknown_outcome(kube: 
     kube.reconcile("restock")
     assert kube.condition("restock", "OutcomeUnknown")["status"] == "True", kube.status("restock")
     assert kube.api.get("Reconciliation", NAMESPACE, PLACE) is not None
+
+
+def test_an_order_planned_twice_and_killed_mid_call_is_asked_for_once(kube: Operator) -> None:
+    """The model plans the same order twice (one key for both); the step pod dies right after
+    the shop took the first, and the run is suspended before any step records the stop. The
+    operator asks for one Reconciliation, of the call that was made (1:0), never of its repeat
+    (1:1, never called: a second object would ask alice again and show her decision as made
+    on it, while the chain records it once, on 1:0). Once she settles it the run finishes:
+    the repeat is answered from her decision, the order placed once, and the chain holds her
+    one decision, on the action she settled."""
+    kube.apply("restock", agentrun_spec(script=TWICE))
+    kube.reconcile("restock")
+    assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"suspend": True})
+    kube.reconcile("restock")
+    asked = [b["spec"]["action"] for b in kube.api.of_kind("Reconciliation")]
+    assert asked == ["1:0"]
+    assert [u["action"] for u in kube.status("restock")["unknownActions"]] == ["1:0"]
+    kube.api.patch_spec("Reconciliation", NAMESPACE, PLACE, {"executed": True, "by": "alice"})
+    assert kube.reconcile(PLACE, kind="Reconciliation") == REST
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"suspend": False})
+    kube.drive("restock")
+    assert kube.status("restock")["phase"] == "Succeeded", kube.status("restock")
+    assert len(operator_tools.ORDERS) == 1
+    assert [b["spec"]["action"] for b in kube.api.of_kind("Reconciliation")] == ["1:0"]
+    events = kube.stores.audit.events(NAMESPACE, "restock")
+    settled = [(e.actor, e.data["action"]) for e in events if e.type == "loop.reconciled"]
+    assert settled == [("alice", "1:0")]
+    repeat = next(
+        e for e in events if e.type == "loop.action_completed" and e.data["action"] == "1:1"
+    )
+    assert (repeat.data["status"], repeat.data["replayed"]) == ("ok", True)
+
+
+def test_an_order_planned_twice_settled_by_the_confirmer_is_shown_once(tmp_path: Path) -> None:
+    """The same order planned twice, the step pod killed right after the shop took the first;
+    the next attempt's confirmer settles it. The operator shows that decision as one Settled
+    Reconciliation, of the call that was made (1:0), none of its repeat, never called; the
+    order is placed once."""
+    pods = StepPodSettings(confirmer="support.operator_tools:OrderBook")
+    kube = Operator(tmp_path, settings=ControllerSettings(pods=pods))
+    try:
+        kube.apply("restock", agentrun_spec(script=TWICE))
+        kube.reconcile("restock")
+        assert kube.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+        assert kube.drive("restock") == [0, 0]
+        assert kube.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+        shown = [
+            (b["spec"]["action"], b["status"]["phase"], b["status"]["source"])
+            for b in kube.api.of_kind("Reconciliation")
+        ]
+        assert shown == [("1:0", "Settled", "confirmer")]
+    finally:
+        kube.close()

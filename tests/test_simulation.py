@@ -302,6 +302,20 @@ FOUND_IN_OPERATOR_MODE = (
             "EFFECT POST http://shop.sim/orders p2 by restock-s2-a1",
         ),
     ),
+    # The product's fault (make sim, on main 7eb6ace: audit): iteration 2 planned the same order
+    # twice (2:1, 2:2: one key); the run was re-created while 2:1's call was held up, stalled
+    # on the old run's pod, and the operator asked for a Reconciliation of 2:1 and of 2:2, never
+    # called. carol settled both; the chain recorded her decision once, on 2:1, while the 2:2
+    # object showed it Settled as hers. Now only 2:1 is asked for, and the repeat follows it.
+    (
+        "an order planned twice, its first call unknown as the run is re-created",
+        12445575562178623897,
+        (
+            "alice deletes restock and creates it again",
+            "bob patches restock-2-1-place-order-a226bed9f2 executed: False",
+            '"action":"2:2","reason":"not executed: abandoned by bob',
+        ),
+    ),
 )
 
 

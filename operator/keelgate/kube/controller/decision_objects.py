@@ -44,11 +44,17 @@ class DecisionObjects:
         says: the calls the checkpoint's stop lists and the store has not seen settled, and the
         calls of its plan with no result whose keys read unknown, which only the store knows of
         when a step died mid-call and none has run since to record its stop (the spec now
-        fails to load, or the run stalls, or it is suspended)."""
+        fails to load, or the run stalls, or it is suspended).
+
+        One per key: a plan that repeats a call gives each repeat the same key, and only the
+        first of them was called (the loop stops at it). A later one, not yet started, is
+        settled with it and never asked for apart: a Reconciliation of its own would ask a
+        person for a decision on a call never made, and show theirs as recorded for it."""
         if state is None:
             return ()
         keys = self._context.stores.idempotency
         listed = {u.action: u for u in state.unknown}
+        asked = {u.idempotency_key for u in state.unknown}
         found: list[UnknownAction] = []
         for unknown in state.unknown:
             record = keys.get(namespace, unknown.idempotency_key)
@@ -56,8 +62,11 @@ class DecisionObjects:
             if record is not None and record.state not in _SETTLED:
                 found.append(unknown)
         for action in state.plan.actions if state.plan is not None else ():
-            if action.id in listed or state.result_of(action.id) is not None:
+            if action.id in listed or action.key in asked:
                 continue
+            if state.result_of(action.id) is not None:
+                continue
+            asked.add(action.key)
             record = keys.get(namespace, action.key)
             if record is not None and record.state is KeyState.OUTCOME_UNKNOWN:
                 found.append(
@@ -171,12 +180,17 @@ class DecisionObjects:
         """A step pod's confirmer may settle an unknown outcome without the run ever stopping
         (it asks on the attempt after a crash): record each such settlement as a
         Reconciliation, already Settled with source confirmer, so people see what was decided
-        for them."""
+        for them (one per key, as ``unknown_now`` asks: a repeat of the call under the same key,
+        never made, is not shown as settled by anyone)."""
         if state.plan is None:
             return
         context = self._context
         namespace = run["metadata"]["namespace"]
+        shown: set[str] = set()
         for action in state.plan.actions:
+            if action.key in shown:
+                continue
+            shown.add(action.key)
             record = context.stores.idempotency.get(namespace, action.key)
             if record is None or record.source != "confirmer":
                 continue
