@@ -242,7 +242,7 @@ def test_the_seeds_found_with_every_move_keep_every_promise(
 FOUND_IN_OPERATOR_MODE = (
     # A deny and, in the same moment, the run deleted and made again: the Approval goes with the
     # run, before any operator read it (the finalizer keelgate.dev/decisions holds it until the
-    # deny is recorded), and in the second the operator's reconcile of it fails as well. The
+    # deny is recorded), and in the second the next step dies before its action as well. The
     # first seeds of these stories (1705127678694406672, 18143148156458450479) moved on with the
     # finalizer's look (one checkpoint read per look); these are a scan of base 7070 on today's
     # world.
@@ -256,11 +256,11 @@ FOUND_IN_OPERATOR_MODE = (
     ),
     (
         "a deny overtaken by the run's deletion and re-creation",
-        9106057653166587859,
+        8323230461478192221,
         (
-            "195.469 dave adds to restock-2-notify-02651bb651's decisions approved: False",
-            "195.469 alice deletes restock and creates it again",
-            "198.733 operator1 Approval restock-2-notify-02651bb651: StoreUnavailable",
+            "437.510 dave adds to restock-2-1-place-order-a226bed9f2's decisions approved: False",
+            "437.510 alice deletes restock and creates it again",
+            "441.158 restock-s1-a1#3 died at before_action",
         ),
     ),
     (
