@@ -70,6 +70,9 @@ def test_the_package_keeps_its_floors() -> None:
         ("testing/pgserver.py", "import keelgate.cli.step", "Floors"),
         ("stores/sqlite.py", "import keelgate.testing.pgserver", "Product code never imports"),
         ("cli/tenant.py", "import keelgate.testing.store_contract", "Product code never imports"),
+        ("_startup.py", "import keelgate.testing.apiserver", "Product code never imports"),
+        ("__init__.py", "import keelgate.testing.pgserver", "The facade never imports"),
+        ("__init__.py", "import keelgate.testing", "The facade never imports"),
     ],
 )
 def test_an_import_against_a_floor_breaks_the_lint(
