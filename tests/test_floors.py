@@ -193,7 +193,9 @@ def test_a_module_past_500_lines_says_why_it_is_one_module() -> None:
     gives its reason ("Why one module past 500 lines: ..."), in a sentence of its own (at least
     a dozen words, no two modules the same); and no module of 500 lines or fewer still claims
     to be past them (a split module whose old reason went stale)."""
-    unexplained, reasons, stale = set(), {}, []
+    unexplained: set[str] = set()
+    reasons: dict[str, list[str]] = {}
+    stale: list[str] = []
     for name, text in _modules():
         reason = _why_one_module(text)
         if len(text.splitlines()) > LONG_MODULE:
