@@ -29,7 +29,7 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
-from keelgate.kube.controller.approvals import entries, written_at
+from keelgate.kube.controller.approval_entries import entries, written_at
 from keelgate.kube.naming import action_object_name
 from support import operator_tools
 from support.operator_rig import NAMESPACE, Operator, agentrun_spec

@@ -8,7 +8,9 @@ health as unknown), or an ``argocd-cm`` snippet that is not the Lua that was tes
 (``e2e/tests/test_e2e_health_samples.py``); the cases are read from argo-cd's own
 ``health_test.yaml`` files, the single list of them. The table in ``docs/gitops.md`` is checked
 against both: its Argo CD column against those cases, its kstatus column against kstatus's rules
-(``shared/design/operator.md``), computed here in a few lines rather than imported.
+for a custom resource (sigs.k8s.io/cli-utils, ``pkg/kstatus/README.md``: Terminating, an
+``observedGeneration`` behind, ``Reconciling``, ``Stalled``), computed here in a few lines rather
+than imported.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def test_the_argocd_cm_snippet_holds_each_health_lua_verbatim() -> None:
 
 
 def kstatus(obj: dict[str, Any]) -> str:
-    """kstatus's generic rules for a custom resource (shared/design/operator.md)."""
+    """kstatus's generic rules for a custom resource (its README's standard conditions)."""
     meta, status = obj["metadata"], obj.get("status") or {}
     if meta.get("deletionTimestamp"):
         return "Terminating"

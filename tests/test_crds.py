@@ -356,8 +356,8 @@ def test_every_manifest_the_models_accept_the_schema_accepts(path: Path) -> None
 
 
 def test_the_contract_agentrun_validates_against_the_crd_schema() -> None:
-    """The AgentRun of contract.md section 5 is valid under the AgentRun CRD's schema, and a
-    broken side effect there is refused at its path."""
+    """The user contract's AgentRun example (tests/data/contract-agentrun.yaml) is valid under the
+    AgentRun CRD's schema, and a broken side effect there is refused at its path."""
     data = load(DATA / "contract-agentrun.yaml")
     assert schema_errors("agentrun", data) == []
     data["spec"]["tools"][1]["sideEffect"] = "WRTE"

@@ -4,12 +4,15 @@
 map in docs/design.md, no import circle, the operator's rooms in kube/, a core free of drivers
 and clients, Kubernetes only in kube/, a step pod's start-up free of kopf, typer and rich,
 nothing of the product leaning on keelgate.testing). These tests prove the contracts bite: an
-upward import planted in a copy of the package breaks them. And the public API, re-exported by
-``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed.
+upward import planted in a copy of the package breaks them. The public API, re-exported by
+``keelgate/__init__.py``, is pinned: a name cannot appear or vanish unnoticed. And a module past
+500 lines says in its header why it is one module, and no function runs past 100 lines.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +70,9 @@ def test_the_package_keeps_its_floors() -> None:
         ("testing/pgserver.py", "import keelgate.cli.step", "Floors"),
         ("stores/sqlite.py", "import keelgate.testing.pgserver", "Product code never imports"),
         ("cli/tenant.py", "import keelgate.testing.store_contract", "Product code never imports"),
+        ("_startup.py", "import keelgate.testing.apiserver", "Product code never imports"),
+        ("__init__.py", "import keelgate.testing.pgserver", "The facade never imports"),
+        ("__init__.py", "import keelgate.testing", "The facade never imports"),
     ],
 )
 def test_an_import_against_a_floor_breaks_the_lint(
@@ -150,3 +156,69 @@ def test_the_public_api_is_exactly_this() -> None:
     assert all(hasattr(keelgate, name) for name in keelgate.__all__)
     assert sorted(keelgate.testing.__all__) == ["NAMES", "SimulatedCrash", "armed", "failpoint"]
     assert not hasattr(keelgate, "failpoint")  # test hooks live in keelgate.testing
+
+
+PACKAGE = ROOT / "operator" / "keelgate"
+#: Past this many lines a module says in its header why it is one module (docs/design.md).
+LONG_MODULE = 500
+#: Past this many lines a function is split where a reader would name its parts.
+LONG_FUNCTION = 100
+# "Why one module past 500 lines: <the reason>", a paragraph of the module's docstring.
+_WHY_ONE = re.compile(r"^Why one module\b[^:\n]*\b500 lines: (?P<reason>.+)", re.DOTALL)
+#: Modules past the bound whose header does not say why yet, owned by work in progress
+#: elsewhere (the simulator's). The test fails once one of them says why or shrinks, so that
+#: it leaves this set.
+_UNEXPLAINED_YET = frozenset({"testing/sim/operator_mode.py", "testing/sim/checkers.py"})
+
+
+def _modules() -> list[tuple[str, str]]:
+    return [
+        (str(path.relative_to(PACKAGE)), path.read_text(encoding="utf-8"))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
+
+
+def _why_one_module(text: str) -> str | None:
+    """The reason a module's header gives for being one module ("" for none)."""
+    header = ast.get_docstring(ast.parse(text)) or ""
+    for paragraph in header.split("\n\n"):
+        found = _WHY_ONE.match(paragraph.strip())
+        if found:
+            return " ".join(found["reason"].split())
+    return None
+
+
+def test_a_module_past_500_lines_says_why_it_is_one_module() -> None:
+    """Every module of the package longer than 500 lines has a paragraph in its header that
+    gives its reason ("Why one module past 500 lines: ..."), in a sentence of its own (at least
+    a dozen words, no two modules the same); and no module of 500 lines or fewer still claims
+    to be past them (a split module whose old reason went stale)."""
+    unexplained: set[str] = set()
+    reasons: dict[str, list[str]] = {}
+    stale: list[str] = []
+    for name, text in _modules():
+        reason = _why_one_module(text)
+        if len(text.splitlines()) > LONG_MODULE:
+            if reason is None or len(reason.split()) < 12:
+                unexplained.add(name)
+            else:
+                reasons.setdefault(reason, []).append(name)
+        elif reason is not None:
+            stale.append(name)
+    assert unexplained == _UNEXPLAINED_YET
+    assert [names for names in reasons.values() if len(names) > 1] == []
+    assert stale == []
+
+
+def test_no_function_runs_past_100_lines() -> None:
+    """No function or method of the package is longer than 100 lines (its decorators aside):
+    a longer one is split into parts a reader would name."""
+    long = [
+        f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, text in _modules()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONG_FUNCTION
+    ]
+    assert long == []

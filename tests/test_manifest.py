@@ -731,7 +731,8 @@ def test_every_field_is_described_for_the_crd(kind: str) -> None:
 
 
 def test_the_contract_example_validates() -> None:
-    """The AgentRun of contract.md section 5, copied verbatim, is a valid manifest."""
+    """The user contract's AgentRun example, copied verbatim (tests/data/contract-agentrun.yaml),
+    is a valid manifest."""
     run = load_agentrun(DATA / "contract-agentrun.yaml")
     assert (run.metadata.name, run.tenant) == ("restock", "shop")
     assert [t.side_effect for t in run.spec.tools] == [
@@ -746,7 +747,8 @@ def test_the_contract_example_validates() -> None:
 
 
 def test_the_contract_reconciliation_validates() -> None:
-    """The Reconciliation of contract.md section 5 is valid, and still undecided."""
+    """The user contract's Reconciliation example (tests/data/contract-reconciliation.yaml) is
+    valid, and still undecided."""
     text = (DATA / "contract-reconciliation.yaml").read_text()
     rec = parse(Reconciliation, read_yaml(text, source="contract"))
     assert (rec.spec.run_name, rec.spec.action, rec.spec.executed) == ("restock", "3:0", None)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from keelgate.core.approvals import seconds
-from keelgate.kube.controller.approvals import written_at
+from keelgate.kube.controller.approval_entries import written_at
 from keelgate.kube.naming import DECISIONS_FINALIZER, action_object_name
 
 from keelgate_e2e import runs

@@ -48,7 +48,7 @@ UNSEEN: tuple[Planted, ...] = (
         "a one-decision approved: false read as an approval",
         (
             (
-                "kube/controller/approvals.py",
+                "kube/controller/approval_entries.py",
                 '                spec["approved"] is True,\n',
                 '                spec["approved"] is not None,\n',
             ),
@@ -171,7 +171,7 @@ UNSEEN: tuple[Planted, ...] = (
         "every entry of an Approval attributed to its first author",
         (
             (
-                "kube/controller/approvals.py",
+                "kube/controller/approval_entries.py",
                 '        by = str(item.get("by") or "")',
                 '        by = str((spec.get("decisions") or [{}])[0].get("by") or "")',
             ),

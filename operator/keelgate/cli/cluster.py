@@ -7,7 +7,7 @@ start-up path of its own; ``keelgate step`` normally reaches it without loading 
 imported only when it runs. It refuses a store whose owner liveness works on one host only.
 This module must never print a secret (the store URL is shown redacted, if at all).
 
-Why one module of over 500 lines: it is the operator command's thirty-odd options (each
+Why one module past 500 lines: it is the operator command's thirty-odd options (each
 option's help is part of the contract a user reads in ``--help``), their checks, and their
 turning into the settings the operator runs with (its store, pod defaults, signer, notifier,
 Lease); what runs lives in ``keelgate.cli.step`` and ``keelgate.kube.runtime``. Split, one

@@ -1,10 +1,11 @@
 """The subcommands of ``keelgate`` (contract section 4), and the options they share.
 
 Each command opens the stores named by ``--store``, does one thing through the runner or the
-loop, prints, and returns the exit code. Bad input is refused before any store is written. It is
-one module a little past 500 lines because it is the typer app's command list with the options
-every group shares (``audit``, ``tenant``, ``temporal`` and the operator's commands are in their
-own modules): each command is a thin shell, and the shells read best side by side.
+loop, prints, and returns the exit code. Bad input is refused before any store is written.
+
+Why one module past 500 lines: it is the typer app's command list with the options every group
+shares (``audit``, ``tenant``, ``temporal`` and the operator's commands are in their own
+modules): each command is a thin shell, and the shells read best side by side.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class Decision(JsonValue):
     # The groups the API server authenticated the person in (as the decision said, admission
     # checked); and, for a decision recorded from an Approval object, the entry's identity
     # (the object's uid and the version of it the entry was added to, which admission
-    # stamps: ``kube.controller.approvals``),
+    # stamps: ``kube.controller.approval_entries``),
     # so each entry is recorded once, whatever happens in between, and never taken for another.
     groups: Annotated[tuple[str, ...], OMIT_EMPTY] = ()
     ref: Annotated[str, OMIT_EMPTY] = ""

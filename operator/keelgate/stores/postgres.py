@@ -45,8 +45,10 @@ function itself.
 Session advisory locks need a real session: the owner connection must not go through a
 transaction-pooling proxy (pgbouncer in transaction mode); connect directly or in session mode.
 This module must never settle, retry or delete a key on its own, and never put a password in an
-error message. Why one module past 500 lines: the connections and the liveness argument above
-are one story, read with the code that keeps it; the statements are ``_sql``'s.
+error message.
+
+Why one module past 500 lines: the connections and the liveness argument above are one story,
+read with the code that keeps it; the statements are ``_sql``'s.
 """
 
 from __future__ import annotations

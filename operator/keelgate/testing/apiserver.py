@@ -22,6 +22,11 @@ tests); a subclass may refuse a write with a 409, lose a write's answer, tell a 
 never and collect a deleted owner's objects later (the simulator's
 ``keelgate.testing.sim.cluster``). It must never import the simulator or the tests, nor talk to
 a real cluster.
+
+Why one module past 500 lines: the objects, the one resourceVersion counter and the watchers are
+one server's state, and every verb and every actor around it (the kubelet, people, the garbage
+collector) changes that state through the same few steps (``_create``, ``_edit``, ``_bump``,
+``_tell``); read apart, a verb would sit away from the rules it must keep.
 """
 
 from __future__ import annotations

@@ -28,8 +28,10 @@ promise a backend may declare in ``Capabilities`` (``"checkpoint_with_events"``,
 the stores do not have or declare.
 
 This module must never import pytest or a store backend, and never weaken a check to suit a
-backend: a store that fails one does not keep Keelgate's promise. It is one long module on
-purpose: a store's author reads every promise to keep in one place, check after check.
+backend: a store that fails one does not keep Keelgate's promise.
+
+Why one module past 500 lines: a store's author reads every promise to keep in one place, check
+after check.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ run's hash-chained trail from the store, where it lives (the cluster never holds
 out: the plugin never settles anything in the store itself, so the admission policy, RBAC and
 the CRDs' rules see every decision. It must refuse bad input before any request, never write a
 decision the user did not give or in another name than their own, and never print a Secret, a
-store password or a tool's argument. It is one module past 500 lines because it is the typer
-app's command list: each command is a thin shell (options, checks, one call into ``client`` and
-``view``), and the shells read best side by side.
+store password or a tool's argument.
+
+Why one module past 500 lines: it is the typer app's command list; each command is a thin shell
+(options, checks, one call into ``client`` and ``view``), and the shells read best side by side.
 """
 
 from __future__ import annotations

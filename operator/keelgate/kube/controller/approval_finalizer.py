@@ -31,7 +31,8 @@ from keelgate.core.approvals import asked_now
 from keelgate.core.state import RunState
 from keelgate.core.types import StopReason
 from keelgate.kube.api_failures import Conflict, Gone
-from keelgate.kube.controller.approvals import Looked, entries, recorded_refs
+from keelgate.kube.controller.approval_entries import entries, recorded_refs
+from keelgate.kube.controller.approvals import Looked
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import LOST_RACE, REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON, Key

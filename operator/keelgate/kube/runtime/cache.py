@@ -92,8 +92,8 @@ _UNREAD_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 
 def _spec_writes(body: Mapping[str, Any], managed: Any) -> list[JSON] | None:
     """Of an Approval's field managers' records, the one thing the operator reads: who wrote
-    it other than its status, and when (``approvals.written_at``: no decision in it was made
-    later than its latest). None for other kinds, which keep none."""
+    it other than its status, and when (``approval_entries.written_at``: no decision in it was
+    made later than its latest). None for other kinds, which keep none."""
     if body.get("kind") != "Approval" or not isinstance(managed, list):
         return None
     return [
