@@ -642,6 +642,7 @@ CASES: list[tuple[str, str, Any, str, str]] = [
     ("approval", "spec.decisions[0].id", 5, "spec.decisions[0].id", "must be a string"),
     ("approval", "spec.decidedAt", "now", "spec.decidedAt", "RFC 3339"),
     ("approval", "spec.decisionId", 5, "spec.decisionId", "must be a string"),
+    ("approval", "spec.definition", 5, "spec.definition", "must be a string"),
     ("approval", "status.definition", 5, "status.definition", "must be a string"),
     ("approval", "status.serviceAccounts", "no", "status.serviceAccounts", "true or false"),
     ("approval", "status.approvals", -1, "status.approvals", "must be at least 0"),
