@@ -21,7 +21,8 @@ import pytest
 from keelgate.core import clocks
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
-from keelgate.testing.sim.simulate import Options, seed_of
+from keelgate.testing.sim.people import CALM_PROMPT
+from keelgate.testing.sim.simulate import CHAOS, LIMIT, SETTLING, STILL, Options, seed_of
 from support.planted_bugs import BUGS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
 from support.unseen_bugs_b import UNSEEN_B
@@ -536,3 +537,42 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
     )
     assert again.returncode == 1
     assert any(f"  {rule}:" in again.stdout for rule in broken), again.stdout
+
+
+def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -> None:
+    """A run the product leaves waiting for good (set C's spec store keeping an older
+    generation: the operator starts a step pod again and again, each stopping on the budget the
+    newer spec raised) is judged as it would be at the limit, ``waiting``, once the calm world
+    has stood still for ``STILL`` virtual seconds, not two virtual hours on: the trace ends
+    there, a step pod restarted thousands of times fewer."""
+    bug = next(b for b in UNSEEN_C if "older generation" in b.name)
+    root = planted(bug, tmp_path)
+    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "keelgate.testing.sim", "--seed", "5686236089204240597"]
+        + ["--mode", "operator", "--store", "memory", "--every-move"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "  waiting: the run was left waiting after the calm end" in done.stdout
+    assert "nothing has moved for 900s: judged as at the end" in done.stdout
+    moments = [float(line.split()[0]) for line in done.stdout.splitlines() if line[:1] == " "]
+    moments = [m for m in moments if m > 0.0]
+    assert max(moments) <= CHAOS + CALM_PROMPT + STILL + 60.0 + SETTLING < LIMIT
+
+
+def test_a_calm_world_that_moves_is_never_taken_for_still() -> None:
+    """The stillness watch judges early only a world where nothing moves: every run of a small
+    budget that ends past the calm's first ten minutes (a settlement, a budget raised, an
+    approval asked again) ends as it would without the watch, finished."""
+    late = 0
+    for index in range(60):
+        outcome = simulate(seed=seed_of(index, 5150), options=BUDGET_OPTIONS)
+        assert outcome.ok, outcome.violations
+        assert not any("nothing has moved" in line for line in outcome.lines)
+        late += any(float(line.split()[0]) > CHAOS + CALM_PROMPT for line in outcome.lines)
+    assert late  # the watch looked at some of them

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from keelgate.adapters import network as adapters_network
 from keelgate.core import clocks
 from keelgate.core.types import canonical_json
+from keelgate.errors import KeelgateError
 from keelgate.testing.sim import records as sim_records
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.books import Books
@@ -37,7 +38,7 @@ from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
 from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import MOVES, Cluster
-from keelgate.testing.sim.people import CALM_START, People
+from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
 
@@ -47,6 +48,15 @@ RUN = "restock"
 #: of the calm end; two hours leave room for the longest waits the rules allow).
 CHAOS, LIMIT = CALM_START, CALM_START + 2 * 3600.0
 MODES = ("local", "operator")
+#: Virtual seconds a calm world must stand still (the books and every record of the store
+#: unchanged) before it is judged as it would be at ``LIMIT``: longer than every wait left in
+#: the calm (the work queue's backoff tops at a minute, a key's deadline at its call's limit
+#: and margin, people look every minute and come back within ten), so nothing the world does
+#: could still move it. Looked for once the calm has lasted ``CALM_PROMPT``.
+STILL = 900.0
+#: Seconds a world judged still is run on, for what is under way to end (late answers within
+#: a deadline's margin, a step's grace): the events due after are dropped.
+SETTLING = 120.0
 STORES = ("memory", "sqlite")
 
 
@@ -206,7 +216,13 @@ def _simulate(
         cluster.start()
         done = cluster.finished
     world.at(CHAOS, "calm", calm)
-    world.run(until=LIMIT, done=done)
+    still = Stillness(world, site, books)
+    world.at(CHAOS + CALM_PROMPT, "the world is looked at", still.look)
+    world.run(until=LIMIT, done=lambda: done() or still.still)
+    if still.still:
+        # Stuck for good: what is under way ends, and the run is judged as at the limit.
+        world.say(f"nothing has moved for {STILL:.0f}s: judged as at the end")
+        world.horizon = world.now + SETTLING
     if mode == "operator":
         cluster.shutdown()
     world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
@@ -237,6 +253,61 @@ def _simulate(
         store,
         options,
     )
+
+
+class Stillness:
+    """Whether a calm world stands still: the books and the store's records of every run the
+    same, look after look, for ``STILL`` seconds. A run left waiting (a person never able to
+    unblock it, a step pod started and stopped again and again on the same checkpoint) would
+    otherwise be run on, on virtual time, to ``LIMIT``: two virtual hours of looks and
+    restarts that change nothing, minutes of real time for one run.
+
+    It never draws from the schedule, never writes, and tells nobody anything: a run that
+    moves is run exactly as without it."""
+
+    def __init__(self, world: World, site: sim_stores.StoreSite, books: Books) -> None:
+        self.world = world
+        self.site = site
+        self.books = books
+        self.still = False
+        self._seen = ""
+        self._since = 0.0
+
+    def look(self) -> None:
+        seen = self._fingerprint()
+        if seen != self._seen:
+            self._seen, self._since = seen, self.world.now
+        elif self.world.now - self._since >= STILL:
+            self.still = True
+            return
+        self.world.at(60.0, "the world is looked at", self.look)
+
+    def _fingerprint(self) -> str:
+        books = self.books
+        sha = hashlib.sha256()
+        counts = (books.asks, books.sent, books.effects, books.decisions, books.questions)
+        sha.update(repr((*(len(c) for c in counts), len(books.specs))).encode())
+        sha.update(repr([(s.known_at, s.refused) for s in books.sent]).encode())
+        stores = self.site.open()
+        try:
+            for ref in stores.checkpoints.runs(TENANT):
+                read = sim_records.read(stores, TENANT, ref.run, books)
+                # The chain as the set of what it says: a step started and stopped again on
+                # the same checkpoint adds the same two entries each time, and moves nothing.
+                said = sorted(
+                    {f"{e.type} {e.actor} {canonical_json(e.data)}" for e in read.events}
+                )
+                sha.update(
+                    repr(
+                        (ref.run, read.shown, read.iteration, read.tokens, read.keys)
+                        + (read.planned, read.chain_problems, said)
+                    ).encode()
+                )
+        except KeelgateError as error:  # never in the calm; if so, it moved
+            sha.update(repr(error).encode())
+        finally:
+            stores.close()
+        return sha.hexdigest()
 
 
 # The schedule as text: the positions of its non-zero choices, for the one replay command.
