@@ -549,8 +549,10 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     root = planted(bug, tmp_path)
     env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-m", "keelgate.testing.sim", "--seed", "5686236089204240597"]
-        + ["--mode", "operator", "--store", "memory", "--every-move"],
+        [
+            *(sys.executable, "-m", "keelgate.testing.sim", "--seed", "5686236089204240597"),
+            *("--mode", "operator", "--store", "memory", "--every-move"),
+        ],
         env=env,
         capture_output=True,
         text=True,
