@@ -244,6 +244,7 @@ def _simulate(
     still = Stillness(world, site, books)
     world.at(CHAOS + CALM_PROMPT, "the world is looked at", still.look)
     world.run(until=LIMIT, done=lambda: done() or still.still)
+    still.watching = False  # judged now or soon: what runs on is not looked at any more
     if still.still:
         # Stuck for good: what is under way ends, and the run is judged as at the limit.
         world.say(f"nothing has moved for {STILL:.0f}s: judged as at the end")
@@ -315,10 +316,13 @@ class Stillness:
         self.site = site
         self.books = books
         self.still = False
+        self.watching = True
         self._seen = ""
         self._since = 0.0
 
     def look(self) -> None:
+        if not self.watching:
+            return
         seen = self._fingerprint()
         if seen != self._seen:
             self._seen, self._since = seen, self.world.now
