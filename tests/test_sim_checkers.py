@@ -31,8 +31,10 @@ from keelgate.testing.sim.books import (
     Question,
     Sent,
     SpecVersion,
+    tick_of,
+    tick_ref,
 )
-from keelgate.testing.sim.checkers import CHECKERS, judge
+from keelgate.testing.sim.checkers import CHECKERS, judge, judge_ticks
 from keelgate.testing.sim.records import Event, KeyView, PlannedAction, Records
 
 ORDERS = "POST http://shop.sim/orders"
@@ -214,6 +216,7 @@ def test_every_promise_has_its_own_checker() -> None:
         "budget",
         "replanned",
         "altered",
+        "again",
     }
 
 
@@ -562,6 +565,137 @@ ALICE = User("alice", ("shop-devs",))
 BOB = User("bob", ("payments-approvers",))
 ENTRY = {"by": "bob", "groups": ["payments-approvers"], "approved": True}
 BASE = {"runName": "r", "action": "1:0", "tool": "pay", "idempotencyKey": "k"}
+
+
+class Monitor:
+    """A monitor's ticks as the world saw them, written by hand: tick N's process ``tickN``
+    plans the order (``p1@tN``) and sends it; the records of each tick are its own."""
+
+    def __init__(self) -> None:
+        self.story = History()
+        self.books = self.story.books
+        self.records: dict[int, Records] = {}
+
+    def tick(self, number: int, at: float, *, known: bool = True, taken: bool = True) -> int:
+        name = f"tick{number}"
+        self.story.process(name, at)
+        self.books.processes[name].run = f"restock.tick-{number}"
+        args = {**ORDER, "ref": tick_ref("p1", f"restock.tick-{number}")}
+        self.story.ask(name, at + 0.5, args=args)
+        self.books.asks[-1] = Ask(
+            at + 0.5,
+            name,
+            "plan",
+            1,
+            self.books.asks[-1].intents,
+            order=self.books.asks[-1].order,
+            run=f"restock.tick-{number}",
+        )
+        sent = self.story.send(name, at + 1.0, key=f"kg-{number}", known=known, args=args)
+        if taken:
+            self.story.effect(sent, noted=False)
+        records = Records(finished=True)
+        records.planned.append(PlannedAction("1:0", "place_order", args))
+        for kind, moment, data in (
+            ("loop.plan_saved", at + 0.5, {"actions": [{"idempotencyKey": f"kg-{number}"}]}),
+            ("loop.action_started", at + 0.9, {"action": "1:0", "idempotencyKey": f"kg-{number}"}),
+            ("loop.action_completed", at + 1.2, {"action": "1:0", "status": "ok"}),
+        ):
+            stamp = self.books.stamp(moment)
+            records.events.append(
+                Event(
+                    len(records.events) + 1,
+                    kind,
+                    "keelgate",
+                    self.books.true_of_stamp(stamp),
+                    stamp,
+                    data,
+                )
+            )
+        self.records[number] = records
+        return sent
+
+    def settle(self, number: int, at: float, *, accepted: bool = True) -> None:
+        self.books.decisions.append(
+            Decision(
+                at,
+                "settle",
+                "alice",
+                "alice",
+                "1:0",
+                tick_ref("p1", f"restock.tick-{number}"),
+                True,
+                accepted_at=at if accepted else None,
+            )
+        )
+
+    def broken(self, *, over: bool = True) -> list[str]:
+        return [
+            f"{v.rule} {v.detail}"
+            for v in judge_ticks(self.books, self.records, over=over, shown="restock.tick-2")
+        ]
+
+
+def test_a_tick_ref_names_its_call_and_its_tick() -> None:
+    """The same call planned in tick 2 is the world's call ``p1@t2``: told apart from tick 1's,
+    read back as the call ``p1`` of tick 2; a ref of no tick is tick 0."""
+    assert tick_ref("p1", "restock.tick-2") == "p1@t2"
+    assert tick_of("p1@t2") == ("p1", 2)
+    assert tick_of("p1") == ("p1", 0)
+
+
+def test_ticks_that_each_place_the_order_once_keep_every_promise() -> None:
+    """A monitor restocking each tick places the same order once a tick: the world's books of
+    each tick see it once, and the ticks together break nothing, however many there are."""
+    monitor = Monitor()
+    monitor.tick(1, 0.0)
+    monitor.tick(2, 60.0)
+    monitor.tick(3, 120.0)
+    assert monitor.broken() == []
+
+
+def test_again_sees_a_tick_placing_a_call_past_a_tick_whose_request_was_unknown() -> None:
+    """Tick 1's order left and its sender never learned what it came to; nobody settled it;
+    tick 2 then placed the same order: judged per tick, each tick is clean (one send each),
+    and ``again`` names the tick that placed it again."""
+    monitor = Monitor()
+    monitor.tick(1, 0.0, known=False)
+    monitor.books.questions.append(Question(1.5, "alice", "1:0", "p1@t1"))
+    monitor.tick(2, 60.0)
+    broken = monitor.broken()
+    assert [b.split()[0] for b in broken] == ["again"], broken
+    assert "p1@t2 (request) sent by tick2 at 61.0 while p1@t1" in broken[0]
+
+
+def test_again_lets_the_next_tick_go_once_the_unknown_was_settled_or_refused() -> None:
+    """Settled (a person's settlement that stood, before the next tick sent), or answered with
+    a definite refusal, the earlier tick's request no longer stops the next tick; a settlement
+    that never stood, or came after, does not count."""
+    settled = Monitor()
+    settled.tick(1, 0.0, known=False)
+    settled.books.questions.append(Question(1.5, "alice", "1:0", "p1@t1"))
+    settled.settle(1, 30.0)
+    settled.tick(2, 60.0)
+    assert settled.broken() == []
+    late = Monitor()
+    late.tick(1, 0.0, known=False)
+    late.books.questions.append(Question(1.5, "alice", "1:0", "p1@t1"))
+    late.settle(1, 30.0, accepted=False)
+    late.tick(2, 60.0)
+    late.settle(1, 90.0)
+    assert [b.split()[0] for b in late.broken()] == ["again"]
+
+
+def test_each_tick_is_judged_on_its_own_books_and_the_monitor_for_waiting() -> None:
+    """A tick whose order the shop took twice breaks ``twice`` in that tick (named), not the
+    others; a monitor whose last tick is not over is ``waiting``."""
+    monitor = Monitor()
+    monitor.tick(1, 0.0)
+    sent = monitor.tick(2, 60.0)
+    monitor.story.effect(sent, at=62.0, noted=False)
+    broken = monitor.broken(over=False)
+    assert sorted(b.split()[0] for b in broken) == ["twice", "waiting"], broken
+    assert any(b.startswith("twice tick 2: p1@t2") for b in broken), broken
 
 
 def test_admission_lets_through_what_the_chart_lets_through() -> None:

@@ -8,6 +8,7 @@ within that budget, each of issue 46's moves is made, and a failure says how to 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,8 +21,21 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.testing.sim import decode, encode, shrink, simulate
+from keelgate.testing.sim import stores as sim_stores
+from keelgate.testing.sim.__main__ import _mode
+from keelgate.testing.sim.books import Books, Question
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
-from keelgate.testing.sim.simulate import Options, seed_of
+from keelgate.testing.sim.people import CALM_PROMPT
+from keelgate.testing.sim.simulate import (
+    CHAOS,
+    LIMIT,
+    SETTLING,
+    STILL,
+    Options,
+    Stillness,
+    seed_of,
+)
+from keelgate.testing.sim.world import Schedule, World
 from support.planted_bugs import BUGS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
 from support.unseen_bugs_b import UNSEEN_B
@@ -383,7 +397,6 @@ def test_an_effect_and_an_event_of_the_same_millisecond_compare_as_stamps() -> N
     its start was stamped is seen after that start, however the clock's last digits fall and
     however the wall clock runs (an approved WRITE was once judged unapproved for it)."""
     from keelgate.core.audit import AuditDraft, seal
-    from keelgate.testing.sim.books import Books
     from keelgate.testing.sim.records import stamp_seconds
     from keelgate.testing.sim.world import Clocks
 
@@ -550,3 +563,126 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
     )
     assert again.returncode == 1
     assert any(f"  {rule}:" in again.stdout for rule in broken), again.stdout
+
+
+def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -> None:
+    """A run the product leaves waiting for good (set C's spec store keeping an older
+    generation: the operator starts a step pod again and again, each stopping on the budget the
+    newer spec raised) is judged as it would be at the limit, ``waiting``, once the calm world
+    has stood still for ``STILL`` virtual seconds, not two virtual hours on: the trace ends
+    there, a step pod restarted thousands of times fewer."""
+    bug = next(b for b in UNSEEN_C if "older generation" in b.name)
+    root = planted(bug, tmp_path)
+    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "keelgate.testing.sim", "--seed", "5686236089204240597"),
+            *("--mode", "operator", "--store", "memory", "--every-move"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "  waiting: the run was left waiting after the calm end" in done.stdout
+    assert "nothing has moved for 900s: judged as at the end" in done.stdout
+    trace = [line.split() for line in done.stdout.splitlines()]
+    moments = [float(w[0]) for w in trace if w and w[0].replace(".", "", 1).isdigit()]
+    moments = [m for m in moments if m > 0.0]
+    assert max(moments) <= CHAOS + CALM_PROMPT + STILL + 60.0 + SETTLING < LIMIT
+
+
+def test_a_calm_world_that_moves_is_never_taken_for_still() -> None:
+    """The stillness watch judges early only a world where nothing moves: while the books gain
+    a question every ten virtual minutes (less than ``STILL``) it never says still; once they
+    stop, it says so ``STILL`` seconds after the last change, and not before."""
+    world = World(Schedule(seed=1))
+    books = Books()
+    site = sim_stores.site("memory", world.store_clock)
+    try:
+        still = Stillness(world, site, books)
+        world.at(0.0, "looked at", still.look)
+        for moment in range(0, 3600, 600):
+            world.at(
+                float(moment),
+                "asked",
+                lambda: books.questions.append(Question(world.now, "alice", "1:0", "p1")),
+            )
+        world.run(until=3000.0 + STILL - 61.0, done=lambda: still.still)
+        assert not still.still
+        world.run(until=4 * 3600.0, done=lambda: still.still)
+        assert still.still
+        assert 3000.0 + STILL <= world.now <= 3000.0 + STILL + 60.0
+    finally:
+        site.close()
+
+
+#: Monitor-mode seeds ``make test`` runs (each a monitor of two or three ticks).
+MONITOR_BUDGET = 40
+
+
+def test_monitor_runs_tick_and_keep_every_promise_tick_by_tick() -> None:
+    """A monitor's cron job starts the product's ``LocalRunner.tick`` a minute, each tick
+    process dying, held up or losing its node at any window: within a few seeds the world
+    drives second and third ticks and their calls take effect under refs of their own tick
+    (``p1@t2``), each tick judged as a run of its own and the ticks together; every seed of
+    the budget keeps every promise, and replays to the same trace."""
+    broken, driven, effects = [], set(), set()
+    for index in range(MONITOR_BUDGET):
+        seed = seed_of(index, 4848)
+        store = "sqlite" if index % 4 == 0 else "memory"
+        outcome = simulate(seed=seed, mode="monitor", store=store, options=BUDGET_OPTIONS)
+        if not outcome.ok:
+            where = f"--mode monitor --store {store} --seed {seed}"
+            broken.append(f"{'; '.join(map(str, outcome.violations))} (replay: {where})")
+        driven |= {line.split()[-1] for line in outcome.lines if " drives restock.tick-" in line}
+        effects |= {
+            line.split()[2].rsplit("@", 1)[1]
+            for line in outcome.lines
+            if line.split()[1:2] == ["effect"] and "@t" in line.split()[2]
+        }
+        if index < 3:
+            again = simulate(seed=seed, mode="monitor", store=store, options=BUDGET_OPTIONS)
+            assert again.digest == outcome.digest
+    assert not broken, "\n".join(broken)
+    assert {"restock.tick-1", "restock.tick-2", "restock.tick-3"} <= driven
+    assert {"t1", "t2", "t3"} <= effects
+
+
+def test_a_monitor_starting_its_next_tick_past_an_unknown_outcome_is_found(
+    tmp_path: Path,
+) -> None:
+    """Set B's "a monitor starts its next tick past one stopped on an unknown outcome" (the
+    runner's waiting stops forget OUTCOME_UNKNOWN): a few monitor-mode seeds break a promise,
+    the tick stopped on the unknown outcome left waiting, or its call placed again by a later
+    tick (``again``)."""
+    bug = next(b for b in UNSEEN_B if "monitor starts its next tick" in b.name)
+    root = planted(bug, tmp_path)
+    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "keelgate.testing.sim", "--seeds", "10"),
+            *("--mode", "monitor", "--store", "memory", "--every-move"),
+            *("--first", "--no-shrink", "--json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["first"] is not None
+    assert set(summary["rules"]) <= {"again", "waiting"}, summary
+
+
+def test_mix_runs_about_one_monitor_in_eight_and_keeps_the_operators_third() -> None:
+    """``make sim``'s mix: every third run in operator mode, as before monitors came; of the
+    rest, one in five a monitor."""
+    modes = [_mode(index, "mix") for index in range(120)]
+    assert modes.count("operator") == 40
+    assert 12 <= modes.count("monitor") <= 20
+    assert _mode(7, "local") == "local"

@@ -82,6 +82,16 @@ def _kind(index: int, choice: str, options: Sequence[str], every: int) -> str:
     return options[1 + (index // every) % (len(options) - 1)]
 
 
+def _mode(index: int, choice: str) -> str:
+    """For "mix": every third run in operator mode, and about one in eight a monitor (local
+    mode, its ticks started by a cron job); the rest local."""
+    if choice != "mix":
+        return choice
+    if index % 3 == 0:
+        return "operator"
+    return "monitor" if index % 5 == 1 else "local"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("keelgate").setLevel(logging.CRITICAL)  # the product's own warnings
@@ -119,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         index = runs
         seed = seed_of(index, base)
         store = _kind(index, args.store, STORES, 4)
-        mode = _kind(index, args.mode, MODES, 3)
+        mode = _mode(index, args.mode)
         outcome = simulate(seed=seed, store=store, mode=mode, options=options)
         runs += 1
         if not outcome.ok:

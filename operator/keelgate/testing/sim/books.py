@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from keelgate.testing.sim.world import Clocks
@@ -100,6 +100,24 @@ def definition(tool: Mapping[str, Any] | None) -> str:
     return f"python {tool.get('python', {}).get('callable', '')}"
 
 
+#: Between a call's ref and the tick it was planned in (``p1@t2``: the call ``p1`` of tick 2).
+TICK_MARK = "@t"
+
+
+def tick_ref(ref: str, tick: str) -> str:
+    """The ref of the call ``ref`` planned in the monitor's tick ``tick`` (``<name>.tick-<n>``):
+    the same call in another tick is another call of the world's, the same request again."""
+    return f"{ref}{TICK_MARK}{tick.rsplit('-', 1)[1]}"
+
+
+def tick_of(ref: str) -> tuple[str, int]:
+    """The call a tick's ref is of, and its tick's number (0: a ref of no tick)."""
+    base, mark, number = ref.rpartition(TICK_MARK)
+    if not mark or not number.isdigit():
+        return ref, 0
+    return base, int(number)
+
+
 @dataclass(frozen=True)
 class Intent:
     """A call the model planned: the world's identity of it is ``ref``."""
@@ -123,6 +141,8 @@ class Ask:
     tokens: int = 0
     #: Its place among everything booked (moments can be equal; the order never is).
     order: int = 0
+    #: The monitor's tick it was asked in (its run's name; "" for a run that is no monitor).
+    run: str = ""
 
 
 @dataclass
@@ -217,6 +237,8 @@ class ProcessLife:
     generation: int = 0
     ended: float | None = None
     code: int | None = None
+    #: The monitor's tick it drove (its run's name; "" for a step of a run that is no monitor).
+    run: str = ""
 
 
 @dataclass
@@ -250,6 +272,30 @@ class Books:
         """The place of the next thing booked (``Ask.order``, ``Sent.order``)."""
         self._booked += 1
         return self._booked
+
+    def of_tick(self, number: int) -> Books:
+        """The books of one tick of a monitor (a run of its own): its questions to the model,
+        its calls' requests, effects, decisions and questions (by their refs' tick, a request
+        of no planned call by its sender's tick); the rest (spec versions, processes, budgets)
+        as they are."""
+
+        def mine(ref: str, process: str) -> bool:
+            tick = tick_of(ref)[1]
+            if tick:
+                return tick == number
+            life = self.processes.get(process)
+            return life is not None and life.run.endswith(f"-{number}")
+
+        kept = [i for i, s in enumerate(self.sent) if mine(s.ref, s.process)]
+        index = {old: new for new, old in enumerate(kept)}
+        return replace(
+            self,
+            asks=[a for a in self.asks if a.run.endswith(f"-{number}")],
+            sent=[self.sent[i] for i in kept],
+            effects=[replace(e, sent=index[e.sent]) for e in self.effects if e.sent in index],
+            decisions=[d for d in self.decisions if tick_of(d.ref)[1] == number],
+            questions=[q for q in self.questions if tick_of(q.ref)[1] == number],
+        )
 
     # Questions the checkers ask
 

@@ -18,7 +18,7 @@ product's logic, and never excuse a broken promise for a reason the books do not
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from keelgate.testing.sim.books import (
@@ -29,6 +29,7 @@ from keelgate.testing.sim.books import (
     Rule,
     Sent,
     definition,
+    tick_of,
 )
 from keelgate.testing.sim.records import Records
 
@@ -117,6 +118,69 @@ def retried(books: Books, records: Records) -> list[Violation]:
             continue
         if not sent.refused:
             earlier[slot] = sent
+    return found
+
+
+@checker("again", "a tick placed a call again past a tick whose call's outcome was unknown")
+def again(books: Books, records: Records) -> list[Violation]:
+    """A monitor's tick is a run of its own, and may place the call an earlier tick placed (a
+    restock each hour). Not while an earlier tick's request of that call may have taken effect
+    and nobody has settled it: its sender never learned what it came to (no answer, no definite
+    refusal, by the time the later one left), and no settlement of it (a person's that stood,
+    the confirmer's) came before. Not knowing stops the monitor, never starts its next tick."""
+    found: list[Violation] = []
+    for sent in books.sent:
+        base, tick = tick_of(sent.ref)
+        if not tick or not books.changes_things(sent):
+            continue
+        for earlier in books.sent:
+            if earlier.order >= sent.order or earlier.refused or earlier.part != sent.part:
+                continue
+            their_base, their_tick = tick_of(earlier.ref)
+            if their_base != base or not 0 < their_tick < tick:
+                continue
+            if not books.changes_things(earlier):
+                continue
+            if earlier.known_at is not None and earlier.known_at <= sent.at:
+                continue
+            if _settled_before(books, earlier.ref, sent.at):
+                continue
+            found.append(
+                Violation(
+                    "again",
+                    f"{_short(sent.ref)} ({sent.part}) sent by {sent.process} at {sent.at:.1f} "
+                    f"while {_short(earlier.ref)}, sent by {earlier.process} at "
+                    f"{earlier.at:.1f}, was unknown and unsettled",
+                )
+            )
+            break
+    return found
+
+
+def _settled_before(books: Books, ref: str, at: float) -> bool:
+    return any(
+        d.kind == "settle"
+        and d.ref == ref
+        and d.at <= at
+        and (d.source == "confirmer" or (d.accepted_at is not None and d.accepted_at <= at))
+        for d in books.decisions
+    )
+
+
+def judge_ticks(
+    books: Books, ticks: Mapping[int, Records], *, over: bool, shown: str
+) -> list[Violation]:
+    """Every broken promise of a monitor: each tick judged as a run of its own from its own
+    books (``Books.of_tick``) and records (a tick is finished once it stopped for good), the
+    ticks together by ``again``, and the monitor left waiting if its last tick is not over."""
+    found: list[Violation] = []
+    for number, records in sorted(ticks.items()):
+        for violation in judge(books.of_tick(number), records):
+            if violation.rule != "again":
+                found.append(Violation(violation.rule, f"tick {number}: {violation.detail}"))
+    found += again(books, Records())
+    if not over:
+        found.append(Violation("waiting", f"at the end the monitor's latest tick is {shown}"))
     return found
 
 

@@ -47,6 +47,10 @@ EDITS = (
 #: Edits of a tool's definition (where its call goes), issue 46's: on with ``moves``.
 DEFINITION_EDITS = ("place_order url", "place_order method")
 GROUP_CHOICES: tuple[tuple[str, ...], ...] = ((), ("payments-approvers",), ("shop-devs",))
+#: Every side effect, as a monitor that acts must list them (``allowedSideEffects``).
+ALL_EFFECTS = ["READ", "PROPOSE", "WRITE"]
+#: A monitor's schedule: a tick a minute (the cron job keeps to it: ``monitor.PERIOD``).
+SCHEDULE = "* * * * *"
 EXPIRY_CHOICES: tuple[float | None, ...] = (None, 60.0, 300.0, 900.0)
 #: How a run's model is reached: over HTTP through the product's adapters in a quarter of the
 #: runs (an SDK call costs milliseconds; the in-process model, the same planner, microseconds).
@@ -59,6 +63,9 @@ class Desk:
     world: World
     books: Books
     moves: bool = False
+    #: A monitor (``loop: monitor``, a tick a minute) allowed every side effect, as a monitor
+    #: that restocks is (a monitor's default is READ only).
+    monitor: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     _kept: list[dict[str, Any]] = field(default_factory=list)
 
@@ -93,6 +100,11 @@ class Desk:
                 "model": manifest_model(self.model_face),
                 "tools": tools,
                 "budget": budget,
+                **(
+                    {"loop": "monitor", "schedule": SCHEDULE, "allowedSideEffects": ALL_EFFECTS}
+                    if self.monitor
+                    else {}
+                ),
             }
         )
 
@@ -171,8 +183,8 @@ class Desk:
             else:
                 new["tools"].append(copy.deepcopy(self.versions[0]["tools"][2]))
         elif what == "READ only":
-            if "allowedSideEffects" in new:
-                del new["allowedSideEffects"]
+            if new.get("allowedSideEffects") == ["READ"]:
+                self._allow_all(new)
             else:
                 new["allowedSideEffects"] = ["READ"]
         elif what == "raise budget":
@@ -220,12 +232,19 @@ class Desk:
                 rule["expiresAfter"] = f"{int(expires)}s"
         tool["approval"] = rule
 
+    def _allow_all(self, manifest: dict[str, Any]) -> None:
+        """Every side effect allowed again: by default for a task, by name for a monitor."""
+        if self.monitor:
+            manifest["allowedSideEffects"] = list(ALL_EFFECTS)
+        else:
+            manifest.pop("allowedSideEffects", None)
+
     def restore_tools(self) -> None:
         """The calm end of a run: the tools and side effects as they were at the start (the
         budget as it stands), so every run can finish."""
         new = copy.deepcopy(self.manifest)
         new["tools"] = copy.deepcopy(self.versions[0]["tools"])
-        new.pop("allowedSideEffects", None)
+        self._allow_all(new)
         if new != self.manifest:
             self.world.say(f"spec restored (generation {self.generation + 1})")
             self._push(new)

@@ -21,7 +21,7 @@ from typing import Any
 
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
 from keelgate.core.types import Usage
-from keelgate.testing.sim.books import Ask, Books, Intent
+from keelgate.testing.sim.books import Ask, Books, Intent, tick_ref
 from keelgate.testing.sim.world import Schedule, World
 
 SKUS = ("A1", "B2", "C3")
@@ -123,7 +123,10 @@ class Planner:
         self.world = world
         self.scenario = scenario
         self.books = books
-        self._asked: Counter[int] = Counter()
+        self._asked: Counter[tuple[str, int]] = Counter()
+        #: A monitor's tick processes and the tick each drives (its run's name): each tick is
+        #: a run of its own, so its calls are the world's calls of that tick (``tick_ref``).
+        self.ticks: dict[str, str] = {}
 
     def answer(self, question: Question) -> ModelReply:
         scenario = self.scenario
@@ -134,14 +137,20 @@ class Planner:
             if reject:
                 return ModelReply(verdict="reject", reason="try again", usage=usage)
             return ModelReply(usage=usage)
-        self._asked[question.iteration] += 1
+        tick = self.ticks.get(self.world.actor, "")
+        self._asked[tick, question.iteration] += 1
         index = max(0, question.acted)
         if index >= len(scenario.plans):
             self._book(question, (), done=True)
             return ModelReply(done=True, answer="restocked", usage=usage)
         plan = scenario.plans[index]
-        if self._asked[question.iteration] > 1 and index in scenario.again:
+        if self._asked[tick, question.iteration] > 1 and index in scenario.again:
             plan = scenario.again[index]  # asked again, it plans otherwise
+        if tick:
+            plan = tuple(
+                PlannedCall(c.tool, {**c.args, "ref": tick_ref(str(c.args["ref"]), tick)})
+                for c in plan
+            )
         self._book(question, plan, done=False)
         return ModelReply(actions=plan, usage=usage)
 
@@ -165,6 +174,7 @@ class Planner:
                 verdict,
                 self.scenario.call_tokens,
                 self.books.next_order(),
+                run=self.ticks.get(self.world.actor, ""),
             )
         )
 

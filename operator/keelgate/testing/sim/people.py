@@ -15,8 +15,11 @@ developers (``books.GROUPS``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from keelgate.core import failpoints
 from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
@@ -76,8 +79,24 @@ def book_approval(
 class People:
     """Everyone who decides about one run (CLI users, in local mode)."""
 
-    def __init__(self, setting: Setting, *, moves: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        setting: Setting,
+        *,
+        moves: frozenset[str] = frozenset(),
+        ticks: Callable[[Stores], list[str]] | None = None,
+        over: Callable[[], bool] | None = None,
+        resume: Callable[[], None] | None = None,
+    ) -> None:
         self.setting = setting
+        #: A monitor's ticks on record (each a run people look at, as ``keelgate status``
+        #: lists them), and whether the monitor is over; None: the one run, over once finished.
+        self.ticks = ticks
+        self.over = over
+        #: What a person runs once they decided on a run (``keelgate run <monitor>``, as the
+        #: CLI suggests), rather than wait for the cron job's next minute.
+        self.resume = resume
+        self.run = setting.run  # the run being looked at
         self.world = world = setting.world
         self.books = setting.planner.books
         self.moves = moves
@@ -103,33 +122,48 @@ class People:
         stores = self.setting.site.open()
         try:
             loop = Loop(stores=stores, busy_wait=0.0, clock=world.boot)
+            if self.ticks is None:
+                return self._look_at(loop, self.setting.run)
             try:
-                state = patiently(lambda: loop.state(self.setting.tenant, self.setting.run))
+                runs = patiently(lambda: self.ticks(stores) if self.ticks else [])
             except KeelgateError:
-                state = None
-            if state is None or state.stop is None:
-                return False
-            stop = state.stop
-            if stop.reason is StopReason.AWAITING_APPROVAL:
-                for pending in state.pending:
-                    if self.calm or not schedule.chance(300):
-                        self._approve(loop, state, pending.action, pending.tool, pending.rule)
-                if self.setting.desk.moves and not self.calm and schedule.chance(300):
-                    # The run's owner sends the tool somewhere else once its call is approved,
-                    # before the next step (issue 46).
-                    self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
-            elif stop.reason is StopReason.OUTCOME_UNKNOWN:
-                for unknown in state.unknown:
-                    ref = _ref(state, unknown.action)
-                    self.books.questions.append(Question(world.now, "people", unknown.action, ref))
-                    if self.calm or not schedule.chance(300):
-                        self._settle(loop, unknown.action, unknown.idempotency_key, ref)
-                    self._come_back(unknown.not_executed_after)
-            elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
-                self.setting.desk.edit("raise budget")
-            return not stop.is_resumable  # finished: nothing more to decide
+                runs = []
+            for run in runs:
+                self._look_at(loop, run)
+            return self.over is not None and self.over()
         finally:
             stores.close()
+
+    def _look_at(self, loop: Loop, run: str) -> bool:
+        """One run looked at (``keelgate status``), and decided on; whether it is finished."""
+        world = self.world
+        schedule = world.schedule
+        self.run = run
+        try:
+            state = patiently(lambda: loop.state(self.setting.tenant, run))
+        except KeelgateError:
+            state = None
+        if state is None or state.stop is None:
+            return False
+        stop = state.stop
+        if stop.reason is StopReason.AWAITING_APPROVAL:
+            for pending in state.pending:
+                if self.calm or not schedule.chance(300):
+                    self._approve(loop, state, pending.action, pending.tool, pending.rule)
+            if self.setting.desk.moves and not self.calm and schedule.chance(300):
+                # The run's owner sends the tool somewhere else once its call is approved,
+                # before the next step (issue 46).
+                self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
+        elif stop.reason is StopReason.OUTCOME_UNKNOWN:
+            for unknown in state.unknown:
+                ref = _ref(state, unknown.action)
+                self.books.questions.append(Question(world.now, "people", unknown.action, ref))
+                if self.calm or not schedule.chance(300):
+                    self._settle(loop, unknown.action, unknown.idempotency_key, ref)
+                self._come_back(unknown.not_executed_after)
+        elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
+            self.setting.desk.edit("raise budget")
+        return not stop.is_resumable  # finished: nothing more to decide
 
     def _come_back(self, after: str) -> None:
         """``keelgate status`` says when an unknown outcome may be settled as not executed: a
@@ -180,7 +214,7 @@ class People:
             with failpoints.observed(self._window):
                 loop.approve(
                     self.setting.tenant,
-                    self.setting.run,
+                    self.run,
                     action,
                     approved=yes,
                     by=by,
@@ -192,6 +226,8 @@ class People:
             return
         decision.accepted_at, decision.told = world.now, True
         world.say(f"{by} {'approved' if yes else 'denied'} {action} ({tool})")
+        if self.resume is not None:
+            self.resume()
 
     def _as(self, human: str) -> tuple[str, tuple[str, ...]]:
         """The name and the groups ``human``'s command gives (``keelgate approve --by --group``,
@@ -224,9 +260,7 @@ class People:
             self.books.decisions.append(decision)
             try:
                 with failpoints.observed(self._window):
-                    loop.reconcile(
-                        self.setting.tenant, self.setting.run, action, executed=executed, by=by
-                    )
+                    loop.reconcile(self.setting.tenant, self.run, action, executed=executed, by=by)
             except SimulatedCrash:
                 world.say(f"{by}'s reconcile of {action} died after settling")
                 self._stood(decision, key)
@@ -237,13 +271,15 @@ class People:
                 continue
             decision.accepted_at, decision.told = world.now, True
             world.say(f"{by} settled {action} as {'executed' if executed else 'not executed'}")
+            if self.resume is not None:
+                self.resume()
 
     def _approval_stood(self, decision: Decision, before: int) -> None:
         """A person told their decision failed (its answer lost) looks again: is it there?"""
         stores = self.setting.site.open()
         try:
             loop = Loop(stores=stores, busy_wait=0.0)
-            state = patiently(lambda: loop.state(self.setting.tenant, self.setting.run))
+            state = patiently(lambda: loop.state(self.setting.tenant, self.run))
         except KeelgateError:
             return
         finally:

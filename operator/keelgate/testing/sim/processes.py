@@ -29,6 +29,7 @@ from keelgate.core.exits import exit_code
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores, Tool
 from keelgate.core.spec import LoopSpec
+from keelgate.core.types import Outcome
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.runners.build import build_parts
 from keelgate.runners.step import StepRunner
@@ -133,6 +134,9 @@ class StepProcess:
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(self.world.now, self.books.next_order())
 
+    #: The loop it builds (a monitor's tick process builds one that tells the world its tick).
+    loop_kind: type[Loop] = Loop
+
     # What its tools ask of it
 
     def window(self, name: str) -> None:
@@ -149,13 +153,10 @@ class StepProcess:
         world = self.world
         with world.acting(self.name):
             world.say(f"{self.name} starts")
-            runner = StepRunner(store="sim://", opener=self._open, builder=self._build)
             code: int
             try:
                 with failpoints.observed(self._window):
-                    outcome = runner.step(
-                        self.setting.tenant, self.setting.run, asked_to_stop=self._asked
-                    )
+                    outcome = self._drive()
                 code = exit_code(outcome, asked=self.asked_to_stop)
                 world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
             except SimulatedCrash as crash:
@@ -179,6 +180,11 @@ class StepProcess:
                 call.when_done(lambda output, error: self._exit_if_done(code))
             return
         self._exit(code)
+
+    def _drive(self) -> Outcome:
+        """What the process runs: one step of the run, as ``keelgate step`` does."""
+        runner = StepRunner(store="sim://", opener=self._open, builder=self._build)
+        return runner.step(self.setting.tenant, self.setting.run, asked_to_stop=self._asked)
 
     def _exit_if_done(self, code: int) -> None:
         if all(call.ended for call in self._late):
@@ -250,7 +256,7 @@ class StepProcess:
         confirmer = (
             ShopConfirmer(self.world, self.books) if self.setting.desk.scenario.confirmer else None
         )
-        return Loop(
+        return self.loop_kind(
             stores=stores,
             model=SimModel(self.setting.planner) if in_process else parts.model,
             tools=tools,

@@ -24,20 +24,24 @@ from urllib.parse import urlsplit
 
 from keelgate.adapters import network as adapters_network
 from keelgate.core import clocks
+from keelgate.core.loop import Loop
+from keelgate.core.protocols import Stores
 from keelgate.core.types import canonical_json
+from keelgate.errors import KeelgateError
 from keelgate.testing.sim import records as sim_records
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.books import Books
-from keelgate.testing.sim.checkers import Violation, judge
+from keelgate.testing.sim.checkers import Violation, judge, judge_ticks
 from keelgate.testing.sim.desk import Desk
 from keelgate.testing.sim.downstream import CALL_SECONDS, Shop
 from keelgate.testing.sim.local import LocalDriver
 from keelgate.testing.sim.model import Planner, Scenario
 from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
 from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
+from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import MOVES, Cluster
-from keelgate.testing.sim.people import CALM_START, People
+from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
 
@@ -46,7 +50,16 @@ RUN = "restock"
 #: Seconds of chaos, then of calm in which every run must finish (runs finish within minutes
 #: of the calm end; two hours leave room for the longest waits the rules allow).
 CHAOS, LIMIT = CALM_START, CALM_START + 2 * 3600.0
-MODES = ("local", "operator")
+MODES = ("local", "operator", "monitor")
+#: Virtual seconds a calm world must stand still (the books and every record of the store
+#: unchanged) before it is judged as it would be at ``LIMIT``: longer than every wait left in
+#: the calm (the work queue's backoff tops at a minute, a key's deadline at its call's limit
+#: and margin, people look every minute and come back within ten), so nothing the world does
+#: could still move it. Looked for once the calm has lasted ``CALM_PROMPT``.
+STILL = 900.0
+#: Seconds a world judged still is run on, for what is under way to end (late answers within
+#: a deadline's margin, a step's grace): the events due after are dropped.
+SETTLING = 120.0
 STORES = ("memory", "sqlite")
 
 
@@ -173,12 +186,34 @@ def _simulate(
         return lost
 
     site.lose_answer = lose_answer
-    desk = Desk(scenario, world, books, moves="definition" in options.moves)
+    desk = Desk(
+        scenario, world, books, moves="definition" in options.moves, monitor=mode == "monitor"
+    )
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
     setting = Setting(world, site, network, planner, desk, faults, TENANT, RUN)
-    if mode == "local":
+    monitor: MonitorDriver | None = None
+    if mode == "monitor":
+        monitor = MonitorDriver(setting, ticks=2 + schedule.pick(2))
+        people = People(
+            setting,
+            moves=options.moves,
+            ticks=monitor.tick_names,
+            over=monitor.over,
+            resume=monitor.resume,
+        )
+
+        def calm() -> None:
+            world.say("calm")
+            faults.calm = True
+            people.calm = True
+            desk.restore_tools()
+
+        monitor.start()
+        people.look_later()
+        done: Callable[[], bool] = monitor.over
+    elif mode == "local":
         people = People(setting, moves=options.moves)
         driver = LocalDriver(setting)
 
@@ -191,7 +226,7 @@ def _simulate(
 
         driver.check_later(0.0)
         people.look_later()
-        done: Callable[[], bool] = lambda: driver.finished  # noqa: E731
+        done = lambda: driver.finished  # noqa: E731
     else:
         cluster = Cluster(setting, moves=options.moves)
 
@@ -206,7 +241,14 @@ def _simulate(
         cluster.start()
         done = cluster.finished
     world.at(CHAOS, "calm", calm)
-    world.run(until=LIMIT, done=done)
+    still = Stillness(world, site, books)
+    world.at(CHAOS + CALM_PROMPT, "the world is looked at", still.look)
+    world.run(until=LIMIT, done=lambda: done() or still.still)
+    still.watching = False  # judged now or soon: what runs on is not looked at any more
+    if still.still:
+        # Stuck for good: what is under way ends, and the run is judged as at the limit.
+        world.say(f"nothing has moved for {STILL:.0f}s: judged as at the end")
+        world.horizon = world.now + SETTLING
     if mode == "operator":
         cluster.shutdown()
     world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
@@ -214,10 +256,13 @@ def _simulate(
     books.max_tokens = desk.max_budget("tokens")
     stores = site.open()
     try:
-        records = sim_records.read(stores, TENANT, RUN, books)
+        if monitor is None:
+            records = sim_records.read(stores, TENANT, RUN, books)
+            violations = judge(books, records)
+        else:
+            records, violations = _judge_monitor(stores, books, monitor)
     finally:
         stores.close()
-    violations = judge(books, records)
     for event in records.events:
         world.trace.add(
             0.0,
@@ -237,6 +282,75 @@ def _simulate(
         store,
         options,
     )
+
+
+def _judge_monitor(
+    stores: Stores, books: Books, monitor: MonitorDriver
+) -> tuple[sim_records.Records, list[Violation]]:
+    """A monitor's records (every tick's chain, in order) and its verdict: each tick judged as
+    a run of its own, finished once it stopped for good, and the ticks together."""
+    ticks: dict[int, sim_records.Records] = {}
+    shown = "never started"
+    for name in monitor.tick_names(stores):
+        number = int(name.rsplit("-", 1)[1])
+        read = sim_records.read(stores, TENANT, name, books.of_tick(number))
+        state = Loop(stores=stores, busy_wait=0.0).state(TENANT, name)
+        read.finished = tick_is_over(None if state.stop is None else state.stop.reason)
+        ticks[number], shown = read, f"{name}, {read.shown}"
+    every = sim_records.Records(events=[e for t in ticks.values() for e in t.events])
+    return every, judge_ticks(books, ticks, over=monitor.over(), shown=shown)
+
+
+class Stillness:
+    """Whether a calm world stands still: the books and the store's records of every run the
+    same, look after look, for ``STILL`` seconds. A run left waiting (a person never able to
+    unblock it, a step pod started and stopped again and again on the same checkpoint) would
+    otherwise be run on, on virtual time, to ``LIMIT``: two virtual hours of looks and
+    restarts that change nothing, minutes of real time for one run.
+
+    It never draws from the schedule, never writes, and tells nobody anything: a run that
+    moves is run exactly as without it."""
+
+    def __init__(self, world: World, site: sim_stores.StoreSite, books: Books) -> None:
+        self.world = world
+        self.site = site
+        self.books = books
+        self.still = False
+        self.watching = True
+        self._seen = ""
+        self._since = 0.0
+
+    def look(self) -> None:
+        if not self.watching:
+            return
+        seen = self._fingerprint()
+        if seen != self._seen:
+            self._seen, self._since = seen, self.world.now
+        elif self.world.now - self._since >= STILL:
+            self.still = True
+            return
+        self.world.at(60.0, "the world is looked at", self.look)
+
+    def _fingerprint(self) -> str:
+        books = self.books
+        sha = hashlib.sha256()
+        counts = (books.asks, books.sent, books.effects, books.decisions, books.questions)
+        sha.update(repr((*(len(c) for c in counts), len(books.specs))).encode())
+        sha.update(repr([(s.known_at, s.refused) for s in books.sent]).encode())
+        stores = self.site.open()
+        try:
+            for ref in stores.checkpoints.runs(TENANT):
+                read = sim_records.read(stores, TENANT, ref.run, books)
+                # The chain as the set of what it says: a step started and stopped again on
+                # the same checkpoint adds the same two entries each time, and moves nothing.
+                said = sorted({f"{e.type} {e.actor} {canonical_json(e.data)}" for e in read.events})
+                where = (ref.run, read.shown, read.iteration, read.tokens, read.keys)
+                sha.update(repr((*where, read.planned, read.chain_problems, said)).encode())
+        except KeelgateError as error:  # never in the calm; if so, it moved
+            sha.update(repr(error).encode())
+        finally:
+            stores.close()
+        return sha.hexdigest()
 
 
 # The schedule as text: the positions of its non-zero choices, for the one replay command.
