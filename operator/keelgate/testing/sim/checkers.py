@@ -13,6 +13,10 @@ Calls are told apart by the world's own ``ref`` (the model's, carried in the req
 the product's idempotency key; the key is read only where a product record must be matched to
 a request it claims (``told_not_run``). This module must never read a store, never import the
 product's logic, and never excuse a broken promise for a reason the books do not show.
+
+Why one module past 500 lines: every checker is small and tested alone, but all of them share
+the matching of the product's records to the world's requests by ``ref``; read side by side, a
+reviewer sees that each promise is judged once and none is left out of ``CHECKERS``.
 """
 
 from __future__ import annotations

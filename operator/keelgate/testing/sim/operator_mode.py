@@ -20,6 +20,10 @@ an Approval deleted while the operators are down (its finalizer, keelgate.dev/de
 it until an operator has recorded its decisions; she cannot remove that, nor add to it then).
 Every decision and move is booked as it was made (``Books.decisions``; a move is marked as one,
 never as its entry's author's decision).
+
+Why one module past 500 lines: the people, their moves and the cluster's answers (the garbage
+collector, the kubelet, an operator's restart) interleave on one virtual timeline; apart, a
+reader could no longer follow which of them a step or an operator saw first.
 """
 
 from __future__ import annotations

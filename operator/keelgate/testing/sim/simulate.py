@@ -193,9 +193,52 @@ def _simulate(
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
     setting = Setting(world, site, network, planner, desk, faults, TENANT, RUN)
+    done, calm, monitor, cluster = _set_going(setting, mode=mode, options=options)
+    world.at(CHAOS, "calm", calm)
+    still = Stillness(world, site, books)
+    world.at(CHAOS + CALM_PROMPT, "the world is looked at", still.look)
+    world.run(until=LIMIT, done=lambda: done() or still.still)
+    still.watching = False  # judged now or soon: what runs on is not looked at any more
+    if still.still:
+        # Stuck for good: what is under way ends, and the run is judged as at the limit.
+        world.say(f"nothing has moved for {STILL:.0f}s: judged as at the end")
+        world.horizon = world.now + SETTLING
+    if cluster is not None:
+        cluster.shutdown()
+    world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
+    books.max_iterations = desk.max_budget("maxIterations")
+    books.max_tokens = desk.max_budget("tokens")
+    stores = site.open()
+    try:
+        if monitor is None:
+            records = sim_records.read(stores, TENANT, RUN, books)
+            violations = judge(books, records)
+        else:
+            records, violations = _judge_monitor(stores, books, monitor)
+    finally:
+        stores.close()
+    _trace_records(world, records, books)
+    return Outcome(
+        tuple(violations),
+        world.trace.digest(),
+        tuple(schedule.made),
+        tuple(world.trace.lines),
+        mode,
+        store,
+        options,
+    )
+
+
+def _set_going(
+    setting: Setting, *, mode: str, options: Options
+) -> tuple[Callable[[], bool], Callable[[], None], MonitorDriver | None, Cluster | None]:
+    """The world of ``mode`` started: what says the run is over, what makes the world calm,
+    and the monitor's driver or the cluster, where the mode has one."""
+    world, faults, desk = setting.world, setting.faults, setting.desk
     monitor: MonitorDriver | None = None
+    cluster: Cluster | None = None
     if mode == "monitor":
-        monitor = MonitorDriver(setting, ticks=2 + schedule.pick(2))
+        monitor = MonitorDriver(setting, ticks=2 + world.schedule.pick(2))
         people = People(
             setting,
             moves=options.moves,
@@ -240,29 +283,11 @@ def _simulate(
 
         cluster.start()
         done = cluster.finished
-    world.at(CHAOS, "calm", calm)
-    still = Stillness(world, site, books)
-    world.at(CHAOS + CALM_PROMPT, "the world is looked at", still.look)
-    world.run(until=LIMIT, done=lambda: done() or still.still)
-    still.watching = False  # judged now or soon: what runs on is not looked at any more
-    if still.still:
-        # Stuck for good: what is under way ends, and the run is judged as at the limit.
-        world.say(f"nothing has moved for {STILL:.0f}s: judged as at the end")
-        world.horizon = world.now + SETTLING
-    if mode == "operator":
-        cluster.shutdown()
-    world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
-    books.max_iterations = desk.max_budget("maxIterations")
-    books.max_tokens = desk.max_budget("tokens")
-    stores = site.open()
-    try:
-        if monitor is None:
-            records = sim_records.read(stores, TENANT, RUN, books)
-            violations = judge(books, records)
-        else:
-            records, violations = _judge_monitor(stores, books, monitor)
-    finally:
-        stores.close()
+    return done, calm, monitor, cluster
+
+
+def _trace_records(world: World, records: sim_records.Records, books: Books) -> None:
+    """The product's audit chain and the world's effects, written at the end of the trace."""
     for event in records.events:
         world.trace.add(
             0.0,
@@ -273,15 +298,6 @@ def _simulate(
         part = "" if effect.part == "request" else f" {effect.part}"
         sent = books.sent[effect.sent]
         world.trace.add(effect.at, f"effect {effect.ref}{part} {sent.key[:12]} {sent.process}")
-    return Outcome(
-        tuple(violations),
-        world.trace.digest(),
-        tuple(schedule.made),
-        tuple(world.trace.lines),
-        mode,
-        store,
-        options,
-    )
 
 
 def _judge_monitor(
