@@ -98,8 +98,9 @@ class CallEnded(ToolError):
 
 @dataclass(frozen=True)
 class WriteDeadline:
-    """The local deadline of one claimed call: it may start sending only before ``at``
-    (seconds on ``now``'s clock)."""
+    """The local deadline of one claimed call (or of a READ let through on approvals that
+    expire, which has no claim): it may start sending only before ``at`` (seconds on ``now``'s
+    clock)."""
 
     key: str
     at: float
@@ -214,17 +215,22 @@ def invoking(call: Invocation) -> Iterator[Invocation]:
 def for_sending(
     who: str, *, idempotency_key: str | None, changes_things: bool
 ) -> Invocation | None:
-    """The call a request is about to be made for, or None for a READ. A request made for a
-    WRITE or PROPOSE (the tool's own class says so, or it was given an idempotency key) with no
-    call in reach is refused: it runs outside the fence (most likely on a thread the tool
-    started without ``fenced``), and would be sent with no deadline checked and no record that
-    the call sent anything."""
+    """The call a request is about to be made for, or None for a READ sent unfenced (a READ let
+    through on approvals that expire has one). A request made for a WRITE or PROPOSE (the
+    tool's own class says so, or it was given an idempotency key) with no call in reach is
+    refused: it runs outside the fence (most likely on a thread the tool started without
+    ``fenced``), and would be sent with no deadline checked and no record that the call sent
+    anything. A call whose deadline has already passed raises ``DeadlinePassed`` here, before
+    the request is begun: given no time left, its connection could only fail, which would read
+    as a failure of the tool's, not as the fence's "nothing was sent"."""
     call = _current.get()
     if call is None and (changes_things or idempotency_key is not None):
         raise ToolError(
             f"{who}: called for a WRITE or PROPOSE with no write deadline in reach (a thread "
             "started without keelgate.fenced?); nothing was sent"
         )
+    if call is not None and not call.deadline.remaining():
+        call.deadline.check()  # held up past it before the request was begun
     return call
 
 
