@@ -20,13 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import keelgate
 from crashkit import Journal, World
 from fakes.downstream import Shop
 from keelgate.adapters.models.scripted import ScriptedModel
-from keelgate.adapters.tools.http import HttpTool
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core import clocks, fence
 from keelgate.core.approvals import refusal, rule_of, tally
@@ -34,7 +34,7 @@ from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import Decision
-from keelgate.core.types import ApprovalRule, SideEffect, StopReason, idempotency_key
+from keelgate.core.types import ApprovalRule, Outcome, SideEffect, StopReason, idempotency_key
 from keelgate.errors import InputError, SettleError
 from support.restock import ORDER, RESTOCK, Recorder, loop_over, only, spec
 
@@ -277,22 +277,23 @@ def test_a_write_held_up_past_its_deadline_asks_again_once_its_approvals_are_too
     assert sent == [idempotency_key("shop", "held", "place_order", ORDER)]
 
 
-class HeldUpRead(HttpTool):
-    """The real HTTP tool, its process held up ``hold`` seconds on its first call, after the
-    gate let it through and before it connects (both clocks move on, as a stopped process's
-    do). ``seen`` is what the call found of a write deadline in reach."""
+class HeldUpRead:
+    """A READ of the real shop over HTTP, its process held up ``hold`` seconds on its first
+    call after the gate let it through, right before its request leaves (both clocks move on,
+    as a stopped process's do); it reports the request with ``about_to_send``, as a Python
+    tool that sends by itself does. ``seen`` is what each call found of a deadline in reach."""
 
-    def __init__(self, clock: list[float], hold: float, **options: Any) -> None:
-        super().__init__(**options)
-        self.clock, self.hold = clock, hold
+    def __init__(self, shop: Shop, clock: list[float], hold: float) -> None:
+        self.shop, self.clock, self.hold = shop, clock, hold
         self.seen: list[fence.WriteDeadline | None] = []
 
-    def invoke(self, args: Any, *, idempotency_key: str | None) -> Any:
+    def __call__(self, args: dict[str, object], *, idempotency_key: str | None) -> object:
         self.seen.append(fence.current())
         if self.hold:
             self.clock[0] += self.hold
             self.hold = 0.0
-        return super().invoke(args, idempotency_key=idempotency_key)
+        keelgate.about_to_send(idempotency_key)
+        return httpx.get(f"{self.shop.url}/items/{args['sku']}", timeout=5.0).json()
 
 
 @contextmanager
@@ -320,16 +321,26 @@ LOOK_SCRIPT = [{"actions": [{"tool": "look", "args": LOOK}]}, {"done": True, "an
 LOOK_SPEC = LoopSpec("shop", "look", "count A1", budget=Budget(max_iterations=5))
 
 
-def held_read(shop: Shop, clock: list[float], hold: float, rule: ApprovalRule | None) -> HeldUpRead:
-    return HeldUpRead(
-        clock,
-        hold,
-        name="look",
-        url=f"{shop.url}/items/{{sku}}",
-        side_effect=SideEffect.READ,
-        approval=rule,
-        timeout_seconds=30.0,
-    )
+@contextmanager
+def held_read(
+    stores: Stores, shop: Shop, rule: ApprovalRule | None
+) -> Iterator[tuple[HeldUpRead, Loop]]:
+    """A run whose one action is a READ of the shop (``look``, under ``rule``, a 30 s time
+    limit), its process held up two minutes on the first call; and the READ, to see what each
+    call found."""
+    with held_clocks() as clock:
+        read = HeldUpRead(shop, clock, 120.0)
+        tool = PythonTool(
+            "look", read, side_effect=SideEffect.READ, approval=rule, timeout_seconds=30.0
+        )
+        yield read, Loop(stores=stores, model=ScriptedModel(LOOK_SCRIPT), tools=[tool])
+
+
+def approved_by_two(loop: Loop) -> Outcome:
+    """alice and bob approve the READ, and the run goes on."""
+    loop.approve("shop", "look", "1:0", approved=True, by="alice")
+    loop.approve("shop", "look", "1:0", approved=True, by="bob")
+    return loop.run_or_resume(LOOK_SPEC)
 
 
 def looks(shop: Shop) -> list[str]:
@@ -345,23 +356,14 @@ def test_a_read_under_a_rule_held_up_past_its_approvals_is_not_sent_and_asks_aga
     and its approvals no longer count: the run stops and asks again (0 of 2) instead of
     sending it on approvals two minutes old (the simulator's seed 17236921387873743512).
     Approved afresh, the request goes out once."""
-    with held_clocks() as clock:
-        tool = held_read(shop, clock, 120.0, ApprovalRule(required=2, expires_after=60.0))
-        loop = Loop(stores=stores, model=ScriptedModel(LOOK_SCRIPT), tools=[tool])
-        try:
-            assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
-            loop.approve("shop", "look", "1:0", approved=True, by="alice")
-            loop.approve("shop", "look", "1:0", approved=True, by="bob")
-            again = loop.run_or_resume(LOOK_SPEC)
-            assert again.stop.reason is StopReason.AWAITING_APPROVAL, again.to_json()
-            assert again.pending_approvals[0].tally() == "0 of 2"
-            assert looks(shop) == []
-            assert isinstance(tool.seen[0], fence.WriteDeadline)
-            loop.approve("shop", "look", "1:0", approved=True, by="alice")
-            loop.approve("shop", "look", "1:0", approved=True, by="bob")
-            assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.GOAL_MET
-        finally:
-            tool.close()
+    with held_read(stores, shop, ApprovalRule(required=2, expires_after=60.0)) as (tool, loop):
+        assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
+        again = approved_by_two(loop)
+        assert again.stop.reason is StopReason.AWAITING_APPROVAL, again.to_json()
+        assert again.pending_approvals[0].tally() == "0 of 2"
+        assert looks(shop) == []
+        assert isinstance(tool.seen[0], fence.WriteDeadline)
+        assert approved_by_two(loop).stop.reason is StopReason.GOAL_MET
     assert looks(shop) == ["/items/A1"]
     completed = only(loop.audit("shop", "look"), "loop.action_completed")
     assert [e.data["status"] for e in completed] == ["ok"]
@@ -373,16 +375,9 @@ def test_a_read_held_up_past_its_deadline_while_its_approvals_still_count_goes_o
     """The same hold under approvals that count for an hour: the READ's deadline passed unsent,
     the gate is asked again and still lets it through, so it is tried afresh at once, sent
     once, and nobody is asked anything more."""
-    with held_clocks() as clock:
-        tool = held_read(shop, clock, 120.0, ApprovalRule(required=2, expires_after=3600.0))
-        loop = Loop(stores=stores, model=ScriptedModel(LOOK_SCRIPT), tools=[tool])
-        try:
-            assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
-            loop.approve("shop", "look", "1:0", approved=True, by="alice")
-            loop.approve("shop", "look", "1:0", approved=True, by="bob")
-            assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.GOAL_MET
-        finally:
-            tool.close()
+    with held_read(stores, shop, ApprovalRule(required=2, expires_after=3600.0)) as (tool, loop):
+        assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
+        assert approved_by_two(loop).stop.reason is StopReason.GOAL_MET
     assert looks(shop) == ["/items/A1"]
     assert len(tool.seen) == 2  # tried once, held past its deadline; tried afresh and sent
 
@@ -396,17 +391,12 @@ def test_a_read_whose_let_through_cannot_lapse_goes_out_unfenced_after_a_hold(
     """A READ under no rule, or one whose approvals never expire, has nothing that could lapse
     while it waits: it carries no deadline, and held up two minutes it is still sent, once,
     as READs always were."""
-    with held_clocks() as clock:
-        tool = held_read(shop, clock, 120.0, rule)
-        loop = Loop(stores=stores, model=ScriptedModel(LOOK_SCRIPT), tools=[tool])
-        try:
-            if rule is not None:
-                assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
-                loop.approve("shop", "look", "1:0", approved=True, by="alice")
-                loop.approve("shop", "look", "1:0", approved=True, by="bob")
-            assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.GOAL_MET
-        finally:
-            tool.close()
+    with held_read(stores, shop, rule) as (tool, loop):
+        done = loop.run_or_resume(LOOK_SPEC)
+        if rule is not None:
+            assert done.stop.reason is StopReason.AWAITING_APPROVAL
+            done = approved_by_two(loop)
+        assert done.stop.reason is StopReason.GOAL_MET
     assert looks(shop) == ["/items/A1"]
     assert tool.seen == [None]
 

@@ -173,29 +173,6 @@ def test_the_http_tool_checks_its_deadline_after_connecting_and_before_any_byte_
         listener.close()
 
 
-def test_a_call_held_up_past_its_deadline_before_it_connects_is_refused_by_the_fence(
-    shop: Shop,
-) -> None:
-    """Held up inside the tool before it even connected, past its deadline: the HTTP tool
-    raises DeadlinePassed ("nothing was sent", so the gateway asks the gate again and tries
-    afresh) instead of trying to connect in no time and failing as if the shop were down. The
-    shop sees nothing."""
-    tool = HttpTool(
-        "place_order",
-        url=f"{shop.url}/orders",
-        method="POST",
-        side_effect=SideEffect.WRITE,
-        timeout_seconds=5,
-    )
-    try:
-        passed = fence.WriteDeadline("kg-late", fence.now() - 1.0)
-        with fence.invoking(fence.Invocation(passed)), pytest.raises(fence.DeadlinePassed):
-            tool.invoke(ORDER, idempotency_key="kg-late")
-    finally:
-        tool.close()
-    assert shop.received == []
-
-
 def test_a_python_write_without_a_timeout_is_bounded_by_its_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -225,17 +225,13 @@ def for_sending(
     tool's own class says so, or it was given an idempotency key) with no call in reach is
     refused: it runs outside the fence (most likely on a thread the tool started without
     ``fenced``), and would be sent with no deadline checked and no record that the call sent
-    anything. A call whose deadline has already passed raises ``DeadlinePassed`` here, before
-    the request is begun: given no time left, its connection could only fail, which would read
-    as a failure of the tool's, not as the fence's "nothing was sent"."""
+    anything."""
     call = _current.get()
     if call is None and (changes_things or idempotency_key is not None):
         raise ToolError(
             f"{who}: called for a WRITE or PROPOSE with no write deadline in reach (a thread "
             "started without keelgate.fenced?); nothing was sent"
         )
-    if call is not None and not call.deadline.remaining():
-        call.deadline.check()  # held up past it before the request was begun
     return call
 
 
