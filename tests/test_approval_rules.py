@@ -20,19 +20,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import keelgate
 from crashkit import Journal, World
+from fakes.downstream import Shop
 from keelgate.adapters.models.scripted import ScriptedModel
 from keelgate.adapters.tools.python import PythonTool
-from keelgate.core import clocks
+from keelgate.core import clocks, fence
 from keelgate.core.approvals import refusal, rule_of, tally
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget, LoopSpec
 from keelgate.core.state import Decision
-from keelgate.core.types import ApprovalRule, SideEffect, StopReason, idempotency_key
+from keelgate.core.types import ApprovalRule, Outcome, SideEffect, StopReason, idempotency_key
 from keelgate.errors import InputError, SettleError
 from support.restock import ORDER, RESTOCK, Recorder, loop_over, only, spec
 
@@ -273,6 +275,130 @@ def test_a_write_held_up_past_its_deadline_asks_again_once_its_approvals_are_too
         loop.approve("shop", "held", "1:0", approved=True, by="bob")
         assert loop.run_or_resume(held_spec).stop.reason is StopReason.GOAL_MET
     assert sent == [idempotency_key("shop", "held", "place_order", ORDER)]
+
+
+class HeldUpRead:
+    """A READ of the real shop over HTTP, its process held up ``hold`` seconds on its first
+    call after the gate let it through, right before its request leaves (both clocks move on,
+    as a stopped process's do); it reports the request with ``about_to_send``, as a Python
+    tool that sends by itself does. ``seen`` is what each call found of a deadline in reach."""
+
+    def __init__(self, shop: Shop, clock: list[float], hold: float) -> None:
+        self.shop, self.clock, self.hold = shop, clock, hold
+        self.seen: list[fence.WriteDeadline | None] = []
+
+    def __call__(self, args: dict[str, object], *, idempotency_key: str | None) -> object:
+        self.seen.append(fence.current())
+        if self.hold:
+            self.clock[0] += self.hold
+            self.hold = 0.0
+        keelgate.about_to_send(idempotency_key)
+        return httpx.get(f"{self.shop.url}/items/{args['sku']}", timeout=5.0).json()
+
+
+@contextmanager
+def held_clocks() -> Iterator[list[float]]:
+    """Both clocks, moved together by what the test adds to the list it yields: the wall clock
+    decisions are counted against, and the boot clock deadlines are."""
+    offset = [0.0]
+    start = 1_900_000_000.0 - time.monotonic()
+    with clocks.simulated(
+        wall=lambda: start + time.monotonic() + offset[0],
+        boot=lambda: time.monotonic() + offset[0],
+    ):
+        yield offset
+
+
+@pytest.fixture
+def shop() -> Iterator[Shop]:
+    server = Shop().start()
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+LOOK = {"sku": "A1"}
+LOOK_SCRIPT = [{"actions": [{"tool": "look", "args": LOOK}]}, {"done": True, "answer": ""}]
+LOOK_SPEC = LoopSpec("shop", "look", "count A1", budget=Budget(max_iterations=5))
+
+
+@contextmanager
+def held_read(
+    stores: Stores, shop: Shop, rule: ApprovalRule | None
+) -> Iterator[tuple[HeldUpRead, Loop]]:
+    """A run whose one action is a READ of the shop (``look``, under ``rule``, a 30 s time
+    limit), its process held up two minutes on the first call; and the READ, to see what each
+    call found."""
+    with held_clocks() as clock:
+        read = HeldUpRead(shop, clock, 120.0)
+        tool = PythonTool(
+            "look", read, side_effect=SideEffect.READ, approval=rule, timeout_seconds=30.0
+        )
+        yield read, Loop(stores=stores, model=ScriptedModel(LOOK_SCRIPT), tools=[tool])
+
+
+def approved_by_two(loop: Loop) -> Outcome:
+    """alice and bob approve the READ, and the run goes on."""
+    loop.approve("shop", "look", "1:0", approved=True, by="alice")
+    loop.approve("shop", "look", "1:0", approved=True, by="bob")
+    return loop.run_or_resume(LOOK_SPEC)
+
+
+def looks(shop: Shop) -> list[str]:
+    return [r.path for r in shop.received if r.method == "GET"]
+
+
+def test_a_read_under_a_rule_held_up_past_its_approvals_is_not_sent_and_asks_again(
+    stores: Stores, shop: Shop
+) -> None:
+    """A READ may carry an approval rule too (here: 2 approvals, expiresAfter 60 s). Both
+    approve and the gate lets it through, then its process is held up two minutes before the
+    request leaves. Its deadline (its time limit, as a WRITE's) has passed, so nothing is sent,
+    and its approvals no longer count: the run stops and asks again (0 of 2) instead of
+    sending it on approvals two minutes old (the simulator's seed 17236921387873743512).
+    Approved afresh, the request goes out once."""
+    with held_read(stores, shop, ApprovalRule(required=2, expires_after=60.0)) as (tool, loop):
+        assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
+        again = approved_by_two(loop)
+        assert again.stop.reason is StopReason.AWAITING_APPROVAL, again.to_json()
+        assert again.pending_approvals[0].tally() == "0 of 2"
+        assert looks(shop) == []
+        assert isinstance(tool.seen[0], fence.WriteDeadline)
+        assert approved_by_two(loop).stop.reason is StopReason.GOAL_MET
+    assert looks(shop) == ["/items/A1"]
+    completed = only(loop.audit("shop", "look"), "loop.action_completed")
+    assert [e.data["status"] for e in completed] == ["ok"]
+
+
+def test_a_read_held_up_past_its_deadline_while_its_approvals_still_count_goes_out_once(
+    stores: Stores, shop: Shop
+) -> None:
+    """The same hold under approvals that count for an hour: the READ's deadline passed unsent,
+    the gate is asked again and still lets it through, so it is tried afresh at once, sent
+    once, and nobody is asked anything more."""
+    with held_read(stores, shop, ApprovalRule(required=2, expires_after=3600.0)) as (tool, loop):
+        assert loop.run_or_resume(LOOK_SPEC).stop.reason is StopReason.AWAITING_APPROVAL
+        assert approved_by_two(loop).stop.reason is StopReason.GOAL_MET
+    assert looks(shop) == ["/items/A1"]
+    assert len(tool.seen) == 2  # tried once, held past its deadline; tried afresh and sent
+
+
+@pytest.mark.parametrize(
+    "rule", [None, ApprovalRule(required=2)], ids=["no rule", "approvals that never expire"]
+)
+def test_a_read_whose_let_through_cannot_lapse_goes_out_unfenced_after_a_hold(
+    stores: Stores, shop: Shop, rule: ApprovalRule | None
+) -> None:
+    """A READ under no rule, or one whose approvals never expire, has nothing that could lapse
+    while it waits: it carries no deadline, and held up two minutes it is still sent, once,
+    as READs always were."""
+    with held_read(stores, shop, rule) as (tool, loop):
+        done = loop.run_or_resume(LOOK_SPEC)
+        if rule is not None:
+            assert done.stop.reason is StopReason.AWAITING_APPROVAL
+            done = approved_by_two(loop)
+        assert done.stop.reason is StopReason.GOAL_MET
+    assert looks(shop) == ["/items/A1"]
+    assert tool.seen == [None]
 
 
 def test_an_approval_that_expires_while_the_second_is_awaited_does_not_count(

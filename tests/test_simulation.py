@@ -301,6 +301,24 @@ FOUND_IN_OPERATOR_MODE = (
             "bob adds to restock-1-1-notify-c42b4e67a1-r4's decisions approved: True",
         ),
     ),
+    # A READ let through on approvals that then expired (unapproved, docs/simulation.md: seed
+    # 17236921387873743512, whose story moved on before it was fixed; this one is a scan of
+    # base 4646046 on today's world). place_order, declared a READ, is let through on carol's
+    # approval (a rule with expiresAfter); restock-s13-a1 sends it and dies before its
+    # checkpoint, restock-s13-a2 runs the READ again and is held up 455 s right before its
+    # request leaves, its node lost. Unfenced, it then sent the call on an approval long
+    # expired; now its deadline has passed, the gate is asked again, and nothing is sent.
+    (
+        "a READ under an approval rule held up until its approval expired",
+        6308801014285360720,
+        (
+            "spec edited: place_order READ (generation 6)",
+            "589.984 carol adds to restock-4-place-order-3953e4627f's decisions approved: True",
+            "602.007 EFFECT mcp http://shop.sim/mcp place_order p5 by restock-s13-a1",
+            "602.974 restock-s13-a2 held up 455.3s at before_send (node lost)",
+            "restock-s13-a2 goes on after before_send",
+        ),
+    ),
     # The model's fault (make sim, base 0, run 718, on main 3d9976f: unasked): place_order was
     # a READ when restock-s1-a2 planned iteration 1 and saved it; restock-s1-a1, held up since
     # before the edit, then got its answer under the WRITE it had read and was fenced off

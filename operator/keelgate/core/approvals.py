@@ -281,6 +281,16 @@ class ApprovalGate:
             action.id, tool.name, definition=definition, round=state.round_of(action.id)
         )
 
+    def may_lapse(self, action: Action) -> bool:
+        """Whether what lets ``action`` through the gate can stop holding while its call waits
+        to leave: a rule in force whose approvals expire (``expiresAfter``). Such a call, READ
+        or WRITE, is sent only within a deadline of being let through, and the gate is asked
+        again before it is tried afresh (``Gateway.call(still_let_through=)``); a call under no
+        such rule has nothing that could lapse, and a READ of it goes out unfenced."""
+        tool = self.tools.get(action.tool)
+        rule = None if tool is None else in_force(action, tool)
+        return rule is not None and rule.expires_after is not None
+
     def _begun(self, state: RunState, tool: Tool, action: Action) -> bool:
         """Whether the action's key is on record, settled or unknown: its call was made.
 

@@ -18,15 +18,20 @@ checkpointed and restored (CRIU restores its clocks from the checkpoint, in a ti
 Such a pause between the claim and the check is not seen here; only the store's deadline, on
 another machine's clock, still counts it (docs/design.md, "What is left of each window").
 
+A READ let through on approvals that expire is held to a deadline the same way (its approvals
+may lapse during a pause as a WRITE's may), though it has no claim: the gateway asks the
+approval gate again before trying it afresh.
+
 A tool call is one unit of knowledge. The gateway makes one ``Invocation`` per call of a WRITE's
-or PROPOSE's tool; every request it makes (the HTTP and MCP tools do it, a Python tool reports
-its own with ``about_to_send``) first checks the deadline and records that the call may have
-sent something (a ``Send``). From then on no error of the call can mean "nothing happened": the
-gateway reads it as an unknown outcome, unless every request sent was answered with a definite
-refusal (``Send.refused``: a 4xx, a JSON-RPC refusal), which took no effect. The invocation is
-carried by a context variable, so it follows the tool into threads started with ``fenced`` (or
-any copy of the context), and a Keelgate tool asked to send for a WRITE with none in reach
-refuses (``for_sending``) rather than sends unfenced.
+or PROPOSE's tool (and of such a READ's); every request it makes (the HTTP and MCP tools do it,
+a Python tool reports its own with ``about_to_send``) first checks the deadline and records that
+the call may have sent something (a ``Send``). From then on no error of a WRITE's or PROPOSE's
+call can mean "nothing happened": the gateway reads it as an unknown outcome, unless every
+request sent was answered with a definite refusal (``Send.refused``: a 4xx, a JSON-RPC
+refusal), which took no effect. The invocation is carried by a context variable, so it follows
+the tool into threads started with ``fenced`` (or any copy of the context), and a Keelgate tool
+asked to send for a WRITE with none in reach refuses (``for_sending``) rather than sends
+unfenced.
 Once the gateway has taken the call's outcome (``Invocation.end``), nothing more of it is sent.
 A request that left in time does not outlive the deadline either: Keelgate's tools cut each
 exchange there, whatever the server sends (``keelgate.core.cutoff``), since a settlement "not
@@ -98,8 +103,9 @@ class CallEnded(ToolError):
 
 @dataclass(frozen=True)
 class WriteDeadline:
-    """The local deadline of one claimed call: it may start sending only before ``at``
-    (seconds on ``now``'s clock)."""
+    """The local deadline of one claimed call (or of a READ let through on approvals that
+    expire, which has no claim): it may start sending only before ``at`` (seconds on ``now``'s
+    clock)."""
 
     key: str
     at: float
@@ -214,11 +220,12 @@ def invoking(call: Invocation) -> Iterator[Invocation]:
 def for_sending(
     who: str, *, idempotency_key: str | None, changes_things: bool
 ) -> Invocation | None:
-    """The call a request is about to be made for, or None for a READ. A request made for a
-    WRITE or PROPOSE (the tool's own class says so, or it was given an idempotency key) with no
-    call in reach is refused: it runs outside the fence (most likely on a thread the tool
-    started without ``fenced``), and would be sent with no deadline checked and no record that
-    the call sent anything."""
+    """The call a request is about to be made for, or None for a READ sent unfenced (a READ let
+    through on approvals that expire has one). A request made for a WRITE or PROPOSE (the
+    tool's own class says so, or it was given an idempotency key) with no call in reach is
+    refused: it runs outside the fence (most likely on a thread the tool started without
+    ``fenced``), and would be sent with no deadline checked and no record that the call sent
+    anything."""
     call = _current.get()
     if call is None and (changes_things or idempotency_key is not None):
         raise ToolError(

@@ -5,7 +5,9 @@ the tool list grants), and makes every PROPOSE and WRITE durable-idempotent: a k
 in flight before the call, with a write deadline (``keelgate.core.fence``) past which the call is
 never sent, completed after it, replayed if already completed, and read as an unknown outcome if
 its owner died. A call is one unit of knowledge: once any request of it may have left
-(``fence.Invocation``), no error of it reads as "nothing happened". A key on record decides
+(``fence.Invocation``), no error of it reads as "nothing happened". A READ under an approval
+rule whose approvals expire is sent within a deadline too, and past it the gate is asked again:
+it has no key to claim, but what let it through can lapse as a WRITE's can. A key on record decides
 before anything the spec says now: an edited tool list, side-effect class or approval rule never
 turns a call that may have run into "refused". It never retries a call whose outcome it does not
 know, and never accepts the model's or the tool's word that an unknown call happened.
@@ -55,8 +57,8 @@ FENCE_ATTEMPTS = 3
 class LetThroughNoMore(KeelgateError):
     """Raised to the session: a call's deadline passed before it could be sent (the process was
     held up), and what let it through the gate then no longer holds (its approvals grew too
-    old meanwhile). Nothing was sent and its claim is dropped: the session asks the gate
-    again, and the people again if the rule says so."""
+    old meanwhile). Nothing was sent and a WRITE's claim is dropped (a READ has none): the
+    session asks the gate again, and the people again if the rule says so."""
 
     def __init__(self, action: Action) -> None:
         super().__init__(
@@ -171,9 +173,11 @@ class Gateway:
     ) -> ActionResult:
         """Make ``action``'s call (or meet its record). ``after``: the checkpoint the run stood
         at when the action was reached; a claim is made only while it still does.
-        ``still_let_through``: asked before a claim made afresh after the deadline of an earlier
-        one passed (the process was held up): whether what let the call through (its
-        approvals) still holds; if not, ``LetThroughNoMore`` is raised and nothing is sent."""
+        ``still_let_through``: given when what let the call through (approvals that expire) can
+        lapse while it waits to leave, and asked before a call is tried afresh after its
+        deadline passed unsent (the process was held up): whether it still holds; if not,
+        ``LetThroughNoMore`` is raised and nothing is sent. With it a READ is sent under a
+        deadline as a WRITE is (``_read``); without it a READ goes out as it always did."""
         tool = self.tools.get(action.tool)
         if tool is None:
             refused = ActionResult(
@@ -190,7 +194,7 @@ class Gateway:
             )
             return self.recorded(action) or refused
         if side_effect is SideEffect.READ:
-            return self._read(tool, action)
+            return self._read(tool, action, still_let_through)
         return self._write(tool, action, side_effect, after, still_let_through)
 
     def recorded(self, action: Action) -> ActionResult | None:
@@ -239,13 +243,61 @@ class Gateway:
             key=f"started:{action.id}:{uuid.uuid4().hex[:12]}",
         )
 
-    def _read(self, tool: Tool, action: Action) -> ActionResult:
+    def _read(
+        self, tool: Tool, action: Action, still_let_through: Callable[[], bool] | None
+    ) -> ActionResult:
+        """A READ's call: no key, no claim, no unknown outcome (whatever goes wrong is an error
+        the model sees, and a READ may be made again).
+
+        Let through on approvals that expire (``still_let_through`` given), it leaves only
+        within a deadline taken as it is tried (its tool's time limit, as a WRITE's), checked
+        right before each request leaves: a process held up past it sends nothing, and the
+        gate is asked again before the READ is tried afresh, so a call under an approval rule
+        never leaves on approvals the gate would no longer count, whatever its class
+        (``LetThroughNoMore`` once they lapsed). The deadline lives on this process's own
+        clock, which counts the hold: nothing durable is needed, since a process that died
+        sends nothing and its successor meets the gate afresh."""
+        if still_let_through is None:
+            return self._read_once(tool, action, None)
+        seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
+        for attempt in range(FENCE_ATTEMPTS):
+            if attempt and not still_let_through():
+                raise LetThroughNoMore(action)  # held up past its approvals: nothing was sent
+            try:
+                return self._read_once(
+                    tool, action, fence.WriteDeadline.starting_now(action.key, seconds)
+                )
+            except fence.DeadlinePassed as late:  # nothing of the call was sent
+                log.warning("%s %s: %s", self.run, action.id, late.message)
+        return ActionResult(
+            action.id,
+            ResultStatus.ERROR,
+            error=f"{tool.name}: its deadline passed before it could be sent, "
+            f"{FENCE_ATTEMPTS} times (the process is being held up); nothing was sent",
+        )
+
+    def _read_once(
+        self, tool: Tool, action: Action, deadline: fence.WriteDeadline | None
+    ) -> ActionResult:
+        """One try of a READ's call, under ``deadline`` if given. Raises ``DeadlinePassed`` if
+        that deadline passed before anything of the call was sent."""
         self.emit(self._started(tool, action, SideEffect.READ))
+        call = None if deadline is None else fence.Invocation(deadline)
         try:
-            output = tool.invoke(action.args, idempotency_key=None)
+            if call is None:
+                output = tool.invoke(action.args, idempotency_key=None)
+            else:
+                with fence.invoking(call):
+                    call.deadline.check()  # a tool that sends without checking is checked here
+                    output = tool.invoke(action.args, idempotency_key=None)
         except Exception as error:  # a READ may fail any way it likes: the model sees it
+            sent = call is None or call.end()
+            if not sent and isinstance(error, fence.DeadlinePassed):
+                raise
             failpoints.hit("after_gateway_call")
             return ActionResult(action.id, ResultStatus.ERROR, error=describe(error))
+        if call is not None:
+            call.end()  # a thread the tool left behind sends nothing more for this call
         failpoints.hit("after_gateway_call")
         return ActionResult(action.id, ResultStatus.OK, output=json_safe(output))
 

@@ -507,11 +507,16 @@ class Session:
                 return self.gateway.call(
                     action,
                     after=state.seq,
-                    still_let_through=lambda: self.approvals.check(state, action) is None,
+                    still_let_through=(
+                        (lambda: self.approvals.check(state, action) is None)
+                        if self.approvals.may_lapse(action)
+                        else None  # nothing that let it through can lapse: a READ goes as ever
+                    ),
                 )
             except LetThroughNoMore:
-                # Held up so long that its approvals grew too old: nothing was sent, and the
-                # gate's answer now stands (asked again, in most cases).
+                # Held up so long that its approvals grew too old (a WRITE's or a READ's):
+                # nothing was sent, and the gate's answer now stands (asked again, in most
+                # cases).
                 checked = self.approvals.check(state, action)
                 if checked is None:
                     raise

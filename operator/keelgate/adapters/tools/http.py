@@ -253,9 +253,10 @@ def _checks_before_sending(
     call: fence.Invocation | None, sends: list[fence.Send], cutoff: Cutoff
 ) -> Any:
     """An httpcore ``trace`` callback that gives ``cutoff`` each connection made and, for a
-    WRITE or PROPOSE, checks the write deadline right before the request's headers are written
-    (after the connection is made, before any byte of the request leaves) and records in
-    ``sends`` that the call may have sent something from then on."""
+    call under a deadline (a WRITE, a PROPOSE, a READ let through on approvals that expire),
+    checks the deadline right before the request's headers are written (after the connection
+    is made, before any byte of the request leaves) and records in ``sends`` that the call may
+    have sent something from then on."""
 
     def trace(event: str, info: Mapping[str, Any]) -> None:
         cutoff.trace(event, info)

@@ -221,7 +221,8 @@ class Network:
         the store's deadline. With ``late_shop`` a request held past its sender's wait is acted
         on at the last moment that assumption allows (issue 48: a shop that acted later, any
         time in the call's limit, is one the fence does not cover, and no faithful model of one
-        it does). A READ's (no write deadline) is answered within its wait."""
+        it does). A READ with no deadline in reach (every READ but one let through on
+        approvals that expire) is answered within its wait."""
         if fence.current() is None:
             return min(fate.delay, limit * 0.9)
         ends = asked + limit + fence.MARGIN - 1.0 - self.world.now
