@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from keelgate.core.spec import LoopSpec
 from keelgate.manifest import spec_from_manifest
-from keelgate.testing.sim.books import Books, SpecVersion, rule_of
+from keelgate.testing.sim.books import CREATOR, Books, SpecVersion, rule_of
 from keelgate.testing.sim.downstream import (
     CALL_SECONDS,
     PAY_CALLABLE,
@@ -68,6 +69,7 @@ class Desk:
     monitor: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     _kept: list[dict[str, Any]] = field(default_factory=list)
+    _recorded: tuple[int, LoopSpec] | None = None
 
     def __post_init__(self) -> None:
         scenario, schedule = self.scenario, self.world.schedule
@@ -142,6 +144,16 @@ class Desk:
             if self._kept[number - 1] == manifest:
                 return number
         return 0
+
+    def loop_spec(self, tenant: str, run: str) -> LoopSpec:
+        """The newest manifest as a driver records it for ``run`` (with its creator, alice, for
+        a rule's notCreator), built once per generation."""
+        if self._recorded is None or self._recorded[0] != self.generation:
+            spec = spec_from_manifest(self.manifest).loop_spec(
+                tenant=tenant, run=run, creator=CREATOR
+            )
+            self._recorded = (self.generation, spec)
+        return self._recorded[1]
 
     def tool(self, name: str) -> dict[str, Any] | None:
         return next((t for t in self.manifest["tools"] if t["name"] == name), None)

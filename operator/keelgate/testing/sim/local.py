@@ -15,8 +15,6 @@ from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
 from keelgate.core.types import KeyState, StopReason
 from keelgate.errors import KeelgateError
-from keelgate.manifest import spec_from_manifest
-from keelgate.testing.sim.books import CREATOR
 from keelgate.testing.sim.processes import Setting, StepProcess
 
 _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
@@ -32,18 +30,10 @@ class LocalDriver:
         self.processes: list[StepProcess] = []
         self.finished = False
         self._stopped_under = 0  # the generation a budget stop was met under
-        self._spec: tuple[int, LoopSpec] | None = None
 
     def spec(self) -> LoopSpec:
-        generation = self.setting.desk.generation
-        if self._spec is None or self._spec[0] != generation:
-            manifest = spec_from_manifest(self.setting.desk.manifest)
-            # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
-            spec = manifest.loop_spec(
-                tenant=self.setting.tenant, run=self.setting.run, creator=CREATOR
-            )
-            self._spec = (generation, spec)
-        return self._spec[1]
+        # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
+        return self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
 
     def check_later(self, delay: float = 1.0) -> None:
         self.world.at(delay, "the driver looks", self.check)

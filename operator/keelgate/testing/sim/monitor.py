@@ -25,10 +25,8 @@ from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import Outcome, StopReason
 from keelgate.errors import KeelgateError
-from keelgate.manifest import spec_from_manifest
 from keelgate.runners.build import Parts
 from keelgate.runners.local import LocalRunner
-from keelgate.testing.sim.books import CREATOR
 from keelgate.testing.sim.processes import Setting, StepProcess
 
 #: Seconds between the cron job's invocations (``* * * * *``).
@@ -109,17 +107,10 @@ class MonitorDriver:
         self.running: TickProcess | None = None
         self.processes: list[TickProcess] = []
         self.finished = False
-        self._spec: tuple[int, LoopSpec] | None = None
 
     def spec(self) -> LoopSpec:
-        generation = self.setting.desk.generation
-        if self._spec is None or self._spec[0] != generation:
-            manifest = spec_from_manifest(self.setting.desk.manifest)
-            spec = manifest.loop_spec(
-                tenant=self.setting.tenant, run=self.setting.run, creator=CREATOR
-            )
-            self._spec = (generation, spec)
-        return self._spec[1]
+        # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
+        return self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
 
     def start(self) -> None:
         self.world.at(0.0, "cron", self.cron)
