@@ -100,7 +100,8 @@ def test_the_last_finalizer_gone_the_object_goes_and_what_it_owned_is_collected(
     owner = api.create_object("Approval", NAMESPACE, approval("a", DECISIONS_FINALIZER))
     uid = owner["metadata"]["uid"]
     api.create_object("Approval", NAMESPACE, approval("owned", owner=uid))
-    api.create_object("Approval", NAMESPACE, approval("other", owner="uid-elsewhere"))
+    elsewhere = api.create_object("Approval", NAMESPACE, approval("b"))["metadata"]["uid"]
+    api.create_object("Approval", NAMESPACE, approval("other", owner=elsewhere))
     api.delete_object("Approval", NAMESPACE, "a")
     marked = api.get("Approval", NAMESPACE, "a")
     assert marked is not None
@@ -116,3 +117,27 @@ def test_the_last_finalizer_gone_the_object_goes_and_what_it_owned_is_collected(
     world.run_until(120.0)
     assert api.get("Approval", NAMESPACE, "owned") is None
     assert api.get("Approval", NAMESPACE, "other") is not None
+
+
+def test_an_object_made_for_an_owner_already_gone_is_collected_a_moment_later() -> None:
+    """An operator whose cache is stale creates a step pod for a run deleted meanwhile (after
+    the collector took what it owned): the garbage collector sees the new dependent, finds no
+    owner of that uid, and deletes it a moment later, as kube's does with any dangling owner
+    reference; one whose owner is there stays. (Left in place, such a pod held its name, and a
+    run created again under the same name stalled on a pod "not this run's", seed
+    1680693229101390139 on main 9c492ee.)"""
+    world = World(Schedule(seed=1))
+    api = SimApiServer(world, faulty=False)
+    run = api.create_object("Approval", NAMESPACE, approval("run"))
+    gone_uid = run["metadata"]["uid"]
+    api.delete_object("Approval", NAMESPACE, "run")
+    world.run_until(60.0)  # the collector has been and gone
+    again = api.create_object("Approval", NAMESPACE, approval("run"))
+    stale = api.create_object("Approval", NAMESPACE, approval("stale-step", owner=gone_uid))
+    fresh = api.create_object(
+        "Approval", NAMESPACE, approval("fresh-step", owner=again["metadata"]["uid"])
+    )
+    assert api.get("Approval", NAMESPACE, "stale-step") == stale  # the collector comes later
+    world.run_until(120.0)
+    assert api.get("Approval", NAMESPACE, "stale-step") is None
+    assert api.get("Approval", NAMESPACE, "fresh-step") == fresh

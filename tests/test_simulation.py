@@ -13,13 +13,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from keelgate.core import clocks
+from keelgate.core.protocols import RunLock, Stores
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
@@ -348,6 +349,20 @@ FOUND_IN_OPERATOR_MODE = (
             '"action":"2:2","reason":"not executed: abandoned by bob',
         ),
     ),
+    # The model's fault (on main 9c492ee: waiting): restock-s1-a1#2, held up at before_action
+    # while it drove the run, was killed at the end of its pod's grace; the memory store let its
+    # owner go but kept its run lock until its stack would unwind, 268 s later, so every step
+    # pod after it ended RunBusy (exit 4). A killed process's session ends and its locks with
+    # it; now restock-s1-a1#3 drives the run at once.
+    (
+        "a driver killed while held up: the next step drives the run at once",
+        1680693229101390139,
+        (
+            "122.765 restock-s1-a1#2 held up 373.4s at before_action",
+            "227.654 restock-s1-a1#2 killed",
+            "230.176 restock-s1-a1#3 died at after_verify",
+        ),
+    ),
 )
 
 
@@ -633,6 +648,40 @@ def test_a_calm_world_that_moves_is_never_taken_for_still() -> None:
         world.run(until=4 * 3600.0, done=lambda: still.still)
         assert still.still
         assert 3000.0 + STILL <= world.now <= 3000.0 + STILL + 60.0
+    finally:
+        site.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_driver_killed_while_held_up_lets_its_run_go_at_once(kind: str) -> None:
+    """A step process killed while it drives a run (held up mid-step, so its stack never
+    unwinds to release) frees the run as a dead process's does (``RunLock``: by the kernel's
+    or the server's doing): the next process drives it at once, not RunBusy until the dead
+    one's pause would have ended; and the dead one's late unwinding never frees the run under
+    its new driver. (Seed 1680693229101390139 in operator mode left every later step pod
+    RunBusy while its killed driver's pause lasted.)"""
+    world = World(Schedule(seed=1))
+    site = sim_stores.site(kind, world.store_clock)
+
+    def lock(stores: Stores) -> Callable[[], None] | None:
+        store = stores.idempotency
+        assert isinstance(store, RunLock)
+        return store.lock_run("shop", "restock")
+
+    try:
+        killed, next_one, third = site.open(), site.open(), site.open()
+        late_release = lock(killed)
+        assert late_release is not None
+        assert lock(next_one) is None
+        site.kill(killed)
+        driving = lock(next_one)
+        assert driving is not None, "the run stayed locked by a killed process"
+        late_release()  # the killed one's stack unwinds when its pause is over
+        assert lock(third) is None, "the dead driver's unwinding freed its successor's run"
+        driving()
+        assert lock(third) is not None
+        next_one.close()
+        third.close()
     finally:
         site.close()
 

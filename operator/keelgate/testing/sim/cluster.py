@@ -6,14 +6,17 @@ Why it exists: the operator's reconcilers and status writers are driven through 
 adds is what goes wrong around it, drawn from the world's schedule: a watch event delivered
 late or never (until the next relist), a status write refused with a 409, a status write that
 lands with its answer lost. Deleting an object deletes what it owns a moment later (the garbage
-collector). Its timestamps read the world's wall clock and its uids are numbered, so a seed
-replays. It must never draw from anything but the world's schedule.
+collector), and an object created for an owner already gone goes the same way. Its timestamps
+read the world's wall clock and its uids are numbered, so a seed replays. It must never draw
+from anything but the world's schedule.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 from keelgate.testing.apiserver import JSON, MemoryApiServer, Watcher
 from keelgate.testing.sim.world import World
@@ -40,6 +43,25 @@ class SimApiServer(MemoryApiServer):
 
     def _answer_lost(self, what: str) -> bool:
         return self.faulty and self.world.schedule.chance(30)
+
+    def _create(
+        self, kind: str, namespace: str, body: Mapping[str, Any], *, status: JSON | None, verb: str
+    ) -> JSON:
+        """As the API server creates it; an object whose owner is gone already (an operator's
+        stale cache made a pod for a run deleted meanwhile) is the garbage collector's too: it
+        sees the dependent, looks its owner up, finds no object of that uid, and deletes the
+        dependent, as it does for any dangling owner reference."""
+        created = super()._create(kind, namespace, body, status=status, verb=verb)
+        with self._lock:
+            present = {
+                b["metadata"]["uid"]
+                for (_, space, _), b in self.objects.items()
+                if space == namespace
+            }
+        for reference in created["metadata"].get("ownerReferences") or ():
+            if reference.get("uid") not in present:
+                self._owner_deleted(namespace, str(reference.get("uid")))
+        return created
 
     def _owner_deleted(self, namespace: str, owner: str) -> None:
         self.world.at(

@@ -96,8 +96,14 @@ class SimMemoryStore(MemoryStore):
         return super()._on_owner_session(work, atomic=atomic)
 
     def _close_now(self) -> None:
+        # A session that ends takes its run locks with it: ``PostgresStore`` unlocks them all
+        # as it closes, and the server drops a session's advisory locks when its backend exits,
+        # which it does as soon as its client's connection closes (a killed process's kernel
+        # closes it). A driver killed mid-step (held up, then SIGKILLed) never gets to release.
         with self.backend.lock:
             self.backend.live_owners.difference_update(self.owners)
+            self.backend.driven.difference_update(self.driving)
+            self.driving.clear()
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
         if self.session_lost:
@@ -131,6 +137,32 @@ class SimSQLiteStore(SQLiteStore):
     def __init__(self, path: Path, clock: Clock) -> None:
         super().__init__(path, synchronous="OFF")  # a simulation never loses power
         self._db.create_function(CLOCK_FUNCTION, 0, clock)
+        self._run_locks: list[Callable[[], None]] = []
+
+    def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        release = super().lock_run(tenant, run)
+        if release is None:
+            return None
+        held = [release]
+
+        def released() -> None:
+            # Once only: a driver killed while it held the run had its flock dropped then
+            # (``died``), and its late unwinding must not touch the next holder's file.
+            if held:
+                held.pop()()
+                self._run_locks.remove(released)
+
+        self._run_locks.append(released)
+        return released
+
+    def died(self) -> None:
+        """The process was killed: the kernel closes its files, and so drops its run locks
+        (the flocks of ``lock_run``) with its owner's; its stack, held up in the world,
+        never gets to release them. (It removes their files too, which a dead process
+        leaves behind, unlocked: the next driver locks either way.)"""
+        for release in list(self._run_locks):
+            release()
+        self._close_now()
 
 
 class StoreSite:
@@ -149,11 +181,12 @@ class StoreSite:
         return False
 
     def kill(self, stores: Stores) -> None:
-        """The process died: its owner goes at once, whatever it still held."""
+        """The process died: its owner goes at once, and the runs it drove with it, whatever
+        it still held."""
         store = stores.idempotency
-        close_now = getattr(store, "_close_now", None)
-        if close_now is not None:
-            close_now()
+        died = getattr(store, "died", None) or getattr(store, "_close_now", None)
+        if died is not None:
+            died()
 
     def close(self) -> None:
         """The simulated run is over."""
