@@ -450,6 +450,26 @@ def test_unasked_counts_no_question_asked_before_the_request_left() -> None:
     assert story.broken() == {"unasked"}
 
 
+def test_unasked_takes_an_executed_that_stood_before_the_request_left_as_its_answer() -> None:
+    """alice settles the call "executed" while a held-up process has not sent it yet (the store
+    takes "executed" at once: nothing a thawed process can do makes it less true); the process
+    then sends it and never learns the answer: the settlement answers it. A settlement refused
+    (never stood) or a "not executed" answers nothing."""
+    story = History()
+    story.ask()
+    story.question(1.5)
+    story.decide("alice", 1.6, kind="settle", yes=True)
+    story.event("loop.reconciled", 1.6, actor="alice", action="1:0", verdict="executed")
+    story.effect(story.send(at=2.0, known=False))
+    assert "unasked" not in story.broken()
+    refused = History()
+    refused.ask()
+    refused.question(1.5)
+    refused.decide("alice", 1.6, kind="settle", yes=True, accepted=False, told=False)
+    refused.effect(refused.send(at=2.0, known=False))
+    assert "unasked" in refused.broken()
+
+
 def test_waiting_sees_a_run_that_never_finished() -> None:
     story = History().ordinary()
     story.records.finished, story.records.shown = False, "Stopped awaiting_approval"

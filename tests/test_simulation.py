@@ -234,6 +234,19 @@ FOUND_WITH_MOVES = (
             "EFFECT mcp http://shop.sim/mcp place_order p4 by step3",
         ),
     ),
+    (
+        # The oracle's fault (found by a scan of h/simreach2 on main 89c8220, unasked): step4,
+        # its node lost, was held up before sending notify's n1; step5 stopped on the unknown
+        # outcome and alice settled it "executed" (the store takes that at once); step4 then
+        # sent it and never heard back. The oracle took only questions asked after the send as
+        # its answer; an "executed" that stood answers every send of its call.
+        "a call sent by a held-up step after a person settled it executed",
+        7032642035253802670,
+        (
+            "163.273 alice settled 2:1 as executed",
+            "166.129 EFFECT POST http://shop.sim/notices n1 by step4",
+        ),
+    ),
 )
 
 

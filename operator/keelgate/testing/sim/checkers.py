@@ -402,7 +402,10 @@ def unasked(books: Books, records: Records) -> list[Violation]:
         if sent.known_at is not None or not books.changes_things(sent):
             continue
         asked = any(q.ref == sent.ref and q.at >= sent.at for q in books.questions)
-        if not asked:
+        # "Executed", once it stood, answers every send of its call, even one that left after
+        # it: a process held up past it can only make it truer (docs/design.md, deadlines 3;
+        # "not executed" is refused until no send can follow).
+        if not asked and not _stood_as_executed(books, sent.ref):
             found.append(
                 Violation(
                     "unasked",
@@ -411,6 +414,14 @@ def unasked(books: Books, records: Records) -> list[Violation]:
                 )
             )
     return found
+
+
+def _stood_as_executed(books: Books, ref: str) -> bool:
+    """Whether someone's settlement "executed" of the call ``ref`` came to stand."""
+    return any(
+        d.kind == "settle" and d.yes and d.ref == ref and d.accepted_at is not None and not d.move
+        for d in books.decisions
+    )
 
 
 @checker("waiting", "the run was left waiting after the calm end")
