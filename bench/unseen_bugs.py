@@ -1,7 +1,8 @@
 """What share of single bugs it was not built around the simulator finds, and how fast (issue 48,
 item 4): each bug of ``tests/support/unseen_bugs.py``, ``unseen_bugs_b.py`` (set B, written
-by someone who had not read the simulator) and ``unseen_bugs_c.py`` (set C, the same, written
-after the simulator was extended for A and B) is planted into a temporary copy of the package, the
+by someone who had not read the simulator), ``unseen_bugs_c.py`` (set C, the same, written
+after the simulator was extended for A and B) and ``unseen_bugs_d.py`` (set D, the same, spread
+over the product's floors) is planted into a temporary copy of the package, the
 simulator runs on the copy for ``--seconds`` (120 by default) from a fixed base of seeds, and the
 first broken promise that the clean product does not also break counts as found.
 
@@ -37,11 +38,13 @@ from support.planted_bugs import Planted, planted  # noqa: E402
 from support.unseen_bugs import UNSEEN  # noqa: E402
 from support.unseen_bugs_b import UNSEEN_B  # noqa: E402
 from support.unseen_bugs_c import UNSEEN_C  # noqa: E402
+from support.unseen_bugs_d import UNSEEN_D  # noqa: E402
 
 #: Every unseen bug, one list: issue 48's set (written beside the simulator's work), the
-#: second set (``unseen_bugs_b.py``), written by someone who had not read the simulator, and the
-#: third (``unseen_bugs_c.py``), written after the simulator was extended for the first two.
-ALL: tuple[Planted, ...] = UNSEEN + UNSEEN_B + UNSEEN_C
+#: second set (``unseen_bugs_b.py``), written by someone who had not read the simulator, the
+#: third (``unseen_bugs_c.py``), written after the simulator was extended for the first two, and
+#: the fourth (``unseen_bugs_d.py``), spread over the product's floors beyond the gateway.
+ALL: tuple[Planted, ...] = UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D
 
 SIM = [sys.executable, "-m", "keelgate.testing.sim"]
 #: The world searched: the one ``make sim`` runs (every move of issues 46 and 48: people who
@@ -141,6 +144,8 @@ def measure(
 
 
 def _set(bug: Planted) -> str:
+    if bug in UNSEEN_D:
+        return "D"
     return "C" if bug in UNSEEN_C else "B" if bug in UNSEEN_B else "A"
 
 
@@ -150,7 +155,7 @@ def main() -> int:
     parse.add_argument("--seconds", type=float, default=120.0)
     parse.add_argument("--seeds", type=int, help="Search this many seeds instead of seconds.")
     parse.add_argument("--base", type=int, default=48)
-    parse.add_argument("--set", choices="ABC", help="Only the bugs of this set.")
+    parse.add_argument("--set", choices="ABCD", help="Only the bugs of this set.")
     parse.add_argument("--json", action="store_true")
     args = parse.parse_args()
     bugs = [b for b in ALL if not args.names or any(n in b.name for n in args.names)]
