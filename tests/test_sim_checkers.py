@@ -470,6 +470,25 @@ def test_unasked_takes_an_executed_that_stood_before_the_request_left_as_its_ans
     assert "unasked" in refused.broken()
 
 
+def test_unasked_takes_the_confirmers_executed_on_the_chain_as_the_answer_to_a_later_part() -> None:
+    """The confirmer says "executed" of a composite call whose first request took effect (it is
+    told nothing: its word stands from the chain's record of it); the held-up process then sends
+    the call's next request and never hears back: the confirmer's word answers it, once the
+    chain has it."""
+    story = History()
+    story.ask()
+    story.effect(story.send(at=2.0, known=False))
+    confirmer = "shop-confirmer"
+    story.books.decisions.append(
+        Decision(3.0, "settle", confirmer, confirmer, "1:0", "p1", True, source="confirmer")
+    )
+    story.effect(story.send(at=4.0, known=False))
+    assert "unasked" in story.broken()  # the chain does not have it (yet)
+    settled = {"action": "1:0", "verdict": "executed", "source": "confirmer"}
+    story.event("loop.reconciled", 3.0, actor=confirmer, **settled)
+    assert "unasked" not in story.broken()
+
+
 def test_waiting_sees_a_run_that_never_finished() -> None:
     story = History().ordinary()
     story.records.finished, story.records.shown = False, "Stopped awaiting_approval"

@@ -248,6 +248,17 @@ FOUND_WITH_MOVES = (
             "166.129 EFFECT POST http://shop.sim/notices n1 by step4",
         ),
     ),
+    (
+        # The same, the confirmer's word (make sim SECONDS=600, base 1796584405): step4 sent
+        # pay's charge and was held up before its receipt; the confirmer said "executed" (the
+        # chain has it), the run finished, and step4 then sent the receipt, its answer lost.
+        "a composite call's next request sent after the confirmer said executed",
+        3814126678679824094,
+        (
+            "40.796 EFFECT charge p1 by step4",
+            "54.335 EFFECT receipt p1 by step4",
+        ),
+    ),
 )
 
 

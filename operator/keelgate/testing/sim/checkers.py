@@ -318,10 +318,19 @@ def after_not_executed(books: Books, records: Records) -> list[Violation]:
 
 
 def _settled_not(books: Books, records: Records) -> Iterable[Decision]:
-    """The "not executed" decisions that stood: those the product told their maker stood, and
-    the confirmer's, from the moment the chain records them (a confirmer is not told)."""
+    """The "not executed" decisions that stood."""
+    return _settlements_that_stood(books, records, executed=False)
+
+
+def _settlements_that_stood(
+    books: Books, records: Records, *, executed: bool
+) -> Iterable[Decision]:
+    """The settlements ``executed`` (or "not executed") that stood: those the product told
+    their maker stood, and the confirmer's, from the moment the chain records them (a
+    confirmer is not told)."""
+    verdict = "executed" if executed else "abandoned"
     for decision in books.decisions:
-        if decision.kind != "settle" or decision.yes or decision.move:
+        if decision.kind != "settle" or decision.yes is not executed or decision.move:
             continue
         if decision.source == "human" and decision.accepted_at is not None:
             yield decision
@@ -332,7 +341,7 @@ def _settled_not(books: Books, records: Records) -> Iterable[Decision]:
                     for e in records.of_type("loop.reconciled")
                     if e.data.get("source") == "confirmer"
                     and e.data.get("action") == decision.action
-                    and e.data.get("verdict") == "abandoned"
+                    and e.data.get("verdict") == verdict
                     and e.at + STAMP_SLACK >= decision.at
                 ),
                 None,
@@ -345,7 +354,7 @@ def _settled_not(books: Books, records: Records) -> Iterable[Decision]:
                     decision.human,
                     decision.action,
                     decision.ref,
-                    False,
+                    executed,
                     accepted_at=event.at,
                     source="confirmer",
                 )
@@ -398,6 +407,7 @@ def unasked(books: Books, records: Records) -> list[Violation]:
     if not records.finished:
         return []  # ``waiting`` says so
     found: list[Violation] = []
+    executed = {d.ref for d in _settlements_that_stood(books, records, executed=True)}
     for sent in books.sent:
         if sent.known_at is not None or not books.changes_things(sent):
             continue
@@ -405,7 +415,7 @@ def unasked(books: Books, records: Records) -> list[Violation]:
         # "Executed", once it stood, answers every send of its call, even one that left after
         # it: a process held up past it can only make it truer (docs/design.md, deadlines 3;
         # "not executed" is refused until no send can follow).
-        if not asked and not _stood_as_executed(books, sent.ref):
+        if not asked and sent.ref not in executed:
             found.append(
                 Violation(
                     "unasked",
@@ -414,14 +424,6 @@ def unasked(books: Books, records: Records) -> list[Violation]:
                 )
             )
     return found
-
-
-def _stood_as_executed(books: Books, ref: str) -> bool:
-    """Whether someone's settlement "executed" of the call ``ref`` came to stand."""
-    return any(
-        d.kind == "settle" and d.yes and d.ref == ref and d.accepted_at is not None and not d.move
-        for d in books.decisions
-    )
 
 
 @checker("waiting", "the run was left waiting after the calm end")
