@@ -419,6 +419,23 @@ FOUND_IN_OPERATOR_MODE_ON_SQLITE = (
             "alice deletes restock and creates it again",
         ),
     ),
+    # The product's fault (make sim SECONDS=600 on main f027603: waiting): operator6's watch
+    # missed the deletion of restock-s1-a4 (an ended pod of the run as created at 688.354,
+    # removed at 740.605), and its cache kept it. The run created again at 839.778, its steps
+    # RunBusy while restock-s2-a1#2 held it, came to its fourth attempt and stood Stalled on
+    # that ghost ("a pod named restock-s1-a4 exists and is not this run's") for good, the
+    # operator never asking the server. Now it asks first: restock-s1-a4#2 runs at once.
+    (
+        "a pod deleted while the watch was away, under the next pod name of a run re-created",
+        12998402584335380776,
+        (
+            "839.778 alice deletes restock and creates it again",
+            "855.713 restock-s1-a3#2 ends with RunBusy (exit 4)",
+            "860.895 restock-s1-a4#2 starts",
+            "903.976 restock-s2-a1#2 killed",
+            "Succeeded goal_met",
+        ),
+    ),
 )
 
 
