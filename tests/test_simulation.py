@@ -294,13 +294,17 @@ FOUND_IN_OPERATOR_MODE = (
             "46.324 alice deletes restock and creates it again",
         ),
     ),
+    # 8323230461478192221 (its next step dying before its action) moved on when a run stopped
+    # stalling on a pod gone unseen (h/waiting2); no seed of 1,500 (bases 7070, 7071) met a
+    # death there again, so this one keeps the deny and the re-creation, its next steps
+    # stopped before a send (a drain) instead.
     (
         "a deny overtaken by the run's deletion and re-creation",
-        8323230461478192221,
+        553672564280359288,
         (
-            "437.510 dave adds to restock-2-1-place-order-a226bed9f2's decisions approved: False",
-            "437.510 alice deletes restock and creates it again",
-            "441.158 restock-s1-a1#3 died at before_action",
+            "21.069 bob adds to restock-2-place-order-df7f18f35a's decisions approved: False",
+            "21.069 alice deletes restock and creates it again",
+            "30.931 restock-s2-a1#2 asked to stop at before_send",
         ),
     ),
     (
