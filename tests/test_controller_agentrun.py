@@ -380,6 +380,66 @@ def test_a_pod_of_an_earlier_run_of_the_same_name_is_not_adopted(kube: Operator)
     assert pod["metadata"]["ownerReferences"][0]["uid"] == kube.run("restock")["metadata"]["uid"]
 
 
+def test_a_pod_of_another_run_deleted_while_the_watch_was_away_does_not_stall_the_run(
+    kube: Operator,
+) -> None:
+    """A run stalled on an ended pod of an earlier run of its name, under its next pod name;
+    the server then deletes that pod while no watch looks (a watch that reconnects never
+    reports what went while it was away), so the cache still holds it. The run does not stay
+    stalled on it, telling a person to delete a pod that is not there: the server is asked,
+    the pod is forgotten as deleted, and the run makes its own pod and goes on (make sim: seed
+    12998402584335380776 stood Stalled for good)."""
+    old_owner = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "name": "restock",
+        "uid": "uid-of-the-restock-deleted-before",
+        "controller": True,
+    }
+    kube.api.create_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "restock-s1-a1",
+                "labels": {STEP_POD_LABEL: STEP_POD_NAME, RUN_LABEL: "restock", STEP_LABEL: "1"},
+                "ownerReferences": [old_owner],
+            },
+        },
+    )
+    kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 4)
+    kube.apply("restock", agentrun_spec())
+    kube.reconcile("restock")
+    assert kube.condition("restock", "Stalled")["status"] == "True"  # there, and not its own
+    kube.api.remove("Pod", NAMESPACE, "restock-s1-a1", tell=False)  # the watch was away
+    kube.reconcile("restock")
+    (pod,) = kube.api.of_kind("Pod")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == kube.run("restock")["metadata"]["uid"]
+    assert kube.drive("restock") == [0, 0]
+    assert kube.condition("restock", "Stalled")["status"] == "False"
+    assert len(operator_tools.ORDERS) == 1
+
+
+def test_a_pod_of_another_run_seen_in_the_cache_and_still_there_stalls_the_run(
+    kube: Operator,
+) -> None:
+    """Asking the server before stalling changes nothing when the foreign pod is there: the run
+    stalls saying so, the pod is neither adopted nor deleted, and every look says the same."""
+    kube.api.create_pod(
+        NAMESPACE, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "restock-s1-a1"}}
+    )
+    kube.apply("restock", agentrun_spec())
+    for _ in range(2):
+        kube.reconcile("restock")
+        assert kube.condition("restock", "Stalled")["status"] == "True"
+    assert kube.status("restock")["message"] == (
+        "a pod named restock-s1-a1 exists and is not this run's; delete it"
+    )
+    assert kube.api.of_kind("Pod")[0]["metadata"].get("ownerReferences") is None
+    assert "delete Pod restock-s1-a1" not in kube.api.writes
+
+
 def test_a_pod_already_created_by_an_earlier_operator_is_adopted(tmp_path: Path) -> None:
     """An operator that died right after creating the pod, and a new one whose pod watch has
     not reported it yet: the create meets a 409, the pod found is this run's, and it is adopted

@@ -119,6 +119,10 @@ class AgentRunReconciler:
             pod_name = str(step.get("pod", ""))
             pod = context.cache.get("Pod", namespace, pod_name)
             if pod is not None and not resources.owned_by(pod, uid):
+                # Not this run's, in the cache: the server is asked before the run stalls on it
+                # (the cache may hold a pod deleted while its watch was away).
+                pod = self._pods.as_the_server_has_it(namespace, pod)
+            if pod is not None and not resources.owned_by(pod, uid):
                 return self._write_at_rest(run, step, spec, stalled=foreign_pod(pod_name))
             if pod is None:
                 gone = context.cache.tombstone(namespace, pod_name)

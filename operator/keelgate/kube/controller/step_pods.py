@@ -19,7 +19,7 @@ from typing import Any
 
 from keelgate.errors import KeelgateError
 from keelgate.kube import resources
-from keelgate.kube.api_failures import ApiFailure, Conflict
+from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
@@ -107,6 +107,27 @@ class StepPodStarter:
             )
         self._tell_started(key, run, step)
         return REST
+
+    def as_the_server_has_it(self, namespace: str, pod: JSON) -> JSON | None:
+        """The pod ``pod`` (a view from the cache) as the API server has it now; None, and
+        forgotten as deleted (its last body left as its tombstone), if the server no longer
+        has it. Asked before a run stalls on a pod of its next name that is not its own: a
+        watch that reconnects lists the objects again but never reports one deleted while it
+        was away, so a finished pod of a run deleted before (removed since) can sit in the
+        cache for good, and a stall on it would tell a person to delete a pod that is not
+        there, and last until the operator restarted."""
+        context = self._context
+        meta = pod["metadata"]
+        name = str(meta["name"])
+        try:
+            found = context.api.read_pod(namespace, name)
+        except Gone as gone:
+            if gone.named != name:
+                raise  # a 404 that names no pod (a server still starting): retried, backing off
+            context.cache.forget_vanished("Pod", namespace, name, str(meta.get("uid") or ""))
+            return None
+        context.cache.put("Pod", found)
+        return found
 
     def _refused(
         self, key: Key, run: JSON, spec: AgentRunSpec, step: Mapping[str, Any], refused: ApiFailure
