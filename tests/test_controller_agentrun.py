@@ -342,13 +342,10 @@ def test_a_pod_of_someone_else_under_the_intended_name_stalls_the_run(kube: Oper
     assert "delete Pod restock-s1-a1" not in kube.api.writes
 
 
-def test_a_pod_of_an_earlier_run_of_the_same_name_is_not_adopted(kube: Operator) -> None:
-    """A run deleted and made again under the same name: a pod of the old one (its owner the
-    old run's name, but the old run's uid) still holds the new run's first pod name. The
-    create meets a 409 and the pod found is not adopted, for its owner's uid is not this
-    run's: the run stalls saying so (it does not take the old run's step for its own), the
-    old pod is not deleted, and once it is gone the run makes its own pod."""
-    old_owner = {
+def _pod_of_a_restock_deleted_before(kube: Operator) -> dict[str, object]:
+    """A step pod under the run's first pod name, owned by a run ``restock`` of another uid
+    (one deleted before); returns its owner reference."""
+    old_owner: dict[str, object] = {
         "apiVersion": "keelgate.dev/v1alpha1",
         "kind": "AgentRun",
         "name": "restock",
@@ -367,6 +364,16 @@ def test_a_pod_of_an_earlier_run_of_the_same_name_is_not_adopted(kube: Operator)
             },
         },
     )
+    return old_owner
+
+
+def test_a_pod_of_an_earlier_run_of_the_same_name_is_not_adopted(kube: Operator) -> None:
+    """A run deleted and made again under the same name: a pod of the old one (its owner the
+    old run's name, but the old run's uid) still holds the new run's first pod name. The
+    create meets a 409 and the pod found is not adopted, for its owner's uid is not this
+    run's: the run stalls saying so (it does not take the old run's step for its own), the
+    old pod is not deleted, and once it is gone the run makes its own pod."""
+    old_owner = _pod_of_a_restock_deleted_before(kube)
     kube.apply("restock", agentrun_spec())
     assert kube.run("restock")["metadata"]["uid"] != old_owner["uid"]
     kube.reconcile("restock")
@@ -389,25 +396,7 @@ def test_a_pod_of_another_run_deleted_while_the_watch_was_away_does_not_stall_th
     stalled on it, telling a person to delete a pod that is not there: the server is asked,
     the pod is forgotten as deleted, and the run makes its own pod and goes on (make sim: seed
     12998402584335380776 stood Stalled for good)."""
-    old_owner = {
-        "apiVersion": "keelgate.dev/v1alpha1",
-        "kind": "AgentRun",
-        "name": "restock",
-        "uid": "uid-of-the-restock-deleted-before",
-        "controller": True,
-    }
-    kube.api.create_pod(
-        NAMESPACE,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "restock-s1-a1",
-                "labels": {STEP_POD_LABEL: STEP_POD_NAME, RUN_LABEL: "restock", STEP_LABEL: "1"},
-                "ownerReferences": [old_owner],
-            },
-        },
-    )
+    _pod_of_a_restock_deleted_before(kube)
     kube.api.finish_pod(NAMESPACE, "restock-s1-a1", 4)
     kube.apply("restock", agentrun_spec())
     kube.reconcile("restock")
