@@ -638,6 +638,41 @@ def test_an_unknown_outcome_stops_the_run_and_asks_for_a_reconciliation(kube: Op
     assert len(operator_tools.ORDERS) == 1
 
 
+def test_a_reconciliation_of_a_run_deleted_while_the_watch_was_away_does_not_hold_the_name(
+    kube: Operator,
+) -> None:
+    """A run deleted and made again: the earlier run's Reconciliation under the name the new
+    run's unknown outcome needs was collected while the operator's watch was away (a watch that
+    reconnects never reports it), so the cache still shows it. The new run still gets its own
+    Reconciliation to settle, not none for good (make sim: seed 1662049015829973836 was left
+    on an unknown outcome nobody could settle)."""
+    old_owner = {
+        "apiVersion": "keelgate.dev/v1alpha1",
+        "kind": "AgentRun",
+        "name": "restock",
+        "uid": "uid-of-the-restock-deleted-before",
+        "controller": True,
+    }
+    kube.api.create_object(
+        "Reconciliation",
+        NAMESPACE,
+        {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": "Reconciliation",
+            "metadata": {"name": LOST, "namespace": NAMESPACE, "ownerReferences": [old_owner]},
+            "spec": {"run": "restock", "action": "1:0", "idempotencyKey": "kg-earlier"},
+        },
+    )
+    kube.api.remove("Reconciliation", NAMESPACE, LOST, tell=False)  # the watch was away
+    kube.apply("restock", agentrun_spec(tool="lost_write"))
+    assert kube.drive("restock") == [3]
+    made = kube.api.get("Reconciliation", NAMESPACE, LOST)
+    assert made is not None
+    owner = made["metadata"]["ownerReferences"][0]["uid"]
+    assert owner == kube.run("restock")["metadata"]["uid"]
+    assert made["status"]["phase"] == "Pending"
+
+
 def test_an_unknown_outcome_refused_late_has_nothing_to_settle_and_the_run_goes_on(
     kube: Operator,
 ) -> None:

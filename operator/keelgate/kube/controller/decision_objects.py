@@ -89,7 +89,7 @@ class DecisionObjects:
                 "Reconciliation", namespace, run["metadata"]["name"], unknown.action, unknown.tool
             )
             body = resources.reconciliation(run, unknown, name=name)
-            existing = context.cache.get("Reconciliation", namespace, name)
+            existing = self._cached("Reconciliation", run, name)
             if record is None:
                 if existing is not None:
                     self._nothing_to_settle(run, existing, unknown)
@@ -169,7 +169,7 @@ class DecisionObjects:
                 "Approval", namespace, label, pending.action, pending.tool, round=pending.round
             )
             if context.cache.get("Approval", namespace, name) is not None:
-                continue
+                continue  # an earlier run's, held by its finalizer, stays until it is let go
             body = resources.approval(run, pending, keys.get(pending.action, ""), name=name)
             view = shown(state, pending.action, at=context.clock())
             status = dict(view.status) if view is not None else {"phase": "Pending"}
@@ -197,7 +197,7 @@ class DecisionObjects:
             name = context.object_name(
                 "Reconciliation", namespace, run["metadata"]["name"], action.id, action.tool
             )
-            if context.cache.get("Reconciliation", namespace, name) is not None:
+            if self._cached("Reconciliation", run, name) is not None:
                 continue
             body = resources.reconciliation(
                 run, UnknownAction(action.id, action.tool, action.key), name=name
@@ -226,6 +226,26 @@ class DecisionObjects:
                 f"{action.tool} ({action.id}) settled as {verdict} by the confirmer "
                 f"{record.settled_by}: reconciliation {name}",
             )
+
+    def _cached(self, kind: str, run: JSON, name: str) -> JSON | None:
+        """The Reconciliation ``name`` of ``run``'s namespace as the cache shows it; None when it is
+        controlled by another AgentRun (one of the run's name deleted before): the garbage
+        collector takes that one, and if the operator's watch was away then (a watch that
+        reconnects never reports what was deleted meanwhile) the cache would keep it, and the
+        name, for good. This run's own object is then made; a 409 says the other is still
+        there, and the run's next look tries again."""
+        meta = run["metadata"]
+        found = self._context.cache.get(kind, meta["namespace"], name)
+        if found is None:
+            return None
+        owners = found.get("metadata", {}).get("ownerReferences") or []
+        of_another_run = any(
+            ref.get("controller")
+            and ref.get("kind") == "AgentRun"
+            and ref.get("uid") != meta["uid"]
+            for ref in owners
+        )
+        return None if of_another_run else found
 
     def _create_pending(self, kind: str, namespace: str, body: JSON, status: JSON) -> bool:
         """Create a Reconciliation or Approval and show it Pending with ``status`` (status is a
