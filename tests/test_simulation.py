@@ -472,6 +472,20 @@ def test_the_seeds_found_in_operator_mode_on_sqlite_keep_every_promise(
     )
 
 
+def _simulator_on(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m keelgate.testing.sim ARGS`` over the package copy at ``root`` (a bug planted
+    in it), with nothing of this process's environment but the path."""
+    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "keelgate.testing.sim", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def _meets_its_window_and_keeps_every_promise(
     why: str, seed: int, shown: Shown, *, mode: str, options: Options, store: str = "memory"
 ) -> None:
@@ -627,16 +641,7 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
     # it takes seconds and the shrink minutes.
     bug = next(b for b in BUGS if b.name == "a rule of two people met by one")
     root = planted(bug, tmp_path)
-    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
-    run = [sys.executable, "-m", "keelgate.testing.sim"]
-    done = subprocess.run(
-        [*run, "--seeds", "5", "--mode", "local", "--store", "memory", "--first"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _simulator_on(root, "--seeds", "5", "--mode", "local", "--store", "memory", "--first")
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert "BROKEN PROMISE (seed " in out
@@ -648,14 +653,7 @@ def test_a_failure_prints_its_seed_a_shrunk_schedule_and_the_replay(tmp_path: Pa
     assert text in shrunk
     kept, _, of = shrunk.rsplit("(", 1)[1].partition(" choices, of ")
     assert int(kept) < int(of.rstrip(")")), shrunk
-    again = subprocess.run(
-        [*run, "--mode", "local", "--store", "memory", "--replay", text],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    again = _simulator_on(root, "--mode", "local", "--store", "memory", "--replay", text)
     assert again.returncode == 1
     assert any(f"  {rule}:" in again.stdout for rule in broken), again.stdout
 
@@ -667,18 +665,10 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     has stood still for ``STILL`` virtual seconds, not two virtual hours on: the trace ends
     there, a step pod restarted thousands of times fewer."""
     bug = next(b for b in UNSEEN_C if "older generation" in b.name)
-    root = planted(bug, tmp_path)
-    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "keelgate.testing.sim", "--seed", "5686236089204240597"),
-            *("--mode", "operator", "--store", "memory", "--every-move"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", "5686236089204240597", "--mode", "operator", "--store", "memory"),
+        "--every-move",
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "  waiting: the run was left waiting after the calm end" in done.stdout
@@ -788,19 +778,10 @@ def test_a_monitor_starting_its_next_tick_past_an_unknown_outcome_is_found(
     the tick stopped on the unknown outcome left waiting, or its call placed again by a later
     tick (``again``)."""
     bug = next(b for b in UNSEEN_B if "monitor starts its next tick" in b.name)
-    root = planted(bug, tmp_path)
-    env = {"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "keelgate.testing.sim", "--seeds", "10"),
-            *("--mode", "monitor", "--store", "memory", "--every-move"),
-            *("--first", "--no-shrink", "--json"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seeds", "10", "--mode", "monitor", "--store", "memory", "--every-move"),
+        *("--first", "--no-shrink", "--json"),
     )
     assert done.returncode == 1, done.stdout + done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
