@@ -259,21 +259,13 @@ class Gateway:
         sends nothing and its successor meets the gate afresh."""
         if still_let_through is None:
             return self._read_once(tool, action, None)
-        seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
-        for attempt in range(FENCE_ATTEMPTS):
-            if attempt and not still_let_through():
-                raise LetThroughNoMore(action)  # held up past its approvals: nothing was sent
-            try:
-                return self._read_once(
-                    tool, action, fence.WriteDeadline.starting_now(action.key, seconds)
-                )
-            except fence.DeadlinePassed as late:  # nothing of the call was sent
-                log.warning("%s %s: %s", self.run, action.id, late.message)
-        return ActionResult(
-            action.id,
-            ResultStatus.ERROR,
-            error=f"{tool.name}: its deadline passed before it could be sent, "
-            f"{FENCE_ATTEMPTS} times (the process is being held up); nothing was sent",
+        return self._within_deadlines(
+            tool,
+            action,
+            still_let_through,
+            lambda seconds: self._read_once(
+                tool, action, fence.WriteDeadline.starting_now(action.key, seconds)
+            ),
         )
 
     def _read_once(
@@ -323,12 +315,8 @@ class Gateway:
                 error=f"{tool.name}: its definition changed since the call was planned "
                 f"({', '.join(changed)}); nothing was sent",
             )
-        seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
-        for attempt in range(FENCE_ATTEMPTS):
-            if attempt and still_let_through is not None and not still_let_through():
-                # Held up past the earlier claim's deadline for longer than its approvals
-                # count: the gate is asked again before anything is claimed or sent.
-                raise LetThroughNoMore(action)
+
+        def claim_and_send(seconds: float) -> ActionResult:
             started = self._started(tool, action, side_effect)
             # Taken before the claim is sent, so it falls before the deadline the store records.
             deadline = fence.WriteDeadline.starting_now(action.key, seconds)
@@ -345,13 +333,36 @@ class Gateway:
                 self.emit(started)
             try:
                 return self._send(tool, action, deadline)
-            except fence.DeadlinePassed as late:
+            except fence.DeadlinePassed:
                 # Held up between the claim and the send: nothing was sent, and a person may
                 # already have settled the key as not executed. Drop our claim (a no-op if it
                 # was settled, or if our owner session was lost meanwhile: the key then reads
-                # unknown) and claim afresh, which meets any record left.
-                log.warning("%s %s: %s", self.run, action.id, late.message)
+                # unknown); the next try claims afresh, which meets any record left.
                 self.keys.forget(self.tenant, action.key)
+                raise
+
+        return self._within_deadlines(tool, action, still_let_through, claim_and_send)
+
+    def _within_deadlines(
+        self,
+        tool: Tool,
+        action: Action,
+        still_let_through: Callable[[], bool] | None,
+        try_once: Callable[[float], ActionResult],
+    ) -> ActionResult:
+        """``try_once`` (one try of the call under a deadline of the tool's time limit, raising
+        ``DeadlinePassed`` when nothing of it was sent in time), tried up to ``FENCE_ATTEMPTS``
+        times. Before a try made afresh, ``still_let_through`` (if given) is asked whether what
+        let the call through still holds: held up past the earlier deadline for longer than its
+        approvals count, ``LetThroughNoMore`` is raised, nothing having been sent."""
+        seconds = fence.call_seconds(getattr(tool, "timeout_seconds", None))
+        for attempt in range(FENCE_ATTEMPTS):
+            if attempt and still_let_through is not None and not still_let_through():
+                raise LetThroughNoMore(action)
+            try:
+                return try_once(seconds)
+            except fence.DeadlinePassed as late:
+                log.warning("%s %s: %s", self.run, action.id, late.message)
         return ActionResult(
             action.id,
             ResultStatus.ERROR,
