@@ -89,7 +89,7 @@ class DecisionObjects:
                 "Reconciliation", namespace, run["metadata"]["name"], unknown.action, unknown.tool
             )
             body = resources.reconciliation(run, unknown, name=name)
-            existing = self._cached("Reconciliation", run, name)
+            existing = self._cached_reconciliation(run, name)
             if record is None:
                 if existing is not None:
                     self._nothing_to_settle(run, existing, unknown)
@@ -197,7 +197,7 @@ class DecisionObjects:
             name = context.object_name(
                 "Reconciliation", namespace, run["metadata"]["name"], action.id, action.tool
             )
-            if self._cached("Reconciliation", run, name) is not None:
+            if self._cached_reconciliation(run, name) is not None:
                 continue
             body = resources.reconciliation(
                 run, UnknownAction(action.id, action.tool, action.key), name=name
@@ -227,7 +227,7 @@ class DecisionObjects:
                 f"{record.settled_by}: reconciliation {name}",
             )
 
-    def _cached(self, kind: str, run: JSON, name: str) -> JSON | None:
+    def _cached_reconciliation(self, run: JSON, name: str) -> JSON | None:
         """The Reconciliation ``name`` of ``run``'s namespace as the cache shows it; None when it is
         controlled by another AgentRun (one of the run's name deleted before): the garbage
         collector takes that one, and if the operator's watch was away then (a watch that
@@ -235,7 +235,7 @@ class DecisionObjects:
         name, for good. This run's own object is then made; a 409 says the other is still
         there, and the run's next look tries again."""
         meta = run["metadata"]
-        found = self._context.cache.get(kind, meta["namespace"], name)
+        found = self._context.cache.get("Reconciliation", meta["namespace"], name)
         if found is None:
             return None
         owners = found.get("metadata", {}).get("ownerReferences") or []
