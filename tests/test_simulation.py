@@ -280,6 +280,22 @@ def test_the_seeds_found_with_every_move_keep_every_promise(
 #: seed that meets the same window in today's world (the first seeds' stories move on as the
 #: product changes what it reads and when; the docs name them).
 FOUND_IN_OPERATOR_MODE = (
+    (
+        # The oracle's fault (make sim SECONDS=300 on 879093a, base 1796589670, unapproved):
+        # notify's rule was removed (generation 5) after alice and dave had denied the call in
+        # iterations 1 and 2; restock-s10-a2 planned iteration 4 under the loosened spec and
+        # its save's answer was lost; restock-s10-a3 read that plan and acted on it, and
+        # restock-s11-a1 sent notify's n3 with nobody asked, as the rule then said. The oracle
+        # judged the send by iteration 2's plan too (the newest surely saved), whose rule asked
+        # two approvals; a save a later step acted on is now taken as landed.
+        "a call sent under a loosened rule, its plan's save heard of only by a later step",
+        13662469121908281641,
+        (
+            "186.839 spec edited: approval notify (generation 5)",
+            "365.632 restock-s10-a2 ends with StoreUnavailable (exit 5)",
+            "412.985 EFFECT POST http://shop.sim/notices n3 by restock-s11-a1",
+        ),
+    ),
     # The product's fault (make sim SECONDS=600 on 4494c9a, waiting): a run deleted and made
     # again while its place_order 3:1 was an unknown outcome; the earlier run's Reconciliation
     # of that name, collected while the operator's watch was away, stayed in its cache and held

@@ -355,12 +355,33 @@ class Books:
             return own[-1:]
         before = [a for a in planning if a.order < life.order]
         saved = [a for a in before if a.order in self.saved]
+        saved += [a for a in before if a.order in self.unsure and self._landed(a, life.order)]
+        saved.sort(key=lambda a: a.order)
         if not saved:
             return before[-1:]
         return [
             saved[-1],
             *(a for a in before if a.order > saved[-1].order and a.order in self.unsure),
         ]
+
+    def _landed(self, ask: Ask, before: int) -> bool:
+        """Whether an answer whose save may have landed unheard did land before the process
+        that started at ``before``: a process that started after it was asked, and before that
+        one, sent a call only this answer had planned, never planned by that process itself (it
+        could have read it only from the saved plan)."""
+        earlier = {i.ref for a in self.asks if a.order < ask.order for i in a.intents}
+        fresh = {i.ref for i in ask.intents} - earlier
+        for sent in self.sent:
+            life = self.processes.get(sent.process)
+            if sent.ref not in fresh or life is None or not ask.order < life.order < before:
+                continue
+            own = any(
+                a.process == sent.process and any(i.ref == sent.ref for i in a.intents)
+                for a in self.asks
+            )
+            if not own:
+                return True
+        return False
 
     def versions_of(self, sent: Sent) -> list[SpecVersion]:
         """The versions of the spec a request's call was planned under and sent under (the
