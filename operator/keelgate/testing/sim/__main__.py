@@ -69,7 +69,21 @@ def _parser() -> argparse.ArgumentParser:
         + ", ".join((*MOVES, *NAMED_MOVES))
         + "; delete only when named).",
     )
-    parse.add_argument("--every-move", action="store_true", help="Both of the above, all moves.")
+    parse.add_argument(
+        "--slow-store",
+        action="store_true",
+        help="A step's store answers now and then come back late (the statement landed).",
+    )
+    parse.add_argument(
+        "--paged",
+        action="store_true",
+        help="A run stopped for a person pages someone, who looks within seconds (local mode).",
+    )
+    parse.add_argument(
+        "--every-move",
+        action="store_true",
+        help="All of the above, all moves (the kept seeds were found with --late-shop --moves).",
+    )
     return parse
 
 
@@ -102,7 +116,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = moves - set(known)
     if unknown:
         _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
-    options = Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
+    options = (
+        Options.whole()
+        if args.every_move
+        else Options(
+            late_shop=args.late_shop,
+            moves=moves,
+            slow_store=args.slow_store,
+            paged=args.paged,
+        )
+    )
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
         mode = args.mode if args.mode != "mix" else MODES[0]
