@@ -685,7 +685,7 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     done = _simulator_on(
         planted(bug, tmp_path),
         *("--seed", "5686236089204240597", "--mode", "operator", "--store", "memory"),
-        "--every-move",
+        *("--late-shop", "--moves"),  # the world the seed was found in (Options.every)
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "  waiting: the run was left waiting after the calm end" in done.stdout
@@ -813,3 +813,51 @@ def test_mix_runs_about_one_monitor_in_eight_and_keeps_the_operators_third() -> 
     assert modes.count("operator") == 40
     assert 12 <= modes.count("monitor") <= 20
     assert _mode(7, "local") == "local"
+
+
+def test_slow_store_answers_and_pages_come_only_with_the_whole_world() -> None:
+    """With the whole world on (``--every-move``), a step's store answer now and then comes
+    back late (the statement landed): the step waits, its node's next requests are held long,
+    and a stop for a person pages someone who looks within seconds; every promise is kept.
+    The kept seeds' world (``--late-shop --moves``) never draws either, so their stories stay
+    as they were found."""
+    slow = held_after = pages = 0
+    for index in range(24):
+        seed = seed_of(index, 5)
+        whole = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+        assert whole.ok, "\n".join(whole.lines)
+        lines = whole.lines
+        for at, line in enumerate(lines):
+            if "hears the store's answer" in line:
+                slow += 1
+                later = lines[at + 1] if at + 1 < len(lines) else ""
+                held_after += "held by the server" in later
+        pages += sum("a person answers the page" in line for line in lines)
+        kept = simulate(seed=seed, store="memory", mode="local", options=Options.every())
+        assert not any(
+            "store's answer" in line or "answers the page" in line for line in kept.lines
+        )
+    assert slow >= 10 and held_after >= 1 and pages >= 10, (slow, held_after, pages)
+
+
+def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_late(
+    tmp_path: Path,
+) -> None:
+    """Set C's HTTP exchange cut at the later of its time limit and the write deadline was out
+    of the world's reach while a claim's answer came back at once (the deadline taken before
+    the claim and the tool's cut-off counted after it fell on one instant). With late answers:
+    step5's claim heard 4.6 s late, its DELETE held past its sender's wait, the stop at the
+    cut, a truthful "not executed" at the store's deadline, and the shop acting after it. The
+    clean product keeps every promise on the same seed (its exchange ends at the deadline)."""
+    seed = 9192020537635010690
+    bug = next(b for b in UNSEEN_C if "max for min" in b.name)
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(seed), "--mode", "local", "--store", "memory", "--every-move"),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "step5 hears the store's answer 4.6s late" in done.stdout
+    assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
+    clean = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+    assert clean.ok, "\n".join(clean.lines)
+    assert any("step5 hears the store's answer 4.6s late" in line for line in clean.lines)
