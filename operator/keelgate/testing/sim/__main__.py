@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--http-confirmer",
         action="store_true",
-        help="A run with a confirmer has the product's HTTP confirmer ask the shop's status "
-        "endpoint (not the world's own confirmer).",
+        help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
+        "the world's own confirmer, in some runs).",
     )
     parse.add_argument(
         "--every-move",
@@ -126,7 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 replay=decode(args.replay), store=store, mode=mode, options=options_of(None)
             )
         else:
-            outcome = simulate(seed=args.seed, store=store, mode=mode, options=options_of(args.seed))
+            outcome = simulate(
+                seed=args.seed, store=store, mode=mode, options=options_of(args.seed)
+            )
         print("\n".join(outcome.lines))
         _show(outcome, args.seed, shrunk=None)
         return 0 if outcome.ok else 1

@@ -115,8 +115,9 @@ class Setting:
     faults: Faults
     tenant: str
     run: str
-    #: Whether a run with a confirmer has the product's HTTP confirmer (``ProductConfirmer``)
-    #: ask the shop's status endpoint, rather than the world's own ``ShopConfirmer``.
+    #: Whether the run's steps have the product's HTTP confirmer (``ProductConfirmer``) ask the
+    #: shop's status endpoint, whatever the scenario drew (which else decides whether they
+    #: have the world's own ``ShopConfirmer``).
     http_confirmer: bool = False
 
 
@@ -264,12 +265,11 @@ class StepProcess:
         ]
         in_process = parts.model.name == "scripted"
         confirmer: Confirmer | None = None
-        if self.setting.desk.scenario.confirmer:
-            shop = self.setting.network.servers["shop.sim"]
-            if self.setting.http_confirmer and isinstance(shop, Shop):
-                confirmer = ProductConfirmer(self.world, shop)
-            else:
-                confirmer = ShopConfirmer(self.world, self.books)
+        shop = self.setting.network.servers["shop.sim"]
+        if self.setting.http_confirmer and isinstance(shop, Shop):
+            confirmer = ProductConfirmer(self.world, shop)
+        elif self.setting.desk.scenario.confirmer:
+            confirmer = ShopConfirmer(self.world, self.books)
         return self.loop_kind(
             stores=stores,
             model=SimModel(self.setting.planner) if in_process else parts.model,

@@ -77,8 +77,9 @@ class Options:
     #: definition edited after its call was approved; and those made only when named
     #: (``NAMED_MOVES``: an Approval deleted while the operators are down).
     moves: frozenset[str] = frozenset()
-    #: A run with a confirmer has the product's own HTTP confirmer ask the shop's status
-    #: endpoint over the network (``downstream.ProductConfirmer``), not the world's own.
+    #: The run's steps have the product's own HTTP confirmer ask the shop's status endpoint
+    #: over the network (``downstream.ProductConfirmer``), in every mode; without it a run has
+    #: the world's own confirmer where its scenario drew one.
     http_confirmer: bool = False
 
     @classmethod
@@ -112,7 +113,7 @@ class Options:
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.every(seed)``).
 NAMED_SHARE = 2
-#: One in this many of them has the product's HTTP confirmer, where the run has a confirmer.
+#: One in this many of them has the product's HTTP confirmer.
 HTTP_CONFIRMER_SHARE = 2
 
 
