@@ -21,19 +21,25 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.core.protocols import RunLock, Stores
+from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
-from keelgate.testing.sim.books import Books, Question
+from keelgate.testing.sim.books import Books, Effect, Question, Sent
+from keelgate.testing.sim.downstream import ProductConfirmer, Shop
+from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.people import CALM_PROMPT
 from keelgate.testing.sim.simulate import (
     CHAOS,
+    HTTP_CONFIRMER_SHARE,
     LIMIT,
+    NAMED_SHARE,
     SETTLING,
     STILL,
     Options,
     Stillness,
+    _routed,
     seed_of,
 )
 from keelgate.testing.sim.world import Schedule, World
@@ -853,7 +859,8 @@ def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_lat
     bug = next(b for b in UNSEEN_C if "max for min" in b.name)
     done = _simulator_on(
         planted(bug, tmp_path),
-        *("--seed", str(seed), "--mode", "local", "--store", "memory", "--every-move"),
+        *("--seed", str(seed), "--mode", "local", "--store", "memory"),
+        *("--late-shop", "--moves", "--slow-store", "--paged"),  # Options.whole(), no share
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "step5 hears the store's answer 4.6s late" in done.stdout
@@ -861,3 +868,149 @@ def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_lat
     clean = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
     assert clean.ok, "\n".join(clean.lines)
     assert any("step5 hears the store's answer 4.6s late" in line for line in clean.lines)
+
+
+class _Asking:
+    """A step process that asks its confirmer and is never held up (``network.Sender``)."""
+
+    name = "step1"
+    alive = True
+    congested = False  # its node in no network incident: the network draws its fate alone
+
+    def window(self, name: str) -> None:
+        pass
+
+    def late(self, call: object) -> None:
+        pass
+
+
+def _ask_the_shop(
+    choices: Sequence[int], *, received: str = "k1", took_effect: bool = True
+) -> tuple[bool | None, Books, World]:
+    """The product's HTTP confirmer asks the shop's status endpoint, over the simulated
+    network, about key ``k1`` of call ``p1``; the shop received a request of ``p1`` under
+    ``received``, which took effect or not; ``choices`` are the world's draws."""
+    world = World(Schedule(replay=choices))
+    books = Books(clocks=world.clocks)
+    network = Network(world, books)
+    shop = Shop(world, books)
+    network.servers["shop.sim"] = shop
+    network.senders["step1"] = _Asking()
+    endpoint = "POST http://shop.sim/orders"
+    books.sent.append(Sent(0.0, "step1", "p1", "request", endpoint, {}, received, reached=True))
+    if took_effect:
+        books.effects.append(Effect(0.0, "p1", "request", 0))
+    unknown = UnknownAction(action="1:0", tool="place_order", idempotency_key="k1")
+    with (
+        clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
+        _routed(network),
+        world.acting("step1"),
+    ):
+        verdict = ProductConfirmer(world, shop).confirm("shop", "restock", unknown, {"ref": "p1"})
+    return verdict, books, world
+
+
+@pytest.mark.parametrize(
+    ("choices", "took_effect", "received", "verdict"),
+    [
+        ((0, 0), True, "k1", True),  # {"executed": true}
+        ((0, 0), False, "k1", False),  # {"executed": false}
+        ((0, 1), True, "k1", None),  # no executed in the answer
+        ((0, 2), True, "k1", None),  # {"executed": null}
+        ((0, 999), False, "k0", None),  # a key the shop never received: 404
+        ((0, 0), False, "k0", False),  # ... or, as another shop says it, not executed
+        ((1,), True, "k1", None),  # the connection refused
+        ((2,), True, "k1", None),  # dropped after the question left
+        ((3,), True, "k1", None),  # no answer within the confirmer's time limit
+        ((4, 0), True, "k1", None),  # 500
+        ((5, 500, 0), True, "k1", True),  # a slow answer, within the limit
+        ((6, 0), True, "k1", None),  # answered, the answer lost on its way back
+    ],
+)
+def test_the_products_http_confirmer_reads_the_shops_status_answers(
+    choices: Sequence[int], took_effect: bool, received: str, verdict: bool | None
+) -> None:
+    """The product's own HTTP confirmer, over the simulated network, settles a call only on a
+    definite ``executed`` from the shop's status endpoint (answered from the shop's ledger:
+    the requests it received under the key, and whether their call took effect); every other
+    answer (none, no or a null ``executed``, a 404, a 5xx, silence, a dropped connection)
+    leaves it to a person. A definite answer that reached it goes into the world's books as the
+    confirmer's decision about the call the product asked of (its ref), as a person's does; no
+    other answer does (so a confirmer that reads one as a verdict settles on a decision the
+    books never saw: ``audit``)."""
+    said, books, world = _ask_the_shop(choices, received=received, took_effect=took_effect)
+    assert said is verdict
+    decided = [(d.by, d.action, d.ref, d.yes, d.source) for d in books.decisions]
+    if verdict is None:
+        assert decided == []
+        assert books.questions == []
+    else:
+        assert decided == [("http-confirmer", "1:0", "p1", verdict, "confirmer")]
+        assert [(q.to, q.ref) for q in books.questions] == [("http-confirmer", "p1")]
+    assert books.sent[1:] == []  # the question is no request of a call
+    if choices[0] == 3:
+        assert world.now >= 10.0  # it waited out its time limit on virtual time
+    if choices[0] == 5:
+        assert 0.0 < world.now < 10.0
+
+
+def test_make_sims_every_move_runs_draw_their_share_apart_from_the_world() -> None:
+    """``make sim`` (``--every-move``) turns on, in a share of its runs, the moves made only
+    when named (``delete``) and the product's HTTP confirmer, each drawn from a stream of its
+    own derived from the seed: the same seed draws the same, both shares are about their
+    size, and ``Options.every()`` without a seed (what the kept seeds replay) draws neither."""
+    assert Options.every() == Options(late_shop=True, moves=frozenset(MOVES))
+    drawn = [Options.whole(seed_of(index, 48)) for index in range(400)]
+    assert drawn == [Options.whole(seed_of(index, 48)) for index in range(400)]
+    named = sum(set(NAMED_MOVES) <= o.moves for o in drawn)
+    http = sum(o.http_confirmer for o in drawn)
+    assert 400 / NAMED_SHARE * 0.8 < named < 400 / NAMED_SHARE * 1.2
+    assert 400 / HTTP_CONFIRMER_SHARE * 0.8 < http < 400 / HTTP_CONFIRMER_SHARE * 1.2
+    assert all(o.late_shop and frozenset(MOVES) <= o.moves for o in drawn)
+    both = next(o for o in drawn if o.http_confirmer and "delete" in o.moves)
+    assert both.flags().endswith(",service-account --http-confirmer")
+    assert "delete" in both.flags()
+
+
+def test_make_sims_operator_runs_delete_approvals_and_keep_every_promise() -> None:
+    """``make sim``'s world (every move, the share of its seeds) deletes Approvals while the
+    operators are down in the operator-mode runs of its share, as ``--moves delete`` does:
+    its first seeds (base 0) include such a run, and the runs up to it keep every promise."""
+    for index in range(0, 120, 3):  # make sim's operator-mode runs
+        seed = seed_of(index, 0)
+        options = Options.whole(seed)
+        if "delete" not in options.moves:
+            continue
+        outcome = simulate(seed=seed, mode=_mode(index, "mix"), options=options)
+        assert outcome.ok, f"{seed}: " + "; ".join(map(str, outcome.violations))
+        if any("the operators are down; alice deletes" in line for line in outcome.lines):
+            return
+    raise AssertionError("no run of make sim's world deleted an Approval")
+
+
+#: A seed of ``make sim``'s share with the product's HTTP confirmer (base 48's second run, a
+#: monitor), where the shop answers the confirmer without saying ``executed``.
+HTTP_CONFIRMER_SEED = 17458454517407627921
+
+
+def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_path: Path) -> None:
+    """Set D's "the HTTP confirmer reads an answer without executed as not executed", out of
+    the simulator's reach while the world's confirmer was its own: on a seed of ``make
+    sim``'s share (``--every-move``) the product's HTTP confirmer settles a call "not executed"
+    on an answer that said nothing, a settlement the world's books never saw (``audit``); the
+    clean product keeps every promise there, its confirmer leaving that answer to a person."""
+    assert Options.whole(HTTP_CONFIRMER_SEED).http_confirmer
+    clean = simulate(
+        seed=HTTP_CONFIRMER_SEED, mode="monitor", options=Options.whole(HTTP_CONFIRMER_SEED)
+    )
+    assert clean.ok, "; ".join(map(str, clean.violations))
+    assert any("http-confirmer hears about" in line for line in clean.lines)
+    bug = next(b for b in UNSEEN_D if "without executed" in b.name)
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(HTTP_CONFIRMER_SEED), "--mode", "monitor", "--store", "memory"),
+        "--every-move",
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "settlement of" in done.stdout and "as abandoned, never made" in done.stdout
+    assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options

@@ -80,9 +80,17 @@ def _parser() -> argparse.ArgumentParser:
         help="A run stopped for a person pages someone, who looks within seconds (local mode).",
     )
     parse.add_argument(
+        "--http-confirmer",
+        action="store_true",
+        help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
+        "the world's own confirmer, in some runs).",
+    )
+    parse.add_argument(
         "--every-move",
         action="store_true",
-        help="All of the above, all moves (the kept seeds were found with --late-shop --moves).",
+        help="--late-shop, every move, late store answers and pages; a share of the runs (drawn "
+        "from each seed, apart from its world) also makes the named moves and has the HTTP "
+        "confirmer. The kept seeds were found with --late-shop --moves.",
     )
     return parse
 
@@ -116,23 +124,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = moves - set(known)
     if unknown:
         _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
-    options = (
-        Options.whole()
-        if args.every_move
-        else Options(
-            late_shop=args.late_shop,
-            moves=moves,
-            slow_store=args.slow_store,
-            paged=args.paged,
-        )
+    named = Options(
+        late_shop=args.late_shop,
+        moves=moves,
+        http_confirmer=args.http_confirmer,
+        slow_store=args.slow_store,
+        paged=args.paged,
     )
+
+    def options_of(seed: int | None) -> Options:
+        return Options.whole(seed) if args.every_move else named
+
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
         mode = args.mode if args.mode != "mix" else MODES[0]
         if args.replay is not None:
-            outcome = simulate(replay=decode(args.replay), store=store, mode=mode, options=options)
+            outcome = simulate(
+                replay=decode(args.replay), store=store, mode=mode, options=options_of(None)
+            )
         else:
-            outcome = simulate(seed=args.seed, store=store, mode=mode, options=options)
+            outcome = simulate(
+                seed=args.seed, store=store, mode=mode, options=options_of(args.seed)
+            )
         print("\n".join(outcome.lines))
         _show(outcome, args.seed, shrunk=None)
         return 0 if outcome.ok else 1
@@ -153,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed = seed_of(index, base)
         store = _kind(index, args.store, STORES, 4)
         mode = _mode(index, args.mode)
-        outcome = simulate(seed=seed, store=store, mode=mode, options=options)
+        outcome = simulate(seed=seed, store=store, mode=mode, options=options_of(seed))
         runs += 1
         if not outcome.ok:
             failures += 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import exit_code
 from keelgate.core.loop import Loop
-from keelgate.core.protocols import Stores, Tool
+from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import Outcome
 from keelgate.errors import KeelgateError, SimulatedCrash
@@ -35,7 +35,14 @@ from keelgate.runners.build import build_parts
 from keelgate.runners.step import StepRunner
 from keelgate.testing.sim.books import Books, ProcessLife
 from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.downstream import CALL_SECONDS, LateCall, ShopConfirmer, SimTool
+from keelgate.testing.sim.downstream import (
+    CALL_SECONDS,
+    LateCall,
+    ProductConfirmer,
+    Shop,
+    ShopConfirmer,
+    SimTool,
+)
 from keelgate.testing.sim.model import Planner, SimModel
 from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.stores import StoreSite
@@ -129,6 +136,10 @@ class Setting:
     faults: Faults
     tenant: str
     run: str
+    #: Whether the run's steps have the product's HTTP confirmer (``ProductConfirmer``) ask the
+    #: shop's status endpoint, whatever the scenario drew (which else decides whether they
+    #: have the world's own ``ShopConfirmer``).
+    http_confirmer: bool = False
 
 
 class StepProcess:
@@ -295,9 +306,12 @@ class StepProcess:
             for tool in parts.tools
         ]
         in_process = parts.model.name == "scripted"
-        confirmer = (
-            ShopConfirmer(self.world, self.books) if self.setting.desk.scenario.confirmer else None
-        )
+        confirmer: Confirmer | None = None
+        shop = self.setting.network.servers["shop.sim"]
+        if self.setting.http_confirmer and isinstance(shop, Shop):
+            confirmer = ProductConfirmer(self.world, shop)
+        elif self.setting.desk.scenario.confirmer:
+            confirmer = ShopConfirmer(self.world, self.books)
         return self.loop_kind(
             stores=stores,
             model=SimModel(self.setting.planner) if in_process else parts.model,
