@@ -72,11 +72,26 @@ class History:
         self.books.processes[name] = ProcessLife(at, self.books.next_order(), generation)
 
     def ask(
-        self, process: str = "step1", at: float = 1.0, *, iteration: int = 1, args: Any = ORDER
+        self,
+        process: str = "step1",
+        at: float = 1.0,
+        *,
+        iteration: int = 1,
+        args: Any = ORDER,
+        phase: str = "plan",
+        tokens: int = 0,
     ) -> None:
         intents = () if args is None else (Intent(str(args["ref"]), "place_order", dict(args)),)
         self.books.asks.append(
-            Ask(at, process, "plan", iteration, intents, order=self.books.next_order())
+            Ask(
+                at,
+                process,
+                phase,
+                iteration,
+                intents,
+                tokens=tokens,
+                order=self.books.next_order(),
+            )
         )
 
     def send(
@@ -214,6 +229,7 @@ def test_every_promise_has_its_own_checker() -> None:
         "waiting",
         "audit",
         "budget",
+        "spent",
         "replanned",
         "altered",
         "again",
@@ -600,6 +616,83 @@ def test_budget_sees_more_tokens_than_the_budget_and_one_call_allow() -> None:
     assert story.broken() == set()
     story.records.tokens = 111
     assert story.broken() == {"budget"}
+
+
+def _a_plan_past_the_token_budget(tokens: int, *, read: bool = False) -> History:
+    """Iteration 1 planned and verified (100 tokens each), iteration 2's plan (its answer 150
+    tokens: 350 in all) sent by step1 under a token budget of ``tokens``: place_order a WRITE,
+    or a READ."""
+    story = History()
+    story.books.specs[0] = SpecVersion(
+        1,
+        0.0,
+        {**manifest(**({"sideEffect": "READ"} if read else {})), "budget": {"tokens": tokens}},
+    )
+    story.ask(at=0.5, args={"sku": "B2", "qty": 1, "ref": "p0"}, tokens=100)
+    story.ask(at=0.8, phase="verify", args=None, tokens=100)
+    story.ask(at=1.0, iteration=2, tokens=150)
+    story.effect(story.send(at=2.0), noted=False)
+    story.event("loop.action_started", 1.5, action="2:0", idempotencyKey="kg-1")
+    story.event("loop.action_completed", 3.0, action="2:0", status="ok")
+    return story
+
+
+def test_spent_sees_a_call_of_the_plan_whose_answer_crossed_the_token_budget() -> None:
+    """The model's answer for iteration 2 took the run to 350 tokens: with a budget of 350 its
+    order may go; with 349 the answer is paid for and nothing of its plan runs, a READ no more
+    than a WRITE (the product judged by its own record would see no such thing: the world
+    counts what its model returned)."""
+    assert _a_plan_past_the_token_budget(350).broken() == set()
+    assert _a_plan_past_the_token_budget(349).broken() == {"spent"}
+    assert _a_plan_past_the_token_budget(349, read=True).broken() == {"spent"}
+
+
+def test_spent_counts_one_answer_for_each_plan_and_verdict() -> None:
+    """A plan asked twice (its first asker died before saving it) is recorded once: the
+    cheapest answer of each plan and verdict counts, so two answers of 200 tokens for one plan
+    leave a budget of 250 unspent, and pass one of 199."""
+    for budget, broken in ((250, set()), (199, {"spent"})):
+        story = History()
+        story.books.specs[0] = SpecVersion(1, 0.0, {**manifest(), "budget": {"tokens": budget}})
+        story.process("step0", 0.0)
+        story.ask("step0", at=0.2, tokens=200)
+        story.ask(at=1.0, tokens=200)
+        story.effect(story.send(at=2.0))
+        assert story.broken() == broken
+
+
+def test_spent_judges_each_process_by_the_budget_it_was_given() -> None:
+    """A budget raised after the plan (generation 2) lets the step given it send; lowered
+    after the plan, it holds back the step given it, not one still on the spec it started
+    with."""
+    raised = _a_plan_past_the_token_budget(300)
+    raised.spec(2, 1.2, {**manifest(), "budget": {"tokens": 1800}})
+    raised.books.processes["step1"].generation = 2
+    assert raised.broken() == set()
+    lowered = _a_plan_past_the_token_budget(1800)
+    lowered.spec(2, 1.2, {**manifest(), "budget": {"tokens": 300}})
+    assert lowered.broken() == set()
+    lowered.books.processes["step1"].generation = 2
+    assert lowered.broken() == {"spent"}
+
+
+def test_spent_sees_the_model_asked_once_a_budget_was_used_up() -> None:
+    """After iteration 1's plan and verdict used 200 tokens of a budget of 150, the model is
+    asked nothing more; with a limit of one iteration, no plan of a second is asked for."""
+    story = History()
+    story.books.specs[0] = SpecVersion(1, 0.0, {**manifest(), "budget": {"tokens": 150}})
+    story.ask(at=0.5, args=None, tokens=100)
+    story.ask(at=0.8, phase="verify", args=None, tokens=100)
+    assert story.broken() == set()
+    story.ask(at=1.0, iteration=2, args=None, tokens=100)
+    assert story.broken() == {"spent"}
+    story = History()
+    story.books.specs[0] = SpecVersion(1, 0.0, {**manifest(), "budget": {"maxIterations": 1}})
+    story.ask(at=0.5, args=None)
+    story.ask(at=0.8, phase="verify", args=None)
+    assert story.broken() == set()
+    story.ask(at=1.0, iteration=2, args=None)
+    assert story.broken() == {"spent"}
 
 
 def test_replanned_sees_a_step_asked_for_again_after_its_plan_was_acted_on() -> None:

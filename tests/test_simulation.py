@@ -25,8 +25,11 @@ from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
-from keelgate.testing.sim.books import Books, Effect, Question, Sent
+from keelgate.testing.sim.books import Books, Effect, Question, Sent, rule_of
+from keelgate.testing.sim.desk import Desk
 from keelgate.testing.sim.downstream import ProductConfirmer, Shop
+from keelgate.testing.sim.model import Question as ModelQuestion
+from keelgate.testing.sim.model import Scenario
 from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.people import CALM_PROMPT
@@ -603,10 +606,22 @@ def test_approvals_deleted_while_the_operators_are_down_keep_every_promise() -> 
         outcome = simulate(
             seed=seed_of(index, 4646), mode="operator", options=Options(moves=frozenset({"delete"}))
         )
-        if not any("the operators are down; alice deletes" in line for line in outcome.lines):
+        lines = outcome.lines
+        moved = [line for line in lines if "the operators are down; alice deletes" in line]
+        if not moved:
             continue
         assert outcome.ok, "; ".join(map(str, outcome.violations))
-        assert any("removes" in line and "finalizer: refused" in line for line in outcome.lines)
+        # The story is a deny made on the Approval in that moment: one whose decisions were
+        # recorded and released before (the run between stops) goes at once, nothing to hold.
+        denied = [
+            line
+            for line in moved
+            if f"{line.split()[0]} {line.split()[-1]}"
+            in {f"{d.split()[0]} {d.split()[-4][:-2]}" for d in lines if "approved: False" in d}
+        ]
+        if not denied:
+            continue
+        assert any("removes" in line and "finalizer: refused" in line for line in lines)
         made += 1
         if made == 3:
             return
@@ -1014,3 +1029,130 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     assert done.returncode == 1, done.stdout + done.stderr
     assert "settlement of" in done.stdout and "as abandoned, never made" in done.stdout
     assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options
+
+
+def _desk(seed: int) -> tuple[Desk, Schedule]:
+    """A run's desk whose place_order asks approval (its rule drawn from ``seed``)."""
+    schedule = Schedule(seed=seed)
+    world = World(schedule)
+    scenario = Scenario(
+        plans=(),
+        rejected=frozenset(),
+        approval=frozenset({"place_order"}),
+        max_iterations=None,
+        tokens=None,
+        confirmer=False,
+        input_tokens=100,
+        output_tokens=20,
+    )
+    return Desk(scenario, world, Books()), schedule
+
+
+def test_rule_edits_mostly_name_other_groups_and_draw_what_they_drew() -> None:
+    """A rule edit changes its one drawn field as before, with one draw more for its groups or
+    its expiry, and nothing else drawn (the run's later choices are drawn as before); from the
+    rest of its draw, most edits name other groups than the rule named, so an action planned
+    under one list and called under another is common (issue 48, set D: one edit in four
+    changed the groups, and 1,077 runs never met both lists), and notCreator, the expiry and
+    the count change with it now and then."""
+    others = not_creator = expiry = count = edits = 0
+    for seed in range(120):
+        desk, schedule = _desk(seed)
+        for _ in range(4):
+            before = rule_of(desk.tool("place_order") or {})
+            drawn = len(schedule.made)
+            desk.edit("rule place_order")
+            after = rule_of(desk.tool("place_order") or {})
+            which = schedule.made[drawn] % 4
+            assert len(schedule.made) - drawn == (2 if which in (1, 3) else 1)
+            edits += 1
+            others += bool(after.groups) and after.groups != before.groups
+            not_creator += which != 2 and after.not_creator != before.not_creator
+            expiry += which != 3 and after.expires_after != before.expires_after
+            count += which != 0 and after.required != before.required
+    assert others / edits > 0.6, others
+    assert min(not_creator, expiry, count) / edits > 0.1, (not_creator, expiry, count)
+
+
+def test_the_owner_names_other_groups_for_a_waiting_call_drawing_nothing() -> None:
+    """``Desk.regroup`` (a person waiting on an approval has the owner name other groups first)
+    turns a rule's named list into the other one, as a new generation, drawing nothing; a rule
+    naming no groups is left as it is."""
+    for seed in range(40):
+        desk, schedule = _desk(seed)
+        named = rule_of(desk.tool("place_order") or {}).groups
+        drawn, generation = len(schedule.made), desk.generation
+        desk.regroup("place_order")
+        assert len(schedule.made) == drawn
+        after = rule_of(desk.tool("place_order") or {}).groups
+        if not named:
+            assert (desk.generation, after) == (generation, ())
+            continue
+        assert desk.generation == generation + 1
+        assert after and after != named
+        assert {g for lists in (named, after) for g in lists[0]} == {
+            "payments-approvers",
+            "shop-devs",
+        }
+
+
+def test_in_a_run_with_a_token_budget_the_model_answers_at_length_now_and_then() -> None:
+    """The world's model answers most plans at length in a run with a token budget (a plain
+    answer costs less than the product's estimate of a request, so no call could cross the
+    budget), and books what each answer cost; a run without a token budget is as before."""
+    long = plain = 0
+    for seed in range(200):
+        scenario = Scenario.drawn(Schedule(seed=seed))
+        if scenario.tokens is None:
+            assert scenario.long_answers == frozenset()
+            continue
+        for iteration in range(1, 5):
+            asked = scenario.usage(ModelQuestion("plan", iteration, 0, False)).tokens
+            if iteration in scenario.long_answers:
+                assert asked == scenario.call_tokens > 500
+                long += 1
+            else:
+                assert asked == scenario.input_tokens + scenario.output_tokens
+                plain += 1
+        assert scenario.usage(ModelQuestion("verify", 1, 0, False)).tokens < 200
+    assert long > 2 * plain > 0
+
+
+#: Set D's bugs the simulator missed (docs/simulation.md, "Set D"), each with a seed that finds
+#: it now (bench/unseen_bugs.py --set D, base 48: run and seconds in the docs) and the promise
+#: broken there; the clean product keeps every promise on the same seed.
+SET_D_FOUND = (
+    (
+        "the token budget judged spent on input tokens only (a wrong field)",
+        671047883635681448,
+        "spent",
+    ),
+    (
+        "two rules combined drop the second list of groups (an off-by-one in stricter)",
+        12974425881302633549,
+        "unapproved",
+    ),
+)
+
+
+@pytest.mark.parametrize(("name", "seed", "rule"), SET_D_FOUND, ids=[f[0] for f in SET_D_FOUND])
+def test_set_d_bugs_once_missed_break_a_promise_on_their_seed(
+    name: str, seed: int, rule: str, tmp_path: Path
+) -> None:
+    """Planted into a copy of the package, each bug breaks its promise on its seed (local mode,
+    every move), judged from the world's books; the clean product keeps every promise there
+    (else finding it proves nothing)."""
+    bug = next(b for b in UNSEEN_D if b.name == name)
+    assert simulate(seed=seed, options=Options.every()).ok
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        "--seed",
+        str(seed),
+        "--mode",
+        "local",
+        "--store",
+        "memory",
+        "--every-move",
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"  {rule}: " in done.stdout, done.stdout[-2000:]

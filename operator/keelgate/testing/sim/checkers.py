@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
+    Ask,
     Books,
     Decision,
     Effect,
@@ -616,6 +617,97 @@ def budget(books: Books, records: Records) -> list[Violation]:
             Violation("budget", f"{records.tokens} tokens, budget at most {books.max_tokens}")
         )
     return found
+
+
+@checker("spent", "something was acted on, or the model asked, once a budget was used up")
+def spent(books: Books, records: Records) -> list[Violation]:
+    """Nothing further once a budget is used up (ADR-0004, budgets; ``core/budgets.py``).
+
+    Every model call's tokens are recorded with its answer (the plan's checkpoint, the
+    verdict's), and a run's checkpoints hold one answer for each plan and each verdict of its
+    iterations: so when a plan of iteration N is acted on, its run has recorded at least the
+    tokens of N plans and N - 1 verdicts, and when the model is asked, those of every answer
+    before it. The world knows what each answer cost (the model's own record), whatever the
+    run recorded. Once those tokens pass the token budget of the process that acts (the spec
+    it was given: edits take effect for a process as it starts), it calls no tool, READs
+    included, of that plan or any later one, and asks the model nothing more: the call that
+    crossed the budget is paid for, and its plan waits for a larger budget. The iteration
+    budget counts plans instead: no plan is asked for past it, and a plan asked for within it
+    is acted on whole (an iteration is judged before it is planned).
+    """
+    found: list[Violation] = []
+    for ask in books.asks:
+        budget = _budget(books, ask.process)
+        limit = budget.get("maxIterations")
+        if ask.phase == "plan" and limit is not None and ask.iteration > int(str(limit)):
+            found.append(
+                Violation(
+                    "spent",
+                    f"{ask.process} asked the model to plan iteration {ask.iteration} at "
+                    f"{ask.at:.1f}, its budget allowing {limit}",
+                )
+            )
+        tokens = budget.get("tokens")
+        if tokens is None:
+            continue
+        used = _recorded_before(books, ask)
+        if used > int(str(tokens)):
+            found.append(
+                Violation(
+                    "spent",
+                    f"{ask.process} asked the model ({ask.phase} {ask.iteration}) at "
+                    f"{ask.at:.1f} after {used} tokens, its budget {tokens}",
+                )
+            )
+    for sent in books.sent:
+        tokens = _budget(books, sent.process).get("tokens")
+        plans = books.plans_followed(sent) if sent.ref else []
+        if tokens is None or not plans:
+            continue
+        used = min(_recorded_with(books, plan) for plan in plans)
+        if used > int(str(tokens)):
+            found.append(
+                Violation(
+                    "spent",
+                    f"{_short(sent.ref)}{'' if sent.part == 'request' else f' ({sent.part})'} "
+                    f"sent by {sent.process} at {sent.at:.1f}, its plan (iteration "
+                    f"{plans[0].iteration}) made after {used} tokens, its budget {tokens}",
+                )
+            )
+    return found
+
+
+def _budget(books: Books, process: str) -> Mapping[str, object]:
+    """The budget of the spec ``process`` was given ({} if it is no version the owner kept)."""
+    version = books.spec(books.generation_of(process))
+    budget = None if version is None else version.manifest.get("budget")
+    return budget if isinstance(budget, Mapping) else {}
+
+
+def _recorded_with(books: Books, plan: Ask) -> int:
+    """The fewest tokens a run has recorded once it saved ``plan``: its iteration's plan and
+    every plan and verdict of the iterations before (the cheapest answer of each, asked by
+    then: the run records one of them)."""
+    return _cheapest(books, plan.order + 1, plans=plan.iteration, verdicts=plan.iteration - 1)
+
+
+def _recorded_before(books: Books, ask: Ask) -> int:
+    """The fewest tokens a run has recorded when it asks ``ask``: the answers of every plan and
+    verdict before it (a verdict follows its iteration's plan)."""
+    plans = ask.iteration - 1 if ask.phase == "plan" else ask.iteration
+    return _cheapest(books, ask.order, plans=plans, verdicts=ask.iteration - 1)
+
+
+def _cheapest(books: Books, before: int, *, plans: int, verdicts: int) -> int:
+    cheapest: dict[tuple[str, int], int] = {}
+    for ask in books.asks:
+        if ask.order >= before:
+            continue
+        slot = (ask.phase, ask.iteration)
+        cheapest[slot] = min(cheapest.get(slot, ask.tokens), ask.tokens)
+    return sum(cheapest.get(("plan", i), 0) for i in range(1, plans + 1)) + sum(
+        cheapest.get(("verify", i), 0) for i in range(1, verdicts + 1)
+    )
 
 
 # A plan is saved before it runs, and never asked for again

@@ -221,12 +221,34 @@ class Desk:
         self.world.say(f"spec edited: {what} (generation {self.generation + 1})")
         self._push(new)
 
+    def regroup(self, name: str) -> None:
+        """The run's owner names the other groups for the approvals of tool ``name``, whose
+        call the run waits on (a rule naming none, or no rule, is left as it is): the call was
+        planned under one list and is now asked of another, both in play. It draws nothing
+        from the schedule."""
+        tool = self.tool(name)
+        rule = None if tool is None else tool.get("approval")
+        named = tuple(sorted(rule.get("groups") or ())) if isinstance(rule, Mapping) else ()
+        if not named:
+            return
+        new = copy.deepcopy(self.manifest)
+        edited = next(t for t in new["tools"] if t["name"] == name)
+        edited["approval"]["groups"] = list(next(g for g in GROUP_CHOICES if g and g != named))
+        self.world.say(f"spec edited: groups of {name} (generation {self.generation + 1})")
+        self._push(new)
+
     def _change_rule(self, tool: dict[str, Any]) -> None:
-        """One of the rule's fields changes: its count, its groups, notCreator, its expiry."""
+        """The rule's fields change: one drawn from the schedule (its count, its groups,
+        notCreator, its expiry), and, as often as not, others with it (``_also_changed``): most
+        edits name other groups than the rule did, so that an action planned under one list
+        and called under another (both in play) is common, not a one-in-a-thousand story."""
         schedule = self.world.schedule
         rule = dict(tool.get("approval") or {"required": 1})
         tool.pop("requiresApproval", None)
-        which = schedule.pick(4)
+        # One draw, as ever (``pick(4)`` is its remainder): the rest of it decides the other
+        # fields, so that every later choice of the run is drawn as before the others were.
+        drawn = schedule.raw()
+        which = drawn % 4
         if which == 0:
             rule["required"] = 2 if int(rule.get("required", 1)) == 1 else 1
         elif which == 1:
@@ -242,7 +264,7 @@ class Desk:
             rule.pop("expiresAfter", None)
             if expires is not None:
                 rule["expiresAfter"] = f"{int(expires)}s"
-        tool["approval"] = rule
+        tool["approval"] = _also_changed(rule, drawn // 4, drawn=which)
 
     def _allow_all(self, manifest: dict[str, Any]) -> None:
         """Every side effect allowed again: by default for a task, by name for a monitor."""
@@ -267,3 +289,26 @@ class Desk:
         if any(v is None for v in values):
             return None
         return max(int(v) for v in values)
+
+
+def _also_changed(rule: dict[str, Any], bits: int, *, drawn: int) -> dict[str, Any]:
+    """``rule`` with the fields a rule edit changes besides the one it drew (``drawn``: 0 the
+    count, 1 the groups, 2 notCreator, 3 the expiry), read from ``bits`` (the rest of the
+    edit's own draw; 0, the calm draw, changes nothing more). Three edits in four name other
+    groups than the rule named (the other list, where it named one); one in four each turns
+    notCreator, the expiry and the count."""
+    changed = dict(rule)
+    if drawn != 1 and bits % 4:
+        named = tuple(sorted(changed.get("groups") or ()))
+        others = [g for g in GROUP_CHOICES if g and g != named]
+        changed["groups"] = list(others[(bits // 4) % len(others)])
+    if drawn != 2 and (bits >> 3) % 4 == 3 and changed.pop("notCreator", False) is False:
+        changed["notCreator"] = True
+    if drawn != 3 and (bits >> 5) % 4 == 3:
+        expires = EXPIRY_CHOICES[(bits >> 7) % len(EXPIRY_CHOICES)]
+        changed.pop("expiresAfter", None)
+        if expires is not None:
+            changed["expiresAfter"] = f"{int(expires)}s"
+    if drawn != 0 and (bits >> 9) % 4 == 3:
+        changed["required"] = 2 if int(changed.get("required", 1)) == 1 else 1
+    return changed

@@ -44,6 +44,11 @@ class Scenario:
     approvers: int = 1
     #: For some plans, the plan the model gives instead when asked for it a second time.
     again: Mapping[int, tuple[PlannedCall, ...]] = field(default_factory=dict)
+    #: The iterations whose plan the model answers at length, ``long_tokens`` of output more
+    #: (runs with a token budget only): the product's estimate before a call reads its input,
+    #: never its output, so only a long answer takes a run past its budget in one call.
+    long_answers: frozenset[int] = frozenset()
+    long_tokens: int = 0
 
     @classmethod
     def drawn(cls, schedule: Schedule) -> Scenario:
@@ -56,7 +61,15 @@ class Scenario:
         )
         limit = schedule.pick(3)
         max_iterations = None if limit == 0 else iterations + len(rejected) - 1 + limit
-        tokens = None if not schedule.chance(250) else 1500 + 200 * schedule.pick(10)
+        tokens: int | None = None
+        long_answers: frozenset[int] = frozenset()
+        long_tokens = 0
+        if schedule.chance(250):
+            # One draw, as ``pick(10)`` made it: its remainder is the budget, the rest of it
+            # says which answers are long (none for the calm draw).
+            drawn = schedule.raw()
+            tokens = 1500 + 200 * (drawn % 10)
+            long_answers, long_tokens = _long_answers(drawn // 10)
         confirmer = schedule.chance(300)
         input_tokens = 80 + 10 * schedule.pick(5)
         output_tokens = 20 + 10 * schedule.pick(4)
@@ -74,6 +87,8 @@ class Scenario:
             # runs that ask for approval.
             approvers=2 if approval and (output_tokens // 10) % 2 == 1 else 1,
             again=again,
+            long_answers=long_answers,
+            long_tokens=long_tokens,
         )
 
     @property
@@ -84,7 +99,27 @@ class Scenario:
 
     @property
     def call_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
+        """The most one answer costs (a long one, where the run has any)."""
+        longest = self.long_tokens if self.long_answers else 0
+        return self.input_tokens + self.output_tokens + longest
+
+    def usage(self, question: Question) -> Usage:
+        """What the model's answer to ``question`` costs, as it reports it."""
+        long = question.phase == "plan" and question.iteration in self.long_answers
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens + (self.long_tokens if long else 0),
+        )
+
+
+def _long_answers(bits: int) -> tuple[frozenset[int], int]:
+    """Which plans of a run with a token budget the model answers at length, and how many
+    tokens more, read from ``bits`` (none for the calm draw): three plans in four, 500 to 1,400
+    tokens more (a model that reasons aloud; a request's estimate in this world is 150 to 800
+    tokens, a plain answer 100 to 170): so a run reaches its budget, and one answer may cross
+    it."""
+    iterations = frozenset(i for i in range(1, 9) if (bits >> (2 * i)) % 4)
+    return iterations, (500 + 300 * (bits % 4)) if iterations else 0
 
 
 def _plan(schedule: Schedule, refs: dict[str, str]) -> tuple[PlannedCall, ...]:
@@ -130,10 +165,10 @@ class Planner:
 
     def answer(self, question: Question) -> ModelReply:
         scenario = self.scenario
-        usage = Usage(input_tokens=scenario.input_tokens, output_tokens=scenario.output_tokens)
+        usage = scenario.usage(question)
         if question.phase == "verify":
             reject = question.iteration in scenario.rejected and not question.rejected_before
-            self._book(question, (), done=False, verdict="reject" if reject else "accept")
+            self._book(question, (), usage, done=False, verdict="reject" if reject else "accept")
             if reject:
                 return ModelReply(verdict="reject", reason="try again", usage=usage)
             return ModelReply(usage=usage)
@@ -141,7 +176,7 @@ class Planner:
         self._asked[tick, question.iteration] += 1
         index = max(0, question.acted)
         if index >= len(scenario.plans):
-            self._book(question, (), done=True)
+            self._book(question, (), usage, done=True)
             return ModelReply(done=True, answer="restocked", usage=usage)
         plan = scenario.plans[index]
         if self._asked[tick, question.iteration] > 1 and index in scenario.again:
@@ -151,13 +186,14 @@ class Planner:
                 PlannedCall(c.tool, {**c.args, "ref": tick_ref(str(c.args["ref"]), tick)})
                 for c in plan
             )
-        self._book(question, plan, done=False)
+        self._book(question, plan, usage, done=False)
         return ModelReply(actions=plan, usage=usage)
 
     def _book(
         self,
         question: Question,
         plan: Sequence[PlannedCall],
+        usage: Usage,
         *,
         done: bool,
         verdict: str = "accept",
@@ -172,7 +208,7 @@ class Planner:
                 intents,
                 done,
                 verdict,
-                self.scenario.call_tokens,
+                usage.tokens,
                 self.books.next_order(),
                 run=self.ticks.get(self.world.actor, ""),
             )

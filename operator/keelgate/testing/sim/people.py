@@ -148,7 +148,16 @@ class People:
         stop = state.stop
         if stop.reason is StopReason.AWAITING_APPROVAL:
             for pending in state.pending:
-                if self.calm or not schedule.chance(300):
+                if self.calm:
+                    self._approve(loop, state, pending.action, pending.tool, pending.rule)
+                    continue
+                # One draw, as ever: its remainder says whether the person decides now (``not
+                # chance(300)``); one time in four, the rest of it has the run's owner name
+                # other groups for the tool first (``Desk.regroup``: both lists in play).
+                drawn = schedule.raw()
+                if (drawn // 1000) % 4 == 3:
+                    self.setting.desk.regroup(pending.tool)
+                if drawn % 1000 < 700:
                     self._approve(loop, state, pending.action, pending.tool, pending.rule)
             if self.setting.desk.moves and not self.calm and schedule.chance(300):
                 # The run's owner sends the tool somewhere else once its call is approved,
