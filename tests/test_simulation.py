@@ -1152,7 +1152,7 @@ def test_set_d_bugs_once_missed_break_a_promise_on_their_seed(
         "local",
         "--store",
         "memory",
-        "--every-move",
+        *("--late-shop", "--moves"),  # Options.every(): the world the seed was found in
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"  {rule}: " in done.stdout, done.stdout[-2000:]
