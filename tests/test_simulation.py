@@ -1156,3 +1156,18 @@ def test_set_d_bugs_once_missed_break_a_promise_on_their_seed(
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"  {rule}: " in done.stdout, done.stdout[-2000:]
+
+
+def test_calm_people_give_every_approval_a_rule_that_expires_needs_at_once() -> None:
+    """``make sim`` on main (base 1796597064, a monitor, ``waiting``): tick 3's notify needed two
+    approvals from payments-approvers, each counting for a minute, and the calm people (a look a
+    minute) gave one a look, each older than a minute when the next came, and then none (bob
+    and carol had approved before): the run waited for ever, asked again each time, the product
+    right. Now the people a rule asks agree on it together in the calm, and approve again when
+    the product asks again: the run finishes, and the two approvals come at one moment."""
+    seed = 9802991565184251092
+    outcome = simulate(seed=seed, mode="monitor", store="memory", options=Options.whole())
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    calm = [line.split() for line in outcome.lines if "approved 3:1 (notify)" in line]
+    moments = [float(words[0]) for words in calm if float(words[0]) > CHAOS]
+    assert any(moments.count(m) == 2 for m in moments), calm

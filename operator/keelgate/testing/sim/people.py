@@ -150,6 +150,7 @@ class People:
             for pending in state.pending:
                 if self.calm:
                     self._approve(loop, state, pending.action, pending.tool, pending.rule)
+                    self._approve_the_rest(loop, pending.action, pending.tool, pending.rule)
                     continue
                 # One draw, as ever: its remainder says whether the person decides now (``not
                 # chance(300)``); one time in four, the rest of it has the run's owner name
@@ -205,9 +206,29 @@ class People:
         by = PEOPLE[schedule.pick(len(PEOPLE))]
         if self.calm:
             fit = [p for p in PEOPLE if p not in given and counts(p, rule, creator)]
+            # Everyone who counts approved once already, and the product asks again (their
+            # approvals grew too old): one of them approves again.
+            fit = fit or [p for p in PEOPLE if counts(p, rule, creator)]
             if fit and by not in fit:
                 by = fit[schedule.pick(len(fit))]
         return by
+
+    def _approve_the_rest(
+        self, loop: Loop, action: str, tool: str, rule: ApprovalRule | None
+    ) -> None:
+        """In the calm, approvals that expire and more than one of them needed: the people the
+        rule asks agree on it together (a call, a chat), so that all it needs are given within
+        its time, not one a look while the first grows too old."""
+        if rule is None or rule.expires_after is None or rule.required < 2:
+            return
+        for _ in range(rule.required - 1):
+            try:
+                state = patiently(lambda: loop.state(self.setting.tenant, self.run))
+            except KeelgateError:
+                return
+            if state is None or not any(p.action == action for p in state.pending):
+                return
+            self._approve(loop, state, action, tool, rule)
 
     def _approve(
         self, loop: Loop, state: RunState, action: str, tool: str, rule: ApprovalRule | None
