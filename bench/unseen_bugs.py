@@ -4,8 +4,9 @@ by someone who had not read the simulator), ``unseen_bugs_c.py`` (set C, the sam
 after the simulator was extended for A and B), ``unseen_bugs_d.py`` (set D, the same, spread
 over the product's floors) and ``unseen_bugs_e.py`` (set E, the same, written while the
 simulator was extended for D's misses, never shown to those extending it) is planted into a
-temporary copy of the package, the simulator runs on the copy for ``--seconds`` (120 by default) from a fixed base of seeds, and the
-first broken promise that the clean product does not also break counts as found.
+temporary copy of the package, the simulator runs on the copy for ``--seconds`` (120 by
+default) from a fixed base of seeds, and the first broken promise that the clean product does
+not also break counts as found.
 
 Why it exists: a number beats a claim. A failing seed is replayed on the clean package before it
 counts (a promise the product breaks on main, with a move of issue 46 say, is no finding of the
