@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
         help="A run stopped for a person pages someone, who looks within seconds (local mode).",
     )
     parse.add_argument(
+        "--rejection-limit",
+        action="store_true",
+        help="The run's spec limits the verifier's rejections to one or two (raised and "
+        "lowered with the budget).",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -88,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--every-move",
         action="store_true",
-        help="--late-shop, every move, late store answers and pages; a share of the runs (drawn "
-        "from each seed, apart from its world) also makes the named moves and has the HTTP "
-        "confirmer. The kept seeds were found with --late-shop --moves.",
+        help="--late-shop, every move, late store answers, pages and a rejection limit; a "
+        "share of the runs (drawn from each seed, apart from its world) also makes the named "
+        "moves and has the HTTP confirmer. The kept seeds were found with --late-shop --moves.",
     )
     return parse
 
@@ -130,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         http_confirmer=args.http_confirmer,
         slow_store=args.slow_store,
         paged=args.paged,
+        rejection_limit=args.rejection_limit,
     )
 
     def options_of(seed: int | None) -> Options:

@@ -799,3 +799,83 @@ def _same(planned: object, sent: object) -> bool:
         text = ("true" if planned else "false") if isinstance(planned, bool) else str(planned)
         return text == sent
     return False
+
+
+# The verifier's limit
+
+
+#: The limit on a run's rejections where its spec names none (``budget.maxVerifierRejections``'s
+#: default in the contract and the CRD; a null, as the owner may write it, means no limit).
+DEFAULT_REJECTIONS = 3
+
+
+@checker("rejected", "a run went on after the verifier rejected it as often as its limit allows")
+def rejected(books: Books, records: Records) -> list[Violation]:
+    """The verifier's limit (ADR-0004, budgets; ``core/phases.py``, ``RunState.continues_under``):
+    each rejection a run records counts, over the whole run; the one that brings the count to
+    the limit of the spec its process was given stops the run for good, and only a spec whose
+    limit lies above the count lets a resume go on. A limit lowered while a run goes on is met
+    at its next rejection.
+
+    Judged from the world's model alone: a run that asks for the plan of iteration N + 1 has
+    recorded a verdict for every iteration up to N, one the model gave by then; where every
+    verdict it gave for an iteration was a rejection, the run recorded a rejection for it. So
+    the rejections of the iterations whose every verdict was one are a count the run reached at
+    least (``_rejections_before``). Where every process the model rejected iteration N for was
+    given a limit within that count, whichever of them recorded it stopped the run there; a
+    process that then asks for the plan of iteration N + 1 under a limit within the count broke
+    the promise. Nothing of a plan is sent before the plan is asked for, so the plans judge
+    the sends too."""
+    found: list[Violation] = []
+    for ask in books.asks:
+        if ask.phase != "plan" or ask.iteration < 2:
+            continue
+        verdicts = _verdicts(books, ask, ask.iteration - 1)
+        if not verdicts or any(v.verdict != "reject" for v in verdicts):
+            continue
+        count = _rejections_before(books, ask)
+        if not all(_stops_at(books, v.process, count) for v in verdicts):
+            continue  # a process that rejection did not stop may have recorded it
+        if not _stops_at(books, ask.process, count):
+            continue  # its limit above the count (or none): a resume goes on
+        limit = _budget(books, ask.process).get("maxVerifierRejections", DEFAULT_REJECTIONS)
+        found.append(
+            Violation(
+                "rejected",
+                f"{ask.process} asked the model to plan iteration {ask.iteration} at "
+                f"{ask.at:.1f} after {count} rejection(s), its limit {limit}",
+            )
+        )
+    return found
+
+
+def _stops_at(books: Books, process: str, count: int) -> bool:
+    """Whether ``process`` stops a run (or keeps it stopped) at ``count`` rejections: the spec
+    it was given has a limit within the count (False for a spec the owner never kept: its
+    limit is not known)."""
+    if books.spec(books.generation_of(process)) is None:
+        return False
+    limit = _budget(books, process).get("maxVerifierRejections", DEFAULT_REJECTIONS)
+    return limit is not None and int(str(limit)) <= count
+
+
+def _verdicts(books: Books, ask: Ask, iteration: int) -> list[Ask]:
+    """The verdicts the model gave for ``iteration`` of ``ask``'s run before ``ask``."""
+    return [
+        a
+        for a in books.asks
+        if a.phase == "verify"
+        and a.run == ask.run
+        and a.iteration == iteration
+        and a.order < ask.order
+    ]
+
+
+def _rejections_before(books: Books, ask: Ask) -> int:
+    """The rejections ``ask``'s run had recorded at least when it asked (a plan's ask): those
+    of the iterations before it whose every verdict given by then was a rejection."""
+    count = 0
+    for iteration in range(1, ask.iteration):
+        verdicts = _verdicts(books, ask, iteration)
+        count += bool(verdicts) and all(v.verdict == "reject" for v in verdicts)
+    return count

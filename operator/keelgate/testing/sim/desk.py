@@ -67,6 +67,10 @@ class Desk:
     #: A monitor (``loop: monitor``, a tick a minute) allowed every side effect, as a monitor
     #: that restocks is (a monitor's default is READ only).
     monitor: bool = False
+    #: The run's spec names a limit on the verifier's rejections, one or two, that the budget
+    #: edits raise and lower (the default of three is met by a run only now and then): drawn
+    #: only with it on, so that the worlds of the kept seeds draw as they did.
+    rejection_limit: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     _kept: list[dict[str, Any]] = field(default_factory=list)
     _recorded: tuple[int, LoopSpec] | None = None
@@ -96,6 +100,8 @@ class Desk:
             if name in scenario.approval:
                 tool.update(self._drawn_rule())
             tools.append(tool)
+        if self.rejection_limit:
+            budget["maxVerifierRejections"] = 1 + schedule.pick(2)
         self._push(
             {
                 "goal": "Restock the shelves",
@@ -204,11 +210,15 @@ class Desk:
                 budget["maxIterations"] += 2
             if "tokens" in budget:
                 budget["tokens"] += 1500
+            if "maxVerifierRejections" in budget:
+                budget["maxVerifierRejections"] += 1
         elif what == "lower budget":
             if "maxIterations" in budget:
                 budget["maxIterations"] = max(1, budget["maxIterations"] - 1)
             if "tokens" in budget:
                 budget["tokens"] = max(200, budget["tokens"] - 500)
+            if "maxVerifierRejections" in budget:
+                budget["maxVerifierRejections"] = max(1, budget["maxVerifierRejections"] - 1)
         elif what == "place_order url":
             http = tools["place_order"].get("http")
             if http is not None:

@@ -86,6 +86,9 @@ class Options:
     slow_store: bool = False
     #: A run stopped for a person pages someone, who looks within seconds (local mode).
     paged: bool = False
+    #: The run's spec names a limit on the verifier's rejections (one or two, raised and
+    #: lowered with the budget), so that runs meet it: the default of three rarely is.
+    rejection_limit: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -103,7 +106,9 @@ class Options:
         run prints its flags, which replay it without drawing the share again)."""
         moves = frozenset(MOVES)
         if seed is None:
-            return cls(late_shop=True, moves=moves, slow_store=True, paged=True)
+            return cls(
+                late_shop=True, moves=moves, slow_store=True, paged=True, rejection_limit=True
+            )
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
         return cls(
@@ -112,6 +117,7 @@ class Options:
             http_confirmer=http,
             slow_store=True,
             paged=True,
+            rejection_limit=True,
         )
 
     def flags(self) -> str:
@@ -120,6 +126,8 @@ class Options:
             said.append("--slow-store")
         if self.paged:
             said.append("--paged")
+        if self.rejection_limit:
+            said.append("--rejection-limit")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
@@ -237,7 +245,12 @@ def _simulate(
 
     site.lose_answer = lose_answer
     desk = Desk(
-        scenario, world, books, moves="definition" in options.moves, monitor=mode == "monitor"
+        scenario,
+        world,
+        books,
+        moves="definition" in options.moves,
+        monitor=mode == "monitor",
+        rejection_limit=options.rejection_limit,
     )
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
