@@ -80,6 +80,7 @@ class History:
         args: Any = ORDER,
         phase: str = "plan",
         tokens: int = 0,
+        verdict: str = "accept",
     ) -> None:
         intents = () if args is None else (Intent(str(args["ref"]), "place_order", dict(args)),)
         self.books.asks.append(
@@ -89,6 +90,7 @@ class History:
                 phase,
                 iteration,
                 intents,
+                verdict=verdict,
                 tokens=tokens,
                 order=self.books.next_order(),
             )
@@ -233,6 +235,7 @@ def test_every_promise_has_its_own_checker() -> None:
         "replanned",
         "altered",
         "again",
+        "rejected",
     }
 
 
@@ -969,3 +972,81 @@ def test_admission_gives_each_added_decision_its_identity_and_the_definition_sho
         "Approval", BASE, {**BASE, "approved": True, "by": "bob"}, version="5", shown=""
     )
     assert after["decisionId"] == "5"
+
+
+def _rejected_twice(budget: Mapping[str, Any] | None) -> History:
+    """step1 plans iteration 1 and the verifier rejects it, then iteration 2, rejected too,
+    under a spec whose budget is ``budget`` (None: no budget named)."""
+    story = History()
+    story.books.specs[0] = SpecVersion(
+        1, 0.0, {**manifest(), **({} if budget is None else {"budget": dict(budget)})}
+    )
+    for iteration in (1, 2):
+        story.ask(at=iteration, iteration=iteration, args=None)
+        story.ask(
+            at=iteration + 0.5, iteration=iteration, phase="verify", args=None, verdict="reject"
+        )
+    return story
+
+
+def test_rejected_sees_a_run_plan_on_after_the_rejection_that_reached_its_limit() -> None:
+    """A limit of two rejections: the second stops the run for good, so the model asked for
+    iteration 3's plan breaks the promise (a loop that stops only once the limit is passed);
+    under a limit of three, or with the model not asked again, nothing is broken."""
+    stopped = _rejected_twice({"maxVerifierRejections": 2})
+    assert stopped.broken() == set()
+    stopped.ask(at=3.0, iteration=3, args=None)
+    assert stopped.broken() == {"rejected"}
+    going_on = _rejected_twice({"maxVerifierRejections": 3})
+    going_on.ask(at=3.0, iteration=3, args=None)
+    assert going_on.broken() == set()
+
+
+def test_rejected_reads_no_limit_named_as_three_and_a_null_as_none() -> None:
+    """A spec naming no limit has the contract's default of three (two rejections leave the
+    run going, a third stops it); ``maxVerifierRejections: null`` is no limit at all."""
+    default = _rejected_twice(None)
+    default.ask(at=3.0, iteration=3, args=None)
+    assert default.broken() == set()
+    default.ask(at=3.5, iteration=3, phase="verify", args=None, verdict="reject")
+    default.ask(at=4.0, iteration=4, args=None)
+    assert default.broken() == {"rejected"}
+    unlimited = _rejected_twice({"maxVerifierRejections": None})
+    unlimited.ask(at=3.0, iteration=3, args=None)
+    assert unlimited.broken() == set()
+
+
+def test_rejected_lets_a_raised_limit_resume_and_meets_a_lowered_one_at_the_next_rejection() -> (
+    None
+):
+    """Stopped at a limit of two, the run goes on for a step given a spec raising it to three
+    (and not for one still on the old spec). A limit lowered to one after a rejection recorded
+    under three stops nothing at once (the run met no rejection under it): the run plans on,
+    and it is the next rejection that stops it."""
+    raised = _rejected_twice({"maxVerifierRejections": 2})
+    raised.spec(2, 2.8, {**manifest(), "budget": {"maxVerifierRejections": 3}})
+    raised.process("step2", 2.9, generation=2)
+    raised.ask("step2", at=3.0, iteration=3, args=None)
+    assert raised.broken() == set()
+    raised.process("step3", 3.1, generation=1)
+    raised.ask("step3", at=3.2, iteration=3, args=None)
+    assert raised.broken() == {"rejected"}
+    lowered = _rejected_twice({"maxVerifierRejections": 3})
+    lowered.spec(2, 2.8, {**manifest(), "budget": {"maxVerifierRejections": 1}})
+    lowered.process("step2", 2.9, generation=2)
+    lowered.ask("step2", at=3.0, iteration=3, args=None)
+    assert lowered.broken() == set()
+    lowered.ask("step2", at=3.5, iteration=3, phase="verify", args=None, verdict="reject")
+    lowered.ask("step2", at=4.0, iteration=4, args=None)
+    assert lowered.broken() == {"rejected"}
+
+
+def test_rejected_counts_an_iteration_only_where_every_verdict_given_was_a_rejection() -> None:
+    """Iteration 2 was judged twice (its first verdict's asker died before saving it), once
+    accepted: the run may have recorded the acceptance, so only one rejection is sure and a
+    limit of two does not stop it."""
+    story = _rejected_twice({"maxVerifierRejections": 2})
+    story.process("step0", 0.0)
+    story.ask("step0", at=2.7, iteration=2, phase="verify", args=None)
+    story.ask(at=3.0, iteration=3, args=None)
+    assert story.broken() == set()

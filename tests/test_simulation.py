@@ -1031,8 +1031,9 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options
 
 
-def _desk(seed: int) -> tuple[Desk, Schedule]:
-    """A run's desk whose place_order asks approval (its rule drawn from ``seed``)."""
+def _desk(seed: int, *, rejection_limit: bool = False) -> tuple[Desk, Schedule]:
+    """A run's desk whose place_order asks approval (its rule drawn from ``seed``), its spec
+    limiting the verifier's rejections with ``rejection_limit``."""
     schedule = Schedule(seed=seed)
     world = World(schedule)
     scenario = Scenario(
@@ -1045,7 +1046,7 @@ def _desk(seed: int) -> tuple[Desk, Schedule]:
         input_tokens=100,
         output_tokens=20,
     )
-    return Desk(scenario, world, Books()), schedule
+    return Desk(scenario, world, Books(), rejection_limit=rejection_limit), schedule
 
 
 def test_rule_edits_mostly_name_other_groups_and_draw_what_they_drew() -> None:
@@ -1171,3 +1172,65 @@ def test_calm_people_give_every_approval_a_rule_that_expires_needs_at_once() -> 
     calm = [line.split() for line in outcome.lines if "approved 3:1 (notify)" in line]
     moments = [float(words[0]) for words in calm if float(words[0]) > CHAOS]
     assert any(moments.count(m) == 2 for m in moments), calm
+
+
+#: A seed of ``make sim``'s world on which set E's rejection limit passed (``>`` for ``>=``)
+#: breaks a promise: operator mode, memory store.
+REJECTION_LIMIT_SEED = 5686236089204240597
+
+
+def test_a_rejection_limit_is_drawn_only_in_the_whole_world_and_moves_with_the_budget() -> None:
+    """With ``rejection_limit`` (the whole world's) the run's spec limits the verifier's
+    rejections to one or two, drawn last of the desk's choices (one draw more, the others as
+    before); a budget raised raises it by one, lowered lowers it, never below one. Without it
+    the spec names no limit (the product's default of three) and the desk draws what it drew,
+    so the kept seeds' stories stay."""
+    limits: set[int] = set()
+    for seed in range(40):
+        plain, drawn = _desk(seed)
+        limited, drawn_limited = _desk(seed, rejection_limit=True)
+        assert "maxVerifierRejections" not in plain.manifest["budget"]
+        assert drawn_limited.made[:-1] == drawn.made
+        limit = limited.manifest["budget"]["maxVerifierRejections"]
+        limits.add(limit)
+        limited.edit("raise budget")
+        assert limited.manifest["budget"]["maxVerifierRejections"] == limit + 1
+        for _ in range(3):
+            limited.edit("lower budget")
+        assert limited.manifest["budget"]["maxVerifierRejections"] == 1
+    assert limits == {1, 2}
+
+
+def test_whole_world_runs_meet_their_rejection_limit_and_keep_every_promise() -> None:
+    """In the whole world runs stop for the verifier's rejections (a limit of one or two is met
+    by a run with a rejection or two, where the default of three hardly ever was), and the
+    clean product keeps every promise, ``rejected`` among them."""
+    stopped = 0
+    for index in range(24):
+        outcome = simulate(
+            seed=seed_of(index, 7), store="memory", mode="local", options=Options.whole()
+        )
+        assert outcome.ok, "\n".join(outcome.lines)
+        stopped += any('"reason":"verifier_rejections"' in line for line in outcome.lines)
+    assert stopped >= 3, stopped
+
+
+def test_a_rejection_limit_let_past_by_one_is_found(tmp_path: Path) -> None:
+    """Set E's verifier limit that stops a run only once it is passed (``>`` for ``>=``): the
+    run's spec allows one rejection, the verifier rejects iteration 1, and the step asks the
+    model for iteration 2's plan (``rejected``). The clean product stops there, the run Failed
+    for the verifier's rejections, and keeps every promise on the same seed."""
+    bug = next(b for b in UNSEEN_E if "rejection limit" in b.name)
+    where = ("--seed", str(REJECTION_LIMIT_SEED), "--mode", "operator", "--store", "memory")
+    done = _simulator_on(planted(bug, tmp_path), *where, "--every-move")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rejected: a run went on after the verifier rejected it" in done.stdout
+    assert "plan iteration 2 at 12.7 after 1 rejection(s), its limit 1" in done.stdout
+    clean = simulate(
+        seed=REJECTION_LIMIT_SEED,
+        store="memory",
+        mode="operator",
+        options=Options.whole(REJECTION_LIMIT_SEED),
+    )
+    assert clean.ok, "\n".join(clean.lines)
+    assert any("ends Failed verifier_rejections" in line for line in clean.lines)

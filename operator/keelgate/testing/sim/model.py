@@ -51,11 +51,13 @@ class Scenario:
     long_tokens: int = 0
 
     @classmethod
-    def drawn(cls, schedule: Schedule) -> Scenario:
+    def drawn(cls, schedule: Schedule, *, rejections: int = 150) -> Scenario:
+        """One story from ``schedule``; the verifier rejects each iteration with ``rejections``
+        in a thousand (the same draws whatever its value)."""
         refs: dict[str, str] = {}
         iterations = 1 + schedule.pick(4)
         plans = tuple(_plan(schedule, refs) for _ in range(iterations))
-        rejected = frozenset(i + 1 for i in range(iterations) if schedule.chance(150))
+        rejected = frozenset(i + 1 for i in range(iterations) if schedule.chance(rejections))
         approval = frozenset(
             tool for tool in ("place_order", "notify", "pay") if schedule.chance(300)
         )
