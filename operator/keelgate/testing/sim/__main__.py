@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
         "lowered with the budget).",
     )
     parse.add_argument(
+        "--mcp-often",
+        action="store_true",
+        help="place_order is an MCP tool in half the runs (not a quarter), notify in half too.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -94,9 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--every-move",
         action="store_true",
-        help="--late-shop, every move, late store answers, pages and a rejection limit; a "
-        "share of the runs (drawn from each seed, apart from its world) also makes the named "
-        "moves and has the HTTP confirmer. The kept seeds were found with --late-shop --moves.",
+        help="--late-shop, every move, late store answers, pages, a rejection limit and MCP "
+        "more often; a share of the runs (drawn from each seed, apart from its world) also "
+        "makes the named moves and has the HTTP confirmer. The kept seeds were found with "
+        "--late-shop --moves.",
     )
     return parse
 
@@ -137,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slow_store=args.slow_store,
         paged=args.paged,
         rejection_limit=args.rejection_limit,
+        mcp_often=args.mcp_often,
     )
 
     def options_of(seed: int | None) -> Options:

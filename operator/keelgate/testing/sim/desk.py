@@ -7,7 +7,8 @@ must know what was asked of each call then. ``Desk`` holds the current manifest 
 of it, numbered as ``metadata.generation`` numbers them, each booked with the moment it came into
 force (``Books.specs``); the local driver records it in the store before each step (as the
 operator does), the operator mode writes it into the AgentRun. The manifest's tools are the
-shop's: ``place_order`` over HTTP or, in some runs, MCP; ``notify`` and ``check_stock`` over HTTP;
+shop's: ``place_order`` over HTTP or, in some runs, MCP; ``notify`` the same in the whole world
+(over HTTP in the kept seeds' world); ``check_stock`` over HTTP;
 ``pay`` a Python function; its model reached in process or over HTTP (OpenAI or Anthropic).
 """
 
@@ -71,6 +72,9 @@ class Desk:
     #: edits raise and lower (the default of three is met by a run only now and then): drawn
     #: only with it on, so that the worlds of the kept seeds draw as they did.
     rejection_limit: bool = False
+    #: The shop's MCP server is used more: ``place_order`` is an MCP tool in half the runs (not
+    #: a quarter), and ``notify`` in half of them too (a draw made only with it on).
+    mcp_often: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     _kept: list[dict[str, Any]] = field(default_factory=list)
     _recorded: tuple[int, LoopSpec] | None = None
@@ -82,8 +86,10 @@ class Desk:
             budget["maxIterations"] = scenario.max_iterations
         if scenario.tokens is not None:
             budget["tokens"] = scenario.tokens
-        place_order_over_mcp = schedule.chance(250)
+        over_mcp = {"place_order"} if schedule.chance(500 if self.mcp_often else 250) else set()
         self.model_face = MODEL_FACES[schedule.pick(len(MODEL_FACES))]
+        if self.mcp_often and schedule.chance(500):
+            over_mcp.add("notify")
         tools = []
         for name, side_effect in TOOLS:
             tool: dict[str, Any] = {
@@ -93,7 +99,7 @@ class Desk:
             }
             if name == "pay":
                 tool["python"] = {"callable": PAY_CALLABLE}
-            elif name == "place_order" and place_order_over_mcp:
+            elif name in over_mcp:
                 tool.update(mcp_tool(name))
             else:
                 tool.update(http_tool(name))

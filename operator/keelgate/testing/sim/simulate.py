@@ -90,6 +90,10 @@ class Options:
     #: lowered with the budget), and the verifier rejects an iteration in ten more often
     #: (three in ten), so that runs meet it: the default of three rarely is.
     rejection_limit: bool = False
+    #: The shop's MCP server is used more (``place_order`` over MCP in half the runs, not a
+    #: quarter, and ``notify`` in half of them): its exchanges meet the faults the HTTP tool's
+    #: do (late claims, held requests) as often.
+    mcp_often: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -108,7 +112,12 @@ class Options:
         moves = frozenset(MOVES)
         if seed is None:
             return cls(
-                late_shop=True, moves=moves, slow_store=True, paged=True, rejection_limit=True
+                late_shop=True,
+                moves=moves,
+                slow_store=True,
+                paged=True,
+                rejection_limit=True,
+                mcp_often=True,
             )
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
@@ -119,6 +128,7 @@ class Options:
             slow_store=True,
             paged=True,
             rejection_limit=True,
+            mcp_often=True,
         )
 
     def flags(self) -> str:
@@ -129,6 +139,8 @@ class Options:
             said.append("--paged")
         if self.rejection_limit:
             said.append("--rejection-limit")
+        if self.mcp_often:
+            said.append("--mcp-often")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
@@ -191,7 +203,7 @@ def simulate(
 @contextmanager
 def _routed(network: Network) -> Iterator[None]:
     """Every adapter's requests go to the simulated network."""
-    tools = {"place_order": "place an order"}
+    tools = {"place_order": "place an order", "notify": "tell the shop's staff"}
 
     def route(url: str, library: str) -> Any:
         shop = network.servers.get("shop.sim")
@@ -253,6 +265,7 @@ def _simulate(
         moves="definition" in options.moves,
         monitor=mode == "monitor",
         rejection_limit=options.rejection_limit,
+        mcp_often=options.mcp_often,
     )
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
