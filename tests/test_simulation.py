@@ -1234,3 +1234,19 @@ def test_a_rejection_limit_let_past_by_one_is_found(tmp_path: Path) -> None:
     )
     assert clean.ok, "\n".join(clean.lines)
     assert any("ends Failed verifier_rejections" in line for line in clean.lines)
+
+
+def test_a_run_failed_on_the_verifiers_limit_is_not_over_while_a_raised_limit_resumes_it() -> None:
+    """The world took a run Failed for the verifier's rejections as over, and stopped its
+    operators, though the spec's limit had been raised while the step that stopped it was held
+    up (219.6 s): the operator had already recorded the next step, whose pod then ran with no
+    operator left (``waiting``, "Running failed"). The run is over only once no step is
+    intended either; on the same seed the resumed run goes on and keeps every promise. The
+    kept operator seeds' stories do not move (no kept run ends so)."""
+    seed = 6621456869021822887
+    outcome = simulate(seed=seed, store="memory", mode="operator", options=Options.whole(seed))
+    assert outcome.ok, "\n".join(outcome.lines)
+    lines = outcome.lines
+    failed = next(i for i, line in enumerate(lines) if "ends Failed verifier_rejections" in line)
+    assert any("restock-s5-a1 starts" in line for line in lines[failed:])
+    assert any('"from":"verifier_rejections"' in line for line in lines)

@@ -242,10 +242,17 @@ class Cluster:
             operator.stop()
 
     def finished(self) -> bool:
+        """The run is over: Succeeded or Failed, no step running, and none intended. A run
+        Failed on the verifier's limit goes on once its spec's limit lies above its count (an
+        edit made while a step held up stopped it, say): its operator then records a step
+        (``status.step``, Pending) before the pod exists, the phase still Failed."""
         body = self.api.get("AgentRun", self.setting.tenant, self.setting.run)
-        phase = ((body or {}).get("status") or {}).get("phase")
-        return phase in ("Succeeded", "Failed") and not any(
-            p.alive for p in self.processes.values()
+        status = (body or {}).get("status") or {}
+        intended = (status.get("step") or {}).get("state") == "Pending"
+        return (
+            status.get("phase") in ("Succeeded", "Failed")
+            and not intended
+            and not any(p.alive for p in self.processes.values())
         )
 
     # The kubelet
