@@ -1050,3 +1050,19 @@ def test_rejected_counts_an_iteration_only_where_every_verdict_given_was_a_rejec
     story.ask("step0", at=2.7, iteration=2, phase="verify", args=None)
     story.ask(at=3.0, iteration=3, args=None)
     assert story.broken() == set()
+
+
+def test_a_person_is_shown_the_tool_as_the_step_that_stopped_the_run_to_ask_defined_it() -> None:
+    """step1 (the POST) stopped the run for an approval (exit 3); the owner then made the tool
+    a DELETE, and step2, started under it, lost its store and ended (exit 5) having recorded
+    nothing. ``keelgate pending`` still shows step1's stop: the person approves the POST, and
+    the oracle judges the approval so (it took step2's DELETE before: seed
+    15482323029717145780, monitor, an approval of the POST read as none)."""
+    story = History()
+    story.spec(2, 1.0, manifest(http={"method": "DELETE", "url": "http://shop.sim/orders"}))
+    story.books.processes["step1"].ended, story.books.processes["step1"].code = 0.5, 3
+    story.process("step2", 1.5, generation=2)
+    story.books.processes["step2"].ended, story.books.processes["step2"].code = 1.6, 5
+    assert story.books.shown("place_order", 2.0, None) == ORDERS
+    story.books.processes["step2"].code = 3  # had step2 stopped the run, it would show its own
+    assert story.books.shown("place_order", 2.0, None) == "DELETE http://shop.sim/orders"

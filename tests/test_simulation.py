@@ -1250,3 +1250,18 @@ def test_a_run_failed_on_the_verifiers_limit_is_not_over_while_a_raised_limit_re
     failed = next(i for i, line in enumerate(lines) if "ends Failed verifier_rejections" in line)
     assert any("restock-s5-a1 starts" in line for line in lines[failed:])
     assert any('"from":"verifier_rejections"' in line for line in lines)
+
+
+def test_an_approval_after_a_step_that_recorded_nothing_is_judged_as_shown() -> None:
+    """Monitor mode: tick14 stopped tick 3 for an approval of place_order (a POST); the owner
+    made it a DELETE, tick15 lost its store and ended having recorded nothing; carol approved
+    what ``keelgate pending`` showed (the POST), and tick16 sent it. The oracle took tick15's
+    DELETE for what carol was shown and read her approval as none (``unapproved``); judged
+    by the step that stopped the run to ask, the product keeps every promise."""
+    seed = 15482323029717145780
+    outcome = simulate(seed=seed, store="memory", mode="monitor", options=Options.whole(seed))
+    assert outcome.ok, "\n".join(outcome.lines)
+    assert any("tick15 ends with StoreUnavailable" in line for line in outcome.lines)
+    assert any(
+        "EFFECT POST http://shop.sim/orders p2@t3 by tick16" in line for line in outcome.lines
+    )

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from keelgate.core.exits import EXIT_RESUMABLE
 from keelgate.testing.sim.world import Clocks
 
 #: The people of every run: their groups as the API server authenticates them. alice creates
@@ -419,11 +420,14 @@ class Books:
     def shown(self, tool: str, at: float, manifest: Mapping[str, Any] | None) -> str:
         """Where the call a person approves at ``at`` goes, as they are shown it (``keelgate
         pending``, an Approval): the tool as the step that stopped the run to ask defined it
-        (the last step to have ended), not as ``manifest`` (the spec now) may have been edited
-        since: the run binds a later edit anew, and asks again."""
+        (the last step to have ended on a stop for a person, ``EXIT_RESUMABLE``: one that died
+        or lost its store first recorded nothing, and shows nothing), not as ``manifest`` (the
+        spec now) may have been edited since: the run binds a later edit anew, and asks
+        again."""
         ended = [
             life for life in self.processes.values() if life.ended is not None and life.ended <= at
         ]
+        ended = [life for life in ended if life.code == EXIT_RESUMABLE] or ended
         asked = self.spec(max(ended, key=lambda life: life.order).generation) if ended else None
         found = asked.tool(tool) if asked is not None else None
         return definition(found if found is not None else manifest)
