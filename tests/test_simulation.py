@@ -1265,3 +1265,15 @@ def test_an_approval_after_a_step_that_recorded_nothing_is_judged_as_shown() -> 
     assert any(
         "EFFECT POST http://shop.sim/orders p2@t3 by tick16" in line for line in outcome.lines
     )
+
+
+def test_people_keep_looking_at_a_run_whose_raised_rejection_limit_resumes_it() -> None:
+    """Local mode: the verifier's limit stopped the run (for good, under its spec), a person
+    looked then and, taking the run as over, never looked again; an edit had raised the limit
+    meanwhile, the run went on and stopped for approvals nobody came to give (``waiting``).
+    People take a run as over only once its stop is final under the spec as it stands; on the
+    same seed they approve in the calm, and every promise is kept."""
+    seed = 18177176184284550005
+    outcome = simulate(seed=seed, store="memory", mode="local", options=Options.whole(seed))
+    assert outcome.ok, "\n".join(outcome.lines)
+    assert any('"from":"verifier_rejections"' in line for line in outcome.lines)

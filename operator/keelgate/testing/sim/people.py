@@ -173,7 +173,10 @@ class People:
                 self._come_back(unknown.not_executed_after)
         elif stop.reason in BUDGET_STOPS and (self.calm or schedule.chance(500)):
             self.setting.desk.edit("raise budget")
-        return not stop.is_resumable  # finished: nothing more to decide
+        # Finished (nothing more to decide) once its stop is final under the spec as it
+        # stands: a stop on the verifier's limit is not, where the limit was raised since.
+        spec = self.setting.desk.loop_spec(self.setting.tenant, run)
+        return not state.continues_under(spec.budget)
 
     def _come_back(self, after: str) -> None:
         """``keelgate status`` says when an unknown outcome may be settled as not executed: a
