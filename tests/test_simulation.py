@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -880,7 +881,9 @@ def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_lat
     assert done.returncode == 1, done.stdout + done.stderr
     assert "step5 hears the store's answer 4.6s late" in done.stdout
     assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
-    clean = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+    # The world it was found in, before the whole world gained a rejection limit and MCP.
+    found_in = Options(late_shop=True, moves=frozenset(MOVES), slow_store=True, paged=True)
+    clean = simulate(seed=seed, store="memory", mode="local", options=found_in)
     assert clean.ok, "\n".join(clean.lines)
     assert any("step5 hears the store's answer 4.6s late" in line for line in clean.lines)
 
@@ -1014,17 +1017,18 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     sim``'s share (``--every-move``) the product's HTTP confirmer settles a call "not executed"
     on an answer that said nothing, a settlement the world's books never saw (``audit``); the
     clean product keeps every promise there, its confirmer leaving that answer to a person."""
-    assert Options.whole(HTTP_CONFIRMER_SEED).http_confirmer
-    clean = simulate(
-        seed=HTTP_CONFIRMER_SEED, mode="monitor", options=Options.whole(HTTP_CONFIRMER_SEED)
-    )
+    # The world it was found in: the seed's share of ``make sim``'s, before the whole world
+    # gained a rejection limit and MCP more often.
+    found_in = replace(Options.whole(HTTP_CONFIRMER_SEED), rejection_limit=False, mcp_often=False)
+    assert found_in.http_confirmer
+    clean = simulate(seed=HTTP_CONFIRMER_SEED, mode="monitor", options=found_in)
     assert clean.ok, "; ".join(map(str, clean.violations))
     assert any("http-confirmer hears about" in line for line in clean.lines)
     bug = next(b for b in UNSEEN_D if "without executed" in b.name)
     done = _simulator_on(
         planted(bug, tmp_path),
         *("--seed", str(HTTP_CONFIRMER_SEED), "--mode", "monitor", "--store", "memory"),
-        "--every-move",
+        *found_in.flags().split(),
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "settlement of" in done.stdout and "as abandoned, never made" in done.stdout

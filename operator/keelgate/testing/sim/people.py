@@ -175,7 +175,7 @@ class People:
             self.setting.desk.edit("raise budget")
         # Finished (nothing more to decide) once its stop is final under the spec as it
         # stands: a stop on the verifier's limit is not, where the limit was raised since.
-        spec = self.setting.desk.loop_spec(self.setting.tenant, run)
+        spec = self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
         return not state.continues_under(spec.budget)
 
     def _come_back(self, after: str) -> None:
