@@ -1229,7 +1229,7 @@ def test_a_rejection_limit_let_past_by_one_is_found(tmp_path: Path) -> None:
     done = _simulator_on(planted(bug, tmp_path), *where, "--every-move")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "rejected: a run went on after the verifier rejected it" in done.stdout
-    assert "plan iteration 2 at 12.7 after 1 rejection(s), its limit 1" in done.stdout
+    assert "plan iteration 2 at 45.2 after 1 rejection(s), its limit 1" in done.stdout
     clean = simulate(
         seed=REJECTION_LIMIT_SEED,
         store="memory",
