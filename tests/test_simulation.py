@@ -1281,3 +1281,29 @@ def test_people_keep_looking_at_a_run_whose_raised_rejection_limit_resumes_it() 
     outcome = simulate(seed=seed, store="memory", mode="local", options=Options.whole(seed))
     assert outcome.ok, "\n".join(outcome.lines)
     assert any('"from":"verifier_rejections"' in line for line in outcome.lines)
+
+
+#: A seed of ``make sim``'s world (monitor mode, memory store) on which set E's MCP exchange
+#: cut at its time limit only breaks a promise.
+MCP_EXCHANGE_SEED = 5447360289403228715
+
+
+def test_an_mcp_exchange_left_open_past_its_deadline_is_found(tmp_path: Path) -> None:
+    """Set E's MCP exchange cut at the tool's time limit only (the write deadline dropped):
+    tick9's claim heard 21.8 s late, the MCP session opens with 30 s of wait where 8 s of the
+    deadline are left; the shop holds the ``tools/call`` past that wait and acts 2 s after
+    dave's truthful "not executed", taken once the store's deadline passed
+    (``after-not-executed``). The clean product's exchange ends at the deadline, and every
+    promise is kept on the same seed. Reached with MCP more often in the whole world
+    (``place_order`` over MCP in half the runs, ``notify`` too)."""
+    bug = next(b for b in UNSEEN_E if "MCP exchange" in b.name)
+    where = ("--seed", str(MCP_EXCHANGE_SEED), "--mode", "monitor", "--store", "memory")
+    done = _simulator_on(planted(bug, tmp_path), *where, "--every-move")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tick9 hears the store's answer 21.8s late" in done.stdout
+    assert "tick9 mcp http://shop.sim/mcp place_order held by the server" in done.stdout
+    assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
+    whole = Options.whole(MCP_EXCHANGE_SEED)
+    assert whole.mcp_often
+    clean = simulate(seed=MCP_EXCHANGE_SEED, store="memory", mode="monitor", options=whole)
+    assert clean.ok, "\n".join(clean.lines)
