@@ -512,6 +512,19 @@ def _simulator_on(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _planted_run(
+    bug: Planted, tmp_path: Path, *, seed: int, mode: str, options: Options
+) -> subprocess.CompletedProcess[str]:
+    """One seed of the simulator over a copy with ``bug`` planted, in the world ``options``
+    makes (given as the flags a replay prints), so that the planted run and the clean one a
+    test compares it with are one world."""
+    return _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(seed), "--mode", mode, "--store", "memory"),
+        *options.flags().split(),
+    )
+
+
 def _meets_its_window_and_keeps_every_promise(
     why: str, seed: int, shown: Shown, *, mode: str, options: Options, store: str = "memory"
 ) -> None:
@@ -703,10 +716,9 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     has stood still for ``STILL`` virtual seconds, not two virtual hours on: the trace ends
     there, a step pod restarted thousands of times fewer."""
     bug = next(b for b in UNSEEN_C if "older generation" in b.name)
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        *("--seed", "5686236089204240597", "--mode", "operator", "--store", "memory"),
-        *("--late-shop", "--moves"),  # the world the seed was found in (Options.every)
+    # In the world the seed was found in (``Options.every()``).
+    done = _planted_run(
+        bug, tmp_path, seed=5686236089204240597, mode="operator", options=Options.every()
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "  waiting: the run was left waiting after the calm end" in done.stdout
@@ -872,11 +884,7 @@ def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_lat
     clean product keeps every promise on the same seed (its exchange ends at the deadline)."""
     seed = 9192020537635010690
     bug = next(b for b in UNSEEN_C if "max for min" in b.name)
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        *("--seed", str(seed), "--mode", "local", "--store", "memory"),
-        *("--late-shop", "--moves", "--slow-store", "--paged"),  # Options.whole(), no share
-    )
+    done = _planted_run(bug, tmp_path, seed=seed, mode="local", options=Options.whole())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "step5 hears the store's answer 4.6s late" in done.stdout
     assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
@@ -1144,16 +1152,8 @@ def test_set_d_bugs_once_missed_break_a_promise_on_their_seed(
     (else finding it proves nothing)."""
     bug = next(b for b in UNSEEN_D if b.name == name)
     assert simulate(seed=seed, options=Options.every()).ok
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        "--seed",
-        str(seed),
-        "--mode",
-        "local",
-        "--store",
-        "memory",
-        *("--late-shop", "--moves"),  # Options.every(): the world the seed was found in
-    )
+    # In the world the seed was found in (``Options.every()``), as the clean run above.
+    done = _planted_run(bug, tmp_path, seed=seed, mode="local", options=Options.every())
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"  {rule}: " in done.stdout, done.stdout[-2000:]
 
