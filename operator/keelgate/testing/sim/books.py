@@ -143,6 +143,9 @@ class Ask:
     order: int = 0
     #: The monitor's tick it was asked in (its run's name; "" for a run that is no monitor).
     run: str = ""
+    #: Of ``tokens``, those the model wrote (an output token is priced apart); the rest are
+    #: its input, every one of them, cached or not.
+    output_tokens: int = 0
 
 
 @dataclass

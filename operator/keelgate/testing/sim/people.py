@@ -33,7 +33,9 @@ from keelgate.testing.sim.world import World
 PEOPLE = tuple(GROUPS)
 #: When the calm end begins (``simulate.CHAOS``: seconds of chaos).
 CALM_START = 900.0
-BUDGET_STOPS = frozenset({StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS})
+BUDGET_STOPS = frozenset(
+    {StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET, StopReason.MAX_ITERATIONS}
+)
 
 
 #: Seconds after the calm end began during which people look every 5 s; every minute after.
