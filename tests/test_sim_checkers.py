@@ -408,6 +408,23 @@ def test_a_deny_made_after_the_approvals_were_enough_comes_too_late() -> None:
     assert story.broken() == set()
 
 
+def test_an_approval_counts_for_where_the_run_may_have_shown_the_call_to_go() -> None:
+    """An approval made while the world cannot tell which of two definitions the run showed
+    (the newest step died before it recorded where the run stands: ``shown_also``) counts for
+    a request to either, and for nowhere else."""
+    for also, broken in (("POST http://shop.sim/orders",), set()), ((), {"unapproved"}):
+        story = History(approval={"required": 1})
+        story.decide("bob", 1.5, told=False, shown="DELETE http://shop.sim/orders")
+        story.books.decisions[-1].shown_also = also
+        story.ordinary()
+        assert story.broken() == broken
+    story = History(approval={"required": 1})
+    story.decide("bob", 1.5, told=False, shown="DELETE http://shop.sim/orders")
+    story.books.decisions[-1].shown_also = ("POST http://shop.sim/steal",)
+    story.ordinary()
+    assert story.broken() == {"unapproved"}
+
+
 def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:
     """The rule is dropped after the plan: the call still needs what it was planned under."""
     story = History(approval={"required": 1})

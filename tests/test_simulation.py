@@ -28,7 +28,15 @@ from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
-from keelgate.testing.sim.books import Books, Effect, Question, Sent, rule_of
+from keelgate.testing.sim.books import (
+    Books,
+    Effect,
+    ProcessLife,
+    Question,
+    Sent,
+    SpecVersion,
+    rule_of,
+)
 from keelgate.testing.sim.desk import Desk
 from keelgate.testing.sim.downstream import ProductConfirmer, Shop
 from keelgate.testing.sim.model import Planner, Scenario
@@ -1353,3 +1361,46 @@ def test_set_e_bugs_of_dollars_and_cached_input_break_a_promise_on_their_seed(
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "  spent: " in done.stdout, done.stdout[-2000:]
+
+
+def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_left_it() -> None:
+    """What a person approving was shown: the tool as the newest step to have ended defined it;
+    and, where that step ended without recording where its run stands (died, lost its store),
+    as each step before it back to the newest that recorded defined it: the run may still be
+    bound as that one left it. Nothing else."""
+    books = Books()
+    tools = ("POST http://shop.sim/orders", "DELETE http://shop.sim/orders", "POST x/steal")
+    for generation, shown in enumerate(tools, 1):
+        method, url = shown.split()
+        place_order = {"name": "place_order", "http": {"method": method, "url": url}}
+        books.specs.append(SpecVersion(generation, 0.0, {"tools": [place_order]}))
+    lives = (("step1", 1, True), ("step2", 3, False), ("step3", 1, True), ("step4", 2, False))
+    for order, (name, generation, recorded) in enumerate(lives, 1):
+        books.processes[name] = ProcessLife(float(order), order, generation, float(order), 0)
+        books.processes[name].recorded = recorded
+        if order == 3:
+            assert books.might_have_shown("place_order", 3.5, None) == ()
+    assert books.shown("place_order", 4.5, None) == tools[1]
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0],)
+    books.processes["step3"].recorded = False
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+
+
+def test_a_monitor_whose_newest_step_lost_its_store_before_binding_an_edit_keeps_its_promise() -> (
+    None
+):
+    """``--every-move --mode monitor`` (base 1796599068, run 159): bob approved tick 2's order
+    at 756.3, two approvals of two needed, while the newest step (tick16, given a spec whose
+    place_order had become a DELETE) had ended on its store before binding the call anew: the
+    run still showed the POST it was bound to, and the product counted bob's approval for it;
+    once the calm restored the tool, the order went as that POST. The world took bob to have
+    approved the DELETE (the newest step's spec) and judged the order unapproved: the model's
+    fault. It now takes either as what bob was shown (``Books.might_have_shown``); the run
+    keeps every promise."""
+    seed = 3630300620798533828
+    outcome = simulate(seed=seed, mode="monitor", store="memory", options=Options.whole(seed))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    said = [line.strip() for line in outcome.lines]
+    assert "739.837 tick16 ends with StoreUnavailable (exit 5)" in said
+    assert "756.340 bob approved 2:1 (place_order)" in said
+    assert "905.972 EFFECT POST http://shop.sim/orders p3@t2 by tick23" in said

@@ -269,7 +269,7 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
 def _counts(books: Books, decision: Decision, rule: Rule, sent: Sent) -> bool:
     if not rule.admits(decision.human):
         return False
-    if decision.shown and decision.shown != _went_to(books, sent):
+    if decision.shown and _went_to(books, sent) not in (decision.shown, *decision.shown_also):
         return False  # approved a call to somewhere else
     if rule.expires_after is not None:
         # The gate counts approvals when it lets the call through; the request may leave up to
