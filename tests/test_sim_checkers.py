@@ -717,9 +717,10 @@ def test_spent_sees_the_model_asked_once_a_budget_was_used_up() -> None:
 def _answers_priced(dollars: str, *, tokens: int | None = None, priced: bool = True) -> History:
     """Iteration 1 planned and verified, iteration 2's plan sent by step1, under a spec whose
     model costs $3 and $15 per million input and output tokens, with a dollar budget of
-    ``dollars`` (and a token budget of ``tokens``; no prices unless ``priced``). Each answer was 100 input tokens (cached
-    or not, as the model counts them) and 40 output tokens: $0.0009 each at these prices,
-    $0.0027 for the three; at the input price alone (output priced as input) $0.00042 each."""
+    ``dollars`` (and a token budget of ``tokens``; no prices unless ``priced``). Each answer
+    was 100 input tokens (cached or not, as the model counts them) and 40 output tokens:
+    $0.0009 each at these prices, $0.0027 for the three; at the input price alone (output
+    priced as input) $0.00042 each."""
     story = History()
     budget: dict[str, Any] = {"dollars": dollars}
     if tokens is not None:
