@@ -1366,8 +1366,9 @@ def test_set_e_bugs_of_dollars_and_cached_input_break_a_promise_on_their_seed(
 def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_left_it() -> None:
     """What a person approving was shown: the tool as the newest step to have ended defined it;
     and, where that step ended without recording where its run stands (died, lost its store),
-    as each step before it back to the newest that recorded defined it: the run may still be
-    bound as that one left it. Nothing else."""
+    as each step before it back to the newest that recorded defined it (the run may still be
+    bound as that one left it); and as each step still running defined it (it may have bound
+    the call anew and stopped the run already). Nothing else."""
     books = Books()
     tools = ("POST http://shop.sim/orders", "DELETE http://shop.sim/orders", "POST x/steal")
     for generation, shown in enumerate(tools, 1):
@@ -1384,6 +1385,13 @@ def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_le
     assert books.might_have_shown("place_order", 4.5, None) == (tools[0],)
     books.processes["step3"].recorded = False
     assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+    books.processes["step5"] = ProcessLife(5.0, 5, 3)  # still running
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    books.processes["step3"].recorded = True
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    books.processes["step4"].recorded = True
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[2],)
 
 
 def test_a_monitor_whose_newest_step_lost_its_store_before_binding_an_edit_keeps_its_promise() -> (
@@ -1404,3 +1412,21 @@ def test_a_monitor_whose_newest_step_lost_its_store_before_binding_an_edit_keeps
     assert "739.837 tick16 ends with StoreUnavailable (exit 5)" in said
     assert "756.340 bob approved 2:1 (place_order)" in said
     assert "905.972 EFFECT POST http://shop.sim/orders p3@t2 by tick23" in said
+
+
+def test_a_run_stopped_by_a_step_whose_store_answers_late_shows_that_step_s_call() -> None:
+    """``--every-move`` (base 1796600224, run 1103; on main 592b042 too, without dollar budgets):
+    step9, given the spec that sent ``place_order`` back to the shop's orders, bound the call
+    anew and stopped the run to ask at 225 s, but heard its store late and ended only at
+    241 s; bob approved at 235.4, shown the POST to the orders the run was bound to, and the
+    product counted it; the order went there at 248.9. The world took what bob was shown from
+    the newest step to have ended (step8, whose spec sent it to ``/steal``) and judged the
+    order unapproved: the model's fault. A step still running may have stopped the run already
+    (``Books.might_have_shown``); the run keeps every promise."""
+    seed = 6870649156577813982
+    outcome = simulate(seed=seed, mode="local", store="memory", options=Options.whole(seed))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    said = [line.strip() for line in outcome.lines]
+    assert "224.256 step9 starts" in said and "240.980 step9 ends Stopped awaiting_approval" in said
+    assert "235.433 bob approved 2:0 (place_order)" in said
+    assert "248.947 EFFECT POST http://shop.sim/orders p3 by step10" in said

@@ -442,27 +442,28 @@ class Books:
         self, tool: str, at: float, manifest: Mapping[str, Any] | None
     ) -> tuple[str, ...]:
         """Where else the call a person approves at ``at`` may go as they are shown it, besides
-        ``shown``'s: where the newest step to have ended did not record where its run stands
-        (it died, or lost its store), the run may still be bound as an earlier one left it,
-        back to the newest step that did record (a step binds an edited tool anew, and saves
-        that, only as it acts: one that ended before did not)."""
-        ended = sorted(
-            (
-                life
-                for life in self.processes.values()
-                if life.ended is not None and life.ended <= at
-            ),
-            key=lambda life: life.order,
-        )
-        also: list[str] = []
+        ``shown``'s, as far as the world can tell: where the newest step to have ended did not
+        record where its run stands (it died, or lost its store), the run may still be bound as
+        an earlier one left it, back to the newest step that did record; and a step still
+        running may already have bound the call anew and stopped the run to ask (its stop
+        recorded, its store's answer late). A step binds an edited tool anew only as it acts."""
+        lives = sorted(self.processes.values(), key=lambda life: life.order)
+        ended = [life for life in lives if life.ended is not None and life.ended <= at]
+        running = [
+            life for life in lives if life.started <= at and (life.ended is None or life.ended > at)
+        ]
+        earlier: list[ProcessLife] = []
         for life in reversed(ended[:-1]):
             if ended[-1].recorded:
                 break
+            earlier.append(life)
+            if life.recorded:
+                break
+        also: list[str] = []
+        for life in (*earlier, *running):
             version = self.spec(life.generation)
             found = version.tool(tool) if version is not None else None
             also.append(definition(found if found is not None else manifest))
-            if life.recorded:
-                break
         return tuple(dict.fromkeys(also))
 
     def generation_of(self, process: str) -> int:
