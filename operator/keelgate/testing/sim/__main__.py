@@ -80,6 +80,16 @@ def _parser() -> argparse.ArgumentParser:
         help="A run stopped for a person pages someone, who looks within seconds (local mode).",
     )
     parse.add_argument(
+        "--dollars",
+        action="store_true",
+        help="Half the runs have a dollar budget, with the model's prices in their spec.",
+    )
+    parse.add_argument(
+        "--cached-input",
+        action="store_true",
+        help="The Anthropic server reports part of each answer's input as prompt-cache tokens.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -88,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--every-move",
         action="store_true",
-        help="--late-shop, every move, late store answers and pages; a share of the runs (drawn "
+        help="--late-shop, every move, late store answers, pages, dollar budgets and cached "
+        "input; a share of the runs (drawn "
         "from each seed, apart from its world) also makes the named moves and has the HTTP "
         "confirmer. The kept seeds were found with --late-shop --moves.",
     )
@@ -130,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         http_confirmer=args.http_confirmer,
         slow_store=args.slow_store,
         paged=args.paged,
+        dollars=args.dollars,
+        cached_input=args.cached_input,
     )
 
     def options_of(seed: int | None) -> Options:

@@ -86,6 +86,12 @@ class Options:
     slow_store: bool = False
     #: A run stopped for a person pages someone, who looks within seconds (local mode).
     paged: bool = False
+    #: Half the runs have a dollar budget, with the model's prices in their spec (output
+    #: dearer than input), read from a choice already made (``Scenario.drawn``).
+    dollars: bool = False
+    #: The simulated Anthropic server reports part of each answer's input as prompt-cache
+    #: writes or reads (``ModelServer._anthropic_usage``); it draws nothing.
+    cached_input: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -103,7 +109,14 @@ class Options:
         run prints its flags, which replay it without drawing the share again)."""
         moves = frozenset(MOVES)
         if seed is None:
-            return cls(late_shop=True, moves=moves, slow_store=True, paged=True)
+            return cls(
+                late_shop=True,
+                moves=moves,
+                slow_store=True,
+                paged=True,
+                dollars=True,
+                cached_input=True,
+            )
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
         return cls(
@@ -112,6 +125,8 @@ class Options:
             http_confirmer=http,
             slow_store=True,
             paged=True,
+            dollars=True,
+            cached_input=True,
         )
 
     def flags(self) -> str:
@@ -120,6 +135,10 @@ class Options:
             said.append("--slow-store")
         if self.paged:
             said.append("--paged")
+        if self.dollars:
+            said.append("--dollars")
+        if self.cached_input:
+            said.append("--cached-input")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
@@ -223,10 +242,10 @@ def _simulate(
     options: Options,
 ) -> Outcome:
     schedule = world.schedule
-    scenario = Scenario.drawn(schedule)
+    scenario = Scenario.drawn(schedule, dollar_budgets=options.dollars)
     planner = Planner(world, scenario, books)
     network.servers["shop.sim"] = Shop(world, books)
-    network.servers[MODEL_HOST] = ModelServer(world, planner)
+    network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
 
     def lose_answer() -> bool:
@@ -242,6 +261,12 @@ def _simulate(
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    if scenario.pricing is not None:
+        per_input, per_output = scenario.pricing
+        world.say(
+            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
+            f"${per_output} per million input and output tokens"
+        )
     setting = Setting(
         world,
         site,
