@@ -81,6 +81,7 @@ class History:
         phase: str = "plan",
         tokens: int = 0,
         verdict: str = "accept",
+        output: int = 0,
     ) -> None:
         intents = () if args is None else (Intent(str(args["ref"]), "place_order", dict(args)),)
         self.books.asks.append(
@@ -93,6 +94,7 @@ class History:
                 verdict=verdict,
                 tokens=tokens,
                 order=self.books.next_order(),
+                output_tokens=output,
             )
         )
 
@@ -409,6 +411,23 @@ def test_a_deny_made_after_the_approvals_were_enough_comes_too_late() -> None:
     assert story.broken() == set()
 
 
+def test_an_approval_counts_for_where_the_run_may_have_shown_the_call_to_go() -> None:
+    """An approval made while the world cannot tell which of two definitions the run showed
+    (the newest step died before it recorded where the run stands: ``shown_also``) counts for
+    a request to either, and for nowhere else."""
+    for also, broken in (("POST http://shop.sim/orders",), set()), ((), {"unapproved"}):
+        story = History(approval={"required": 1})
+        story.decide("bob", 1.5, told=False, shown="DELETE http://shop.sim/orders")
+        story.books.decisions[-1].shown_also = also
+        story.ordinary()
+        assert story.broken() == broken
+    story = History(approval={"required": 1})
+    story.decide("bob", 1.5, told=False, shown="DELETE http://shop.sim/orders")
+    story.books.decisions[-1].shown_also = ("POST http://shop.sim/steal",)
+    story.ordinary()
+    assert story.broken() == {"unapproved"}
+
+
 def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:
     """The rule is dropped after the plan: the call still needs what it was planned under."""
     story = History(approval={"required": 1})
@@ -696,6 +715,55 @@ def test_spent_sees_the_model_asked_once_a_budget_was_used_up() -> None:
     assert story.broken() == set()
     story.ask(at=1.0, iteration=2, args=None)
     assert story.broken() == {"spent"}
+
+
+def _answers_priced(dollars: str, *, tokens: int | None = None, priced: bool = True) -> History:
+    """Iteration 1 planned and verified, iteration 2's plan sent by step1, under a spec whose
+    model costs $3 and $15 per million input and output tokens, with a dollar budget of
+    ``dollars`` (and a token budget of ``tokens``; no prices unless ``priced``). Each answer
+    was 100 input tokens (cached or not, as the model counts them) and 40 output tokens:
+    $0.0009 each at these prices, $0.0027 for the three; at the input price alone (output
+    priced as input) $0.00042 each."""
+    story = History()
+    budget: dict[str, Any] = {"dollars": dollars}
+    if tokens is not None:
+        budget["tokens"] = tokens
+    pricing = {"inputPerMillionTokens": "3", "outputPerMillionTokens": "15"}
+    prices = {"pricing": pricing} if priced else {}
+    story.books.specs[0] = SpecVersion(1, 0.0, {**manifest(), "budget": budget, **prices})
+    story.ask(at=0.5, args={"sku": "B2", "qty": 1, "ref": "p0"}, tokens=140, output=40)
+    story.ask(at=0.8, phase="verify", args=None, tokens=140, output=40)
+    story.ask(at=1.0, iteration=2, tokens=140, output=40)
+    story.effect(story.send(at=2.0), noted=False)
+    story.event("loop.action_started", 1.5, action="2:0", idempotencyKey="kg-1")
+    story.event("loop.action_completed", 3.0, action="2:0", status="ok")
+    return story
+
+
+def test_spent_prices_each_answer_at_the_spec_s_prices_against_its_dollar_budget() -> None:
+    """The three answers before iteration 2's order cost $0.0027 at the spec's prices (output
+    dearer than input): a dollar budget of $0.0027 lets the order go, one of $0.0026 holds it
+    back, and the model asked once more after them is asked past it. The world prices the
+    model's own record of each answer's tokens, so a product that priced output as input
+    ($0.00126 for the three), or counted its records' dollars as spent, passes no such
+    budget; the product's records of its usage are not read (they say nothing here)."""
+    assert _answers_priced("0.0027").broken() == set()
+    assert _answers_priced("0.0026").broken() == {"spent"}
+    asked = _answers_priced("0.0027")
+    asked.ask(at=4.0, phase="verify", iteration=2, args=None, tokens=140, output=40)
+    asked.ask(at=5.0, iteration=3, args=None, tokens=140, output=40)
+    assert asked.broken() == {"spent"}
+    said = {str(v) for v in judge(asked.books, asked.records)}
+    assert any("after $0.0036, its budget $0.0027" in line for line in said), said
+
+
+def test_spent_judges_dollars_only_where_the_spec_states_the_model_s_prices() -> None:
+    """A dollar budget without ``pricing`` is the product's to refuse (``cost_unknown``): the
+    world has no price to judge it by. Tokens and dollars are judged each on its own: a token
+    budget the answers pass breaks the promise whatever the dollars say."""
+    assert _answers_priced("0.0001", priced=False).broken() == set()
+    assert _answers_priced("1", tokens=419).broken() == {"spent"}
+    assert _answers_priced("1", tokens=420).broken() == set()
 
 
 def test_replanned_sees_a_step_asked_for_again_after_its_plan_was_acted_on() -> None:

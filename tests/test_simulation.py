@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +28,21 @@ from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
-from keelgate.testing.sim.books import Books, Effect, Question, Sent, rule_of
+from keelgate.testing.sim.books import (
+    Books,
+    Effect,
+    ProcessLife,
+    Question,
+    Sent,
+    SpecVersion,
+    rule_of,
+)
 from keelgate.testing.sim.desk import Desk
 from keelgate.testing.sim.downstream import ProductConfirmer, Shop
+from keelgate.testing.sim.model import Planner, Scenario
 from keelgate.testing.sim.model import Question as ModelQuestion
-from keelgate.testing.sim.model import Scenario
-from keelgate.testing.sim.network import Network
+from keelgate.testing.sim.modelserver import ModelServer
+from keelgate.testing.sim.network import Network, Request
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.people import CALM_PROMPT
 from keelgate.testing.sim.simulate import (
@@ -46,7 +57,7 @@ from keelgate.testing.sim.simulate import (
     _routed,
     seed_of,
 )
-from keelgate.testing.sim.world import Schedule, World
+from keelgate.testing.sim.world import Clocks, Schedule, World
 from support.planted_bugs import BUGS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
 from support.unseen_bugs_b import UNSEEN_B
@@ -63,6 +74,35 @@ BUG_BUDGET = 150
 #: What the budget's runs do: every move of the world, issue 46's moves and issue 48's
 #: late-acting shop among them (their fixes are on main).
 BUDGET_OPTIONS = Options.whole()
+#: The whole world as it was before it gained the parts set E's misses called for (late
+#: store answers and pages, h/slowstore's ``Options.whole()``): the seeds found in it are
+#: replayed in it.
+WHOLE_BEFORE_SET_E = Options(late_shop=True, moves=frozenset(MOVES), slow_store=True, paged=True)
+
+
+def whole_before_set_e(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` (its shares drawn) as it was before set E's parts."""
+    return replace(
+        Options.whole(seed),
+        rejection_limit=False,
+        mcp_often=False,
+        dollars=False,
+        cached_input=False,
+    )
+
+
+def whole_with_verdicts(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` as the rejection limit and MCP more often were found
+    in, before dollar budgets and cached input came."""
+    return replace(Options.whole(seed), dollars=False, cached_input=False)
+
+
+def whole_with_dollars(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` as dollar budgets and cached input were found in,
+    before the rejection limit and MCP more often came."""
+    return replace(Options.whole(seed), rejection_limit=False, mcp_often=False)
+
+
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
 #: times, are bench/unseen_bugs.py's).
 UNSEEN_IN_SUITE = (
@@ -513,6 +553,19 @@ def _simulator_on(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _planted_run(
+    bug: Planted, tmp_path: Path, *, seed: int, mode: str, options: Options
+) -> subprocess.CompletedProcess[str]:
+    """One seed of the simulator over a copy with ``bug`` planted, in the world ``options``
+    makes (given as the flags a replay prints), so that the planted run and the clean one a
+    test compares it with are one world."""
+    return _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(seed), "--mode", mode, "--store", "memory"),
+        *options.flags().split(),
+    )
+
+
 def _meets_its_window_and_keeps_every_promise(
     why: str, seed: int, shown: Shown, *, mode: str, options: Options, store: str = "memory"
 ) -> None:
@@ -704,10 +757,9 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     has stood still for ``STILL`` virtual seconds, not two virtual hours on: the trace ends
     there, a step pod restarted thousands of times fewer."""
     bug = next(b for b in UNSEEN_C if "older generation" in b.name)
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        *("--seed", "5686236089204240597", "--mode", "operator", "--store", "memory"),
-        *("--late-shop", "--moves"),  # the world the seed was found in (Options.every)
+    # In the world the seed was found in (``Options.every()``).
+    done = _planted_run(
+        bug, tmp_path, seed=5686236089204240597, mode="operator", options=Options.every()
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "  waiting: the run was left waiting after the calm end" in done.stdout
@@ -873,17 +925,11 @@ def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_lat
     clean product keeps every promise on the same seed (its exchange ends at the deadline)."""
     seed = 9192020537635010690
     bug = next(b for b in UNSEEN_C if "max for min" in b.name)
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        *("--seed", str(seed), "--mode", "local", "--store", "memory"),
-        *("--late-shop", "--moves", "--slow-store", "--paged"),  # Options.whole(), no share
-    )
+    done = _planted_run(bug, tmp_path, seed=seed, mode="local", options=WHOLE_BEFORE_SET_E)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "step5 hears the store's answer 4.6s late" in done.stdout
     assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
-    # The world it was found in, before the whole world gained a rejection limit and MCP.
-    found_in = Options(late_shop=True, moves=frozenset(MOVES), slow_store=True, paged=True)
-    clean = simulate(seed=seed, store="memory", mode="local", options=found_in)
+    clean = simulate(seed=seed, store="memory", mode="local", options=WHOLE_BEFORE_SET_E)
     assert clean.ok, "\n".join(clean.lines)
     assert any("step5 hears the store's answer 4.6s late" in line for line in clean.lines)
 
@@ -1017,9 +1063,8 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     sim``'s share (``--every-move``) the product's HTTP confirmer settles a call "not executed"
     on an answer that said nothing, a settlement the world's books never saw (``audit``); the
     clean product keeps every promise there, its confirmer leaving that answer to a person."""
-    # The world it was found in: the seed's share of ``make sim``'s, before the whole world
-    # gained a rejection limit and MCP more often.
-    found_in = replace(Options.whole(HTTP_CONFIRMER_SEED), rejection_limit=False, mcp_often=False)
+    # The world it was found in: the seed's share of ``make sim``'s, before set E's parts.
+    found_in = whole_before_set_e(HTTP_CONFIRMER_SEED)
     assert found_in.http_confirmer
     clean = simulate(seed=HTTP_CONFIRMER_SEED, mode="monitor", options=found_in)
     assert clean.ok, "; ".join(map(str, clean.violations))
@@ -1149,16 +1194,8 @@ def test_set_d_bugs_once_missed_break_a_promise_on_their_seed(
     (else finding it proves nothing)."""
     bug = next(b for b in UNSEEN_D if b.name == name)
     assert simulate(seed=seed, options=Options.every()).ok
-    done = _simulator_on(
-        planted(bug, tmp_path),
-        "--seed",
-        str(seed),
-        "--mode",
-        "local",
-        "--store",
-        "memory",
-        *("--late-shop", "--moves"),  # Options.every(): the world the seed was found in
-    )
+    # In the world the seed was found in (``Options.every()``), as the clean run above.
+    done = _planted_run(bug, tmp_path, seed=seed, mode="local", options=Options.every())
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"  {rule}: " in done.stdout, done.stdout[-2000:]
 
@@ -1171,9 +1208,7 @@ def test_calm_people_give_every_approval_a_rule_that_expires_needs_at_once() -> 
     right. Now the people a rule asks agree on it together in the calm, and approve again when
     the product asks again: the run finishes, and the two approvals come at one moment."""
     seed = 9802991565184251092
-    # The world it was found in, before the whole world gained a rejection limit and MCP.
-    found_in = Options(late_shop=True, moves=frozenset(MOVES), slow_store=True, paged=True)
-    outcome = simulate(seed=seed, mode="monitor", store="memory", options=found_in)
+    outcome = simulate(seed=seed, mode="monitor", store="memory", options=WHOLE_BEFORE_SET_E)
     assert outcome.ok, "; ".join(map(str, outcome.violations))
     calm = [line.split() for line in outcome.lines if "approved 3:1 (notify)" in line]
     moments = [float(words[0]) for words in calm if float(words[0]) > CHAOS]
@@ -1228,7 +1263,8 @@ def test_a_rejection_limit_let_past_by_one_is_found(tmp_path: Path) -> None:
     for the verifier's rejections, and keeps every promise on the same seed."""
     bug = next(b for b in UNSEEN_E if "rejection limit" in b.name)
     where = ("--seed", str(REJECTION_LIMIT_SEED), "--mode", "operator", "--store", "memory")
-    done = _simulator_on(planted(bug, tmp_path), *where, "--every-move")
+    found_in = whole_with_verdicts(REJECTION_LIMIT_SEED)
+    done = _simulator_on(planted(bug, tmp_path), *where, *found_in.flags().split())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "rejected: a run went on after the verifier rejected it" in done.stdout
     assert "plan iteration 2 at 45.2 after 1 rejection(s), its limit 1" in done.stdout
@@ -1236,7 +1272,7 @@ def test_a_rejection_limit_let_past_by_one_is_found(tmp_path: Path) -> None:
         seed=REJECTION_LIMIT_SEED,
         store="memory",
         mode="operator",
-        options=Options.whole(REJECTION_LIMIT_SEED),
+        options=found_in,
     )
     assert clean.ok, "\n".join(clean.lines)
     assert any("ends Failed verifier_rejections" in line for line in clean.lines)
@@ -1250,7 +1286,9 @@ def test_a_run_failed_on_the_verifiers_limit_is_not_over_while_a_raised_limit_re
     intended either; on the same seed the resumed run goes on and keeps every promise. The
     kept operator seeds' stories do not move (no kept run ends so)."""
     seed = 6621456869021822887
-    outcome = simulate(seed=seed, store="memory", mode="operator", options=Options.whole(seed))
+    outcome = simulate(
+        seed=seed, store="memory", mode="operator", options=whole_with_verdicts(seed)
+    )
     assert outcome.ok, "\n".join(outcome.lines)
     lines = outcome.lines
     failed = next(i for i, line in enumerate(lines) if "ends Failed verifier_rejections" in line)
@@ -1265,7 +1303,7 @@ def test_an_approval_after_a_step_that_recorded_nothing_is_judged_as_shown() -> 
     DELETE for what carol was shown and read her approval as none (``unapproved``); judged
     by the step that stopped the run to ask, the product keeps every promise."""
     seed = 15482323029717145780
-    outcome = simulate(seed=seed, store="memory", mode="monitor", options=Options.whole(seed))
+    outcome = simulate(seed=seed, store="memory", mode="monitor", options=whole_with_verdicts(seed))
     assert outcome.ok, "\n".join(outcome.lines)
     assert any("tick15 ends with StoreUnavailable" in line for line in outcome.lines)
     assert any(
@@ -1280,7 +1318,7 @@ def test_people_keep_looking_at_a_run_whose_raised_rejection_limit_resumes_it() 
     People take a run as over only once its stop is final under the spec as it stands; on the
     same seed they approve in the calm, and every promise is kept."""
     seed = 18177176184284550005
-    outcome = simulate(seed=seed, store="memory", mode="local", options=Options.whole(seed))
+    outcome = simulate(seed=seed, store="memory", mode="local", options=whole_with_verdicts(seed))
     assert outcome.ok, "\n".join(outcome.lines)
     assert any('"from":"verifier_rejections"' in line for line in outcome.lines)
 
@@ -1300,12 +1338,255 @@ def test_an_mcp_exchange_left_open_past_its_deadline_is_found(tmp_path: Path) ->
     (``place_order`` over MCP in half the runs, ``notify`` too)."""
     bug = next(b for b in UNSEEN_E if "MCP exchange" in b.name)
     where = ("--seed", str(MCP_EXCHANGE_SEED), "--mode", "monitor", "--store", "memory")
-    done = _simulator_on(planted(bug, tmp_path), *where, "--every-move")
+    whole = whole_with_verdicts(MCP_EXCHANGE_SEED)
+    done = _simulator_on(planted(bug, tmp_path), *where, *whole.flags().split())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "tick9 hears the store's answer 21.8s late" in done.stdout
     assert "tick9 mcp http://shop.sim/mcp place_order held by the server" in done.stdout
     assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
-    whole = Options.whole(MCP_EXCHANGE_SEED)
     assert whole.mcp_often
     clean = simulate(seed=MCP_EXCHANGE_SEED, store="memory", mode="monitor", options=whole)
     assert clean.ok, "\n".join(clean.lines)
+
+
+def test_a_dollar_budget_is_read_from_a_choice_already_made_and_only_in_the_whole_world() -> None:
+    """``Scenario.drawn(dollar_budgets=True)`` (``--dollars``, on in the whole world) gives
+    about half the runs a dollar budget and the model's prices, output dearer than input, the
+    budget between two and a half and eight and a half plain answers; it draws nothing of its
+    own (the same choices, the same story otherwise), and without it no run has one."""
+    priced = 0
+    for seed in range(300):
+        plain_schedule, priced_schedule = Schedule(seed=seed), Schedule(seed=seed)
+        plain = Scenario.drawn(plain_schedule)
+        scenario = Scenario.drawn(priced_schedule, dollar_budgets=True)
+        assert priced_schedule.made == plain_schedule.made
+        assert replace(scenario, pricing=None, dollars=None) == plain
+        assert plain.dollars is None and plain.pricing is None
+        if scenario.dollars is None:
+            continue
+        priced += 1
+        assert scenario.pricing is not None
+        per_input, per_output = (Decimal(p) for p in scenario.pricing)
+        assert per_output >= 4 * per_input
+        answers = Decimal(scenario.dollars) / scenario.answer_dollars
+        assert Decimal("2.5") <= answers <= Decimal("8.5"), answers
+    assert 300 * 0.35 < priced < 300 * 0.65, priced
+
+
+def test_runs_with_a_dollar_budget_stop_on_it_are_raised_and_keep_every_promise() -> None:
+    """In the whole world, runs with a dollar budget stop on it (the product's ``dollar_budget``
+    stop), their owners raise it (by five plain answers, as a token budget is raised), and they
+    finish, every promise kept (``spent`` judging dollars from the world's books); the kept
+    seeds' world (``--late-shop --moves``) sets no dollar budget."""
+    budgets = stops = 0
+    for index in range(30):
+        seed = seed_of(index, 6)
+        mode = "operator" if index % 5 == 4 else "local"
+        whole = simulate(seed=seed, store="memory", mode=mode, options=Options.whole())
+        assert whole.ok, "; ".join(map(str, whole.violations))
+        budgets += any("dollar budget $" in line for line in whole.lines)
+        stops += any('"reason":"dollar_budget"' in line for line in whole.lines)
+        if index < 6:
+            kept = simulate(seed=seed, store="memory", mode=mode, options=Options.every())
+            assert not any("dollar budget" in line for line in kept.lines)
+    assert budgets >= 8 and stops >= 4, (budgets, stops)
+
+
+def test_raising_and_lowering_a_dollar_budget_moves_it_by_plain_answers() -> None:
+    """The owner's budget edits move a dollar budget as they move a token budget: raised by
+    five plain answers at the run's prices, lowered by two, never below one; a run without a
+    dollar budget gets none."""
+    desk, _ = _desk(1)
+    assert "dollars" not in desk.manifest["budget"]
+    desk.edit("raise budget")
+    assert "dollars" not in desk.manifest["budget"]
+    schedule = Schedule(seed=2)
+    scenario = replace(
+        desk.scenario, pricing=("3", "15"), dollars="0.0030", input_tokens=100, output_tokens=40
+    )
+    priced = Desk(scenario, World(schedule), Books())
+    assert priced.manifest["pricing"] == {
+        "inputPerMillionTokens": "3",
+        "outputPerMillionTokens": "15",
+    }
+    assert priced.manifest["budget"]["dollars"] == "0.0030"
+    priced.edit("raise budget")
+    assert Decimal(priced.manifest["budget"]["dollars"]) == Decimal("0.0075")
+    for left in ("0.0057", "0.0039", "0.0021", "0.0009", "0.0009"):
+        priced.edit("lower budget")
+        assert Decimal(priced.manifest["budget"]["dollars"]) == Decimal(left)
+
+
+def test_the_anthropic_server_reports_part_of_the_input_as_prompt_cache_tokens() -> None:
+    """With ``cached_input`` (on in the whole world), the simulated Anthropic ``messages``
+    answer splits its input as Anthropic's does: three quarters of it, the prompt's prefix (the
+    system prompt and tools), written to the cache when no entry of that prefix is alive
+    (``cache_creation_input_tokens``, with its five-minute breakdown), read from it when one is
+    (``cache_read_input_tokens``: within five minutes of its last use), and ``input_tokens``
+    the rest; the three always sum to the input the model counted (the world's books), and
+    another prefix (the tools edited) is written anew. Without it, all input is
+    ``input_tokens``."""
+    world = World(Schedule(seed=3))
+    books = Books()
+    scenario = replace(Scenario.drawn(Schedule(seed=3)), input_tokens=120, output_tokens=30)
+    server = ModelServer(world, Planner(world, scenario, books), cached_input=True)
+
+    def usage(tools: str = "place_order") -> dict[str, Any]:
+        body = {
+            "model": "sim-claude",
+            "system": "You plan.",
+            "tools": [{"name": tools}],
+            "messages": [{"role": "user", "content": "Iteration 1: call the next tools"}],
+        }
+        reply = server.handle(Request("POST", "http://model.sim/v1/messages", body, ""), None)
+        said: dict[str, Any] = reply.body["usage"]
+        return said
+
+    def split(said: dict[str, Any]) -> tuple[int, int, int]:
+        parts = (
+            said["input_tokens"],
+            said["cache_creation_input_tokens"],
+            said["cache_read_input_tokens"],
+        )
+        assert sum(parts) == 120 and said["output_tokens"] == 30
+        assert said["cache_creation"]["ephemeral_5m_input_tokens"] == parts[1]
+        return parts
+
+    assert split(usage()) == (30, 90, 0)
+    world.now = 299.0
+    assert split(usage()) == (30, 0, 90)
+    assert split(usage("notify")) == (30, 90, 0)
+    world.now = 599.0
+    assert split(usage()) == (30, 0, 90)
+    world.now = 900.0
+    assert split(usage()) == (30, 90, 0)
+    assert [ask.tokens for ask in books.asks] == [150] * 5
+    server.cached_input = False
+    assert usage() == {"input_tokens": 120, "output_tokens": 30}
+
+
+def test_cached_input_draws_nothing_and_the_product_counts_every_input_token() -> None:
+    """The cached input's report draws nothing from the schedule, and the product's Anthropic
+    adapter counts cached tokens as input: whole-world runs reaching their model over
+    Anthropic's wire, each with a budget, run the very same story (the same trace, hash for
+    hash) whether the server reports cache tokens or not."""
+    anthropic = 0
+    for index in range(80):
+        seed = seed_of(index, 9)
+        schedule = Schedule(seed=seed)
+        Clocks.drawn(schedule)
+        scenario = Scenario.drawn(schedule, dollar_budgets=True)
+        if scenario.tokens is None and scenario.dollars is None:
+            continue
+        whole = simulate(seed=seed, store="memory", options=Options.whole())
+        if "model anthropic," not in whole.lines[1]:
+            continue
+        anthropic += 1
+        plain = simulate(
+            seed=seed, store="memory", options=replace(Options.whole(), cached_input=False)
+        )
+        assert whole.ok and whole.digest == plain.digest
+    assert anthropic >= 3, anthropic
+
+
+#: Set E's bugs out of the world's reach before dollar budgets and cached input came
+#: (docs/simulation.md, "Set E"), each with a seed that finds it now in the whole world
+#: (``--every-move``) and the promise broken there; the clean product keeps every promise on it.
+SET_E_FOUND = (
+    ("output tokens charged at the input price", 5686236089204240597, "local"),
+    (
+        "the Anthropic adapter's usage leaves out cached input tokens",
+        5862954417768748097,
+        "operator",
+    ),
+)
+
+
+@pytest.mark.parametrize(("words", "seed", "mode"), SET_E_FOUND, ids=[f[0] for f in SET_E_FOUND])
+def test_set_e_bugs_of_dollars_and_cached_input_break_a_promise_on_their_seed(
+    words: str, seed: int, mode: str, tmp_path: Path
+) -> None:
+    """Planted into a copy of the package, output priced as input (a dollar budget passed
+    unseen) and cached input left out of the Anthropic adapter's usage (a budget passed
+    unseen) each let a run act or ask its model once its budget was used up, by the world's
+    count: ``spent`` on the seed (memory store, the whole world as ``make sim`` draws it for
+    the seed); the clean product keeps every promise there."""
+    bug = next(b for b in UNSEEN_E if words in b.name)
+    clean = simulate(seed=seed, store="memory", mode=mode, options=whole_with_dollars(seed))
+    assert clean.ok, "; ".join(map(str, clean.violations))
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(seed), "--mode", mode, "--store", "memory"),
+        *whole_with_dollars(seed).flags().split(),
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "  spent: " in done.stdout, done.stdout[-2000:]
+
+
+def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_left_it() -> None:
+    """What a person approving was shown: the tool as the newest step to have ended defined it;
+    and, where that step ended without recording where its run stands (died, lost its store),
+    as each step before it back to the newest that recorded defined it (the run may still be
+    bound as that one left it); and as each step still running defined it (it may have bound
+    the call anew and stopped the run already). Nothing else."""
+    books = Books()
+    tools = ("POST http://shop.sim/orders", "DELETE http://shop.sim/orders", "POST x/steal")
+    for generation, shown in enumerate(tools, 1):
+        method, url = shown.split()
+        place_order = {"name": "place_order", "http": {"method": method, "url": url}}
+        books.specs.append(SpecVersion(generation, 0.0, {"tools": [place_order]}))
+    lives = (("step1", 1, True), ("step2", 3, False), ("step3", 1, True), ("step4", 2, False))
+    for order, (name, generation, recorded) in enumerate(lives, 1):
+        books.processes[name] = ProcessLife(float(order), order, generation, float(order), 0)
+        books.processes[name].recorded = recorded
+        if order == 3:
+            assert books.might_have_shown("place_order", 3.5, None) == ()
+    assert books.shown("place_order", 4.5, None) == tools[1]
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0],)
+    books.processes["step3"].recorded = False
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+    books.processes["step5"] = ProcessLife(5.0, 5, 3)  # still running
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    books.processes["step3"].recorded = True
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    books.processes["step4"].recorded = True
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[2],)
+
+
+def test_a_monitor_whose_newest_step_lost_its_store_before_binding_an_edit_keeps_its_promise() -> (
+    None
+):
+    """``--every-move --mode monitor`` (base 1796599068, run 159): bob approved tick 2's order
+    at 756.3, two approvals of two needed, while the newest step (tick16, given a spec whose
+    place_order had become a DELETE) had ended on its store before binding the call anew: the
+    run still showed the POST it was bound to, and the product counted bob's approval for it;
+    once the calm restored the tool, the order went as that POST. The world took bob to have
+    approved the DELETE (the newest step's spec) and judged the order unapproved: the model's
+    fault. It now takes either as what bob was shown (``Books.might_have_shown``); the run
+    keeps every promise."""
+    seed = 3630300620798533828
+    outcome = simulate(seed=seed, mode="monitor", store="memory", options=whole_with_dollars(seed))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    said = [line.strip() for line in outcome.lines]
+    assert "739.837 tick16 ends with StoreUnavailable (exit 5)" in said
+    assert "756.340 bob approved 2:1 (place_order)" in said
+    assert "905.972 EFFECT POST http://shop.sim/orders p3@t2 by tick23" in said
+
+
+def test_a_run_stopped_by_a_step_whose_store_answers_late_shows_that_step_s_call() -> None:
+    """``--every-move`` (base 1796600224, run 1103; on main 592b042 too, without dollar budgets):
+    step9, given the spec that sent ``place_order`` back to the shop's orders, bound the call
+    anew and stopped the run to ask at 225 s, but heard its store late and ended only at
+    241 s; bob approved at 235.4, shown the POST to the orders the run was bound to, and the
+    product counted it; the order went there at 248.9. The world took what bob was shown from
+    the newest step to have ended (step8, whose spec sent it to ``/steal``) and judged the
+    order unapproved: the model's fault. A step still running may have stopped the run already
+    (``Books.might_have_shown``); the run keeps every promise."""
+    seed = 6870649156577813982
+    outcome = simulate(seed=seed, mode="local", store="memory", options=whole_with_dollars(seed))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    said = [line.strip() for line in outcome.lines]
+    assert "224.256 step9 starts" in said and "240.980 step9 ends Stopped awaiting_approval" in said
+    assert "235.433 bob approved 2:0 (place_order)" in said
+    assert "248.947 EFFECT POST http://shop.sim/orders p3 by step10" in said

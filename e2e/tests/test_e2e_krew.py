@@ -33,7 +33,9 @@ from keelgate_e2e.runs import agentrun, apply, wait_phase
 from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl
 
-pytestmark = pytest.mark.e2e
+# The first test's setup renders the release: pip fetches every platform's wheels (about 100 s
+# on an idle machine, past the suite's 300 s on a loaded one, where `.ci/run` once timed out).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,10 +31,17 @@ log = logging.getLogger("keelgate.confirmer")
 FIELDS = ("idempotencyKey", "tool", "action", "run", "tenant")
 
 
+#: Seconds a confirmer's whole exchange may take unless told otherwise (``keelgate step``
+#: builds it so).
+TIMEOUT_SECONDS = 10.0
+
+
 class HttpConfirmer:
     """A Confirmer over one URL template (see the module's docstring)."""
 
-    def __init__(self, url: str, *, timeout_seconds: float = 10.0, name: str = "") -> None:
+    def __init__(
+        self, url: str, *, timeout_seconds: float = TIMEOUT_SECONDS, name: str = ""
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise InputError("--confirmer-url", "must be an http:// or https:// URL")
         try:

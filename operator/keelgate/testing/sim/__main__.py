@@ -91,6 +91,16 @@ def _parser() -> argparse.ArgumentParser:
         help="place_order is an MCP tool in half the runs (not a quarter), notify in half too.",
     )
     parse.add_argument(
+        "--dollars",
+        action="store_true",
+        help="Half the runs have a dollar budget, with the model's prices in their spec.",
+    )
+    parse.add_argument(
+        "--cached-input",
+        action="store_true",
+        help="The Anthropic server reports part of each answer's input as prompt-cache tokens.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -99,10 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--every-move",
         action="store_true",
-        help="--late-shop, every move, late store answers, pages, a rejection limit and MCP "
-        "more often; a share of the runs (drawn from each seed, apart from its world) also "
-        "makes the named moves and has the HTTP confirmer. The kept seeds were found with "
-        "--late-shop --moves.",
+        help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
+        "more often, dollar budgets and cached input; a share of the runs (drawn from each "
+        "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
+        "The kept seeds were found with --late-shop --moves.",
     )
     return parse
 
@@ -144,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paged=args.paged,
         rejection_limit=args.rejection_limit,
         mcp_often=args.mcp_often,
+        dollars=args.dollars,
+        cached_input=args.cached_input,
     )
 
     def options_of(seed: int | None) -> Options:

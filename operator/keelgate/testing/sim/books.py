@@ -144,6 +144,9 @@ class Ask:
     order: int = 0
     #: The monitor's tick it was asked in (its run's name; "" for a run that is no monitor).
     run: str = ""
+    #: Of ``tokens``, those the model wrote (an output token is priced apart); the rest are
+    #: its input, every one of them, cached or not.
+    output_tokens: int = 0
 
 
 @dataclass
@@ -190,6 +193,9 @@ class Decision:
     groups: tuple[str, ...] = ()
     #: The tool's definition as it stood when the decision was made (what was approved).
     shown: str = ""
+    #: The definitions it may have stood at instead, as far as the world can tell (``Books.
+    #: might_have_shown``): a step that ended without recording may have bound the call anew.
+    shown_also: tuple[str, ...] = ()
     #: A settlement: whether it was true when made (the shop's ledger says).
     truthful: bool = True
     #: When it came to stand: the product told its maker so (local mode), or it was made on
@@ -240,6 +246,10 @@ class ProcessLife:
     code: int | None = None
     #: The monitor's tick it drove (its run's name; "" for a step of a run that is no monitor).
     run: str = ""
+    #: Whether its end says it recorded where its run stands before it exited (a goal met, a
+    #: stop, a failure: ``keelgate.core.exits.RECORDED``); a step that died, or could not
+    #: reach its store, may have saved part of its work or none.
+    recorded: bool = False
 
 
 @dataclass
@@ -431,6 +441,34 @@ class Books:
         asked = self.spec(max(ended, key=lambda life: life.order).generation) if ended else None
         found = asked.tool(tool) if asked is not None else None
         return definition(found if found is not None else manifest)
+
+    def might_have_shown(
+        self, tool: str, at: float, manifest: Mapping[str, Any] | None
+    ) -> tuple[str, ...]:
+        """Where else the call a person approves at ``at`` may go as they are shown it, besides
+        ``shown``'s, as far as the world can tell: where the newest step to have ended did not
+        record where its run stands (it died, or lost its store), the run may still be bound as
+        an earlier one left it, back to the newest step that did record; and a step still
+        running may already have bound the call anew and stopped the run to ask (its stop
+        recorded, its store's answer late). A step binds an edited tool anew only as it acts."""
+        lives = sorted(self.processes.values(), key=lambda life: life.order)
+        ended = [life for life in lives if life.ended is not None and life.ended <= at]
+        running = [
+            life for life in lives if life.started <= at and (life.ended is None or life.ended > at)
+        ]
+        earlier: list[ProcessLife] = []
+        for life in reversed(ended[:-1]):
+            if ended[-1].recorded:
+                break
+            earlier.append(life)
+            if life.recorded:
+                break
+        also: list[str] = []
+        for life in (*earlier, *running):
+            version = self.spec(life.generation)
+            found = version.tool(tool) if version is not None else None
+            also.append(definition(found if found is not None else manifest))
+        return tuple(dict.fromkeys(also))
 
     def generation_of(self, process: str) -> int:
         life = self.processes.get(process)

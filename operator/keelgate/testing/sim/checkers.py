@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from keelgate.testing.sim.books import (
     SERVICE_ACCOUNT,
@@ -268,7 +269,7 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
 def _counts(books: Books, decision: Decision, rule: Rule, sent: Sent) -> bool:
     if not rule.admits(decision.human):
         return False
-    if decision.shown and decision.shown != _went_to(books, sent):
+    if decision.shown and _went_to(books, sent) not in (decision.shown, *decision.shown_also):
         return False  # approved a call to somewhere else
     if rule.expires_after is not None:
         # The gate counts approvals when it lets the call through; the request may leave up to
@@ -629,11 +630,12 @@ def spent(books: Books, records: Records) -> list[Violation]:
     tokens of N plans and N - 1 verdicts, and when the model is asked, those of every answer
     before it. The world knows what each answer cost (the model's own record), whatever the
     run recorded. Once those tokens pass the token budget of the process that acts (the spec
-    it was given: edits take effect for a process as it starts), it calls no tool, READs
-    included, of that plan or any later one, and asks the model nothing more: the call that
-    crossed the budget is paid for, and its plan waits for a larger budget. The iteration
-    budget counts plans instead: no plan is asked for past it, and a plan asked for within it
-    is acted on whole (an iteration is judged before it is planned).
+    it was given: edits take effect for a process as it starts), or their price at that
+    spec's ``pricing`` passes its dollar budget, it calls no tool, READs included, of that plan
+    or any later one, and asks the model nothing more: the call that crossed the budget is
+    paid for, and its plan waits for a larger budget. The iteration budget counts plans
+    instead: no plan is asked for past it, and a plan asked for within it is acted on whole
+    (an iteration is judged before it is planned).
     """
     found: list[Violation] = []
     for ask in books.asks:
@@ -647,66 +649,114 @@ def spent(books: Books, records: Records) -> list[Violation]:
                     f"{ask.at:.1f}, its budget allowing {limit}",
                 )
             )
-        tokens = budget.get("tokens")
-        if tokens is None:
-            continue
-        used = _recorded_before(books, ask)
-        if used > int(str(tokens)):
-            found.append(
-                Violation(
-                    "spent",
-                    f"{ask.process} asked the model ({ask.phase} {ask.iteration}) at "
-                    f"{ask.at:.1f} after {used} tokens, its budget {tokens}",
+        for spending in _spending(books, ask.process):
+            used = _recorded_before(books, ask, spending.cost)
+            if used > spending.limit:
+                found.append(
+                    Violation(
+                        "spent",
+                        f"{ask.process} asked the model ({ask.phase} {ask.iteration}) at "
+                        f"{ask.at:.1f} after {spending.said(used)}, its budget "
+                        f"{spending.said(spending.limit, unit=False)}",
+                    )
                 )
-            )
     for sent in books.sent:
-        tokens = _budget(books, sent.process).get("tokens")
         plans = books.plans_followed(sent) if sent.ref else []
-        if tokens is None or not plans:
+        if not plans:
             continue
-        used = min(_recorded_with(books, plan) for plan in plans)
-        if used > int(str(tokens)):
-            found.append(
-                Violation(
-                    "spent",
-                    f"{_short(sent.ref)}{'' if sent.part == 'request' else f' ({sent.part})'} "
-                    f"sent by {sent.process} at {sent.at:.1f}, its plan (iteration "
-                    f"{plans[0].iteration}) made after {used} tokens, its budget {tokens}",
+        for spending in _spending(books, sent.process):
+            used = min(_recorded_with(books, plan, spending.cost) for plan in plans)
+            if used > spending.limit:
+                found.append(
+                    Violation(
+                        "spent",
+                        f"{_short(sent.ref)}"
+                        f"{'' if sent.part == 'request' else f' ({sent.part})'} sent by "
+                        f"{sent.process} at {sent.at:.1f}, its plan (iteration "
+                        f"{plans[0].iteration}) made after {spending.said(used)}, its budget "
+                        f"{spending.said(spending.limit, unit=False)}",
+                    )
                 )
-            )
     return found
 
 
 def _budget(books: Books, process: str) -> Mapping[str, object]:
     """The budget of the spec ``process`` was given ({} if it is no version the owner kept)."""
+    return _of_spec(books, process, "budget")
+
+
+def _of_spec(books: Books, process: str, name: str) -> Mapping[str, object]:
     version = books.spec(books.generation_of(process))
-    budget = None if version is None else version.manifest.get("budget")
-    return budget if isinstance(budget, Mapping) else {}
+    found = None if version is None else version.manifest.get(name)
+    return found if isinstance(found, Mapping) else {}
 
 
-def _recorded_with(books: Books, plan: Ask) -> int:
-    """The fewest tokens a run has recorded once it saved ``plan``: its iteration's plan and
-    every plan and verdict of the iterations before (the cheapest answer of each, asked by
-    then: the run records one of them)."""
-    return _cheapest(books, plan.order + 1, plans=plan.iteration, verdicts=plan.iteration - 1)
+@dataclass(frozen=True)
+class _Spending:
+    """One budget of what answers cost: its limit, and what one answer costs against it."""
+
+    limit: Decimal
+    cost: Callable[[Ask], Decimal]
+    dollars: bool = False
+
+    def said(self, amount: Decimal, *, unit: bool = True) -> str:
+        if self.dollars:
+            return f"${amount}"
+        return f"{amount} tokens" if unit else str(amount)
 
 
-def _recorded_before(books: Books, ask: Ask) -> int:
-    """The fewest tokens a run has recorded when it asks ``ask``: the answers of every plan and
+def _spending(books: Books, process: str) -> list[_Spending]:
+    """The budgets of what answers cost in the spec ``process`` was given: its tokens, and its
+    dollars where the spec states the model's prices (``pricing``: dollars per million input
+    and output tokens). An answer's dollars are the world's own sum, from the model's record
+    of its input tokens (cached or not) and its output tokens, never the product's."""
+    budget = _budget(books, process)
+    found = []
+    tokens = budget.get("tokens")
+    if tokens is not None:
+        found.append(_Spending(Decimal(str(tokens)), lambda ask: Decimal(ask.tokens)))
+    dollars = budget.get("dollars")
+    pricing = _of_spec(books, process, "pricing")
+    per_input = pricing.get("inputPerMillionTokens")
+    per_output = pricing.get("outputPerMillionTokens")
+    if dollars is not None and per_input is not None and per_output is not None:
+        prices = (Decimal(str(per_input)), Decimal(str(per_output)))
+
+        def cost(ask: Ask) -> Decimal:
+            written = ask.output_tokens
+            return (prices[0] * (ask.tokens - written) + prices[1] * written) / 1_000_000
+
+        found.append(_Spending(Decimal(str(dollars)), cost, dollars=True))
+    return found
+
+
+def _recorded_with(books: Books, plan: Ask, cost: Callable[[Ask], Decimal]) -> Decimal:
+    """The least a run has recorded once it saved ``plan``: its iteration's plan and every plan
+    and verdict of the iterations before (the cheapest answer of each, asked by then: the run
+    records one of them)."""
+    return _cheapest(books, plan.order + 1, cost, plans=plan.iteration, verdicts=plan.iteration - 1)
+
+
+def _recorded_before(books: Books, ask: Ask, cost: Callable[[Ask], Decimal]) -> Decimal:
+    """The least a run has recorded when it asks ``ask``: the answers of every plan and
     verdict before it (a verdict follows its iteration's plan)."""
     plans = ask.iteration - 1 if ask.phase == "plan" else ask.iteration
-    return _cheapest(books, ask.order, plans=plans, verdicts=ask.iteration - 1)
+    return _cheapest(books, ask.order, cost, plans=plans, verdicts=ask.iteration - 1)
 
 
-def _cheapest(books: Books, before: int, *, plans: int, verdicts: int) -> int:
-    cheapest: dict[tuple[str, int], int] = {}
+def _cheapest(
+    books: Books, before: int, cost: Callable[[Ask], Decimal], *, plans: int, verdicts: int
+) -> Decimal:
+    cheapest: dict[tuple[str, int], Decimal] = {}
     for ask in books.asks:
         if ask.order >= before:
             continue
         slot = (ask.phase, ask.iteration)
-        cheapest[slot] = min(cheapest.get(slot, ask.tokens), ask.tokens)
-    return sum(cheapest.get(("plan", i), 0) for i in range(1, plans + 1)) + sum(
-        cheapest.get(("verify", i), 0) for i in range(1, verdicts + 1)
+        paid = cost(ask)
+        cheapest[slot] = min(cheapest.get(slot, paid), paid)
+    zero = Decimal(0)
+    return sum((cheapest.get(("plan", i), zero) for i in range(1, plans + 1)), zero) + sum(
+        (cheapest.get(("verify", i), zero) for i in range(1, verdicts + 1)), zero
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from keelgate.core.spec import LoopSpec
@@ -30,7 +31,7 @@ from keelgate.testing.sim.downstream import (
     http_tool,
     mcp_tool,
 )
-from keelgate.testing.sim.model import Scenario
+from keelgate.testing.sim.model import Scenario, dollars_text
 from keelgate.testing.sim.modelserver import manifest_model
 from keelgate.testing.sim.world import World
 
@@ -86,6 +87,14 @@ class Desk:
             budget["maxIterations"] = scenario.max_iterations
         if scenario.tokens is not None:
             budget["tokens"] = scenario.tokens
+        pricing: dict[str, Any] = {}
+        if scenario.dollars is not None and scenario.pricing is not None:
+            budget["dollars"] = scenario.dollars
+            per_input, per_output = scenario.pricing
+            pricing["pricing"] = {
+                "inputPerMillionTokens": per_input,
+                "outputPerMillionTokens": per_output,
+            }
         over_mcp = {"place_order"} if schedule.chance(500 if self.mcp_often else 250) else set()
         self.model_face = MODEL_FACES[schedule.pick(len(MODEL_FACES))]
         if self.mcp_often and schedule.chance(500):
@@ -114,6 +123,7 @@ class Desk:
                 "model": manifest_model(self.model_face),
                 "tools": tools,
                 "budget": budget,
+                **pricing,
                 **(
                     {"loop": "monitor", "schedule": SCHEDULE, "allowedSideEffects": ALL_EFFECTS}
                     if self.monitor
@@ -218,6 +228,8 @@ class Desk:
                 budget["tokens"] += 1500
             if "maxVerifierRejections" in budget:
                 budget["maxVerifierRejections"] += 1
+            if "dollars" in budget:  # five plain answers more
+                budget["dollars"] = dollars_text(Decimal(budget["dollars"]) + 5 * self._answer)
         elif what == "lower budget":
             if "maxIterations" in budget:
                 budget["maxIterations"] = max(1, budget["maxIterations"] - 1)
@@ -225,6 +237,9 @@ class Desk:
                 budget["tokens"] = max(200, budget["tokens"] - 500)
             if "maxVerifierRejections" in budget:
                 budget["maxVerifierRejections"] = max(1, budget["maxVerifierRejections"] - 1)
+            if "dollars" in budget:  # two plain answers less, one left
+                lowered = Decimal(budget["dollars"]) - 2 * self._answer
+                budget["dollars"] = dollars_text(max(self._answer, lowered))
         elif what == "place_order url":
             http = tools["place_order"].get("http")
             if http is not None:
@@ -236,6 +251,10 @@ class Desk:
                 http["method"] = "POST" if http.get("method") == "DELETE" else "DELETE"
         self.world.say(f"spec edited: {what} (generation {self.generation + 1})")
         self._push(new)
+
+    @property
+    def _answer(self) -> Decimal:
+        return self.scenario.answer_dollars
 
     def regroup(self, name: str) -> None:
         """The run's owner names the other groups for the approvals of tool ``name``, whose

@@ -35,6 +35,7 @@ from urllib.parse import unquote
 
 import httpx
 
+from keelgate.adapters.confirmers import TIMEOUT_SECONDS as CONFIRMER_SECONDS
 from keelgate.adapters.confirmers import HttpConfirmer
 from keelgate.core import fence
 from keelgate.core.fence import MARGIN, Send, about_to_send
@@ -75,8 +76,8 @@ MCP_URL = f"{SHOP}/mcp"
 #: The shop's status endpoint, as the confirmer's URL template names it (``--confirmer-url``).
 STATUS_PATH = "/status/"
 STATUS_URL = f"{SHOP}{STATUS_PATH}{{idempotencyKey}}?tool={{tool}}&action={{action}}"
-#: The HTTP confirmer's time limit (``HttpConfirmer``'s default, as ``keelgate step`` makes it).
-STATUS_SECONDS = 10.0
+#: The HTTP confirmer's time limit, as ``keelgate step`` makes it.
+STATUS_SECONDS = CONFIRMER_SECONDS
 
 
 def http_tool(name: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
@@ -26,6 +27,9 @@ from keelgate.testing.sim.world import Schedule, World
 
 SKUS = ("A1", "B2", "C3")
 TOOL_CHOICES = ("place_order", "place_order", "notify", "check_stock", "pay")
+#: A model's prices in a run with a dollar budget: dollars per million input and output tokens,
+#: output dearer than input (four to eight times), as providers price them.
+PRICES: tuple[tuple[str, str], ...] = (("3", "15"), ("2.5", "10"), ("1.25", "10"), ("0.8", "4"))
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,21 @@ class Scenario:
     #: never its output, so only a long answer takes a run past its budget in one call.
     long_answers: frozenset[int] = frozenset()
     long_tokens: int = 0
+    #: The model's prices (dollars per million input and output tokens, as the manifest's
+    #: ``spec.pricing`` says them) and the dollar budget (``spec.budget.dollars``), in a run
+    #: with one (``dollar_budgets``); None in the others. Out of the scenario's line in the
+    #: trace, which reads as before they came (the desk says them).
+    pricing: tuple[str, str] | None = field(default=None, repr=False)
+    dollars: str | None = field(default=None, repr=False)
 
     @classmethod
-    def drawn(cls, schedule: Schedule, *, rejections: int = 150) -> Scenario:
+    def drawn(
+        cls, schedule: Schedule, *, rejections: int = 150, dollar_budgets: bool = False
+    ) -> Scenario:
         """One story from ``schedule``; the verifier rejects each iteration with ``rejections``
-        in a thousand (the same draws whatever its value)."""
+        in a thousand (the same draws whatever its value). ``dollar_budgets`` (the whole world
+        only): half the runs have a dollar budget too, read from a choice already made (no draw
+        of its own)."""
         refs: dict[str, str] = {}
         iterations = 1 + schedule.pick(4)
         plans = tuple(_plan(schedule, refs) for _ in range(iterations))
@@ -66,7 +80,8 @@ class Scenario:
         tokens: int | None = None
         long_answers: frozenset[int] = frozenset()
         long_tokens = 0
-        if schedule.chance(250):
+        token_budget, rest = schedule.chance_and_rest(250)
+        if token_budget:
             # One draw, as ``pick(10)`` made it: its remainder is the budget, the rest of it
             # says which answers are long (none for the calm draw).
             drawn = schedule.raw()
@@ -76,6 +91,9 @@ class Scenario:
         input_tokens = 80 + 10 * schedule.pick(5)
         output_tokens = 20 + 10 * schedule.pick(4)
         again = {i: _plan(schedule, refs) for i in range(iterations) if schedule.chance(200)}
+        pricing, dollars = (
+            _dollar_budget(rest, input_tokens, output_tokens) if dollar_budgets else (None, None)
+        )
         return cls(
             plans=plans,
             rejected=rejected,
@@ -91,6 +109,8 @@ class Scenario:
             again=again,
             long_answers=long_answers,
             long_tokens=long_tokens,
+            pricing=pricing,
+            dollars=dollars,
         )
 
     @property
@@ -98,6 +118,13 @@ class Scenario:
         """Whether ``pay`` asks for a quote before it charges (read from a choice already made:
         half the runs)."""
         return (self.input_tokens // 10) % 2 == 0
+
+    @property
+    def answer_dollars(self) -> Decimal:
+        """What a plain answer costs at the run's prices (0 without)."""
+        if self.pricing is None:
+            return Decimal(0)
+        return dollars_of(self.pricing, self.input_tokens, self.output_tokens)
 
     @property
     def call_tokens(self) -> int:
@@ -122,6 +149,32 @@ def _long_answers(bits: int) -> tuple[frozenset[int], int]:
     it."""
     iterations = frozenset(i for i in range(1, 9) if (bits >> (2 * i)) % 4)
     return iterations, (500 + 300 * (bits % 4)) if iterations else 0
+
+
+def dollars_of(pricing: tuple[str, str], input_tokens: int, output_tokens: int) -> Decimal:
+    """What an answer of these tokens costs at ``pricing`` (dollars per million input and
+    output tokens): the world's own sum, never the product's."""
+    per_input, per_output = (Decimal(price) for price in pricing)
+    return (per_input * input_tokens + per_output * output_tokens) / 1_000_000
+
+
+def _dollar_budget(
+    bits: int, input_tokens: int, output_tokens: int
+) -> tuple[tuple[str, str] | None, str | None]:
+    """Whether a run has a dollar budget, its model's prices and the budget, read from ``bits``
+    (none for the calm draw): half the runs, at one of ``PRICES``, a budget of two and a half
+    to eight and a half plain answers (a run's iterations take three to nine), so that a run
+    reaches it and an answer crosses it."""
+    if bits % 2 == 0:
+        return None, None
+    pricing = PRICES[(bits // 2) % len(PRICES)]
+    budget = dollars_of(pricing, input_tokens, output_tokens) * (5 + 2 * ((bits // 8) % 7)) / 2
+    return pricing, dollars_text(budget)
+
+
+def dollars_text(amount: Decimal) -> str:
+    """An amount as a manifest's decimal string says it (never in exponent form)."""
+    return format(amount, "f")
 
 
 def _plan(schedule: Schedule, refs: dict[str, str]) -> tuple[PlannedCall, ...]:
@@ -213,6 +266,7 @@ class Planner:
                 usage.tokens,
                 self.books.next_order(),
                 run=self.ticks.get(self.world.actor, ""),
+                output_tokens=usage.output_tokens,
             )
         )
 

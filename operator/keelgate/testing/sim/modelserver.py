@@ -8,6 +8,9 @@ iteration from the adapter's own wording, how many plans the history shows carri
 the world's ``Planner``, and answers in the provider's wire format; or, as the schedule says,
 refuses the connection, answers 429 with a Retry-After, fails with a 500, or loses the answer.
 It follows the wire formats of the two SDKs the adapters use; nothing of the adapters is copied.
+With ``cached_input`` (the whole world), Anthropic's answers say part of their input was read
+from or written to a prompt cache, as a cached prompt's are: the tokens are the model's all the
+same (the world's books keep the whole count); only their report is split.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keelgate.core.model import ModelReply
+from keelgate.core.types import Usage
 from keelgate.testing.sim.model import Planner, Question
 from keelgate.testing.sim.network import Fate, Reply, Request
 from keelgate.testing.sim.world import World
@@ -33,6 +37,9 @@ _VERIFY = re.compile(r"Verify iteration (\d+):")
 _PLAN = re.compile(r"Iteration (\d+): call the next tools")
 _ENDED = re.compile(r"Iteration \d+ ended without tool calls")
 _REJECTED = re.compile(r"A verifier rejected iteration (\d+):")
+#: How long a prompt-cache entry lives after its last use (Anthropic's default time to live,
+#: five minutes, counted again from each read).
+CACHE_SECONDS = 300.0
 
 
 def manifest_model(face: str) -> dict[str, Any]:
@@ -53,10 +60,13 @@ def manifest_model(face: str) -> dict[str, Any]:
 class ModelServer:
     """The provider's API: one endpoint per format."""
 
-    def __init__(self, world: World, planner: Planner) -> None:
+    def __init__(self, world: World, planner: Planner, *, cached_input: bool = False) -> None:
         self.world = world
         self.planner = planner
+        self.cached_input = cached_input
         self._ids = itertools.count(1)
+        #: The prompt cache: each prefix (system prompt and tools) and when its entry expires.
+        self._cache: dict[str, float] = {}
 
     def fate(self, request: Request, limit: float) -> Fate:
         schedule = self.world.schedule
@@ -135,10 +145,32 @@ class ModelServer:
             "content": content,
             "stop_reason": "tool_use" if calls else "end_turn",
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": reply.usage.input_tokens,
-                "output_tokens": reply.usage.output_tokens,
+            "usage": self._anthropic_usage(body, reply.usage),
+        }
+
+    def _anthropic_usage(self, body: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        """An answer's usage as Anthropic's ``messages`` reports it. With ``cached_input``, three
+        quarters of its input is the prompt's prefix (the system prompt and the tools, the same
+        in every question of a run): written to the cache (``cache_creation_input_tokens``,
+        with its breakdown by time to live) when no entry of that very prefix is alive, read
+        from it (``cache_read_input_tokens``) when one is, and ``input_tokens`` is the rest
+        only. The input billed is the sum of the three, as before."""
+        if not self.cached_input:
+            return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+        prefix = usage.input_tokens * 3 // 4
+        key = _json([body.get("system"), body.get("tools")])
+        read = self._cache.get(key, -1.0) >= self.world.now
+        self._cache[key] = self.world.now + CACHE_SECONDS
+        written = 0 if read else prefix
+        return {
+            "input_tokens": usage.input_tokens - prefix,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": prefix - written,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": written,
+                "ephemeral_1h_input_tokens": 0,
             },
+            "output_tokens": usage.output_tokens,
         }
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from keelgate.core.loop import Loop
 from keelgate.core.state import RunState
-from keelgate.core.types import PendingApproval, StopReason
+from keelgate.core.types import PendingApproval
 from keelgate.errors import KeelgateError
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
@@ -51,7 +51,7 @@ from keelgate.testing.sim.books import (
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
 from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS
-from keelgate.testing.sim.people import PEOPLE, book_approval, calm_look, counts
+from keelgate.testing.sim.people import BUDGET_STOPS, PEOPLE, book_approval, calm_look, counts
 from keelgate.testing.sim.processes import Setting, StepProcess
 from keelgate.testing.sim.stores import StoreSite, patiently
 from keelgate.testing.sim.world import World
@@ -361,9 +361,7 @@ class Cluster:
             self._move(state)
         run = self.api.get("AgentRun", self.setting.tenant, self.setting.run) or {}
         status = run.get("status") or {}
-        if status.get("stopReason") in (StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS) and (
-            self.calm or schedule.chance(500)
-        ):
+        if status.get("stopReason") in BUDGET_STOPS and (self.calm or schedule.chance(500)):
             self.setting.desk.edit("raise budget")
             self.api.replace_spec(
                 "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest

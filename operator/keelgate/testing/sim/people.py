@@ -33,7 +33,9 @@ from keelgate.testing.sim.world import World
 PEOPLE = tuple(GROUPS)
 #: When the calm end begins (``simulate.CHAOS``: seconds of chaos).
 CALM_START = 900.0
-BUDGET_STOPS = frozenset({StopReason.TOKEN_BUDGET, StopReason.MAX_ITERATIONS})
+BUDGET_STOPS = frozenset(
+    {StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET, StopReason.MAX_ITERATIONS}
+)
 
 
 #: Seconds after the calm end began during which people look every 5 s; every minute after.
@@ -71,7 +73,10 @@ def book_approval(
     """An approval or a deny of the call ``ref``, made at ``at`` by ``human`` under the name
     ``by`` (with the groups ``by`` is in), of ``tool`` as the run showed it, booked."""
     shown = books.shown(tool, at, desk.tool(tool))
-    decision = Decision(at, "approve", by, human, action, ref, yes, GROUPS.get(by, ()), shown=shown)
+    also = tuple(d for d in books.might_have_shown(tool, at, desk.tool(tool)) if d != shown)
+    decision = Decision(
+        at, "approve", by, human, action, ref, yes, GROUPS.get(by, ()), shown=shown, shown_also=also
+    )
     books.decisions.append(decision)
     return decision
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from keelgate.core import failpoints, fence
-from keelgate.core.exits import exit_code
+from keelgate.core.exits import RECORDED, exit_code
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec
@@ -251,7 +251,7 @@ class StepProcess:
 
     def _ended(self, code: int) -> None:
         life = self.books.processes[self.name]
-        life.ended, life.code = self.world.now, code
+        life.ended, life.code, life.recorded = self.world.now, code, code in RECORDED
 
     def kill(self) -> None:
         """SIGKILL from outside (a pod deleted past its grace, a node gone for good)."""

@@ -94,6 +94,12 @@ class Options:
     #: quarter, and ``notify`` in half of them): its exchanges meet the faults the HTTP tool's
     #: do (late claims, held requests) as often.
     mcp_often: bool = False
+    #: Half the runs have a dollar budget, with the model's prices in their spec (output
+    #: dearer than input), read from a choice already made (``Scenario.drawn``).
+    dollars: bool = False
+    #: The simulated Anthropic server reports part of each answer's input as prompt-cache
+    #: writes or reads (``ModelServer._anthropic_usage``); it draws nothing.
+    cached_input: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -118,6 +124,8 @@ class Options:
                 paged=True,
                 rejection_limit=True,
                 mcp_often=True,
+                dollars=True,
+                cached_input=True,
             )
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
@@ -129,6 +137,8 @@ class Options:
             paged=True,
             rejection_limit=True,
             mcp_often=True,
+            dollars=True,
+            cached_input=True,
         )
 
     def flags(self) -> str:
@@ -141,6 +151,10 @@ class Options:
             said.append("--rejection-limit")
         if self.mcp_often:
             said.append("--mcp-often")
+        if self.dollars:
+            said.append("--dollars")
+        if self.cached_input:
+            said.append("--cached-input")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
@@ -245,10 +259,14 @@ def _simulate(
 ) -> Outcome:
     schedule = world.schedule
     # With a limit named, the verifier rejects twice as often, so that runs meet it.
-    scenario = Scenario.drawn(schedule, rejections=300 if options.rejection_limit else 150)
+    scenario = Scenario.drawn(
+        schedule,
+        rejections=300 if options.rejection_limit else 150,
+        dollar_budgets=options.dollars,
+    )
     planner = Planner(world, scenario, books)
     network.servers["shop.sim"] = Shop(world, books)
-    network.servers[MODEL_HOST] = ModelServer(world, planner)
+    network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
 
     def lose_answer() -> bool:
@@ -270,6 +288,12 @@ def _simulate(
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    if scenario.pricing is not None:
+        per_input, per_output = scenario.pricing
+        world.say(
+            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
+            f"${per_output} per million input and output tokens"
+        )
     setting = Setting(
         world,
         site,

@@ -64,7 +64,14 @@ class Schedule:
 
     def chance(self, per_mille: int) -> bool:
         """True with ``per_mille`` in a thousand; a raw 0 is always False."""
-        return self.raw() % 1000 >= 1000 - per_mille
+        return self.chance_and_rest(per_mille)[0]
+
+    def chance_and_rest(self, per_mille: int) -> tuple[bool, int]:
+        """``chance`` and the rest of its one draw (the raw choice by a thousand; 0 for the calm
+        draw), for a choice added later to read without a draw of its own, so that every
+        later choice of a run is drawn as before it came."""
+        value = self.raw()
+        return value % 1000 >= 1000 - per_mille, value // 1000
 
     def between(self, low: float, high: float) -> float:
         """A length between ``low`` and ``high`` (0: ``low``)."""
