@@ -172,6 +172,8 @@ class Operator:
         saved, on_sigterm = list(sys.path), signal.getsignal(signal.SIGTERM)
         argv = [*container["args"][1:], "--store", self.store_url]
         argv += ["--termination-log", str(self.termination_log)]
+        if env.get("KEELGATE_EPOCH"):
+            argv += ["--epoch", env["KEELGATE_EPOCH"]]  # as the step reads its environment
         if late_call_grace is not None:
             argv += ["--late-call-grace", str(late_call_grace)]
         logs = io.StringIO()

@@ -48,6 +48,10 @@ from keelgate.kube.resources import creator_of, pod_active, pod_finished
 from keelgate.kube.times import stamp
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
 
+#: The stops at which a run waits for a person: its holder keeps it (the decision is written
+#: under its epoch). At any other stop the run is finished until its spec changes, and let go.
+_WAITING_FOR_A_PERSON = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
+
 
 class Monitors(Protocol):
     """Where a monitor's AgentRun goes: it schedules ticks (``monitor.MonitorReconciler``)."""
@@ -71,6 +75,7 @@ class AgentRunReconciler:
         run = context.cache.get("AgentRun", namespace, name)
         if run is None or run["metadata"].get("deletionTimestamp"):
             self._stop_pods(namespace, name, run)
+            context.holding.let_go(namespace, name)
             context.slots.stop_waiting(key)
             context.memory.forget(key)
             return REST
@@ -157,6 +162,9 @@ class AgentRunReconciler:
         if isinstance(needed, Rest) or spec.suspend:
             if state is not None and state.stop is not None:
                 sign_head(context, key)  # at rest: its chain head, signed (if asked for)
+                if state.stop.reason not in _WAITING_FOR_A_PERSON:
+                    # Finished (until its spec changes): nobody need wait for its lease.
+                    context.holding.let_go(namespace, name)
             step = {**step, "state": "Ended"} if step else step
             return self._write_at_rest(run, step, spec, state=state)
         if isinstance(needed, Stall):
@@ -207,12 +215,20 @@ class AgentRunReconciler:
         context = self._context
         context.meter.step_ended(ended.kind, ended.seconds)
         crashes = 0 if ended.clean else int(step.get("crashes") or 0) + 1
-        if ended.kind in (EndKind.BUSY, EndKind.PREEMPTED):
-            # Another driver is alive, or the pod was asked to stop and did: not a crash.
+        if ended.kind in (EndKind.BUSY, EndKind.PREEMPTED, EndKind.FENCED):
+            # Another driver is alive, or took the run over, or the pod was asked to stop and
+            # did: not a crash.
             crashes = int(step.get("crashes") or 0)
+        if ended.kind is EndKind.FENCED:
+            # Whatever this operator held of the run is gone: the next step pod is made only
+            # if it takes the run again (else the status names who holds it).
+            context.holding.lost(key[1], key[2])
         told = f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}"
         if ended.kind is EndKind.PREEMPTED:
             context.events.normal(run, "StepPreempted", told)
+            context.memory.step_ended(key, at=context.clock(), untold=None)
+        elif ended.kind is EndKind.FENCED:
+            context.events.normal(run, "StepFenced", told)
             context.memory.step_ended(key, at=context.clock(), untold=None)
         elif ended.clean:
             # Told with what comes next (the next step's start, or the run's stop): one Event,
@@ -280,8 +296,10 @@ class AgentRunReconciler:
         delay = 0.0
         if ended is not None and ended.kind is EndKind.BUSY:
             delay = settings.busy_retry
-        elif ended is not None and ended.kind is EndKind.PREEMPTED:
-            delay = 0.0  # it stopped at a checkpoint: the next attempt goes on at once
+        elif ended is not None and ended.kind in (EndKind.PREEMPTED, EndKind.FENCED):
+            # It stopped at a checkpoint, or the run was taken over (the next pod is made only
+            # by whoever holds the run): the next attempt is not held back.
+            delay = 0.0
         elif retry and crashes > 1:
             delay = min(settings.max_backoff, settings.crash_backoff * 2 ** (crashes - 2))
         seen = failpoints_seen_in(run)

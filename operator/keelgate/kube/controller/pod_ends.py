@@ -1,8 +1,9 @@
-"""How a step pod ended, read from what Kubernetes says about it: one of six kinds.
+"""How a step pod ended, read from what Kubernetes says about it: one of seven kinds.
 
 Why it exists: the operator's next move depends on how the last step pod ended (go on, retry
-with back-off, retry later because another process drives the run, or stall until the spec
-changes), and ``kubectl keelgate status`` shows the same words. The exit codes are those of
+with back-off, retry later because another process drives the run, leave the run to the
+operator that took it over, or stall until the spec changes), and ``kubectl keelgate status``
+shows the same words. The exit codes are those of
 ``keelgate step`` (``keelgate.core.exits``): 0, 1 and 3 are a step that recorded where the run
 stands; any other code is read from the error table of ``keelgate.errors``. This module is pure: it
 never talks to a cluster or a store.
@@ -26,6 +27,9 @@ class EndKind(StrEnum):
     CLEAN = "clean"  # the step recorded where the run stands
     CRASH = "crash"  # it ended without recording a stop: retried, with back-off
     BUSY = "busy"  # another process was driving the run: retried later, not a crash
+    # Its writes were refused for the run's epoch (exit 6): another holder took the run over.
+    # Not a crash and not retried: the run goes on only under whoever holds it.
+    FENCED = "fenced"
     BAD_INPUT = "bad_input"  # the step refused its input: the spec must change
     STORE = "store"  # the store could not be reached: a crash
     # Asked to stop (SIGTERM: a drain, an eviction), it finished its call, recorded it and
@@ -84,9 +88,9 @@ def _terminated(pod_status: Mapping[str, Any], terminated: Mapping[str, Any]) ->
     if code == EXIT_FENCED:
         # Its writes were refused for the run's epoch: another holder drives the run now, and
         # what this step left in flight is that holder's unknown outcome. Not a crash, and not
-        # bad input: like a busy run, tried again later (by whoever then holds it).
+        # bad input: the run goes on under whoever holds it.
         return PodEnd(
-            EndKind.BUSY,
+            EndKind.FENCED,
             f"{words}: another holder took the run over; nothing more was written",
             seconds,
         )
