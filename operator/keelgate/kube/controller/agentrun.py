@@ -53,6 +53,10 @@ from keelgate.manifest import AgentRunSpec, spec_from_manifest
 _WAITING_FOR_A_PERSON = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
 
 
+#: The stops no step goes on from whatever happens, but a spec change.
+_FINAL = frozenset({StopReason.GOAL_MET, StopReason.FAILED})
+
+
 class Monitors(Protocol):
     """Where a monitor's AgentRun goes: it schedules ticks (``monitor.MonitorReconciler``)."""
 
@@ -128,10 +132,13 @@ class AgentRunReconciler:
             if pod is None:
                 gone = context.cache.tombstone(namespace, pod_name)
                 if gone is None or not resources.owned_by(gone, uid):
-                    return self._pods.start(key, run, spec, step)
-                ended = classify(gone, deleted=not pod_finished(gone))
-                context.cache.forget_tombstone(namespace, pod_name)
-                pod = gone
+                    if not self._finished_elsewhere(namespace, name):
+                        return self._pods.start(key, run, spec, step)
+                    step = {**step, "state": "Ended"}  # nothing to make: at rest below
+                else:
+                    ended = classify(gone, deleted=not pod_finished(gone))
+                    context.cache.forget_tombstone(namespace, pod_name)
+                    ended_pod = gone
             elif pod_active(pod):
                 context.slots.stop_waiting(key)
                 lost = resources.lost_in(pod, now=context.clock())
@@ -147,16 +154,32 @@ class AgentRunReconciler:
                     "lost: deleted (its node stopped reporting?) and never seen to end; its "
                     "process may still run there, and the store keeps it from acting twice",
                 )
+                ended_pod = pod
             else:
                 ended = classify(pod)
-            ended_pod = pod
-            step = self._account(key, run, step, ended)
+                ended_pod = pod
+            if ended is not None:
+                step = self._account(key, run, step, ended)
 
         state = context.run_state(namespace, name)
         if ended is not None and ended_pod is not None:
             traces.tell_pod_span(context.tracer, ended_pod, step, ended, state)
         if ended is not None and state is not None and context.settings.confirms:
             self._asks.show_confirmer_settlements(run, state)
+        if state is None or state.stop is None or state.stop.reason not in _FINAL:
+            elsewhere = context.holding.elsewhere(namespace, name)
+            if elsewhere is not None:
+                # Another operator drives the run (it took it over, or holds it in another
+                # cluster): nothing is asked or made here while it does; the status says who.
+                write(
+                    run,
+                    step,
+                    suspended=spec.suspend,
+                    stepping=True,
+                    state=state,
+                    held_elsewhere=elsewhere.words(),
+                )
+                return Requeue(max(1.0, elsewhere.lease_left + 0.5))
         loop_spec = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run))
         needed = self._next(run, loop_spec, state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
@@ -179,6 +202,16 @@ class AgentRunReconciler:
             return Requeue(0.5)  # the status patch lost a race: look again
         fresh = context.cache.get("AgentRun", namespace, name) or run
         return self._pods.start(key, fresh, spec, intended)
+
+    def _finished_elsewhere(self, namespace: str, name: str) -> bool:
+        """Whether the run, intended here but not held by this operator, was finished by
+        another holder meanwhile (a standby cluster's run driven to its end there): its
+        intended pod is then not made, nor the run taken again."""
+        context = self._context
+        if not context.holding.enabled or context.holding.epoch(namespace, name) is not None:
+            return False
+        state = context.run_state(namespace, name)
+        return state is not None and state.stop is not None and state.stop.reason in _FINAL
 
     def _write_at_rest(
         self,

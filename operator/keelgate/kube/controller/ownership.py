@@ -94,6 +94,17 @@ class RunHolding:
             self._held[(namespace, run)] = taken
         return taken
 
+    def elsewhere(self, namespace: str, run: str) -> HeldElsewhere | None:
+        """Who else holds the run under a live lease, if this operator does not hold it (a
+        read, never a take); None when nobody else does, or ownership is off."""
+        owners = self._owners
+        if owners is None or self.epoch(namespace, run) is not None:
+            return None
+        current = owners.holder_of(namespace, run)
+        if current is None or current.holder == self.holder or current.lease_left <= 0:
+            return None
+        return HeldElsewhere(current.holder, current.epoch, current.lease_left)
+
     def epoch(self, namespace: str, run: str) -> int | None:
         """The epoch this operator holds the run under (None: it does not hold it)."""
         with self._lock:
