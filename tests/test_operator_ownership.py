@@ -206,8 +206,9 @@ def test_a_paused_operators_pod_is_fenced_and_its_write_is_the_new_holders_unkno
     assert step["crashes"] == 0 and "another holder took the run over" in step["lastExit"]
     assert a.pods() == ["restock-s1-a1"]  # no pod more in cluster A
     reconciling = a.condition("restock", "Reconciling")
-    assert reconciling["reason"] == "HeldElsewhere" and "'op-b' under epoch 2" in (
-        reconciling["message"]
+    assert (
+        reconciling["reason"] == "HeldElsewhere"
+        and "'op-b' under epoch 2" in (reconciling["message"])
     )
     assert [e.reason for e in a.api.events if e.reason == "StepFenced"] == ["StepFenced"]
     assert a.sample("keelgate_steps_ended_total", result="fenced") == 1
