@@ -27,14 +27,14 @@ class EndKind(StrEnum):
     CLEAN = "clean"  # the step recorded where the run stands
     CRASH = "crash"  # it ended without recording a stop: retried, with back-off
     BUSY = "busy"  # another process was driving the run: retried later, not a crash
-    # Its writes were refused for the run's epoch (exit 6): another holder took the run over.
-    # Not a crash and not retried: the run goes on only under whoever holds it.
-    FENCED = "fenced"
     BAD_INPUT = "bad_input"  # the step refused its input: the spec must change
     STORE = "store"  # the store could not be reached: a crash
     # Asked to stop (SIGTERM: a drain, an eviction), it finished its call, recorded it and
     # stopped at a checkpoint: not a crash, and the next attempt goes on from there at once.
     PREEMPTED = "preempted"
+    # Its writes were refused for the run's epoch (exit 6): another holder took the run over.
+    # Not a crash and not retried: the run goes on only under whoever holds it.
+    FENCED = "fenced"
 
 
 @dataclass(frozen=True)
