@@ -343,12 +343,16 @@ def operator_command(
 
 
 def _holder(identity: str) -> str:
-    """Who this operator is in the store's run ownership: --identity (POD_NAME), else the
-    host's name (a pod's hostname is its name). A pod restarted under the same name takes its
-    runs again at once, under new epochs: its earlier life is fenced off like anyone's."""
+    """Who this operator process is in the store's run ownership: --identity (POD_NAME), else
+    the host's name (a pod's hostname is its name), and a mark of this process. Two processes
+    never share a holder (two operators started by mistake on one host, a container restarted
+    while its earlier process still runs): one holder is one driver, or the fence between them
+    is gone. A restarted process is another holder, and takes its earlier life's runs after
+    their leases (a clean stop lets the runs no step pod drives go at once)."""
+    import secrets
     import socket
 
-    return identity or socket.gethostname()
+    return f"{identity or socket.gethostname()}/{secrets.token_hex(3)}"
 
 
 def _operator_store(
