@@ -294,8 +294,15 @@ def test_without_a_holder_no_run_is_taken_and_pods_carry_no_epoch(kube: Operator
 
 
 def test_operators_on_postgresql_take_each_run_once(tmp_path: Path, pg_url: str) -> None:
-    """The same on a PostgreSQL server: of two clusters' operators, one takes the run and makes
-    its pods (epoch 1 in each), the other shows who holds it and makes none."""
+    """The same on a PostgreSQL server whose tenant has a database of its own (``keelgate tenant
+    add``: the operator's store routes the tenant there, as in a cluster): of two clusters'
+    operators, one takes the run and makes its pods (epoch 1 in each), the other shows who
+    holds it and makes none; the holder's renewal finds it in the tenant's database."""
+    from keelgate.stores.tenancy import TenantStore
+    from keelgate.stores.tenant_databases import TenantDatabases
+
+    with TenantStore(pg_url) as admin:
+        admin.add(NAMESPACE)
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
     a = _operator(tmp_path / "a", "op-a", store=pg_url)
@@ -303,7 +310,10 @@ def test_operators_on_postgresql_take_each_run_once(tmp_path: Path, pg_url: str)
     try:
         for kube in (a, b):
             kube.apply("restock", agentrun_spec())
+        assert isinstance(a.stores.checkpoints, TenantDatabases)  # routed, as in a cluster
         a.reconcile("restock")
+        assert a.controller.holding.renew() == []  # one statement per database: still held
+        assert a.controller.holding.held() == [(NAMESPACE, "restock")]
         assert isinstance(b.reconcile("restock"), Requeue)
         assert b.pods() == []
         assert "held by 'op-a' under epoch 1" in b.condition("restock", "Reconciling")["message"]
