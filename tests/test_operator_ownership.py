@@ -325,3 +325,43 @@ def test_operators_on_postgresql_take_each_run_once(tmp_path: Path, pg_url: str)
     finally:
         a.close()
         b.close()
+
+
+def test_an_approval_is_written_by_whoever_holds_the_run_after_a_hand_over(
+    tmp_path: Path,
+) -> None:
+    """The leader ("op-a") holds a run waiting for an approval (a run waiting for a person is
+    not let go) and dies. Bob approves while op-a's lease is live: the next leader does not
+    count it yet (the Approval says the run is held by op-a); once the lease lapsed, it takes
+    the run and records bob's decision under its epoch, and the order goes out once."""
+    old = _operator(tmp_path, "op-a", lease=SHORT)
+    old.apply("restock", agentrun_spec(approval=True))
+    assert old.drive("restock") == [3]
+    assert old.status("restock")["stopReason"] == "awaiting_approval"
+    held = _holder(old, "restock")
+    assert held is not None and held[:2] == ("op-a", 1) and held[2] > 0  # kept while it waits
+    old.close()
+
+    new = _operator(tmp_path, "op-b", api=old.api)
+    try:
+        new.relist("AgentRun", "Pod", "Approval")
+        name = action_object_name("restock", "1:0", "place_order")
+        body = new.api.get("Approval", NAMESPACE, name)
+        assert body is not None
+        entry = {"by": "bob", "groups": [], "approved": True}
+        new.api.patch_spec("Approval", NAMESPACE, name, {"decisions": [entry]})
+        new.reconcile(name, kind="Approval")
+        approval = new.api.get("Approval", NAMESPACE, name)
+        assert approval is not None
+        assert "not counted here: the run is held by 'op-a'" in approval["status"]["message"]
+        time.sleep(SHORT + 0.2)
+        new.reconcile(name, kind="Approval")
+        approval = new.api.get("Approval", NAMESPACE, name)
+        assert approval is not None and approval["status"]["phase"] == "Settled", approval
+        taken = _holder(new, "restock")
+        assert taken is not None and taken[:2] == ("op-b", 2)
+        new.drive("restock")
+        assert new.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        new.close()
