@@ -171,6 +171,15 @@ class AgentRunReconciler:
             if elsewhere is not None:
                 # Another operator drives the run (it took it over, or holds it in another
                 # cluster): nothing is asked or made here while it does; the status says who.
+                # A run waiting for a person shows that wait, as its holder shows it (were
+                # both in one cluster, two different statuses would be written back and forth);
+                # its Approval says who holds the run if a decision comes here.
+                again = Requeue(max(1.0, elsewhere.lease_left + 0.5))
+                stop = None if state is None else state.stop
+                if stop is not None and stop.reason in _WAITING_FOR_A_PERSON:
+                    at_rest = {**step, "state": "Ended"} if step else step
+                    self._write_at_rest(run, at_rest, spec, state=state)
+                    return again
                 write(
                     run,
                     step,
@@ -179,7 +188,7 @@ class AgentRunReconciler:
                     state=state,
                     held_elsewhere=elsewhere.words(),
                 )
-                return Requeue(max(1.0, elsewhere.lease_left + 0.5))
+                return again
         loop_spec = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run))
         needed = self._next(run, loop_spec, state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
