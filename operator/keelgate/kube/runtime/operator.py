@@ -338,9 +338,10 @@ class Operator:
 
     async def _renew_runs(self, controller: Controller) -> None:
         """Renew the leases of every run this operator holds, in one statement per period; a
-        run found lost (another holder took it after its lease lapsed) is looked at again at
-        once, so its status says who holds it. A renewal that fails is told and tried at the
-        next period: the lease outlasts two of them."""
+        run found lost (its lease lapsed unrenewed, or another holder took it after that) is
+        looked at again at once: taken again before its next pod, or shown held elsewhere. A
+        renewal that fails is told and tried at the next period: the lease outlasts two of
+        them."""
         holding = controller.holding
         while True:
             await asyncio.sleep(self.options.run_lease_renew)
@@ -355,7 +356,12 @@ class Operator:
                 )
                 continue
             for namespace, run in lost:
-                log.warning("run %s/%s was taken over by another operator", namespace, run)
+                log.warning(
+                    "run %s/%s is no longer held here (its lease lapsed, or another operator "
+                    "took it)",
+                    namespace,
+                    run,
+                )
                 self._add(("AgentRun", namespace, run))
 
     async def _let_go_idle_runs(self) -> None:
