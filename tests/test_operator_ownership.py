@@ -31,8 +31,10 @@ from support.operator_rig import NAMESPACE, Operator, agentrun_spec
 pytestmark = pytest.mark.usefixtures("orders")
 
 #: A lease short enough to lapse within a test: what an operator paused (or dead) longer than
-#: its lease looks like to the others.
-SHORT = 0.6
+#: its lease looks like to the others. Where a step runs before the lease is to be seen live,
+#: the lease is LONG (a loaded machine runs a step in seconds), and the test waits it out.
+SHORT = 2.0
+LONG = 6.0
 
 
 def _operator(
@@ -59,6 +61,13 @@ def _holder(kube: Operator, run: str) -> tuple[str, int, float] | None:
     finally:
         stores.close()
     return None if held is None else (held.holder, held.epoch, held.lease_left)
+
+
+def _wait_out(kube: Operator, run: str) -> None:
+    """Sleep until the run's lease has lapsed on the store's clock (its holder renews nothing)."""
+    held = _holder(kube, run)
+    assert held is not None
+    time.sleep(max(0.0, held[2]) + 0.2)
 
 
 def _env(kube: Operator, pod: str) -> dict[str, str]:
@@ -162,6 +171,9 @@ def test_a_paused_operators_pod_is_fenced_and_its_write_is_the_new_holders_unkno
     a.reconcile("restock")
     assert _env(a, "restock-s1-a1")["KEELGATE_EPOCH"] == "1"
     seen: dict[str, Any] = {}
+    seen["refused"] = b.reconcile("restock")
+    seen["refused_as"] = b.condition("restock", "Reconciling")
+    seen["refused_pods"] = b.pods()
 
     def meanwhile() -> None:
         """Cluster B's operator, while A's pod is held in its call (A renews nothing)."""
@@ -170,10 +182,7 @@ def test_a_paused_operators_pod_is_fenced_and_its_write_is_the_new_holders_unkno
             while not operator_tools.ORDERS and time.monotonic() < deadline:
                 time.sleep(0.02)
             seen["sent"] = len(operator_tools.ORDERS)  # sent, its answer held
-            seen["refused"] = b.reconcile("restock")
-            seen["refused_as"] = b.condition("restock", "Reconciling")
-            seen["refused_pods"] = b.pods()
-            time.sleep(SHORT + 0.2)  # paused past A's lease
+            _wait_out(b, "restock")  # paused past A's lease
             seen["taken"] = b.reconcile("restock")
         finally:
             operator_tools.THAW.set()  # A's pod thaws, with the call's answer
@@ -227,7 +236,8 @@ def test_a_renewal_finds_the_runs_taken_over_while_the_operator_was_paused(
         a.apply(run, agentrun_spec())
         a.reconcile(run)
     assert a.controller.holding.held() == [(NAMESPACE, "lapsed"), (NAMESPACE, "taken")]
-    time.sleep(SHORT + 0.2)  # paused past its lease
+    _wait_out(a, "taken")  # paused past its leases
+    _wait_out(a, "lapsed")
     b.apply("taken", agentrun_spec())
     b.reconcile("taken")
     assert b.pods() == ["taken-s1-a1"]
@@ -249,7 +259,7 @@ def test_a_new_leader_takes_the_runs_after_the_old_leaders_lease_and_never_resen
     op-a), then takes the run under epoch 2: its step pod reads the WRITE left under epoch 1 as
     an unknown outcome, never sends it again; settled by a person, the run finishes and is let
     go."""
-    old = _operator(tmp_path, "op-a", lease=SHORT)
+    old = _operator(tmp_path, "op-a", lease=LONG)
     old.apply("restock", agentrun_spec())
     old.reconcile("restock")
     assert old.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
@@ -264,7 +274,7 @@ def test_a_new_leader_takes_the_runs_after_the_old_leaders_lease_and_never_resen
         reconciling = new.condition("restock", "Reconciling")
         assert reconciling["reason"] == "HeldElsewhere" and "'op-a'" in reconciling["message"]
         assert new.pods() == ["restock-s1-a1"]
-        time.sleep(SHORT + 0.2)
+        _wait_out(new, "restock")
         new.reconcile("restock")
         assert new.pods() == ["restock-s1-a1", "restock-s2-a1"]
         assert _env(new, "restock-s2-a1")["KEELGATE_EPOCH"] == "2"
@@ -333,7 +343,7 @@ def test_an_approval_is_written_by_whoever_holds_the_run_after_a_hand_over(
     not let go) and dies. Bob approves while op-a's lease is live: the next leader does not
     count it yet (the Approval says the run is held by op-a); once the lease lapsed, it takes
     the run and records bob's decision under its epoch, and the order goes out once."""
-    old = _operator(tmp_path, "op-a", lease=SHORT)
+    old = _operator(tmp_path, "op-a", lease=LONG)
     old.apply("restock", agentrun_spec(approval=True))
     assert old.drive("restock") == [3]
     assert old.status("restock")["stopReason"] == "awaiting_approval"
@@ -353,7 +363,7 @@ def test_an_approval_is_written_by_whoever_holds_the_run_after_a_hand_over(
         approval = new.api.get("Approval", NAMESPACE, name)
         assert approval is not None
         assert "not counted here: the run is held by 'op-a'" in approval["status"]["message"]
-        time.sleep(SHORT + 0.2)
+        _wait_out(new, "restock")
         new.reconcile(name, kind="Approval")
         approval = new.api.get("Approval", NAMESPACE, name)
         assert approval is not None and approval["status"]["phase"] == "Settled", approval
@@ -364,3 +374,57 @@ def test_an_approval_is_written_by_whoever_holds_the_run_after_a_hand_over(
         assert len(operator_tools.ORDERS) == 1
     finally:
         new.close()
+
+
+@pytest.mark.parametrize(
+    "dies",
+    ["after the take", "after the pod's create"],
+)
+def test_an_operator_that_dies_around_its_take_is_replaced_and_the_write_runs_once(
+    tmp_path: Path, dies: str
+) -> None:
+    """The operator dies right after it took the run (its pod's create never sent) or right
+    after the create (its answer lost). The process that replaces it is another holder: it
+    makes no pod while the dead one's lease is live, then takes the run under epoch 2 and
+    creates (or adopts) the very pod the status names, under which the run finishes; the
+    order goes out once."""
+    first = _operator(tmp_path, "op-a", lease=SHORT if dies == "after the take" else LONG)
+    first.apply("restock", agentrun_spec())
+    if dies == "after the take":
+        first.api.refuse_next["create_pod"] = ConnectionError("the operator died here")
+        with pytest.raises(ConnectionError):
+            first.reconcile("restock")
+        assert first.pods() == []
+    else:
+        first.reconcile("restock")
+        assert first.pods() == ["restock-s1-a1"]
+    held = _holder(first, "restock")
+    assert held is not None and held[:2] == ("op-a", 1)
+    first.close()
+
+    second = _operator(tmp_path, "op-a2", api=first.api)
+    try:
+        second.relist("AgentRun", "Pod")
+        if dies == "after the take":
+            assert isinstance(second.reconcile("restock"), Requeue)
+            assert second.pods() == []
+            assert "held by 'op-a'" in second.condition("restock", "Reconciling")["message"]
+            _wait_out(second, "restock")
+            assert second.reconcile("restock") == REST
+            assert _env(second, "restock-s1-a1")["KEELGATE_EPOCH"] == "2"
+            assert second.drive("restock") == [0, 0]
+        else:
+            # The pod made before the death carries epoch 1: nobody took a newer one while it
+            # ran (the new process waits for a running pod), so its writes land; the next
+            # step's pod waits for the dead holder's lease, then goes under epoch 2.
+            assert _env(second, "restock-s1-a1")["KEELGATE_EPOCH"] == "1"
+            assert second.drive("restock") == [0]
+            reconciling = second.condition("restock", "Reconciling")
+            assert reconciling["reason"] == "HeldElsewhere" and "'op-a'" in reconciling["message"]
+            _wait_out(second, "restock")
+            assert second.drive("restock") == [0]
+            assert _env(second, "restock-s2-a1")["KEELGATE_EPOCH"] == "2"
+        assert second.status("restock")["phase"] == "Succeeded"
+        assert len(operator_tools.ORDERS) == 1
+    finally:
+        second.close()

@@ -329,7 +329,7 @@ def test_a_running_operator_renews_its_runs_together_and_lets_idle_ones_go_on_a_
     for name in ("busy", "idle"):
         kube.apply(name, agentrun_spec())
     options = OperatorOptions(
-        controller=ControllerSettings(holder="op-a", run_lease=1.0),
+        controller=ControllerSettings(holder="op-a", run_lease=2.0),
         workers=1,
         resync_seconds=3600,
         run_lease_renew=0.25,
@@ -346,12 +346,12 @@ def test_a_running_operator_renews_its_runs_together_and_lets_idle_ones_go_on_a_
                 running.controller.reconcile(("AgentRun", NAMESPACE, name))
             assert running.controller.holding.held() == [(NAMESPACE, "busy"), (NAMESPACE, "idle")]
             kube.api.finish_pod(NAMESPACE, "idle-s1-a1", 137)  # its pod ended: nothing drives it
-            await asyncio.sleep(2.5)  # two and a half leases: renewed all along
+            await asyncio.sleep(5.0)  # two and a half leases: renewed all along
             return [owners.holder_of(NAMESPACE, name).lease_left for name in ("busy", "idle")]
         finally:
             await running._stop()
 
-    assert all(left > 0.2 for left in asyncio.run(scenario()))
+    assert all(left > 0.5 for left in asyncio.run(scenario()))
     busy, idle = (owners.holder_of(NAMESPACE, name) for name in ("busy", "idle"))
     assert (busy.holder, busy.epoch) == ("op-a", 1) and busy.lease_left > 0
     assert (idle.holder, idle.epoch) == ("op-a", 1) and idle.lease_left <= 0
