@@ -170,29 +170,9 @@ class AgentRunReconciler:
             traces.tell_pod_span(context.tracer, ended_pod, step, ended, state)
         if ended is not None and state is not None and context.settings.confirms:
             self._asks.show_confirmer_settlements(run, state)
-        if state is None or state.stop is None or state.stop.reason not in _FINAL:
-            elsewhere = context.holding.elsewhere(namespace, name)
-            if elsewhere is not None:
-                # Another operator drives the run (it took it over, or holds it in another
-                # cluster): nothing is asked or made here while it does; the status says who.
-                # A run waiting for a person shows that wait, as its holder shows it (were
-                # both in one cluster, two different statuses would be written back and forth);
-                # its Approval says who holds the run if a decision comes here.
-                again = Requeue(max(1.0, elsewhere.lease_left + 0.5))
-                stop = None if state is None else state.stop
-                if stop is not None and stop.reason in _WAITING_FOR_A_PERSON:
-                    at_rest = {**step, "state": "Ended"} if step else step
-                    self._write_at_rest(run, at_rest, spec, state=state)
-                    return again
-                write(
-                    run,
-                    step,
-                    suspended=spec.suspend,
-                    stepping=True,
-                    state=state,
-                    held_elsewhere=elsewhere.words(),
-                )
-                return again
+        held_elsewhere = self._shown_held_elsewhere(run, step, spec, state)
+        if held_elsewhere is not None:
+            return held_elsewhere
         loop_spec = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run))
         needed = self._next(run, loop_spec, state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
@@ -215,6 +195,37 @@ class AgentRunReconciler:
             return Requeue(0.5)  # the status patch lost a race: look again
         fresh = context.cache.get("AgentRun", namespace, name) or run
         return self._pods.start(key, fresh, spec, intended)
+
+    def _shown_held_elsewhere(
+        self, run: JSON, step: Mapping[str, Any], spec: AgentRunSpec, state: RunState | None
+    ) -> Result | None:
+        """A run not finished that another operator drives (it took it over, or holds it in
+        another cluster): its status says who, and nothing is asked or made here while it
+        does; ``None`` when the run is this operator's to drive (or nobody's, or finished).
+        A run waiting for a person shows that wait, as its holder shows it (were both in one
+        cluster, two different statuses would be written back and forth); its Approval says
+        who holds the run if a decision comes here."""
+        if state is not None and state.stop is not None and state.stop.reason in _FINAL:
+            return None
+        meta = run["metadata"]
+        elsewhere = self._context.holding.elsewhere(meta["namespace"], meta["name"])
+        if elsewhere is None:
+            return None
+        again = Requeue(max(1.0, elsewhere.lease_left + 0.5))
+        stop = None if state is None else state.stop
+        if stop is not None and stop.reason in _WAITING_FOR_A_PERSON:
+            at_rest = {**step, "state": "Ended"} if step else step
+            self._write_at_rest(run, at_rest, spec, state=state)
+            return again
+        self._status.write_run_status(
+            run,
+            step,
+            suspended=spec.suspend,
+            stepping=True,
+            state=state,
+            held_elsewhere=elsewhere.words(),
+        )
+        return again
 
     def _finished_elsewhere(self, namespace: str, name: str) -> bool:
         """Whether the run, intended here but not held by this operator, was finished by
