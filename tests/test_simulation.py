@@ -21,19 +21,25 @@ import pytest
 
 from keelgate.core import clocks
 from keelgate.core.protocols import RunLock, Stores
+from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode
-from keelgate.testing.sim.books import Books, Question
+from keelgate.testing.sim.books import Books, Effect, Question, Sent
+from keelgate.testing.sim.downstream import ProductConfirmer, Shop
+from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.people import CALM_PROMPT
 from keelgate.testing.sim.simulate import (
     CHAOS,
+    HTTP_CONFIRMER_SHARE,
     LIMIT,
+    NAMED_SHARE,
     SETTLING,
     STILL,
     Options,
     Stillness,
+    _routed,
     seed_of,
 )
 from keelgate.testing.sim.world import Schedule, World
@@ -42,6 +48,7 @@ from support.unseen_bugs import UNSEEN
 from support.unseen_bugs_b import UNSEEN_B
 from support.unseen_bugs_c import UNSEEN_C
 from support.unseen_bugs_d import UNSEEN_D
+from support.unseen_bugs_e import UNSEEN_E
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -51,7 +58,7 @@ OPERATOR_BUDGET = 100
 BUG_BUDGET = 150
 #: What the budget's runs do: every move of the world, issue 46's moves and issue 48's
 #: late-acting shop among them (their fixes are on main).
-BUDGET_OPTIONS = Options.every()
+BUDGET_OPTIONS = Options.whole()
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
 #: times, are bench/unseen_bugs.py's).
 UNSEEN_IN_SUITE = (
@@ -71,7 +78,7 @@ def test_the_same_seed_replays_the_same_trace() -> None:
     for index in range(16):
         mode = "operator" if index % 4 == 3 else "local"
         store = "sqlite" if index % 4 == 0 else "memory"
-        options = Options.every() if index % 2 else Options()
+        options = Options.whole() if index % 2 else Options()
         first = simulate(seed=seed_of(index, 77), store=store, mode=mode, options=options)
         second = simulate(seed=seed_of(index, 77), store=store, mode=mode, options=options)
         assert first.digest == second.digest, first.lines
@@ -574,8 +581,8 @@ def test_local_people_decide_without_their_groups_or_as_a_service_account(
 
 @pytest.mark.parametrize(
     "bug",
-    UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D,
-    ids=[b.name for b in UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D],
+    UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E,
+    ids=[b.name for b in UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E],
 )
 def test_each_unseen_bug_still_plants_where_it_was_written(bug: Planted) -> None:
     """bench/unseen_bugs.py measures the bug it names: each replacement's text is still in the
@@ -684,7 +691,7 @@ def test_a_run_stuck_for_good_is_judged_once_nothing_has_moved(tmp_path: Path) -
     done = _simulator_on(
         planted(bug, tmp_path),
         *("--seed", "5686236089204240597", "--mode", "operator", "--store", "memory"),
-        "--every-move",
+        *("--late-shop", "--moves"),  # the world the seed was found in (Options.every)
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "  waiting: the run was left waiting after the calm end" in done.stdout
@@ -812,3 +819,198 @@ def test_mix_runs_about_one_monitor_in_eight_and_keeps_the_operators_third() -> 
     assert modes.count("operator") == 40
     assert 12 <= modes.count("monitor") <= 20
     assert _mode(7, "local") == "local"
+
+
+def test_slow_store_answers_and_pages_come_only_with_the_whole_world() -> None:
+    """With the whole world on (``--every-move``), a step's store answer now and then comes
+    back late (the statement landed): the step waits, its node's next requests are held long,
+    and a stop for a person pages someone who looks within seconds; every promise is kept.
+    The kept seeds' world (``--late-shop --moves``) never draws either, so their stories stay
+    as they were found."""
+    slow = held_after = pages = 0
+    for index in range(24):
+        seed = seed_of(index, 5)
+        whole = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+        assert whole.ok, "\n".join(whole.lines)
+        lines = whole.lines
+        for at, line in enumerate(lines):
+            if "hears the store's answer" in line:
+                slow += 1
+                later = lines[at + 1] if at + 1 < len(lines) else ""
+                held_after += "held by the server" in later
+        pages += sum("a person answers the page" in line for line in lines)
+        kept = simulate(seed=seed, store="memory", mode="local", options=Options.every())
+        assert not any(
+            "store's answer" in line or "answers the page" in line for line in kept.lines
+        )
+    assert slow >= 10 and held_after >= 1 and pages >= 10, (slow, held_after, pages)
+
+
+def test_an_exchange_left_open_past_its_deadline_is_found_once_claims_answer_late(
+    tmp_path: Path,
+) -> None:
+    """Set C's HTTP exchange cut at the later of its time limit and the write deadline was out
+    of the world's reach while a claim's answer came back at once (the deadline taken before
+    the claim and the tool's cut-off counted after it fell on one instant). With late answers:
+    step5's claim heard 4.6 s late, its DELETE held past its sender's wait, the stop at the
+    cut, a truthful "not executed" at the store's deadline, and the shop acting after it. The
+    clean product keeps every promise on the same seed (its exchange ends at the deadline)."""
+    seed = 9192020537635010690
+    bug = next(b for b in UNSEEN_C if "max for min" in b.name)
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(seed), "--mode", "local", "--store", "memory"),
+        *("--late-shop", "--moves", "--slow-store", "--paged"),  # Options.whole(), no share
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "step5 hears the store's answer 4.6s late" in done.stdout
+    assert "after-not-executed: a call took effect after a true 'not executed'" in done.stdout
+    clean = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+    assert clean.ok, "\n".join(clean.lines)
+    assert any("step5 hears the store's answer 4.6s late" in line for line in clean.lines)
+
+
+class _Asking:
+    """A step process that asks its confirmer and is never held up (``network.Sender``)."""
+
+    name = "step1"
+    alive = True
+    congested = False  # its node in no network incident: the network draws its fate alone
+
+    def window(self, name: str) -> None:
+        pass
+
+    def late(self, call: object) -> None:
+        pass
+
+
+def _ask_the_shop(
+    choices: Sequence[int], *, received: str = "k1", took_effect: bool = True
+) -> tuple[bool | None, Books, World]:
+    """The product's HTTP confirmer asks the shop's status endpoint, over the simulated
+    network, about key ``k1`` of call ``p1``; the shop received a request of ``p1`` under
+    ``received``, which took effect or not; ``choices`` are the world's draws."""
+    world = World(Schedule(replay=choices))
+    books = Books(clocks=world.clocks)
+    network = Network(world, books)
+    shop = Shop(world, books)
+    network.servers["shop.sim"] = shop
+    network.senders["step1"] = _Asking()
+    endpoint = "POST http://shop.sim/orders"
+    books.sent.append(Sent(0.0, "step1", "p1", "request", endpoint, {}, received, reached=True))
+    if took_effect:
+        books.effects.append(Effect(0.0, "p1", "request", 0))
+    unknown = UnknownAction(action="1:0", tool="place_order", idempotency_key="k1")
+    with (
+        clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
+        _routed(network),
+        world.acting("step1"),
+    ):
+        verdict = ProductConfirmer(world, shop).confirm("shop", "restock", unknown, {"ref": "p1"})
+    return verdict, books, world
+
+
+@pytest.mark.parametrize(
+    ("choices", "took_effect", "received", "verdict"),
+    [
+        ((0, 0), True, "k1", True),  # {"executed": true}
+        ((0, 0), False, "k1", False),  # {"executed": false}
+        ((0, 1), True, "k1", None),  # no executed in the answer
+        ((0, 2), True, "k1", None),  # {"executed": null}
+        ((0, 999), False, "k0", None),  # a key the shop never received: 404
+        ((0, 0), False, "k0", False),  # ... or, as another shop says it, not executed
+        ((1,), True, "k1", None),  # the connection refused
+        ((2,), True, "k1", None),  # dropped after the question left
+        ((3,), True, "k1", None),  # no answer within the confirmer's time limit
+        ((4, 0), True, "k1", None),  # 500
+        ((5, 500, 0), True, "k1", True),  # a slow answer, within the limit
+        ((6, 0), True, "k1", None),  # answered, the answer lost on its way back
+    ],
+)
+def test_the_products_http_confirmer_reads_the_shops_status_answers(
+    choices: Sequence[int], took_effect: bool, received: str, verdict: bool | None
+) -> None:
+    """The product's own HTTP confirmer, over the simulated network, settles a call only on a
+    definite ``executed`` from the shop's status endpoint (answered from the shop's ledger:
+    the requests it received under the key, and whether their call took effect); every other
+    answer (none, no or a null ``executed``, a 404, a 5xx, silence, a dropped connection)
+    leaves it to a person. A definite answer that reached it goes into the world's books as the
+    confirmer's decision about the call the product asked of (its ref), as a person's does; no
+    other answer does (so a confirmer that reads one as a verdict settles on a decision the
+    books never saw: ``audit``)."""
+    said, books, world = _ask_the_shop(choices, received=received, took_effect=took_effect)
+    assert said is verdict
+    decided = [(d.by, d.action, d.ref, d.yes, d.source) for d in books.decisions]
+    if verdict is None:
+        assert decided == []
+        assert books.questions == []
+    else:
+        assert decided == [("http-confirmer", "1:0", "p1", verdict, "confirmer")]
+        assert [(q.to, q.ref) for q in books.questions] == [("http-confirmer", "p1")]
+    assert books.sent[1:] == []  # the question is no request of a call
+    if choices[0] == 3:
+        assert world.now >= 10.0  # it waited out its time limit on virtual time
+    if choices[0] == 5:
+        assert 0.0 < world.now < 10.0
+
+
+def test_make_sims_every_move_runs_draw_their_share_apart_from_the_world() -> None:
+    """``make sim`` (``--every-move``) turns on, in a share of its runs, the moves made only
+    when named (``delete``) and the product's HTTP confirmer, each drawn from a stream of its
+    own derived from the seed: the same seed draws the same, both shares are about their
+    size, and ``Options.every()`` without a seed (what the kept seeds replay) draws neither."""
+    assert Options.every() == Options(late_shop=True, moves=frozenset(MOVES))
+    drawn = [Options.whole(seed_of(index, 48)) for index in range(400)]
+    assert drawn == [Options.whole(seed_of(index, 48)) for index in range(400)]
+    named = sum(set(NAMED_MOVES) <= o.moves for o in drawn)
+    http = sum(o.http_confirmer for o in drawn)
+    assert 400 / NAMED_SHARE * 0.8 < named < 400 / NAMED_SHARE * 1.2
+    assert 400 / HTTP_CONFIRMER_SHARE * 0.8 < http < 400 / HTTP_CONFIRMER_SHARE * 1.2
+    assert all(o.late_shop and frozenset(MOVES) <= o.moves for o in drawn)
+    both = next(o for o in drawn if o.http_confirmer and "delete" in o.moves)
+    assert both.flags().endswith(",service-account --http-confirmer")
+    assert "delete" in both.flags()
+
+
+def test_make_sims_operator_runs_delete_approvals_and_keep_every_promise() -> None:
+    """``make sim``'s world (every move, the share of its seeds) deletes Approvals while the
+    operators are down in the operator-mode runs of its share, as ``--moves delete`` does:
+    its first seeds (base 0) include such a run, and the runs up to it keep every promise."""
+    for index in range(0, 120, 3):  # make sim's operator-mode runs
+        seed = seed_of(index, 0)
+        options = Options.whole(seed)
+        if "delete" not in options.moves:
+            continue
+        outcome = simulate(seed=seed, mode=_mode(index, "mix"), options=options)
+        assert outcome.ok, f"{seed}: " + "; ".join(map(str, outcome.violations))
+        if any("the operators are down; alice deletes" in line for line in outcome.lines):
+            return
+    raise AssertionError("no run of make sim's world deleted an Approval")
+
+
+#: A seed of ``make sim``'s share with the product's HTTP confirmer (base 48's 72nd run, a
+#: monitor), where the shop answers the confirmer without saying ``executed``.
+HTTP_CONFIRMER_SEED = 2979256229704649517
+
+
+def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_path: Path) -> None:
+    """Set D's "the HTTP confirmer reads an answer without executed as not executed", out of
+    the simulator's reach while the world's confirmer was its own: on a seed of ``make
+    sim``'s share (``--every-move``) the product's HTTP confirmer settles a call "not executed"
+    on an answer that said nothing, a settlement the world's books never saw (``audit``); the
+    clean product keeps every promise there, its confirmer leaving that answer to a person."""
+    assert Options.whole(HTTP_CONFIRMER_SEED).http_confirmer
+    clean = simulate(
+        seed=HTTP_CONFIRMER_SEED, mode="monitor", options=Options.whole(HTTP_CONFIRMER_SEED)
+    )
+    assert clean.ok, "; ".join(map(str, clean.violations))
+    assert any("http-confirmer hears about" in line for line in clean.lines)
+    bug = next(b for b in UNSEEN_D if "without executed" in b.name)
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seed", str(HTTP_CONFIRMER_SEED), "--mode", "monitor", "--store", "memory"),
+        "--every-move",
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "settlement of" in done.stdout and "as abandoned, never made" in done.stdout
+    assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options

@@ -7,7 +7,9 @@ an endpoint in the system the WRITE changes: ``GET <url>``, with ``{idempotencyK
 error status, no such field, a timeout, a refused connection, an answer still coming at the time
 limit: the exchange is cut then, whatever the server sends) leaves it for a person. The tool's
 arguments are never sent, and a model's or a tool's own claim is never asked. It must never
-raise: failing to know is a reason to leave the decision to a person.
+raise: failing to know is a reason to leave the decision to a person. Its requests go where
+``keelgate.adapters.network`` says, as the HTTP tool's do: the real network, unless a simulation
+routes them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
+from keelgate.adapters import network
 from keelgate.core.cutoff import Cutoff
 from keelgate.core.types import UnknownAction
 from keelgate.errors import InputError
@@ -57,7 +60,13 @@ class HttpConfirmer:
         url = self.url.format(**{k: quote(v, safe="") for k, v in values.items()})
         cutoff = Cutoff.after(self.timeout)  # the whole exchange, whatever the server sends
         try:
-            with cutoff, httpx.Client(timeout=self.timeout) as client:
+            with (
+                cutoff,
+                httpx.Client(
+                    timeout=self.timeout,
+                    transport=network.transport(url),  # None: the real network
+                ) as client,
+            ):
                 answer = client.get(url, extensions={"trace": cutoff.trace})
         except httpx.HTTPError as error:
             why = "no whole answer in time" if cutoff.cut else type(error).__name__

@@ -69,7 +69,29 @@ def _parser() -> argparse.ArgumentParser:
         + ", ".join((*MOVES, *NAMED_MOVES))
         + "; delete only when named).",
     )
-    parse.add_argument("--every-move", action="store_true", help="Both of the above, all moves.")
+    parse.add_argument(
+        "--slow-store",
+        action="store_true",
+        help="A step's store answers now and then come back late (the statement landed).",
+    )
+    parse.add_argument(
+        "--paged",
+        action="store_true",
+        help="A run stopped for a person pages someone, who looks within seconds (local mode).",
+    )
+    parse.add_argument(
+        "--http-confirmer",
+        action="store_true",
+        help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
+        "the world's own confirmer, in some runs).",
+    )
+    parse.add_argument(
+        "--every-move",
+        action="store_true",
+        help="--late-shop, every move, late store answers and pages; a share of the runs (drawn "
+        "from each seed, apart from its world) also makes the named moves and has the HTTP "
+        "confirmer. The kept seeds were found with --late-shop --moves.",
+    )
     return parse
 
 
@@ -102,14 +124,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = moves - set(known)
     if unknown:
         _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
-    options = Options.every() if args.every_move else Options(late_shop=args.late_shop, moves=moves)
+    named = Options(
+        late_shop=args.late_shop,
+        moves=moves,
+        http_confirmer=args.http_confirmer,
+        slow_store=args.slow_store,
+        paged=args.paged,
+    )
+
+    def options_of(seed: int | None) -> Options:
+        return Options.whole(seed) if args.every_move else named
+
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
         mode = args.mode if args.mode != "mix" else MODES[0]
         if args.replay is not None:
-            outcome = simulate(replay=decode(args.replay), store=store, mode=mode, options=options)
+            outcome = simulate(
+                replay=decode(args.replay), store=store, mode=mode, options=options_of(None)
+            )
         else:
-            outcome = simulate(seed=args.seed, store=store, mode=mode, options=options)
+            outcome = simulate(
+                seed=args.seed, store=store, mode=mode, options=options_of(args.seed)
+            )
         print("\n".join(outcome.lines))
         _show(outcome, args.seed, shrunk=None)
         return 0 if outcome.ok else 1
@@ -130,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed = seed_of(index, base)
         store = _kind(index, args.store, STORES, 4)
         mode = _mode(index, args.mode)
-        outcome = simulate(seed=seed, store=store, mode=mode, options=options)
+        outcome = simulate(seed=seed, store=store, mode=mode, options=options_of(seed))
         runs += 1
         if not outcome.ok:
             failures += 1

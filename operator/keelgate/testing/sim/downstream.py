@@ -7,7 +7,13 @@ when, which call by its ``ref``, which request made it) and never deduplicates: 
 one call must show as two. It is a server on the network (``keelgate.testing.sim.network``): the
 product's HTTP tool sends ``place_order`` (``POST /orders``), ``notify`` (``POST /notices``) and
 ``check_stock`` (``GET /stock/{sku}``) to it, its MCP tool sends ``place_order`` to ``/mcp``
-in some runs, and what the network makes of each request is drawn there.
+in some runs, and what the network makes of each request is drawn there. In some runs the
+product's own HTTP confirmer (``keelgate step --confirmer-url``) asks the shop's status endpoint
+(``GET /status/{idempotencyKey}``) whether a call took effect; the shop answers from its own
+ledger (the requests it received under that key, and the effects of their call), in the wire
+format the confirmer's docstring gives (``{"executed": true|false}``), and now and then in the
+forms the confirmer must not read as an answer (no ``executed``, a null, a 404 for a key it never
+received, a 5xx, slow, or a dropped connection).
 
 ``pay`` is a user's Python tool that makes two requests of one call (the charge, then the
 receipt), each reported right before it leaves with ``keelgate.about_to_send``, with a window
@@ -25,7 +31,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
+import httpx
+
+from keelgate.adapters.confirmers import HttpConfirmer
 from keelgate.core import fence
 from keelgate.core.fence import MARGIN, Send, about_to_send
 from keelgate.core.types import ApprovalRule, SideEffect, UnknownAction
@@ -39,6 +49,7 @@ from keelgate.testing.sim.network import (
     Reset,
     Sender,
     Silence,
+    Transport,
     Unsent,
 )
 from keelgate.testing.sim.world import World
@@ -61,6 +72,11 @@ QUOTE = ("quote", f"{SHOP}/quotes")
 CALL_SECONDS = 30.0
 PAY_CALLABLE = "keelgate.testing.sim.downstream:pay"
 MCP_URL = f"{SHOP}/mcp"
+#: The shop's status endpoint, as the confirmer's URL template names it (``--confirmer-url``).
+STATUS_PATH = "/status/"
+STATUS_URL = f"{SHOP}{STATUS_PATH}{{idempotencyKey}}?tool={{tool}}&action={{action}}"
+#: The HTTP confirmer's time limit (``HttpConfirmer``'s default, as ``keelgate step`` makes it).
+STATUS_SECONDS = 10.0
 
 
 def http_tool(name: str) -> dict[str, Any]:
@@ -86,9 +102,15 @@ class Shop:
         self.world = world
         self.books = books
         self.late_shop = late_shop
+        #: The call each process's confirmer is asking about now (by the process's name): its
+        #: confirmer's name, the action's label and the call's ref, as the product handed them
+        #: to its confirmer (``ProductConfirmer``).
+        self.asking: dict[str, tuple[str, str, str]] = {}
 
     def fate(self, request: Request, limit: float) -> Fate:
         """What the network and the shop make of one request (drawn)."""
+        if request.path.startswith(STATUS_PATH):
+            return self._status_fate()
         schedule = self.world.schedule
         pick = schedule.pick(16)
         if pick == 1:
@@ -109,8 +131,85 @@ class Shop:
             return Fate("error", acts=schedule.chance(500))
         return Fate("ok")
 
+    def _status_fate(self) -> Fate:
+        """What becomes of a confirmer's question (drawn): answered (the calm one); the
+        connection refused; dropped after the question left; no answer within the confirmer's
+        time limit (a slow server is, to its client, silence until it hangs up); a 5xx;
+        answered after a while, within the limit; answered, the answer lost on its way back."""
+        schedule = self.world.schedule
+        pick = schedule.pick(10)
+        if pick == 1:
+            return Fate("unreachable")
+        if pick == 2:
+            return Fate("lost", reset=True)
+        if pick == 3:
+            return Fate("lost")
+        if pick == 4:
+            return Fate("error", acts=False, status=(500, 503)[schedule.pick(2)])
+        if pick == 5:
+            return Fate("held", delay=schedule.between(0.5, STATUS_SECONDS - 1.0))
+        if pick == 6:
+            return Fate("answer-lost", reset=True)
+        return Fate("ok")
+
+    def _status(self, request: Request) -> Reply:
+        """The status endpoint: the shop finds the requests it received under the key, as a
+        real shop's ledger does, and says whether their call (the ref it read off them: the
+        world's identity of the call) took effect by now. A key it never received is "not
+        found" (404), or, as another kind of shop says it, not executed; now and then it
+        answers without saying (no ``executed``, or a null: its ledger behind, say)."""
+        schedule = self.world.schedule
+        key = unquote(request.path[len(STATUS_PATH) :])
+        refs = {s.ref for s in self.books.sent if key and s.reached and s.key == key}
+        body: dict[str, Any] = {"idempotencyKey": key}
+        if not refs:
+            if schedule.chance(500):
+                return Reply(404, {"error": "no order under that key"})
+            return Reply(200, {**body, "executed": False})
+        shape = schedule.pick(6)
+        if shape == 1:
+            return Reply(200, {**body, "state": "unknown"})
+        if shape == 2:
+            return Reply(200, {**body, "executed": None})
+        executed = any(self.books.happened(ref, self.world.now) for ref in refs)
+        return Reply(200, {**body, "executed": executed})
+
+    def heard(self, status: int, content: bytes) -> None:
+        """The shop's answer reached the confirmer of the process acting now: an answer that
+        says ``executed`` true or false (as the confirmer's wire format has it) goes into the
+        books as that confirmer's decision about the call it was asked, as a person's does;
+        any other says nothing."""
+        world = self.world
+        asked = self.asking.get(world.actor)
+        if asked is None:
+            return
+        name, action, ref = asked
+        try:
+            executed = json.loads(content).get("executed") if status == 200 else None
+        except (ValueError, AttributeError):
+            executed = None
+        world.say(f"{name} hears about {action}: HTTP {status} {content.decode(errors='replace')}")
+        if not isinstance(executed, bool):
+            return
+        self.books.questions.append(Question(world.now, name, action, ref))
+        self.books.decisions.append(
+            Decision(
+                world.now,
+                "settle",
+                name,
+                name,
+                action,
+                ref,
+                executed,
+                truthful=executed == self.books.happened(ref, world.now),
+                source="confirmer",
+            )
+        )
+
     def handle(self, request: Request, sent: int | None) -> Reply:
         """The shop acts on a request that reached it (a read changes nothing)."""
+        if request.path.startswith(STATUS_PATH):
+            return self._status(request)
         if request.method == "GET":
             return Reply(200, {"sku": request.args.get("sku"), "count": 3})
         ref = str(request.args.get("ref", ""))
@@ -312,6 +411,56 @@ class ShopConfirmer:
             )
         )
         return happened
+
+
+class ProductConfirmer:
+    """The product's own HTTP confirmer (``HttpConfirmer``, as ``keelgate step --confirmer-url``
+    makes it), asking the shop's status endpoint over the simulated network. The world only
+    notes which call the product asked it about (the ref of the arguments the gateway handed
+    over, which the confirmer never sends), so that the shop's answer, as it reaches the
+    confirmer (``StatusTransport``), goes into the books as a decision about that call; the
+    confirmer's verdict is the product's reading, passed on untouched."""
+
+    def __init__(self, world: World, shop: Shop) -> None:
+        self._world = world
+        self._shop = shop
+        self._confirmer = HttpConfirmer(STATUS_URL, timeout_seconds=STATUS_SECONDS)
+        self.name = self._confirmer.name
+
+    def confirm(
+        self, tenant: str, run: str, action: UnknownAction, args: Mapping[str, Any]
+    ) -> bool | None:
+        world = self._world
+        ref = str(args.get("ref", ""))
+        world.say(f"{world.actor} asks {self.name} about {action.action} {ref}")
+        self._shop.asking[world.actor] = (self.name, action.action, ref)
+        try:
+            verdict = self._confirmer.confirm(tenant, run, action, args)
+        finally:
+            self._shop.asking.pop(world.actor, None)
+        world.say(f"{world.actor}'s {self.name} says {verdict} of {action.action}")
+        return verdict
+
+
+class StatusTransport(Transport):
+    """The confirmer's way to the shop's status endpoint: carried over the network like any
+    request (its fates drawn by the shop), never booked as a request of a call; the answer
+    that reaches the confirmer is told to the shop (``Shop.heard``)."""
+
+    def __init__(self, network: Network, shop: Shop) -> None:
+        super().__init__(network, book=False)
+        self._shop = shop
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        content = response.read()
+        self._shop.heard(response.status_code, content)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=httpx.ByteStream(content),
+            request=request,
+        )
 
 
 def pay(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:

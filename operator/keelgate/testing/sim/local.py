@@ -10,6 +10,9 @@ more from a step whose node was lost. It decides nothing for the run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from keelgate.core.exits import EXIT_RESUMABLE
 from keelgate.core.protocols import Stores
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
@@ -23,8 +26,10 @@ _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
 class LocalDriver:
     """Starts step processes while the run can go on."""
 
-    def __init__(self, setting: Setting) -> None:
+    def __init__(self, setting: Setting, *, paged: Callable[[], None] | None = None) -> None:
         self.setting = setting
+        #: The alert a resumable stop raises (someone is paged to look), if anyone is on call.
+        self.paged = paged
         self.world = setting.world
         self.running: StepProcess | None = None
         self.processes: list[StepProcess] = []
@@ -99,6 +104,8 @@ class LocalDriver:
         process.start()
 
     def _exited(self, process: StepProcess, code: int) -> None:
+        if code == EXIT_RESUMABLE and self.paged is not None:
+            self.paged()  # stopped for a person (an approval, an unknown outcome, a budget)
         if self.running is process:
             self.running = None
             # At once after a clean step; a little later after a death or a busy run.

@@ -39,6 +39,9 @@ from keelgate.testing.sim.world import World
 HEADERS = "http11.send_request_headers.started"
 #: Seconds a request waits with no time limit given (httpx's default).
 DEFAULT_TIMEOUT = 5.0
+#: The shortest hold of a request sent from a node in a network incident (half the simulated
+#: calls' time limit, ``downstream.CALL_SECONDS``, which this module cannot import).
+CONGESTED_HOLD = 15.0
 
 
 class Sender(Protocol):
@@ -46,6 +49,11 @@ class Sender(Protocol):
 
     name: str
     alive: bool
+
+    @property
+    def congested(self) -> bool:
+        """Whether the process's node is in a network incident (its store answers came back
+        late a moment ago): its requests are then held long by whatever they reach."""
 
     def window(self, name: str) -> None:
         """A moment where the process may be held up or die (the world decides)."""
@@ -161,6 +169,12 @@ class Network:
         sender = self.sender()
         server = self.servers[request.host]
         fate = server.fate(request, limit)
+        if fate.kind == "ok" and sender.congested:
+            # One incident slows every connection of the node: the answer takes most of a
+            # call's time limit, or longer, whatever the client said it would wait.
+            schedule = world.schedule
+            held_for = schedule.between(CONGESTED_HOLD, CONGESTED_HOLD * 2 + fence.MARGIN)
+            fate = Fate("held", delay=held_for, refuses=schedule.chance(250))
         if fate.kind == "unreachable":
             world.say(f"{sender.name} {request.endpoint} {request.part}: connection refused")
             raise Unsent(request.endpoint)

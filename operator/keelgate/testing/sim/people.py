@@ -174,6 +174,17 @@ class People:
         if 0.0 < when < 600.0:
             self.world.at(when + 0.5, "a person comes back", self.look_once)
 
+    def paged(self) -> None:
+        """A run stopped for a person raises an alert (``keelgate status`` in a watch, a
+        CloudEvent to a pager): whoever is on call looks within seconds, not at their next
+        round. Their usual rounds go on too."""
+        if not self.calm:
+            self.world.at(self.world.schedule.between(0.5, 8.0), "a page", self._answer_page)
+
+    def _answer_page(self) -> None:
+        self.world.say("a person answers the page")
+        self.look_once()
+
     def look_once(self) -> None:
         """A look that schedules no other (the person's usual rounds go on anyway)."""
         with self.world.acting("people"):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import exit_code
 from keelgate.core.loop import Loop
-from keelgate.core.protocols import Stores, Tool
+from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import Outcome
 from keelgate.errors import KeelgateError, SimulatedCrash
@@ -35,7 +35,14 @@ from keelgate.runners.build import build_parts
 from keelgate.runners.step import StepRunner
 from keelgate.testing.sim.books import Books, ProcessLife
 from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.downstream import CALL_SECONDS, LateCall, ShopConfirmer, SimTool
+from keelgate.testing.sim.downstream import (
+    CALL_SECONDS,
+    LateCall,
+    ProductConfirmer,
+    Shop,
+    ShopConfirmer,
+    SimTool,
+)
 from keelgate.testing.sim.model import Planner, SimModel
 from keelgate.testing.sim.network import Network
 from keelgate.testing.sim.stores import StoreSite
@@ -50,18 +57,39 @@ LATE_CALL_GRACE = 30.0
 class Faults:
     """How often each fault happens at a window, per thousand (drawn once per run)."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, *, slow_store: bool = False) -> None:
         schedule = world.schedule
         self.crash = (0, 15, 40, 80)[schedule.pick(4)]
         self.pause = (0, 15, 40, 80)[schedule.pick(4)]
         self.drain = (0, 10)[schedule.pick(2)]
         #: Store answers lost, per thousand statements of a server store's session.
         self.lost_answers = (0, 0, 5, 20)[schedule.pick(4)]
+        #: A step's store answers that come back late (the statement landed, its answer slow),
+        #: per thousand statements. Drawn only with ``slow_store`` on, so that the worlds
+        #: without it (and their kept seeds) make the same choices as before.
+        self.slow_answers = (0, 10, 40, 100)[schedule.pick(4)] if slow_store else 0
         self.calm = False  # the end of a run: no more faults
         self._world = world
 
     def lose_answer(self) -> bool:
         return not self.calm and self._world.schedule.chance(self.lost_answers)
+
+    def answer_delay(self) -> float:
+        """How late a step's store answer comes back: 0 (at once), a moment, about the margin
+        a write deadline leaves, or most of a call's time limit (a stalled connection, a
+        failover): where a deadline taken before a claim and a tool's cut-off counted from
+        when the claim's answer came drift apart, the request still leaving in time."""
+        if self.calm or not self.slow_answers:
+            return 0.0
+        schedule = self._world.schedule
+        if not schedule.chance(self.slow_answers):
+            return 0.0
+        kind = schedule.pick(3)
+        if kind == 1:
+            return schedule.between(fence.MARGIN - 1.0, fence.MARGIN + 3.0)
+        if kind == 2:
+            return schedule.between(fence.MARGIN + 3.0, CALL_SECONDS - 1.0)
+        return schedule.between(0.2, 3.0)
 
     def at_window(self, world: World, name: str = "") -> str:
         """What happens at one window: "" (nothing), "crash", "pause" or "drain". The window
@@ -108,6 +136,10 @@ class Setting:
     faults: Faults
     tenant: str
     run: str
+    #: Whether the run's steps have the product's HTTP confirmer (``ProductConfirmer``) ask the
+    #: shop's status endpoint, whatever the scenario drew (which else decides whether they
+    #: have the world's own ``ShopConfirmer``).
+    http_confirmer: bool = False
 
 
 class StepProcess:
@@ -131,6 +163,7 @@ class StepProcess:
         self.code: int | None = None
         self._stores: Stores | None = None
         self._late: list[LateCall] = []
+        self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(self.world.now, self.books.next_order())
 
@@ -138,6 +171,10 @@ class StepProcess:
     loop_kind: type[Loop] = Loop
 
     # What its tools ask of it
+
+    @property
+    def congested(self) -> bool:
+        return self.world.now < self._incident_ends
 
     def window(self, name: str) -> None:
         self._window(name)
@@ -228,8 +265,24 @@ class StepProcess:
         return self.asked_to_stop
 
     def _open(self) -> Stores:
-        self._stores = self.setting.site.open()
+        self._stores = self.setting.site.open(answer_late=self._answer_late)
         return self._stores
+
+    def _answer_late(self) -> None:
+        """A statement of this process landed and its answer is slow: the process waits for
+        it (the rest of the world goes on), and may be killed meanwhile. Only what the process
+        itself is doing waits here: a late call's worker ending from the world's own events
+        (``downstream.LateCall``) hears its answers at once."""
+        if self.world.actor != self.name:
+            return
+        seconds = self.setting.faults.answer_delay()
+        if not seconds:
+            return
+        self.world.say(f"{self.name} hears the store's answer {seconds:.1f}s late")
+        self._incident_ends = self.world.now + seconds + CALL_SECONDS
+        self.world.advance(seconds)
+        if not self.alive:
+            raise SimulatedCrash("store_answer", 1)
 
     def _build(self, spec: LoopSpec, stores: Stores) -> Loop:
         """The loop a step pod builds from the spec it read (``build_parts``), over the
@@ -253,9 +306,12 @@ class StepProcess:
             for tool in parts.tools
         ]
         in_process = parts.model.name == "scripted"
-        confirmer = (
-            ShopConfirmer(self.world, self.books) if self.setting.desk.scenario.confirmer else None
-        )
+        confirmer: Confirmer | None = None
+        shop = self.setting.network.servers["shop.sim"]
+        if self.setting.http_confirmer and isinstance(shop, Shop):
+            confirmer = ProductConfirmer(self.world, shop)
+        elif self.setting.desk.scenario.confirmer:
+            confirmer = ShopConfirmer(self.world, self.books)
         return self.loop_kind(
             stores=stores,
             model=SimModel(self.setting.planner) if in_process else parts.model,

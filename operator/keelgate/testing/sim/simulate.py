@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,14 +34,14 @@ from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.books import Books
 from keelgate.testing.sim.checkers import Violation, judge, judge_ticks
 from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.downstream import CALL_SECONDS, Shop
+from keelgate.testing.sim.downstream import CALL_SECONDS, STATUS_PATH, Shop, StatusTransport
 from keelgate.testing.sim.local import LocalDriver
 from keelgate.testing.sim.model import Planner, Scenario
 from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
 from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
 from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
-from keelgate.testing.sim.operator_mode import MOVES, Cluster
+from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES, Cluster
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
@@ -73,19 +74,65 @@ class Options:
     late_shop: bool = False
     #: The moves of issue 46 people try (``MOVES``): a copy of someone's entry, a deny moved
     #: to the front, a run deleted and created again, a ServiceAccount's approval, a tool's
-    #: definition edited after its call was approved.
+    #: definition edited after its call was approved; and those made only when named
+    #: (``NAMED_MOVES``: an Approval deleted while the operators are down).
     moves: frozenset[str] = frozenset()
+    #: The run's steps have the product's own HTTP confirmer ask the shop's status endpoint
+    #: over the network (``downstream.ProductConfirmer``), in every mode; without it a run has
+    #: the world's own confirmer where its scenario drew one.
+    http_confirmer: bool = False
+    #: A step's store answers now and then come back late (the statement landed, the answer
+    #: slow): the moments a process reads before and after a claim drift apart.
+    slow_store: bool = False
+    #: A run stopped for a person pages someone, who looks within seconds (local mode).
+    paged: bool = False
 
     @classmethod
     def every(cls) -> Options:
+        """Every move of issues 46 and 48 as the kept seeds were found with (``--late-shop
+        --moves``): their stories stay as they were when the world gains a fault."""
         return cls(late_shop=True, moves=frozenset(MOVES))
+
+    @classmethod
+    def whole(cls, seed: int | None = None) -> Options:
+        """Everything the world can do (``--every-move``, as ``make sim`` runs it): every move
+        and every fault added since the kept seeds were found. Given the seed of one of
+        ``make sim``'s runs, a share of the runs also makes the named moves (``NAMED_SHARE``)
+        and has the product's HTTP confirmer (``HTTP_CONFIRMER_SHARE``), each drawn from a
+        stream of its own derived from the seed, never from the world's schedule (a failing
+        run prints its flags, which replay it without drawing the share again)."""
+        moves = frozenset(MOVES)
+        if seed is None:
+            return cls(late_shop=True, moves=moves, slow_store=True, paged=True)
+        named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
+        http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
+        return cls(
+            late_shop=True,
+            moves=moves | (frozenset(NAMED_MOVES) if named else frozenset()),
+            http_confirmer=http,
+            slow_store=True,
+            paged=True,
+        )
 
     def flags(self) -> str:
         said = ["--late-shop"] if self.late_shop else []
+        if self.slow_store:
+            said.append("--slow-store")
+        if self.paged:
+            said.append("--paged")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
+        if self.http_confirmer:
+            said.append("--http-confirmer")
         return " ".join(said)
+
+
+#: One in this many of ``make sim``'s every-move runs also makes the moves made only when
+#: named (``Options.whole(seed)``).
+NAMED_SHARE = 2
+#: One in this many of them has the product's HTTP confirmer.
+HTTP_CONFIRMER_SHARE = 2
 
 
 @dataclass(frozen=True)
@@ -138,6 +185,9 @@ def _routed(network: Network) -> Iterator[None]:
     tools = {"place_order": "place an order"}
 
     def route(url: str, library: str) -> Any:
+        shop = network.servers.get("shop.sim")
+        if urlsplit(url).path.startswith(STATUS_PATH) and isinstance(shop, Shop):
+            return StatusTransport(network, shop)  # the confirmer's question, not a call's
         if library == adapters_network.HTTPX2_ASYNC:
             return McpTransport(network, tools)
         if library == adapters_network.HTTPX2:
@@ -177,7 +227,7 @@ def _simulate(
     planner = Planner(world, scenario, books)
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner)
-    faults = Faults(world)
+    faults = Faults(world, slow_store=options.slow_store)
 
     def lose_answer() -> bool:
         lost = faults.lose_answer()
@@ -192,7 +242,17 @@ def _simulate(
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
-    setting = Setting(world, site, network, planner, desk, faults, TENANT, RUN)
+    setting = Setting(
+        world,
+        site,
+        network,
+        planner,
+        desk,
+        faults,
+        TENANT,
+        RUN,
+        http_confirmer=options.http_confirmer,
+    )
     done, calm, monitor, cluster = _set_going(setting, mode=mode, options=options)
     world.at(CHAOS, "calm", calm)
     still = Stillness(world, site, books)
@@ -258,7 +318,7 @@ def _set_going(
         done: Callable[[], bool] = monitor.over
     elif mode == "local":
         people = People(setting, moves=options.moves)
-        driver = LocalDriver(setting)
+        driver = LocalDriver(setting, paged=people.paged if options.paged else None)
 
         def calm() -> None:
             world.say("calm")

@@ -52,16 +52,21 @@ class SimMemoryStore(MemoryStore):
     dialect = _SESSIONS
 
     def __init__(
-        self, backend: MemoryBackend, *, lose_answer: Callable[[], bool] = lambda: False
+        self,
+        backend: MemoryBackend,
+        *,
+        lose_answer: Callable[[], bool] = lambda: False,
+        answer_late: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(backend)
         self.driving: set[tuple[str, str]] = set()
         self.session_lost = False
         self.owners = [self.owner]  # every owner id it has had, one per session
         self.lose_answer = lose_answer
+        self.answer_late = answer_late
 
     # A server store's answers cross a network: a statement, or a commit, may take place and
-    # its answer never come back.
+    # its answer come back late, or never.
 
     @contextmanager
     def _statement(self) -> Iterator[Connection]:
@@ -76,6 +81,7 @@ class SimMemoryStore(MemoryStore):
         self._answer_or_not()
 
     def _answer_or_not(self) -> None:
+        self.answer_late()
         if self.lose_answer():
             raise StoreUnavailable("the connection to the store was lost before its answer came")
 
@@ -172,7 +178,10 @@ class StoreSite:
     #: Whether the store's next answer is lost (a server store only; the world sets it).
     lose_answer: Callable[[], bool] = staticmethod(lambda: False)
 
-    def open(self) -> Stores:
+    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
+        """``answer_late``: called once a statement of the opener's has landed, before its
+        answer is heard (a server store only: a step process waits there when the world says
+        its answer is slow)."""
         raise NotImplementedError
 
     def lose_session(self, stores: Stores) -> bool:
@@ -202,8 +211,10 @@ class MemorySite(StoreSite):
         self.backend = MemoryBackend(db=db)
         self.lose_answer: Callable[[], bool] = lambda: False  # the world sets it
 
-    def open(self) -> Stores:
-        return Stores.of(SimMemoryStore(self.backend, lose_answer=self.lose_answer))
+    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
+        return Stores.of(
+            SimMemoryStore(self.backend, lose_answer=self.lose_answer, answer_late=answer_late)
+        )
 
     def lose_session(self, stores: Stores) -> bool:
         store = stores.idempotency
@@ -223,7 +234,8 @@ class SQLiteSite(StoreSite):
         self.path = Path(self._folder.name) / "keelgate.db"
         self.clock = clock
 
-    def open(self) -> Stores:
+    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
+        # One host, a local file: no answer crosses a network to be slow or lost.
         return Stores.of(SimSQLiteStore(self.path, self.clock))
 
     def close(self) -> None:
