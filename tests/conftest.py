@@ -107,8 +107,10 @@ def orders() -> Iterator[list[tuple[str | None, dict[str, Any]]]]:
     operator_tools.ORDERS.clear()
     operator_tools.CALLS.clear()
     operator_tools.ANSWER.clear()
+    operator_tools.THAW.clear()
     yield operator_tools.ORDERS
     operator_tools.ANSWER.set()  # a call still held ends
+    operator_tools.THAW.set()
     operator_tools.ORDERS.clear()
     operator_tools.CALLS.clear()
 

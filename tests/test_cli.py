@@ -1382,6 +1382,26 @@ def test_bad_leader_election_settings_are_one_line_naming_the_flag(
 
 
 @pytest.mark.parametrize(
+    ("flags", "field", "words"),
+    [
+        (["--run-lease=10", "--run-lease-renew=10"], "--run-lease", "longer than"),
+        (["--run-lease=-1"], "--run-lease", "greater than or equal to 0"),
+        (["--run-lease-renew=0"], "--run-lease-renew", "greater than or equal to 0.1"),
+    ],
+)
+def test_bad_run_lease_settings_are_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], flags: list[str], field: str, words: str
+) -> None:
+    """`keelgate operator` with a run lease no longer than its renewal period (or a negative
+    lease, a renewal period of 0): exit 2, one line naming the flag, before anything connects."""
+    code = main(["operator", "--store", "postgresql://kg@127.0.0.1:1/kg", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert f"{field}" in err and words in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
     ("command", "words"),
     [
         (["operator"], "the operator and its step pods need PostgreSQL"),

@@ -50,7 +50,7 @@ ENDS: dict[str, tuple[dict[str, Any], EndKind, str]] = {
     "store away": (ended(5), EndKind.STORE, "exit code 5: the store could not be reached"),
     "fenced": (
         ended(6),
-        EndKind.BUSY,
+        EndKind.FENCED,
         "exit code 6: another holder took the run over; nothing more was written",
     ),
     "killed": (ended(137, reason="OOMKilled"), EndKind.CRASH, "exit code 137 (OOMKilled)"),
@@ -101,7 +101,8 @@ def test_a_failed_steps_last_lines_are_kept_short_and_a_clean_end_has_none() -> 
 
 
 def test_the_end_kinds_are_the_metrics_labels() -> None:
-    """``keelgate_steps_ended_total{result}`` keeps its label values (preempted added)."""
+    """``keelgate_steps_ended_total{result}`` keeps its label values (preempted, then fenced
+    added)."""
     assert [kind.value for kind in EndKind] == [
         "clean",
         "crash",
@@ -109,6 +110,7 @@ def test_the_end_kinds_are_the_metrics_labels() -> None:
         "bad_input",
         "store",
         "preempted",
+        "fenced",
     ]
 
 

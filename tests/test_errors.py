@@ -164,8 +164,9 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
     changes when it says it is not (bad input); 0, 1 and 3 are a step that recorded its end, and
     a code no error has (a signal's 137) is a crash, retried with back-off. A model server that
     could not be reached is 3 too: the step ended with the run where it stands, and the next
-    step tries the model again. A step refused for a stale epoch (6) is a busy run: another
-    holder drives it."""
+    step tries the model again. A step refused for a stale epoch (``EXIT_FENCED``) is fenced:
+    another holder took the run over, so it is neither a crash nor retried here."""
+    from keelgate.core.exits import EXIT_FENCED
     from keelgate.errors import exit_retryable
     from keelgate.kube.controller.pod_ends import classify
 
@@ -177,10 +178,10 @@ def test_the_operator_reads_a_step_pods_exit_code_from_the_same_table() -> None:
     assert codes == {2, 4, 5, 6, 75}
     for code in codes:
         kind = ended(code)
-        if code == 6:
-            # Refused for the run's epoch: not retryable in that process, but the run is
-            # another holder's now, and a later step pod writes under its epoch: busy.
-            assert kind == "busy"
+        if code == EXIT_FENCED:
+            # Refused for the run's epoch: the run is another holder's now, and only whoever
+            # holds it makes its next step pod (not busy's retry after a wait, not a crash).
+            assert kind == "fenced"
         elif exit_retryable(code):
             assert kind in ("busy", "store", "preempted"), code
         else:

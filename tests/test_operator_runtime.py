@@ -319,6 +319,44 @@ def test_no_worker_runs_before_every_kind_is_listed_and_readyz_says_so(kube: Ope
     assert len(kube.api.running_step_pods(NAMESPACE)) == 1
 
 
+def test_a_running_operator_renews_its_runs_together_and_lets_idle_ones_go_on_a_clean_stop(
+    kube: Operator,
+) -> None:
+    """With a holder, the running operator renews every run it holds once per period (the
+    leases outlive several lease lengths), and on a clean stop lets go at once of each held run
+    no step pod of its cluster drives (the next leader need not wait), while a run whose pod
+    still runs keeps its lease (its pod's writes land until it lapses)."""
+    for name in ("busy", "idle"):
+        kube.apply(name, agentrun_spec())
+    options = OperatorOptions(
+        controller=ControllerSettings(holder="op-a", run_lease=2.0),
+        workers=1,
+        resync_seconds=3600,
+        run_lease_renew=0.25,
+    )
+    running = RunningOperator(options, stores=kube.stores, api=kube.api)  # type: ignore[arg-type]
+    kube.api.watch = running.cache
+    owners: Any = kube.stores.checkpoints
+
+    async def scenario() -> list[float]:
+        await running._start()
+        try:
+            assert running.controller is not None
+            for name in ("busy", "idle"):
+                running.controller.reconcile(("AgentRun", NAMESPACE, name))
+            assert running.controller.holding.held() == [(NAMESPACE, "busy"), (NAMESPACE, "idle")]
+            kube.api.finish_pod(NAMESPACE, "idle-s1-a1", 137)  # its pod ended: nothing drives it
+            await asyncio.sleep(5.0)  # two and a half leases: renewed all along
+            return [owners.holder_of(NAMESPACE, name).lease_left for name in ("busy", "idle")]
+        finally:
+            await running._stop()
+
+    assert all(left > 0.5 for left in asyncio.run(scenario()))
+    busy, idle = (owners.holder_of(NAMESPACE, name) for name in ("busy", "idle"))
+    assert (busy.holder, busy.epoch) == ("op-a", 1) and busy.lease_left > 0
+    assert (idle.holder, idle.epoch) == ("op-a", 1) and idle.lease_left <= 0
+
+
 def test_the_client_rate_limit_lets_a_burst_through_then_paces_requests_at_qps() -> None:
     """--kube-burst requests go at once; beyond them each waits its turn at --kube-qps, in the
     order they came (a debt is never skipped); an idle spell refills the bucket up to the burst,

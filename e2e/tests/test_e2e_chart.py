@@ -99,7 +99,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     policy are deploy/'s; the operator runs as two replicas that elect a leader with a Lease of
     the release (a Role for that Lease alone, rolled one new pod at a time, a disruption budget
     keeping one), non-root, with a read-only root filesystem, probes, and the store URL from a
-    Secret by reference. Without leader election it is one replica, replaced (never rolled)."""
+    Secret by reference; it takes runs in the store (runOwnership) unless told not to. Without
+    leader election it is one replica, replaced (never rolled)."""
     for crd in (ROOT / "crds").glob("*.yaml"):
         assert (CHART / "files" / "crds" / crd.name).read_text() == crd.read_text()
     docs = rendered(helm, cluster, "--set", "store.existingSecret.name=pg")
@@ -154,6 +155,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     }
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--leader-elect" in args and "--lease-name=kg-operator" in args
+    # Runs are taken in the store under a 30 s lease, renewed every 10 s (runOwnership).
+    assert "--run-lease=30" in args and "--run-lease-renew=10" in args
     lease_rules = by_kind[("Role", "kg-operator-lease")]["rules"]
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in (
         lease_rules
@@ -174,6 +177,16 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     assert alone["spec"]["replicas"] == 1 and alone["spec"]["strategy"] == {"type": "Recreate"}
     assert not [d for d in single if d["kind"] in ("Role", "PodDisruptionBudget")]
     assert "--leader-elect" not in alone["spec"]["template"]["spec"]["containers"][0]["args"]
+    unowned = rendered(
+        helm,
+        cluster,
+        "--set",
+        "store.existingSecret.name=pg",
+        "--set",
+        "runOwnership.enabled=false",
+    )
+    (off,) = [d for d in unowned if d["kind"] == "Deployment"]
+    assert "--run-lease=0" in off["spec"]["template"]["spec"]["containers"][0]["args"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
@@ -205,6 +218,7 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("admissionPolicy.stepServiceAccounts={Not_An_Account}", "/admissionPolicy/stepServ"),
         ("replicas=0", "/replicas"),
         ("leaderElection.leaseDuration=soon", "/leaderElection/leaseDuration"),
+        ("runOwnership.leaseSeconds=soon", "/runOwnership/leaseSeconds"),
     ],
 )
 def test_a_wrong_value_fails_helm_install_naming_the_value(

@@ -91,8 +91,9 @@ def test_a_standby_leads_within_20_s_of_the_leaders_death_and_the_runs_go_on(
 ) -> None:
     """Two replicas: one holds the Lease, the other stands by (its log says so, it drives
     nothing). The leader's process is killed mid-run (SIGKILL) and its pod deleted with no
-    grace: the standby takes the Lease within 20 s, and every run finishes with each order
-    placed once."""
+    grace: the standby takes the Lease within 20 s, then each run in the store once the dead
+    leader's run lease lapsed (its step pods carry the new epoch), and every run finishes with
+    each order placed once."""
     operator = replicated
     leader = wait_for(lambda: _holder(admin, operator), timeout=60, what="a leader")
     (standby,) = _running_pod_names(operator) - {leader}
@@ -122,6 +123,26 @@ def test_a_standby_leads_within_20_s_of_the_leaders_death_and_the_runs_go_on(
     runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
     _once(shop)
     assert shop.shop.count() == 2 * len(names)
+    # The dead leader held each run in the store under epoch 1; its successor took each one
+    # again once that lease lapsed, under epoch 2, and its step pods wrote under it.
+    for name in names:
+        assert _newest_pods_epoch(admin, tenant, name) == "2", name
+
+
+def _newest_pods_epoch(admin: Kube, tenant: str, run: str) -> str:
+    """The KEELGATE_EPOCH of the run's newest step pod (the epoch its writes carried)."""
+    pods = admin.get(
+        f"/api/v1/namespaces/{tenant}/pods", {"labelSelector": f"keelgate.dev/run={run}"}
+    )
+    newest = max(
+        pods["items"],
+        key=lambda p: (
+            int(p["metadata"]["labels"]["keelgate.dev/step"]),
+            int(p["metadata"]["labels"]["keelgate.dev/attempt"]),
+        ),
+    )
+    env = newest["spec"]["containers"][0].get("env") or []
+    return next((str(e.get("value")) for e in env if e["name"] == "KEELGATE_EPOCH"), "")
 
 
 def test_a_rolling_helm_upgrade_under_load_loses_nothing(

@@ -87,13 +87,15 @@ class Operator:
         tracer: Tracer = NO_TRACING,
         notify: NotifySettings | None = None,
         notify_sleep: Callable[[float], bool] | None = None,
+        store: str = "",
     ) -> None:
         """``api``: the cluster of an operator before this one (a restart); its watches then
         report to this operator's cache, which knows nothing until ``relist``. ``notify``: the
         sinks its notifier (the runtime's own, over the fake API server's ConfigMaps) sends to,
-        waiting ``notify_sleep`` between tries (default: the real back-off)."""
+        waiting ``notify_sleep`` between tries (default: the real back-off). ``store``: the store's
+        URL (default: a SQLite file in ``folder``, which an operator on the same folder shares)."""
         self.api = api if api is not None else FakeApiServer()
-        self.store_url = f"sqlite:///{folder / 'keelgate.db'}"
+        self.store_url = store or f"sqlite:///{folder / 'keelgate.db'}"
         self.stores = open_stores(self.store_url)
         self.metrics = Metrics()
         self.notifier: Notifier | None = None
@@ -172,6 +174,8 @@ class Operator:
         saved, on_sigterm = list(sys.path), signal.getsignal(signal.SIGTERM)
         argv = [*container["args"][1:], "--store", self.store_url]
         argv += ["--termination-log", str(self.termination_log)]
+        if env.get("KEELGATE_EPOCH"):
+            argv += ["--epoch", env["KEELGATE_EPOCH"]]  # as the step reads its environment
         if late_call_grace is not None:
             argv += ["--late-call-grace", str(late_call_grace)]
         logs = io.StringIO()

@@ -54,3 +54,15 @@ class OrderBook:
     def confirm(self, tenant: str, run: str, action: Any, args: dict[str, Any]) -> bool | None:
         with _lock:
             return any(key == action.idempotency_key for key, _ in ORDERS)
+
+
+#: Set: the order ``held_order`` holds returns (the paused step pod thaws).
+THAW = threading.Event()
+
+
+def held_order(args: dict[str, Any], *, idempotency_key: str | None) -> dict[str, Any]:
+    """A WRITE that takes effect at once, and whose caller is then held (a paused process, its
+    answer not yet recorded) until ``THAW`` is set."""
+    placed = place_order(args, idempotency_key=idempotency_key)
+    THAW.wait(30)
+    return placed

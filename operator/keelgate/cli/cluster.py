@@ -226,6 +226,26 @@ LeaseRetryOption = Annotated[
     int, typer.Option("--lease-retry", help="Seconds between tries to take or renew.")
 ]
 
+RunLeaseOption = Annotated[
+    float,
+    typer.Option(
+        "--run-lease",
+        min=0.0,
+        help="Seconds a run this operator takes in the store stays its own without a renewal: "
+        "another operator (a standby cluster's, a new leader) may drive it only after that; "
+        "0: take no run (every run written without an epoch, as before run ownership).",
+    ),
+]
+RunLeaseRenewOption = Annotated[
+    float,
+    typer.Option(
+        "--run-lease-renew",
+        min=0.1,
+        help="Seconds between the renewals of every held run's lease (one statement for all "
+        "of them); less than --run-lease.",
+    ),
+]
+
 
 @app.command("operator")
 def operator_command(
@@ -260,6 +280,8 @@ def operator_command(
     lease_duration: LeaseDurationOption = 15,
     lease_renew: LeaseRenewOption = 10,
     lease_retry: LeaseRetryOption = 2,
+    run_lease: RunLeaseOption = 30.0,
+    run_lease_renew: RunLeaseRenewOption = 10.0,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
     read = _operator_store(
@@ -286,6 +308,9 @@ def operator_command(
             identity,
             (lease_duration, lease_renew, lease_retry),
         )
+    if run_lease and not run_lease > run_lease_renew:
+        raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
+    holder = _holder(identity) if run_lease else ""
     _log_to_stderr()
     options = OperatorOptions(
         namespaces=tuple(namespace or ()),
@@ -304,6 +329,8 @@ def operator_command(
             max_crashes=max_crashes,
             sign_head=sign_head,
             every_step_event=step_events == "every",
+            holder=holder,
+            run_lease=run_lease,
         ),
         port=port,
         bind=bind,
@@ -311,6 +338,7 @@ def operator_command(
         resync_seconds=resync,
         lease=lease,
         notify=notify,
+        run_lease_renew=run_lease_renew,
     )
     code = _run_operator(
         options, read, tenant_sessions=tenant_sessions, qps=kube_qps, burst=kube_burst
@@ -318,6 +346,19 @@ def operator_command(
     if code:
         print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
     return code
+
+
+def _holder(identity: str) -> str:
+    """Who this operator process is in the store's run ownership: --identity (POD_NAME), else
+    the host's name (a pod's hostname is its name), and a mark of this process. Two processes
+    never share a holder (two operators started by mistake on one host, a container restarted
+    while its earlier process still runs): one holder is one driver, or the fence between them
+    is gone. A restarted process is another holder, and takes its earlier life's runs after
+    their leases (a clean stop lets the runs no step pod drives go at once)."""
+    import secrets
+    import socket
+
+    return f"{identity or socket.gethostname()}/{secrets.token_hex(3)}"
 
 
 def _operator_store(

@@ -171,8 +171,9 @@ class RunOwners(Protocol):
     live, and from then on this store object carries that epoch on every write of the run;
     otherwise it raises ``RunBusy`` naming the holder and how long its lease is live. ``renew``
     extends the lease of an ownership still current, and raises ``StaleEpoch`` once another
-    holder has taken the run. ``carry`` makes this store write under an epoch taken elsewhere
-    (a step process under its operator's). ``holder_of`` reads who holds it. ``let_go`` ends
+    holder has taken the run; ``renew_held`` extends every live lease of one holder at once.
+    ``carry`` makes this store write under an epoch taken elsewhere (a step process under its
+    operator's). ``holder_of`` reads who holds it. ``let_go`` ends
     the lease at once, so the next holder need not wait for it. A write of the run started
     under an epoch the store no longer records is refused with ``StaleEpoch``, and an in-flight
     key claimed under such an epoch reads as an unknown outcome, whoever its owner is and
@@ -182,6 +183,11 @@ class RunOwners(Protocol):
     def take(self, tenant: str, run: str, *, holder: str, lease: float) -> Ownership: ...
 
     def renew(self, ownership: Ownership, *, lease: float) -> Ownership: ...
+
+    def renew_held(self, holder: str, *, lease: float) -> list[Ownership]:
+        """Renew every live lease of ``holder`` at once (one commit per renewal period, however
+        many runs it holds); what it holds afterwards."""
+        ...
 
     def carry(self, tenant: str, run: str, epoch: int | None) -> None: ...
 

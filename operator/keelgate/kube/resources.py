@@ -212,16 +212,18 @@ def step_pod(
     failpoints: str,
     settings: StepPodSettings,
     trace: tuple[str, str] | None = None,
+    epoch: int | None = None,
 ) -> JSON:
     """The pod of one step attempt of ``run`` (an AgentRun body). ``trace``: the W3C
-    traceparent naming the pod's own span and the tracestate naming the run's, when traced."""
+    traceparent naming the pod's own span and the tracestate naming the run's, when traced;
+    ``epoch``: the epoch the operator holds the run under, which the step's writes carry."""
     meta = run["metadata"]
     namespace, run_name = meta["namespace"], meta["name"]
     container = _step_container(
         spec,
         settings,
         _step_args(namespace, run_name, settings),
-        _step_env(spec, settings, failpoints=failpoints, trace=trace),
+        _step_env(spec, settings, failpoints=failpoints, trace=trace, epoch=epoch),
     )
     return {
         "apiVersion": "v1",
@@ -258,9 +260,11 @@ def _step_env(
     *,
     failpoints: str,
     trace: tuple[str, str] | None,
+    epoch: int | None = None,
 ) -> list[JSON]:
     """The step container's environment: the store URL and the model key from Secrets, the
-    failpoints armed, the trace context when traced, and the operator's extra variables."""
+    failpoints armed, the trace context when traced, the operator's extra variables, and the
+    run's epoch when the operator holds it (last: no extra variable may stand in for it)."""
     env: list[JSON] = [
         _secret_env("KEELGATE_STORE", settings.store_secret, settings.store_secret_key),
         {"name": "HOME", "value": "/tmp"},
@@ -291,6 +295,9 @@ def _step_env(
             )
         )
     env.extend({"name": k, "value": v} for k, v in sorted(settings.extra_env.items()))
+    if epoch is not None:
+        env = [e for e in env if e["name"] != "KEELGATE_EPOCH"]
+        env.append({"name": "KEELGATE_EPOCH", "value": str(epoch)})
     return env
 
 

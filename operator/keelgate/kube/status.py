@@ -56,6 +56,9 @@ class RunView:
     stalled: str = ""  # why no further step pod will start until the spec changes
     stalled_reason: str = "StepsFailing"  # the Stalled condition's reason when stalled
     waiting: str = ""  # why the intended pod is not created yet (a slot, a back-off)
+    # The Reconciling condition's reason while waiting: HeldElsewhere when another operator
+    # holds the run in the store (``waiting`` then names it).
+    waiting_reason: str = "Waiting"
     reconciliations: Mapping[str, str] = field(default_factory=dict)  # action -> object name
     approvals: Mapping[str, str] = field(default_factory=dict)  # action -> object name
     failpoints_seen: str = ""
@@ -222,7 +225,7 @@ def _reconciling(view: RunView, phase: RunPhase) -> _Shown:
     if view.suspended and not view.stepping:
         return ("False", "Suspended", "spec.suspend is true")
     if view.stepping or (view.outcome is None and not view.stalled):
-        return ("True", "Waiting" if view.waiting else "StepRunning", view.waiting)
+        return ("True", view.waiting_reason if view.waiting else "StepRunning", view.waiting)
     return ("False", phase.value)
 
 

@@ -130,6 +130,17 @@ class OwnershipStatements:
             f"UPDATE keelgate_owners SET expires = {clock} + CAST(? AS {d.real}) "
             "WHERE tenant = ? AND run = ? AND holder = ? AND epoch = ?"
         )
+        # A holder's batched renewal (one statement for every run it holds): only leases still
+        # live are renewed, so a run let go, or lapsed in a pause, is never taken back this
+        # way (a lapsed lease is lost: the holder takes the run again, under a new epoch).
+        self.renew_held = q(
+            f"UPDATE keelgate_owners SET expires = {clock} + CAST(? AS {d.real}) "
+            f"WHERE holder = ? AND expires > {clock}"
+        )
+        self.held = q(
+            f"SELECT tenant, run, epoch, expires - {clock} FROM keelgate_owners "
+            f"WHERE holder = ? AND expires > {clock}"
+        )
         self.let_go = q(
             f"UPDATE keelgate_owners SET expires = {clock} "
             f"WHERE tenant = ? AND run = ? AND holder = ? AND epoch = ? AND expires > {clock}"
@@ -528,6 +539,19 @@ class SQLStore(HoldsOwner, ABC):
 
         row = self._durably(attempt, what=f"renewing the lease of run {run!r}")
         return _ownership(tenant, run, row)
+
+    def renew_held(self, holder: str, *, lease: float) -> list[Ownership]:
+        """Extend by ``lease`` seconds (from now, on the store's clock) every live lease of
+        ``holder``, in one statement and one commit, and return what it holds now: a run
+        another holder took, or whose lease lapsed or was let go, is not among them."""
+
+        def attempt(again: bool) -> list[Any]:
+            with self._transaction() as conn:
+                conn.execute(self.sql.ownership.renew_held, (lease, holder))
+                return list(conn.execute(self.sql.ownership.held, (holder,)).fetchall())
+
+        rows = self._durably(attempt, what=f"renewing the leases of {holder!r}")
+        return [Ownership(str(r[0]), str(r[1]), holder, int(r[2]), float(r[3])) for r in rows]
 
     def carry(self, tenant: str, run: str, epoch: int | None) -> None:
         """Write the run under ``epoch`` from now on (taken by another process: a step

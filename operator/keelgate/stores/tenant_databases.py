@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from keelgate.core.audit import AuditDraft, AuditEvent
-from keelgate.core.protocols import Checkpoint, Completion, RecordedSpec, RunRef
+from keelgate.core.protocols import Checkpoint, Completion, Ownership, RecordedSpec, RunRef
 from keelgate.core.types import KeyRecord
 from keelgate.errors import StoreBusy, StoreError, StoreUnavailable
 from keelgate.stores._holds import HoldsOwner, OwnerHolds
@@ -352,6 +352,44 @@ class TenantDatabases(HoldsOwner):
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
         return self._call(tenant, lambda s: s.lock_run(tenant, run), owning=True)
+
+    # RunOwners: each run's ownership is in its tenant's database, and the store that took a
+    # run writes it under its epoch, so that store stays open (owning) while this process
+    # lives: closed and opened again, it would write the run under no epoch (refused).
+
+    def take(self, tenant: str, run: str, *, holder: str, lease: float) -> Ownership:
+        return self._call(
+            tenant, lambda s: s.take(tenant, run, holder=holder, lease=lease), owning=True
+        )
+
+    def renew(self, ownership: Ownership, *, lease: float) -> Ownership:
+        return self._call(ownership.tenant, lambda s: s.renew(ownership, lease=lease))
+
+    def renew_held(self, holder: str, *, lease: float) -> list[Ownership]:
+        """One statement on the home database and one on each tenant database where this
+        process took a run (its store is open, owning): what ``holder`` holds in all of them."""
+        held = list(self.home.renew_held(holder, lease=lease))
+        with self._lock:
+            databases = sorted(
+                o.database for o in self._opened.values() if o.owning and o.store is not None
+            )
+        for database in databases:
+            opened = self._take(database)
+            try:
+                assert opened.store is not None
+                held.extend(opened.store.renew_held(holder, lease=lease))
+            finally:
+                self._give_back(opened)
+        return held
+
+    def carry(self, tenant: str, run: str, epoch: int | None) -> None:
+        self._call(tenant, lambda s: s.carry(tenant, run, epoch), owning=True)
+
+    def let_go(self, ownership: Ownership) -> None:
+        self._call(ownership.tenant, lambda s: s.let_go(ownership))
+
+    def holder_of(self, tenant: str, run: str) -> Ownership | None:
+        return self._call(tenant, lambda s: s.holder_of(tenant, run))
 
     # AuditLog
 

@@ -1058,6 +1058,25 @@ def a_run_has_one_holder_under_a_lease_and_each_take_is_a_new_epoch(factory: Ope
 
 
 @_check("ownership")
+def a_holder_renews_every_run_it_holds_at_once_and_learns_which_it_lost(factory: Opener) -> None:
+    """renew_held: one call renews each live lease of the holder, and returns the runs it
+    still holds: not one another holder took after it lapsed, nor one it let go."""
+    mine, other = owners(factory), owners(factory)
+    kept = mine.take("acme", "kept", holder="op-a", lease=60.0)
+    gone = mine.take("acme", "gone", holder="op-a", lease=0.0)
+    freed = mine.take("globex", "freed", holder="op-a", lease=60.0)
+    assert other.take("acme", "gone", holder="op-b", lease=60.0).epoch == gone.epoch + 1
+    mine.let_go(freed)
+    other.take("acme", "theirs", holder="op-b", lease=60.0)
+    held = mine.renew_held("op-a", lease=120.0)
+    assert [(h.tenant, h.run, h.holder, h.epoch) for h in held] == [("acme", "kept", "op-a", 1)]
+    assert held[0].lease_left > 100
+    seen = owners(factory).holder_of("acme", "kept")
+    assert seen is not None and seen.lease_left > 100
+    assert kept.epoch == 1
+
+
+@_check("ownership")
 def a_holder_whose_lease_lapsed_is_refused_at_its_next_write(factory: Opener) -> None:
     """Once another holder took the run, every write the old one started under its epoch is
     refused with StaleEpoch and writes nothing: a checkpoint, a claim, a key's end, an audit

@@ -48,6 +48,14 @@ from keelgate.kube.resources import creator_of, pod_active, pod_finished
 from keelgate.kube.times import stamp
 from keelgate.manifest import AgentRunSpec, spec_from_manifest
 
+#: The stops at which a run waits for a person: its holder keeps it (the decision is written
+#: under its epoch). At any other stop the run is finished until its spec changes, and let go.
+_WAITING_FOR_A_PERSON = frozenset({StopReason.OUTCOME_UNKNOWN, StopReason.AWAITING_APPROVAL})
+
+
+#: The stops no step goes on from whatever happens, but a spec change.
+_FINAL = frozenset({StopReason.GOAL_MET, StopReason.FAILED})
+
 
 class Monitors(Protocol):
     """Where a monitor's AgentRun goes: it schedules ticks (``monitor.MonitorReconciler``)."""
@@ -71,6 +79,7 @@ class AgentRunReconciler:
         run = context.cache.get("AgentRun", namespace, name)
         if run is None or run["metadata"].get("deletionTimestamp"):
             self._stop_pods(namespace, name, run)
+            context.holding.let_go(namespace, name)
             context.slots.stop_waiting(key)
             context.memory.forget(key)
             return REST
@@ -127,10 +136,13 @@ class AgentRunReconciler:
             if pod is None:
                 gone = context.cache.tombstone(namespace, pod_name)
                 if gone is None or not resources.owned_by(gone, uid):
-                    return self._pods.start(key, run, spec, step)
-                ended = classify(gone, deleted=not pod_finished(gone))
-                context.cache.forget_tombstone(namespace, pod_name)
-                pod = gone
+                    if not self._finished_elsewhere(namespace, name):
+                        return self._pods.start(key, run, spec, step)
+                    step = {**step, "state": "Ended"}  # nothing to make: at rest below
+                else:
+                    ended = classify(gone, deleted=not pod_finished(gone))
+                    context.cache.forget_tombstone(namespace, pod_name)
+                    ended_pod = gone
             elif pod_active(pod):
                 context.slots.stop_waiting(key)
                 lost = resources.lost_in(pod, now=context.clock())
@@ -146,21 +158,29 @@ class AgentRunReconciler:
                     "lost: deleted (its node stopped reporting?) and never seen to end; its "
                     "process may still run there, and the store keeps it from acting twice",
                 )
+                ended_pod = pod
             else:
                 ended = classify(pod)
-            ended_pod = pod
-            step = self._account(key, run, step, ended)
+                ended_pod = pod
+            if ended is not None:
+                step = self._account(key, run, step, ended)
 
         state = context.run_state(namespace, name)
         if ended is not None and ended_pod is not None:
             traces.tell_pod_span(context.tracer, ended_pod, step, ended, state)
         if ended is not None and state is not None and context.settings.confirms:
             self._asks.show_confirmer_settlements(run, state)
+        held_elsewhere = self._shown_held_elsewhere(run, step, spec, state)
+        if held_elsewhere is not None:
+            return held_elsewhere
         loop_spec = spec.loop_spec(tenant=namespace, run=name, creator=creator_of(run))
         needed = self._next(run, loop_spec, state, step, ended)
         if isinstance(needed, Rest) or spec.suspend:
             if state is not None and state.stop is not None:
                 sign_head(context, key)  # at rest: its chain head, signed (if asked for)
+                if state.stop.reason not in _WAITING_FOR_A_PERSON:
+                    # Finished (until its spec changes): nobody need wait for its lease.
+                    context.holding.let_go(namespace, name)
             step = {**step, "state": "Ended"} if step else step
             return self._write_at_rest(run, step, spec, state=state)
         if isinstance(needed, Stall):
@@ -175,6 +195,47 @@ class AgentRunReconciler:
             return Requeue(0.5)  # the status patch lost a race: look again
         fresh = context.cache.get("AgentRun", namespace, name) or run
         return self._pods.start(key, fresh, spec, intended)
+
+    def _shown_held_elsewhere(
+        self, run: JSON, step: Mapping[str, Any], spec: AgentRunSpec, state: RunState | None
+    ) -> Result | None:
+        """A run not finished that another operator drives (it took it over, or holds it in
+        another cluster): its status says who, and nothing is asked or made here while it
+        does; ``None`` when the run is this operator's to drive (or nobody's, or finished).
+        A run waiting for a person shows that wait, as its holder shows it (were both in one
+        cluster, two different statuses would be written back and forth); its Approval says
+        who holds the run if a decision comes here."""
+        if state is not None and state.stop is not None and state.stop.reason in _FINAL:
+            return None
+        meta = run["metadata"]
+        elsewhere = self._context.holding.elsewhere(meta["namespace"], meta["name"])
+        if elsewhere is None:
+            return None
+        again = Requeue(max(1.0, elsewhere.lease_left + 0.5))
+        stop = None if state is None else state.stop
+        if stop is not None and stop.reason in _WAITING_FOR_A_PERSON:
+            at_rest = {**step, "state": "Ended"} if step else step
+            self._write_at_rest(run, at_rest, spec, state=state)
+            return again
+        self._status.write_run_status(
+            run,
+            step,
+            suspended=spec.suspend,
+            stepping=True,
+            state=state,
+            held_elsewhere=elsewhere.words(),
+        )
+        return again
+
+    def _finished_elsewhere(self, namespace: str, name: str) -> bool:
+        """Whether the run, intended here but not held by this operator, was finished by
+        another holder meanwhile (a standby cluster's run driven to its end there): its
+        intended pod is then not made, nor the run taken again."""
+        context = self._context
+        if not context.holding.enabled or context.holding.epoch(namespace, name) is not None:
+            return False
+        state = context.run_state(namespace, name)
+        return state is not None and state.stop is not None and state.stop.reason in _FINAL
 
     def _write_at_rest(
         self,
@@ -211,12 +272,20 @@ class AgentRunReconciler:
         context = self._context
         context.meter.step_ended(ended.kind, ended.seconds)
         crashes = 0 if ended.clean else int(step.get("crashes") or 0) + 1
-        if ended.kind in (EndKind.BUSY, EndKind.PREEMPTED):
-            # Another driver is alive, or the pod was asked to stop and did: not a crash.
+        if ended.kind in (EndKind.BUSY, EndKind.PREEMPTED, EndKind.FENCED):
+            # Another driver is alive, or took the run over, or the pod was asked to stop and
+            # did: not a crash.
             crashes = int(step.get("crashes") or 0)
+        if ended.kind is EndKind.FENCED:
+            # Whatever this operator held of the run is gone: the next step pod is made only
+            # if it takes the run again (else the status names who holds it).
+            context.holding.lost(key[1], key[2])
         told = f"step {step.get('number')} (pod {step.get('pod')}) ended: {ended.words}"
         if ended.kind is EndKind.PREEMPTED:
             context.events.normal(run, "StepPreempted", told)
+            context.memory.step_ended(key, at=context.clock(), untold=None)
+        elif ended.kind is EndKind.FENCED:
+            context.events.normal(run, "StepFenced", told)
             context.memory.step_ended(key, at=context.clock(), untold=None)
         elif ended.clean:
             # Told with what comes next (the next step's start, or the run's stop): one Event,
@@ -284,8 +353,10 @@ class AgentRunReconciler:
         delay = 0.0
         if ended is not None and ended.kind is EndKind.BUSY:
             delay = settings.busy_retry
-        elif ended is not None and ended.kind is EndKind.PREEMPTED:
-            delay = 0.0  # it stopped at a checkpoint: the next attempt goes on at once
+        elif ended is not None and ended.kind in (EndKind.PREEMPTED, EndKind.FENCED):
+            # It stopped at a checkpoint, or the run was taken over (the next pod is made only
+            # by whoever holds the run): the next attempt is not held back.
+            delay = 0.0
         elif retry and crashes > 1:
             delay = min(settings.max_backoff, settings.crash_backoff * 2 ** (crashes - 2))
         seen = failpoints_seen_in(run)

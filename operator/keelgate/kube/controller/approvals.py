@@ -48,6 +48,7 @@ from keelgate.kube.controller.approval_events import ApprovalEvents
 from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import (
     REFUSED_RETRY,
@@ -166,7 +167,9 @@ class ApprovalReconciler:
         self._tell(body, run_name, spec, old, state, view)
         if view.tally is not None and view.pending is not None:
             full = len(found) >= MAX_DECISIONS
-            if view.tally.spent or full:
+            if (view.tally.spent or full) and not isinstance(
+                context.holding.hold(namespace, run_name), HeldElsewhere
+            ):
                 # Nothing on this object can count any more (or nothing more fits on it):
                 # the action is asked afresh, on a new object.
                 after = context.loop.ask_again(
@@ -221,6 +224,11 @@ class ApprovalReconciler:
                 # Made no later than the object's last write: an entry seen late (the operator
                 # was down or behind) counts from then, not from when it was seen.
                 seen = min(seen, written)
+            held = context.holding.hold(namespace, run_name)
+            if isinstance(held, HeldElsewhere):
+                # The decision is written by whoever holds the run: not counted here (yet).
+                refused.append(f"{entry.by}: not counted here: the run is {held.words()}")
+                continue
             try:
                 context.loop.approve(
                     namespace,

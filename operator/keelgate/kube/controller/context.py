@@ -20,6 +20,7 @@ from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.errors import RunNotFound
 from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
+from keelgate.kube.controller.ownership import RUN_LEASE, RunHolding
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, StepMeter
 from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.naming import action_object_name, earlier_object_name
@@ -46,6 +47,11 @@ class ControllerSettings:
     #: Signs a payload into a DSSE envelope (``--audit-sign-key``): the operator then signs each
     #: stopped run's chain head (``kube.controller.signed_heads``). None: it signs nothing.
     sign_head: Callable[[bytes], Mapping[str, Any]] | None = None
+    #: Who this operator is in the store's run ownership (``--identity``: its pod's name); empty:
+    #: it takes no run, and every run is written without an epoch, as before ownership.
+    holder: str = ""
+    #: Seconds a taken run's lease lasts (``--run-lease``); renewed every third of it.
+    run_lease: float = RUN_LEASE
 
     @property
     def confirms(self) -> bool:
@@ -72,6 +78,9 @@ class ControllerContext:
     #: derived by the runtime from the objects the controller writes: the controller sends
     #: nothing else.
     notify: Callable[[Notification], None] = notify_nobody
+    #: The runs this operator holds in the store (``kube.controller.ownership``); by default
+    #: none, and none is taken.
+    holding: RunHolding = field(default_factory=RunHolding)
 
     def run_state(self, namespace: str, name: str) -> RunState | None:
         """The run's checkpoint, as the store has it now (None: no step has saved one)."""

@@ -26,6 +26,7 @@ from keelgate.kube.controller.events import EventRecorder
 from keelgate.kube.controller.memory import RunMemory
 from keelgate.kube.controller.monitor import MonitorReconciler
 from keelgate.kube.controller.outcomes import REST, Result
+from keelgate.kube.controller.ownership import RunHolding
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
 from keelgate.kube.controller.reconciliations import ReconciliationReconciler
 from keelgate.kube.controller.slots import StepSlots
@@ -67,6 +68,7 @@ class Controller:
             clock=clock,
             tracer=tracer,
             notify=notify,
+            holding=RunHolding.of(stores, holder=settings.holder, lease=settings.run_lease),
         )
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context, monitors=MonitorReconciler(self.context)),
@@ -81,6 +83,11 @@ class Controller:
             return REST
         with self.context.events.deferred():
             return reconciler.reconcile(key)
+
+    @property
+    def holding(self) -> RunHolding:
+        """The runs this operator holds in the store (the runtime renews them)."""
+        return self.context.holding
 
     def waiting_for_slots(self, count: int) -> list[Key]:
         """Up to ``count`` runs waiting for a step slot, the longest waiting first."""

@@ -1,8 +1,9 @@
-"""How a step pod ended, read from what Kubernetes says about it: one of six kinds.
+"""How a step pod ended, read from what Kubernetes says about it: one of seven kinds.
 
 Why it exists: the operator's next move depends on how the last step pod ended (go on, retry
-with back-off, retry later because another process drives the run, or stall until the spec
-changes), and ``kubectl keelgate status`` shows the same words. The exit codes are those of
+with back-off, retry later because another process drives the run, leave the run to the
+operator that took it over, or stall until the spec changes), and ``kubectl keelgate status``
+shows the same words. The exit codes are those of
 ``keelgate step`` (``keelgate.core.exits``): 0, 1 and 3 are a step that recorded where the run
 stands; any other code is read from the error table of ``keelgate.errors``. This module is pure: it
 never talks to a cluster or a store.
@@ -31,6 +32,9 @@ class EndKind(StrEnum):
     # Asked to stop (SIGTERM: a drain, an eviction), it finished its call, recorded it and
     # stopped at a checkpoint: not a crash, and the next attempt goes on from there at once.
     PREEMPTED = "preempted"
+    # Its writes were refused for the run's epoch (exit 6): another holder took the run over.
+    # Not a crash and not retried: the run goes on only under whoever holds it.
+    FENCED = "fenced"
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,9 @@ def _terminated(pod_status: Mapping[str, Any], terminated: Mapping[str, Any]) ->
     if code == EXIT_FENCED:
         # Its writes were refused for the run's epoch: another holder drives the run now, and
         # what this step left in flight is that holder's unknown outcome. Not a crash, and not
-        # bad input: like a busy run, tried again later (by whoever then holds it).
+        # bad input: the run goes on under whoever holds it.
         return PodEnd(
-            EndKind.BUSY,
+            EndKind.FENCED,
             f"{words}: another holder took the run over; nothing more was written",
             seconds,
         )

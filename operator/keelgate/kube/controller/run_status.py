@@ -55,13 +55,16 @@ class RunStatusWriter:
         read_store: bool = True,
         failpoints_seen: str | None = None,
         unknown: tuple[UnknownAction, ...] | None = None,
+        held_elsewhere: str = "",
     ) -> Result:
         """Write the status ``run`` should show with ``step`` as its ``status.step`` (only if
-        it differs). ``stepping``: a step pod is intended or running; ``stalled``: why no step
-        may run until the spec changes (or until the cause ``stalled_reason`` names goes);
-        ``read_store`` false: a pod runs, the checkpoint is not
-        read (status keeps its last mirror); ``unknown``: the run's unknown outcomes as the
-        store holds them (``DecisionObjects.unknown_now``), shown whatever the checkpoint says."""
+        it differs). ``held_elsewhere``: who holds the run in the store instead of this
+        operator, in words (no step pod is made while it does). ``stepping``: a step pod is
+        intended or running; ``stalled``: why no step may run until the spec changes (or until
+        the cause ``stalled_reason`` names goes); ``read_store`` false: a pod runs, the
+        checkpoint is not read (status keeps its last mirror); ``unknown``: the run's unknown
+        outcomes as the store holds them (``DecisionObjects.unknown_now``), shown whatever the
+        checkpoint says."""
         context = self._context
         meta = run["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -71,8 +74,10 @@ class RunStatusWriter:
         running = current.get("phase") == "Running" and current.get("step") == step
         if not read_store and state is None and running:
             return REST  # a pod is running and status already says so
-        waiting = ""
-        if context.slots.is_waiting(("AgentRun", namespace, name)):
+        waiting, waiting_reason = "", "Waiting"
+        if held_elsewhere:
+            waiting, waiting_reason = held_elsewhere, "HeldElsewhere"
+        elif context.slots.is_waiting(("AgentRun", namespace, name)):
             waiting = f"waiting for a step slot ({context.settings.max_step_pods} pods running)"
         elif step.get("notBefore") and stepping:
             waiting = f"next attempt after {step['notBefore']} (back-off after a failed pod)"
@@ -85,6 +90,7 @@ class RunStatusWriter:
             stalled=stalled,
             stalled_reason=stalled_reason,
             waiting=waiting,
+            waiting_reason=waiting_reason,
             reconciliations={
                 u.action: context.object_name("Reconciliation", namespace, name, u.action, u.tool)
                 for u in (

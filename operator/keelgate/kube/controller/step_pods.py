@@ -9,7 +9,10 @@ the pod can start. A create the API server refuses (a ResourceQuota, a policy en
 invalid field) is told in a Warning ``FailedCreate`` Event with the server's words (once per
 distinct refusal), tried again with a growing back-off, and after ``STALL_AFTER`` refusals in a
 row shown as ``Stalled=True`` (reason ``PodCreateRefused``), which the next successful create
-clears. This module must never create a pod whose name the status does not hold.
+clears. Where the operator takes runs in the store (``ownership``), it takes the run first and
+hands the pod its epoch; a run another live holder holds gets no pod, and its status says who
+holds it (``Reconciling``, reason ``HeldElsewhere``). This module must never create a pod whose
+name the status does not hold, nor one for a run this operator does not hold when it takes runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
 from keelgate.kube.controller import traces
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.run_status import RunStatusWriter
 from keelgate.kube.resources import creator_of
@@ -55,6 +59,15 @@ class StepPodStarter:
             left = not_before.timestamp() - context.clock()
             if left > 0:
                 return Requeue(left)
+        held = context.holding.hold(namespace, key[2])
+        if isinstance(held, HeldElsewhere):
+            # Another operator drives the run (a standby cluster's, or the leader before a
+            # hand-over whose lease has not lapsed): no pod here; look again when it lapses.
+            self._status.write_run_status(
+                run, step, suspended=spec.suspend, stepping=True, held_elsewhere=held.words()
+            )
+            return Requeue(max(1.0, held.lease_left + 0.5))
+        epoch = None if held is None else held.epoch
         if not context.slots.take(key):
             return REST  # woken when a step pod ends
         refused: ApiFailure | None = None
@@ -75,6 +88,7 @@ class StepPodStarter:
                 failpoints=str(step.get("failpoints", "")),
                 settings=context.settings.pods,
                 trace=trace,
+                epoch=epoch,
             )
             try:
                 created = context.api.create_pod(namespace, body)

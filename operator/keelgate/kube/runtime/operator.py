@@ -38,8 +38,14 @@ from keelgate.kube.api import ClusterApi
 from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
-from keelgate.kube.resources import controller_name, is_tick, pod_change_matters, pod_finished
+from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION, label_value
+from keelgate.kube.resources import (
+    controller_name,
+    is_tick,
+    pod_active,
+    pod_change_matters,
+    pod_finished,
+)
 from keelgate.kube.runtime.cache import Cache, key_of, slim_copy
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
@@ -70,6 +76,8 @@ class OperatorOptions:
     resync_seconds: float = 30.0
     lease: LeaseSettings | None = None  # None: no election, this process leads alone
     notify: NotifySettings | None = None  # None: no sinks, no CloudEvents
+    #: Seconds between the batched renewals of the runs held in the store (``--run-lease-renew``).
+    run_lease_renew: float = 10.0
 
 
 class Operator:
@@ -279,6 +287,10 @@ class Operator:
             ),
         )
         self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
+        if self.controller.holding.enabled:
+            self._tasks.append(
+                asyncio.create_task(self._renew_runs(self.controller), name="keelgate-runs")
+            )
         log.info(
             "keelgate operator started (namespaces: %s, step pods at most %d; %d runs listed)",
             ", ".join(self.options.namespaces) or "all",
@@ -317,11 +329,57 @@ class Operator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._let_go_idle_runs()
         if self.queue is not None:
             self.queue.close()
         if self.notifier is not None:
             # Undelivered notifications stay after ``through``: the next leader sends them.
             await asyncio.to_thread(self.notifier.stop)
+
+    async def _renew_runs(self, controller: Controller) -> None:
+        """Renew the leases of every run this operator holds, in one statement per period; a
+        run found lost (its lease lapsed unrenewed, or another holder took it after that) is
+        looked at again at once: taken again before its next pod, or shown held elsewhere. A
+        renewal that fails is told and tried at the next period: the lease outlasts two of
+        them."""
+        holding = controller.holding
+        while True:
+            await asyncio.sleep(self.options.run_lease_renew)
+            try:
+                lost = await asyncio.to_thread(holding.renew)
+            except Exception as failure:  # told, then tried again at the next period
+                log.warning(
+                    "cannot renew the leases of %d held runs (%s: %s)",
+                    len(holding.held()),
+                    type(failure).__name__,
+                    str(failure).splitlines()[0] if str(failure) else "",
+                )
+                continue
+            for namespace, run in lost:
+                log.warning(
+                    "run %s/%s is no longer held here (its lease lapsed, or another operator "
+                    "took it)",
+                    namespace,
+                    run,
+                )
+                self._add(("AgentRun", namespace, run))
+
+    async def _let_go_idle_runs(self) -> None:
+        """On a clean stop: let go of the held runs no step pod of this cluster drives, so
+        that the next leader takes them at once; a run whose pod still runs keeps its lease
+        until it lapses, and its pod's writes land meanwhile (the next leader waits for it)."""
+        controller = self.controller
+        if controller is None or not controller.holding.enabled:
+            return
+        holding = controller.holding
+        for namespace, run in holding.held():
+            driving = self.cache.count_step_pods(namespace, label_value(run), pod_active)
+            if driving:
+                continue
+            try:
+                await asyncio.to_thread(holding.let_go, namespace, run)
+            except Exception as failure:  # the lease lapses on its own
+                log.warning("cannot let run %s/%s go (%s)", namespace, run, failure)
 
     async def _keep_notify_state(self, notifier: Notifier) -> None:
         """Keep how far delivery has come, every few seconds while notifications flow."""

@@ -1,0 +1,154 @@
+"""The runs this operator holds in the store: taken before a step pod is made, renewed together,
+let go when a run finishes (design: docs/operator.md, "Run ownership").
+
+Why it exists: the store is the one arbiter of who drives a run (``RunOwners``: a holder and an
+epoch under a lease). An operator takes a run before it creates the run's step pod and hands the
+epoch to the pod (``KEELGATE_EPOCH``), so that every write of the step carries it and the store
+refuses it once another holder (a standby cluster's operator, a leader after a hand-over) took
+the run. What this operator holds is kept here, in memory: a restart holds nothing, and takes
+each run again (its earlier life's epoch is then fenced off, like anyone's). Renewal is one
+statement per period for every held run (``renew_held``), never one per run.
+
+This module must never take a run for a read, never renew a lease one run at a time, and never
+hand a step pod an epoch the store did not give this operator.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from keelgate.core.protocols import Ownership, RunOwners, Stores
+from keelgate.errors import RunBusy
+
+#: The seconds a run's lease lasts, and how often the holder renews it (a third, as a
+#: Kubernetes Lease is renewed): two renewals may fail (a store's fail-over) before a run is lost.
+RUN_LEASE = 30.0
+RUN_LEASE_RENEW = 10.0
+
+
+@dataclass(frozen=True)
+class HeldElsewhere:
+    """Another live holder drives the run: who, under which epoch, and for how long its lease
+    is live (seconds, on the store's clock, when it was read)."""
+
+    holder: str
+    epoch: int
+    lease_left: float
+
+    def words(self) -> str:
+        return (
+            f"held by {self.holder!r} under epoch {self.epoch} (its lease live "
+            f"{max(self.lease_left, 0.0):.0f} s more): no step pod is made here while it holds "
+            "the run"
+        )
+
+
+class RunHolding:
+    """The runs ``holder`` holds in ``owners``. An empty ``holder`` (or a store that records no
+    ownership) holds nothing: every run is then driven without an epoch, as before ownership."""
+
+    def __init__(
+        self,
+        owners: RunOwners | None = None,
+        *,
+        holder: str = "",
+        lease: float = RUN_LEASE,
+    ) -> None:
+        self._owners = owners if holder else None
+        self.holder = holder
+        self.lease = lease
+        self._held: dict[tuple[str, str], Ownership] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, stores: Stores, *, holder: str, lease: float = RUN_LEASE) -> RunHolding:
+        """Holding over the operator's stores, if they record ownership (the SQL stores do)."""
+        owners: object = stores.checkpoints
+        if owners is not stores.idempotency or not isinstance(owners, RunOwners):
+            return cls()
+        return cls(owners, holder=holder, lease=lease)
+
+    @property
+    def enabled(self) -> bool:
+        return self._owners is not None
+
+    def hold(self, namespace: str, run: str) -> Ownership | HeldElsewhere | None:
+        """The run's ownership by this operator: held already, or taken now. ``HeldElsewhere``
+        while another holder's lease is live; None when ownership is off."""
+        owners = self._owners
+        if owners is None:
+            return None
+        with self._lock:
+            held = self._held.get((namespace, run))
+        if held is not None:
+            return held
+        try:
+            taken = owners.take(namespace, run, holder=self.holder, lease=self.lease)
+        except RunBusy:
+            current = owners.holder_of(namespace, run)
+            if current is None or current.holder == self.holder:
+                raise  # refused, yet nobody else holds it: a store's fault, tried again
+            return HeldElsewhere(current.holder, current.epoch, current.lease_left)
+        with self._lock:
+            self._held[(namespace, run)] = taken
+        return taken
+
+    def elsewhere(self, namespace: str, run: str) -> HeldElsewhere | None:
+        """Who else holds the run under a live lease, if this operator does not hold it (a
+        read, never a take); None when nobody else does, or ownership is off."""
+        owners = self._owners
+        if owners is None or self.epoch(namespace, run) is not None:
+            return None
+        current = owners.holder_of(namespace, run)
+        if current is None or current.holder == self.holder or current.lease_left <= 0:
+            return None
+        return HeldElsewhere(current.holder, current.epoch, current.lease_left)
+
+    def epoch(self, namespace: str, run: str) -> int | None:
+        """The epoch this operator holds the run under (None: it does not hold it)."""
+        with self._lock:
+            held = self._held.get((namespace, run))
+        return None if held is None else held.epoch
+
+    def lost(self, namespace: str, run: str) -> None:
+        """The run was taken from this operator (a step pod fenced, a renewal that no longer
+        finds it): held no more; the next ``hold`` tries to take it again."""
+        with self._lock:
+            self._held.pop((namespace, run), None)
+
+    def let_go(self, namespace: str, run: str) -> None:
+        """The run finished (or went): its lease ends now, so that nobody waits for it."""
+        with self._lock:
+            held = self._held.pop((namespace, run), None)
+        if held is not None and self._owners is not None:
+            self._owners.let_go(held)
+
+    def held(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._held)
+
+    def renew(self) -> list[tuple[str, str]]:
+        """Renew every held run's lease at once (one statement); the runs found lost, which
+        are held no more (their step pods' writes are refused from now on)."""
+        owners = self._owners
+        if owners is None:
+            return []
+        with self._lock:
+            before = dict(self._held)
+        if not before:
+            return []
+        kept = {(o.tenant, o.run): o for o in owners.renew_held(self.holder, lease=self.lease)}
+        lost: list[tuple[str, str]] = []
+        with self._lock:
+            # Judged on what was held before the renewal: a run taken meanwhile is not lost.
+            for key, held in before.items():
+                if self._held.get(key) is not held:
+                    continue
+                now = kept.get(key)
+                if now is None or now.epoch != held.epoch:
+                    del self._held[key]
+                    lost.append(key)
+                else:
+                    self._held[key] = now
+        return lost
