@@ -52,7 +52,7 @@ UNSEEN_F: tuple[Planted, ...] = (
         # gateway to be settled there: every fresh WRITE under an approval rule runs without
         # anyone approving it (and one already called is put to people instead).
         # Unit test: test_loop_approvals.py's an_approved_write_runs_exactly_once fails (the
-        # run meets its goal with the order placed, never awaiting approval), and ten more.
+        # run meets its goal with the order placed, never awaiting approval), and twelve more.
         "a fresh WRITE taken for one already called, so the gate lets it through unasked "
         "(the on-record test turned)",
         (
@@ -111,10 +111,12 @@ UNSEEN_F: tuple[Planted, ...] = (
         # dollar budget: the verify phase adds its reply's usage unpriced (the charge forgotten:
         # tokens counted, no dollars), so every verifier call costs $0 on the books and a run
         # plans and acts, WRITEs included, on dollars it no longer has.
-        # Unit test: none fails (the suite's verify replies carry no usage). A scratch test
-        # (verify calls at $0.30, plans at $0.10-$0.15, a $0.50 budget) saw the order placed
-        # at a true spend of $0.55 (booked $0.25) and the run end at $1.25 booked as $0.35,
-        # where the tree holds the order back with dollar_budget.
+        # Unit test: none fails (the suite's verify replies carry no usage;
+        # test_loop_stops_and_budgets.py and the dollar tests of test_cli.py, test_runner.py and
+        # test_manifest.py pass). A scratch test (verify calls at $0.30, plans at $0.10-$0.15,
+        # a $0.50 budget) saw the order placed at a true spend of $0.55 (booked $0.25) and the
+        # run end at $1.25 booked as $0.35, where the tree holds the order back with
+        # dollar_budget.
         "a verifier's reply added to the usage unpriced (the charge forgotten)",
         (
             (
@@ -142,8 +144,8 @@ UNSEEN_F: tuple[Planted, ...] = (
         # operator alike).
         # Unit test: test_controller_approvals.py's
         # two_people_from_the_group_approve_and_the_write_runs_once fails, on the rule its
-        # Approval shows ("2 approvals, not the run's creator"); test_manifest.py and
-        # test_approval_rules.py pass (their rules are built in Python).
+        # Approval shows ("2 approvals, not the run's creator"), and one more;
+        # test_manifest.py and test_approval_rules.py pass (their rules are built in Python).
         "a manifest's approval groups left out of the rule it builds (a field forgotten)",
         (("manifest/agentrun.py", "            groups=tuple(self.groups),\n", ""),),
     ),
@@ -199,7 +201,7 @@ UNSEEN_F: tuple[Planted, ...] = (
         # its unknown outcome for ever.
         # Unit test: test_controller_decisions.py's
         # a_person_settles_an_unknown_outcome_and_the_run_goes_on fails (the key stays
-        # outcome_unknown), and six more.
+        # outcome_unknown), and seven more.
         "an unknown outcome read as settled by the Reconciliation reconciler (its undecided "
         "states without OUTCOME_UNKNOWN)",
         (
