@@ -64,6 +64,7 @@ from support.unseen_bugs_b import UNSEEN_B
 from support.unseen_bugs_c import UNSEEN_C
 from support.unseen_bugs_d import UNSEEN_D
 from support.unseen_bugs_e import UNSEEN_E
+from support.unseen_bugs_f import UNSEEN_F
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -638,8 +639,8 @@ def test_local_people_decide_without_their_groups_or_as_a_service_account(
 
 @pytest.mark.parametrize(
     "bug",
-    UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E,
-    ids=[b.name for b in UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E],
+    UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E + UNSEEN_F,
+    ids=[b.name for b in UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E + UNSEEN_F],
 )
 def test_each_unseen_bug_still_plants_where_it_was_written(bug: Planted) -> None:
     """bench/unseen_bugs.py measures the bug it names: each replacement's text is still in the
