@@ -44,15 +44,13 @@ from keelgate.testing.sim.model import Question as ModelQuestion
 from keelgate.testing.sim.modelserver import ModelServer
 from keelgate.testing.sim.network import Network, Request
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
+from keelgate.testing.sim.options import HTTP_CONFIRMER_SHARE, NAMED_SHARE, Options
 from keelgate.testing.sim.people import CALM_PROMPT
 from keelgate.testing.sim.simulate import (
     CHAOS,
-    HTTP_CONFIRMER_SHARE,
     LIMIT,
-    NAMED_SHARE,
     SETTLING,
     STILL,
-    Options,
     Stillness,
     _routed,
     seed_of,

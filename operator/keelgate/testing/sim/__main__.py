@@ -17,10 +17,10 @@ import time
 from collections.abc import Sequence
 
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
+from keelgate.testing.sim.options import Options
 from keelgate.testing.sim.simulate import (
     MODES,
     STORES,
-    Options,
     Outcome,
     decode,
     encode,

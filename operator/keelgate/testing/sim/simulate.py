@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +40,8 @@ from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
 from keelgate.testing.sim.modelserver import KEY_ENV, ModelServer
 from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
-from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES, Cluster
+from keelgate.testing.sim.operator_mode import Cluster
+from keelgate.testing.sim.options import Options
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
@@ -62,112 +62,6 @@ STILL = 900.0
 #: a deadline's margin, a step's grace): the events due after are dropped.
 SETTLING = 120.0
 STORES = ("memory", "sqlite")
-
-
-@dataclass(frozen=True)
-class Options:
-    """Moves of the world that break promises on main while their fixes are under way, off in
-    ``make test``'s budget and on in ``make sim`` (docs/simulation.md, "Switched off for now")."""
-
-    #: The shop acts on a request held past its sender's wait at the very end of its write
-    #: deadline's margin, the latest the fence assumes of a downstream (issue 48, item 1).
-    late_shop: bool = False
-    #: The moves of issue 46 people try (``MOVES``): a copy of someone's entry, a deny moved
-    #: to the front, a run deleted and created again, a ServiceAccount's approval, a tool's
-    #: definition edited after its call was approved; and those made only when named
-    #: (``NAMED_MOVES``: an Approval deleted while the operators are down).
-    moves: frozenset[str] = frozenset()
-    #: The run's steps have the product's own HTTP confirmer ask the shop's status endpoint
-    #: over the network (``downstream.ProductConfirmer``), in every mode; without it a run has
-    #: the world's own confirmer where its scenario drew one.
-    http_confirmer: bool = False
-    #: A step's store answers now and then come back late (the statement landed, the answer
-    #: slow): the moments a process reads before and after a claim drift apart.
-    slow_store: bool = False
-    #: A run stopped for a person pages someone, who looks within seconds (local mode).
-    paged: bool = False
-    #: The run's spec names a limit on the verifier's rejections (one or two, raised and
-    #: lowered with the budget), and the verifier rejects an iteration in ten more often
-    #: (three in ten), so that runs meet it: the default of three rarely is.
-    rejection_limit: bool = False
-    #: The shop's MCP server is used more (``place_order`` over MCP in half the runs, not a
-    #: quarter, and ``notify`` in half of them): its exchanges meet the faults the HTTP tool's
-    #: do (late claims, held requests) as often.
-    mcp_often: bool = False
-    #: Half the runs have a dollar budget, with the model's prices in their spec (output
-    #: dearer than input), read from a choice already made (``Scenario.drawn``).
-    dollars: bool = False
-    #: The simulated Anthropic server reports part of each answer's input as prompt-cache
-    #: writes or reads (``ModelServer._anthropic_usage``); it draws nothing.
-    cached_input: bool = False
-
-    @classmethod
-    def every(cls) -> Options:
-        """Every move of issues 46 and 48 as the kept seeds were found with (``--late-shop
-        --moves``): their stories stay as they were when the world gains a fault."""
-        return cls(late_shop=True, moves=frozenset(MOVES))
-
-    @classmethod
-    def whole(cls, seed: int | None = None) -> Options:
-        """Everything the world can do (``--every-move``, as ``make sim`` runs it): every move
-        and every fault added since the kept seeds were found. Given the seed of one of
-        ``make sim``'s runs, a share of the runs also makes the named moves (``NAMED_SHARE``)
-        and has the product's HTTP confirmer (``HTTP_CONFIRMER_SHARE``), each drawn from a
-        stream of its own derived from the seed, never from the world's schedule (a failing
-        run prints its flags, which replay it without drawing the share again)."""
-        moves = frozenset(MOVES)
-        if seed is None:
-            return cls(
-                late_shop=True,
-                moves=moves,
-                slow_store=True,
-                paged=True,
-                rejection_limit=True,
-                mcp_often=True,
-                dollars=True,
-                cached_input=True,
-            )
-        named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
-        http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
-        return cls(
-            late_shop=True,
-            moves=moves | (frozenset(NAMED_MOVES) if named else frozenset()),
-            http_confirmer=http,
-            slow_store=True,
-            paged=True,
-            rejection_limit=True,
-            mcp_often=True,
-            dollars=True,
-            cached_input=True,
-        )
-
-    def flags(self) -> str:
-        said = ["--late-shop"] if self.late_shop else []
-        if self.slow_store:
-            said.append("--slow-store")
-        if self.paged:
-            said.append("--paged")
-        if self.rejection_limit:
-            said.append("--rejection-limit")
-        if self.mcp_often:
-            said.append("--mcp-often")
-        if self.dollars:
-            said.append("--dollars")
-        if self.cached_input:
-            said.append("--cached-input")
-        if self.moves:
-            every = self.moves == frozenset(MOVES)
-            said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
-        if self.http_confirmer:
-            said.append("--http-confirmer")
-        return " ".join(said)
-
-
-#: One in this many of ``make sim``'s every-move runs also makes the moves made only when
-#: named (``Options.whole(seed)``).
-NAMED_SHARE = 2
-#: One in this many of them has the product's HTTP confirmer.
-HTTP_CONFIRMER_SHARE = 2
 
 
 @dataclass(frozen=True)
