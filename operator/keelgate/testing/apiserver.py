@@ -220,6 +220,12 @@ class MemoryApiServer(ApiServer):
             self._tell(kind, answer)
         return answer
 
+    def label(self, kind: str, namespace: str, name: str, labels: Mapping[str, str]) -> JSON:
+        with self._lock:
+            self._refused("label")
+            self.writes.append(f"patch {kind}/labels {name}")
+        return self.patch_metadata(kind, namespace, name, {"labels": dict(labels)})
+
     def _gone(self, kind: str, namespace: str, body: JSON) -> None:
         """The object has left the server: watchers hear of it, and what it owned is collected."""
         self._tell(kind, body, deleted=True)
