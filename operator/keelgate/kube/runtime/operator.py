@@ -24,9 +24,10 @@ controller decides.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,9 @@ from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
+from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import Key
+from keelgate.kube.controller.shards import Shards, shard_label
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION, label_value
 from keelgate.kube.resources import (
     controller_name,
@@ -52,6 +55,8 @@ from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
+from keelgate.kube.runtime.shard_leases import ShardLeases
+from keelgate.kube.runtime.shards import ShardedReplica
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 from keelgate.manifest.notifications import NotifySettings
@@ -78,6 +83,27 @@ class OperatorOptions:
     notify: NotifySettings | None = None  # None: no sinks, no CloudEvents
     #: Seconds between the batched renewals of the runs held in the store (``--run-lease-renew``).
     run_lease_renew: float = 10.0
+    #: The shards the runs are in (``--shards``; 0: not sharded). Sharded, this replica drives
+    #: the shards whose Leases it takes (``lease``: their timings, its name their prefix) instead
+    #: of leading alone, and needs run ownership (``controller.holder``).
+    shards: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.shards:
+            return
+        Shards(self.shards)  # its range, refused naming the option
+        if self.lease is None:
+            raise ValueError("--shards needs the Lease settings (--lease-namespace, --identity)")
+        if not self.controller.holder:
+            raise ValueError(
+                "--shards needs run ownership (--run-lease above 0): the store is what fences "
+                "a shard's runs while they move between replicas"
+            )
+        if self.notify is not None:
+            raise ValueError(
+                "--shards: notifications (--notify-config, --notify-sink) are not sent by a "
+                "sharded operator yet; run it unsharded to send them"
+            )
 
 
 class Operator:
@@ -113,6 +139,9 @@ class Operator:
         self._seen_end: set[tuple[str, str]] = set()
         self.started = time.monotonic()
         self.leadership: Leadership | None = None
+        self.replica: ShardedReplica | None = None  # sharded: the shards this replica drives
+        self.shard_leases: ShardLeases | None = None
+        self._shard_tasks: set[asyncio.Task[None]] = set()
         self.listed = False  # every watched kind listed into the cache once (the barrier)
         self.lost_lease = False
         self.metrics.step_pod_cap.set(options.controller.max_step_pods)
@@ -139,7 +168,8 @@ class Operator:
 
         @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
         async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("AgentRun", event, body)
+            if not self._observe("AgentRun", event, body):
+                return
             key = key_of("AgentRun", body)
             if is_new_run(event):
                 self._add_low(key)
@@ -151,7 +181,8 @@ class Operator:
 
         @kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
         async def on_pod(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Pod", event, body)
+            if not self._observe("Pod", event, body):
+                return
             namespace, name = key_of("Pod", body)[1:]
             run = controller_name(body)
             if run and pod_change_matters(str(event.get("type") or ""), body):
@@ -166,13 +197,13 @@ class Operator:
 
         @kopf.on.event(GROUP, VERSION, "reconciliations", registry=registry)
         async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Reconciliation", event, body)
-            self._add(key_of("Reconciliation", body))
+            if self._observe("Reconciliation", event, body):
+                self._add(key_of("Reconciliation", body))
 
         @kopf.on.event(GROUP, VERSION, "approvals", registry=registry)
         async def on_approval(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Approval", event, body)
-            self._add(key_of("Approval", body))
+            if self._observe("Approval", event, body):
+                self._add(key_of("Approval", body))
 
         return registry
 
@@ -190,15 +221,24 @@ class Operator:
         settings.watching.client_timeout = 330
         return settings
 
-    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> None:
+    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> bool:
+        """Keep a watch event's object in the cache; False when it is not this replica's
+        (sharded: of a shard it does not drive), and nothing is to be done about it."""
         # The event's own object is plain data already; the cache keeps a copy of it, without
         # what it would drop anyway (copied on the event loop, for every event of every pod).
         raw = event.get("object")
+        replica = self.replica
+        if replica is not None:
+            seen = raw if isinstance(raw, Mapping) else body
+            if not replica.accepts(kind, seen):
+                replica.moved_out(kind, seen)
+                return False
         plain = slim_copy(raw) if isinstance(raw, dict) else _plain(body)
         if event.get("type") == "DELETED":
             self.cache.drop(kind, plain)
         else:
-            self.cache.put(kind, plain)
+            self.cache.admit(kind, plain)
+        return True
 
     def _add(self, key: Key) -> None:
         if self.queue is not None:
@@ -223,6 +263,8 @@ class Operator:
         refresh_gauges(self.metrics, self.cache)
 
     def _alive(self) -> bool:
+        if self.shard_leases is not None and not self.shard_leases.alive():
+            return False
         if self._tasks:
             return all(not task.done() for task in self._tasks)
         # Not started yet: a standby is alive while its election runs, a leader while it lists.
@@ -230,6 +272,17 @@ class Operator:
         return leadership is None or leadership.alive()
 
     def _ready(self) -> tuple[bool, str]:
+        replica = self.replica
+        if replica is not None:
+            # Ready once started, whatever it holds: a replica that drives no shard (others hold
+            # them all) must not hold a rollout up, as a standby does not.
+            driving, listing = replica.driving(), replica.listing()
+            words = f"shards {','.join(map(shard_label, driving)) or 'none'}"
+            if listing:
+                words += f", listing {','.join(map(shard_label, listing))}"
+            return True, f"{words} (of {replica.shards.count})"
+        if self.options.shards:
+            return False, "listing"
         leadership = self.leadership
         if leadership is not None and not leadership.leading:
             return True, "standby"
@@ -246,7 +299,8 @@ class Operator:
             # holds after that is sent (again).
             await asyncio.to_thread(notifier.begin)
             notifier.start()
-        await asyncio.to_thread(self._list_everything)
+        if not self.options.shards:
+            await asyncio.to_thread(self._list_everything)  # sharded: each shard as it is taken
         if notifier is not None:
             notifier.live()
             self._tasks.append(
@@ -260,13 +314,14 @@ class Operator:
             api=self.api,
             stores=self.stores,
             cache=self.cache,
-            settings=self.options.controller,
+            # Sharded: each run is labelled with its shard before it is driven.
+            settings=dataclasses.replace(self.options.controller, shards=self.options.shards),
             meter=self.metrics,
             enqueue=queue.add_threadsafe,
             tracer=self.tracer,
             notify=notify_nobody if notifier is None else notifier.notify,
         )
-        workers = Workers(queue, self.controller.reconcile, self.metrics)
+        workers = Workers(queue, self._reconcile, self.metrics)
         for number in range(self.options.workers):
             self._tasks.append(
                 asyncio.create_task(workers.work(), name=f"keelgate-worker-{number}")
@@ -291,12 +346,93 @@ class Operator:
             self._tasks.append(
                 asyncio.create_task(self._renew_runs(self.controller), name="keelgate-runs")
             )
+        if self.options.shards:
+            self._start_shards(queue)
         log.info(
             "keelgate operator started (namespaces: %s, step pods at most %d; %d runs listed)",
             ", ".join(self.options.namespaces) or "all",
             self.options.controller.max_step_pods,
             len(self.cache.keys("AgentRun")),
         )
+
+    def _reconcile(self, key: Key) -> Result:
+        """A worker's reconcile of ``key``: sharded, only of an object of a shard it drives."""
+        controller = self.controller
+        assert controller is not None
+        replica = self.replica
+        if replica is not None and not replica.drives(key):
+            return REST
+        return controller.reconcile(key)
+
+    def _start_shards(self, queue: WorkQueue[Key]) -> None:
+        """Sharded: take this replica's share of the shards' Leases; each shard taken is listed,
+        then driven; each one given back or lost is let go."""
+        lease, count = self.options.lease, self.options.shards
+        assert lease is not None
+        loop = asyncio.get_running_loop()
+        leases: ShardLeases | None = None
+
+        def released(shard: int) -> None:
+            if leases is not None:
+                leases.released(shard)
+
+        replica = self.replica = ShardedReplica(
+            Shards(count),
+            cache=self.cache,
+            api=self.api,
+            namespaces=self.options.namespaces,
+            add=self._add,
+            add_low=self._add_low,
+            busy=queue.busy,
+            cap=self._share_step_pods,
+            step_pod_cap=self.options.controller.max_step_pods,
+            released=released,
+        )
+        self._share_step_pods(0)
+
+        def on_loop(work: Coroutine[Any, Any, None]) -> None:
+            try:
+                loop.call_soon_threadsafe(self._shard_task, work)
+            except RuntimeError:  # the loop has ended (the operator stopping): nothing to do
+                work.close()
+
+        def lost(shard: int) -> None:
+            replica.stop_driving(shard)  # at once, from the Leases' thread
+            on_loop(replica.let_go(shard, given_back=False))
+
+        def release(shard: int) -> None:
+            on_loop(replica.let_go(shard, given_back=True))
+
+        def taken(shard: int) -> None:
+            on_loop(replica.take(shard))
+
+        leases = self.shard_leases = ShardLeases(
+            lease, count, api_client=self.api.client, taken=taken, release=release, lost=lost
+        )
+        self.listed = True
+        leases.start()
+
+    def _shard_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a shard's take or let-go on the event loop, then show what is driven."""
+
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                replica = self.replica
+                driving = len(replica.driving()) if replica is not None else 0
+                self.metrics.shards_driven.set(driving)
+                self.metrics.leader.set(1 if driving else 0)
+
+        task = asyncio.create_task(run(), name="keelgate-shard")
+        self._shard_tasks.add(task)
+        task.add_done_callback(self._shard_tasks.discard)
+
+    def _share_step_pods(self, cap: int) -> None:
+        """This replica's share of the step-pod cap (sharded: it changes with its shards)."""
+        if self.controller is not None:
+            self.controller.context.slots.set_limit(cap)
+        self.metrics.step_pod_cap.set(cap)
 
     def _list_everything(self) -> None:
         """The start barrier: every watched kind listed into the cache before any worker runs.
@@ -325,9 +461,10 @@ class Operator:
         self.listed = True
 
     async def _stop(self) -> None:
-        for task in self._tasks:
+        shard_tasks = list(self._shard_tasks)
+        for task in [*self._tasks, *shard_tasks]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *shard_tasks, return_exceptions=True)
         self._tasks.clear()
         await self._let_go_idle_runs()
         if self.queue is not None:
@@ -408,12 +545,13 @@ class Operator:
 
         await self._health.start(self.options.bind, self.options.port)
         try:
-            if self.options.lease is not None:
+            if self.options.lease is not None and not self.options.shards:
                 self.leadership = Leadership(
                     self.options.lease, api_client=self.api.client, lost=lost
                 )
                 await self.leadership.acquire()
-            self.metrics.leader.set(1)
+            # Sharded: leading is driving a shard (told as shards are taken).
+            self.metrics.leader.set(0 if self.options.shards else 1)
             if not stop.is_set():
                 await kopf.operator(
                     registry=self.registry(),
@@ -427,6 +565,9 @@ class Operator:
             self.metrics.leader.set(0)
             if self.leadership is not None:
                 await asyncio.to_thread(self.leadership.release)
+            if self.shard_leases is not None:
+                # Once nothing is driven: the other replicas take the shards at their next try.
+                await asyncio.to_thread(self.shard_leases.stop)
             await self._health.stop()
         return 1 if self.lost_lease else 0
 
