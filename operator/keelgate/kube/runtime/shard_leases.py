@@ -90,6 +90,7 @@ class ShardLeases:
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._renewed: dict[int, float] = {}  # when each held shard's last renewal was sent
+        self._since: dict[int, float] = {}  # when each held shard was taken
         self._releasing: set[int] = set()
         self._released: set[int] = set()
         self._may_write: set[int] = set()  # the shard Leases this try may create or renew
@@ -214,8 +215,10 @@ class ShardLeases:
                 self._releasing.discard(shard)
                 self._renewed.pop(shard, None)
             self._released.clear()
-            keeping = sorted(self._held - self._releasing)
-            over = keeping[share:] if len(keeping) > share else []
+            # Those taken last go back first: a replica keeps the shards it has driven longest,
+            # and one taken over from a dead replica moves on to a replica that joins.
+            keeping = sorted(self._held - self._releasing, key=lambda s: (self._since[s], s))
+            over = keeping[share:]
             self._releasing.update(over)
             wanted = max(0, share - len(keeping))
         for shard in returned:
@@ -243,7 +246,7 @@ class ShardLeases:
                 if shard not in self._held:
                     if done and not holding:
                         self._held.add(shard)
-                        self._renewed[shard] = sent
+                        self._renewed[shard] = self._since[shard] = sent
                         wanted -= 1
                         taken = True
                     else:
