@@ -13,11 +13,13 @@ e2e/tests/test_e2e_shards.py.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -39,12 +41,15 @@ from keelgate.kube.naming import SHARD_LABEL
 from keelgate.kube.runtime.cache import Cache
 from keelgate.kube.runtime.leadership import LeaseSettings
 from keelgate.kube.runtime.shard_leases import ShardLeases, fair_share, shard_lease_name
+from keelgate.kube.runtime.shards import ShardedReplica
 from keelgate.testing.apiserver import MemoryApiServer
 
 NAMESPACE = "keelgate-system"
 
 
-def _run(name: str, namespace: str = "shop", labels: dict[str, str] | None = None) -> dict:
+def _run(
+    name: str, namespace: str = "shop", labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels or {}}
     return {"apiVersion": "keelgate.dev/v1alpha1", "kind": "AgentRun", "metadata": meta}
 
@@ -157,6 +162,118 @@ def test_a_replica_forgets_a_shard_it_let_go_and_a_late_answer_does_not_bring_it
     assert not cache.holds("AgentRun", "shop", "a")
     cache.admit("AgentRun", late)
     assert cache.holds("AgentRun", "shop", "a")
+
+
+# What one replica drives
+
+
+def _named_into(count: int, shard: int, many: int, prefix: str) -> list[str]:
+    names = (f"{prefix}-{n}" for n in range(1000))
+    return [n for n in names if hash_shard("shop", n, count) == shard][:many]
+
+
+class Driven:
+    """A replica over an API server in memory: the keys it queued, its cap, what it released."""
+
+    def __init__(self) -> None:
+        self.server, self.cache = MemoryApiServer(), Cache()
+        self.queued: list[tuple[str, str, str]] = []
+        self.caps: list[int] = []
+        self.released: list[int] = []
+        self.replica = ShardedReplica(
+            Shards(4),
+            cache=self.cache,
+            api=self.server,
+            namespaces=(),
+            add=self.queued.append,
+            add_low=self.queued.append,
+            busy=lambda key: False,
+            cap=self.caps.append,
+            step_pod_cap=20,
+            released=self.released.append,
+        )
+
+    def run(self, name: str, *, label: str | None = None) -> dict[str, Any]:
+        labels = {} if label is None else {SHARD_LABEL: label}
+        body = _run(name, labels=labels)
+        return self.server.create_object("AgentRun", "shop", {**body, "spec": {"goal": "g"}})
+
+    def pod(self, run: dict[str, Any], name: str) -> dict[str, Any]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "keelgate.dev/run": run["metadata"]["name"],
+                    **resources.shard_labels(run),
+                },
+                "ownerReferences": [resources.owner_reference(run)],
+            },
+        }
+        return self.server.create_pod("shop", body)
+
+
+def test_a_shard_taken_is_listed_before_it_is_driven_and_a_shard_let_go_is_forgotten() -> None:
+    """Taking shard 1 of 4 lists its runs (labelled, and unlabelled ones whose hash is 1) and
+    their step pods, and no other shard's, then queues its runs and gives the replica a quarter
+    of the cap; another shard's run is neither kept nor reconciled. Giving it back forgets
+    them (no deletion told), queues each run to be let go in the store (its reconcile finds it
+    gone), tells it released, and a late answer does not bring the run back."""
+    driven = Driven()
+    (mine,) = _named_into(4, 1, 1, "mine")
+    (other,) = _named_into(4, 2, 1, "other")
+    labelled = driven.run("labelled", label="05")  # 5 modulo 4: shard 1
+    unlabelled = driven.run(mine)
+    foreign = driven.run(other)
+    driven.pod(labelled, "labelled-s1-a1")
+    driven.pod(unlabelled, f"{mine}-s1-a1")
+    driven.pod(foreign, f"{other}-s1-a1")
+    replica = driven.replica
+    asyncio.run(replica.take(1))
+    assert replica.driving() == [1]
+    assert sorted(k[2] for k in driven.cache.keys("AgentRun")) == sorted(["labelled", mine])
+    assert sorted(k[2] for k in driven.cache.keys("Pod")) == sorted(
+        ["labelled-s1-a1", f"{mine}-s1-a1"]
+    )
+    assert sorted(driven.queued) == sorted(
+        [("AgentRun", "shop", "labelled"), ("AgentRun", "shop", mine)]
+    )
+    assert driven.caps[-1] == 5
+    assert replica.drives(("AgentRun", "shop", mine))
+    assert not replica.accepts("AgentRun", foreign)
+    assert replica.accepts("Pod", driven.server.get("Pod", "shop", "labelled-s1-a1") or {})
+    driven.queued.clear()
+    asyncio.run(replica.let_go(1, given_back=True))
+    assert driven.released == [1] and replica.driving() == [] and driven.caps[-1] == 0
+    assert driven.cache.keys("AgentRun") == [] and driven.cache.keys("Pod") == []
+    assert sorted(driven.queued) == sorted(
+        [("AgentRun", "shop", "labelled"), ("AgentRun", "shop", mine)]
+    )
+    assert replica.drives(("AgentRun", "shop", mine))  # reconciled as gone: let go in the store
+    driven.cache.put("AgentRun", unlabelled)  # the answer to a write sent before
+    assert not driven.cache.holds("AgentRun", "shop", mine)
+
+
+def test_a_run_relabelled_into_another_shard_is_let_go_by_the_replica_that_drove_it() -> None:
+    """A person changes a run's shard label: the replica driving its old shard forgets it and
+    its pods, and queues it to be let go; the replica of the new shard accepts it."""
+    driven = Driven()
+    run = driven.run("moving", label="01")
+    driven.pod(run, "moving-s1-a1")
+    asyncio.run(driven.replica.take(1))
+    driven.queued.clear()
+    moved = driven.server.patch_metadata(
+        "AgentRun", "shop", "moving", {"labels": {SHARD_LABEL: "02"}}
+    )
+    assert not driven.replica.accepts("AgentRun", moved)
+    driven.replica.moved_out("AgentRun", moved)
+    assert not driven.cache.holds("AgentRun", "shop", "moving")
+    assert not driven.cache.holds("Pod", "shop", "moving-s1-a1")
+    assert driven.queued == [("AgentRun", "shop", "moving")]
+    other = Driven()  # the replica driving shard 2
+    asyncio.run(other.replica.take(2))
+    assert other.replica.accepts("AgentRun", moved)
 
 
 # Each replica's share

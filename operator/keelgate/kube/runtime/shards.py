@@ -27,10 +27,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from keelgate.kube.api import ClusterApi
-from keelgate.kube.controller.ports import Key
+from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.shards import Shards, run_of, shard_label
 from keelgate.kube.runtime.cache import Cache, key_of
 
@@ -41,6 +40,14 @@ LISTED = ("AgentRun", "Pod", "Reconciliation", "Approval")
 #: The longest a shard given back waits for its runs' reconciles to let them go.
 LET_GO_WITHIN = 10.0
 LISTING, DRIVING = "listing", "driving"
+
+
+class Listing(Protocol):
+    """The listing a shard's start barrier makes (``ClusterApi.list_all``)."""
+
+    def list_all(
+        self, kind: str, namespace: str | None = None, *, selector: str = ""
+    ) -> list[JSON]: ...
 
 
 class ShardedReplica:
@@ -55,7 +62,7 @@ class ShardedReplica:
         shards: Shards,
         *,
         cache: Cache,
-        api: ClusterApi,
+        api: Listing,
         namespaces: tuple[str, ...],
         add: Callable[[Key], None],
         add_low: Callable[[Key], None],
