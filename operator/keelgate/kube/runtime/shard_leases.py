@@ -91,6 +91,7 @@ class ShardLeases:
         self._held: set[int] = set()
         self._renewed: dict[int, float] = {}  # when each held shard's last renewal was sent
         self._since: dict[int, float] = {}  # when each held shard was taken
+        self._over_since: float | None = None  # since when this replica holds over its share
         self._releasing: set[int] = set()
         self._released: set[int] = set()
         self._may_write: set[int] = set()  # the shard Leases this try may create or renew
@@ -218,7 +219,7 @@ class ShardLeases:
             # Those taken last go back first: a replica keeps the shards it has driven longest,
             # and one taken over from a dead replica moves on to a replica that joins.
             keeping = sorted(self._held - self._releasing, key=lambda s: (self._since[s], s))
-            over = keeping[share:]
+            over = keeping[share:] if self._over_for_long(len(keeping) > share) else []
             self._releasing.update(over)
             wanted = max(0, share - len(keeping))
         for shard in returned:
@@ -262,6 +263,21 @@ class ShardLeases:
             if taken:
                 log.info("shard %s: taken", shard_label(shard))
                 self._taken(shard)
+
+    def _over_for_long(self, over: bool) -> bool:
+        """Whether this replica has held more than its share for longer than a lease and two
+        tries (the caller holds the lock). A share is counted on the member Leases, and a dead
+        replica's is live for a lease after its death: were shards given back at once, a
+        replica started in its place would take a survivor's own shards, which would then take
+        the dead one's (its runs moved twice for nothing)."""
+        if not over:
+            self._over_since = None
+            return False
+        now = self._clock()
+        if self._over_since is None:
+            self._over_since = now
+        settings = self.settings
+        return now - self._over_since > settings.lease_seconds + 2 * settings.retry_seconds
 
     def _give_back(self, shard: int) -> None:
         """Give the Lease of a shard the replica no longer drives up."""
