@@ -132,6 +132,10 @@ def _wait_split(operator: OperatorPod, replicas: int, timeout: float = 90) -> di
     return wait_for(even, timeout=timeout, interval=0.5, what=f"{replicas} replicas' shares")
 
 
+def _holder_in(split: dict[str, set[int]], shard: int) -> str:
+    return next(holder for holder, shards in split.items() if shard in shards)
+
+
 def _owner(operator: OperatorPod, tenant: str, run: str) -> tuple[str, int]:
     """The run's holder and epoch, as the store records them (in the tenant's database)."""
     with psycopg.connect(tenant_dsn(operator.cluster, tenant)) as conn:
@@ -207,7 +211,7 @@ def test_two_replicas_each_drive_a_share_and_every_run_is_driven_by_one(
     assert driven == {first, second}
 
 
-def test_a_third_replica_takes_shards_over_its_share_while_runs_go_on(
+def test_a_third_replica_takes_shards_over_its_share_and_decides_their_runs(
     sharded: OperatorPod,
     tenant: str,
     admin: Kube,
@@ -215,31 +219,43 @@ def test_a_third_replica_takes_shards_over_its_share_while_runs_go_on(
     alice: Kubectl,
     shop: ShopServer,
 ) -> None:
-    """Scaled to three replicas under load, the new one takes its share (8 shards: 3, 3, 2)
-    from the two over theirs; the runs whose shards moved go on under it (a run between steps
-    is let go by the replica giving its shard back and taken by the new one), each order once.
-    Scaled back to two, the shards spread over the two again."""
+    """A run in each shard waits for a person's approval of its order (held by the replica
+    driving its shard) when a third replica joins: the new one takes its share (8 shards: 3, 3,
+    2) from the two over theirs, which let those runs go; approved, each run of a moved shard is
+    taken by the new replica (epoch 2) and ordered once, the others by the replica that held
+    them all along (epoch 1). Scaled back to two, the shards spread over the two again."""
     operator = sharded
     before = _wait_split(operator, 2)
-    shop.shop.delay = 0.5
-    names = [f"join-{n}" for n in range(8)]
-    apply(kubectl, *[_three_step(shop, name) for name in names])
-    wait_for(lambda: shop.shop.count() >= 2, timeout=90, what="the first orders")
+    names = [_names_in(tenant, f"join{shard}", {shard}, 1)[0] for shard in range(SHARDS)]
+    docs = [
+        agentrun(name, shop, [[look(f"{name}-l")], [order(f"{name}-a", 1)]], approval=True)
+        for name in names
+    ]
+    apply(kubectl, *docs)
+    wait_for(
+        lambda: len(runs.approvals(admin, tenant)) == len(names),
+        timeout=180,
+        what="every run waiting for its approval",
+    )
     operator.replicas = 3
     operator.install()
     after = _wait_split(operator, 3, timeout=120)
     (newcomer,) = set(after) - set(before)
-    assert len(after[newcomer]) >= 2
     for holder, kept in after.items():
         if holder != newcomer:
             assert kept <= before[holder], "a replica took a shard while giving shards back"
-    runs.drive_to_success(admin, alice, tenant, names, shop, timeout=300)
+    for approval in runs.approvals(admin, tenant):
+        runs.decide(alice, approval["metadata"]["name"], approved=True)
+    for name in names:
+        runs.wait_phase(admin, tenant, name, "Succeeded", timeout=180)
     _once(shop)
-    assert shop.shop.count() == 2 * len(names)
-    moved = [n for n in names if hash_shard(tenant, n, SHARDS) in after[newcomer]]
-    for name in moved:
-        holder, _ = _owner(operator, tenant, name)
-        assert holder == newcomer, name  # its last steps were driven by the new replica
+    assert shop.shop.count() == len(names)
+    for name in names:
+        shard = hash_shard(tenant, name, SHARDS)
+        if shard in after[newcomer]:
+            assert _owner(operator, tenant, name) == (newcomer, 2), name
+        else:
+            assert _owner(operator, tenant, name) == (_holder_in(after, shard), 1), name
     operator.replicas = 2
     operator.install()
     _wait_split(operator, 2, timeout=120)
