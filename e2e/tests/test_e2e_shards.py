@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+import yaml
 from keelgate.kube.controller.shards import hash_shard
 
 from keelgate_e2e import runs
@@ -189,7 +190,8 @@ def test_two_replicas_each_drive_a_share_and_every_run_is_driven_by_one(
 ) -> None:
     """Two replicas hold four shards each; runs in either's shards are labelled with their
     shard (their step pods too), taken in the store by the replica holding their shard (epoch
-    1: nobody else ever took them) and driven to the end, each order placed once."""
+    1: nobody else ever took them) and driven to the end, each order placed once. A person may
+    not set or change a run's shard label (the admission policy), and may leave it out."""
     operator = sharded
     split = _wait_split(operator, 2)
     (first, a), (second, b) = sorted(split.items())
@@ -209,6 +211,19 @@ def test_two_replicas_each_drive_a_share_and_every_run_is_driven_by_one(
         assert _owner(operator, tenant, name) == (holders[shard], 1), name
     driven = {_owner(operator, tenant, name)[0] for name in names}
     assert driven == {first, second}
+    # alice may apply her run again without the label (the operator's stays), but may not set
+    # or change it: she could pile runs into one shard.
+    again = _three_step(shop, names[0])
+    apply(alice, again)
+    assert runs.get_run(admin, tenant, names[0])["metadata"]["labels"][SHARD_LABEL]
+    elsewhere = f"{(hash_shard(tenant, names[0], SHARDS) + 1) % SHARDS:02d}"
+    moved = {**again, "metadata": {**again["metadata"], "labels": {SHARD_LABEL: elsewhere}}}
+    for doc in (moved, {**moved, "metadata": {**moved["metadata"], "name": "share-new"}}):
+        refused = alice("apply", "-f", "-", stdin=yaml.safe_dump(doc), check=False)
+        assert refused.returncode != 0
+        assert "metadata.labels[keelgate.dev/shard]: written by the operator only" in (
+            refused.stderr
+        )
 
 
 def test_a_third_replica_takes_shards_over_its_share_and_decides_their_runs(
