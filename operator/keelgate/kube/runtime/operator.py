@@ -6,7 +6,10 @@ only its health endpoints; the leader then lists every watched kind once into th
 start barrier: no worker runs before, so the step-pod cap and a monitor's due tick are judged on
 the whole cluster, never on a half-filled cache, and ``/readyz`` says ``listing`` meanwhile) and
 starts kopf's watches. A leader that fails to renew its lease stops at once and exits 1; its pod
-comes back as a standby.
+comes back as a standby. Sharded (``shards``), no replica leads alone: each starts its watches at
+once and drives the shards whose Leases it takes (``shard_leases``), each listed into the cache
+when taken and forgotten when given back or lost, and leaves other shards' objects alone
+(``shards``).
 
 kopf's watch streams are the operator's eyes: every change to an AgentRun, a step pod, a
 Reconciliation or an Approval lands in the cache and queues a reconcile of the run it concerns.
