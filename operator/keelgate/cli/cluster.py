@@ -297,7 +297,6 @@ def operator_command(
     read = _operator_store(
         store, confirmer=confirmer, confirmer_url=confirmer_url, step_events=step_events
     )
-    import dataclasses
     import os
 
     from keelgate.kube.controller.context import ControllerSettings
@@ -311,23 +310,13 @@ def operator_command(
     defaults = _step_pod_defaults(step_pod_defaults)
     sign_head = _head_signer(audit_sign_key) if audit_sign_key else None
     notify = _notify_settings(notify_config, notify_sink or [], notify_source, notify_state)
-    lease = None
-    if shards < 0:
-        raise InputError("--shards", f"{shards}: give a number of shards (1-100), or 0: off")
-    if leader_elect or shards:
-        lease = _lease(
-            lease_name,
-            lease_namespace,
-            identity,
-            (lease_duration, lease_renew, lease_retry),
-        )
-    if run_lease and not run_lease > run_lease_renew:
-        raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
-    holder = _holder(identity) if run_lease else ""
-    if shards and lease is not None and holder:
-        # One name for this process in the shard Leases and in the store's ownership: a run
-        # held elsewhere names the replica holding its shard.
-        lease = dataclasses.replace(lease, identity=holder)
+    lease, holder = _lease_and_holder(
+        shards,
+        leader_elect=leader_elect,
+        lease=(lease_name, lease_namespace, identity),
+        timings=(lease_duration, lease_renew, lease_retry),
+        run_lease=(run_lease, run_lease_renew),
+    )
     _log_to_stderr()
     options = _options(
         OperatorOptions,
@@ -365,6 +354,31 @@ def operator_command(
     if code:
         print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
     return code
+
+
+def _lease_and_holder(
+    shards: int,
+    *,
+    leader_elect: bool,
+    lease: tuple[str, str, str],
+    timings: tuple[int, int, int],
+    run_lease: tuple[float, float],
+) -> tuple[LeaseSettings | None, str]:
+    """The Lease settings (of --leader-elect, or of the shard Leases with --shards) and this
+    process's name as a holder of runs in the store (empty with --run-lease 0); sharded, one
+    name for both: a run held elsewhere names the replica holding its shard."""
+    import dataclasses
+
+    if shards < 0:
+        raise InputError("--shards", f"{shards}: give a number of shards (1-100), or 0: off")
+    settings = _lease(*lease, timings) if leader_elect or shards else None
+    duration, renew = run_lease
+    if duration and not duration > renew:
+        raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
+    holder = _holder(lease[2]) if duration else ""
+    if shards and settings is not None and holder:
+        settings = dataclasses.replace(settings, identity=holder)
+    return settings, holder
 
 
 def _options(make: Callable[..., T], **options: Any) -> T:

@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +43,10 @@ from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.controller.shards import Shards, shard_label
-from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION, label_value
+from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
 from keelgate.kube.resources import (
     controller_name,
     is_tick,
-    pod_active,
     pod_change_matters,
     pod_finished,
 )
@@ -58,8 +56,8 @@ from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
-from keelgate.kube.runtime.shard_leases import ShardLeases
-from keelgate.kube.runtime.shards import ShardedReplica
+from keelgate.kube.runtime.run_leases import let_go_idle_runs, renew_runs
+from keelgate.kube.runtime.shards import Sharding, refuse_sharding
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 from keelgate.manifest.notifications import NotifySettings
@@ -92,21 +90,8 @@ class OperatorOptions:
     shards: int = 0
 
     def __post_init__(self) -> None:
-        if not self.shards:
-            return
-        Shards(self.shards)  # its range, refused naming the option
-        if self.lease is None:
-            raise ValueError("--shards needs the Lease settings (--lease-namespace, --identity)")
-        if not self.controller.holder:
-            raise ValueError(
-                "--shards needs run ownership (--run-lease above 0): the store is what fences "
-                "a shard's runs while they move between replicas"
-            )
-        if self.notify is not None:
-            raise ValueError(
-                "--shards: notifications (--notify-config, --notify-sink) are not sent by a "
-                "sharded operator yet; run it unsharded to send them"
-            )
+        if self.shards:
+            refuse_sharding(self)
 
 
 class Operator:
@@ -142,9 +127,7 @@ class Operator:
         self._seen_end: set[tuple[str, str]] = set()
         self.started = time.monotonic()
         self.leadership: Leadership | None = None
-        self.replica: ShardedReplica | None = None  # sharded: the shards this replica drives
-        self.shard_leases: ShardLeases | None = None
-        self._shard_tasks: set[asyncio.Task[None]] = set()
+        self.sharding: Sharding | None = None  # sharded: the shards this replica drives
         self.listed = False  # every watched kind listed into the cache once (the barrier)
         self.lost_lease = False
         self.metrics.step_pod_cap.set(options.controller.max_step_pods)
@@ -230,11 +213,11 @@ class Operator:
         # The event's own object is plain data already; the cache keeps a copy of it, without
         # what it would drop anyway (copied on the event loop, for every event of every pod).
         raw = event.get("object")
-        replica = self.replica
-        if replica is not None:
+        sharding = self.sharding
+        if sharding is not None:
             seen = raw if isinstance(raw, Mapping) else body
-            if not replica.accepts(kind, seen):
-                replica.moved_out(kind, seen)
+            if not sharding.replica.accepts(kind, seen):
+                sharding.replica.moved_out(kind, seen)
                 return False
         plain = slim_copy(raw) if isinstance(raw, dict) else _plain(body)
         if event.get("type") == "DELETED":
@@ -266,7 +249,7 @@ class Operator:
         refresh_gauges(self.metrics, self.cache)
 
     def _alive(self) -> bool:
-        if self.shard_leases is not None and not self.shard_leases.alive():
+        if self.sharding is not None and not self.sharding.alive():
             return False
         if self._tasks:
             return all(not task.done() for task in self._tasks)
@@ -275,15 +258,10 @@ class Operator:
         return leadership is None or leadership.alive()
 
     def _ready(self) -> tuple[bool, str]:
-        replica = self.replica
-        if replica is not None:
+        if self.sharding is not None:
             # Ready once started, whatever it holds: a replica that drives no shard (others hold
             # them all) must not hold a rollout up, as a standby does not.
-            driving, listing = replica.driving(), replica.listing()
-            words = f"shards {','.join(map(shard_label, driving)) or 'none'}"
-            if listing:
-                words += f", listing {','.join(map(shard_label, listing))}"
-            return True, f"{words} (of {replica.shards.count})"
+            return True, self.sharding.readiness()
         if self.options.shards:
             return False, "listing"
         leadership = self.leadership
@@ -347,10 +325,24 @@ class Operator:
         self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
         if self.controller.holding.enabled:
             self._tasks.append(
-                asyncio.create_task(self._renew_runs(self.controller), name="keelgate-runs")
+                asyncio.create_task(
+                    renew_runs(
+                        self.controller.holding, every=self.options.run_lease_renew, look=self._add
+                    ),
+                    name="keelgate-runs",
+                )
             )
         if self.options.shards:
-            self._start_shards(queue)
+            self.sharding = Sharding(
+                self.options,
+                cache=self.cache,
+                api=self.api,
+                queue=queue,
+                slots=self.controller.context.slots,
+                metrics=self.metrics,
+            )
+            self.listed = True
+            self.sharding.start()
         log.info(
             "keelgate operator started (namespaces: %s, step pods at most %d; %d runs listed)",
             ", ".join(self.options.namespaces) or "all",
@@ -362,80 +354,10 @@ class Operator:
         """A worker's reconcile of ``key``: sharded, only of an object of a shard it drives."""
         controller = self.controller
         assert controller is not None
-        replica = self.replica
-        if replica is not None and not replica.drives(key):
+        sharding = self.sharding
+        if sharding is not None and not sharding.replica.drives(key):
             return REST
         return controller.reconcile(key)
-
-    def _start_shards(self, queue: WorkQueue[Key]) -> None:
-        """Sharded: take this replica's share of the shards' Leases; each shard taken is listed,
-        then driven; each one given back or lost is let go."""
-        lease, count = self.options.lease, self.options.shards
-        assert lease is not None
-        loop = asyncio.get_running_loop()
-        leases: ShardLeases | None = None
-
-        def released(shard: int) -> None:
-            if leases is not None:
-                leases.released(shard)
-
-        replica = self.replica = ShardedReplica(
-            Shards(count),
-            cache=self.cache,
-            api=self.api,
-            namespaces=self.options.namespaces,
-            add=self._add,
-            add_low=self._add_low,
-            busy=queue.busy,
-            cap=self._share_step_pods,
-            step_pod_cap=self.options.controller.max_step_pods,
-            released=released,
-        )
-        self._share_step_pods(0)
-
-        def on_loop(work: Coroutine[Any, Any, None]) -> None:
-            try:
-                loop.call_soon_threadsafe(self._shard_task, work)
-            except RuntimeError:  # the loop has ended (the operator stopping): nothing to do
-                work.close()
-
-        def lost(shard: int) -> None:
-            replica.stop_driving(shard)  # at once, from the Leases' thread
-            on_loop(replica.let_go(shard, given_back=False))
-
-        def release(shard: int) -> None:
-            on_loop(replica.let_go(shard, given_back=True))
-
-        def taken(shard: int) -> None:
-            on_loop(replica.take(shard))
-
-        leases = self.shard_leases = ShardLeases(
-            lease, count, api_client=self.api.client, taken=taken, release=release, lost=lost
-        )
-        self.listed = True
-        leases.start()
-
-    def _shard_task(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run a shard's take or let-go on the event loop, then show what is driven."""
-
-        async def run() -> None:
-            try:
-                await work
-            finally:
-                replica = self.replica
-                driving = len(replica.driving()) if replica is not None else 0
-                self.metrics.shards_driven.set(driving)
-                self.metrics.leader.set(1 if driving else 0)
-
-        task = asyncio.create_task(run(), name="keelgate-shard")
-        self._shard_tasks.add(task)
-        task.add_done_callback(self._shard_tasks.discard)
-
-    def _share_step_pods(self, cap: int) -> None:
-        """This replica's share of the step-pod cap (sharded: it changes with its shards)."""
-        if self.controller is not None:
-            self.controller.context.slots.set_limit(cap)
-        self.metrics.step_pod_cap.set(cap)
 
     def _list_everything(self) -> None:
         """The start barrier: every watched kind listed into the cache before any worker runs.
@@ -464,62 +386,19 @@ class Operator:
         self.listed = True
 
     async def _stop(self) -> None:
-        shard_tasks = list(self._shard_tasks)
-        for task in [*self._tasks, *shard_tasks]:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *shard_tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._let_go_idle_runs()
+        if self.sharding is not None:
+            await self.sharding.cancel()
+        if self.controller is not None:
+            await let_go_idle_runs(self.controller.holding, self.cache)
         if self.queue is not None:
             self.queue.close()
         if self.notifier is not None:
             # Undelivered notifications stay after ``through``: the next leader sends them.
             await asyncio.to_thread(self.notifier.stop)
-
-    async def _renew_runs(self, controller: Controller) -> None:
-        """Renew the leases of every run this operator holds, in one statement per period; a
-        run found lost (its lease lapsed unrenewed, or another holder took it after that) is
-        looked at again at once: taken again before its next pod, or shown held elsewhere. A
-        renewal that fails is told and tried at the next period: the lease outlasts two of
-        them."""
-        holding = controller.holding
-        while True:
-            await asyncio.sleep(self.options.run_lease_renew)
-            try:
-                lost = await asyncio.to_thread(holding.renew)
-            except Exception as failure:  # told, then tried again at the next period
-                log.warning(
-                    "cannot renew the leases of %d held runs (%s: %s)",
-                    len(holding.held()),
-                    type(failure).__name__,
-                    str(failure).splitlines()[0] if str(failure) else "",
-                )
-                continue
-            for namespace, run in lost:
-                log.warning(
-                    "run %s/%s is no longer held here (its lease lapsed, or another operator "
-                    "took it)",
-                    namespace,
-                    run,
-                )
-                self._add(("AgentRun", namespace, run))
-
-    async def _let_go_idle_runs(self) -> None:
-        """On a clean stop: let go of the held runs no step pod of this cluster drives, so
-        that the next leader takes them at once; a run whose pod still runs keeps its lease
-        until it lapses, and its pod's writes land meanwhile (the next leader waits for it)."""
-        controller = self.controller
-        if controller is None or not controller.holding.enabled:
-            return
-        holding = controller.holding
-        for namespace, run in holding.held():
-            driving = self.cache.count_step_pods(namespace, label_value(run), pod_active)
-            if driving:
-                continue
-            try:
-                await asyncio.to_thread(holding.let_go, namespace, run)
-            except Exception as failure:  # the lease lapses on its own
-                log.warning("cannot let run %s/%s go (%s)", namespace, run, failure)
 
     async def _keep_notify_state(self, notifier: Notifier) -> None:
         """Keep how far delivery has come, every few seconds while notifications flow."""
@@ -568,9 +447,9 @@ class Operator:
             self.metrics.leader.set(0)
             if self.leadership is not None:
                 await asyncio.to_thread(self.leadership.release)
-            if self.shard_leases is not None:
+            if self.sharding is not None:
                 # Once nothing is driven: the other replicas take the shards at their next try.
-                await asyncio.to_thread(self.shard_leases.stop)
+                await asyncio.to_thread(self.sharding.leases.stop)
             await self._health.stop()
         return 1 if self.lost_lease else 0
 

@@ -26,12 +26,18 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
+from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.shards import Shards, run_of, shard_label
+from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.runtime.cache import Cache, key_of
+from keelgate.kube.runtime.leadership import LeaseSettings
+from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.shard_leases import ShardLeases
+from keelgate.kube.runtime.workqueue import WorkQueue
 
 log = logging.getLogger("keelgate.operator")
 
@@ -257,3 +263,142 @@ def _of_runs(kind: str, names: set[tuple[str, str]]) -> Callable[[dict[str, Any]
         return (namespace, run_of(kind, body)) in names
 
     return belongs
+
+
+class ClusterListing(Listing, Protocol):
+    """The API server as a sharded replica uses it: its listings, and the official client's
+    configuration (``client``) the shard Leases go through."""
+
+    client: Any
+
+
+def refuse_sharding(options: Sharded) -> None:
+    """Refuse, naming ``--shards``, options a sharded operator cannot run with."""
+    Shards(options.shards)  # its range
+    if options.lease is None:
+        raise ValueError("--shards needs the Lease settings (--lease-namespace, --identity)")
+    if not options.controller.holder:
+        raise ValueError(
+            "--shards needs run ownership (--run-lease above 0): the store is what fences "
+            "a shard's runs while they move between replicas"
+        )
+    if options.notify is not None:
+        raise ValueError(
+            "--shards: notifications (--notify-config, --notify-sink) are not sent by a "
+            "sharded operator yet; run it unsharded to send them"
+        )
+
+
+class Sharded(Protocol):
+    """The operator's options a sharded replica reads (``runtime.operator.OperatorOptions``)."""
+
+    @property
+    def shards(self) -> int: ...
+
+    @property
+    def namespaces(self) -> tuple[str, ...]: ...
+
+    @property
+    def controller(self) -> ControllerSettings: ...
+
+    @property
+    def lease(self) -> LeaseSettings | None: ...
+
+    @property
+    def notify(self) -> object: ...
+
+
+class Sharding:
+    """A sharded replica's part, wired: its shard Leases (``ShardLeases``, in their threads)
+    and what it drives (``replica``), each shard taken or let go as a task on the event loop,
+    and what it shows: its part of the step-pod cap (``slots``), and how many shards it drives
+    (``keelgate_shards_driven``; ``keelgate_leader`` 1 while it drives any). Made and started
+    on the operator's event loop."""
+
+    def __init__(
+        self,
+        options: Sharded,
+        *,
+        cache: Cache,
+        api: ClusterListing,
+        queue: WorkQueue[Key],
+        slots: StepSlots,
+        metrics: Metrics,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._slots, self._metrics = slots, metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.replica = ShardedReplica(
+            Shards(options.shards),
+            cache=cache,
+            api=api,
+            namespaces=options.namespaces,
+            add=queue.add,
+            add_low=lambda key: queue.add(key, low=True),
+            busy=queue.busy,
+            cap=self._cap,
+            step_pod_cap=options.controller.max_step_pods,
+            released=self._released,
+        )
+        assert options.lease is not None  # refuse_sharding saw to it
+        self.leases = ShardLeases(
+            options.lease,
+            options.shards,
+            api_client=api.client,
+            taken=lambda shard: self._on_loop(self.replica.take(shard)),
+            release=lambda shard: self._on_loop(self.replica.let_go(shard, given_back=True)),
+            lost=self._lost,
+        )
+        self._cap(0)
+
+    def start(self) -> None:
+        self.leases.start()
+
+    def alive(self) -> bool:
+        return self.leases.alive()
+
+    def readiness(self) -> str:
+        """What ``/readyz`` says: the shards driven, and any being listed."""
+        driving, listing = self.replica.driving(), self.replica.listing()
+        words = f"shards {','.join(map(shard_label, driving)) or 'none'}"
+        if listing:
+            words += f", listing {','.join(map(shard_label, listing))}"
+        return f"{words} (of {self.replica.shards.count})"
+
+    async def cancel(self) -> None:
+        """Stop the takes and let-gos under way (the operator stopping)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _released(self, shard: int) -> None:
+        self.leases.released(shard)
+
+    def _cap(self, cap: int) -> None:
+        self._slots.set_limit(cap)
+        self._metrics.step_pod_cap.set(cap)
+
+    def _lost(self, shard: int) -> None:
+        self.replica.stop_driving(shard)  # at once, from the Leases' thread
+        self._on_loop(self.replica.let_go(shard, given_back=False))
+
+    def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a take or let-go on the event loop (from the Leases' threads)."""
+        try:
+            self._loop.call_soon_threadsafe(self._task, work)
+        except RuntimeError:  # the loop has ended (the operator stopping): nothing to do
+            work.close()
+
+    def _task(self, work: Coroutine[Any, Any, None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                driving = len(self.replica.driving())
+                self._metrics.shards_driven.set(driving)
+                self._metrics.leader.set(1 if driving else 0)
+
+        task = asyncio.create_task(run(), name="keelgate-shard")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
