@@ -219,6 +219,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("replicas=0", "/replicas"),
         ("leaderElection.leaseDuration=soon", "/leaderElection/leaseDuration"),
         ("runOwnership.leaseSeconds=soon", "/runOwnership/leaseSeconds"),
+        ("sharding.shards=101", "/sharding/shards"),
+        ("sharding.enabled=maybe", "/sharding/enabled"),
     ],
 )
 def test_a_wrong_value_fails_helm_install_naming_the_value(
@@ -321,6 +323,59 @@ def test_the_admission_values_reach_the_policies_that_read_them(
     kubectl = Kubectl(kubectl_bin, cluster.kubeconfig, "admin", "default")
     applied = kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(scoped))
     assert "kg-step-service-account created (server dry run)" in applied.stdout
+
+
+def test_sharding_renders_the_shards_their_leases_and_the_label_policy(
+    helm: Path, cluster: Cluster
+) -> None:
+    """sharding.enabled with three replicas: the operator gets --shards and the Lease options
+    (the leaderElection timings, no --leader-elect), rolls one new pod at a time, may list,
+    take, renew and delete the Leases of its own namespace and patch AgentRuns (their shard
+    label), and an admission policy keeps the label the operator's; without runOwnership, or
+    with notification sinks, the chart refuses naming sharding.enabled. Unsharded, none of it."""
+    store = ("--set", "store.existingSecret.name=pg")
+    docs = rendered(helm, cluster, *store, "--set", "replicas=3", "--set", "sharding.enabled=true")
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    deployment = by_kind[("Deployment", "kg-operator")]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--shards=16" in args and "--lease-name=kg-operator" in args
+    assert "--lease-duration=15" in args and "--leader-elect" not in args
+    assert by_kind[("Role", "kg-operator-lease")]["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["list", "create", "get", "update", "delete"],
+        }
+    ]
+    assert {"apiGroups": ["keelgate.dev"], "resources": ["agentruns"], "verbs": ["patch"]} in (
+        by_kind[("ClusterRole", "kg-operator")]["rules"]
+    )
+    assert ("ValidatingAdmissionPolicy", "kg-shard-label") in by_kind
+    assert ("ValidatingAdmissionPolicyBinding", "kg-shard-label") in by_kind
+    plain = {(d["kind"], d["metadata"]["name"]): d for d in rendered(helm, cluster, *store)}
+    assert ("ValidatingAdmissionPolicy", "kg-shard-label") not in plain
+    assert {"apiGroups": ["keelgate.dev"], "resources": ["agentruns"], "verbs": ["patch"]} not in (
+        plain[("ClusterRole", "kg-operator")]["rules"]
+    )
+    for value, words in (
+        ("runOwnership.enabled=false", "needs runOwnership.enabled"),
+        ("notifications.sinks[0].name=chat,notifications.sinks[0].url=http://x", "not sent"),
+    ):
+        out = run_helm(
+            helm,
+            cluster,
+            "template",
+            "kg",
+            str(CHART),
+            *store,
+            "--set",
+            "sharding.enabled=true",
+            "--set",
+            value,
+        )
+        assert out.returncode != 0 and "sharding.enabled" in out.stderr and words in out.stderr
 
 
 def test_a_chart_without_a_store_says_which_value_to_set(helm: Path, cluster: Cluster) -> None:

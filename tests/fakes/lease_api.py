@@ -2,11 +2,12 @@
 
 No API server runs in the unit tests, and the election is the official ``kubernetes`` client's:
 it must talk to something that answers as kube-apiserver does, on the wire. This fake keeps
-Leases in memory and serves the four requests the client's Lease lock makes, with the API
-server's semantics: a create gets a uid, a creation time and a resourceVersion (409
-AlreadyExists if the name is taken); a read of a missing Lease is 404 NotFound as a
-``Status``; a replace must carry the current resourceVersion (409 Conflict, "the object has
-been modified", otherwise) and gets a new one. Holder, durations and times are the client's to
+Leases in memory and serves the four requests the client's Lease lock makes (and the list and
+delete of the shard Leases), with the API server's semantics: a create gets a uid, a creation
+time and a resourceVersion (409 AlreadyExists if the name is taken); a read of a missing Lease
+is 404 NotFound as a ``Status``; a replace must carry the current resourceVersion (409
+Conflict, "the object has been modified", otherwise) and gets a new one; a delete may name the
+resourceVersion it expects (409 otherwise). Holder, durations and times are the client's to
 write and the server's to keep as written: the election itself is client-side, as in
 Kubernetes.
 
@@ -89,6 +90,17 @@ class LeaseApi:
                 if found is None:
                     return _status(404, "NotFound", f'leases.{GROUP} "{name}" not found', name=name)
                 return Answer(200, found)
+            if method == "GET":
+                items = [
+                    copy.deepcopy(v)
+                    for (ns, _), v in sorted(self._leases.items())
+                    if ns == namespace
+                ]
+                version = str(next(self._versions))
+                listed = {"kind": "LeaseList", "apiVersion": f"{GROUP}/v1", "items": items}
+                return Answer(200, {**listed, "metadata": {"resourceVersion": version}})
+            if method == "DELETE" and name:
+                return self._delete(namespace, name, body)
             if method == "POST" and name is None:
                 return self._create(namespace, body)
             if method == "PUT" and name:
@@ -119,6 +131,22 @@ class LeaseApi:
         self._leases[(namespace, name)] = stored
         self._wrote(stored)
         return Answer(201, stored)
+
+    def _delete(self, namespace: str, name: str, body: Any) -> Answer:
+        current = self._leases.get((namespace, name))
+        if current is None:
+            return _status(404, "NotFound", f'leases.{GROUP} "{name}" not found', name=name)
+        wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            return _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on leases.{GROUP} "{name}": the precondition '
+                "failed",
+                name,
+            )
+        del self._leases[(namespace, name)]
+        return Answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     def _replace(self, namespace: str, name: str, body: Any) -> Answer:
         current = self._leases.get((namespace, name))

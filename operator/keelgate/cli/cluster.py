@@ -226,6 +226,15 @@ LeaseRetryOption = Annotated[
     int, typer.Option("--lease-retry", help="Seconds between tries to take or renew.")
 ]
 
+ShardsOption = Annotated[
+    int,
+    typer.Option(
+        "--shards",
+        help="Share the runs out between the operator's replicas in this many shards (1-100), "
+        "each driven by the replica holding its Lease (<lease-name>-shard-NN, with the "
+        "--lease-* timings); 0: not sharded (with --leader-elect, one replica leads).",
+    ),
+]
 RunLeaseOption = Annotated[
     float,
     typer.Option(
@@ -282,6 +291,7 @@ def operator_command(
     lease_retry: LeaseRetryOption = 2,
     run_lease: RunLeaseOption = 30.0,
     run_lease_renew: RunLeaseRenewOption = 10.0,
+    shards: ShardsOption = 0,
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
     read = _operator_store(
@@ -300,19 +310,16 @@ def operator_command(
     defaults = _step_pod_defaults(step_pod_defaults)
     sign_head = _head_signer(audit_sign_key) if audit_sign_key else None
     notify = _notify_settings(notify_config, notify_sink or [], notify_source, notify_state)
-    lease = None
-    if leader_elect:
-        lease = _lease(
-            lease_name,
-            lease_namespace,
-            identity,
-            (lease_duration, lease_renew, lease_retry),
-        )
-    if run_lease and not run_lease > run_lease_renew:
-        raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
-    holder = _holder(identity) if run_lease else ""
+    lease, holder = _lease_and_holder(
+        shards,
+        leader_elect=leader_elect,
+        lease=(lease_name, lease_namespace, identity),
+        timings=(lease_duration, lease_renew, lease_retry),
+        run_lease=(run_lease, run_lease_renew),
+    )
     _log_to_stderr()
-    options = OperatorOptions(
+    options = _options(
+        OperatorOptions,
         namespaces=tuple(namespace or ()),
         controller=ControllerSettings(
             pods=StepPodSettings(
@@ -339,6 +346,7 @@ def operator_command(
         lease=lease,
         notify=notify,
         run_lease_renew=run_lease_renew,
+        shards=shards,
     )
     code = _run_operator(
         options, read, tenant_sessions=tenant_sessions, qps=kube_qps, burst=kube_burst
@@ -346,6 +354,41 @@ def operator_command(
     if code:
         print("keelgate operator: lost the leader's lease; exiting so that a standby leads")
     return code
+
+
+def _lease_and_holder(
+    shards: int,
+    *,
+    leader_elect: bool,
+    lease: tuple[str, str, str],
+    timings: tuple[int, int, int],
+    run_lease: tuple[float, float],
+) -> tuple[LeaseSettings | None, str]:
+    """The Lease settings (of --leader-elect, or of the shard Leases with --shards) and this
+    process's name as a holder of runs in the store (empty with --run-lease 0); sharded, one
+    name for both: a run held elsewhere names the replica holding its shard."""
+    import dataclasses
+
+    if shards < 0:
+        raise InputError("--shards", f"{shards}: give a number of shards (1-100), or 0: off")
+    settings = _lease(*lease, timings) if leader_elect or shards else None
+    duration, renew = run_lease
+    if duration and not duration > renew:
+        raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
+    holder = _holder(lease[2]) if duration else ""
+    if shards and settings is not None and holder:
+        settings = dataclasses.replace(settings, identity=holder)
+    return settings, holder
+
+
+def _options(make: Callable[..., T], **options: Any) -> T:
+    """The operator's options, a combination they refuse told in one line naming the option
+    (``--shards needs ...``)."""
+    try:
+        return make(**options)
+    except ValueError as error:
+        field, _, message = str(error).partition(" ")
+        raise InputError(field.rstrip(":"), message) from None
 
 
 def _holder(identity: str) -> str:

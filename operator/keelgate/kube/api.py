@@ -211,6 +211,19 @@ class ClusterApi:
             raise _failure(error, f"patch {kind} {namespace}/{name} finalizers") from None
         return patched
 
+    def label(self, kind: str, namespace: str, name: str, labels: Mapping[str, str]) -> JSON:
+        """Merge-patch ``metadata.labels`` with ``labels`` (no other field is sent)."""
+        body = {"metadata": {"labels": dict(labels)}}
+        self._count(f"patch {kind}/labels")
+        self._wait_turn()
+        try:
+            patched: JSON = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURALS[kind], name, body
+            )
+        except ApiException as error:
+            raise _failure(error, f"patch {kind} {namespace}/{name} labels") from None
+        return patched
+
     def delete_object(self, kind: str, namespace: str, name: str, *, uid: str = "") -> None:
         self._count(f"delete {kind}")
         self._wait_turn()
@@ -274,17 +287,27 @@ class ClusterApi:
     # Listing (the operator's start)
 
     def list_all(
-        self, kind: str, namespace: str | None = None, *, page: int = 500, timeout: float = 60
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        selector: str = "",
+        page: int = 500,
+        timeout: float = 60,
     ) -> list[JSON]:
         """Every object of ``kind`` in ``namespace`` (None: every namespace), as the API server
         has them now, fetched ``page`` at a time; for ``Pod``, the pods that belong to a run
-        (the watch's selector). Each item gets its ``apiVersion`` and ``kind``, which a list
-        leaves out."""
+        (the watch's selector); with ``selector``, only those its labels match (a shard's).
+        Each item gets its ``apiVersion`` and ``kind``, which a list leaves out."""
         scope = "" if namespace is None else f"/namespaces/{namespace}"
         query: list[tuple[str, str]] = [("limit", str(page))]
+        labels = [RUN_LABEL] if kind == "Pod" else []
+        if selector:
+            labels.append(selector)
+        if labels:
+            query.append(("labelSelector", ",".join(labels)))
         if kind == "Pod":
             path, api_version = f"/api/v1{scope}/pods", "v1"
-            query.append(("labelSelector", RUN_LABEL))
         else:
             api_version = f"{GROUP}/{VERSION}"
             path = f"/apis/{api_version}{scope}/{PLURALS[kind]}"

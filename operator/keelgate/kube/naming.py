@@ -28,6 +28,9 @@ ATTEMPT_LABEL = f"{GROUP}/attempt"
 MONITOR_LABEL = f"{GROUP}/monitor"
 #: The round an Approval asks in, on those of an action asked afresh (``action_object_name``).
 ROUND_LABEL = f"{GROUP}/round"
+#: The shard a run is in (``--shards``; ``kube.controller.shards``), two digits, on the AgentRun
+#: and on everything made for it.
+SHARD_LABEL = f"{GROUP}/shard"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "keelgate"}
 #: What marks a pod as a step pod (the cap on step pods counts these).
 STEP_POD_LABEL, STEP_POD_NAME = "app.kubernetes.io/name", "keelgate-step"

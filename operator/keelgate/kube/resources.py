@@ -24,6 +24,7 @@ from keelgate.kube.naming import (
     MONITOR_LABEL,
     ROUND_LABEL,
     RUN_LABEL,
+    SHARD_LABEL,
     STEP_LABEL,
     STEP_POD_LABEL,
     STEP_POD_NAME,
@@ -78,6 +79,13 @@ def owner_reference(owner: Mapping[str, Any]) -> JSON:
         "uid": meta["uid"],
         "controller": True,
     }
+
+
+def shard_labels(owner: Mapping[str, Any]) -> dict[str, str]:
+    """The owner's shard label (``--shards``), for an object made for it: a run's objects are
+    in its shard, and a replica taking the shard over lists them by it. Empty when it has none."""
+    value = ((owner.get("metadata") or {}).get("labels") or {}).get(SHARD_LABEL)
+    return {SHARD_LABEL: str(value)} if value else {}
 
 
 def owned_by(child: Mapping[str, Any], owner_uid: str) -> bool:
@@ -237,6 +245,7 @@ def step_pod(
                 RUN_LABEL: label_value(run_name),
                 STEP_LABEL: str(step),
                 ATTEMPT_LABEL: str(attempt),
+                **shard_labels(run),
             },
             "annotations": {"keelgate.dev/generation": str(generation)},
             "ownerReferences": [owner_reference(run)],
@@ -398,7 +407,7 @@ def reconciliation(run: Mapping[str, Any], unknown: UnknownAction, *, name: str 
         "metadata": {
             "name": name or action_object_name(meta["name"], unknown.action, unknown.tool),
             "namespace": meta["namespace"],
-            "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])},
+            "labels": {**MANAGED_BY, RUN_LABEL: label_value(meta["name"]), **shard_labels(run)},
             "ownerReferences": [owner_reference(run)],
         },
         "spec": {
@@ -415,7 +424,7 @@ def approval(run: Mapping[str, Any], pending: PendingApproval, key: str, *, name
     idempotency key is ``key``, with an empty list of decisions for them to append to
     (``name``: the one found in use, else the computed one)."""
     meta = run["metadata"]
-    labels = {**MANAGED_BY, RUN_LABEL: label_value(meta["name"])}
+    labels = {**MANAGED_BY, RUN_LABEL: label_value(meta["name"]), **shard_labels(run)}
     if pending.round != 1:
         labels[ROUND_LABEL] = str(pending.round)  # asked afresh: `kubectl get -l` finds it
     return {
@@ -455,7 +464,12 @@ def tick(monitor: Mapping[str, Any], name: str) -> JSON:
         "metadata": {
             "name": name,
             "namespace": meta["namespace"],
-            "labels": {**MANAGED_BY, MONITOR_LABEL: label_value(meta["name"])},
+            # In its monitor's shard: the replica driving the monitor sees its ticks.
+            "labels": {
+                **MANAGED_BY,
+                MONITOR_LABEL: label_value(meta["name"]),
+                **shard_labels(monitor),
+            },
             "ownerReferences": [owner_reference(monitor)],
         },
         "spec": dict(monitor["spec"]),

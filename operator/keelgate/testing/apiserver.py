@@ -81,6 +81,33 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
+def _requirements(selector: str) -> list[str]:
+    """A label selector's requirements: split at the commas outside ``in (...)``."""
+    found, depth, current = [], 0, ""
+    for char in selector:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            found.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [r for r in [*found, current.strip()] if r]
+
+
+def _matches(requirement: str, labels: Mapping[str, Any]) -> bool:
+    """Whether ``labels`` meet one requirement of a label selector."""
+    if requirement.startswith("!"):
+        return requirement[1:].strip() not in labels
+    if " in " in requirement:
+        key, _, values = requirement.partition(" in ")
+        allowed = {v.strip() for v in values.strip().strip("()").split(",")}
+        return key.strip() in labels and str(labels[key.strip()]) in allowed
+    if "=" in requirement:
+        key, _, value = requirement.partition("=")
+        return str(labels.get(key.strip())) == value.strip() and key.strip() in labels
+    return requirement in labels
+
+
 def _heard(body: JSON) -> None:
     """A hook nobody listens to."""
 
@@ -220,6 +247,12 @@ class MemoryApiServer(ApiServer):
             self._tell(kind, answer)
         return answer
 
+    def label(self, kind: str, namespace: str, name: str, labels: Mapping[str, str]) -> JSON:
+        with self._lock:
+            self._refused("label")
+            self.writes.append(f"patch {kind}/labels {name}")
+        return self.patch_metadata(kind, namespace, name, {"labels": dict(labels)})
+
     def _gone(self, kind: str, namespace: str, body: JSON) -> None:
         """The object has left the server: watchers hear of it, and what it owned is collected."""
         self._tell(kind, body, deleted=True)
@@ -284,9 +317,20 @@ class MemoryApiServer(ApiServer):
             ]
 
     def list_all(
-        self, kind: str, namespace: str | None = None, *, page: int = 500, timeout: float = 60
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        selector: str = "",
+        page: int = 500,
+        timeout: float = 60,
     ) -> list[JSON]:
-        """Every object of a kind (pods: those labelled with a run), as ClusterApi lists them."""
+        """Every object of ``kind`` (in ``namespace``; None: every one) whose labels match
+        ``selector``, as ``ClusterApi.list_all`` lists them: a pod only when it is a run's, and
+        a selector of comma-separated requirements (``key``, ``!key``, ``key=value``, ``key in
+        (a,b)``), as the API server reads it."""
+        required = [RUN_LABEL] if kind == "Pod" else []
+        required += _requirements(selector)
         with self._lock:
             self._refused("list_all")
             return [
@@ -294,7 +338,7 @@ class MemoryApiServer(ApiServer):
                 for (k, ns, _), body in sorted(self.objects.items())
                 if k == kind
                 and (namespace is None or ns == namespace)
-                and (kind != "Pod" or RUN_LABEL in body["metadata"].get("labels", {}))
+                and all(_matches(req, body["metadata"].get("labels") or {}) for req in required)
             ]
 
     def read_config_map(self, namespace: str, name: str) -> JSON | None:

@@ -52,6 +52,9 @@ class ControllerSettings:
     holder: str = ""
     #: Seconds a taken run's lease lasts (``--run-lease``); renewed every third of it.
     run_lease: float = RUN_LEASE
+    #: How many shards the runs are in (``--shards``): each run is labelled with its shard
+    #: before it is driven (``kube.controller.shards``). 0: not sharded, no label written.
+    shards: int = 0
 
     @property
     def confirms(self) -> bool:

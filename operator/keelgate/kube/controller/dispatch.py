@@ -29,6 +29,7 @@ from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ownership import RunHolding
 from keelgate.kube.controller.ports import ApiServer, ClusterView, Enqueue, Key, StepMeter
 from keelgate.kube.controller.reconciliations import ReconciliationReconciler
+from keelgate.kube.controller.shards import Shards, label_run
 from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.notifications import Notification
 
@@ -70,6 +71,7 @@ class Controller:
             notify=notify,
             holding=RunHolding.of(stores, holder=settings.holder, lease=settings.run_lease),
         )
+        self._shards = Shards(settings.shards) if settings.shards else None
         self._reconcilers: dict[str, Reconciler] = {
             "AgentRun": AgentRunReconciler(self.context, monitors=MonitorReconciler(self.context)),
             "Reconciliation": ReconciliationReconciler(self.context),
@@ -81,6 +83,8 @@ class Controller:
         reconciler = self._reconcilers.get(key[0])
         if reconciler is None:
             return REST
+        if self._shards is not None and key[0] == "AgentRun":
+            label_run(self.context.api, self.context.cache, self._shards, key)
         with self.context.events.deferred():
             return reconciler.reconcile(key)
 

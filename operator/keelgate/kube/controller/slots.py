@@ -29,6 +29,11 @@ class StepSlots:
     def limit(self) -> int:
         return self._limit
 
+    def set_limit(self, limit: int) -> None:
+        """A new cap (a sharded replica's share of it changes with the shards it drives)."""
+        with self._lock:
+            self._limit = limit
+
     def take(self, key: Key) -> bool:
         """A slot for ``key``'s next pod, if one is free; else ``key`` waits (from now, or
         from when it first found none) until ``release`` of another run's pod wakes it."""

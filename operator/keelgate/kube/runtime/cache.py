@@ -181,11 +181,56 @@ class Cache:
         # the runs under way (10,000 runs: 10,000 pods walked per look, thousands of looks a
         # minute).
         self._pods_of_run: dict[tuple[str, str], set[str]] = {}
+        # Objects forgotten as no longer this replica's (their shard moved), by uid, with when:
+        # an answer to a write a reconcile sent before that must not bring one back; a watch
+        # event (``admit``) does, once its shard is this replica's again.
+        self._away: dict[str, float] = {}
 
     def put(self, kind: str, body: JSON) -> None:
-        """Remember ``body`` unless a newer version of it is already known, or it was deleted."""
+        """Remember ``body`` unless a newer version of it is already known, it was deleted, or
+        it was forgotten as another replica's."""
+        uid = _uid(body)
+        if uid is not None and uid in self._away:
+            return
         if self._put(kind, body) and self._observer is not None:
             self._observer(kind, body, False)
+
+    def admit(self, kind: str, body: JSON) -> None:
+        """``put`` of a body this replica watches for (a watch event or a listing of its own
+        shards): one forgotten earlier is remembered again."""
+        uid = _uid(body)
+        if uid is not None and self._away:
+            with self._lock:
+                self._away.pop(uid, None)
+        self.put(kind, body)
+
+    def forget(self, kind: str, where: Callable[[JSON], bool]) -> list[Key]:
+        """Forget the objects of ``kind`` that ``where`` accepts, as no longer this replica's
+        (not deleted: no tombstone, nobody told), and return their keys."""
+        now = self._clock()
+        with self._lock:
+            objects = self._objects.get(kind, {})
+            gone = [(ns, name) for (ns, name), body in objects.items() if where(body)]
+            for namespace, name in gone:
+                body = objects.pop((namespace, name))
+                uid = _uid(body)
+                if uid is not None:
+                    self._away.pop(uid, None)  # re-inserted last: the dict stays in time order
+                    self._away[uid] = now
+                if kind == "Pod":
+                    self._unindex(namespace, name, body)
+                    self._active_steps.discard((namespace, name))
+                    self._tombstones.pop((kind, namespace, name), None)
+            for uid, when in list(self._away.items()):
+                if now - when <= GONE_FOR:
+                    break
+                del self._away[uid]
+        return [(kind, namespace, name) for namespace, name in gone]
+
+    def holds(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the cache holds the object (no copy made)."""
+        with self._lock:
+            return (namespace, name) in self._objects.get(kind, {})
 
     def _put(self, kind: str, body: JSON) -> bool:
         """``put``; whether ``body`` was taken and changed what the cache held."""
@@ -294,6 +339,13 @@ class Cache:
         with self._lock:
             found = self._objects.get(kind, {}).get((namespace, name))
             return None if found is None else copy_json(found)
+
+    def metadata(self, kind: str, namespace: str, name: str) -> JSON | None:
+        """A copy of the object's ``metadata`` alone (a label read at every look copies no
+        spec or status)."""
+        with self._lock:
+            found = self._objects.get(kind, {}).get((namespace, name))
+            return None if found is None else copy_json(found.get("metadata") or {})
 
     def tombstone(self, namespace: str, name: str, *, kind: str = "Pod") -> JSON | None:
         """The last body of a pod (or an Approval) that was deleted, if this operator saw it go."""

@@ -24,7 +24,6 @@ leader wait out a whole lease.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -97,56 +96,15 @@ class Leadership:
             await asyncio.sleep(0.2)
 
     def _start(self) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
         from kubernetes.leaderelection import electionconfig, leaderelection
-        from kubernetes.leaderelection.resourcelock import leaselock
 
         # The election's modules carry no type hints.
         election_module: Any = leaderelection
         config_module: Any = electionconfig
-        lock_module: Any = leaselock
-        leases_module: Any = client.CoordinationV1Api
         settings = self.settings
-        leadership = self
         # No request may outlast the renew deadline (the client sets no timeout of its own).
-        timeout = float(settings.renew_seconds)
-
-        class _TimedLeases(leases_module):  # type: ignore[misc]
-            def read_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
-                kwargs.setdefault("_request_timeout", timeout)
-                return super().read_namespaced_lease(*args, **kwargs)
-
-            def create_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
-                kwargs.setdefault("_request_timeout", timeout)
-                return super().create_namespaced_lease(*args, **kwargs)
-
-            def replace_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
-                kwargs.setdefault("_request_timeout", timeout)
-                return super().replace_namespaced_lease(*args, **kwargs)
-
-        class _StoppableLease(lock_module.LeaseLock):  # type: ignore[misc]
-            # Any failure to reach the API server is a failed try, as an error answer is (the
-            # client's lock lets anything but an ApiException end the election's thread). Once
-            # released or lost, every write fails: the renew loop then ends instead of taking
-            # the lease back. A write that succeeded renews from when it was sent.
-            def get(self, *args: Any, **kwargs: Any) -> Any:
-                parent: Any = super()
-                try:
-                    return parent.get(*args, **kwargs)
-                except Exception as error:  # no answer: a failed try, not a missing lease
-                    return False, ApiException(reason=f"no answer ({type(error).__name__})")
-
-            def create(self, *args: Any, **kwargs: Any) -> bool:
-                parent: Any = super()
-                return leadership._write(lambda: parent.create(*args, **kwargs))
-
-            def update(self, *args: Any, **kwargs: Any) -> bool:
-                parent: Any = super()
-                return leadership._write(lambda: parent.update(*args, **kwargs))
-
-        lock: Any = _StoppableLease(settings.name, settings.namespace, settings.identity)
-        lock.api_instance = _TimedLeases(self._api_client)
+        api = lease_api(self._api_client, timeout=float(settings.renew_seconds))
+        lock = lease_lock(settings.name, settings.namespace, settings.identity, api, self._write)
         self._lock = lock
         config = config_module.Config(
             lock,
@@ -232,16 +190,98 @@ class Leadership:
         lock = self._lock
         if not was_leading or lock is None:
             return
-        from kubernetes import client
-
-        with contextlib.suppress(Exception):  # best effort: the lease then simply runs out
-            api = lock.api_instance
-            lease = api.read_namespaced_lease(self.settings.name, self.settings.namespace)
-            spec = lease.spec or client.V1LeaseSpec()
-            if spec.holder_identity != self.settings.identity:
-                return
-            spec.holder_identity = None
-            spec.lease_duration_seconds = 1
-            lease.spec = spec
-            api.replace_namespaced_lease(self.settings.name, self.settings.namespace, lease)
+        if give_up(
+            lock.api_instance, self.settings.name, self.settings.namespace, self.settings.identity
+        ):
             log.info("gave the lease up")
+
+
+def lease_api(api_client: Any, *, timeout: float) -> Any:
+    """The official client's Leases API, each of the lock's requests bounded by ``timeout``
+    seconds (the client sets no timeout of its own: a request never answered would hold an
+    election's thread for good)."""
+    from kubernetes import client
+
+    leases_module: Any = client.CoordinationV1Api  # the client carries no type hints
+
+    class _TimedLeases(leases_module):  # type: ignore[misc]
+        def read_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", timeout)
+            return super().read_namespaced_lease(*args, **kwargs)
+
+        def create_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", timeout)
+            return super().create_namespaced_lease(*args, **kwargs)
+
+        def replace_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", timeout)
+            return super().replace_namespaced_lease(*args, **kwargs)
+
+    return _TimedLeases(api_client)
+
+
+def lease_lock(
+    name: str,
+    namespace: str,
+    identity: str,
+    api: Any,
+    write: Callable[[Callable[[], Any]], bool],
+    *,
+    seen: Callable[[str], Any] | None = None,
+) -> Any:
+    """The official client's Lease lock for one Lease, for its ``LeaderElection``: any failure to
+    reach the API server is a failed try, as an error answer is (the client's lock lets anything
+    but an ``ApiException`` end the election's thread), and every create or renewal goes through
+    ``write`` (which may refuse to send it: False). With ``seen``, the Lease is read from what
+    ``seen`` returns for its name (one listing of many Leases, None: there is none) instead of
+    one request of its own."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.leaderelection.resourcelock import leaselock
+
+    lock_module: Any = leaselock  # the client carries no type hints
+
+    class _Lock(lock_module.LeaseLock):  # type: ignore[misc]
+        def get(self, *args: Any, **kwargs: Any) -> Any:
+            if seen is not None:
+                lease = seen(self.name)
+                if lease is None:  # what the client takes for a missing Lease: create it
+                    return False, ApiException(404, "NotFound", body='{"code": 404}')
+                self.lease_reference = lease
+                return True, self.get_lock_object(lease)
+            parent: Any = super()
+            try:
+                return parent.get(*args, **kwargs)
+            except Exception as error:  # no answer: a failed try, not a missing lease
+                return False, ApiException(reason=f"no answer ({type(error).__name__})")
+
+        def create(self, *args: Any, **kwargs: Any) -> bool:
+            parent: Any = super()
+            return write(lambda: parent.create(*args, **kwargs))
+
+        def update(self, *args: Any, **kwargs: Any) -> bool:
+            parent: Any = super()
+            return write(lambda: parent.update(*args, **kwargs))
+
+    lock: Any = _Lock(name, namespace, identity)
+    lock.api_instance = api
+    return lock
+
+
+def give_up(api: Any, name: str, namespace: str, identity: str) -> bool:
+    """Give a Lease ``identity`` holds up: no holder and a one-second lease, so that another
+    candidate takes it at its next try. Best effort (whether it was given up): a Lease that
+    cannot be written simply runs out."""
+    from kubernetes import client
+
+    try:
+        lease = api.read_namespaced_lease(name, namespace)
+        spec = lease.spec or client.V1LeaseSpec()
+        if spec.holder_identity != identity:
+            return False
+        spec.holder_identity = None
+        spec.lease_duration_seconds = 1
+        lease.spec = spec
+        api.replace_namespaced_lease(name, namespace, lease)
+    except Exception:  # the lease then simply runs out
+        return False
+    return True

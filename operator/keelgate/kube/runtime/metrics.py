@@ -98,12 +98,19 @@ class Metrics:
         )
         self.leader = Gauge(
             "keelgate_leader",
-            "1 on the replica that leads (drives runs), 0 on a standby.",
+            "1 on the replica that leads (drives runs), 0 on a standby; sharded (--shards): "
+            "1 on each replica that drives a shard.",
+            registry=self.registry,
+        )
+        self.shards_driven = Gauge(
+            "keelgate_shards_driven",
+            "The shards this replica drives (--shards; 0 when not sharded).",
             registry=self.registry,
         )
         self.step_pod_cap = Gauge(
             "keelgate_step_pods_max",
-            "The most step pods pending or running at once (--max-step-pods).",
+            "The most step pods pending or running at once (--max-step-pods; sharded: this "
+            "replica's share of it).",
             registry=self.registry,
         )
         self.reconcile_errors = Counter(

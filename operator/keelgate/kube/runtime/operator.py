@@ -6,7 +6,10 @@ only its health endpoints; the leader then lists every watched kind once into th
 start barrier: no worker runs before, so the step-pod cap and a monitor's due tick are judged on
 the whole cluster, never on a half-filled cache, and ``/readyz`` says ``listing`` meanwhile) and
 starts kopf's watches. A leader that fails to renew its lease stops at once and exits 1; its pod
-comes back as a standby.
+comes back as a standby. Sharded (``shards``), no replica leads alone: each starts its watches at
+once and drives the shards whose Leases it takes (``shard_leases``), each listed into the cache
+when taken and forgotten when given back or lost, and leaves other shards' objects alone
+(``shards``).
 
 kopf's watch streams are the operator's eyes: every change to an AgentRun, a step pod, a
 Reconciliation or an Approval lands in the cache and queues a reconcile of the run it concerns.
@@ -24,6 +27,7 @@ controller decides.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -37,12 +41,12 @@ from keelgate.core.tracing import NO_TRACING, Tracer
 from keelgate.kube.api import ClusterApi
 from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
+from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION, label_value
+from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
 from keelgate.kube.resources import (
     controller_name,
     is_tick,
-    pod_active,
     pod_change_matters,
     pod_finished,
 )
@@ -52,6 +56,8 @@ from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
+from keelgate.kube.runtime.run_leases import let_go_idle_runs, renew_runs
+from keelgate.kube.runtime.shards import Sharding, refuse_sharding
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 from keelgate.manifest.notifications import NotifySettings
@@ -78,6 +84,14 @@ class OperatorOptions:
     notify: NotifySettings | None = None  # None: no sinks, no CloudEvents
     #: Seconds between the batched renewals of the runs held in the store (``--run-lease-renew``).
     run_lease_renew: float = 10.0
+    #: The shards the runs are in (``--shards``; 0: not sharded). Sharded, this replica drives
+    #: the shards whose Leases it takes (``lease``: their timings, its name their prefix) instead
+    #: of leading alone, and needs run ownership (``controller.holder``).
+    shards: int = 0
+
+    def __post_init__(self) -> None:
+        if self.shards:
+            refuse_sharding(self)
 
 
 class Operator:
@@ -113,6 +127,7 @@ class Operator:
         self._seen_end: set[tuple[str, str]] = set()
         self.started = time.monotonic()
         self.leadership: Leadership | None = None
+        self.sharding: Sharding | None = None  # sharded: the shards this replica drives
         self.listed = False  # every watched kind listed into the cache once (the barrier)
         self.lost_lease = False
         self.metrics.step_pod_cap.set(options.controller.max_step_pods)
@@ -139,7 +154,8 @@ class Operator:
 
         @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
         async def on_run(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("AgentRun", event, body)
+            if not self._observe("AgentRun", event, body):
+                return
             key = key_of("AgentRun", body)
             if is_new_run(event):
                 self._add_low(key)
@@ -151,7 +167,8 @@ class Operator:
 
         @kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
         async def on_pod(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Pod", event, body)
+            if not self._observe("Pod", event, body):
+                return
             namespace, name = key_of("Pod", body)[1:]
             run = controller_name(body)
             if run and pod_change_matters(str(event.get("type") or ""), body):
@@ -166,13 +183,13 @@ class Operator:
 
         @kopf.on.event(GROUP, VERSION, "reconciliations", registry=registry)
         async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Reconciliation", event, body)
-            self._add(key_of("Reconciliation", body))
+            if self._observe("Reconciliation", event, body):
+                self._add(key_of("Reconciliation", body))
 
         @kopf.on.event(GROUP, VERSION, "approvals", registry=registry)
         async def on_approval(event: Mapping[str, Any], body: Any, **_: Any) -> None:
-            self._observe("Approval", event, body)
-            self._add(key_of("Approval", body))
+            if self._observe("Approval", event, body):
+                self._add(key_of("Approval", body))
 
         return registry
 
@@ -190,15 +207,24 @@ class Operator:
         settings.watching.client_timeout = 330
         return settings
 
-    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> None:
+    def _observe(self, kind: str, event: Mapping[str, Any], body: Any) -> bool:
+        """Keep a watch event's object in the cache; False when it is not this replica's
+        (sharded: of a shard it does not drive), and nothing is to be done about it."""
         # The event's own object is plain data already; the cache keeps a copy of it, without
         # what it would drop anyway (copied on the event loop, for every event of every pod).
         raw = event.get("object")
+        sharding = self.sharding
+        if sharding is not None:
+            seen = raw if isinstance(raw, Mapping) else body
+            if not sharding.replica.accepts(kind, seen):
+                sharding.replica.moved_out(kind, seen)
+                return False
         plain = slim_copy(raw) if isinstance(raw, dict) else _plain(body)
         if event.get("type") == "DELETED":
             self.cache.drop(kind, plain)
         else:
-            self.cache.put(kind, plain)
+            self.cache.admit(kind, plain)
+        return True
 
     def _add(self, key: Key) -> None:
         if self.queue is not None:
@@ -223,6 +249,8 @@ class Operator:
         refresh_gauges(self.metrics, self.cache)
 
     def _alive(self) -> bool:
+        if self.sharding is not None and not self.sharding.alive():
+            return False
         if self._tasks:
             return all(not task.done() for task in self._tasks)
         # Not started yet: a standby is alive while its election runs, a leader while it lists.
@@ -230,6 +258,12 @@ class Operator:
         return leadership is None or leadership.alive()
 
     def _ready(self) -> tuple[bool, str]:
+        if self.sharding is not None:
+            # Ready once started, whatever it holds: a replica that drives no shard (others hold
+            # them all) must not hold a rollout up, as a standby does not.
+            return True, self.sharding.readiness()
+        if self.options.shards:
+            return False, "listing"
         leadership = self.leadership
         if leadership is not None and not leadership.leading:
             return True, "standby"
@@ -246,7 +280,8 @@ class Operator:
             # holds after that is sent (again).
             await asyncio.to_thread(notifier.begin)
             notifier.start()
-        await asyncio.to_thread(self._list_everything)
+        if not self.options.shards:
+            await asyncio.to_thread(self._list_everything)  # sharded: each shard as it is taken
         if notifier is not None:
             notifier.live()
             self._tasks.append(
@@ -260,13 +295,14 @@ class Operator:
             api=self.api,
             stores=self.stores,
             cache=self.cache,
-            settings=self.options.controller,
+            # Sharded: each run is labelled with its shard before it is driven.
+            settings=dataclasses.replace(self.options.controller, shards=self.options.shards),
             meter=self.metrics,
             enqueue=queue.add_threadsafe,
             tracer=self.tracer,
             notify=notify_nobody if notifier is None else notifier.notify,
         )
-        workers = Workers(queue, self.controller.reconcile, self.metrics)
+        workers = Workers(queue, self._reconcile, self.metrics)
         for number in range(self.options.workers):
             self._tasks.append(
                 asyncio.create_task(workers.work(), name=f"keelgate-worker-{number}")
@@ -289,14 +325,39 @@ class Operator:
         self._tasks.append(asyncio.create_task(resync.run(), name="keelgate-resync"))
         if self.controller.holding.enabled:
             self._tasks.append(
-                asyncio.create_task(self._renew_runs(self.controller), name="keelgate-runs")
+                asyncio.create_task(
+                    renew_runs(
+                        self.controller.holding, every=self.options.run_lease_renew, look=self._add
+                    ),
+                    name="keelgate-runs",
+                )
             )
+        if self.options.shards:
+            self.sharding = Sharding(
+                self.options,
+                cache=self.cache,
+                api=self.api,
+                queue=queue,
+                slots=self.controller.context.slots,
+                metrics=self.metrics,
+            )
+            self.listed = True
+            self.sharding.start()
         log.info(
             "keelgate operator started (namespaces: %s, step pods at most %d; %d runs listed)",
             ", ".join(self.options.namespaces) or "all",
             self.options.controller.max_step_pods,
             len(self.cache.keys("AgentRun")),
         )
+
+    def _reconcile(self, key: Key) -> Result:
+        """A worker's reconcile of ``key``: sharded, only of an object of a shard it drives."""
+        controller = self.controller
+        assert controller is not None
+        sharding = self.sharding
+        if sharding is not None and not sharding.replica.drives(key):
+            return REST
+        return controller.reconcile(key)
 
     def _list_everything(self) -> None:
         """The start barrier: every watched kind listed into the cache before any worker runs.
@@ -329,57 +390,15 @@ class Operator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._let_go_idle_runs()
+        if self.sharding is not None:
+            await self.sharding.cancel()
+        if self.controller is not None:
+            await let_go_idle_runs(self.controller.holding, self.cache)
         if self.queue is not None:
             self.queue.close()
         if self.notifier is not None:
             # Undelivered notifications stay after ``through``: the next leader sends them.
             await asyncio.to_thread(self.notifier.stop)
-
-    async def _renew_runs(self, controller: Controller) -> None:
-        """Renew the leases of every run this operator holds, in one statement per period; a
-        run found lost (its lease lapsed unrenewed, or another holder took it after that) is
-        looked at again at once: taken again before its next pod, or shown held elsewhere. A
-        renewal that fails is told and tried at the next period: the lease outlasts two of
-        them."""
-        holding = controller.holding
-        while True:
-            await asyncio.sleep(self.options.run_lease_renew)
-            try:
-                lost = await asyncio.to_thread(holding.renew)
-            except Exception as failure:  # told, then tried again at the next period
-                log.warning(
-                    "cannot renew the leases of %d held runs (%s: %s)",
-                    len(holding.held()),
-                    type(failure).__name__,
-                    str(failure).splitlines()[0] if str(failure) else "",
-                )
-                continue
-            for namespace, run in lost:
-                log.warning(
-                    "run %s/%s is no longer held here (its lease lapsed, or another operator "
-                    "took it)",
-                    namespace,
-                    run,
-                )
-                self._add(("AgentRun", namespace, run))
-
-    async def _let_go_idle_runs(self) -> None:
-        """On a clean stop: let go of the held runs no step pod of this cluster drives, so
-        that the next leader takes them at once; a run whose pod still runs keeps its lease
-        until it lapses, and its pod's writes land meanwhile (the next leader waits for it)."""
-        controller = self.controller
-        if controller is None or not controller.holding.enabled:
-            return
-        holding = controller.holding
-        for namespace, run in holding.held():
-            driving = self.cache.count_step_pods(namespace, label_value(run), pod_active)
-            if driving:
-                continue
-            try:
-                await asyncio.to_thread(holding.let_go, namespace, run)
-            except Exception as failure:  # the lease lapses on its own
-                log.warning("cannot let run %s/%s go (%s)", namespace, run, failure)
 
     async def _keep_notify_state(self, notifier: Notifier) -> None:
         """Keep how far delivery has come, every few seconds while notifications flow."""
@@ -408,12 +427,13 @@ class Operator:
 
         await self._health.start(self.options.bind, self.options.port)
         try:
-            if self.options.lease is not None:
+            if self.options.lease is not None and not self.options.shards:
                 self.leadership = Leadership(
                     self.options.lease, api_client=self.api.client, lost=lost
                 )
                 await self.leadership.acquire()
-            self.metrics.leader.set(1)
+            # Sharded: leading is driving a shard (told as shards are taken).
+            self.metrics.leader.set(0 if self.options.shards else 1)
             if not stop.is_set():
                 await kopf.operator(
                     registry=self.registry(),
@@ -427,6 +447,9 @@ class Operator:
             self.metrics.leader.set(0)
             if self.leadership is not None:
                 await asyncio.to_thread(self.leadership.release)
+            if self.sharding is not None:
+                # Once nothing is driven: the other replicas take the shards at their next try.
+                await asyncio.to_thread(self.sharding.leases.stop)
             await self._health.stop()
         return 1 if self.lost_lease else 0
 

@@ -171,6 +171,10 @@ class WorkQueue(Generic[K]):
         # A worker is free: a key another tenant could not take a moment ago may go now.
         self._wake()
 
+    def busy(self, key: K) -> bool:
+        """Whether ``key`` is queued or being reconciled (a delayed add is not counted)."""
+        return key in self._dirty or key in self._processing
+
     def __len__(self) -> int:
         return sum(1 for key in self._dirty if key not in self._processing)
 
