@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +42,7 @@ from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import Cluster
 from keelgate.testing.sim.options import Options
+from keelgate.testing.sim.pay import paying
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
@@ -100,12 +101,27 @@ def simulate(
         clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
         _routed(network),
         _model_key(),
+        ExitStack() as stack,
     ):
         site = sim_stores.site(store, world.store_clock)
         try:
-            return _simulate(world, site, books, network, mode=mode, store=store, options=options)
+            return _simulate(
+                world, site, books, network, stack, mode=mode, store=store, options=options
+            )
         finally:
             site.close()
+
+
+def _paying(
+    world: World, network: Network, scenario: Scenario, *, options: Options
+) -> AbstractContextManager[None]:
+    """Where the product's Python tool runs ``pay`` (``Options.python_tool``): the world's
+    function, on its time, reporting its sends or not (drawn); else nothing to set."""
+    if not options.python_tool:
+        return nullcontext()
+    reports = not world.schedule.chance(500)
+    world.say(f"pay {'reports its sends' if reports else 'sends without reporting them'}")
+    return paying(world, network, quote=scenario.quote, reports=reports)
 
 
 @contextmanager
@@ -146,11 +162,13 @@ def _simulate(
     site: sim_stores.StoreSite,
     books: Books,
     network: Network,
+    stack: ExitStack,
     *,
     mode: str,
     store: str,
     options: Options,
 ) -> Outcome:
+    """One run in ``world``; what it sets for the product to meet goes on ``stack``."""
     schedule = world.schedule
     # With a limit named, the verifier rejects twice as often, so that runs meet it.
     scenario = Scenario.drawn(
@@ -162,6 +180,7 @@ def _simulate(
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
+    stack.enter_context(_paying(world, network, scenario, options=options))
 
     def lose_answer() -> bool:
         lost = faults.lose_answer()
@@ -198,6 +217,7 @@ def _simulate(
         TENANT,
         RUN,
         http_confirmer=options.http_confirmer,
+        python_tool=options.python_tool,
     )
     done, calm, monitor, cluster = _set_going(setting, mode=mode, options=options)
     world.at(CHAOS, "calm", calm)
