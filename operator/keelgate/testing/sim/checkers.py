@@ -109,8 +109,8 @@ def retried(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     earlier: dict[tuple[str, str], Sent] = {}
     for sent in books.sent:
-        if not sent.ref or not books.changes_things(sent):
-            continue  # a READ may be sent as often as the model likes
+        if not sent.ref or not books.changes_things(sent) or _acts_on_nothing(sent):
+            continue  # a READ may be sent as often as the model likes, and so may a read
         slot = (sent.ref, sent.part)
         before = earlier.get(slot)
         if before is not None:
@@ -127,6 +127,14 @@ def retried(books: Books, records: Records) -> list[Violation]:
     return found
 
 
+def _acts_on_nothing(sent: Sent) -> bool:
+    """Whether a request is one the world's shop never acts on, whatever call it belongs to: a
+    GET (``Shop.handle`` answers it and books no effect), such as a composite WRITE's quote
+    before its charge. Sent again, it changes nothing: a tool that sends it without reporting
+    it may be tried afresh after a deadline passed (``DeadlinePassed``, nothing changed)."""
+    return sent.endpoint.startswith("GET ")
+
+
 @checker("again", "a tick placed a call again past a tick whose call's outcome was unknown")
 def again(books: Books, records: Records) -> list[Violation]:
     """A monitor's tick is a run of its own, and may place the call an earlier tick placed (a
@@ -137,7 +145,7 @@ def again(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     for sent in books.sent:
         base, tick = tick_of(sent.ref)
-        if not tick or not books.changes_things(sent):
+        if not tick or not books.changes_things(sent) or _acts_on_nothing(sent):
             continue
         for earlier in books.sent:
             if earlier.order >= sent.order or earlier.refused or earlier.part != sent.part:

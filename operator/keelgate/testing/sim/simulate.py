@@ -198,6 +198,8 @@ def _simulate(
         rejection_limit=options.rejection_limit,
         mcp_often=options.mcp_often,
     )
+    if options.no_creator and mode != "operator" and schedule.chance(500):
+        desk.name_no_creator()
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
@@ -278,6 +280,7 @@ def _set_going(
             faults.calm = True
             people.calm = True
             desk.restore_tools()
+            desk.record_creator()
 
         monitor.start()
         people.look_later()
@@ -291,6 +294,7 @@ def _set_going(
             faults.calm = True
             people.calm = True
             desk.restore_tools()
+            desk.record_creator()
             driver.check_later(0.0)
 
         driver.check_later(0.0)
