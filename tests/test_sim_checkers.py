@@ -279,6 +279,37 @@ def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
     assert "retried" not in story.broken()
 
 
+def test_a_read_of_a_write_may_be_sent_again_and_need_not_be_asked_about() -> None:
+    """A composite WRITE's quote is a GET, which the shop answers without acting on: one lost
+    on the way, then the call tried afresh (its tool reported nothing, and the deadline passed
+    before its charge) sends the quote again and then the charge, once. Not knowing what a
+    request that changes nothing came to is no reason to stop, nor to ask anyone; the charge
+    lost the same way and sent again is."""
+    story = History()
+    story.ask()
+    quote = {"sku": "A1", "qty": 1, "ref": "p1"}
+    for at in (1.5, 2.5):
+        story.books.sent.append(
+            Sent(
+                at,
+                "step1",
+                "p1",
+                "quote",
+                "GET http://shop.sim/quotes",
+                quote,
+                "kg-1",
+                order=story.books.next_order(),
+            )
+        )
+    story.effect(story.send(at=3.0))
+    assert story.broken() == set()
+    story.send(at=1.8, known=False, reached=False)
+    story.question(2.0)
+    story.books.sent.sort(key=lambda s: s.at)
+    story.books.effects[0] = Effect(3.0, "p1", "request", 3)
+    assert story.broken() == {"retried"}
+
+
 def test_a_held_up_step_sends_as_a_read_what_its_plan_read_as_one() -> None:
     """The tool was a READ when step1 planned the call and step2 read that plan; the owner then
     made it a WRITE and step3 planned the call again and sent it, its outcome unknown; step2,

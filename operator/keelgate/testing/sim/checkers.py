@@ -130,8 +130,9 @@ def retried(books: Books, records: Records) -> list[Violation]:
 def _acts_on_nothing(sent: Sent) -> bool:
     """Whether a request is one the world's shop never acts on, whatever call it belongs to: a
     GET (``Shop.handle`` answers it and books no effect), such as a composite WRITE's quote
-    before its charge. Sent again, it changes nothing: a tool that sends it without reporting
-    it may be tried afresh after a deadline passed (``DeadlinePassed``, nothing changed)."""
+    before its charge. Sent again, it changes nothing, and what it came to need not be asked:
+    a tool that sends it without reporting it may be tried afresh after a deadline passed
+    (``DeadlinePassed``: nothing changed), or read as a definite failure (``ToolError``)."""
     return sent.endpoint.startswith("GET ")
 
 
@@ -454,7 +455,7 @@ def unasked(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     executed = {d.ref for d in _settlements_that_stood(books, records, executed=True)}
     for sent in books.sent:
-        if sent.known_at is not None or not books.changes_things(sent):
+        if sent.known_at is not None or not books.changes_things(sent) or _acts_on_nothing(sent):
             continue
         asked = any(q.ref == sent.ref and q.at >= sent.at for q in books.questions)
         # "Executed", once it stood, answers every send of its call, even one that left after
