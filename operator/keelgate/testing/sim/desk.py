@@ -186,7 +186,6 @@ class Desk:
         asks none; ``keelgate run -f`` would refuse a manifest whose rule says notCreator
         without one): a rule's notCreator then counts nobody's approval."""
         self.creator = ""
-        self.world.say("the run's spec names no creator")
 
     def record_creator(self) -> None:
         """The run's owner, told that no approval can count until the run's creator is on

@@ -114,14 +114,15 @@ def simulate(
 
 def _paying(
     world: World, network: Network, scenario: Scenario, *, options: Options
-) -> AbstractContextManager[None]:
+) -> tuple[AbstractContextManager[None], str]:
     """Where the product's Python tool runs ``pay`` (``Options.python_tool``): the world's
-    function, on its time, reporting its sends or not (drawn); else nothing to set."""
+    function, on its time, reporting its sends or not (drawn), and what to say of it; else
+    nothing to set."""
     if not options.python_tool:
-        return nullcontext()
+        return nullcontext(), ""
     reports = not world.schedule.chance(500)
-    world.say(f"pay {'reports its sends' if reports else 'sends without reporting them'}")
-    return paying(world, network, quote=scenario.quote, reports=reports)
+    said = f"pay {'reports its sends' if reports else 'sends without reporting them'}"
+    return paying(world, network, quote=scenario.quote, reports=reports), said
 
 
 @contextmanager
@@ -180,7 +181,8 @@ def _simulate(
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
-    stack.enter_context(_paying(world, network, scenario, options=options))
+    pays, paid = _paying(world, network, scenario, options=options)
+    stack.enter_context(pays)
 
     def lose_answer() -> bool:
         lost = faults.lose_answer()
@@ -203,6 +205,9 @@ def _simulate(
     books.call_tokens = scenario.call_tokens
     world.say(f"scenario {scenario}")
     world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    for said in (paid, "" if desk.creator else "the run's spec names no creator"):
+        if said:
+            world.say(said)
     if scenario.pricing is not None:
         per_input, per_output = scenario.pricing
         world.say(
