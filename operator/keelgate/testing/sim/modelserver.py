@@ -91,13 +91,13 @@ class ModelServer:
         # Anthropic's system prompt), as sent.
         if request.path.endswith("/chat/completions"):
             texts, calls = _openai_turns(body.get("messages") or ())
-            sent = _text([body.get("messages"), body.get("tools", [])])
-            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(sent))
+            asked = _text([body.get("messages"), body.get("tools", [])])
+            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(asked))
             return Reply(200, self._openai(body, reply))
         if request.path.endswith("/messages"):
             texts, calls = _anthropic_turns(body.get("messages") or ())
-            sent = _text([body.get("system"), body.get("messages"), body.get("tools", [])])
-            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(sent))
+            asked = _text([body.get("system"), body.get("messages"), body.get("tools", [])])
+            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(asked))
             return Reply(200, self._anthropic(body, reply))
         return Reply(404, {"error": {"message": f"no such endpoint {request.path}"}})
 
