@@ -203,17 +203,7 @@ def _simulate(
     if options.no_creator and mode != "operator" and schedule.chance(500):
         desk.name_no_creator()
     books.call_tokens = scenario.call_tokens
-    world.say(f"scenario {scenario}")
-    world.say(f"model {desk.model_face}, clocks {world.clocks}")
-    for said in (paid, "" if desk.creator else "the run's spec names no creator"):
-        if said:
-            world.say(said)
-    if scenario.pricing is not None:
-        per_input, per_output = scenario.pricing
-        world.say(
-            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
-            f"${per_output} per million input and output tokens"
-        )
+    _say_setting(world, scenario, desk, paid)
     setting = Setting(
         world,
         site,
@@ -260,6 +250,22 @@ def _simulate(
         store,
         options,
     )
+
+
+def _say_setting(world: World, scenario: Scenario, desk: Desk, paid: str) -> None:
+    """The run's setting, at the head of its trace: the story, the model and the clocks, how
+    ``pay`` sends, a spec naming no creator, a dollar budget."""
+    world.say(f"scenario {scenario}")
+    world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    for said in (paid, "" if desk.creator else "the run's spec names no creator"):
+        if said:
+            world.say(said)
+    if scenario.pricing is not None:
+        per_input, per_output = scenario.pricing
+        world.say(
+            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
+            f"${per_output} per million input and output tokens"
+        )
 
 
 def _set_going(
