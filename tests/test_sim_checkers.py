@@ -228,6 +228,7 @@ def test_every_promise_has_its_own_checker() -> None:
         "retried",
         "unapproved",
         "after-not-executed",
+        "confirmed",
         "told-not-run",
         "unasked",
         "waiting",
@@ -276,6 +277,37 @@ def test_retried_lets_a_call_go_again_after_a_definite_refusal() -> None:
     story.send(at=1.5, refused=True)
     story.effect(story.send(at=2.0))
     assert "retried" not in story.broken()
+
+
+def test_a_read_of_a_write_may_be_sent_again_and_need_not_be_asked_about() -> None:
+    """A composite WRITE's quote is a GET, which the shop answers without acting on: one lost
+    on the way, then the call tried afresh (its tool reported nothing, and the deadline passed
+    before its charge) sends the quote again and then the charge, once. Not knowing what a
+    request that changes nothing came to is no reason to stop, nor to ask anyone; the charge
+    lost the same way and sent again is."""
+    story = History()
+    story.ask()
+    quote = {"sku": "A1", "qty": 1, "ref": "p1"}
+    for at in (1.5, 2.5):
+        story.books.sent.append(
+            Sent(
+                at,
+                "step1",
+                "p1",
+                "quote",
+                "GET http://shop.sim/quotes",
+                quote,
+                "kg-1",
+                order=story.books.next_order(),
+            )
+        )
+    story.effect(story.send(at=3.0))
+    assert story.broken() == set()
+    story.send(at=1.8, known=False, reached=False)
+    story.question(2.0)
+    story.books.sent.sort(key=lambda s: s.at)
+    story.books.effects[0] = Effect(3.0, "p1", "request", 3)
+    assert story.broken() == {"retried"}
 
 
 def test_a_held_up_step_sends_as_a_read_what_its_plan_read_as_one() -> None:
@@ -467,6 +499,78 @@ def test_after_not_executed_sees_the_confirmers_not_executed_from_when_the_chain
     assert story.broken() == set()
     story.effect(sent, at=4.0)
     assert story.broken() == {"after-not-executed"}
+
+
+def _a_confirmer_asked_of_an_order(*, taken: bool, executed: bool) -> History:
+    """step1 sends the order (its outcome unknown to it: a 503), which the shop took or not;
+    the product's HTTP confirmer is asked about it and the shop's answer that reached it said
+    ``executed`` (booked as the confirmer's decision about the call the product asked of, true
+    or false by the shop's ledger), and the chain records the confirmer's settlement so."""
+    story = History()
+    story.ask()
+    sent = story.send(at=2.0, known=False)
+    if taken:
+        story.effect(sent)
+    confirmer = "http-confirmer"
+    story.question(40.0, to=confirmer)
+    story.books.decisions.append(
+        Decision(
+            40.0,
+            "settle",
+            confirmer,
+            confirmer,
+            "1:0",
+            "p1",
+            executed,
+            truthful=executed == taken,
+            source="confirmer",
+        )
+    )
+    verdict = "executed" if executed else "abandoned"
+    story.event(
+        "loop.reconciled",
+        40.0,
+        actor=confirmer,
+        action="1:0",
+        verdict=verdict,
+        idempotencyKey="kg-1",
+        source="confirmer",
+    )
+    return story
+
+
+def test_confirmed_sees_a_confirmers_settlement_the_shops_ledger_says_was_false() -> None:
+    """The shop told the truth of what it was asked, yet the confirmer's "not executed" of an
+    order the shop took (or "executed" of one it never took) stands on the chain: the product
+    asked about another call than the one it settled. A true verdict breaks nothing, and a
+    false one the chain never took (refused as too early) settled nothing."""
+    for taken, executed in ((True, True), (False, False)):
+        assert _a_confirmer_asked_of_an_order(taken=taken, executed=executed).broken() == set()
+    assert _a_confirmer_asked_of_an_order(taken=True, executed=False).broken() == {"confirmed"}
+    assert _a_confirmer_asked_of_an_order(taken=False, executed=True).broken() == {"confirmed"}
+    unrecorded = _a_confirmer_asked_of_an_order(taken=True, executed=False)
+    unrecorded.records.events = [
+        e for e in unrecorded.records.events if e.type != "loop.reconciled"
+    ]
+    assert "confirmed" not in unrecorded.broken()
+
+
+def test_confirmed_leaves_a_persons_wrong_settlement_to_the_person() -> None:
+    """alice's wrong "not executed" (people err here) is hers, not the product's."""
+    story = History()
+    story.ask()
+    story.effect(story.send(at=2.0, known=False))
+    story.question(3.0)
+    story.decide("alice", 3.0, kind="settle", yes=False, truthful=False)
+    story.event(
+        "loop.reconciled",
+        3.0,
+        actor="alice",
+        action="1:0",
+        verdict="abandoned",
+        idempotencyKey="kg-1",
+    )
+    assert "confirmed" not in story.broken()
 
 
 def test_after_not_executed_leaves_a_wrong_not_executed_to_the_other_checkers() -> None:
@@ -715,6 +819,63 @@ def test_spent_sees_the_model_asked_once_a_budget_was_used_up() -> None:
     assert story.broken() == set()
     story.ask(at=1.0, iteration=2, args=None)
     assert story.broken() == {"spent"}
+
+
+def _asked_near_the_budget(tokens: int, *, estimate: int, dollars: str | None = None) -> History:
+    """Iteration 1 planned and verified (140 tokens each: 100 of input, 40 of output, by the
+    model's count), then the model asked to plan iteration 2 (100 input tokens again), the
+    product's estimate of that question's input having been at least ``estimate`` (0: not
+    known), under a token budget of ``tokens`` (or a dollar budget, the model at $3 and $15
+    per million input and output tokens)."""
+    story = History()
+    budget: dict[str, Any] = {"tokens": tokens}
+    prices: dict[str, Any] = {}
+    if dollars is not None:
+        budget = {"dollars": dollars}
+        prices = {"pricing": {"inputPerMillionTokens": "3", "outputPerMillionTokens": "15"}}
+    story.books.specs[0] = SpecVersion(1, 0.0, {**manifest(), "budget": budget, **prices})
+    story.ask(at=0.5, args=None, tokens=140, output=40)
+    story.ask(at=0.8, phase="verify", args=None, tokens=140, output=40)
+    story.books.asks.append(
+        Ask(
+            1.0,
+            "step1",
+            "plan",
+            2,
+            (),
+            tokens=140,
+            order=story.books.next_order(),
+            output_tokens=40,
+            estimate=estimate,
+        )
+    )
+    return story
+
+
+def test_spent_sees_the_model_asked_a_question_whose_input_alone_passes_the_budget() -> None:
+    """280 tokens used and the next question's input 100 tokens by the model's count: the
+    product refuses it under a budget below 380 (the pre-call check), its estimate never less
+    than the model's count here (300 at least). With a budget of 380 the call may be made (and
+    its output may take the run past it); under 380 it is asked past its budget. The same for
+    dollars: $0.0018 used, and the input alone at $3 a million is $0.0003."""
+    assert _asked_near_the_budget(380, estimate=300).broken() == set()
+    assert _asked_near_the_budget(379, estimate=300).broken() == {"spent"}
+    said = _asked_near_the_budget(379, estimate=300)
+    lines = {str(v) for v in judge(said.books, said.records)}
+    assert any("after 280 tokens, its input alone (100 tokens) passing" in v for v in lines), lines
+    assert _asked_near_the_budget(1, estimate=300, dollars="0.0021").broken() == set()
+    assert _asked_near_the_budget(1, estimate=300, dollars="0.00209").broken() == {"spent"}
+
+
+def test_spent_holds_only_what_the_products_estimate_can_have_seen_against_it() -> None:
+    """The product decides on its estimate of the input: where that can have been as low as 60
+    tokens (the model counting 100), only 60 is held against it (a budget of 340 is kept,
+    one of 339 passed); where the world does not know the estimate, the question is judged
+    as before, by what was used only."""
+    assert _asked_near_the_budget(340, estimate=60).broken() == set()
+    assert _asked_near_the_budget(339, estimate=60).broken() == {"spent"}
+    assert _asked_near_the_budget(281, estimate=0).broken() == set()
+    assert _asked_near_the_budget(279, estimate=0).broken() == {"spent"}
 
 
 def _answers_priced(dollars: str, *, tokens: int | None = None, priced: bool = True) -> History:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -82,7 +83,7 @@ WHOLE_BEFORE_SET_E = Options(late_shop=True, moves=frozenset(MOVES), slow_store=
 def whole_before_set_e(seed: int) -> Options:
     """``make sim``'s world for ``seed`` (its shares drawn) as it was before set E's parts."""
     return replace(
-        Options.whole(seed),
+        whole_before_set_f(seed),
         rejection_limit=False,
         mcp_often=False,
         dollars=False,
@@ -93,13 +94,26 @@ def whole_before_set_e(seed: int) -> Options:
 def whole_with_verdicts(seed: int) -> Options:
     """``make sim``'s world for ``seed`` as the rejection limit and MCP more often were found
     in, before dollar budgets and cached input came."""
-    return replace(Options.whole(seed), dollars=False, cached_input=False)
+    return replace(whole_before_set_f(seed), dollars=False, cached_input=False)
 
 
 def whole_with_dollars(seed: int) -> Options:
     """``make sim``'s world for ``seed`` as dollar budgets and cached input were found in,
     before the rejection limit and MCP more often came."""
-    return replace(Options.whole(seed), rejection_limit=False, mcp_often=False)
+    return replace(whole_before_set_f(seed), rejection_limit=False, mcp_often=False)
+
+
+def whole_before_set_f(seed: int | None = None) -> Options:
+    """``make sim``'s world for ``seed`` as it was before set F's misses were closed: without
+    the product's Python tool and runs with no creator on record."""
+    return replace(Options.whole(seed), python_tool=False, no_creator=False)
+
+
+def whole_with_set_f(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` as set F's misses were closed in (the product's Python
+    tool, runs with no creator on record, and every part before): a part the world gains
+    later is turned off here, as those before turn off these."""
+    return Options.whole(seed)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -1520,6 +1534,93 @@ def test_set_e_bugs_of_dollars_and_cached_input_break_a_promise_on_their_seed(
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "  spent: " in done.stdout, done.stdout[-2000:]
+
+
+#: Set F's bugs the whole world missed (docs/simulation.md, "Set F's misses"), each with a seed
+#: that finds it in the world they were closed in (``whole_with_set_f``), the promise it breaks
+#: there, and the lines of its window in the clean product's trace of the seed.
+SET_F_FOUND = (
+    (
+        "notCreator with no creator on record",
+        15867211268725775087,
+        "local",
+        "unapproved",
+        (
+            "the run's spec names no creator",
+            "dave approves 1:2: SettleError",
+            "alice records herself as the run's creator",
+        ),
+    ),
+    (
+        "the token look-ahead forgets the tokens already used",
+        16620630897596954255,
+        "local",
+        "spent",
+        ("step5 ends Stopped token_budget",),
+    ),
+    (
+        "a Python tool's timeout read as a definite failure",
+        14995329164322029502,
+        "local",
+        "told-not-run",
+        (
+            "pay sends without reporting them",
+            "step7 POST http://shop.sim/charges (charge) held by the server for 34.0s",
+            "step7 stops waiting for its call as it ends",
+        ),
+    ),
+    (
+        "the HTTP confirmer asks about the action's id instead of its key",
+        1166570309058947158,
+        "operator",
+        "confirmed",
+        ("restock-s2-a3 asks http-confirmer about 2:0 p3",),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("words", "seed", "mode", "rule", "shown"), SET_F_FOUND, ids=[f[0] for f in SET_F_FOUND]
+)
+def test_set_f_bugs_once_missed_break_a_promise_on_their_seed(
+    words: str, seed: int, mode: str, rule: str, shown: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Planted into a copy of the package, each of set F's four misses breaks a promise on its
+    seed in the whole world as it is now: alice's own approval counted under notCreator in a
+    run whose spec names no creator (``unapproved``: the world knows she created it); the model
+    asked to verify with 1,490 of 1,500 tokens used and the question's input alone 90 more
+    (``spent``); a Python tool's call read as a definite failure when its caller stopped waiting
+    on it, its charge held by the shop and taken after (``told-not-run``); the HTTP confirmer's
+    "not executed" of an order the shop took, asked about another key (``confirmed``). The
+    clean product keeps every promise on each seed, which meets the window it was found by."""
+    bug = next(b for b in UNSEEN_F if words in b.name)
+    _meets_its_window_and_keeps_every_promise(
+        words, seed, shown, mode=mode, options=whole_with_set_f(seed)
+    )
+    done = _planted_run(bug, tmp_path, seed=seed, mode=mode, options=whole_with_set_f(seed))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"  {rule}: " in done.stdout, done.stdout[-2000:]
+
+
+def test_pay_runs_in_the_products_python_tool_and_runs_name_no_creator_in_the_whole_world() -> None:
+    """In the whole world (``--every-move``) the product's own Python tool runs ``pay`` (its
+    function reporting its sends in some runs, not in others), and some local runs' specs name
+    no creator until the calm; every promise is kept, and the seam is given back after each
+    run. The kept seeds' world (``Options.every()``) draws none of it."""
+    from keelgate.adapters.tools import python as python_tools
+
+    said: Counter[str] = Counter()
+    for index in range(16):
+        seed = seed_of(index, 11)
+        whole = simulate(seed=seed, store="memory", mode="local", options=Options.whole())
+        assert whole.ok, "; ".join(map(str, whole.violations))
+        assert python_tools._workers is python_tools._WORKERS
+        for line in whole.lines[:4]:
+            for what in ("pay reports its sends", "without reporting them", "names no creator"):
+                said[what] += what in line
+        kept = simulate(seed=seed, store="memory", mode="local", options=Options.every())
+        assert not any("pay " in line[:20] or "no creator" in line for line in kept.lines[:4])
+    assert all(said[what] >= 3 for what in said) and len(said) == 3, said
 
 
 def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_left_it() -> None:

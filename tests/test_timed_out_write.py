@@ -18,12 +18,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from keelgate.adapters.tools import python as python_tools
 from keelgate.adapters.tools.python import PythonTool
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
@@ -319,3 +320,50 @@ def test_a_call_still_running_after_its_timeout_never_holds_up_the_next_call() -
     while not seen and time.monotonic() < deadline:
         time.sleep(0.01)
     assert seen == ["late"]
+
+
+class _InLine:
+    """Workers that run a call in line and say whether it ended within its wait as told."""
+
+    def __init__(self, *, ended: bool) -> None:
+        self.ended = ended
+        self.waited: list[float] = []
+
+    def run(self, name: str, job: Callable[[], None]) -> None:
+        job()
+
+    def wait(self, call: Any, seconds: float) -> bool:
+        self.waited.append(seconds)
+        return self.ended
+
+
+def test_where_a_bounded_call_runs_is_a_seam_and_its_timeout_is_still_the_tools() -> None:
+    """A simulation may run a Python tool's function elsewhere and wait for it on its own clock
+    (``python.simulated``: the simulator runs it in line, on virtual time); what the tool makes
+    of a call that outlived its wait stays the tool's: an unknown outcome with the call still
+    reachable (never a definite failure), its end told to whoever waits for it. A call that
+    ended in time returns its result; the wait is the tool's limit. Outside the block, calls
+    run on the kept threads again, in real time."""
+    ran: list[str | None] = []
+
+    def pay(args: Mapping[str, Any], *, idempotency_key: str | None) -> str:
+        ran.append(idempotency_key)
+        return "paid"
+
+    tool = PythonTool("pay", pay, side_effect=SideEffect.WRITE, timeout_seconds=7)
+    late = _InLine(ended=False)
+    with (
+        python_tools.simulated(late),
+        pytest.raises(OutcomeUncertain, match="did not return within 7") as raised,
+    ):
+        tool.invoke({}, idempotency_key="k1")
+    assert late.waited == [7]
+    seen: list[object] = []
+    assert raised.value.still_running is not None, "the call must stay reachable for its end"
+    raised.value.still_running.when_done(lambda result, error: seen.append(result))
+    assert seen == ["paid"] and ran == ["k1"]
+    with python_tools.simulated(_InLine(ended=True)):
+        assert tool.invoke({}, idempotency_key="k2") == "paid"
+    slow = PythonTool("slow", lambda a, **k: time.sleep(1.0), timeout_seconds=0.1)
+    with pytest.raises(OutcomeUncertain):
+        slow.invoke({}, idempotency_key=None)  # the real threads and clock again

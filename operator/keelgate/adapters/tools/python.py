@@ -9,6 +9,12 @@ checks the deadline and records the send); threads it starts run ``keelgate.fenc
 functions to stay inside the call. The function signals a definite failure by raising
 ``keelgate.ToolError``, which is read as "nothing happened" only if nothing of the call was
 reported sent.
+
+Where a bounded call runs and how its caller waits for it is one seam (``simulated``): kept
+worker threads waited on in real time, everywhere but in a simulation, which runs the function
+on its virtual time (``keelgate.testing.sim``) so that this module's own handling of a call
+that outlives its limit is what the simulated world meets. The seam must never change what a
+call's end or timeout means, only where the function runs and how time passes for its caller.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from keelgate.core import fence
 from keelgate.core.calls import callable_name
@@ -76,10 +83,11 @@ class PythonTool:
         call = _Call()
         # It runs in a copy of this context, so the function sees the call's write deadline.
         context = contextvars.copy_context()
-        _WORKERS.run(
+        workers = _workers
+        workers.run(
             self.name, lambda: call.run(context, self.function, dict(args), idempotency_key)
         )
-        if not call.wait(limit):
+        if not workers.wait(call, limit):
             within = (
                 f"{self.timeout_seconds}s"
                 if self.timeout_seconds is not None and limit >= self.timeout_seconds
@@ -146,6 +154,17 @@ class _Call:
         return self._result
 
 
+class Workers(Protocol):
+    """Where bounded calls run, and how their caller waits for one (``simulated``)."""
+
+    def run(self, name: str, job: Callable[[], None]) -> None:
+        """Start ``job`` (one call of tool ``name``; it never raises) apart from the caller."""
+
+    def wait(self, call: _Call, seconds: float) -> bool:
+        """Whether ``call``, started by ``run``, ended within ``seconds`` of the caller's
+        waiting for it."""
+
+
 class _Workers:
     """Daemon threads that run bounded calls, kept for the next call once one returns.
 
@@ -175,5 +194,22 @@ class _Workers:
             with self._lock:
                 self._idle += 1
 
+    def wait(self, call: _Call, seconds: float) -> bool:
+        return call.wait(seconds)  # on this thread, in real time
+
 
 _WORKERS = _Workers()
+#: Where bounded calls run now: the kept threads, unless a simulation put its own (``simulated``).
+_workers: Workers = _WORKERS
+
+
+@contextmanager
+def simulated(workers: Workers) -> Iterator[None]:
+    """Run every bounded call with ``workers`` for the block (a simulation's, on its virtual
+    time), then on the kept threads again."""
+    global _workers
+    saved, _workers = _workers, workers
+    try:
+        yield
+    finally:
+        _workers = saved

@@ -101,6 +101,17 @@ def _parser() -> argparse.ArgumentParser:
         help="The Anthropic server reports part of each answer's input as prompt-cache tokens.",
     )
     parse.add_argument(
+        "--python-tool",
+        action="store_true",
+        help="pay runs in the product's own Python tool, on the world's time (its function "
+        "reporting its sends in half the runs).",
+    )
+    parse.add_argument(
+        "--no-creator",
+        action="store_true",
+        help="Half the local and monitor runs name no creator until the calm.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -110,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
         "--every-move",
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
-        "more often, dollar budgets and cached input; a share of the runs (drawn from each "
+        "more often, dollar budgets, cached input, the product's Python tool and runs with no "
+        "creator; a share of the runs (drawn from each "
         "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )
@@ -156,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mcp_often=args.mcp_often,
         dollars=args.dollars,
         cached_input=args.cached_input,
+        python_tool=args.python_tool,
+        no_creator=args.no_creator,
     )
 
     def options_of(seed: int | None) -> Options:

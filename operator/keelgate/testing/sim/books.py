@@ -147,6 +147,9 @@ class Ask:
     #: Of ``tokens``, those the model wrote (an output token is priced apart); the rest are
     #: its input, every one of them, cached or not.
     output_tokens: int = 0
+    #: The least the product's own estimate of the question's input can have been, read off
+    #: what it sent (``model.estimate_floor``); 0: not known.
+    estimate: int = 0
 
 
 @dataclass

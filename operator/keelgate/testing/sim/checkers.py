@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from keelgate.testing.sim.books import (
@@ -37,7 +37,7 @@ from keelgate.testing.sim.books import (
     definition,
     tick_of,
 )
-from keelgate.testing.sim.records import Records
+from keelgate.testing.sim.records import Event, Records
 
 #: Results by which the run says, in its own words, that a call did not happen.
 NOT_RUN = frozenset({"error", "refused", "denied"})
@@ -109,8 +109,8 @@ def retried(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     earlier: dict[tuple[str, str], Sent] = {}
     for sent in books.sent:
-        if not sent.ref or not books.changes_things(sent):
-            continue  # a READ may be sent as often as the model likes
+        if not sent.ref or not books.changes_things(sent) or _acts_on_nothing(sent):
+            continue  # a READ may be sent as often as the model likes, and so may a read
         slot = (sent.ref, sent.part)
         before = earlier.get(slot)
         if before is not None:
@@ -127,6 +127,15 @@ def retried(books: Books, records: Records) -> list[Violation]:
     return found
 
 
+def _acts_on_nothing(sent: Sent) -> bool:
+    """Whether a request is one the world's shop never acts on, whatever call it belongs to: a
+    GET (``Shop.handle`` answers it and books no effect), such as a composite WRITE's quote
+    before its charge. Sent again, it changes nothing, and what it came to need not be asked:
+    a tool that sends it without reporting it may be tried afresh after a deadline passed
+    (``DeadlinePassed``: nothing changed), or read as a definite failure (``ToolError``)."""
+    return sent.endpoint.startswith("GET ")
+
+
 @checker("again", "a tick placed a call again past a tick whose call's outcome was unknown")
 def again(books: Books, records: Records) -> list[Violation]:
     """A monitor's tick is a run of its own, and may place the call an earlier tick placed (a
@@ -137,7 +146,7 @@ def again(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     for sent in books.sent:
         base, tick = tick_of(sent.ref)
-        if not tick or not books.changes_things(sent):
+        if not tick or not books.changes_things(sent) or _acts_on_nothing(sent):
             continue
         for earlier in books.sent:
             if earlier.order >= sent.order or earlier.refused or earlier.part != sent.part:
@@ -330,24 +339,13 @@ def _settlements_that_stood(
     """The settlements ``executed`` (or "not executed") that stood: those the product told
     their maker stood, and the confirmer's, from the moment the chain records them (a
     confirmer is not told)."""
-    verdict = "executed" if executed else "abandoned"
     for decision in books.decisions:
         if decision.kind != "settle" or decision.yes is not executed or decision.move:
             continue
         if decision.source == "human" and decision.accepted_at is not None:
             yield decision
         elif decision.source == "confirmer":
-            event = next(
-                (
-                    e
-                    for e in records.of_type("loop.reconciled")
-                    if e.data.get("source") == "confirmer"
-                    and e.data.get("action") == decision.action
-                    and e.data.get("verdict") == verdict
-                    and e.at + STAMP_SLACK >= decision.at
-                ),
-                None,
-            )
+            event = _recorded(records, decision)
             if event is not None:
                 yield Decision(
                     event.at,
@@ -360,6 +358,52 @@ def _settlements_that_stood(
                     accepted_at=event.at,
                     source="confirmer",
                 )
+
+
+def _recorded(records: Records, decision: Decision) -> Event | None:
+    """The chain's record of a confirmer's settlement (the first the product made of its
+    verdict about that action, at or after it was given): a confirmer is told nothing, so it
+    stands from there."""
+    verdict = "executed" if decision.yes else "abandoned"
+    return next(
+        (
+            e
+            for e in records.of_type("loop.reconciled")
+            if e.data.get("source") == "confirmer"
+            and e.data.get("action") == decision.action
+            and e.data.get("verdict") == verdict
+            and e.at + STAMP_SLACK >= decision.at
+        ),
+        None,
+    )
+
+
+@checker("confirmed", "a confirmer's settlement stood that was false of the call it settled")
+def confirmed(books: Books, records: Records) -> list[Violation]:
+    """A confirmer is trusted code (ADR-0004): its definite verdict settles the call the product
+    asked it about, and nobody looks again. The system of record it asks tells the truth of
+    what it was asked (the world's shop answers from its own ledger, or says nothing), so a
+    verdict the world knows was false of that call when it was given (``Decision.truthful``:
+    the shop's ledger, by the call's ref), once the chain records it, was the product's doing:
+    it asked about another call than the one it settled. (A verdict read otherwise than the
+    shop said is ``audit``'s: a settlement on the chain nobody made.) A person's wrong
+    settlement is a person's (people err in this world); this is the product's."""
+    found: list[Violation] = []
+    for decision in books.decisions:
+        if decision.kind != "settle" or decision.source != "confirmer" or decision.truthful:
+            continue
+        event = _recorded(records, decision)
+        if event is None or decision.move:
+            continue
+        said, was = ("executed", "had not") if decision.yes else ("not executed", "had")
+        found.append(
+            Violation(
+                "confirmed",
+                f"{decision.by} said {said} of {_short(decision.ref)} ({decision.action}) at "
+                f"{decision.at:.1f}, recorded at {event.at:.1f}; it {was} taken effect",
+            )
+        )
+    return found
 
 
 # Never told "it did not happen" of a call that did
@@ -411,7 +455,7 @@ def unasked(books: Books, records: Records) -> list[Violation]:
     found: list[Violation] = []
     executed = {d.ref for d in _settlements_that_stood(books, records, executed=True)}
     for sent in books.sent:
-        if sent.known_at is not None or not books.changes_things(sent):
+        if sent.known_at is not None or not books.changes_things(sent) or _acts_on_nothing(sent):
             continue
         asked = any(q.ref == sent.ref and q.at >= sent.at for q in books.questions)
         # "Executed", once it stood, answers every send of its call, even one that left after
@@ -633,9 +677,13 @@ def spent(books: Books, records: Records) -> list[Violation]:
     it was given: edits take effect for a process as it starts), or their price at that
     spec's ``pricing`` passes its dollar budget, it calls no tool, READs included, of that plan
     or any later one, and asks the model nothing more: the call that crossed the budget is
-    paid for, and its plan waits for a larger budget. The iteration budget counts plans
-    instead: no plan is asked for past it, and a plan asked for within it is acted on whole
-    (an iteration is judged before it is planned).
+    paid for, and its plan waits for a larger budget. Nor does it ask the model a question
+    whose input alone would take those tokens (or dollars, at the input price) past the budget
+    (the pre-call check): by the model's own count of that input, where the product's estimate
+    of it, which the world reads off what the product sent, can have been no less
+    (``_input_alone``). The iteration budget counts plans instead: no plan is asked for past
+    it, and a plan asked for within it is acted on whole (an iteration is judged before it is
+    planned).
     """
     found: list[Violation] = []
     for ask in books.asks:
@@ -649,14 +697,21 @@ def spent(books: Books, records: Records) -> list[Violation]:
                     f"{ask.at:.1f}, its budget allowing {limit}",
                 )
             )
+        alone = _input_alone(ask)
         for spending in _spending(books, ask.process):
             used = _recorded_before(books, ask, spending.cost)
-            if used > spending.limit:
+            ahead = spending.cost(alone)
+            if used + ahead > spending.limit:
+                why = (
+                    ""
+                    if used > spending.limit
+                    else f", its input alone ({spending.said(ahead)}) passing"
+                )
                 found.append(
                     Violation(
                         "spent",
                         f"{ask.process} asked the model ({ask.phase} {ask.iteration}) at "
-                        f"{ask.at:.1f} after {spending.said(used)}, its budget "
+                        f"{ask.at:.1f} after {spending.said(used)}{why}, its budget "
                         f"{spending.said(spending.limit, unit=False)}",
                     )
                 )
@@ -678,6 +733,18 @@ def spent(books: Books, records: Records) -> list[Violation]:
                     )
                 )
     return found
+
+
+def _input_alone(ask: Ask) -> Ask:
+    """What ``ask``'s input alone came to, as an answer that wrote nothing: the model's own
+    count of it, where the product's estimate can have been no less (``Ask.estimate``, read
+    off what it sent), else the estimate; nothing where the estimate is not known. The
+    product refuses a model call whose estimated input alone would pass a budget (ADR-0004,
+    "Pre-call budget check"); where its estimate falls short of the true input, the call it
+    makes is still within its promise, so only the smaller of the two is held against it."""
+    if not ask.estimate:
+        return replace(ask, tokens=0, output_tokens=0)
+    return replace(ask, tokens=min(ask.tokens - ask.output_tokens, ask.estimate), output_tokens=0)
 
 
 def _budget(books: Books, process: str) -> Mapping[str, object]:

@@ -77,8 +77,11 @@ class Desk:
     #: a quarter), and ``notify`` in half of them too (a draw made only with it on).
     mcp_often: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
+    #: Who the run's spec names as its creator (alice, who really created it; "" for a run
+    #: driven by a program that names nobody, until its owner records her: ``record_creator``).
+    creator: str = CREATOR
     _kept: list[dict[str, Any]] = field(default_factory=list)
-    _recorded: tuple[int, LoopSpec] | None = None
+    _recorded: tuple[int, str, LoopSpec] | None = None
 
     def __post_init__(self) -> None:
         scenario, schedule = self.scenario, self.world.schedule
@@ -169,13 +172,27 @@ class Desk:
 
     def loop_spec(self, tenant: str, run: str) -> LoopSpec:
         """The newest manifest as a driver records it for ``run`` (with its creator, alice, for
-        a rule's notCreator), built once per generation."""
-        if self._recorded is None or self._recorded[0] != self.generation:
+        a rule's notCreator, where the spec names her), built once per generation."""
+        recorded = self._recorded
+        if recorded is None or recorded[:2] != (self.generation, self.creator):
             spec = spec_from_manifest(self.manifest).loop_spec(
-                tenant=tenant, run=run, creator=CREATOR
+                tenant=tenant, run=run, creator=self.creator
             )
-            self._recorded = (self.generation, spec)
-        return self._recorded[1]
+            recorded = self._recorded = (self.generation, self.creator, spec)
+        return recorded[2]
+
+    def name_no_creator(self) -> None:
+        """The run is driven by a program whose ``LoopSpec`` names no creator (the Python API
+        asks none; ``keelgate run -f`` would refuse a manifest whose rule says notCreator
+        without one): a rule's notCreator then counts nobody's approval."""
+        self.creator = ""
+
+    def record_creator(self) -> None:
+        """The run's owner, told that no approval can count until the run's creator is on
+        record, records herself as it (the next step reads it)."""
+        if not self.creator:
+            self.creator = CREATOR
+            self.world.say(f"{CREATOR} records herself as the run's creator")
 
     def tool(self, name: str) -> dict[str, Any] | None:
         return next((t for t in self.manifest["tools"] if t["name"] == name), None)

@@ -464,10 +464,18 @@ class StatusTransport(Transport):
         )
 
 
+#: The world's function for ``pay`` while a simulation runs the product's own Python tool
+#: (``keelgate.testing.sim.pay``): the innermost is the simulation's.
+PAYING: list[Callable[..., Any]] = []
+
+
 def pay(args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
-    """The manifest's callable for ``pay`` (what a step pod would load; the simulation runs
-    ``SimTool`` in its place)."""
-    raise ToolError("pay runs only in a simulation")
+    """The manifest's callable for ``pay`` (what a step pod loads): the world's function where
+    a simulation runs the product's Python tool (``sim.pay.Payer``); elsewhere the kept seeds'
+    worlds run ``SimTool`` in its place, and nothing runs it outside a simulation."""
+    if not PAYING:
+        raise ToolError("pay runs only in a simulation")
+    return PAYING[-1](args, idempotency_key=idempotency_key)
 
 
 def mcp_reply(message: Mapping[str, Any], result: Any) -> dict[str, Any]:

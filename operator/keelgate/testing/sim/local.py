@@ -37,7 +37,7 @@ class LocalDriver:
         self._stopped_under = 0  # the generation a budget stop was met under
 
     def spec(self) -> LoopSpec:
-        # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
+        # Recorded as the operator records it: with the creator it names (a rule's notCreator).
         return self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
 
     def check_later(self, delay: float = 1.0) -> None:
@@ -80,7 +80,9 @@ class LocalDriver:
         if not state.continues_under(self.spec().budget):
             return False
         if stop.reason is StopReason.AWAITING_APPROVAL:
-            return not state.pending
+            # Its creator recorded since it stopped (``Desk.record_creator``): its owner runs
+            # it again, for its approvals to count under notCreator.
+            return not state.pending or state.spec.creator != self.spec().creator
         if stop.reason is StopReason.OUTCOME_UNKNOWN:
             # A key no longer on record was dropped by its owner after a definite refusal
             # (nothing happened): `keelgate reconcile` says there is nothing to settle, and the

@@ -14,6 +14,7 @@ arguments: the world's own identity of the call. It answers in process (``SimMod
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,12 +219,15 @@ class Planner:
         #: a run of its own, so its calls are the world's calls of that tick (``tick_ref``).
         self.ticks: dict[str, str] = {}
 
-    def answer(self, question: Question) -> ModelReply:
+    def answer(self, question: Question, *, estimate: int = 0) -> ModelReply:
+        """The model's answer to ``question``, booked with what it cost and ``estimate``
+        (``estimate_floor`` of what the product sent; 0: not known)."""
         scenario = self.scenario
         usage = scenario.usage(question)
         if question.phase == "verify":
             reject = question.iteration in scenario.rejected and not question.rejected_before
-            self._book(question, (), usage, done=False, verdict="reject" if reject else "accept")
+            verdict = "reject" if reject else "accept"
+            self._book(question, (), usage, estimate, done=False, verdict=verdict)
             if reject:
                 return ModelReply(verdict="reject", reason="try again", usage=usage)
             return ModelReply(usage=usage)
@@ -231,7 +235,7 @@ class Planner:
         self._asked[tick, question.iteration] += 1
         index = max(0, question.acted)
         if index >= len(scenario.plans):
-            self._book(question, (), usage, done=True)
+            self._book(question, (), usage, estimate, done=True)
             return ModelReply(done=True, answer="restocked", usage=usage)
         plan = scenario.plans[index]
         if self._asked[tick, question.iteration] > 1 and index in scenario.again:
@@ -241,7 +245,7 @@ class Planner:
                 PlannedCall(c.tool, {**c.args, "ref": tick_ref(str(c.args["ref"]), tick)})
                 for c in plan
             )
-        self._book(question, plan, usage, done=False)
+        self._book(question, plan, usage, estimate, done=False)
         return ModelReply(actions=plan, usage=usage)
 
     def _book(
@@ -249,6 +253,7 @@ class Planner:
         question: Question,
         plan: Sequence[PlannedCall],
         usage: Usage,
+        estimate: int,
         *,
         done: bool,
         verdict: str = "accept",
@@ -267,6 +272,7 @@ class Planner:
                 self.books.next_order(),
                 run=self.ticks.get(self.world.actor, ""),
                 output_tokens=usage.output_tokens,
+                estimate=estimate,
             )
         )
 
@@ -293,4 +299,16 @@ class SimModel:
         self.planner = planner
 
     def call(self, request: ModelRequest) -> ModelReply:
-        return self.planner.answer(question_of(request))
+        # The product estimates an in-process model's input from this very request.
+        sent = json.dumps(request.to_json(), separators=(",", ":"), default=str)
+        return self.planner.answer(question_of(request), estimate=estimate_floor(sent))
+
+
+def estimate_floor(sent: str) -> int:
+    """The least the product's estimate of a question's input can be, from the JSON text it
+    estimates (the request it sends): its documented estimate is about four characters a token
+    (``keelgate.core.model.estimate_input_tokens``), a provider's adapter three and a half
+    (``estimate_tokens``), each a little over; so a quarter of the characters, rounded down,
+    is never more than either. What the world knows of the estimate, never the product's own
+    number."""
+    return len(sent) // 4

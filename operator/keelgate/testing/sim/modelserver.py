@@ -16,13 +16,14 @@ same (the world's books keep the whole count); only their report is split.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keelgate.core.model import ModelReply
 from keelgate.core.types import Usage
-from keelgate.testing.sim.model import Planner, Question
+from keelgate.testing.sim.model import Planner, Question, estimate_floor
 from keelgate.testing.sim.network import Fate, Reply, Request
 from keelgate.testing.sim.world import World
 
@@ -86,13 +87,17 @@ class ModelServer:
 
     def handle(self, request: Request, sent: int | None) -> Reply:
         body = request.args
+        # What the adapter estimates a question's input from: its messages and tools (and
+        # Anthropic's system prompt), as sent.
         if request.path.endswith("/chat/completions"):
             texts, calls = _openai_turns(body.get("messages") or ())
-            reply = self.planner.answer(_question(texts, calls))
+            asked = _text([body.get("messages"), body.get("tools", [])])
+            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(asked))
             return Reply(200, self._openai(body, reply))
         if request.path.endswith("/messages"):
             texts, calls = _anthropic_turns(body.get("messages") or ())
-            reply = self.planner.answer(_question(texts, calls))
+            asked = _text([body.get("system"), body.get("messages"), body.get("tools", [])])
+            reply = self.planner.answer(_question(texts, calls), estimate=estimate_floor(asked))
             return Reply(200, self._anthropic(body, reply))
         return Reply(404, {"error": {"message": f"no such endpoint {request.path}"}})
 
@@ -224,6 +229,9 @@ def _anthropic_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], 
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"))
+
+
+def _text(value: Any) -> str:
+    """JSON as the adapters write it when they estimate (no escapes of non-ASCII text)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)

@@ -109,7 +109,7 @@ class MonitorDriver:
         self.finished = False
 
     def spec(self) -> LoopSpec:
-        # Recorded as the operator records it: with its creator, alice (a rule's notCreator).
+        # Recorded as the operator records it: with the creator it names (a rule's notCreator).
         return self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
 
     def start(self) -> None:

@@ -53,6 +53,14 @@ class Options:
     #: The simulated Anthropic server reports part of each answer's input as prompt-cache
     #: writes or reads (``ModelServer._anthropic_usage``); it draws nothing.
     cached_input: bool = False
+    #: ``pay`` runs in the product's own Python tool (``sim.pay``: its worker's wait on the
+    #: world's time), not the world's wrapper of it (``downstream.SimTool``); in half the runs
+    #: the function reports its sends (``about_to_send``), in the others it does not.
+    python_tool: bool = False
+    #: In half the local and monitor runs, the run's spec names no creator (a program that
+    #: drives ``Loop`` with a ``LoopSpec`` naming none) until the calm, when its owner, told no
+    #: approval can count under ``notCreator``, records it.
+    no_creator: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -79,6 +87,8 @@ class Options:
                 mcp_often=True,
                 dollars=True,
                 cached_input=True,
+                python_tool=True,
+                no_creator=True,
             )
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
@@ -92,6 +102,8 @@ class Options:
             mcp_often=True,
             dollars=True,
             cached_input=True,
+            python_tool=True,
+            no_creator=True,
         )
 
     def flags(self) -> str:
@@ -108,6 +120,10 @@ class Options:
             said.append("--dollars")
         if self.cached_input:
             said.append("--cached-input")
+        if self.python_tool:
+            said.append("--python-tool")
+        if self.no_creator:
+            said.append("--no-creator")
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")

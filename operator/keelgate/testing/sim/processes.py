@@ -140,6 +140,9 @@ class Setting:
     #: shop's status endpoint, whatever the scenario drew (which else decides whether they
     #: have the world's own ``ShopConfirmer``).
     http_confirmer: bool = False
+    #: Whether ``pay`` is the product's own Python tool as the spec builds it, its function
+    #: the world's (``sim.pay``), rather than the world's wrapper (``SimTool``).
+    python_tool: bool = False
 
 
 class StepProcess:
@@ -286,7 +289,8 @@ class StepProcess:
 
     def _build(self, spec: LoopSpec, stores: Stores) -> Loop:
         """The loop a step pod builds from the spec it read (``build_parts``), over the
-        simulated network; ``pay`` and an in-process model are the world's."""
+        simulated network; an in-process model is the world's, and so is ``pay`` (``SimTool``),
+        but where the product's Python tool runs the world's function (``sim.pay``)."""
         self.books.processes[self.name].generation = self.setting.desk.generation_of(spec.manifest)
         parts = build_parts(spec)
         tools: list[Tool] = [
@@ -301,7 +305,7 @@ class StepProcess:
                 approval=getattr(tool, "approval", None),
                 quote=self.setting.desk.scenario.quote,
             )
-            if tool.name == "pay"
+            if tool.name == "pay" and not self.setting.python_tool
             else tool
             for tool in parts.tools
         ]

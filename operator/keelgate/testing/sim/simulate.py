@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +42,7 @@ from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import Cluster
 from keelgate.testing.sim.options import Options
+from keelgate.testing.sim.pay import paying
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.world import Clocks, Schedule, World
@@ -100,12 +101,28 @@ def simulate(
         clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
         _routed(network),
         _model_key(),
+        ExitStack() as stack,
     ):
         site = sim_stores.site(store, world.store_clock)
         try:
-            return _simulate(world, site, books, network, mode=mode, store=store, options=options)
+            return _simulate(
+                world, site, books, network, stack, mode=mode, store=store, options=options
+            )
         finally:
             site.close()
+
+
+def _paying(
+    world: World, network: Network, scenario: Scenario, *, options: Options
+) -> tuple[AbstractContextManager[None], str]:
+    """Where the product's Python tool runs ``pay`` (``Options.python_tool``): the world's
+    function, on its time, reporting its sends or not (drawn), and what to say of it; else
+    nothing to set."""
+    if not options.python_tool:
+        return nullcontext(), ""
+    reports = not world.schedule.chance(500)
+    said = f"pay {'reports its sends' if reports else 'sends without reporting them'}"
+    return paying(world, network, quote=scenario.quote, reports=reports), said
 
 
 @contextmanager
@@ -146,11 +163,13 @@ def _simulate(
     site: sim_stores.StoreSite,
     books: Books,
     network: Network,
+    stack: ExitStack,
     *,
     mode: str,
     store: str,
     options: Options,
 ) -> Outcome:
+    """One run in ``world``; what it sets for the product to meet goes on ``stack``."""
     schedule = world.schedule
     # With a limit named, the verifier rejects twice as often, so that runs meet it.
     scenario = Scenario.drawn(
@@ -162,6 +181,8 @@ def _simulate(
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
+    pays, paid = _paying(world, network, scenario, options=options)
+    stack.enter_context(pays)
 
     def lose_answer() -> bool:
         lost = faults.lose_answer()
@@ -179,15 +200,10 @@ def _simulate(
         rejection_limit=options.rejection_limit,
         mcp_often=options.mcp_often,
     )
+    if options.no_creator and mode != "operator" and schedule.chance(500):
+        desk.name_no_creator()
     books.call_tokens = scenario.call_tokens
-    world.say(f"scenario {scenario}")
-    world.say(f"model {desk.model_face}, clocks {world.clocks}")
-    if scenario.pricing is not None:
-        per_input, per_output = scenario.pricing
-        world.say(
-            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
-            f"${per_output} per million input and output tokens"
-        )
+    _say_setting(world, scenario, desk, paid)
     setting = Setting(
         world,
         site,
@@ -198,6 +214,7 @@ def _simulate(
         TENANT,
         RUN,
         http_confirmer=options.http_confirmer,
+        python_tool=options.python_tool,
     )
     done, calm, monitor, cluster = _set_going(setting, mode=mode, options=options)
     world.at(CHAOS, "calm", calm)
@@ -235,6 +252,22 @@ def _simulate(
     )
 
 
+def _say_setting(world: World, scenario: Scenario, desk: Desk, paid: str) -> None:
+    """The run's setting, at the head of its trace: the story, the model and the clocks, how
+    ``pay`` sends, a spec naming no creator, a dollar budget."""
+    world.say(f"scenario {scenario}")
+    world.say(f"model {desk.model_face}, clocks {world.clocks}")
+    for said in (paid, "" if desk.creator else "the run's spec names no creator"):
+        if said:
+            world.say(said)
+    if scenario.pricing is not None:
+        per_input, per_output = scenario.pricing
+        world.say(
+            f"dollar budget ${scenario.dollars}, the model's prices ${per_input} and "
+            f"${per_output} per million input and output tokens"
+        )
+
+
 def _set_going(
     setting: Setting, *, mode: str, options: Options
 ) -> tuple[Callable[[], bool], Callable[[], None], MonitorDriver | None, Cluster | None]:
@@ -258,6 +291,7 @@ def _set_going(
             faults.calm = True
             people.calm = True
             desk.restore_tools()
+            desk.record_creator()
 
         monitor.start()
         people.look_later()
@@ -271,6 +305,7 @@ def _set_going(
             faults.calm = True
             people.calm = True
             desk.restore_tools()
+            desk.record_creator()
             driver.check_later(0.0)
 
         driver.check_later(0.0)
