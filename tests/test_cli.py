@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1460,3 +1461,35 @@ def test_bad_step_pod_defaults_are_one_line_naming_the_file_and_field(
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"keelgate: error: --step-pod-defaults: {settings}: "), err
     assert problem in err, err
+
+
+def test_a_person_decides_on_a_run_an_operator_holds_while_its_drivers_stay_fenced(
+    world: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While an operator holds the run (run ownership: taken under an epoch, its lease live),
+    ``keelgate approve`` and ``keelgate reconcile`` against the store are a person's decisions,
+    not a driver's writes: the approval is recorded (exit 0), as the runbook's ``--store`` path
+    promises, where it was refused as a write without the epoch (exit 6). A driver without the
+    holder's epoch (``keelgate resume``) is still refused and orders nothing, and the holder
+    keeps the run under its epoch."""
+    from keelgate.stores import DEFAULT_URL
+
+    assert main(["run", "-f", str(write(world, manifest(approval=True))), "-o", "json"]) == 3
+    capsys.readouterr()
+    operator = open_stores(DEFAULT_URL)
+    owners: Any = operator.checkpoints
+    (tenant,) = {ref.tenant for ref in operator.checkpoints.runs() if ref.run == "restock"}
+    taken = owners.take(tenant, "restock", holder="operator-a", lease=300.0)
+    assert main(["approve", "restock", "2:0", "--approve", "--by", "bob"]) == 0
+    said = capsys.readouterr()
+    assert "approved by bob" in said.out, said
+    assert main(["reconcile", "restock", "2:0", "--executed", "--by", "bob"]) == 2
+    capsys.readouterr()  # nothing to settle: the action awaits no outcome (the input is bad)
+    assert main(["resume", "restock", "-o", "json"]) == 6  # a driver without the epoch
+    capsys.readouterr()
+    assert orders(world) == 0
+    assert main(["status", "restock", "-o", "json"]) == 3
+    shown = last_json(capsys.readouterr().out)
+    assert shown["pendingApprovals"] == [], shown  # bob's approval was recorded
+    assert owners.holder_of(tenant, "restock").epoch == taken.epoch  # the holder is unmoved
+    operator.close()

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -43,7 +43,7 @@ from keelgate.core.protocols import Stores
 from keelgate.core.spec import Budget
 from keelgate.core.types import Outcome, RunPhase
 from keelgate.core.values import INT64_MAX, SECONDS_MAX
-from keelgate.errors import InputError
+from keelgate.errors import InputError, StaleEpoch
 from keelgate.stores import DEFAULT_URL, StoreUrl, open_existing, read_store_url, redacted
 
 if TYPE_CHECKING:
@@ -228,6 +228,35 @@ def _opened(
         tracer.close()
 
 
+T = TypeVar("T")
+
+#: How often a person's decision is tried again when the run changed holders between reading
+#: its epoch and writing the decision (nothing was written): a hand-over is rare and quick.
+DECISION_TRIES = 3
+
+
+def _decide(loop: Loop, tenant: str, run: str, decide: Callable[[], T]) -> T:
+    """Write a person's decision (an approval, a settlement) into a run an operator may hold.
+
+    A decision is not a driver's write: nobody who decides takes the run. It is written under
+    the epoch the run is held under now (read from the store), so it lands beside the holder's
+    own writes and the holder reads it, as it reads an Approval's; a driver that lost the run
+    is still refused by the epoch it carries. Should the run change holders between the read
+    and the write, the store refuses it with nothing written, and it is tried again under the
+    new epoch."""
+    owners = loop.stores.owners
+    for tried in range(1, DECISION_TRIES + 1):
+        if owners is not None:
+            held = owners.holder_of(tenant, run)
+            owners.carry(tenant, run, None if held is None else held.epoch)
+        try:
+            return decide()
+        except StaleEpoch:
+            if owners is None or tried == DECISION_TRIES:
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 @app.command("run")
 def run_command(
     file: Annotated[
@@ -372,7 +401,12 @@ def reconcile_command(
     executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
     check_actor(by, field="--by")
     with _opened(store, run, namespace) as (loop, tenant, run):
-        record = loop.reconcile(tenant, run, action, executed=executed, by=by)
+        record = _decide(
+            loop,
+            tenant,
+            run,
+            lambda: loop.reconcile(tenant, run, action, executed=executed, by=by),
+        )
     verdict = "executed" if executed else "abandoned"
     said = (
         "settled as executed" if executed else "settled as abandoned (never retried under its key)"
@@ -448,8 +482,13 @@ def approve_command(
         raise InputError("--note", "must be one line")
     with _opened(store, run, namespace) as (loop, tenant, run):
         waiting = {p.action: p.tool for p in loop.state(tenant, run).pending}
-        outcome = loop.approve(
-            tenant, run, action, approved=approve, by=by, groups=named, note=note
+        outcome = _decide(
+            loop,
+            tenant,
+            run,
+            lambda: loop.approve(
+                tenant, run, action, approved=approve, by=by, groups=named, note=note
+            ),
         )
     verdict = "approved" if approve else "denied"
     still = next((p for p in outcome.pending_approvals if p.action == action), None)
