@@ -8,6 +8,7 @@ within that budget, each of issue 46's moves is made, and a failure says how to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ from keelgate.core.protocols import RunLock, Stores
 from keelgate.core.types import UnknownAction
 from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
-from keelgate.testing.sim.__main__ import _mode
+from keelgate.testing.sim.__main__ import _mode, _options, _parser
 from keelgate.testing.sim.books import (
     Books,
     Effect,
@@ -45,7 +46,7 @@ from keelgate.testing.sim.model import Question as ModelQuestion
 from keelgate.testing.sim.modelserver import ModelServer
 from keelgate.testing.sim.network import Network, Request
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
-from keelgate.testing.sim.options import HTTP_CONFIRMER_SHARE, NAMED_SHARE, Options
+from keelgate.testing.sim.options import HTTP_CONFIRMER_SHARE, NAMED_SHARE, SWITCHES, Options
 from keelgate.testing.sim.people import CALM_PROMPT
 from keelgate.testing.sim.simulate import (
     CHAOS,
@@ -1047,6 +1048,22 @@ def test_make_sims_every_move_runs_draw_their_share_apart_from_the_world() -> No
     both = next(o for o in drawn if o.http_confirmer and "delete" in o.moves)
     assert both.flags().endswith(",service-account --http-confirmer")
     assert "delete" in both.flags()
+
+
+def test_every_part_of_the_world_is_replayed_by_the_flags_a_failure_prints() -> None:
+    """A failing run prints its world as flags (``Options.flags``); read back by the command
+    line, they make the very same world, for every part the world can switch on alone and
+    for ``make sim``'s whole world with its shares; so a part added to ``Options`` without
+    its flag could not hide from a replay."""
+    parse = _parser()
+    alone = [Options(**{f.name: True}) for f in dataclasses.fields(Options) if f.default is False]
+    for options in (*alone, *(Options.whole(seed_of(i, 48)) for i in range(8))):
+        assert _options(parse.parse_args(options.flags().split())) == options, options.flags()
+    assert {f.name for f in dataclasses.fields(Options) if f.default is False} == {
+        "late_shop",
+        "http_confirmer",
+        *SWITCHES,
+    }
 
 
 def test_make_sims_operator_runs_delete_approvals_and_keep_every_promise() -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
-from keelgate.testing.sim.options import Options
+from keelgate.testing.sim.options import SWITCHES, Options
 from keelgate.testing.sim.simulate import (
     MODES,
     STORES,
@@ -148,6 +148,16 @@ def _mode(index: int, choice: str) -> str:
     return "monitor" if index % 5 == 1 else "local"
 
 
+def _options(args: argparse.Namespace) -> Options:
+    """The world the flags name (``Options.flags`` prints them so)."""
+    return Options(
+        late_shop=args.late_shop,
+        moves=frozenset(m for m in args.moves.split(",") if m),
+        http_confirmer=args.http_confirmer,
+        **{name: getattr(args, name) for name in SWITCHES},
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("keelgate").setLevel(logging.CRITICAL)  # the product's own warnings
@@ -158,19 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = moves - set(known)
     if unknown:
         _parser().error(f"unknown moves: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
-    named = Options(
-        late_shop=args.late_shop,
-        moves=moves,
-        http_confirmer=args.http_confirmer,
-        slow_store=args.slow_store,
-        paged=args.paged,
-        rejection_limit=args.rejection_limit,
-        mcp_often=args.mcp_often,
-        dollars=args.dollars,
-        cached_input=args.cached_input,
-        python_tool=args.python_tool,
-        no_creator=args.no_creator,
-    )
+    named = _options(args)
 
     def options_of(seed: int | None) -> Options:
         return Options.whole(seed) if args.every_move else named

@@ -12,7 +12,7 @@ moves no other choice.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 
@@ -76,54 +76,20 @@ class Options:
         and has the product's HTTP confirmer (``HTTP_CONFIRMER_SHARE``), each drawn from a
         stream of its own derived from the seed, never from the world's schedule (a failing
         run prints its flags, which replay it without drawing the share again)."""
-        moves = frozenset(MOVES)
+        whole = cls(late_shop=True, moves=frozenset(MOVES), **dict.fromkeys(SWITCHES, True))
         if seed is None:
-            return cls(
-                late_shop=True,
-                moves=moves,
-                slow_store=True,
-                paged=True,
-                rejection_limit=True,
-                mcp_often=True,
-                dollars=True,
-                cached_input=True,
-                python_tool=True,
-                no_creator=True,
-            )
+            return whole
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
-        return cls(
-            late_shop=True,
-            moves=moves | (frozenset(NAMED_MOVES) if named else frozenset()),
+        return replace(
+            whole,
+            moves=whole.moves | (frozenset(NAMED_MOVES) if named else frozenset()),
             http_confirmer=http,
-            slow_store=True,
-            paged=True,
-            rejection_limit=True,
-            mcp_often=True,
-            dollars=True,
-            cached_input=True,
-            python_tool=True,
-            no_creator=True,
         )
 
     def flags(self) -> str:
         said = ["--late-shop"] if self.late_shop else []
-        if self.slow_store:
-            said.append("--slow-store")
-        if self.paged:
-            said.append("--paged")
-        if self.rejection_limit:
-            said.append("--rejection-limit")
-        if self.mcp_often:
-            said.append("--mcp-often")
-        if self.dollars:
-            said.append("--dollars")
-        if self.cached_input:
-            said.append("--cached-input")
-        if self.python_tool:
-            said.append("--python-tool")
-        if self.no_creator:
-            said.append("--no-creator")
+        said += [f"--{name.replace('_', '-')}" for name in SWITCHES if getattr(self, name)]
         if self.moves:
             every = self.moves == frozenset(MOVES)
             said.append("--moves" if every else f"--moves {','.join(sorted(self.moves))}")
@@ -132,6 +98,18 @@ class Options:
         return " ".join(said)
 
 
+#: The world's parts that are each one flag of their own, named as the field with dashes
+#: (``--slow-store``), in the order a replay command prints them; all on in the whole world.
+SWITCHES = (
+    "slow_store",
+    "paged",
+    "rejection_limit",
+    "mcp_often",
+    "dollars",
+    "cached_input",
+    "python_tool",
+    "no_creator",
+)
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).
 NAMED_SHARE = 2
