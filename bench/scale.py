@@ -23,6 +23,15 @@ run deleted and replaced: ``scalebench.load``); after ``--warmup`` seconds a win
 - and at the end, every WRITE once: each Idempotency-Key at most once at the shop, and each run
   that succeeded with exactly one order (asserted: the bench exits 1 otherwise).
 
+Sharded replicas against one (issue 50): ``--replicas 1,2`` measures every number of runs with one
+operator process, then again with two replicas sharing the runs (``--shards``, as many as the
+replicas by default; each replica a process under the operator's account, with its own shard
+and member Leases), on the same cluster and the same runs under way, and prints each figure of
+the replicas beside the one operator's: hand-off p99, and the operator's CPU a step summed over
+the replicas (the scale target: no higher than one replica's). Between blocks the replicas of
+the last block stop cleanly (a rollout: runs no step pod drives are let go at once), and each
+block's first window opens after its warm-up.
+
 Run: ``make bench-scale`` (about 45 minutes for 1,000, 5,000 and 10,000 runs), or smaller:
 ``.venv/bin/python bench/scale.py --runs 100 --nodes 10 --window 60 --warmup 20``. Everything
 runs under a temporary directory and is stopped at the end, whatever happens; it never touches
@@ -88,14 +97,16 @@ def measure(
     pods: PodTimes,
     peaks: Peaks,
     pids: dict[str, int],
-    operator: kg.OperatorProcess,
+    operators: list[kg.OperatorProcess],
     dsn: str,
     audit_log: Path,
     work: Path,
     py_spy: str | None,
 ) -> dict[str, Any]:
-    """One number of runs: ramp to ``n``, warm up, measure a window; the phase's figures."""
-    assert operator.proc is not None
+    """One number of runs: ramp to ``n``, warm up, measure a window; the phase's figures (the
+    operator's summed over its replicas)."""
+    replicas = [operator.proc.pid for operator in operators if operator.proc is not None]
+    assert len(replicas) == len(operators)
     log(f"{n} runs: creating (load average {os.getloadavg()[0]:.2f})")
     ramp_start = time.monotonic()
     before = len(load.created)
@@ -128,22 +139,22 @@ def measure(
 
     offset = audit_log.stat().st_size
     peaks.reset()
-    s0 = snapshot(pids, dsn, operator.metrics())
+    s0 = snapshot(pids, dsn, _metrics(operators))
     profiled: dict[str, Path | None] = {}
     spy = None
     if py_spy and args.profile_seconds:
-        out = work / f"operator-{n}.collapsed"
+        out = work / f"operator-{len(operators)}r-{n}.collapsed"
 
         def spy_run() -> None:
             time.sleep(max(0.0, (args.window - args.profile_seconds) / 2))
-            profiled["operator"] = profile(operator.proc.pid, args.profile_seconds, out, py_spy)  # type: ignore[union-attr]
+            profiled["operator"] = profile(replicas[0], args.profile_seconds, out, py_spy)
 
         spy = threading.Thread(target=spy_run, daemon=True)
         spy.start()
     log(f"{n} runs: measuring {args.window:.0f}s (load average {os.getloadavg()[0]:.2f})")
     time.sleep(args.window)
-    s1 = snapshot(pids, dsn, operator.metrics())
-    rss_end = rss_mb(operator.proc.pid)
+    s1 = snapshot(pids, dsn, _metrics(operators))
+    rss_end = {pid: rss_mb(pid) for pid in replicas}
     time.sleep(args.settle)  # the next pods of the window's last ends, and the audit batch
     if spy is not None:
         spy.join(timeout=args.profile_seconds + 30)
@@ -163,6 +174,8 @@ def measure(
         audit_lines(audit_log, offset), OPERATOR_USER, s0["wall"], s1["wall"]
     )
     cpu = {name: s1["cpu"][name] - s0["cpu"][name] for name in pids}
+    operator_cpu = sum(cpu[name] for name in pids if name.startswith("operator"))
+    rss_peaks = [max(peaks.rss.get(pid, 0.0), rss_end[pid]) for pid in replicas]
     machine = s1["machine_cpu"] - s0["machine_cpu"]
     executor_counts: dict[str, Any] = {}
     with_counts = work / "executor" / "executor.json"
@@ -182,6 +195,8 @@ def measure(
             )
     phase: dict[str, Any] = {
         "runs": n,
+        "replicas": len(operators),
+        "shards": args.shards_now,
         "window_s": round(took, 1),
         "ramp_s": round(ramp, 1),
         "steps_started": steps,
@@ -200,10 +215,11 @@ def measure(
         "first_pods": len(first),
         "first_pod_p50_s": round(counting.quantile(first, 0.5), 3),
         "first_pod_p99_s": round(counting.quantile(first, 0.99), 3),
-        "operator_cpu_s": round(cpu["operator"], 1),
-        "operator_cpu_ms_per_step": round(1000 * counting.per_step(cpu["operator"], steps), 2),
-        "operator_rss_peak_mb": round(max(peaks.rss, rss_end), 1),
-        "operator_rss_end_mb": round(rss_end, 1),
+        "operator_cpu_s": round(operator_cpu, 1),
+        "operator_cpu_ms_per_step": round(1000 * counting.per_step(operator_cpu, steps), 2),
+        "operator_rss_peak_mb": round(max(rss_peaks), 1),
+        "operator_rss_peak_summed_mb": round(sum(rss_peaks), 1),
+        "operator_rss_end_mb": round(sum(rss_end.values()), 1),
         "api_requests_per_step": {
             f"{verb} {resource}": round(counting.per_step(count, steps), 3)
             for (verb, resource), count in sorted(requests.items())
@@ -251,11 +267,124 @@ def measure(
         phase["operator_profile"] = top
         shutil.copy(collapsed, args.out / collapsed.name)
     log(
-        f"{n} runs: {phase['step_pods_per_second']} pods/s, hand-off p50/p99 "
+        f"{n} runs, {len(operators)} replica(s): {phase['step_pods_per_second']} pods/s, "
+        "hand-off p50/p99 "
         f"{phase['handoff_p50_s']}/{phase['handoff_p99_s']} s, operator "
         f"{phase['operator_cpu_ms_per_step']} ms/step, {phase['api_writes_per_step']} writes/step"
     )
     return phase
+
+
+def _metrics(operators: list[kg.OperatorProcess]) -> str:
+    """Every replica's metrics in one text: a counter's samples then sum over the replicas."""
+    return "\n".join(operator.metrics() for operator in operators)
+
+
+#: What a sharded replica needs beyond the operator's ClusterRole (deploy/rbac.yaml), as the
+#: chart's ``sharding.enabled`` grants it: the Leases of its release's namespace, and a patch of
+#: an AgentRun (its shard label only, which the operator alone writes).
+SHARD_RIGHTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{kg.SYSTEM}/roles",
+        {
+            "metadata": {"name": "scale-operator-lease"},
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["list", "create", "get", "update", "delete"],
+                }
+            ],
+        },
+    ),
+    (
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{kg.SYSTEM}/rolebindings",
+        {
+            "metadata": {"name": "scale-operator-lease"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "scale-operator-lease",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": kg.OPERATOR_SA, "namespace": kg.SYSTEM}
+            ],
+        },
+    ),
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "metadata": {"name": "scale-operator-shard-label"},
+            "rules": [
+                {"apiGroups": ["keelgate.dev"], "resources": ["agentruns"], "verbs": ["patch"]}
+            ],
+        },
+    ),
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": "scale-operator-shard-label"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "scale-operator-shard-label",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": kg.OPERATOR_SA, "namespace": kg.SYSTEM}
+            ],
+        },
+    ),
+)
+
+
+def grant_shard_rights(admin: Kube) -> None:
+    for path, body in SHARD_RIGHTS:
+        kind = "ClusterRole" if "clusterrole" in path else "Role"
+        kind += "Binding" if path.endswith("bindings") else ""
+        admin.create(path, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, **body})
+
+
+def start_replicas(
+    cluster: Cluster,
+    config: Path,
+    count: int,
+    shards: int,
+    args: argparse.Namespace,
+    *,
+    cap: int,
+    block: int,
+) -> list[kg.OperatorProcess]:
+    """``count`` operator processes: one unsharded (as the bench always measured it), or
+    ``count`` replicas sharing ``shards`` shards, each under its own identity."""
+    operators = []
+    for i in range(count):
+        sharding = (
+            (
+                f"--shards={shards}",
+                f"--lease-namespace={kg.SYSTEM}",
+                f"--identity=scale-{block}-{i}",
+            )
+            if count > 1
+            else ()
+        )
+        operator = kg.OperatorProcess(
+            cluster,
+            config,
+            name=f"operator-{block}-{i}",
+            allow_failpoints=False,
+            max_step_pods=cap,
+            extra_args=(
+                f"--workers={args.workers}",
+                f"--resync={args.resync}",
+                *sharding,
+                *args.operator_arg,
+            ),
+        )
+        operator.start()
+        assert operator.proc is not None
+        cluster.adopt(operator.proc)
+        operators.append(operator)
+    return operators
 
 
 def main() -> int:
@@ -269,6 +398,14 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=12, help="steps the executor runs at once")
     parser.add_argument("--cap", type=int, default=0, help="--max-step-pods (0: runs + 1,000)")
     parser.add_argument("--workers", type=int, default=4, help="the operator's --workers")
+    parser.add_argument(
+        "--replicas",
+        default="1",
+        help="operator replicas, a block of phases each (1,2: one, then two sharded)",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=0, help="shards when replicas > 1 (0: one per replica)"
+    )
     parser.add_argument("--resync", type=float, default=30.0, help="the operator's --resync")
     parser.add_argument("--namespaces", type=int, default=4)
     parser.add_argument("--profile-seconds", type=int, default=60, help="0: no py-spy profile")
@@ -281,6 +418,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     sizes = [int(x) for x in args.runs.split(",") if x.strip()]
+    blocks = [int(x) for x in args.replicas.split(",") if x.strip()]
+    if not blocks or min(blocks) < 1:
+        parser.error("--replicas: give counts of at least 1, such as 1,2")
     cap = args.cap or max(sizes) + 1000
     work = Path(tempfile.mkdtemp(prefix="keelgate-scale-"))
     args.out = args.out or work / "out"
@@ -314,6 +454,8 @@ def main() -> int:
             "executor_parallel": args.parallel,
             "namespaces": args.namespaces,
             "operator_args": args.operator_arg,
+            "replicas": blocks,
+            "shards": args.shards,
         },
         "phases": [],
     }
@@ -342,16 +484,8 @@ def main() -> int:
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
             )
             kg.store_secret(admin, ns, cluster.dsn)
-        operator = kg.OperatorProcess(
-            cluster,
-            config,
-            allow_failpoints=False,
-            max_step_pods=cap,
-            extra_args=(f"--workers={args.workers}", f"--resync={args.resync}", *args.operator_arg),
-        )
-        operator.start()
-        assert operator.proc is not None
-        cluster.adopt(operator.proc)
+        if max(blocks) > 1:
+            grant_shard_rights(admin)
         executor = procs.spawn(
             "executor",
             [
@@ -379,7 +513,7 @@ def main() -> int:
             client = cluster.client()
             clients.append(client)
             watches.append(Watch(client, path, params, seen).start())
-        peaks = Peaks(operator.proc.pid, cluster.dsn).start()
+        peaks = Peaks([], cluster.dsn).start()
         by_name = {p.name: p.pid for p in cluster.procs}
         pids = {
             "kube-apiserver": by_name["kube-apiserver"],
@@ -388,26 +522,36 @@ def main() -> int:
             "kube-scheduler": by_name["kube-scheduler"],
             "kwok": by_name["kwok"],
             "postgres": by_name["postgres"],
-            "operator": operator.proc.pid,
             "executor": executor.pid,
             "bench": os.getpid(),
         }
-        for n in sizes:
-            phase = measure(
-                n,
-                args,
-                load=load,
-                pods=pods,
-                peaks=peaks,
-                pids=pids,
-                operator=operator,
-                dsn=cluster.dsn,
-                audit_log=audit_log,
-                work=work,
-                py_spy=py_spy,
+        operators: list[kg.OperatorProcess] = []
+        for block, count in enumerate(blocks):
+            for operator in operators:
+                operator.stop()  # a clean stop: the next block's replicas take the runs
+            args.shards_now = (args.shards or count) if count > 1 else 0
+            log(f"block {block}: {count} replica(s), shards {args.shards_now or 'off'}")
+            operators = start_replicas(
+                cluster, config, count, args.shards_now, args, cap=cap, block=block
             )
-            result["phases"].append(phase)
-            (args.out / "scale.json").write_text(json.dumps(result, indent=2))
+            replicas = {f"operator-{i}": op.proc.pid for i, op in enumerate(operators) if op.proc}
+            peaks.watch(list(replicas.values()))
+            for n in sizes:
+                phase = measure(
+                    n,
+                    args,
+                    load=load,
+                    pods=pods,
+                    peaks=peaks,
+                    pids={**pids, **replicas},
+                    operators=operators,
+                    dsn=cluster.dsn,
+                    audit_log=audit_log,
+                    work=work,
+                    py_spy=py_spy,
+                )
+                result["phases"].append(phase)
+                (args.out / "scale.json").write_text(json.dumps(result, indent=2))
         load.set_target(0)
         with shop.shop.lock:
             orders = list(shop.shop.orders)
@@ -427,7 +571,8 @@ def main() -> int:
             phase["writes_once"] = "yes" if once["ok"] else "NO"
         if not once["ok"]:
             code = 1
-        operator.stop()
+        for operator in operators:
+            operator.stop()
     finally:
         for watch in watches:
             watch.stop.set()
@@ -446,8 +591,10 @@ def main() -> int:
     result["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     (args.out / "scale.json").write_text(json.dumps(result, indent=2))
     print(report.table(result["phases"]))
+    if len(blocks) > 1:
+        print(report.side_by_side(result["phases"]))
     print(json.dumps(result, indent=2))
-    if args.plot and result["phases"]:
+    if args.plot and result["phases"] and len(blocks) == 1:
         title = (
             f"Keelgate operator on kwok ({args.nodes:,} fake nodes), 2 shared cores, "
             f"{time.strftime('%Y-%m-%d')}"

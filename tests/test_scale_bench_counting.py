@@ -164,3 +164,37 @@ def test_hand_offs_still_to_make_are_runs_whose_newest_pod_ended_before_their_la
     }
     ended = {"a-s1-a1": 2.0, "b-s1-a1": 1.5, "c-s3-a1": 4.0, "d-s2-a1": 3.0, "d-s2-a2": 5.0}
     assert counting.waiting_handoffs(created, ended) == 2
+
+
+def test_replicas_are_printed_against_the_one_operator_measured_at_the_same_runs() -> None:
+    """With ``--replicas 1,2`` each number of runs is measured twice; the side-by-side lines are
+    the two replicas' figures with their ratio to the one operator's at the same runs (hand-off
+    p99 0.8 s against 0.5 s is x1.60; CPU 12 ms a step summed against 15 ms is x0.80); a number
+    of runs measured only with replicas has no line, and the one operator gets none."""
+    from scalebench import report
+
+    def phase(runs: int, replicas: int, p99: float, cpu: float, pods: float) -> dict[str, object]:
+        return {
+            "runs": runs,
+            "replicas": replicas,
+            "shards": 2 if replicas > 1 else 0,
+            "handoff_p99_s": p99,
+            "operator_cpu_ms_per_step": cpu,
+            "step_pods_per_second": pods,
+        }
+
+    lines = report.side_by_side(
+        [
+            phase(100, 1, 0.5, 15.0, 4.0),
+            phase(100, 2, 0.8, 12.0, 5.0),
+            phase(300, 2, 0.9, 11.0, 5.0),  # no one-operator phase at 300 runs
+        ]
+    ).splitlines()
+    assert len(lines) == 2
+    assert lines[1].split(" | ") == [
+        "  100",
+        "2 (2)",
+        "0.800 (x1.60)",
+        "12.0 (x0.80)",
+        "5.00 (x1.25)",
+    ]

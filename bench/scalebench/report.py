@@ -16,13 +16,13 @@ from typing import Any
 def table(phases: Sequence[dict[str, Any]]) -> str:
     """One line per phase: the figures the issue names."""
     head = (
-        "runs | pods/s | hand-off p50 / p99 s | first pod p99 s | op CPU ms/step | op RSS MB | "
-        "API writes/step | PG sessions, tx/step | WRITEs once"
+        "runs | replicas | pods/s | hand-off p50 / p99 s | first pod p99 s | op CPU ms/step | "
+        "op RSS MB | API writes/step | PG sessions, tx/step | WRITEs once"
     )
     lines = [head, "-" * len(head)]
     for p in phases:
         lines.append(
-            f"{p['runs']:>5} | {p['step_pods_per_second']:6.2f} | "
+            f"{p['runs']:>5} | {p.get('replicas', 1):>8} | {p['step_pods_per_second']:6.2f} | "
             f"{p['handoff_p50_s']:.3f} / {p['handoff_p99_s']:.3f} | "
             f"{p['first_pod_p99_s']:.3f} | {p['operator_cpu_ms_per_step']:.1f} | "
             f"{p['operator_rss_peak_mb']:.0f} | {p['api_writes_per_step']:.2f} | "
@@ -30,6 +30,34 @@ def table(phases: Sequence[dict[str, Any]]) -> str:
             f"{p.get('writes_once', '-')}"
         )
     return "\n".join(lines)
+
+
+def side_by_side(phases: Sequence[dict[str, Any]]) -> str:
+    """Each number of runs measured with several replicas, against the same number with one:
+    the ratios the sharding target is judged by (hand-off p99 and the operator's CPU a step,
+    summed over the replicas: no higher than one replica's), measured in the same run."""
+    ones = {p["runs"]: p for p in phases if p.get("replicas", 1) == 1}
+    lines = [
+        "runs | replicas (shards) | hand-off p99 s (x one) | op CPU ms/step (x one) | "
+        "pods/s (x one)"
+    ]
+    for p in phases:
+        one = ones.get(p["runs"])
+        if p.get("replicas", 1) == 1 or one is None:
+            continue
+        lines.append(
+            f"{p['runs']:>5} | {p['replicas']} ({p.get('shards', 0)}) | "
+            f"{p['handoff_p99_s']:.3f} ({_ratio(p['handoff_p99_s'], one['handoff_p99_s'])}) | "
+            f"{p['operator_cpu_ms_per_step']:.1f} "
+            f"({_ratio(p['operator_cpu_ms_per_step'], one['operator_cpu_ms_per_step'])}) | "
+            f"{p['step_pods_per_second']:.2f} "
+            f"({_ratio(p['step_pods_per_second'], one['step_pods_per_second'])})"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"x{value / base:.2f}" if base else "-"
 
 
 def plot(phases: Sequence[dict[str, Any]], out: Path, *, title: str) -> Path:

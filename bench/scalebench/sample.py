@@ -1,5 +1,6 @@
-"""What the bench reads at the edges of a measured window: each component's CPU, the operator's
-memory and metrics, PostgreSQL's sessions and transactions, the machine's load, and a profile.
+"""What the bench reads at the edges of a measured window: each component's CPU, the operator
+replicas' memory and metrics, PostgreSQL's sessions and transactions, the machine's load, and a
+profile.
 
 Why it exists: a per-step figure is a difference between two snapshots divided by the steps
 between them; the snapshot is taken the same way for every component (its process tree's CPU
@@ -122,11 +123,12 @@ def snapshot(pids: Mapping[str, int], dsn: str, metrics: str) -> dict[str, Any]:
 
 
 class Peaks:
-    """The operator's RSS and PostgreSQL's sessions, sampled every second in the background."""
+    """The operator replicas' RSS (each one's peak) and PostgreSQL's sessions, sampled every
+    second in the background. ``watch`` names the replicas of the block being measured."""
 
-    def __init__(self, pid: int, dsn: str) -> None:
-        self.pid, self.dsn = pid, dsn
-        self.rss = 0.0
+    def __init__(self, pids: list[int], dsn: str) -> None:
+        self.pids, self.dsn = list(pids), dsn
+        self.rss: dict[int, float] = {}
         self.sessions = 0
         self.loads: list[float] = []
         self.stop = threading.Event()
@@ -136,13 +138,18 @@ class Peaks:
         self.thread.start()
         return self
 
+    def watch(self, pids: list[int]) -> None:
+        self.pids = list(pids)
+        self.reset()
+
     def reset(self) -> None:
-        self.rss, self.sessions, self.loads = 0.0, 0, []
+        self.rss, self.sessions, self.loads = {}, 0, []
 
     def _loop(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self.stop.wait(1.0):
-                self.rss = max(self.rss, rss_mb(self.pid))
+                for pid in list(self.pids):
+                    self.rss[pid] = max(self.rss.get(pid, 0.0), rss_mb(pid))
                 row = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 ).fetchone()
