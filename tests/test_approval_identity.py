@@ -243,18 +243,7 @@ def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_see
             add(kube, {"by": "bob", "groups": [], "approved": True})
 
             def written(seconds: float, name: str = APPROVE) -> None:
-                stored = kube.api.objects[("Approval", NAMESPACE, name)]
-                moment = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                later = dt.datetime.fromtimestamp(now[0], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                stored["metadata"]["managedFields"] = [
-                    {"manager": "kubectl-patch", "operation": "Update", "time": moment,
-                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:decisions": {}}}},
-                    {"manager": "keelgate", "operation": "Update", "subresource": "status",
-                     "time": later},
-                ]  # fmt: skip
-                # The status write, later, is the operator's own: never a decision's.
-                assert written_at(stored) == seconds
-                kube.cache.put("Approval", stored)
+                written_by_hand(kube, seconds, now[0], name)
 
             written(now[0] - 50)
             kube.reconcile(APPROVE, kind="Approval")
@@ -273,6 +262,61 @@ def test_an_entry_seen_late_counts_from_the_objects_last_write_not_from_when_see
             assert shown(kube, ROUND_2)["expiresAt"] == dt.datetime.fromtimestamp(
                 now[0] + 60, dt.UTC
             ).strftime("%Y-%m-%dT%H:%M:%SZ")
+        finally:
+            kube.close()
+
+
+def written_by_hand(kube: Operator, seconds: float, now: float, name: str = APPROVE) -> None:
+    """The API server's record that the Approval ``name``'s decisions were last written at
+    ``seconds`` (a client's patch), and its status at ``now`` (the operator's own write)."""
+    stored = kube.api.objects[("Approval", NAMESPACE, name)]
+    moment = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    later = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stored["metadata"]["managedFields"] = [
+        {"manager": "kubectl-patch", "operation": "Update", "time": moment,
+         "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:decisions": {}}}},
+        {"manager": "keelgate", "operation": "Update", "subresource": "status", "time": later},
+    ]  # fmt: skip
+    # The status write, later, is the operator's own: never a decision's.
+    assert written_at(stored) == seconds
+    kube.cache.put("Approval", stored)
+
+
+def test_an_entry_refused_at_first_then_written_over_counts_from_the_write_before_its_first_look(
+    tmp_path: Path,
+) -> None:
+    """expiresAfter 1m. bob appends his approval by hand while the operator is behind (the API
+    server records the write 50 s before the operator's first look); that look refuses it (the
+    object points at another call: a refusal that passes, as a run held by another operator
+    until its lease lapses); 5 s later the object is written again (the pointer put back, an
+    entry added) and bob's approval is recorded: it counts from the write before the first look
+    (10 s more), not from that look (a minute) nor the later write."""
+    with wall_clock_at(1_900_000_000.0) as now:
+        kube = Operator(tmp_path, clock=lambda: now[0])
+        try:
+            made = waiting(kube, {"required": 2, "expiresAfter": "1m"})
+            key = made["spec"]["idempotencyKey"]
+            kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"idempotencyKey": "kg-other"})
+            add(kube, {"by": "bob", "groups": [], "approved": True})
+            written_by_hand(kube, now[0] - 50, now[0])
+            kube.reconcile(APPROVE, kind="Approval")
+            assert "not counted" in shown(kube)["message"]
+            assert Loop(stores=kube.stores).state(NAMESPACE, "restock").approvals == {}
+
+            first_look = now[0]
+            now[0] += 5
+            kube.api.patch_spec("Approval", NAMESPACE, APPROVE, {"idempotencyKey": key})
+            written_by_hand(kube, now[0], now[0])
+            kube.reconcile(APPROVE, kind="Approval")
+            assert shown(kube)["progress"] == "1 of 2"
+            assert shown(kube)["expiresAt"] == dt.datetime.fromtimestamp(
+                first_look + 10, dt.UTC
+            ).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now[0] += 6
+            kube.reconcile(APPROVE, kind="Approval")
+            # bob's approval stopped counting 60 s after his write: nothing on it counts.
+            assert shown(kube)["verdict"] == "expired"
+            assert operator_tools.ORDERS == []
         finally:
             kube.close()
 

@@ -219,11 +219,7 @@ class ApprovalReconciler:
             if entry.ref in recorded:
                 self._first_seen.pop(entry.ref, None)
                 continue
-            seen = self._first_seen.setdefault(entry.ref, context.clock())
-            if written is not None:
-                # Made no later than the object's last write: an entry seen late (the operator
-                # was down or behind) counts from then, not from when it was seen.
-                seen = min(seen, written)
+            seen = self._seen(entry.ref, written)
             held = context.holding.hold(namespace, run_name)
             if isinstance(held, HeldElsewhere):
                 # The decision is written by whoever holds the run: not counted here (yet).
@@ -250,6 +246,17 @@ class ApprovalReconciler:
             if entry.ref in recorded:
                 self._first_seen.pop(entry.ref, None)
         return state, refused
+
+    def _seen(self, ref: str, written: float | None) -> float:
+        """When the entry ``ref`` was made, at the latest: first seen, and no later than the
+        object's last write as of that first look (an entry seen late, the operator down or
+        behind, counts from the write, not the look). Kept from the first look: a later write
+        of the object (another entry added while this one was refused) never dates it afresh."""
+        seen = self._context.clock()
+        if written is not None:
+            seen = min(seen, written)
+        first = self._first_seen.setdefault(ref, seen)
+        return first if written is None else min(first, written)
 
     def _superseded(self, body: JSON, state: RunState, here: int, asked: int) -> Looked:
         """An Approval of an earlier round than the one the store asks in: its denies are
@@ -327,8 +334,9 @@ class ApprovalReconciler:
         the operator): nothing on it is recorded until the action is asked in that round; its
         entries then count from when they were first seen, as any entry made early does."""
         context = self._context
+        written = written_at(body)
         for entry in entries(body):
-            self._first_seen.setdefault(entry.ref, context.clock())
+            self._seen(entry.ref, written)
         said = (
             f"round {here} of this action is not asked (the run asks in round {asked}): "
             "nothing on it is recorded until it is"
