@@ -30,10 +30,12 @@ class KeptState:
     def __init__(self) -> None:
         self.through: float | None = None
 
-    def load(self) -> float | None:
+    def load(self, lane: int | None = None) -> float | None:
+        assert lane is None  # unsharded: one point
         return self.through
 
-    def save(self, through: float) -> None:
+    def save(self, through: float, lane: int | None = None) -> None:
+        assert lane is None
         self.through = through
 
 
@@ -224,5 +226,33 @@ def test_two_namespaces_flooding_at_once_share_the_queue_and_take_turns(
         wait_until(lambda: len(receiver.trickled) >= 4)
         order = [(g.data["namespace"], g.data["run"]) for g in receiver.trickled[:4]]
         assert order == [("a", "r00"), ("b", "r00"), ("a", "r01"), ("b", "r01")]
+    finally:
+        told.stop()
+
+
+def test_a_sink_down_for_more_than_a_thousand_tries_still_delivers_when_it_is_back(
+    receiver: EventReceiver,
+) -> None:
+    """retryForSeconds of a day: a sink down for 1,100 tries (17 hours at the 60 s cap) is
+    still tried, and takes the event when it is back. The back-off's doubling once overflowed
+    past try 1,025 and ended the sink's thread: every later event to it was queued for good.
+    (The waits between tries are cut to nothing here; the tries are real requests.)"""
+    receiver.failures = [Answer(status=503)] * 1100
+    settings = NotifySettings(
+        source="keelgate-system/keelgate",
+        sinks=[
+            Sink.model_validate({"name": "chat", "url": receiver.url, "retryForSeconds": 86400})
+        ],
+    )
+    told = Notifier(settings, metrics=Metrics(), sleep=lambda _: False)
+    told.begin()
+    told.live()
+    told.start()
+    try:
+        told.observe("AgentRun", stopped_run("team-a", "nightly", at=time.time()), False)
+        [got] = receiver.wait_for(1, timeout=60)
+        assert got.data["run"] == "nightly"
+        assert len(receiver.received) == 1101
+        assert sample(told, "keelgate_notifications_failed_total") == 1100
     finally:
         told.stop()

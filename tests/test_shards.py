@@ -300,15 +300,13 @@ def test_a_replica_not_yet_seen_by_itself_counts_itself() -> None:
         (["--shards=101"], "must be between 1 and 100"),
         (["--shards=-2"], "give a number of shards"),
         (["--shards=4", "--run-lease=0"], "needs run ownership"),
-        (["--shards=4", "--notify-sink=http://127.0.0.1:1/x"], "notifications"),
     ],
 )
 def test_bad_shard_settings_are_one_line_naming_the_flag(
     capsys: pytest.CaptureFixture[str], flags: list[str], words: str
 ) -> None:
-    """`keelgate operator --shards` out of range, without run ownership (nothing would fence a
-    moved shard's writes) or with notifications: exit 2, one line naming --shards, before
-    anything connects."""
+    """`keelgate operator --shards` out of range, or without run ownership (nothing would fence
+    a moved shard's writes): exit 2, one line naming --shards, before anything connects."""
     store = ["--store", "postgresql://kg@127.0.0.1:1/kg", "--lease-namespace=kg"]
     code = main(["operator", *store, *flags])
     err = capsys.readouterr().err.strip()

@@ -331,8 +331,9 @@ def test_sharding_renders_the_shards_their_leases_and_the_label_policy(
     """sharding.enabled with three replicas: the operator gets --shards and the Lease options
     (the leaderElection timings, no --leader-elect), rolls one new pod at a time, may list,
     take, renew and delete the Leases of its own namespace and patch AgentRuns (their shard
-    label), and an admission policy keeps the label the operator's; without runOwnership, or
-    with notification sinks, the chart refuses naming sharding.enabled. Unsharded, none of it."""
+    label), and an admission policy keeps the label the operator's; without runOwnership the
+    chart refuses naming sharding.enabled; with notification sinks it renders them (each
+    replica tells its shards' events). Unsharded, none of it."""
     store = ("--set", "store.existingSecret.name=pg")
     docs = rendered(helm, cluster, *store, "--set", "replicas=3", "--set", "sharding.enabled=true")
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
@@ -359,23 +360,26 @@ def test_sharding_renders_the_shards_their_leases_and_the_label_policy(
     assert {"apiGroups": ["keelgate.dev"], "resources": ["agentruns"], "verbs": ["patch"]} not in (
         plain[("ClusterRole", "kg-operator")]["rules"]
     )
-    for value, words in (
-        ("runOwnership.enabled=false", "needs runOwnership.enabled"),
-        ("notifications.sinks[0].name=chat,notifications.sinks[0].url=http://x", "not sent"),
-    ):
-        out = run_helm(
-            helm,
-            cluster,
-            "template",
-            "kg",
-            str(CHART),
-            *store,
-            "--set",
-            "sharding.enabled=true",
-            "--set",
-            value,
-        )
-        assert out.returncode != 0 and "sharding.enabled" in out.stderr and words in out.stderr
+    out = run_helm(
+        helm,
+        cluster,
+        "template",
+        "kg",
+        str(CHART),
+        *store,
+        "--set",
+        "sharding.enabled=true",
+        "--set",
+        "runOwnership.enabled=false",
+    )
+    assert out.returncode != 0 and "sharding.enabled" in out.stderr
+    assert "needs runOwnership.enabled" in out.stderr
+    sinks = "notifications.sinks[0].name=chat,notifications.sinks[0].url=http://x"
+    told = rendered(helm, cluster, *store, "--set", "sharding.enabled=true", "--set", sinks)
+    sharded = next(d for d in told if d["kind"] == "Deployment")
+    told_args = sharded["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--shards=16" in told_args
+    assert any(a.startswith("--notify-config=") for a in told_args), told_args
 
 
 def test_a_chart_without_a_store_says_which_value_to_set(helm: Path, cluster: Cluster) -> None:

@@ -15,8 +15,15 @@ notification is sent at least once, unless it is dropped (a full queue, a refusa
 exhausted), whatever process dies when. Without a state ConfigMap, a restart takes everything it
 finds as told.
 
+Sharded (``--shards``), each shard is a lane of its own: its notifications are those of its runs,
+told by the replica driving it, and how far they are delivered is kept under the shard's key
+(``through-NN``, beside the unsharded ``through``). A replica reads a shard's point when it
+takes the shard, before listing it, and keeps it once more when it lets the shard go, so the
+next replica sends again what it had not delivered.
+
 This module must never block a reconcile on a sink (queueing never waits for a delivery), and
-never let ``through`` pass a notification that is still to be delivered.
+never let ``through`` pass a notification that is still to be delivered (nor keep a shard's
+point once it no longer drives the shard).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, Protocol
 
 from keelgate.core.redaction import redacted_line
 from keelgate.core.state import planned_arguments
+from keelgate.kube.controller.shards import shard_label
 from keelgate.kube.notifications import KINDS, SERVER_CLOCK, Notification, notifications_of
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.sinks import Arguments, SinkSender
@@ -45,13 +53,21 @@ log = logging.getLogger("keelgate.operator")
 CLOCK_MARGIN = 5.0
 STATE_KEY = "through"
 
+#: A lane of notifications kept apart: a shard's number, or None (unsharded: all of them).
+Lane = int | None
+
+
+def state_key(lane: Lane) -> str:
+    """The key a lane's delivery point is kept under: ``through``, or ``through-NN``."""
+    return STATE_KEY if lane is None else f"{STATE_KEY}-{shard_label(lane)}"
+
 
 class DeliveryState(Protocol):
-    """Where ``through`` is kept between leaders."""
+    """Where each lane's ``through`` is kept between leaders (and replicas)."""
 
-    def load(self) -> float | None: ...
+    def load(self, lane: Lane = None) -> float | None: ...
 
-    def save(self, through: float) -> None: ...
+    def save(self, through: float, lane: Lane = None) -> None: ...
 
 
 class ConfigMaps(Protocol):
@@ -61,28 +77,31 @@ class ConfigMaps(Protocol):
 
 
 class ConfigMapState:
-    """``through`` in the data of a ConfigMap (``NAMESPACE/NAME``), created when first saved."""
+    """Each lane's ``through`` in the data of a ConfigMap (``NAMESPACE/NAME``), created when
+    first saved; a save merges its one key, so replicas keeping other shards' keys never
+    overwrite each other's."""
 
     def __init__(self, api: ConfigMaps, where: str) -> None:
         self._api = api
         self.namespace, self.name = where.split("/", 1)
 
-    def load(self) -> float | None:
+    def load(self, lane: Lane = None) -> float | None:
         found = self._api.read_config_map(self.namespace, self.name)
-        text = str(((found or {}).get("data") or {}).get(STATE_KEY) or "")
+        text = str(((found or {}).get("data") or {}).get(state_key(lane)) or "")
         moment = parse_time(text)
         return None if moment is None else moment.timestamp()
 
-    def save(self, through: float) -> None:
+    def save(self, through: float, lane: Lane = None) -> None:
         moment = dt.datetime.fromtimestamp(through, dt.UTC)
         self._api.write_config_map(
-            self.namespace, self.name, {STATE_KEY: moment.isoformat(timespec="milliseconds")}
+            self.namespace, self.name, {state_key(lane): moment.isoformat(timespec="milliseconds")}
         )
 
 
 class Notifier:
     """Every notification the operator's objects hold, told once by this process to every sink that
-    wants it; ``through`` kept in ``state`` for the next leader."""
+    wants it; ``through`` kept in ``state`` for the next leader. ``lane_of`` names each
+    notification's lane (sharded: its run's shard); unsharded, there is one lane, None."""
 
     def __init__(
         self,
@@ -91,21 +110,23 @@ class Notifier:
         metrics: Metrics,
         state: DeliveryState | None = None,
         arguments: Arguments | None = None,
+        lane_of: Callable[[Notification], Lane] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], bool] | None = None,
     ) -> None:
         self.settings = settings
         self._state = state
         self._clock = clock
+        self._lane_of: Callable[[Notification], Lane] = lane_of or (lambda _: None)
         self._lock = threading.Lock()
         # What this process has told (or taken as told), per object (by uid): notification ids.
         self._told: dict[str, set[str]] = {}
-        self._boundary: float | None = None  # while listing: those up to it are told already
-        self._listing = False
-        # id -> (the notification, how many sinks are still to send it)
-        self._outstanding: dict[str, tuple[Notification, int]] = {}
-        self._latest: float | None = None  # the newest record among the notifications seen
-        self._saved: float | None = None
+        # The lanes being listed: those up to each one's boundary are told already.
+        self._boundary: dict[Lane, float | None] = {}
+        # id -> (the notification, its lane, how many sinks are still to send it)
+        self._outstanding: dict[str, tuple[Notification, Lane, int]] = {}
+        self._latest: dict[Lane, float] = {}  # each lane's newest record among those seen
+        self._saved: dict[Lane, float | None] = {}  # the lanes this process keeps, and their point
         self.senders = [
             SinkSender(
                 sink,
@@ -121,15 +142,16 @@ class Notifier:
 
     # The start of a leader
 
-    def begin(self) -> None:
-        """Before the listing: read how far the last leader delivered. Notifications the listing
-        holds up to that point are taken as told; later ones are sent (again). Without a kept
-        state (none configured, none saved yet, or unreadable) everything listed is taken as
-        told: a first start never floods its sinks with the cluster's past."""
+    def begin(self, lane: Lane = None) -> None:
+        """Before the listing (of a lane: a shard taken): read how far the last leader (or the
+        shard's last replica) delivered. Notifications the listing holds up to that point are
+        taken as told; later ones are sent (again). Without a kept state (none configured, none
+        saved yet, or unreadable) everything listed is taken as told: a first start never floods
+        its sinks with the cluster's past."""
         through: float | None = None
         if self._state is not None:
             try:
-                through = self._state.load()
+                through = self._state.load(lane)
             except Exception as error:  # told, then taken as nothing kept
                 log.warning(
                     "notify: cannot read the delivery state (%s); what the listing holds is "
@@ -137,20 +159,32 @@ class Notifier:
                     redacted_line(error),
                 )
         with self._lock:
-            self._listing = True
-            self._boundary = through
-            self._saved = through
+            self._boundary[lane] = through
+            self._saved[lane] = through
         if through is not None:
             log.info(
-                "notify: sending again what was recorded after %s",
+                "notify: sending again what was recorded after %s%s",
                 dt.datetime.fromtimestamp(through, dt.UTC).isoformat(timespec="seconds"),
+                "" if lane is None else f" in shard {shard_label(lane)}",
             )
 
-    def live(self) -> None:
-        """The listing is done: from now on every new notification is sent."""
+    def live(self, lane: Lane = None) -> None:
+        """The listing (of a lane) is done: from now on every new notification is sent."""
         with self._lock:
-            self._listing = False
-            self._boundary = None
+            self._boundary.pop(lane, None)
+
+    def end(self, lane: Lane, *, keep: bool) -> None:
+        """This process no longer drives ``lane`` (a shard let go): with ``keep`` (given back,
+        before its Lease is), keep its point one last time; then never again (the replica that
+        takes the shard keeps it from now on: a shard lost may be held by another already,
+        whose point must not be moved past what it still has to deliver). What is still queued
+        of it is delivered all the same (a duplicate at worst, under the same id)."""
+        if keep:
+            self.save_state(lane)
+        with self._lock:
+            self._saved.pop(lane, None)
+            self._latest.pop(lane, None)
+            self._boundary.pop(lane, None)
 
     def start(self) -> None:
         for sender in self.senders:
@@ -159,7 +193,17 @@ class Notifier:
     def stop(self) -> None:
         for sender in self.senders:
             sender.stop()
-        self.save_state()
+        self.save_states()
+
+    def save_states(self) -> None:
+        """Keep the point of every lane this process keeps (each while notifications flow)."""
+        for lane in self.lanes():
+            self.save_state(lane)
+
+    def lanes(self) -> list[Lane]:
+        """The lanes this process keeps the delivery point of."""
+        with self._lock:
+            return list(self._saved)
 
     # Observing (any thread: the cache calls it with every body it takes in)
 
@@ -180,13 +224,17 @@ class Notifier:
         with self._lock:
             told = self._told.setdefault(uid, set())
             fresh = [n for n in found if n.id not in told]
-            if self._listing:
-                # Told before this process began, unless recorded after the kept state.
-                boundary = self._boundary
+            if self._boundary:
+                # Told before this process began (took the lane), unless recorded after the
+                # kept state.
                 for notification in fresh:
+                    lane = self._lane_of(notification)
+                    if lane not in self._boundary:
+                        continue
+                    boundary = self._boundary[lane]
                     if boundary is None or not _after(notification, boundary):
                         told.add(notification.id)
-                        self._seen(notification)
+                        self._seen(notification, lane)
                 fresh = [n for n in fresh if n.id not in told]
             sending = self._take(told, fresh)
         self._offer(sending)
@@ -206,17 +254,19 @@ class Notifier:
         sending = []
         for notification in fresh:
             told.add(notification.id)
-            self._seen(notification)
+            lane = self._lane_of(notification)
+            self._seen(notification, lane)
             wanting = [s for s in self.senders if s.sink.wants(notification.type)]
             if wanting:
-                self._outstanding[notification.id] = (notification, len(wanting))
+                self._outstanding[notification.id] = (notification, lane, len(wanting))
                 sending.append((notification, wanting))
         return sending
 
-    def _seen(self, notification: Notification) -> None:
+    def _seen(self, notification: Notification, lane: Lane) -> None:
         """The caller holds the lock."""
-        if self._latest is None or notification.time > self._latest:
-            self._latest = notification.time
+        latest = self._latest.get(lane)
+        if latest is None or notification.time > latest:
+            self._latest[lane] = notification.time
 
     def _offer(self, sending: list[tuple[Notification, list[SinkSender]]]) -> None:
         for notification, wanting in sending:
@@ -230,36 +280,41 @@ class Notifier:
             entry = self._outstanding.get(notification.id)
             if entry is None:
                 return
-            if entry[1] <= 1:
+            if entry[2] <= 1:
                 del self._outstanding[notification.id]
             else:
-                self._outstanding[notification.id] = (entry[0], entry[1] - 1)
+                self._outstanding[notification.id] = (entry[0], entry[1], entry[2] - 1)
 
     # How far delivery has come
 
-    def through(self) -> float:
-        """Every notification recorded before this moment has been delivered or dropped (or is not
-        yet seen, and then recorded within CLOCK_MARGIN of it)."""
+    def through(self, lane: Lane = None) -> float:
+        """Every notification (of ``lane``) recorded before this moment has been delivered or
+        dropped (or is not yet seen, and then recorded within CLOCK_MARGIN of it)."""
         with self._lock:
-            oldest = min((n.time for n, _ in self._outstanding.values()), default=None)
+            oldest = min(
+                (n.time for n, of, _ in self._outstanding.values() if of == lane), default=None
+            )
         bound = self._clock() - CLOCK_MARGIN
         return bound if oldest is None else min(bound, oldest - 0.001)
 
-    def save_state(self) -> None:
-        """Keep ``through`` for the next leader while it has not yet passed the newest notification
-        seen (an idle operator writes nothing: after a burst of notifications, a few saves, the last
-        about CLOCK_MARGIN later). A failure is told and tried at the next save."""
+    def save_state(self, lane: Lane = None) -> None:
+        """Keep ``lane``'s ``through`` for the next leader while it has not yet passed the newest
+        notification seen (an idle operator writes nothing: after a burst of notifications, a
+        few saves, the last about CLOCK_MARGIN later). A failure is told and tried at the next
+        save; a lane this process does not keep is not saved."""
         if self._state is None:
             return
         with self._lock:
-            latest, saved = self._latest, self._saved
+            if lane not in self._saved:
+                return
+            latest, saved = self._latest.get(lane), self._saved[lane]
         if latest is None or (saved is not None and saved >= latest):
             return
-        through = self.through()
+        through = self.through(lane)
         if saved is not None and through <= saved:
             return  # held back by an undelivered notification: nothing new to keep
         try:
-            self._state.save(through)
+            self._state.save(through, lane)
         except Exception as error:
             log.warning(
                 "notify: cannot keep the delivery state (%s)",
@@ -267,7 +322,8 @@ class Notifier:
             )
             return
         with self._lock:
-            self._saved = through
+            if lane in self._saved:
+                self._saved[lane] = through
 
 
 def _after(notification: Notification, through: float) -> bool:

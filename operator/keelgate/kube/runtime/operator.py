@@ -43,7 +43,9 @@ from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import Key
+from keelgate.kube.controller.shards import Shards
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
+from keelgate.kube.notifications import Notification
 from keelgate.kube.resources import (
     controller_name,
     is_tick,
@@ -116,6 +118,8 @@ class Operator:
                 metrics=self.metrics,
                 state=ConfigMapState(api, settings.state) if settings.state else None,
                 arguments=self._arguments,
+                # Sharded: each shard's notifications are a lane of their own.
+                lane_of=self._shard_of if options.shards else None,
             )
         self.cache = Cache(observer=None if self.notifier is None else self.notifier.observe)
         self.queue: WorkQueue[Key] | None = None  # made on the operator's event loop
@@ -276,14 +280,16 @@ class Operator:
     async def _start(self) -> None:
         notifier = self.notifier
         if notifier is not None:
-            # How far the last leader delivered, read before the listing: what the listing
-            # holds after that is sent (again).
-            await asyncio.to_thread(notifier.begin)
+            if not self.options.shards:  # sharded: each shard's, as it is taken (Sharding)
+                # How far the last leader delivered, read before the listing: what the listing
+                # holds after that is sent (again).
+                await asyncio.to_thread(notifier.begin)
             notifier.start()
         if not self.options.shards:
             await asyncio.to_thread(self._list_everything)  # sharded: each shard as it is taken
         if notifier is not None:
-            notifier.live()
+            if not self.options.shards:
+                notifier.live()
             self._tasks.append(
                 asyncio.create_task(self._keep_notify_state(notifier), name="keelgate-notify")
             )
@@ -340,6 +346,7 @@ class Operator:
                 queue=queue,
                 slots=self.controller.context.slots,
                 metrics=self.metrics,
+                notifier=notifier,
             )
             self.listed = True
             self.sharding.start()
@@ -404,7 +411,15 @@ class Operator:
         """Keep how far delivery has come, every few seconds while notifications flow."""
         while True:
             await asyncio.sleep(NOTIFY_STATE_EVERY)
-            await asyncio.to_thread(notifier.save_state)
+            await asyncio.to_thread(notifier.save_states)
+
+    def _shard_of(self, notification: Notification) -> int:
+        """The shard of the run a notification is about (its label as this replica holds it)."""
+        _, _, namespace, _, run = notification.path.split("/", 4)
+        meta = self.cache.metadata("AgentRun", namespace, run)
+        return Shards(self.options.shards).of_run(
+            {"metadata": meta or {"namespace": namespace, "name": run}}
+        )
 
     def _arguments(self, namespace: str, run: str, action: str) -> Any:
         """An action's recorded arguments, for a sink with includeArguments (None: not in the

@@ -36,6 +36,7 @@ from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.runtime.cache import Cache, key_of
 from keelgate.kube.runtime.leadership import LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
+from keelgate.kube.runtime.notifier import Notifier
 from keelgate.kube.runtime.shard_leases import ShardLeases
 from keelgate.kube.runtime.workqueue import WorkQueue
 
@@ -282,11 +283,6 @@ def refuse_sharding(options: Sharded) -> None:
             "--shards needs run ownership (--run-lease above 0): the store is what fences "
             "a shard's runs while they move between replicas"
         )
-    if options.notify is not None:
-        raise ValueError(
-            "--shards: notifications (--notify-config, --notify-sink) are not sent by a "
-            "sharded operator yet; run it unsharded to send them"
-        )
 
 
 class Sharded(Protocol):
@@ -304,16 +300,14 @@ class Sharded(Protocol):
     @property
     def lease(self) -> LeaseSettings | None: ...
 
-    @property
-    def notify(self) -> object: ...
-
 
 class Sharding:
     """A sharded replica's part, wired: its shard Leases (``ShardLeases``, in their threads)
     and what it drives (``replica``), each shard taken or let go as a task on the event loop,
     and what it shows: its part of the step-pod cap (``slots``), and how many shards it drives
-    (``keelgate_shards_driven``; ``keelgate_leader`` 1 while it drives any). Made and started
-    on the operator's event loop."""
+    (``keelgate_shards_driven``; ``keelgate_leader`` 1 while it drives any). With notifications,
+    each shard's delivery point is read before the shard is listed and kept before its Lease is
+    given back (``notifier``). Made and started on the operator's event loop."""
 
     def __init__(
         self,
@@ -324,8 +318,10 @@ class Sharding:
         queue: WorkQueue[Key],
         slots: StepSlots,
         metrics: Metrics,
+        notifier: Notifier | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._notifier = notifier
         self._slots, self._metrics = slots, metrics
         self._tasks: set[asyncio.Task[None]] = set()
         self.replica = ShardedReplica(
@@ -345,7 +341,7 @@ class Sharding:
             options.lease,
             options.shards,
             api_client=api.client,
-            taken=lambda shard: self._on_loop(self.replica.take(shard)),
+            taken=lambda shard: self._on_loop(self._take(shard)),
             release=lambda shard: self._on_loop(self.replica.let_go(shard, given_back=True)),
             lost=self._lost,
         )
@@ -372,8 +368,33 @@ class Sharding:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _take(self, shard: int) -> None:
+        """Take ``shard``: its notifications' delivery point read before its listing (what the
+        listing holds after it is sent again), and every new one sent once it is listed."""
+        notifier = self._notifier
+        if notifier is not None:
+            await asyncio.to_thread(notifier.begin, shard)
+        try:
+            await self.replica.take(shard)
+        finally:
+            if notifier is not None:
+                notifier.live(shard)
+
     def _released(self, shard: int) -> None:
-        self.leases.released(shard)
+        """A shard given back is let go: its notifications' point kept, then its Lease given
+        up (the next replica reads that point when it takes the shard)."""
+        notifier = self._notifier
+        if notifier is None:
+            self.leases.released(shard)
+            return
+
+        async def keep_then_release() -> None:
+            try:
+                await asyncio.to_thread(notifier.end, shard, keep=True)
+            finally:
+                self.leases.released(shard)
+
+        self._task(keep_then_release())
 
     def _cap(self, cap: int) -> None:
         self._slots.set_limit(cap)
@@ -381,6 +402,9 @@ class Sharding:
 
     def _lost(self, shard: int) -> None:
         self.replica.stop_driving(shard)  # at once, from the Leases' thread
+        if self._notifier is not None:
+            # Another replica may hold it already: its point is that one's to keep.
+            self._notifier.end(shard, keep=False)
         self._on_loop(self.replica.let_go(shard, given_back=False))
 
     def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
