@@ -7,9 +7,10 @@ while that replica lives. A replica killed mid-run (one of its runs' WRITE answe
 another's step pod killed with it mid-WRITE) hands its shards over within the Lease and a few
 seconds; its runs go on under the new holder, the late WRITE counted once and the killed one's
 outcome unknown and settled, never sent again. A third replica joining takes its share from the
-two over theirs, while runs go on. The module installs the release sharded once (two replicas,
-eight shards, short leases to keep the waits short) and leaves it as it found it (one replica,
-no election).
+two over theirs, while runs go on; each replica tells the events of its shards to the sink (a
+CloudEvents receiver on loopback), each shard's delivery point kept under its own key. The
+module installs the release sharded once (two replicas, eight shards, short leases to keep the
+waits short, one sink) and leaves it as it found it (one replica, no election, no sink).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import yaml
 from keelgate.kube.controller.shards import hash_shard
 
 from keelgate_e2e import runs
+from keelgate_e2e.events import Receiver, data
 from keelgate_e2e.keelgate import OperatorPod, tenant_dsn
 from keelgate_e2e.kube import JSON, Kube
 from keelgate_e2e.node import kill_container
@@ -41,11 +43,22 @@ SHARD_LABEL = "keelgate.dev/shard"
 
 
 @pytest.fixture(scope="module")
-def sharded(operator_process: OperatorPod) -> Iterator[OperatorPod]:
-    """The session's release with sharding on: two replicas, eight shards."""
+def sink() -> Iterator[Receiver]:
+    """Where the sharded replicas tell their events."""
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def sharded(operator_process: OperatorPod, sink: Receiver) -> Iterator[OperatorPod]:
+    """The session's release with sharding on: two replicas, eight shards, one sink."""
     operator = operator_process
     operator.replicas, operator.leader_election = 2, False
     values = (
+        "notifications.sinks[0].name=e2e",
+        f"notifications.sinks[0].url={sink.url}",
+        "notifications.sinks[0].retryForSeconds=120",
         "sharding.enabled=true",
         f"sharding.shards={SHARDS}",
         f"leaderElection.leaseDuration={LEASE}",
@@ -228,6 +241,7 @@ def test_two_replicas_each_drive_a_share_and_every_run_is_driven_by_one(
 
 def test_a_third_replica_takes_shards_over_its_share_and_decides_their_runs(
     sharded: OperatorPod,
+    sink: Receiver,
     tenant: str,
     admin: Kube,
     kubectl: Kubectl,
@@ -238,7 +252,9 @@ def test_a_third_replica_takes_shards_over_its_share_and_decides_their_runs(
     driving its shard) when a third replica joins: the new one takes its share (8 shards: 3, 3,
     2) from the two over theirs, which let those runs go; approved, each run of a moved shard is
     taken by the new replica (epoch 2) and ordered once, the others by the replica that held
-    them all along (epoch 1). Scaled back to two, the shards spread over the two again."""
+    them all along (epoch 1). Every run's approval asked and its success are told to the sink,
+    moved shards' too, and each shard's delivery point is kept under its own key of the state
+    ConfigMap. Scaled back to two, the shards spread over the two again."""
     operator = sharded
     before = _wait_split(operator, 2)
     names = [_names_in(tenant, f"join{shard}", {shard}, 1)[0] for shard in range(SHARDS)]
@@ -271,6 +287,29 @@ def test_a_third_replica_takes_shards_over_its_share_and_decides_their_runs(
             assert _owner(operator, tenant, name) == (newcomer, 2), name
         else:
             assert _owner(operator, tenant, name) == (_holder_in(after, shard), 1), name
+
+    def told(kind: str, name: str) -> bool:
+        return any(
+            e.get_type() == kind and data(e).get("run") == name for e, _, _ in sink.of(tenant)
+        )
+
+    wait_for(
+        lambda: all(
+            told("dev.keelgate.approval.requested", n) and told("dev.keelgate.run.succeeded", n)
+            for n in names
+        ),
+        timeout=60,
+        what="every run's approval asked and success told",
+    )
+    assert sink.unreadable == []
+    state = f"/api/v1/namespaces/{operator.namespace}/configmaps/{operator.release}-notify-state"
+    wait_for(
+        lambda: (
+            {f"through-{s:02d}" for s in range(SHARDS)} <= set(admin.get(state).get("data") or {})
+        ),
+        timeout=60,
+        what="each shard's delivery point kept",
+    )
     operator.replicas = 2
     operator.install()
     _wait_split(operator, 2, timeout=120)
