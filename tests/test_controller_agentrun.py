@@ -888,6 +888,21 @@ def test_a_step_pod_the_server_refuses_is_told_then_stalls_the_run_and_clears_wh
     assert len([e for e in kube.api.events if e.reason == "FailedCreate"]) == 1
 
 
+def test_a_step_pod_refused_for_days_is_still_tried_every_five_minutes(kube: Operator) -> None:
+    """A quota that refuses the step pod for days: after the back-off reached 5 minutes, each
+    try asks for the next in 5 minutes, also past the 1,025th refusal (about 85 hours), where
+    the doubling once overflowed a float and every look at the run ended in an error."""
+    said = "exceeded quota: zero"
+    kube.api.refuse_always["create_pod"] = ApiFailure(
+        f"create Pod shop/restock-s1-a1: 403 Forbidden: {said}", status=403, detail=said
+    )
+    kube.apply("restock", agentrun_spec())
+    waits = [kube.reconcile("restock") for _ in range(1100)]
+    assert waits[:7] == [Requeue(w) for w in (5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)]
+    assert set(waits[7:]) == {Requeue(300.0)}
+    assert kube.pods() == []
+
+
 def test_a_server_that_does_not_answer_a_pod_create_is_retried_without_a_stall(
     kube: Operator,
 ) -> None:

@@ -165,7 +165,8 @@ class StepPodStarter:
                 stalled=f"{what} ({count} tries): {said}",
                 stalled_reason="PodCreateRefused",
             )
-        return Requeue(min(REFUSED_MAX, REFUSED_FIRST * 2 ** (count - 1)))
+        # The doubling stops once it is past the cap: 2 ** 1,025 overflows a float.
+        return Requeue(min(REFUSED_MAX, REFUSED_FIRST * 2 ** min(count - 1, 16)))
 
     def _record_spec(self, key: Key, run: JSON, spec: AgentRunSpec) -> None:
         """The pod reads the spec from the store: record it before the pod can start. Once
