@@ -182,6 +182,7 @@ def test_a_run_moves_to_the_standby_cluster_when_its_cluster_dies_mid_write_and_
             kill=True,
             while_down=while_east_is_down,
         )
+        print(f"west's first step pod {seen['taken']:.1f} s after east died (lease {LEASE} s)")
         assert seen["taken"] < TAKEOVER_WITHIN, seen
         assert stop == ["outcome_unknown"], stop
         assert shop.shop.count() == 1  # the order in flight was not sent again
