@@ -89,10 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"metrics http://127.0.0.1:{operator.port}/metrics, "
                 "logs: kubectl -n keelgate-system logs deploy/keelgate-operator"
             )
-            print(
-                "  a tenant:   kubectl create namespace NS && "
-                'keelgate tenant add NS --store "$KEELGATE_PG_DSN"   (its own database role)'
-            )
+            if store:
+                print(
+                    "  a tenant:   copy its keelgate-store Secret from the first cluster's "
+                    "namespace NS into NS here (docs/operator.md, a standby cluster)"
+                )
+            else:
+                print(
+                    "  a tenant:   kubectl create namespace NS && "
+                    'keelgate tenant add NS --store "$KEELGATE_PG_DSN"   (its own database role)'
+                )
         print(f"  use it:     source {run_dir / 'env'}   (or KUBECONFIG={cluster.kubeconfig})")
         return 0
     if args.command == "down":

@@ -75,15 +75,17 @@ class HeldElsewhere:
         """Why a decision made here (an Approval's, a Reconciliation's) does not count: the
         run's holder records decisions. No lease in it: the words stay the same while the
         refusal stands, so it is told once."""
-        where = (
-            f"cluster {self.cluster!r} (operator {self.holder!r})"
-            if self.standby
-            else repr(self.holder)
-        )
+        if self.standby:
+            return (
+                f"not counted here: the run is held by cluster {self.cluster!r} (operator "
+                f"{self.holder!r}) under epoch {self.epoch}; a decision counts in the cluster "
+                "holding the run (this one is tried again, and counts only if this cluster takes "
+                "the run over before it is decided there)"
+            )
         return (
-            f"not counted here: the run is held by {where} under epoch {self.epoch}; a decision "
-            "counts in the cluster holding the run (this one is tried again, and counts only if "
-            "this cluster takes the run over before it is decided there)"
+            f"not counted here: the run is held by {self.holder!r} under epoch {self.epoch}; it "
+            "is tried again, and counts once this operator holds the run (that one's lease "
+            "lapsed, or it let the run go)"
         )
 
     def words(self) -> str:
