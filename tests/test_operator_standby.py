@@ -280,6 +280,29 @@ def test_a_settlement_made_in_the_standby_cluster_is_refused_and_the_holders_sta
     assert len(operator_tools.ORDERS) == 1
 
 
+def test_a_spec_broken_in_the_standby_cluster_asks_for_no_settlement_there(
+    clusters: tuple[Operator, Operator],
+) -> None:
+    """East's run stops with an unknown outcome; in west someone applies the run with a spec
+    the models refuse. West shows it Stalled (its spec is wrong there) but asks nobody to
+    settle east's outcome: no Reconciliation is made in west, where no decision would count."""
+    east, west = clusters
+    east.apply("restock", agentrun_spec())
+    east.reconcile("restock")
+    assert east.run_step("restock", failpoints={"after_gateway_call": 1}) == 137
+    east.reconcile("restock")
+    assert east.run_step("restock") == 3
+    east.reconcile("restock")
+    assert east.status("restock")["stopReason"] == "outcome_unknown"
+    broken = agentrun_spec()
+    broken["budget"] = {"maxIterations": -1}
+    west.apply("restock", broken)
+    west.reconcile("restock")
+    assert west.condition("restock", "Stalled")["status"] == "True"
+    assert west.api.of_kind("Reconciliation") == []
+    assert len(east.api.of_kind("Reconciliation")) == 1
+
+
 def test_an_agentrun_recreated_in_the_standby_cluster_is_never_driven_there(
     clusters: tuple[Operator, Operator],
 ) -> None:

@@ -91,7 +91,10 @@ class AgentRunReconciler:
             # an unknown outcome stays asked for and shown, whatever the spec now says.
             state = context.run_state(namespace, name)
             unknown = self._asks.unknown_now(namespace, state)
-            self._asks.ask_to_settle(run, unknown)
+            elsewhere = context.holding.elsewhere(namespace, name)
+            if elsewhere is None or not elsewhere.standby:
+                # (Another cluster's run is asked for there: a spec broken here asks nothing.)
+                self._asks.ask_to_settle(run, unknown)
             return self._status.write_stalled(run, str(error), state=state, unknown=unknown)
         if spec.loop is LoopKind.MONITOR and not resources.is_tick(run):
             return self._monitors.reconcile(run, spec)
