@@ -158,7 +158,7 @@ def test_the_standby_cluster_takes_over_after_the_lease_and_never_resends_the_wr
 ) -> None:
     """East's step pod dies right after the shop took the order, and east with it (API server
     and operator gone: nothing renewed, nothing let go). West stands by while the lease is live,
-    looks again when it would lapse, and then (within the lease and a second) takes the run
+    looks again when it would lapse, and then (within 5 s of the lapse) takes the run
     under epoch 2: its own step pod resumes from the checkpoint and meets the WRITE as an
     unknown outcome, asked for in west; settled there, the run finishes, the order sent once."""
     east, west = clusters
@@ -175,7 +175,7 @@ def test_the_standby_cluster_takes_over_after_the_lease_and_never_resends_the_wr
     time.sleep(again.after)
     assert west.reconcile("restock") == REST
     taken_after = time.monotonic() - lapses
-    assert taken_after < 1.5, taken_after
+    assert taken_after < 5.0, taken_after  # the issue's target: within the lease and 5 s
     assert west.pods() == ["restock-s1-a1"]
     assert _holder(west, "restock")[:2] == (WEST, 2)
     assert "Standby" not in _conditions(west, "restock")
