@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from keelgate_e2e import keelgate as kg
-from keelgate_e2e import runs
+from keelgate_e2e import procs, runs
 from keelgate_e2e.cluster import Cluster
 from keelgate_e2e.keelgate import OperatorPod, OperatorProcess
 from keelgate_e2e.kube import JSON, Kube
@@ -52,6 +52,8 @@ def west(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Iterator
         kube.close()
     yield other
     other.stop()
+    left = procs.marked_pids(other.run_dir)
+    assert not left, f"processes left after stopping the west cluster: {left}"
 
 
 def _namespace_in(kube: Kube, name: str, store: str) -> None:
