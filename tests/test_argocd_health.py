@@ -181,3 +181,31 @@ def test_the_docs_table_says_what_argo_cd_and_kstatus_make_of_every_sample() -> 
             sample,
         )
         assert kstatus(obj) == kstat, (kind, sample)
+
+
+def test_a_standby_run_is_suspended_to_argo_cd_and_current_to_kstatus() -> None:
+    """A run another cluster's operator holds in the store, with the status this cluster's
+    operator writes for it (``kube.status.desired_status``, Standby=True): Argo CD shows it
+    Suspended with the holder named (neither Degraded nor Progressing forever), and kstatus
+    reads it Current, so neither an Application nor a Flux wait in the standby cluster hangs or
+    fails on it; the cluster holding the run shows it Progressing as usual."""
+    from keelgate.kube.status import RunView, desired_status
+
+    said = "held by cluster 'east' (operator 'op/3f9a1c@east') under epoch 2, its lease live 9 s"
+    shown = {}
+    for where, view in (
+        ("standby", RunView(generation=1, outcome=None, step={}, stepping=False, standby=said)),
+        ("holder", RunView(generation=1, outcome=None, step={"pod": "r-s1-a1"}, stepping=True)),
+    ):
+        status = desired_status(view, old={}, now="2026-12-07T06:00:00Z")
+        obj = {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "shop", "generation": 1},
+            "spec": {"loop": "task", "suspend": False},
+            "status": status,
+        }
+        lua = (GROUP_DIR / "AgentRun" / "health.lua").read_text()
+        shown[where] = (run_health(lua, obj), kstatus(obj))
+    assert shown["standby"] == ({"status": "Suspended", "message": f"Standby: {said}"}, "Current")
+    assert shown["holder"][0]["status"] == "Progressing" and shown["holder"][1] == "InProgress"

@@ -1388,13 +1388,17 @@ def test_bad_leader_election_settings_are_one_line_naming_the_flag(
         (["--run-lease=10", "--run-lease-renew=10"], "--run-lease", "longer than"),
         (["--run-lease=-1"], "--run-lease", "greater than or equal to 0"),
         (["--run-lease-renew=0"], "--run-lease-renew", "greater than or equal to 0.1"),
+        (["--cluster=East_1"], "--cluster", "a DNS label"),
+        (["--cluster=east@west"], "--cluster", "a DNS label"),
     ],
 )
 def test_bad_run_lease_settings_are_one_line_naming_the_flag(
     capsys: pytest.CaptureFixture[str], flags: list[str], field: str, words: str
 ) -> None:
     """`keelgate operator` with a run lease no longer than its renewal period (or a negative
-    lease, a renewal period of 0): exit 2, one line naming the flag, before anything connects."""
+    lease, a renewal period of 0), or a cluster name that is not a DNS label (it is part of the
+    holder's name the other clusters read): exit 2, one line naming the flag, before anything
+    connects."""
     code = main(["operator", "--store", "postgresql://kg@127.0.0.1:1/kg", *flags])
     err = capsys.readouterr().err.strip()
     assert code == 2

@@ -28,6 +28,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument(
         "--no-operator", action="store_true", help="do not install Keelgate or run its operator"
     )
+    up.add_argument(
+        "--store-of",
+        type=Path,
+        help="a standby cluster: no PostgreSQL of its own; its operator uses the one of the "
+        "cluster `up` started in this run directory (its operator's store Secret)",
+    )
+    up.add_argument(
+        "--cluster-name",
+        default="",
+        help="the operator's cluster name (the chart's runOwnership.cluster; default: default)",
+    )
     sub.add_parser("down", help="stop everything started by `up` in --dir")
     sub.add_parser("status", help="print the recorded state")
     sub.add_parser("build", help="build missing control-plane binaries")
@@ -38,12 +49,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return build.main([])
     if args.command == "up":
         started = time.monotonic()
-        cluster = Cluster(run_dir, postgres=not args.no_postgres)
+        store = ""
+        if args.store_of is not None:
+            store = _store_of(args.store_of.resolve())
+            if not store:
+                print(
+                    f"error: no cluster with PostgreSQL is up in {args.store_of}", file=sys.stderr
+                )
+                return 1
+        cluster = Cluster(run_dir, postgres=not args.no_postgres and not store)
         try:
             cluster.start()
             operator = None
-            if not args.no_operator and cluster.dsn:
-                operator = _keelgate(cluster)
+            if not args.no_operator and (cluster.dsn or store):
+                operator = _keelgate(cluster, store=store, name=args.cluster_name)
         except (procs.StartError, build.BuildError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -53,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"  kubeconfig: {cluster.kubeconfig} (contexts admin [default], alice, bob)")
         print(f"  API server: {cluster.server}")
+        if store:
+            print(
+                f"  PostgreSQL: the one of {args.store_of} (a standby cluster: no PostgreSQL here)"
+            )
         if cluster.dsn:
             where = cluster.dsn.rsplit("@", 1)[1]
             print(
@@ -66,10 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"metrics http://127.0.0.1:{operator.port}/metrics, "
                 "logs: kubectl -n keelgate-system logs deploy/keelgate-operator"
             )
-            print(
-                "  a tenant:   kubectl create namespace NS && "
-                'keelgate tenant add NS --store "$KEELGATE_PG_DSN"   (its own database role)'
-            )
+            if store:
+                print(
+                    "  a tenant:   copy its keelgate-store Secret from the first cluster's "
+                    "namespace NS into NS here (docs/operator.md, a standby cluster)"
+                )
+            else:
+                print(
+                    "  a tenant:   kubectl create namespace NS && "
+                    'keelgate tenant add NS --store "$KEELGATE_PG_DSN"   (its own database role)'
+                )
         print(f"  use it:     source {run_dir / 'env'}   (or KUBECONFIG={cluster.kubeconfig})")
         return 0
     if args.command == "down":
@@ -90,14 +119,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _keelgate(cluster: Cluster) -> keelgate.OperatorPod:
+def _keelgate(cluster: Cluster, *, store: str = "", name: str = "") -> keelgate.OperatorPod:
     """Install Keelgate as a user does: `keelgate tenant add keelgate-system --operator` (the
     operator's own database role, in the Secret keelgate-store), then `helm install --wait` of
     charts/keelgate into keelgate-system reading it, with failpoints allowed: it is a
-    development cluster."""
-    operator = keelgate.OperatorPod(cluster)
+    development cluster. With ``store`` (a standby cluster) the operator's URL on the other
+    cluster's PostgreSQL instead (the chart's store.url), and ``name`` as its cluster's."""
+    values = (f"runOwnership.cluster={name}",) if name else ()
+    operator = keelgate.OperatorPod(cluster, store=store, values=values)
     operator.install()
     return operator
+
+
+def _store_of(first: Path) -> str:
+    """The operator's store URL in the cluster `up` started in ``first`` (its Secret
+    keelgate-system/keelgate-store); "" when none is up there with PostgreSQL."""
+    if not (first / "state.json").exists() or not Cluster.load(first).dsn:
+        return ""
+    kube = Cluster(first).client()
+    try:
+        return keelgate.store_url(kube, keelgate.SYSTEM)
+    finally:
+        kube.close()
 
 
 if __name__ == "__main__":

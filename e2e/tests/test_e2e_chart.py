@@ -157,6 +157,8 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
     assert "--leader-elect" in args and "--lease-name=kg-operator" in args
     # Runs are taken in the store under a 30 s lease, renewed every 10 s (runOwnership).
     assert "--run-lease=30" in args and "--run-lease-renew=10" in args
+    # Its holder name carries the cluster (runOwnership.cluster): a standby cluster's tells it.
+    assert "--cluster=default" in args
     lease_rules = by_kind[("Role", "kg-operator-lease")]["rules"]
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in (
         lease_rules
@@ -219,6 +221,7 @@ def test_the_chart_ships_what_deploy_ships_and_the_operator_as_it_should_run(
         ("replicas=0", "/replicas"),
         ("leaderElection.leaseDuration=soon", "/leaderElection/leaseDuration"),
         ("runOwnership.leaseSeconds=soon", "/runOwnership/leaseSeconds"),
+        ("runOwnership.cluster=East_1", "/runOwnership/cluster"),
         ("sharding.shards=101", "/sharding/shards"),
         ("sharding.enabled=maybe", "/sharding/enabled"),
     ],

@@ -245,6 +245,16 @@ RunLeaseOption = Annotated[
         "0: take no run (every run written without an epoch, as before run ownership).",
     ),
 ]
+ClusterOption = Annotated[
+    str,
+    typer.Option(
+        "--cluster",
+        envvar="KEELGATE_CLUSTER",
+        help="This cluster's name (a DNS label), part of this operator's name as a holder of "
+        "runs in the store: operators of two clusters sharing one store tell each other's "
+        "runs (shown Standby here) from their own replicas'. Name each cluster apart.",
+    ),
+]
 RunLeaseRenewOption = Annotated[
     float,
     typer.Option(
@@ -292,6 +302,7 @@ def operator_command(
     run_lease: RunLeaseOption = 30.0,
     run_lease_renew: RunLeaseRenewOption = 10.0,
     shards: ShardsOption = 0,
+    cluster: ClusterOption = "default",
 ) -> int:
     """Run the Keelgate operator (kopf): AgentRuns become step pods, one per step."""
     read = _operator_store(
@@ -316,6 +327,7 @@ def operator_command(
         lease=(lease_name, lease_namespace, identity),
         timings=(lease_duration, lease_renew, lease_retry),
         run_lease=(run_lease, run_lease_renew),
+        cluster=cluster,
     )
     _log_to_stderr()
     options = _options(
@@ -363,6 +375,7 @@ def _lease_and_holder(
     lease: tuple[str, str, str],
     timings: tuple[int, int, int],
     run_lease: tuple[float, float],
+    cluster: str = "default",
 ) -> tuple[LeaseSettings | None, str]:
     """The Lease settings (of --leader-elect, or of the shard Leases with --shards) and this
     process's name as a holder of runs in the store (empty with --run-lease 0); sharded, one
@@ -375,7 +388,7 @@ def _lease_and_holder(
     duration, renew = run_lease
     if duration and not duration > renew:
         raise InputError("--run-lease", "must be longer than --run-lease-renew (or 0: off)")
-    holder = _holder(lease[2]) if duration else ""
+    holder = _holder(lease[2], cluster=cluster) if duration else ""
     if shards and settings is not None and holder:
         settings = dataclasses.replace(settings, identity=holder)
     return settings, holder
@@ -391,17 +404,23 @@ def _options(make: Callable[..., T], **options: Any) -> T:
         raise InputError(field.rstrip(":"), message) from None
 
 
-def _holder(identity: str) -> str:
+def _holder(identity: str, *, cluster: str) -> str:
     """Who this operator process is in the store's run ownership: --identity (POD_NAME), else
-    the host's name (a pod's hostname is its name), and a mark of this process. Two processes
-    never share a holder (two operators started by mistake on one host, a container restarted
-    while its earlier process still runs): one holder is one driver, or the fence between them
-    is gone. A restarted process is another holder, and takes its earlier life's runs after
-    their leases (a clean stop lets the runs no step pod drives go at once)."""
-    import secrets
+    the host's name (a pod's hostname is its name), a mark of this process, and its cluster
+    (--cluster). Two processes never share a holder (two operators started by mistake on one
+    host, a container restarted while its earlier process still runs): one holder is one
+    driver, or the fence between them is gone. A restarted process is another holder, and takes
+    its earlier life's runs after their leases (a clean stop lets the runs no step pod drives go
+    at once)."""
     import socket
 
-    return f"{identity or socket.gethostname()}/{secrets.token_hex(3)}"
+    from keelgate.kube.controller.ownership import CLUSTER_NAME, holder_name
+
+    if not CLUSTER_NAME.match(cluster):
+        raise InputError(
+            "--cluster", f"{cluster!r}: a DNS label (lower-case letters, digits, '-'; 1-63)"
+        )
+    return holder_name(identity or socket.gethostname(), cluster=cluster)
 
 
 def _operator_store(

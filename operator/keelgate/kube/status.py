@@ -9,7 +9,9 @@ spec: read as failed), plus ``Ready``. A run that waits for a person is neither 
 stalled: it is at rest until someone acts. ``LateResult`` is there (True) only while the run lists
 a call that ended after someone else had settled its key: the settlement stands, and a person
 should look at what really happened; ``Denied`` likewise only while the run keeps an action a
-person denied (it never ran: a run that met its goal did so without it). This module is pure:
+person denied (it never ran: a run that met its goal did so without it). ``Standby`` is there
+(True) only while another cluster's operator holds the run in the store: this cluster stands by,
+at rest (``Reconciling=False``, reason ``Standby``; kstatus reads it Current). This module is pure:
 it never talks to a cluster or a store, and never puts a tool's argument or a secret into
 status.
 """
@@ -59,6 +61,10 @@ class RunView:
     # The Reconciling condition's reason while waiting: HeldElsewhere when another operator
     # holds the run in the store (``waiting`` then names it).
     waiting_reason: str = "Waiting"
+    # Another cluster's operator holds the run in the store, in words (who, its cluster, its
+    # lease): this cluster stands by (the Standby condition), at rest, neither reconciling nor
+    # stalled, so that kstatus reads it Current and no GitOps tool waits on it or fails it.
+    standby: str = ""
     reconciliations: Mapping[str, str] = field(default_factory=dict)  # action -> object name
     approvals: Mapping[str, str] = field(default_factory=dict)  # action -> object name
     failpoints_seen: str = ""
@@ -162,6 +168,8 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         conditions.append(cond("Denied", ("True", "ActionDenied", "; ".join(view.denied))))
     if run_status.late_results:
         conditions.append(cond("LateResult", _late_result(run_status.late_results)))
+    if view.standby:
+        conditions.append(cond("Standby", ("True", "HeldByAnotherCluster", view.standby)))
     return {
         **run_status.to_json(),
         "observedGeneration": gen,
@@ -193,7 +201,7 @@ def _message(view: RunView, phase: RunPhase, stop: Stop | None) -> str:
         return "suspended (spec.suspend is true)"
     if stop is not None:
         return stop.message
-    return view.waiting
+    return view.standby or view.waiting
 
 
 def _succeeded(view: RunView, phase: RunPhase, stop: Stop | None) -> _Shown:
@@ -222,6 +230,8 @@ def _awaiting_approval(view: RunView, pending: Sequence[PendingApproval]) -> _Sh
 
 
 def _reconciling(view: RunView, phase: RunPhase) -> _Shown:
+    if view.standby:
+        return ("False", "Standby", view.standby)  # another cluster's to drive: at rest here
     if view.suspended and not view.stepping:
         return ("False", "Suspended", "spec.suspend is true")
     if view.stepping or (view.outcome is None and not view.stalled):

@@ -98,6 +98,15 @@ if status.phase == "Succeeded" then
   return hs
 end
 
+-- Another cluster's operator holds the run in the store (a standby cluster): at rest here, not
+-- failed and not under way; its message names the cluster that drives it.
+local standby = condition(status, "Standby")
+if isTrue(standby) then
+  hs.status = "Suspended"
+  hs.message = explain("Standby", standby.message, "")
+  return hs
+end
+
 local reconciling = condition(status, "Reconciling")
 if isTrue(reconciling) then
   hs.status = "Progressing"

@@ -37,6 +37,7 @@ from keelgate.kube.controller.outcomes import (
     Result,
     Stall,
 )
+from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.pod_ends import EndKind, PodEnd, classify
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.retention import collect_finished_pods
@@ -90,7 +91,10 @@ class AgentRunReconciler:
             # an unknown outcome stays asked for and shown, whatever the spec now says.
             state = context.run_state(namespace, name)
             unknown = self._asks.unknown_now(namespace, state)
-            self._asks.ask_to_settle(run, unknown)
+            elsewhere = context.holding.elsewhere(namespace, name)
+            if elsewhere is None or not elsewhere.standby:
+                # (Another cluster's run is asked for there: a spec broken here asks nothing.)
+                self._asks.ask_to_settle(run, unknown)
             return self._status.write_stalled(run, str(error), state=state, unknown=unknown)
         if spec.loop is LoopKind.MONITOR and not resources.is_tick(run):
             return self._monitors.reconcile(run, spec)
@@ -215,15 +219,18 @@ class AgentRunReconciler:
         stop = None if state is None else state.stop
         if stop is not None and stop.reason in _WAITING_FOR_A_PERSON:
             at_rest = {**step, "state": "Ended"} if step else step
-            self._write_at_rest(run, at_rest, spec, state=state)
+            # Another cluster's run shows its wait and that it stands by here.
+            self._write_at_rest(
+                run, at_rest, spec, state=state, held=elsewhere if elsewhere.standby else None
+            )
             return again
         self._status.write_run_status(
             run,
             step,
             suspended=spec.suspend,
-            stepping=True,
+            stepping=not elsewhere.standby,
             state=state,
-            held_elsewhere=elsewhere.words(),
+            held=elsewhere,
         )
         return again
 
@@ -245,16 +252,18 @@ class AgentRunReconciler:
         *,
         state: RunState | None = None,
         stalled: str = "",
+        held: HeldElsewhere | None = None,
     ) -> Result:
         """The status of a run no step pod drives now (at rest, suspended or stalled): its
         unknown outcomes as the store holds them, each with its Reconciliation, shown beside
-        whatever holds the run, so that no spec edit, stall or suspension hides one."""
+        whatever holds the run, so that no spec edit, stall or suspension hides one. ``held``:
+        another cluster's operator holds the run (it is asked for there, not here)."""
         meta = run["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         if state is None:
             state = self._context.run_state(namespace, name)
         unknown = self._asks.unknown_now(namespace, state)
-        if stalled or spec.suspend:
+        if (stalled or spec.suspend) and held is None:
             # No step will record these until the spec changes: ask for them here.
             self._asks.ask_to_settle(run, unknown)
         return self._status.write_run_status(
@@ -265,6 +274,7 @@ class AgentRunReconciler:
             state=state,
             stalled=stalled,
             unknown=unknown,
+            held=held,
         )
 
     def _account(self, key: Key, run: JSON, step: Mapping[str, Any], ended: PodEnd) -> JSON:

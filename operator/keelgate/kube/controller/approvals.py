@@ -223,7 +223,7 @@ class ApprovalReconciler:
             held = context.holding.hold(namespace, run_name)
             if isinstance(held, HeldElsewhere):
                 # The decision is written by whoever holds the run: not counted here (yet).
-                refused.append(f"{entry.by}: not counted here: the run is {held.words()}")
+                refused.append(f"{entry.by}: {held.refusal()}")
                 continue
             try:
                 context.loop.approve(

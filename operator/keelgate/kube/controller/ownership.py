@@ -9,12 +9,19 @@ the run. What this operator holds is kept here, in memory: a restart holds nothi
 each run again (its earlier life's epoch is then fenced off, like anyone's). Renewal is one
 statement per period for every held run (``renew_held``), never one per run.
 
+Operators in two clusters may share one store (a standby cluster): a holder's name carries its
+cluster (``--cluster``), so that a run held by another cluster's operator is told apart from one
+held by another replica (or an earlier leader) of this cluster: the first is *standby* here
+(``Standby=True``, at rest), the second a hand-over under way (``HeldElsewhere``).
+
 This module must never take a run for a read, never renew a lease one run at a time, and never
 hand a step pod an epoch the store did not give this operator.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 import threading
 from dataclasses import dataclass
 
@@ -26,21 +33,73 @@ from keelgate.errors import RunBusy
 RUN_LEASE = 30.0
 RUN_LEASE_RENEW = 10.0
 
+#: A cluster's name (``--cluster``): a DNS label, so that it never holds the ``@`` or ``/`` a
+#: holder's name is split at.
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def holder_name(identity: str, *, cluster: str) -> str:
+    """An operator process's name as a holder of runs: ``identity/mark@cluster``. The mark
+    (hexadecimal, fresh for each process) keeps two processes apart (one holder is one
+    driver); the cluster after it tells the other clusters' operators where the holder is."""
+    return f"{identity}/{secrets.token_hex(3)}@{cluster}"
+
+
+def cluster_of(holder: str) -> str:
+    """The cluster a holder's name says it is in; "" for a name without one (a holder written
+    before clusters were named, or a name given by hand): read as this cluster's own."""
+    _, _, last = holder.rpartition("/")
+    mark, at, cluster = last.rpartition("@")
+    if not at or not mark or not CLUSTER_NAME.match(cluster):
+        return ""
+    return cluster
+
 
 @dataclass(frozen=True)
 class HeldElsewhere:
-    """Another live holder drives the run: who, under which epoch, and for how long its lease
-    is live (seconds, on the store's clock, when it was read)."""
+    """Another live holder drives the run: who, under which epoch, for how long its lease is
+    live (seconds, on the store's clock, when it was read), and whether it is another
+    cluster's operator (``cluster``: its cluster then; "" when it is one of this cluster's)."""
 
     holder: str
     epoch: int
     lease_left: float
+    cluster: str = ""
+
+    @property
+    def standby(self) -> bool:
+        """The run is another cluster's: this cluster stands by for it."""
+        return bool(self.cluster)
+
+    def refusal(self) -> str:
+        """Why a decision made here (an Approval's, a Reconciliation's) does not count: the
+        run's holder records decisions. No lease in it: the words stay the same while the
+        refusal stands, so it is told once."""
+        if self.standby:
+            return (
+                f"not counted here: the run is held by cluster {self.cluster!r} (operator "
+                f"{self.holder!r}) under epoch {self.epoch}; a decision counts in the cluster "
+                "holding the run (this one is tried again, and counts only if this cluster takes "
+                "the run over before it is decided there)"
+            )
+        return (
+            f"not counted here: the run is held by {self.holder!r} under epoch {self.epoch}; it "
+            "is tried again, and counts once this operator holds the run (that one's lease "
+            "lapsed, or it let the run go)"
+        )
 
     def words(self) -> str:
+        left = f"{max(self.lease_left, 0.0):.0f} s"
+        if self.standby:
+            return (
+                f"held by cluster {self.cluster!r} (operator {self.holder!r}) under epoch "
+                f"{self.epoch}, its lease live {left} more: this cluster stands by, makes no "
+                "step pod and counts no decision for the run; it takes the run over if that "
+                "lease lapses"
+            )
         return (
-            f"held by {self.holder!r} under epoch {self.epoch} (its lease live "
-            f"{max(self.lease_left, 0.0):.0f} s more): no step pod is made here while it holds "
-            "the run"
+            f"held by {self.holder!r} under epoch {self.epoch} (its lease live {left} more): "
+            "no step pod is made here while it holds the run"
         )
 
 
@@ -57,6 +116,7 @@ class RunHolding:
     ) -> None:
         self._owners = owners if holder else None
         self.holder = holder
+        self.cluster = cluster_of(holder)
         self.lease = lease
         self._held: dict[tuple[str, str], Ownership] = {}
         self._lock = threading.Lock()
@@ -89,7 +149,7 @@ class RunHolding:
             current = owners.holder_of(namespace, run)
             if current is None or current.holder == self.holder:
                 raise  # refused, yet nobody else holds it: a store's fault, tried again
-            return HeldElsewhere(current.holder, current.epoch, current.lease_left)
+            return self._elsewhere(current)
         with self._lock:
             self._held[(namespace, run)] = taken
         return taken
@@ -103,7 +163,14 @@ class RunHolding:
         current = owners.holder_of(namespace, run)
         if current is None or current.holder == self.holder or current.lease_left <= 0:
             return None
-        return HeldElsewhere(current.holder, current.epoch, current.lease_left)
+        return self._elsewhere(current)
+
+    def _elsewhere(self, current: Ownership) -> HeldElsewhere:
+        """Another holder's ownership as this operator tells it: another cluster's (both
+        clusters named, and apart) or one of this cluster's own."""
+        theirs = cluster_of(current.holder)
+        other = theirs if theirs and self.cluster and theirs != self.cluster else ""
+        return HeldElsewhere(current.holder, current.epoch, current.lease_left, cluster=other)
 
     def epoch(self, namespace: str, run: str) -> int | None:
         """The epoch this operator holds the run under (None: it does not hold it)."""

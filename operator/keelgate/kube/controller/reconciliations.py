@@ -11,8 +11,11 @@ refuses (or one whose run the store does not have) shows in the object's status 
 distinct reason, and is tried again with a growing back-off (``refusals``, shared with the
 Approval reconciler); "not executed" made before the call's write deadline (until then a
 held-up process may still send it) is held, shown in the object's status, and recorded once the
-deadline has passed, unless the call's own result arrived first. This module must never record
-a decision nobody made, nor change one already recorded.
+deadline has passed, unless the call's own result arrived first. A decision on a run another
+operator holds in the store (another cluster's, or this cluster's before a hand-over) is refused
+(``HeldElsewhere``, naming the holder) and tried again: decisions count in the cluster holding
+the run, through the store's compare-and-set on the key, once. This module must never record a
+decision nobody made, nor change one already recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from keelgate.core.types import KeyState
 from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
+from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import refuse, show_status, warn, with_generation
 from keelgate.kube.status import condition
@@ -89,6 +93,13 @@ class ReconciliationReconciler:
         if decided is None:
             if wanted is None:
                 return REST  # waiting for a person
+            held = context.holding.hold(namespace, run_name)
+            if isinstance(held, HeldElsewhere):
+                # Recorded by whoever holds the run (another cluster's operator, or this
+                # cluster's before a hand-over): refused here, shown, and tried again.
+                return refuse(
+                    context, "Reconciliation", body, run_name, "HeldElsewhere", held.refusal()
+                )
             try:
                 context.loop.reconcile(
                     namespace,

@@ -21,6 +21,7 @@ from keelgate.kube import status
 from keelgate.kube.api_failures import Conflict, Gone
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import LOST_RACE, REST, Result
+from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.naming import FAILPOINTS_ANNOTATION
 from keelgate.kube.resources import controller_name, is_tick
@@ -55,13 +56,14 @@ class RunStatusWriter:
         read_store: bool = True,
         failpoints_seen: str | None = None,
         unknown: tuple[UnknownAction, ...] | None = None,
-        held_elsewhere: str = "",
+        held: HeldElsewhere | None = None,
     ) -> Result:
         """Write the status ``run`` should show with ``step`` as its ``status.step`` (only if
-        it differs). ``held_elsewhere``: who holds the run in the store instead of this
-        operator, in words (no step pod is made while it does). ``stepping``: a step pod is
-        intended or running; ``stalled``: why no step may run until the spec changes (or until
-        the cause ``stalled_reason`` names goes); ``read_store`` false: a pod runs, the
+        it differs). ``held``: who holds the run in the store instead of this operator (no
+        step pod is made while it does): another cluster's operator (``Standby``, at rest), or
+        one of this cluster's (``Reconciling``, reason ``HeldElsewhere``). ``stepping``: a step
+        pod is intended or running; ``stalled``: why no step may run until the spec changes (or
+        until the cause ``stalled_reason`` names goes); ``read_store`` false: a pod runs, the
         checkpoint is not read (status keeps its last mirror); ``unknown``: the run's unknown
         outcomes as the store holds them (``DecisionObjects.unknown_now``), shown whatever the
         checkpoint says."""
@@ -75,8 +77,12 @@ class RunStatusWriter:
         if not read_store and state is None and running:
             return REST  # a pod is running and status already says so
         waiting, waiting_reason = "", "Waiting"
-        if held_elsewhere:
-            waiting, waiting_reason = held_elsewhere, "HeldElsewhere"
+        standby = held.words() if held is not None and held.standby else ""
+        if held is not None:
+            # Another cluster's: at rest here (no slot, no back-off is waited for); one of
+            # this cluster's own operators: a hand-over under way.
+            if not held.standby:
+                waiting, waiting_reason = held.words(), "HeldElsewhere"
         elif context.slots.is_waiting(("AgentRun", namespace, name)):
             waiting = f"waiting for a step slot ({context.settings.max_step_pods} pods running)"
         elif step.get("notBefore") and stepping:
@@ -91,6 +97,7 @@ class RunStatusWriter:
             stalled_reason=stalled_reason,
             waiting=waiting,
             waiting_reason=waiting_reason,
+            standby=standby,
             reconciliations={
                 u.action: context.object_name("Reconciliation", namespace, name, u.action, u.tool)
                 for u in (

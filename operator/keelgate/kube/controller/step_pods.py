@@ -11,7 +11,8 @@ distinct refusal), tried again with a growing back-off, and after ``STALL_AFTER`
 row shown as ``Stalled=True`` (reason ``PodCreateRefused``), which the next successful create
 clears. Where the operator takes runs in the store (``ownership``), it takes the run first and
 hands the pod its epoch; a run another live holder holds gets no pod, and its status says who
-holds it (``Reconciling``, reason ``HeldElsewhere``). This module must never create a pod whose
+holds it (``Standby`` when another cluster's operator does; else ``Reconciling``, reason
+``HeldElsewhere``). This module must never create a pod whose
 name the status does not hold, nor one for a run this operator does not hold when it takes runs.
 """
 
@@ -64,7 +65,7 @@ class StepPodStarter:
             # Another operator drives the run (a standby cluster's, or the leader before a
             # hand-over whose lease has not lapsed): no pod here; look again when it lapses.
             self._status.write_run_status(
-                run, step, suspended=spec.suspend, stepping=True, held_elsewhere=held.words()
+                run, step, suspended=spec.suspend, stepping=not held.standby, held=held
             )
             return Requeue(max(1.0, held.lease_left + 0.5))
         epoch = None if held is None else held.epoch
