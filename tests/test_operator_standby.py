@@ -11,6 +11,7 @@ counted twice (an Approval's, a Reconciliation's); a cluster that comes back dri
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from fakes.kube_api import FakeApiServer
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.outcomes import REST, Requeue
-from keelgate.kube.controller.ownership import cluster_of, holder_name
+from keelgate.kube.controller.ownership import HeldElsewhere, cluster_of, holder_name
 from keelgate.kube.naming import action_object_name
 from keelgate.stores import open_stores
 from support import operator_tools
@@ -133,7 +134,15 @@ def test_a_run_held_by_another_cluster_is_standby_at_rest_and_gets_no_pod(
     status, reason, message = shown["Standby"]
     assert (status, reason) == ("True", "HeldByAnotherCluster")
     assert f"held by cluster 'east' (operator {EAST_A!r}) under epoch 1" in message
-    assert "lease live" in message and "takes the run over if that lease lapses" in message
+    assert "takes the run over if that operator's lease on it lapses" in message
+    # Looked at again while east renews: nothing new to show, nothing written (the message
+    # names no lease left, which would change at every look).
+    later = HeldElsewhere(EAST_A, 1, 2.0, cluster="east")
+    assert later.words() == dataclasses.replace(later, lease_left=29.0).words()
+    writes = len(west.api.writes)
+    west.reconcile("restock")
+    assert _conditions(west, "restock")["Standby"][2] == message
+    assert [w for w in west.api.writes[writes:] if "status" in w] == []
     assert shown["Reconciling"][:2] == ("False", "Standby")
     assert shown["Stalled"][0] == "False"
     assert _kstatus(west, "restock") == "Current"

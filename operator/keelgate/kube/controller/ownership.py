@@ -91,11 +91,13 @@ class HeldElsewhere:
     def words(self) -> str:
         left = f"{max(self.lease_left, 0.0):.0f} s"
         if self.standby:
+            # No lease left in it: a standby run's status is written when its holder or epoch
+            # changes, not at every look (one status patch per standby run per lease, else).
             return (
                 f"held by cluster {self.cluster!r} (operator {self.holder!r}) under epoch "
-                f"{self.epoch}, its lease live {left} more: this cluster stands by, makes no "
-                "step pod and counts no decision for the run; it takes the run over if that "
-                "lease lapses"
+                f"{self.epoch}: this cluster stands by, makes no step pod and counts no "
+                "decision for the run; it takes the run over if that operator's lease on it "
+                "lapses"
             )
         return (
             f"held by {self.holder!r} under epoch {self.epoch} (its lease live {left} more): "
