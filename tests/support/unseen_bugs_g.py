@@ -11,7 +11,7 @@ of an exchange at its moment (``core/cutoff.py``), the fence's refusals (of a ca
 has finished with, of a request with no call in reach), the MCP tool's definition and its
 deadline check, the reading of a model reply's usage (``core/model.py``), the spelling an
 idempotency key is hashed from (``core/types.py``, a function no set planted into), and the
-step image a Python tool's definition names (``runners/build.py``). Each is one honest
+rule the runner builds an MCP tool with (``runners/build.py``). Each is one honest
 mistake a developer could make in one place: a term dropped, a wrong field, a case forgotten,
 a condition left out, the wrong one of two neighbouring events.
 
@@ -76,8 +76,8 @@ UNSEEN_G: tuple[Planted, ...] = (
         # after a truthful "not executed", and an error the tool raises after it reads as
         # "nothing happened": the key is dropped and the WRITE claimed and sent again.
         # Unit test: none fails (test_composite_tools.py, test_write_deadlines.py and
-        # test_approval_rules.py pass): their unfenced threads are the HTTP and MCP tools',
-        # whose class says they change things.
+        # test_approval_rules.py pass); in a scratch run against the copy, ``about_to_send``
+        # with a key and no call in reach returned instead of refusing.
         "a Python tool's request on an unfenced thread is let through (or for and in the "
         "no-call refusal)",
         (
@@ -131,8 +131,9 @@ UNSEEN_G: tuple[Planted, ...] = (
         # calls (a field forgotten), so an edit that points the manifest's tool at another tool
         # of the same server after people approved the call voids nothing: the WRITE runs a
         # tool nobody approved, on the approvals given for the other one.
-        # Unit test: none fails (test_mcp_tool.py, test_approval_calls.py and test_manifest.py
-        # pass): the fingerprint test covers the HTTP and Python tools' parts.
+        # Unit test: none fails (test_mcp_tool.py, test_approval_calls.py, test_manifest.py and
+        # test_provider_openai.py pass); in a scratch run against the copy, two MCP tools that
+        # differ only in their remote tool had one fingerprint.
         "an MCP tool pointed at another remote tool keeps its approvals (mcp.tool left out "
         "of the definition)",
         (("adapters/tools/mcp.py", '            "mcp.tool": self.remote_name,\n', ""),),
@@ -184,7 +185,8 @@ UNSEEN_G: tuple[Planted, ...] = (
         # Unit test: none fails (test_loop_approvals.py, test_loop_settlements.py,
         # test_spec_edits.py, test_runner.py, test_approval_calls.py, test_stale_processes.py,
         # test_audit_trail.py and test_composite_tools.py pass): each derives its keys through
-        # the same function, and no test plans one call twice with its arguments reordered.
+        # the same function; in a scratch run against the copy, one call's key with its two
+        # arguments in either order differed.
         "the same call's key changes with the order of its arguments (json.dumps for the "
         "canonical spelling)",
         (
@@ -196,21 +198,16 @@ UNSEEN_G: tuple[Planted, ...] = (
         ),
     ),
     Planted(
-        # unapproved (wrong approvals): a Python tool is given the step image only where it
-        # already has one (``tool.image`` for ``config.step.image``: a wrong field), so no
-        # tool's definition ever names its image: a step image edited after people approved a
-        # call voids nothing, and the WRITE runs other code under the callable's name on the
-        # approvals given for the old image.
-        # Unit test: test_approval_calls.py's
-        # test_a_step_image_edited_after_the_approvals_voids_them_and_nothing_is_sent and two
-        # more fail.
-        "a Python tool's definition never names its step image (the tool's field for the spec's)",
-        (
-            (
-                "runners/build.py",
-                "if isinstance(tool, PythonTool) and config.step.image:",
-                "if isinstance(tool, PythonTool) and tool.image:",
-            ),
-        ),
+        # unapproved (fewer approvals): the runner builds an MCP tool without the manifest's
+        # approval rule (the ``approval`` entry forgotten from the arguments it passes on, while
+        # ``requires_approval`` is kept), so every MCP tool under a rule is held to the default
+        # one: "2 approvals from payments, not the creator, within an hour" is met by any one
+        # person's approval, the creator's and an expired one included, and the WRITE runs.
+        # Unit test: none fails (test_mcp_tool.py, test_manifest.py, test_approval_rules.py
+        # and test_approval_calls.py pass); a scratch build of a manifest's MCP tool with
+        # ``approval: {required: 2, groups: [payments]}`` showed it held to one approval by
+        # anyone (``rule_of`` gave the default rule).
+        "an MCP tool held to one approval by anyone (the manifest's rule not passed to it)",
+        (("runners/build.py", '        "approval": tool.approval_rule(),\n', ""),),
     ),
 )
