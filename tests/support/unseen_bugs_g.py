@@ -35,10 +35,10 @@ UNSEEN_G: tuple[Planted, ...] = (
         # completions pass every fence, two drivers write the run at once, and a key it left
         # in flight never reads unknown to the new holder for its epoch.
         # Unit test: test_store_contract.py's
-        # a_run_has_one_holder_under_a_lease_and_each_take_is_a_new_epoch and four more
-        # ownership checks fail on every backend, and test_run_ownership.py's
+        # a_run_has_one_holder_under_a_lease_and_each_take_is_a_new_epoch and other ownership
+        # checks fail on every backend, and test_run_ownership.py's
         # test_a_holder_that_dies_at_any_window_never_gets_a_step_sent_twice (after_take,
-        # after_claim) and three more.
+        # after_claim) and others.
         "a run taken over keeps its epoch (the take's + 1 dropped)",
         (
             (
