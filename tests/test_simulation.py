@@ -107,14 +107,20 @@ def whole_with_dollars(seed: int) -> Options:
 def whole_before_set_f(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as it was before set F's misses were closed: without
     the product's Python tool and runs with no creator on record."""
-    return replace(Options.whole(seed), python_tool=False, no_creator=False)
+    return replace(whole_with_set_f(seed), python_tool=False, no_creator=False)
 
 
-def whole_with_set_f(seed: int) -> Options:
+def whole_with_set_f(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as set F's misses were closed in (the product's Python
     tool, runs with no creator on record, and every part before): a part the world gains
-    later is turned off here, as those before turn off these."""
-    return Options.whole(seed)
+    later is turned off here, as those before turn off these (two clusters)."""
+    return replace(Options.whole(seed), two_clusters=False)
+
+
+def whole_with_two_clusters(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` with two clusters (every part before, and the
+    operator-mode run in a second cluster over the one store): the seeds found with it."""
+    return replace(Options.whole(seed), two_clusters=True)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -1072,7 +1078,7 @@ def test_make_sims_operator_runs_delete_approvals_and_keep_every_promise() -> No
     its first seeds (base 0) include such a run, and the runs up to it keep every promise."""
     for index in range(0, 120, 3):  # make sim's operator-mode runs
         seed = seed_of(index, 0)
-        options = Options.whole(seed)
+        options = whole_with_set_f(seed)
         if "delete" not in options.moves:
             continue
         outcome = simulate(seed=seed, mode=_mode(index, "mix"), options=options)

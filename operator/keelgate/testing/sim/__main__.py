@@ -112,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Half the local and monitor runs name no creator until the calm.",
     )
     parse.add_argument(
+        "--two-clusters",
+        action="store_true",
+        help="Operator mode: a second cluster given the same AgentRun over the one store, "
+        "ownership of the run moving between them (operators or API server gone, a cluster "
+        "cut off from the store, one coming back).",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -121,8 +128,8 @@ def _parser() -> argparse.ArgumentParser:
         "--every-move",
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
-        "more often, dollar budgets, cached input, the product's Python tool and runs with no "
-        "creator; a share of the runs (drawn from each "
+        "more often, dollar budgets, cached input, the product's Python tool, runs with no "
+        "creator and (operator mode) two clusters; a share of the runs (drawn from each "
         "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )

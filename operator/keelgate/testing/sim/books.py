@@ -253,6 +253,14 @@ class ProcessLife:
     #: stop, a failure: ``keelgate.core.exits.RECORDED``); a step that died, or could not
     #: reach its store, may have saved part of its work or none.
     recorded: bool = False
+    #: The cluster whose kubelet ran it ("" with one cluster), and the epoch its pod was given
+    #: (``KEELGATE_EPOCH``, None: none), as the kubelet read them off the pod it started.
+    cluster: str = ""
+    epoch: int | None = None
+    #: With two clusters: the places (``Books.next_order``) at which it passed a window right
+    #: after one of its own writes landed (a plan, an action's or the iteration's checkpoint,
+    #: a verdict): where it drove the run, by the world's own record.
+    wrote: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -996,3 +996,37 @@ def _rejections_before(books: Books, ask: Ask) -> int:
         verdicts = _verdicts(books, ask, iteration)
         count += bool(verdicts) and all(v.verdict == "reject" for v in verdicts)
     return count
+
+
+# One cluster drives a run at a time
+
+
+@checker("two-drivers", "two clusters' step processes drove the run at once")
+def two_drivers(books: Books, records: Records) -> list[Violation]:
+    """With two clusters over one store, the store is the arbiter of who drives the run: once
+    a step process of one cluster has written (a plan, a checkpoint, a verdict), no process of
+    the other cluster that wrote before it writes again (its epoch was taken from it). Judged
+    from the world's own record of where each process wrote (``ProcessLife.wrote``, the
+    windows it passed right after a write of its own landed), whatever epochs the product
+    handed out: writes of two clusters' processes that interleave (one's, the other's, the
+    first's again) are the run driven by both at once. A partitioned old holder may still
+    send a call it claimed before (the store cannot stop a send): that is the other
+    promises' to judge, not this one's."""
+    found: list[Violation] = []
+    lives = [(name, life) for name, life in books.processes.items() if life.cluster and life.wrote]
+    for name, life in lives:
+        first, last = life.wrote[0], life.wrote[-1]
+        for other, theirs in lives:
+            if theirs.cluster == life.cluster:
+                continue
+            between = [order for order in theirs.wrote if first < order < last]
+            if between:
+                found.append(
+                    Violation(
+                        "two-drivers",
+                        f"{other} (epoch {theirs.epoch}) wrote while {name} (epoch "
+                        f"{life.epoch}) went on writing the run: {name} wrote before and after it",
+                    )
+                )
+                return found
+    return found
