@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.options import SWITCHES, Options
@@ -178,7 +179,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     named = _options(args)
 
     def options_of(seed: int | None) -> Options:
-        return Options.whole(seed) if args.every_move else named
+        """The world of one run: with ``--every-move`` the whole world (its shares drawn from
+        the seed), with any part named besides on in every run (``--two-clusters``)."""
+        if not args.every_move:
+            return named
+        named_on = {name: True for name in SWITCHES if getattr(args, name)}
+        if args.http_confirmer:
+            named_on["http_confirmer"] = True
+        return replace(Options.whole(seed), **named_on)
 
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]

@@ -210,6 +210,11 @@ class Decision:
     #: Made by copying, moving or replaying an entry someone else made (issue 46's moves): not
     #: a decision of ``by`` at all, only what the object now shows.
     move: str = ""
+    #: With two clusters: the cluster whose object it was made on, and when that cluster's
+    #: operator showed it refused there (``not counted here``: the run held by the other), its
+    #: maker told it does not count. None: never refused so.
+    cluster: str = ""
+    refused_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,7 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         and d.at <= sent.at
         and not d.move
         and d.accepted_at is not None
+        and not (not d.yes and d.refused_at is not None and d.refused_at <= sent.at)
     ]
     best, denied = 0, ""
     for label in dict.fromkeys(d.action for d in made):

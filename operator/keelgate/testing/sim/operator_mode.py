@@ -195,7 +195,8 @@ class SimOperator:
             # once again and again (a lost race against a stale cache) backs off.
             tries = self._tries.get(key, 0) + 1
             self._tries[key] = tries
-            self.enqueue(key, max(result.after, min(60.0, 0.005 * 2**tries)))
+            # Its exponent capped, as client-go's is (past 2**14 the delay is a minute anyway).
+            self.enqueue(key, max(result.after, min(60.0, 0.005 * 2 ** min(tries, 30))))
         else:
             self._tries.pop(key, None)
 
@@ -396,6 +397,8 @@ class Cluster:
 
     def _status_written(self, kind: str, body: JSON) -> None:
         status = body.get("status") or {}
+        if kind == "Approval" and self.name:
+            self._refused_here(body, str(status.get("message") or ""))
         if kind != "Reconciliation" or status.get("phase") != "Settled":
             return
         action = str((body.get("spec") or {}).get("action", ""))
@@ -411,6 +414,25 @@ class Cluster:
             ):
                 decision.accepted_at, decision.told = self.world.now, True
                 break
+
+    def _refused_here(self, body: JSON, message: str) -> None:
+        """With two clusters: a deny made on this cluster's Approval that its operator shows
+        not counted here (the run held by the other cluster) is refused, its maker told so; the
+        oracle counts it no more from then. An approval refused so is still counted as made
+        (where it is carried over later, the product counts it from then): the oracle errs
+        toward letting the call through, never toward a broken promise of its own making."""
+        action = str((body.get("spec") or {}).get("action", ""))
+        for decision in self.books.decisions:
+            if (
+                decision.kind == "approve"
+                and not decision.yes
+                and decision.cluster == self.name
+                and decision.action == action
+                and decision.refused_at is None
+                and f"{decision.by}: not counted here" in message
+            ):
+                decision.refused_at = self.world.now
+                self.world.say(f"{decision.by}'s deny in {self.name} is shown not counted here")
 
     # People, through kubectl
 
@@ -552,7 +574,7 @@ class Cluster:
         """An approval or a deny of the Approval's call, as ``human`` makes it now under the
         name ``by`` (with the groups ``by`` is in), booked."""
         action = str(spec.get("action", ""))
-        return book_approval(
+        decision = book_approval(
             self.books,
             self.setting.desk,
             at=self.world.now,
@@ -563,6 +585,8 @@ class Cluster:
             yes=yes,
             tool=str(spec.get("tool", "")),
         )
+        decision.cluster = self.name
+        return decision
 
     # issue 46's moves: what admission lets alice do
 

@@ -179,6 +179,7 @@ class StepProcess:
         self._stores: Stores | None = None
         self._late: list[LateCall] = []
         self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
+        self._heard = False  # a statement of its own landed since the last write it booked
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(
             self.world.now, self.books.next_order(), cluster=cluster, epoch=epoch
@@ -294,6 +295,7 @@ class StepProcess:
         it (the rest of the world goes on), and may be killed meanwhile. Only what the process
         itself is doing waits here: a late call's worker ending from the world's own events
         (``downstream.LateCall``) hears its answers at once."""
+        self._heard = True
         if self.world.actor != self.name:
             return
         seconds = self.setting.faults.answer_delay()
@@ -352,7 +354,10 @@ class StepProcess:
             raise SimulatedCrash(name, 1)  # killed while held up: it never comes back
         if name == "after_plan":
             self.books.plan_saved(self.name)
-        if self.cluster and name in WROTE:
+        if self.cluster and name in WROTE and self._heard:
+            # Right after a write of its own landed (a window that follows another with no
+            # statement between, as the act phase's last checkpoint's does, is the same one).
+            self._heard = False
             self.books.processes[self.name].wrote.append(self.books.next_order())
         world = self.world
         fault = self.setting.faults.at_window(world, name)

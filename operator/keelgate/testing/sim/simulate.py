@@ -314,7 +314,9 @@ def _set_going(
         driver.check_later(0.0)
         people.look_later()
         done = lambda: driver.finished  # noqa: E731
-    elif options.two_clusters:
+    elif options.two_clusters and setting.site.kind == "memory":
+        # Two clusters share a server store (PostgreSQL, the memory store stands for it); a
+        # SQLite file has one host, and its runs keep one cluster.
         clusters = cluster = TwoClusters(setting, moves=options.moves)
 
         def calm() -> None:
