@@ -243,12 +243,12 @@ def test_every_promise_has_its_own_checker() -> None:
     }
 
 
-def test_two_drivers_sees_two_clusters_write_a_run_by_turns_and_not_a_hand_over() -> None:
-    """With two clusters, a step of one cluster writing the run after a step of the other wrote
-    it, while its own earlier step had written before (east, west, east again), is the run
-    driven by both at once; a hand-over (east's writes all before west's, and a later move
-    back under a new step) and two steps of one cluster writing by turns (a lost node's
-    process and its replacement) are not."""
+def test_two_drivers_sees_two_clusters_drive_a_run_and_not_a_hand_over() -> None:
+    """With two clusters, a step of one cluster writing the run after a step of the other had
+    written it under a later epoch (east's epoch 1 after west's 2), or steps of both writing
+    under one epoch, is the run driven by both at once; a hand-over (east's writes all before
+    west's, and a move back under a later epoch still) and two steps of one cluster writing
+    by turns under one epoch (a lost node's process and its replacement) are not."""
 
     def wrote(story: History, name: str, cluster: str, epoch: int) -> ProcessLife:
         story.books.processes[name] = life = ProcessLife(
@@ -263,6 +263,12 @@ def test_two_drivers_sees_two_clusters_write_a_run_by_turns_and_not_a_hand_over(
     assert story.broken() == set()
     east.wrote.append(story.books.next_order())
     assert story.broken() == {"two-drivers"}
+
+    shared = History().ordinary()
+    east, west = wrote(shared, "east/s1", "east", 1), wrote(shared, "west/s1", "west", 1)
+    for life in (east, west):
+        life.wrote.append(shared.books.next_order())
+    assert shared.broken() == {"two-drivers"}
 
     handed = History().ordinary()
     east, west = wrote(handed, "east/s1", "east", 1), wrote(handed, "west/s2", "west", 2)

@@ -1004,30 +1004,35 @@ def _rejections_before(books: Books, ask: Ask) -> int:
 
 @checker("two-drivers", "two clusters' step processes drove the run at once")
 def two_drivers(books: Books, records: Records) -> list[Violation]:
-    """With two clusters over one store, the store is the arbiter of who drives the run: once
-    a step process of one cluster has written (a plan, a checkpoint, a verdict), no process of
-    the other cluster that wrote before it writes again (its epoch was taken from it). Judged
-    from the world's own record of where each process wrote (``ProcessLife.wrote``, the
-    windows it passed right after a write of its own landed), whatever epochs the product
-    handed out: writes of two clusters' processes that interleave (one's, the other's, the
-    first's again) are the run driven by both at once. A partitioned old holder may still
-    send a call it claimed before (the store cannot stop a send): that is the other
-    promises' to judge, not this one's."""
-    found: list[Violation] = []
+    """With two clusters over one store, the store is the arbiter of who drives the run: one
+    holder at a time, each under an epoch of its own, a later take under a later epoch, every
+    write of an earlier epoch refused from then on. Judged from the world's own record of what
+    each step process did (``ProcessLife.wrote``: the windows it passed right after a write of
+    its own landed) and of the epoch its pod gave it (read off the pod by its kubelet): two
+    clusters' processes that wrote under one epoch (or none) drove the run together, and one
+    that wrote after another cluster's process had written under a later epoch drove it past
+    its holder's take. A partitioned old holder may still send a call it claimed before (the
+    store cannot stop a send): that is the other promises' to judge, not this one's."""
     lives = [(name, life) for name, life in books.processes.items() if life.cluster and life.wrote]
     for name, life in lives:
-        first, last = life.wrote[0], life.wrote[-1]
         for other, theirs in lives:
             if theirs.cluster == life.cluster:
                 continue
-            between = [order for order in theirs.wrote if first < order < last]
-            if between:
-                found.append(
+            if theirs.epoch == life.epoch and name < other:
+                return [
                     Violation(
                         "two-drivers",
-                        f"{other} (epoch {theirs.epoch}) wrote while {name} (epoch "
-                        f"{life.epoch}) went on writing the run: {name} wrote before and after it",
+                        f"{name} and {other} wrote the run from two clusters under one epoch "
+                        f"({life.epoch})",
                     )
-                )
-                return found
-    return found
+                ]
+            mine, later = -1 if life.epoch is None else life.epoch, theirs.epoch
+            if later is not None and later > mine and life.wrote[-1] > theirs.wrote[0]:
+                return [
+                    Violation(
+                        "two-drivers",
+                        f"{name} (epoch {life.epoch}) wrote the run after {other} of the other "
+                        f"cluster had written it under epoch {later}",
+                    )
+                ]
+    return []

@@ -303,8 +303,13 @@ class Cluster:
         if self.gone:
             pass  # nothing starts here while the cluster is gone
         elif world.schedule.chance(500):
-            old = self.operators[-1]
-            old.stop()
+            if self.name:
+                # One of two clusters: a restart stops whatever operators run there (the one
+                # cluster's world stops the newest only, and so its kept seeds' stories stay).
+                for old in self.operators:
+                    old.stop()
+            else:
+                self.operators[-1].stop()
             self._operator()
         else:
             second = self._operator()
@@ -539,6 +544,10 @@ class Cluster:
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
         counting = {str(b) for b in status.get("approvedBy") or ()}
+        if self.name:
+            # With two clusters: an entry of one's own still on the object (not counted here
+            # yet, the run held by the other cluster) is one's decision; it is not made again.
+            counting |= {str(d.get("by")) for d in decisions}
         if by in counting and "copy" not in self.moves:
             # A second entry of one's own waits in the list until the first stops counting, and
             # then counts from when the operator reads it (issue 46): with the copy move only.
