@@ -183,10 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         the seed), with any part named besides on in every run (``--two-clusters``)."""
         if not args.every_move:
             return named
-        named_on = {name: True for name in SWITCHES if getattr(args, name)}
-        if args.http_confirmer:
-            named_on["http_confirmer"] = True
-        return replace(Options.whole(seed), **named_on)
+        whole = Options.whole(seed)
+        for name in (*SWITCHES, "http_confirmer"):
+            if getattr(args, name):
+                whole = replace(whole, **{name: True})  # type: ignore[arg-type]
+        return whole
 
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]
