@@ -235,6 +235,7 @@ class Cluster:
         self.gone = ""
         #: Cut off from the store server: no statement from its nodes reaches it.
         self.cut = False
+        self._where = f" in {name}" if name else ""  # what people's lines say of where
         self.world = world = setting.world
         self.books: Books = setting.planner.books
         self.moves = tuple(m for m in (*MOVES, *NAMED_MOVES) if m in moves)
@@ -519,7 +520,7 @@ class Cluster:
         truthful = self.calm or not schedule.chance(self.wrong)
         executed = happened if truthful else not happened
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        world.say(f"{by} patches {body['metadata']['name']} executed: {executed}")
+        world.say(f"{by} patches {body['metadata']['name']} executed: {executed}{self._where}")
         decision = Decision(world.now, "settle", by, by, action, ref, executed, truthful=truthful)
         self.books.decisions.append(decision)
         spec.update(executed=executed, by=by)
@@ -566,10 +567,10 @@ class Cluster:
         # their groups, as `kubectl keelgate approve` does.
         one = rule is not None and rule.required <= 1 and not rule.group_lists()
         if one and not decisions and spec.get("approved") is None:
-            world.say(f"{by} patches {name} approved: {yes}")
+            world.say(f"{by} patches {name} approved: {yes}{self._where}")
             spec.update(approved=yes, by=by)
         else:
-            world.say(f"{by} adds to {name}'s decisions approved: {yes}")
+            world.say(f"{by} adds to {name}'s decisions approved: {yes}{self._where}")
             spec["decisions"] = [
                 *decisions,
                 {"by": by, "groups": list(GROUPS[by]), "approved": yes},
@@ -607,7 +608,9 @@ class Cluster:
             self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
             self.apply_spec()
         elif which == "recreate":
-            self.world.say(f"{CREATOR} deletes {self.setting.run} and creates it again")
+            self.world.say(
+                f"{CREATOR} deletes {self.setting.run} and creates it again{self._where}"
+            )
             self.api.delete_object("AgentRun", self.setting.tenant, self.setting.run)
             self._create_run()
         elif approvals:
