@@ -303,7 +303,10 @@ class Cluster:
         world = self.world
         if self.gone:
             pass  # nothing starts here while the cluster is gone
-        elif world.schedule.chance(500):
+        elif world.schedule.chance(500) or self.name:
+            # One of two clusters has no second operator for a while: two live holders in one
+            # cluster rewrite an Approval's status back and forth, each write waking the other
+            # (docs/simulation.md, "Two clusters"), at one virtual moment once watches are calm.
             if self.name:
                 # One of two clusters: a restart stops whatever operators run there (the one
                 # cluster's world stops the newest only, and so its kept seeds' stories stay).
@@ -716,8 +719,11 @@ class Cluster:
         world.at(world.schedule.between(1.0, 30.0), "an operator is back", self._back)
 
     def _back(self) -> None:
-        if not self.gone:  # a cluster gone meanwhile gets its operator when it comes back
-            self._operator()
+        if self.gone:
+            return  # a cluster gone meanwhile gets its operator when it comes back
+        if self.name and any(operator.alive for operator in self.operators):
+            return  # one of two clusters: an operator restarted meanwhile is the one back
+        self._operator()
 
     def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:
         action = str((body.get("spec") or {}).get("action", ""))
