@@ -239,7 +239,46 @@ def test_every_promise_has_its_own_checker() -> None:
         "altered",
         "again",
         "rejected",
+        "two-drivers",
     }
+
+
+def test_two_drivers_sees_two_clusters_drive_a_run_and_not_a_hand_over() -> None:
+    """With two clusters, a step of one cluster writing the run after a step of the other had
+    written it under a later epoch (east's epoch 1 after west's 2), or steps of both writing
+    under one epoch, is the run driven by both at once; a hand-over (east's writes all before
+    west's, and a move back under a later epoch still) and two steps of one cluster writing
+    by turns under one epoch (a lost node's process and its replacement) are not."""
+
+    def wrote(story: History, name: str, cluster: str, epoch: int) -> ProcessLife:
+        story.books.processes[name] = life = ProcessLife(
+            0.0, story.books.next_order(), 1, cluster=cluster, epoch=epoch
+        )
+        return life
+
+    story = History().ordinary()
+    east, west = wrote(story, "east/s1", "east", 1), wrote(story, "west/s2", "west", 2)
+    east.wrote.append(story.books.next_order())
+    west.wrote.append(story.books.next_order())
+    assert story.broken() == set()
+    east.wrote.append(story.books.next_order())
+    assert story.broken() == {"two-drivers"}
+
+    shared = History().ordinary()
+    east, west = wrote(shared, "east/s1", "east", 1), wrote(shared, "west/s1", "west", 1)
+    for life in (east, west):
+        life.wrote.append(shared.books.next_order())
+    assert shared.broken() == {"two-drivers"}
+
+    handed = History().ordinary()
+    east, west = wrote(handed, "east/s1", "east", 1), wrote(handed, "west/s2", "west", 2)
+    back = wrote(handed, "east/s3", "east", 3)
+    for life in (east, east, west, west, back):
+        life.wrote.append(handed.books.next_order())
+    lost, again = wrote(handed, "east/s4", "east", 3), wrote(handed, "east/s5", "east", 3)
+    for life in (lost, again, lost):
+        life.wrote.append(handed.books.next_order())
+    assert handed.broken() == set()
 
 
 def test_twice_sees_one_call_take_effect_twice_whatever_its_keys() -> None:

@@ -34,6 +34,8 @@ class Planted:
     #: kept in ``FOUND_SEEDS`` that meets it (that test proves the seed still does, and the
     #: product keeps its promise there); the bug must break a promise on it.
     window_seed: int | None = None
+    #: The world's parts it is looked for in (the simulator's flags: ``--two-clusters``).
+    flags: tuple[str, ...] = ()
 
 
 BUGS: tuple[Planted, ...] = (
@@ -237,6 +239,24 @@ FOUND: tuple[Planted, ...] = (
 )
 BUGS = BUGS + FOUND
 
+#: Bugs of run ownership, looked for with two clusters over one store (``--two-clusters``):
+#: not in ``BUGS``, whose table and budget are of the world with one cluster.
+IN_TWO_CLUSTERS: tuple[Planted, ...] = (
+    Planted(
+        "a run another cluster holds gets a step pod anyway, under its holder's epoch",
+        (
+            (
+                "kube/controller/step_pods.py",
+                "        if isinstance(held, HeldElsewhere):\n",
+                "        if isinstance(held, HeldElsewhere) and False:\n",
+            ),
+        ),
+        mode="operator",
+        store="memory",
+        flags=("--two-clusters",),
+    ),
+)
+
 
 def planted(bug: Planted, into: Path) -> Path:
     """A copy of the package with ``bug`` in it, under ``into``; the folder to put on the path."""
@@ -263,7 +283,7 @@ def find(bug: Planted, into: Path, *, seeds: int, store: str | None = None) -> d
         which = ["--seeds", str(seeds), "--store", store or bug.store]
         which += ["--first", "--no-shrink", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "keelgate.testing.sim", *which, "--mode", bug.mode],
+        [sys.executable, "-m", "keelgate.testing.sim", *which, "--mode", bug.mode, *bug.flags],
         env=env,
         capture_output=True,
         text=True,

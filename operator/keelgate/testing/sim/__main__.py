@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from keelgate.testing.sim.operator_mode import MOVES, NAMED_MOVES
 from keelgate.testing.sim.options import SWITCHES, Options
@@ -112,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Half the local and monitor runs name no creator until the calm.",
     )
     parse.add_argument(
+        "--two-clusters",
+        action="store_true",
+        help="Operator mode: a second cluster given the same AgentRun over the one store, "
+        "ownership of the run moving between them (operators or API server gone, a cluster "
+        "cut off from the store, one coming back).",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -121,8 +129,8 @@ def _parser() -> argparse.ArgumentParser:
         "--every-move",
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
-        "more often, dollar budgets, cached input, the product's Python tool and runs with no "
-        "creator; a share of the runs (drawn from each "
+        "more often, dollar budgets, cached input, the product's Python tool, runs with no "
+        "creator and (operator mode) two clusters; a share of the runs (drawn from each "
         "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )
@@ -171,7 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     named = _options(args)
 
     def options_of(seed: int | None) -> Options:
-        return Options.whole(seed) if args.every_move else named
+        """The world of one run: with ``--every-move`` the whole world (its shares drawn from
+        the seed), with any part named besides on in every run (``--two-clusters``)."""
+        if not args.every_move:
+            return named
+        whole = Options.whole(seed)
+        for name in (*SWITCHES, "http_confirmer"):
+            if getattr(args, name):
+                whole = replace(whole, **{name: True})  # type: ignore[arg-type]
+        return whole
 
     if args.replay is not None or args.seed is not None:
         store = args.store if args.store != "mix" else STORES[0]

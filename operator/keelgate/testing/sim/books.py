@@ -210,6 +210,11 @@ class Decision:
     #: Made by copying, moving or replaying an entry someone else made (issue 46's moves): not
     #: a decision of ``by`` at all, only what the object now shows.
     move: str = ""
+    #: With two clusters: the cluster whose object it was made on, and when that cluster's
+    #: operator showed it refused there (``not counted here``: the run held by the other), its
+    #: maker told it does not count. None: never refused so.
+    cluster: str = ""
+    refused_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,14 @@ class ProcessLife:
     #: stop, a failure: ``keelgate.core.exits.RECORDED``); a step that died, or could not
     #: reach its store, may have saved part of its work or none.
     recorded: bool = False
+    #: The cluster whose kubelet ran it ("" with one cluster), and the epoch its pod was given
+    #: (``KEELGATE_EPOCH``, None: none), as the kubelet read them off the pod it started.
+    cluster: str = ""
+    epoch: int | None = None
+    #: With two clusters: the places (``Books.next_order``) at which it passed a window right
+    #: after one of its own writes landed (a plan, an action's or the iteration's checkpoint,
+    #: a verdict): where it drove the run, by the world's own record.
+    wrote: list[int] = field(default_factory=list)
 
 
 @dataclass

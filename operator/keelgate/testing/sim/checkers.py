@@ -253,6 +253,7 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         and d.at <= sent.at
         and not d.move
         and d.accepted_at is not None
+        and not (not d.yes and d.refused_at is not None and d.refused_at <= sent.at)
     ]
     best, denied = 0, ""
     for label in dict.fromkeys(d.action for d in made):
@@ -996,3 +997,42 @@ def _rejections_before(books: Books, ask: Ask) -> int:
         verdicts = _verdicts(books, ask, iteration)
         count += bool(verdicts) and all(v.verdict == "reject" for v in verdicts)
     return count
+
+
+# One cluster drives a run at a time
+
+
+@checker("two-drivers", "two clusters' step processes drove the run at once")
+def two_drivers(books: Books, records: Records) -> list[Violation]:
+    """With two clusters over one store, the store is the arbiter of who drives the run: one
+    holder at a time, each under an epoch of its own, a later take under a later epoch, every
+    write of an earlier epoch refused from then on. Judged from the world's own record of what
+    each step process did (``ProcessLife.wrote``: the windows it passed right after a write of
+    its own landed) and of the epoch its pod gave it (read off the pod by its kubelet): two
+    clusters' processes that wrote under one epoch (or none) drove the run together, and one
+    that wrote after another cluster's process had written under a later epoch drove it past
+    its holder's take. A partitioned old holder may still send a call it claimed before (the
+    store cannot stop a send): that is the other promises' to judge, not this one's."""
+    lives = [(name, life) for name, life in books.processes.items() if life.cluster and life.wrote]
+    for name, life in lives:
+        for other, theirs in lives:
+            if theirs.cluster == life.cluster:
+                continue
+            if theirs.epoch == life.epoch and name < other:
+                return [
+                    Violation(
+                        "two-drivers",
+                        f"{name} and {other} wrote the run from two clusters under one epoch "
+                        f"({life.epoch})",
+                    )
+                ]
+            mine, later = -1 if life.epoch is None else life.epoch, theirs.epoch
+            if later is not None and later > mine and life.wrote[-1] > theirs.wrote[0]:
+                return [
+                    Violation(
+                        "two-drivers",
+                        f"{name} (epoch {life.epoch}) wrote the run after {other} of the other "
+                        f"cluster had written it under epoch {later}",
+                    )
+                ]
+    return []

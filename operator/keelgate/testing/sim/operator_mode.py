@@ -29,6 +29,7 @@ reader could no longer follow which of them a step or an operator saw first.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from keelgate.core.loop import Loop
@@ -38,6 +39,7 @@ from keelgate.errors import KeelgateError
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
+from keelgate.kube.controller.ownership import RUN_LEASE_RENEW
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.cache import Cache
 from keelgate.testing.sim.admission import User, admitted, finalizer_refusal, mutated
@@ -77,21 +79,37 @@ class _NoMeter:
 
 
 class SimOperator:
-    """One operator process: the real controller, its cache fed by the API server's watches."""
+    """One operator process: the real controller, its cache fed by the API server's watches.
+    ``holder``: it takes the runs it drives in the store, under its name (``--identity``), and
+    renews their leases every ``RUN_LEASE_RENEW`` seconds as the runtime does
+    (``kube.runtime.run_leases.renew_runs``); ``reachable``: whether the store server can be
+    reached from its cluster now."""
 
-    def __init__(self, world: World, api: SimApiServer, site: StoreSite, *, name: str) -> None:
+    def __init__(
+        self,
+        world: World,
+        api: SimApiServer,
+        site: StoreSite,
+        *,
+        name: str,
+        holder: bool = False,
+        reachable: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.world = world
         self.api = api
         self.site = site
         self.name = name
         self.alive = True
-        self.stores = site.open()
+        self.stores = site.open(reachable=reachable)
         self.cache = Cache(clock=world.boot)
+        settings = ControllerSettings(
+            crash_backoff=1.0, busy_retry=5.0, holder=name if holder else ""
+        )
         self.controller = Controller(
             api=api,
             stores=self.stores,
             cache=self.cache,
-            settings=ControllerSettings(crash_backoff=1.0, busy_retry=5.0),
+            settings=settings,
             meter=_NoMeter(),
             enqueue=self.enqueue,
             clock=world.wall,
@@ -101,6 +119,8 @@ class SimOperator:
         api.watchers.append(self)
         self.relist()
         world.at(RESYNC, f"{name} resync", self.resync)
+        if self.controller.holding.enabled:
+            world.at(RUN_LEASE_RENEW, f"{name} renews its runs", self.renew)
 
     # The watch (the cache, then the work queue)
 
@@ -133,6 +153,24 @@ class SimOperator:
         self.relist()  # a dropped watch event is made good here
         self.world.at(RESYNC, f"{self.name} resync", self.resync)
 
+    def renew(self) -> None:
+        """Every held run's lease renewed in one statement; a run found lost is looked at at
+        once (taken again before its next pod, or shown held elsewhere); a renewal that fails
+        is tried at the next period (``renew_runs``)."""
+        if not self.alive:
+            return
+        holding = self.controller.holding
+        with self.world.acting(self.name):
+            try:
+                lost = holding.renew()
+            except KeelgateError as failure:
+                self.world.say(f"{self.name} cannot renew its runs ({type(failure).__name__})")
+                lost = []
+        for namespace, run in lost:
+            self.world.say(f"{self.name} no longer holds {run}")
+            self.enqueue(("AgentRun", namespace, run), 0.0)
+        self.world.at(RUN_LEASE_RENEW, f"{self.name} renews its runs", self.renew)
+
     def enqueue(self, key: Key, after: float) -> None:
         if not self.alive:
             return
@@ -157,7 +195,8 @@ class SimOperator:
             # once again and again (a lost race against a stale cache) backs off.
             tries = self._tries.get(key, 0) + 1
             self._tries[key] = tries
-            self.enqueue(key, max(result.after, min(60.0, 0.005 * 2**tries)))
+            # Its exponent capped, as client-go's is (past 2**14 the delay is a minute anyway).
+            self.enqueue(key, max(result.after, min(60.0, 0.005 * 2 ** min(tries, 30))))
         else:
             self._tries.pop(key, None)
 
@@ -172,10 +211,31 @@ class SimOperator:
 
 
 class Cluster:
-    """The API server, its kubelet, the operators and the people of one simulated run."""
+    """The API server, its kubelet, the operators and the people of one simulated run. With
+    ``name`` it is one of two clusters (``two_clusters.TwoClusters``): its operators take the
+    run in the store (``holders``), its processes and operators are named after it, and it can
+    be gone (its operators, or its API server) or cut off from the store for a while."""
 
-    def __init__(self, setting: Setting, *, moves: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        setting: Setting,
+        *,
+        moves: frozenset[str] = frozenset(),
+        name: str = "",
+        holders: bool = False,
+    ) -> None:
         self.setting = setting
+        self.name = name
+        self.holders = holders
+        #: Every cluster the AgentRun is applied to (as GitOps applies it): a spec edit goes
+        #: to each. Just this one unless it is one of two.
+        self.everywhere: list[Cluster] = [self]
+        #: Its operators are down (``operators``) or its API server is (``api``): no operator
+        #: starts here meanwhile, and with its API server down nobody reaches its objects.
+        self.gone = ""
+        #: Cut off from the store server: no statement from its nodes reaches it.
+        self.cut = False
+        self._where = f" in {name}" if name else ""  # what people's lines say of where
         self.world = world = setting.world
         self.books: Books = setting.planner.books
         self.moves = tuple(m for m in (*MOVES, *NAMED_MOVES) if m in moves)
@@ -216,19 +276,44 @@ class Cluster:
     def _operator(self) -> SimOperator:
         self.count += 1
         operator = SimOperator(
-            self.world, self.api, self.setting.site, name=f"operator{self.count}"
+            self.world,
+            self.api,
+            self.setting.site,
+            name=f"{self.name}/operator{self.count}" if self.name else f"operator{self.count}",
+            holder=self.holders,
+            reachable=self.reachable,
         )
         self.operators.append(operator)
         return operator
+
+    def reachable(self) -> bool:
+        return not self.cut
+
+    def apply_spec(self) -> None:
+        """The run's owner applies the spec the desk holds now, to every cluster."""
+        for cluster in self.everywhere:
+            cluster.api.replace_spec(
+                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
+            )
 
     def chaos(self) -> None:
         """An operator restart, or a second operator for a while (a lease handed over late)."""
         if self.calm:
             return
         world = self.world
-        if world.schedule.chance(500):
-            old = self.operators[-1]
-            old.stop()
+        if self.gone:
+            pass  # nothing starts here while the cluster is gone
+        elif world.schedule.chance(500) or self.name:
+            # One of two clusters has no second operator for a while: two live holders in one
+            # cluster rewrite an Approval's status back and forth, each write waking the other
+            # (docs/simulation.md, "Two clusters"), at one virtual moment once watches are calm.
+            if self.name:
+                # One of two clusters: a restart stops whatever operators run there (the one
+                # cluster's world stops the newest only, and so its kept seeds' stories stay).
+                for old in self.operators:
+                    old.stop()
+            else:
+                self.operators[-1].stop()
             self._operator()
         else:
             second = self._operator()
@@ -270,11 +355,15 @@ class Cluster:
         if pod is None or pod["metadata"].get("deletionTimestamp"):
             return
         # A run deleted and created again names its pods afresh: the world tells them apart.
-        taken = sum(1 for known in self.books.processes if known.split("#")[0] == name)
+        named = f"{self.name}/{name}" if self.name else name
+        taken = sum(1 for known in self.books.processes if known.split("#")[0] == named)
         process = StepProcess(
             self.setting,
-            name=name if not taken else f"{name}#{taken + 1}",
+            name=named if not taken else f"{named}#{taken + 1}",
             on_exit=lambda p, code: self._exited(name, code),
+            epoch=_epoch_of(pod),
+            cluster=self.name,
+            reachable=self.reachable,
         )
         self.processes[name] = process
         process.start()
@@ -317,6 +406,8 @@ class Cluster:
 
     def _status_written(self, kind: str, body: JSON) -> None:
         status = body.get("status") or {}
+        if kind == "Approval" and self.name:
+            self._refused_here(body, str(status.get("message") or ""))
         if kind != "Reconciliation" or status.get("phase") != "Settled":
             return
         action = str((body.get("spec") or {}).get("action", ""))
@@ -333,9 +424,32 @@ class Cluster:
                 decision.accepted_at, decision.told = self.world.now, True
                 break
 
+    def _refused_here(self, body: JSON, message: str) -> None:
+        """With two clusters: a deny made on this cluster's Approval that its operator shows
+        not counted here (the run held by the other cluster) is refused, its maker told so; the
+        oracle counts it no more from then. An approval refused so is still counted as made
+        (where it is carried over later, the product counts it from then): the oracle errs
+        toward letting the call through, never toward a broken promise of its own making."""
+        action = str((body.get("spec") or {}).get("action", ""))
+        for decision in self.books.decisions:
+            if (
+                decision.kind == "approve"
+                and not decision.yes
+                and decision.cluster == self.name
+                and decision.action == action
+                and decision.refused_at is None
+                and f"{decision.by}: not counted here" in message
+            ):
+                decision.refused_at = self.world.now
+                self.world.say(f"{decision.by}'s deny in {self.name} is shown not counted here")
+
     # People, through kubectl
 
     def look(self) -> None:
+        if self.gone == "api":
+            # Nobody reaches the cluster's objects: people look again later.
+            self.world.at(self.world.schedule.between(2.0, 60.0), "people look", self.look)
+            return
         with self.world.acting("people"):
             finished = self._look()
         if not finished:
@@ -348,9 +462,7 @@ class Cluster:
         schedule = world.schedule
         if not self.calm and schedule.chance(self.edits):
             self.setting.desk.edit(EDITS[schedule.pick(len(EDITS))])
-            self.api.replace_spec(
-                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
-            )
+            self.apply_spec()
         state = self._state()
         for body in self.api.of_kind("Reconciliation"):
             self._settle(body, state)
@@ -363,9 +475,7 @@ class Cluster:
         status = run.get("status") or {}
         if status.get("stopReason") in BUDGET_STOPS and (self.calm or schedule.chance(500)):
             self.setting.desk.edit("raise budget")
-            self.api.replace_spec(
-                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
-            )
+            self.apply_spec()
         return status.get("phase") in ("Succeeded", "Failed")
 
     def _state(self) -> RunState | None:
@@ -413,7 +523,7 @@ class Cluster:
         truthful = self.calm or not schedule.chance(self.wrong)
         executed = happened if truthful else not happened
         by = PEOPLE[schedule.pick(len(PEOPLE))]
-        world.say(f"{by} patches {body['metadata']['name']} executed: {executed}")
+        world.say(f"{by} patches {body['metadata']['name']} executed: {executed}{self._where}")
         decision = Decision(world.now, "settle", by, by, action, ref, executed, truthful=truthful)
         self.books.decisions.append(decision)
         spec.update(executed=executed, by=by)
@@ -438,6 +548,10 @@ class Cluster:
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
         counting = {str(b) for b in status.get("approvedBy") or ()}
+        if self.name:
+            # With two clusters: an entry of one's own still on the object (not counted here
+            # yet, the run held by the other cluster) is one's decision; it is not made again.
+            counting |= {str(d.get("by")) for d in decisions}
         if by in counting and "copy" not in self.moves:
             # A second entry of one's own waits in the list until the first stops counting, and
             # then counts from when the operator reads it (issue 46): with the copy move only.
@@ -456,10 +570,10 @@ class Cluster:
         # their groups, as `kubectl keelgate approve` does.
         one = rule is not None and rule.required <= 1 and not rule.group_lists()
         if one and not decisions and spec.get("approved") is None:
-            world.say(f"{by} patches {name} approved: {yes}")
+            world.say(f"{by} patches {name} approved: {yes}{self._where}")
             spec.update(approved=yes, by=by)
         else:
-            world.say(f"{by} adds to {name}'s decisions approved: {yes}")
+            world.say(f"{by} adds to {name}'s decisions approved: {yes}{self._where}")
             spec["decisions"] = [
                 *decisions,
                 {"by": by, "groups": list(GROUPS[by]), "approved": yes},
@@ -473,7 +587,7 @@ class Cluster:
         """An approval or a deny of the Approval's call, as ``human`` makes it now under the
         name ``by`` (with the groups ``by`` is in), booked."""
         action = str(spec.get("action", ""))
-        return book_approval(
+        decision = book_approval(
             self.books,
             self.setting.desk,
             at=self.world.now,
@@ -484,6 +598,8 @@ class Cluster:
             yes=yes,
             tool=str(spec.get("tool", "")),
         )
+        decision.cluster = self.name
+        return decision
 
     # issue 46's moves: what admission lets alice do
 
@@ -493,11 +609,11 @@ class Cluster:
         approvals = [b for b in self.api.of_kind("Approval")]
         if which == "definition":
             self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
-            self.api.replace_spec(
-                "AgentRun", self.setting.tenant, self.setting.run, self.setting.desk.manifest
-            )
+            self.apply_spec()
         elif which == "recreate":
-            self.world.say(f"{CREATOR} deletes {self.setting.run} and creates it again")
+            self.world.say(
+                f"{CREATOR} deletes {self.setting.run} and creates it again{self._where}"
+            )
             self.api.delete_object("AgentRun", self.setting.tenant, self.setting.run)
             self._create_run()
         elif approvals:
@@ -603,6 +719,10 @@ class Cluster:
         world.at(world.schedule.between(1.0, 30.0), "an operator is back", self._back)
 
     def _back(self) -> None:
+        if self.gone:
+            return  # a cluster gone meanwhile gets its operator when it comes back
+        if self.name and any(operator.alive for operator in self.operators):
+            return  # one of two clusters: an operator restarted meanwhile is the one back
         self._operator()
 
     def _booked_move(self, body: JSON, entry: JSON, move: str) -> None:
@@ -620,6 +740,15 @@ class Cluster:
                 move=move,
             )
         )
+
+
+def _epoch_of(pod: JSON) -> int | None:
+    """The epoch the operator gave the pod (``KEELGATE_EPOCH``), as its container reads it."""
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        for variable in container.get("env") or ():
+            if variable.get("name") == "KEELGATE_EPOCH":
+                return int(variable["value"])
+    return None
 
 
 def _pending(state: RunState | None, action: str) -> PendingApproval | None:

@@ -61,6 +61,12 @@ class Options:
     #: drives ``Loop`` with a ``LoopSpec`` naming none) until the calm, when its owner, told no
     #: approval can count under ``notCreator``, records it.
     no_creator: bool = False
+    #: Operator mode: a second cluster, its own API server and operators, given the same
+    #: AgentRun (as GitOps applies it to both), over the one store; the operators take runs
+    #: there (``holder``: a holder and an epoch under a lease), and ownership moves between the
+    #: clusters as their operators or API servers go for a while, or one is cut off from the
+    #: store (``operator_mode.TwoClusters``). People decide in either cluster.
+    two_clusters: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -73,7 +79,8 @@ class Options:
         """Everything the world can do (``--every-move``, as ``make sim`` runs it): every move
         and every fault added since the kept seeds were found. Given the seed of one of
         ``make sim``'s runs, a share of the runs also makes the named moves (``NAMED_SHARE``)
-        and has the product's HTTP confirmer (``HTTP_CONFIRMER_SHARE``), each drawn from a
+        and has the product's HTTP confirmer (``HTTP_CONFIRMER_SHARE``), and a share of the
+        operator-mode runs has two clusters (``TWO_CLUSTERS_SHARE``), each drawn from a
         stream of its own derived from the seed, never from the world's schedule (a failing
         run prints its flags, which replay it without drawing the share again)."""
         whole = cls(late_shop=True, moves=frozenset(MOVES), **dict.fromkeys(SWITCHES, True))
@@ -81,10 +88,12 @@ class Options:
             return whole
         named = random.Random(f"{seed}:named-moves").randrange(NAMED_SHARE) == 0
         http = random.Random(f"{seed}:confirmer").randrange(HTTP_CONFIRMER_SHARE) == 0
+        two = random.Random(f"{seed}:two-clusters").randrange(TWO_CLUSTERS_SHARE) == 0
         return replace(
             whole,
             moves=whole.moves | (frozenset(NAMED_MOVES) if named else frozenset()),
             http_confirmer=http,
+            two_clusters=two,
         )
 
     def flags(self) -> str:
@@ -109,9 +118,12 @@ SWITCHES = (
     "cached_input",
     "python_tool",
     "no_creator",
+    "two_clusters",
 )
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).
 NAMED_SHARE = 2
 #: One in this many of them has the product's HTTP confirmer.
 HTTP_CONFIRMER_SHARE = 2
+#: One in this many of them has two clusters (in operator mode; the others one, as before).
+TWO_CLUSTERS_SHARE = 2

@@ -52,6 +52,9 @@ from keelgate.testing.sim.world import World
 KILLED = 137
 #: Seconds a step waits, before exiting, for a call still running (``--late-call-grace``).
 LATE_CALL_GRACE = 30.0
+#: The windows a step passes right after a write of its own landed in the store (a plan, an
+#: action's checkpoint, the iteration's, a verdict's): where it drove the run.
+WROTE = frozenset({"after_plan", "after_action_checkpoint", "after_observe", "after_verify"})
 
 
 class Faults:
@@ -154,8 +157,17 @@ class StepProcess:
         *,
         name: str,
         on_exit: Callable[[StepProcess, int], None],
+        epoch: int | None = None,
+        cluster: str = "",
+        reachable: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``epoch``: the one its pod was given (``KEELGATE_EPOCH``), carried on every write;
+        ``cluster``: whose kubelet runs it (with two clusters); ``reachable``: whether the
+        store server can be reached from its node now (a cluster cut off from it)."""
         self.setting = setting
+        self.epoch = epoch
+        self.cluster = cluster
+        self.reachable = reachable
         self.world = setting.world
         self.books: Books = setting.planner.books
         self.name = name
@@ -167,8 +179,11 @@ class StepProcess:
         self._stores: Stores | None = None
         self._late: list[LateCall] = []
         self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
+        self._heard = False  # a statement of its own landed since the last write it booked
         setting.network.senders[name] = self
-        self.books.processes[name] = ProcessLife(self.world.now, self.books.next_order())
+        self.books.processes[name] = ProcessLife(
+            self.world.now, self.books.next_order(), cluster=cluster, epoch=epoch
+        )
 
     #: The loop it builds (a monitor's tick process builds one that tells the world its tick).
     loop_kind: type[Loop] = Loop
@@ -223,7 +238,9 @@ class StepProcess:
 
     def _drive(self) -> Outcome:
         """What the process runs: one step of the run, as ``keelgate step`` does."""
-        runner = StepRunner(store="sim://", opener=self._open, builder=self._build)
+        runner = StepRunner(
+            store="sim://", opener=self._open, builder=self._build, epoch=self.epoch
+        )
         return runner.step(self.setting.tenant, self.setting.run, asked_to_stop=self._asked)
 
     def _exit_if_done(self, code: int) -> None:
@@ -268,7 +285,9 @@ class StepProcess:
         return self.asked_to_stop
 
     def _open(self) -> Stores:
-        self._stores = self.setting.site.open(answer_late=self._answer_late)
+        self._stores = self.setting.site.open(
+            answer_late=self._answer_late, reachable=self.reachable
+        )
         return self._stores
 
     def _answer_late(self) -> None:
@@ -276,6 +295,7 @@ class StepProcess:
         it (the rest of the world goes on), and may be killed meanwhile. Only what the process
         itself is doing waits here: a late call's worker ending from the world's own events
         (``downstream.LateCall``) hears its answers at once."""
+        self._heard = True
         if self.world.actor != self.name:
             return
         seconds = self.setting.faults.answer_delay()
@@ -334,6 +354,11 @@ class StepProcess:
             raise SimulatedCrash(name, 1)  # killed while held up: it never comes back
         if name == "after_plan":
             self.books.plan_saved(self.name)
+        if self.cluster and name in WROTE and self._heard:
+            # Right after a write of its own landed (a window that follows another with no
+            # statement between, as the act phase's last checkpoint's does, is the same one).
+            self._heard = False
+            self.books.processes[self.name].wrote.append(self.books.next_order())
         world = self.world
         fault = self.setting.faults.at_window(world, name)
         if fault == "crash":

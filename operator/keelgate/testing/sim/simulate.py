@@ -45,6 +45,7 @@ from keelgate.testing.sim.options import Options
 from keelgate.testing.sim.pay import paying
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
+from keelgate.testing.sim.two_clusters import TwoClusters
 from keelgate.testing.sim.world import Clocks, Schedule, World
 
 TENANT = "shop"
@@ -270,12 +271,14 @@ def _say_setting(world: World, scenario: Scenario, desk: Desk, paid: str) -> Non
 
 def _set_going(
     setting: Setting, *, mode: str, options: Options
-) -> tuple[Callable[[], bool], Callable[[], None], MonitorDriver | None, Cluster | None]:
+) -> tuple[
+    Callable[[], bool], Callable[[], None], MonitorDriver | None, Cluster | TwoClusters | None
+]:
     """The world of ``mode`` started: what says the run is over, what makes the world calm,
-    and the monitor's driver or the cluster, where the mode has one."""
+    and the monitor's driver or the cluster (or two), where the mode has one."""
     world, faults, desk = setting.world, setting.faults, setting.desk
     monitor: MonitorDriver | None = None
-    cluster: Cluster | None = None
+    cluster: Cluster | TwoClusters | None = None
     if mode == "monitor":
         monitor = MonitorDriver(setting, ticks=2 + world.schedule.pick(2))
         people = People(
@@ -311,6 +314,20 @@ def _set_going(
         driver.check_later(0.0)
         people.look_later()
         done = lambda: driver.finished  # noqa: E731
+    elif options.two_clusters and setting.site.kind == "memory":
+        # Two clusters share a server store (PostgreSQL, the memory store stands for it); a
+        # SQLite file has one host, and its runs keep one cluster.
+        clusters = cluster = TwoClusters(setting, moves=options.moves)
+
+        def calm() -> None:
+            world.say("calm")
+            faults.calm = True
+            clusters.quiet()
+            desk.restore_tools()
+            clusters.clusters[0].apply_spec()
+
+        clusters.start()
+        done = clusters.finished
     else:
         cluster = Cluster(setting, moves=options.moves)
 

@@ -57,8 +57,10 @@ class SimMemoryStore(MemoryStore):
         *,
         lose_answer: Callable[[], bool] = lambda: False,
         answer_late: Callable[[], None] = lambda: None,
+        reachable: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__(backend)
+        self.reachable = reachable
         self.driving: set[tuple[str, str]] = set()
         self.session_lost = False
         self.owners = [self.owner]  # every owner id it has had, one per session
@@ -70,15 +72,23 @@ class SimMemoryStore(MemoryStore):
 
     @contextmanager
     def _statement(self) -> Iterator[Connection]:
+        self._reach()
         with super()._statement() as conn:
             yield conn
         self._answer_or_not()
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
+        self._reach()
         with super()._transaction() as conn:
             yield conn
         self._answer_or_not()
+
+    def _reach(self) -> None:
+        """A process cut off from the store server (its cluster's network) sends nothing
+        there: the statement never leaves, and its client gives up on the connection."""
+        if not self.reachable():
+            raise StoreUnavailable("the store server cannot be reached from here")
 
     def _answer_or_not(self) -> None:
         self.answer_late()
@@ -112,6 +122,7 @@ class SimMemoryStore(MemoryStore):
             self.driving.clear()
 
     def lock_run(self, tenant: str, run: str) -> Callable[[], None] | None:
+        self._reach()
         if self.session_lost:
             return None
         release = super().lock_run(tenant, run)
@@ -178,10 +189,16 @@ class StoreSite:
     #: Whether the store's next answer is lost (a server store only; the world sets it).
     lose_answer: Callable[[], bool] = staticmethod(lambda: False)
 
-    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
+    def open(
+        self,
+        *,
+        answer_late: Callable[[], None] = lambda: None,
+        reachable: Callable[[], bool] = lambda: True,
+    ) -> Stores:
         """``answer_late``: called once a statement of the opener's has landed, before its
         answer is heard (a server store only: a step process waits there when the world says
-        its answer is slow)."""
+        its answer is slow); ``reachable``: whether the server can be reached from the
+        opener's node now (a server store only: a cluster cut off from it)."""
         raise NotImplementedError
 
     def lose_session(self, stores: Stores) -> bool:
@@ -211,9 +228,19 @@ class MemorySite(StoreSite):
         self.backend = MemoryBackend(db=db)
         self.lose_answer: Callable[[], bool] = lambda: False  # the world sets it
 
-    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
+    def open(
+        self,
+        *,
+        answer_late: Callable[[], None] = lambda: None,
+        reachable: Callable[[], bool] = lambda: True,
+    ) -> Stores:
         return Stores.of(
-            SimMemoryStore(self.backend, lose_answer=self.lose_answer, answer_late=answer_late)
+            SimMemoryStore(
+                self.backend,
+                lose_answer=self.lose_answer,
+                answer_late=answer_late,
+                reachable=reachable,
+            )
         )
 
     def lose_session(self, stores: Stores) -> bool:
@@ -234,8 +261,13 @@ class SQLiteSite(StoreSite):
         self.path = Path(self._folder.name) / "keelgate.db"
         self.clock = clock
 
-    def open(self, *, answer_late: Callable[[], None] = lambda: None) -> Stores:
-        # One host, a local file: no answer crosses a network to be slow or lost.
+    def open(
+        self,
+        *,
+        answer_late: Callable[[], None] = lambda: None,
+        reachable: Callable[[], bool] = lambda: True,
+    ) -> Stores:
+        # One host, a local file: no answer crosses a network to be slow, lost or cut off.
         return Stores.of(SimSQLiteStore(self.path, self.clock))
 
     def close(self) -> None:
