@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from fakes.kube_api import FakeApiServer
@@ -393,3 +394,60 @@ def test_a_cluster_that_comes_back_shows_the_runs_it_lost_standby_and_drives_non
             back.close()
     finally:
         west.close()
+
+
+def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_until_it_is(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """East holds a run waiting for an approval when it is cut off from the store (its
+    database refuses every session). Alice denies on east's Approval: east cannot record it,
+    and shows so on the object where she looks (not counted here yet, the store cannot be
+    reached; Stalled, reason StoreUnavailable), rather than nothing: had the run moved to west
+    meanwhile, she would know to deny there. Once east reaches the store again, her deny is
+    recorded, the Approval settles denied and nothing is ordered."""
+    east = _operator(tmp_path / "east", EAST_A, pg_url)
+    database = pg_url.rsplit("/", 1)[1]
+    server = pg_url.rsplit("/", 1)[0] + "/postgres"
+    try:
+        east.apply("restock", agentrun_spec(approval=True))
+        assert east.drive("restock") == [3]
+        name = action_object_name("restock", "1:0", "place_order")
+        # The store rides out an outage for a while before it says so (a fail-over); here
+        # the cut is for good until it is lifted: a second of patience.
+        store = east.stores.checkpoints
+        store.patience = store.result_patience = 1.0  # type: ignore[attr-defined]
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (database,),
+            )
+        alice = {"by": "alice", "groups": [], "approved": False, "note": "wrong supplier"}
+        east.api.patch_spec("Approval", NAMESPACE, name, {"decisions": [alice]})
+        again = east.reconcile(name, kind="Approval")
+        assert isinstance(again, Requeue)
+        approval = east.api.get("Approval", NAMESPACE, name)
+        assert approval is not None
+        status = approval["status"]
+        assert status["phase"] == "Pending"
+        assert status["message"].startswith(
+            "not counted here yet: this cluster's operator cannot reach the store"
+        )
+        stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", "StoreUnavailable")
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        east.reconcile(name, kind="Approval")
+        approval = east.api.get("Approval", NAMESPACE, name)
+        assert approval is not None
+        assert (approval["status"]["phase"], approval["status"]["verdict"]) == (
+            "Settled",
+            "denied",
+        )
+        east.drive("restock")
+        assert east.status("restock")["phase"] == "Succeeded"  # it went on without the order
+        assert operator_tools.ORDERS == []
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        east.close()

@@ -33,10 +33,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from keelgate.core.approvals import FULL, SPENT, tally
+from keelgate.core.redaction import redacted_line
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule
 from keelgate.core.values import MAX_DECISIONS
-from keelgate.errors import InputError, RunNotFound, SettleError
+from keelgate.errors import InputError, RunNotFound, SettleError, StoreUnavailable
 from keelgate.kube.controller.approval_entries import (
     Entry,
     entries,
@@ -126,6 +127,26 @@ class ApprovalReconciler:
         body = context.cache.get("Approval", namespace, name)
         if body is None:
             return Looked(REST, None)
+        try:
+            return self._look(body)
+        except StoreUnavailable as error:
+            if not entries(body) or (body.get("status") or {}).get("phase") == "Settled":
+                raise  # nothing a person added waits on it: the worker's back-off tries again
+            # A person's decision that cannot be recorded is shown as not counted, where they
+            # look: while the store cannot be reached from here (this cluster cut off), the run
+            # may go on in a cluster that can, without it.
+            run_name = str((body.get("spec") or {}).get("runName", ""))
+            said = (
+                "not counted here yet: this cluster's operator cannot reach the store "
+                f"({redacted_line(error)}); a decision added since the last one shown recorded "
+                "is not recorded, and counts only once it is (tried again)"
+            )
+            refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
+            return Looked(Requeue(REFUSED_RETRY), None)
+
+    def _look(self, body: JSON) -> Looked:
+        context = self._context
+        namespace = str(body["metadata"]["namespace"])
         spec, old = body.get("spec") or {}, body.get("status") or {}
         run_name, action = str(spec.get("runName", "")), str(spec.get("action", ""))
         state = context.run_state(namespace, run_name)
