@@ -431,7 +431,7 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         status = approval["status"]
         assert status["phase"] == "Pending"
         assert status["message"].startswith(
-            "not counted here yet: this cluster's operator cannot reach the store"
+            "alice: not counted here yet: this cluster's operator cannot reach the store"
         )
         stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
         assert (stalled["status"], stalled["reason"]) == ("True", "StoreUnavailable")

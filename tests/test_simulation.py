@@ -1774,45 +1774,21 @@ def test_a_product_that_drives_a_run_from_both_clusters_is_found(
     assert "two-drivers" in summary["rules"], summary["rules"]  # type: ignore[operator]
 
 
-class _Broken(AssertionError):
-    """The kept seed broke a promise (what a strict xfail expects while it fails on main)."""
+#: Seeds found with two clusters that broke a promise on main 643c3da: a deny made on the
+#: Approval of the cluster that lost the run, while that cluster could not reach the store,
+#: was neither counted nor shown refused before the other cluster ran the call on an approval
+#: made there (docs/simulation.md, "Found: a deny made where the run no longer is"). Since the
+#: cut-off cluster shows such a decision not counted yet (and the other shows the run
+#: Standby), the world takes another path from this seed: it is kept as a run that must keep
+#: every promise.
+FOUND_WITH_TWO_CLUSTERS = ((10842917703596741432, Options(two_clusters=True)),)
 
 
-#: Seeds found with two clusters that break a promise on main 643c3da, kept by their window:
-#: a deny made on the Approval of the cluster that lost the run, while that cluster could not
-#: reach the store, is neither counted nor shown refused before the other cluster runs the
-#: call on an approval made there (docs/simulation.md, "Found: a deny made where the run no
-#: longer is").
-FOUND_WITH_TWO_CLUSTERS = (
-    (
-        10842917703596741432,
-        Options(two_clusters=True),
-        (
-            "east/operator1 cannot renew its runs (StoreUnavailable)",
-            "alice adds to restock-1-1-place-order-1d8316e728's decisions approved: False",
-            "bob adds to restock-1-1-place-order-1d8316e728's decisions approved: True",
-            "EFFECT POST http://shop.sim/orders p2 by west/restock-s2-a1",
-        ),
-    ),
-)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=_Broken,
-    reason="issue 50 item 3: a decision made in the cluster that lost the run is not carried "
-    "over (the Standby work); fails on main 643c3da",
-)
-@pytest.mark.parametrize(("seed", "options", "shown"), FOUND_WITH_TWO_CLUSTERS)
-def test_a_deny_made_where_the_run_no_longer_is_is_not_lost(
-    seed: int, options: Options, shown: Sequence[str]
-) -> None:
+@pytest.mark.parametrize(("seed", "options"), FOUND_WITH_TWO_CLUSTERS)
+def test_a_deny_made_where_the_run_no_longer_is_is_not_lost(seed: int, options: Options) -> None:
     """A deny made in the cluster that held the run, while it is cut off from the store and the
-    other cluster takes the run over, counts (carried over) or is shown refused before the
-    call it denies runs elsewhere: never lost. The seed still meets its window (a failure to
-    meet it is not the expected one)."""
+    other cluster takes the run over, counts (carried over) or is shown not counted before the
+    call it denies runs elsewhere: never lost. The seed that once lost one keeps every
+    promise."""
     outcome = simulate(seed=seed, mode="operator", options=options)
-    unmet = [part for part in shown if not any(part in line for line in outcome.lines)]
-    assert not unmet, f"the seed no longer meets its window (no line shows {unmet})"
-    if not outcome.ok:
-        raise _Broken("; ".join(map(str, outcome.violations)))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))

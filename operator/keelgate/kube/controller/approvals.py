@@ -130,17 +130,20 @@ class ApprovalReconciler:
         try:
             return self._look(body)
         except StoreUnavailable as error:
-            if not entries(body) or (body.get("status") or {}).get("phase") == "Settled":
+            old = body.get("status") or {}
+            shown_recorded = set(old.get("approvedBy") or ())
+            waiting = [e for e in entries(body) if not (e.approved and e.by in shown_recorded)]
+            if not waiting or old.get("phase") == "Settled":
                 raise  # nothing a person added waits on it: the worker's back-off tries again
             # A person's decision that cannot be recorded is shown as not counted, where they
             # look: while the store cannot be reached from here (this cluster cut off), the run
             # may go on in a cluster that can, without it.
             run_name = str((body.get("spec") or {}).get("runName", ""))
-            said = (
-                "not counted here yet: this cluster's operator cannot reach the store "
-                f"({redacted_line(error)}); a decision added since the last one shown recorded "
-                "is not recorded, and counts only once it is (tried again)"
+            why = (
+                f"not counted here yet: this cluster's operator cannot reach the store "
+                f"({redacted_line(error)}); it counts only once it is recorded (tried again)"
             )
+            said = "; ".join(f"{by}: {why}" for by in dict.fromkeys(e.by for e in waiting))
             refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
             return Looked(Requeue(REFUSED_RETRY), None)
 
