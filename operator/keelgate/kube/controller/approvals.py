@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from keelgate.core.approvals import FULL, SPENT, tally
-from keelgate.core.redaction import redacted_line
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule
 from keelgate.core.values import MAX_DECISIONS
@@ -54,6 +53,7 @@ from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import (
     REFUSED_RETRY,
     REFUSED_RETRY_MAX,
+    not_recordable,
     refuse,
     show_status,
     warn,
@@ -130,22 +130,10 @@ class ApprovalReconciler:
         try:
             return self._look(body)
         except StoreUnavailable as error:
-            old = body.get("status") or {}
-            shown_recorded = set(old.get("approvedBy") or ())
-            waiting = [e for e in entries(body) if not (e.approved and e.by in shown_recorded)]
-            if not waiting or old.get("phase") == "Settled":
+            shown = not_recordable(context, body, entries(body), error)
+            if shown is None:
                 raise  # nothing a person added waits on it: the worker's back-off tries again
-            # A person's decision that cannot be recorded is shown as not counted, where they
-            # look: while the store cannot be reached from here (this cluster cut off), the run
-            # may go on in a cluster that can, without it.
-            run_name = str((body.get("spec") or {}).get("runName", ""))
-            why = (
-                f"not counted here yet: this cluster's operator cannot reach the store "
-                f"({redacted_line(error)}); it counts only once it is recorded (tried again)"
-            )
-            said = "; ".join(f"{by}: {why}" for by in dict.fromkeys(e.by for e in waiting))
-            refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
-            return Looked(Requeue(REFUSED_RETRY), None)
+            return Looked(shown, None)
 
     def _look(self, body: JSON) -> Looked:
         context = self._context

@@ -2,15 +2,21 @@
 
 Why it exists: a person's decision the store will not take (the loop refuses it, or the store
 has no such run) is shown in the object's status, told once in a Warning, and tried again
-later, the same way for either kind; the two reconcilers share this module rather than import
-each other (a contract in pyproject.toml keeps the reconcilers independent), and with it how
-either shows a status (``show_status``). It records nothing in the store, and must never show
-a decision as made.
+later, the same way for either kind (and an Approval's entries that cannot be recorded while
+the store cannot be reached are shown not counted yet); the two reconcilers share this module
+rather than import each other (a contract in pyproject.toml keeps the reconcilers independent),
+and with it how either shows a status (``show_status``). It records nothing in the store, and
+must never show a decision as made.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from keelgate.core.redaction import redacted_line
+from keelgate.errors import StoreUnavailable
 from keelgate.kube.api_failures import Gone
+from keelgate.kube.controller.approval_entries import Entry
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ports import JSON
@@ -79,3 +85,26 @@ def warn(context: ControllerContext, body: JSON, run_name: str, reason: str, mes
     namespace = body["metadata"]["namespace"]
     run = context.cache.get("AgentRun", namespace, run_name)
     context.events.warning(run or body, reason, message)
+
+
+def not_recordable(
+    context: ControllerContext, body: JSON, found: Sequence[Entry], error: StoreUnavailable
+) -> Result | None:
+    """An Approval whose new entries cannot be recorded, this operator cannot reach the store
+    (its cluster cut off): shown not counted yet, per person, where they look, since the run
+    may go on in a cluster that can reach it, without them (``Stalled``, reason
+    ``StoreUnavailable``), and tried again soon. None when nothing a person added waits (every
+    entry shown recorded, or the object settled)."""
+    old = body.get("status") or {}
+    recorded = set(old.get("approvedBy") or ())
+    waiting = [e for e in found if not (e.approved and e.by in recorded)]
+    if not waiting or old.get("phase") == "Settled":
+        return None
+    why = (
+        f"not counted here yet: this cluster's operator cannot reach the store "
+        f"({redacted_line(error)}); it counts only once it is recorded (tried again)"
+    )
+    said = "; ".join(f"{by}: {why}" for by in dict.fromkeys(e.by for e in waiting))
+    run_name = str((body.get("spec") or {}).get("runName", ""))
+    refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
+    return Requeue(REFUSED_RETRY)

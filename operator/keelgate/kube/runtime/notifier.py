@@ -28,6 +28,7 @@ point once it no longer drives the shard).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import threading
@@ -194,6 +195,13 @@ class Notifier:
         for sender in self.senders:
             sender.stop()
         self.save_states()
+
+    async def keep(self, every: float) -> None:
+        """Keep how far delivery has come, every ``every`` seconds while notifications flow
+        (a task of the operator's event loop, cancelled when it stops)."""
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.to_thread(self.save_states)
 
     def save_states(self) -> None:
         """Keep the point of every lane this process keeps (each while notifications flow)."""

@@ -43,9 +43,7 @@ from keelgate.kube.controller.context import ControllerSettings, notify_nobody
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import REST, Result
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.controller.shards import Shards
 from keelgate.kube.naming import GROUP, RUN_LABEL, VERSION
-from keelgate.kube.notifications import Notification
 from keelgate.kube.resources import (
     controller_name,
     is_tick,
@@ -59,7 +57,7 @@ from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_arguments
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
 from keelgate.kube.runtime.run_leases import let_go_idle_runs, renew_runs
-from keelgate.kube.runtime.shards import Sharding, refuse_sharding
+from keelgate.kube.runtime.shards import Sharding, notification_shard, refuse_sharding
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 from keelgate.manifest.notifications import NotifySettings
@@ -119,7 +117,9 @@ class Operator:
                 state=ConfigMapState(api, settings.state) if settings.state else None,
                 arguments=self._arguments,
                 # Sharded: each shard's notifications are a lane of their own.
-                lane_of=self._shard_of if options.shards else None,
+                lane_of=(lambda n: notification_shard(n, options.shards, self.cache))
+                if options.shards
+                else None,
             )
         self.cache = Cache(observer=None if self.notifier is None else self.notifier.observe)
         self.queue: WorkQueue[Key] | None = None  # made on the operator's event loop
@@ -291,7 +291,7 @@ class Operator:
             if not self.options.shards:
                 notifier.live()
             self._tasks.append(
-                asyncio.create_task(self._keep_notify_state(notifier), name="keelgate-notify")
+                asyncio.create_task(notifier.keep(NOTIFY_STATE_EVERY), name="keelgate-notify")
             )
         # Tenants (namespaces) take turns, and none may hold every worker with its waits.
         queue = self.queue = WorkQueue[Key](
@@ -406,20 +406,6 @@ class Operator:
         if self.notifier is not None:
             # Undelivered notifications stay after ``through``: the next leader sends them.
             await asyncio.to_thread(self.notifier.stop)
-
-    async def _keep_notify_state(self, notifier: Notifier) -> None:
-        """Keep how far delivery has come, every few seconds while notifications flow."""
-        while True:
-            await asyncio.sleep(NOTIFY_STATE_EVERY)
-            await asyncio.to_thread(notifier.save_states)
-
-    def _shard_of(self, notification: Notification) -> int:
-        """The shard of the run a notification is about (its label as this replica holds it)."""
-        _, _, namespace, _, run = notification.path.split("/", 4)
-        meta = self.cache.metadata("AgentRun", namespace, run)
-        return Shards(self.options.shards).of_run(
-            {"metadata": meta or {"namespace": namespace, "name": run}}
-        )
 
     def _arguments(self, namespace: str, run: str, action: str) -> Any:
         """An action's recorded arguments, for a sink with includeArguments (None: not in the

@@ -33,6 +33,7 @@ from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.shards import Shards, run_of, shard_label
 from keelgate.kube.controller.slots import StepSlots
+from keelgate.kube.notifications import Notification
 from keelgate.kube.runtime.cache import Cache, key_of
 from keelgate.kube.runtime.leadership import LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
@@ -271,6 +272,14 @@ class ClusterListing(Listing, Protocol):
     configuration (``client``) the shard Leases go through."""
 
     client: Any
+
+
+def notification_shard(notification: Notification, count: int, cache: Cache) -> int:
+    """The shard of the run a notification is about (its label as this replica holds it): the
+    notifier's lane for it."""
+    _, _, namespace, _, run = notification.path.split("/", 4)
+    meta = cache.metadata("AgentRun", namespace, run)
+    return Shards(count).of_run({"metadata": meta or {"namespace": namespace, "name": run}})
 
 
 def refuse_sharding(options: Sharded) -> None:

@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Print a JSON line for each failure as it is found (seed, mode, store, seconds).",
     )
+    _world_parts(parse)
+    return parse
+
+
+def _world_parts(parse: argparse.ArgumentParser) -> None:
+    """The flags that turn parts of the simulated world on (``options.SWITCHES``)."""
     parse.add_argument(
         "--late-shop",
         action="store_true",
@@ -134,7 +140,6 @@ def _parser() -> argparse.ArgumentParser:
         "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )
-    return parse
 
 
 def _kind(index: int, choice: str, options: Sequence[str], every: int) -> str:

@@ -10,6 +10,10 @@ again), the shop reads it from the request it receives, and people read it from 
 are shown. The product's idempotency key is written down only as a request carried it on the
 wire, never used to tell two calls apart.
 
+Why one module past 500 lines: every page of the books (plans, calls, effects, decisions,
+settlements, step writes of two clusters) is read by the same checkers side by side, and one
+file keeps each fact's record and the questions asked of it together.
+
 This module must never import the product's logic: it holds facts, and the few questions the
 checkers ask of them.
 """
