@@ -130,10 +130,11 @@ class ApprovalReconciler:
         try:
             return self._look(body)
         except StoreUnavailable as error:
-            shown = not_recordable(context, body, entries(body), error)
-            if shown is None:
-                raise  # nothing a person added waits on it: the worker's back-off tries again
-            return Looked(shown, None)
+            if context.holding.in_doubt():
+                # This operator's runs may be taken by another cluster: a decision added here,
+                # not recorded, is shown so where people look (a blip of the store is not).
+                not_recordable(context, body, entries(body), error)
+            raise  # tried again by the worker's back-off, as any look the store's absence ends
 
     def _look(self, body: JSON) -> Looked:
         context = self._context

@@ -25,6 +25,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
+from keelgate.core import clocks
 from keelgate.core.protocols import Ownership, RunOwners, Stores
 from keelgate.errors import RunBusy
 
@@ -122,6 +123,9 @@ class RunHolding:
         self.lease = lease
         self._held: dict[tuple[str, str], Ownership] = {}
         self._lock = threading.Lock()
+        # When the store last confirmed this operator's hold (a take or a renewal), on the
+        # boot clock: past a renewal period without one, its leases are in doubt.
+        self._confirmed_at = clocks.boot()
 
     @classmethod
     def of(cls, stores: Stores, *, holder: str, lease: float = RUN_LEASE) -> RunHolding:
@@ -154,6 +158,7 @@ class RunHolding:
             return self._elsewhere(current)
         with self._lock:
             self._held[(namespace, run)] = taken
+            self._confirmed_at = clocks.boot()
         return taken
 
     def elsewhere(self, namespace: str, run: str) -> HeldElsewhere | None:
@@ -197,6 +202,14 @@ class RunHolding:
         with self._lock:
             return sorted(self._held)
 
+    def in_doubt(self) -> bool:
+        """Whether this operator's hold on its runs is in doubt: it holds some, and the store
+        has confirmed none of them (no take, no renewal) for longer than a renewal period (a
+        third of the lease), so another cluster may take them when their leases lapse."""
+        with self._lock:
+            held, since = bool(self._held), clocks.boot() - self._confirmed_at
+        return self._owners is not None and held and since > self.lease / 3
+
     def renew(self) -> list[tuple[str, str]]:
         """Renew every held run's lease at once (one statement); the runs found lost, which
         are held no more (their step pods' writes are refused from now on)."""
@@ -210,6 +223,7 @@ class RunHolding:
         kept = {(o.tenant, o.run): o for o in owners.renew_held(self.holder, lease=self.lease)}
         lost: list[tuple[str, str]] = []
         with self._lock:
+            self._confirmed_at = clocks.boot()
             # Judged on what was held before the renewal: a run taken meanwhile is not lost.
             for key, held in before.items():
                 if self._held.get(key) is not held:

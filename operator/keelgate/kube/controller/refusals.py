@@ -93,8 +93,8 @@ def not_recordable(
     """An Approval whose new entries cannot be recorded, this operator cannot reach the store
     (its cluster cut off): shown not counted yet, per person, where they look, since the run
     may go on in a cluster that can reach it, without them (``Stalled``, reason
-    ``StoreUnavailable``), and tried again soon. None when nothing a person added waits (every
-    entry shown recorded, or the object settled)."""
+    ``StoreUnavailable``). None when nothing a person added waits (every entry shown recorded,
+    or the object settled)."""
     old = body.get("status") or {}
     recorded = set(old.get("approvedBy") or ())
     waiting = [e for e in found if not (e.approved and e.by in recorded)]
@@ -106,5 +106,4 @@ def not_recordable(
     )
     said = "; ".join(f"{by}: {why}" for by in dict.fromkeys(e.by for e in waiting))
     run_name = str((body.get("spec") or {}).get("runName", ""))
-    refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
-    return Requeue(REFUSED_RETRY)
+    return refuse(context, "Approval", body, run_name, "StoreUnavailable", said)
