@@ -443,7 +443,16 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         assert (stalled["status"], stalled["reason"]) == ("True", "StoreUnavailable")
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-        east.reconcile(name, kind="Approval")
+        # Looked at again until the store's pool has connected again (it backs off between
+        # its tries while the database refused them), as the worker's back-off does.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                east.reconcile(name, kind="Approval")
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "the store was not reached again"
+                time.sleep(1.0)
         approval = east.api.get("Approval", NAMESPACE, name)
         assert approval is not None
         assert (approval["status"]["phase"], approval["status"]["verdict"]) == (
