@@ -24,7 +24,7 @@ from keelgate_e2e.cluster import Cluster
 from keelgate_e2e.jaeger import Jaeger
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.shop import ShopServer
-from keelgate_e2e.testing import Kubectl, find_kubectl, wait_for
+from keelgate_e2e.testing import Kubectl, find_kubectl
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,19 +63,7 @@ def namespace(admin: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, usable for pods (its default service account exists)."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{slug}-{secrets.token_hex(3)}"
-    admin.create(
-        "/api/v1/namespaces",
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"keelgate.dev/e2e": "true"}},
-        },
-    )
-    wait_for(
-        lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
-        what=f"default service account in {name}",
-    )
+    kg.make_namespace(admin, name, labels={"keelgate.dev/e2e": "true"})
     yield name
     admin.delete(f"/api/v1/namespaces/{name}")
 
@@ -136,22 +124,7 @@ def tenant(admin: Kube, namespace: str, cluster: Cluster, keelgate_installed: No
     step pods read (`keelgate tenant add`), and `alice` holding the built-in `edit` role there
     (bob holds nothing)."""
     kg.add_tenant(cluster, namespace)
-    admin.create(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "alice-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}
-            ],
-        },
-    )
+    kg.grant_edit(admin, namespace)
     return namespace
 
 

@@ -65,6 +65,14 @@ def _holder(kube: Operator, run: str) -> tuple[str, int, float]:
     return held.holder, held.epoch, held.lease_left
 
 
+def _finishes_with_one_order(kube: Operator) -> None:
+    """The run's last two steps run in ``kube``'s cluster, it succeeds, and the shop has one
+    order in all."""
+    assert kube.drive("restock") == [0, 0]
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1
+
+
 def _wait_out(kube: Operator, run: str) -> None:
     time.sleep(max(0.0, _holder(kube, run)[2]) + 0.2)
 
@@ -196,9 +204,7 @@ def test_the_standby_cluster_takes_over_after_the_lease_and_never_resends_the_wr
     rec = action_object_name("restock", "1:0", "place_order")
     west.api.patch_spec("Reconciliation", NAMESPACE, rec, {"executed": True, "by": "alice"})
     assert west.reconcile(rec, kind="Reconciliation") == REST
-    assert west.drive("restock") == [0, 0]
-    assert west.status("restock")["phase"] == "Succeeded"
-    assert len(operator_tools.ORDERS) == 1
+    _finishes_with_one_order(west)
 
 
 def test_an_approval_made_in_the_standby_cluster_is_refused_there_and_counted_once(
@@ -286,9 +292,7 @@ def test_a_settlement_made_in_the_standby_cluster_is_refused_and_the_holders_sta
     assert (body["status"]["phase"], body["status"]["verdict"]) == ("Settled", "executed")
     assert body["status"]["settledBy"] == "alice"
     assert "DecidedElsewhere" in west.api.reasons()
-    assert east.drive("restock") == [0, 0]
-    assert east.status("restock")["phase"] == "Succeeded"
-    assert len(operator_tools.ORDERS) == 1
+    _finishes_with_one_order(east)
 
 
 def test_a_spec_broken_in_the_standby_cluster_asks_for_no_settlement_there(

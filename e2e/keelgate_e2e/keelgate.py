@@ -184,6 +184,40 @@ def operator_kubeconfig(cluster: Cluster, kube: Kube, path: Path, hours: int = 4
 STORE_PASSWORD = "Pw-store-never-shown-8812"
 
 
+def make_namespace(kube: Kube, name: str, *, labels: dict[str, str] | None = None) -> None:
+    """Create the namespace ``name`` and wait until it can hold pods (its default service
+    account exists: the controller-manager makes it a moment after)."""
+    meta: JSON = {"name": name, **({"labels": labels} if labels else {})}
+    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
+    wait_for(
+        lambda: kube.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+
+
+RBAC = "rbac.authorization.k8s.io"
+
+
+def grant_edit(kube: Kube, namespace: str, user: str = "alice") -> None:
+    """``user`` holds the built-in ``edit`` role in ``namespace`` (a RoleBinding
+    ``<user>-edit``)."""
+    kube.create(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{user}-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+
+
 def add_tenant(cluster: Cluster, namespace: str, *, operator: bool = False) -> None:
     """`keelgate tenant add NAMESPACE --store ADMIN_URL` (``--operator`` for the operator's
     role), as the cluster's admin user: the namespace's own database role, and its

@@ -59,31 +59,8 @@ def west(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Iterator
 def _namespace_in(kube: Kube, name: str, store: str) -> None:
     """The test's namespace in the west cluster: the same name, alice's edit role there, and
     the tenant's store Secret (its role's URL on the shared server), as a platform copies it."""
-    kube.create(
-        "/api/v1/namespaces",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    wait_for(
-        lambda: kube.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
-        what="west's default service account",
-    )
-    kube.create(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{name}/rolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "alice-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}
-            ],
-        },
-    )
+    kg.make_namespace(kube, name)
+    kg.grant_edit(kube, name)
     kg.store_secret(kube, name, store)
     kg.wait_admitting(kube, name)
 

@@ -36,13 +36,7 @@ TABLES = ("keelgate_checkpoints", "keelgate_keys", "keelgate_audit", "keelgate_s
 def attacker(admin: Kube, cluster: Cluster, tenant: str) -> Iterator[str]:
     """A second tenant namespace beside the test's, with its own role and store Secret."""
     name = f"{tenant[:50]}-a"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    admin.create("/api/v1/namespaces", body)
-    wait_for(
-        lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
-        what=f"default service account in {name}",
-    )
+    kg.make_namespace(admin, name)
     kg.add_tenant(cluster, name)
     yield name
     admin.delete(f"/api/v1/namespaces/{name}")

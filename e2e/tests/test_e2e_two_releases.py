@@ -20,21 +20,9 @@ from keelgate_e2e.keelgate import OperatorPod
 from keelgate_e2e.kube import Kube
 from keelgate_e2e.runs import agentrun, apply, order, wait_phase
 from keelgate_e2e.shop import ShopServer
-from keelgate_e2e.testing import Kubectl, wait_for
+from keelgate_e2e.testing import Kubectl
 
 pytestmark = pytest.mark.e2e
-
-
-def _namespace(admin: Kube, name: str) -> None:
-    admin.create(
-        "/api/v1/namespaces",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    wait_for(
-        lambda: admin.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
-        what=f"default service account in {name}",
-    )
 
 
 @pytest.fixture
@@ -49,7 +37,7 @@ def two_releases(
     try:
         for team in ("team-a", "team-b"):
             tenant = f"{team}-runs-{suffix}"
-            _namespace(admin, tenant)
+            kg.make_namespace(admin, tenant)
             kg.add_tenant(cluster, tenant)
             release = OperatorPod(
                 cluster,

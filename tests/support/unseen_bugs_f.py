@@ -16,7 +16,7 @@ could make in one place: a comparison turned, a wrong field, a case forgotten, a
 min for max.
 
 Each is planted into a copy of the package, never into the tree (``planted_bugs.planted``);
-every replacement's old text occurs exactly once in its file (``test_unseen_bugs_f.py``). The
+every replacement's old text occurs exactly once in its file (``test_unseen_bug_sets.py``). The
 comment above each says which promise it breaks and how, and whether a unit test of the suite
 fails with it planted (checked by planting it into a copy and running the nearest unit test
 files against the copy, without the simulator; where none fails, a scratch test against the

@@ -129,6 +129,13 @@ def sleep(seconds: float) -> None:
     _sleep(seconds)
 
 
+def backoff(first: float, cap: float, doublings: int) -> float:
+    """A retry's pause: ``first`` doubled ``doublings`` times, at most ``cap``. The exponent
+    stops long before a float's power overflows (past 2 ** 1,024: a retry loop's error, after
+    a sink or a refused pod had failed a thousand times, would end it for good)."""
+    return min(cap, first * 2.0 ** min(max(doublings, 0), 64))
+
+
 def alarm(when: float, act: Callable[[], None]) -> Cancel:
     """Run ``act`` (short, on another thread or the simulation's own loop) once ``boot()``
     reaches ``when``; the returned function takes it back if it has not run yet."""

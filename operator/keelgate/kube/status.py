@@ -61,8 +61,8 @@ class RunView:
     # The Reconciling condition's reason while waiting: HeldElsewhere when another operator
     # holds the run in the store (``waiting`` then names it).
     waiting_reason: str = "Waiting"
-    # Another cluster's operator holds the run in the store, in words (who, its cluster, its
-    # lease): this cluster stands by (the Standby condition), at rest, neither reconciling nor
+    # Another cluster's operator holds the run in the store, in words (who, its cluster, the
+    # epoch): this cluster stands by (the Standby condition), at rest, neither reconciling nor
     # stalled, so that kstatus reads it Current and no GitOps tool waits on it or fails it.
     standby: str = ""
     reconciliations: Mapping[str, str] = field(default_factory=dict)  # action -> object name

@@ -47,7 +47,7 @@ class RetryPolicy:
             return None
         if retry_after is not None:
             return retry_after if retry_after <= self.max_retry_after else None
-        return float(min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+        return clocks.backoff(self.base_delay, self.max_delay, attempt - 1)
 
 
 @dataclass(frozen=True)

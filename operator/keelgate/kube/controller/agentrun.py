@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from keelgate.core import clocks
 from keelgate.core.spec import LoopSpec
 from keelgate.core.state import RunState
 from keelgate.core.types import LoopKind, StopReason
@@ -368,7 +369,7 @@ class AgentRunReconciler:
             # by whoever holds the run): the next attempt is not held back.
             delay = 0.0
         elif retry and crashes > 1:
-            delay = min(settings.max_backoff, settings.crash_backoff * 2 ** (crashes - 2))
+            delay = clocks.backoff(settings.crash_backoff, settings.max_backoff, crashes - 2)
         seen = failpoints_seen_in(run)
         annotation = meta.get("annotations", {}).get(FAILPOINTS_ANNOTATION, "")
         failpoints = ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from keelgate.core import clocks
 from keelgate.errors import KeelgateError
 from keelgate.kube import resources
 from keelgate.kube.api_failures import ApiFailure, Conflict, Gone
@@ -166,8 +167,7 @@ class StepPodStarter:
                 stalled=f"{what} ({count} tries): {said}",
                 stalled_reason="PodCreateRefused",
             )
-        # The doubling stops once it is past the cap: 2 ** 1,025 overflows a float.
-        return Requeue(min(REFUSED_MAX, REFUSED_FIRST * 2 ** min(count - 1, 16)))
+        return Requeue(clocks.backoff(REFUSED_FIRST, REFUSED_MAX, count - 1))
 
     def _record_spec(self, key: Key, run: JSON, spec: AgentRunSpec) -> None:
         """The pod reads the spec from the store: record it before the pod can start. Once

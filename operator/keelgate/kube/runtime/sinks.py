@@ -47,8 +47,6 @@ log = logging.getLogger("keelgate.operator")
 
 FIRST_RETRY = 1.0
 MAX_RETRY = 60.0
-#: Doublings of FIRST_RETRY after which the wait is MAX_RETRY whatever the tries.
-BACKOFF_DOUBLINGS = 16
 #: HTTP answers worth asking again: the receiver was busy, away or timed out.
 RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 
@@ -287,9 +285,7 @@ class SinkSender:
             )
             self._finish(head)
             return None
-        # The doubling stops at the cap: past try 1,025 (17 hours of a day's retryForSeconds)
-        # its power would overflow a float, and the error would end the sink's thread for good.
-        wait = min(MAX_RETRY, FIRST_RETRY * 2.0 ** min(head.tries - 1, BACKOFF_DOUBLINGS))
+        wait = clocks.backoff(FIRST_RETRY, MAX_RETRY, head.tries - 1)
         if clocks.boot() + wait - head.since > sink.retry_for_seconds:
             self._metrics.notifications_dropped.labels(name, "gave_up").inc()
             log.warning(

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from keelgate.core import clocks
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ports import Key
 from keelgate.kube.runtime.metrics import Metrics
@@ -25,7 +26,7 @@ log = logging.getLogger("keelgate.operator")
 
 def backoff(failures: int) -> float:
     """Seconds before a key whose reconcile failed ``failures`` times in a row goes again."""
-    return min(60.0, 0.5 * 2.0 ** min(failures, 7))
+    return clocks.backoff(0.5, 60.0, failures)
 
 
 class Workers:

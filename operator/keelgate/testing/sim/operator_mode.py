@@ -32,6 +32,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.core.state import RunState
 from keelgate.core.types import PendingApproval
@@ -195,8 +196,7 @@ class SimOperator:
             # once again and again (a lost race against a stale cache) backs off.
             tries = self._tries.get(key, 0) + 1
             self._tries[key] = tries
-            # Its exponent capped, as client-go's is (past 2**14 the delay is a minute anyway).
-            self.enqueue(key, max(result.after, min(60.0, 0.005 * 2 ** min(tries, 30))))
+            self.enqueue(key, max(result.after, clocks.backoff(0.005, 60.0, tries)))
         else:
             self._tries.pop(key, None)
 

@@ -1,8 +1,9 @@
-"""The sixth set of planted bugs (``support.unseen_bugs_f``) can be planted as written.
+"""The sets of planted bugs written apart from the simulator since set F (``support.unseen_bugs_f``,
+``unseen_bugs_g``) can be planted as written.
 
 Why it exists: a planted bug whose text the product no longer holds, or holds twice, would
 plant nothing or something else, and the share the bench measures over the set would count a
-bug that is not there. These tests prove that every bug of ``UNSEEN_F`` plants once into a copy
+bug that is not there. These tests prove that every bug of each set plants once into a copy
 of the package (each old text found exactly once in its file), that the copy still imports
 (the bug is a wrong behaviour, not a syntax error), and that its name is its own: unique in the
 set and in no other set, so the bench's table never merges two bugs.
@@ -23,8 +24,20 @@ from support.unseen_bugs_c import UNSEEN_C
 from support.unseen_bugs_d import UNSEEN_D
 from support.unseen_bugs_e import UNSEEN_E
 from support.unseen_bugs_f import UNSEEN_F
+from support.unseen_bugs_g import UNSEEN_G
 
-OTHER_SETS: tuple[tuple[Planted, ...], ...] = (BUGS, UNSEEN, UNSEEN_B, UNSEEN_C, UNSEEN_D, UNSEEN_E)
+#: The sets checked here, by their letter (bench/unseen_bugs.py --set), and every set of bugs.
+CHECKED: dict[str, tuple[Planted, ...]] = {"F": UNSEEN_F, "G": UNSEEN_G}
+ALL_SETS: tuple[tuple[Planted, ...], ...] = (
+    BUGS,
+    UNSEEN,
+    UNSEEN_B,
+    UNSEEN_C,
+    UNSEEN_D,
+    UNSEEN_E,
+    UNSEEN_F,
+    UNSEEN_G,
+)
 
 
 #: Imports the modules named on its command line and prints where ``keelgate`` came from.
@@ -41,16 +54,20 @@ def _module(file: str) -> str:
     return "keelgate." + file.removesuffix(".py").replace("/", ".")
 
 
-def test_the_set_holds_ten_bugs_each_named_once_and_named_as_no_other_set_names_one() -> None:
+@pytest.mark.parametrize("letter", sorted(CHECKED))
+def test_the_set_holds_ten_bugs_each_named_once_and_named_as_no_other_set_names_one(
+    letter: str,
+) -> None:
     """Ten bugs, no two with one name, and none with the name of a bug of another set."""
-    names = [bug.name for bug in UNSEEN_F]
+    bugs = CHECKED[letter]
+    names = [bug.name for bug in bugs]
     assert len(names) == 10
     assert len(set(names)) == len(names)
-    others = {bug.name for bugs in OTHER_SETS for bug in bugs}
+    others = {bug.name for other in ALL_SETS if other is not bugs for bug in other}
     assert not set(names) & others
 
 
-@pytest.mark.parametrize("bug", UNSEEN_F, ids=lambda bug: bug.name[:60])
+@pytest.mark.parametrize("bug", UNSEEN_F + UNSEEN_G, ids=lambda bug: bug.name[:60])
 def test_each_bug_plants_once_into_a_copy_that_still_imports(bug: Planted, tmp_path: Path) -> None:
     """Each old text occurs exactly once in the product's file (so the replacement changes that
     one place), the planted copy holds the new text instead, the tree is left as it was, and
