@@ -13,14 +13,19 @@ on a real API server.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from keelgate.testing.apiserver import MemoryApiServer, Watcher
 
 
 class FakeApiServer(MemoryApiServer):
     """The server with one ``watch`` (the test's operator's cache), or none while it is away."""
 
-    def __init__(self, *, watch: Watcher | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, *, watch: Watcher | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        super().__init__(clock=clock)
         self.watch = watch
 
     @property

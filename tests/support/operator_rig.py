@@ -83,6 +83,7 @@ class Operator:
         *,
         settings: ControllerSettings | None = None,
         clock: Callable[[], float] = time.time,
+        server_clock: Callable[[], float] | None = None,
         api: FakeApiServer | None = None,
         tracer: Tracer = NO_TRACING,
         notify: NotifySettings | None = None,
@@ -93,8 +94,10 @@ class Operator:
         report to this operator's cache, which knows nothing until ``relist``. ``notify``: the
         sinks its notifier (the runtime's own, over the fake API server's ConfigMaps) sends to,
         waiting ``notify_sleep`` between tries (default: the real back-off). ``store``: the store's
-        URL (default: a SQLite file in ``folder``, which an operator on the same folder shares)."""
-        self.api = api if api is not None else FakeApiServer()
+        URL (default: a SQLite file in ``folder``, which an operator on the same folder shares).
+        ``server_clock``: the clock a new API server stamps its objects' times with (default:
+        ``clock``, the operator's, as a real server and operator agree)."""
+        self.api = api if api is not None else FakeApiServer(clock=server_clock or clock)
         self.store_url = store or f"sqlite:///{folder / 'keelgate.db'}"
         self.stores = open_stores(self.store_url)
         self.metrics = Metrics()

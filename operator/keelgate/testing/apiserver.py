@@ -5,7 +5,9 @@ Why it exists: the controller talks to the cluster only through that port, and n
 test nor a simulated run has a cluster. One implementation, so that the two agree with each
 other and with the real server on what the controller can see: a uid, a resourceVersion that
 grows with every change (one counter for the server, as etcd's revision), a generation and a
-creation time on each new object and a generation more for each change of its spec; ``status``
+creation time on each new object and a generation more for each change of its spec; the field
+managers' records of the writes other than status (``metadata.managedFields``: per manager, the
+time of its last write in whole seconds, as the server keeps them); ``status``
 as a subresource (a create drops it, a status patch is an RFC 7386 JSON merge patch guarded by
 ``resourceVersion``); 409 ``Conflict`` for a name taken, a stale patch or a delete whose uid is
 not the object's; 404 ``Gone`` naming the object; a graceful pod deletion that sets
@@ -236,6 +238,7 @@ class MemoryApiServer(ApiServer):
                 meta["finalizers"] = list(finalizers)
             else:
                 meta.pop("finalizers", None)
+            self._managed(found, "keelgate")
             self._bump(found)
             answer = copy.deepcopy(found)
             gone = bool(meta.get("deletionTimestamp")) and not finalizers
@@ -511,6 +514,7 @@ class MemoryApiServer(ApiServer):
             )
             if status is not None:
                 stored["status"] = status
+            self._managed(stored, "creator")
             self._bump(stored)
             self.objects[(kind, namespace, name)] = stored
             answer = copy.deepcopy(stored)
@@ -522,6 +526,7 @@ class MemoryApiServer(ApiServer):
         with self._lock:
             found = self._found(kind, namespace, name, f"patch {kind} {namespace}/{name}")
             change(found)
+            self._managed(found, "kubectl")
             self._bump(found)
             answer = copy.deepcopy(found)
         self._tell(kind, answer)
@@ -532,6 +537,23 @@ class MemoryApiServer(ApiServer):
         if found is None:
             raise Gone(f"{what}: 404 Not Found", named=name)
         return found
+
+    def _managed(self, body: JSON, manager: str) -> None:
+        """Record a write of ``body`` other than its status by ``manager`` (its field manager's
+        entry, time in whole seconds on this server's clock), as the server does for every
+        create, update and patch: a decision's entry was made no later than the last one."""
+        records = [
+            r for r in body["metadata"].get("managedFields") or () if r.get("manager") != manager
+        ]
+        records.append(
+            {
+                "manager": manager,
+                "operation": "Update",
+                "time": stamp(self._clock()),
+                "fieldsType": "FieldsV1",
+            }
+        )
+        body["metadata"]["managedFields"] = records
 
     def _bump(self, body: JSON) -> None:
         self._version += 1

@@ -130,6 +130,11 @@ class ApprovalReconciler:
         try:
             return self._look(body)
         except StoreUnavailable as error:
+            # Seen now, though nothing can be recorded: each entry counts from this look at the
+            # latest, however long the store stays away (not from when it is back).
+            written = written_at(body)
+            for entry in entries(body):
+                self._seen(entry.ref, written)
             if context.holding.in_doubt():
                 # This operator's runs may be taken by another cluster: a decision added here,
                 # not recorded, is shown so where people look (a blip of the store is not).
