@@ -470,3 +470,69 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         east.close()
+
+
+def test_an_operator_holding_nothing_shows_a_deny_it_cannot_record_once_the_store_stays_away(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """East's operator is replaced (a rollout) while its run waits for an approval, and the new
+    one is cut off from the store before it took anything: it holds no run, so no hold of its
+    is in doubt. Alice denies on east's Approval. A first look that cannot reach the store
+    shows nothing (a blip); once the Approval's looks have found the store away for longer
+    than a renewal period, her deny is shown not counted here yet (the run may be driven from
+    another cluster all along, which cannot see it). Back, the deny is recorded: nothing is
+    ordered."""
+    east = _operator(tmp_path / "east", EAST_A, pg_url, lease=LEASE)
+    database = pg_url.rsplit("/", 1)[1]
+    server = pg_url.rsplit("/", 1)[0] + "/postgres"
+    try:
+        east.apply("restock", agentrun_spec(approval=True))
+        assert east.drive("restock") == [3]
+        name = action_object_name("restock", "1:0", "place_order")
+        east.close()
+        new = _operator(tmp_path / "east-new", EAST_B, pg_url, lease=LEASE, api=east.api)
+        try:
+            new.relist("AgentRun", "Pod", "Approval")
+            store = new.stores.checkpoints
+            store.patience = store.result_patience = 1.0  # type: ignore[attr-defined]
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (database,),
+                )
+            alice = {"by": "alice", "groups": [], "approved": False, "note": "wrong supplier"}
+            new.api.patch_spec("Approval", NAMESPACE, name, {"decisions": [alice]})
+            assert not new.controller.context.holding.in_doubt()  # it holds nothing
+            with pytest.raises(StoreUnavailable):
+                new.reconcile(name, kind="Approval")
+            approval = new.api.get("Approval", NAMESPACE, name)
+            assert approval is not None
+            assert "not counted here yet" not in str(approval["status"].get("message"))
+            time.sleep(LEASE / 3 + 0.2)
+            with pytest.raises(StoreUnavailable):
+                new.reconcile(name, kind="Approval")
+            approval = new.api.get("Approval", NAMESPACE, name)
+            assert approval is not None
+            assert approval["status"]["message"].startswith(
+                "alice: not counted here yet: this cluster's operator cannot reach the store"
+            )
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    new.reconcile(name, kind="Approval")
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "the store was not reached again"
+                    time.sleep(1.0)
+            approval = new.api.get("Approval", NAMESPACE, name)
+            assert approval is not None
+            assert approval["status"]["verdict"] == "denied"
+            assert operator_tools.ORDERS == []
+        finally:
+            new.close()
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from keelgate.core import clocks
 from keelgate.core.approvals import FULL, SPENT, tally
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule
@@ -115,6 +116,9 @@ class ApprovalReconciler:
         # counts from the earliest of when the new one saw it, the object's last write (as the
         # API server recorded it) and the moment it states.
         self._first_seen: dict[str, float] = {}
+        # Since when each Approval's looks have found the store out of reach, on the boot
+        # clock (forgotten at its first look that reaches it).
+        self._away_since: dict[tuple[str, str], float] = {}
 
     def look(self, key: Key) -> Looked:
         """Record the object's new decisions, show what the store holds, wake the run."""
@@ -126,20 +130,26 @@ class ApprovalReconciler:
             context.cache.forget_tombstone(namespace, name, kind="Approval")
         body = context.cache.get("Approval", namespace, name)
         if body is None:
+            self._away_since.pop((namespace, name), None)
             return Looked(REST, None)
         try:
-            return self._look(body)
+            looked = self._look(body)
         except StoreUnavailable as error:
             # Seen now, though nothing can be recorded: each entry counts from this look at the
             # latest, however long the store stays away (not from when it is back).
             written = written_at(body)
             for entry in entries(body):
                 self._seen(entry.ref, written)
-            if context.holding.in_doubt():
-                # This operator's runs may be taken by another cluster: a decision added here,
-                # not recorded, is shown so where people look (a blip of the store is not).
+            holding = context.holding
+            since = self._away_since.setdefault((namespace, name), clocks.boot())
+            if holding.in_doubt() or holding.away_too_long(since):
+                # The run may be driven by another cluster (this operator's hold is in doubt,
+                # or it holds nothing it could confirm): a decision added here, not recorded,
+                # is shown so where people look (a blip of the store is not).
                 not_recordable(context, body, entries(body), error)
             raise  # tried again by the worker's back-off, as any look the store's absence ends
+        self._away_since.pop((namespace, name), None)
+        return looked
 
     def _look(self, body: JSON) -> Looked:
         context = self._context

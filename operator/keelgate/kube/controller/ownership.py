@@ -210,6 +210,13 @@ class RunHolding:
             held, since = bool(self._held), clocks.boot() - self._confirmed_at
         return self._owners is not None and held and since > self.lease / 3
 
+    def away_too_long(self, since: float) -> bool:
+        """Whether a store out of reach since ``since`` (boot clock) has been for longer than a
+        renewal period, with ownership on: a run this operator does not hold (one it never
+        took, say after a restart in the outage) may be driven by another cluster all along,
+        which sees nothing added here until the store is back."""
+        return self._owners is not None and clocks.boot() - since > self.lease / 3
+
     def renew(self) -> list[tuple[str, str]]:
         """Renew every held run's lease at once (one statement); the runs found lost, which
         are held no more (their step pods' writes are refused from now on)."""
