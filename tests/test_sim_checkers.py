@@ -482,6 +482,22 @@ def test_a_deny_made_after_the_approvals_were_enough_comes_too_late() -> None:
     assert story.broken() == set()
 
 
+def test_a_deny_made_where_no_operator_ran_binds_from_when_one_runs_there_again() -> None:
+    """With two clusters, carol denies on an Approval of a cluster where no operator runs: no
+    process of the product can read it, and the other cluster runs the call on bob's approval
+    made there. Never read before the request left, or read only once bob's approval was
+    enough, it denies nothing; read (an operator running there again) before bob approved, and
+    neither recorded nor shown refused, it denies the call."""
+    for read_at, broken in ((None, set()), (1.8, set()), (1.4, {"unapproved"})):
+        story = History(approval={"required": 1})
+        story.decide("carol", 1.2, yes=False, told=False)
+        story.books.decisions[-1].unread = True
+        story.books.decisions[-1].read_at = read_at
+        story.decide("bob", 1.5, told=False)
+        story.ordinary()
+        assert story.broken() == broken, read_at
+
+
 def test_an_approval_counts_for_where_the_run_may_have_shown_the_call_to_go() -> None:
     """An approval made while the world cannot tell which of two definitions the run showed
     (the newest step died before it recorded where the run stands: ``shown_also``) counts for

@@ -1802,3 +1802,25 @@ def test_a_deny_made_where_the_run_no_longer_is_is_not_lost(seed: int, options: 
     outcome = simulate(seed=seed, mode="operator", options=options)
     assert outcome.ok, "; ".join(map(str, outcome.violations))
     assert any("is shown not counted here" in line for line in outcome.lines), "no deny refused"
+
+
+def test_a_deny_made_where_no_operator_runs_is_judged_from_when_one_runs_there_again() -> None:
+    """The two-cluster search after the merge (docs/simulation.md) found seed
+    12340832287265749308 broken on the oracle's side: dave denied on east's Approval while no
+    operator of east ran, and west, holding the run once east's lease lapsed, ran the charge on
+    dave's approval made there. Nothing of the product could read that deny (the limit
+    docs/operator.md states); the oracle now takes such a deny from when an operator runs in its
+    cluster again. The seed meets that story and keeps every promise."""
+    seed = 12340832287265749308
+    _meets_its_window_and_keeps_every_promise(
+        "a deny made where no operator runs",
+        seed,
+        (
+            "east's operators are gone for 213.3s",
+            "167.479 dave adds to restock-2-1-pay-02e032c027's decisions approved: False in east",
+            "EFFECT charge p3 by west/restock-s2-a1",
+            "354.014 east is back",
+        ),
+        mode="operator",
+        options=whole_with_two_clusters(seed),
+    )

@@ -219,6 +219,10 @@ class Decision:
     #: maker told it does not count. None: never refused so.
     cluster: str = ""
     refused_at: float | None = None
+    #: With two clusters: made while no operator of its cluster ran (nothing of the product
+    #: could read it), and when one ran there again (None: not yet). It binds from then.
+    unread: bool = False
+    read_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -254,12 +254,13 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         and not d.move
         and d.accepted_at is not None
         and not (not d.yes and d.refused_at is not None and d.refused_at <= sent.at)
+        and not (not d.yes and d.unread and (d.read_at is None or d.read_at > sent.at))
     ]
     best, denied = 0, ""
     for label in dict.fromkeys(d.action for d in made):
         people: set[str] = set()
         no = ""
-        for decision in sorted((d for d in made if d.action == label), key=lambda d: d.at):
+        for decision in sorted((d for d in made if d.action == label), key=_binds_from):
             if not decision.yes:
                 if rule.may_decide(decision.human) and len(people) < rule.required:
                     no = no or decision.by
@@ -274,6 +275,17 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         elif len(people) > best:
             best = len(people)
     return best, denied if best < rule.required else ""
+
+
+def _binds_from(decision: Decision) -> float:
+    """When a decision takes its place among the others: when it was made, or, a deny made
+    in a cluster where no operator ran (two clusters), when one ran there again. Until then
+    nothing of the product could read it, and the other cluster, holding the run once the
+    lease lapsed, could not know of it (docs/operator.md states the limit); once read, it
+    must be recorded or shown refused (``refused_at``) before it stops binding."""
+    if not decision.yes and decision.unread and decision.read_at is not None:
+        return decision.read_at
+    return decision.at
 
 
 def _counts(books: Books, decision: Decision, rule: Rule, sent: Sent) -> bool:

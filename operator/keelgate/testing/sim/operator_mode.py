@@ -284,6 +284,11 @@ class Cluster:
             reachable=self.reachable,
         )
         self.operators.append(operator)
+        if self.name:
+            # Decisions made here while no operator ran can be read from now on.
+            for decision in self.books.decisions:
+                if decision.cluster == self.name and decision.unread and decision.read_at is None:
+                    decision.read_at = self.world.now
         return operator
 
     def reachable(self) -> bool:
@@ -599,6 +604,7 @@ class Cluster:
             tool=str(spec.get("tool", "")),
         )
         decision.cluster = self.name
+        decision.unread = bool(self.name) and not any(o.alive for o in self.operators)
         return decision
 
     # issue 46's moves: what admission lets alice do
