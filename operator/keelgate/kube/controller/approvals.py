@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keelgate.core import clocks
 from keelgate.core.approvals import FULL, SPENT, tally
 from keelgate.core.state import RunState
 from keelgate.core.types import ApprovalRule
@@ -46,6 +45,7 @@ from keelgate.kube.controller.approval_entries import (
     written_at,
 )
 from keelgate.kube.controller.approval_events import ApprovalEvents
+from keelgate.kube.controller.approval_sightings import Sightings
 from keelgate.kube.controller.approval_status import Shown, shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
@@ -110,15 +110,8 @@ class ApprovalReconciler:
     def __init__(self, context: ControllerContext) -> None:
         self._context = context
         self._events = ApprovalEvents(context)
-        # When this operator first saw each entry it has not recorded yet (its ref -> seconds
-        # since the epoch): an entry refused for a while (the run between stops) counts from
-        # then, not from when it was finally recorded. Lost with the process: an entry then
-        # counts from the earliest of when the new one saw it, the object's last write (as the
-        # API server recorded it) and the moment it states.
-        self._first_seen: dict[str, float] = {}
-        # Since when each Approval's looks have found the store out of reach, on the boot
-        # clock (forgotten at its first look that reaches it).
-        self._away_since: dict[tuple[str, str], float] = {}
+        # Entries seen before they could be recorded, and looks that found the store away.
+        self._sightings = Sightings(context.clock)
 
     def look(self, key: Key) -> Looked:
         """Record the object's new decisions, show what the store holds, wake the run."""
@@ -130,7 +123,7 @@ class ApprovalReconciler:
             context.cache.forget_tombstone(namespace, name, kind="Approval")
         body = context.cache.get("Approval", namespace, name)
         if body is None:
-            self._away_since.pop((namespace, name), None)
+            self._sightings.store_reached(namespace, name)
             return Looked(REST, None)
         try:
             looked = self._look(body)
@@ -139,16 +132,16 @@ class ApprovalReconciler:
             # latest, however long the store stays away (not from when it is back).
             written = written_at(body)
             for entry in entries(body):
-                self._seen(entry.ref, written)
+                self._sightings.seen(entry.ref, written)
             holding = context.holding
-            since = self._away_since.setdefault((namespace, name), clocks.boot())
+            since = self._sightings.store_away(namespace, name)
             if holding.in_doubt() or holding.away_too_long(since):
                 # The run may be driven by another cluster (this operator's hold is in doubt,
                 # or it holds nothing it could confirm): a decision added here, not recorded,
                 # is shown so where people look (a blip of the store is not).
                 not_recordable(context, body, entries(body), error)
             raise  # tried again by the worker's back-off, as any look the store's absence ends
-        self._away_since.pop((namespace, name), None)
+        self._sightings.store_reached(namespace, name)
         return looked
 
     def _look(self, body: JSON) -> Looked:
@@ -245,9 +238,9 @@ class ApprovalReconciler:
         written = written_at(body)
         for entry in found:
             if entry.ref in recorded:
-                self._first_seen.pop(entry.ref, None)
+                self._sightings.recorded(entry.ref)
                 continue
-            seen = self._seen(entry.ref, written)
+            seen = self._sightings.seen(entry.ref, written)
             held = context.holding.hold(namespace, run_name)
             if isinstance(held, HeldElsewhere):
                 # The decision is written by whoever holds the run: not counted here (yet).
@@ -272,19 +265,8 @@ class ApprovalReconciler:
             state = context.run_state(namespace, run_name) or state
             recorded = recorded_refs(body, state.approvals.get(action, ()))
             if entry.ref in recorded:
-                self._first_seen.pop(entry.ref, None)
+                self._sightings.recorded(entry.ref)
         return state, refused
-
-    def _seen(self, ref: str, written: float | None) -> float:
-        """When the entry ``ref`` was made, at the latest: first seen, and no later than the
-        object's last write as of that first look (an entry seen late, the operator down or
-        behind, counts from the write, not the look). Kept from the first look: a later write
-        of the object (another entry added while this one was refused) never dates it afresh."""
-        seen = self._context.clock()
-        if written is not None:
-            seen = min(seen, written)
-        first = self._first_seen.setdefault(ref, seen)
-        return first if written is None else min(first, written)
 
     def _superseded(self, body: JSON, state: RunState, here: int, asked: int) -> Looked:
         """An Approval of an earlier round than the one the store asks in: its denies are
@@ -364,7 +346,7 @@ class ApprovalReconciler:
         context = self._context
         written = written_at(body)
         for entry in entries(body):
-            self._seen(entry.ref, written)
+            self._sightings.seen(entry.ref, written)
         said = (
             f"round {here} of this action is not asked (the run asks in round {asked}): "
             "nothing on it is recorded until it is"
