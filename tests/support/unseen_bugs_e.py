@@ -197,7 +197,7 @@ UNSEEN_E: tuple[Planted, ...] = (
         "object's last write (max for min)",
         (
             (
-                "kube/controller/approvals.py",
+                "kube/controller/approval_sightings.py",
                 "seen = min(seen, written)",
                 "seen = max(seen, written)",
             ),

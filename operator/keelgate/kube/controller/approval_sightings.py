@@ -32,10 +32,10 @@ class Sightings:
         object's last write as of that first look (an entry seen late, the operator down or
         behind, counts from the write, not the look). Kept from the first look: a later write
         of the object (another entry added while this one was refused) never dates it afresh."""
-        now = self._clock()
+        seen = self._clock()
         if written is not None:
-            now = min(now, written)
-        first = self._first.setdefault(ref, now)
+            seen = min(seen, written)
+        first = self._first.setdefault(ref, seen)
         return first if written is None else min(first, written)
 
     def recorded(self, ref: str) -> None:
