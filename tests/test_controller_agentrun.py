@@ -744,6 +744,32 @@ def test_a_budget_stop_resumes_when_the_spec_changes(kube: Operator) -> None:
     assert len(operator_tools.ORDERS) == 1
 
 
+def test_a_run_failed_on_the_verifiers_limit_makes_no_pod_for_an_edit_that_keeps_the_limit(
+    kube: Operator,
+) -> None:
+    """A run Failed on the verifier's limit stays at rest when its spec is edited without
+    raising the limit (the step would neither use nor record the edit: before, the operator
+    made a step pod after each such pod's end, one after another without end); raising the
+    limit past the rejections then runs one more step, which finishes the run."""
+    script = [{"actions": [ORDER], "verdict": "reject"}, {"done": True, "answer": "ordered"}]
+    kube.apply("restock", agentrun_spec(script=script, budget={"maxVerifierRejections": 1}))
+    assert kube.drive("restock") == [1]
+    status = kube.status("restock")
+    assert (status["phase"], status["stopReason"]) == ("Failed", "verifier_rejections")
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", {"goal": "Restock SKU A1 and B2"})
+    assert kube.drive("restock") == []
+    assert kube.pods() == ["restock-s1-a1"]
+    status = kube.status("restock")
+    # The edit is seen (the status answers its generation), and the run stays Failed.
+    assert (status["phase"], status["observedGeneration"]) == ("Failed", 2)
+    assert kube.condition("restock", "Stalled")["reason"] == "verifier_rejections"
+    raised = {"budget": {"maxIterations": 5, "maxVerifierRejections": 2}}
+    kube.api.patch_spec("AgentRun", NAMESPACE, "restock", raised)
+    assert kube.drive("restock") == [0]
+    assert kube.status("restock")["phase"] == "Succeeded"
+    assert len(operator_tools.ORDERS) == 1
+
+
 def test_a_step_pod_gets_the_operators_settings(tmp_path: Path) -> None:
     """The pod is built from the operator's StepPodSettings (image, command, Secret) and the
     run's spec, and the spec the pod reads is recorded in the store before the pod exists."""

@@ -1824,3 +1824,61 @@ def test_a_deny_made_where_no_operator_runs_is_judged_from_when_one_runs_there_a
         mode="operator",
         options=whole_with_two_clusters(seed),
     )
+
+
+#: Found with two clusters (seed 12531444287855935590, make sim's whole world; docs/simulation.md,
+#: "A run left waiting after the verifier's limit was raised"): the run Failed on the verifier's
+#: limit; every edit after that (none raising the limit) had east's operator make a step pod
+#: after each such pod's end (13 in 30 s, each saying the edit is not used), and the people of
+#: both clusters, finding the run Failed, looked no more; an edit then raised the limit, the run
+#: went on and stopped for an approval nobody came to give (`waiting`). Two faults, one each:
+#: the operator now makes no pod for a stop final under the spec as it stands, and people stop
+#: looking only at a run finished under it (``RunState.continues_under``, as in local mode).
+WAITING_AFTER_THE_LIMIT = 12531444287855935590
+#: The operator's fault, planted back: a run Failed on the verifier's limit gets a step pod
+#: after each edit that keeps the limit, and again after each of those pods.
+POD_AFTER_EACH_EDIT_AT_THE_LIMIT = Planted(
+    "a run Failed on the verifier's limit gets a step pod for each edit that keeps the limit",
+    (
+        (
+            "kube/controller/agentrun.py",
+            "if stop.reason is StopReason.FAILED or not state.continues_under(loop_spec.budget):",
+            "if stop.reason is StopReason.FAILED:",
+        ),
+    ),
+    mode="operator",
+    store="memory",
+    window_seed=WAITING_AFTER_THE_LIMIT,
+    flags=("--two-clusters", "--every-move"),
+)
+
+
+def test_a_run_failed_on_the_verifiers_limit_makes_no_pod_for_an_edit_in_the_seed_found() -> None:
+    """The seed once left waiting keeps every promise, and where its run Failed on the
+    verifier's limit, the edits that followed (none raising it) make no step pod: the run
+    stays Failed and the world ends."""
+    seed = WAITING_AFTER_THE_LIMIT
+    outcome = simulate(seed=seed, mode="operator", options=whole_with_two_clusters(seed))
+    assert outcome.ok, "; ".join(map(str, outcome.violations))
+    lines = outcome.lines
+    ended = "east/restock-s1-a2 ends Failed verifier_rejections"
+    failed = next(at for at, line in enumerate(lines) if line.endswith(ended))
+    assert any(line.endswith("spec edited: approval pay (generation 7)") for line in lines[failed:])
+    assert not any("restock-s2-a1 starts" in line for line in lines), "a pod for a Failed run"
+
+
+def test_people_look_on_at_a_run_failed_on_the_verifiers_limit_once_an_edit_raised_it(
+    tmp_path: Path,
+) -> None:
+    """The seed as it was found (the operator's pod after each edit planted back): the people
+    of both clusters, who found the run Failed on the verifier's limit, look on once an edit
+    raised the limit and the run went on, and approve the call it then stops for; the run
+    finishes (before, they looked no more, and it was left waiting)."""
+    summary = find(POD_AFTER_EACH_EDIT_AT_THE_LIMIT, tmp_path, seeds=1)
+    output = str(summary["output"])
+    assert summary["first"] is None, output
+    assert "restock-s13-a1 ends Failed verifier_rejections" in output  # the bug is in play
+    assert "spec edited: raise budget" in output
+    raised = output.index("spec edited: raise budget")
+    assert "patches restock-2-place-order-df7f18f35a approved" in output[raised:], output
+    assert "ends Succeeded goal_met" in output[raised:], output

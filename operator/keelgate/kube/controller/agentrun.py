@@ -343,7 +343,9 @@ class AgentRunReconciler:
             self._asks.ask_to_approve(run, state)
             if not state.pending:
                 return STEP
-        if stop.reason is StopReason.FAILED:
+        if stop.reason is StopReason.FAILED or not state.continues_under(loop_spec.budget):
+            # Final under this spec (the verifier's limit not raised past its rejections): a
+            # step would neither use nor record an edit, and the next pod would find the same.
             return REST
         # Any other stop (a budget, the verifier's limit) resumes when the spec has changed
         # since the checkpoint: the loop then decides with the new spec, once.

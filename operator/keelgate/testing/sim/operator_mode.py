@@ -481,7 +481,20 @@ class Cluster:
         if status.get("stopReason") in BUDGET_STOPS and (self.calm or schedule.chance(500)):
             self.setting.desk.edit("raise budget")
             self.apply_spec()
-        return status.get("phase") in ("Succeeded", "Failed")
+        return self._over(status, state)
+
+    def _over(self, status: JSON, state: RunState | None) -> bool:
+        """Whether people stop looking: the run shows it Succeeded, or Failed on a stop final
+        under the spec as it stands (``RunState.continues_under``, as in local mode). A run
+        Failed on the verifier's limit goes on once an edit raised the limit past its count (in
+        the same look, or before): its next stop for a person would find nobody looking."""
+        phase = status.get("phase")
+        if phase == "Succeeded":
+            return True
+        if phase != "Failed" or state is None:
+            return False
+        spec = self.setting.desk.loop_spec(self.setting.tenant, self.setting.run)
+        return not state.continues_under(spec.budget)
 
     def _state(self) -> RunState | None:
         """The run as ``kubectl keelgate status`` shows it (the actions' arguments)."""
