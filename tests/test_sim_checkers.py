@@ -31,6 +31,7 @@ from keelgate.testing.sim.books import (
     Question,
     Sent,
     SpecVersion,
+    definition,
     tick_of,
     tick_ref,
 )
@@ -513,6 +514,27 @@ def test_an_approval_counts_for_where_the_run_may_have_shown_the_call_to_go() ->
     story.books.decisions[-1].shown_also = ("POST http://shop.sim/steal",)
     story.ordinary()
     assert story.broken() == {"unapproved"}
+
+
+def test_an_approval_of_one_remote_tool_of_an_mcp_server_counts_for_no_other() -> None:
+    """Where an MCP tool's call goes is its server and the remote tool it names, as a person is
+    shown it (``books.definition``) and as the world books the request (``mcp URL TOOL``): an
+    approval of the call to the server's ``place_order`` counts for a request that tool
+    received, and for none the same server's ``place_rush_order`` received (the manifest's
+    tool pointed there after the approval)."""
+    mcp = {"url": "http://shop.sim/mcp", "tool": "place_order"}
+    shown = definition({"name": "place_order", "mcp": mcp})
+    assert shown == "mcp http://shop.sim/mcp place_order"
+    for remote, broken in (("place_order", set()), ("place_rush_order", {"unapproved"})):
+        story = History(approval={"required": 1})
+        story.decide("bob", 1.5, told=False, shown=shown)
+        story.ask()
+        story.effect(story.send(endpoint=f"mcp http://shop.sim/mcp {remote}"), noted=False)
+        story.event("loop.plan_saved", 1.0, actions=[{"action": "1:0", "idempotencyKey": "kg-1"}])
+        story.event("loop.action_started", 1.5, action="1:0", idempotencyKey="kg-1")
+        story.event("loop.action_completed", 3.0, action="1:0", status="ok")
+        story.records.planned.append(PlannedAction("1:0", "place_order", dict(ORDER)))
+        assert story.broken() == broken, remote
 
 
 def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:

@@ -65,6 +65,7 @@ from support.unseen_bugs_c import UNSEEN_C
 from support.unseen_bugs_d import UNSEEN_D
 from support.unseen_bugs_e import UNSEEN_E
 from support.unseen_bugs_f import UNSEEN_F
+from support.unseen_bugs_g import UNSEEN_G
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -114,13 +115,20 @@ def whole_with_set_f(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as set F's misses were closed in (the product's Python
     tool, runs with no creator on record, and every part before): a part the world gains
     later is turned off here, as those before turn off these (two clusters)."""
-    return replace(Options.whole(seed), two_clusters=False)
+    return replace(whole_before_set_g(seed), two_clusters=False)
 
 
 def whole_with_two_clusters(seed: int) -> Options:
     """``make sim``'s world for ``seed`` with two clusters (every part before, and the
     operator-mode run in a second cluster over the one store): the seeds found with it."""
-    return replace(Options.whole(seed), two_clusters=True)
+    return replace(whole_before_set_g(seed), two_clusters=True)
+
+
+def whole_before_set_g(seed: int | None = None) -> Options:
+    """``make sim``'s world for ``seed`` as it was before set G's misses were closed in it: no
+    MCP tool pointed at another remote tool, no arguments reordered (its share of two clusters
+    as drawn)."""
+    return replace(Options.whole(seed), mcp_remote=False, reordered_args=False)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -1882,3 +1890,98 @@ def test_people_look_on_at_a_run_failed_on_the_verifiers_limit_once_an_edit_rais
     raised = output.index("spec edited: raise budget")
     assert "patches restock-2-place-order-df7f18f35a approved" in output[raised:], output
     assert "ends Succeeded goal_met" in output[raised:], output
+
+
+#: Set G's misses closed in the world (docs/simulation.md, "Set G's misses closed in the
+#: world"): each bug, the world that meets it (the kept seeds' world and the one part it
+#: gained), how many seeds of base 0 (local mode, memory store) are searched, and the promise
+#: it breaks there.
+SET_G_CLOSED = (
+    (
+        "mcp.tool left out of the definition",
+        replace(Options.every(), mcp_often=True, mcp_remote=True),
+        50,
+        "unapproved",
+    ),
+    (
+        "json.dumps for the canonical spelling",
+        replace(Options.every(), reordered_args=True),
+        12,
+        "twice",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("words", "options", "seeds", "rule"), SET_G_CLOSED, ids=[c[0] for c in SET_G_CLOSED]
+)
+def test_set_g_misses_closed_in_the_world_break_a_promise_within_a_few_seeds(
+    words: str, options: Options, seeds: int, rule: str, tmp_path: Path
+) -> None:
+    """Planted into a copy of the package, each of the two set G bugs the world now meets
+    breaks its promise within a few seeds: an MCP ``place_order`` pointed at another tool of
+    the shop's MCP server after its call was approved runs on approvals given for the other
+    tool (``unapproved``: the world knows where each request went, the remote tool named);
+    the same call planned again with its arguments in another order gets another key and
+    takes effect twice (``twice``: the shop's ledger, by the world's ref). The clean product
+    keeps every promise on each of those seeds, so each finding is the bug's."""
+    bug = next(b for b in UNSEEN_G if words in b.name)
+    done = _simulator_on(
+        planted(bug, tmp_path),
+        *("--seeds", str(seeds), "--mode", "local", "--store", "memory"),
+        *("--no-shrink", "--json", *options.flags().split()),
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"  {rule}: " in done.stdout, done.stdout[-3000:]
+    if rule == "unapproved":
+        assert " to mcp http://shop.sim/mcp place_" in done.stdout, done.stdout[-3000:]
+    for index in range(seeds):
+        seed = seed_of(index)
+        clean = simulate(seed=seed, store="memory", mode="local", options=options)
+        assert clean.ok, f"{seed}: " + "; ".join(map(str, clean.violations))
+
+
+#: Where a call of ``place_order`` pointed at the shop's other remote tool goes.
+RUSHED = "mcp http://shop.sim/mcp place_rush_order"
+
+
+def test_an_mcp_tool_is_pointed_at_another_remote_tool_and_the_product_asks_again() -> None:
+    """With ``--mcp-remote`` the run's owner points an MCP ``place_order`` at another tool of
+    the shop's MCP server (``place_rush_order``) once its call was approved; the product sees
+    the call changed since it was planned and asks again, and once approved as it now stands
+    the call goes to the remote tool it names and the shop takes it there; every promise is
+    kept. The kept seeds' world never makes the edit."""
+    edited = rushed = 0
+    options = replace(Options.every(), mcp_often=True, mcp_remote=True)
+    for index in range(110):
+        seed = seed_of(index)
+        outcome = simulate(seed=seed, store="memory", mode="local", options=options)
+        assert outcome.ok, f"{seed}: " + "; ".join(map(str, outcome.violations))
+        edited += any("spec edited: place_order remote" in line for line in outcome.lines)
+        rushed += any(f"EFFECT {RUSHED}" in line for line in outcome.lines)
+        if index < 10:
+            kept = simulate(seed=seed, store="memory", mode="local", options=Options.every())
+            assert not any("place_order remote" in line for line in kept.lines)
+    assert edited >= 10 and rushed >= 2, (edited, rushed)
+
+
+def test_reordered_arguments_draw_nothing_and_the_clean_product_runs_the_same_story() -> None:
+    """With ``--reordered-args`` the model writes a call it planned before with its arguments
+    in another order (every other time it plans it), drawing nothing from the schedule: the
+    clean product, whose key is the call's one canonical spelling, runs the very same story in
+    the whole world, line for line but for the model's reorderings, in local and operator
+    mode, and keeps every promise."""
+    said = 0
+    for index in range(8):
+        seed = seed_of(index, 21)
+        mode = "operator" if index % 3 == 0 else "local"
+        whole = replace(Options.whole(), two_clusters=False)
+        reordered = simulate(seed=seed, store="memory", mode=mode, options=whole)
+        plain = simulate(
+            seed=seed, store="memory", mode=mode, options=replace(whole, reordered_args=False)
+        )
+        lines = [line for line in reordered.lines if "arguments in another order" not in line]
+        said += len(reordered.lines) - len(lines)
+        assert lines == list(plain.lines), seed
+        assert reordered.ok, f"{seed}: " + "; ".join(map(str, reordered.violations))
+    assert said >= 5, said

@@ -126,6 +126,18 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         "cut off from the store, one coming back).",
     )
     parse.add_argument(
+        "--mcp-remote",
+        action="store_true",
+        help="With the definition move, an MCP place_order is pointed at another tool of the "
+        "shop's MCP server after its call was approved.",
+    )
+    parse.add_argument(
+        "--reordered-args",
+        action="store_true",
+        help="The model, planning a call it planned before, gives its arguments in another "
+        "order half the time.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -136,7 +148,8 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
         "more often, dollar budgets, cached input, the product's Python tool, runs with no "
-        "creator and (operator mode) two clusters; a share of the runs (drawn from each "
+        "creator, MCP tools pointed elsewhere, arguments reordered and (operator mode) two "
+        "clusters; a share of the runs (drawn from each "
         "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )

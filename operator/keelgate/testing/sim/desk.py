@@ -26,6 +26,7 @@ from keelgate.testing.sim.books import CREATOR, Books, SpecVersion, rule_of
 from keelgate.testing.sim.downstream import (
     CALL_SECONDS,
     PAY_CALLABLE,
+    RUSH,
     SHOP,
     TOOLS,
     http_tool,
@@ -49,6 +50,9 @@ EDITS = (
 )
 #: Edits of a tool's definition (where its call goes), issue 46's: on with ``moves``.
 DEFINITION_EDITS = ("place_order url", "place_order method")
+#: The edit of an MCP tool's definition (``mcp_remote``): the tool of the shop's MCP server
+#: ``place_order`` calls, its own or another (``downstream.RUSH``), toggled.
+MCP_DEFINITION_EDITS = ("place_order remote",)
 GROUP_CHOICES: tuple[tuple[str, ...], ...] = ((), ("payments-approvers",), ("shop-devs",))
 #: Every side effect, as a monitor that acts must list them (``allowedSideEffects``).
 ALL_EFFECTS = ["READ", "PROPOSE", "WRITE"]
@@ -76,6 +80,10 @@ class Desk:
     #: The shop's MCP server is used more: ``place_order`` is an MCP tool in half the runs (not
     #: a quarter), and ``notify`` in half of them too (a draw made only with it on).
     mcp_often: bool = False
+    #: An edit of ``place_order``'s definition, where it is an MCP tool, points it at another
+    #: tool of the shop's MCP server (``definition_edit``); without it the URL and method
+    #: edits, which change nothing of an MCP tool, are drawn as before.
+    mcp_remote: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     #: Who the run's spec names as its creator (alice, who really created it; "" for a run
     #: driven by a program that names nobody, until its owner records her: ``record_creator``).
@@ -207,6 +215,16 @@ class Desk:
             SpecVersion(len(self.versions), self.world.now, copy.deepcopy(manifest))
         )
 
+    def definition_edit(self) -> str:
+        """The edit of a tool's definition the run's owner makes now (drawn): the URL or the
+        method of an HTTP ``place_order``; with ``mcp_remote``, the remote tool of an MCP one
+        (one draw either way, so every later choice is drawn as before)."""
+        tool = self.tool("place_order")
+        edits: tuple[str, ...] = DEFINITION_EDITS
+        if self.mcp_remote and tool is not None and "mcp" in tool:
+            edits = MCP_DEFINITION_EDITS
+        return edits[self.world.schedule.pick(len(edits))]
+
     def edit(self, what: str) -> None:
         """One edit a person makes (``EDITS``, ``DEFINITION_EDITS``); each toggles, so a run
         sees them come and go."""
@@ -266,6 +284,10 @@ class Desk:
             http = tools["place_order"].get("http")
             if http is not None:
                 http["method"] = "POST" if http.get("method") == "DELETE" else "DELETE"
+        elif what == "place_order remote":
+            mcp = tools["place_order"].get("mcp")
+            if mcp is not None:
+                mcp["tool"] = "place_order" if mcp.get("tool") == RUSH else RUSH
         self.world.say(f"spec edited: {what} (generation {self.generation + 1})")
         self._push(new)
 

@@ -73,6 +73,16 @@ QUOTE = ("quote", f"{SHOP}/quotes")
 CALL_SECONDS = 30.0
 PAY_CALLABLE = "keelgate.testing.sim.downstream:pay"
 MCP_URL = f"{SHOP}/mcp"
+#: Another tool of the shop's MCP server that places an order (delivered first): an MCP
+#: ``place_order`` pointed at it (``Desk.edit``'s "place_order remote") makes a call nobody
+#: approved where people approved the call to ``place_order``.
+RUSH = "place_rush_order"
+#: The tools the shop's MCP server offers (``tools/list``): name -> description.
+MCP_TOOLS: Mapping[str, str] = {
+    "place_order": "place an order",
+    "notify": "tell the shop's staff",
+    RUSH: "place an order, delivered first",
+}
 #: The shop's status endpoint, as the confirmer's URL template names it (``--confirmer-url``).
 STATUS_PATH = "/status/"
 STATUS_URL = f"{SHOP}{STATUS_PATH}{{idempotencyKey}}?tool={{tool}}&action={{action}}"

@@ -210,10 +210,18 @@ class Question:
 class Planner:
     """The world's model: answers from the scenario, books every question and answer."""
 
-    def __init__(self, world: World, scenario: Scenario, books: Books) -> None:
+    def __init__(
+        self, world: World, scenario: Scenario, books: Books, *, reordered: bool = False
+    ) -> None:
         self.world = world
         self.scenario = scenario
         self.books = books
+        #: A call planned before is given with its arguments in another order every other
+        #: time (``Options.reordered_args``): a model writes a call's JSON object afresh each
+        #: time it plans it, and nothing holds it to one order of its keys. How many times
+        #: each call (by its ref) was planned so far.
+        self.reordered = reordered
+        self._planned: Counter[str] = Counter()
         self._asked: Counter[tuple[str, int]] = Counter()
         #: A monitor's tick processes and the tick each drives (its run's name): each tick is
         #: a run of its own, so its calls are the world's calls of that tick (``tick_ref``).
@@ -245,8 +253,27 @@ class Planner:
                 PlannedCall(c.tool, {**c.args, "ref": tick_ref(str(c.args["ref"]), tick)})
                 for c in plan
             )
+        if self.reordered:
+            plan = self._reordered(plan)
         self._book(question, plan, usage, estimate, done=False)
         return ModelReply(actions=plan, usage=usage)
+
+    def _reordered(self, plan: Sequence[PlannedCall]) -> tuple[PlannedCall, ...]:
+        """``plan`` as the model writes it out: a call it planned before (by its ref, in an
+        earlier answer or earlier in this one) has its arguments in the reverse order at its
+        second planning, its fourth, and so on; at the others, and at its first, in the
+        scenario's order. It draws nothing from the schedule: the same call with the same
+        arguments, which the world knows as the same call (its ref), so a product whose key
+        is the call's one canonical spelling runs the very same story."""
+        written = []
+        for call in plan:
+            ref = str(call.args["ref"])
+            self._planned[ref] += 1
+            if self._planned[ref] % 2 == 0:
+                call = PlannedCall(call.tool, dict(reversed(list(call.args.items()))))
+                self.world.say(f"the model writes {ref}'s arguments in another order")
+            written.append(call)
+        return tuple(written)
 
     def _book(
         self,

@@ -53,7 +53,7 @@ from keelgate.testing.sim.books import (
     Question,
 )
 from keelgate.testing.sim.cluster import JSON, SimApiServer
-from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS
+from keelgate.testing.sim.desk import EDITS
 from keelgate.testing.sim.people import BUDGET_STOPS, PEOPLE, book_approval, calm_look, counts
 from keelgate.testing.sim.processes import Setting, StepProcess
 from keelgate.testing.sim.stores import StoreSite, patiently
@@ -627,7 +627,7 @@ class Cluster:
         which = self.moves[schedule.pick(len(self.moves))]
         approvals = [b for b in self.api.of_kind("Approval")]
         if which == "definition":
-            self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
+            self.setting.desk.edit(self.setting.desk.definition_edit())
             self.apply_spec()
         elif which == "recreate":
             self.world.say(

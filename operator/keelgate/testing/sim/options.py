@@ -67,6 +67,14 @@ class Options:
     #: clusters as their operators or API servers go for a while, or one is cut off from the
     #: store (``operator_mode.TwoClusters``). People decide in either cluster.
     two_clusters: bool = False
+    #: With the ``definition`` move: a run whose ``place_order`` is a tool of the shop's MCP
+    #: server has its owner point it at another tool of that server after its call was
+    #: approved (``Desk.definition_edit``), where the URL and method edits change nothing.
+    mcp_remote: bool = False
+    #: The model, planning a call it planned before (a later iteration, an iteration asked
+    #: again, the same call twice in one plan), gives its arguments in another order half the
+    #: time (``Planner``): the same call, another JSON object on the wire.
+    reordered_args: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -119,6 +127,8 @@ SWITCHES = (
     "python_tool",
     "no_creator",
     "two_clusters",
+    "mcp_remote",
+    "reordered_args",
 )
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).

@@ -25,7 +25,7 @@ from keelgate.core.types import ApprovalRule, KeyState, StopReason
 from keelgate.errors import KeelgateError, SimulatedCrash
 from keelgate.testing.sim import records
 from keelgate.testing.sim.books import GROUPS, SERVICE_ACCOUNT, Books, Decision, Question
-from keelgate.testing.sim.desk import DEFINITION_EDITS, EDITS, Desk
+from keelgate.testing.sim.desk import EDITS, Desk
 from keelgate.testing.sim.processes import Setting
 from keelgate.testing.sim.stores import patiently
 from keelgate.testing.sim.world import World
@@ -168,7 +168,7 @@ class People:
             if self.setting.desk.moves and not self.calm and schedule.chance(300):
                 # The run's owner sends the tool somewhere else once its call is approved,
                 # before the next step (issue 46).
-                self.setting.desk.edit(DEFINITION_EDITS[schedule.pick(len(DEFINITION_EDITS))])
+                self.setting.desk.edit(self.setting.desk.definition_edit())
         elif stop.reason is StopReason.OUTCOME_UNKNOWN:
             for unknown in state.unknown:
                 ref = _ref(state, unknown.action)

@@ -33,7 +33,13 @@ from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.books import Books
 from keelgate.testing.sim.checkers import Violation, judge, judge_ticks
 from keelgate.testing.sim.desk import Desk
-from keelgate.testing.sim.downstream import CALL_SECONDS, STATUS_PATH, Shop, StatusTransport
+from keelgate.testing.sim.downstream import (
+    CALL_SECONDS,
+    MCP_TOOLS,
+    STATUS_PATH,
+    Shop,
+    StatusTransport,
+)
 from keelgate.testing.sim.local import LocalDriver
 from keelgate.testing.sim.model import Planner, Scenario
 from keelgate.testing.sim.modelserver import HOST as MODEL_HOST
@@ -129,14 +135,13 @@ def _paying(
 @contextmanager
 def _routed(network: Network) -> Iterator[None]:
     """Every adapter's requests go to the simulated network."""
-    tools = {"place_order": "place an order", "notify": "tell the shop's staff"}
 
     def route(url: str, library: str) -> Any:
         shop = network.servers.get("shop.sim")
         if urlsplit(url).path.startswith(STATUS_PATH) and isinstance(shop, Shop):
             return StatusTransport(network, shop)  # the confirmer's question, not a call's
         if library == adapters_network.HTTPX2_ASYNC:
-            return McpTransport(network, tools)
+            return McpTransport(network, MCP_TOOLS)
         if library == adapters_network.HTTPX2:
             return SdkTransport(network, book=urlsplit(url).netloc != MODEL_HOST)
         return Transport(network, book=urlsplit(url).netloc != MODEL_HOST)
@@ -178,7 +183,7 @@ def _simulate(
         rejections=300 if options.rejection_limit else 150,
         dollar_budgets=options.dollars,
     )
-    planner = Planner(world, scenario, books)
+    planner = Planner(world, scenario, books, reordered=options.reordered_args)
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
     faults = Faults(world, slow_store=options.slow_store)
@@ -200,6 +205,7 @@ def _simulate(
         monitor=mode == "monitor",
         rejection_limit=options.rejection_limit,
         mcp_often=options.mcp_often,
+        mcp_remote=options.mcp_remote,
     )
     if options.no_creator and mode != "operator" and schedule.chance(500):
         desk.name_no_creator()
