@@ -1857,7 +1857,23 @@ POD_AFTER_EACH_EDIT_AT_THE_LIMIT = Planted(
     mode="operator",
     store="memory",
     window_seed=WAITING_AFTER_THE_LIMIT,
-    flags=("--two-clusters", "--every-move"),
+    # The seed's whole world as it was found (``whole_with_two_clusters``), named part by
+    # part: ``--every-move`` has gained parts since, which change its story.
+    flags=(
+        "--late-shop",
+        "--moves",
+        "copy,definition,delete,recreate,reorder,service-account",
+        "--http-confirmer",
+        "--slow-store",
+        "--paged",
+        "--rejection-limit",
+        "--mcp-often",
+        "--dollars",
+        "--cached-input",
+        "--python-tool",
+        "--no-creator",
+        "--two-clusters",
+    ),
 )
 
 

@@ -73,9 +73,8 @@ QUOTE = ("quote", f"{SHOP}/quotes")
 CALL_SECONDS = 30.0
 PAY_CALLABLE = "keelgate.testing.sim.downstream:pay"
 MCP_URL = f"{SHOP}/mcp"
-#: Another tool of the shop's MCP server that places an order (delivered first): an MCP
-#: ``place_order`` pointed at it (``Desk.edit``'s "place_order remote") makes a call nobody
-#: approved where people approved the call to ``place_order``.
+#: Another ordering tool of the shop's MCP server: ``place_order`` pointed at it (``Desk.edit``'s
+#: "place_order remote") makes a call nobody approved where people approved ``place_order``.
 RUSH = "place_rush_order"
 #: The tools the shop's MCP server offers (``tools/list``): name -> description.
 MCP_TOOLS: Mapping[str, str] = {
