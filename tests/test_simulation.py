@@ -131,6 +131,12 @@ def whole_before_set_g(seed: int | None = None) -> Options:
     return replace(Options.whole(seed), mcp_remote=False, reordered_args=False)
 
 
+def whole_with_set_g(seed: int) -> Options:
+    """``make sim``'s world for ``seed`` with two clusters and set G's parts (an MCP tool
+    pointed at another remote tool, arguments reordered): the seeds found with them."""
+    return replace(Options.whole(seed), two_clusters=True)
+
+
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
 #: times, are bench/unseen_bugs.py's).
 UNSEEN_IN_SUITE = (
@@ -1810,6 +1816,28 @@ def test_a_deny_made_where_the_run_no_longer_is_is_not_lost(seed: int, options: 
     outcome = simulate(seed=seed, mode="operator", options=options)
     assert outcome.ok, "; ".join(map(str, outcome.violations))
     assert any("is shown not counted here" in line for line in outcome.lines), "no deny refused"
+
+
+def test_a_deny_made_as_its_clusters_operator_stopped_is_judged_from_its_next_look() -> None:
+    """make sim SECONDS=600 on main 09e8ad4 (seed 5140709416924394793, two clusters): bob
+    denied on east's Approval in the very moment east's operator stopped, before it looked;
+    east's API server then went away, and west ran the order on bob's later approval made
+    there. No process of the product read that deny; the oracle takes a deny from the first
+    look of an operator of its cluster after it. The seed meets that story and keeps every
+    promise."""
+    seed = 5140709416924394793
+    _meets_its_window_and_keeps_every_promise(
+        "a deny made as its cluster's operator stopped",
+        seed,
+        (
+            "138.541 bob adds to restock-1-place-order-7ee374e8a0's decisions approved: False",
+            "138.541 east/operator1 stops",
+            "east's API server is gone for 181.8s",
+            "EFFECT mcp http://shop.sim/mcp place_order p1 by west/restock-s1-a1",
+        ),
+        mode="operator",
+        options=whole_with_set_g(seed),
+    )
 
 
 def test_a_deny_made_where_no_operator_runs_is_judged_from_when_one_runs_there_again() -> None:

@@ -219,8 +219,9 @@ class Decision:
     #: maker told it does not count. None: never refused so.
     cluster: str = ""
     refused_at: float | None = None
-    #: With two clusters: made while no operator of its cluster ran (nothing of the product
-    #: could read it), and when one ran there again (None: not yet). It binds from then.
+    #: With two clusters: made on an object of a cluster, and when an operator of that cluster
+    #: first looked at the object after it (None: none did; it may have stopped first, or none
+    #: ran there). A deny binds from then: nothing of the product could read it before.
     unread: bool = False
     read_at: float | None = None
 

@@ -279,10 +279,11 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
 
 def _binds_from(decision: Decision) -> float:
     """When a decision takes its place among the others: when it was made, or, a deny made
-    in a cluster where no operator ran (two clusters), when one ran there again. Until then
-    nothing of the product could read it, and the other cluster, holding the run once the
-    lease lapsed, could not know of it (docs/operator.md states the limit); once read, it
-    must be recorded or shown refused (``refused_at``) before it stops binding."""
+    on a cluster's object (two clusters), when an operator of that cluster first looked at
+    the object after it. Until then nothing of the product could read it (none ran there, or
+    the one that did stopped first), and the other cluster, holding the run once the lease
+    lapsed, could not know of it (docs/operator.md states the limit); once read, it must be
+    recorded or shown refused (``refused_at``) before it stops binding."""
     if not decision.yes and decision.unread and decision.read_at is not None:
         return decision.read_at
     return decision.at

@@ -95,8 +95,10 @@ class SimOperator:
         name: str,
         holder: bool = False,
         reachable: Callable[[], bool] = lambda: True,
+        looked: Callable[[Key], None] = lambda key: None,
     ) -> None:
         self.world = world
+        self.looked = looked
         self.api = api
         self.site = site
         self.name = name
@@ -191,6 +193,7 @@ class SimOperator:
             except Exception as error:  # what kopf's workers do: log, back off, try again
                 self.world.say(f"{self.name} {key[0]} {key[2]}: {type(error).__name__}")
                 result = Requeue(2.0)
+        self.looked(key)  # it read the object, whatever it could do with it
         if isinstance(result, Requeue):
             # The work queue's rate limiter (client-go's: 5 ms doubling): a key requeued at
             # once again and again (a lost race against a stale cache) backs off.
@@ -282,14 +285,27 @@ class Cluster:
             name=f"{self.name}/operator{self.count}" if self.name else f"operator{self.count}",
             holder=self.holders,
             reachable=self.reachable,
+            looked=self._looked,
         )
         self.operators.append(operator)
-        if self.name:
-            # Decisions made here while no operator ran can be read from now on.
-            for decision in self.books.decisions:
-                if decision.cluster == self.name and decision.unread and decision.read_at is None:
-                    decision.read_at = self.world.now
         return operator
+
+    def _looked(self, key: Key) -> None:
+        """With two clusters: an operator here looked at an Approval; the decisions made on it
+        here before are read from now on (``Decision.read_at``)."""
+        kind, namespace, name = key
+        body = self.api.get(kind, namespace, name) if self.name and kind == "Approval" else None
+        if body is None:
+            return
+        action = str((body.get("spec") or {}).get("action", ""))
+        for decision in self.books.decisions:
+            if (
+                decision.cluster == self.name
+                and decision.action == action
+                and decision.unread
+                and decision.read_at is None
+            ):
+                decision.read_at = self.world.now
 
     def reachable(self) -> bool:
         return not self.cut
@@ -617,7 +633,7 @@ class Cluster:
             tool=str(spec.get("tool", "")),
         )
         decision.cluster = self.name
-        decision.unread = bool(self.name) and not any(o.alive for o in self.operators)
+        decision.unread = bool(self.name)  # until an operator here looks at the object
         return decision
 
     # issue 46's moves: what admission lets alice do
