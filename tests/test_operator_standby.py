@@ -401,6 +401,32 @@ def test_a_cluster_that_comes_back_shows_the_runs_it_lost_standby_and_drives_non
         west.close()
 
 
+def _store_cut(pg_url: str, *, cut: bool) -> None:
+    """The store's database refuses every session (its own ended), or takes them again."""
+    database = pg_url.rsplit("/", 1)[1]
+    server = pg_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(not cut).lower()}')
+        if cut:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (database,),
+            )
+
+
+def _look_until_reached(kube: Operator, name: str) -> None:
+    """The Approval looked at again until the store's pool has connected again (it backs off
+    between its tries while the database refused them), as the worker's back-off does."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            kube.reconcile(name, kind="Approval")
+            return
+        except StoreUnavailable:
+            assert time.monotonic() < deadline, "the store was not reached again"
+            time.sleep(1.0)
+
+
 def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_until_it_is(
     tmp_path: Path, pg_url: str
 ) -> None:
@@ -411,8 +437,6 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
     the run moved to west meanwhile, she would know to deny there. Once east reaches the store
     again, her deny is recorded, the Approval settles denied and nothing is ordered."""
     east = _operator(tmp_path / "east", EAST_A, pg_url, lease=LEASE)
-    database = pg_url.rsplit("/", 1)[1]
-    server = pg_url.rsplit("/", 1)[0] + "/postgres"
     try:
         east.apply("restock", agentrun_spec(approval=True))
         assert east.drive("restock") == [3]
@@ -421,12 +445,7 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         # the cut is for good until it is lifted: a second of patience.
         store = east.stores.checkpoints
         store.patience = store.result_patience = 1.0  # type: ignore[attr-defined]
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (database,),
-            )
+        _store_cut(pg_url, cut=True)
         alice = {"by": "alice", "groups": [], "approved": False, "note": "wrong supplier"}
         east.api.patch_spec("Approval", NAMESPACE, name, {"decisions": [alice]})
         # A blip of the store shows nothing; once east's hold on its runs is in doubt (no
@@ -445,18 +464,8 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         )
         stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
         assert (stalled["status"], stalled["reason"]) == ("True", "StoreUnavailable")
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-        # Looked at again until the store's pool has connected again (it backs off between
-        # its tries while the database refused them), as the worker's back-off does.
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                east.reconcile(name, kind="Approval")
-                break
-            except StoreUnavailable:
-                assert time.monotonic() < deadline, "the store was not reached again"
-                time.sleep(1.0)
+        _store_cut(pg_url, cut=False)
+        _look_until_reached(east, name)
         approval = east.api.get("Approval", NAMESPACE, name)
         assert approval is not None
         assert (approval["status"]["phase"], approval["status"]["verdict"]) == (
@@ -467,8 +476,7 @@ def test_a_deny_made_where_the_store_cannot_be_reached_is_shown_not_counted_unti
         assert east.status("restock")["phase"] == "Succeeded"  # it went on without the order
         assert operator_tools.ORDERS == []
     finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        _store_cut(pg_url, cut=False)
         east.close()
 
 
@@ -483,8 +491,6 @@ def test_an_operator_holding_nothing_shows_a_deny_it_cannot_record_once_the_stor
     another cluster all along, which cannot see it). Back, the deny is recorded: nothing is
     ordered."""
     east = _operator(tmp_path / "east", EAST_A, pg_url, lease=LEASE)
-    database = pg_url.rsplit("/", 1)[1]
-    server = pg_url.rsplit("/", 1)[0] + "/postgres"
     try:
         east.apply("restock", agentrun_spec(approval=True))
         assert east.drive("restock") == [3]
@@ -495,12 +501,7 @@ def test_an_operator_holding_nothing_shows_a_deny_it_cannot_record_once_the_stor
             new.relist("AgentRun", "Pod", "Approval")
             store = new.stores.checkpoints
             store.patience = store.result_patience = 1.0  # type: ignore[attr-defined]
-            with psycopg.connect(server, autocommit=True) as admin:
-                admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                    (database,),
-                )
+            _store_cut(pg_url, cut=True)
             alice = {"by": "alice", "groups": [], "approved": False, "note": "wrong supplier"}
             new.api.patch_spec("Approval", NAMESPACE, name, {"decisions": [alice]})
             assert not new.controller.context.holding.in_doubt()  # it holds nothing
@@ -517,16 +518,8 @@ def test_an_operator_holding_nothing_shows_a_deny_it_cannot_record_once_the_stor
             assert approval["status"]["message"].startswith(
                 "alice: not counted here yet: this cluster's operator cannot reach the store"
             )
-            with psycopg.connect(server, autocommit=True) as admin:
-                admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    new.reconcile(name, kind="Approval")
-                    break
-                except StoreUnavailable:
-                    assert time.monotonic() < deadline, "the store was not reached again"
-                    time.sleep(1.0)
+            _store_cut(pg_url, cut=False)
+            _look_until_reached(new, name)
             approval = new.api.get("Approval", NAMESPACE, name)
             assert approval is not None
             assert approval["status"]["verdict"] == "denied"
@@ -534,5 +527,4 @@ def test_an_operator_holding_nothing_shows_a_deny_it_cannot_record_once_the_stor
         finally:
             new.close()
     finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        _store_cut(pg_url, cut=False)
