@@ -75,8 +75,7 @@ def _order(
 
 def test_a_read_fills_the_url_from_the_arguments_escaped(shop: Shop) -> None:
     """Placeholders are URL-escaped, the JSON answer is the result, and a READ sends no key."""
-    with within_a_call("kg-ignored"):  # a READ given a key (a call planned as a WRITE)
-        result = _inventory(shop).invoke({"sku": "A 1/x?"}, idempotency_key="kg-ignored")
+    result = _inventory(shop).invoke({"sku": "A 1/x?"}, idempotency_key=None)
     assert result == {"sku": "A 1/x?", "count": 3}
     sent = shop.received[-1]
     assert sent.path == "/items/A%201%2Fx%3F"
@@ -180,6 +179,24 @@ def test_for_a_read_the_same_failures_are_plain_tool_errors(shop: Shop) -> None:
     tool = HttpTool("peek", url=f"{shop.url}/orders", method="POST", timeout_seconds=2)
     with pytest.raises(ToolError, match="HTTP 503"):
         tool.invoke({}, idempotency_key=None)
+
+
+@pytest.mark.parametrize("mode", ["slow", "error"])
+def test_a_write_whose_tool_was_edited_to_read_still_sends_its_key_and_is_unsure(
+    shop: Shop, mode: str
+) -> None:
+    """alice's run planned place_order as a WRITE; its owner then edits the tool to READ. The
+    call the plan keeps is still a WRITE (the loop gives it its key): the key goes with the
+    request, so the shop and a confirmer asking it by the key know of the order, and an answer
+    that never came whole is an unknown outcome, not a failure the loop could move past (the
+    simulator found the order recorded "not executed" by a confirmer the shop never told)."""
+    shop.mode = mode
+    edited = _order(shop, timeout=0.3, side_effect=SideEffect.READ)
+    with within_a_call("kg-e") as call, pytest.raises(OutcomeUncertain):
+        edited.invoke({"sku": "A1", "qty": 20}, idempotency_key="kg-e")
+    assert call.sent
+    assert shop.order_requests()[0].headers["idempotency-key"] == "kg-e"
+    assert shop.orders["kg-e"] == 1
 
 
 def test_schema_invalid_arguments_send_nothing(shop: Shop) -> None:

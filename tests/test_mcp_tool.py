@@ -86,9 +86,23 @@ def test_descriptions_and_schemas_come_from_the_server(fake: McpFake) -> None:
 
 def test_a_read_returns_the_structured_result_without_a_key(fake: McpFake) -> None:
     """A READ answers with the tool's structured result and carries no idempotency key."""
-    with within_a_call("kg-ignored"):  # a READ given a key (a call planned as a WRITE)
-        result = _shop(fake)["get_stock"].invoke({"sku": "A1"}, idempotency_key="kg-ignored")
+    result = _shop(fake)["get_stock"].invoke({"sku": "A1"}, idempotency_key=None)
     assert result == {"sku": "A1", "count": 3}
+    assert all(KEY_META not in meta for meta in fake.seen_meta)
+
+
+def test_a_write_whose_tool_was_edited_to_read_still_carries_its_key_and_is_unsure(
+    fake: McpFake,
+) -> None:
+    """A call planned as a WRITE whose tool was edited to READ since (the loop still gives it
+    its key) stays a WRITE: its key reaches the server in _meta, and an answer that does not
+    come in time is an unknown outcome, not a failure the loop could move past."""
+    fake.slow_seconds = 2.0
+    edited = _tools(fake, McpToolSpec("place_order", READ), timeout=0.5)["place_order"]
+    with within_a_call("kg-r") as call, pytest.raises(OutcomeUncertain):
+        edited.invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-r")
+    assert call.sent
+    assert fake.seen_meta[-1][KEY_META] == "kg-r"
 
 
 def test_a_write_carries_its_key_in_meta(fake: McpFake) -> None:
@@ -143,9 +157,9 @@ def test_the_manifest_decides_the_side_effect_and_hints_only_warn(fake: McpFake)
     assert "marks it read-only" in tools["stock_as_write"].warnings[0]
     assert tools["order_as_read"].side_effect is READ
     assert "marks it destructive" in tools["order_as_read"].warnings[0]
-    with within_a_call("kg-3"):
-        tools["order_as_read"].invoke({"sku": "A1", "qty": 1}, idempotency_key="kg-3")
-    assert KEY_META not in fake.seen_meta[-1]  # a READ gets no key, whatever the server hints
+    tools["order_as_read"].invoke({"sku": "A1", "qty": 1}, idempotency_key=None)
+    # A READ gets no key, whatever the server hints (the loop gives a READ none).
+    assert all(KEY_META not in meta for meta in fake.seen_meta)
 
 
 def test_hints_suggest_a_side_effect_for_diagnostics_only(fake: McpFake) -> None:

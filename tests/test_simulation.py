@@ -2029,3 +2029,24 @@ def test_reordered_arguments_draw_nothing_and_the_clean_product_runs_the_same_st
         assert lines == list(plain.lines), seed
         assert reordered.ok, f"{seed}: " + "; ".join(map(str, reordered.violations))
     assert said >= 5, said
+
+
+def test_a_write_planned_before_its_tool_was_edited_to_read_keeps_its_key() -> None:
+    """make sim SECONDS=600 on main ded4dc4 (seed 14512072761602648587, two clusters): the
+    owner edited place_order to READ after the run planned it as a WRITE; the step sent the
+    order without its key (the HTTP tool went by its definition now), the shop, holding the
+    request, took it, and the confirmer asking it by the key was told "not executed": the
+    WRITE recorded as never run (``confirmed``). The call now keeps the class it was planned
+    as: its key goes with it, the shop knows the key, and the confirmer says nothing false."""
+    seed = 14512072761602648587
+    _meets_its_window_and_keeps_every_promise(
+        "a WRITE planned before its tool was edited to READ",
+        seed,
+        (
+            "96.396 spec edited: place_order READ (generation 2)",
+            "150.360 effect p2 kg-cc7797462 west/restock-s2-a1",
+            "east/restock-s2-a2's http-confirmer says None of 1:1",
+        ),
+        mode="operator",
+        options=whole_with_set_g(seed),
+    )

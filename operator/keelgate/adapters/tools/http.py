@@ -152,7 +152,11 @@ class HttpTool:
         url, rest = self._fill(args)
         headers = dict(self.headers)
         headers.update(tracing.outgoing_headers())  # traceparent: the call joins the run's trace
-        if self.changes_things and idempotency_key:
+        # A call planned as a WRITE or PROPOSE (the loop gives it its key) stays one, whatever
+        # the tool's definition says now (edited to READ since the plan): its key goes with it,
+        # it is fenced, and an answer it never got is an unknown outcome, never a failure.
+        changes = self.changes_things or idempotency_key is not None
+        if idempotency_key:
             headers[IDEMPOTENCY_HEADER] = idempotency_key
         request: dict[str, Any] = {"headers": headers}
         if self.method in BODY_METHODS:
@@ -160,9 +164,7 @@ class HttpTool:
         elif rest:
             request["params"] = _query(rest)
         # A request for a WRITE or PROPOSE with no call in reach is refused here, unsent.
-        call = fence.for_sending(
-            self.name, idempotency_key=idempotency_key, changes_things=self.changes_things
-        )
+        call = fence.for_sending(self.name, idempotency_key=idempotency_key, changes_things=changes)
         sends: list[fence.Send] = []  # what this request recorded as sent (a proxy's CONNECT too)
         # The whole exchange ends at the time limit, and a WRITE's or PROPOSE's at its call's
         # write deadline, whatever the server sends; httpx's own timeout bounds each operation.
@@ -184,15 +186,16 @@ class HttpTool:
                 ) from None
             except Exception as error:  # a timeout, a reset, anything mid-exchange
                 if cutoff.cut or isinstance(error, _Cut):
-                    self._unsure(f"no whole answer within its time limit: {_CUT}")
+                    self._unsure(f"no whole answer within its time limit: {_CUT}", changes)
                 if isinstance(error, httpx.TimeoutException):
                     self._unsure(
-                        f"no answer within {self.timeout_seconds}s ({type(error).__name__})"
+                        f"no answer within {self.timeout_seconds}s ({type(error).__name__})",
+                        changes,
                     )
-                self._unsure(f"the exchange broke off ({type(error).__name__})")
+                self._unsure(f"the exchange broke off ({type(error).__name__})", changes)
         if 400 <= response.status_code < 500:
             _took_no_effect(sends)  # a definite refusal: this request changed nothing
-        return self._result(response)
+        return self._result(response, changes)
 
     def _exchange(self, url: str, request: dict[str, Any], cutoff: Cutoff) -> httpx.Response:
         """The request and its whole answer, read in pieces that each ask ``cutoff`` whether
@@ -216,13 +219,13 @@ class HttpTool:
         if self._client is not None:
             self._client.close()
 
-    def _unsure(self, why: str) -> NoReturn:
+    def _unsure(self, why: str, changes: bool) -> NoReturn:
         message = f"{self.name}: {self.where}: {why}"
-        if self.changes_things:
+        if changes:
             raise OutcomeUncertain(f"{message}; it may or may not have taken effect")
         raise ToolError(message)
 
-    def _result(self, response: httpx.Response) -> Any:
+    def _result(self, response: httpx.Response, changes: bool) -> Any:
         status = response.status_code
         if 200 <= status < 300:
             return _body(response)
@@ -230,7 +233,7 @@ class HttpTool:
         if 400 <= status < 500:
             raise ToolError(f"{self.name}: HTTP {status}{': ' + snippet if snippet else ''}")
         # A 5xx (or an unexpected 1xx/3xx) says nothing certain about whether a change happened.
-        self._unsure(f"HTTP {status}{': ' + snippet if snippet else ''}")
+        self._unsure(f"HTTP {status}{': ' + snippet if snippet else ''}", changes)
 
     def _fill(self, args: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         values: dict[str, str] = {}

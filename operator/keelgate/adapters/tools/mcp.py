@@ -148,7 +148,10 @@ class McpTool:
         self._schema.check(self.name, args)
         arguments = dict(args)
         meta_fields: dict[str, str] = dict(tracing.outgoing_headers())  # traceparent in _meta
-        if self.side_effect is not SideEffect.READ and idempotency_key:
+        # A call planned as a WRITE or PROPOSE (given its key) stays one, whatever the tool's
+        # definition says now (edited to READ since the plan): as the HTTP tool's.
+        changes = self.side_effect is not SideEffect.READ or idempotency_key is not None
+        if idempotency_key:
             meta_fields[KEY_META] = idempotency_key
             if self.key_argument:
                 arguments[self.key_argument] = idempotency_key
@@ -158,15 +161,16 @@ class McpTool:
         call = fence.for_sending(
             self.name,
             idempotency_key=idempotency_key,
-            changes_things=self.side_effect is not SideEffect.READ,
+            changes_things=changes,
         )
-        return run_sync(lambda: self._call(arguments, meta, call))
+        return run_sync(lambda: self._call(arguments, meta, call, changes))
 
     async def _call(
         self,
         arguments: dict[str, Any],
         meta: RequestParamsMeta | None,
         call: fence.Invocation | None,
+        changes: bool,
     ) -> Any:
         guard = _CallGuard(call)
         result: CallToolResult | None = None
@@ -183,15 +187,15 @@ class McpTool:
                 result = await client.call_tool(self.remote_name, arguments, meta=meta)
         except Exception as error:
             if result is None and guard.refused is None:
-                self._failed(error, guard)
+                self._failed(error, guard, changes)
             # The answer arrived (or the fence refused the call); only closing the session, or
             # the SDK's handling of the refusal, failed.
         if guard.refused is not None:
             raise guard.refused  # the tools/call request was not sent
         assert result is not None
-        return self._result(result)
+        return self._result(result, changes)
 
-    def _failed(self, error: Exception, guard: _CallGuard) -> NoReturn:
+    def _failed(self, error: Exception, guard: _CallGuard, changes: bool) -> NoReturn:
         leaf = _leaf(error)
         kind = type(leaf).__name__
         if not guard.sent:
@@ -205,14 +209,14 @@ class McpTool:
         why = f"{self.name}: no answer from the MCP server ({kind})"
         if isinstance(leaf, TimeoutError):
             why = f"{self.name}: no whole answer from the MCP server within its time limit"
-        if self.side_effect is SideEffect.READ:
+        if not changes:
             raise ToolError(why)
         raise OutcomeUncertain(f"{why}; it may or may not have taken effect")
 
-    def _result(self, result: CallToolResult) -> Any:
+    def _result(self, result: CallToolResult, changes: bool) -> Any:
         if result.is_error:
             message = f"{self.name}: {_cap(_text(result)) or 'the tool reported an error'}"
-            if self.side_effect is SideEffect.READ:
+            if not changes:
                 raise ToolError(message)
             # isError says the call failed, not that nothing happened: MCP servers report any
             # exception raised mid-body this way, after side effects as well as before. For a
