@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 from keelgate.core import clocks
+from keelgate.core.types import SideEffect
 from keelgate.errors import ToolError
 
 P = ParamSpec("P")
@@ -215,6 +216,14 @@ def invoking(call: Invocation) -> Iterator[Invocation]:
         yield call
     finally:
         _current.reset(token)
+
+
+def changes_things(side_effect: SideEffect, idempotency_key: str | None) -> bool:
+    """Whether a tool's call may change things: its tool says WRITE or PROPOSE, or the loop
+    gave it a key. A call keeps the class it was planned as, whatever its tool's definition
+    says now (edited to READ since the plan): its key goes with it, it is fenced, and an answer
+    it never got whole is an unknown outcome, never a failure."""
+    return side_effect is not SideEffect.READ or idempotency_key is not None
 
 
 def for_sending(

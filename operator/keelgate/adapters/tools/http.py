@@ -143,19 +143,12 @@ class HttpTool:
             "http.body": None,
         }
 
-    @property
-    def changes_things(self) -> bool:
-        return self.side_effect is not SideEffect.READ
-
     def invoke(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         self._schema.check(self.name, args)
         url, rest = self._fill(args)
         headers = dict(self.headers)
         headers.update(tracing.outgoing_headers())  # traceparent: the call joins the run's trace
-        # A call planned as a WRITE or PROPOSE (the loop gives it its key) stays one, whatever
-        # the tool's definition says now (edited to READ since the plan): its key goes with it,
-        # it is fenced, and an answer it never got is an unknown outcome, never a failure.
-        changes = self.changes_things or idempotency_key is not None
+        changes = fence.changes_things(self.side_effect, idempotency_key)
         if idempotency_key:
             headers[IDEMPOTENCY_HEADER] = idempotency_key
         request: dict[str, Any] = {"headers": headers}

@@ -148,9 +148,7 @@ class McpTool:
         self._schema.check(self.name, args)
         arguments = dict(args)
         meta_fields: dict[str, str] = dict(tracing.outgoing_headers())  # traceparent in _meta
-        # A call planned as a WRITE or PROPOSE (given its key) stays one, whatever the tool's
-        # definition says now (edited to READ since the plan): as the HTTP tool's.
-        changes = self.side_effect is not SideEffect.READ or idempotency_key is not None
+        changes = fence.changes_things(self.side_effect, idempotency_key)
         if idempotency_key:
             meta_fields[KEY_META] = idempotency_key
             if self.key_argument:

@@ -130,8 +130,8 @@ class ApprovalReconciler:
         except StoreUnavailable as error:
             # Seen now, though nothing can be recorded: each entry counts from this look at the
             # latest, however long the store stays away (not from when it is back).
-            written = written_at(body)
-            for entry in entries(body):
+            written, found = written_at(body), entries(body)
+            for entry in found:
                 self._sightings.seen(entry.ref, written)
             holding = context.holding
             since = self._sightings.store_away(namespace, name)
@@ -139,7 +139,7 @@ class ApprovalReconciler:
                 # The run may be driven by another cluster (this operator's hold is in doubt,
                 # or it holds nothing it could confirm): a decision added here, not recorded,
                 # is shown so where people look (a blip of the store is not).
-                not_recordable(context, body, entries(body), error)
+                not_recordable(context, body, found, error)
             raise  # tried again by the worker's back-off, as any look the store's absence ends
         self._sightings.store_reached(namespace, name)
         return looked
