@@ -2050,3 +2050,24 @@ def test_a_write_planned_before_its_tool_was_edited_to_read_keeps_its_key() -> N
         mode="operator",
         options=whole_with_set_g(seed),
     )
+
+
+def test_a_write_heard_late_is_placed_where_it_landed_not_where_it_was_heard() -> None:
+    """make sim SECONDS=300 on main 4604a95 (seed 8745416488838695267, two clusters) broke
+    ``two-drivers`` on the world's side: west's step under epoch 4 wrote the run at 268.1 and
+    heard the store's answer 19.8 s late, while east took the run under epoch 5 and wrote it;
+    the world placed west's write where it was heard, after east's. It is now placed where it
+    landed (the store refused west's next write: StaleEpoch). The seed meets that story and
+    keeps every promise."""
+    seed = 8745416488838695267
+    _meets_its_window_and_keeps_every_promise(
+        "a write heard late, another cluster's take meanwhile",
+        seed,
+        (
+            "268.065 west/restock-s3-a1 hears the store's answer 19.8s late",
+            "283.331 east/restock-s5-a1 starts",
+            "west/restock-s3-a1 ends with StaleEpoch (exit 6)",
+        ),
+        mode="operator",
+        options=whole_with_set_g(seed),
+    )

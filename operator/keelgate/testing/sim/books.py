@@ -271,9 +271,10 @@ class ProcessLife:
     #: (``KEELGATE_EPOCH``, None: none), as the kubelet read them off the pod it started.
     cluster: str = ""
     epoch: int | None = None
-    #: With two clusters: the places (``Books.next_order``) at which it passed a window right
-    #: after one of its own writes landed (a plan, an action's or the iteration's checkpoint,
-    #: a verdict): where it drove the run, by the world's own record.
+    #: With two clusters: the places (``Books.next_order``) where its own writes landed in the
+    #: store (a plan, an action's or the iteration's checkpoint, a verdict: each seen at the
+    #: window right after it, however late its answer was heard): where it drove the run, by
+    #: the world's own record.
     wrote: list[int] = field(default_factory=list)
 
 

@@ -180,6 +180,7 @@ class StepProcess:
         self._late: list[LateCall] = []
         self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
         self._heard = False  # a statement of its own landed since the last write it booked
+        self._landed = 0  # the place (``Books.next_order``) where its latest statement landed
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(
             self.world.now, self.books.next_order(), cluster=cluster, epoch=epoch
@@ -296,6 +297,9 @@ class StepProcess:
         itself is doing waits here: a late call's worker ending from the world's own events
         (``downstream.LateCall``) hears its answers at once."""
         self._heard = True
+        # Its place is where it landed in the store, not where the process heard so: a write
+        # heard late landed before whatever the world did meanwhile (another cluster's take).
+        self._landed = self.books.next_order()
         if self.world.actor != self.name:
             return
         seconds = self.setting.faults.answer_delay()
@@ -358,7 +362,7 @@ class StepProcess:
             # Right after a write of its own landed (a window that follows another with no
             # statement between, as the act phase's last checkpoint's does, is the same one).
             self._heard = False
-            self.books.processes[self.name].wrote.append(self.books.next_order())
+            self.books.processes[self.name].wrote.append(self._landed)
         world = self.world
         fault = self.setting.faults.at_window(world, name)
         if fault == "crash":
