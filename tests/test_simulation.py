@@ -128,13 +128,16 @@ def whole_before_set_g(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as it was before set G's misses were closed in it: no
     MCP tool pointed at another remote tool, no arguments reordered (its share of two clusters
     as drawn)."""
-    return replace(Options.whole(seed), mcp_remote=False, reordered_args=False)
+    return replace(
+        Options.whole(seed), mcp_remote=False, reordered_args=False, pay_threads=False
+    )
 
 
 def whole_with_set_g(seed: int) -> Options:
-    """``make sim``'s world for ``seed`` with two clusters and set G's parts (an MCP tool
-    pointed at another remote tool, arguments reordered): the seeds found with them."""
-    return replace(Options.whole(seed), two_clusters=True)
+    """``make sim``'s world for ``seed`` with two clusters and set G's first parts (an MCP tool
+    pointed at another remote tool, arguments reordered): the seeds found with them, before
+    ``pay``'s worker threads came."""
+    return replace(Options.whole(seed), two_clusters=True, pay_threads=False)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -1953,6 +1956,19 @@ SET_G_CLOSED = (
         12,
         "twice",
     ),
+    ("outputTokens as output_tokens", Options.every(), 12, "spent"),
+    (
+        "or for and in the no-call refusal",
+        replace(Options.every(), python_tool=True, pay_threads=True),
+        40,
+        "after-not-executed",
+    ),
+    (
+        "the ended test dropped",
+        replace(Options.every(), python_tool=True, pay_threads=True),
+        40,
+        "told-not-run",
+    ),
 )
 
 
@@ -1962,13 +1978,19 @@ SET_G_CLOSED = (
 def test_set_g_misses_closed_in_the_world_break_a_promise_within_a_few_seeds(
     words: str, options: Options, seeds: int, rule: str, tmp_path: Path
 ) -> None:
-    """Planted into a copy of the package, each of the two set G bugs the world now meets
+    """Planted into a copy of the package, each of the five set G bugs the world now meets
     breaks its promise within a few seeds: an MCP ``place_order`` pointed at another tool of
     the shop's MCP server after its call was approved runs on approvals given for the other
     tool (``unapproved``: the world knows where each request went, the remote tool named);
     the same call planned again with its arguments in another order gets another key and
-    takes effect twice (``twice``: the shop's ledger, by the world's ref). The clean product
-    keeps every promise on each of those seeds, so each finding is the bug's."""
+    takes effect twice (``twice``: the shop's ledger, by the world's ref); the in-process
+    model's dict replies read without their output tokens let a run ask and act past its
+    budget (``spent``: the world's own count of what each answer cost); a ``pay`` whose
+    requests leave from a bare worker thread is let through unchecked and a held-up process
+    sends after a truthful "not executed" (``after-not-executed``); a late worker's request,
+    sent after the gateway finished with its call as having sent nothing, reaches the shop
+    while the run recorded the call as not run (``told-not-run``). The clean product keeps
+    every promise on each of those seeds, so each finding is the bug's."""
     bug = next(b for b in UNSEEN_G if words in b.name)
     done = _simulator_on(
         planted(bug, tmp_path),

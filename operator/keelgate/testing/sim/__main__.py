@@ -138,6 +138,12 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         "order half the time.",
     )
     parse.add_argument(
+        "--pay-threads",
+        action="store_true",
+        help="With --python-tool, a pay that reports its sends hands each request to a worker "
+        "thread of its own in some runs, started with keelgate.fenced or bare.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -148,9 +154,9 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
         "more often, dollar budgets, cached input, the product's Python tool, runs with no "
-        "creator, MCP tools pointed elsewhere, arguments reordered and (operator mode) two "
-        "clusters; a share of the runs (drawn from each "
-        "seed, apart from its world) also makes the named moves and has the HTTP confirmer. "
+        "creator, MCP tools pointed elsewhere, arguments reordered, pay's worker threads and "
+        "(operator mode) two clusters; a share of the runs (drawn from each seed, apart from "
+        "its world) also makes the named moves and has the HTTP confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )
 

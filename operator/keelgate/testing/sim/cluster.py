@@ -27,9 +27,12 @@ __all__ = ["JSON", "SimApiServer"]
 class SimApiServer(MemoryApiServer):
     """The API server, watched by the operators' caches; ``faulty``: with the faults above."""
 
-    def __init__(self, world: World, *, faulty: bool) -> None:
+    def __init__(self, world: World, *, faulty: bool, cluster: str = "") -> None:
         numbers = itertools.count(1)
-        super().__init__(clock=world.wall, uids=lambda: f"uid-{next(numbers)}")
+        # A uid is unique across clusters too (the real server's are random UUIDs): two
+        # clusters' objects never share one, so each cluster's uids are its own.
+        prefix = f"{cluster}-" if cluster else ""
+        super().__init__(clock=world.wall, uids=lambda: f"{prefix}uid-{next(numbers)}")
         self.world = world
         self.faulty = faulty
         self._due: dict[int, float] = {}

@@ -7,9 +7,9 @@ again for an iteration it already answered, now and then a different plan (``Sce
 The scenario is drawn from the schedule before anything runs, so a shrunk schedule also shrinks
 the story. The world's model (``Planner``) answers from the scenario and the question alone, and
 books every question and answer (``Books.asks``), with the ref it put into each planned call's
-arguments: the world's own identity of the call. It answers in process (``SimModel``, the
-``Model`` protocol) or over HTTP to the product's own OpenAI and Anthropic adapters
-(``keelgate.testing.sim.modelserver``).
+arguments: the world's own identity of the call. It answers in process (``SimModel``, a user's
+function for the product's ``python`` provider, in its dict form) or over HTTP to the product's
+own OpenAI and Anthropic adapters (``keelgate.testing.sim.modelserver``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from keelgate.core.model import ModelReply, ModelRequest, PlannedCall
+from keelgate.core.model import ModelReply, PlannedCall
 from keelgate.core.types import Usage
 from keelgate.testing.sim.books import Ask, Books, Intent, tick_ref
 from keelgate.testing.sim.world import Schedule, World
@@ -304,31 +304,58 @@ class Planner:
         )
 
 
-def question_of(request: ModelRequest) -> Question:
-    """The question a ``ModelRequest`` asks (what the in-process model reads)."""
-    history = request.history
+def question_of(request: Mapping[str, Any]) -> Question:
+    """The question a request asks, read off the dict form the ``python`` provider hands its
+    function (``ModelRequest.to_json``)."""
+    history = request.get("history") or ()
+    iteration = int(request["iteration"])
     rejected_before = any(
-        entry.get("verdict") == "reject" and entry.get("iteration") == request.iteration
+        entry.get("verdict") == "reject" and entry.get("iteration") == iteration
         for entry in history
     )
     acted = sum(1 for entry in history if "actions" in entry) - sum(
         1 for entry in history if entry.get("verdict") == "reject"
     )
-    return Question(request.phase, request.iteration, acted, rejected_before)
+    return Question(str(request["phase"]), iteration, acted, rejected_before)
 
 
 class SimModel:
-    """The world's model in process: the ``Model`` protocol over the planner."""
+    """The world's model in process, as a user's function for the product's ``python``
+    provider (``keelgate.adapters.models.python``): it is asked in the dict form and answers in
+    it, so the product's own reading of a dict reply (its usage's ``inputTokens`` and
+    ``outputTokens``, its actions, its verdict) is what the loop gets, never a reply the world
+    built in the product's types."""
 
     name = "sim-model"
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
 
-    def call(self, request: ModelRequest) -> ModelReply:
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
         # The product estimates an in-process model's input from this very request.
-        sent = json.dumps(request.to_json(), separators=(",", ":"), default=str)
-        return self.planner.answer(question_of(request), estimate=estimate_floor(sent))
+        sent = json.dumps(request, separators=(",", ":"), default=str)
+        question = question_of(request)
+        return reply_as_dict(
+            question.phase, self.planner.answer(question, estimate=estimate_floor(sent))
+        )
+
+
+def reply_as_dict(phase: str, reply: ModelReply) -> dict[str, Any]:
+    """``reply`` in the dict form the ``python`` provider's function answers in (docs/providers.md):
+    a verdict with its reason, or the planned calls, ``done`` and the answer; with the usage
+    under the names that form has (``inputTokens``, ``outputTokens``)."""
+    usage = {"inputTokens": reply.usage.input_tokens, "outputTokens": reply.usage.output_tokens}
+    if phase == "verify":
+        return {"verdict": reply.verdict, "reason": reply.reason, "usage": usage}
+    written: dict[str, Any] = {
+        "actions": [{"tool": call.tool, "args": dict(call.args)} for call in reply.actions],
+        "usage": usage,
+    }
+    if reply.done:
+        written["done"] = True
+    if reply.answer is not None:
+        written["answer"] = reply.answer
+    return written
 
 
 def estimate_floor(sent: str) -> int:

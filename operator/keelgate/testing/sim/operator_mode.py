@@ -242,7 +242,7 @@ class Cluster:
         self.world = world = setting.world
         self.books: Books = setting.planner.books
         self.moves = tuple(m for m in (*MOVES, *NAMED_MOVES) if m in moves)
-        self.api = SimApiServer(world, faulty=True)
+        self.api = SimApiServer(world, faulty=True, cluster=name)
         self.api.on_pod = self._pod_created
         self.api.on_pod_deleted = self._pod_deleted
         self.api.on_status = self._status_written

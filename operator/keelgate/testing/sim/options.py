@@ -75,6 +75,9 @@ class Options:
     #: again, the same call twice in one plan), gives its arguments in another order half the
     #: time (``Planner``): the same call, another JSON object on the wire.
     reordered_args: bool = False
+    #: With ``python_tool``: a ``pay`` that reports its sends hands each request, in some runs,
+    #: to a worker thread of its own, started with ``keelgate.fenced`` or bare (``sim.pay``).
+    pay_threads: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -129,6 +132,7 @@ SWITCHES = (
     "two_clusters",
     "mcp_remote",
     "reordered_args",
+    "pay_threads",
 )
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).

@@ -25,10 +25,19 @@ tools' authors never call it): then it checks the deadline itself right before e
 leaves (``write_deadline().check()``), and raises ``ToolError`` only when nothing it sent could
 have changed anything, as docs/providers.md asks of such a tool; any other failure is left to
 read as an unknown outcome. This module must never tell the product what the shop did.
+
+With ``--pay-threads`` (the whole world), a function that reports its sends hands each request,
+in some runs, to a worker thread of its own and waits for it: one it started with
+``keelgate.fenced`` (as docs/providers.md asks), or a bare one (a tool author's slip). Only the
+report depends on the thread (the rest of the exchange is the world's), so the report is made
+in the context such a thread has: a copy of the call's (``fenced``) or a new, empty one (a
+thread started without it, as Python starts every thread), where the product must refuse to
+let the request leave, since it can neither check the call's deadline nor count the send.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +55,12 @@ from keelgate.testing.sim.world import World
 #: How far apart two moments on virtual time may be and still be one (a deadline reached by
 #: two clocks' readings of it).
 SAME_MOMENT = 1e-3
+#: Where ``pay``'s requests leave from with ``--pay-threads``: the function's own thread, a
+#: worker it started with ``keelgate.fenced``, or a bare worker.
+THREADS = ("", "fenced", "bare")
+#: How long the function waits for a worker that has not started before it gives up.
+WORKER_PATIENCE = 5.0
+THREAD_SAID = {"fenced": "a fenced worker thread", "bare": "a worker thread started bare"}
 
 
 class Payer:
@@ -53,11 +68,14 @@ class Payer:
     some runs, a charge, a receipt, each one request to the shop; ``reports`` whether it tells
     Keelgate of each send (``about_to_send``)."""
 
-    def __init__(self, world: World, network: Network, *, quote: bool, reports: bool) -> None:
+    def __init__(
+        self, world: World, network: Network, *, quote: bool, reports: bool, threads: str = ""
+    ) -> None:
         self.world = world
         self.network = network
         self.parts = ((QUOTE,) if quote else ()) + PAY_PARTS
         self.reports = reports
+        self.threads = threads
 
     def __call__(self, args: Mapping[str, Any], *, idempotency_key: str | None) -> Any:
         if idempotency_key is None:
@@ -75,12 +93,12 @@ class Payer:
                 body["amount"] = args.get("amount")
             method = "GET" if part == "quote" else "POST"
             request = Wire(method, url, body, idempotency_key, part)
-            output = self._request(sender, request, changed=changed)
+            output = self._request(sender, request, changed=changed, first=not number)
             changed = changed or method != "GET"
         sender.window("mid_tool")
         return output
 
-    def _request(self, sender: Sender, request: Wire, *, changed: bool) -> Any:
+    def _request(self, sender: Sender, request: Wire, *, changed: bool, first: bool) -> Any:
         what = f"pay {request.part}"
         sends: list[Send] = []
         deadline = fence.current()
@@ -89,10 +107,13 @@ class Payer:
 
         def leaving() -> None:
             if self.reports:
-                sends.append(about_to_send(request.key))
+                sends.append(self._report(request.key))
             elif deadline is not None:
                 deadline.check()  # its own check, right before the request leaves
 
+        if self.threads == "fenced" and first and self.world.schedule.chance(250):
+            # Only the first: after a request was reported, no error reads as "nothing sent".
+            self._worker_late(sender, request, limit)
         try:
             reply = self.network.exchange(request, limit=limit, before_headers=leaving)
         except DeadlinePassed:
@@ -118,6 +139,47 @@ class Payer:
         if reply.status >= 500:
             raise RuntimeError(f"{what}: HTTP {reply.status}")
         return reply.body
+
+    def _worker_late(self, sender: Sender, request: Wire, limit: float) -> None:
+        """The worker thread a call's first request was handed to starts late (its pool busy):
+        the function waits for it up to its own patience, then gives up, truthfully saying
+        nothing was sent; the worker starts after, still carrying
+        the call (``fenced``), and tries to send. It must be refused: the gateway has finished
+        with the call, and may have let the run claim it afresh."""
+        world = self.world
+        patience = min(WORKER_PATIENCE, limit)
+        starts = world.schedule.between(patience, 3 * patience)
+        name = sender.name
+        world.say(f"{name} hands pay {request.part} to a worker that starts {starts:.1f}s late")
+        world.at(starts, "pay worker", fence.fenced(lambda: self._late_send(sender, request)))
+        world.advance(patience)
+        raise ToolError(f"pay {request.part}: its worker did not start within {patience:.0f}s")
+
+    def _late_send(self, sender: Sender, request: Wire) -> None:
+        """The late worker's request, as its thread makes it; what becomes of it is the
+        thread's alone (nobody waits for it any more)."""
+        world = self.world
+        if not sender.alive:
+            return  # its process is gone, the worker with it
+        with world.acting(sender.name):
+            try:
+                deadline = fence.current()
+                limit = CALL_SECONDS if deadline is None else deadline.remaining()
+                self.network.exchange(
+                    request, limit=limit, before_headers=lambda: self._report(request.key)
+                )
+            except ToolError as refused:
+                world.say(f"{sender.name}'s late pay worker refused: {type(refused).__name__}")
+            except (SimulatedCrash, Unsent, Silence, Reset):
+                pass  # the thread's own end: nobody hears of it
+
+    def _report(self, key: str | None) -> Send:
+        """``about_to_send`` as the thread the request leaves from makes it."""
+        if self.threads == "fenced":
+            return fence.fenced(about_to_send)(key)
+        if self.threads == "bare":
+            return contextvars.Context().run(about_to_send, key)
+        return about_to_send(key)
 
 
 class InLineWorkers:
@@ -150,10 +212,12 @@ class InLineWorkers:
 
 
 @contextmanager
-def paying(world: World, network: Network, *, quote: bool, reports: bool) -> Iterator[None]:
+def paying(
+    world: World, network: Network, *, quote: bool, reports: bool, threads: str = ""
+) -> Iterator[None]:
     """For the block, the manifest's ``pay`` is the world's (``Payer``), and the product's
     Python tool runs it on the world's time (``InLineWorkers``)."""
-    downstream.PAYING.append(Payer(world, network, quote=quote, reports=reports))
+    downstream.PAYING.append(Payer(world, network, quote=quote, reports=reports, threads=threads))
     try:
         with python.simulated(InLineWorkers(world)):
             yield

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from keelgate.adapters.models.python import PythonModel
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import RECORDED, exit_code
 from keelgate.core.loop import Loop
@@ -342,7 +343,11 @@ class StepProcess:
             confirmer = ShopConfirmer(self.world, self.books)
         return self.loop_kind(
             stores=stores,
-            model=SimModel(self.setting.planner) if in_process else parts.model,
+            model=(
+                PythonModel(SimModel(self.setting.planner), name=SimModel.name)
+                if in_process
+                else parts.model
+            ),
             tools=tools,
             confirmer=confirmer,
             pricing=parts.pricing,

@@ -48,7 +48,7 @@ from keelgate.testing.sim.monitor import MonitorDriver, tick_is_over
 from keelgate.testing.sim.network import McpTransport, Network, SdkTransport, Transport
 from keelgate.testing.sim.operator_mode import Cluster
 from keelgate.testing.sim.options import Options
-from keelgate.testing.sim.pay import paying
+from keelgate.testing.sim.pay import THREAD_SAID, THREADS, paying
 from keelgate.testing.sim.people import CALM_PROMPT, CALM_START, People
 from keelgate.testing.sim.processes import Faults, Setting
 from keelgate.testing.sim.two_clusters import TwoClusters
@@ -127,9 +127,14 @@ def _paying(
     nothing to set."""
     if not options.python_tool:
         return nullcontext(), ""
-    reports = not world.schedule.chance(500)
+    unreported, rest = world.schedule.chance_and_rest(500)
+    reports = not unreported
     said = f"pay {'reports its sends' if reports else 'sends without reporting them'}"
-    return paying(world, network, quote=scenario.quote, reports=reports), said
+    # Read from the rest of the same draw (no draw of its own: every later choice as before).
+    threads = THREADS[rest % len(THREADS)] if options.pay_threads and reports else ""
+    if threads:
+        said += f", each from {THREAD_SAID[threads]}"
+    return paying(world, network, quote=scenario.quote, reports=reports, threads=threads), said
 
 
 @contextmanager
