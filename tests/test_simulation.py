@@ -128,9 +128,7 @@ def whole_before_set_g(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as it was before set G's misses were closed in it: no
     MCP tool pointed at another remote tool, no arguments reordered (its share of two clusters
     as drawn)."""
-    return replace(
-        Options.whole(seed), mcp_remote=False, reordered_args=False, pay_threads=False
-    )
+    return replace(Options.whole(seed), mcp_remote=False, reordered_args=False, pay_threads=False)
 
 
 def whole_with_set_g(seed: int) -> Options:

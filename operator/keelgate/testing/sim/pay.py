@@ -165,13 +165,17 @@ class Payer:
             try:
                 deadline = fence.current()
                 limit = CALL_SECONDS if deadline is None else deadline.remaining()
-                self.network.exchange(
-                    request, limit=limit, before_headers=lambda: self._report(request.key)
-                )
+
+                def leaving() -> None:
+                    self._report(request.key)
+
+                self.network.exchange(request, limit=limit, before_headers=leaving)
             except ToolError as refused:
                 world.say(f"{sender.name}'s late pay worker refused: {type(refused).__name__}")
             except (SimulatedCrash, Unsent, Silence, Reset):
-                pass  # the thread's own end: nobody hears of it
+                # The thread's own end, nobody hears of it (a death the world draws at its
+                # window ends the worker alone: its process has gone on with other work).
+                pass
 
     def _report(self, key: str | None) -> Send:
         """``about_to_send`` as the thread the request leaves from makes it."""
