@@ -181,13 +181,14 @@ def measure(
     with_counts = work / "executor" / "executor.json"
     if with_counts.exists():
         executor_counts = json.loads(with_counts.read_text())
+    # Summed over the replicas, as the steps are: each replica's text has a line of each.
     writes_by_what = {}
     for line in s1["metrics"].splitlines():
         if line.startswith("keelgate_api_writes_total{"):
             what = line.split('"')[1]
             writes_by_what[what] = round(
                 counting.per_step(
-                    float(line.rsplit(" ", 1)[1])
+                    metric_sum(s1["metrics"], "keelgate_api_writes_total", f'"{what}"')
                     - metric_sum(s0["metrics"], "keelgate_api_writes_total", f'"{what}"'),
                     steps,
                 ),
