@@ -2091,3 +2091,44 @@ def test_a_write_heard_late_is_placed_where_it_landed_not_where_it_was_heard() -
         mode="operator",
         options=whole_with_set_g(seed),
     )
+
+
+def test_a_held_request_is_acted_on_at_its_moment_whatever_holds_up_its_client() -> None:
+    """make sim SECONDS=600 on main 03ae3f1 (seed 14281777981605777794, local) broke
+    ``after-not-executed`` on the world's side: step3's order, held by the shop 15 s within
+    its wait, was acted on only when step3's wait ended, and that wait had run on while
+    another process was held up inside it (the world runs one thread: a hold met in an event
+    of the wait moves the clock on), so the shop acted at 428.0, after alice's truthful "not
+    executed" at 427.6, though a real shop acts at its moment (406.7). The shop now acts at
+    its moment as an event of its own. The seed keeps every promise."""
+    seed = 14281777981605777794
+    _meets_its_window_and_keeps_every_promise(
+        "a held order acted on at its moment while its client's wait runs long",
+        seed,
+        ("402.401 step3 POST http://shop.sim/orders held by the server for 22.9s",),
+        mode="local",
+        options=Options.whole(seed),
+    )
+
+
+def test_a_deny_is_read_when_the_operators_cache_holds_it_and_refused_when_shown_so() -> None:
+    """make sim SECONDS=600 on main 03ae3f1 broke ``unapproved`` twice on the oracle's side,
+    two clusters: a deny made on east's Approval was taken as read at a look whose cache did
+    not hold it yet (its watch event late: shrunk from seed 602766628176821640), and, in the
+    seed itself, bob's deny was shown refused on east's Approval ("bob: restock 1:0: the run
+    is not awaiting an approval": the run was between two stops) and the oracle knew only the
+    "not counted here" refusal. A deny is now read at the first look whose copy holds it, and
+    refused by any refusal its Approval shows naming its maker. The seed meets its story and
+    keeps every promise."""
+    seed = 602766628176821640
+    _meets_its_window_and_keeps_every_promise(
+        "a deny shown refused on a run between two stops, its cluster gone after",
+        seed,
+        (
+            "73.321 bob adds to restock-1-pay-8cd27b6e96's decisions approved: False in east",
+            "bob's deny in east is shown not counted here",
+            "99.459 east's operators are gone",
+        ),
+        mode="operator",
+        options=Options.whole(seed),
+    )

@@ -197,8 +197,18 @@ class Network:
             past = " (past its sender's wait)" if delay >= limit else ""
             world.say(f"{where} held by the server for {delay:.1f}s{past}")
             if delay < limit:
+                # The server acts at its moment, whatever its client does meanwhile: a client
+                # held up longer (another process's hold run inside its wait, or its own death)
+                # hears the answer late, but the shop did not act late.
+                answered: list[Reply] = []
+
+                def act() -> None:
+                    with world.acting(sender.name):
+                        answered.append(self._answer(server, request, index, refused=fate.refuses))
+
+                world.at(delay, f"answer {request.endpoint}", act)
                 self._wait(sender, delay)
-                return self._answer(server, request, index, refused=fate.refuses)
+                return answered[0]
             if late is not None:
                 # A worker that goes on: the caller stops waiting at its limit.
                 late(Fate("held", delay=delay, refuses=fate.refuses), index)

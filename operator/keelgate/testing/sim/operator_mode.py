@@ -95,7 +95,7 @@ class SimOperator:
         name: str,
         holder: bool = False,
         reachable: Callable[[], bool] = lambda: True,
-        looked: Callable[[Key], None] = lambda key: None,
+        looked: Callable[[Key, JSON | None], None] = lambda key, seen: None,
     ) -> None:
         self.world = world
         self.looked = looked
@@ -187,13 +187,16 @@ class SimOperator:
         if not self.alive or self._due.get(key) != due:
             return
         del self._due[key]
+        # What this reconcile reads of the object: its cache's copy, which a late or dropped
+        # watch event leaves behind the API server's.
+        seen = self.cache.get(*key) if key[0] == "Approval" else None
         with self.world.acting(self.name):
             try:
                 result: Result = self.controller.reconcile(key)
             except Exception as error:  # what kopf's workers do: log, back off, try again
                 self.world.say(f"{self.name} {key[0]} {key[2]}: {type(error).__name__}")
                 result = Requeue(2.0)
-        self.looked(key)  # it read the object, whatever it could do with it
+        self.looked(key, seen)  # it read the object, whatever it could do with it
         if isinstance(result, Requeue):
             # The work queue's rate limiter (client-go's: 5 ms doubling): a key requeued at
             # once again and again (a lost race against a stale cache) backs off.
@@ -290,20 +293,27 @@ class Cluster:
         self.operators.append(operator)
         return operator
 
-    def _looked(self, key: Key) -> None:
-        """With two clusters: an operator here looked at an Approval; the decisions made on it
-        here before are read from now on (``Decision.read_at``)."""
-        kind, namespace, name = key
-        body = self.api.get(kind, namespace, name) if self.name and kind == "Approval" else None
-        if body is None:
+    def _looked(self, key: Key, seen: JSON | None) -> None:
+        """With two clusters: an operator here looked at an Approval as its cache showed it
+        (``seen``); the decisions made on it here that the copy holds are read from now on
+        (``Decision.read_at``). One its copy does not hold yet (its watch event late or
+        dropped) is not: no process of the product could have read it."""
+        if not self.name or seen is None:
             return
-        action = str((body.get("spec") or {}).get("action", ""))
+        spec = seen.get("spec") or {}
+        action = str(spec.get("action", ""))
+        entries = {
+            (str(entry.get("by", "")), entry.get("approved") is True)
+            for entry in spec.get("decisions") or ()
+            if isinstance(entry, dict)
+        }
         for decision in self.books.decisions:
             if (
                 decision.cluster == self.name
                 and decision.action == action
                 and decision.unread
                 and decision.read_at is None
+                and (decision.by, decision.yes) in entries
             ):
                 decision.read_at = self.world.now
 
@@ -447,11 +457,15 @@ class Cluster:
 
     def _refused_here(self, body: JSON, message: str) -> None:
         """With two clusters: a deny made on this cluster's Approval that its operator shows
-        not counted here (the run held by the other cluster) is refused, its maker told so; the
-        oracle counts it no more from then. An approval refused so is still counted as made
-        (where it is carried over later, the product counts it from then): the oracle errs
-        toward letting the call through, never toward a broken promise of its own making."""
+        not counted (the run held by the other cluster, or between two stops: any refusal
+        naming its maker, alone or after the count's ``not counted:``) is refused, its maker
+        told so; the oracle counts it no more from
+        then. An approval refused so is still counted as made (where it is carried over later,
+        the product counts it from then): the oracle errs toward letting the call through,
+        never toward a broken promise of its own making."""
         action = str((body.get("spec") or {}).get("action", ""))
+        # "bob: <why>" alone, or "<count>; not counted: bob: <why>; carol: <why>".
+        pieces = [piece.removeprefix("not counted: ") for piece in message.split("; ")]
         for decision in self.books.decisions:
             if (
                 decision.kind == "approve"
@@ -459,7 +473,7 @@ class Cluster:
                 and decision.cluster == self.name
                 and decision.action == action
                 and decision.refused_at is None
-                and f"{decision.by}: not counted here" in message
+                and any(piece.startswith(f"{decision.by}: ") for piece in pieces)
             ):
                 decision.refused_at = self.world.now
                 self.world.say(f"{decision.by}'s deny in {self.name} is shown not counted here")
