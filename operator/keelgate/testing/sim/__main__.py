@@ -140,8 +140,7 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
     parse.add_argument(
         "--pay-threads",
         action="store_true",
-        help="With --python-tool, a pay that reports its sends hands each request to a worker "
-        "thread of its own in some runs, started with keelgate.fenced or bare.",
+        help="With --python-tool, pay sends from worker threads, fenced or bare, in some runs.",
     )
     parse.add_argument(
         "--http-confirmer",

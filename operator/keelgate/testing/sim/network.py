@@ -17,6 +17,9 @@ Every request that leaves (its headers written) is booked (``Books.sent``) with 
 reads off it: the call's ``ref`` from its arguments, its endpoint, its Idempotency-Key; and, when
 its sender learns for sure what it came to, when (``Sent.known_at``). This module must never
 consult the product's records, and never let a request leave that its ``trace`` refused.
+
+Why one module past 500 lines: a request's fate, the moment its server acts on it and the books
+of what reached the shop are one model, which the HTTP, MCP and SDK transports must share.
 """
 
 from __future__ import annotations
@@ -197,9 +200,8 @@ class Network:
             past = " (past its sender's wait)" if delay >= limit else ""
             world.say(f"{where} held by the server for {delay:.1f}s{past}")
             if delay < limit:
-                # The server acts at its moment, whatever its client does meanwhile: a client
-                # held up longer (another process's hold run inside its wait, or its own death)
-                # hears the answer late, but the shop did not act late.
+                # The server acts at its moment, whatever holds its client up meanwhile (a hold
+                # run inside its wait, its death): the client hears it when its wait ends.
                 answered: list[Reply] = []
 
                 def act() -> None:

@@ -128,9 +128,8 @@ def _paying(
     if not options.python_tool:
         return nullcontext(), ""
     unreported, rest = world.schedule.chance_and_rest(500)
-    reports = not unreported
-    said = f"pay {'reports its sends' if reports else 'sends without reporting them'}"
-    # Read from the rest of the same draw (no draw of its own: every later choice as before).
+    said = f"pay {'sends without reporting them' if unreported else 'reports its sends'}"
+    reports = not unreported  # threads: the rest of the same draw (every later one as before)
     threads = THREADS[rest % len(THREADS)] if options.pay_threads and reports else ""
     if threads:
         said += f", each from {THREAD_SAID[threads]}"
