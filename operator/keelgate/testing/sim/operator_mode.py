@@ -459,10 +459,9 @@ class Cluster:
         """With two clusters: a deny made on this cluster's Approval that its operator shows
         not counted (the run held by the other cluster, or between two stops: any refusal
         naming its maker, alone or after the count's ``not counted:``) is refused, its maker
-        told so; the oracle counts it no more from
-        then. An approval refused so is still counted as made (where it is carried over later,
-        the product counts it from then): the oracle errs toward letting the call through,
-        never toward a broken promise of its own making."""
+        told so; the oracle counts it no more from then. An approval refused so is still counted
+        as made (where it is carried over later, the product counts it from then): the oracle
+        errs toward letting the call through, never toward a broken promise of its own making."""
         action = str((body.get("spec") or {}).get("action", ""))
         # "bob: <why>" alone, or "<count>; not counted: bob: <why>; carol: <why>".
         pieces = [piece.removeprefix("not counted: ") for piece in message.split("; ")]

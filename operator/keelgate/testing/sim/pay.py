@@ -143,9 +143,9 @@ class Payer:
     def _worker_late(self, sender: Sender, request: Wire, limit: float) -> None:
         """The worker thread a call's first request was handed to starts late (its pool busy):
         the function waits for it up to its own patience, then gives up, truthfully saying
-        nothing was sent; the worker starts after, still carrying
-        the call (``fenced``), and tries to send. It must be refused: the gateway has finished
-        with the call, and may have let the run claim it afresh."""
+        nothing was sent; the worker starts after, still carrying the call (``fenced``), and
+        tries to send. It must be refused: the gateway has finished with the call, and may have
+        let the run claim it afresh."""
         world = self.world
         patience = min(WORKER_PATIENCE, limit)
         starts = world.schedule.between(patience, 3 * patience)
