@@ -354,6 +354,38 @@ def test_a_sqlite_store_locked_past_its_wait_is_a_clear_exit_5(
     assert main(reconcile) == 0
 
 
+def test_a_fresh_sqlite_file_whose_first_opener_is_mid_transaction_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process opening the same new file holds its first write transaction (as its
+    migration does) while this one opens it: the open waits for it, as for any lock, and then
+    opens the store (SQLite refuses the journal-mode switch under such a lock at once, without
+    its busy wait: several step processes starting together on a store not made yet failed one
+    open in eight); a lock held past the wait still ends in the clear "locked" refusal."""
+    import sqlite3
+
+    db = tmp_path / "kg.db"
+    first = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    first.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, first.execute, ("COMMIT",)).start()
+    started = time.monotonic()
+    store = SQLiteStore(db)
+    try:
+        assert time.monotonic() - started >= 0.4
+        assert store.runs() == []
+    finally:
+        store.close()
+        first.close()
+    held = sqlite3.connect(tmp_path / "held.db", isolation_level=None)
+    held.execute("BEGIN IMMEDIATE")
+    monkeypatch.setattr(sqlite, "BUSY_TIMEOUT", 0.3)
+    try:
+        with pytest.raises(StoreUnavailable, match=r"held\.db: database is locked"):
+            SQLiteStore(tmp_path / "held.db")
+    finally:
+        held.close()
+
+
 # SQLite: the commit that records a WRITE's result rides out a full disk or a held lock
 
 

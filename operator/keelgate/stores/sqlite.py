@@ -28,6 +28,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -160,7 +161,7 @@ class SQLiteStore(SQLiteConnected):
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, timeout=BUSY_TIMEOUT, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _write_ahead_logged(self._db)
             # FULL: a commit survives power loss, not just a process death.
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             migrate(self._db, SQLITE, self._transaction, where=f"SQLite store {self.path}")
@@ -284,6 +285,23 @@ class ReadOnlySQLiteStore(SQLiteConnected):
     def _alive(self, owner: Any, judged: Any) -> bool:
         # Nothing runs on media nobody can write: a key in flight there is judged unknown.
         return False
+
+
+def _write_ahead_logged(db: sqlite3.Connection) -> None:
+    """Puts the file in WAL mode, waiting as a busy lock waits. Several processes opening one
+    fresh file at once all switch its journal mode, and SQLite answers a switch that meets
+    another one under way with "database is locked" at once, without the busy timeout: the
+    later openers would fail where they only had to wait (four first opens at once failed one
+    time in eight). WAL is kept in the file, so an opener that finds it set is done."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
