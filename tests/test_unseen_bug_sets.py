@@ -1,5 +1,5 @@
 """The sets of planted bugs written apart from the simulator since set F (``support.unseen_bugs_f``,
-``unseen_bugs_g``) can be planted as written.
+``unseen_bugs_g``, ``unseen_bugs_h``) can be planted as written.
 
 Why it exists: a planted bug whose text the product no longer holds, or holds twice, would
 plant nothing or something else, and the share the bench measures over the set would count a
@@ -25,9 +25,10 @@ from support.unseen_bugs_d import UNSEEN_D
 from support.unseen_bugs_e import UNSEEN_E
 from support.unseen_bugs_f import UNSEEN_F
 from support.unseen_bugs_g import UNSEEN_G
+from support.unseen_bugs_h import UNSEEN_H
 
 #: The sets checked here, by their letter (bench/unseen_bugs.py --set), and every set of bugs.
-CHECKED: dict[str, tuple[Planted, ...]] = {"F": UNSEEN_F, "G": UNSEEN_G}
+CHECKED: dict[str, tuple[Planted, ...]] = {"F": UNSEEN_F, "G": UNSEEN_G, "H": UNSEEN_H}
 ALL_SETS: tuple[tuple[Planted, ...], ...] = (
     BUGS,
     UNSEEN,
@@ -37,6 +38,7 @@ ALL_SETS: tuple[tuple[Planted, ...], ...] = (
     UNSEEN_E,
     UNSEEN_F,
     UNSEEN_G,
+    UNSEEN_H,
 )
 
 
@@ -67,7 +69,7 @@ def test_the_set_holds_ten_bugs_each_named_once_and_named_as_no_other_set_names_
     assert not set(names) & others
 
 
-@pytest.mark.parametrize("bug", UNSEEN_F + UNSEEN_G, ids=lambda bug: bug.name[:60])
+@pytest.mark.parametrize("bug", UNSEEN_F + UNSEEN_G + UNSEEN_H, ids=lambda bug: bug.name[:60])
 def test_each_bug_plants_once_into_a_copy_that_still_imports(bug: Planted, tmp_path: Path) -> None:
     """Each old text occurs exactly once in the product's file (so the replacement changes that
     one place), the planted copy holds the new text instead, the tree is left as it was, and
