@@ -4,10 +4,12 @@ by someone who had not read the simulator), ``unseen_bugs_c.py`` (set C, the sam
 after the simulator was extended for A and B), ``unseen_bugs_d.py`` (set D, the same, spread
 over the product's floors), ``unseen_bugs_e.py`` (set E, the same, written while the
 simulator was extended for D's misses, never shown to those extending it),
-``unseen_bugs_f.py`` (set F, the same, written while E's misses were closed) and
+``unseen_bugs_f.py`` (set F, the same, written while E's misses were closed),
 ``unseen_bugs_g.py`` (set G, the same, on the ground the others left: run ownership and its
 epochs, the cut of an exchange, the fence's refusals, the MCP tool, the model reply's usage,
-the key's spelling and the runners) is planted into a temporary copy of the package, the
+the key's spelling and the runners) and ``unseen_bugs_h.py`` (set H, the same, in functions no
+other set planted into: approvals' rules and rebinds, active time, clocks, the operator's
+settlements, Approvals and step slots) is planted into a temporary copy of the package, the
 simulator runs on the copy for ``--seconds`` (120 by default) from a fixed base of seeds, and
 the first broken promise that the clean product does not also break counts as found.
 
@@ -47,15 +49,19 @@ from support.unseen_bugs_d import UNSEEN_D  # noqa: E402
 from support.unseen_bugs_e import UNSEEN_E  # noqa: E402
 from support.unseen_bugs_f import UNSEEN_F  # noqa: E402
 from support.unseen_bugs_g import UNSEEN_G  # noqa: E402
+from support.unseen_bugs_h import UNSEEN_H  # noqa: E402
 
 #: Every unseen bug, one list: issue 48's set (written beside the simulator's work), the
 #: second set (``unseen_bugs_b.py``), written by someone who had not read the simulator, the
 #: third (``unseen_bugs_c.py``), written after the simulator was extended for the first two,
 #: the fourth (``unseen_bugs_d.py``), spread over the product's floors beyond the gateway, and
 #: the fifth (``unseen_bugs_e.py``), written from the product code alone after D was measured,
-#: the sixth (``unseen_bugs_f.py``), the same, after E was measured and its misses closed, and
-#: the seventh (``unseen_bugs_g.py``), the same, on ground the others left alone.
-ALL: tuple[Planted, ...] = UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E + UNSEEN_F + UNSEEN_G
+#: the sixth (``unseen_bugs_f.py``), the same, after E was measured and its misses closed,
+#: the seventh (``unseen_bugs_g.py``), the same, on ground the others left alone, and the
+#: eighth (``unseen_bugs_h.py``), the same, in functions no other set planted into.
+ALL: tuple[Planted, ...] = (
+    UNSEEN + UNSEEN_B + UNSEEN_C + UNSEEN_D + UNSEEN_E + UNSEEN_F + UNSEEN_G + UNSEEN_H
+)
 
 SIM = [sys.executable, "-m", "keelgate.testing.sim"]
 #: The world searched: the one ``make sim`` runs (every move of issues 46 and 48: people who
@@ -155,6 +161,8 @@ def measure(
 
 
 def _set(bug: Planted) -> str:
+    if bug in UNSEEN_H:
+        return "H"
     if bug in UNSEEN_G:
         return "G"
     if bug in UNSEEN_F:
@@ -172,7 +180,7 @@ def main() -> int:
     parse.add_argument("--seconds", type=float, default=120.0)
     parse.add_argument("--seeds", type=int, help="Search this many seeds instead of seconds.")
     parse.add_argument("--base", type=int, default=48)
-    parse.add_argument("--set", choices="ABCDEFG", help="Only the bugs of this set.")
+    parse.add_argument("--set", choices="ABCDEFGH", help="Only the bugs of this set.")
     parse.add_argument("--json", action="store_true")
     args = parse.parse_args()
     bugs = [b for b in ALL if not args.names or any(n in b.name for n in args.names)]
