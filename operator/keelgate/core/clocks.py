@@ -9,10 +9,13 @@ network exchange's time limit (``keelgate.core.cutoff``), whose end an ``alarm``
 clock enforces: it closes the exchange's connection whatever the other side is sending. Every
 module that reads either clock, or sets an alarm, does it here, so the simulator
 (``keelgate.testing.sim``) can put a whole run, its deaths, its pauses and its cut exchanges, on
-one virtual clock with ``simulated``, and a seed replays exactly. A pause the process takes on
-purpose (a retry's backoff) is ``sleep``, so that a simulated process waits on virtual time
-while the rest of the world goes on. Nothing else may replace them: a production process runs on
-the real clocks, the real sleep and the real alarm.
+one virtual clock with ``simulated``, and a seed replays exactly. A simulation hands over the
+operating system's clock reader (``clock_gettime``) rather than a boot clock of its own, so the
+choice of clock id (``_BOOTTIME``) is the product's own there too: a simulated machine that
+sleeps stops its ``CLOCK_MONOTONIC`` and not its ``CLOCK_BOOTTIME``, as Linux does. A pause the
+process takes on purpose (a retry's backoff) is ``sleep``, so that a simulated process waits on
+virtual time while the rest of the world goes on. Nothing else may replace them: a production
+process runs on the real clocks, the real sleep and the real alarm.
 
 This module must never be read for a fence through the wall clock, never run an alarm's action
 before its moment on the boot clock, and never let one action's failure stop the others.
@@ -42,9 +45,18 @@ Cancel = Callable[[], None]
 Alarm = Callable[[float, Callable[[], None]], Cancel]
 
 
+def _os_clock(clock_id: int) -> float:
+    # Looked up when read: ``time.clock_gettime`` exists only where ``_BOOTTIME`` can.
+    return time.clock_gettime(clock_id)
+
+
+#: The operating system's clock reader ``_boot`` asks (a simulation's, within ``simulated``).
+_clock_gettime: Callable[[int], float] = _os_clock
+
+
 def _boot() -> float:
     if _BOOTTIME is not None:
-        return time.clock_gettime(_BOOTTIME)
+        return _clock_gettime(_BOOTTIME)
     return time.monotonic()
 
 
@@ -146,17 +158,27 @@ def alarm(when: float, act: Callable[[], None]) -> Cancel:
 def simulated(
     *,
     wall: Callable[[], float],
-    boot: Callable[[], float],
+    boot: Callable[[], float] | None = None,
+    clock_gettime: Callable[[int], float] | None = None,
     sleep: Callable[[float], None] | None = None,
     alarm: Alarm | None = None,
 ) -> Iterator[None]:
-    """Read both clocks from ``wall`` and ``boot`` for the block (a simulation's virtual time),
-    wait with ``sleep`` and ring alarms with ``alarm`` if given (a simulation's own events;
-    without an alarm, the real alarm thread rings them on the ``boot`` given), then give the
-    real ones back."""
-    global _wall, _boot_clock, _sleep, _alarm
-    saved = _wall, _boot_clock, _sleep, _alarm
-    _wall, _boot_clock = wall, boot
+    """Read both clocks from virtual time for the block: the wall clock from ``wall``, the boot
+    clock either from ``boot`` (a finished boot clock, for a test that moves it by hand) or,
+    given ``clock_gettime`` instead (a simulated machine's reader, keyed by clock id as
+    ``time.clock_gettime`` is), through the product's own ``_boot``, which asks it for the
+    clock id the product chose. Wait with ``sleep`` and ring alarms with ``alarm`` if given (a
+    simulation's own events; without an alarm, the real alarm thread rings them on the boot
+    clock given), then give the real ones back."""
+    if (boot is None) == (clock_gettime is None):
+        raise TypeError("simulated() takes either boot or clock_gettime, not both or neither")
+    global _wall, _boot_clock, _clock_gettime, _sleep, _alarm
+    saved = _wall, _boot_clock, _clock_gettime, _sleep, _alarm
+    _wall = wall
+    if boot is not None:
+        _boot_clock = boot
+    if clock_gettime is not None:
+        _boot_clock, _clock_gettime = _boot, clock_gettime
     if sleep is not None:
         _sleep = sleep
     if alarm is not None:
@@ -164,4 +186,4 @@ def simulated(
     try:
         yield
     finally:
-        _wall, _boot_clock, _sleep, _alarm = saved
+        _wall, _boot_clock, _clock_gettime, _sleep, _alarm = saved

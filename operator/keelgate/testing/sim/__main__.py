@@ -143,6 +143,12 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         help="With --python-tool, pay sends from worker threads, fenced or bare, in some runs.",
     )
     parse.add_argument(
+        "--suspends",
+        action="store_true",
+        help="A third of a step process's holds is its machine suspended: its CLOCK_MONOTONIC "
+        "stands still, its CLOCK_BOOTTIME runs on.",
+    )
+    parse.add_argument(
         "--http-confirmer",
         action="store_true",
         help="Every run has the product's HTTP confirmer ask the shop's status endpoint (not "
@@ -153,9 +159,10 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--late-shop, every move, late store answers, pages, a rejection limit, MCP "
         "more often, dollar budgets, cached input, the product's Python tool, runs with no "
-        "creator, MCP tools pointed elsewhere, arguments reordered, pay's worker threads and "
-        "(operator mode) two clusters; a share of the runs (drawn from each seed, apart from "
-        "its world) also makes the named moves and has the HTTP confirmer. "
+        "creator, MCP tools pointed elsewhere, arguments reordered, pay's worker threads, "
+        "machines suspended and (operator mode) two clusters; a share of the runs (drawn from "
+        "each seed, apart from its world) also makes the named moves and has the HTTP "
+        "confirmer. "
         "The kept seeds were found with --late-shop --moves.",
     )
 

@@ -78,6 +78,10 @@ class Options:
     #: With ``python_tool``: a ``pay`` that reports its sends hands each request, in some runs,
     #: to a worker thread of its own, started with ``keelgate.fenced`` or bare (``sim.pay``).
     pay_threads: bool = False
+    #: A share of the holds of a step process is its machine suspended (a laptop's lid shut, a
+    #: node put to sleep): its ``CLOCK_MONOTONIC`` stands still meanwhile, its
+    #: ``CLOCK_BOOTTIME`` runs on (``processes.SUSPEND_SHARE``); it draws nothing.
+    suspends: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -133,6 +137,7 @@ SWITCHES = (
     "mcp_remote",
     "reordered_args",
     "pay_threads",
+    "suspends",
 )
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).

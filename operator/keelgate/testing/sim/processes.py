@@ -15,13 +15,16 @@ request's first byte, the world decides: go on, die there (``SimulatedCrash``, a
 as a dead process's does), be held up for a while (the rest of the world runs meanwhile, on
 virtual time; now and then for about a call's time limit, give or take its margin, where the
 write deadline and a settlement's wait meet), have the store server end the session meanwhile (the
-node is lost: its process may still run), or be asked to stop (a drain). Its exit code is the
-step program's (``keelgate.cli.step.exit_code``).
+node is lost: its process may still run), or be asked to stop (a drain). With ``suspends`` a
+share of the holds is its machine suspended (``World.suspended``): the process runs nothing, as
+when held up, and its machine's ``CLOCK_MONOTONIC`` stands still while ``CLOCK_BOOTTIME`` runs
+on. Its exit code is the step program's (``keelgate.cli.step.exit_code``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from keelgate.adapters.models.python import PythonModel
@@ -53,6 +56,9 @@ from keelgate.testing.sim.world import World
 KILLED = 137
 #: Seconds a step waits, before exiting, for a call still running (``--late-call-grace``).
 LATE_CALL_GRACE = 30.0
+#: With ``suspends``, a hold is its machine suspended where the rest of its node-lost draw by
+#: this share is 1 (a third of the holds, of every length; the rest 0, the calm draw, never).
+SUSPEND_SHARE = 3
 #: The windows a step passes right after a write of its own landed in the store (a plan, an
 #: action's checkpoint, the iteration's, a verdict's): where it drove the run.
 WROTE = frozenset({"after_plan", "after_action_checkpoint", "after_observe", "after_verify"})
@@ -61,7 +67,7 @@ WROTE = frozenset({"after_plan", "after_action_checkpoint", "after_observe", "af
 class Faults:
     """How often each fault happens at a window, per thousand (drawn once per run)."""
 
-    def __init__(self, world: World, *, slow_store: bool = False) -> None:
+    def __init__(self, world: World, *, slow_store: bool = False, suspends: bool = False) -> None:
         schedule = world.schedule
         self.crash = (0, 15, 40, 80)[schedule.pick(4)]
         self.pause = (0, 15, 40, 80)[schedule.pick(4)]
@@ -72,6 +78,9 @@ class Faults:
         #: per thousand statements. Drawn only with ``slow_store`` on, so that the worlds
         #: without it (and their kept seeds) make the same choices as before.
         self.slow_answers = (0, 10, 40, 100)[schedule.pick(4)] if slow_store else 0
+        #: Whether a share of the holds is the machine suspended (``SUSPEND_SHARE``), read from
+        #: the draw that decides whether the node is lost: no draw of its own.
+        self.suspends = suspends
         self.calm = False  # the end of a run: no more faults
         self._world = world
 
@@ -376,20 +385,28 @@ class StepProcess:
             world.say(f"{self.name} asked to stop at {name}")
             self.asked_to_stop = True
         elif fault == "pause":
-            seconds = pause_seconds(world)
-            lost = world.schedule.chance(500)
-            world.say(
-                f"{self.name} held up {seconds:.1f}s at {name}{' (node lost)' if lost else ''}"
-            )
-            if lost:
-                self.lost = True
-                if self._stores is not None:
-                    self.setting.site.lose_session(self._stores)
-                self.on_exit(self, -1)  # whoever drives the run hears nothing more from it
+            self._hold(name)
+
+    def _hold(self, name: str) -> None:
+        """Held up at window ``name`` (the rest of the world runs meanwhile), its node lost
+        now and then; with ``suspends``, now and then its machine suspended: it runs nothing
+        either way, and its monotonic clock stands still."""
+        world = self.world
+        seconds = pause_seconds(world)
+        lost, rest = world.schedule.chance_and_rest(500)
+        asleep = self.setting.faults.suspends and rest % SUSPEND_SHARE == 1
+        how = f"'s machine suspended {seconds:.1f}s" if asleep else f" held up {seconds:.1f}s"
+        world.say(f"{self.name}{how} at {name}{' (node lost)' if lost else ''}")
+        if lost:
+            self.lost = True
+            if self._stores is not None:
+                self.setting.site.lose_session(self._stores)
+            self.on_exit(self, -1)  # whoever drives the run hears nothing more from it
+        with world.suspended(self.name, seconds) if asleep else nullcontext():
             world.advance(seconds)
-            if not self.alive:
-                raise SimulatedCrash(name, 1)
-            world.say(f"{self.name} goes on after {name}")
+        if not self.alive:
+            raise SimulatedCrash(name, 1)
+        world.say(f"{self.name} goes on after {name}")
 
 
 def _crash_in(group: BaseExceptionGroup) -> SimulatedCrash | None:

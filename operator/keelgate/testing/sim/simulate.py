@@ -9,7 +9,7 @@ requests and answers, people deciding at any moment, wrongly now and then, editi
 the moves ``Options`` switches on) and then a calm end (no more faults, people truthful and
 prompt, the tools as they were), after which every run must have finished. The checkers then
 judge from the world's books, and compare the product's records with them. Everything runs on
-the world's virtual time (``keelgate.core.clocks.simulated``).
+the world's virtual time (``World.drives_the_clocks``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from keelgate.adapters import network as adapters_network
-from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.core.protocols import Stores
 from keelgate.core.types import canonical_json
@@ -105,7 +104,7 @@ def simulate(
     books = Books(clocks=world.clocks, call_seconds=CALL_SECONDS)
     network = Network(world, books, late_shop=options.late_shop)
     with (
-        clocks.simulated(wall=world.wall, boot=world.boot, sleep=world.sleep, alarm=world.alarm),
+        world.drives_the_clocks(),
         _routed(network),
         _model_key(),
         ExitStack() as stack,
@@ -190,7 +189,7 @@ def _simulate(
     planner = Planner(world, scenario, books, reordered=options.reordered_args)
     network.servers["shop.sim"] = Shop(world, books)
     network.servers[MODEL_HOST] = ModelServer(world, planner, cached_input=options.cached_input)
-    faults = Faults(world, slow_store=options.slow_store)
+    faults = Faults(world, slow_store=options.slow_store, suspends=options.suspends)
     pays, paid = _paying(world, network, scenario, options=options)
     stack.enter_context(pays)
 

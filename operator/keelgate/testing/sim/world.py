@@ -13,7 +13,11 @@ person is right), so a schedule shrinks towards calm by lowering its numbers or 
 Three clocks run on the one virtual time and drift apart, as real machines' do (``Clocks``):
 the process's boot clock (write deadlines), its wall clock (stamps people read) and the store
 server's wall clock (the deadline a settlement waits for); each runs at its own rate, a few
-hundred parts per million apart, and the wall clocks stand a little apart too.
+hundred parts per million apart, and the wall clocks stand a little apart too. Each step
+process's machine reads its boot clock through the operating system's reader
+(``World.clock_gettime``) by clock id, as Linux answers it: ``CLOCK_BOOTTIME`` runs on while
+the machine is suspended (``World.suspended``), ``CLOCK_MONOTONIC`` stops, and the product's
+own choice between them (``keelgate.core.clocks``) is what a process reads.
 
 This module must never read the real clock or an unseeded random source.
 """
@@ -24,9 +28,12 @@ import hashlib
 import heapq
 import itertools
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+
+from keelgate.core import clocks as product_clocks
 
 #: Virtual wall time of every simulation's start (2026-12-01T00:00:00Z): stamps read the same in
 #: every replay.
@@ -35,6 +42,10 @@ EPOCH = 1_796_083_200.0
 BOOT = 10_000.0
 #: How large a raw choice is (a chance is read in thousandths of it).
 RAW = 1 << 20
+#: The clock ids a simulated machine answers for (Linux's; ``None`` where the platform has no
+#: such clock, and the product then reads neither through ``clock_gettime``).
+BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+MONOTONIC = getattr(time, "CLOCK_MONOTONIC", None)
 
 
 class Schedule:
@@ -163,6 +174,10 @@ class World:
         self._queue: list[_Event] = []
         self._order = itertools.count()
         self.horizon = float("inf")  # events due after it are dropped
+        # Each machine's suspends (a step process's node, by the process's name): the true
+        # seconds of those over, and the true moments the one under way began and ends.
+        self._slept: dict[str, float] = {}
+        self._sleeping: dict[str, tuple[float, float]] = {}
 
     # The clocks the product reads (keelgate.core.clocks) and the stores' clock
 
@@ -172,6 +187,40 @@ class World:
     def boot(self) -> float:
         return self.clocks.boot(self.now)
 
+    def clock_gettime(self, clock_id: int) -> float:
+        """``time.clock_gettime`` as the acting process's machine answers it (what
+        ``keelgate.core.clocks`` reads the product's chosen clock id through): its
+        ``CLOCK_BOOTTIME`` is the world's boot clock, counting while the machine is suspended;
+        its ``CLOCK_MONOTONIC`` runs at the same rate but stops while it is (Linux's
+        ``clock_gettime(2)``). Any other id is refused: a product reading another clock is a
+        change to look at, not one to answer quietly."""
+        if clock_id is not None and clock_id == BOOTTIME:
+            return self.boot()
+        if clock_id is not None and clock_id == MONOTONIC:
+            return self.clocks.boot(self.now - self.slept(self.actor))
+        raise ValueError(
+            f"a simulated machine answers clock_gettime for CLOCK_BOOTTIME ({BOOTTIME}) and "
+            f"CLOCK_MONOTONIC ({MONOTONIC}) only, not for clock id {clock_id}"
+        )
+
+    def slept(self, machine: str) -> float:
+        """True seconds ``machine`` has been suspended, the suspend under way included."""
+        since, until = self._sleeping.get(machine, (self.now, self.now))
+        return self._slept.get(machine, 0.0) + min(self.now, until) - since
+
+    @contextmanager
+    def suspended(self, machine: str, seconds: float) -> Iterator[None]:
+        """``machine`` is suspended for ``seconds`` from now, within the block (its owner runs
+        the world meanwhile, as a held-up process does, and may go on later than that: another
+        actor held up inside its wait holds it too): its monotonic clock stands still until
+        it wakes, its boot clock runs on."""
+        self._sleeping[machine] = (self.now, self.now + seconds)
+        try:
+            yield
+        finally:
+            self._slept[machine] = self.slept(machine)
+            del self._sleeping[machine]
+
     def store_clock(self) -> float:
         """The store server's own wall clock (its SQL ``now``)."""
         return self.clocks.store(self.now)
@@ -179,6 +228,14 @@ class World:
     def sleep(self, seconds: float) -> None:
         """A product's wait (a retry's pause, a grace period): the rest of the world goes on."""
         self.advance(max(0.0, seconds))
+
+    def drives_the_clocks(self) -> AbstractContextManager[None]:
+        """The product reads this world's clocks for the block (``keelgate.core.clocks``): the
+        process's wall clock, its boot clock through the product's own choice of clock id
+        (``clock_gettime``), its waits and its alarms."""
+        return product_clocks.simulated(
+            wall=self.wall, clock_gettime=self.clock_gettime, sleep=self.sleep, alarm=self.alarm
+        )
 
     # Who acts
 
@@ -197,11 +254,27 @@ class World:
 
     def alarm(self, when: float, act: Callable[[], None]) -> Callable[[], None]:
         """The product's alarms (``keelgate.core.clocks.alarm``: an exchange cut at its time
-        limit) as events of this world, at ``when`` on its boot clock; the function returned
-        takes one back."""
+        limit) as events of this world, at ``when`` on the boot clock the product reads on the
+        setting process's machine (``keelgate.core.clocks.boot``); the function returned takes
+        one back. If that machine was suspended meanwhile, the alarm reads the product's clock
+        again when due and waits on if it has not reached ``when``, as the alarm's thread does
+        (a clock that stopped while the machine slept rings late by the suspend)."""
         slot: list[Callable[[], None] | None] = [act]
+        owner = self.actor
 
-        def ring() -> None:
+        def reading() -> float:
+            with self.acting(owner):
+                return product_clocks.boot()
+
+        def ring(slept: float) -> None:
+            if slot[0] is None:
+                return
+            if self.slept(owner) != slept:
+                left = when - reading()
+                if left > 0:
+                    now_slept = self.slept(owner)
+                    self.at(left, "alarm", lambda: ring(now_slept))
+                    return
             due, slot[0] = slot[0], None
             if due is not None:
                 due()
@@ -209,7 +282,8 @@ class World:
         def cancel() -> None:
             slot[0] = None
 
-        self.at(when - self.boot(), "alarm", ring)
+        slept = self.slept(owner)
+        self.at(when - reading(), "alarm", lambda: ring(slept))
         return cancel
 
     # Events
