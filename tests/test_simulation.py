@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ from keelgate.testing.sim.simulate import (
     _routed,
     seed_of,
 )
-from keelgate.testing.sim.world import Clocks, Schedule, World
+from keelgate.testing.sim.world import BOOT, Clocks, Schedule, World
 from support.planted_bugs import BUGS, IN_TWO_CLUSTERS, PACKAGE, Planted, find, planted
 from support.unseen_bugs import UNSEEN
 from support.unseen_bugs_b import UNSEEN_B
@@ -66,6 +67,7 @@ from support.unseen_bugs_d import UNSEEN_D
 from support.unseen_bugs_e import UNSEEN_E
 from support.unseen_bugs_f import UNSEEN_F
 from support.unseen_bugs_g import UNSEEN_G
+from support.unseen_bugs_h import UNSEEN_H
 
 #: The seeds ``make test`` runs (base 0): every fourth on a SQLite file, the others in memory.
 BUDGET = 300
@@ -128,14 +130,22 @@ def whole_before_set_g(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` as it was before set G's misses were closed in it: no
     MCP tool pointed at another remote tool, no arguments reordered (its share of two clusters
     as drawn)."""
-    return replace(Options.whole(seed), mcp_remote=False, reordered_args=False, pay_threads=False)
+    return replace(
+        whole_before_suspends(seed), mcp_remote=False, reordered_args=False, pay_threads=False
+    )
 
 
 def whole_with_set_g(seed: int) -> Options:
     """``make sim``'s world for ``seed`` with two clusters and set G's first parts (an MCP tool
     pointed at another remote tool, arguments reordered): the seeds found with them, before
     ``pay``'s worker threads came."""
-    return replace(Options.whole(seed), two_clusters=True, pay_threads=False)
+    return replace(whole_before_suspends(seed), two_clusters=True, pay_threads=False)
+
+
+def whole_before_suspends(seed: int | None = None) -> Options:
+    """``make sim``'s world for ``seed`` (its shares drawn) as it was before machines were
+    suspended in it (``--suspends``): the seeds found in the whole world before then."""
+    return replace(Options.whole(seed), suspends=False)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -2107,7 +2117,7 @@ def test_a_held_request_is_acted_on_at_its_moment_whatever_holds_up_its_client()
         seed,
         ("402.401 step3 POST http://shop.sim/orders held by the server for 22.9s",),
         mode="local",
-        options=Options.whole(seed),
+        options=whole_before_suspends(seed),
     )
 
 
@@ -2130,5 +2140,130 @@ def test_a_deny_is_read_when_the_operators_cache_holds_it_and_refused_when_shown
             "99.459 east's operators are gone",
         ),
         mode="operator",
-        options=Options.whole(seed),
+        options=whole_before_suspends(seed),
     )
+
+
+def test_a_suspended_machines_monotonic_clock_stands_still_while_its_boot_clock_runs_on() -> None:
+    """The world answers ``clock_gettime`` as the acting process's machine would on Linux: while
+    step1's machine is suspended its ``CLOCK_MONOTONIC`` stands still and its ``CLOCK_BOOTTIME``
+    runs on (at the boot clock's drift), so after the suspend they stand its length apart;
+    another machine's clocks never part; a clock id the world does not model is refused in
+    one line naming it."""
+    world = World(Schedule(seed=1), clocks=Clocks(boot_ppm=200.0))
+
+    def read(actor: str) -> tuple[float, float]:
+        with world.acting(actor):
+            return world.clock_gettime(time.CLOCK_BOOTTIME), world.clock_gettime(
+                time.CLOCK_MONOTONIC
+            )
+
+    assert read("step1") == read("step2") == (BOOT, BOOT)
+    world.advance(10.0)
+    with world.suspended("step1", 100.0):
+        world.advance(40.0)
+        boot, monotonic = read("step1")
+        assert boot == world.boot() and monotonic == world.clocks.boot(10.0)
+        world.advance(70.0)  # it woke at 110 s; its owner goes on later (held meanwhile)
+    boot, monotonic = read("step1")
+    assert boot - monotonic == pytest.approx(100.0 * (1 + 200e-6))
+    assert read("step2") == (world.boot(), world.boot())
+    with pytest.raises(ValueError, match=f"not for clock id {time.CLOCK_REALTIME}"):
+        world.clock_gettime(time.CLOCK_REALTIME)
+
+
+def test_an_alarm_on_a_clock_that_stops_in_a_suspend_rings_late_by_the_suspend() -> None:
+    """The product's alarm (an exchange's cut) is set on the boot clock the product reads on
+    its machine and read again when due, as the alarm's thread does: read on
+    ``CLOCK_BOOTTIME`` it rings 30 s after it was set though the machine slept 100 s of
+    them; read on ``CLOCK_MONOTONIC`` it rings 30 s of waking time later, 130 s after."""
+    for clock_id, rings_at in ((time.CLOCK_BOOTTIME, 30.0), (time.CLOCK_MONOTONIC, 130.0)):
+        world = World(Schedule(seed=1))
+        rang: list[float] = []
+        with (
+            clocks.simulated(
+                wall=world.wall,
+                boot=lambda w=world, c=clock_id: w.clock_gettime(c),
+                alarm=world.alarm,
+            ),
+            world.acting("step1"),
+        ):
+            clocks.alarm(clocks.boot() + 30.0, lambda w=world, r=rang: r.append(w.now))
+            with world.suspended("step1", 100.0):
+                world.advance(100.0)
+            world.advance(100.0)
+        assert rang == [pytest.approx(rings_at)], clock_id
+
+
+def _as_held(line: str) -> str:
+    """A trace line of a machine suspended, as it reads for a process held up."""
+    return re.sub(r"^(\s*[\d.]+ \S+)'s machine suspended ", r"\1 held up ", line)
+
+
+def test_a_suspended_machine_draws_nothing_and_the_clean_product_runs_the_same_story() -> None:
+    """With ``--suspends`` (the whole world) a third of the step processes' holds are their
+    machines suspended, of every length a hold has (about a call's limit give or take its
+    margin among them, right before a request leaves), read from the draw that decides whether
+    the node is lost: the clean product, whose deadlines and cuts are on ``CLOCK_BOOTTIME``,
+    runs the very same story as without them, line for line but for the trace saying which
+    holds were suspends, in local and operator mode, and keeps every promise. The kept seeds'
+    world (``Options.every()``) suspends nothing."""
+    suspends = near_the_deadline = 0
+    for index in range(40):
+        seed = seed_of(index, 23)
+        mode = "operator" if index % 4 == 3 else "local"
+        whole = replace(Options.whole(), two_clusters=False)
+        asleep = simulate(seed=seed, store="memory", mode=mode, options=whole)
+        held = simulate(
+            seed=seed, store="memory", mode=mode, options=replace(whole, suspends=False)
+        )
+        assert asleep.ok, f"{seed}: " + "; ".join(map(str, asleep.violations))
+        assert [_as_held(line) for line in asleep.lines] == list(held.lines), seed
+        said = [line.split() for line in asleep.lines if "'s machine suspended " in line]
+        suspends += len(said)
+        near_the_deadline += sum(
+            words[6] == "before_send" and 24.0 <= float(words[4].rstrip("s")) <= 37.0
+            for words in said
+        )
+        if index < 3:
+            kept = simulate(seed=seed, store="memory", mode=mode, options=Options.every())
+            assert not any("machine suspended" in line for line in kept.lines)
+    assert suspends >= 12 and near_the_deadline >= 1, (suspends, near_the_deadline)
+
+
+#: A seed of the kept seeds' world with machines suspended (``--late-shop --moves --suspends``,
+#: local, memory store): step6 claims notify's n3 and its machine is suspended 386.7 s right
+#: before the request leaves, its node lost; alice's settlement comes too early, bob's "not
+#: executed" stands at 797.2 once the store's deadline passed.
+SUSPEND_SEED = 5690507877862093436
+SUSPEND_OPTIONS = replace(Options.every(), suspends=True)
+
+
+def test_a_deadline_on_a_clock_that_stops_in_a_suspend_is_found(tmp_path: Path) -> None:
+    """Set H's "the write deadline read on a clock that stops while the machine sleeps"
+    (``CLOCK_MONOTONIC`` for ``CLOCK_BOOTTIME``), planted into a copy of the package, breaks
+    ``after-not-executed`` on its seed: step6's machine wakes after bob truthfully settled the
+    call as not executed, its deadline read on a clock that did not count the suspend, and
+    sends n3, which the shop takes. The clean product, on the same seed, refuses the send
+    (its deadline, on the clock that counted the suspend, has passed) and keeps every
+    promise."""
+    story = (
+        "step6's machine suspended 386.7s at before_send (node lost)",
+        "bob settled 2:0 as not executed",
+        "step6 goes on after before_send",
+    )
+    bug = next(b for b in UNSEEN_H if "a clock that stops while the machine sleeps" in b.name)
+    done = _planted_run(bug, tmp_path, seed=SUSPEND_SEED, mode="local", options=SUSPEND_OPTIONS)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "  after-not-executed: " in done.stdout, done.stdout[-3000:]
+    assert all(part in done.stdout for part in story), done.stdout[-3000:]
+    assert "EFFECT POST http://shop.sim/notices n3 by step6" in done.stdout
+    _meets_its_window_and_keeps_every_promise(
+        "a WRITE's machine suspended past its store deadline, settled meanwhile",
+        SUSPEND_SEED,
+        story,
+        mode="local",
+        options=SUSPEND_OPTIONS,
+    )
+    clean = simulate(seed=SUSPEND_SEED, store="memory", mode="local", options=SUSPEND_OPTIONS)
+    assert not any("n3 by step6" in line for line in clean.lines if "EFFECT" in line)

@@ -218,7 +218,9 @@ UNSEEN_H: tuple[Planted, ...] = (
         # Unit test: none fails (test_write_deadlines.py, test_cut_exchanges.py,
         # test_timed_out_write.py, test_composite_tools.py and test_stale_processes.py pass: no
         # test suspends the machine); in a scratch run against the copy, ``clocks.boot`` read
-        # CLOCK_MONOTONIC.
+        # CLOCK_MONOTONIC. Since h/suspend, test_clocks.py's two tests of the clock a deadline
+        # is read on fail, and the simulator's suspended machines (``--suspends``) meet it
+        # (test_simulation.py's test_a_deadline_on_a_clock_that_stops_in_a_suspend_is_found).
         "the write deadline read on a clock that stops while the machine sleeps (CLOCK_MONOTONIC "
         "for CLOCK_BOOTTIME)",
         (

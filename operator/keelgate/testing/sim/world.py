@@ -256,25 +256,21 @@ class World:
         """The product's alarms (``keelgate.core.clocks.alarm``: an exchange cut at its time
         limit) as events of this world, at ``when`` on the boot clock the product reads on the
         setting process's machine (``keelgate.core.clocks.boot``); the function returned takes
-        one back. If that machine was suspended meanwhile, the alarm reads the product's clock
-        again when due and waits on if it has not reached ``when``, as the alarm's thread does
-        (a clock that stopped while the machine slept rings late by the suspend)."""
+        one back. When due, it reads that clock again, as the alarm's thread does: one that fell
+        further behind the world's boot clock meanwhile (a monotonic clock, its machine
+        suspended) is waited on by as much, so it rings late by the suspend."""
         slot: list[Callable[[], None] | None] = [act]
         owner = self.actor
 
-        def reading() -> float:
+        def behind() -> float:
             with self.acting(owner):
-                return product_clocks.boot()
+                return self.boot() - product_clocks.boot()
 
-        def ring(slept: float) -> None:
-            if slot[0] is None:
+        def ring(lag: float) -> None:
+            now_behind = behind()
+            if slot[0] is not None and now_behind > lag:
+                self.at(now_behind - lag, "alarm", lambda: ring(now_behind))
                 return
-            if self.slept(owner) != slept:
-                left = when - reading()
-                if left > 0:
-                    now_slept = self.slept(owner)
-                    self.at(left, "alarm", lambda: ring(now_slept))
-                    return
             due, slot[0] = slot[0], None
             if due is not None:
                 due()
@@ -282,8 +278,8 @@ class World:
         def cancel() -> None:
             slot[0] = None
 
-        slept = self.slept(owner)
-        self.at(when - reading(), "alarm", lambda: ring(slept))
+        lag = behind()
+        self.at(when - (self.boot() - lag), "alarm", lambda: ring(lag))
         return cancel
 
     # Events
