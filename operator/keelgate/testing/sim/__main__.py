@@ -58,6 +58,49 @@ def _parser() -> argparse.ArgumentParser:
     return parse
 
 
+#: Each switch's flag help (``options.SWITCHES``, the flag named as the field with dashes).
+_SWITCH_HELP = {
+    "slow_store": "A step's store answers now and then come back late (the statement landed).",
+    "paged": "A run stopped for a person pages someone, who looks within seconds (local mode).",
+    "rejection_limit": (
+        "The run's spec limits the verifier's rejections to one or two (raised and "
+        "lowered with the budget)."
+    ),
+    "mcp_often": (
+        "place_order is an MCP tool in half the runs (not a quarter), notify in half too."
+    ),
+    "dollars": "Half the runs have a dollar budget, with the model's prices in their spec.",
+    "cached_input": (
+        "The Anthropic server reports part of each answer's input as prompt-cache tokens."
+    ),
+    "python_tool": (
+        "pay runs in the product's own Python tool, on the world's time (its function "
+        "reporting its sends in half the runs)."
+    ),
+    "no_creator": "Half the local and monitor runs name no creator until the calm.",
+    "two_clusters": (
+        "Operator mode: a second cluster given the same AgentRun over the one store, "
+        "ownership of the run moving between them (operators or API server gone, a cluster "
+        "cut off from the store, one coming back)."
+    ),
+    "mcp_remote": (
+        "With the definition move, an MCP place_order is pointed at another tool of the "
+        "shop's MCP server after its call was approved."
+    ),
+    "reordered_args": (
+        "The model, planning a call it planned before, gives its arguments in another "
+        "order half the time."
+    ),
+    "pay_threads": (
+        "With --python-tool, pay sends from worker threads, fenced or bare, in some runs."
+    ),
+    "suspends": (
+        "A third of a step process's holds is its machine suspended: its CLOCK_MONOTONIC "
+        "stands still, its CLOCK_BOOTTIME runs on."
+    ),
+}
+
+
 def _world_parts(parse: argparse.ArgumentParser) -> None:
     """The flags that turn parts of the simulated world on (``options.SWITCHES``)."""
     parse.add_argument(
@@ -76,78 +119,9 @@ def _world_parts(parse: argparse.ArgumentParser) -> None:
         + ", ".join((*MOVES, *NAMED_MOVES))
         + "; delete only when named).",
     )
-    parse.add_argument(
-        "--slow-store",
-        action="store_true",
-        help="A step's store answers now and then come back late (the statement landed).",
-    )
-    parse.add_argument(
-        "--paged",
-        action="store_true",
-        help="A run stopped for a person pages someone, who looks within seconds (local mode).",
-    )
-    parse.add_argument(
-        "--rejection-limit",
-        action="store_true",
-        help="The run's spec limits the verifier's rejections to one or two (raised and "
-        "lowered with the budget).",
-    )
-    parse.add_argument(
-        "--mcp-often",
-        action="store_true",
-        help="place_order is an MCP tool in half the runs (not a quarter), notify in half too.",
-    )
-    parse.add_argument(
-        "--dollars",
-        action="store_true",
-        help="Half the runs have a dollar budget, with the model's prices in their spec.",
-    )
-    parse.add_argument(
-        "--cached-input",
-        action="store_true",
-        help="The Anthropic server reports part of each answer's input as prompt-cache tokens.",
-    )
-    parse.add_argument(
-        "--python-tool",
-        action="store_true",
-        help="pay runs in the product's own Python tool, on the world's time (its function "
-        "reporting its sends in half the runs).",
-    )
-    parse.add_argument(
-        "--no-creator",
-        action="store_true",
-        help="Half the local and monitor runs name no creator until the calm.",
-    )
-    parse.add_argument(
-        "--two-clusters",
-        action="store_true",
-        help="Operator mode: a second cluster given the same AgentRun over the one store, "
-        "ownership of the run moving between them (operators or API server gone, a cluster "
-        "cut off from the store, one coming back).",
-    )
-    parse.add_argument(
-        "--mcp-remote",
-        action="store_true",
-        help="With the definition move, an MCP place_order is pointed at another tool of the "
-        "shop's MCP server after its call was approved.",
-    )
-    parse.add_argument(
-        "--reordered-args",
-        action="store_true",
-        help="The model, planning a call it planned before, gives its arguments in another "
-        "order half the time.",
-    )
-    parse.add_argument(
-        "--pay-threads",
-        action="store_true",
-        help="With --python-tool, pay sends from worker threads, fenced or bare, in some runs.",
-    )
-    parse.add_argument(
-        "--suspends",
-        action="store_true",
-        help="A third of a step process's holds is its machine suspended: its CLOCK_MONOTONIC "
-        "stands still, its CLOCK_BOOTTIME runs on.",
-    )
+    for name in SWITCHES:
+        flag = f"--{name.replace('_', '-')}"
+        parse.add_argument(flag, action="store_true", help=_SWITCH_HELP[name])
     parse.add_argument(
         "--http-confirmer",
         action="store_true",
