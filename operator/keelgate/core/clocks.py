@@ -46,7 +46,8 @@ Alarm = Callable[[float, Callable[[], None]], Cancel]
 
 
 def _os_clock(clock_id: int) -> float:
-    # Looked up when read: ``time.clock_gettime`` exists only where ``_BOOTTIME`` can.
+    # Looked up when called: ``time.clock_gettime`` is Unix's, and ``_boot`` calls it only
+    # where the platform has ``CLOCK_BOOTTIME``.
     return time.clock_gettime(clock_id)
 
 

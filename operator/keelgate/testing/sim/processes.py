@@ -390,7 +390,7 @@ class StepProcess:
     def _hold(self, name: str) -> None:
         """Held up at window ``name`` (the rest of the world runs meanwhile), its node lost
         now and then; with ``suspends``, now and then its machine suspended: it runs nothing
-        either way, and its monotonic clock stands still."""
+        either way, and suspended, its machine's monotonic clock stands still too."""
         world = self.world
         seconds = pause_seconds(world)
         lost, rest = world.schedule.chance_and_rest(500)

@@ -255,8 +255,9 @@ class World:
     def alarm(self, when: float, act: Callable[[], None]) -> Callable[[], None]:
         """The product's alarms (``keelgate.core.clocks.alarm``: an exchange cut at its time
         limit) as events of this world, at ``when`` on the boot clock the product reads on the
-        setting process's machine (``keelgate.core.clocks.boot``); the function returned takes
-        one back. When due, it reads that clock again, as the alarm's thread does: one that fell
+        setting process's machine (``keelgate.core.clocks.boot``, which reads this world only
+        within ``clocks.simulated``: the alarm is set there); the function returned takes one
+        back. When due, it reads that clock again, as the alarm's thread does: one that fell
         further behind the world's boot clock meanwhile (a monotonic clock, its machine
         suspended) is waited on by as much, so it rings late by the suspend."""
         slot: list[Callable[[], None] | None] = [act]
