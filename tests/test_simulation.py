@@ -2267,3 +2267,41 @@ def test_a_deadline_on_a_clock_that_stops_in_a_suspend_is_found(tmp_path: Path) 
     )
     clean = simulate(seed=SUSPEND_SEED, store="memory", mode="local", options=SUSPEND_OPTIONS)
     assert not any("n3 by step6" in line for line in clean.lines if "EFFECT" in line)
+
+
+#: The world of seed 3478791516567543597 (found measuring set H, 2026-12-07), as its replay
+#: line names it: pinned, so that parts added to the whole world later leave its path alone.
+EDIT_AND_BACK = [
+    *("--mode", "local", "--store", "memory", "--late-shop", "--slow-store", "--paged"),
+    *("--rejection-limit", "--mcp-often", "--dollars", "--cached-input", "--python-tool"),
+    *("--no-creator", "--mcp-remote", "--reordered-args", "--pay-threads", "--moves"),
+]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the product's, open: an approval is counted for the call's bound definition, and "
+    "a tool edited away and back between two steps is never seen changed (docs/simulation.md, "
+    "'Found on main: an approval between an edit and its undoing')",
+)
+def test_an_approval_made_while_its_tool_was_edited_away_counts_not_for_the_edit_undone() -> None:
+    """Measuring set H found ``unapproved`` on the clean product (local mode, seed
+    3478791516567543597): the call p4 was bound to the MCP tool ``place_rush_order`` at a step;
+    the owner then sent ``place_order`` to ``place_order`` (no step ran), carol approved the
+    call as the manifest then stood, and in the same moment the owner sent it back to
+    ``place_rush_order``; the next step found the definition equal to the bound one, voided
+    nothing, and sent p4 to ``place_rush_order`` on carol's approval. It passes once the
+    product counts a decision only for the definition in force when it was made."""
+    seed = 3478791516567543597
+    args = _parser().parse_args([*EDIT_AND_BACK, "--seed", str(seed)])
+    _meets_its_window_and_keeps_every_promise(
+        "an approval made between an edit of its tool and the edit's undoing",
+        seed,
+        (
+            "445.353 spec edited: place_order remote (generation 20)",
+            "531.157 carol approved 3:1 (place_order)",
+            "531.157 spec edited: place_order remote (generation 23)",
+        ),
+        mode="local",
+        options=_options(args),
+    )
