@@ -198,9 +198,14 @@ class ClusterOverLeases:
         self.client = client.ApiClient(client.Configuration(host=door.url))
 
     def list_all(
-        self, kind: str, namespace: str | None = None, *, selector: str = ""
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        selector: str = "",
+        each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        return self.server.list_all(kind, namespace, selector=selector)
+        return self.server.list_all(kind, namespace, selector=selector, each=each)
 
 
 def _stopped_in(server: MemoryApiServer, shard: int, prefix: str, at: float) -> dict[str, Any]:

@@ -103,8 +103,9 @@ def _spec_writes(body: Mapping[str, Any], managed: Any) -> list[JSON] | None:
     ]
 
 
-def _slim(body: JSON) -> JSON:
-    """``body`` without what the operator never reads (changed in place: the cache owns it)."""
+def slim(body: JSON) -> JSON:
+    """``body`` without what the operator never reads, changed in place (a body nobody else
+    holds: one the cache owns, a listing's item)."""
     meta = body.get("metadata")
     if isinstance(meta, dict):
         kept = _spec_writes(body, meta.pop("managedFields", None))
@@ -243,7 +244,7 @@ class Cache:
                 return False
             if known is None and self._deleted_already(kind, (namespace, name), body):
                 return False
-            objects[(namespace, name)] = _slim(body)
+            objects[(namespace, name)] = slim(body)
             # Another resourceVersion is another body; the same one (or none) is compared.
             changed = known is None or new != old or (known is not body and known != body)
             if kind == "Pod":
