@@ -198,14 +198,9 @@ class ClusterOverLeases:
         self.client = client.ApiClient(client.Configuration(host=door.url))
 
     def list_all(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        *,
-        selector: str = "",
-        each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        self, kind: str, namespace: str | None = None, *, selector: str = ""
     ) -> list[dict[str, Any]]:
-        return self.server.list_all(kind, namespace, selector=selector, each=each)
+        return self.server.list_all(kind, namespace, selector=selector)
 
 
 def _stopped_in(server: MemoryApiServer, shard: int, prefix: str, at: float) -> dict[str, Any]:

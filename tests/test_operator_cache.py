@@ -11,24 +11,10 @@ and hands out copies; these tests hold it to that with plain bodies as the API s
 from __future__ import annotations
 
 import copy
-import json
-import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
-from kubernetes import client
-
-from keelgate.kube.api import ClusterApi
-from keelgate.kube.runtime.cache import (
-    GONE_FOR,
-    Cache,
-    copy_json,
-    is_active_step_pod,
-    slim,
-    slim_copy,
-)
+from keelgate.kube.runtime.cache import GONE_FOR, Cache, copy_json, is_active_step_pod, slim_copy
 from keelgate.kube.runtime.resync import WaitingRuns, due_for_resync
 
 JSON = dict[str, Any]
@@ -514,59 +500,3 @@ def test_a_run_whose_step_pod_runs_is_resynced_once_in_ten_rounds() -> None:
     assert sum(len(names) for names in seen) == 200 + 2 * 10  # each running one once
     waiting = WaitingRuns(lambda runs: {})
     assert {name for _, _, name in waiting.due(cache, round_=3)} == seen[3]
-
-
-class PagedPods(BaseHTTPRequestHandler):
-    """``GET /api/v1/pods`` as a kube-apiserver pages it (``limit``, ``continue``), each pod with
-    its field managers' records; the pages asked are noted in ``PagedPods.log``."""
-
-    log: list[str] = []
-
-    def do_GET(self) -> None:
-        query = parse_qs(urlparse(self.path).query)
-        page = int((query.get("continue") or ["0"])[0])
-        self.log.append(f"page {page}")
-        names = [f"p{page * 2}", f"p{page * 2 + 1}"]
-        items = []
-        for name in names:
-            fat = pod(name, version=1)
-            fat["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"x": "y" * 99}}]
-            items.append(fat)
-        body = {"kind": "PodList", "metadata": {"continue": str(page + 1) if page < 2 else ""}}
-        data = json.dumps({**body, "items": items}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def test_a_listing_at_the_start_is_slimmed_page_by_page_as_it_arrives() -> None:
-    """An operator started on thousands of runs lists every step pod before it works: each
-    page's pods lose what the operator never reads before the next page is asked, so the
-    process never holds every listed pod whole at once (a started operator kept that high
-    water mark: 363 MB against 211 MB at 2,000 runs, docs/performance.md)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PagedPods)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    PagedPods.log = []
-    try:
-        host = f"http://127.0.0.1:{server.server_address[1]}"
-        api = ClusterApi(client.ApiClient(client.Configuration(host=host)))
-
-        def each(body: JSON) -> JSON:
-            PagedPods.log.append(f"slim {body['metadata']['name']}")
-            return slim(body)
-
-        listed = api.list_all("Pod", page=2, each=each)
-    finally:
-        server.shutdown()
-    assert [item["metadata"]["name"] for item in listed] == [f"p{i}" for i in range(6)]
-    assert all("managedFields" not in item["metadata"] for item in listed)
-    assert all(item["kind"] == "Pod" for item in listed)
-    assert PagedPods.log == [
-        "page 0", "slim p0", "slim p1", "page 1", "slim p2", "slim p3", "page 2", "slim p4",
-        "slim p5",
-    ]  # fmt: skip

@@ -294,15 +294,11 @@ class ClusterApi:
         selector: str = "",
         page: int = 500,
         timeout: float = 60,
-        each: Callable[[JSON], JSON] | None = None,
     ) -> list[JSON]:
         """Every object of ``kind`` in ``namespace`` (None: every namespace), as the API server
         has them now, fetched ``page`` at a time; for ``Pod``, the pods that belong to a run
         (the watch's selector); with ``selector``, only those its labels match (a shard's).
-        Each item gets its ``apiVersion`` and ``kind``, which a list leaves out, and goes
-        through ``each`` as its page arrives (the cache's slimming: an operator started on
-        thousands of runs never holds every object whole at once, a high-water mark its
-        process would keep)."""
+        Each item gets its ``apiVersion`` and ``kind``, which a list leaves out."""
         scope = "" if namespace is None else f"/namespaces/{namespace}"
         query: list[tuple[str, str]] = [("limit", str(page))]
         labels = [RUN_LABEL] if kind == "Pod" else []
@@ -326,7 +322,7 @@ class ClusterApi:
             for item in listed.get("items") or []:
                 item.setdefault("apiVersion", api_version)
                 item.setdefault("kind", kind)
-                items.append(item if each is None else each(item))
+                items.append(item)
             token = str((listed.get("metadata") or {}).get("continue") or "")
             if not token:
                 return items

@@ -327,7 +327,6 @@ class MemoryApiServer(ApiServer):
         selector: str = "",
         page: int = 500,
         timeout: float = 60,
-        each: Callable[[JSON], JSON] | None = None,
     ) -> list[JSON]:
         """Every object of ``kind`` (in ``namespace``; None: every one) whose labels match
         ``selector``, as ``ClusterApi.list_all`` lists them: a pod only when it is a run's, and
@@ -337,9 +336,8 @@ class MemoryApiServer(ApiServer):
         required += _requirements(selector)
         with self._lock:
             self._refused("list_all")
-            keep = each or (lambda body: body)
             return [
-                keep(copy.deepcopy(body))
+                copy.deepcopy(body)
                 for (k, ns, _), body in sorted(self.objects.items())
                 if k == kind
                 and (namespace is None or ns == namespace)

@@ -103,9 +103,8 @@ def _spec_writes(body: Mapping[str, Any], managed: Any) -> list[JSON] | None:
     ]
 
 
-def slim(body: JSON) -> JSON:
-    """``body`` without what the operator never reads, changed in place (a body nobody else
-    holds: one the cache owns, a listing's item)."""
+def _slim(body: JSON) -> JSON:
+    """``body`` without what the operator never reads (changed in place: the cache owns it)."""
     meta = body.get("metadata")
     if isinstance(meta, dict):
         kept = _spec_writes(body, meta.pop("managedFields", None))
@@ -244,7 +243,7 @@ class Cache:
                 return False
             if known is None and self._deleted_already(kind, (namespace, name), body):
                 return False
-            objects[(namespace, name)] = slim(body)
+            objects[(namespace, name)] = _slim(body)
             # Another resourceVersion is another body; the same one (or none) is compared.
             changed = known is None or new != old or (known is not body and known != body)
             if kind == "Pod":

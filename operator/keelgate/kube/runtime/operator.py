@@ -50,7 +50,7 @@ from keelgate.kube.resources import (
     pod_change_matters,
     pod_finished,
 )
-from keelgate.kube.runtime.cache import Cache, key_of, slim, slim_copy
+from keelgate.kube.runtime.cache import Cache, key_of, slim_copy
 from keelgate.kube.runtime.health import HealthServer, refresh_gauges
 from keelgate.kube.runtime.leadership import Leadership, LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
@@ -376,7 +376,7 @@ class Operator:
                 delay = 0.5
                 while True:
                     try:
-                        items = self.api.list_all(kind, scope, each=slim)
+                        items = self.api.list_all(kind, scope)
                         break
                     except Exception as failure:  # told, then tried again
                         log.warning(

@@ -34,7 +34,7 @@ from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.shards import Shards, run_of, shard_label
 from keelgate.kube.controller.slots import StepSlots
 from keelgate.kube.notifications import Notification
-from keelgate.kube.runtime.cache import Cache, key_of, slim
+from keelgate.kube.runtime.cache import Cache, key_of
 from keelgate.kube.runtime.leadership import LeaseSettings
 from keelgate.kube.runtime.metrics import Metrics
 from keelgate.kube.runtime.notifier import Notifier
@@ -54,12 +54,7 @@ class Listing(Protocol):
     """The listing a shard's start barrier makes (``ClusterApi.list_all``)."""
 
     def list_all(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        *,
-        selector: str = "",
-        each: Callable[[JSON], JSON] | None = None,
+        self, kind: str, namespace: str | None = None, *, selector: str = ""
     ) -> list[JSON]: ...
 
 
@@ -240,9 +235,7 @@ class ShardedReplica:
         delay = 0.5
         while self._current(shard, generation):
             try:
-                return await asyncio.to_thread(
-                    self._api.list_all, kind, scope, selector=selector, each=slim
-                )
+                return await asyncio.to_thread(self._api.list_all, kind, scope, selector=selector)
             except Exception as failure:  # told, then tried again
                 log.warning(
                     "shard %s: cannot list %s (%s: %s); trying again in %.0fs",
