@@ -241,6 +241,7 @@ def test_every_promise_has_its_own_checker() -> None:
         "again",
         "rejected",
         "two-drivers",
+        "spun",
     }
 
 

@@ -293,6 +293,8 @@ class Books:
     #: The call time limit every WRITE's tool has, and the write deadline's margin: the longest
     #: a request may leave after the gate let it through.
     call_seconds: float = 30.0
+    #: What spun, when the world stopped on a busy loop (``world.SPIN``); "" when nothing did.
+    spun: str = ""
     #: The largest budgets ever set (None: unlimited at some point), and one call's tokens.
     max_iterations: int | None = None
     max_tokens: int | None = None

@@ -86,6 +86,11 @@ def _short(ref: str) -> str:
 # A WRITE once
 
 
+@checker("spun", "the product went round one moment for ever, its run no further (a busy loop)")
+def spun(books: Books, records: Records) -> list[Violation]:
+    return [Violation("spun", books.spun)] if books.spun else []
+
+
 @checker("twice", "a call took effect more than once (by the world's ref, whatever its key)")
 def twice(books: Books, records: Records) -> list[Violation]:
     counts = Counter(

@@ -239,6 +239,7 @@ def _simulate(
     if cluster is not None:
         cluster.shutdown()
     world.run(until=LIMIT, done=lambda: False)  # what is still under way ends (late answers)
+    books.spun = world.spun
     books.max_iterations = desk.max_budget("maxIterations")
     books.max_tokens = desk.max_budget("tokens")
     stores = site.open()
