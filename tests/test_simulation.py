@@ -611,6 +611,16 @@ def _planted_run(
     )
 
 
+def _with_and_without(seed: int, mode: str, **off: bool) -> tuple[Any, Any]:
+    """One seed's run in the whole world of one cluster, then with the parts ``off`` names
+    switched off (a part that draws nothing must leave the story as it was)."""
+    whole = replace(Options.whole(), two_clusters=False)
+    return (
+        simulate(seed=seed, store="memory", mode=mode, options=whole),
+        simulate(seed=seed, store="memory", mode=mode, options=replace(whole, **off)),
+    )
+
+
 def _meets_its_window_and_keeps_every_promise(
     why: str, seed: int, shown: Shown, *, mode: str, options: Options, store: str = "memory"
 ) -> None:
@@ -2090,11 +2100,7 @@ def test_reordered_arguments_draw_nothing_and_the_clean_product_runs_the_same_st
     for index in range(8):
         seed = seed_of(index, 21)
         mode = "operator" if index % 3 == 0 else "local"
-        whole = replace(Options.whole(), two_clusters=False)
-        reordered = simulate(seed=seed, store="memory", mode=mode, options=whole)
-        plain = simulate(
-            seed=seed, store="memory", mode=mode, options=replace(whole, reordered_args=False)
-        )
+        reordered, plain = _with_and_without(seed, mode, reordered_args=False)
         lines = [line for line in reordered.lines if "arguments in another order" not in line]
         said += len(reordered.lines) - len(lines)
         assert lines == list(plain.lines), seed
@@ -2253,11 +2259,7 @@ def test_a_suspended_machine_draws_nothing_and_the_clean_product_runs_the_same_s
     for index in range(40):
         seed = seed_of(index, 23)
         mode = "operator" if index % 4 == 3 else "local"
-        whole = replace(Options.whole(), two_clusters=False)
-        asleep = simulate(seed=seed, store="memory", mode=mode, options=whole)
-        held = simulate(
-            seed=seed, store="memory", mode=mode, options=replace(whole, suspends=False)
-        )
+        asleep, held = _with_and_without(seed, mode, suspends=False)
         assert asleep.ok, f"{seed}: " + "; ".join(map(str, asleep.violations))
         assert [_as_held(line) for line in asleep.lines] == list(held.lines), seed
         said = [line.split() for line in asleep.lines if "'s machine suspended " in line]
