@@ -1,10 +1,8 @@
 """An eighth set of single bugs the simulator was not built around (issue 48, item 4: the share
 of bugs that break a promise found within 120 s).
 
-Why it exists: each earlier set was measured and the simulator extended after it, so the share
-only says something about bugs nobody had in mind while a fresh set keeps coming from someone
-who has not read the simulator, its world, its checkers or its docs (nor the other sets beyond
-their format, their one-line names and the files they planted into). These ten were written
+Why it exists: as for set G (``unseen_bugs_g.py``), a share measured on bugs nobody had in
+mind, from someone who read nothing of the simulator. These ten were written
 from the product code, its ADR and its other docs alone, on ground the earlier sets left alone:
 the active time a checkpoint counts toward the run's time budget (``core/persistence.py``), the
 rule an action saved under a rule must meet once the manifest changes (``in_force``, and the
@@ -17,12 +15,9 @@ set planted into). Each is one honest mistake a developer could make in one plac
 dropped, a condition left out, a case forgotten, a comparison turned, the wrong one of two
 neighbours.
 
-Each is planted into a copy of the package, never into the tree (``planted_bugs.planted``);
-every replacement's old text occurs exactly once in its file (``test_unseen_bug_sets.py``). The
-comment above each says which promise it breaks and how, and whether a unit test of the suite
-fails with it planted (checked by planting it into a copy and running the nearest unit test
-files against the copy, without the simulator); ``mode`` is where it can first be met as far
-as the product code says.
+Planted, checked and commented as set G's are (``unseen_bugs_g.py``'s docstring): into a copy,
+each old text once in its file, each comment naming the promise broken and the unit test that
+fails with it planted, if any; ``mode`` where it can first be met.
 """
 
 from __future__ import annotations
