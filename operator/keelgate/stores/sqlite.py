@@ -28,13 +28,13 @@ import hashlib
 import os
 import sqlite3
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+from keelgate.core import clocks
 from keelgate.errors import StoreUnavailable
 from keelgate.stores._dialect import Connection, Dialect
 from keelgate.stores._migrations import migrate
@@ -288,20 +288,21 @@ class ReadOnlySQLiteStore(SQLiteConnected):
 
 
 def _write_ahead_logged(db: sqlite3.Connection) -> None:
-    """Puts the file in WAL mode, waiting as a busy lock waits. Several processes opening one
-    fresh file at once all switch its journal mode, and SQLite answers a switch that meets
-    another one under way with "database is locked" at once, without the busy timeout: the
-    later openers would fail where they only had to wait (four first opens at once failed one
-    time in eight). WAL is kept in the file, so an opener that finds it set is done."""
-    deadline = time.monotonic() + BUSY_TIMEOUT
+    """Puts the file in WAL mode, waiting up to the busy timeout for another opener. SQLite
+    refuses the switch with "database is locked" at once, without its busy wait, while another
+    connection holds a write transaction on the file (a first opener migrating it): four
+    processes opening one new file together failed about one open in eight. WAL is kept in the
+    file, so an opener that finds it set is done. Waits on ``keelgate.core.clocks``, as the
+    stores' other retries do."""
+    give_up = clocks.boot() + BUSY_TIMEOUT
     while True:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as error:
-            if "locked" not in str(error) or time.monotonic() >= deadline:
+            if "locked" not in str(error) or clocks.boot() >= give_up:
                 raise
-            time.sleep(0.02)
+            clocks.sleep(0.02)
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
