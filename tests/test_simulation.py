@@ -2348,3 +2348,41 @@ def test_an_approval_made_while_its_tool_was_edited_away_counts_not_for_the_edit
         mode="local",
         options=_options(args),
     )
+
+
+#: The world of seed 12673368144159078233 (make sim SECONDS=300 on b7ae668), as its replay
+#: line names it: pinned, so that parts added to the whole world later leave its path alone.
+SETTLED_BEFORE_THE_OLD_SEND = [
+    *("--mode", "operator", "--store", "memory", "--late-shop", "--slow-store", "--paged"),
+    *("--rejection-limit", "--mcp-often", "--dollars", "--cached-input", "--python-tool"),
+    *("--no-creator", "--two-clusters", "--mcp-remote", "--reordered-args", "--pay-threads"),
+    *("--suspends", "--moves"),
+]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open, not yet looked into: a 'not executed' decided before the old holder's write "
+    "deadline, recorded after it, and the old holder's send between (docs/simulation.md, "
+    "'Found by make sim SECONDS=300 on b7ae668')",
+)
+def test_a_not_executed_decided_before_the_old_holders_deadline_is_not_taken_as_truth() -> None:
+    """make sim SECONDS=300 broke ``unasked`` (operator mode, two clusters): east's step
+    claimed p1 at 71.4 and was held 11.9 s before sending, its node lost; west took the run
+    and stopped on p1's unknown outcome at 75.5; bob decided "not executed" on west's
+    Reconciliation at 82.6 (true then: the shop had nothing); east's step sent p1 at 83.3 (the
+    shop acted, answered 503); the settlement was recorded later, and nobody was asked again.
+    It passes once a "not executed" decided before the old holder's write deadline no longer
+    settles a call that may still leave (or the world's rule is shown wrong)."""
+    seed = 12673368144159078233
+    args = _parser().parse_args([*SETTLED_BEFORE_THE_OLD_SEND, "--seed", str(seed)])
+    _meets_its_window_and_keeps_every_promise(
+        "a 'not executed' decided before the old holder's send",
+        seed,
+        (
+            "82.611 bob patches restock-1-place-order-7ee374e8a0 executed: False in west",
+            "83.297 EFFECT mcp http://shop.sim/mcp place_order p1 by east/restock-s1-a1#2",
+        ),
+        mode="operator",
+        options=_options(args),
+    )
