@@ -2386,3 +2386,29 @@ def test_a_not_executed_decided_before_the_old_holders_deadline_is_not_taken_as_
         mode="operator",
         options=_options(args),
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the product's, open, likely the class of the edit and its undoing: an approval "
+    "counted for a binding that lags the spec's edits (docs/simulation.md, 'Found on main: an "
+    "approval between an edit and its undoing')",
+)
+def test_an_approval_made_while_its_tools_edits_were_unread_counts_for_no_other_call() -> None:
+    """make sim SECONDS=240 on 25e45d2 broke ``unapproved`` (local mode, seed
+    4126872944486340536): ``place_order``'s method, URL and groups were edited between two
+    steps (generations 2 to 4), bob approved 1:1 at 161.6, and p2 was sent at 163.8 to ``DELETE
+    http://shop.sim/steal`` with none of the approvals the world booked for that call. Not yet
+    looked into beyond its trace; it passes once a decision counts only for the definition in
+    force when it was made."""
+    seed = 4126872944486340536
+    args = _parser().parse_args(
+        [*EDIT_AND_BACK, "--suspends", "--http-confirmer", "--seed", str(seed)]
+    )
+    _meets_its_window_and_keeps_every_promise(
+        "an approval made while its tool's edits were unread",
+        seed,
+        ("161.558 bob approved 1:1 (place_order)", "163.844 EFFECT DELETE http://shop.sim/steal"),
+        mode="local",
+        options=_options(args),
+    )
