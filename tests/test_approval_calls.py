@@ -622,3 +622,42 @@ def test_a_one_decision_approval_written_before_an_edit_never_counts_after_the_r
         finally:
             kube.close()
             operator_tools.ORDERS.clear()
+
+
+def test_a_decision_made_under_one_binding_counts_not_after_the_call_is_bound_back_again(
+    shops: tuple[Shop, Shop], tmp_path: Path
+) -> None:
+    """The call is bound to the first shop, then (each edit read by a step) to the second, back
+    to the first, and to the second again. bob and carol approved (an Approval's entries,
+    stating when they decided) while it went to the first shop, and the operator records their
+    decisions only after the last rebind: they were made on a definition the call is no longer
+    bound to, and are refused, though the call was bound to the second shop once before (the
+    chain tells every rebind, not only the first to each definition). Nothing is sent."""
+    from keelgate.core import clocks
+    from keelgate.core.audit import utc_now
+
+    first, second = shops
+    db = tmp_path / "kg.db"
+    now = [1_800_000_000.0]
+    with clocks.simulated(wall=lambda: now[0], boot=time.monotonic):
+        made = ""
+        for number, shop in enumerate((first, second, first, second)):
+            loop, stores = opened(db, order_tool(shop))
+            assert loop.run_or_resume(SPEC).stop.reason is StopReason.AWAITING_APPROVAL
+            stores.close()
+            now[0] += 5
+            if number == 2:
+                made = utc_now()  # both decide now, on the call to the first shop
+            now[0] += 5
+        loop, stores = opened(db, order_tool(second))
+        rebinds = [e for e in loop.audit("shop", "pay") if e.type == "loop.call_changed"]
+        assert len(rebinds) == 3, [e.data for e in rebinds]
+        for person in ("bob", "carol"):
+            with pytest.raises(SettleError, match="before its tool was changed"):
+                loop.approve(
+                    "shop", "pay", "1:0", approved=True, by=person, groups=PAYMENTS, at=made
+                )
+        again = loop.run_or_resume(SPEC)
+        stores.close()
+    assert again.stop.reason is StopReason.AWAITING_APPROVAL
+    assert received(first, second) == 0, "approvals of the first shop's call sent the second's"

@@ -2321,20 +2321,17 @@ EDIT_AND_BACK = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the product's, open: an approval is counted for the call's bound definition, and "
-    "a tool edited away and back between two steps is never seen changed (docs/simulation.md, "
-    "'Found on main: an approval between an edit and its undoing')",
-)
-def test_an_approval_made_while_its_tool_was_edited_away_counts_not_for_the_edit_undone() -> None:
-    """Measuring set H found ``unapproved`` on the clean product (local mode, seed
-    3478791516567543597): the call p4 was bound to the MCP tool ``place_rush_order`` at a step;
-    the owner then sent ``place_order`` to ``place_order`` (no step ran), carol approved the
-    call as the manifest then stood, and in the same moment the owner sent it back to
-    ``place_rush_order``; the next step found the definition equal to the bound one, voided
-    nothing, and sent p4 to ``place_rush_order`` on carol's approval. It passes once the
-    product counts a decision only for the definition in force when it was made."""
+def test_an_approval_of_a_call_a_step_bound_before_it_lost_its_store_counts_for_that_call() -> None:
+    """Measuring set H met ``unapproved`` here (local mode, seed 3478791516567543597), and it
+    was the world's: step14 bound the calls 3:0 and 3:1 to ``place_order`` as generation 19
+    defined it (the remote tool ``place_rush_order``), recorded its stop for approval, and then
+    lost its store (exit 5, so it did not say it recorded); the owner sent the tool to
+    ``place_order`` and carol approved 3:1 as the run showed it, bound to
+    ``place_rush_order``, and the owner sent it back. The world took what carol was shown from
+    the last step that exited on a stop for a person (step13, an earlier binding), never from a
+    step that died after recording one; it now counts that step's binding as what she may have
+    been shown, and the product, whose question, binding and call agreed throughout, keeps every
+    promise."""
     seed = 3478791516567543597
     args = _parser().parse_args([*EDIT_AND_BACK, "--seed", str(seed)])
     _meets_its_window_and_keeps_every_promise(
@@ -2388,19 +2385,14 @@ def test_a_not_executed_decided_before_the_old_holders_deadline_is_not_taken_as_
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the product's, open, likely the class of the edit and its undoing: an approval "
-    "counted for a binding that lags the spec's edits (docs/simulation.md, 'Found on main: an "
-    "approval between an edit and its undoing')",
-)
-def test_an_approval_made_while_its_tools_edits_were_unread_counts_for_no_other_call() -> None:
+def test_an_approval_after_edits_between_steps_counts_for_the_call_the_run_showed() -> None:
     """make sim SECONDS=240 on 25e45d2 broke ``unapproved`` (local mode, seed
-    4126872944486340536): ``place_order``'s method, URL and groups were edited between two
-    steps (generations 2 to 4), bob approved 1:1 at 161.6, and p2 was sent at 163.8 to ``DELETE
-    http://shop.sim/steal`` with none of the approvals the world booked for that call. Not yet
-    looked into beyond its trace; it passes once a decision counts only for the definition in
-    force when it was made."""
+    4126872944486340536), of the same class as the seed above: ``place_order``'s method, URL
+    and groups were edited between two steps, a step bound the call to ``DELETE
+    http://shop.sim/steal``, recorded its stop and lost its store; bob approved 1:1 as the run
+    showed it then, and p2 went to that URL. The product asked about, counted and sent the
+    same definition each time; the world now takes a step that died after its stop as one that
+    may have shown the call."""
     seed = 4126872944486340536
     args = _parser().parse_args(
         [*EDIT_AND_BACK, "--suspends", "--http-confirmer", "--seed", str(seed)]

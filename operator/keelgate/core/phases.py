@@ -463,7 +463,10 @@ class Session:
                         "changed": changed_parts(action.definition, now),
                         "voided": list(dict.fromkeys(voided)),
                     },
-                    key=f"call_changed:{action.id}:{fingerprint(now)}",
+                    # Each rebind its own event: one keyed by the definition alone was
+                    # dropped as a repeat when the call came back to a definition it was bound
+                    # to before, and a decision made between was taken as made on this one.
+                    key=f"call_changed:{action.id}:{state.seq}",
                 )
             )
             log.warning(

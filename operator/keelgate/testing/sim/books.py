@@ -485,9 +485,10 @@ class Books:
             life for life in lives if life.started <= at and (life.ended is None or life.ended > at)
         ]
         earlier: list[ProcessLife] = []
-        for life in reversed(ended[:-1]):
-            if ended[-1].recorded:
-                break
+        # The newest to have ended without saying it recorded (it died, or lost its store) may
+        # still have recorded its stop first (a store lost after the stop's commit): it, and
+        # each one before it back to the newest that did record, may be what is shown.
+        for life in reversed(ended if ended and not ended[-1].recorded else []):
             earlier.append(life)
             if life.recorded:
                 break
