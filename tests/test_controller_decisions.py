@@ -11,8 +11,10 @@ edit of the object, a refusal that is never told.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,14 +50,47 @@ def awaiting_approval(kube: Operator) -> None:
     assert kube.api.get("Approval", NAMESPACE, APPROVE) is not None
 
 
-def test_not_executed_before_the_deadline_is_held_shown_and_recorded_once_it_has_passed(
-    kube: Operator,
+@pytest.fixture
+def late(tmp_path: Path, orders: list[Any]) -> Iterator[tuple[Operator, list[float]]]:
+    """An operator whose API server's clock a test sets (``[0]``): ten minutes behind until
+    then, so that what the operator creates is older than any deadline a test passes."""
+    moment = [time.time() - 600]
+    operator = Operator(tmp_path, server_clock=lambda: moment[0])
+    yield operator, moment
+    operator.close()
+
+
+def _refused_too_early(kube: Operator, key: str) -> dict[str, Any]:
+    """The Reconciliation, refused as written too early: the key still unknown, the object
+    Pending and Stalled (``DecidedTooEarly``), a Warning on the run, the run not woken."""
+    kube.queued.clear()
+    assert isinstance(kube.reconcile(SETTLE, kind="Reconciliation"), Requeue)
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None and shown["status"]["phase"] == "Pending"
+    stalled = [c for c in shown["status"]["conditions"] if c["type"] == "Stalled"]
+    assert stalled[0]["status"] == "True" and stalled[0]["reason"] == "DecidedTooEarly"
+    assert "look again" in shown["status"]["message"]
+    assert kube.api.events[-1].type == "Warning"
+    assert kube.api.events[-1].reason == "DecidedTooEarly"
+    assert not [q for q in kube.queued if q[0][0] == "AgentRun"]
+    assert kube.drive("restock") == []  # nothing settled: the run stays stopped
+    return shown
+
+
+def test_not_executed_before_the_deadline_is_held_then_counts_only_once_written_again(
+    late: tuple[Operator, list[float]],
 ) -> None:
     """The Reconciliation says from when "not executed" may be settled (its call may still be
-    sent until then). alice patches executed: false before that moment: the key stays unknown,
-    the Reconciliation stays Pending saying the decision is held until that moment (one Normal
-    Event, no Warning), and the operator looks again then. Once the deadline has passed, the
-    same decision is recorded: abandoned by alice, the run goes on, the WRITE never repeats."""
+    sent until then). alice patches executed: false before that moment: the key stays unknown
+    and the Reconciliation Pending, saying why (one Normal Event, no Warning); the operator
+    looks again then. Once the deadline has passed, her decision is still refused: a process
+    held up may have sent the call after she looked, so her word is about a moment that
+    settles nothing (Stalled, DecidedTooEarly, the run not woken). She looks again and writes
+    it again (spec.decidedAt now): abandoned by alice, the run goes on, the WRITE never
+    repeats."""
+    kube, moment = late
     key = unknown_outcome(kube)
     made = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
     assert made is not None
@@ -69,13 +104,18 @@ def test_not_executed_before_the_deadline_is_held_shown_and_recorded_once_it_has
     assert record is not None and record.state is KeyState.OUTCOME_UNKNOWN
     shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
     assert shown is not None and shown["status"]["phase"] == "Pending"
-    assert f"held until {after}" in shown["status"]["message"]
+    assert f"written before {after}" in shown["status"]["message"]
     assert [e.reason for e in kube.api.events][-1] == "SettlementHeld"
-    assert not [e for e in kube.api.events if e.type == "Warning" and "Refused" in e.reason]
+    assert not [e for e in kube.api.events if e.type == "Warning" and "Early" in e.reason]
     events = len(kube.api.events)
     assert isinstance(kube.reconcile(SETTLE, kind="Reconciliation"), Requeue)
     assert len(kube.api.events) == events  # said once
     pass_deadlines(kube.stores)  # the deadline passes
+    _refused_too_early(kube, key)
+    moment[0] = time.time()  # alice writes again now, well after it
+
+    again = {"executed": False, "by": "alice", "decidedAt": "2030-01-01T00:00:00Z"}
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, again)
     assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
     record = kube.stores.idempotency.get(NAMESPACE, key)
     assert record is not None
@@ -83,6 +123,60 @@ def test_not_executed_before_the_deadline_is_held_shown_and_recorded_once_it_has
     assert kube.drive("restock") == [0, 0]
     assert kube.status("restock")["phase"] == "Succeeded"
     assert len(operator_tools.ORDERS) == 1  # the lost write's one call, never repeated
+
+
+def test_a_not_executed_refused_as_early_corrected_to_executed_counts_as_executed(
+    late: tuple[Operator, list[float]],
+) -> None:
+    """alice's "not executed", written before the deadline, is refused once it has passed;
+    she looks again, finds that the call did take effect, and corrects it to executed (the
+    one change a decision may take, before it is settled): recorded as executed by alice, and
+    the WRITE is not sent again."""
+    kube, moment = late
+    key = unknown_outcome(kube)
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": False, "by": "alice"})
+    assert isinstance(kube.reconcile(SETTLE, kind="Reconciliation"), Requeue)  # held
+    pass_deadlines(kube.stores)
+    _refused_too_early(kube, key)
+    moment[0] = time.time()
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, {"executed": True})
+    assert kube.reconcile(SETTLE, kind="Reconciliation") == REST
+    record = kube.stores.idempotency.get(NAMESPACE, key)
+    assert record is not None
+    assert (record.state, record.settled_by) == (KeyState.COMPLETED, "alice")
+    shown = kube.api.get("Reconciliation", NAMESPACE, SETTLE)
+    assert shown is not None and shown["status"]["verdict"] == "executed"
+    assert kube.drive("restock") == [0, 0]
+    assert len(operator_tools.ORDERS) == 1
+
+
+@pytest.mark.parametrize("dated", ["by the API server's record", "by the person's own word"])
+def test_a_not_executed_written_before_the_deadline_and_first_seen_after_it_is_refused(
+    late: tuple[Operator, list[float]], dated: str
+) -> None:
+    """The operator was away while alice wrote "not executed" (nothing held it), and first
+    sees it after the deadline: when it was written is read from the API server's record of
+    the object's last write (before the deadline), or from the moment alice states
+    (``decidedAt``, before it, though written after): either way it is refused as too early,
+    and nothing is settled."""
+    kube, moment = late
+    key = unknown_outcome(kube)
+    decision: dict[str, Any] = {"executed": False, "by": "alice"}
+    # The deadline is made a minute ago below: these moments are before and after it.
+    if dated == "by the person's own word":
+        moment[0] = time.time() + 60  # written after the deadline...
+        decision["decidedAt"] = resources_time(time.time() - 120)  # ...about a look before
+    else:
+        moment[0] = time.time() - 120
+    kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, decision)
+    pass_deadlines(kube.stores)  # the operator's first look is after the deadline
+    shown = _refused_too_early(kube, key)
+    assert "alice" in shown["status"]["message"]
+
+
+def resources_time(seconds: float) -> str:
+    """``seconds`` as RFC 3339 UTC, as a client writes it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 @pytest.mark.parametrize(

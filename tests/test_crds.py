@@ -518,19 +518,30 @@ def test_every_cel_rule_names_fields_of_the_node_it_sits_on(kind: str) -> None:
                 if name not in ("all", "filter", "size", "trim"):
                     assert name in node.get("properties", {}), (where, rule)
             if "fieldPath" in rule:
-                assert rule["fieldPath"].lstrip(".") in node["properties"], (where, rule)
+                named = node
+                for part in rule["fieldPath"].lstrip(".").split("."):
+                    assert part in named.get("properties", {}), (where, rule)
+                    named = named["properties"][part]
     assert rules >= (3 if kind == "agentrun" else 4)
 
 
 @pytest.mark.parametrize("kind", ["reconciliation", "approval"])
 def test_a_decision_is_final_by_schema_rule(kind: str) -> None:
     """Reconciliation and Approval specs carry the transition rules that freeze a decision and
-    its ``by``, and the rule that a decision names who made it."""
+    its ``by``, and the rule that a decision names who made it; a Reconciliation's decision is
+    frozen by a rule on the object (it sees the status: false may become true before it is
+    settled, nothing else)."""
     decision = "executed" if kind == "reconciliation" else "approved"
-    rules = {r["rule"] for r in committed(kind)["properties"]["spec"]["x-kubernetes-validations"]}
+    schema = committed(kind)
+    rules = {r["rule"] for r in schema["properties"]["spec"]["x-kubernetes-validations"]}
     assert f"!has(self.{decision}) || (has(self.by) && self.by.trim() != '')" in rules
-    assert any(f"self.{decision} == oldSelf.{decision}" in rule for rule in rules)
     assert any("self.by == oldSelf.by" in rule for rule in rules)
+    if kind == "approval":
+        assert any(f"self.{decision} == oldSelf.{decision}" in rule for rule in rules)
+    else:
+        (frozen,) = schema["x-kubernetes-validations"]
+        assert "self.spec.executed == oldSelf.spec.executed" in frozen["rule"]
+        assert "oldSelf.status.phase == 'Settled'" in frozen["rule"]
 
 
 def _imports(path: Path) -> set[str]:

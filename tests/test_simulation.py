@@ -2357,20 +2357,16 @@ SETTLED_BEFORE_THE_OLD_SEND = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open, not yet looked into: a 'not executed' decided before the old holder's write "
-    "deadline, recorded after it, and the old holder's send between (docs/simulation.md, "
-    "'Found by make sim SECONDS=300 on b7ae668')",
-)
 def test_a_not_executed_decided_before_the_old_holders_deadline_is_not_taken_as_truth() -> None:
     """make sim SECONDS=300 broke ``unasked`` (operator mode, two clusters): east's step
     claimed p1 at 71.4 and was held 11.9 s before sending, its node lost; west took the run
-    and stopped on p1's unknown outcome at 75.5; bob decided "not executed" on west's
-    Reconciliation at 82.6 (true then: the shop had nothing); east's step sent p1 at 83.3 (the
-    shop acted, answered 503); the settlement was recorded later, and nobody was asked again.
-    It passes once a "not executed" decided before the old holder's write deadline no longer
-    settles a call that may still leave (or the world's rule is shown wrong)."""
+    and stopped on p1's unknown outcome at 75.5; bob wrote "not executed" on west's
+    Reconciliation at 82.6 (true then: the shop had nothing); east's step sent p1 at 83.3,
+    inside its write deadline (the shop acted). The operator held bob's decision until the
+    deadline and then recorded it, a word about a moment before the send taken as the truth
+    after it, and nobody was asked again. Now a "not executed" written before the deadline
+    never counts: refused once it has passed (``DecidedTooEarly``), bob looks again, finds
+    that p1 took effect, and corrects it to executed."""
     seed = 12673368144159078233
     args = _parser().parse_args([*SETTLED_BEFORE_THE_OLD_SEND, "--seed", str(seed)])
     _meets_its_window_and_keeps_every_promise(
@@ -2379,6 +2375,7 @@ def test_a_not_executed_decided_before_the_old_holders_deadline_is_not_taken_as_
         (
             "82.611 bob patches restock-1-place-order-7ee374e8a0 executed: False in west",
             "83.297 EFFECT mcp http://shop.sim/mcp place_order p1 by east/restock-s1-a1#2",
+            "bob looks again at restock-1-place-order-7ee374e8a0: executed: True in west",
         ),
         mode="operator",
         options=_options(args),

@@ -36,10 +36,18 @@ class ReconciliationSpec(KeelgateModel):
     executed: StrictBool | None = Field(
         default=None,
         description="Set by a person: true (it ran: record it done) or false (abandon it; it "
-        "is never retried under this key). Cannot change once set.",
+        "is never retried under this key). Cannot change once set, but from false to true "
+        "before it is settled (a person who looked too early, and then found that it ran).",
     )
     by: str = Field(default="", description="Who decided; must be the requesting user.")
     note: str = Field(default="", description="Why, for the audit trail's readers.")
+    decided_at: Timestamp = Field(
+        default="",
+        description="When the person looked at what the call acts on (RFC 3339), as their "
+        "client says. not executed counts only if written after status.notExecutedAfter: one "
+        "written earlier is refused, and its maker writes it again (this moment, new) once "
+        "they have looked again.",
+    )
 
     @model_validator(mode="after")
     def _decided_by_someone(self) -> ReconciliationSpec:
@@ -66,7 +74,13 @@ class ReconciliationStatus(KeelgateModel):
         default="",
         description="Until this moment (RFC 3339, on the store's clock) the call may still be "
         "sent by a process that was held up: executed may be settled at once, not executed "
-        "only after it (a decision made earlier is held until then).",
+        "only by a look after it (one written earlier is refused: the call may have gone out "
+        "after it).",
+    )
+    held_generation: NonNegativeInt = Field(
+        default=0,
+        description="The generation whose not executed the operator met before "
+        "notExecutedAfter: written too early, it never counts.",
     )
     message: str = Field(default="", description="What the operator is doing with the decision.")
     conditions: list[Condition] = Field(

@@ -20,13 +20,16 @@ from keelgate.core.fence import Invocation, WriteDeadline, invoking
 
 def pass_deadlines(store: Any, tenant: str | None = None) -> int:
     """Make the write deadline of every in-flight key of ``store`` (a SQL store: SQLite,
-    PostgreSQL, memory; or ``Stores`` holding one) a second in the past on the store's clock,
-    for ``tenant`` or all. Returns how many keys it moved."""
+    PostgreSQL, memory; or ``Stores`` holding one) a minute in the past on the store's clock,
+    for ``tenant`` or all: long enough ago that a person's write now is plainly after it (the
+    operator takes a "not executed" written within ``CLOCK_SKEW`` of it as early). Returns how
+    many keys it moved."""
     return _a_second_ago(
         store,
         "idempotency",
         "UPDATE keelgate_keys SET deadline = {ago} WHERE state = 'in_flight' AND deadline > {ago}",
         tenant,
+        seconds=60,
     )
 
 
@@ -42,16 +45,19 @@ def pass_leases(store: Any, tenant: str | None = None) -> int:
     )
 
 
-def _a_second_ago(store: Any, role: str, update: str, tenant: str | None) -> int:
-    """Run ``update`` (``{ago}``: a second ago on the store's clock) on the SQL store in
-    ``store``'s ``role`` (or ``store`` itself), for ``tenant``'s rows or all; rows changed."""
+def _a_second_ago(
+    store: Any, role: str, update: str, tenant: str | None, *, seconds: int = 1
+) -> int:
+    """Run ``update`` (``{ago}``: ``seconds`` ago on the store's clock, a second unless told)
+    on the SQL store in ``store``'s ``role`` (or ``store`` itself), for ``tenant``'s rows or
+    all; rows changed."""
     from keelgate.stores._sql import SQLStore
 
     target = getattr(store, role, store)
     if not isinstance(target, SQLStore):
         raise TypeError(f"moving moments needs a SQL store, not {type(target).__name__}")
     dialect = target.dialect
-    ago = f"CAST({dialect.clock} AS {dialect.real}) - 1"
+    ago = f"CAST({dialect.clock} AS {dialect.real}) - {int(seconds)}"
     sql = (update.format(ago=ago) + " AND (CAST(? AS TEXT) IS NULL OR tenant = ?)").replace(
         "?", dialect.placeholder
     )

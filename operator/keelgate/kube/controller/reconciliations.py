@@ -22,15 +22,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keelgate.core.types import KeyState
+from keelgate.core.types import KeyState, utc_iso
 from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
+from keelgate.kube.controller.approval_entries import written_at
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import refuse, show_status, warn, with_generation
 from keelgate.kube.status import condition
-from keelgate.kube.times import now
+from keelgate.kube.times import now, parse_time
+
+#: How far the API server's clock (its records of writes) and the store's (the write deadline)
+#: may be apart: a "not executed" written within it after the deadline is taken as early.
+CLOCK_SKEW = 5.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,9 @@ class ReconciliationReconciler:
                 return refuse(
                     context, "Reconciliation", body, run_name, "HeldElsewhere", held.refusal()
                 )
+            early = "" if wanted is not False else too_early(context, namespace, body)
+            if early:
+                return refuse(context, "Reconciliation", body, run_name, TOO_EARLY, early)
             try:
                 context.loop.reconcile(
                     namespace,
@@ -143,18 +151,28 @@ class ReconciliationReconciler:
         return REST
 
     def _hold(self, body: JSON, run_name: str, early: SettleTooEarly) -> Result:
-        """Hold a "not executed" made before the call's write deadline: say so in the object's
-        status (once, with a Normal Event on the run) and try again when it has passed."""
+        """A "not executed" met before the call's write deadline: say so in the object's
+        status (once, with a Normal Event on the run), with the generation it was met in
+        (``heldGeneration``: that write never counts), and look again when the deadline has
+        passed (a result of the call's own may have come; else ``too_early`` refuses it)."""
         context = self._context
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         message = (
-            f"not executed is held until {early.not_before}: until then the call may still be "
-            "sent by a process that was held up; it is recorded then, unless the call's own "
-            "result arrives first"
+            f"not executed was written before {early.not_before}: until then the call may "
+            "still be sent by a process that was held up, so it cannot count; once that moment "
+            "has passed, look again at what the call acts on and write your decision again "
+            "(spec.decidedAt set to when you looked, or executed: true if it ran), unless the "
+            "call's own result arrives first"
         )
         status = body.get("status") or {}
-        if status.get("message") != message:
-            shown = {"phase": "Pending", "notExecutedAfter": early.not_before, "message": message}
+        generation = int(body["metadata"].get("generation") or 0)
+        if status.get("message") != message or status.get("heldGeneration") != generation:
+            shown = {
+                "phase": "Pending",
+                "notExecutedAfter": early.not_before,
+                "heldGeneration": generation,
+                "message": message,
+            }
             if not show_status(context, "Reconciliation", body, shown):
                 return REST
             run = context.cache.get("AgentRun", namespace, run_name)
@@ -162,3 +180,59 @@ class ReconciliationReconciler:
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"
             )
         return Requeue(early.retry_after + 0.5)
+
+
+#: The reason a "not executed" written before the call's write deadline is refused.
+TOO_EARLY = "DecidedTooEarly"
+
+
+def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
+    """Why the object's "not executed" cannot count ("" when it can): it was written before
+    the call's write deadline had passed, so a process held up between its claim and its send
+    may have sent the call after the person looked (a decision true when made, false when
+    recorded). What the operator knows of when it was written: the generation it met before
+    the deadline and held (``heldGeneration``); the moment the person states (``decidedAt``);
+    and the API server's record of the object's last write other than status
+    (``managedFields``, whole seconds, on its clock: ``CLOCK_SKEW`` is allowed between it and
+    the store's). Not knowing is a reason to refuse: a write no record dates is taken as early.
+    Its maker writes it again once they have looked again (a new ``decidedAt``), or corrects
+    it to executed."""
+    spec = body.get("spec") or {}
+    record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
+    if record is None or record.deadline is None or record.sendable:
+        # Nothing on record to send, or claimed before deadlines were recorded; or its deadline
+        # not passed yet, and the store refuses "not executed" itself (the decision is held).
+        return ""
+    deadline = utc_iso(record.deadline)
+    by = str(spec.get("by") or "someone")
+    again = (
+        "; look again at what the call acts on and write your decision again (spec.decidedAt "
+        "set to when you looked, or executed: true if it ran)"
+    )
+    status = body.get("status") or {}
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    if generation and status.get("heldGeneration") == generation:
+        return (
+            f"not executed by {by} was written before {deadline}, while the call could still "
+            f"be sent, so it may have gone out after {by} looked{again}"
+        )
+    stated = str(spec.get("decidedAt") or "")
+    if stated:
+        moment = parse_time(stated)
+        if moment is None or moment.timestamp() < record.deadline:
+            return (
+                f"not executed by {by} says it was decided at {stated}, before {deadline}, "
+                f"while the call could still be sent{again}"
+            )
+    written = written_at(body)
+    if written is None:
+        return (
+            f"not executed by {by}: nothing says it was written after {deadline}, before "
+            f"which the call could still be sent{again}"
+        )
+    if written < record.deadline + CLOCK_SKEW:
+        return (
+            f"not executed by {by} was written at {utc_iso(written)}, before {deadline} (or "
+            f"too close to tell), while the call could still be sent{again}"
+        )
+    return ""

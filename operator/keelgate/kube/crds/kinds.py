@@ -76,26 +76,28 @@ def cel_rule(rule: str, message: str, *, field_path: str = "") -> dict[str, str]
     return out
 
 
-def _settle_rules(decision: str) -> list[dict[str, str]]:
+def _settle_rules(decision: str, *, changes: bool = True) -> list[dict[str, str]]:
     """Rules of a Reconciliation (``executed``) or Approval (``approved``) spec.
 
     A decision names who made it, and once made neither it nor its ``by`` can change: rules
     with ``oldSelf`` are transition rules, checked on update only. The API server reads a null
     field as absent, so ``has()`` is false for ``executed: null``, and removing the field is a
-    change like any other.
+    change like any other. ``changes``: whether the rule that the decision never changes is
+    here (a Reconciliation's is on the object, which sees its status: ``_corrected_rule``).
     """
+    unchanged = cel_rule(
+        f"!has(oldSelf.{decision}) || (has(self.{decision}) && "
+        f"self.{decision} == oldSelf.{decision})",
+        "cannot change once set",
+        field_path=f".{decision}",
+    )
     return [
         cel_rule(
             f"!has(self.{decision}) || (has(self.by) && self.by.trim() != '')",
             f"must name who decided when {decision} is set",
             field_path=".by",
         ),
-        cel_rule(
-            f"!has(oldSelf.{decision}) || (has(self.{decision}) && "
-            f"self.{decision} == oldSelf.{decision})",
-            "cannot change once set",
-            field_path=f".{decision}",
-        ),
+        *([unchanged] if changes else []),
         cel_rule(
             f"!has(oldSelf.{decision}) || (has(self.by) && has(oldSelf.by) && "
             "self.by == oldSelf.by)",
@@ -103,6 +105,23 @@ def _settle_rules(decision: str) -> list[dict[str, str]]:
             field_path=".by",
         ),
     ]
+
+
+def _corrected_rule() -> dict[str, str]:
+    """A Reconciliation's ``executed`` never changes once set, but from false to true while it
+    is not settled: "not executed" written before the call could no longer be sent is refused
+    (it may have gone out after the person looked), and its maker, looking again, may find
+    that it ran. True only makes the record truer (nothing is sent again under a key recorded
+    done); the other way, or after the operator settled it, is a decision changed. A rule on
+    the object, the one place that sees the status too."""
+    return cel_rule(
+        "!has(oldSelf.spec.executed) || (has(self.spec.executed) && "
+        "(self.spec.executed == oldSelf.spec.executed || (self.spec.executed && "
+        "!(has(oldSelf.status) && has(oldSelf.status.phase) && "
+        "oldSelf.status.phase == 'Settled'))))",
+        "spec.executed cannot change once set (but from false to true, before it is settled)",
+        field_path=".spec.executed",
+    )
 
 
 def _identity_rule(fields: Sequence[str]) -> dict[str, str]:
@@ -175,10 +194,11 @@ RECONCILIATION = Kind(
     extras={
         ("spec",): {
             "x-kubernetes-validations": [
-                *_settle_rules("executed"),
+                *_settle_rules("executed", changes=False),
                 _identity_rule(("runName", "action", "tool", "idempotencyKey")),
             ]
         },
+        (): {"x-kubernetes-validations": [_corrected_rule()]},
     },
 )
 

@@ -91,10 +91,11 @@ _UNREAD_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def _spec_writes(body: Mapping[str, Any], managed: Any) -> list[JSON] | None:
-    """Of an Approval's field managers' records, the one thing the operator reads: who wrote
-    it other than its status, and when (``approval_entries.written_at``: no decision in it was
-    made later than its latest). None for other kinds, which keep none."""
-    if body.get("kind") != "Approval" or not isinstance(managed, list):
+    """Of an Approval's or a Reconciliation's field managers' records, the one thing the
+    operator reads: who wrote it other than its status, and when (``approval_entries.written_at``:
+    no decision in it was made later than its latest, nor a "not executed" earlier than it when
+    it is the person's). None for other kinds, which keep none."""
+    if body.get("kind") not in ("Approval", "Reconciliation") or not isinstance(managed, list):
         return None
     return [
         {k: entry[k] for k in ("manager", "operation", "time") if k in entry}

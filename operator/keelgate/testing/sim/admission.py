@@ -53,7 +53,7 @@ def admitted(
             return "the approval is being deleted: no decision is added to it or changed"
         return _approval(old, new, user, status or {})
     if kind == "Reconciliation":
-        return _reconciliation(old, new, user)
+        return _reconciliation(old, new, user, status or {})
     return ""
 
 
@@ -161,10 +161,20 @@ def _approval(
     return ""
 
 
-def _reconciliation(old: Mapping[str, Any], new: Mapping[str, Any], user: User) -> str:
+def _reconciliation(
+    old: Mapping[str, Any], new: Mapping[str, Any], user: User, status: Mapping[str, Any]
+) -> str:
+    """The CRD's rules (a decision never changes, but from false to true before it is settled;
+    ``by`` never) and the chart's decided-by-requester policy (setting, correcting or writing
+    again a decision, ``decidedAt`` included, only as oneself)."""
     if old.get("executed") is not None:
-        if new.get("executed") != old.get("executed") or new.get("by") != old.get("by"):
+        before, after = old.get("executed"), new.get("executed")
+        corrected = before is False and after is True and status.get("phase") != "Settled"
+        if (after != before and not corrected) or new.get("by") != old.get("by"):
             return "spec.executed: cannot change once set"
+        again = after != before or new.get("decidedAt", "") != old.get("decidedAt", "")
+        if again and new.get("by") != user.name:
+            return f"spec.by must be {user.name} (the user setting spec.executed or decidedAt)"
         return ""
     if new.get("executed") is not None and new.get("by") != user.name:
         return f"spec.by must be {user.name} (the user setting spec.executed)"

@@ -35,13 +35,14 @@ from typing import Any
 from keelgate.core import clocks
 from keelgate.core.loop import Loop
 from keelgate.core.state import RunState
-from keelgate.core.types import PendingApproval
+from keelgate.core.types import PendingApproval, utc_iso
 from keelgate.errors import KeelgateError
 from keelgate.kube.controller.context import ControllerSettings
 from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ownership import RUN_LEASE_RENEW
 from keelgate.kube.controller.ports import Key
+from keelgate.kube.controller.reconciliations import TOO_EARLY
 from keelgate.kube.runtime.cache import Cache
 from keelgate.testing.sim.admission import User, admitted, finalizer_refusal, mutated
 from keelgate.testing.sim.books import (
@@ -439,6 +440,8 @@ class Cluster:
         status = body.get("status") or {}
         if kind == "Approval" and self.name:
             self._refused_here(body, str(status.get("message") or ""))
+        if kind == "Reconciliation" and TOO_EARLY in str(status.get("conditions") or ""):
+            self._refused_too_early(body)
         if kind != "Reconciliation" or status.get("phase") != "Settled":
             return
         action = str((body.get("spec") or {}).get("action", ""))
@@ -451,9 +454,26 @@ class Cluster:
                 and decision.by == status.get("settledBy")
                 and decision.yes == executed
                 and decision.accepted_at is None
+                and decision.refused_at is None
             ):
                 decision.accepted_at, decision.told = self.world.now, True
                 break
+
+    def _refused_too_early(self, body: JSON) -> None:
+        """A "not executed" refused as written before the call could no longer be sent: its
+        maker is told it did not count (the oracle counts it no more; they may write it again)."""
+        spec = body.get("spec") or {}
+        for decision in self.books.decisions:
+            if (
+                decision.kind == "settle"
+                and decision.source == "human"
+                and decision.action == spec.get("action")
+                and decision.by == spec.get("by")
+                and decision.yes is False
+                and decision.accepted_at is None
+                and decision.refused_at is None
+            ):
+                decision.refused_at = self.world.now
 
     def _refused_here(self, body: JSON, message: str) -> None:
         """With two clusters: a deny made on this cluster's Approval that its operator shows
@@ -558,7 +578,10 @@ class Cluster:
 
     def _settle(self, body: JSON, state: RunState | None) -> None:
         spec: dict[str, Any] = dict(body.get("spec") or {})
-        if spec.get("executed") is not None or (body.get("status") or {}).get("phase") == "Settled":
+        if (body.get("status") or {}).get("phase") == "Settled":
+            return
+        if spec.get("executed") is not None:
+            self._settle_again(body, state)
             return
         world, schedule = self.world, self.world.schedule
         action = str(spec.get("action", ""))
@@ -575,6 +598,37 @@ class Cluster:
         self.books.decisions.append(decision)
         spec.update(executed=executed, by=by)
         self._patch("Reconciliation", body, spec, User(by, GROUPS[by]))
+
+    def _settle_again(self, body: JSON, state: RunState | None) -> None:
+        """A "not executed" the operator refused as written too early (``DecidedTooEarly``:
+        the call could still be sent after its maker looked) is looked at again by its maker,
+        the one who may write it again: a question asked now. They correct it to executed if
+        the call took effect, else write the same with ``decidedAt`` now (truthfully, calm;
+        in the chaos now and then the other way, as people err)."""
+        spec: dict[str, Any] = dict(body.get("spec") or {})
+        status = body.get("status") or {}
+        stalled = [c for c in status.get("conditions") or () if c.get("type") == "Stalled"]
+        if not stalled or stalled[0].get("status") != "True":
+            return
+        if stalled[0].get("reason") != TOO_EARLY or spec.get("executed") is not False:
+            return
+        world, schedule = self.world, self.world.schedule
+        if not self.calm and schedule.chance(300):
+            return  # not now
+        action = str(spec.get("action", ""))
+        ref = _ref(state, action)
+        by = str(spec.get("by") or "")
+        self.books.questions.append(Question(world.now, "people", action, ref))
+        happened = self.books.happened(ref, world.now)
+        truthful = self.calm or not schedule.chance(self.wrong)
+        executed = happened if truthful else not happened
+        name = body["metadata"]["name"]
+        world.say(f"{by} looks again at {name}: executed: {executed}{self._where}")
+        decision = Decision(world.now, "settle", by, by, action, ref, executed, truthful=truthful)
+        self.books.decisions.append(decision)
+        spec.update(executed=executed, decidedAt=utc_iso(clocks.wall()))
+        if not self._patch("Reconciliation", body, spec, User(by, GROUPS[by])):
+            decision.refused_at = world.now
 
     def _approve(self, body: JSON, state: RunState | None) -> None:
         """One person decides: with the one-decision form when the rule asks one person (as
