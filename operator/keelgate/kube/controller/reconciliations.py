@@ -9,9 +9,11 @@ pod's confirmer) is mirrored instead, and wins: the first decision stands. A dec
 refuses (or one whose run the store does not have) shows in the object's status (``message`` and
 ``Stalled=True``, so kstatus tools and Argo CD see it), is told in one Warning Event per
 distinct reason, and is tried again with a growing back-off (``refusals``, shared with the
-Approval reconciler); "not executed" made before the call's write deadline (until then a
-held-up process may still send it) is held, shown in the object's status, and recorded once the
-deadline has passed, unless the call's own result arrived first. A decision on a run another
+Approval reconciler); "not executed" written before the call's write deadline (until then a
+held-up process may still send it, so the person's look says nothing of what came after) is
+held, shown in the object's status, and refused once the deadline has passed (``too_early``),
+unless the call's own result arrived first: it counts only written again after the deadline, or
+corrected to executed, by its maker. A decision on a run another
 operator holds in the store (another cluster's, or this cluster's before a hand-over) is refused
 (``HeldElsewhere``, naming the holder) and tried again: decisions count in the cluster holding
 the run, through the store's compare-and-set on the key, once. This module must never record a

@@ -253,6 +253,7 @@ class Cluster:
         self.operators: list[SimOperator] = []
         self.processes: dict[str, StepProcess] = {}
         self.calm = False
+        self.looking = True  # people look at the run until they take it as over
         self.count = 0
         self.edits = (0, 100, 400)[world.schedule.pick(3)]
         self.wrong = (0, 30)[world.schedule.pick(2)]
@@ -506,10 +507,18 @@ class Cluster:
             return
         with self.world.acting("people"):
             finished = self._look()
+        self.looking = not finished
         if not finished:
             world = self.world
             delay = calm_look(world) if self.calm else world.schedule.between(2.0, 60.0)
             world.at(delay, "people look", self.look)
+
+    def look_again(self) -> None:
+        """The calm: people who took the run as over look once more (the spec restored then
+        may take it on, and its next stop for a person must find someone looking)."""
+        if not self.looking:
+            self.looking = True
+            self.world.at(calm_look(self.world), "people look", self.look)
 
     def _look(self) -> bool:
         world = self.world

@@ -348,6 +348,7 @@ def _set_going(
             cluster.api.faulty = False
             desk.restore_tools()
             cluster.api.replace_spec("AgentRun", TENANT, RUN, desk.manifest)
+            cluster.look_again()
 
         cluster.start()
         done = cluster.finished

@@ -137,6 +137,7 @@ class TwoClusters:
             self._back(cluster)
             cluster.calm = True
             cluster.api.faulty = False
+            cluster.look_again()
 
     def finished(self) -> bool:
         """The run is over: no step process runs in either cluster, none is intended in either,
