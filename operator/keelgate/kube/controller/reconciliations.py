@@ -107,9 +107,9 @@ class ReconciliationReconciler:
                 return refuse(
                     context, "Reconciliation", body, run_name, "HeldElsewhere", held.refusal()
                 )
-            early = "" if wanted is not False else too_early(context, namespace, body)
-            if early:
-                return refuse(context, "Reconciliation", body, run_name, TOO_EARLY, early)
+            why = "" if wanted is not False else too_early(context, namespace, body)
+            if why:
+                return refuse(context, "Reconciliation", body, run_name, TOO_EARLY, why)
             try:
                 context.loop.reconcile(
                     namespace,

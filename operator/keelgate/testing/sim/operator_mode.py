@@ -513,6 +513,14 @@ class Cluster:
             delay = calm_look(world) if self.calm else world.schedule.between(2.0, 60.0)
             world.at(delay, "people look", self.look)
 
+    def quiet(self) -> None:
+        """The calm, for a cluster alone: its API server without faults, the spec as the desk
+        restored it applied, and people looking again."""
+        self.calm = True
+        self.api.faulty = False
+        self.apply_spec()
+        self.look_again()
+
     def look_again(self) -> None:
         """The calm: people who took the run as over look once more (the spec restored then
         may take it on, and its next stop for a person must find someone looking)."""
