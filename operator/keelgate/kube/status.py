@@ -19,7 +19,7 @@ status.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from keelgate.core.types import (
@@ -33,6 +33,7 @@ from keelgate.core.types import (
     UnknownAction,
     Usage,
 )
+from keelgate.kube.settle_window import shown_after
 
 JSON = dict[str, Any]
 
@@ -133,6 +134,9 @@ def desired_status(view: RunView, *, old: Mapping[str, Any], now: str) -> JSON:
         unknown = list(view.unknown)  # the store's word: no spec may hide an unknown outcome
     else:
         unknown = [] if outcome is None or stop is None else list(outcome.unknown_actions)
+    # Shown as its Reconciliation shows it: the moment a "not executed" written in the cluster
+    # counts from (the store's deadline, and the skew allowed between the clocks).
+    unknown = [replace(u, not_executed_after=shown_after(u.not_executed_after)) for u in unknown]
     pending = [] if outcome is None or stop is None else list(outcome.pending_approvals)
     # The run's part has the one shape users read (RunStatus, as `--output json` prints it);
     # the rest is what only the operator knows.

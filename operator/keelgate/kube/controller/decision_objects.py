@@ -24,6 +24,7 @@ from keelgate.kube.controller.approval_events import ApprovalEvents
 from keelgate.kube.controller.approval_status import shown
 from keelgate.kube.controller.context import ControllerContext
 from keelgate.kube.controller.ports import JSON
+from keelgate.kube.settle_window import shown_from
 from keelgate.kube.times import now
 
 _SETTLED = (KeyState.COMPLETED, KeyState.ABANDONED)
@@ -98,8 +99,10 @@ class DecisionObjects:
             settled = settled and done
             if existing is None:
                 shown: JSON = {"phase": "Pending"}
-                if unknown.not_executed_after:
-                    shown["notExecutedAfter"] = unknown.not_executed_after
+                if record.sendable and record.deadline is not None:
+                    # The moment a "not executed" written on it counts from (the call may be
+                    # sent until its deadline; the clocks may be this far apart).
+                    shown["notExecutedAfter"] = shown_from(record.deadline)
                 if self._create_pending("Reconciliation", namespace, body, shown):
                     context.events.warning(
                         run,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keelgate.core.types import KeyState, utc_iso
+from keelgate.core.types import KeyState
 from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
 from keelgate.kube.controller.approval_entries import written_at
 from keelgate.kube.controller.context import ControllerContext
@@ -32,12 +32,9 @@ from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import refuse, show_status, warn, with_generation
+from keelgate.kube.settle_window import CLOCK_SKEW, counts_from, shown_from
 from keelgate.kube.status import condition
-from keelgate.kube.times import now, parse_time
-
-#: How far the API server's clock (its records of writes) and the store's (the write deadline)
-#: may be apart: a "not executed" written within it after the deadline is taken as early.
-CLOCK_SKEW = 5.0
+from keelgate.kube.times import now, parse_time, stamp
 
 
 @dataclass(frozen=True)
@@ -159,8 +156,10 @@ class ReconciliationReconciler:
         passed (a result of the call's own may have come; else ``too_early`` refuses it)."""
         context = self._context
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        deadline = parse_time(early.not_before)
+        after = early.not_before if deadline is None else shown_from(deadline.timestamp())
         message = (
-            f"not executed was written before {early.not_before}: until then the call may "
+            f"not executed was written before {after}: until then the call may "
             "still be sent by a process that was held up, so it cannot count; once that moment "
             "has passed, look again at what the call acts on and write your decision again "
             "(spec.decidedAt set to when you looked, or executed: true if it ran), unless the "
@@ -171,7 +170,7 @@ class ReconciliationReconciler:
         if status.get("message") != message or status.get("heldGeneration") != generation:
             shown = {
                 "phase": "Pending",
-                "notExecutedAfter": early.not_before,
+                "notExecutedAfter": after,
                 "heldGeneration": generation,
                 "message": message,
             }
@@ -181,7 +180,7 @@ class ReconciliationReconciler:
             context.events.normal(
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"
             )
-        return Requeue(early.retry_after + 0.5)
+        return Requeue(early.retry_after + CLOCK_SKEW + 0.5)
 
 
 #: The reason a "not executed" written before the call's write deadline is refused.
@@ -195,17 +194,17 @@ def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
     recorded). What the operator knows of when it was written: the generation it met before
     the deadline and held (``heldGeneration``); the moment the person states (``decidedAt``);
     and the API server's record of the object's last write other than status
-    (``managedFields``, whole seconds, on its clock: ``CLOCK_SKEW`` is allowed between it and
-    the store's). Not knowing is a reason to refuse: a write no record dates is taken as early.
-    Its maker writes it again once they have looked again (a new ``decidedAt``), or corrects
-    it to executed."""
+    (``managedFields``, whole seconds, on its clock), each against ``settle_window.counts_from``
+    (the deadline, and the skew allowed between the two clocks). Not knowing is a reason to
+    refuse: a write no record dates is taken as early. Its maker writes it again once they have
+    looked again (a new ``decidedAt``), or corrects it to executed."""
     spec = body.get("spec") or {}
     record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
     if record is None or record.deadline is None or record.sendable:
         # Nothing on record to send, or claimed before deadlines were recorded; or its deadline
         # not passed yet, and the store refuses "not executed" itself (the decision is held).
         return ""
-    deadline = utc_iso(record.deadline)
+    deadline = shown_from(record.deadline)
     by = str(spec.get("by") or "someone")
     again = (
         "; look again at what the call acts on and write your decision again (spec.decidedAt "
@@ -221,7 +220,7 @@ def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
     stated = str(spec.get("decidedAt") or "")
     if stated:
         moment = parse_time(stated)
-        if moment is None or moment.timestamp() < record.deadline:
+        if moment is None or moment.timestamp() < counts_from(record.deadline):
             return (
                 f"not executed by {by} says it was decided at {stated}, before {deadline}, "
                 f"while the call could still be sent{again}"
@@ -232,9 +231,9 @@ def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
             f"not executed by {by}: nothing says it was written after {deadline}, before "
             f"which the call could still be sent{again}"
         )
-    if written < record.deadline + CLOCK_SKEW:
+    if written < counts_from(record.deadline):
         return (
-            f"not executed by {by} was written at {utc_iso(written)}, before {deadline} (or "
-            f"too close to tell), while the call could still be sent{again}"
+            f"not executed by {by} was written at {stamp(written)}, before {deadline}, while "
+            f"the call could still be sent{again}"
         )
     return ""
