@@ -495,13 +495,15 @@ FOUND_IN_OPERATOR_MODE = (
     # on the old run's pod, and the operator asked for a Reconciliation of 2:1 and of 2:2, never
     # called. carol settled both; the chain recorded her decision once, on 2:1, while the 2:2
     # object showed it Settled as hers. Now only 2:1 is asked for, and the repeat follows it.
+    # (Since an early "not executed" is refused, the seed's bob settles 2:1 as executed, and
+    # 2:2 follows it, replayed.)
     (
         "an order planned twice, its first call unknown as the run is re-created",
         12445575562178623897,
         (
             "alice deletes restock and creates it again",
-            "bob patches restock-2-1-place-order-a226bed9f2 executed: False",
-            '"action":"2:2","reason":"not executed: abandoned by bob',
+            "bob patches restock-2-1-place-order-a226bed9f2 executed: True",
+            '"action":"2:2","replayed":true',
         ),
     ),
     # The model's fault (on main 9c492ee: waiting): restock-s1-a1#2, held up at before_action
@@ -1724,10 +1726,11 @@ def test_pay_runs_in_the_products_python_tool_and_runs_name_no_creator_in_the_wh
 
 def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_left_it() -> None:
     """What a person approving was shown: the tool as the newest step to have ended defined it;
-    and, where that step ended without recording where its run stands (died, lost its store),
-    as each step before it back to the newest that recorded defined it (the run may still be
-    bound as that one left it); and as each step still running defined it (it may have bound
-    the call anew and stopped the run already). Nothing else."""
+    and, where that step ended without saying it recorded where its run stands (died, lost its
+    store), as it defined it too (it may have recorded its stop before its store went: seed
+    3478791516567543597) and as each step before it back to the newest that recorded defined it
+    (the run may still be bound as that one left it); and as each step still running defined it
+    (it may have bound the call anew and stopped the run already). Nothing else."""
     books = Books()
     tools = ("POST http://shop.sim/orders", "DELETE http://shop.sim/orders", "POST x/steal")
     for generation, shown in enumerate(tools, 1):
@@ -1741,14 +1744,14 @@ def test_a_person_may_have_been_shown_the_call_as_the_last_step_that_recorded_le
         if order == 3:
             assert books.might_have_shown("place_order", 3.5, None) == ()
     assert books.shown("place_order", 4.5, None) == tools[1]
-    assert books.might_have_shown("place_order", 4.5, None) == (tools[0],)
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[1], tools[0])
     books.processes["step3"].recorded = False
-    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[1], tools[0], tools[2])
     books.processes["step5"] = ProcessLife(5.0, 5, 3)  # still running
-    assert books.might_have_shown("place_order", 4.5, None) == (tools[0], tools[2])
-    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    assert books.might_have_shown("place_order", 4.5, None) == (tools[1], tools[0], tools[2])
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[1], tools[0], tools[2])
     books.processes["step3"].recorded = True
-    assert books.might_have_shown("place_order", 5.5, None) == (tools[0], tools[2])
+    assert books.might_have_shown("place_order", 5.5, None) == (tools[1], tools[0], tools[2])
     books.processes["step4"].recorded = True
     assert books.might_have_shown("place_order", 5.5, None) == (tools[2],)
 

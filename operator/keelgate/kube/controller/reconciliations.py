@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keelgate.core.types import KeyState
+from keelgate.core.types import KeyRecord, KeyState
 from keelgate.errors import InputError, RunNotFound, SettleError, SettleTooEarly
 from keelgate.kube.controller.approval_entries import written_at
 from keelgate.kube.controller.context import ControllerContext
@@ -70,9 +70,18 @@ def settled_status(decided: Decided, body: JSON) -> JSON:
     }
 
 
+def _record(context: ControllerContext, namespace: str, spec: JSON) -> KeyRecord | None:
+    """What the store holds of the Reconciliation's key (None: nothing)."""
+    return context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
+
+
 def _recorded(context: ControllerContext, namespace: str, spec: JSON) -> Decided | None:
     """The settlement the store holds for the Reconciliation's key (None: undecided there)."""
-    record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
+    return _settled(_record(context, namespace, spec))
+
+
+def _settled(record: KeyRecord | None) -> Decided | None:
+    """The settlement ``record`` holds (None: undecided)."""
     if record is None or record.state not in (KeyState.COMPLETED, KeyState.ABANDONED):
         return None
     return Decided(record.state is KeyState.COMPLETED, record.settled_by, record.source or "")
@@ -93,7 +102,8 @@ class ReconciliationReconciler:
         spec = body.get("spec") or {}
         run_name = str(spec.get("runName", ""))
         wanted = spec.get("executed")  # the person's decision (false: not executed)
-        decided = _recorded(context, namespace, spec)
+        record = _record(context, namespace, spec)
+        decided = _settled(record)
         if decided is None:
             if wanted is None:
                 return REST  # waiting for a person
@@ -104,7 +114,7 @@ class ReconciliationReconciler:
                 return refuse(
                     context, "Reconciliation", body, run_name, "HeldElsewhere", held.refusal()
                 )
-            why = "" if wanted is not False else too_early(context, namespace, body)
+            why = "" if wanted is not False else too_early(record, body)
             if why:
                 return refuse(context, "Reconciliation", body, run_name, TOO_EARLY, why)
             try:
@@ -187,8 +197,9 @@ class ReconciliationReconciler:
 TOO_EARLY = "DecidedTooEarly"
 
 
-def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
-    """Why the object's "not executed" cannot count ("" when it can): it was written before
+def too_early(record: KeyRecord | None, body: JSON) -> str:
+    """Why the object's "not executed" cannot count ("" when it can), its key's record in the
+    store being ``record`` (read as the reconcile began): it was written before
     the call's write deadline had passed, so a process held up between its claim and its send
     may have sent the call after the person looked (a decision true when made, false when
     recorded). What the operator knows of when it was written: the generation it met before
@@ -199,7 +210,6 @@ def too_early(context: ControllerContext, namespace: str, body: JSON) -> str:
     refuse: a write no record dates is taken as early. Its maker writes it again once they have
     looked again (a new ``decidedAt``), or corrects it to executed."""
     spec = body.get("spec") or {}
-    record = context.stores.idempotency.get(namespace, str(spec.get("idempotencyKey", "")))
     if record is None or record.deadline is None or record.sendable:
         # Nothing on record to send, or claimed before deadlines were recorded; or its deadline
         # not passed yet, and the store refuses "not executed" itself (the decision is held).
