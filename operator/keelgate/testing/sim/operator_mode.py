@@ -629,12 +629,14 @@ class Cluster:
             return
         if stalled[0].get("reason") != TOO_EARLY or spec.get("executed") is not False:
             return
+        by = str(spec.get("by") or "")
+        if by not in GROUPS:
+            return  # nobody of this world wrote it (only its maker may write it again)
         world, schedule = self.world, self.world.schedule
         if not self.calm and schedule.chance(300):
             return  # not now
         action = str(spec.get("action", ""))
         ref = _ref(state, action)
-        by = str(spec.get("by") or "")
         self.books.questions.append(Question(world.now, "people", action, ref))
         happened = self.books.happened(ref, world.now)
         truthful = self.calm or not schedule.chance(self.wrong)
