@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -129,6 +130,8 @@ class FakeCluster:
     pods: list[JSON] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
     patches: list[tuple[str, str, JSON]] = field(default_factory=list)
+    #: The moments decisions on Reconciliations said they were made (``decidedAt``), in order.
+    stated: list[str] = field(default_factory=list)
     asked: list[tuple[str, str, str]] = field(default_factory=list)
     #: Where the user may list, as RBAC would say: None, everywhere (cluster-wide too); else
     #: these namespaces only (each list elsewhere, and cluster-wide, is forbidden), and the
@@ -174,7 +177,18 @@ class FakeCluster:
         return [o for o in self.objects[kind] if o["spec"]["runName"] == run]
 
     def patch_spec(self, kind: str, name: str, spec: Mapping[str, Any]) -> JSON:
-        self.patches.append((kind, name, dict(spec)))
+        """A merge patch of the object's spec. A decision on a Reconciliation states when it
+        was made (``decidedAt``): it must be now, to the second, in UTC; it is kept in
+        ``stated`` and out of ``patches``, which tests compare whole."""
+        said = dict(spec)
+        if kind == "Reconciliation":
+            stated = str(said.pop("decidedAt", ""))
+            assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z", stated)
+            moment = parse_time(stated)
+            assert moment is not None
+            assert 0 <= (dt.datetime.now(dt.UTC) - moment).total_seconds() < 60, stated
+            self.stated.append(stated)
+        self.patches.append((kind, name, said))
         return {}
 
     def pod(self, name: str) -> JSON | None:
@@ -579,6 +593,87 @@ def test_the_same_decision_again_is_a_no_op_and_a_different_one_is_refused(
     assert code == 2 and "already decided: executed by alice" in one_line(err)
     assert "a decision cannot change" in err
     assert not cluster.patches and not cluster.asked
+
+
+def _moment(seconds: float) -> str:
+    """Now and ``seconds`` more (fewer, if negative), as status names moments."""
+    at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _not_executed_early(
+    action: str, *, by: str = "alice", held: bool = False, looked_at: int = 3
+) -> JSON:
+    """A Reconciliation (generation 3) whose "not executed" by ``by`` was written before the
+    call's write deadline: ``held``, the operator holds it (the deadline not yet passed),
+    else it refused it (DecidedTooEarly, the deadline passed), in the generation
+    ``looked_at``."""
+    body = decision("Reconciliation", "restock", action, executed=False, by=by)
+    body["metadata"]["generation"] = 3
+    if held:
+        body["status"] = {
+            "phase": "Pending",
+            "notExecutedAfter": _moment(120),
+            "heldGeneration": looked_at,
+            "message": "not executed was written before ...",
+        }
+        return body
+    refused = {"reason": "DecidedTooEarly", "message": "written too early"}
+    body["status"] = {
+        "phase": "Pending",
+        "notExecutedAfter": _moment(-30),
+        "heldGeneration": 1,
+        "message": "written too early",
+        "conditions": [
+            {"type": "Ready", "status": "False", "observedGeneration": looked_at, **refused},
+            {"type": "Stalled", "status": "True", "observedGeneration": looked_at, **refused},
+        ],
+    }
+    return body
+
+
+def test_a_not_executed_written_too_early_is_written_again_or_corrected_by_its_maker_only(
+    capsys: pytest.CaptureFixture[str], cluster: FakeCluster
+) -> None:
+    """A "not executed" the operator refused as written before the call's write deadline
+    (DecidedTooEarly): its maker's --not-executed writes it again (a new decidedAt, now), and
+    --executed corrects it; held before the deadline, --not-executed is still exit 4 saying
+    when, and --executed corrects it at once. Anyone else is refused in one line naming who
+    may (exit 1), before any access review or patch. A refusal of an earlier generation (her
+    new decision not looked at yet) is a retried command: already abandoned, no patch."""
+    cluster.runs["restock"] = run_body(phase="Stopped")
+    cluster.objects["Reconciliation"] = [
+        _not_executed_early("1:0"),
+        _not_executed_early("2:0"),
+        _not_executed_early("3:0", held=True),
+        _not_executed_early("4:0", held=True),
+        _not_executed_early("5:0", looked_at=2),
+    ]
+    cluster.user = "bob"
+    for action, flag in (("1:0", "--not-executed"), ("2:0", "--executed"), ("3:0", "--executed")):
+        code, _, err = plugin(capsys, "reconcile", "restock", action, flag)
+        assert code == 1, err
+        assert "only alice, who made it, may write it again or correct it to executed" in (
+            one_line(err)
+        )
+    assert not cluster.patches and not cluster.asked
+
+    cluster.user = "alice"
+    code, out, _ = plugin(capsys, "reconcile", "restock", "1:0", "--not-executed")
+    assert code == 0 and "restock 1:0 (place_order): abandoned by alice" in out
+    assert "already" not in out
+    assert plugin(capsys, "reconcile", "restock", "2:0", "--executed")[0] == 0
+    code, _, err = plugin(capsys, "reconcile", "restock", "3:0", "--not-executed")
+    assert code == 4 and "cannot be settled as not executed yet" in one_line(err)
+    assert plugin(capsys, "reconcile", "restock", "4:0", "--executed")[0] == 0
+    code, out, _ = plugin(capsys, "reconcile", "restock", "5:0", "--not-executed")
+    assert code == 0 and "already abandoned by alice" in out
+    assert [(name, spec) for _, name, spec in cluster.patches] == [
+        ("restock-1-place-order", {"executed": False, "by": "alice"}),
+        ("restock-2-place-order", {"executed": True, "by": "alice"}),
+        ("restock-4-place-order", {"executed": True, "by": "alice"}),
+    ]
+    assert len(cluster.stated) == 3  # each states when it was made (the fake checks: now)
 
 
 def test_no_object_for_the_action_names_what_is_waiting_and_no_run_says_so(

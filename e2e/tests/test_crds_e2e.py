@@ -362,10 +362,11 @@ def test_a_decision_is_set_once_and_then_cannot_change(
 def test_a_decision_made_at_creation_is_final_too(
     installed: Any, kubectl: Kubectl, admin: Kube, namespace: str
 ) -> None:
-    """A Reconciliation created already decided (``executed: false``, ``by``) cannot be
-    flipped afterwards either: the transition rules compare with whatever was stored."""
+    """A Reconciliation created already decided (``executed: true``, ``by``) cannot be
+    flipped to false afterwards either: the transition rules compare with whatever was
+    stored."""
     obj = _settle_object("Reconciliation", namespace)
-    obj["spec"].update({"executed": False, "by": "alice"})
+    obj["spec"].update({"executed": True, "by": "alice"})
     kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     name = obj["metadata"]["name"]
     flipped = kubectl(
@@ -373,13 +374,70 @@ def test_a_decision_made_at_creation_is_final_too(
         f"reconciliation/{name}",
         "--type=merge",
         "-p",
-        '{"spec": {"executed": true}}',
+        '{"spec": {"executed": false}}',
         check=False,
     )
     assert flipped.returncode != 0
     assert "spec.executed: Invalid value" in flipped.stderr
+    assert "cannot change once set" in flipped.stderr
     stored = admin.get(f"{collection(namespace, 'Reconciliation')}/{name}")
-    assert stored["spec"]["executed"] is False
+    assert stored["spec"]["executed"] is True
+
+
+def test_not_executed_may_become_executed_only_until_it_is_settled(
+    installed: Any, kubectl: Kubectl, admin: Kube, namespace: str
+) -> None:
+    """The CRD's rule on the whole object (it reads the stored status): a "not executed" may
+    be corrected to executed while the Reconciliation is not Settled (its maker looked too
+    early and found that it ran), and its ``decidedAt`` written again; once the status (the
+    operator's, written here by the admin through the status subresource) says Settled, the
+    same correction is refused, naming spec.executed. Removing the decision, or taking an
+    executed back to not executed, is refused at any time; ``by`` never changes; a
+    ``decidedAt`` that is not an RFC 3339 moment is refused naming it."""
+    path = collection(namespace, "Reconciliation")
+
+    def made(name: str) -> str:
+        obj = _settle_object("Reconciliation", namespace)
+        obj["metadata"]["name"] = name
+        obj["spec"].update({"executed": False, "by": "alice", "decidedAt": "2026-01-02T03:04:05Z"})
+        kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+        return f"reconciliation/{name}"
+
+    def patch(resource: str, spec: JSON) -> Any:
+        body = json.dumps({"spec": spec})
+        return kubectl("patch", resource, "--type=merge", "-p", body, check=False)
+
+    def refused(done: Any, field: str, words: str) -> None:
+        assert done.returncode != 0
+        assert f"{field}: Invalid value" in done.stderr and words in done.stderr, done.stderr
+
+    open_one = made("corrected")
+    refused(patch(open_one, {"executed": None}), "spec.executed", "cannot change once set")
+    refused(patch(open_one, {"decidedAt": "yesterday"}), "spec.decidedAt", "should match")
+    again = patch(open_one, {"decidedAt": "2026-01-02T03:09:00Z"})
+    assert again.returncode == 0, again.stderr
+    corrected = patch(open_one, {"executed": True, "decidedAt": "2026-01-02T03:10:00Z"})
+    assert corrected.returncode == 0, corrected.stderr
+    refused(patch(open_one, {"executed": False}), "spec.executed", "cannot change once set")
+    refused(patch(open_one, {"by": "bob"}), "spec.by", "cannot change once executed is set")
+    stored = admin.get(f"{path}/corrected")["spec"]
+    assert (stored["executed"], stored["by"], stored["decidedAt"]) == (
+        True,
+        "alice",
+        "2026-01-02T03:10:00Z",
+    )
+
+    settled_one = made("settled")
+    admin.patch(
+        f"{path}/settled/status",
+        {"status": {"phase": "Settled", "verdict": "abandoned", "settledBy": "alice"}},
+    )
+    late = patch(settled_one, {"executed": True})
+    refused(late, "spec.executed", "but from false to true, before it is settled")
+    refused(patch(settled_one, {"executed": None}), "spec.executed", "cannot change once set")
+    kept = admin.get(f"{path}/settled")
+    assert kept["spec"]["executed"] is False and kept["status"]["phase"] == "Settled"
+    parse(Reconciliation, kept)
 
 
 def _columns(output: str) -> tuple[list[str], list[list[str]]]:

@@ -117,6 +117,58 @@ def test_a_decision_names_its_maker_and_only_their_groups_and_none_is_taken_back
     assert [(d["by"], d["approved"]) for d in kept] == [("bob", True), ("carol", True)]
 
 
+def test_only_the_maker_of_a_not_executed_writes_it_again_or_corrects_it(
+    admin: Kube, namespace: str, kubectl: Kubectl, keelgate_installed: None
+) -> None:
+    """On a Reconciliation (made as the operator makes one, undecided), bob decides "not
+    executed" in his own name, saying when he looked (decidedAt). carol holds edit too, yet
+    the decided-by-requester policy refuses her writing its decidedAt again, and her
+    correcting it to executed, each with its message (spec.by must be carol); bob may do both
+    (a look again after the call's write deadline, then a correction before it is settled),
+    and carol may still add a note. Nobody's name in ``by`` changes."""
+    _may_edit(admin, namespace)
+    _wait_may(kubectl, "carol", "patch", "reconciliations.keelgate.dev")
+    path = f"{GROUP}/namespaces/{namespace}/reconciliations"
+    name = "pay-1-send-payment"
+    admin.create(
+        path,
+        {
+            "apiVersion": "keelgate.dev/v1alpha1",
+            "kind": "Reconciliation",
+            "metadata": {"name": name},
+            "spec": {"runName": "pay", "action": "1:0", "tool": "send_payment",
+                     "idempotencyKey": "kg-1"},
+        },
+    )  # fmt: skip
+
+    def patch(user: str, spec: JSON) -> tuple[int, str]:
+        done = kubectl.as_user(user)(
+            "patch", "reconciliation", name, "--type=merge", "-p", json.dumps({"spec": spec}),
+            check=False,
+        )  # fmt: skip
+        return done.returncode, done.stderr
+
+    first = {"executed": False, "by": "bob", "decidedAt": "2026-01-02T03:04:05Z"}
+    assert patch("bob", first) == (0, "")
+    policy = "spec.by must be carol (the user setting spec.executed or spec.decidedAt)"
+    for change in ({"decidedAt": "2026-01-02T03:09:00Z"}, {"executed": True}):
+        code, said = patch("carol", change)
+        assert code != 0 and policy in said, (change, said)
+        assert "decided-by-requester" in said
+    code, said = patch("carol", {"executed": True, "by": "carol"})
+    assert code != 0 and "cannot change once executed is set" in said, said
+    assert patch("bob", {"decidedAt": "2026-01-02T03:09:00Z"}) == (0, "")
+    assert patch("bob", {"executed": True, "decidedAt": "2026-01-02T03:10:00Z"}) == (0, "")
+    assert patch("carol", {"note": "the payment is in the ledger"}) == (0, "")
+    spec = admin.get(f"{path}/{name}")["spec"]
+    assert (spec["executed"], spec["by"], spec["decidedAt"], spec["note"]) == (
+        True,
+        "bob",
+        "2026-01-02T03:10:00Z",
+        "the payment is in the ledger",
+    )
+
+
 def _suspended(name: str, *, created_by: str = "", tools: list[JSON] | None = None) -> str:
     meta: JSON = {"name": name}
     if created_by:

@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -25,11 +26,13 @@ from keelgate_e2e.keelgate import (
     STORE_PASSWORD,
     OperatorPod,
     OperatorProcess,
+    grant_edit,
     password_of,
     store_url,
     tenant_dsn,
 )
 from keelgate_e2e.kube import JSON, Kube
+from keelgate_e2e.plugin import KubectlKeelgate
 from keelgate_e2e.runs import agentrun, apply, look, order, wait_phase
 from keelgate_e2e.shop import ShopServer
 from keelgate_e2e.testing import Kubectl, condition, wait_for
@@ -254,6 +257,115 @@ def test_a_decision_is_made_by_the_requesting_user_only_and_never_changes(
         if e.type == "loop.reconciled"
     ]
     assert [(e.actor, e.data["verdict"]) for e in reconciled] == [("alice", "executed")]
+
+
+def test_a_not_executed_written_before_the_deadline_never_counts(
+    operator: OperatorPod,
+    tenant: str,
+    admin: Kube,
+    kubectl: Kubectl,
+    alice: Kubectl,
+    shop: ShopServer,
+    cluster: Cluster,
+    kubectl_bin: Path,
+) -> None:
+    """Two runs whose order went out before their step died (unknown outcomes, the orders in
+    the shop). Before the calls' write deadline `kubectl keelgate reconcile --not-executed` is
+    exit 4, and alice's own patch of "not executed" (wrong: it ran) is held, then refused as
+    written too early (Stalled, DecidedTooEarly): never recorded, the runs wait. carol, who
+    holds edit too, may not correct alice's (one line from the plugin). On the first, alice
+    looks again and corrects it to executed; the second the admin deletes and then touches its
+    run (an annotation), and the operator makes it afresh, undecided, which carol settles.
+    Both runs succeed, each order counted once."""
+    grant_edit(admin, tenant, "carol")
+    names = ("early-a", "early-b")
+    docs = []
+    for name in names:
+        run = agentrun(
+            name,
+            shop,
+            [[order(name, 1)]],
+            annotations={"keelgate.dev/failpoints": "after_gateway_call@1"},
+        )
+        run["spec"]["tools"][1]["timeoutSeconds"] = 40  # the write deadline: the claim + 45 s
+        docs.append(run)
+    apply(kubectl, *docs)
+    path = f"/apis/keelgate.dev/v1alpha1/namespaces/{tenant}/reconciliations"
+    recs = {name: action_object_name(name, "1:0", "place_order") for name in names}
+
+    def rec(name: str) -> JSON:
+        return admin.get(f"{path}/{recs[name]}")
+
+    def plugin(user: str, *args: str) -> tuple[int, str]:
+        done = KubectlKeelgate(kubectl_bin, cluster.kubeconfig, user, tenant)(*args)
+        return done.returncode, done.stdout + done.stderr
+
+    def deadline(name: str) -> str:
+        return str((rec(name).get("status") or {}).get("notExecutedAfter") or "")
+
+    def held(name: str) -> JSON | None:
+        body = rec(name)
+        return (
+            body if body["status"].get("heldGeneration") == body["metadata"]["generation"] else None
+        )
+
+    def refused(name: str) -> JSON | None:
+        stalled = condition(rec(name), "Stalled")
+        return stalled if stalled and stalled["reason"] == "DecidedTooEarly" else None
+
+    for name in names:
+        wait_phase(admin, tenant, name, "Stopped", timeout=90)
+        wait_for(partial(deadline, name), what=f"{name}'s Reconciliation with its deadline")
+        code, said = plugin("alice", "reconcile", name, "1:0", "--not-executed")
+        assert code == 4 and "cannot be settled as not executed yet" in said, said
+        early = {"spec": {"executed": False, "by": "alice"}}
+        alice("patch", "reconciliation", recs[name], "--type=merge", "-p", json.dumps(early))
+    for name in names:
+        shown = wait_for(partial(held, name), what=f"{name}'s not executed held")
+        assert shown["status"]["phase"] == "Pending"
+        assert "SettlementHeld" in _reasons(admin, tenant, name)
+    for name in names:
+        stalled = wait_for(partial(refused, name), timeout=90, what="DecidedTooEarly")
+        assert stalled["status"] == "True" and "not executed by alice" in stalled["message"]
+        assert rec(name)["status"]["phase"] == "Pending"
+        assert runs.phase(admin, tenant, name) == "Stopped"
+        assert "DecidedTooEarly" in _reasons(admin, tenant, name)
+        code, said = plugin("carol", "reconcile", name, "1:0", "--executed")
+        assert code == 1, said
+        assert "only alice, who made it, may write it again or correct it to executed" in said
+    time.sleep(2)  # refused, it stays so: nothing is recorded
+    for name in names:
+        events = runs.audit_events(operator.cluster.dsn, tenant, name)
+        assert not [e for e in events if e.type == "loop.reconciled"]
+
+    code, said = plugin("alice", "reconcile", "early-a", "1:0", "--executed", "--note", "in")
+    assert code == 0, said
+    admin.delete(f"{path}/{recs['early-b']}")
+    # A deleted Reconciliation does not wake its run: any change to the run does (docs).
+    kubectl("annotate", "agentrun", "early-b", "look-again=1", "--overwrite")
+    wait_for(
+        lambda: (
+            admin.exists(f"{path}/{recs['early-b']}")
+            and "executed" not in (rec("early-b").get("spec") or {})
+        ),
+        timeout=90,
+        what="early-b's Reconciliation made afresh",
+    )
+    code, said = plugin("carol", "reconcile", "early-b", "1:0", "--executed")
+    assert code == 0, said
+    for name, by in (("early-a", "alice"), ("early-b", "carol")):
+        wait_phase(admin, tenant, name, "Succeeded", timeout=90)
+        settled = rec(name)
+        assert (settled["status"]["verdict"], settled["status"]["settledBy"]) == ("executed", by)
+        assert settled["spec"]["decidedAt"]
+        reconciled = [
+            (e.actor, e.data["verdict"])
+            for e in runs.audit_events(operator.cluster.dsn, tenant, name)
+            if e.type == "loop.reconciled"
+        ]
+        assert reconciled == [(by, "executed")]
+    assert shop.shop.by_key() and set(shop.shop.by_key().values()) == {1}
+    assert shop.shop.count() == 2
 
 
 def test_an_invalid_agentrun_is_refused_by_the_api_server_naming_the_field(

@@ -45,6 +45,7 @@ from keelgate.core.loop import check_actor
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, SettleError, SettleTooEarly
 from keelgate.kube.naming import approval_round
+from keelgate.kube.times import now
 
 #: How a command reaches the cluster; tests put a fake here.
 connect: Callable[[Target], PluginApi] = ClusterClient
@@ -234,7 +235,10 @@ def reconcile_command(
     """Settle an unknown outcome: --executed records it done, --not-executed abandons it.
 
     Patches the Reconciliation's spec.executed, with spec.by your own user name (from the API
-    server, as `kubectl auth whoami`) once the API server says you may patch it.
+    server, as `kubectl auth whoami`) and spec.decidedAt (now), once the API server says you
+    may patch it. --not-executed is refused until the call can no longer be sent; one written
+    earlier is refused by the operator (DecidedTooEarly): its maker then runs this again, with
+    --not-executed once they have looked again, or --executed if it ran.
     """
     executed = _decision(did, did_not, "--executed", "--not-executed", "whether it took effect")
     api = _api(ctx, kubeconfig, context, namespace)
@@ -330,13 +334,20 @@ def decide(
             tool=tool,
             verdict=verdict,
         )
-    earlier = _decided_already(found, kind, run, action, decision)
-    if earlier:  # the same decision again (a retried command): nothing to do, and that is fine
-        return Decided(run, action, tool, verdict, earlier, name, already=True)
-    if kind is RECONCILIATION and not decision:
+    early = _written_too_early(found)
+    if early:
+        # Its "not executed" never counts: only its maker may write it again or correct it.
+        _only_its_maker(found, run, action, user, early)
+    else:
+        earlier = _decided_already(found, kind, run, action, decision)
+        if earlier:  # the same decision again (a retried command): nothing to do, and fine
+            return Decided(run, action, tool, verdict, earlier, name, already=True)
+    if not decision:
         _refuse_before_the_deadline(api, found, run, action)
     _may_patch(api, kind, name, user)
-    patch: dict[str, Any] = {kind.field: decision, "by": user}
+    # When the user looked (this host's clock, to the second): the operator counts a "not
+    # executed" only if it was written after the call's write deadline, and this says so.
+    patch: dict[str, Any] = {kind.field: decision, "by": user, "decidedAt": now()}
     if note is not None:
         patch["note"] = note
     api.patch_spec(kind.name, name, patch)
@@ -493,7 +504,8 @@ def _refuse_before_the_deadline(
     ``keelgate reconcile`` does): a process held up between its claim and its send could still
     send it until its write deadline, which the run's status names for each unknown action
     (``notExecutedAfter``). The moment is the store's; this checks it on this host's clock, and
-    the operator, which settles in the store, holds a decision made too early until then."""
+    the operator, which settles in the store, holds a decision written too early until then and
+    then refuses it (``DecidedTooEarly``: the call may have gone out after the person looked)."""
     after = str((found.get("status") or {}).get("notExecutedAfter") or "")
     if not after:
         after = not_executed_after(api.agentrun(run), action)
@@ -515,6 +527,48 @@ def not_executed_after(run: Mapping[str, Any], action: str) -> str:
         if str(unknown.get("action")) == action:
             return str(unknown.get("notExecutedAfter") or "")
     return ""
+
+
+def _written_too_early(found: Mapping[str, Any]) -> str:
+    """How the Reconciliation's "not executed" shows it will never count ("" when it does not):
+    the operator met it before the call's write deadline and holds it (``heldGeneration``,
+    this very generation), or refused it as written too early (``Stalled``, reason
+    ``DecidedTooEarly``, answering this generation: a newer one is yet to be looked at). Its
+    maker may write it again after the deadline, or correct it to executed, until it is
+    settled."""
+    spec, status = found.get("spec") or {}, found.get("status") or {}
+    if spec.get("executed") is not False or status.get("phase") == "Settled":
+        return ""
+    generation = int((found.get("metadata") or {}).get("generation") or 0)
+    if generation and status.get("heldGeneration") == generation:
+        return "held: it was written before the call could no longer be sent"
+    # Imported here: the reconciler's module loads the manifest models, which only this
+    # (rare) case needs.
+    from keelgate.kube.controller.reconciliations import TOO_EARLY
+
+    for shown in status.get("conditions") or ():
+        if shown.get("type") != "Stalled" or shown.get("status") != "True":
+            continue
+        answers = int(shown.get("observedGeneration") or generation)
+        if shown.get("reason") == TOO_EARLY and answers == generation:
+            return "refused: it was written before the call could no longer be sent"
+    return ""
+
+
+def _only_its_maker(found: Mapping[str, Any], run: str, action: str, user: str, early: str) -> None:
+    """Refuse, before anything is written, anyone but the maker of a "not executed" that will
+    never count (``early`` says how it shows that): writing it again or correcting it is its
+    maker's alone (the admission policy refuses anyone else, and ``by`` never changes)."""
+    maker = str((found.get("spec") or {}).get("by") or "")
+    if maker == user:
+        return
+    name = found["metadata"]["name"]
+    raise Refused(
+        f"not executed by {maker or 'someone'} on reconciliation {name} ({run} {action}) is "
+        f"{early}; only {maker or 'its maker'}, who made it, may write it again or correct it "
+        "to executed; nothing was changed",
+        status=403,
+    )
 
 
 def _decided_already(
