@@ -340,9 +340,9 @@ def test_a_not_executed_written_before_the_deadline_never_counts(
 
     code, said = plugin("alice", "reconcile", "early-a", "1:0", "--executed", "--note", "in")
     assert code == 0, said
+    # alice cannot write early-b's again (she is away): an admin deletes it, and the operator
+    # makes it afresh, undecided, for carol.
     admin.delete(f"{path}/{recs['early-b']}")
-    # A deleted Reconciliation does not wake its run: any change to the run does (docs).
-    kubectl("annotate", "agentrun", "early-b", "look-again=1", "--overwrite")
     wait_for(
         lambda: (
             admin.exists(f"{path}/{recs['early-b']}")

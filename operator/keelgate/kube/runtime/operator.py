@@ -189,6 +189,9 @@ class Operator:
         async def on_reconciliation(event: Mapping[str, Any], body: Any, **_: Any) -> None:
             if self._observe("Reconciliation", event, body):
                 self._add(key_of("Reconciliation", body))
+                run = run_to_ask_again(event)
+                if run is not None:
+                    self._add(run)
 
         @kopf.on.event(GROUP, VERSION, "approvals", registry=registry)
         async def on_approval(event: Mapping[str, Any], body: Any, **_: Any) -> None:
@@ -453,6 +456,21 @@ class Operator:
                 await asyncio.to_thread(self.sharding.leases.stop)
             await self._health.stop()
         return 1 if self.lost_lease else 0
+
+
+def run_to_ask_again(event: Mapping[str, Any]) -> Key | None:
+    """The run whose Reconciliation a watch event says was deleted undecided in the store's
+    eyes (not Settled): the run is looked at again, and while its outcome is still unknown the
+    operator makes the Reconciliation afresh (an admin's way out when its decision's maker cannot
+    write it again). None for any other event."""
+    body = event.get("object")
+    if event.get("type") != "DELETED" or not isinstance(body, Mapping):
+        return None
+    if (body.get("status") or {}).get("phase") == "Settled":
+        return None
+    run = str((body.get("spec") or {}).get("runName") or "")
+    namespace = str((body.get("metadata") or {}).get("namespace") or "")
+    return ("AgentRun", namespace, run) if run and namespace else None
 
 
 def is_new_run(event: Mapping[str, Any]) -> bool:
