@@ -557,14 +557,20 @@ FOUND_IN_OPERATOR_MODE_ON_SQLITE = (
     # RunBusy while restock-s2-a1#2 held it, came to its fourth attempt and stood Stalled on
     # that ghost ("a pod named restock-s1-a4 exists and is not this run's") for good, the
     # operator never asking the server. Now it asks first: restock-s1-a4#2 runs at once.
+    # That seed (12998402584335380776) moved on when an early "not executed" came to be
+    # refused; this one (2026-12-07, a scan of base 20261208 on today's world, with the old
+    # cache-only stall put back to find it) meets the same window: operator3's watch missed
+    # the deletion of restock-s1-a2 (an ended pod of the run as created at 658.434, removed
+    # at 695.831); alice created the run again at 715.009, its first attempt ended RunBusy
+    # (restock-s5-a1, held up, held the run), and its second, under that ghost's name, runs.
+    # With the old stall it stands Stalled on the ghost until the end (waiting).
     (
         "a pod deleted while the watch was away, under the next pod name of a run re-created",
-        12998402584335380776,
+        5882587655482203029,
         (
-            "839.778 alice deletes restock and creates it again",
-            "855.713 restock-s1-a3#2 ends with RunBusy (exit 4)",
-            "860.895 restock-s1-a4#2 starts",
-            "903.976 restock-s2-a1#2 killed",
+            "715.009 alice deletes restock and creates it again",
+            "715.974 restock-s1-a1#4 ends with RunBusy (exit 4)",
+            "721.677 restock-s1-a2#3 starts",
             "Succeeded goal_met",
         ),
     ),
