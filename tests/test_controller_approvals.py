@@ -183,6 +183,25 @@ def test_one_deny_among_approvals_denies(kube: Operator) -> None:
     assert operator_tools.ORDERS == []
 
 
+def test_a_deny_added_before_the_operator_recorded_the_approvals_above_it_denies(
+    kube: Operator,
+) -> None:
+    """bob and carol approve (enough: 2 of 2) and then dave denies, all before the operator
+    records any of them (it was away): the object showed "0 of 2" when dave said no, so his no
+    denies. Recorded in list order, the two approvals would complete the count first and the
+    deny be refused as "already approved by bob, carol" (a no lost; the simulator found it with
+    an approval refused under one rule and counted under its edit). Settled denied by dave; the
+    order is never placed."""
+    waiting(kube, RULE)
+    add(kube, "bob")
+    add(kube, "carol")
+    add(kube, "dave", approved=False)
+    kube.reconcile(APPROVE, kind="Approval")
+    assert settled(kube) == ("Settled", "denied", "dave")
+    kube.drive("restock")
+    ended_on_a_deny(kube, "dave")
+
+
 def test_a_deny_on_an_approval_deleted_before_the_operator_looked_still_denies(
     kube: Operator,
 ) -> None:

@@ -385,7 +385,7 @@ def test_a_new_run_waits_behind_the_runs_under_way_but_any_other_change_does_not
     """A run created and never looked at (no status) is queued behind the runs under way, so a
     flood of new runs delays no hand-off; a run with a status, an edit, a deletion, or a new run
     already being deleted are queued as before."""
-    from keelgate.kube.runtime.operator import is_new_run
+    from keelgate.kube.runtime.watch_events import is_new_run
 
     new = {"metadata": {"name": "r", "namespace": "ns"}, "spec": {}}
     assert is_new_run({"type": "ADDED", "object": new})

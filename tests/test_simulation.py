@@ -383,13 +383,20 @@ FOUND_IN_OPERATOR_MODE = (
         # its save's answer was lost; restock-s10-a3 read that plan and acted on it, and
         # restock-s11-a1 sent notify's n3 with nobody asked, as the rule then said. The oracle
         # judged the send by iteration 2's plan too (the newest surely saved), whose rule asked
-        # two approvals; a save a later step acted on is now taken as landed.
+        # two approvals; a save a later step acted on is now taken as landed. That seed
+        # (13662469121908281641) moved on when an early "not executed" came to be refused
+        # (2026-12-07); this one (found by h/seeds' search on f31f41b, broken there) tells the
+        # same story shorter: dave denied n2 (1:1) as notify's rule was removed; restock-s3-a1
+        # planned iteration 2 (n2 again, one key) and lost its store unheard; restock-s3-a4
+        # sent n2 from that plan. Iteration 1's plan, the newest surely saved, was done before
+        # the model was asked again, so no later step followed it (``Books.plans_followed``).
         "a call sent under a loosened rule, its plan's save heard of only by a later step",
-        13662469121908281641,
+        9985398736884628465,
         (
-            "186.839 spec edited: approval notify (generation 5)",
-            "365.632 restock-s10-a2 ends with StoreUnavailable (exit 5)",
-            "412.985 EFFECT POST http://shop.sim/notices n3 by restock-s11-a1",
+            "46.472 spec edited: approval notify (generation 2)",
+            "46.472 dave patches restock-1-1-notify-c42b4e67a1 approved: False",
+            "50.771 restock-s3-a1 ends with StoreUnavailable (exit 5)",
+            "61.432 EFFECT POST http://shop.sim/notices n2 by restock-s3-a4",
         ),
     ),
     # The product's fault (make sim SECONDS=600 on 4494c9a, waiting): a run deleted and made

@@ -236,7 +236,11 @@ class ApprovalReconciler:
         refused: list[str] = []
         recorded = recorded_refs(body, state.approvals.get(action, ()))
         written = written_at(body)
-        for entry in found:
+        # Denies first: a no on the object that the store does not hold yet was made before
+        # any approval recorded with it here, and any no denies; recorded in list order, an
+        # approval made earlier (refused then, counted now: a rule edited) could complete the
+        # count first, and the later no be refused as "already approved" (a no lost).
+        for entry in sorted(found, key=lambda e: e.approved):
             if entry.ref in recorded:
                 self._sightings.recorded(entry.ref)
                 continue

@@ -58,6 +58,7 @@ from keelgate.kube.runtime.notifier import ConfigMapState, Notifier, plan_argume
 from keelgate.kube.runtime.resync import Resync, WaitingRuns
 from keelgate.kube.runtime.run_leases import let_go_idle_runs, renew_runs
 from keelgate.kube.runtime.shards import Sharding, notification_shard, refuse_sharding
+from keelgate.kube.runtime.watch_events import is_new_run, run_to_ask_again
 from keelgate.kube.runtime.workers import Workers
 from keelgate.kube.runtime.workqueue import WorkQueue
 from keelgate.manifest.notifications import NotifySettings
@@ -456,35 +457,6 @@ class Operator:
                 await asyncio.to_thread(self.sharding.leases.stop)
             await self._health.stop()
         return 1 if self.lost_lease else 0
-
-
-def run_to_ask_again(event: Mapping[str, Any]) -> Key | None:
-    """The run whose Reconciliation a watch event says was deleted undecided in the store's
-    eyes (not Settled): the run is looked at again, and while its outcome is still unknown the
-    operator makes the Reconciliation afresh (an admin's way out when its decision's maker cannot
-    write it again). None for any other event."""
-    body = event.get("object")
-    if event.get("type") != "DELETED" or not isinstance(body, Mapping):
-        return None
-    if (body.get("status") or {}).get("phase") == "Settled":
-        return None
-    run = str((body.get("spec") or {}).get("runName") or "")
-    namespace = str((body.get("metadata") or {}).get("namespace") or "")
-    return ("AgentRun", namespace, run) if run and namespace else None
-
-
-def is_new_run(event: Mapping[str, Any]) -> bool:
-    """A watch event of an AgentRun no operator has looked at yet (created, no status): it waits
-    behind the runs under way in the work queue, so that a flood of new runs (10,000 applied at
-    once) delays no step pod's hand-off of a run already going; the new runs start as the
-    queue allows, in the order they came."""
-    body = event.get("object")
-    return (
-        event.get("type") == "ADDED"
-        and isinstance(body, Mapping)
-        and not body.get("status")
-        and not (body.get("metadata") or {}).get("deletionTimestamp")
-    )
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):

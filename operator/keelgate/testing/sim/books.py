@@ -376,7 +376,9 @@ class Books:
         """The answers whose plan a request's sender may have been following: the newest that
         planned its call asked by the sender itself; else the newest saved before the sender
         started (a step reads the saved plan once, as it starts), with any newer whose save
-        may have landed unheard. A plan asked but never saved (its step fenced off, dead before
+        may have landed unheard; only those, when the model was asked to plan again after that
+        newest save and before the sender started (the plan it saved was done by then). A plan
+        asked but never saved (its step fenced off, dead before
         the save) or saved while the sender ran was never the sender's: a held-up step goes on
         with the plan it read, however the spec was edited since. Where the books know of no
         save (a history written by hand), the newest before the sender started."""
@@ -398,10 +400,15 @@ class Books:
         saved.sort(key=lambda a: a.order)
         if not saved:
             return before[-1:]
-        return [
-            saved[-1],
-            *(a for a in before if a.order > saved[-1].order and a.order in self.unsure),
-        ]
+        unheard = [a for a in before if a.order > saved[-1].order and a.order in self.unsure]
+        if unheard and any(
+            a.phase == "plan" and saved[-1].order < a.order < life.order for a in self.asks
+        ):
+            # The model was asked to plan again after that save, before the sender started:
+            # the step that asked had read that plan done, so no later step followed it. The
+            # sender followed one of those unheard saves (its own call proves one landed).
+            return unheard
+        return [saved[-1], *unheard]
 
     def _landed(self, ask: Ask, before: int) -> bool:
         """Whether an answer whose save may have landed unheard did land before the process

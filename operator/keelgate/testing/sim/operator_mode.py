@@ -439,7 +439,7 @@ class Cluster:
 
     def _status_written(self, kind: str, body: JSON) -> None:
         status = body.get("status") or {}
-        if kind == "Approval" and self.name:
+        if kind == "Approval":
             self._refused_here(body, str(status.get("message") or ""))
         if kind == "Reconciliation" and TOO_EARLY in str(status.get("conditions") or ""):
             self._refused_too_early(body)
@@ -482,10 +482,17 @@ class Cluster:
         naming its maker, alone or after the count's ``not counted:``) is refused, its maker
         told so; the oracle counts it no more from then. An approval refused so is still counted
         as made (where it is carried over later, the product counts it from then): the oracle
-        errs toward letting the call through, never toward a broken promise of its own making."""
+        errs toward letting the call through, never toward a broken promise of its own making.
+        With one cluster, only the refusal that stands (the rule as the run asks does not let
+        its maker decide: "may not decide it"); one that passes (between two stops, the store
+        away) is the product's to record later, and the deny keeps binding. A rule edited at
+        the moment of the deny is thus the product's to apply: the deny refused under the rule
+        the run asked with is shown so, and its maker decides again if the new rule asks them."""
         action = str((body.get("spec") or {}).get("action", ""))
         # "bob: <why>" alone, or "<count>; not counted: bob: <why>; carol: <why>".
         pieces = [piece.removeprefix("not counted: ") for piece in message.split("; ")]
+        if not self.name:
+            pieces = [piece for piece in pieces if "may not decide it" in piece]
         for decision in self.books.decisions:
             if (
                 decision.kind == "approve"
