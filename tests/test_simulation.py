@@ -377,6 +377,34 @@ def test_the_seeds_found_with_every_move_keep_every_promise(
 #: product changes what it reads and when; the docs name them).
 FOUND_IN_OPERATOR_MODE = (
     (
+        # The product's fault (h/seeds' search on f31f41b, unapproved): dave, whom the rule did
+        # not let decide, approved 5:0 twice (refused), then denied it (refused too); the rule
+        # was edited to let him decide and bob approved. The operator recorded the object's
+        # entries in list order: bob's, then dave's first approval (counted now: 2 of 2), and
+        # his later no was refused as "already approved". Now an object's new entries are
+        # recorded denies first: dave's no denies, and p5 is never sent.
+        "a no added after approvals refused under one rule and counted under its edit",
+        2897527648295461615,
+        (
+            "559.536 dave adds to restock-5-place-order-f88060e171's decisions approved: False",
+            "606.589 bob adds to restock-5-place-order-f88060e171's decisions approved: True",
+        ),
+    ),
+    (
+        # The oracle's fault (h/seeds' search on f31f41b, unapproved): dave denied as the rule
+        # was edited; the run asked with the rule before the edit, which does not let him
+        # decide, and the Approval showed his no refused ("may not decide it"). The run was made
+        # again and bob approved as the new rule asks. One cluster's oracle took a no refused
+        # so as binding; now, as two clusters', it binds no more once shown refused.
+        "a deny refused as one the rule does not let decide, the run made again",
+        12543163258399059243,
+        (
+            "41.305 dave patches restock-2-place-order-df7f18f35a approved: False",
+            "63.510 alice deletes restock and creates it again",
+            "136.205 EFFECT POST http://shop.sim/orders p2 by restock-s2-a1#2",
+        ),
+    ),
+    (
         # The oracle's fault (make sim SECONDS=300 on 879093a, base 1796589670, unapproved):
         # notify's rule was removed (generation 5) after alice and dave had denied the call in
         # iterations 1 and 2; restock-s10-a2 planned iteration 4 under the loosened spec and
@@ -549,6 +577,20 @@ def test_the_seeds_found_in_operator_mode_with_every_move_keep_every_promise(
 #: story in today's: bob's deny as operator1's reconcile of that very Approval fails, alice
 #: re-creating her run later, the deny recorded.
 FOUND_IN_OPERATOR_MODE_ON_SQLITE = (
+    (
+        # The oracle's fault (h/seeds' search on f31f41b, unapproved): alice denied round 2's
+        # call as its rule was edited and the run made again; the run's rule did not let her
+        # decide and her no was shown refused; bob approved and the call went. Kept beside
+        # the memory-store seed of the same kind.
+        "a deny refused as one the rule does not let decide, made as its rule was edited",
+        12167846979756168869,
+        (
+            "492.258 alice adds to restock-2-2-place-order-a7fb7aa05d-r2's decisions approved: "
+            "False",
+            "508.424 bob adds to restock-2-2-place-order-a7fb7aa05d-r2's decisions approved: True",
+            "513.957 EFFECT DELETE http://shop.sim/steal p5 by restock-s2-a1#3",
+        ),
+    ),
     (
         "a deny, its Approval's reconcile failing at once, the run re-created",
         9227316621196855893,
