@@ -32,6 +32,7 @@ from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode, _options, _parser
 from keelgate.testing.sim.books import (
+    Ask,
     Books,
     Effect,
     ProcessLife,
@@ -1194,9 +1195,10 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options
 
 
-def _desk(seed: int, *, rejection_limit: bool = False) -> tuple[Desk, Schedule]:
+def _desk(seed: int, *, rejection_limit: bool = False, **parts: bool) -> tuple[Desk, Schedule]:
     """A run's desk whose place_order asks approval (its rule drawn from ``seed``), its spec
-    limiting the verifier's rejections with ``rejection_limit``."""
+    limiting the verifier's rejections with ``rejection_limit``, and the desk's other parts
+    (``time_budget``, ``service_account_rules``) as ``parts`` says."""
     schedule = Schedule(seed=seed)
     world = World(schedule)
     scenario = Scenario(
@@ -1209,7 +1211,7 @@ def _desk(seed: int, *, rejection_limit: bool = False) -> tuple[Desk, Schedule]:
         input_tokens=100,
         output_tokens=20,
     )
-    return Desk(scenario, world, Books(), rejection_limit=rejection_limit), schedule
+    return Desk(scenario, world, Books(), rejection_limit=rejection_limit, **parts), schedule
 
 
 def test_rule_edits_mostly_name_other_groups_and_draw_what_they_drew() -> None:
@@ -2404,3 +2406,83 @@ def test_an_approval_after_edits_between_steps_counts_for_the_call_the_run_showe
         mode="local",
         options=_options(args),
     )
+
+
+def test_a_time_budget_is_read_from_a_choice_already_made_and_moves_with_the_budget() -> None:
+    """With ``time_budget`` (the whole world's) half the runs' specs have a time budget
+    (``timeoutSeconds``), read from the rest of a draw the desk made anyway: every choice is
+    drawn as without it. A budget raised raises it by two minutes, lowered lowers it by half
+    a minute, never below 15 s."""
+    seconds: Counter[int | None] = Counter()
+    for seed in range(60):
+        plain, drawn = _desk(seed)
+        timed, drawn_timed = _desk(seed, time_budget=True)
+        assert "timeoutSeconds" not in plain.manifest["budget"]
+        assert drawn_timed.made == drawn.made
+        assert plain.manifest["tools"] == timed.manifest["tools"]
+        limit = timed.manifest["budget"].get("timeoutSeconds")
+        seconds[limit] += 1
+        if limit is None:
+            continue
+        timed.edit("raise budget")
+        assert timed.manifest["budget"]["timeoutSeconds"] == limit + 120
+        for _ in range(12):
+            timed.edit("lower budget")
+        assert timed.manifest["budget"]["timeoutSeconds"] == 15
+    assert set(seconds) == {None, 30, 60, 120, 240}
+    assert 15 <= seconds[None] <= 45, seconds
+
+
+def _timed_books(limit: float) -> Books:
+    """Books of a run whose spec gives ``limit`` active seconds: step1 counted from boot 10 s,
+    asked the model at 11, saved at 12 (returned 12.5) and at 30 (returned 31); step2, started
+    at 100 (a person took 70 s to decide: not active time), saved at 100, asked at 101, saved
+    at 125 and asked at 126 (in that order)."""
+    books = Books()
+    books.specs.append(SpecVersion(1, 0.0, {"budget": {"timeoutSeconds": limit}}))
+    boot = books.clocks.boot  # the boot clock at a moment of the world's
+    first = ProcessLife(0.0, 1, 1)
+    first.clock_from = boot(10.0)
+    first.saves = [(boot(12.0), boot(12.5), 2), (boot(30.0), boot(31.0), 3)]
+    second = ProcessLife(90.0, 5, 1)
+    second.clock_from = boot(100.0)
+    second.saves = [(boot(100.0), boot(100.5), 6), (boot(125.0), boot(125.5), 8)]
+    books.processes.update(step1=first, step2=second)
+    for at, process, phase, order in ((11.0, "step1", "plan", 1), (101.0, "step2", "plan", 7)):
+        books.asks.append(Ask(at, process, phase, 1, order=order))
+    books.asks.append(Ask(126.0, "step2", "verify", 1, order=9))
+    return books
+
+
+def test_spent_judges_a_time_budget_from_the_sessions_the_world_saw() -> None:
+    """A time budget is active seconds: a session's time from its start to its saves, summed
+    over the run's sessions, time stopped between them not counted (docs/manifest.md,
+    ``spec.budget``). The world's floor of it, when a step asks the model: what the newest
+    save it could have loaded held at least (step1's last save, 20 s after its start) and the
+    time since its own start up to its newest save returned before the question (step2's
+    verify: 25.5 s). A budget below that floor is spent, and asking breaks ``spent``; one at
+    or above it is not (the time between the sessions, 70 s, never counts)."""
+    from keelgate.testing.sim.checkers import spent
+    from keelgate.testing.sim.records import Records
+
+    said = [str(v) for v in spent(_timed_books(40.0), Records())]
+    assert said == [
+        "spent: something was acted on, or the model asked, once a budget was used up (step2 "
+        "asked the model (verify 1) at 126.0 after at least 45.5s of active time, its budget "
+        "40.0s)"
+    ], said
+    assert spent(_timed_books(45.5), Records()) == []
+    assert len(spent(_timed_books(19.0), Records())) == 2  # step2's plan too, 20 s carried
+    late = _timed_books(19.0)
+    boot = late.clocks.boot
+    late.processes["step1"].saves[-1] = (boot(30.0), boot(100.5), 3)  # heard after step2 began
+    assert [v.detail for v in spent(late, Records())] == [
+        "step2 asked the model (verify 1) at 126.0 after at least 27.5s of active time, its "
+        "budget 19.0s"
+    ]
+    # A save booked after the question (its retries outlasted the budget), however close in
+    # time, came after the judging.
+    after = _timed_books(21.0)
+    assert len(spent(after, Records())) == 1
+    after.processes["step2"].saves[-1] = (boot(126.0), boot(126.0), 10)
+    assert spent(after, Records()) == []

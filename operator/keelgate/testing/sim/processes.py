@@ -49,7 +49,7 @@ from keelgate.testing.sim.downstream import (
 )
 from keelgate.testing.sim.model import Planner, SimModel
 from keelgate.testing.sim.network import Network
-from keelgate.testing.sim.stores import StoreSite
+from keelgate.testing.sim.stores import BookedSaves, StoreSite
 from keelgate.testing.sim.world import World
 
 #: Exit code of a process that died (SIGKILL, os._exit(137)).
@@ -191,6 +191,7 @@ class StepProcess:
         self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
         self._heard = False  # a statement of its own landed since the last write it booked
         self._landed = 0  # the place (``Books.next_order``) where its latest statement landed
+        self._driving = False  # its step is under way (its main flow: no late call's end)
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(
             self.world.now, self.books.next_order(), cluster=cluster, epoch=epoch
@@ -222,7 +223,11 @@ class StepProcess:
             code: int
             try:
                 with failpoints.observed(self._window):
-                    outcome = self._drive()
+                    self._driving = True
+                    try:
+                        outcome = self._drive()
+                    finally:
+                        self._driving = False
                 code = exit_code(outcome, asked=self.asked_to_stop)
                 world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
             except SimulatedCrash as crash:
@@ -299,7 +304,32 @@ class StepProcess:
         self._stores = self.setting.site.open(
             answer_late=self._answer_late, reachable=self.reachable
         )
+        if isinstance(self._stores.checkpoints, BookedSaves):
+            self._stores.checkpoints.booking = self._saving
         return self._stores
+
+    def _clock(self) -> float:
+        """The boot clock its loop reads (the session's active time is counted on it): the
+        first reading, the session's start, is booked."""
+        now = self.world.boot()
+        life = self.books.processes[self.name]
+        if life.clock_from is None:
+            life.clock_from = now
+        return now
+
+    def _saving(self) -> Callable[[], None]:
+        """A checkpoint save of its own asked for: booked once it returns, if its step's own
+        flow asked for it (a late call's save after the session stopped counts nothing)."""
+        world = self.world
+        mine = self._driving and world.actor == self.name
+        asked = world.boot()
+
+        def returned() -> None:
+            if mine:
+                life = self.books.processes[self.name]
+                life.saves.append((asked, world.boot(), self.books.next_order()))
+
+        return returned
 
     def _answer_late(self) -> None:
         """A statement of this process landed and its answer is slow: the process waits for
@@ -363,7 +393,7 @@ class StepProcess:
             price_model=parts.price_model,
             max_output_tokens=parts.max_output_tokens,
             busy_wait=0.0,  # virtual time: a busy run is told at once, never slept on
-            clock=self.world.boot,
+            clock=self._clock,
         )
 
     def _window(self, name: str) -> None:
