@@ -565,7 +565,8 @@ def test_a_service_account_is_one_approver_whoever_acts_through_it() -> None:
     ``ci`` (bob's CI job) are two names the product counts: the world counts the ServiceAccount
     as itself, whoever acted through it (notCreator cannot tell either: alice, the creator,
     approving as ``ci`` counts). ``ci`` twice is one approval, not two; and a ServiceAccount's
-    deny, where the rule lets ServiceAccounts decide, denies."""
+    deny, where the rule lets ServiceAccounts decide, denies where the rule names no groups
+    (under one that does, its token's groups decide, which the world does not judge)."""
     rule = {"required": 2, "serviceAccounts": True, "notCreator": True}
     story = History(approval=rule)
     story.decide("bob", 1.4, told=False)
@@ -582,6 +583,13 @@ def test_a_service_account_is_one_approver_whoever_acts_through_it() -> None:
     denied.decide("bob", 1.5, told=False)
     denied.ordinary()
     assert denied.broken() == {"unapproved"}
+    # Under a rule naming groups, the ServiceAccount's groups are its token's: the product may
+    # have refused its deny, which then denied nothing for sure.
+    grouped = History(approval={"required": 1, "serviceAccounts": True, "groups": ["shop-devs"]})
+    grouped.decide(SERVICE_ACCOUNT, 1.2, human="dave", yes=False, told=False)
+    grouped.decide("bob", 1.5, told=False)
+    grouped.ordinary()
+    assert grouped.broken() == set()
 
 
 def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:

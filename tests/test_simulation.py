@@ -146,7 +146,13 @@ def whole_with_set_g(seed: int) -> Options:
 def whole_before_suspends(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` (its shares drawn) as it was before machines were
     suspended in it (``--suspends``): the seeds found in the whole world before then."""
-    return replace(Options.whole(seed), suspends=False)
+    return replace(whole_before_set_h(seed), suspends=False)
+
+
+def whole_before_set_h(seed: int | None = None) -> Options:
+    """``make sim``'s world for ``seed`` (its shares drawn) as it was before set H's misses
+    were closed in it: no time budget, no rule letting ServiceAccounts decide."""
+    return replace(Options.whole(seed), time_budget=False, service_account_rules=False)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -2486,3 +2492,66 @@ def test_spent_judges_a_time_budget_from_the_sessions_the_world_saw() -> None:
     assert len(spent(after, Records())) == 1
     after.processes["step2"].saves[-1] = (boot(126.0), boot(126.0), 10)
     assert spent(after, Records()) == []
+
+
+#: The world of seed 13575514142627900702 (set H's time budget, found in the whole world of
+#: h/simh), as its replay line names it: pinned, so that parts added later leave its path alone.
+TIME_BUDGET_WORLD = [
+    *("--late-shop", "--slow-store", "--paged", "--rejection-limit", "--mcp-often"),
+    *("--dollars", "--cached-input", "--python-tool", "--no-creator", "--mcp-remote"),
+    *("--reordered-args", "--pay-threads", "--suspends", "--time-budget"),
+    *("--service-account-rules", "--moves", "copy,definition,delete,recreate,reorder,service-account"),
+]
+TIME_BUDGET_SEED = 13575514142627900702
+
+
+def test_a_time_budget_judged_from_the_last_checkpoint_only_is_found(tmp_path: Path) -> None:
+    """Set H's "a run's active time judged from its last checkpoint only", planted into a copy
+    of the package, breaks ``spent`` on its seed (operator mode, a budget of 30 active
+    seconds): restock-s2-a1 spent 26 s on a held charge, restock-s3-a1 5.5 s on late store
+    answers, and restock-s4-a1, 35 s into its own step (a store answer 14.8 s late, an order
+    held 20.8 s), asks the model for its verdict, its budget judged on its own time alone.
+    The clean product, on the same seed, stops there on its time budget (``timeout``), the
+    owner raises it, and the run keeps every promise."""
+    args = _parser().parse_args([*TIME_BUDGET_WORLD, "--seed", str(TIME_BUDGET_SEED)])
+    options = _options(args)
+    bug = next(b for b in UNSEEN_H if "active time judged from its last checkpoint" in b.name)
+    done = _planted_run(bug, tmp_path, seed=TIME_BUDGET_SEED, mode="operator", options=options)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    said = (
+        "  spent: something was acted on, or the model asked, once a budget was used up "
+        "(restock-s4-a1 asked the model (verify 1) at 329.5 after at least 46.9s of active "
+        "time, its budget 30s)"
+    )
+    assert said in done.stdout, done.stdout[-3000:]
+    _meets_its_window_and_keeps_every_promise(
+        "a step past the run's time budget, counted over three sessions",
+        TIME_BUDGET_SEED,
+        (
+            "308.683 restock-s4-a1 mcp http://shop.sim/mcp place_order held by the server",
+            "329.529 restock-s4-a1 ends Stopped timeout",
+            "spec edited: raise budget (generation 2)",
+        ),
+        mode="operator",
+        options=options,
+    )
+
+
+def test_whole_world_runs_stop_on_their_time_budget_and_let_service_accounts_decide() -> None:
+    """In the whole world runs stop on their time budget (``timeout``) and are raised, and
+    people decide through the CI job's ServiceAccount where the rule the run shows lets them
+    (an approval the product records), and the clean product keeps every promise (``spent``
+    judging the time budget, ``unapproved`` the ServiceAccounts). The kept seeds' world
+    (``Options.every()``) has neither."""
+    said: Counter[str] = Counter()
+    for index in range(24):
+        mode = "operator" if index % 3 == 2 else "local"
+        whole = simulate(seed=seed_of(index, 11), store="memory", mode=mode, options=Options.whole())
+        assert whole.ok, "; ".join(map(str, whole.violations))
+        for line in whole.lines:
+            said["timeout"] += line.endswith(" ends Stopped timeout")
+            said["bot"] += "(the rule lets it)" in line or "'s CI job adds to" in line
+            said["recorded"] += " system:serviceaccount:shop:ci approved " in line
+    assert said["timeout"] >= 3 and said["bot"] >= 5 and said["recorded"] >= 2, said
+    kept = simulate(seed=seed_of(0, 11), store="memory", mode="local", options=Options.every())
+    assert not any("timeout" in line or "(the rule lets it)" in line for line in kept.lines)

@@ -272,7 +272,10 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
             if decision.human != decision.by and not (bot and rule.service_accounts):
                 continue  # a ServiceAccount the rule does not let decide (nor anyone's copy)
             if not decision.yes:
-                if (bot or rule.may_decide(decision.human)) and len(people) < rule.required:
+                # A ServiceAccount's groups are what its token says, not the world's: its deny
+                # binds for sure only under a rule that names no groups.
+                asked = not rule.groups if bot else rule.may_decide(decision.human)
+                if asked and len(people) < rule.required:
                     no = no or decision.by
                 continue
             if _counts(books, decision, rule, sent):

@@ -333,6 +333,27 @@ class Desk:
         self.world.say(f"spec edited: groups of {name} (generation {self.generation + 1})")
         self._push(new)
 
+    def turn_service_accounts(self, name: str) -> None:
+        """The run's owner turns whether ServiceAccounts may decide the approvals of tool
+        ``name``, whose call the run waits on (its CI job let in, or, its token leaked, people
+        only again): the call was planned under one rule and is now asked of the other, both
+        in play. A tool that asks no approval is left as it is. It draws nothing."""
+        tool = self.tool(name)
+        if tool is None or not rule_of(tool).required:
+            return
+        new = copy.deepcopy(self.manifest)
+        edited = next(t for t in new["tools"] if t["name"] == name)
+        rule = dict(edited.pop("approval", None) or {"required": 1})
+        edited.pop("requiresApproval", None)
+        if rule.pop("serviceAccounts", False) is False:
+            rule["serviceAccounts"] = True
+        edited["approval"] = rule
+        said = "let" if rule.get("serviceAccounts") else "no longer let"
+        self.world.say(
+            f"spec edited: ServiceAccounts {said} decide {name} (generation {self.generation + 1})"
+        )
+        self._push(new)
+
     def _change_rule(self, tool: dict[str, Any]) -> None:
         """The rule's fields change: one drawn from the schedule (its count, its groups,
         notCreator, its expiry), and, as often as not, others with it (``_also_changed``; with

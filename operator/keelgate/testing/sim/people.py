@@ -168,6 +168,10 @@ class People:
                 drawn = schedule.raw()
                 if (drawn // 1000) % 4 == 3:
                     self.setting.desk.regroup(pending.tool)
+                if self.setting.desk.service_account_rules and (drawn // 4000) % 4 == 3:
+                    # With ServiceAccounts in the world, one time in four (read further on in
+                    # the same draw) the owner turns whether they may decide it too.
+                    self.setting.desk.turn_service_accounts(pending.tool)
                 if drawn % 1000 < 700:
                     self._approve(loop, state, pending.action, pending.tool, pending.rule)
             if self.setting.desk.moves and not self.calm and schedule.chance(300):
@@ -289,15 +293,15 @@ class People:
         ``--group`` at all (a person who leaves it out), or, with the ``service-account``
         move, the name of the ServiceAccount ``ci`` their CI job runs as, with their groups.
         With ``service_account_rules``, where the rule the run shows lets ServiceAccounts
-        decide, a third of the other chaos decisions are made through ``ci`` too (the CI job
-        the rule was written for; read from the rest of the same draw)."""
+        decide, half the other chaos decisions are made through ``ci`` too (the CI job the
+        rule was written for; read from the rest of the same draw)."""
         schedule = self.world.schedule
         if self.calm:
             return human, GROUPS[human]
         odd, rest = schedule.chance_and_rest(150)
         if not odd:
             bots = rule is not None and rule.service_accounts
-            if bots and self.setting.desk.service_account_rules and rest % 3 == 1:
+            if bots and self.setting.desk.service_account_rules and rest % 2 == 1:
                 self.world.say(f"{human} decides as {SERVICE_ACCOUNT} (the rule lets it)")
                 return SERVICE_ACCOUNT, (*GROUPS[human], "system:serviceaccounts")
             return human, GROUPS[human]
