@@ -2500,7 +2500,11 @@ TIME_BUDGET_WORLD = [
     *("--late-shop", "--slow-store", "--paged", "--rejection-limit", "--mcp-often"),
     *("--dollars", "--cached-input", "--python-tool", "--no-creator", "--mcp-remote"),
     *("--reordered-args", "--pay-threads", "--suspends", "--time-budget"),
-    *("--service-account-rules", "--moves", "copy,definition,delete,recreate,reorder,service-account"),
+    *(
+        "--service-account-rules",
+        "--moves",
+        "copy,definition,delete,recreate,reorder,service-account",
+    ),
 ]
 TIME_BUDGET_SEED = 13575514142627900702
 
@@ -2546,7 +2550,9 @@ def test_whole_world_runs_stop_on_their_time_budget_and_let_service_accounts_dec
     said: Counter[str] = Counter()
     for index in range(24):
         mode = "operator" if index % 3 == 2 else "local"
-        whole = simulate(seed=seed_of(index, 11), store="memory", mode=mode, options=Options.whole())
+        whole = simulate(
+            seed=seed_of(index, 11), store="memory", mode=mode, options=Options.whole()
+        )
         assert whole.ok, "; ".join(map(str, whole.violations))
         for line in whole.lines:
             said["timeout"] += line.endswith(" ends Stopped timeout")
@@ -2555,3 +2561,50 @@ def test_whole_world_runs_stop_on_their_time_budget_and_let_service_accounts_dec
     assert said["timeout"] >= 3 and said["bot"] >= 5 and said["recorded"] >= 2, said
     kept = simulate(seed=seed_of(0, 11), store="memory", mode="local", options=Options.every())
     assert not any("timeout" in line or "(the rule lets it)" in line for line in kept.lines)
+
+
+#: The world of seed 5465419071341559111 (set H's ServiceAccounts under two rules, found in the
+#: whole world of h/simh), as its replay line names it: pinned, so that parts added later leave
+#: its path alone.
+SERVICE_ACCOUNTS_WORLD = [
+    *("--late-shop", "--slow-store", "--paged", "--rejection-limit", "--mcp-often"),
+    *("--dollars", "--cached-input", "--python-tool", "--no-creator", "--two-clusters"),
+    *("--mcp-remote", "--reordered-args", "--pay-threads", "--suspends", "--time-budget"),
+    *("--service-account-rules", "--moves", "--http-confirmer"),
+]
+SERVICE_ACCOUNTS_SEED = 5465419071341559111
+
+
+def test_two_rules_that_let_service_accounts_decide_if_either_does_is_found(
+    tmp_path: Path,
+) -> None:
+    """Set H's "two rules combined let ServiceAccounts decide if either does", planted into a
+    copy of the package, breaks ``unapproved`` on its seed (monitor mode): tick 1's order p3
+    was planned under a rule for people only; the owner let ServiceAccounts decide the tool
+    since, and sent it to ``/steal`` after bob's approval, which then no longer counted. The
+    run, asking again, showed a rule that let ServiceAccounts decide, and bob's CI job approved
+    as ``ci``: the order went to ``/steal`` on it. The clean product showed the rule of both
+    (people only), bob approved himself, and the run keeps every promise."""
+    args = _parser().parse_args([*SERVICE_ACCOUNTS_WORLD, "--seed", str(SERVICE_ACCOUNTS_SEED)])
+    options = _options(args)
+    bug = next(b for b in UNSEEN_H if "ServiceAccounts decide if either does" in b.name)
+    done = _planted_run(bug, tmp_path, seed=SERVICE_ACCOUNTS_SEED, mode="monitor", options=options)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "787.273 system:serviceaccount:shop:ci approved 1:2 (place_order)" in done.stdout
+    said = (
+        "  unapproved: a call took effect without the approvals it needed, as approved (tick 1: "
+        "place_order p3@t1 sent by tick19 at 795.7 to POST http://shop.sim/steal: 0 of 1 "
+        "approvals)"
+    )
+    assert said in done.stdout, done.stdout[-3000:]
+    _meets_its_window_and_keeps_every_promise(
+        "a call planned under a rule for people, asked again under one letting ServiceAccounts",
+        SERVICE_ACCOUNTS_SEED,
+        (
+            "spec edited: ServiceAccounts let decide place_order (generation 8)",
+            "707.656 spec edited: place_order url (generation 9)",
+            "787.273 bob approved 1:2 (place_order)",
+        ),
+        mode="monitor",
+        options=options,
+    )
