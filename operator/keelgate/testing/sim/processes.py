@@ -23,14 +23,17 @@ on. Its exit code is the step program's (``keelgate.cli.step.exit_code``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import FrameType
 
 from keelgate.adapters.models.python import PythonModel
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import RECORDED, exit_code
 from keelgate.core.loop import Loop
+from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import Outcome
@@ -318,10 +321,12 @@ class StepProcess:
         return now
 
     def _saving(self) -> Callable[[], None]:
-        """A checkpoint save of its own asked for: booked once it returns, if its step's own
-        flow asked for it (a late call's save after the session stopped counts nothing)."""
+        """A checkpoint save of its own asked for: booked once it returns, if its session
+        asked for it with the time since its start (``Checkpointer.save``): not a late call's
+        result written into whichever checkpoint is the latest (``remember_late``, which counts
+        no time of its own), nor a save after its step ended."""
         world = self.world
-        mine = self._driving and world.actor == self.name
+        mine = self._driving and world.actor == self.name and _a_sessions_save()
         asked = world.boot()
 
         def returned() -> None:
@@ -437,6 +442,19 @@ class StepProcess:
         if not self.alive:
             raise SimulatedCrash(name, 1)
         world.say(f"{self.name} goes on after {name}")
+
+
+def _a_sessions_save() -> bool:
+    """Whether the checkpoint save under way was asked for by a session's checkpointer as the
+    next of its own (``Checkpointer.save`` or ``save_completing``, which count the session's
+    active time into it), not by ``Checkpointer.remember_late`` (which writes a late result
+    into the latest checkpoint, whoever wrote it): the nearest checkpointer on the stack says."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Checkpointer):
+            return frame.f_code.co_name in ("save", "save_completing")
+        frame = frame.f_back
+    return False
 
 
 def _crash_in(group: BaseExceptionGroup) -> SimulatedCrash | None:
