@@ -538,6 +538,60 @@ def test_an_approval_of_one_remote_tool_of_an_mcp_server_counts_for_no_other() -
         assert story.broken() == broken, remote
 
 
+@pytest.mark.parametrize(
+    ("planned", "now", "counts"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+)
+def test_a_service_account_counts_only_where_both_rules_let_service_accounts_decide(
+    planned: bool, now: bool, counts: bool
+) -> None:
+    """A call planned under one rule and sent under an edited one is held to both: "a person
+    must be in one of each rule's groups, ServiceAccounts only if both let them"
+    (docs/manifest.md, approval rules). bob's CI job approves the order as the ServiceAccount
+    ``ci``: the approval counts where the rule it was planned under and the rule the sender
+    was given both say ``serviceAccounts: true``, and where either does not, the order went
+    out unapproved."""
+    story = History(approval={"required": 1, **({"serviceAccounts": True} if planned else {})})
+    story.ask()
+    story.spec(2, 1.2, manifest({"required": 1, **({"serviceAccounts": True} if now else {})}))
+    story.process("step2", 1.3, generation=2)
+    story.decide(SERVICE_ACCOUNT, 1.5, human="bob", told=False)
+    story.effect(story.send("step2", at=2.0))
+    assert story.broken() == (set() if counts else {"unapproved"}), (planned, now)
+
+
+def test_a_service_account_is_one_approver_whoever_acts_through_it() -> None:
+    """Under a rule of two approvals that lets ServiceAccounts decide, bob and the ServiceAccount
+    ``ci`` (bob's CI job) are two names the product counts: the world counts the ServiceAccount
+    as itself, whoever acted through it (notCreator cannot tell either: alice, the creator,
+    approving as ``ci`` counts). ``ci`` twice is one approval, not two; and a ServiceAccount's
+    deny, where the rule lets ServiceAccounts decide, denies where the rule names no groups
+    (under one that does, its token's groups decide, which the world does not judge)."""
+    rule = {"required": 2, "serviceAccounts": True, "notCreator": True}
+    story = History(approval=rule)
+    story.decide("bob", 1.4, told=False)
+    story.decide(SERVICE_ACCOUNT, 1.5, human="alice", told=False)
+    story.ordinary()
+    assert story.broken() == set()
+    twice = History(approval=rule)
+    twice.decide(SERVICE_ACCOUNT, 1.4, human="bob", told=False)
+    twice.decide(SERVICE_ACCOUNT, 1.5, human="carol", told=False)
+    twice.ordinary()
+    assert twice.broken() == {"unapproved"}
+    denied = History(approval={"required": 1, "serviceAccounts": True})
+    denied.decide(SERVICE_ACCOUNT, 1.2, human="dave", yes=False, told=False)
+    denied.decide("bob", 1.5, told=False)
+    denied.ordinary()
+    assert denied.broken() == {"unapproved"}
+    # Under a rule naming groups, the ServiceAccount's groups are its token's: the product may
+    # have refused its deny, which then denied nothing for sure.
+    grouped = History(approval={"required": 1, "serviceAccounts": True, "groups": ["shop-devs"]})
+    grouped.decide(SERVICE_ACCOUNT, 1.2, human="dave", yes=False, told=False)
+    grouped.decide("bob", 1.5, told=False)
+    grouped.ordinary()
+    assert grouped.broken() == set()
+
+
 def test_unapproved_reads_the_rule_the_call_was_planned_under() -> None:
     """The rule is dropped after the plan: the call still needs what it was planned under."""
     story = History(approval={"required": 1})

@@ -32,6 +32,7 @@ from keelgate.testing.sim import decode, encode, shrink, simulate
 from keelgate.testing.sim import stores as sim_stores
 from keelgate.testing.sim.__main__ import _mode, _options, _parser
 from keelgate.testing.sim.books import (
+    Ask,
     Books,
     Effect,
     ProcessLife,
@@ -145,7 +146,13 @@ def whole_with_set_g(seed: int) -> Options:
 def whole_before_suspends(seed: int | None = None) -> Options:
     """``make sim``'s world for ``seed`` (its shares drawn) as it was before machines were
     suspended in it (``--suspends``): the seeds found in the whole world before then."""
-    return replace(Options.whole(seed), suspends=False)
+    return replace(whole_before_set_h(seed), suspends=False)
+
+
+def whole_before_set_h(seed: int | None = None) -> Options:
+    """``make sim``'s world for ``seed`` (its shares drawn) as it was before set H's misses
+    were closed in it: no time budget, no rule letting ServiceAccounts decide."""
+    return replace(Options.whole(seed), time_budget=False, service_account_rules=False)
 
 
 #: The unseen bugs the unit suite looks for (issue 48's own examples; the rest, with their
@@ -1249,9 +1256,10 @@ def test_an_http_confirmer_that_reads_no_answer_as_not_executed_is_found(tmp_pat
     assert "--http-confirmer --seed" in done.stdout  # its replay names the share's options
 
 
-def _desk(seed: int, *, rejection_limit: bool = False) -> tuple[Desk, Schedule]:
+def _desk(seed: int, *, rejection_limit: bool = False, **parts: bool) -> tuple[Desk, Schedule]:
     """A run's desk whose place_order asks approval (its rule drawn from ``seed``), its spec
-    limiting the verifier's rejections with ``rejection_limit``."""
+    limiting the verifier's rejections with ``rejection_limit``, and the desk's other parts
+    (``time_budget``, ``service_account_rules``) as ``parts`` says."""
     schedule = Schedule(seed=seed)
     world = World(schedule)
     scenario = Scenario(
@@ -1264,7 +1272,7 @@ def _desk(seed: int, *, rejection_limit: bool = False) -> tuple[Desk, Schedule]:
         input_tokens=100,
         output_tokens=20,
     )
-    return Desk(scenario, world, Books(), rejection_limit=rejection_limit), schedule
+    return Desk(scenario, world, Books(), rejection_limit=rejection_limit, **parts), schedule
 
 
 def test_rule_edits_mostly_name_other_groups_and_draw_what_they_drew() -> None:
@@ -2458,4 +2466,200 @@ def test_an_approval_after_edits_between_steps_counts_for_the_call_the_run_showe
         ("161.558 bob approved 1:1 (place_order)", "163.844 EFFECT DELETE http://shop.sim/steal"),
         mode="local",
         options=_options(args),
+    )
+
+
+def test_a_time_budget_is_read_from_a_choice_already_made_and_moves_with_the_budget() -> None:
+    """With ``time_budget`` (the whole world's) half the runs' specs have a time budget
+    (``timeoutSeconds``), read from the rest of a draw the desk made anyway: every choice is
+    drawn as without it. A budget raised raises it by two minutes, lowered lowers it by half
+    a minute, never below 15 s."""
+    seconds: Counter[int | None] = Counter()
+    for seed in range(60):
+        plain, drawn = _desk(seed)
+        timed, drawn_timed = _desk(seed, time_budget=True)
+        assert "timeoutSeconds" not in plain.manifest["budget"]
+        assert drawn_timed.made == drawn.made
+        assert plain.manifest["tools"] == timed.manifest["tools"]
+        limit = timed.manifest["budget"].get("timeoutSeconds")
+        seconds[limit] += 1
+        if limit is None:
+            continue
+        timed.edit("raise budget")
+        assert timed.manifest["budget"]["timeoutSeconds"] == limit + 120
+        for _ in range(12):
+            timed.edit("lower budget")
+        assert timed.manifest["budget"]["timeoutSeconds"] == 15
+    assert set(seconds) == {None, 30, 60, 120, 240}
+    assert 15 <= seconds[None] <= 45, seconds
+
+
+def _timed_books(limit: float) -> Books:
+    """Books of a run whose spec gives ``limit`` active seconds: step1 counted from boot 10 s,
+    asked the model at 11, saved at 12 (returned 12.5) and at 30 (returned 31); step2, started
+    at 100 (a person took 70 s to decide: not active time), saved at 100, asked at 101, saved
+    at 125 and asked at 126 (in that order)."""
+    books = Books()
+    books.specs.append(SpecVersion(1, 0.0, {"budget": {"timeoutSeconds": limit}}))
+    boot = books.clocks.boot  # the boot clock at a moment of the world's
+    first = ProcessLife(0.0, 1, 1)
+    first.clock_from = boot(10.0)
+    first.saves = [(boot(12.0), boot(12.5), 2), (boot(30.0), boot(31.0), 3)]
+    second = ProcessLife(90.0, 5, 1)
+    second.clock_from = boot(100.0)
+    second.saves = [(boot(100.0), boot(100.5), 6), (boot(125.0), boot(125.5), 8)]
+    books.processes.update(step1=first, step2=second)
+    for at, process, phase, order in ((11.0, "step1", "plan", 1), (101.0, "step2", "plan", 7)):
+        books.asks.append(Ask(at, process, phase, 1, order=order))
+    books.asks.append(Ask(126.0, "step2", "verify", 1, order=9))
+    return books
+
+
+def test_spent_judges_a_time_budget_from_the_sessions_the_world_saw() -> None:
+    """A time budget is active seconds: a session's time from its start to its saves, summed
+    over the run's sessions, time stopped between them not counted (docs/manifest.md,
+    ``spec.budget``). The world's floor of it, when a step asks the model: what the newest
+    save it could have loaded held at least (step1's last save, 20 s after its start) and the
+    time since its own start up to its newest save returned before the question (step2's
+    verify: 25.5 s). A budget below that floor is spent, and asking breaks ``spent``; one at
+    or above it is not (the time between the sessions, 70 s, never counts)."""
+    from keelgate.testing.sim.checkers import spent
+    from keelgate.testing.sim.records import Records
+
+    said = [str(v) for v in spent(_timed_books(40.0), Records())]
+    assert said == [
+        "spent: something was acted on, or the model asked, once a budget was used up (step2 "
+        "asked the model (verify 1) at 126.0 after at least 45.5s of active time, its budget "
+        "40.0s)"
+    ], said
+    assert spent(_timed_books(45.5), Records()) == []
+    assert len(spent(_timed_books(19.0), Records())) == 2  # step2's plan too, 20 s carried
+    late = _timed_books(19.0)
+    boot = late.clocks.boot
+    late.processes["step1"].saves[-1] = (boot(30.0), boot(100.5), 3)  # heard after step2 began
+    assert [v.detail for v in spent(late, Records())] == [
+        "step2 asked the model (verify 1) at 126.0 after at least 27.5s of active time, its "
+        "budget 19.0s"
+    ]
+    # A save booked after the question (its retries outlasted the budget), however close in
+    # time, came after the judging.
+    after = _timed_books(21.0)
+    assert len(spent(after, Records())) == 1
+    after.processes["step2"].saves[-1] = (boot(126.0), boot(126.0), 10)
+    assert spent(after, Records()) == []
+
+
+#: The world of seed 13575514142627900702 (set H's time budget, found in the whole world of
+#: h/simh), as its replay line names it: pinned, so that parts added later leave its path alone.
+TIME_BUDGET_WORLD = [
+    *("--late-shop", "--slow-store", "--paged", "--rejection-limit", "--mcp-often"),
+    *("--dollars", "--cached-input", "--python-tool", "--no-creator", "--mcp-remote"),
+    *("--reordered-args", "--pay-threads", "--suspends", "--time-budget"),
+    *(
+        "--service-account-rules",
+        "--moves",
+        "copy,definition,delete,recreate,reorder,service-account",
+    ),
+]
+TIME_BUDGET_SEED = 13575514142627900702
+
+
+def test_a_time_budget_judged_from_the_last_checkpoint_only_is_found(tmp_path: Path) -> None:
+    """Set H's "a run's active time judged from its last checkpoint only", planted into a copy
+    of the package, breaks ``spent`` on its seed (operator mode, a budget of 30 active
+    seconds): restock-s2-a1 spent 26 s on a held charge, restock-s3-a1 5.5 s on late store
+    answers, and restock-s4-a1, 35 s into its own step (a store answer 14.8 s late, an order
+    held 20.8 s), asks the model for its verdict, its budget judged on its own time alone.
+    The clean product, on the same seed, stops there on its time budget (``timeout``), the
+    owner raises it, and the run keeps every promise."""
+    args = _parser().parse_args([*TIME_BUDGET_WORLD, "--seed", str(TIME_BUDGET_SEED)])
+    options = _options(args)
+    bug = next(b for b in UNSEEN_H if "active time judged from its last checkpoint" in b.name)
+    done = _planted_run(bug, tmp_path, seed=TIME_BUDGET_SEED, mode="operator", options=options)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    said = (
+        "  spent: something was acted on, or the model asked, once a budget was used up "
+        "(restock-s4-a1 asked the model (verify 1) at 329.5 after at least 46.9s of active "
+        "time, its budget 30s)"
+    )
+    assert said in done.stdout, done.stdout[-3000:]
+    _meets_its_window_and_keeps_every_promise(
+        "a step past the run's time budget, counted over three sessions",
+        TIME_BUDGET_SEED,
+        (
+            "308.683 restock-s4-a1 mcp http://shop.sim/mcp place_order held by the server",
+            "329.529 restock-s4-a1 ends Stopped timeout",
+            "spec edited: raise budget (generation 2)",
+        ),
+        mode="operator",
+        options=options,
+    )
+
+
+def test_whole_world_runs_stop_on_their_time_budget_and_let_service_accounts_decide() -> None:
+    """In the whole world runs stop on their time budget (``timeout``) and are raised, and
+    people decide through the CI job's ServiceAccount where the rule the run shows lets them
+    (an approval the product records), and the clean product keeps every promise (``spent``
+    judging the time budget, ``unapproved`` the ServiceAccounts). The kept seeds' world
+    (``Options.every()``) has neither."""
+    said: Counter[str] = Counter()
+    for index in range(24):
+        mode = "operator" if index % 3 == 2 else "local"
+        whole = simulate(
+            seed=seed_of(index, 11), store="memory", mode=mode, options=Options.whole()
+        )
+        assert whole.ok, "; ".join(map(str, whole.violations))
+        for line in whole.lines:
+            said["timeout"] += line.endswith(" ends Stopped timeout")
+            said["bot"] += "(the rule lets it)" in line or "'s CI job adds to" in line
+            said["recorded"] += " system:serviceaccount:shop:ci approved " in line
+    assert said["timeout"] >= 3 and said["bot"] >= 5 and said["recorded"] >= 2, said
+    kept = simulate(seed=seed_of(0, 11), store="memory", mode="local", options=Options.every())
+    assert not any("timeout" in line or "(the rule lets it)" in line for line in kept.lines)
+
+
+#: The world of seed 5465419071341559111 (set H's ServiceAccounts under two rules, found in the
+#: whole world of h/simh), as its replay line names it: pinned, so that parts added later leave
+#: its path alone.
+SERVICE_ACCOUNTS_WORLD = [
+    *("--late-shop", "--slow-store", "--paged", "--rejection-limit", "--mcp-often"),
+    *("--dollars", "--cached-input", "--python-tool", "--no-creator", "--two-clusters"),
+    *("--mcp-remote", "--reordered-args", "--pay-threads", "--suspends", "--time-budget"),
+    *("--service-account-rules", "--moves", "--http-confirmer"),
+]
+SERVICE_ACCOUNTS_SEED = 5465419071341559111
+
+
+def test_two_rules_that_let_service_accounts_decide_if_either_does_is_found(
+    tmp_path: Path,
+) -> None:
+    """Set H's "two rules combined let ServiceAccounts decide if either does", planted into a
+    copy of the package, breaks ``unapproved`` on its seed (monitor mode): tick 1's order p3
+    was planned under a rule for people only; the owner let ServiceAccounts decide the tool
+    since, and sent it to ``/steal`` after bob's approval, which then no longer counted. The
+    run, asking again, showed a rule that let ServiceAccounts decide, and bob's CI job approved
+    as ``ci``: the order went to ``/steal`` on it. The clean product showed the rule of both
+    (people only), bob approved himself, and the run keeps every promise."""
+    args = _parser().parse_args([*SERVICE_ACCOUNTS_WORLD, "--seed", str(SERVICE_ACCOUNTS_SEED)])
+    options = _options(args)
+    bug = next(b for b in UNSEEN_H if "ServiceAccounts decide if either does" in b.name)
+    done = _planted_run(bug, tmp_path, seed=SERVICE_ACCOUNTS_SEED, mode="monitor", options=options)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "787.273 system:serviceaccount:shop:ci approved 1:2 (place_order)" in done.stdout
+    said = (
+        "  unapproved: a call took effect without the approvals it needed, as approved (tick 1: "
+        "place_order p3@t1 sent by tick19 at 795.7 to POST http://shop.sim/steal: 0 of 1 "
+        "approvals)"
+    )
+    assert said in done.stdout, done.stdout[-3000:]
+    _meets_its_window_and_keeps_every_promise(
+        "a call planned under a rule for people, asked again under one letting ServiceAccounts",
+        SERVICE_ACCOUNTS_SEED,
+        (
+            "spec edited: ServiceAccounts let decide place_order (generation 8)",
+            "707.656 spec edited: place_order url (generation 9)",
+            "787.273 bob approved 1:2 (place_order)",
+        ),
+        mode="monitor",
+        options=options,
     )

@@ -98,6 +98,14 @@ _SWITCH_HELP = {
         "A third of a step process's holds is its machine suspended: its CLOCK_MONOTONIC "
         "stands still, its CLOCK_BOOTTIME runs on."
     ),
+    "time_budget": (
+        "Half the runs have a time budget (timeoutSeconds, active seconds), raised and "
+        "lowered with the others."
+    ),
+    "service_account_rules": (
+        "Approval rules now and then let ServiceAccounts decide, an edit turns it, and a "
+        "person whose rule lets them now and then decides through the CI job's ServiceAccount."
+    ),
 }
 
 

@@ -45,12 +45,15 @@ SERVICE_ACCOUNT = "system:serviceaccount:shop:ci"
 @dataclass(frozen=True)
 class Rule:
     """An approval rule as the world reads a manifest's tool (``required`` 0: none). A person
-    counts only if in one group of each of ``groups`` (no lists: anyone)."""
+    counts only if in one group of each of ``groups`` (no lists: anyone); a ServiceAccount
+    may decide only under a rule with ``service_accounts`` (docs/manifest.md, approval rules:
+    ``serviceAccounts``)."""
 
     required: int = 0
     groups: tuple[tuple[str, ...], ...] = ()
     not_creator: bool = False
     expires_after: float | None = None
+    service_accounts: bool = False
 
     def stricter(self, other: Rule) -> Rule:
         """Both rules at once (the world's reading of "a saved action keeps its rule")."""
@@ -64,6 +67,8 @@ class Rule:
             tuple(dict.fromkeys((*self.groups, *other.groups))),
             self.not_creator or other.not_creator,
             min(expiries) if expiries else None,
+            # "ServiceAccounts only if both let them" (docs/manifest.md).
+            self.service_accounts and other.service_accounts,
         )
 
     def admits(self, person: str) -> bool:
@@ -89,6 +94,7 @@ def rule_of(tool: Mapping[str, Any]) -> Rule:
             (groups,) if groups else (),
             bool(rule.get("notCreator", False)),
             None if expires is None else float(str(expires).rstrip("s")),  # the desk's "60s"
+            bool(rule.get("serviceAccounts", False)),
         )
     return Rule(1) if tool.get("requiresApproval") else Rule()
 
@@ -276,6 +282,15 @@ class ProcessLife:
     #: window right after it, however late its answer was heard): where it drove the run, by
     #: the world's own record.
     wrote: list[int] = field(default_factory=list)
+    #: Its boot clock when its loop first read it (the session's start, from which the product
+    #: counts its active time: ``Checkpointer.mark``), and, for each checkpoint save of its
+    #: own that returned (it landed), the boot clock when the save was asked for (the moment
+    #: the product took its active time at: nothing runs between) and when it returned, and
+    #: its place among everything booked then (``Books.next_order``: moments can be equal). Read
+    #: off the world's clock as the product read it, never off the product's usage; its main
+    #: flow only (a late call's save, after its session stopped, counts no time of its own).
+    clock_from: float | None = None
+    saves: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -299,8 +314,6 @@ class Books:
     max_iterations: int | None = None
     max_tokens: int | None = None
     call_tokens: int = 0
-    #: Whether a ServiceAccount's approval may count (no rule says so yet: issue 46).
-    service_accounts_count: bool = False
     #: The plans (their asks' ``order``) their steps saved for sure, and those whose save may
     #: have landed while its answer was lost.
     saved: set[int] = field(default_factory=set)

@@ -212,8 +212,10 @@ def unapproved(books: Books, records: Records) -> list[Violation]:
     """Each effect of a call whose tool asked approval (by the spec it was planned under, made
     stricter by the spec of the process that sent it) had, before its request left, enough
     different people's approvals of that very call, each counting under the rule (in its
-    groups, not the creator if it says so, a person and not a ServiceAccount, young enough),
-    none of it denied, and each made when the tool was the one the request went to."""
+    groups, not the creator if it says so, young enough, a person and not a ServiceAccount
+    unless the rule lets ServiceAccounts decide: "only if both let them", the rule it was
+    planned under and each spec's since), none of it denied, and each made when the tool was
+    the one the request went to."""
     found: list[Violation] = []
     for effect in books.effects:
         sent = books.sent[effect.sent]
@@ -266,15 +268,20 @@ def _approvals(books: Books, effect: Effect, sent: Sent, rule: Rule) -> tuple[in
         people: set[str] = set()
         no = ""
         for decision in sorted((d for d in made if d.action == label), key=_binds_from):
+            bot = decision.by == SERVICE_ACCOUNT
+            if decision.human != decision.by and not (bot and rule.service_accounts):
+                continue  # a ServiceAccount the rule does not let decide (nor anyone's copy)
             if not decision.yes:
-                if rule.may_decide(decision.human) and len(people) < rule.required:
+                # A ServiceAccount's groups are what its token says, not the world's: its deny
+                # binds for sure only under a rule that names no groups.
+                asked = not rule.groups if bot else rule.may_decide(decision.human)
+                if asked and len(people) < rule.required:
                     no = no or decision.by
                 continue
-            if _counts(books, decision, rule, sent) and (
-                decision.human == decision.by
-                or (decision.by == SERVICE_ACCOUNT and books.service_accounts_count)
-            ):
-                people.add(decision.human)
+            if _counts(books, decision, rule, sent):
+                # A ServiceAccount counts as itself: whoever holds its token or impersonates
+                # it, one name however many people act through it (docs/manifest.md).
+                people.add(decision.by if bot else decision.human)
         if no:
             denied = denied or no
         elif len(people) > best:
@@ -295,7 +302,9 @@ def _binds_from(decision: Decision) -> float:
 
 
 def _counts(books: Books, decision: Decision, rule: Rule, sent: Sent) -> bool:
-    if not rule.admits(decision.human):
+    # A ServiceAccount's groups are what its token says, and notCreator cannot tell who acted
+    # through it (docs/manifest.md, ``serviceAccounts``): the world does not judge either.
+    if decision.by != SERVICE_ACCOUNT and not rule.admits(decision.human):
         return False
     if decision.shown and _went_to(books, sent) not in (decision.shown, *decision.shown_also):
         return False  # approved a call to somewhere else
@@ -702,11 +711,28 @@ def spent(books: Books, records: Records) -> list[Violation]:
     of it, which the world reads off what the product sent, can have been no less
     (``_input_alone``). The iteration budget counts plans instead: no plan is asked for past
     it, and a plan asked for within it is acted on whole (an iteration is judged before it is
-    planned).
+    planned). A time budget (``timeoutSeconds``, active seconds: a session's time from its start
+    to its checkpoints, summed over the run's sessions; time stopped between them not counted)
+    is judged before each question to the model: once the active time the world knows the
+    process counted (``_carried``, ``_active_when_asked``) passes the budget of its spec, it
+    asks nothing more (its sends are not judged for time: the moment of the check before a
+    call is not one the world sees).
     """
     found: list[Violation] = []
+    carried = _carried(books)
     for ask in books.asks:
         budget = _budget(books, ask.process)
+        seconds = budget.get("timeoutSeconds")
+        active = _active_when_asked(books, ask, carried)
+        if seconds is not None and active is not None and active > float(str(seconds)) + 1e-6:
+            found.append(
+                Violation(
+                    "spent",
+                    f"{ask.process} asked the model ({ask.phase} {ask.iteration}) at "
+                    f"{ask.at:.1f} after at least {active:.1f}s of active time, its budget "
+                    f"{seconds}s",
+                )
+            )
         limit = budget.get("maxIterations")
         if ask.phase == "plan" and limit is not None and ask.iteration > int(str(limit)):
             found.append(
@@ -752,6 +778,50 @@ def spent(books: Books, records: Records) -> list[Violation]:
                     )
                 )
     return found
+
+
+def _carried(books: Books) -> dict[str, float]:
+    """The least active seconds each step process's session started from: what the latest
+    checkpoint it could have loaded held at least, by the world's books alone.
+
+    The product counts a run's active time in its checkpoints (``core/persistence.py``): a
+    session counts from its start (``ProcessLife.clock_from``, the first reading of its loop's
+    clock), and each checkpoint it saves holds what its session loaded plus the time since the
+    start, on its machine's boot clock, as the save was asked for (``ProcessLife.saves``);
+    nothing else adds any (a person's decision adds none), and the checkpoints follow one
+    another, so each holds at least what every earlier one held. A save that returned before
+    a session started was there for it to load (it loads after its start)."""
+    lives = sorted(
+        ((name, life) for name, life in books.processes.items() if life.clock_from is not None),
+        key=lambda pair: pair[1].clock_from or 0.0,
+    )
+    carried: dict[str, float] = {}
+    for name, life in lives:
+        start = life.clock_from or 0.0
+        loaded = 0.0
+        for other, theirs in lives:
+            if other not in carried or theirs.run != life.run:
+                continue
+            began = theirs.clock_from or 0.0
+            for asked, returned, _ in theirs.saves:
+                if returned < start:
+                    loaded = max(loaded, carried[other] + asked - began)
+        carried[name] = loaded
+    return carried
+
+
+def _active_when_asked(books: Books, ask: Ask, carried: Mapping[str, float]) -> float | None:
+    """The least active seconds ``ask``'s process counted when it judged its budgets before
+    asking (``Budgets.refusal``, on the session's clock): what its session started from, and
+    the time from its start to its latest save of its own that returned before the question
+    reached the model (booked before it: the save came before the judging, as nothing of its
+    own is saved while it waits for the model, however long its retries take). None: not a
+    step process's question."""
+    life = books.processes.get(ask.process)
+    if life is None or life.clock_from is None or ask.process not in carried:
+        return None
+    latest = max((r for _, r, order in life.saves if order < ask.order), default=life.clock_from)
+    return carried[ask.process] + latest - life.clock_from
 
 
 def _input_alone(ask: Ask) -> Ask:

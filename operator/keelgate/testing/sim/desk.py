@@ -59,6 +59,11 @@ ALL_EFFECTS = ["READ", "PROPOSE", "WRITE"]
 #: A monitor's schedule: a tick a minute (the cron job keeps to it: ``monitor.PERIOD``).
 SCHEDULE = "* * * * *"
 EXPIRY_CHOICES: tuple[float | None, ...] = (None, 60.0, 300.0, 900.0)
+#: A run's time budget (``budget.timeoutSeconds``: active seconds), where it has one
+#: (``time_budget``: half the runs); the budget edits raise it by ``TIME_RAISE`` and lower it
+#: by ``TIME_LOWER`` (never below ``TIME_LEAST``).
+TIME_CHOICES = (30, 60, 120, 240)
+TIME_RAISE, TIME_LOWER, TIME_LEAST = 120, 30, 15
 #: How a run's model is reached: over HTTP through the product's adapters in a quarter of the
 #: runs (an SDK call costs milliseconds; the in-process model, the same planner, microseconds).
 MODEL_FACES = ("in-process",) * 6 + ("openai", "anthropic")
@@ -84,6 +89,13 @@ class Desk:
     #: tool of the shop's MCP server (``definition_edit``); without it the URL and method
     #: edits, which change nothing of an MCP tool, are drawn as before.
     mcp_remote: bool = False
+    #: Half the runs have a time budget (``budget.timeoutSeconds``), read from the rest of the
+    #: draw that decides whether ``place_order`` is an MCP tool (no draw of its own).
+    time_budget: bool = False
+    #: A drawn rule lets ServiceAccounts decide in a third of the rules (read from the rest of
+    #: its notCreator draw), and a rule's edit turns it in a third of the edits (read from the
+    #: rest of the edit's own draw): no draw of its own.
+    service_account_rules: bool = False
     versions: list[dict[str, Any]] = field(default_factory=list)
     #: Who the run's spec names as its creator (alice, who really created it; "" for a run
     #: driven by a program that names nobody, until its owner records her: ``record_creator``).
@@ -106,7 +118,10 @@ class Desk:
                 "inputPerMillionTokens": per_input,
                 "outputPerMillionTokens": per_output,
             }
-        over_mcp = {"place_order"} if schedule.chance(500 if self.mcp_often else 250) else set()
+        mcp, rest = schedule.chance_and_rest(500 if self.mcp_often else 250)
+        over_mcp = {"place_order"} if mcp else set()
+        if self.time_budget and rest % 2:
+            budget["timeoutSeconds"] = TIME_CHOICES[(rest // 2) % len(TIME_CHOICES)]
         self.model_face = MODEL_FACES[schedule.pick(len(MODEL_FACES))]
         if self.mcp_often and schedule.chance(500):
             over_mcp.add("notify")
@@ -149,15 +164,18 @@ class Desk:
         schedule = self.world.schedule
         required = 1 + schedule.pick(2) if self.scenario.approvers > 1 else 1
         groups = GROUP_CHOICES[schedule.pick(len(GROUP_CHOICES))]
-        not_creator = schedule.chance(400)
+        not_creator, rest = schedule.chance_and_rest(400)
+        bots = self.service_account_rules and rest % 3 == 1
         expires = EXPIRY_CHOICES[schedule.pick(len(EXPIRY_CHOICES))]
-        if required == 1 and not groups and not not_creator and expires is None:
+        if required == 1 and not groups and not not_creator and expires is None and not bots:
             return {"requiresApproval": True}
         rule: dict[str, Any] = {"required": required}
         if groups:
             rule["groups"] = list(groups)
         if not_creator:
             rule["notCreator"] = True
+        if bots:
+            rule["serviceAccounts"] = True
         if expires is not None:
             rule["expiresAfter"] = f"{int(expires)}s"
         return {"approval": rule}
@@ -263,6 +281,8 @@ class Desk:
                 budget["tokens"] += 1500
             if "maxVerifierRejections" in budget:
                 budget["maxVerifierRejections"] += 1
+            if "timeoutSeconds" in budget:
+                budget["timeoutSeconds"] += TIME_RAISE
             if "dollars" in budget:  # five plain answers more
                 budget["dollars"] = dollars_text(Decimal(budget["dollars"]) + 5 * self._answer)
         elif what == "lower budget":
@@ -272,6 +292,8 @@ class Desk:
                 budget["tokens"] = max(200, budget["tokens"] - 500)
             if "maxVerifierRejections" in budget:
                 budget["maxVerifierRejections"] = max(1, budget["maxVerifierRejections"] - 1)
+            if "timeoutSeconds" in budget:
+                budget["timeoutSeconds"] = max(TIME_LEAST, budget["timeoutSeconds"] - TIME_LOWER)
             if "dollars" in budget:  # two plain answers less, one left
                 lowered = Decimal(budget["dollars"]) - 2 * self._answer
                 budget["dollars"] = dollars_text(max(self._answer, lowered))
@@ -311,9 +333,31 @@ class Desk:
         self.world.say(f"spec edited: groups of {name} (generation {self.generation + 1})")
         self._push(new)
 
+    def turn_service_accounts(self, name: str) -> None:
+        """The run's owner turns whether ServiceAccounts may decide the approvals of tool
+        ``name``, whose call the run waits on (its CI job let in, or, its token leaked, people
+        only again): the call was planned under one rule and is now asked of the other, both
+        in play. A tool that asks no approval is left as it is. It draws nothing."""
+        tool = self.tool(name)
+        if tool is None or not rule_of(tool).required:
+            return
+        new = copy.deepcopy(self.manifest)
+        edited = next(t for t in new["tools"] if t["name"] == name)
+        rule = dict(edited.pop("approval", None) or {"required": 1})
+        edited.pop("requiresApproval", None)
+        if rule.pop("serviceAccounts", False) is False:
+            rule["serviceAccounts"] = True
+        edited["approval"] = rule
+        said = "let" if rule.get("serviceAccounts") else "no longer let"
+        self.world.say(
+            f"spec edited: ServiceAccounts {said} decide {name} (generation {self.generation + 1})"
+        )
+        self._push(new)
+
     def _change_rule(self, tool: dict[str, Any]) -> None:
         """The rule's fields change: one drawn from the schedule (its count, its groups,
-        notCreator, its expiry), and, as often as not, others with it (``_also_changed``): most
+        notCreator, its expiry), and, as often as not, others with it (``_also_changed``; with
+        ``service_account_rules``, whether ServiceAccounts may decide, one edit in three): most
         edits name other groups than the rule did, so that an action planned under one list
         and called under another (both in play) is common, not a one-in-a-thousand story."""
         schedule = self.world.schedule
@@ -339,6 +383,11 @@ class Desk:
             if expires is not None:
                 rule["expiresAfter"] = f"{int(expires)}s"
         tool["approval"] = _also_changed(rule, drawn // 4, drawn=which)
+        # Read from bits ``_also_changed`` leaves alone: a rule that let ServiceAccounts decide
+        # now asks people only, or the other way round.
+        turned = self.service_account_rules and (drawn >> 13) % 3 == 1
+        if turned and tool["approval"].pop("serviceAccounts", False) is False:
+            tool["approval"]["serviceAccounts"] = True
 
     def _allow_all(self, manifest: dict[str, Any]) -> None:
         """Every side effect allowed again: by default for a task, by name for a monitor."""

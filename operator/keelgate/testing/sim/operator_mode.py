@@ -668,12 +668,20 @@ class Cluster:
         # does not name) leaves the Approval waiting, and someone who counts decides.
         decisions = list(spec.get("decisions") or [])
         world, schedule = self.world, self.world.schedule
-        if not self.calm and schedule.chance(300):
+        waits, rest = (False, 0) if self.calm else schedule.chance_and_rest(300)
+        if waits:
             return
         action = str(spec.get("action", ""))
         pending = _pending(state, action)
         yes = self.calm or not schedule.chance(200)
         by = PEOPLE[schedule.pick(len(PEOPLE))]
+        # With ``service_account_rules``, where the Approval says ServiceAccounts may decide,
+        # a third of the chaos's decisions are the CI job's, made as its ServiceAccount for
+        # the person drawn (read from the rest of the draw above).
+        bot = self.setting.desk.service_account_rules and bool(status.get("serviceAccounts"))
+        if bot and rest % 3 == 1:
+            self._as_the_ci_job(body, spec, state, by, yes)
+            return
         counting = {str(b) for b in status.get("approvedBy") or ()}
         if self.name:
             # With two clusters: an entry of one's own still on the object (not counted here
@@ -707,6 +715,19 @@ class Cluster:
             ]
         if self._patch("Approval", body, spec, User(by, GROUPS[by])):
             decision.accepted_at = world.now  # made on an Approval still waiting for it
+
+    def _as_the_ci_job(
+        self, body: JSON, spec: dict[str, Any], state: RunState | None, human: str, yes: bool
+    ) -> None:
+        """``human``'s CI job decides as the ServiceAccount it runs as (the rule lets it)."""
+        user = User(SERVICE_ACCOUNT, SERVICE_ACCOUNT_GROUPS)
+        entry = {"by": user.name, "groups": [], "approved": yes}
+        spec["decisions"] = [*(spec.get("decisions") or ()), entry]
+        decision = self._booked_approval(spec, state, user.name, yes, human=human)
+        name = body["metadata"]["name"]
+        self.world.say(f"{human}'s CI job adds to {name}'s decisions approved: {yes}{self._where}")
+        if self._patch("Approval", body, spec, user):
+            decision.accepted_at = self.world.now
 
     def _booked_approval(
         self, spec: JSON, state: RunState | None, by: str, yes: bool, *, human: str = ""

@@ -82,6 +82,14 @@ class Options:
     #: node put to sleep): its ``CLOCK_MONOTONIC`` stands still meanwhile, its
     #: ``CLOCK_BOOTTIME`` runs on (``processes.SUSPEND_SHARE``); it draws nothing.
     suspends: bool = False
+    #: Half the runs have a time budget (``budget.timeoutSeconds``, active seconds), raised
+    #: and lowered with the others, read from a choice already made (``Desk``).
+    time_budget: bool = False
+    #: Approval rules now and then let ServiceAccounts decide (``serviceAccounts: true``), a
+    #: rule's edit now and then turns it, and a person whose rule lets ServiceAccounts decide
+    #: now and then decides through the CI job's ServiceAccount (``People._as``); each read from
+    #: a choice already made.
+    service_account_rules: bool = False
 
     @classmethod
     def every(cls) -> Options:
@@ -138,6 +146,8 @@ SWITCHES = (
     "reordered_args",
     "pay_threads",
     "suspends",
+    "time_budget",
+    "service_account_rules",
 )
 #: One in this many of ``make sim``'s every-move runs also makes the moves made only when
 #: named (``Options.whole(seed)``).

@@ -34,7 +34,12 @@ PEOPLE = tuple(GROUPS)
 #: When the calm end begins (``simulate.CHAOS``: seconds of chaos).
 CALM_START = 900.0
 BUDGET_STOPS = frozenset(
-    {StopReason.TOKEN_BUDGET, StopReason.DOLLAR_BUDGET, StopReason.MAX_ITERATIONS}
+    {
+        StopReason.TOKEN_BUDGET,
+        StopReason.DOLLAR_BUDGET,
+        StopReason.MAX_ITERATIONS,
+        StopReason.TIMEOUT,
+    }
 )
 
 
@@ -163,6 +168,10 @@ class People:
                 drawn = schedule.raw()
                 if (drawn // 1000) % 4 == 3:
                     self.setting.desk.regroup(pending.tool)
+                if self.setting.desk.service_account_rules and (drawn // 4000) % 4 == 3:
+                    # With ServiceAccounts in the world, one time in four (read further on in
+                    # the same draw) the owner turns whether they may decide it too.
+                    self.setting.desk.turn_service_accounts(pending.tool)
                 if drawn % 1000 < 700:
                     self._approve(loop, state, pending.action, pending.tool, pending.rule)
             if self.setting.desk.moves and not self.calm and schedule.chance(300):
@@ -246,7 +255,7 @@ class People:
         yes = self.calm or not world.schedule.chance(200)
         given = {d.by for d in state.approvals.get(action, ()) if d.approved}
         human = self._who(rule, given, state.spec.creator)
-        by, groups = self._as(human)
+        by, groups = self._as(human, rule)
         decision = book_approval(
             self.books,
             self.setting.desk,
@@ -278,13 +287,23 @@ class People:
         if self.resume is not None:
             self.resume()
 
-    def _as(self, human: str) -> tuple[str, tuple[str, ...]]:
+    def _as(self, human: str, rule: ApprovalRule | None) -> tuple[str, tuple[str, ...]]:
         """The name and the groups ``human``'s command gives (``keelgate approve --by --group``,
         both the caller's word locally): their own, mostly; in the chaos now and then no
         ``--group`` at all (a person who leaves it out), or, with the ``service-account``
-        move, the name of the ServiceAccount ``ci`` their CI job runs as, with their groups."""
+        move, the name of the ServiceAccount ``ci`` their CI job runs as, with their groups.
+        With ``service_account_rules``, where the rule the run shows lets ServiceAccounts
+        decide, half the other chaos decisions are made through ``ci`` too (the CI job the
+        rule was written for; read from the rest of the same draw)."""
         schedule = self.world.schedule
-        if self.calm or not schedule.chance(150):
+        if self.calm:
+            return human, GROUPS[human]
+        odd, rest = schedule.chance_and_rest(150)
+        if not odd:
+            bots = rule is not None and rule.service_accounts
+            if bots and self.setting.desk.service_account_rules and rest % 2 == 1:
+                self.world.say(f"{human} decides as {SERVICE_ACCOUNT} (the rule lets it)")
+                return SERVICE_ACCOUNT, (*GROUPS[human], "system:serviceaccounts")
             return human, GROUPS[human]
         if "service-account" in self.moves and schedule.chance(500):
             self.world.say(f"{human} decides as {SERVICE_ACCOUNT}")

@@ -23,14 +23,17 @@ on. Its exit code is the step program's (``keelgate.cli.step.exit_code``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import FrameType
 
 from keelgate.adapters.models.python import PythonModel
 from keelgate.core import failpoints, fence
 from keelgate.core.exits import RECORDED, exit_code
 from keelgate.core.loop import Loop
+from keelgate.core.persistence import Checkpointer
 from keelgate.core.protocols import Confirmer, Stores, Tool
 from keelgate.core.spec import LoopSpec
 from keelgate.core.types import Outcome
@@ -49,7 +52,7 @@ from keelgate.testing.sim.downstream import (
 )
 from keelgate.testing.sim.model import Planner, SimModel
 from keelgate.testing.sim.network import Network
-from keelgate.testing.sim.stores import StoreSite
+from keelgate.testing.sim.stores import BookedSaves, StoreSite
 from keelgate.testing.sim.world import World
 
 #: Exit code of a process that died (SIGKILL, os._exit(137)).
@@ -191,6 +194,7 @@ class StepProcess:
         self._incident_ends = -1.0  # its node's network incident (a slow store answer) ends
         self._heard = False  # a statement of its own landed since the last write it booked
         self._landed = 0  # the place (``Books.next_order``) where its latest statement landed
+        self._driving = False  # its step is under way (its main flow: no late call's end)
         setting.network.senders[name] = self
         self.books.processes[name] = ProcessLife(
             self.world.now, self.books.next_order(), cluster=cluster, epoch=epoch
@@ -222,7 +226,11 @@ class StepProcess:
             code: int
             try:
                 with failpoints.observed(self._window):
-                    outcome = self._drive()
+                    self._driving = True
+                    try:
+                        outcome = self._drive()
+                    finally:
+                        self._driving = False
                 code = exit_code(outcome, asked=self.asked_to_stop)
                 world.say(f"{self.name} ends {outcome.phase.value} {outcome.stop.reason.value}")
             except SimulatedCrash as crash:
@@ -299,7 +307,34 @@ class StepProcess:
         self._stores = self.setting.site.open(
             answer_late=self._answer_late, reachable=self.reachable
         )
+        if isinstance(self._stores.checkpoints, BookedSaves):
+            self._stores.checkpoints.booking = self._saving
         return self._stores
+
+    def _clock(self) -> float:
+        """The boot clock its loop reads (the session's active time is counted on it): the
+        first reading, the session's start, is booked."""
+        now = self.world.boot()
+        life = self.books.processes[self.name]
+        if life.clock_from is None:
+            life.clock_from = now
+        return now
+
+    def _saving(self) -> Callable[[], None]:
+        """A checkpoint save of its own asked for: booked once it returns, if its session
+        asked for it with the time since its start (``Checkpointer.save``): not a late call's
+        result written into whichever checkpoint is the latest (``remember_late``, which counts
+        no time of its own), nor a save after its step ended."""
+        world = self.world
+        mine = self._driving and world.actor == self.name and _a_sessions_save()
+        asked = world.boot()
+
+        def returned() -> None:
+            if mine:
+                life = self.books.processes[self.name]
+                life.saves.append((asked, world.boot(), self.books.next_order()))
+
+        return returned
 
     def _answer_late(self) -> None:
         """A statement of this process landed and its answer is slow: the process waits for
@@ -363,7 +398,7 @@ class StepProcess:
             price_model=parts.price_model,
             max_output_tokens=parts.max_output_tokens,
             busy_wait=0.0,  # virtual time: a busy run is told at once, never slept on
-            clock=self.world.boot,
+            clock=self._clock,
         )
 
     def _window(self, name: str) -> None:
@@ -407,6 +442,19 @@ class StepProcess:
         if not self.alive:
             raise SimulatedCrash(name, 1)
         world.say(f"{self.name} goes on after {name}")
+
+
+def _a_sessions_save() -> bool:
+    """Whether the checkpoint save under way was asked for by a session's checkpointer as the
+    next of its own (``Checkpointer.save`` or ``save_completing``, which count the session's
+    active time into it), not by ``Checkpointer.remember_late`` (which writes a late result
+    into the latest checkpoint, whoever wrote it): the nearest checkpointer on the stack says."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Checkpointer):
+            return frame.f_code.co_name in ("save", "save_completing")
+        frame = frame.f_back
+    return False
 
 
 def _crash_in(group: BaseExceptionGroup) -> SimulatedCrash | None:

@@ -209,6 +209,8 @@ def _simulate(
         rejection_limit=options.rejection_limit,
         mcp_often=options.mcp_often,
         mcp_remote=options.mcp_remote,
+        time_budget=options.time_budget,
+        service_account_rules=options.service_account_rules,
     )
     if options.no_creator and mode != "operator" and schedule.chance(500):
         desk.name_no_creator()

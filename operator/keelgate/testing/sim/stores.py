@@ -19,13 +19,14 @@ import json
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from keelgate.core.protocols import Stores
+from keelgate.core.audit import AuditDraft
+from keelgate.core.protocols import Completion, Stores
 from keelgate.errors import StoreUnavailable
 from keelgate.stores._dialect import Connection
 from keelgate.stores._migrations import migrate
@@ -43,7 +44,68 @@ Clock = Callable[[], float]
 T = TypeVar("T")
 
 
-class SimMemoryStore(MemoryStore):
+#: What a step process books of one checkpoint save of its own: called as the save is asked
+#: for, it returns what is called once the save returned (it landed; a save whose answer was
+#: lost, or that was refused, is never booked).
+SaveBooking = Callable[[], Callable[[], None]]
+
+
+class BookedSaves:
+    """A store that tells its process when a checkpoint save of its own was asked for and
+    when it returned (``booking``; None: nobody asks), whichever of the three ways the
+    product saves one: the world's record of where a run's active time was counted
+    (``ProcessLife.saves``). Nothing of the save is read or changed."""
+
+    booking: SaveBooking | None = None
+    _depth = 0
+
+    def _booked(self, save: Callable[[], T]) -> T:
+        # One save may call another (``save_completing`` without completions is
+        # ``save_with_events``, which without events is ``save``): the outermost books it.
+        done = self.booking() if self.booking is not None and not self._depth else None
+        self._depth += 1
+        try:
+            result = save()
+        finally:
+            self._depth -= 1
+        if done is not None:
+            done()
+        return result
+
+    def save(self, tenant: str, run: str, seq: int, state: Mapping[str, Any]) -> None:
+        self._booked(lambda: super(BookedSaves, self).save(tenant, run, seq, state))  # type: ignore[misc]
+
+    def save_with_events(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+    ) -> None:
+        self._booked(
+            lambda: super(BookedSaves, self).save_with_events(  # type: ignore[misc]
+                tenant, run, seq, state, drafts
+            )
+        )
+
+    def save_completing(
+        self,
+        tenant: str,
+        run: str,
+        seq: int,
+        state: Mapping[str, Any],
+        drafts: Sequence[AuditDraft],
+        completions: Sequence[Completion],
+    ) -> tuple[str, ...]:
+        return self._booked(
+            lambda: super(BookedSaves, self).save_completing(  # type: ignore[misc]
+                tenant, run, seq, state, drafts, completions
+            )
+        )
+
+
+class SimMemoryStore(BookedSaves, MemoryStore):
     """A memory store whose SQL clock is the world's, standing for a server store: the runs it
     drives are held by its session (``RunLock``), and go with it when the session is lost, as a
     PostgreSQL session's advisory locks do; its next claim opens a new session, with a new owner
@@ -146,7 +208,7 @@ class SimMemoryStore(MemoryStore):
             self.driving.clear()
 
 
-class SimSQLiteStore(SQLiteStore):
+class SimSQLiteStore(BookedSaves, SQLiteStore):
     """A SQLite store (a real file, real flock owners) whose SQL clock is the world's."""
 
     dialect = _DIALECT
