@@ -434,20 +434,6 @@ FOUND_IN_OPERATOR_MODE = (
             "61.432 EFFECT POST http://shop.sim/notices n2 by restock-s3-a4",
         ),
     ),
-    # The product's fault (make sim SECONDS=600 on 4494c9a, waiting): a run deleted and made
-    # again while its place_order 3:1 was an unknown outcome; the earlier run's Reconciliation
-    # of that name, collected while the operator's watch was away, stayed in its cache and held
-    # the name: the new run got none, and nobody could settle it. Now a cached Reconciliation of
-    # another run does not count as this run's.
-    (
-        "a Reconciliation of the run deleted before, gone unseen, not holding the name",
-        1662049015829973836,
-        (
-            "887.540 alice deletes restock and creates it again",
-            "894.765 carol patches restock-3-1-place-order-d1f777129a executed: True",
-            "912.643 restock-s2-a1#4 ends Succeeded goal_met",
-        ),
-    ),
     # A deny and, in the same moment, the run deleted and made again: the Approval goes with the
     # run, before any operator read it (the finalizer keelgate.dev/decisions holds it until the
     # deny is recorded), and in the second the next step dies before its action as well. The
