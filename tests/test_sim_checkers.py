@@ -400,12 +400,12 @@ def test_a_plan_whose_save_may_have_landed_unheard_counts_too() -> None:
     assert "unasked" in _a_plan_fenced_off_after_the_one_saved(answer_lost=True).broken()
 
 
-def _a_newer_plan_saved_unheard(*, read_by_another: bool) -> History:
+def _a_newer_plan_saved_unheard(*, read_by_another: bool, again: int = 2) -> History:
     """step1 plans the order while the tool is a WRITE and saves its plan; the owner makes it a
-    READ; step2 plans the order again with a notice (p9), under the READ, and its answer to the
-    save is lost. With ``read_by_another``, step4 (asking nothing) then sends p9, which only
-    step2's plan had: step2's save landed. step3 starts later and sends the order, its outcome
-    unknown."""
+    READ; step2 plans the order again with a notice (p9), under the READ, for iteration
+    ``again``, and its answer to the save is lost. With ``read_by_another``, step4 (asking
+    nothing) then sends p9, which only step2's plan had: step2's save landed. step3 starts
+    later and sends the order, its outcome unknown."""
     story = History()
     story.ask()
     story.books.plan_saved("step1")
@@ -414,7 +414,7 @@ def _a_newer_plan_saved_unheard(*, read_by_another: bool) -> History:
     notice = Intent("p9", "notify", {"sku": "A1", "ref": "p9"})
     order = Intent("p1", "place_order", dict(ORDER))
     story.books.asks.append(
-        Ask(1.7, "step2", "plan", 2, (order, notice), order=story.books.next_order())
+        Ask(1.7, "step2", "plan", again, (order, notice), order=story.books.next_order())
     )
     story.books.answer_lost("step2")
     if read_by_another:
@@ -426,13 +426,16 @@ def _a_newer_plan_saved_unheard(*, read_by_another: bool) -> History:
 
 
 def test_a_save_heard_of_by_a_later_step_is_the_plan_followed_not_the_one_before_it() -> None:
-    """Unheard, step2's save may or may not have landed: step3's unknown order is judged by the
-    stricter of the plans, step1's WRITE, and nobody was asked about it. Once step4 sent p9,
-    which it could have read only from step2's saved plan, that plan is the one step3 read
-    (a READ): the older, stricter plan judges nothing (an oracle that kept judging by it called
-    a loosened rule's call unapproved)."""
-    assert "unasked" in _a_newer_plan_saved_unheard(read_by_another=False).broken()
+    """step2 asked the model to plan iteration 2 after step1's plan of iteration 1 was saved:
+    it had read that plan done, so no later step follows it. step3, asking nothing, sent the
+    order: it followed step2's plan (a READ), whose save it proves landed, with or without
+    step4's send of p9 (which only step2's plan had); the older, stricter plan judges nothing
+    (an oracle that kept judging by it called a loosened rule's call unapproved, and asked
+    about a READ). Had step2 planned iteration 1 again (its own read before step1's save), the
+    older plan would still judge: step3's unknown order under step1's WRITE, nobody asked."""
+    assert _a_newer_plan_saved_unheard(read_by_another=False).broken() == set()
     assert _a_newer_plan_saved_unheard(read_by_another=True).broken() == set()
+    assert "unasked" in _a_newer_plan_saved_unheard(read_by_another=False, again=1).broken()
 
 
 @pytest.mark.parametrize(

@@ -415,11 +415,15 @@ class Books:
             return before[-1:]
         unheard = [a for a in before if a.order > saved[-1].order and a.order in self.unsure]
         if unheard and any(
-            a.phase == "plan" and saved[-1].order < a.order < life.order for a in self.asks
+            a.phase == "plan"
+            and a.iteration > saved[-1].iteration
+            and saved[-1].order < a.order < life.order
+            for a in self.asks
         ):
-            # The model was asked to plan again after that save, before the sender started:
-            # the step that asked had read that plan done, so no later step followed it. The
-            # sender followed one of those unheard saves (its own call proves one landed).
+            # The model was asked to plan a later iteration after that save, before the sender
+            # started: the step that asked had read that plan done, so no later step followed
+            # it. The sender followed one of those unheard saves (its own call proves one
+            # landed: a step that read none would have asked the model itself).
             return unheard
         return [saved[-1], *unheard]
 
