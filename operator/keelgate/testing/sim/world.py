@@ -225,6 +225,13 @@ class World:
         the world meanwhile, as a held-up process does, and may go on later than that: another
         actor held up inside its wait holds it too): its monotonic clock stands still until
         it wakes, its boot clock runs on."""
+        asleep = self._sleeping.get(machine)
+        if asleep is not None:
+            # Already suspended (an actor held up inside the outer suspend's wait suspends it
+            # again): the one suspend lasts the longer of the two, and the outer one books it.
+            self._sleeping[machine] = (asleep[0], max(asleep[1], self.now + seconds))
+            yield
+            return
         self._sleeping[machine] = (self.now, self.now + seconds)
         try:
             yield
