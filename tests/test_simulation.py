@@ -2649,3 +2649,33 @@ def test_two_rules_that_let_service_accounts_decide_if_either_does_is_found(
         mode="monitor",
         options=options,
     )
+
+
+def test_two_clusters_are_not_over_while_one_holds_a_run_made_again_and_not_yet_looked_at() -> (
+    None
+):
+    """make sim SECONDS=600 on 84f8835 (seed 4465224165673260178, two clusters, ``waiting``):
+    west showed the run Failed on the verifier's limit (its operator no longer held it), the
+    owner raised the limit, and east took the run on; alice made the run again in east, and as
+    east's step ended between two steps, the world took the run as over (a cluster showed it
+    Failed, none a step pending) and stopped both operators, the run left Running. An AgentRun
+    no operator has looked at yet (no phase) now keeps the run going: the run ends."""
+    seed = 4465224165673260178
+    flags = [
+        *("--mode", "operator", "--store", "memory", "--late-shop", "--slow-store", "--paged"),
+        *("--rejection-limit", "--mcp-often", "--dollars", "--cached-input", "--python-tool"),
+        *("--no-creator", "--two-clusters", "--mcp-remote", "--reordered-args", "--pay-threads"),
+        *("--suspends", "--time-budget", "--service-account-rules"),
+        *("--moves", "copy,definition,delete,recreate,reorder,service-account"),
+    ]
+    args = _parser().parse_args([*flags, "--seed", str(seed)])
+    _meets_its_window_and_keeps_every_promise(
+        "two clusters, a run made again in the one that holds it",
+        seed,
+        (
+            "53.001 alice deletes restock and creates it again in east",
+            "56.858 east/restock-s1-a2 ends Running failed",
+        ),
+        mode="operator",
+        options=_options(args),
+    )

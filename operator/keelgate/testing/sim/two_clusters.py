@@ -145,16 +145,25 @@ class TwoClusters:
         holder ended it, held elsewhere, or standing by)."""
         if any(p.alive for c in self.clusters for p in c.processes.values()):
             return False
-        shown = [
-            (
-                (c.api.get("AgentRun", self.setting.tenant, self.setting.run) or {}).get("status")
-                or {}
-            )
+        bodies = [
+            c.api.get("AgentRun", self.setting.tenant, self.setting.run) or {}
             for c in self.clusters
         ]
+        shown = [body.get("status") or {} for body in bodies]
         if any((status.get("step") or {}).get("state") == "Pending" for status in shown):
             return False
-        return any(status.get("phase") in ("Succeeded", "Failed") for status in shown)
+        if any(
+            body and not status.get("phase") for body, status in zip(bodies, shown, strict=True)
+        ):
+            return False  # an AgentRun no operator has looked at yet (made again just now)
+        # A cluster's end counts only as of the spec it stands: one its operator shows for an
+        # earlier generation (a Failed on the verifier's limit, the limit raised since, while
+        # the other cluster took the run on) says nothing of the run now.
+        return any(
+            status.get("phase") in ("Succeeded", "Failed")
+            and status.get("observedGeneration") == (body.get("metadata") or {}).get("generation")
+            for body, status in zip(bodies, shown, strict=True)
+        )
 
     def shutdown(self) -> None:
         self.over = True
