@@ -2651,9 +2651,7 @@ def test_two_rules_that_let_service_accounts_decide_if_either_does_is_found(
     )
 
 
-def test_two_clusters_are_not_over_while_one_holds_a_run_made_again_and_not_yet_looked_at() -> (
-    None
-):
+def test_two_clusters_are_not_over_while_one_holds_a_run_not_yet_looked_at() -> None:
     """make sim SECONDS=600 on 84f8835 (seed 4465224165673260178, two clusters, ``waiting``):
     west showed the run Failed on the verifier's limit (its operator no longer held it), the
     owner raised the limit, and east took the run on; alice made the run again in east, and as

@@ -8,7 +8,9 @@ It must never settle anything against the shop's record, and never wait without 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -132,14 +134,32 @@ def decide(alice: Kubectl, name: str, *, approved: bool = True) -> None:
 
 def settle_truly(alice: Kubectl, admin: Kube, namespace: str, shop: ShopServer) -> int:
     """Settle every pending Reconciliation of the namespace as alice, with what the shop says
-    (an order under the key: executed). Returns how many were settled."""
+    (an order under the key: executed), as a careful person does: "not executed" only once its
+    ``status.notExecutedAfter`` has passed (until then a held-up step may still send it, and the
+    operator refuses one written earlier); one the operator refused so (``DecidedTooEarly``) is
+    looked at again and written again (a new ``decidedAt``), or corrected to executed. Returns
+    how many were written."""
     settled = 0
+    now = time.time()
     for rec in reconciliations(admin, namespace):
-        spec = rec["spec"]
-        if "executed" in spec:
+        spec, status = rec["spec"], rec.get("status") or {}
+        if status.get("phase") == "Settled":
+            continue
+        if "executed" in spec and not _refused_too_early(status):
             continue
         executed = shop.shop.by_key()[spec["idempotencyKey"]] > 0
-        patch = {"spec": {"executed": executed, "by": "alice", "note": "checked the shop"}}
+        after = _moment(str(status.get("notExecutedAfter") or ""))
+        if not executed and after is not None and after > now:
+            continue  # looked at again later
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        patch = {
+            "spec": {
+                "executed": executed,
+                "by": "alice",
+                "note": "checked the shop",
+                "decidedAt": stamp,
+            }
+        }
         alice(
             "patch",
             "reconciliation",
@@ -150,6 +170,23 @@ def settle_truly(alice: Kubectl, admin: Kube, namespace: str, shop: ShopServer) 
         )
         settled += 1
     return settled
+
+
+def _refused_too_early(status: JSON) -> bool:
+    return any(
+        c.get("type") == "Stalled"
+        and c.get("status") == "True"
+        and c.get("reason") == ("DecidedTooEarly")
+        for c in status.get("conditions") or ()
+    )
+
+
+def _moment(text: str) -> float | None:
+    """An RFC 3339 moment in seconds since the epoch (None when absent or unreadable)."""
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
+    except ValueError:
+        return None
 
 
 def drive_to_success(
