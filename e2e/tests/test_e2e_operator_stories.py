@@ -11,6 +11,7 @@ running.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -102,9 +103,10 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
     operator: OperatorPod, tenant: str, admin: Kube, alice: Kubectl
 ) -> None:
     """A request lost on its way (the shop holds it past the tool's limit and drops it untaken):
-    the outcome is unknown. alice asks the shop (no order under the key) and patches
-    `executed: false`; the operator records it once the call's write deadline has passed (it
-    holds it until then), the action is abandoned in the store and on the audit chain, the run
+    the outcome is unknown. alice waits until the Reconciliation's `notExecutedAfter` (until
+    then the call may still be sent, and a "not executed" written earlier is refused), asks the
+    shop (no order under the key) and patches `executed: false`; the operator records it, the
+    action is abandoned in the store and on the audit chain, the run
     plans again (the model is told the order did not run) and succeeds; no order was placed,
     and none is retried under the abandoned key."""
     lossy = ShopServer().start()
@@ -117,6 +119,15 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
         rec = admin.get(RECONCILIATIONS.format(ns=tenant, name=lost))
         key = rec["spec"]["idempotencyKey"]
         wait_for(lambda: lossy.shop.swallowed == 1, timeout=30, what="the request to be dropped")
+        path = RECONCILIATIONS.format(ns=tenant, name=lost)
+        shown = wait_for(
+            lambda: (admin.get(path).get("status") or {}).get("notExecutedAfter"),
+            timeout=30,
+            what="notExecutedAfter",
+        )
+        after = runs._moment(str(shown))
+        assert after is not None
+        wait_for(lambda: time.time() > after + 1, timeout=120, what="notExecutedAfter to pass")
         assert lossy.shop.by_key()[key] == 0
         _settle(alice, lost, False)
         done = wait_phase(admin, tenant, "lost", "Succeeded", timeout=120)
