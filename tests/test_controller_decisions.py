@@ -24,6 +24,7 @@ from keelgate.kube import resources
 from keelgate.kube.controller.outcomes import REST, Requeue
 from keelgate.kube.controller.reconciliations import Decided, settled_status
 from keelgate.kube.naming import action_object_name, earlier_object_name
+from keelgate.kube.times import stamp
 from keelgate.testing.deadlines import pass_deadlines
 from support import operator_tools
 from support.operator_rig import NAMESPACE, ORDER, TOOLS, Operator, agentrun_spec
@@ -166,18 +167,13 @@ def test_a_not_executed_written_before_the_deadline_and_first_seen_after_it_is_r
     # The deadline is made a minute ago below: these moments are before and after it.
     if dated == "by the person's own word":
         moment[0] = time.time() + 60  # written after the deadline...
-        decision["decidedAt"] = resources_time(time.time() - 120)  # ...about a look before
+        decision["decidedAt"] = stamp(time.time() - 120)  # ...about a look before
     else:
         moment[0] = time.time() - 120
     kube.api.patch_spec("Reconciliation", NAMESPACE, SETTLE, decision)
     pass_deadlines(kube.stores)  # the operator's first look is after the deadline
     shown = _refused_too_early(kube, key)
     assert "alice" in shown["status"]["message"]
-
-
-def resources_time(seconds: float) -> str:
-    """``seconds`` as RFC 3339 UTC, as a client writes it."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -29,7 +30,7 @@ from keelgate.cli.plugin.listing import expires_in
 from keelgate.cli.plugin.target import Target, resolve
 from keelgate.errors import InputError, SettleError
 from keelgate.kube.naming import action_object_name
-from keelgate.kube.times import parse_time
+from keelgate.kube.times import parse_time, stamp
 
 JSON = dict[str, Any]
 TOKEN = "tok-never-shown-5521"
@@ -595,12 +596,6 @@ def test_the_same_decision_again_is_a_no_op_and_a_different_one_is_refused(
     assert not cluster.patches and not cluster.asked
 
 
-def _moment(seconds: float) -> str:
-    """Now and ``seconds`` more (fewer, if negative), as status names moments."""
-    at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _not_executed_early(
     action: str, *, by: str = "alice", held: bool = False, looked_at: int = 3
 ) -> JSON:
@@ -613,7 +608,7 @@ def _not_executed_early(
     if held:
         body["status"] = {
             "phase": "Pending",
-            "notExecutedAfter": _moment(120),
+            "notExecutedAfter": stamp(time.time() + 120),
             "heldGeneration": looked_at,
             "message": "not executed was written before ...",
         }
@@ -621,7 +616,7 @@ def _not_executed_early(
     refused = {"reason": "DecidedTooEarly", "message": "written too early"}
     body["status"] = {
         "phase": "Pending",
-        "notExecutedAfter": _moment(-30),
+        "notExecutedAfter": stamp(time.time() - 30),
         "heldGeneration": 1,
         "message": "written too early",
         "conditions": [

@@ -8,13 +8,13 @@ It must never settle anything against the shop's record, and never wait without 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import yaml
+from keelgate.kube.times import parse_time
 
 from keelgate_e2e.kube import JSON, ApiError, Kube
 from keelgate_e2e.shop import ShopServer
@@ -148,8 +148,8 @@ def settle_truly(alice: Kubectl, admin: Kube, namespace: str, shop: ShopServer) 
         if "executed" in spec and not _refused_too_early(status):
             continue
         executed = shop.shop.by_key()[spec["idempotencyKey"]] > 0
-        after = _moment(str(status.get("notExecutedAfter") or ""))
-        if not executed and after is not None and after > now:
+        after = parse_time(str(status.get("notExecutedAfter") or ""))
+        if not executed and after is not None and after.timestamp() > now:
             continue  # looked at again later
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         patch = {
@@ -179,14 +179,6 @@ def _refused_too_early(status: JSON) -> bool:
         and c.get("reason") == ("DecidedTooEarly")
         for c in status.get("conditions") or ()
     )
-
-
-def _moment(text: str) -> float | None:
-    """An RFC 3339 moment in seconds since the epoch (None when absent or unreadable)."""
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
-    except ValueError:
-        return None
 
 
 def drive_to_success(

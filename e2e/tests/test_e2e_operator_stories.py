@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from keelgate.kube.naming import action_object_name, earlier_object_name
+from keelgate.kube.times import parse_time
 
 from keelgate_e2e import runs
 from keelgate_e2e.cluster import Cluster
@@ -125,9 +126,13 @@ def test_not_executed_settled_with_kubectl_abandons_the_action_and_the_run_finis
             timeout=30,
             what="notExecutedAfter",
         )
-        after = runs._moment(str(shown))
+        after = parse_time(str(shown))
         assert after is not None
-        wait_for(lambda: time.time() > after + 1, timeout=120, what="notExecutedAfter to pass")
+        wait_for(
+            lambda: time.time() > after.timestamp() + 1,
+            timeout=120,
+            what="notExecutedAfter to pass",
+        )
         assert lossy.shop.by_key()[key] == 0
         _settle(alice, lost, False)
         done = wait_phase(admin, tenant, "lost", "Succeeded", timeout=120)

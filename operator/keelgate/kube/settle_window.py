@@ -16,6 +16,10 @@ import math
 
 from keelgate.kube.times import parse_time, stamp
 
+#: The reason a Reconciliation's "not executed" written before that moment is refused (its
+#: Stalled condition's): what the plugin, the inbox and people read to write it again.
+TOO_EARLY = "DecidedTooEarly"
+
 #: How far the API server's clock (its records of writes) and the store's (the write deadline)
 #: may be apart: a "not executed" written within it after the deadline is taken as early.
 CLOCK_SKEW = 5.0

@@ -45,6 +45,7 @@ from keelgate.core.loop import check_actor
 from keelgate.core.types import ApprovalRule
 from keelgate.errors import InputError, SettleError, SettleTooEarly
 from keelgate.kube.naming import approval_round
+from keelgate.kube.settle_window import TOO_EARLY
 from keelgate.kube.times import now
 
 #: How a command reaches the cluster; tests put a fake here.
@@ -542,10 +543,6 @@ def _written_too_early(found: Mapping[str, Any]) -> str:
     generation = int((found.get("metadata") or {}).get("generation") or 0)
     if generation and status.get("heldGeneration") == generation:
         return "held: it was written before the call could no longer be sent"
-    # Imported here: the reconciler's module loads the manifest models, which only this
-    # (rare) case needs.
-    from keelgate.kube.controller.reconciliations import TOO_EARLY
-
     for shown in status.get("conditions") or ():
         if shown.get("type") != "Stalled" or shown.get("status") != "True":
             continue

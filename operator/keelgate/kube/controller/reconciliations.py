@@ -32,7 +32,7 @@ from keelgate.kube.controller.outcomes import REST, Requeue, Result
 from keelgate.kube.controller.ownership import HeldElsewhere
 from keelgate.kube.controller.ports import JSON, Key
 from keelgate.kube.controller.refusals import refuse, show_status, warn, with_generation
-from keelgate.kube.settle_window import CLOCK_SKEW, counts_from, shown_from
+from keelgate.kube.settle_window import CLOCK_SKEW, TOO_EARLY, counts_from, shown_from
 from keelgate.kube.status import condition
 from keelgate.kube.times import now, parse_time, stamp
 
@@ -191,10 +191,6 @@ class ReconciliationReconciler:
                 run or body, "SettlementHeld", f"reconciliation {name}: {message}"
             )
         return Requeue(early.retry_after + CLOCK_SKEW + 0.5)
-
-
-#: The reason a "not executed" written before the call's write deadline is refused.
-TOO_EARLY = "DecidedTooEarly"
 
 
 def too_early(record: KeyRecord | None, body: JSON) -> str:

@@ -42,8 +42,8 @@ from keelgate.kube.controller.dispatch import Controller
 from keelgate.kube.controller.outcomes import Requeue, Result
 from keelgate.kube.controller.ownership import RUN_LEASE_RENEW
 from keelgate.kube.controller.ports import Key
-from keelgate.kube.controller.reconciliations import TOO_EARLY
 from keelgate.kube.runtime.cache import Cache
+from keelgate.kube.settle_window import TOO_EARLY
 from keelgate.testing.sim.admission import User, admitted, finalizer_refusal, mutated
 from keelgate.testing.sim.books import (
     CREATOR,
